@@ -1,0 +1,167 @@
+/*
+ * tern.h — the one public header of libtern.
+ *
+ * tern runs Llama-family GGUF models on CPUs. This header exposes opaque handles and a small C API:
+ * load a model, create a context (KV cache + scratch), tokenize, decode, sample.
+ *
+ * Conventions:
+ *  - Every fallible call returns tern_status (TERN_OK == 0). Objects come back through the last
+ *    out-pointer, which stays NULL on failure. tern_last_error() then describes what went wrong
+ *    (thread-local; valid until the next failing call on the same thread).
+ *  - Parameter structs start with struct_size and are filled by *_params_init(); pass them by
+ *    pointer. New fields are only ever appended.
+ *  - A tern_model is immutable after load and may be shared by threads. A tern_ctx is used by one
+ *    thread at a time.
+ *  - The library never exits, aborts on input data, or prints (install a log callback to see logs).
+ */
+#ifndef TERN_TERN_H
+#define TERN_TERN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(TERN_BUILD) && defined(__GNUC__)
+#define TERN_API __attribute__((visibility("default")))
+#else
+#define TERN_API
+#endif
+
+#define TERN_VERSION_MAJOR 0
+#define TERN_VERSION_MINOR 1
+#define TERN_VERSION_PATCH 0
+
+typedef enum tern_status {
+    TERN_OK = 0,
+    TERN_ERR_NOMEM,        /* allocation failed or a size limit was hit                     */
+    TERN_ERR_IO,           /* read/write/fsync/rename failed                                */
+    TERN_ERR_FORMAT,       /* malformed file or data                                        */
+    TERN_ERR_UNSUPPORTED,  /* valid but not supported (tensor type, architecture, ...)      */
+    TERN_ERR_INVALID_ARG,  /* bad argument from the caller                                  */
+    TERN_ERR_STATE,        /* call not valid in the object's current state                  */
+    TERN_ERR_FULL,         /* context / KV cache / queue full                               */
+    TERN_ERR_ABORTED,      /* cancelled by a callback or signal                             */
+    TERN_ERR_INTERNAL,     /* a bug in tern                                                 */
+    TERN_ERR_NOT_FOUND,    /* file missing or unreadable                                    */
+} tern_status;
+
+TERN_API const char *tern_status_str(tern_status s);
+/* Message of the last failure on this thread ("" if none): names module, object and numbers. */
+TERN_API const char *tern_last_error(void);
+TERN_API const char *tern_version_string(void);
+
+/* ---- logging --------------------------------------------------------------------------------- */
+typedef enum tern_log_level { TERN_LOG_DEBUG = 0, TERN_LOG_INFO, TERN_LOG_WARN, TERN_LOG_ERROR } tern_log_level;
+typedef void (*tern_log_fn)(tern_log_level level, const char *msg, void *user);
+/* Installs a log callback (NULL = silent, the default). Not thread-safe against concurrent logging. */
+TERN_API void tern_set_log(tern_log_fn fn, void *user);
+
+/* ---- models ---------------------------------------------------------------------------------- */
+typedef struct tern_model tern_model;
+typedef struct tern_ctx tern_ctx;
+typedef struct tern_sampler tern_sampler;
+typedef int32_t tern_token;
+
+/* Progress callback: return non-zero to cancel (the call then fails with TERN_ERR_ABORTED). */
+typedef int (*tern_progress_fn)(uint64_t done, uint64_t total, void *user);
+
+typedef struct tern_model_params {
+    uint32_t struct_size;
+    bool use_mmap;           /* map tensor data (default true); false reads it into memory   */
+    bool check_tensors;      /* scan weights for NaN/Inf at load (default false)             */
+    tern_progress_fn progress;
+    void *progress_user;
+} tern_model_params;
+
+TERN_API void tern_model_params_init(tern_model_params *p);
+TERN_API tern_status tern_model_load(const char *path, const tern_model_params *p, tern_model **out);
+TERN_API void tern_model_free(tern_model *m);
+
+TERN_API int32_t tern_model_n_vocab(const tern_model *m);
+TERN_API int32_t tern_model_n_ctx_train(const tern_model *m);
+TERN_API int32_t tern_model_n_embd(const tern_model *m);
+TERN_API int32_t tern_model_n_layer(const tern_model *m);
+TERN_API uint64_t tern_model_n_params(const tern_model *m);
+TERN_API uint64_t tern_model_size_bytes(const tern_model *m); /* bytes of weights */
+/* Short description, e.g. "llama 260K Q8_0". Owned by the model. */
+TERN_API const char *tern_model_desc(const tern_model *m);
+/* A metadata value rendered as text into buf (truncated to cap); returns bytes needed or -1. */
+TERN_API int32_t tern_model_meta_str(const tern_model *m, const char *key, char *buf, size_t cap);
+
+/* ---- tokenizer ------------------------------------------------------------------------------- */
+TERN_API tern_token tern_token_bos(const tern_model *m);   /* -1 if none */
+TERN_API tern_token tern_token_eos(const tern_model *m);   /* -1 if none */
+TERN_API bool tern_token_is_eog(const tern_model *m, tern_token t); /* end of generation */
+TERN_API bool tern_vocab_add_bos(const tern_model *m);
+
+/* Tokenizes text[0..len). add_special: prepend BOS (and append EOS) as the file says.
+ * parse_special: recognise special-token text such as "<|eot_id|>".
+ * Writes up to cap tokens; *n_out gets the total count. If cap is too small, returns
+ * TERN_ERR_FULL with *n_out = the count needed. */
+TERN_API tern_status tern_tokenize(const tern_model *m, const char *text, size_t len, bool add_special,
+                                   bool parse_special, tern_token *out, int32_t cap, int32_t *n_out);
+/* Bytes of one token's piece written to buf (not NUL-terminated). Returns the length, or
+ * -(needed) if cap is too small, or INT32_MIN for an invalid token. special: render control
+ * tokens as text (else they render empty). */
+TERN_API int32_t tern_token_to_piece(const tern_model *m, tern_token t, char *buf, int32_t cap, bool special);
+/* Detokenizes n tokens into buf; same return convention as tern_token_to_piece. Handles the
+ * SentencePiece leading-space rule when remove_leading_space is true. */
+TERN_API int32_t tern_detokenize(const tern_model *m, const tern_token *toks, int32_t n, char *buf, int32_t cap,
+                                 bool remove_leading_space, bool special);
+
+/* ---- contexts -------------------------------------------------------------------------------- */
+typedef struct tern_ctx_params {
+    uint32_t struct_size;
+    int32_t n_ctx;       /* KV cache length in tokens; 0 = the model's context_length           */
+    int32_t n_batch;     /* most tokens per tern_decode call (default 512)                       */
+    int32_t n_threads;   /* worker threads (default: number of online CPUs)                      */
+    bool logits_all;     /* keep logits for every token of a batch (perplexity), else only last */
+} tern_ctx_params;
+
+TERN_API void tern_ctx_params_init(tern_ctx_params *p);
+TERN_API tern_status tern_ctx_create(const tern_model *m, const tern_ctx_params *p, tern_ctx **out);
+TERN_API void tern_ctx_free(tern_ctx *c);
+TERN_API int32_t tern_ctx_n_ctx(const tern_ctx *c);
+/* Number of tokens currently in the KV cache (the next position). */
+TERN_API int32_t tern_ctx_n_past(const tern_ctx *c);
+/* Drops KV entries at positions >= n_past (0 clears). */
+TERN_API tern_status tern_ctx_truncate(tern_ctx *c, int32_t n_past);
+
+/* Runs the model on n tokens at positions n_past .. n_past+n-1 and appends them to the KV cache.
+ * n may exceed n_batch (processed in chunks). Fails with TERN_ERR_FULL when the context is full,
+ * TERN_ERR_INVALID_ARG for a token id outside the vocabulary. */
+TERN_API tern_status tern_decode(tern_ctx *c, const tern_token *toks, int32_t n);
+/* Logits (n_vocab floats) of the last token of the last tern_decode, or with logits_all of the
+ * i-th token of that call (i < n). NULL if unavailable. */
+TERN_API const float *tern_get_logits(const tern_ctx *c, int32_t i);
+
+/* ---- sampling -------------------------------------------------------------------------------- */
+typedef struct tern_sampler_params {
+    uint32_t struct_size;
+    float temp;            /* 0.8; <= 0 means greedy                                           */
+    int32_t top_k;         /* 40; 0 = off                                                     */
+    float top_p;           /* 0.95; 1 = off                                                   */
+    float min_p;           /* 0.05; 0 = off                                                   */
+    float repeat_penalty;  /* 1.0 = off                                                       */
+    int32_t repeat_last_n; /* 64                                                              */
+    uint64_t seed;         /* TERN_SEED_RANDOM picks one (see tern_sampler_seed)               */
+} tern_sampler_params;
+#define TERN_SEED_RANDOM UINT64_C(0xFFFFFFFF)
+
+TERN_API void tern_sampler_params_init(tern_sampler_params *p);
+TERN_API tern_status tern_sampler_create(const tern_model *m, const tern_sampler_params *p, tern_sampler **out);
+TERN_API void tern_sampler_free(tern_sampler *s);
+TERN_API uint64_t tern_sampler_seed(const tern_sampler *s);
+/* Picks a token from logits (n_vocab floats) and records it in the repeat-penalty history. */
+TERN_API tern_token tern_sampler_sample(tern_sampler *s, const float *logits);
+/* Records a token (e.g. prompt tokens) in the repeat-penalty history without sampling. */
+TERN_API void tern_sampler_accept(tern_sampler *s, tern_token t);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TERN_TERN_H */

@@ -1,0 +1,145 @@
+/*
+ * pool.c — see pool.h. A generation counter announces each task; workers spin on it for a while,
+ * then sleep. Completion is a countdown the caller spins on. The barrier is sense-reversing.
+ */
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+
+#include "core/pool.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#define TN_PAUSE() __builtin_ia32_pause()
+#else
+#define TN_PAUSE() ((void)0)
+#endif
+
+#define TN_SPIN_ITERS 200000
+
+typedef struct tn_worker {
+    tn_pool *pool;
+    int ith;
+    pthread_t thread;
+} tn_worker;
+
+struct tn_pool {
+    int n;
+    tn_worker *workers;
+    _Alignas(64) atomic_uint gen;     /* bumped once per task                   */
+    _Alignas(64) atomic_int pending;  /* workers still running the current task */
+    _Alignas(64) atomic_int barrier_count;
+    atomic_uint barrier_sense;
+    atomic_bool stop;
+    atomic_int sleepers;
+    tn_task_fn fn;
+    void *arg;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+};
+
+static void *tn_worker_main(void *vp) {
+    tn_worker *w = vp;
+    tn_pool *p = w->pool;
+    unsigned seen = 0; /* gen starts at 0; a task announced before this thread ran is still seen */
+    for (;;) {
+        unsigned g;
+        int spins = 0;
+        while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen) {
+            if (++spins < TN_SPIN_ITERS) { TN_PAUSE(); continue; }
+            pthread_mutex_lock(&p->mu);
+            atomic_fetch_add(&p->sleepers, 1);
+            while (atomic_load(&p->gen) == seen) pthread_cond_wait(&p->cv, &p->mu);
+            atomic_fetch_sub(&p->sleepers, 1);
+            pthread_mutex_unlock(&p->mu);
+            spins = 0;
+        }
+        seen = g;
+        if (atomic_load(&p->stop)) return NULL;
+        p->fn(p->arg, w->ith, p->n);
+        atomic_fetch_sub_explicit(&p->pending, 1, memory_order_release);
+    }
+}
+
+static void tn_pool_announce(tn_pool *p) {
+    atomic_fetch_add(&p->gen, 1); /* seq_cst: ordered before the sleepers check */
+    if (atomic_load(&p->sleepers) > 0) {
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_broadcast(&p->cv);
+        pthread_mutex_unlock(&p->mu);
+    }
+}
+
+tern_status tn_pool_create(int n_threads, tn_pool **out) {
+    *out = NULL;
+    if (n_threads < 1 || n_threads > 1024) return tn_err(TERN_ERR_INVALID_ARG, "pool: thread count %d outside 1..1024", n_threads);
+    tn_pool *p = tn_calloc(1, sizeof *p);
+    if (!p) return tn_err(TERN_ERR_NOMEM, "pool: out of memory");
+    p->n = n_threads;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    if (n_threads > 1) {
+        p->workers = tn_calloc((size_t)n_threads, sizeof *p->workers);
+        if (!p->workers) {
+            tn_pool_free(p);
+            return tn_err(TERN_ERR_NOMEM, "pool: out of memory");
+        }
+        for (int i = 1; i < n_threads; i++) {
+            p->workers[i].pool = p;
+            p->workers[i].ith = i;
+            if (pthread_create(&p->workers[i].thread, NULL, tn_worker_main, &p->workers[i]) != 0) {
+                p->n = i; /* join the ones started */
+                tn_pool_free(p);
+                return tn_err(TERN_ERR_NOMEM, "pool: could not start thread %d of %d", i, n_threads);
+            }
+        }
+    }
+    *out = p;
+    return TERN_OK;
+}
+
+void tn_pool_free(tn_pool *p) {
+    if (!p) return;
+    if (p->workers) {
+        atomic_store(&p->stop, true);
+        tn_pool_announce(p);
+        for (int i = 1; i < p->n; i++) pthread_join(p->workers[i].thread, NULL);
+        tn_free(p->workers);
+    }
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->cv);
+    tn_free(p);
+}
+
+int tn_pool_n(const tn_pool *p) { return p ? p->n : 1; }
+
+void tn_pool_run(tn_pool *p, tn_task_fn fn, void *arg) {
+    if (!p || p->n == 1) {
+        fn(arg, 0, 1);
+        return;
+    }
+    p->fn = fn;
+    p->arg = arg;
+    atomic_store(&p->pending, p->n - 1);
+    tn_pool_announce(p);
+    fn(arg, 0, p->n);
+    int spins = 0;
+    while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) {
+        if (++spins < TN_SPIN_ITERS) TN_PAUSE();
+        else sched_yield();
+    }
+}
+
+void tn_pool_barrier(tn_pool *p) {
+    if (!p || p->n == 1) return;
+    unsigned sense = atomic_load(&p->barrier_sense);
+    if (atomic_fetch_add(&p->barrier_count, 1) == p->n - 1) {
+        atomic_store(&p->barrier_count, 0);
+        atomic_store_explicit(&p->barrier_sense, sense + 1, memory_order_release);
+        return;
+    }
+    int spins = 0;
+    while (atomic_load_explicit(&p->barrier_sense, memory_order_acquire) == sense) {
+        if (++spins < TN_SPIN_ITERS) TN_PAUSE();
+        else sched_yield();
+    }
+}

@@ -1,0 +1,37 @@
+/*
+ * pool.h — tern's thread pool: a fixed set of workers that run one task function at a time, each
+ * thread seeing (ith, nth). The calling thread is ith 0, so a pool of n threads starts n-1
+ * workers. Work is split by the task itself (ith/nth), never by a queue, so runs are
+ * deterministic. Workers spin briefly between tasks (decode dispatches ~100 tasks per token) and
+ * then sleep on a condition variable.
+ *
+ * Not re-entrant: one tn_pool_run at a time per pool (the owner context serialises calls).
+ */
+#ifndef TN_CORE_POOL_H
+#define TN_CORE_POOL_H
+
+#include "core/base.h"
+
+typedef struct tn_pool tn_pool;
+typedef void (*tn_task_fn)(void *arg, int ith, int nth);
+
+tern_status tn_pool_create(int n_threads, tn_pool **out);
+void tn_pool_free(tn_pool *p);
+int tn_pool_n(const tn_pool *p);
+/* Runs fn(arg, ith, nth) on every thread and returns when all have finished. */
+void tn_pool_run(tn_pool *p, tn_task_fn fn, void *arg);
+/* Waits until all nth threads of the current task arrive. Only valid inside a task. */
+void tn_pool_barrier(tn_pool *p);
+
+/* The [start, end) slice of n items for thread ith of nth (contiguous, sizes differ by <= 1
+ * after rounding to multiples of `align`). */
+static inline void tn_split(int64_t n, int ith, int nth, int64_t align, int64_t *start, int64_t *end) {
+    int64_t blocks = (n + align - 1) / align;
+    int64_t per = blocks / nth, rem = blocks % nth;
+    int64_t b0 = ith * per + (ith < rem ? ith : rem);
+    int64_t b1 = b0 + per + (ith < rem ? 1 : 0);
+    *start = TN_MIN(b0 * align, n);
+    *end = TN_MIN(b1 * align, n);
+}
+
+#endif

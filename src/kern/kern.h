@@ -1,0 +1,58 @@
+/*
+ * kern.h — kernel contracts and the per-type kernel table.
+ *
+ * A weight type t is multiplied against activations quantized to tn_dtype_get(t)->vec_dot_type
+ * (ggml's scheme: q4_0/q5_0/q8_0 x q8_0, q4_1/q5_1 x q8_1, k-quants x q8_K; f16 x f16,
+ * bf16 x bf16, f32 x f32). The table is filled with scalar references first and then overridden
+ * by the best ISA the CPU has (BLIS style: src/kern/<isa>/register.c fills its entries), once.
+ *
+ * Kernel names: tn_k_<op>_<wtype>[_<atype>]__<isa>, same file names in every ISA folder.
+ * Every optimized kernel has a scalar reference it is parity-tested against (tests/kern/).
+ */
+#ifndef TN_KERN_KERN_H
+#define TN_KERN_KERN_H
+
+#include "core/cpu.h"
+#include "tensor/dtype.h"
+
+/* *s = dot(w[0..k), x[0..k)); w in the weight type, x in its vec_dot_type; k % block == 0. */
+typedef void (*tn_vec_dot_fn)(int64_t k, float *s, const void *w, const void *x);
+/* Converts k floats into a row of the slot's type (activation quantization); k % block == 0. */
+typedef void (*tn_from_float_fn)(const float *x, void *y, int64_t k);
+/* Converts a row of the slot's type into k floats. */
+typedef void (*tn_to_float_fn)(const void *x, float *y, int64_t k);
+/* Tile product: y[j*ldy + i] = dot(row i of w, row j of x) for 0 <= i < m, 0 <= j < n.
+ * Rows of w are w_rb bytes apart, rows of x (already in vec_dot_type) x_rb bytes apart. */
+typedef void (*tn_gemm_fn)(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x, size_t x_rb,
+                           float *y, int64_t ldy);
+
+typedef struct tn_kern_slot {
+    tn_vec_dot_fn vec_dot;
+    tn_gemm_fn gemm;
+    tn_from_float_fn from_float;
+    tn_to_float_fn to_float;
+    /* ISA each entry came from, for `tern info` */
+    tn_isa vec_dot_isa, gemm_isa, from_float_isa, to_float_isa;
+} tn_kern_slot;
+
+/* One slot per dtype id below TN_DTYPE_GGML_COUNT. */
+typedef struct tn_kern_table {
+    tn_kern_slot slot[TN_DTYPE_GGML_COUNT];
+} tn_kern_table;
+
+/* The table for the CPU's ISA (after the TERN_ISA cap); built once, thread-safe. */
+const tn_kern_table *tn_kern(void);
+/* The table as it would be at a given ISA level (for parity tests and benchmarks); NULL if the
+ * CPU cannot run that level. Built once per level. */
+const tn_kern_table *tn_kern_at(tn_isa isa);
+
+/* Fillers, one per ISA folder: set the entries that ISA implements, leave the rest. */
+void tn_kern_register_scalar(tn_kern_table *t);
+void tn_kern_register_avx2(tn_kern_table *t);
+void tn_kern_register_avx512(tn_kern_table *t);
+
+/* Generic gemm built on a slot's vec_dot (the reference tile product). */
+void tn_gemm_by_vec_dot(tn_vec_dot_fn dot, int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,
+                        size_t x_rb, float *y, int64_t ldy);
+
+#endif

@@ -1,0 +1,59 @@
+/*
+ * quant.h — reference quantizers and dequantizers of the fixed ggml block formats.
+ *
+ * tn_quantize_row_<t>_ref is bit-exact with ggml's quantize_row_<t>_ref (what llama-quantize
+ * uses when no importance matrix is given); tn_dequantize_row_<t> is bit-exact with ggml's
+ * dequantize_row_<t>. k must be a multiple of the block length. These are readable scalar code:
+ * the references every optimized kernel is tested against.
+ */
+#ifndef TN_QUANT_QUANT_H
+#define TN_QUANT_QUANT_H
+
+#include "quant/blocks.h"
+#include "tensor/dtype.h"
+
+void tn_quantize_row_q4_0_ref(const float *x, block_q4_0 *y, int64_t k);
+void tn_quantize_row_q4_1_ref(const float *x, block_q4_1 *y, int64_t k);
+void tn_quantize_row_q5_0_ref(const float *x, block_q5_0 *y, int64_t k);
+void tn_quantize_row_q5_1_ref(const float *x, block_q5_1 *y, int64_t k);
+void tn_quantize_row_q8_0_ref(const float *x, block_q8_0 *y, int64_t k);
+void tn_quantize_row_q8_1_ref(const float *x, block_q8_1 *y, int64_t k);
+void tn_quantize_row_q2_K_ref(const float *x, block_q2_K *y, int64_t k);
+void tn_quantize_row_q3_K_ref(const float *x, block_q3_K *y, int64_t k);
+void tn_quantize_row_q4_K_ref(const float *x, block_q4_K *y, int64_t k);
+void tn_quantize_row_q5_K_ref(const float *x, block_q5_K *y, int64_t k);
+void tn_quantize_row_q6_K_ref(const float *x, block_q6_K *y, int64_t k);
+void tn_quantize_row_q8_K_ref(const float *x, block_q8_K *y, int64_t k);
+
+void tn_dequantize_row_q4_0(const block_q4_0 *x, float *y, int64_t k);
+void tn_dequantize_row_q4_1(const block_q4_1 *x, float *y, int64_t k);
+void tn_dequantize_row_q5_0(const block_q5_0 *x, float *y, int64_t k);
+void tn_dequantize_row_q5_1(const block_q5_1 *x, float *y, int64_t k);
+void tn_dequantize_row_q8_0(const block_q8_0 *x, float *y, int64_t k);
+void tn_dequantize_row_q2_K(const block_q2_K *x, float *y, int64_t k);
+void tn_dequantize_row_q3_K(const block_q3_K *x, float *y, int64_t k);
+void tn_dequantize_row_q4_K(const block_q4_K *x, float *y, int64_t k);
+void tn_dequantize_row_q5_K(const block_q5_K *x, float *y, int64_t k);
+void tn_dequantize_row_q6_K(const block_q6_K *x, float *y, int64_t k);
+void tn_dequantize_row_q8_K(const block_q8_K *x, float *y, int64_t k);
+
+/* Type-generic entry points (F32, F16, BF16 and every type above). Return false for a type
+ * without a reference (y untouched). */
+bool tn_quantize_row_ref(tn_dtype t, const float *x, void *y, int64_t k);
+bool tn_dequantize_row(tn_dtype t, const void *x, float *y, int64_t k);
+
+/* Quantizes nrows rows of n_per_row floats; returns bytes written (0 on unsupported type). */
+size_t tn_quantize_rows_ref(tn_dtype t, const float *x, void *y, int64_t nrows, int64_t n_per_row);
+
+/* k-quant scale packing helper shared by q4_K/q5_K (ggml get_scale_min_k4). */
+static inline void tn_get_scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint8_t *m) {
+    if (j < 4) {
+        *d = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4);
+    }
+}
+
+#endif

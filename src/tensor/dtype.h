@@ -1,0 +1,55 @@
+/*
+ * dtype.h — tensor element types (ids equal to ggml's where the format is ggml's) and their
+ * static traits: block length, bytes per block, name, and the activation type a weight type is
+ * multiplied against in dot products (ggml's vec_dot_type). Kernels live in src/kern/; this file
+ * only describes.
+ *
+ * tern-only types get ids from TN_DTYPE_TERN_BASE upward (a reserved high range).
+ */
+#ifndef TN_TENSOR_DTYPE_H
+#define TN_TENSOR_DTYPE_H
+
+#include "core/base.h"
+
+typedef enum tn_dtype {
+    TN_F32 = 0,
+    TN_F16 = 1,
+    TN_Q4_0 = 2,
+    TN_Q4_1 = 3,
+    TN_Q5_0 = 6,
+    TN_Q5_1 = 7,
+    TN_Q8_0 = 8,
+    TN_Q8_1 = 9,
+    TN_Q2_K = 10,
+    TN_Q3_K = 11,
+    TN_Q4_K = 12,
+    TN_Q5_K = 13,
+    TN_Q6_K = 14,
+    TN_Q8_K = 15,
+    TN_I8 = 24,
+    TN_I16 = 25,
+    TN_I32 = 26,
+    TN_BF16 = 30,
+    TN_DTYPE_GGML_COUNT = 43, /* ids below this are ggml's namespace */
+    TN_DTYPE_TERN_BASE = 1024, /* tern-only types: 1024 + ... (any-bit quant, later) */
+} tn_dtype;
+
+typedef struct tn_dtype_traits {
+    const char *name;     /* ggml's lower-case name, e.g. "q4_K"; NULL for unknown ids  */
+    int64_t blck_size;    /* elements per block (1 for plain types)                      */
+    size_t type_size;     /* bytes per block                                             */
+    bool is_quantized;
+    bool supported;       /* tern can compute with it (load/dequantize/dot)              */
+    tn_dtype vec_dot_type;/* activation format for dot products with this weight type    */
+} tn_dtype_traits;
+
+/* Traits of id t, or NULL if t is not a type tern knows at all (any id is safe to pass). */
+const tn_dtype_traits *tn_dtype_get(uint32_t t);
+/* Name for messages: known name, or "type#<id>" written into a static thread-local buffer. */
+const char *tn_dtype_name(uint32_t t);
+/* Parses a name case-insensitively ("Q4_K", "f16"); returns false if unknown. */
+bool tn_dtype_from_name(const char *name, tn_dtype *out);
+/* Bytes of one row of ne0 elements; 0 if ne0 is not a multiple of the block length or overflows. */
+size_t tn_dtype_row_size(tn_dtype t, int64_t ne0);
+
+#endif

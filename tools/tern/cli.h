@@ -1,0 +1,44 @@
+/*
+ * cli.h — shared pieces of the tern subcommands: exit codes, error printing, flag parsing.
+ */
+#ifndef TERN_CLI_H
+#define TERN_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "tern/tern.h"
+
+enum {
+    TN_EXIT_OK = 0,
+    TN_EXIT_USAGE = 64,
+    TN_EXIT_DATAERR = 65,
+    TN_EXIT_NOINPUT = 66,
+    TN_EXIT_SOFTWARE = 70,
+    TN_EXIT_OSERR = 71,
+    TN_EXIT_IOERR = 74,
+    TN_EXIT_INTERRUPTED = 130,
+};
+
+typedef struct tn_cmd {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *help;
+} tn_cmd;
+
+#define TN_CMD(name, fn, help) int fn(int argc, char **argv);
+#include "commands.inc"
+#undef TN_CMD
+
+/* Exit code for a status. */
+int tn_cli_exit_code(tern_status s);
+/* Prints "tern: error: <what>: <last error>" and returns the exit code for s. */
+int tn_cli_fail(tern_status s, const char *what);
+/* Prints "tern: error: <msg>" (printf style) and returns 64. */
+int tn_cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Strict number parsing for flags: the whole string must be a number in [lo, hi]. */
+bool tn_cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
+bool tn_cli_parse_f32(const char *s, float lo, float hi, float *out);
+
+#endif
