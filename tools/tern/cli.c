@@ -57,3 +57,83 @@ bool tn_cli_parse_f32(const char *s, float lo, float hi, float *out) {
     *out = v;
     return true;
 }
+
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+double tn_cli_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+tern_status tn_cli_read_file(const char *path, char **out, size_t *len) {
+    *out = NULL;
+    *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "tern: error: cannot open '%s': %s\n", path, strerror(errno));
+        return TERN_ERR_NOT_FOUND;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    while (buf) {
+        size_t r = fread(buf + n, 1, cap - n, f);
+        n += r;
+        if (n < cap) break;
+        cap *= 2;
+        char *nb = realloc(buf, cap + 1);
+        if (!nb) {
+            free(buf);
+            buf = NULL;
+        }
+        buf = nb;
+    }
+    bool err = ferror(f);
+    fclose(f);
+    if (!buf) {
+        fprintf(stderr, "tern: error: out of memory reading '%s'\n", path);
+        return TERN_ERR_NOMEM;
+    }
+    if (err) {
+        free(buf);
+        fprintf(stderr, "tern: error: read error on '%s'\n", path);
+        return TERN_ERR_IO;
+    }
+    buf[n] = 0;
+    *out = buf;
+    *len = n;
+    return TERN_OK;
+}
+
+static bool tn_is_file(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+bool tn_cli_default_model(char *buf, size_t cap) {
+    const char *env = getenv("TERN_DEFAULT_MODEL");
+    if (env && *env) {
+        snprintf(buf, cap, "%s", env);
+        return true; /* a bad path then fails loudly at load */
+    }
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) *slash = 0;
+        const char *rel[] = {"/../share/tern/tern-default.gguf", "/../models/tern-default.gguf"};
+        for (size_t i = 0; i < sizeof rel / sizeof rel[0]; i++) {
+            snprintf(buf, cap, "%s%s", exe, rel[i]);
+            if (tn_is_file(buf)) return true;
+        }
+    }
+#ifdef TERN_SOURCE_DIR
+    snprintf(buf, cap, "%s/models/tern-default.gguf", TERN_SOURCE_DIR);
+    if (tn_is_file(buf)) return true;
+#endif
+    return false;
+}

@@ -1,0 +1,253 @@
+/*
+ * api.c — the public tern_model / tern_ctx API (include/tern/tern.h) over the internal model,
+ * tokenizer and forward pass. Validates every caller argument; plans all context memory up front.
+ */
+#include <string.h>
+
+#include "kern/matmul.h"
+#include "model/ctx.h"
+
+void tern_model_params_init(tern_model_params *p) {
+    memset(p, 0, sizeof *p);
+    p->struct_size = sizeof *p;
+    p->use_mmap = true;
+}
+
+static tern_status tn_check_tensors(const tn_gguf *g) {
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const tn_gguf_tensor *t = &g->tensors[i];
+        if (t->type != TN_F32 && t->type != TN_F16) continue;
+        int64_t n = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+        for (int64_t j = 0; j < n; j++) {
+            float v = t->type == TN_F32 ? ((const float *)t->data)[j] : tn_fp16_to_fp32(((const tn_fp16 *)t->data)[j]);
+            if (v != v || v - v != 0)
+                return tn_err(TERN_ERR_FORMAT, "model: tensor '%s' has a non-finite value at element %lld", t->name,
+                              (long long)j);
+        }
+    }
+    return TERN_OK;
+}
+
+tern_status tern_model_load(const char *path, const tern_model_params *pp, tern_model **out) {
+    if (!out) return tn_err(TERN_ERR_INVALID_ARG, "tern_model_load: out is NULL");
+    *out = NULL;
+    if (!path) return tn_err(TERN_ERR_INVALID_ARG, "tern_model_load: path is NULL");
+    tern_model_params p;
+    tern_model_params_init(&p);
+    if (pp) memcpy(&p, pp, TN_MIN(sizeof p, pp->struct_size ? pp->struct_size : sizeof p));
+    tn_gguf *g = NULL;
+    tern_status s = tn_gguf_open(path, p.use_mmap, &g);
+    if (s) return s;
+    if (p.check_tensors && (s = tn_check_tensors(g))) {
+        tn_gguf_free(g);
+        return tn_err_prefix(s, "%s", path);
+    }
+    tern_model *m = NULL;
+    if ((s = tn_model_load_gguf(g, &m))) {
+        tn_gguf_free(g);
+        return tn_err_prefix(s, "%s", path);
+    }
+    m->path = tn_strdup(path);
+    if (!m->path) {
+        tern_model_free(m);
+        return tn_err(TERN_ERR_NOMEM, "model: out of memory");
+    }
+    if (p.progress && p.progress(1, 1, p.progress_user)) {
+        tern_model_free(m);
+        return tn_err(TERN_ERR_ABORTED, "model load cancelled");
+    }
+    *out = m;
+    return TERN_OK;
+}
+
+void tern_model_free(tern_model *m) {
+    if (!m) return;
+    tn_vocab_free(m->vocab);
+    tn_gguf_free(m->gguf);
+    tn_free(m->layers);
+    tn_free(m->path);
+    tn_free(m);
+}
+
+int32_t tern_model_n_vocab(const tern_model *m) { return m->hp.n_vocab; }
+int32_t tern_model_n_ctx_train(const tern_model *m) { return m->hp.n_ctx_train; }
+int32_t tern_model_n_embd(const tern_model *m) { return m->hp.n_embd; }
+int32_t tern_model_n_layer(const tern_model *m) { return m->hp.n_layer; }
+uint64_t tern_model_n_params(const tern_model *m) { return m->n_params; }
+uint64_t tern_model_size_bytes(const tern_model *m) { return m->weight_bytes; }
+const char *tern_model_desc(const tern_model *m) { return m->desc; }
+
+int32_t tern_model_meta_str(const tern_model *m, const char *key, char *buf, size_t cap) {
+    const tn_gguf_kv *kv = tn_gguf_find(m->gguf, key);
+    if (!kv) return -1;
+    char tmp[1024];
+    tn_gguf_kv_format(kv, tmp, sizeof tmp);
+    size_t n = strlen(tmp);
+    if (buf && cap) {
+        size_t c = TN_MIN(n, cap - 1);
+        memcpy(buf, tmp, c);
+        buf[c] = 0;
+    }
+    return (int32_t)n;
+}
+
+/* ---- tokenizer wrappers ---- */
+tern_token tern_token_bos(const tern_model *m) { return tn_vocab_bos(m->vocab); }
+tern_token tern_token_eos(const tern_model *m) { return tn_vocab_eos(m->vocab); }
+bool tern_token_is_eog(const tern_model *m, tern_token t) { return tn_vocab_is_eog(m->vocab, t); }
+bool tern_vocab_add_bos(const tern_model *m) { return tn_vocab_add_bos(m->vocab); }
+
+tern_status tern_tokenize(const tern_model *m, const char *text, size_t len, bool add_special, bool parse_special,
+                          tern_token *out, int32_t cap, int32_t *n_out) {
+    if (!m || (!text && len) || !n_out || cap < 0 || (!out && cap))
+        return tn_err(TERN_ERR_INVALID_ARG, "tern_tokenize: invalid arguments");
+    return tn_tokenize(m->vocab, text ? text : "", len, add_special, parse_special, out, cap, n_out);
+}
+
+int32_t tern_token_to_piece(const tern_model *m, tern_token t, char *buf, int32_t cap, bool special) {
+    return tn_token_to_piece(m->vocab, t, buf, cap, special);
+}
+
+int32_t tern_detokenize(const tern_model *m, const tern_token *toks, int32_t n, char *buf, int32_t cap,
+                        bool remove_leading_space, bool special) {
+    return tn_detokenize(m->vocab, toks, n, buf, cap, remove_leading_space, special);
+}
+
+/* ---- contexts ---- */
+void tern_ctx_params_init(tern_ctx_params *p) {
+    memset(p, 0, sizeof *p);
+    p->struct_size = sizeof *p;
+    p->n_ctx = 0;
+    p->n_batch = 512;
+    p->n_threads = tn_cpu_count();
+}
+
+static void *tn_ctx_alloc(tern_ctx *c, size_t bytes, bool *ok) {
+    if (!*ok) return NULL;
+    void *p = tn_malloc_aligned(bytes, 64);
+    if (!p) *ok = false;
+    else c->bytes += bytes;
+    return p;
+}
+
+tern_status tern_ctx_create(const tern_model *m, const tern_ctx_params *pp, tern_ctx **out) {
+    if (!out) return tn_err(TERN_ERR_INVALID_ARG, "tern_ctx_create: out is NULL");
+    *out = NULL;
+    if (!m) return tn_err(TERN_ERR_INVALID_ARG, "tern_ctx_create: model is NULL");
+    tern_ctx_params p;
+    tern_ctx_params_init(&p);
+    if (pp) memcpy(&p, pp, TN_MIN(sizeof p, pp->struct_size ? pp->struct_size : sizeof p));
+    const tn_hparams *hp = &m->hp;
+    if (p.n_ctx == 0) p.n_ctx = hp->n_ctx_train;
+    if (p.n_ctx < 1 || p.n_ctx > (1 << 22)) return tn_err(TERN_ERR_INVALID_ARG, "context size %d outside 1..4194304", p.n_ctx);
+    if (p.n_batch < 1 || p.n_batch > 65536) return tn_err(TERN_ERR_INVALID_ARG, "batch size %d outside 1..65536", p.n_batch);
+    if (p.n_batch > p.n_ctx) p.n_batch = p.n_ctx;
+    if (p.n_threads < 1 || p.n_threads > 1024) return tn_err(TERN_ERR_INVALID_ARG, "thread count %d outside 1..1024", p.n_threads);
+
+    const int64_t d = hp->n_embd, kv_dim = (int64_t)hp->n_head_kv * hp->head_dim, nb = p.n_batch, T = p.n_ctx;
+    /* KV cache size check before allocating: n_layer * n_ctx * kv_dim * 2 (K,V) * 2 bytes */
+    uint64_t kv_elems, kv_bytes;
+    if (!tn_mul_ok((uint64_t)hp->n_layer * (uint64_t)T, (uint64_t)kv_dim, &kv_elems) ||
+        !tn_mul_ok(kv_elems, 4, &kv_bytes) || kv_bytes > ((uint64_t)1 << 40))
+        return tn_err(TERN_ERR_NOMEM, "KV cache for n_ctx %d would need more than 1 TiB", p.n_ctx);
+
+    tern_ctx *c = tn_calloc(1, sizeof *c);
+    if (!c) return tn_err(TERN_ERR_NOMEM, "context: out of memory");
+    c->model = m;
+    c->hp = *hp;
+    c->n_ctx = p.n_ctx;
+    c->n_batch = p.n_batch;
+    c->n_threads = p.n_threads;
+    c->logits_all = p.logits_all;
+    c->kt = tn_kern();
+    bool ok = true;
+    c->k_cache = tn_ctx_alloc(c, kv_elems * sizeof(tn_fp16), &ok);
+    c->v_cache = tn_ctx_alloc(c, kv_elems * sizeof(tn_fp16), &ok);
+    if (ok) { /* zeroed so attention over the cache never reads uninitialised halves */
+        memset(c->k_cache, 0, kv_elems * sizeof(tn_fp16));
+        memset(c->v_cache, 0, kv_elems * sizeof(tn_fp16));
+    }
+    const int64_t wide = TN_MAX(d, (int64_t)hp->n_ff);
+    c->x = tn_ctx_alloc(c, (size_t)(nb * d) * sizeof(float), &ok);
+    c->xb = tn_ctx_alloc(c, (size_t)(nb * d) * sizeof(float), &ok);
+    c->q = tn_ctx_alloc(c, (size_t)(nb * d) * sizeof(float), &ok);
+    c->kv = tn_ctx_alloc(c, (size_t)(nb * 2 * kv_dim) * sizeof(float), &ok);
+    c->att = tn_ctx_alloc(c, (size_t)(nb * d) * sizeof(float), &ok);
+    c->hb = tn_ctx_alloc(c, (size_t)(nb * hp->n_ff) * sizeof(float), &ok);
+    c->hb2 = tn_ctx_alloc(c, (size_t)(nb * hp->n_ff) * sizeof(float), &ok);
+    c->tmp = tn_ctx_alloc(c, (size_t)(nb * d) * sizeof(float), &ok);
+    c->rope_cs = tn_ctx_alloc(c, (size_t)(nb * hp->n_rot) * sizeof(float), &ok);
+    /* widest activation row set over every matrix the model multiplies */
+    size_t xq = 0;
+    for (int32_t il = 0; il < hp->n_layer; il++) {
+        const tn_layer *L = &m->layers[il];
+        xq = TN_MAX(xq, tn_matmul_xq_size(L->wq.type, d, nb));
+        xq = TN_MAX(xq, tn_matmul_xq_size(L->wk.type, d, nb));
+        xq = TN_MAX(xq, tn_matmul_xq_size(L->wv.type, d, nb));
+        xq = TN_MAX(xq, tn_matmul_xq_size(L->wo.type, d, nb));
+        xq = TN_MAX(xq, tn_matmul_xq_size(L->w_gate.type, d, nb));
+        xq = TN_MAX(xq, tn_matmul_xq_size(L->w_up.type, d, nb));
+        xq = TN_MAX(xq, tn_matmul_xq_size(L->w_down.type, hp->n_ff, nb));
+    }
+    xq = TN_MAX(xq, tn_matmul_xq_size(m->output.type, d, nb));
+    c->xq = tn_ctx_alloc(c, xq, &ok);
+    c->scores = tn_ctx_alloc(c, (size_t)p.n_threads * (size_t)T * sizeof(float), &ok);
+    c->h16 = tn_ctx_alloc(c, (size_t)p.n_threads * (size_t)TN_MAX(T, hp->head_dim) * sizeof(tn_fp16), &ok);
+    c->n_logits_cap = p.logits_all ? (int32_t)nb : 1;
+    c->logits = tn_ctx_alloc(c, (size_t)c->n_logits_cap * (size_t)hp->n_vocab * sizeof(float), &ok);
+    TN_UNUSED(wide);
+    if (!ok) {
+        uint64_t need = c->bytes;
+        tern_ctx_free(c);
+        return tn_err(TERN_ERR_NOMEM, "context: out of memory (n_ctx %d, n_batch %d; %.1f MiB allocated before failing)",
+                      p.n_ctx, p.n_batch, (double)need / 1048576.0);
+    }
+    tern_status s = tn_pool_create(p.n_threads, &c->pool);
+    if (s) {
+        tern_ctx_free(c);
+        return s;
+    }
+    *out = c;
+    return TERN_OK;
+}
+
+void tern_ctx_free(tern_ctx *c) {
+    if (!c) return;
+    tn_pool_free(c->pool);
+    void *bufs[] = {c->k_cache, c->v_cache, c->x, c->xb, c->q, c->kv, c->att, c->hb, c->hb2,
+                    c->tmp, c->rope_cs, c->xq, c->scores, c->h16, c->logits};
+    for (size_t i = 0; i < TN_ARRAY_LEN(bufs); i++) tn_free_aligned(bufs[i]);
+    tn_free(c);
+}
+
+int32_t tern_ctx_n_ctx(const tern_ctx *c) { return c->n_ctx; }
+int32_t tern_ctx_n_past(const tern_ctx *c) { return c->n_past; }
+
+tern_status tern_ctx_truncate(tern_ctx *c, int32_t n_past) {
+    if (!c || n_past < 0 || n_past > c->n_past)
+        return tn_err(TERN_ERR_INVALID_ARG, "truncate to %d: context holds %d tokens", n_past, c ? c->n_past : 0);
+    c->n_past = n_past;
+    c->n_logits = 0;
+    return TERN_OK;
+}
+
+tern_status tern_decode(tern_ctx *c, const tern_token *toks, int32_t n) {
+    if (!c || (!toks && n) || n < 0) return tn_err(TERN_ERR_INVALID_ARG, "tern_decode: invalid arguments");
+    if (n == 0) return TERN_OK;
+    if ((int64_t)c->n_past + n > c->n_ctx)
+        return tn_err(TERN_ERR_FULL, "context full: %d tokens in cache + %d new > n_ctx %d", c->n_past, n, c->n_ctx);
+    for (int32_t i = 0; i < n; i++)
+        if (toks[i] < 0 || toks[i] >= c->hp.n_vocab)
+            return tn_err(TERN_ERR_INVALID_ARG, "tern_decode: token %d at index %d outside vocabulary 0..%d", toks[i], i,
+                          c->hp.n_vocab - 1);
+    for (int32_t i = 0; i < n; i += c->n_batch) tn_forward(c, toks + i, TN_MIN(c->n_batch, n - i));
+    return TERN_OK;
+}
+
+const float *tern_get_logits(const tern_ctx *c, int32_t i) {
+    if (!c || c->n_logits == 0) return NULL;
+    if (i < 0) i = c->n_logits - 1;
+    if (!c->logits_all) return c->logits; /* only the last token's logits are kept */
+    if (i >= c->n_logits) return NULL;
+    return c->logits + (size_t)i * c->hp.n_vocab;
+}

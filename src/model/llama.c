@@ -1,0 +1,234 @@
+/*
+ * llama.c — builds a tern_model from a parsed GGUF: architecture, hyperparameters and weight
+ * views, every one validated (missing keys, inconsistent sizes, missing tensors, wrong shapes or
+ * unsupported types fail with a message naming the key or tensor). Does not own inference state.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "kern/kern.h"
+#include "model/model.h"
+
+#define TN_MAX_LAYERS 4096
+
+typedef struct {
+    const char *name;
+    tn_arch arch;
+    tn_rope_mode rope;
+} tn_arch_info;
+
+static const tn_arch_info tn_archs[] = {
+    {"llama", TN_ARCH_LLAMA, TN_ROPE_NORM},
+    {"qwen2", TN_ARCH_QWEN2, TN_ROPE_NEOX},
+};
+
+static tern_status tn_get_dim(const tn_gguf *g, const char *arch, const char *suffix, bool required, int64_t lo,
+                              int64_t hi, int32_t *out) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    int64_t v = *out;
+    tern_status s = tn_gguf_get_i64(g, key, required, &v);
+    if (s) return s;
+    if (v < lo || v > hi)
+        return tn_err(TERN_ERR_FORMAT, "model: key '%s' = %lld is outside %lld..%lld", key, (long long)v, (long long)lo,
+                      (long long)hi);
+    *out = (int32_t)v;
+    return TERN_OK;
+}
+
+static tern_status tn_get_float(const tn_gguf *g, const char *arch, const char *suffix, float *out) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    tern_status s = tn_gguf_get_f32(g, key, false, out);
+    if (s) return s;
+    if (!isfinite(*out)) return tn_err(TERN_ERR_FORMAT, "model: key '%s' is not a finite number", key);
+    return TERN_OK;
+}
+
+/* Binds a tensor by name, checking rank/shape and that tern can compute with its type. */
+static tern_status tn_bind(const tn_gguf *g, const char *name, int n_dims, int64_t ne0, int64_t ne1, bool required,
+                           tn_tensor *t) {
+    memset(t, 0, sizeof *t);
+    const tn_gguf_tensor *gt = tn_gguf_find_tensor(g, name);
+    if (!gt) {
+        if (!required) return TERN_OK;
+        if (n_dims == 1) return tn_err(TERN_ERR_FORMAT, "model: missing tensor '%s' (expected shape [%lld])", name, (long long)ne0);
+        return tn_err(TERN_ERR_FORMAT, "model: missing tensor '%s' (expected shape [%lld, %lld])", name, (long long)ne0,
+                      (long long)ne1);
+    }
+    int64_t ne2 = gt->ne[2], ne3 = gt->ne[3];
+    bool ok = gt->ne[0] == ne0 && (n_dims == 1 ? gt->ne[1] == 1 : gt->ne[1] == ne1) && ne2 == 1 && ne3 == 1;
+    if (!ok)
+        return tn_err(TERN_ERR_FORMAT, "model: tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld]", name,
+                      (long long)gt->ne[0], (long long)gt->ne[1], (long long)ne2, (long long)ne3, (long long)ne0,
+                      (long long)(n_dims == 1 ? 1 : ne1));
+    const tn_dtype_traits *tr = tn_dtype_get(gt->type);
+    const tn_kern_slot *slot = tr ? &tn_kern()->slot[gt->type] : NULL;
+    if (!tr || !tr->supported || !slot || !slot->to_float)
+        return tn_err(TERN_ERR_UNSUPPORTED, "model: tensor '%s': unsupported tensor type %s (%u)", name,
+                      tn_dtype_name(gt->type), gt->type);
+    if (n_dims == 2 && !slot->vec_dot)
+        return tn_err(TERN_ERR_UNSUPPORTED, "model: tensor '%s': no matrix kernel for type %s", name, tr->name);
+    if (n_dims == 1 && gt->type != TN_F32)
+        return tn_err(TERN_ERR_UNSUPPORTED, "model: tensor '%s' has type %s; norms and biases must be f32", name, tr->name);
+    t->type = (tn_dtype)gt->type;
+    t->ne[0] = gt->ne[0];
+    t->ne[1] = gt->ne[1];
+    t->ne[2] = t->ne[3] = 1;
+    t->data = gt->data;
+    t->nbytes = gt->nbytes;
+    t->name = gt->name;
+    return TERN_OK;
+}
+
+static tern_status tn_load_hparams(const tn_gguf *g, tn_hparams *hp, const char **arch_name) {
+    tn_gguf_str a;
+    memset(&a, 0, sizeof a);
+    tern_status s = tn_gguf_get_str(g, "general.architecture", true, &a);
+    if (s) return s;
+    const tn_arch_info *ai = NULL;
+    for (size_t i = 0; i < TN_ARRAY_LEN(tn_archs); i++)
+        if (tn_gguf_str_eq(a, tn_archs[i].name)) ai = &tn_archs[i];
+    if (!ai) {
+        char shown[40];
+        snprintf(shown, sizeof shown, "%.*s", (int)TN_MIN(a.len, 32), a.data);
+        return tn_err(TERN_ERR_UNSUPPORTED, "model: unsupported architecture '%s' (supported: llama, qwen2)", shown);
+    }
+    *arch_name = ai->name;
+    const char *an = ai->name;
+    memset(hp, 0, sizeof *hp);
+    hp->arch = ai->arch;
+    hp->rope_mode = ai->rope;
+    if ((s = tn_get_dim(g, an, "context_length", true, 1, 1 << 24, &hp->n_ctx_train))) return s;
+    if ((s = tn_get_dim(g, an, "embedding_length", true, 1, 1 << 20, &hp->n_embd))) return s;
+    if ((s = tn_get_dim(g, an, "block_count", true, 1, TN_MAX_LAYERS, &hp->n_layer))) return s;
+    if ((s = tn_get_dim(g, an, "feed_forward_length", true, 1, 1 << 22, &hp->n_ff))) return s;
+    if ((s = tn_get_dim(g, an, "attention.head_count", true, 1, 1 << 14, &hp->n_head))) return s;
+    hp->n_head_kv = hp->n_head;
+    if ((s = tn_get_dim(g, an, "attention.head_count_kv", false, 1, 1 << 14, &hp->n_head_kv))) return s;
+    if (hp->n_embd % hp->n_head)
+        return tn_err(TERN_ERR_FORMAT, "model: %s.embedding_length %d is not a multiple of %s.attention.head_count %d", an,
+                      hp->n_embd, an, hp->n_head);
+    if (hp->n_head % hp->n_head_kv)
+        return tn_err(TERN_ERR_FORMAT, "model: %s.attention.head_count %d is not a multiple of %s.attention.head_count_kv %d",
+                      an, hp->n_head, an, hp->n_head_kv);
+    hp->head_dim = hp->n_embd / hp->n_head;
+    int32_t key_len = hp->head_dim;
+    if ((s = tn_get_dim(g, an, "attention.key_length", false, 1, 1 << 16, &key_len))) return s;
+    if (key_len != hp->head_dim)
+        return tn_err(TERN_ERR_UNSUPPORTED, "model: %s.attention.key_length %d differs from embedding/heads %d", an, key_len,
+                      hp->head_dim);
+    hp->n_rot = hp->head_dim;
+    if ((s = tn_get_dim(g, an, "rope.dimension_count", false, 2, 1 << 16, &hp->n_rot))) return s;
+    if (hp->n_rot > hp->head_dim || hp->n_rot % 2)
+        return tn_err(TERN_ERR_FORMAT, "model: %s.rope.dimension_count %d must be even and <= head size %d", an, hp->n_rot,
+                      hp->head_dim);
+    hp->rms_eps = 1e-5f;
+    if ((s = tn_get_float(g, an, "attention.layer_norm_rms_epsilon", &hp->rms_eps))) return s;
+    if (!(hp->rms_eps > 0 && hp->rms_eps < 1))
+        return tn_err(TERN_ERR_FORMAT, "model: %s.attention.layer_norm_rms_epsilon %g outside (0, 1)", an, hp->rms_eps);
+    hp->rope_freq_base = 10000.0f;
+    if ((s = tn_get_float(g, an, "rope.freq_base", &hp->rope_freq_base))) return s;
+    if (!(hp->rope_freq_base > 0)) return tn_err(TERN_ERR_FORMAT, "model: %s.rope.freq_base must be > 0", an);
+    hp->rope_freq_scale = 1.0f;
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", an);
+    tn_gguf_str st = {0, NULL};
+    if ((s = tn_gguf_get_str(g, key, false, &st))) return s;
+    float factor = 0.0f;
+    if ((s = tn_get_float(g, an, "rope.scaling.factor", &factor))) return s;
+    if (st.data && !tn_gguf_str_eq(st, "none") && !tn_gguf_str_eq(st, "linear") && !tn_gguf_str_eq(st, "llama3"))
+        return tn_err(TERN_ERR_UNSUPPORTED, "model: rope scaling type '%.*s' is not supported (none, linear, llama3)",
+                      (int)TN_MIN(st.len, 32), st.data);
+    if (st.data && tn_gguf_str_eq(st, "linear") && factor > 0) hp->rope_freq_scale = 1.0f / factor;
+    /* Legacy key: rope.scale_linear */
+    float lin = 0.0f;
+    if ((s = tn_get_float(g, an, "rope.scale_linear", &lin))) return s;
+    if (lin > 0) hp->rope_freq_scale = 1.0f / lin;
+    return TERN_OK;
+}
+
+static void tn_model_describe(tern_model *m, const char *arch) {
+    const char *ty = "mixed";
+    if (m->layers) ty = tn_dtype_name(m->layers[0].wq.type);
+    double p = (double)m->n_params;
+    char size[32];
+    if (p >= 1e9) snprintf(size, sizeof size, "%.1fB", p / 1e9);
+    else if (p >= 1e6) snprintf(size, sizeof size, "%.0fM", p / 1e6);
+    else snprintf(size, sizeof size, "%.0fK", p / 1e3);
+    snprintf(m->desc, sizeof m->desc, "%s %s %s", arch, size, ty);
+}
+
+tern_status tn_model_load_gguf(tn_gguf *g, tern_model **out) {
+    *out = NULL;
+    tern_model *m = tn_calloc(1, sizeof *m);
+    if (!m) return tn_err(TERN_ERR_NOMEM, "model: out of memory");
+    const char *arch = NULL;
+    tern_status s = tn_load_hparams(g, &m->hp, &arch);
+    if (s) goto fail;
+    tn_hparams *hp = &m->hp;
+    if ((s = tn_vocab_load(g, &m->vocab))) goto fail;
+    hp->n_vocab = tn_vocab_n(m->vocab);
+    int64_t kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    if ((s = tn_bind(g, "token_embd.weight", 2, hp->n_embd, hp->n_vocab, true, &m->tok_embd))) goto fail;
+    if ((s = tn_bind(g, "output_norm.weight", 1, hp->n_embd, 1, true, &m->output_norm))) goto fail;
+    if ((s = tn_bind(g, "output.weight", 2, hp->n_embd, hp->n_vocab, false, &m->output))) goto fail;
+    if (!m->output.data) m->output = m->tok_embd; /* tied embeddings */
+    if ((s = tn_bind(g, "rope_freqs.weight", 1, hp->n_rot / 2, 1, false, &m->rope_freqs))) goto fail;
+    m->layers = tn_calloc((size_t)hp->n_layer, sizeof *m->layers);
+    if (!m->layers) {
+        s = tn_err(TERN_ERR_NOMEM, "model: out of memory");
+        goto fail;
+    }
+    for (int32_t il = 0; il < hp->n_layer; il++) {
+        tn_layer *L = &m->layers[il];
+        char n[96];
+#define BIND(field, suffix, nd, a, b, req)                                   \
+    snprintf(n, sizeof n, "blk.%d." suffix, (int)il);                        \
+    if ((s = tn_bind(g, n, nd, a, b, req, &L->field))) goto fail;
+        BIND(attn_norm, "attn_norm.weight", 1, hp->n_embd, 1, true);
+        BIND(wq, "attn_q.weight", 2, hp->n_embd, hp->n_embd, true);
+        BIND(wk, "attn_k.weight", 2, hp->n_embd, kv_dim, true);
+        BIND(wv, "attn_v.weight", 2, hp->n_embd, kv_dim, true);
+        BIND(wo, "attn_output.weight", 2, hp->n_embd, hp->n_embd, true);
+        bool bias = hp->arch == TN_ARCH_QWEN2;
+        BIND(bq, "attn_q.bias", 1, hp->n_embd, 1, bias);
+        BIND(bk, "attn_k.bias", 1, kv_dim, 1, bias);
+        BIND(bv, "attn_v.bias", 1, kv_dim, 1, bias);
+        BIND(ffn_norm, "ffn_norm.weight", 1, hp->n_embd, 1, true);
+        BIND(w_gate, "ffn_gate.weight", 2, hp->n_embd, hp->n_ff, true);
+        BIND(w_up, "ffn_up.weight", 2, hp->n_embd, hp->n_ff, true);
+        BIND(w_down, "ffn_down.weight", 2, hp->n_ff, hp->n_embd, true);
+#undef BIND
+    }
+    /* A blk.N tensor beyond block_count means the file and its metadata disagree. */
+    char extra[32];
+    snprintf(extra, sizeof extra, "blk.%d.", (int)hp->n_layer);
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        if (!strncmp(g->tensors[i].name, extra, strlen(extra))) {
+            s = tn_err(TERN_ERR_FORMAT, "model: tensor '%s' exists but %s.block_count is %d", g->tensors[i].name, arch,
+                       (int)hp->n_layer);
+            goto fail;
+        }
+    }
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const tn_gguf_tensor *t = &g->tensors[i];
+        m->n_params += (uint64_t)(t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3]);
+        m->weight_bytes += t->nbytes;
+    }
+    m->gguf = g;
+    tn_model_describe(m, arch);
+    *out = m;
+    return TERN_OK;
+fail:
+    tn_vocab_free(m->vocab);
+    tn_free(m->layers);
+    tn_free(m);
+    return s;
+}
+
+void tn_tensor_get_row(const tn_tensor *t, int64_t row, float *out) {
+    size_t rb = tn_dtype_row_size(t->type, t->ne[0]);
+    tn_kern()->slot[t->type].to_float((const uint8_t *)t->data + (size_t)row * rb, out, t->ne[0]);
+}

@@ -1,0 +1,170 @@
+/*
+ * tiny_model.c — see tiny_model.h.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fmt/gguf.h"
+#include "quant/quant.h"
+#include "tiny_model.h"
+
+void tiny_cfg_default(tiny_cfg *c) {
+    memset(c, 0, sizeof *c);
+    c->arch = "llama";
+    c->n_embd = 256;
+    c->n_layer = 2;
+    c->n_head = 4;
+    c->n_head_kv = 2;
+    c->n_ff = 512;
+    c->n_vocab = 384;
+    c->n_ctx = 64;
+    c->wtype = TN_F32;
+    c->out_type = TN_F32;
+    c->rope_base = 10000.0f;
+    c->seed = 7;
+}
+
+void tiny_tmp_path(char *buf, size_t cap, const char *stem) {
+    const char *d = getenv("TERN_TEST_TMP");
+    snprintf(buf, cap, "%s/%s.%ld.gguf", d && *d ? d : "/tmp", stem, (long)getpid());
+}
+
+typedef struct {
+    const tiny_cfg *c;
+    int64_t ne0[512], ne1[512];
+    tn_dtype ty[512];
+    char kind[512]; /* 'n' norm, 'b' bias, 'w' weight */
+} tiny_fill_ctx;
+
+static uint64_t tiny_rng(uint64_t *x) {
+    uint64_t z = (*x += UINT64_C(0x9E3779B97F4A7C15));
+    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
+    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
+    return z ^ (z >> 31);
+}
+
+static float tiny_normal(uint64_t *st) {
+    double u1 = ((double)(tiny_rng(st) >> 11) + 0.5) * 0x1.0p-53, u2 = (double)(tiny_rng(st) >> 11) * 0x1.0p-53;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+static tern_status tiny_fill(void *user, size_t idx, void *dst, size_t nbytes) {
+    tiny_fill_ctx *f = user;
+    const int64_t ne0 = f->ne0[idx], ne1 = f->ne1[idx];
+    const size_t rb = tn_dtype_row_size(f->ty[idx], ne0);
+    if (rb * (size_t)ne1 != nbytes) return TERN_ERR_INTERNAL;
+    float *row = malloc((size_t)ne0 * sizeof(float));
+    if (!row) return TERN_ERR_NOMEM;
+    uint64_t st = f->c->seed * 7919u + idx * 104729u;
+    /* scale so activations stay O(1) through the layers: 1/sqrt(fan_in) */
+    const float sc = 1.0f / sqrtf((float)ne0);
+    for (int64_t r = 0; r < ne1; r++) {
+        for (int64_t i = 0; i < ne0; i++) {
+            float z = tiny_normal(&st);
+            row[i] = f->kind[idx] == 'n' ? 1.0f + 0.1f * z : f->kind[idx] == 'b' ? 0.1f * z : z * sc;
+        }
+        if (!tn_quantize_row_ref(f->ty[idx], row, (uint8_t *)dst + (size_t)r * rb, ne0)) {
+            free(row);
+            return TERN_ERR_UNSUPPORTED;
+        }
+    }
+    free(row);
+    return TERN_OK;
+}
+
+tern_status tiny_model_write(const char *path, const tiny_cfg *c) {
+    tn_gguf_writer *w = NULL;
+    tern_status s = tn_gguf_writer_create(&w);
+    if (s) return s;
+    static tiny_fill_ctx f;
+    memset(&f, 0, sizeof f);
+    f.c = c;
+    const char *a = c->arch;
+    char key[128];
+#define U32(sfx, v) snprintf(key, sizeof key, "%s." sfx, a), tn_gguf_set_u32(w, key, (uint32_t)(v))
+    tn_gguf_set_str(w, "general.architecture", a);
+    tn_gguf_set_str(w, "general.name", "tern-test-tiny");
+    U32("context_length", c->n_ctx);
+    U32("embedding_length", c->n_embd);
+    U32("block_count", c->n_layer);
+    U32("feed_forward_length", c->n_ff);
+    U32("attention.head_count", c->n_head);
+    U32("attention.head_count_kv", c->n_head_kv);
+#undef U32
+    snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", a);
+    tn_gguf_set_f32(w, key, 1e-5f);
+    snprintf(key, sizeof key, "%s.rope.freq_base", a);
+    tn_gguf_set_f32(w, key, c->rope_base);
+    /* vocabulary: <unk> <s> </s>, 256 bytes, then "▁w<i>" pieces */
+    const int64_t nv = c->n_vocab;
+    char **toks = calloc((size_t)nv, sizeof *toks);
+    float *scores = calloc((size_t)nv, sizeof *scores);
+    int32_t *tt = calloc((size_t)nv, sizeof *tt);
+    if (!toks || !scores || !tt) {
+        s = TERN_ERR_NOMEM;
+        goto done;
+    }
+    static const char *words[] = {"the", "a", "and", "of", "to", "in", "it", "was", "he", "she", "once", "upon", "time"};
+    for (int64_t i = 0; i < nv; i++) {
+        char b[32];
+        if (i == 0) snprintf(b, sizeof b, "<unk>");
+        else if (i == 1) snprintf(b, sizeof b, "<s>");
+        else if (i == 2) snprintf(b, sizeof b, "</s>");
+        else if (i < 259) snprintf(b, sizeof b, "<0x%02X>", (unsigned)(i - 3));
+        else if (i - 259 < (int64_t)(sizeof words / sizeof words[0])) snprintf(b, sizeof b, "\xe2\x96\x81%s", words[i - 259]);
+        else snprintf(b, sizeof b, "\xe2\x96\x81w%lld", (long long)i);
+        toks[i] = strdup(b);
+        scores[i] = i < 259 ? 0.0f : -(float)(i - 259);
+        tt[i] = i == 0 ? 2 : i < 3 ? 3 : i < 259 ? 6 : 1;
+    }
+    tn_gguf_set_str(w, "tokenizer.ggml.model", "llama");
+    tn_gguf_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)toks, (uint64_t)nv);
+    tn_gguf_set_arr(w, "tokenizer.ggml.scores", 6, scores, (uint64_t)nv);
+    tn_gguf_set_arr(w, "tokenizer.ggml.token_type", 5, tt, (uint64_t)nv);
+    tn_gguf_set_u32(w, "tokenizer.ggml.bos_token_id", 1);
+    tn_gguf_set_u32(w, "tokenizer.ggml.eos_token_id", 2);
+    tn_gguf_set_u32(w, "tokenizer.ggml.unknown_token_id", 0);
+    size_t k = 0;
+    const int64_t kv = c->n_embd / c->n_head * c->n_head_kv;
+#define ADD(nm, a0, a1, ty_, kd)                                                          \
+    do {                                                                                  \
+        f.ne0[k] = (a0), f.ne1[k] = (a1), f.ty[k] = (ty_), f.kind[k] = (kd);              \
+        int64_t ne_[2] = {(a0), (a1)};                                                    \
+        if ((s = tn_gguf_add_tensor(w, nm, (ty_), (a1) == 1 ? 1 : 2, ne_, NULL))) goto done; \
+        k++;                                                                              \
+    } while (0)
+    ADD("token_embd.weight", c->n_embd, nv, c->out_type, 'w');
+    for (int64_t l = 0; l < c->n_layer && k + 16 < 512; l++) {
+        char n[64];
+#define L(sfx, a0, a1, ty_, kd) snprintf(n, sizeof n, "blk.%lld." sfx, (long long)l); ADD(n, a0, a1, ty_, kd)
+        L("attn_norm.weight", c->n_embd, 1, TN_F32, 'n');
+        L("attn_q.weight", c->n_embd, c->n_embd, c->wtype, 'w');
+        L("attn_k.weight", c->n_embd, kv, c->wtype, 'w');
+        L("attn_v.weight", c->n_embd, kv, c->wtype, 'w');
+        if (!strcmp(a, "qwen2")) {
+            L("attn_q.bias", c->n_embd, 1, TN_F32, 'b');
+            L("attn_k.bias", kv, 1, TN_F32, 'b');
+            L("attn_v.bias", kv, 1, TN_F32, 'b');
+        }
+        L("attn_output.weight", c->n_embd, c->n_embd, c->wtype, 'w');
+        L("ffn_norm.weight", c->n_embd, 1, TN_F32, 'n');
+        L("ffn_gate.weight", c->n_embd, c->n_ff, c->wtype, 'w');
+        L("ffn_up.weight", c->n_embd, c->n_ff, c->wtype, 'w');
+        L("ffn_down.weight", c->n_ff, c->n_embd, c->wtype, 'w');
+#undef L
+    }
+    ADD("output_norm.weight", c->n_embd, 1, TN_F32, 'n');
+    if (!c->tied) ADD("output.weight", c->n_embd, nv, c->out_type, 'w');
+#undef ADD
+    s = tn_gguf_write(w, path, tiny_fill, &f);
+done:
+    for (int64_t i = 0; toks && i < nv; i++) free(toks[i]);
+    free(toks);
+    free(scores);
+    free(tt);
+    tn_gguf_writer_free(w);
+    return s;
+}

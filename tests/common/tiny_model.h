@@ -1,0 +1,28 @@
+/*
+ * tiny_model.h — writes small random-weight Llama/Qwen2 GGUF files for tests (no downloads):
+ * a SentencePiece-style vocabulary (<unk> <s> </s>, 256 byte tokens, then word pieces) and
+ * weights ~ N(0, scale) quantized to the requested type with tern's reference quantizers.
+ */
+#ifndef TN_TESTS_TINY_MODEL_H
+#define TN_TESTS_TINY_MODEL_H
+
+#include "core/base.h"
+#include "tensor/dtype.h"
+
+typedef struct tiny_cfg {
+    const char *arch;     /* "llama" or "qwen2"                            */
+    int64_t n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx;
+    tn_dtype wtype;       /* type of the matrices (norms/biases stay f32)  */
+    tn_dtype out_type;    /* type of output.weight and token_embd          */
+    bool tied;            /* no output.weight                              */
+    float rope_base;
+    uint64_t seed;
+} tiny_cfg;
+
+/* Defaults: llama, n_embd 256, 2 layers, 4 heads, 2 kv heads, n_ff 512, vocab 384, ctx 64, f32. */
+void tiny_cfg_default(tiny_cfg *c);
+tern_status tiny_model_write(const char *path, const tiny_cfg *c);
+/* A temp path under $TERN_TEST_TMP (or /tmp) unique to this process: "<dir>/<stem>.<pid>.gguf". */
+void tiny_tmp_path(char *buf, size_t cap, const char *stem);
+
+#endif

@@ -1,0 +1,162 @@
+/*
+ * ref_forward.c — see ref_forward.h.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "quant/quant.h"
+#include "ref_forward.h"
+
+typedef struct {
+    float *w;
+    int64_t rows, cols;
+} ref_mat;
+
+struct ref_model {
+    const tern_model *m;
+    tn_hparams hp;
+    int32_t n_ctx, pos;
+    ref_mat emb, out;
+    ref_mat *wq, *wk, *wv, *wo, *wg, *wu, *wd;
+    double *kc, *vc; /* [layer][pos][kv_dim] */
+};
+
+static ref_mat ref_deq(const tn_tensor *t) {
+    ref_mat r = {NULL, t->ne[1], t->ne[0]};
+    r.w = malloc((size_t)(r.rows * r.cols) * sizeof(float));
+    size_t rb = tn_dtype_row_size(t->type, t->ne[0]);
+    for (int64_t i = 0; i < r.rows; i++) tn_dequantize_row(t->type, (const uint8_t *)t->data + (size_t)i * rb, r.w + i * r.cols, r.cols);
+    return r;
+}
+
+ref_model *ref_create(const tern_model *m, int32_t n_ctx) {
+    ref_model *r = calloc(1, sizeof *r);
+    r->m = m;
+    r->hp = m->hp;
+    r->n_ctx = n_ctx;
+    int32_t nl = r->hp.n_layer;
+    r->emb = ref_deq(&m->tok_embd);
+    r->out = ref_deq(&m->output);
+    ref_mat **all[] = {&r->wq, &r->wk, &r->wv, &r->wo, &r->wg, &r->wu, &r->wd};
+    for (size_t i = 0; i < 7; i++) *all[i] = calloc((size_t)nl, sizeof(ref_mat));
+    for (int32_t l = 0; l < nl; l++) {
+        const tn_layer *L = &m->layers[l];
+        r->wq[l] = ref_deq(&L->wq);
+        r->wk[l] = ref_deq(&L->wk);
+        r->wv[l] = ref_deq(&L->wv);
+        r->wo[l] = ref_deq(&L->wo);
+        r->wg[l] = ref_deq(&L->w_gate);
+        r->wu[l] = ref_deq(&L->w_up);
+        r->wd[l] = ref_deq(&L->w_down);
+    }
+    size_t kvn = (size_t)nl * (size_t)n_ctx * (size_t)(r->hp.n_head_kv * r->hp.head_dim);
+    r->kc = calloc(kvn, sizeof(double));
+    r->vc = calloc(kvn, sizeof(double));
+    return r;
+}
+
+void ref_free(ref_model *r) {
+    if (!r) return;
+    free(r->emb.w);
+    free(r->out.w);
+    ref_mat *all[] = {r->wq, r->wk, r->wv, r->wo, r->wg, r->wu, r->wd};
+    for (size_t i = 0; i < 7; i++) {
+        for (int32_t l = 0; l < r->hp.n_layer; l++) free(all[i][l].w);
+        free(all[i]);
+    }
+    free(r->kc);
+    free(r->vc);
+    free(r);
+}
+
+static void matvec(const ref_mat *W, const double *x, double *y) {
+    for (int64_t i = 0; i < W->rows; i++) {
+        double s = 0;
+        for (int64_t j = 0; j < W->cols; j++) s += (double)W->w[i * W->cols + j] * x[j];
+        y[i] = s;
+    }
+}
+
+static void rmsnorm(const double *x, const float *w, double *y, int64_t n, double eps) {
+    double ss = 0;
+    for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
+    double sc = 1.0 / sqrt(ss / (double)n + eps);
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] * sc * w[i];
+}
+
+static void rope(const tn_hparams *hp, const float *ff, double *v, int32_t n_heads, int32_t pos) {
+    for (int32_t h = 0; h < n_heads; h++) {
+        double *x = v + (int64_t)h * hp->head_dim;
+        for (int32_t i = 0; i < hp->n_rot / 2; i++) {
+            double freq = pow((double)hp->rope_freq_base, -2.0 * i / hp->n_rot) * hp->rope_freq_scale / (ff ? ff[i] : 1.0);
+            double ang = pos * freq, co = cos(ang), si = sin(ang);
+            int32_t a = hp->rope_mode == TN_ROPE_NORM ? 2 * i : i;
+            int32_t b = hp->rope_mode == TN_ROPE_NORM ? 2 * i + 1 : i + hp->n_rot / 2;
+            double x0 = x[a], x1 = x[b];
+            x[a] = x0 * co - x1 * si;
+            x[b] = x0 * si + x1 * co;
+        }
+    }
+}
+
+void ref_step(ref_model *r, int32_t token, double *logits, double *layers) {
+    const tn_hparams *hp = &r->hp;
+    const int64_t d = hp->n_embd, hd = hp->head_dim, kvd = (int64_t)hp->n_head_kv * hd, ff = hp->n_ff;
+    double *x = malloc((size_t)d * sizeof *x), *xb = malloc((size_t)d * sizeof *xb), *q = malloc((size_t)d * sizeof *q);
+    double *k = malloc((size_t)kvd * sizeof *k), *v = malloc((size_t)kvd * sizeof *v), *att = malloc((size_t)d * sizeof *att);
+    double *o = malloc((size_t)d * sizeof *o), *g = malloc((size_t)ff * sizeof *g), *u = malloc((size_t)ff * sizeof *u);
+    double *sc = malloc((size_t)r->n_ctx * sizeof *sc);
+    const int32_t pos = r->pos;
+    for (int64_t i = 0; i < d; i++) x[i] = r->emb.w[(int64_t)token * d + i];
+    for (int32_t l = 0; l < hp->n_layer; l++) {
+        const tn_layer *L = &r->m->layers[l];
+        rmsnorm(x, L->attn_norm.data, xb, d, hp->rms_eps);
+        matvec(&r->wq[l], xb, q);
+        matvec(&r->wk[l], xb, k);
+        matvec(&r->wv[l], xb, v);
+        if (L->bq.data)
+            for (int64_t i = 0; i < d; i++) q[i] += ((const float *)L->bq.data)[i];
+        if (L->bk.data)
+            for (int64_t i = 0; i < kvd; i++) k[i] += ((const float *)L->bk.data)[i];
+        if (L->bv.data)
+            for (int64_t i = 0; i < kvd; i++) v[i] += ((const float *)L->bv.data)[i];
+        rope(hp, r->m->rope_freqs.data, q, hp->n_head, pos);
+        rope(hp, r->m->rope_freqs.data, k, hp->n_head_kv, pos);
+        double *K = r->kc + ((size_t)l * r->n_ctx) * kvd, *V = r->vc + ((size_t)l * r->n_ctx) * kvd;
+        memcpy(K + (size_t)pos * kvd, k, (size_t)kvd * sizeof *k);
+        memcpy(V + (size_t)pos * kvd, v, (size_t)kvd * sizeof *v);
+        for (int32_t h = 0; h < hp->n_head; h++) {
+            int32_t kh = h / (hp->n_head / hp->n_head_kv);
+            double mx = -1e300, sum = 0;
+            for (int32_t t = 0; t <= pos; t++) {
+                double s = 0;
+                for (int64_t i = 0; i < hd; i++) s += q[h * hd + i] * K[(size_t)t * kvd + kh * hd + i];
+                sc[t] = s / sqrt((double)hd);
+                if (sc[t] > mx) mx = sc[t];
+            }
+            for (int32_t t = 0; t <= pos; t++) sum += (sc[t] = exp(sc[t] - mx));
+            for (int64_t i = 0; i < hd; i++) {
+                double acc = 0;
+                for (int32_t t = 0; t <= pos; t++) acc += sc[t] / sum * V[(size_t)t * kvd + kh * hd + i];
+                att[h * hd + i] = acc;
+            }
+        }
+        matvec(&r->wo[l], att, o);
+        for (int64_t i = 0; i < d; i++) x[i] += o[i];
+        rmsnorm(x, L->ffn_norm.data, xb, d, hp->rms_eps);
+        matvec(&r->wg[l], xb, g);
+        matvec(&r->wu[l], xb, u);
+        for (int64_t i = 0; i < ff; i++) g[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
+        double *dn = malloc((size_t)d * sizeof *dn);
+        matvec(&r->wd[l], g, dn);
+        for (int64_t i = 0; i < d; i++) x[i] += dn[i];
+        free(dn);
+        if (layers) memcpy(layers + (size_t)l * d, x, (size_t)d * sizeof *x);
+    }
+    rmsnorm(x, r->m->output_norm.data, xb, d, hp->rms_eps);
+    if (layers) memcpy(layers + (size_t)hp->n_layer * d, xb, (size_t)d * sizeof *xb);
+    matvec(&r->out, xb, logits);
+    r->pos++;
+    free(x), free(xb), free(q), free(k), free(v), free(att), free(o), free(g), free(u), free(sc);
+}

@@ -1,0 +1,21 @@
+/*
+ * ref_forward.h — an independent, plain double-precision Llama/Qwen2 forward pass for tests:
+ * weights dequantized once to float, no activation quantization, no f16 KV cache, textbook
+ * formulas (RoPE angles computed directly as pos * base^(-2i/n_rot)). It shares no code with
+ * src/model/forward.c beyond reading the weights.
+ */
+#ifndef TN_TESTS_REF_FORWARD_H
+#define TN_TESTS_REF_FORWARD_H
+
+#include "model/model.h"
+
+typedef struct ref_model ref_model;
+
+ref_model *ref_create(const tern_model *m, int32_t n_ctx);
+void ref_free(ref_model *r);
+/* Runs one token at the next position; fills logits[n_vocab] and, if layers != NULL, the
+ * residual stream after each layer (layers[il * n_embd ...], il < n_layer) and the final normed
+ * vector at il = n_layer. */
+void ref_step(ref_model *r, int32_t token, double *logits, double *layers);
+
+#endif

@@ -1,0 +1,251 @@
+/*
+ * cmd_generate.c — `tern generate`: run a GGUF model on a prompt and stream the continuation to
+ * stdout; timings to stderr. With no -m it runs tern's default model.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+static volatile sig_atomic_t tn_interrupted;
+static void on_sigint(int sig) {
+    (void)sig;
+    tn_interrupted = 1;
+}
+
+static void gen_usage(FILE *f) {
+    fprintf(f,
+            "usage: tern generate [-m model.gguf] [-p PROMPT | -f FILE] [options]\n"
+            "  -m, --model FILE        GGUF model (default: tern's built-in default model)\n"
+            "  -p, --prompt TEXT       prompt text\n"
+            "  -f, --file FILE         read the prompt from a file\n"
+            "  -n, --n-predict N       tokens to generate (default 128; -1 = until end or context full)\n"
+            "  -c, --ctx-size N        context size (default: the model's, capped at 4096)\n"
+            "  -t, --threads N         threads (default: number of CPUs)\n"
+            "  -b, --batch-size N      prompt tokens per forward pass (default 512)\n"
+            "  -s, --seed N            RNG seed (default: random; printed to stderr)\n"
+            "      --temp X            temperature (default 0.8; 0 = greedy)\n"
+            "      --top-k N           top-k (default 40; 0 = off)\n"
+            "      --top-p X           top-p (default 0.95; 1 = off)\n"
+            "      --min-p X           min-p (default 0.05; 0 = off)\n"
+            "      --repeat-penalty X  repetition penalty (default 1.0 = off)\n"
+            "      --repeat-last-n N   tokens the penalty looks back over (default 64)\n"
+            "      --ignore-eos        keep generating past end-of-generation tokens\n"
+            "      --no-mmap           read the model into memory instead of mapping it\n"
+            "      --no-display-prompt do not echo the prompt\n");
+}
+
+/* Writes pending bytes up to the last complete UTF-8 sequence; keeps the rest for later. */
+static void flush_utf8(char *buf, int *len, bool all) {
+    int n = *len, cut = n;
+    if (!all) {
+        /* find the start of a trailing incomplete sequence */
+        for (int i = n - 1; i >= 0 && i >= n - 4; i--) {
+            unsigned char ch = (unsigned char)buf[i];
+            if ((ch & 0xC0) == 0x80) continue;
+            int need = ch >= 0xF0 ? 4 : ch >= 0xE0 ? 3 : ch >= 0xC0 ? 2 : 1;
+            if (n - i < need) cut = i;
+            break;
+        }
+    }
+    fwrite(buf, 1, (size_t)cut, stdout);
+    fflush(stdout);
+    memmove(buf, buf + cut, (size_t)(n - cut));
+    *len = n - cut;
+}
+
+int cmd_generate(int argc, char **argv) {
+    const char *model_path = NULL, *prompt = NULL, *prompt_file = NULL;
+    int64_t n_predict = 128, n_ctx = 0, n_threads = 0, n_batch = 512, seed = -1, v;
+    bool ignore_eos = false, use_mmap = true, display_prompt = true;
+    tern_sampler_params sp;
+    tern_sampler_params_init(&sp);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+#define NEED_VAL()                                                       \
+    do {                                                                 \
+        if (!val) return tn_cli_usage_error("%s needs a value", a);     \
+        i++;                                                             \
+    } while (0)
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            gen_usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+            NEED_VAL();
+            model_path = val;
+        } else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
+            NEED_VAL();
+            prompt = val;
+        } else if (!strcmp(a, "-f") || !strcmp(a, "--file")) {
+            NEED_VAL();
+            prompt_file = val;
+        } else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
+            NEED_VAL();
+            if (!tn_cli_parse_i64(val, -1, 1 << 24, &n_predict)) return tn_cli_usage_error("%s: '%s' is not a number in -1..16777216", a, val);
+        } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
+            NEED_VAL();
+            if (!tn_cli_parse_i64(val, 0, 1 << 22, &n_ctx)) return tn_cli_usage_error("%s: '%s' is not a number in 0..4194304", a, val);
+        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+            NEED_VAL();
+            if (!tn_cli_parse_i64(val, 1, 1024, &n_threads)) return tn_cli_usage_error("%s: '%s' is not a number in 1..1024", a, val);
+        } else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) {
+            NEED_VAL();
+            if (!tn_cli_parse_i64(val, 1, 65536, &n_batch)) return tn_cli_usage_error("%s: '%s' is not a number in 1..65536", a, val);
+        } else if (!strcmp(a, "-s") || !strcmp(a, "--seed")) {
+            NEED_VAL();
+            if (!tn_cli_parse_i64(val, -1, INT64_MAX, &seed)) return tn_cli_usage_error("%s: '%s' is not a seed (>= 0, or -1 for random)", a, val);
+        } else if (!strcmp(a, "--temp")) {
+            NEED_VAL();
+            if (!tn_cli_parse_f32(val, 0.0f, 100.0f, &sp.temp)) return tn_cli_usage_error("--temp: '%s' is not a number in 0..100", val);
+        } else if (!strcmp(a, "--top-k")) {
+            NEED_VAL();
+            if (!tn_cli_parse_i64(val, 0, 1 << 24, &v)) return tn_cli_usage_error("--top-k: '%s' is not a number >= 0", val);
+            sp.top_k = (int32_t)v;
+        } else if (!strcmp(a, "--top-p")) {
+            NEED_VAL();
+            if (!tn_cli_parse_f32(val, 0.0f, 1.0f, &sp.top_p) || sp.top_p == 0.0f) return tn_cli_usage_error("--top-p: '%s' is not a number in (0, 1]", val);
+        } else if (!strcmp(a, "--min-p")) {
+            NEED_VAL();
+            if (!tn_cli_parse_f32(val, 0.0f, 1.0f, &sp.min_p)) return tn_cli_usage_error("--min-p: '%s' is not a number in 0..1", val);
+        } else if (!strcmp(a, "--repeat-penalty")) {
+            NEED_VAL();
+            if (!tn_cli_parse_f32(val, 0.0f, 100.0f, &sp.repeat_penalty) || sp.repeat_penalty == 0.0f) return tn_cli_usage_error("--repeat-penalty: '%s' is not a number in (0, 100]", val);
+        } else if (!strcmp(a, "--repeat-last-n")) {
+            NEED_VAL();
+            if (!tn_cli_parse_i64(val, 0, 1 << 20, &v)) return tn_cli_usage_error("--repeat-last-n: '%s' is not a number in 0..1048576", val);
+            sp.repeat_last_n = (int32_t)v;
+        } else if (!strcmp(a, "--ignore-eos")) {
+            ignore_eos = true;
+        } else if (!strcmp(a, "--no-mmap")) {
+            use_mmap = false;
+        } else if (!strcmp(a, "--no-display-prompt")) {
+            display_prompt = false;
+        } else {
+            gen_usage(stderr);
+            return tn_cli_usage_error("unknown option '%s'", a);
+        }
+#undef NEED_VAL
+    }
+    if (prompt && prompt_file) return tn_cli_usage_error("give either -p or -f, not both");
+    char *file_text = NULL;
+    if (prompt_file) {
+        size_t len = 0;
+        tern_status s = tn_cli_read_file(prompt_file, &file_text, &len);
+        if (s) return tn_cli_fail(s, "reading the prompt file");
+        prompt = file_text;
+    }
+    if (!prompt) prompt = "";
+    char default_path[4096];
+    if (!model_path) {
+        if (!tn_cli_default_model(default_path, sizeof default_path)) {
+            free(file_text);
+            fprintf(stderr, "tern: error: no -m given and tern's default model was not found (looked in $TERN_DEFAULT_MODEL, "
+                            "<prefix>/share/tern/ and <source>/models/)\n");
+            return TN_EXIT_NOINPUT;
+        }
+        model_path = default_path;
+    }
+    sp.seed = seed < 0 ? TERN_SEED_RANDOM : (uint64_t)seed;
+
+    int rc = 0;
+    tern_model *m = NULL;
+    tern_ctx *c = NULL;
+    tern_sampler *smp = NULL;
+    tern_token *toks = NULL;
+    tern_model_params mp;
+    tern_model_params_init(&mp);
+    mp.use_mmap = use_mmap;
+    double t_load = tn_cli_now();
+    tern_status s = tern_model_load(model_path, &mp, &m);
+    if (s) {
+        rc = tn_cli_fail(s, "loading the model");
+        goto done;
+    }
+    t_load = tn_cli_now() - t_load;
+    tern_ctx_params cp;
+    tern_ctx_params_init(&cp);
+    cp.n_ctx = (int32_t)(n_ctx ? n_ctx : (tern_model_n_ctx_train(m) < 4096 ? tern_model_n_ctx_train(m) : 4096));
+    cp.n_batch = (int32_t)n_batch;
+    if (n_threads) cp.n_threads = (int32_t)n_threads;
+    if ((s = tern_ctx_create(m, &cp, &c))) {
+        rc = tn_cli_fail(s, "creating the context");
+        goto done;
+    }
+    if ((s = tern_sampler_create(m, &sp, &smp))) {
+        rc = tn_cli_fail(s, "creating the sampler");
+        goto done;
+    }
+    size_t plen = strlen(prompt);
+    int32_t cap = (int32_t)(plen + 8 < 1u << 30 ? plen + 8 : 1u << 30), n_prompt = 0;
+    toks = malloc((size_t)cap * sizeof *toks);
+    if (!toks) {
+        fprintf(stderr, "tern: error: out of memory for %d prompt tokens\n", cap);
+        rc = TN_EXIT_OSERR;
+        goto done;
+    }
+    if ((s = tern_tokenize(m, prompt, plen, true, true, toks, cap, &n_prompt))) {
+        rc = tn_cli_fail(s, "tokenizing the prompt");
+        goto done;
+    }
+    if (n_prompt == 0) { /* a model needs at least one token to start from */
+        tern_token b = tern_token_bos(m);
+        toks[n_prompt++] = b >= 0 ? b : 0;
+    }
+    int32_t n_ctx_real = tern_ctx_n_ctx(c);
+    if (n_prompt >= n_ctx_real) {
+        fprintf(stderr, "tern: error: the prompt has %d tokens; the context holds %d (raise -c)\n", n_prompt, n_ctx_real);
+        rc = TN_EXIT_USAGE;
+        goto done;
+    }
+    fprintf(stderr, "tern: model %s (%s), %d threads, ctx %d, seed %llu\n", model_path, tern_model_desc(m), cp.n_threads,
+            n_ctx_real, (unsigned long long)tern_sampler_seed(smp));
+    signal(SIGINT, on_sigint);
+    signal(SIGPIPE, SIG_IGN);
+    char out[512];
+    int out_len = 0;
+    if (display_prompt) {
+        fwrite(prompt, 1, plen, stdout);
+        fflush(stdout);
+    }
+    for (int32_t i = 0; i < n_prompt; i++) tern_sampler_accept(smp, toks[i]);
+    double t0 = tn_cli_now();
+    if ((s = tern_decode(c, toks, n_prompt))) {
+        rc = tn_cli_fail(s, "prompt processing");
+        goto done;
+    }
+    double t_prompt = tn_cli_now() - t0;
+    int64_t n_gen = 0;
+    double t1 = tn_cli_now();
+    while ((n_predict < 0 || n_gen < n_predict) && !tn_interrupted) {
+        tern_token t = tern_sampler_sample(smp, tern_get_logits(c, -1));
+        if (!ignore_eos && tern_token_is_eog(m, t)) break;
+        n_gen++;
+        int32_t k = tern_token_to_piece(m, t, out + out_len, (int32_t)sizeof out - out_len, false);
+        if (k > 0) out_len += k;
+        flush_utf8(out, &out_len, false);
+        if (ferror(stdout)) break; /* reader went away (SIGPIPE ignored): stop quietly */
+        if (tern_ctx_n_past(c) >= n_ctx_real) break;
+        if ((s = tern_decode(c, &t, 1))) {
+            rc = tn_cli_fail(s, "decoding");
+            goto done;
+        }
+    }
+    double t_gen = tn_cli_now() - t1;
+    flush_utf8(out, &out_len, true);
+    printf("\n");
+    fflush(stdout);
+    fprintf(stderr, "\ntern: load %.0f ms | prompt %d tokens in %.0f ms (%.2f tok/s) | generated %lld tokens in %.0f ms (%.2f tok/s)\n",
+            t_load * 1e3, n_prompt, t_prompt * 1e3, n_prompt / (t_prompt > 0 ? t_prompt : 1e-9), (long long)n_gen,
+            t_gen * 1e3, n_gen / (t_gen > 0 ? t_gen : 1e-9));
+    if (tn_interrupted) rc = TN_EXIT_INTERRUPTED;
+done:
+    free(toks);
+    free(file_text);
+    tern_sampler_free(smp);
+    tern_ctx_free(c);
+    tern_model_free(m);
+    return rc;
+}

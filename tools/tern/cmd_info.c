@@ -1,0 +1,104 @@
+/*
+ * cmd_info.c — `tern info [model.gguf]`: with a file, its metadata, hyperparameters, tensor table
+ * and size / bits per weight; without, the CPU features found and the kernel chosen per slot.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "core/cpu.h"
+#include "fmt/gguf.h"
+#include "kern/kern.h"
+
+static void print_cpu(void) {
+    const tn_cpu *c = tn_cpu_get();
+    printf("tern %s\n", tern_version_string());
+    printf("cpu: %s (%d online)\n", c->brand[0] ? c->brand : "unknown", tn_cpu_count());
+    printf("features:");
+    struct {
+        const char *n;
+        bool v;
+    } f[] = {{"avx", c->avx},           {"avx2", c->avx2},         {"fma", c->fma},           {"f16c", c->f16c},
+             {"bmi2", c->bmi2},         {"avx512f", c->avx512f},   {"avx512bw", c->avx512bw}, {"avx512vl", c->avx512vl},
+             {"avx512dq", c->avx512dq}, {"avx512vnni", c->avx512vnni}, {"avx512bf16", c->avx512bf16},
+             {"avx512vbmi", c->avx512vbmi}, {"avxvnni", c->avxvnni}};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (f[i].v) printf(" %s", f[i].n);
+    printf("\nisa: %s (cap with TERN_ISA=scalar|avx2|avx512)\n\n", tn_isa_name(tn_cpu_isa()));
+    const tn_kern_table *kt = tn_kern();
+    printf("%-6s %-8s %-10s %-8s %-10s %-8s\n", "type", "vec_dot", "gemm", "to_f32", "from_f32", "act");
+    for (uint32_t t = 0; t < TN_DTYPE_GGML_COUNT; t++) {
+        const tn_dtype_traits *tr = tn_dtype_get(t);
+        const tn_kern_slot *s = &kt->slot[t];
+        if (!tr || (!s->vec_dot && !s->from_float && !s->to_float)) continue;
+#define ISA(fn, isa) ((fn) ? tn_isa_name(isa) : "-")
+        printf("%-6s %-8s %-10s %-8s %-10s %-8s\n", tr->name, ISA(s->vec_dot, s->vec_dot_isa), ISA(s->gemm, s->gemm_isa),
+               ISA(s->to_float, s->to_float_isa), ISA(s->from_float, s->from_float_isa),
+               s->vec_dot ? tn_dtype_name(tr->vec_dot_type) : "-");
+#undef ISA
+    }
+}
+
+int cmd_info(int argc, char **argv) {
+    const char *path = NULL;
+    bool all_kv = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            printf("usage: tern info [model.gguf] [--all]\n  --all  print long arrays' values in full\n");
+            return 0;
+        } else if (!strcmp(argv[i], "--all")) {
+            all_kv = true;
+        } else if (argv[i][0] == '-') {
+            return tn_cli_usage_error("unknown option '%s'", argv[i]);
+        } else if (!path) {
+            path = argv[i];
+        } else {
+            return tn_cli_usage_error("unexpected argument '%s'", argv[i]);
+        }
+    }
+    (void)all_kv;
+    if (!path) {
+        print_cpu();
+        return 0;
+    }
+    tn_gguf *g = NULL;
+    tern_status s = tn_gguf_open(path, true, &g);
+    if (s) return tn_cli_fail(s, "reading the model");
+    printf("file: %s\nGGUF v%u, %llu metadata keys, %llu tensors, alignment %u, data at offset %llu\n\n", path, g->version,
+           (unsigned long long)g->n_kv, (unsigned long long)g->n_tensors, g->alignment,
+           (unsigned long long)g->data_offset);
+    printf("metadata:\n");
+    for (uint64_t i = 0; i < g->n_kv; i++) {
+        char val[256];
+        tn_gguf_kv_format(&g->kv[i], val, sizeof val);
+        printf("  %-45.*s %-7s %s\n", (int)(g->kv[i].key.len > 200 ? 200 : g->kv[i].key.len), g->kv[i].key.data,
+               tn_gguf_type_name(g->kv[i].type), val);
+    }
+    printf("\ntensors:\n  %-4s %-32s %-24s %-7s %12s\n", "#", "name", "shape", "type", "bytes");
+    uint64_t bytes = 0, elems = 0;
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const tn_gguf_tensor *t = &g->tensors[i];
+        char shape[64];
+        int n = snprintf(shape, sizeof shape, "[%lld", (long long)t->ne[0]);
+        for (uint32_t d = 1; d < t->n_dims; d++) n += snprintf(shape + n, sizeof shape - (size_t)n, ", %lld", (long long)t->ne[d]);
+        snprintf(shape + n, sizeof shape - (size_t)n, "]");
+        printf("  %-4llu %-32s %-24s %-7s %12zu\n", (unsigned long long)i, t->name, shape, tn_dtype_name(t->type), t->nbytes);
+        bytes += t->nbytes;
+        elems += (uint64_t)(t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3]);
+    }
+    printf("\ntotal: %llu parameters, %.2f MiB of weights, %.3f bits per weight\n", (unsigned long long)elems,
+           (double)bytes / 1048576.0, elems ? 8.0 * (double)bytes / (double)elems : 0.0);
+    tn_gguf_free(g);
+
+    /* Hyperparameters as tern would run the file (if it is a complete model). */
+    tern_model *m = NULL;
+    s = tern_model_load(path, NULL, &m);
+    if (s) {
+        printf("\nnot runnable by tern: %s\n", tern_last_error());
+        return tn_cli_exit_code(s);
+    }
+    printf("\nmodel: %s | n_vocab %d | n_ctx_train %d | n_embd %d | n_layer %d\n", tern_model_desc(m), tern_model_n_vocab(m),
+           tern_model_n_ctx_train(m), tern_model_n_embd(m), tern_model_n_layer(m));
+    tern_model_free(m);
+    return 0;
+}

@@ -1,0 +1,199 @@
+/*
+ * cmd_synth.c — `tern synth`: writes a synthetic Llama GGUF with random weights and realistic
+ * shapes (e.g. a 1B-class model), in any type tern can quantize to, so benchmarks need no
+ * downloads. The vocabulary is SentencePiece-style: <unk> <s> </s>, 256 byte tokens, then
+ * filler pieces. Weights ~ N(0, 0.02) (norms = 1), deterministic from --seed.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "fmt/gguf.h"
+#include "quant/quant.h"
+#include "tensor/dtype.h"
+
+typedef struct {
+    const char *name;
+    int64_t n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx;
+} synth_preset;
+
+static const synth_preset presets[] = {
+    {"1b", 2048, 16, 32, 8, 8192, 32000, 2048},   /* Llama-3.2-1B-like shapes, Llama-2 vocab */
+    {"tinyllama", 2048, 22, 32, 4, 5632, 32000, 2048},
+    {"small", 512, 8, 8, 4, 1536, 4096, 1024},
+    {"tiny", 64, 2, 4, 2, 256, 512, 128},
+};
+
+typedef struct {
+    uint64_t seed;
+    tn_dtype type;
+    char **names;
+    int64_t *ne0, *ne1;
+    tn_dtype *types;
+    float *row;
+    size_t n;
+} synth_ctx;
+
+static uint64_t sm64(uint64_t *x) {
+    uint64_t z = (*x += UINT64_C(0x9E3779B97F4A7C15));
+    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
+    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
+    return z ^ (z >> 31);
+}
+
+/* Fills one tensor: rows of N(0, 0.02) (sum of 4 uniforms, scaled), or ones for norms. */
+static tern_status synth_fill(void *user, size_t idx, void *dst, size_t nbytes) {
+    synth_ctx *s = user;
+    const int64_t ne0 = s->ne0[idx], ne1 = s->ne1[idx];
+    const tn_dtype t = s->types[idx];
+    const size_t rb = tn_dtype_row_size(t, ne0);
+    if (rb * (size_t)ne1 != nbytes) return TERN_ERR_INTERNAL;
+    uint64_t st = s->seed * 1000003u + idx;
+    const bool norm = strstr(s->names[idx], "norm") != NULL;
+    for (int64_t r = 0; r < ne1; r++) {
+        for (int64_t i = 0; i < ne0; i++) {
+            if (norm) {
+                s->row[i] = 1.0f;
+                continue;
+            }
+            uint64_t a = sm64(&st);
+            float u = 0.0f;
+            for (int k = 0; k < 4; k++) u += (float)((a >> (16 * k)) & 0xFFFF) / 65535.0f;
+            s->row[i] = (u - 2.0f) * 0.02f * 1.7320508f; /* var of sum of 4 U(0,1) = 1/3 */
+        }
+        if (!tn_quantize_row_ref(t, s->row, (uint8_t *)dst + (size_t)r * rb, ne0)) return TERN_ERR_UNSUPPORTED;
+    }
+    return TERN_OK;
+}
+
+int cmd_synth(int argc, char **argv) {
+    const char *out = NULL, *preset = "1b", *type_name = "f16";
+    int64_t seed = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("usage: tern synth -o out.gguf [--preset 1b|tinyllama|small|tiny] [--type f32|f16|bf16|q8_0|q4_0|...] [--seed N]\n");
+            return 0;
+        } else if (!strcmp(a, "-o") && val) out = argv[++i];
+        else if (!strcmp(a, "--preset") && val) preset = argv[++i];
+        else if (!strcmp(a, "--type") && val) type_name = argv[++i];
+        else if (!strcmp(a, "--seed") && val) {
+            if (!tn_cli_parse_i64(argv[++i], 0, INT64_MAX, &seed)) return tn_cli_usage_error("--seed: not a number");
+        } else return tn_cli_usage_error("unknown option or missing value '%s'", a);
+    }
+    if (!out) return tn_cli_usage_error("synth needs -o out.gguf");
+    const synth_preset *P = NULL;
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
+        if (!strcmp(presets[i].name, preset)) P = &presets[i];
+    if (!P) return tn_cli_usage_error("unknown preset '%s' (1b, tinyllama, small, tiny)", preset);
+    tn_dtype wt;
+    if (!tn_dtype_from_name(type_name, &wt) || !tn_dtype_get(wt)->supported)
+        return tn_cli_usage_error("unknown or unsupported --type '%s'", type_name);
+
+    tn_gguf_writer *w = NULL;
+    tern_status s = tn_gguf_writer_create(&w);
+    if (s) return tn_cli_fail(s, "synth");
+    const int64_t hd = P->n_embd / P->n_head, kv = hd * P->n_head_kv;
+    tn_gguf_set_str(w, "general.architecture", "llama");
+    char name[64];
+    snprintf(name, sizeof name, "tern-synth-%s", P->name);
+    tn_gguf_set_str(w, "general.name", name);
+    tn_gguf_set_u32(w, "llama.context_length", (uint32_t)P->n_ctx);
+    tn_gguf_set_u32(w, "llama.embedding_length", (uint32_t)P->n_embd);
+    tn_gguf_set_u32(w, "llama.block_count", (uint32_t)P->n_layer);
+    tn_gguf_set_u32(w, "llama.feed_forward_length", (uint32_t)P->n_ff);
+    tn_gguf_set_u32(w, "llama.attention.head_count", (uint32_t)P->n_head);
+    tn_gguf_set_u32(w, "llama.attention.head_count_kv", (uint32_t)P->n_head_kv);
+    tn_gguf_set_u32(w, "llama.rope.dimension_count", (uint32_t)hd);
+    tn_gguf_set_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
+    tn_gguf_set_f32(w, "llama.rope.freq_base", 10000.0f);
+    tn_gguf_set_u32(w, "general.file_type", wt == TN_F32 ? 0 : wt == TN_F16 ? 1 : wt == TN_Q8_0 ? 7 : wt == TN_Q4_0 ? 2 : 1024);
+    tn_gguf_set_u32(w, "general.quantization_version", 2);
+    /* vocabulary */
+    const int64_t nv = P->n_vocab;
+    char **toks = calloc((size_t)nv, sizeof *toks);
+    float *scores = calloc((size_t)nv, sizeof *scores);
+    int32_t *ttype = calloc((size_t)nv, sizeof *ttype);
+    synth_ctx sc = {(uint64_t)seed, wt, NULL, NULL, NULL, NULL, NULL, 0};
+    size_t nt = (size_t)(3 + 9 * P->n_layer);
+    sc.names = calloc(nt, sizeof *sc.names);
+    sc.ne0 = calloc(nt, sizeof *sc.ne0);
+    sc.ne1 = calloc(nt, sizeof *sc.ne1);
+    sc.types = calloc(nt, sizeof *sc.types);
+    sc.row = malloc((size_t)(P->n_ff > P->n_embd ? P->n_ff : P->n_embd) * sizeof(float) + 64);
+    if (!toks || !scores || !ttype || !sc.names || !sc.ne0 || !sc.ne1 || !sc.types || !sc.row) {
+        s = TERN_ERR_NOMEM;
+        fprintf(stderr, "tern: error: out of memory\n");
+        goto done;
+    }
+    for (int64_t i = 0; i < nv; i++) {
+        char buf[32];
+        if (i == 0) snprintf(buf, sizeof buf, "<unk>");
+        else if (i == 1) snprintf(buf, sizeof buf, "<s>");
+        else if (i == 2) snprintf(buf, sizeof buf, "</s>");
+        else if (i < 3 + 256) snprintf(buf, sizeof buf, "<0x%02X>", (unsigned)(i - 3));
+        else snprintf(buf, sizeof buf, "\xe2\x96\x81t%lld", (long long)i);
+        toks[i] = strdup(buf);
+        scores[i] = i < 259 ? 0.0f : -(float)i;
+        ttype[i] = i == 0 ? 2 : i < 3 ? 3 : i < 259 ? 6 : 1;
+    }
+    tn_gguf_set_str(w, "tokenizer.ggml.model", "llama");
+    tn_gguf_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)toks, (uint64_t)nv);
+    tn_gguf_set_arr(w, "tokenizer.ggml.scores", 6 /* f32 */, scores, (uint64_t)nv);
+    tn_gguf_set_arr(w, "tokenizer.ggml.token_type", 5 /* i32 */, ttype, (uint64_t)nv);
+    tn_gguf_set_u32(w, "tokenizer.ggml.bos_token_id", 1);
+    tn_gguf_set_u32(w, "tokenizer.ggml.eos_token_id", 2);
+    tn_gguf_set_u32(w, "tokenizer.ggml.unknown_token_id", 0);
+    /* tensors, in llama.cpp's order */
+    size_t k = 0;
+#define ADD(nm, a, b, ty)                                                                  \
+    do {                                                                                   \
+        sc.names[k] = strdup(nm);                                                          \
+        sc.ne0[k] = (a);                                                                   \
+        sc.ne1[k] = (b);                                                                   \
+        sc.types[k] = (ty);                                                                \
+        int64_t ne_[2] = {(a), (b)};                                                       \
+        if ((s = tn_gguf_add_tensor(w, nm, (ty), (b) == 1 ? 1 : 2, ne_, NULL))) goto fail; \
+        k++;                                                                               \
+    } while (0)
+    ADD("token_embd.weight", P->n_embd, nv, wt);
+    for (int64_t l = 0; l < P->n_layer; l++) {
+        char n[64];
+#define L(sfx, a, b, ty) snprintf(n, sizeof n, "blk.%lld." sfx, (long long)l); ADD(n, a, b, ty)
+        L("attn_norm.weight", P->n_embd, 1, TN_F32);
+        L("attn_q.weight", P->n_embd, P->n_embd, wt);
+        L("attn_k.weight", P->n_embd, kv, wt);
+        L("attn_v.weight", P->n_embd, kv, wt);
+        L("attn_output.weight", P->n_embd, P->n_embd, wt);
+        L("ffn_norm.weight", P->n_embd, 1, TN_F32);
+        L("ffn_gate.weight", P->n_embd, P->n_ff, wt);
+        L("ffn_up.weight", P->n_embd, P->n_ff, wt);
+        L("ffn_down.weight", P->n_ff, P->n_embd, wt);
+#undef L
+    }
+    ADD("output_norm.weight", P->n_embd, 1, TN_F32);
+    ADD("output.weight", P->n_embd, nv, wt);
+#undef ADD
+    sc.n = k;
+    fprintf(stderr, "tern: writing %s (%s, %s, %zu tensors)...\n", out, P->name, tn_dtype_name(wt), k);
+    if ((s = tn_gguf_write(w, out, synth_fill, &sc))) goto fail;
+    fprintf(stderr, "tern: wrote %s\n", out);
+    goto done;
+fail:
+    tn_cli_fail(s, "synth");
+done:
+    for (int64_t i = 0; toks && i < nv; i++) free(toks[i]);
+    for (size_t i = 0; sc.names && i < nt; i++) free(sc.names[i]);
+    free(toks);
+    free(scores);
+    free(ttype);
+    free(sc.names);
+    free(sc.ne0);
+    free(sc.ne1);
+    free(sc.types);
+    free(sc.row);
+    tn_gguf_writer_free(w);
+    return s ? tn_cli_exit_code(s) : 0;
+}
