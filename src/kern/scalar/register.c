@@ -1,8 +1,97 @@
 /*
- * register.c (scalar) — fills every kernel-table entry with its scalar reference.
+ * register.c (scalar) — fills the kernel table with the scalar references: for every weight type
+ * its vec_dot (against its vec_dot_type), a gemm built on that vec_dot, to_float (dequantize) and,
+ * where a reference quantizer exists, from_float; for the activation types (q8_0, q8_1, q8_K, f16,
+ * bf16, f32) from_float is the activation quantizer/converter that matmuls run on their inputs.
+ *
+ * The table's function types take void pointers, so each typed row function gets a small static
+ * wrapper here (calling through a cast function pointer would be undefined behaviour).
  */
+
 #include "kern/kern.h"
+#include "kern/scalar/kernels.h"
+#include "quant/quant.h"
+
+/* gemm wrappers: tn_gemm_by_vec_dot with this type's dot, tn_k_gemm_<w>_<a>__scalar. */
+#define TN_SCALAR_GEMM(pair)                                                                                      \
+    static void tn_k_gemm_##pair##__scalar(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb,           \
+                                           const void *x, size_t x_rb, float *y, int64_t ldy) {                   \
+        tn_gemm_by_vec_dot(tn_k_vec_dot_##pair##__scalar, k, m, n, w, w_rb, x, x_rb, y, ldy);                    \
+    }
+
+TN_SCALAR_GEMM(q4_0_q8_0)
+TN_SCALAR_GEMM(q4_1_q8_1)
+TN_SCALAR_GEMM(q5_0_q8_0)
+TN_SCALAR_GEMM(q5_1_q8_1)
+TN_SCALAR_GEMM(q8_0_q8_0)
+TN_SCALAR_GEMM(q2_K_q8_K)
+TN_SCALAR_GEMM(q3_K_q8_K)
+TN_SCALAR_GEMM(q4_K_q8_K)
+TN_SCALAR_GEMM(q5_K_q8_K)
+TN_SCALAR_GEMM(q6_K_q8_K)
+TN_SCALAR_GEMM(f16_f16)
+TN_SCALAR_GEMM(bf16_bf16)
+TN_SCALAR_GEMM(f32_f32)
+
+/* Row converters through the type-generic entry points of quant.h (which cover every type
+ * registered below, so the returned bool is always true here). */
+#define TN_SCALAR_ROW(name, type)                                                                                 \
+    static void tn_k_from_float_##name##__scalar(const float *x, void *y, int64_t k) {                          \
+        (void)tn_quantize_row_ref(type, x, y, k);                                                                 \
+    }                                                                                                             \
+    static void tn_k_to_float_##name##__scalar(const void *x, float *y, int64_t k) {                            \
+        (void)tn_dequantize_row(type, x, y, k);                                                                   \
+    }
+
+TN_SCALAR_ROW(f32, TN_F32)
+TN_SCALAR_ROW(f16, TN_F16)
+TN_SCALAR_ROW(bf16, TN_BF16)
+TN_SCALAR_ROW(q4_0, TN_Q4_0)
+TN_SCALAR_ROW(q4_1, TN_Q4_1)
+TN_SCALAR_ROW(q5_0, TN_Q5_0)
+TN_SCALAR_ROW(q5_1, TN_Q5_1)
+TN_SCALAR_ROW(q8_0, TN_Q8_0)
+TN_SCALAR_ROW(q8_1, TN_Q8_1)
+TN_SCALAR_ROW(q2_K, TN_Q2_K)
+TN_SCALAR_ROW(q3_K, TN_Q3_K)
+TN_SCALAR_ROW(q4_K, TN_Q4_K)
+TN_SCALAR_ROW(q5_K, TN_Q5_K)
+TN_SCALAR_ROW(q6_K, TN_Q6_K)
+TN_SCALAR_ROW(q8_K, TN_Q8_K)
+
+/* One slot, all four entries marked scalar; vec_dot/gemm may be NULL (activation-only types). */
+static void tn_set(tn_kern_table *t, tn_dtype type, tn_vec_dot_fn dot, tn_gemm_fn gemm, tn_from_float_fn from,
+                   tn_to_float_fn to) {
+    tn_kern_slot *s = &t->slot[type];
+    s->vec_dot = dot;
+    s->gemm = gemm;
+    s->from_float = from;
+    s->to_float = to;
+    s->vec_dot_isa = s->gemm_isa = s->from_float_isa = s->to_float_isa = TN_ISA_SCALAR;
+}
+
+#define TN_WEIGHT(T, name, pair)                                                                                  \
+    tn_set(t, T, tn_k_vec_dot_##pair##__scalar, tn_k_gemm_##pair##__scalar, tn_k_from_float_##name##__scalar,    \
+           tn_k_to_float_##name##__scalar)
+#define TN_ACT_ONLY(T, name) tn_set(t, T, NULL, NULL, tn_k_from_float_##name##__scalar, tn_k_to_float_##name##__scalar)
 
 void tn_kern_register_scalar(tn_kern_table *t) {
-    (void)t;
+    /* Float formats: weights and their own activation type. */
+    TN_WEIGHT(TN_F32, f32, f32_f32);
+    TN_WEIGHT(TN_F16, f16, f16_f16);
+    TN_WEIGHT(TN_BF16, bf16, bf16_bf16);
+    /* 32-element blocks: q4_0/q5_0/q8_0 x q8_0, q4_1/q5_1 x q8_1. */
+    TN_WEIGHT(TN_Q4_0, q4_0, q4_0_q8_0);
+    TN_WEIGHT(TN_Q4_1, q4_1, q4_1_q8_1);
+    TN_WEIGHT(TN_Q5_0, q5_0, q5_0_q8_0);
+    TN_WEIGHT(TN_Q5_1, q5_1, q5_1_q8_1);
+    TN_WEIGHT(TN_Q8_0, q8_0, q8_0_q8_0);
+    TN_ACT_ONLY(TN_Q8_1, q8_1);
+    /* k-quants x q8_K. */
+    TN_WEIGHT(TN_Q2_K, q2_K, q2_K_q8_K);
+    TN_WEIGHT(TN_Q3_K, q3_K, q3_K_q8_K);
+    TN_WEIGHT(TN_Q4_K, q4_K, q4_K_q8_K);
+    TN_WEIGHT(TN_Q5_K, q5_K, q5_K_q8_K);
+    TN_WEIGHT(TN_Q6_K, q6_K, q6_K_q8_K);
+    TN_ACT_ONLY(TN_Q8_K, q8_K);
 }

@@ -1,0 +1,26 @@
+/*
+ * kernels.h (scalar) — declarations of the scalar reference dot products (vec_dot.c), under the
+ * tn_vec_dot_fn contract of kern/kern.h: *s = dot(w[0..k), x[0..k)), w in the weight type, x in
+ * its vec_dot_type, k a multiple of the block length. Included by the definitions, by register.c
+ * and by parity tests that call a reference by name. Stateless and thread-safe.
+ */
+#ifndef TN_KERN_SCALAR_KERNELS_H
+#define TN_KERN_SCALAR_KERNELS_H
+
+#include <stdint.h>
+
+void tn_k_vec_dot_q4_0_q8_0__scalar(int64_t k, float *s, const void *w, const void *x);
+void tn_k_vec_dot_q4_1_q8_1__scalar(int64_t k, float *s, const void *w, const void *x);
+void tn_k_vec_dot_q5_0_q8_0__scalar(int64_t k, float *s, const void *w, const void *x);
+void tn_k_vec_dot_q5_1_q8_1__scalar(int64_t k, float *s, const void *w, const void *x);
+void tn_k_vec_dot_q8_0_q8_0__scalar(int64_t k, float *s, const void *w, const void *x);
+void tn_k_vec_dot_q2_K_q8_K__scalar(int64_t k, float *s, const void *w, const void *x);
+void tn_k_vec_dot_q3_K_q8_K__scalar(int64_t k, float *s, const void *w, const void *x);
+void tn_k_vec_dot_q4_K_q8_K__scalar(int64_t k, float *s, const void *w, const void *x);
+void tn_k_vec_dot_q5_K_q8_K__scalar(int64_t k, float *s, const void *w, const void *x);
+void tn_k_vec_dot_q6_K_q8_K__scalar(int64_t k, float *s, const void *w, const void *x);
+void tn_k_vec_dot_f16_f16__scalar(int64_t k, float *s, const void *w, const void *x);
+void tn_k_vec_dot_bf16_bf16__scalar(int64_t k, float *s, const void *w, const void *x);
+void tn_k_vec_dot_f32_f32__scalar(int64_t k, float *s, const void *w, const void *x);
+
+#endif
