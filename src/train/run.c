@@ -1,0 +1,340 @@
+/*
+ * run.c — one training run end to end. See run.h.
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "tern/tern.h"
+#include "train/bpe.h"
+#include "train/ckpt.h"
+#include "train/data.h"
+#include "train/run.h"
+
+void tn_train_opts_default(tn_train_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->vocab_size = 4096;
+    o->cfg = (tn_train_cfg){.n_vocab = 0, .n_ctx = 256, .n_embd = 256, .n_layer = 4, .n_head = 8, .n_head_kv = 4,
+                            .n_ff = 768, .rms_eps = 1e-5f, .rope_base = 10000.0f};
+    o->batch = 8;
+    o->steps = 1000;
+    o->warmup = -1;
+    tn_adamw_default(&o->opt);
+    o->min_lr_frac = 0.1f;
+    o->seed = 1234;
+    o->n_threads = 2;
+    o->val_every = -1;
+    o->val_batches = 4;
+    o->ckpt_every = 0;
+    o->out_type = TN_F32;
+}
+
+static void note(const tn_train_opts *o, const char *fmt, ...) TN_PRINTF(2, 3);
+static void note(const tn_train_opts *o, const char *fmt, ...) {
+    if (!o->note) return;
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    o->note(buf, o->user);
+}
+
+static char *path_with(const char *out, const char *suffix) {
+    size_t n = strlen(out);
+    if (n > 5 && !strcmp(out + n - 5, ".gguf")) n -= 5;
+    char *p = tn_malloc(n + strlen(suffix) + 1);
+    if (!p) return NULL;
+    memcpy(p, out, n);
+    strcpy(p + n, suffix);
+    return p;
+}
+
+static tern_status write_text(const char *path, const char *text, size_t n) {
+    tn_wfile w;
+    tern_status s = tn_wfile_open(path, &w);
+    if (s) return s;
+    tn_wfile_write(&w, text, n);
+    return tn_wfile_commit(&w);
+}
+
+typedef struct sbuf { char *p; size_t n, cap; bool oom; } sbuf;
+static void sb_printf(sbuf *b, const char *fmt, ...) TN_PRINTF(2, 3);
+static void sb_printf(sbuf *b, const char *fmt, ...) {
+    if (b->oom) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int k = vsnprintf(b->p ? b->p + b->n : NULL, b->p ? b->cap - b->n : 0, fmt, ap);
+        va_end(ap);
+        if (k < 0) { b->oom = true; return; }
+        if (b->p && b->n + (size_t)k < b->cap) { b->n += (size_t)k; return; }
+        size_t nc = b->cap ? b->cap * 2 : 65536;
+        while (nc < b->n + (size_t)k + 1) nc *= 2;
+        char *np = tn_realloc(b->p, nc);
+        if (!np) { b->oom = true; return; }
+        b->p = np;
+        b->cap = nc;
+    }
+}
+
+/* loss.csv (step,loss,lr,val_loss) and an SVG plot of train (blue) and val (orange) loss. */
+static tern_status write_curves(const tn_train_state *st, const char *out) {
+    char *csv = path_with(out, ".loss.csv"), *svg = path_with(out, ".loss.svg");
+    tern_status s = TERN_OK;
+    sbuf b = {0};
+    if (!csv || !svg) { s = tn_err(TERN_ERR_NOMEM, "train: paths"); goto done; }
+    sb_printf(&b, "step,loss,lr,val_loss\n");
+    int64_t vi = 0;
+    for (int64_t i = 0; i < st->step; i++) {
+        sb_printf(&b, "%lld,%.6f,%.6g,", (long long)(i + 1), st->loss[i], st->lr[i]);
+        while (vi < st->n_val && st->val_step[vi] < i + 1) vi++;
+        if (vi < st->n_val && st->val_step[vi] == i + 1) sb_printf(&b, "%.6f", st->val_loss[vi]);
+        sb_printf(&b, "\n");
+    }
+    if (b.oom) { s = tn_err(TERN_ERR_NOMEM, "train: loss csv"); goto done; }
+    if ((s = write_text(csv, b.p, b.n))) goto done;
+    b.n = 0;
+    /* plot */
+    const double W = 800, H = 480, L = 60, R = 20, Tp = 30, B = 50;
+    double lo = INFINITY, hi = -INFINITY;
+    for (int64_t i = 0; i < st->step; i++) { lo = fmin(lo, st->loss[i]); hi = fmax(hi, st->loss[i]); }
+    for (int64_t i = 0; i < st->n_val; i++) { lo = fmin(lo, st->val_loss[i]); hi = fmax(hi, st->val_loss[i]); }
+    if (!(hi > lo)) { lo = isfinite(lo) ? lo - 1 : 0; hi = lo + 2; }
+    const double nx = (double)(st->step > 1 ? st->step : 2);
+#define X(i) (L + ((double)(i) - 1) / (nx - 1) * (W - L - R))
+#define Y(v) (Tp + (hi - (v)) / (hi - lo) * (H - Tp - B))
+    sb_printf(&b, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
+              "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n", W, H);
+    sb_printf(&b, "<text x=\"%.0f\" y=\"18\">tern train: loss (blue: train, orange: validation)</text>\n", L);
+    sb_printf(&b, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n", L, H - B, W - R, H - B);
+    sb_printf(&b, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n", L, Tp, L, H - B);
+    for (int k = 0; k <= 4; k++) {
+        double v = lo + (hi - lo) * k / 4.0;
+        sb_printf(&b, "<text x=\"5\" y=\"%.1f\">%.2f</text>\n", Y(v) + 4, v);
+        long long sx = (long long)llround(1 + (nx - 1) * k / 4.0);
+        sb_printf(&b, "<text x=\"%.1f\" y=\"%.0f\">%lld</text>\n", X(sx) - 10, H - B + 18, sx);
+    }
+    sb_printf(&b, "<text x=\"%.0f\" y=\"%.0f\">step</text>\n", W / 2, H - 10);
+    if (st->step) {
+        sb_printf(&b, "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1\" points=\"");
+        int64_t stride = st->step > 2000 ? st->step / 2000 : 1;
+        for (int64_t i = 0; i < st->step; i += stride) sb_printf(&b, "%.1f,%.1f ", X(i + 1), Y(st->loss[i]));
+        sb_printf(&b, "\"/>\n");
+    }
+    if (st->n_val) {
+        sb_printf(&b, "<polyline fill=\"none\" stroke=\"#ff7f0e\" stroke-width=\"2\" points=\"");
+        for (int64_t i = 0; i < st->n_val; i++) sb_printf(&b, "%.1f,%.1f ", X(st->val_step[i]), Y(st->val_loss[i]));
+        sb_printf(&b, "\"/>\n");
+    }
+    sb_printf(&b, "</svg>\n");
+#undef X
+#undef Y
+    if (b.oom) { s = tn_err(TERN_ERR_NOMEM, "train: loss svg"); goto done; }
+    s = write_text(svg, b.p, b.n);
+done:
+    tn_free(b.p);
+    tn_free(csv);
+    tn_free(svg);
+    return s;
+}
+
+static double eval_val(tn_tmodel *m, const tn_data *d, int n_batches, int32_t *tok, int32_t *tgt, tern_status *s) {
+    double sum = 0.0;
+    for (int i = 0; i < n_batches; i++) {
+        tn_data_val(d, i, m->B, tok, tgt);
+        double l;
+        if ((*s = tn_tmodel_forward(m, tok, tgt, &l))) return NAN;
+        sum += l;
+    }
+    return sum / n_batches;
+}
+
+tern_status tn_train_run(tn_train_opts *o) {
+    tern_status s = TERN_OK;
+    tn_map *maps = NULL;
+    const char **texts = NULL;
+    size_t *lens = NULL;
+    tn_vocab_data *voc = NULL;
+    tern_model *init = NULL;
+    tn_tmodel *m = NULL;
+    tn_data data = {0};
+    bool data_open = false;
+    tn_train_state st = {0};
+    int32_t *tok = NULL, *tgt = NULL;
+    char *shard = NULL;
+    bool shard_tmp = false;
+    if (!o->out) return tn_err(TERN_ERR_INVALID_ARG, "train: no output path (-o)");
+    if (o->n_data < 1) return tn_err(TERN_ERR_INVALID_ARG, "train: no training data (--data FILE...)");
+    if (o->steps < 1 || o->batch < 1) return tn_err(TERN_ERR_INVALID_ARG, "train: --steps and --batch must be positive");
+    if (o->ckpt_dir && o->ckpt_every < 1) o->ckpt_every = TN_MAX(1, o->steps / 10);
+    if (o->resume && !o->ckpt_dir) return tn_err(TERN_ERR_INVALID_ARG, "train: --resume needs --ckpt-dir");
+    /* refuse to clobber checkpoints of another run */
+    if (o->ckpt_dir && !o->resume) {
+        char mp[4096];
+        snprintf(mp, sizeof mp, "%s/latest", o->ckpt_dir);
+        if (access(mp, F_OK) == 0)
+            return tn_err(TERN_ERR_INVALID_ARG, "train: %s holds checkpoints; pass --resume to continue them or use another "
+                          "--ckpt-dir", o->ckpt_dir);
+    }
+    /* 1. text */
+    maps = tn_calloc((size_t)o->n_data, sizeof *maps);
+    texts = tn_calloc((size_t)o->n_data, sizeof *texts);
+    lens = tn_calloc((size_t)o->n_data, sizeof *lens);
+    if (!maps || !texts || !lens) { s = tn_err(TERN_ERR_NOMEM, "train: data list"); goto done; }
+    size_t total = 0;
+    for (int i = 0; i < o->n_data; i++) {
+        if ((s = tn_map_open(o->data[i], true, &maps[i]))) goto done;
+        texts[i] = (const char *)maps[i].data;
+        lens[i] = maps[i].size;
+        total += lens[i];
+        if ((s = tn_utf8_check(texts[i], lens[i], o->data[i]))) goto done;
+    }
+    if (!total) { s = tn_err(TERN_ERR_INVALID_ARG, "train: the training data is empty (%s%s)", o->data[0], o->n_data > 1 ? ", ..." : ""); goto done; }
+    /* 2. vocabulary and config */
+    tn_train_cfg cfg = o->cfg;
+    if (o->init) {
+        tern_model_params mp;
+        tern_model_params_init(&mp);
+        if ((s = tern_model_load(o->init, &mp, &init))) goto done;
+        if ((s = tn_vocab_data_from_gguf(init->gguf, &voc))) goto done;
+        const tn_hparams *h = &init->hp;
+        cfg.n_embd = h->n_embd; cfg.n_layer = h->n_layer; cfg.n_head = h->n_head; cfg.n_head_kv = h->n_head_kv;
+        cfg.n_ff = h->n_ff; cfg.rms_eps = h->rms_eps; cfg.rope_base = h->rope_freq_base;
+        if (!cfg.n_ctx || cfg.n_ctx > h->n_ctx_train) cfg.n_ctx = h->n_ctx_train;
+        note(o, "fine-tuning %s (%s)", o->init, init->desc);
+    } else if (o->tokenizer) {
+        tn_gguf *g;
+        if ((s = tn_gguf_open(o->tokenizer, true, &g))) goto done;
+        s = tn_vocab_data_from_gguf(g, &voc);
+        tn_gguf_free(g);
+        if (s) { tn_err_prefix(s, "%s", o->tokenizer); goto done; }
+    } else {
+        note(o, "learning a %d-token vocabulary from the data", o->vocab_size);
+        if ((s = tn_bpe_train(texts, lens, o->n_data, o->vocab_size, &voc))) goto done;
+    }
+    cfg.n_vocab = voc->n;
+    if ((s = tn_train_cfg_check(&cfg))) goto done;
+    /* 3. memory plan: say what is needed before touching data */
+    size_t pb, ab;
+    tn_tmodel_mem(&cfg, o->batch, cfg.n_ctx, o->n_threads, &pb, &ab);
+    o->planned_bytes = pb + ab;
+    note(o, "memory plan: %.1f MiB parameters+gradients+AdamW, %.1f MiB activations (batch %d x ctx %d)", pb / 1048576.0,
+         ab / 1048576.0, o->batch, cfg.n_ctx);
+    if ((s = tn_tmodel_create(&cfg, o->n_threads, &m))) goto done;
+    if ((s = tn_tmodel_plan(m, o->batch, cfg.n_ctx))) goto done;
+    /* 4. data */
+    if (o->ckpt_dir) {
+        if (mkdir(o->ckpt_dir, 0777) && access(o->ckpt_dir, W_OK)) {
+            s = tn_err(TERN_ERR_IO, "train: cannot create checkpoint dir %s", o->ckpt_dir);
+            goto done;
+        }
+        size_t n = strlen(o->ckpt_dir) + 32;
+        shard = tn_malloc(n);
+        if (shard) snprintf(shard, n, "%s/train.tokens", o->ckpt_dir);
+    } else {
+        shard = path_with(o->out, ".tokens.tmp");
+        shard_tmp = true;
+    }
+    if (!shard) { s = tn_err(TERN_ERR_NOMEM, "train: paths"); goto done; }
+    uint64_t n_tok;
+    if ((s = tn_shard_build(texts, lens, o->n_data, voc, shard, &n_tok))) goto done;
+    if ((s = tn_data_open(shard, voc, cfg.n_ctx, o->seed, &data))) goto done;
+    data_open = true;
+    note(o, "data: %.2f MB of text, %llu tokens (%.2f bytes/token), %lld training and %lld validation windows of %d",
+         total / 1e6, (unsigned long long)n_tok, (double)total / (double)n_tok, (long long)data.n_train,
+         (long long)data.n_val, cfg.n_ctx);
+    note(o, "model: %.2fM parameters, n_embd %d, %d layers, %d/%d heads, n_ff %d, vocab %d, ctx %d; %d threads",
+         m->n_params / 1e6, cfg.n_embd, cfg.n_layer, cfg.n_head, cfg.n_head_kv, cfg.n_ff, cfg.n_vocab, cfg.n_ctx,
+         o->n_threads);
+    /* 5. weights: checkpoint, init model or random */
+    st.seed = o->seed;
+    st.vocab_hash = tn_vocab_data_hash(voc);
+    bool found = false;
+    if (o->resume && (s = tn_ckpt_load(m, &st, o->ckpt_dir, &found))) goto done;
+    if (found) {
+        if (st.seed != o->seed) { s = tn_err(TERN_ERR_INVALID_ARG, "train: checkpoint seed %llu differs from --seed %llu",
+                                             (unsigned long long)st.seed, (unsigned long long)o->seed); goto done; }
+        if ((s = tn_data_seek(&data, st.epoch, st.pos))) goto done;
+        note(o, "resumed from %s at step %lld", o->ckpt_dir, (long long)st.step);
+    } else {
+        if (o->resume) note(o, "no checkpoint in %s yet: starting from step 0", o->ckpt_dir);
+        if (init) { if ((s = tn_tmodel_init_from(m, init))) goto done; }
+        else tn_tmodel_init_random(m, o->seed);
+    }
+    if (init) { tern_model_free(init); init = NULL; }
+    const size_t N = (size_t)o->batch * cfg.n_ctx;
+    tok = tn_malloc(N * sizeof *tok);
+    tgt = tn_malloc(N * sizeof *tgt);
+    if (!tok || !tgt) { s = tn_err(TERN_ERR_NOMEM, "train: batch"); goto done; }
+    const int warmup = o->warmup >= 0 ? o->warmup : TN_MIN(100, o->steps / 10);
+    const int val_every = o->val_every > 0 ? o->val_every : TN_MAX(1, o->steps / 20);
+    const int val_batches = TN_MAX(1, o->val_batches);
+    double t0 = tn_time_s(), tokens_done = 0, loss = NAN;
+    int64_t first_step = st.step;
+    while (st.step < o->steps) {
+        if (o->stop && *o->stop) {
+            if (o->ckpt_dir && st.step > first_step && (s = tn_ckpt_save(m, &st, o->ckpt_dir))) goto done;
+            s = tn_err(TERN_ERR_ABORTED, "train: interrupted at step %lld%s", (long long)st.step,
+                       o->ckpt_dir ? " (checkpoint written; --resume continues)" : "");
+            goto done;
+        }
+        tn_data_next(&data, o->batch, tok, tgt);
+        if ((s = tn_tmodel_forward(m, tok, tgt, &loss))) goto done;
+        if (!isfinite(loss)) { s = tn_err(TERN_ERR_INTERNAL, "train: loss is %f at step %lld (diverged; lower --lr)", loss, (long long)st.step); goto done; }
+        tn_tmodel_zero_grad(m);
+        tn_tmodel_backward(m);
+        double gn = tn_grad_norm(m);
+        float clip = o->opt.grad_clip > 0 && gn > o->opt.grad_clip ? (float)(o->opt.grad_clip / (gn + 1e-6)) : 1.0f;
+        float lr = tn_lr_at(st.step, warmup, o->steps, o->opt.lr, o->min_lr_frac);
+        tn_adamw_step(m, &o->opt, lr, st.step + 1, clip);
+        if ((s = tn_train_state_push(&st, (float)loss, lr))) goto done;
+        st.step++;
+        st.epoch = data.epoch;
+        st.pos = data.pos;
+        tokens_done += (double)N;
+        double vl = NAN;
+        if (st.step % val_every == 0 || st.step == o->steps) {
+            vl = eval_val(m, &data, val_batches, tok, tgt, &s);
+            if (s) goto done;
+            if ((s = tn_train_state_push_val(&st, (int32_t)st.step, (float)vl))) goto done;
+        }
+        if (o->ckpt_dir && (st.step % o->ckpt_every == 0 || st.step == o->steps) && (s = tn_ckpt_save(m, &st, o->ckpt_dir)))
+            goto done;
+        if (o->progress) {
+            double el = tn_time_s() - t0;
+            tn_train_progress p = {.step = st.step, .steps = o->steps, .loss = loss, .val_loss = vl, .lr = lr,
+                                   .tok_per_s = tokens_done / el, .eta_s = el / (double)(st.step - first_step) * (double)(o->steps - st.step),
+                                   .grad_norm = gn, .final = st.step == o->steps};
+            o->progress(&p, o->user);
+        }
+    }
+    o->tok_per_s = tokens_done / (tn_time_s() - t0);
+    o->final_loss = st.step ? st.loss[st.step - 1] : NAN;
+    o->final_val_loss = st.n_val ? st.val_loss[st.n_val - 1] : NAN;
+    o->weights_hash = tn_hash64(m->params, m->n_params * sizeof(float), 0);
+    /* 6. outputs */
+    if ((s = tn_tmodel_export(m, voc, o->name, o->out_type, o->out))) goto done;
+    if ((s = write_curves(&st, o->out))) goto done;
+done:
+    if (shard && shard_tmp) unlink(shard);
+    tn_free(shard);
+    tn_free(tok);
+    tn_free(tgt);
+    tn_train_state_free(&st);
+    if (data_open) tn_data_close(&data);
+    tn_tmodel_free(m);
+    if (init) tern_model_free(init);
+    tn_vocab_data_free(voc);
+    if (maps)
+        for (int i = 0; i < o->n_data; i++) tn_map_close(&maps[i]);
+    tn_free(maps);
+    tn_free(texts);
+    tn_free(lens);
+    return s;
+}

@@ -1,0 +1,56 @@
+/*
+ * run.h — a whole training run: vocabulary, data shard, model, the step loop with validation,
+ * checkpoints and resume, the output GGUF and the loss curve (CSV + SVG next to the output).
+ * `tern train` is flag parsing around tn_train_run; tests call it directly.
+ *
+ * Nothing here prints: progress and notes go to the callbacks. A run stopped by *stop != 0
+ * writes a checkpoint (when ckpt_dir is set) and returns TERN_ERR_ABORTED.
+ */
+#ifndef TN_TRAIN_RUN_H
+#define TN_TRAIN_RUN_H
+
+#include <signal.h>
+
+#include "train/train.h"
+
+typedef struct tn_train_progress {
+    int64_t step, steps;     /* steps done / total                               */
+    double loss, val_loss;   /* val_loss NaN when not evaluated at this step      */
+    float lr;
+    double tok_per_s, eta_s, grad_norm;
+    bool final;
+} tn_train_progress;
+
+typedef struct tn_train_opts {
+    const char *const *data;  /* text files */
+    int n_data;
+    const char *tokenizer;    /* GGUF with a llama (SPM) vocabulary, or NULL      */
+    int32_t vocab_size;       /* when learning the vocabulary from the data       */
+    const char *init;         /* GGUF model to fine-tune, or NULL                 */
+    tn_train_cfg cfg;         /* ignored with init (taken from the model), except n_ctx */
+    int batch, steps, warmup;
+    tn_adamw opt;
+    float min_lr_frac;
+    uint64_t seed;
+    int n_threads;
+    int val_every, val_batches;
+    const char *ckpt_dir;
+    int ckpt_every;
+    bool resume;
+    const char *out;
+    const char *name;
+    tn_dtype out_type;        /* TN_F32 or TN_Q8_0                                */
+    volatile sig_atomic_t *stop;
+    void (*progress)(const tn_train_progress *p, void *user);
+    void (*note)(const char *msg, void *user);
+    void *user;
+    /* results */
+    double final_loss, final_val_loss, tok_per_s;
+    uint64_t weights_hash;    /* tn_hash64 of the final f32 params                */
+    size_t planned_bytes;
+} tn_train_opts;
+
+void tn_train_opts_default(tn_train_opts *o);
+tern_status tn_train_run(tn_train_opts *o);
+
+#endif

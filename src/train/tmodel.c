@@ -1,0 +1,705 @@
+/*
+ * tmodel.c — the training model: sizes tables, flat buffers, forward storing activations,
+ * backward as the forward mirrored. See train.h.
+ *
+ * Shapes: N = B*T tokens, C = n_embd, KV = n_head_kv*head_dim, F = n_ff, V = n_vocab, H = n_head.
+ * Row-major activations [N][C]; a linear layer with weight W[m][k] (GGUF ne = [k, m]) is
+ * out[N][m] = in[N][k] * W^T, so its backward is dW[m][k] += dout^T * in and din = dout * W.
+ * Everything that is not a GEMM is split over the pool by rows (or by (b, kv head) for attention)
+ * with fixed chunking; per-thread partial sums are added in thread order, so results depend on
+ * the thread count but not on timing.
+ */
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "model/ops.h"
+#include "train/rng.h"
+#include "train/train.h"
+
+/* ---- sizes tables ------------------------------------------------------------------------ */
+
+tern_status tn_train_cfg_check(const tn_train_cfg *c) {
+#define CHK(cond, ...) do { if (!(cond)) return tn_err(TERN_ERR_INVALID_ARG, "train: " __VA_ARGS__); } while (0)
+    CHK(c->n_vocab >= 4 && c->n_vocab <= (1 << 24), "n_vocab %d out of range", c->n_vocab);
+    CHK(c->n_ctx >= 2 && c->n_ctx <= 65536, "ctx %d out of range [2, 65536]", c->n_ctx);
+    CHK(c->n_embd >= 2 && c->n_embd <= 65536, "n_embd %d out of range", c->n_embd);
+    CHK(c->n_layer >= 1 && c->n_layer <= 1024, "n_layer %d out of range", c->n_layer);
+    CHK(c->n_head >= 1 && c->n_embd % c->n_head == 0, "n_head %d must divide n_embd %d", c->n_head, c->n_embd);
+    CHK((c->n_embd / c->n_head) % 2 == 0, "head_dim %d (n_embd/n_head) must be even for RoPE", c->n_embd / c->n_head);
+    CHK(c->n_head_kv >= 1 && c->n_head % c->n_head_kv == 0, "n_head_kv %d must divide n_head %d", c->n_head_kv, c->n_head);
+    CHK(c->n_ff >= 1 && c->n_ff <= (1 << 20), "n_ff %d out of range", c->n_ff);
+    CHK(c->rms_eps > 0 && c->rope_base > 0, "rms_eps and rope_base must be positive");
+#undef CHK
+    return TERN_OK;
+}
+
+static void fill_hparams(const tn_train_cfg *c, tn_hparams *hp) {
+    memset(hp, 0, sizeof *hp);
+    hp->arch = TN_ARCH_LLAMA;
+    hp->n_vocab = c->n_vocab;
+    hp->n_ctx_train = c->n_ctx;
+    hp->n_embd = c->n_embd;
+    hp->n_layer = c->n_layer;
+    hp->n_head = c->n_head;
+    hp->n_head_kv = c->n_head_kv;
+    hp->n_ff = c->n_ff;
+    hp->head_dim = c->n_embd / c->n_head;
+    hp->n_rot = hp->head_dim;
+    hp->rms_eps = c->rms_eps;
+    hp->rope_freq_base = c->rope_base;
+    hp->rope_freq_scale = 1.0f;
+    hp->rope_mode = TN_ROPE_NORM;
+}
+
+static int build_table(const tn_train_cfg *c, tn_tparam *t, size_t *n_params) {
+    const int64_t C = c->n_embd, KV = (int64_t)c->n_head_kv * (c->n_embd / c->n_head), F = c->n_ff, V = c->n_vocab;
+    int i = 0;
+    size_t off = 0;
+#define ADD(nm, nd, k, mrows, dec)                                                          \
+    do {                                                                                    \
+        if (t) {                                                                            \
+            snprintf(t[i].name, sizeof t[i].name, "%s", nm);                                \
+            t[i].n_dims = nd; t[i].ne[0] = k; t[i].ne[1] = mrows; t[i].off = off;           \
+            t[i].n = (size_t)(k) * (size_t)(mrows); t[i].decay = dec;                       \
+        }                                                                                   \
+        off += (size_t)(k) * (size_t)(mrows);                                               \
+        off = (off + 15) & ~(size_t)15; /* 64-byte aligned views */                         \
+        i++;                                                                                \
+    } while (0)
+    char nm[64];
+    ADD("token_embd.weight", 2, C, V, true);
+    for (int l = 0; l < c->n_layer; l++) {
+#define L(s, nd, k, mr, dec) do { snprintf(nm, sizeof nm, "blk.%d.%s.weight", l, s); ADD(nm, nd, k, mr, dec); } while (0)
+        L("attn_norm", 1, C, 1, false);
+        L("attn_q", 2, C, C, true);
+        L("attn_k", 2, C, KV, true);
+        L("attn_v", 2, C, KV, true);
+        L("attn_output", 2, C, C, true);
+        L("ffn_norm", 1, C, 1, false);
+        L("ffn_gate", 2, C, F, true);
+        L("ffn_up", 2, C, F, true);
+        L("ffn_down", 2, F, C, true);
+#undef L
+    }
+    ADD("output_norm.weight", 1, C, 1, false);
+    ADD("output.weight", 2, C, V, true);
+#undef ADD
+    *n_params = off;
+    return i;
+}
+
+/* Activation sizes table: per layer, then the head, then backward scratch. */
+typedef struct act_layout {
+    size_t x_in, xn1, q, k, v, att, y, x_mid, xn2, g, u, h; /* per-layer offsets from layer base */
+    size_t per_layer;
+    size_t x_fin, xf, logits;                                  /* after the layers               */
+    size_t dres, dxn, dq, dk, dv, dy, dh, dg, du, datt, dw;    /* scratch                        */
+    size_t total;
+} act_layout;
+
+static void plan_acts(const tn_train_cfg *c, int B, int T, int nth, act_layout *a) {
+    const size_t N = (size_t)B * T, C = (size_t)c->n_embd, H = (size_t)c->n_head;
+    const size_t KV = (size_t)c->n_head_kv * (C / H), F = (size_t)c->n_ff, V = (size_t)c->n_vocab;
+    size_t o = 0;
+#define A(field, n) do { a->field = o; o += ((size_t)(n) + 15) & ~(size_t)15; } while (0)
+    A(x_in, N * C); A(xn1, N * C); A(q, N * C); A(k, N * KV); A(v, N * KV);
+    A(att, (size_t)B * H * T * T); A(y, N * C); A(x_mid, N * C); A(xn2, N * C);
+    A(g, N * F); A(u, N * F); A(h, N * F);
+    a->per_layer = o;
+    o = a->per_layer * (size_t)c->n_layer;
+    A(x_fin, N * C); A(xf, N * C); A(logits, N * V);
+    A(dres, N * C); A(dxn, N * C); A(dq, N * C); A(dk, N * KV); A(dv, N * KV); A(dy, N * C);
+    A(dh, N * F); A(dg, N * F); A(du, N * F); A(datt, (size_t)nth * T); A(dw, (size_t)nth * C);
+#undef A
+    a->total = o;
+}
+
+void tn_tmodel_mem(const tn_train_cfg *c, int B, int T, int n_threads, size_t *param_bytes, size_t *act_bytes) {
+    size_t np;
+    build_table(c, NULL, &np);
+    act_layout a;
+    plan_acts(c, B, T, n_threads, &a);
+    *param_bytes = np * 4 * sizeof(float);
+    *act_bytes = a.total * sizeof(float) + (size_t)T * c->n_embd / c->n_head * sizeof(float) +
+                 (size_t)B * T * (2 * sizeof(int32_t) + sizeof(float));
+}
+
+static uint64_t mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
+static tern_status check_fits(size_t need, const char *what) {
+    uint64_t avail = mem_available();
+    if (avail && need > avail)
+        return tn_err(TERN_ERR_NOMEM, "train: %s need %.1f MiB but only %.1f MiB of memory is available "
+                      "(reduce --batch, --ctx or the model size)", what, need / 1048576.0, avail / 1048576.0);
+    return TERN_OK;
+}
+
+tern_status tn_tmodel_create(const tn_train_cfg *c, int n_threads, tn_tmodel **out) {
+    *out = NULL;
+    tern_status s = tn_train_cfg_check(c);
+    if (s) return s;
+    if (n_threads < 1) n_threads = 1;
+    tn_tmodel *m = tn_calloc(1, sizeof *m);
+    if (!m) return tn_err(TERN_ERR_NOMEM, "train: model struct");
+    m->cfg = *c;
+    fill_hparams(c, &m->hp);
+    m->n_tensors = build_table(c, NULL, &m->n_params);
+    m->t = tn_calloc((size_t)m->n_tensors, sizeof *m->t);
+    if (!m->t) { s = tn_err(TERN_ERR_NOMEM, "train: sizes table"); goto fail; }
+    build_table(c, m->t, &m->n_params);
+    size_t bytes = m->n_params * 4 * sizeof(float);
+    if ((s = check_fits(bytes, "parameters, gradients and AdamW moments"))) goto fail;
+    m->params = tn_malloc_aligned(bytes, 64);
+    if (!m->params) {
+        s = tn_err(TERN_ERR_NOMEM, "train: parameters, gradients and AdamW moments need %.1f MiB; allocation failed",
+                   bytes / 1048576.0);
+        goto fail;
+    }
+    memset(m->params, 0, bytes);
+    m->grads = m->params + m->n_params;
+    m->m = m->grads + m->n_params;
+    m->v = m->m + m->n_params;
+    m->n_threads = n_threads;
+    if ((s = tn_pool_create(n_threads, &m->pool))) goto fail;
+    openblas_set_num_threads(1); /* parallelism comes from the pool (gemm_fn) */
+    *out = m;
+    return TERN_OK;
+fail:
+    tn_tmodel_free(m);
+    return s;
+}
+
+void tn_tmodel_free(tn_tmodel *m) {
+    if (!m) return;
+    if (m->pool) tn_pool_free(m->pool);
+    tn_free_aligned(m->params);
+    tn_free_aligned(m->acts);
+    tn_free(m->t);
+    tn_free(m);
+}
+
+void tn_tmodel_init_random(tn_tmodel *m, uint64_t seed) {
+    uint64_t rng = seed ^ UINT64_C(0x7465726E2D696E69); /* "tern-ini" */
+    const float std = 0.02f, std_res = 0.02f / sqrtf(2.0f * (float)m->cfg.n_layer);
+    for (int i = 0; i < m->n_tensors; i++) {
+        float *p = tn_tp(m, m->params, i);
+        const tn_tparam *t = &m->t[i];
+        if (t->n_dims == 1) {
+            for (size_t j = 0; j < t->n; j++) p[j] = 1.0f;
+            continue;
+        }
+        float sd = (strstr(t->name, "attn_output") || strstr(t->name, "ffn_down")) ? std_res : std;
+        for (size_t j = 0; j < t->n; j++) p[j] = (float)(tn_rng_normal(&rng) * sd);
+    }
+}
+
+tern_status tn_tmodel_init_from(tn_tmodel *m, const tern_model *src) {
+    const tn_hparams *h = &src->hp;
+    if (h->arch != TN_ARCH_LLAMA || h->n_embd != m->cfg.n_embd || h->n_layer != m->cfg.n_layer ||
+        h->n_head != m->cfg.n_head || h->n_head_kv != m->cfg.n_head_kv || h->n_ff != m->cfg.n_ff ||
+        h->n_vocab != m->cfg.n_vocab || h->n_rot != h->head_dim || h->head_dim != m->cfg.n_embd / m->cfg.n_head)
+        return tn_err(TERN_ERR_UNSUPPORTED, "train: --init model does not match the training shape (llama, n_embd %d, "
+                      "%d layers, %d/%d heads, n_ff %d, vocab %d, full RoPE)", m->cfg.n_embd, m->cfg.n_layer,
+                      m->cfg.n_head, m->cfg.n_head_kv, m->cfg.n_ff, m->cfg.n_vocab);
+    if (h->rope_mode != TN_ROPE_NORM || h->rope_freq_scale != 1.0f || src->rope_freqs.data)
+        return tn_err(TERN_ERR_UNSUPPORTED, "train: --init model uses RoPE scaling, which training does not support");
+    const tn_tensor *ts[4096];
+    int n = 0;
+    ts[n++] = &src->tok_embd;
+    for (int l = 0; l < h->n_layer; l++) {
+        const tn_layer *L = &src->layers[l];
+        if (L->bq.data || L->bk.data || L->bv.data)
+            return tn_err(TERN_ERR_UNSUPPORTED, "train: --init model has attention biases");
+        const tn_tensor *lt[TN_TP_PER_LAYER] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo,
+                                                &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down};
+        for (int j = 0; j < TN_TP_PER_LAYER; j++) {
+            if (n >= 4094) return tn_err(TERN_ERR_UNSUPPORTED, "train: too many layers for --init");
+            ts[n++] = lt[j];
+        }
+    }
+    ts[n++] = &src->output_norm;
+    ts[n++] = &src->output; /* == tok_embd when tied: untied afterwards */
+    for (int i = 0; i < n; i++) {
+        const tn_tparam *t = &m->t[i];
+        float *p = tn_tp(m, m->params, i);
+        int64_t rows = t->n_dims == 1 ? 1 : t->ne[1];
+        if (ts[i]->ne[0] != t->ne[0] || (t->n_dims == 2 && ts[i]->ne[1] != rows))
+            return tn_err(TERN_ERR_FORMAT, "train: --init tensor for '%s' has shape [%lld, %lld], expected [%lld, %lld]",
+                          t->name, (long long)ts[i]->ne[0], (long long)ts[i]->ne[1], (long long)t->ne[0], (long long)rows);
+        for (int64_t r = 0; r < rows; r++) tn_tensor_get_row(ts[i], r, p + r * t->ne[0]);
+    }
+    return TERN_OK;
+}
+
+tern_status tn_tmodel_plan(tn_tmodel *m, int B, int T) {
+    if (m->acts) return tn_err(TERN_ERR_STATE, "train: activations already planned");
+    if (B < 1 || T < 1 || T > m->cfg.n_ctx)
+        return tn_err(TERN_ERR_INVALID_ARG, "train: batch %d x %d invalid (ctx %d)", B, T, m->cfg.n_ctx);
+    act_layout a;
+    plan_acts(&m->cfg, B, T, m->n_threads, &a);
+    size_t extra = (size_t)T * m->hp.n_rot + (size_t)B * T * 3;
+    size_t bytes = (a.total + extra) * sizeof(float);
+    tern_status s = check_fits(bytes, "activations");
+    if (s) return s;
+    m->acts = tn_malloc_aligned(bytes, 64);
+    if (!m->acts)
+        return tn_err(TERN_ERR_NOMEM, "train: activations for batch %d x %d need %.1f MiB; allocation failed", B, T,
+                      bytes / 1048576.0);
+    memset(m->acts, 0, bytes);
+    m->acts_floats = a.total;
+    m->B = B;
+    m->T = T;
+    m->rope_cs = m->acts + a.total;
+    m->tokens = (int32_t *)(m->rope_cs + (size_t)T * m->hp.n_rot);
+    m->targets = m->tokens + (size_t)B * T;
+    m->row_loss = (float *)(m->targets + (size_t)B * T);
+    for (int t = 0; t < T; t++) tn_op_rope_cache(&m->hp, NULL, t, m->rope_cs + (size_t)t * m->hp.n_rot);
+    return TERN_OK;
+}
+
+/* ---- helpers -------------------------------------------------------------------------------- */
+
+/* GEMMs: OpenBLAS runs single-threaded (openblas_set_num_threads(1)) inside tern's pool; each
+ * thread takes a fixed slice of output rows, so the work split never oversubscribes the cores
+ * and the reduction dimension is never split (results do not depend on timing). */
+typedef struct gemm_task {
+    int kind;           /* 0: out = in W^T, 1: dW += dout^T in, 2: din = dout W */
+    const float *a, *b;
+    float *c;
+    int64_t N, k, mr;
+    float beta;
+} gemm_task;
+
+static void gemm_fn(void *arg, int ith, int nth) {
+    const gemm_task *g = arg;
+    int64_t r0, r1;
+    switch (g->kind) {
+    case 0: /* out[N][mr] = in[N][k] W[mr][k]^T: rows of out */
+        tn_split(g->N, ith, nth, 4, &r0, &r1);
+        if (r1 > r0)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(r1 - r0), (int)g->mr, (int)g->k, 1.0f, g->a + r0 * g->k,
+                        (int)g->k, g->b, (int)g->k, g->beta, g->c + r0 * g->mr, (int)g->mr);
+        break;
+    case 1: /* dW[mr][k] += dout[N][mr]^T in[N][k]: rows of dW */
+        tn_split(g->mr, ith, nth, 4, &r0, &r1);
+        if (r1 > r0)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)(r1 - r0), (int)g->k, (int)g->N, 1.0f, g->a + r0,
+                        (int)g->mr, g->b, (int)g->k, 1.0f, g->c + r0 * g->k, (int)g->k);
+        break;
+    case 2: /* din[N][k] = dout[N][mr] W[mr][k]: rows of din */
+        tn_split(g->N, ith, nth, 4, &r0, &r1);
+        if (r1 > r0)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(r1 - r0), (int)g->k, (int)g->mr, 1.0f,
+                        g->a + r0 * g->mr, (int)g->mr, g->b, (int)g->k, g->beta, g->c + r0 * g->k, (int)g->k);
+        break;
+    }
+}
+
+/* out[N][mr] (= or +=) in[N][k] * W[mr][k]^T */
+static void lin_fwd_p(tn_pool *p, const float *in, const float *W, float *out, int64_t N, int64_t k, int64_t mr, float beta) {
+    gemm_task g = {0, in, W, out, N, k, mr, beta};
+    tn_pool_run(p, gemm_fn, &g);
+}
+/* dW[mr][k] += dout[N][mr]^T * in[N][k];  din[N][k] (= or +=) dout * W */
+static void lin_bwd_p(tn_pool *p, const float *in, const float *W, const float *dout, float *dW, float *din, int64_t N,
+                      int64_t k, int64_t mr, float beta_in) {
+    gemm_task g = {1, dout, in, dW, N, k, mr, 1.0f};
+    tn_pool_run(p, gemm_fn, &g);
+    if (din) {
+        gemm_task h = {2, dout, W, din, N, k, mr, beta_in};
+        tn_pool_run(p, gemm_fn, &h);
+    }
+}
+#define lin_fwd(...) lin_fwd_p(m->pool, __VA_ARGS__)
+#define lin_bwd(...) lin_bwd_p(m->pool, __VA_ARGS__)
+
+/* 8 independent partial sums so the compiler vectorizes (order fixed: deterministic). */
+static inline float dot(const float *a, const float *b, int64_t n) {
+    float acc[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) acc[j] += a[i + j] * b[i + j];
+    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+static inline void axpy(float *y, float a, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+typedef struct task {
+    tn_tmodel *m;
+    int op;
+    const float *x, *w;
+    float *y, *y2, *y3, *dw;
+    const float *x2, *x3;
+    int64_t n, d;
+    const int32_t *targets;
+    bool grad;
+} task;
+
+enum { OP_RMSNORM, OP_RMSNORM_BWD, OP_ROPE, OP_ROPE_BWD, OP_SWIGLU, OP_SWIGLU_BWD, OP_ATTN, OP_CE };
+
+static void attn_fwd_one(tn_tmodel *m, const task *tk, int64_t b, int64_t kvh) {
+    const int64_t T = m->T, C = m->cfg.n_embd, H = m->cfg.n_head, hd = m->hp.head_dim;
+    const int64_t KV = m->cfg.n_head_kv * hd, grp = H / m->cfg.n_head_kv;
+    const float *q = tk->x, *k = tk->x2, *v = tk->x3;
+    float *att = tk->y2, *y = tk->y;
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int64_t h = kvh * grp; h < (kvh + 1) * grp; h++) {
+        for (int64_t t = 0; t < T; t++) {
+            const float *qr = q + (b * T + t) * C + h * hd;
+            float *a = att + ((b * H + h) * T + t) * T;
+            float mx = -INFINITY;
+            for (int64_t s = 0; s <= t; s++) {
+                a[s] = dot(qr, k + (b * T + s) * KV + kvh * hd, hd) * scale;
+                if (a[s] > mx) mx = a[s];
+            }
+            float sum = 0.0f;
+            for (int64_t s = 0; s <= t; s++) {
+                a[s] = expf(a[s] - mx);
+                sum += a[s];
+            }
+            const float inv = 1.0f / sum;
+            float *yr = y + (b * T + t) * C + h * hd;
+            memset(yr, 0, (size_t)hd * sizeof(float));
+            for (int64_t s = 0; s <= t; s++) {
+                a[s] *= inv;
+                axpy(yr, a[s], v + (b * T + s) * KV + kvh * hd, hd);
+            }
+            for (int64_t s = t + 1; s < T; s++) a[s] = 0.0f;
+        }
+    }
+}
+
+/* x=q x2=k x3=v x(w)=att, y=dy in, outputs y2=dq y3=dk dw=dv */
+static void attn_bwd_one(tn_tmodel *m, const task *tk, int64_t b, int64_t kvh, float *datt) {
+    const int64_t T = m->T, C = m->cfg.n_embd, H = m->cfg.n_head, hd = m->hp.head_dim;
+    const int64_t KV = m->cfg.n_head_kv * hd, grp = H / m->cfg.n_head_kv;
+    const float *q = tk->x, *k = tk->x2, *v = tk->x3, *att = tk->w, *dy = tk->y;
+    float *dq = tk->y2, *dk = tk->y3, *dv = tk->dw;
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int64_t t = 0; t < T; t++) {
+        memset(dk + (b * T + t) * KV + kvh * hd, 0, (size_t)hd * sizeof(float));
+        memset(dv + (b * T + t) * KV + kvh * hd, 0, (size_t)hd * sizeof(float));
+    }
+    for (int64_t h = kvh * grp; h < (kvh + 1) * grp; h++) {
+        for (int64_t t = 0; t < T; t++) {
+            const float *a = att + ((b * H + h) * T + t) * T;
+            const float *dyr = dy + (b * T + t) * C + h * hd;
+            const float *qr = q + (b * T + t) * C + h * hd;
+            float dsum = 0.0f;
+            for (int64_t s = 0; s <= t; s++) {
+                datt[s] = dot(dyr, v + (b * T + s) * KV + kvh * hd, hd);
+                axpy(dv + (b * T + s) * KV + kvh * hd, a[s], dyr, hd);
+                dsum += a[s] * datt[s];
+            }
+            float *dqr = dq + (b * T + t) * C + h * hd;
+            memset(dqr, 0, (size_t)hd * sizeof(float));
+            for (int64_t s = 0; s <= t; s++) {
+                const float ds = a[s] * (datt[s] - dsum) * scale;
+                axpy(dqr, ds, k + (b * T + s) * KV + kvh * hd, hd);
+                axpy(dk + (b * T + s) * KV + kvh * hd, ds, qr, hd);
+            }
+        }
+    }
+}
+
+static void rmsnorm_bwd_row(const float *x, const float *w, const float *dy, float *dx, float *dw, int64_t d, float eps) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < d; i++) ss += (double)(x[i] * x[i]);
+    const float r = 1.0f / sqrtf((float)(ss / (double)d) + eps);
+    float dot_ = 0.0f;
+    for (int64_t i = 0; i < d; i++) {
+        dot_ += dy[i] * w[i] * x[i];
+        dw[i] += dy[i] * x[i] * r;
+    }
+    const float c = dot_ * r * r * r / (float)d;
+    for (int64_t i = 0; i < d; i++) dx[i] += r * w[i] * dy[i] - c * x[i];
+}
+
+static void task_fn(void *arg, int ith, int nth) {
+    task *tk = arg;
+    tn_tmodel *m = tk->m;
+    int64_t r0, r1;
+    const int64_t T = m->T;
+    switch (tk->op) {
+    case OP_RMSNORM:
+        tn_split(tk->n, ith, nth, 1, &r0, &r1);
+        for (int64_t i = r0; i < r1; i++) tn_op_rmsnorm(tk->x + i * tk->d, tk->y + i * tk->d, tk->w, tk->d, m->hp.rms_eps);
+        break;
+    case OP_RMSNORM_BWD: { /* x2 = dy, y = dx (+=), dw partial per thread */
+        float *dw = tk->dw + (size_t)ith * tk->d;
+        memset(dw, 0, (size_t)tk->d * sizeof(float));
+        tn_split(tk->n, ith, nth, 1, &r0, &r1);
+        for (int64_t i = r0; i < r1; i++)
+            rmsnorm_bwd_row(tk->x + i * tk->d, tk->w, tk->x2 + i * tk->d, tk->y + i * tk->d, dw, tk->d, m->hp.rms_eps);
+        break;
+    }
+    case OP_ROPE:
+    case OP_ROPE_BWD: { /* y = q rows [n][C], y2 = k rows [n][KV] */
+        const float sign = tk->op == OP_ROPE ? 1.0f : -1.0f;
+        const int64_t KV = (int64_t)m->cfg.n_head_kv * m->hp.head_dim;
+        tn_split(tk->n, ith, nth, 1, &r0, &r1);
+        for (int64_t i = r0; i < r1; i++) {
+            const float *cs = m->rope_cs + (i % T) * m->hp.n_rot;
+            tn_op_rope(&m->hp, tk->y + i * m->cfg.n_embd, m->cfg.n_head, cs, sign);
+            tn_op_rope(&m->hp, tk->y2 + i * KV, m->cfg.n_head_kv, cs, sign);
+        }
+        break;
+    }
+    case OP_SWIGLU: /* x = g, x2 = u, y = h */
+        tn_split(tk->n, ith, nth, 1, &r0, &r1);
+        for (int64_t i = r0; i < r1; i++) {
+            memcpy(tk->y + i * tk->d, tk->x + i * tk->d, (size_t)tk->d * sizeof(float));
+            tn_op_swiglu(tk->y + i * tk->d, tk->x2 + i * tk->d, tk->d);
+        }
+        break;
+    case OP_SWIGLU_BWD: { /* x = g, x2 = u, x3 = dh, y = dg, y2 = du */
+        tn_split(tk->n * tk->d, ith, nth, 64, &r0, &r1);
+        for (int64_t i = r0; i < r1; i++) {
+            const float g = tk->x[i], s = 1.0f / (1.0f + expf(-g)), dh = tk->x3[i];
+            tk->y2[i] = dh * g * s;
+            tk->y[i] = dh * tk->x2[i] * s * (1.0f + g * (1.0f - s));
+        }
+        break;
+    }
+    case OP_ATTN: {
+        const int64_t nkv = m->cfg.n_head_kv;
+        tn_split((int64_t)m->B * nkv, ith, nth, 1, &r0, &r1);
+        for (int64_t p = r0; p < r1; p++) attn_fwd_one(m, tk, p / nkv, p % nkv);
+        break;
+    }
+    case OP_CE: { /* y = logits [n][V] → probs / dlogits; row_loss */
+        const int64_t V = m->cfg.n_vocab;
+        const float inv_n = 1.0f / (float)tk->n;
+        tn_split(tk->n, ith, nth, 1, &r0, &r1);
+        for (int64_t i = r0; i < r1; i++) {
+            float *l = tk->y + i * V;
+            float mx = -INFINITY;
+            for (int64_t j = 0; j < V; j++) mx = l[j] > mx ? l[j] : mx;
+            double sum = 0.0;
+            for (int64_t j = 0; j < V; j++) sum += (double)expf(l[j] - mx);
+            const int32_t tg = tk->targets[i];
+            m->row_loss[i] = (float)(log(sum) + (double)mx - (double)l[tg]);
+            if (tk->grad) {
+                const float inv = (float)(1.0 / sum);
+                for (int64_t j = 0; j < V; j++) l[j] = expf(l[j] - mx) * inv * inv_n;
+                l[tg] -= inv_n;
+            }
+        }
+        break;
+    }
+    }
+}
+
+static void run(tn_tmodel *m, task *tk) {
+    tk->m = m;
+    tn_pool_run(m->pool, task_fn, tk);
+}
+
+/* attention backward needs a per-thread [T] scratch: run it through a dedicated task. */
+typedef struct attn_bwd_task {
+    task tk;
+    float *datt;
+} attn_bwd_task;
+static void attn_bwd_fn(void *arg, int ith, int nth) {
+    attn_bwd_task *a = arg;
+    tn_tmodel *m = a->tk.m;
+    const int64_t nkv = m->cfg.n_head_kv;
+    int64_t r0, r1;
+    tn_split((int64_t)m->B * nkv, ith, nth, 1, &r0, &r1);
+    for (int64_t p = r0; p < r1; p++) attn_bwd_one(m, &a->tk, p / nkv, p % nkv, a->datt + (size_t)ith * m->T);
+}
+
+/* ---- forward -------------------------------------------------------------------------------- */
+
+static act_layout layout_of(const tn_tmodel *m) {
+    act_layout a;
+    plan_acts(&m->cfg, m->B, m->T, m->n_threads, &a);
+    return a;
+}
+
+tern_status tn_tmodel_forward(tn_tmodel *m, const int32_t *tokens, const int32_t *targets, double *loss) {
+    if (!m->acts) return tn_err(TERN_ERR_STATE, "train: forward before tn_tmodel_plan");
+    const act_layout a = layout_of(m);
+    const int64_t N = (int64_t)m->B * m->T, C = m->cfg.n_embd, F = m->cfg.n_ff, V = m->cfg.n_vocab;
+    const int64_t KV = (int64_t)m->cfg.n_head_kv * m->hp.head_dim;
+    for (int64_t i = 0; i < N; i++) {
+        if (tokens[i] < 0 || tokens[i] >= V || (targets && (targets[i] < 0 || targets[i] >= V)))
+            return tn_err(TERN_ERR_INVALID_ARG, "train: token id out of range [0, %lld) at %lld", (long long)V, (long long)i);
+        m->tokens[i] = tokens[i];
+        if (targets) m->targets[i] = targets[i];
+    }
+    float *P = m->params;
+    /* x = token_embd[tokens]                                   [N][C] */
+    float *x = m->acts + a.x_in;
+    const float *emb = tn_tp(m, P, 0);
+    for (int64_t i = 0; i < N; i++) memcpy(x + i * C, emb + (int64_t)m->tokens[i] * C, (size_t)C * sizeof(float));
+    for (int l = 0; l < m->cfg.n_layer; l++) {
+        float *A = m->acts + a.per_layer * (size_t)l;
+        float *x_in = A + a.x_in, *xn1 = A + a.xn1, *q = A + a.q, *k = A + a.k, *v = A + a.v, *att = A + a.att;
+        float *y = A + a.y, *x_mid = A + a.x_mid, *xn2 = A + a.xn2, *g = A + a.g, *u = A + a.u, *h = A + a.h;
+        float *x_out = l + 1 < m->cfg.n_layer ? m->acts + a.per_layer * (size_t)(l + 1) + a.x_in : m->acts + a.x_fin;
+        /* xn1 = rmsnorm(x_in) * attn_norm                        [N][C] */
+        run(m, &(task){.op = OP_RMSNORM, .x = x_in, .y = xn1, .w = tn_tp(m, P, tn_tp_layer(l, TN_TP_ATTN_NORM)), .n = N, .d = C});
+        /* q [N][C], k, v [N][KV]; RoPE on q, k                                              */
+        lin_fwd(xn1, tn_tp(m, P, tn_tp_layer(l, TN_TP_WQ)), q, N, C, C, 0.0f);
+        lin_fwd(xn1, tn_tp(m, P, tn_tp_layer(l, TN_TP_WK)), k, N, C, KV, 0.0f);
+        lin_fwd(xn1, tn_tp(m, P, tn_tp_layer(l, TN_TP_WV)), v, N, C, KV, 0.0f);
+        run(m, &(task){.op = OP_ROPE, .y = q, .y2 = k, .n = N});
+        /* causal GQA attention: att [B][H][T][T] probabilities, y [N][C]                    */
+        run(m, &(task){.op = OP_ATTN, .x = q, .x2 = k, .x3 = v, .y = y, .y2 = att});
+        /* x_mid = x_in + y * Wo^T                                                            */
+        memcpy(x_mid, x_in, (size_t)(N * C) * sizeof(float));
+        lin_fwd(y, tn_tp(m, P, tn_tp_layer(l, TN_TP_WO)), x_mid, N, C, C, 1.0f);
+        /* xn2 = rmsnorm(x_mid) * ffn_norm; g, u [N][F]; h = silu(g) * u; x_out = x_mid + h Wd^T */
+        run(m, &(task){.op = OP_RMSNORM, .x = x_mid, .y = xn2, .w = tn_tp(m, P, tn_tp_layer(l, TN_TP_FFN_NORM)), .n = N, .d = C});
+        lin_fwd(xn2, tn_tp(m, P, tn_tp_layer(l, TN_TP_GATE)), g, N, C, F, 0.0f);
+        lin_fwd(xn2, tn_tp(m, P, tn_tp_layer(l, TN_TP_UP)), u, N, C, F, 0.0f);
+        run(m, &(task){.op = OP_SWIGLU, .x = g, .x2 = u, .y = h, .n = N, .d = F});
+        memcpy(x_out, x_mid, (size_t)(N * C) * sizeof(float));
+        lin_fwd(h, tn_tp(m, P, tn_tp_layer(l, TN_TP_DOWN)), x_out, N, F, C, 1.0f);
+    }
+    /* xf = rmsnorm(x_fin) * output_norm; logits = xf * output^T   [N][V] */
+    float *xf = m->acts + a.xf, *logits = m->acts + a.logits;
+    const int on = tn_tp_layer(m->cfg.n_layer, 0);
+    run(m, &(task){.op = OP_RMSNORM, .x = m->acts + a.x_fin, .y = xf, .w = tn_tp(m, P, on), .n = N, .d = C});
+    lin_fwd(xf, tn_tp(m, P, on + 1), logits, N, C, V, 0.0f);
+    if (targets) {
+        /* cross-entropy fused with softmax; logits become dlogits = (p - onehot) / N */
+        run(m, &(task){.op = OP_CE, .y = logits, .targets = m->targets, .n = N, .grad = true});
+        double sum = 0.0;
+        for (int64_t i = 0; i < N; i++) sum += (double)m->row_loss[i];
+        if (loss) *loss = sum / (double)N;
+    }
+    return TERN_OK;
+}
+
+const float *tn_tmodel_logits(const tn_tmodel *m, int64_t i) {
+    const act_layout a = layout_of(m);
+    return m->acts + a.logits + i * m->cfg.n_vocab;
+}
+
+void tn_tmodel_zero_grad(tn_tmodel *m) { memset(m->grads, 0, m->n_params * sizeof(float)); }
+
+/* Sums the per-thread dw partials of an RMSNorm backward into the gradient (thread order). */
+static void reduce_dw(tn_tmodel *m, const float *parts, float *grad, int64_t d) {
+    for (int t = 0; t < m->n_threads; t++)
+        for (int64_t i = 0; i < d; i++) grad[i] += parts[(size_t)t * d + i];
+}
+
+void tn_tmodel_backward(tn_tmodel *m) {
+    const act_layout a = layout_of(m);
+    const int64_t N = (int64_t)m->B * m->T, C = m->cfg.n_embd, F = m->cfg.n_ff, V = m->cfg.n_vocab;
+    const int64_t KV = (int64_t)m->cfg.n_head_kv * m->hp.head_dim;
+    float *P = m->params, *G = m->grads, *S = m->acts;
+    float *dres = S + a.dres, *dxn = S + a.dxn, *dq = S + a.dq, *dk = S + a.dk, *dv = S + a.dv, *dy = S + a.dy;
+    float *dh = S + a.dh, *dg = S + a.dg, *du = S + a.du, *dwp = S + a.dw;
+    /* head: dlogits (in logits) → d output, dxf → output_norm → dres */
+    const int on = tn_tp_layer(m->cfg.n_layer, 0);
+    lin_bwd(S + a.xf, tn_tp(m, P, on + 1), S + a.logits, tn_tp(m, G, on + 1), dxn, N, C, V, 0.0f);
+    memset(dres, 0, (size_t)(N * C) * sizeof(float));
+    run(m, &(task){.op = OP_RMSNORM_BWD, .x = S + a.x_fin, .w = tn_tp(m, P, on), .x2 = dxn, .y = dres, .dw = dwp, .n = N, .d = C});
+    reduce_dw(m, dwp, tn_tp(m, G, on), C);
+    for (int l = m->cfg.n_layer - 1; l >= 0; l--) {
+        float *A = S + a.per_layer * (size_t)l;
+#define PW(j) tn_tp(m, P, tn_tp_layer(l, j))
+#define GW(j) tn_tp(m, G, tn_tp_layer(l, j))
+        /* FFN: x_out = x_mid + h Wd^T */
+        lin_bwd(A + a.h, PW(TN_TP_DOWN), dres, GW(TN_TP_DOWN), dh, N, F, C, 0.0f);
+        run(m, &(task){.op = OP_SWIGLU_BWD, .x = A + a.g, .x2 = A + a.u, .x3 = dh, .y = dg, .y2 = du, .n = N, .d = F});
+        lin_bwd(A + a.xn2, PW(TN_TP_GATE), dg, GW(TN_TP_GATE), dxn, N, C, F, 0.0f);
+        lin_bwd(A + a.xn2, PW(TN_TP_UP), du, GW(TN_TP_UP), dxn, N, C, F, 1.0f);
+        run(m, &(task){.op = OP_RMSNORM_BWD, .x = A + a.x_mid, .w = PW(TN_TP_FFN_NORM), .x2 = dxn, .y = dres, .dw = dwp, .n = N, .d = C});
+        reduce_dw(m, dwp, GW(TN_TP_FFN_NORM), C);
+        /* attention: x_mid = x_in + y Wo^T */
+        lin_bwd(A + a.y, PW(TN_TP_WO), dres, GW(TN_TP_WO), dy, N, C, C, 0.0f);
+        attn_bwd_task at = {.tk = {.m = m, .x = A + a.q, .x2 = A + a.k, .x3 = A + a.v, .w = A + a.att, .y = dy,
+                                   .y2 = dq, .y3 = dk, .dw = dv},
+                            .datt = S + a.datt};
+        tn_pool_run(m->pool, attn_bwd_fn, &at);
+        run(m, &(task){.op = OP_ROPE_BWD, .y = dq, .y2 = dk, .n = N});
+        lin_bwd(A + a.xn1, PW(TN_TP_WQ), dq, GW(TN_TP_WQ), dxn, N, C, C, 0.0f);
+        lin_bwd(A + a.xn1, PW(TN_TP_WK), dk, GW(TN_TP_WK), dxn, N, C, KV, 1.0f);
+        lin_bwd(A + a.xn1, PW(TN_TP_WV), dv, GW(TN_TP_WV), dxn, N, C, KV, 1.0f);
+        run(m, &(task){.op = OP_RMSNORM_BWD, .x = A + a.x_in, .w = PW(TN_TP_ATTN_NORM), .x2 = dxn, .y = dres, .dw = dwp, .n = N, .d = C});
+        reduce_dw(m, dwp, GW(TN_TP_ATTN_NORM), C);
+#undef PW
+#undef GW
+    }
+    /* embedding: scatter-add rows in token order (sequential: deterministic) */
+    float *de = tn_tp(m, G, 0);
+    for (int64_t i = 0; i < N; i++) axpy(de + (int64_t)m->tokens[i] * C, 1.0f, dres + i * C, C);
+}
+
+/* ---- optimizer ---------------------------------------------------------------------------- */
+
+void tn_adamw_default(tn_adamw *o) {
+    o->lr = 1e-3f;
+    o->beta1 = 0.9f;
+    o->beta2 = 0.95f;
+    o->eps = 1e-8f;
+    o->weight_decay = 0.1f;
+    o->grad_clip = 1.0f;
+}
+
+double tn_grad_norm(const tn_tmodel *m) {
+    double s = 0.0;
+    for (size_t i = 0; i < m->n_params; i++) s += (double)m->grads[i] * (double)m->grads[i];
+    return sqrt(s);
+}
+
+float tn_lr_at(int64_t step, int64_t warmup, int64_t total, float lr, float min_frac) {
+    if (step < warmup) return lr * (float)(step + 1) / (float)warmup;
+    if (total <= warmup) return lr;
+    double p = (double)(step - warmup) / (double)(total - warmup);
+    if (p > 1.0) p = 1.0;
+    double c = 0.5 * (1.0 + cos(3.141592653589793 * p));
+    return (float)(lr * (min_frac + (1.0 - min_frac) * c));
+}
+
+typedef struct adam_task {
+    tn_tmodel *m;
+    const tn_adamw *o;
+    float lr, clip, bc1, bc2;
+} adam_task;
+
+static void adam_fn(void *arg, int ith, int nth) {
+    adam_task *a = arg;
+    tn_tmodel *m = a->m;
+    const tn_adamw *o = a->o;
+    for (int ti = 0; ti < m->n_tensors; ti++) {
+        const tn_tparam *t = &m->t[ti];
+        int64_t r0, r1;
+        tn_split((int64_t)t->n, ith, nth, 16, &r0, &r1);
+        const float wd = t->decay ? o->weight_decay : 0.0f;
+        float *p = m->params + t->off, *g = m->grads + t->off, *mm = m->m + t->off, *vv = m->v + t->off;
+        for (int64_t i = r0; i < r1; i++) {
+            const float gi = g[i] * a->clip;
+            mm[i] = o->beta1 * mm[i] + (1.0f - o->beta1) * gi;
+            vv[i] = o->beta2 * vv[i] + (1.0f - o->beta2) * gi * gi;
+            const float mh = mm[i] / a->bc1, vh = vv[i] / a->bc2;
+            /* decoupled weight decay as torch.optim.AdamW: p *= 1 - lr*wd, then the Adam update */
+            p[i] -= a->lr * wd * p[i];
+            p[i] -= a->lr * (mh / (sqrtf(vh) + o->eps));
+        }
+    }
+}
+
+void tn_adamw_step(tn_tmodel *m, const tn_adamw *o, float lr, int64_t t, float clip_scale) {
+    adam_task a = {m, o, lr, clip_scale, (float)(1.0 - pow(o->beta1, (double)t)), (float)(1.0 - pow(o->beta2, (double)t))};
+    tn_pool_run(m->pool, adam_fn, &a);
+}

@@ -1,0 +1,206 @@
+/*
+ * cmd_train.c — `tern train`: train a Llama-architecture model from text (src/train/run.h) and
+ * write it as GGUF; progress on stderr (one redrawn line on a TTY, periodic lines otherwise).
+ */
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "train/run.h"
+
+static volatile sig_atomic_t tn_train_stop;
+static void on_sig(int sig) {
+    (void)sig;
+    tn_train_stop = 1;
+}
+
+static void train_usage(FILE *f) {
+    fprintf(f,
+            "usage: tern train --data FILE... -o model.gguf [options]\n"
+            "  --data FILE...          UTF-8 training text (paragraphs = blank-line separated)\n"
+            "  -o, --output FILE       output GGUF (loss curve: <out>.loss.csv and <out>.loss.svg)\n"
+            "  --tokenizer FILE        vocabulary from `tern tokenizer-train` (default: learn one, --vocab)\n"
+            "  --vocab N               vocabulary size when learning it (default 4096)\n"
+            "  --init FILE             fine-tune this llama GGUF (its shape and vocabulary)\n"
+            "  --preset NAME           tiny | small | base | 15m (dimensions; explicit flags override)\n"
+            "  --n-embd N --n-layer N --n-head N --n-head-kv N --n-ff N --ctx N\n"
+            "  --steps N               optimizer steps (default 1000)\n"
+            "  --batch N               sequences per step (default 8)\n"
+            "  --lr X                  peak learning rate (default 1e-3)\n"
+            "  --min-lr-frac X         cosine decays to lr*X (default 0.1)\n"
+            "  --warmup N              linear warmup steps (default min(100, steps/10))\n"
+            "  --wd X                  AdamW weight decay on matrices (default 0.1)\n"
+            "  --beta1 X --beta2 X     AdamW betas (default 0.9, 0.95)\n"
+            "  --clip X                global gradient-norm clip (default 1; 0 = off)\n"
+            "  --seed N                init, shuffle seed (default 1234)\n"
+            "  -t, --threads N         threads (default 2)\n"
+            "  --val-every N           validation every N steps (default steps/20)\n"
+            "  --val-batches N         validation batches (default 4)\n"
+            "  --ckpt-dir DIR          write checkpoints here (atomic; keeps the last 2)\n"
+            "  --ckpt-every N          steps between checkpoints (default steps/10)\n"
+            "  --resume                continue from --ckpt-dir\n"
+            "  --out-type T            f32 (default) or q8_0\n"
+            "  --name S                general.name of the output\n"
+            "  --log-every N           progress line every N steps when stderr is not a TTY (default steps/50)\n");
+}
+
+typedef struct prog_ctx {
+    bool tty;
+    int log_every;
+    double last_val;
+} prog_ctx;
+
+static void fmt_eta(double s, char *buf, size_t cap) {
+    if (!isfinite(s) || s < 0) s = 0;
+    long t = (long)s;
+    if (t >= 3600) snprintf(buf, cap, "%ldh%02ldm", t / 3600, (t / 60) % 60);
+    else snprintf(buf, cap, "%ldm%02lds", t / 60, t % 60);
+}
+
+static void on_progress(const tn_train_progress *p, void *user) {
+    prog_ctx *c = user;
+    if (!isnan(p->val_loss)) c->last_val = p->val_loss;
+    char eta[32];
+    fmt_eta(p->eta_s, eta, sizeof eta);
+    char val[48] = "val -";
+    if (!isnan(c->last_val)) snprintf(val, sizeof val, "val %.4f (ppl %.1f)", c->last_val, exp(c->last_val));
+    if (c->tty) {
+        fprintf(stderr, "\r\033[Kstep %lld/%lld  loss %.4f  %s  lr %.2e  %.0f tok/s  ETA %s", (long long)p->step,
+                (long long)p->steps, p->loss, val, p->lr, p->tok_per_s, eta);
+        if (p->final) fputc('\n', stderr);
+    } else if (p->step % c->log_every == 0 || p->final || !isnan(p->val_loss)) {
+        fprintf(stderr, "step %lld/%lld  loss %.4f  %s  lr %.2e  gnorm %.2f  %.0f tok/s  ETA %s\n", (long long)p->step,
+                (long long)p->steps, p->loss, val, p->lr, p->grad_norm, p->tok_per_s, eta);
+    }
+    fflush(stderr);
+}
+
+static void on_note(const char *msg, void *user) {
+    (void)user;
+    fprintf(stderr, "tern train: %s\n", msg);
+}
+
+static bool preset(const char *name, tn_train_cfg *c) {
+    if (!strcmp(name, "tiny")) *c = (tn_train_cfg){0, 64, 64, 2, 4, 2, 256, 1e-5f, 10000.0f};
+    else if (!strcmp(name, "small")) *c = (tn_train_cfg){0, 256, 256, 4, 8, 4, 768, 1e-5f, 10000.0f};
+    else if (!strcmp(name, "base")) *c = (tn_train_cfg){0, 512, 512, 8, 8, 4, 1536, 1e-5f, 10000.0f};
+    else if (!strcmp(name, "15m")) *c = (tn_train_cfg){0, 256, 288, 6, 6, 6, 768, 1e-5f, 10000.0f};
+    else return false;
+    return true;
+}
+
+int cmd_train(int argc, char **argv) {
+    tn_train_opts o;
+    tn_train_opts_default(&o);
+    const char **data = calloc((size_t)argc, sizeof *data);
+    if (!data) return tn_cli_fail(TERN_ERR_NOMEM, "train");
+    int n_data = 0, log_every = 0;
+    int64_t v;
+    float f;
+    int64_t ov[6] = {-1, -1, -1, -1, -1, -1}; /* embd layer head head_kv ff ctx */
+    int rc = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+#define NEED()                                                                                  \
+    do {                                                                                        \
+        if (!val) { rc = tn_cli_usage_error("%s needs a value", a); goto out; }                 \
+        i++;                                                                                    \
+    } while (0)
+#define INT(dst, lo, hi)                                                                        \
+    do {                                                                                        \
+        NEED();                                                                                 \
+        if (!tn_cli_parse_i64(val, lo, hi, &v)) { rc = tn_cli_usage_error("%s: '%s' is not an integer in [%lld, %lld]", a, val, (long long)(lo), (long long)(hi)); goto out; } \
+        dst = v;                                                                                \
+    } while (0)
+#define FLT(dst, lo, hi)                                                                        \
+    do {                                                                                        \
+        NEED();                                                                                 \
+        if (!tn_cli_parse_f32(val, lo, hi, &f)) { rc = tn_cli_usage_error("%s: '%s' is not a number in [%g, %g]", a, val, (double)(lo), (double)(hi)); goto out; } \
+        dst = f;                                                                                \
+    } while (0)
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { train_usage(stdout); goto out; }
+        else if (!strcmp(a, "--data")) {
+            NEED();
+            data[n_data++] = val;
+            while (i + 1 < argc && argv[i + 1][0] != '-') data[n_data++] = argv[++i];
+        } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) { NEED(); o.out = val; }
+        else if (!strcmp(a, "--tokenizer")) { NEED(); o.tokenizer = val; }
+        else if (!strcmp(a, "--vocab")) INT(o.vocab_size, 260, 1 << 20);
+        else if (!strcmp(a, "--init")) { NEED(); o.init = val; }
+        else if (!strcmp(a, "--preset")) {
+            NEED();
+            if (!preset(val, &o.cfg)) { rc = tn_cli_usage_error("--preset: unknown '%s' (tiny, small, base, 15m)", val); goto out; }
+        } else if (!strcmp(a, "--n-embd")) INT(ov[0], 2, 65536);
+        else if (!strcmp(a, "--n-layer")) INT(ov[1], 1, 1024);
+        else if (!strcmp(a, "--n-head")) INT(ov[2], 1, 4096);
+        else if (!strcmp(a, "--n-head-kv")) INT(ov[3], 1, 4096);
+        else if (!strcmp(a, "--n-ff")) INT(ov[4], 1, 1 << 20);
+        else if (!strcmp(a, "--ctx")) INT(ov[5], 2, 65536);
+        else if (!strcmp(a, "--steps")) INT(o.steps, 1, 100000000);
+        else if (!strcmp(a, "--batch")) INT(o.batch, 1, 1 << 20);
+        else if (!strcmp(a, "--lr")) FLT(o.opt.lr, 0.0f, 10.0f);
+        else if (!strcmp(a, "--min-lr-frac")) FLT(o.min_lr_frac, 0.0f, 1.0f);
+        else if (!strcmp(a, "--warmup")) INT(o.warmup, 0, 100000000);
+        else if (!strcmp(a, "--wd")) FLT(o.opt.weight_decay, 0.0f, 10.0f);
+        else if (!strcmp(a, "--beta1")) FLT(o.opt.beta1, 0.0f, 0.99999f);
+        else if (!strcmp(a, "--beta2")) FLT(o.opt.beta2, 0.0f, 0.99999f);
+        else if (!strcmp(a, "--clip")) FLT(o.opt.grad_clip, 0.0f, 1e9f);
+        else if (!strcmp(a, "--seed")) INT(o.seed, 0, INT64_MAX);
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) INT(o.n_threads, 1, 1024);
+        else if (!strcmp(a, "--val-every")) INT(o.val_every, 1, 100000000);
+        else if (!strcmp(a, "--val-batches")) INT(o.val_batches, 1, 100000);
+        else if (!strcmp(a, "--ckpt-dir")) { NEED(); o.ckpt_dir = val; }
+        else if (!strcmp(a, "--ckpt-every")) INT(o.ckpt_every, 1, 100000000);
+        else if (!strcmp(a, "--resume")) o.resume = true;
+        else if (!strcmp(a, "--out-type")) {
+            NEED();
+            if (!strcmp(val, "f32")) o.out_type = TN_F32;
+            else if (!strcmp(val, "q8_0")) o.out_type = TN_Q8_0;
+            else { rc = tn_cli_usage_error("--out-type: '%s' (f32 or q8_0)", val); goto out; }
+        } else if (!strcmp(a, "--name")) { NEED(); o.name = val; }
+        else if (!strcmp(a, "--log-every")) INT(log_every, 1, 100000000);
+        else { rc = tn_cli_usage_error("train: unknown option '%s' (see tern train --help)", a); goto out; }
+    }
+    if (!n_data) { rc = tn_cli_usage_error("train: --data FILE... is required"); goto out; }
+    if (!o.out) { rc = tn_cli_usage_error("train: -o FILE is required"); goto out; }
+    if (ov[0] > 0) o.cfg.n_embd = (int32_t)ov[0];
+    if (ov[1] > 0) o.cfg.n_layer = (int32_t)ov[1];
+    if (ov[2] > 0) o.cfg.n_head = (int32_t)ov[2];
+    if (ov[3] > 0) o.cfg.n_head_kv = (int32_t)ov[3];
+    else if (ov[2] > 0 && o.cfg.n_head % o.cfg.n_head_kv) o.cfg.n_head_kv = o.cfg.n_head;
+    if (ov[4] > 0) o.cfg.n_ff = (int32_t)ov[4];
+    if (ov[5] > 0) o.cfg.n_ctx = (int32_t)ov[5];
+    o.data = data;
+    o.n_data = n_data;
+    prog_ctx pc = {.tty = isatty(2), .log_every = log_every ? log_every : (o.steps >= 50 ? o.steps / 50 : 1), .last_val = NAN};
+    o.progress = on_progress;
+    o.note = on_note;
+    o.user = &pc;
+    o.stop = &tn_train_stop;
+    signal(SIGINT, on_sig);
+    signal(SIGTERM, on_sig);
+    double t0 = tn_cli_now();
+    tern_status s = tn_train_run(&o);
+    if (s) {
+        if (pc.tty) fputc('\n', stderr);
+        rc = s == TERN_ERR_ABORTED ? (fprintf(stderr, "tern: error: %s\n", tern_last_error()), TN_EXIT_INTERRUPTED)
+                                   : tn_cli_fail(s, "train");
+        goto out;
+    }
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    fprintf(stderr, "tern train: done in %.1f s: final loss %.4f, val loss %.4f (perplexity %.2f), %.0f tokens/s, "
+            "planned %.1f MiB, peak RSS %.1f MiB\n", tn_cli_now() - t0, o.final_loss, o.final_val_loss,
+            exp(o.final_val_loss), o.tok_per_s, o.planned_bytes / 1048576.0, ru.ru_maxrss / 1024.0);
+    fprintf(stderr, "tern train: wrote %s (weights hash %016llx) and its .loss.csv / .loss.svg\n", o.out,
+            (unsigned long long)o.weights_hash);
+out:
+    free(data);
+    return rc;
+}
