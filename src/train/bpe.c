@@ -301,7 +301,7 @@ tern_status tn_bpe_train(const char *const *texts, const size_t *lens, int n_tex
     *out = NULL;
     const int32_t first_char = TN_BPE_FIRST_BYTE + 256;
     if (vocab_size < first_char + 1 || vocab_size > (1 << 20))
-        return tn_err(TERN_ERR_INVALID_ARG, "tokenizer-train: --vocab %d out of range [%d, %d] (3 special + 256 byte "
+        return tn_err(TERN_ERR_INVALID_ARG, "bpe: --vocab %d out of range [%d, %d] (3 special + 256 byte "
                       "tokens + at least one character)", vocab_size, first_char + 1, 1 << 20);
     tern_status s = TERN_OK;
     strmap words = {0}, chars = {0}, toks = {0};
@@ -317,18 +317,18 @@ tern_status tn_bpe_train(const char *const *texts, const size_t *lens, int n_tex
     for (int t = 0; t < n_texts; t++) {
         size_t nl;
         char *nb = normalize(texts[t], lens[t], &nl);
-        if (!nb) { s = tn_err(TERN_ERR_NOMEM, "tokenizer-train: normalising text"); goto done; }
+        if (!nb) { s = tn_err(TERN_ERR_NOMEM, "bpe: normalising text"); goto done; }
         size_t pos = 0, wl;
         total_bytes += (int64_t)lens[t];
         while ((wl = next_word(nb, nl, &pos))) {
             const char *w = nb + pos - wl;
             int32_t *c = strmap_put(&words, w, wl, -1);
-            if (!c) { tn_free(nb); s = tn_err(TERN_ERR_NOMEM, "tokenizer-train: word table"); goto done; }
+            if (!c) { tn_free(nb); s = tn_err(TERN_ERR_NOMEM, "bpe: word table"); goto done; }
             if (*c < 0) {
                 if (nw == wcap) {
                     wcap = wcap ? wcap * 2 : 4096;
                     word *nv = tn_realloc(wv, wcap * sizeof *wv);
-                    if (!nv) { tn_free(nb); s = tn_err(TERN_ERR_NOMEM, "tokenizer-train: words"); goto done; }
+                    if (!nv) { tn_free(nb); s = tn_err(TERN_ERR_NOMEM, "bpe: words"); goto done; }
                     wv = nv;
                 }
                 memset(&wv[nw], 0, sizeof wv[nw]);
@@ -338,7 +338,7 @@ tern_status tn_bpe_train(const char *const *texts, const size_t *lens, int n_tex
         }
         tn_free(nb);
     }
-    if (!total_bytes || !nw) { s = tn_err(TERN_ERR_INVALID_ARG, "tokenizer-train: the corpus is empty"); goto done; }
+    if (!total_bytes || !nw) { s = tn_err(TERN_ERR_FORMAT, "bpe: the corpus is empty"); goto done; }
     /* 2. characters by frequency */
     for (size_t i = 0; i < words.cap; i++) {
         if (!words.h[i]) continue;
@@ -349,13 +349,13 @@ tern_status tn_bpe_train(const char *const *texts, const size_t *lens, int n_tex
             int l = utf8_len(w + j, n - j);
             if (!l) l = 1;
             int32_t *c = strmap_put(&chars, (const char *)w + j, (size_t)l, 0);
-            if (!c) { s = tn_err(TERN_ERR_NOMEM, "tokenizer-train: characters"); goto done; }
+            if (!c) { s = tn_err(TERN_ERR_NOMEM, "bpe: characters"); goto done; }
             (void)wd;
             j += (size_t)l;
         }
     }
     cs = tn_calloc(chars.n, sizeof *cs);
-    if (!cs) { s = tn_err(TERN_ERR_NOMEM, "tokenizer-train: characters"); goto done; }
+    if (!cs) { s = tn_err(TERN_ERR_NOMEM, "bpe: characters"); goto done; }
     {
         size_t k = 0;
         for (size_t i = 0; i < chars.cap; i++)
@@ -378,7 +378,7 @@ tern_status tn_bpe_train(const char *const *texts, const size_t *lens, int n_tex
         qsort(cs, chars.n, sizeof *cs, chr_cmp);
     }
     v = vocab_alloc(vocab_size);
-    if (!v) { s = tn_err(TERN_ERR_NOMEM, "tokenizer-train: vocabulary"); goto done; }
+    if (!v) { s = tn_err(TERN_ERR_NOMEM, "bpe: vocabulary"); goto done; }
     v->text[0] = tn_strdup("<unk>"); v->type[0] = TN_TOKEN_TYPE_UNKNOWN;
     v->text[1] = tn_strdup("<s>"); v->type[1] = TN_TOKEN_TYPE_CONTROL;
     v->text[2] = tn_strdup("</s>"); v->type[2] = TN_TOKEN_TYPE_CONTROL;
@@ -391,7 +391,7 @@ tern_status tn_bpe_train(const char *const *texts, const size_t *lens, int n_tex
     v->n = first_char;
     for (int32_t i = 0; i < v->n; i++)
         if (!v->text[i] || !strmap_put(&toks, v->text[i], strlen(v->text[i]), i)) {
-            s = tn_err(TERN_ERR_NOMEM, "tokenizer-train: vocabulary"); goto done;
+            s = tn_err(TERN_ERR_NOMEM, "bpe: vocabulary"); goto done;
         }
     /* alphabet: the most frequent characters, leaving at least a quarter of the room to merges
      * (characters beyond it fall back to byte tokens) */
@@ -408,7 +408,7 @@ tern_status tn_bpe_train(const char *const *texts, const size_t *lens, int n_tex
         v->score[id] = -1e6f - (float)k;
         if (!v->text[id] || !strmap_put(&toks, v->text[id], cl, id) || !strmap_put(&alpha_id, ct, cl, id)) {
             strmap_free(&alpha_id);
-            s = tn_err(TERN_ERR_NOMEM, "tokenizer-train: vocabulary"); goto done;
+            s = tn_err(TERN_ERR_NOMEM, "bpe: vocabulary"); goto done;
         }
     }
     /* 3. words as symbol sequences (-1 = a character outside the alphabet: a barrier) */
@@ -418,7 +418,7 @@ tern_status tn_bpe_train(const char *const *texts, const size_t *lens, int n_tex
         const unsigned char *w = (const unsigned char *)words.pool + words.kofs[i];
         size_t n = words.klen[i];
         wd->sym = tn_malloc(n * sizeof *wd->sym);
-        if (!wd->sym) { strmap_free(&alpha_id); s = tn_err(TERN_ERR_NOMEM, "tokenizer-train: words"); goto done; }
+        if (!wd->sym) { strmap_free(&alpha_id); s = tn_err(TERN_ERR_NOMEM, "bpe: words"); goto done; }
         for (size_t j = 0; j < n;) {
             int l = utf8_len(w + j, n - j);
             if (!l) l = 1;
@@ -436,7 +436,7 @@ tern_status tn_bpe_train(const char *const *texts, const size_t *lens, int n_tex
             for (int32_t j = 0; j + 1 < wd->n; j++) {
                 if (wd->sym[j] < 0 || wd->sym[j + 1] < 0) continue;
                 if (!pairtab_add(&pt, (uint64_t)wd->sym[j] << 32 | (uint32_t)wd->sym[j + 1], wd->count)) {
-                    s = tn_err(TERN_ERR_NOMEM, "tokenizer-train: pair table"); goto done;
+                    s = tn_err(TERN_ERR_NOMEM, "bpe: pair table"); goto done;
                 }
             }
         }
@@ -451,20 +451,20 @@ tern_status tn_bpe_train(const char *const *texts, const size_t *lens, int n_tex
             if (pt.cnt[sl] > bc || (pt.cnt[sl] == bc && k < best)) { bc = pt.cnt[sl]; best = k; }
         }
         if (bc == 0) {
-            s = tn_err(TERN_ERR_INVALID_ARG, "tokenizer-train: the corpus supports at most %d tokens (no pair left to "
+            s = tn_err(TERN_ERR_INVALID_ARG, "bpe: the corpus supports at most %d tokens (no pair left to "
                        "merge); use --vocab %d or less, or more text", v->n, v->n);
             goto done;
         }
         const int32_t a = (int32_t)(best >> 32), b = (int32_t)(best & 0xFFFFFFFFu);
         size_t la = strlen(v->text[a]), lb = strlen(v->text[b]);
         char *mt = tn_malloc(la + lb + 1);
-        if (!mt) { s = tn_err(TERN_ERR_NOMEM, "tokenizer-train: merge"); goto done; }
+        if (!mt) { s = tn_err(TERN_ERR_NOMEM, "bpe: merge"); goto done; }
         memcpy(mt, v->text[a], la); memcpy(mt + la, v->text[b], lb); mt[la + lb] = 0;
         int32_t id = strmap_get(&toks, mt, la + lb);
         if (id >= 0 && id < first_char) { /* would collide with a special/byte token text */
             tn_free(mt);
             uint64_t *nb = tn_realloc(banned, (n_banned + 1) * sizeof *nb);
-            if (!nb) { s = tn_err(TERN_ERR_NOMEM, "tokenizer-train: merge"); goto done; }
+            if (!nb) { s = tn_err(TERN_ERR_NOMEM, "bpe: merge"); goto done; }
             banned = nb;
             banned[n_banned++] = best;
             continue;
@@ -474,7 +474,7 @@ tern_status tn_bpe_train(const char *const *texts, const size_t *lens, int n_tex
             v->text[id] = mt;
             v->type[id] = TN_TOKEN_TYPE_NORMAL;
             v->score[id] = -(float)rank++;
-            if (!strmap_put(&toks, mt, la + lb, id)) { s = tn_err(TERN_ERR_NOMEM, "tokenizer-train: merge"); goto done; }
+            if (!strmap_put(&toks, mt, la + lb, id)) { s = tn_err(TERN_ERR_NOMEM, "bpe: merge"); goto done; }
         } else {
             tn_free(mt);
         }

@@ -69,7 +69,7 @@ tern_status tn_shard_build(const char *const *texts, const size_t *lens, int n_t
     }
     tn_spm_enc_free(e);
     if (s) { tn_free(toks); return s; }
-    if (n == 0) { tn_free(toks); return tn_err(TERN_ERR_INVALID_ARG, "train: the corpus is empty (no text to train on)"); }
+    if (n == 0) { tn_free(toks); return tn_err(TERN_ERR_FORMAT, "train: the corpus is empty (no text to train on)"); }
     tn_wfile w;
     if ((s = tn_wfile_open(shard_path, &w))) { tn_free(toks); return s; }
     uint8_t hdr[TN_SHARD_HEADER];
@@ -120,7 +120,7 @@ tern_status tn_data_open(const char *path, const tn_vocab_data *v, int T, uint64
     d->seed = seed;
     int64_t nw = n > 0 ? (int64_t)((n - 1) / (uint64_t)T) : 0;
     if (nw < 2) {
-        s = tn_err(TERN_ERR_INVALID_ARG, "train: the corpus has %llu tokens; training with ctx %d needs at least %d "
+        s = tn_err(TERN_ERR_FORMAT, "train: the corpus has %llu tokens; training with ctx %d needs at least %d "
                    "(two windows: one to train on, one held out)", (unsigned long long)n, T, 2 * T + 1);
         goto fail;
     }

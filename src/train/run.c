@@ -195,7 +195,7 @@ tern_status tn_train_run(tn_train_opts *o) {
         total += lens[i];
         if ((s = tn_utf8_check(texts[i], lens[i], o->data[i]))) goto done;
     }
-    if (!total) { s = tn_err(TERN_ERR_INVALID_ARG, "train: the training data is empty (%s%s)", o->data[0], o->n_data > 1 ? ", ..." : ""); goto done; }
+    if (!total) { s = tn_err(TERN_ERR_FORMAT, "train: the training data is empty (%s%s)", o->data[0], o->n_data > 1 ? ", ..." : ""); goto done; }
     /* 2. vocabulary and config */
     tn_train_cfg cfg = o->cfg;
     if (o->init) {

@@ -189,8 +189,8 @@ int cmd_train(int argc, char **argv) {
     tern_status s = tn_train_run(&o);
     if (s) {
         if (pc.tty) fputc('\n', stderr);
-        rc = s == TERN_ERR_ABORTED ? (fprintf(stderr, "tern: error: %s\n", tern_last_error()), TN_EXIT_INTERRUPTED)
-                                   : tn_cli_fail(s, "train");
+        fprintf(stderr, "tern: error: %s\n", tern_last_error()); /* messages start with "train:" */
+        rc = tn_cli_exit_code(s);
         goto out;
     }
     struct rusage ru;
