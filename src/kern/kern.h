@@ -35,9 +35,21 @@ typedef struct tn_kern_slot {
     tn_isa vec_dot_isa, gemm_isa, from_float_isa, to_float_isa;
 } tn_kern_slot;
 
-/* One slot per dtype id below TN_DTYPE_GGML_COUNT. */
+/* Attention of one query over T cached positions with an online softmax — llama.cpp's CPU
+ * flash-attention numerics, so greedy outputs agree:
+ *   s_t = scale * (q · K_t);  out = sum_t softmax(s)_t V_t
+ * K and V hold T rows of f16 (row stride ldkv elements). With acc16 (ggml's per-query path) q is
+ * rounded to f16 for the dot products and the V accumulator is kept in f16 (rounded after every
+ * update, y = f16(fma(v, w, y))); without (ggml's tiled path for >= 64 queries) everything is f32.
+ * out gets hd floats; scratch must hold 2 * hd floats. */
+typedef void (*tn_attn_fn)(int64_t hd, int64_t T, const float *q, const uint16_t *K, const uint16_t *V, int64_t ldkv,
+                           float scale, bool acc16, float *out, float *scratch);
+
+/* One slot per dtype id below TN_DTYPE_GGML_COUNT, plus the non-type-specific kernels. */
 typedef struct tn_kern_table {
     tn_kern_slot slot[TN_DTYPE_GGML_COUNT];
+    tn_attn_fn attn;
+    tn_isa attn_isa;
 } tn_kern_table;
 
 /* The table for the CPU's ISA (after the TERN_ISA cap); built once, thread-safe. */
@@ -50,6 +62,11 @@ const tn_kern_table *tn_kern_at(tn_isa isa);
 void tn_kern_register_scalar(tn_kern_table *t);
 void tn_kern_register_avx2(tn_kern_table *t);
 void tn_kern_register_avx512(tn_kern_table *t);
+
+/* Attention kernels (src/kern/<isa>/attn.c). */
+void tn_kern_register_attn_scalar(tn_kern_table *t);
+void tn_kern_register_attn_avx2(tn_kern_table *t);
+void tn_kern_register_attn_avx512(tn_kern_table *t);
 
 /* Generic gemm built on a slot's vec_dot (the reference tile product). */
 void tn_gemm_by_vec_dot(tn_vec_dot_fn dot, int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,

@@ -21,8 +21,15 @@ static void tn_kern_build(void) {
         tn_kern_table *t = &tn_tables[lvl];
         memset(t, 0, sizeof *t);
         tn_kern_register_scalar(t);
-        if (lvl >= TN_ISA_AVX2) tn_kern_register_avx2(t);
-        if (lvl >= TN_ISA_AVX512) tn_kern_register_avx512(t);
+        tn_kern_register_attn_scalar(t);
+        if (lvl >= TN_ISA_AVX2) {
+            tn_kern_register_avx2(t);
+            tn_kern_register_attn_avx2(t);
+        }
+        if (lvl >= TN_ISA_AVX512) {
+            tn_kern_register_avx512(t);
+            tn_kern_register_attn_avx512(t);
+        }
     }
 }
 

@@ -191,8 +191,8 @@ tern_status tern_ctx_create(const tern_model *m, const tern_ctx_params *pp, tern
     }
     xq = TN_MAX(xq, tn_matmul_xq_size(m->output.type, d, nb));
     c->xq = tn_ctx_alloc(c, xq, &ok);
-    c->scores = tn_ctx_alloc(c, (size_t)p.n_threads * (size_t)T * sizeof(float), &ok);
-    c->h16 = tn_ctx_alloc(c, (size_t)p.n_threads * (size_t)TN_MAX(T, hp->head_dim) * sizeof(tn_fp16), &ok);
+    c->scores_stride = TN_PAD(2 * (int64_t)hp->head_dim, 16);
+    c->scores = tn_ctx_alloc(c, (size_t)p.n_threads * (size_t)c->scores_stride * sizeof(float), &ok);
     c->n_logits_cap = p.logits_all ? (int32_t)nb : 1;
     c->logits = tn_ctx_alloc(c, (size_t)c->n_logits_cap * (size_t)hp->n_vocab * sizeof(float), &ok);
     TN_UNUSED(wide);
@@ -215,7 +215,7 @@ void tern_ctx_free(tern_ctx *c) {
     if (!c) return;
     tn_pool_free(c->pool);
     void *bufs[] = {c->k_cache, c->v_cache, c->x, c->xb, c->q, c->kv, c->att, c->hb, c->hb2,
-                    c->tmp, c->rope_cs, c->xq, c->scores, c->h16, c->logits};
+                    c->tmp, c->rope_cs, c->xq, c->scores, c->logits};
     for (size_t i = 0; i < TN_ARRAY_LEN(bufs); i++) tn_free_aligned(bufs[i]);
     tn_free(c);
 }

@@ -3,8 +3,7 @@
  * decode step touches is allocated at creation, so decoding allocates nothing.
  *
  * KV cache layout per layer (f16, like llama.cpp's default cache type):
- *   K:  [n_ctx][n_head_kv * head_dim]        one row per position (head h at h*head_dim)
- *   Vt: [n_head_kv * head_dim][n_ctx]        transposed, so out[d] = dot(p[0..T), Vt[d][0..T))
+ *   K, V: [n_ctx][n_head_kv * head_dim]      one row per position (head h at h*head_dim)
  */
 #ifndef TN_MODEL_CTX_H
 #define TN_MODEL_CTX_H
@@ -36,8 +35,8 @@ struct tern_ctx {
     float *tmp;     /* [n_batch][max(n_embd, ...)] sub-layer output before the residual add  */
     float *rope_cs; /* [n_batch][n_rot]    cos, sin pairs per token                          */
     void *xq;       /* activations quantized for the widest matmul                           */
-    float *scores;  /* [n_threads][n_ctx]                                                     */
-    tn_fp16 *h16;   /* [n_threads][max(n_ctx, head_dim)] f16 staging                         */
+    float *scores;  /* [n_threads][scores_stride] per-thread attention scratch               */
+    int64_t scores_stride;
     float *logits;  /* [n_logits][n_vocab]                                                     */
     int32_t n_logits_cap, n_logits;
     uint64_t bytes;  /* total bytes allocated (reported by tern info/bench)                  */

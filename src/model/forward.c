@@ -3,15 +3,16 @@
  *
  * Every thread of the pool runs tn_forward_task; each step splits its work by (ith, nth) and is
  * followed by a barrier, like a ggml graph computed in order. Numerics follow llama.cpp's CPU
- * path so greedy outputs agree: activations are quantized to the weight's vec_dot_type, RMSNorm
- * sums in double, q·k uses q rounded to f16, attention probabilities are rounded to f16 before
- * the product with V (the non-flash path), softmax sums in double.
+ * path (flash attention, its default) so greedy outputs agree: activations are quantized to the
+ * weight's vec_dot_type, RMSNorm sums in double, K and V are cached in f16, attention is an
+ * online softmax (kern.h tn_attn_fn) with f16 accumulation for small batches.
  */
 #include <math.h>
 #include <string.h>
 
 #include "kern/matmul.h"
 #include "model/ctx.h"
+#include "model/ops.h"
 
 typedef struct {
     tern_ctx *c;
@@ -21,83 +22,17 @@ typedef struct {
 
 /* y = x / rms(x) * w  for rows [r0, r1) */
 static void tn_rmsnorm_rows(const float *x, float *y, const float *w, int64_t d, float eps, int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; r++) {
-        const float *xr = x + r * d;
-        float *yr = y + r * d;
-        double ss = 0.0;
-        for (int64_t i = 0; i < d; i++) ss += (double)(xr[i] * xr[i]);
-        const float scale = 1.0f / sqrtf((float)(ss / (double)d) + eps);
-        for (int64_t i = 0; i < d; i++) yr[i] = (xr[i] * scale) * w[i];
-    }
+    for (int64_t r = r0; r < r1; r++) tn_op_rmsnorm(x + r * d, y + r * d, w, d, eps);
 }
 
-/* cos/sin table for the batch: per token, n_rot/2 (cos, sin) pairs (ggml_rope_cache_init). */
-static void tn_rope_cache(const tern_ctx *c, int32_t n, float *cs, int64_t t0, int64_t t1) {
-    const tn_hparams *hp = &c->hp;
-    const float theta_scale = powf(hp->rope_freq_base, -2.0f / (float)hp->n_rot);
-    const float *ff = c->model->rope_freqs.data;
-    TN_UNUSED(n);
-    for (int64_t t = t0; t < t1; t++) {
-        float theta = (float)(c->n_past + t);
-        float *row = cs + t * hp->n_rot;
-        for (int32_t i0 = 0; i0 < hp->n_rot; i0 += 2) {
-            const float f = ff ? ff[i0 / 2] : 1.0f;
-            const float th = hp->rope_freq_scale * (theta / f);
-            row[i0] = cosf(th);
-            row[i0 + 1] = sinf(th);
-            theta *= theta_scale;
-        }
-    }
-}
-
-/* Rotates n_heads heads of head_dim floats in place (first n_rot dims of each). */
-static void tn_rope_apply(const tn_hparams *hp, float *v, int32_t n_heads, const float *cs) {
-    const int32_t nr = hp->n_rot, hd = hp->head_dim;
-    for (int32_t h = 0; h < n_heads; h++) {
-        float *x = v + (int64_t)h * hd;
-        for (int32_t i0 = 0; i0 < nr; i0 += 2) {
-            const float co = cs[i0], si = cs[i0 + 1];
-            int32_t a, b;
-            if (hp->rope_mode == TN_ROPE_NORM) { a = i0; b = i0 + 1; }       /* adjacent pairs */
-            else { a = i0 / 2; b = i0 / 2 + nr / 2; }                        /* half split     */
-            const float x0 = x[a], x1 = x[b];
-            x[a] = x0 * co - x1 * si;
-            x[b] = x0 * si + x1 * co;
-        }
-    }
-}
-
-/* Attention of token t (absolute position pos) for query head h: out[head_dim]. */
-static void tn_attend(tern_ctx *c, int ith, int32_t il, int32_t pos, const float *qh, int32_t h, float *out) {
+/* Attention of the token at absolute position pos for query head h: out[head_dim]. */
+static void tn_attend(tern_ctx *c, int ith, int32_t il, int32_t pos, const float *qh, int32_t h, bool acc16, float *out) {
     const tn_hparams *hp = &c->hp;
     const int32_t hd = hp->head_dim, kv_dim = hp->n_head_kv * hd;
     const int32_t kvh = h / (hp->n_head / hp->n_head_kv);
-    const int32_t T = pos + 1;
-    const tn_kern_slot *f16 = &c->kt->slot[TN_F16];
-    tn_fp16 *q16 = c->h16 + (size_t)ith * TN_MAX(c->n_ctx, hd);
-    float *sc = c->scores + (size_t)ith * c->n_ctx;
-    const tn_fp16 *K = c->k_cache + (size_t)il * c->n_ctx * kv_dim + (size_t)kvh * hd;
-    const tn_fp16 *Vt = c->v_cache + (size_t)il * c->n_ctx * kv_dim + (size_t)kvh * hd * c->n_ctx;
-    const float scale = 1.0f / sqrtf((float)hd);
-
-    f16->from_float(qh, q16, hd);
-    float mx = -INFINITY;
-    for (int32_t t = 0; t < T; t++) {
-        f16->vec_dot(hd, &sc[t], K + (size_t)t * kv_dim, q16);
-        sc[t] *= scale;
-        if (sc[t] > mx) mx = sc[t];
-    }
-    double sum = 0.0;
-    for (int32_t t = 0; t < T; t++) {
-        const float e = expf(sc[t] - mx);
-        sc[t] = e;
-        sum += (double)e;
-    }
-    const float inv = (float)(1.0 / sum);
-    for (int32_t t = 0; t < T; t++) sc[t] *= inv;
-    /* p rounded to f16, then out[d] = p · Vt[d] */
-    f16->from_float(sc, q16, T);
-    for (int32_t d = 0; d < hd; d++) f16->vec_dot(T, &out[d], Vt + (size_t)d * c->n_ctx, q16);
+    const size_t layer = (size_t)il * c->n_ctx * kv_dim + (size_t)kvh * hd;
+    c->kt->attn(hd, pos + 1, qh, c->k_cache + layer, c->v_cache + layer, kv_dim, 1.0f / sqrtf((float)hd), acc16, out,
+                c->scores + (size_t)ith * c->scores_stride);
 }
 
 static void tn_add_bias(float *v, const tn_tensor *b, int64_t d) {
@@ -126,7 +61,7 @@ static void tn_forward_task(void *vp, int ith, int nth) {
 
     /* embeddings: x[t] = tok_embd[toks[t]] ; rope table for the batch */
     for (int64_t t = t0; t < t1; t++) tn_tensor_get_row(&m->tok_embd, f->toks[t], c->x + t * d);
-    tn_rope_cache(c, n, c->rope_cs, t0, t1);
+    for (int64_t t = t0; t < t1; t++) tn_op_rope_cache(hp, m->rope_freqs.data, c->n_past + t, c->rope_cs + t * hp->n_rot);
     tn_pool_barrier(pool);
 
     for (int32_t il = 0; il < hp->n_layer; il++) {
@@ -159,20 +94,22 @@ static void tn_forward_task(void *vp, int ith, int nth) {
             tn_add_bias(kt_, &L->bk, kv_dim);
             tn_add_bias(vt, &L->bv, kv_dim);
             const float *cs = c->rope_cs + t * hp->n_rot;
-            tn_rope_apply(hp, qt, hp->n_head, cs);
-            tn_rope_apply(hp, kt_, hp->n_head_kv, cs);
+            tn_op_rope(hp, qt, hp->n_head, cs, 1.0f);
+            tn_op_rope(hp, kt_, hp->n_head_kv, cs, 1.0f);
             const int64_t pos = c->n_past + t;
             kt->slot[TN_F16].from_float(kt_, Kc + pos * kv_dim, kv_dim);
-            for (int32_t i = 0; i < kv_dim; i++) Vc[(size_t)i * c->n_ctx + pos] = tn_fp32_to_fp16(vt[i]);
+            kt->slot[TN_F16].from_float(vt, Vc + pos * kv_dim, kv_dim);
         }
         tn_pool_barrier(pool);
 
-        /* causal attention over (token, head) pairs */
+        /* causal attention over (token, head) pairs; like llama.cpp, batches of >= 64 tokens with
+         * head sizes a multiple of 16 use f32 accumulation, everything else the f16 path */
+        const bool acc16 = n < 64 || hd % 16 != 0;
         int64_t p0, p1;
         tn_split((int64_t)n * hp->n_head, ith, nth, 1, &p0, &p1);
         for (int64_t p = p0; p < p1; p++) {
             const int32_t t = (int32_t)(p / hp->n_head), h = (int32_t)(p % hp->n_head);
-            tn_attend(c, ith, il, c->n_past + t, c->q + (int64_t)t * d + (int64_t)h * hd, h,
+            tn_attend(c, ith, il, c->n_past + t, c->q + (int64_t)t * d + (int64_t)h * hd, h, acc16,
                       c->att + (int64_t)t * d + (int64_t)h * hd);
         }
         tn_pool_barrier(pool);
@@ -196,10 +133,7 @@ static void tn_forward_task(void *vp, int ith, int nth) {
         tn_matmul_compute_task(ith, nth, kt, L->w_up.type, L->w_up.data, n_ff, d, c->xq, n, c->hb2, n_ff);
         /* SwiGLU on this thread's rows (the rows it just computed for both matrices) */
         tn_matmul_rows(n_ff, ith, nth, &r0, &r1);
-        for (int32_t j = 0; j < n; j++) {
-            float *g = c->hb + (int64_t)j * n_ff, *u = c->hb2 + (int64_t)j * n_ff;
-            for (int64_t i = r0; i < r1; i++) g[i] = (g[i] / (1.0f + expf(-g[i]))) * u[i];
-        }
+        for (int32_t j = 0; j < n; j++) tn_op_swiglu(c->hb + (int64_t)j * n_ff + r0, c->hb2 + (int64_t)j * n_ff + r0, r1 - r0);
         tn_pool_barrier(pool);
         tn_matmul_quantize_task(pool, ith, nth, kt, L->w_down.type, c->hb, n_ff, n_ff, n, c->xq);
         tn_matmul_compute_task(ith, nth, kt, L->w_down.type, L->w_down.data, d, n_ff, c->xq, n, c->tmp, d);

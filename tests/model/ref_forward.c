@@ -91,8 +91,10 @@ static void rope(const tn_hparams *hp, const float *ff, double *v, int32_t n_hea
         for (int32_t i = 0; i < hp->n_rot / 2; i++) {
             double freq = pow((double)hp->rope_freq_base, -2.0 * i / hp->n_rot) * hp->rope_freq_scale / (ff ? ff[i] : 1.0);
             double ang = pos * freq, co = cos(ang), si = sin(ang);
-            int32_t a = hp->rope_mode == TN_ROPE_NORM ? 2 * i : i;
-            int32_t b = hp->rope_mode == TN_ROPE_NORM ? 2 * i + 1 : i + hp->n_rot / 2;
+            /* llama (GGUF permutes HF's q/k rows) rotates adjacent pairs; qwen2 rotates halves */
+            const bool adjacent = hp->arch == TN_ARCH_LLAMA;
+            int32_t a = adjacent ? 2 * i : i;
+            int32_t b = adjacent ? 2 * i + 1 : i + hp->n_rot / 2;
             double x0 = x[a], x1 = x[b];
             x[a] = x0 * co - x1 * si;
             x[b] = x0 * si + x1 * co;

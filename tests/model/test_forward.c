@@ -98,6 +98,7 @@ static void run_case(const char *arch, tn_dtype wt, tn_dtype ot, bool tied, int 
     double e = rel_err(rl, tern_get_logits(c, -1), nv), tol = tol_for(wt == TN_F32 ? ot : wt);
     if (e > tol) fail_msg("%s %s/%s tied=%d t=%d: prefill logits rel err %.3g > %.3g", arch, tn_dtype_name(wt), tn_dtype_name(ot), tied, threads, e, tol);
     /* decode steps: per-layer residual streams and logits */
+    double worst = e;
     tern_token t = 261;
     for (int step = 0; step < 6; step++) {
         assert_int_equal(tern_decode(c, &t, 1), TERN_OK);
@@ -108,8 +109,11 @@ static void run_case(const char *arch, tn_dtype wt, tn_dtype ot, bool tied, int 
         }
         e = rel_err(rl, tern_get_logits(c, -1), nv);
         if (e > tol) fail_msg("%s %s: step %d logits rel err %.3g > %.3g", arch, tn_dtype_name(wt), step, e, tol);
+        if (e > worst) worst = e;
         t = (tern_token)(259 + (step * 37) % 100);
     }
+    printf("  %-6s %-5s/%-5s tied=%d threads=%d: worst logits rel err %.2e (bound %.0e)\n", arch, tn_dtype_name(wt),
+           tn_dtype_name(ot), tied, threads, worst, tol);
     ref_free(r);
     free(rl);
     free(rlay);

@@ -6,6 +6,8 @@
  * Where tern's text leaves llama.cpp's, the step must be a near-tie: the top-2 logit margin of
  * tern at that step below TIE_MARGIN (logits here are O(10); two implementations that sum in a
  * different order differ by ~1e-4). Any other divergence fails. Needs ../shared (exit 77 = skip).
+ * The TSV holds each text on one line, with the newlines llama.cpp printed written as spaces, so
+ * tern's newlines are compared as spaces too.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +21,7 @@
 static int run_line(const char *dir, char *line, int *exact) {
     char *type = strtok(line, "\t"), *prompt = strtok(NULL, "\t"), *want = strtok(NULL, "\n");
     if (!type || !prompt || !want) return 0;
+    for (size_t wl0 = strlen(want); wl0 > 0 && (want[wl0 - 1] == ' ' || want[wl0 - 1] == '\r'); wl0--) want[wl0 - 1] = 0;
     char path[1024];
     snprintf(path, sizeof path, "%s/stories260K-%s.gguf", dir, type);
     tern_model *m = NULL;
@@ -65,6 +68,8 @@ static int run_line(const char *dir, char *line, int *exact) {
         size_t prev = tl;
         if (k > 0) tl += (size_t)k;
         text[tl] = 0;
+        for (size_t i = prev; i < tl; i++)
+            if (text[i] == '\n') text[i] = ' ';
         size_t cmp = tl < wl ? tl : wl;
         if (strncmp(text, want, cmp) != 0) {
             float margin = l[best] - l[second];
@@ -81,6 +86,7 @@ static int run_line(const char *dir, char *line, int *exact) {
         tern_token t = best;
         if (tern_decode(c, &t, 1)) break;
     }
+    while (tl > 0 && text[tl - 1] == ' ') text[--tl] = 0;
     if (strcmp(text, want) != 0 && strncmp(text, want, strlen(text)) != 0) {
         fprintf(stderr, "FAIL %s '%s':\n  tern: %s\n  want: %s\n", type, prompt, text, want);
         rc = 1;
@@ -98,7 +104,7 @@ out:
 
 int main(void) {
     const char *shared = getenv("TERN_SHARED_DIR");
-    char dir[1024], tsv[1100];
+    char dir[900], tsv[1000];
     snprintf(dir, sizeof dir, "%s/models/stories260K", shared ? shared : "../shared");
     snprintf(tsv, sizeof tsv, "%s/greedy64.tsv", dir);
     struct stat st;
@@ -108,7 +114,7 @@ int main(void) {
     }
     FILE *f = fopen(tsv, "r");
     char line[8192];
-    int fails = 0, lines = 0, exact = 0;
+    int fails = 0, lines = 0, exact = 0; /* trailing whitespace is not compared: the TSV ends each text with the newline llama.cpp printed after it, as a space */
     while (fgets(line, sizeof line, f)) {
         lines++;
         fails += run_line(dir, line, &exact);

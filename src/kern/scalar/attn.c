@@ -1,0 +1,49 @@
+/*
+ * attn.c (scalar) — the reference attention kernel (contract in kern.h): one query, online
+ * softmax, ggml's flash-attention arithmetic step by step (expf, fmaf, f16 rounding points).
+ */
+#include <math.h>
+
+#include "core/fp16.h"
+#include "kern/kern.h"
+
+void tn_k_attn_f16__scalar(int64_t hd, int64_t T, const float *q, const uint16_t *K, const uint16_t *V, int64_t ldkv,
+                           float scale, bool acc16, float *out, float *scratch) {
+    float *qv = scratch;       /* q as used in the dot products (f16-rounded with acc16) */
+    float *acc = scratch + hd; /* V accumulator (values kept f16-representable with acc16) */
+    for (int64_t i = 0; i < hd; i++) {
+        qv[i] = acc16 ? tn_fp16_to_fp32(tn_fp32_to_fp16(q[i])) : q[i];
+        acc[i] = 0.0f;
+    }
+    float M = -INFINITY, S = 0.0f;
+    for (int64_t t = 0; t < T; t++) {
+        const uint16_t *k = K + t * ldkv, *v = V + t * ldkv;
+        float s = 0.0f;
+        for (int64_t i = 0; i < hd; i++) s += tn_fp16_to_fp32(k[i]) * qv[i];
+        s *= scale;
+        float ms = 1.0f, vs = 1.0f;
+        if (s > M) { /* new maximum: rescale what was accumulated */
+            const float Mold = M;
+            M = s;
+            ms = expf(Mold - M);
+            for (int64_t i = 0; i < hd; i++) {
+                acc[i] *= ms;
+                if (acc16) acc[i] = tn_fp16_to_fp32(tn_fp32_to_fp16(acc[i]));
+            }
+        } else {
+            vs = expf(s - M);
+        }
+        for (int64_t i = 0; i < hd; i++) {
+            acc[i] = fmaf(tn_fp16_to_fp32(v[i]), vs, acc[i]);
+            if (acc16) acc[i] = tn_fp16_to_fp32(tn_fp32_to_fp16(acc[i]));
+        }
+        S = S * ms + vs;
+    }
+    const float inv = S == 0.0f ? 0.0f : 1.0f / S;
+    for (int64_t i = 0; i < hd; i++) out[i] = acc[i] * inv;
+}
+
+void tn_kern_register_attn_scalar(tn_kern_table *t) {
+    t->attn = tn_k_attn_f16__scalar;
+    t->attn_isa = TN_ISA_SCALAR;
+}

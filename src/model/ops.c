@@ -1,0 +1,45 @@
+/*
+ * ops.c — see ops.h.
+ */
+#include <math.h>
+
+#include "model/ops.h"
+
+void tn_op_rmsnorm(const float *x, float *y, const float *w, int64_t d, float eps) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < d; i++) ss += (double)(x[i] * x[i]);
+    const float scale = 1.0f / sqrtf((float)(ss / (double)d) + eps);
+    for (int64_t i = 0; i < d; i++) y[i] = (x[i] * scale) * w[i];
+}
+
+void tn_op_rope_cache(const tn_hparams *hp, const float *ff, int64_t pos, float *cs) {
+    const float theta_scale = powf(hp->rope_freq_base, -2.0f / (float)hp->n_rot);
+    float theta = (float)pos;
+    for (int32_t i0 = 0; i0 < hp->n_rot; i0 += 2) {
+        const float f = ff ? ff[i0 / 2] : 1.0f;
+        const float th = hp->rope_freq_scale * (theta / f);
+        cs[i0] = cosf(th);
+        cs[i0 + 1] = sinf(th);
+        theta *= theta_scale;
+    }
+}
+
+void tn_op_rope(const tn_hparams *hp, float *v, int32_t n_heads, const float *cs, float sign) {
+    const int32_t nr = hp->n_rot, hd = hp->head_dim;
+    for (int32_t h = 0; h < n_heads; h++) {
+        float *x = v + (int64_t)h * hd;
+        for (int32_t i0 = 0; i0 < nr; i0 += 2) {
+            const float co = cs[i0], si = sign * cs[i0 + 1];
+            int32_t a, b;
+            if (hp->rope_mode == TN_ROPE_NORM) { a = i0; b = i0 + 1; }       /* adjacent pairs */
+            else { a = i0 / 2; b = i0 / 2 + nr / 2; }                        /* half split     */
+            const float x0 = x[a], x1 = x[b];
+            x[a] = x0 * co - x1 * si;
+            x[b] = x0 * si + x1 * co;
+        }
+    }
+}
+
+void tn_op_swiglu(float *g, const float *u, int64_t n) {
+    for (int64_t i = 0; i < n; i++) g[i] = (g[i] / (1.0f + expf(-g[i]))) * u[i];
+}

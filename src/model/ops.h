@@ -1,0 +1,22 @@
+/*
+ * ops.h — the per-row math of the Llama block, shared by inference (forward.c) and training
+ * (src/train/, which stores activations around these same calls and mirrors them backward).
+ * f32 in/out; numerics follow ggml's CPU ops (sums of squares in double, expf-based SiLU).
+ */
+#ifndef TN_MODEL_OPS_H
+#define TN_MODEL_OPS_H
+
+#include "model/model.h"
+
+/* y = x / sqrt(mean(x^2) + eps) * w   (one row of d; y may alias x). */
+void tn_op_rmsnorm(const float *x, float *y, const float *w, int64_t d, float eps);
+/* cos/sin pairs for position pos: cs[2i] = cos(theta_i), cs[2i+1] = sin(theta_i), i < n_rot/2,
+ * theta_i = freq_scale * pos * base^(-2i/n_rot) / freq_factor_i  (ggml_rope_cache_init). */
+void tn_op_rope_cache(const tn_hparams *hp, const float *freq_factors, int64_t pos, float *cs);
+/* Rotates the first n_rot dims of each of n_heads heads (head_dim apart) in place; sign = +1
+ * forward, -1 applies the inverse rotation (the backward pass of RoPE). */
+void tn_op_rope(const tn_hparams *hp, float *v, int32_t n_heads, const float *cs, float sign);
+/* g[i] = silu(g[i]) * u[i] */
+void tn_op_swiglu(float *g, const float *u, int64_t n);
+
+#endif

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# CLI behaviour: exit codes of robustness.md §4.3 and basic outputs of the tern binary.
+# usage: cli_test.sh TERN MODEL TMPDIR
+set -u
+TERN=$1 MODEL=$2 TMP=$3/cli.$$
+mkdir -p "$TMP"
+trap 'rm -rf "$TMP"' EXIT
+pass=0 fail=0
+expect() { # expect CODE DESCRIPTION -- command...
+  local want=$1 what=$2; shift 3
+  "$@" >"$TMP/out" 2>"$TMP/err"; local got=$?
+  if [ "$got" = "$want" ]; then pass=$((pass+1)); else fail=$((fail+1)); echo "FAIL: $what: exit $got, want $want"; sed 's/^/  stderr: /' "$TMP/err" | head -5; fi
+}
+expect_err() { # expect_err PATTERN DESCRIPTION : stderr of the last command matches
+  if grep -q -- "$1" "$TMP/err"; then pass=$((pass+1)); else fail=$((fail+1)); echo "FAIL: $2: stderr lacks '$1'"; sed 's/^/  stderr: /' "$TMP/err" | head -5; fi
+}
+
+expect 0 "help" -- "$TERN" --help
+expect 64 "no command" -- "$TERN"
+expect 64 "unknown command" -- "$TERN" frobnicate
+expect 0 "info without a file" -- "$TERN" info
+grep -q "isa:" "$TMP/out" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL: tern info prints no isa line"; }
+expect 66 "missing model" -- "$TERN" generate -m "$TMP/missing.gguf" -p hi -n 1
+expect_err "missing.gguf" "missing model names the path"
+expect 66 "directory as model" -- "$TERN" generate -m "$TMP" -p hi -n 1
+expect 64 "negative -n" -- "$TERN" generate -m "$MODEL" -n -5
+expect 64 "zero threads" -- "$TERN" generate -m "$MODEL" -t 0
+expect_err "\-t" "bad -t names the flag"
+expect 64 "huge context" -- "$TERN" generate -m "$MODEL" -c 1e9
+expect 64 "nan temperature" -- "$TERN" generate -m "$MODEL" --temp nan
+expect 64 "unknown flag" -- "$TERN" generate -m "$MODEL" --bogus
+printf 'GGUF\x03\x00\x00\x00' > "$TMP/trunc.gguf"
+expect 65 "truncated gguf" -- "$TERN" generate -m "$TMP/trunc.gguf" -p hi -n 1
+expect_err "tern: error" "error line format"
+head -c 100 /dev/urandom > "$TMP/junk.gguf"
+expect 65 "junk file" -- "$TERN" info "$TMP/junk.gguf"
+: > "$TMP/empty.gguf"
+expect 65 "empty file" -- "$TERN" generate -m "$TMP/empty.gguf" -p hi -n 1
+
+# generation: greedy is deterministic; sampled output repeats with the same seed
+expect 0 "greedy generation" -- "$TERN" generate -m "$MODEL" -p "once upon a time" -n 16 --temp 0 -t 2
+cp "$TMP/out" "$TMP/greedy1"
+grep -q "tok/s" "$TMP/err" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL: no timings on stderr"; }
+expect 0 "greedy generation again" -- "$TERN" generate -m "$MODEL" -p "once upon a time" -n 16 --temp 0 -t 1
+cmp -s "$TMP/out" "$TMP/greedy1" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL: greedy output differs between runs/thread counts"; }
+expect 0 "seeded sampling" -- "$TERN" generate -m "$MODEL" -p "the" -n 16 --temp 1.0 -s 42
+cp "$TMP/out" "$TMP/s1"
+expect 0 "seeded sampling again" -- "$TERN" generate -m "$MODEL" -p "the" -n 16 --temp 1.0 -s 42
+cmp -s "$TMP/out" "$TMP/s1" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL: same seed gave different text"; }
+expect 0 "tokenize" -- "$TERN" tokenize -m "$MODEL" -p "once upon a time"
+grep -q "once" "$TMP/out" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL: tokenize output lacks pieces"; }
+expect 0 "info on a model" -- "$TERN" info "$MODEL"
+grep -q "blk.0.attn_q.weight" "$TMP/out" && grep -q "bits per weight" "$TMP/out" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL: info lacks tensor table"; }
+expect 0 "bench json" -- "$TERN" bench -m "$MODEL" -p 16 -n 4 -r 1 -o json --no-roofline
+grep -q '"avg_ts"' "$TMP/out" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL: bench json lacks avg_ts"; }
+expect 64 "bench -r 0" -- "$TERN" bench -m "$MODEL" -r 0
+# SIGPIPE: reader closes early; tern exits quietly (0 or 141), no error spam
+"$TERN" generate -m "$MODEL" -p "the" -n 64 --temp 0 2>"$TMP/err" | head -c1 >/dev/null
+rc=${PIPESTATUS[0]}
+if [ "$rc" = 0 ] || [ "$rc" = 141 ]; then pass=$((pass+1)); else fail=$((fail+1)); echo "FAIL: SIGPIPE exit $rc"; fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" = 0 ]
