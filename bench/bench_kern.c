@@ -1,0 +1,294 @@
+/*
+ * bench_kern.c — kernel benchmark: a streaming-read roofline, then for every weight type and ISA
+ * level the decode GEMV (n = 1) in GB/s of weights and the prefill gemm in GFLOP/s, at 1 and 2
+ * threads (or --threads), printed as a table with % of the roofline.
+ *
+ *   bench_kern [--m M] [--k K] [--n N] [--threads T] [--types q4_0,q4_K,...] [--isa avx2,...]
+ *              [--dram-mb MB] [--quick]
+ *
+ * --isa defaults to avx2,avx512 (add scalar to time the references' GEMV too).
+ *
+ * Two working sets per GEMV: "cache" is one m x k matrix read over and over (4096 x 4096 q4_0 is
+ * 9.4 MB: it lives in a large L3), "dram" cycles through enough copies to exceed --dram-mb, as
+ * decode does with a model's layers. Each is compared with the streaming read of a buffer of the
+ * same size on the same number of threads. Weights are random bytes with finite scales: kernel
+ * speed does not depend on the values. Times are the best of several runs (other processes add
+ * noise; compare ratios within one run). Nothing here checks results: tests/kern does.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/base.h"
+#include "core/cpu.h"
+#include "core/pool.h"
+#include "kern/kern.h"
+#include "quant/blocks.h"
+#include "quant/quant.h"
+
+typedef struct {
+    int64_t m, k, n;
+    int threads_max;
+    int64_t dram_bytes;
+    int quick;
+    char types[256], isas[64];
+} bench_opts;
+
+/* ---- roofline: every thread sums its slice of the buffer ------------------------------------ */
+
+typedef struct {
+    const uint8_t *buf;
+    size_t bytes;
+    uint64_t sink[64];
+} stream_arg;
+
+static void stream_task(void *p, int ith, int nth) {
+    stream_arg *a = p;
+    int64_t i0, i1;
+    tn_split((int64_t)(a->bytes / 64), ith, nth, 1, &i0, &i1);
+    const uint64_t *q = (const uint64_t *)a->buf;
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
+    for (int64_t c = i0; c < i1; c++) { /* one 64-byte line per step, 8 independent sums */
+        const uint64_t *l = q + c * 8;
+        s0 += l[0], s1 += l[1], s2 += l[2], s3 += l[3], s4 += l[4], s5 += l[5], s6 += l[6], s7 += l[7];
+    }
+    a->sink[ith] = s0 + s1 + s2 + s3 + s4 + s5 + s6 + s7;
+}
+
+/* Best GB/s of reading `bytes` (passes over the buffer until >= min_s have elapsed, best of 5). */
+static double roofline(tn_pool *pool, const uint8_t *buf, size_t bytes, double min_s) {
+    stream_arg a = {.buf = buf, .bytes = bytes};
+    tn_pool_run(pool, stream_task, &a); /* warm up */
+    double best = 0;
+    for (int rep = 0; rep < 5; rep++) {
+        int passes = 0;
+        const double t0 = tn_time_s();
+        double t;
+        do {
+            tn_pool_run(pool, stream_task, &a);
+            passes++;
+        } while ((t = tn_time_s() - t0) < min_s);
+        const double gbs = (double)bytes * passes / t / 1e9;
+        if (gbs > best) best = gbs;
+    }
+    return best;
+}
+
+/* ---- weights ----------------------------------------------------------------------------------- */
+
+/* Offsets of fp16 scale fields of a block (made finite so no kernel sees NaN/Inf). */
+static int fp16_offsets(tn_dtype t, int off[2]) {
+    off[0] = off[1] = -1;
+    switch (t) {
+    case TN_Q4_0: case TN_Q5_0: case TN_Q8_0: off[0] = 0; return 1;
+    case TN_Q4_1: case TN_Q5_1: case TN_Q4_K: case TN_Q5_K: off[0] = 0, off[1] = 2; return 2;
+    case TN_Q2_K: off[0] = (int)offsetof(block_q2_K, d), off[1] = (int)offsetof(block_q2_K, dmin); return 2;
+    case TN_Q3_K: off[0] = (int)offsetof(block_q3_K, d); return 1;
+    case TN_Q6_K: off[0] = (int)offsetof(block_q6_K, d); return 1;
+    default: return 0;
+    }
+}
+
+static void fill_weights(tn_dtype t, uint8_t *w, int64_t rows, int64_t k) {
+    const tn_dtype_traits *tr = tn_dtype_get(t);
+    const size_t rb = tn_dtype_row_size(t, k), total = rb * (size_t)rows;
+    uint64_t s = 0x243F6A8885A308D3ull;
+    for (size_t i = 0; i + 8 <= total; i += 8) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        memcpy(w + i, &s, 8);
+    }
+    if (t == TN_F32 || t == TN_F16 || t == TN_BF16) {
+        for (size_t e = 0; e < total / tr->type_size; e++) {
+            const float v = (float)((e * 2654435761u) % 2000) / 1000.0f - 1.0f;
+            if (t == TN_F32) memcpy(w + e * 4, &v, 4);
+            else {
+                const uint16_t h = t == TN_F16 ? tn_fp32_to_fp16(v) : tn_fp32_to_bf16(v);
+                memcpy(w + e * 2, &h, 2);
+            }
+        }
+        return;
+    }
+    int off[2];
+    const int nf = fp16_offsets(t, off);
+    const tn_fp16 h = tn_fp32_to_fp16(0.01f);
+    for (size_t b = 0; b < total / tr->type_size; b++)
+        for (int f = 0; f < nf; f++) memcpy(w + b * tr->type_size + off[f], &h, 2);
+}
+
+/* ---- gemv / gemm tasks --------------------------------------------------------------------------- */
+
+typedef struct {
+    const tn_kern_slot *slot;
+    int64_t m, k, n;
+    const uint8_t *w;
+    size_t w_rb;
+    const uint8_t *x;
+    size_t x_rb;
+    float *y;
+} mm_arg;
+
+/* Threads split the weight rows (in multiples of 16 so tiles stay whole). */
+static void mm_task(void *p, int ith, int nth) {
+    const mm_arg *a = p;
+    int64_t i0, i1;
+    tn_split(a->m, ith, nth, 16, &i0, &i1);
+    if (i1 > i0)
+        a->slot->gemm(a->k, i1 - i0, a->n, a->w + (size_t)i0 * a->w_rb, a->w_rb, a->x, a->x_rb, a->y + i0, a->m);
+}
+
+/* Best seconds per call over `copies` weight matrices used in turn. */
+static double time_mm(tn_pool *pool, mm_arg *a, const uint8_t *w0, size_t mat_bytes, int copies, double min_s) {
+    double best = 1e30;
+    for (int rep = 0; rep < 4; rep++) {
+        int calls = 0;
+        const double t0 = tn_time_s();
+        double t;
+        do {
+            for (int c = 0; c < copies; c++) {
+                a->w = w0 + (size_t)c * mat_bytes;
+                tn_pool_run(pool, mm_task, a);
+                calls++;
+            }
+        } while ((t = tn_time_s() - t0) < min_s);
+        if (t / calls < best) best = t / calls;
+    }
+    return best;
+}
+
+static int listed(const char *list, const char *name) {
+    if (!list[0]) return 1;
+    const size_t n = strlen(name);
+    for (const char *p = list; (p = strstr(p, name)); p += n)
+        if ((p == list || p[-1] == ',') && (p[n] == ',' || p[n] == 0)) return 1;
+    return 0;
+}
+
+static const tn_dtype bench_types[] = {TN_F32,  TN_F16,  TN_BF16, TN_Q8_0, TN_Q4_0, TN_Q4_1, TN_Q5_0,
+                                       TN_Q5_1, TN_Q2_K, TN_Q3_K, TN_Q4_K, TN_Q5_K, TN_Q6_K};
+
+int main(int argc, char **argv) {
+    bench_opts o = {.m = 4096, .k = 4096, .n = 128, .threads_max = 2, .dram_bytes = 512ll << 20,
+                    .isas = "avx2,avx512"};
+    for (int i = 1; i < argc; i++) {
+        const char *v = i + 1 < argc ? argv[i + 1] : "";
+        if (!strcmp(argv[i], "--m")) o.m = atoll(v), i++;
+        else if (!strcmp(argv[i], "--k")) o.k = atoll(v), i++;
+        else if (!strcmp(argv[i], "--n")) o.n = atoll(v), i++;
+        else if (!strcmp(argv[i], "--threads")) o.threads_max = atoi(v), i++;
+        else if (!strcmp(argv[i], "--dram-mb")) o.dram_bytes = atoll(v) << 20, i++;
+        else if (!strcmp(argv[i], "--types")) snprintf(o.types, sizeof o.types, "%s", v), i++;
+        else if (!strcmp(argv[i], "--isa")) snprintf(o.isas, sizeof o.isas, "%s", v), i++;
+        else if (!strcmp(argv[i], "--quick")) o.quick = 1;
+        else {
+            fprintf(stderr, "usage: %s [--m M] [--k K] [--n N] [--threads T] [--types a,b] [--isa a,b] "
+                            "[--dram-mb MB] [--quick]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (o.k % QK_K || o.m < 1 || o.n < 1 || o.threads_max < 1) {
+        fprintf(stderr, "bench_kern: k must be a multiple of 256, m, n, threads >= 1\n");
+        return 2;
+    }
+    const double min_s = o.quick ? 0.05 : 0.2;
+    const tn_cpu *cpu = tn_cpu_get();
+    printf("cpu: %s, %d cpus, best ISA %s\n", cpu->brand, tn_cpu_count(), tn_isa_name(tn_cpu_isa()));
+    printf("GEMV: y[m] = W[m x k] x[k], m=%lld k=%lld; gemm: n=%lld activation rows; threads split rows\n\n",
+           (long long)o.m, (long long)o.k, (long long)o.n);
+
+    int nthr[2] = {1, o.threads_max};
+    const int nt_count = o.threads_max > 1 ? 2 : 1;
+    tn_pool *pools[2] = {0};
+    for (int t = 0; t < nt_count; t++)
+        if (tn_pool_create(nthr[t], &pools[t]) != TERN_OK) {
+            fprintf(stderr, "bench_kern: pool: %s\n", tern_last_error());
+            return 1;
+        }
+
+    /* One big buffer serves as roofline source and as the dram-regime weight copies. */
+    const size_t big = (size_t)o.dram_bytes + ((size_t)o.m * o.k * 4);
+    uint8_t *mem = aligned_alloc(64, (big + 63) / 64 * 64);
+    float *xf = malloc((size_t)o.k * o.n * sizeof(float));
+    float *y = malloc((size_t)o.m * o.n * sizeof(float));
+    uint8_t *xq = malloc((size_t)o.k * sizeof(float) * (size_t)o.n); /* f32 is the widest activation row */
+    if (!mem || !xf || !y || !xq) {
+        fprintf(stderr, "bench_kern: out of memory\n");
+        return 1;
+    }
+    memset(mem, 1, big);
+    for (int64_t i = 0; i < o.k * o.n; i++) xf[i] = sinf((float)i * 0.37f);
+
+    /* roofline at the working-set sizes used below */
+    printf("%-28s", "streaming read");
+    for (int t = 0; t < nt_count; t++) printf("  %dt GB/s", nthr[t]);
+    printf("\n");
+    const size_t probe[] = {(size_t)o.m * o.k / 2, (size_t)o.m * o.k * 2, (size_t)o.dram_bytes};
+    const char *probe_name[] = {"4-bit matrix (cache)", "16-bit matrix", "dram working set"};
+    for (int p = 0; p < 3; p++) {
+        printf("  %-20s %5.0f MB", probe_name[p], probe[p] / 1048576.0);
+        for (int t = 0; t < nt_count; t++) printf("  %9.1f", roofline(pools[t], mem, probe[p], min_s));
+        printf("\n");
+    }
+    printf("\n");
+
+    printf("%-6s %-7s %8s | %-25s | %-25s | %s\n", "type", "isa", "MB", "GEMV cache GB/s (%roof)",
+           "GEMV dram GB/s (%roof)", "gemm GFLOP/s");
+    printf("%-6s %-7s %8s | %-12s %-12s | %-12s %-12s |", "", "", "", "1t", "2t", "1t", "2t");
+    for (int t = 0; t < nt_count; t++) printf(" %6dt", nthr[t]);
+    printf("\n");
+    for (size_t ti = 0; ti < sizeof bench_types / sizeof bench_types[0]; ti++) {
+        const tn_dtype wt = bench_types[ti];
+        if (!listed(o.types, tn_dtype_name(wt))) continue;
+        const tn_dtype at = tn_dtype_get(wt)->vec_dot_type;
+        const size_t w_rb = tn_dtype_row_size(wt, o.k), x_rb = tn_dtype_row_size(at, o.k);
+        const size_t mat = w_rb * (size_t)o.m;
+        int copies = (int)((size_t)o.dram_bytes / mat);
+        if (copies < 2) copies = 2;
+        if ((size_t)copies * mat > big) copies = (int)(big / mat);
+        fill_weights(wt, mem, o.m, o.k);
+        for (int c = 1; c < copies; c++) memcpy(mem + (size_t)c * mat, mem, mat);
+        for (int a = 0; a < (int)TN_ISA_COUNT; a++) {
+            const tn_kern_table *tab = tn_kern_at((tn_isa)a);
+            if (!tab || !listed(o.isas, tn_isa_name((tn_isa)a))) continue;
+            const tn_kern_slot *slot = &tab->slot[wt];
+            if (!slot->gemm) continue;
+            tab->slot[at].from_float(xf, xq, o.k); /* decode: one activation row */
+            /* label the ISA the kernel really comes from (a level may keep a lower one's entry) */
+            printf("%-6s %-7s %8.1f |", tn_dtype_name(wt), tn_isa_name(slot->gemm_isa), mat / 1048576.0);
+            if (a != (int)slot->gemm_isa) {
+                printf(" (same kernel as %s)\n", tn_isa_name(slot->gemm_isa));
+                continue;
+            }
+            mm_arg g = {.slot = slot, .m = o.m, .k = o.k, .n = 1, .x = xq, .x_rb = x_rb, .y = y};
+            for (int reg = 0; reg < 2; reg++) {
+                const int cp = reg == 0 ? 1 : copies;
+                for (int t = 0; t < 2; t++) {
+                    if (t >= nt_count) {
+                        printf(" %-12s", "-");
+                        continue;
+                    }
+                    const double s = time_mm(pools[t], &g, mem, mat, cp, min_s);
+                    const double gbs = mat / s / 1e9;
+                    const double roof = roofline(pools[t], mem, mat * cp, min_s / 2);
+                    printf(" %5.1f (%3.0f%%)", gbs, 100.0 * gbs / roof);
+                }
+                printf(" |");
+            }
+            /* prefill: n activation rows; skipped for the scalar references (too slow to matter) */
+            if (a == (int)TN_ISA_SCALAR) {
+                printf(" (scalar: gemm = vec_dot loop)\n");
+                continue;
+            }
+            for (int64_t j = 0; j < o.n; j++) tab->slot[at].from_float(xf + j * o.k, xq + j * x_rb, o.k);
+            mm_arg gm = {.slot = slot, .m = o.m, .k = o.k, .n = o.n, .x = xq, .x_rb = x_rb, .y = y};
+            for (int t = 0; t < nt_count; t++) {
+                const double s = time_mm(pools[t], &gm, mem, mat, 1, min_s);
+                printf(" %7.1f", 2.0 * o.m * o.n * o.k / s / 1e9);
+            }
+            printf("\n");
+        }
+    }
+    for (int t = 0; t < nt_count; t++) tn_pool_free(pools[t]);
+    free(mem), free(xf), free(y), free(xq);
+    return 0;
+}
