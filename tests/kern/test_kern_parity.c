@@ -6,7 +6,7 @@
  *   vec_dot  at k = 1 block, small, tile-equal, larger and prime multiples of the block (and
  *            odd lengths for the float types, whose block is one element);
  *   gemm     at m, n in {1, tile-equal, tile +- 1, primes} for every tile shape the kernels use
- *            (2..6 rows), with padded row strides and ldy > m; cells outside the m x n result
+ *            (1..8 rows), with padded row strides and ldy > m; cells outside the m x n result
  *            must stay untouched;
  *   from_float  bit-identical bytes (finite inputs, ties, zero blocks, subnormals, extremes);
  *   to_float    bit-identical floats (every f16/bf16 bit pattern).
@@ -262,8 +262,9 @@ static void check_gemm(tn_isa isa, tn_dtype wt, int64_t k, int64_t m, int64_t n)
 
 static void test_gemm(void **state) {
     (void)state;
-    /* 1, the tile sizes in use (2, 3, 4, 6), tile +- 1 (5, 7), 8 = two tiles, primes 11 and 13 */
-    static const int64_t ms[] = {1, 2, 3, 4, 5, 7, 8, 9, 13};
+    /* 1, the tile sizes in use (rows 1, 2, 4, 8; activation rows 1, 3, 4, 6), tile +- 1, two
+     * tiles, primes */
+    static const int64_t ms[] = {1, 2, 3, 4, 5, 7, 8, 9, 12, 13, 16, 17};
     static const int64_t ns[] = {1, 2, 3, 4, 5, 6, 7, 11, 13};
     for (size_t a = 0; a < sizeof isas / sizeof isas[0]; a++) {
         const tn_kern_table *opt = tn_kern_at(isas[a]), *ref = tn_kern_at(TN_ISA_SCALAR);

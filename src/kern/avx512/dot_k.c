@@ -7,7 +7,7 @@
 
 #define TN_ISA avx512
 #define TN_VNNI 1
-#define TN_K_RM 4
+#define TN_K_RM 2
 #define TN_K_RN 4
-#define TN_K_RM1 2
+#define TN_K_RM1 4
 #include "kern/avx2/dot_k.inc"

@@ -8,7 +8,7 @@
 
 #define TN_ISA avx512
 #define TN_VNNI 1
-#define TN_Q_RM 4
+#define TN_Q_RM 8
 #define TN_Q_RN 4
-#define TN_Q_RM1 4
+#define TN_Q_RM1 8
 #include "kern/avx2/dot_q.inc"
