@@ -12,8 +12,9 @@
 
 #define TN_ISA avx512
 #define TN_UNROLL _Pragma("GCC unroll 16")
-#define TN_F_RM 4  /* weight rows per tile                 */
-#define TN_F_RN 6  /* activation rows per tile             */
+#define TN_F_RM 4 /* weight rows per tile; 4 + 4 row streams: float rows are often 2^n bytes apart,
+                     and more streams than L1 ways on one set thrash */
+#define TN_F_RN 4  /* activation rows per tile             */
 #define TN_F_RM1 4 /* weight rows per decode pass (n == 1) */
 #define TN_F_AMAX (TN_F_RM > TN_F_RM1 ? TN_F_RM : TN_F_RM1)
 
@@ -22,14 +23,18 @@
 #define TN_EL_f32 16
 #define TN_EL_f16 16
 #define TN_EL_bf16 32
+/* m == all lanes takes the plain load (a constant after inlining in the main loops). */
 TN_INLINE __m512 tn_ld_f32(const void *p, int64_t l, __mmask32 m) {
+    if (m == 0xFFFF) return _mm512_loadu_ps((const float *)p + l);
     return _mm512_maskz_loadu_ps((__mmask16)m, (const float *)p + l);
 }
 TN_INLINE __m512 tn_ld_f16(const void *p, int64_t l, __mmask32 m) {
+    if (m == 0xFFFF) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + l)));
     return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16((__mmask16)m, (const uint16_t *)p + l));
 }
 /* bf16: 32 raw halves in a 512-bit register, consumed by vdpbf16ps */
 TN_INLINE __m512 tn_ld_bf16(const void *p, int64_t l, __mmask32 m) {
+    if (m == 0xFFFFFFFFu) return _mm512_castsi512_ps(_mm512_loadu_si512((const uint16_t *)p + l));
     return _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(m, (const uint16_t *)p + l));
 }
 TN_INLINE __m512 tn_step_f32(__m512 acc, __m512 w, __m512 x) { return _mm512_fmadd_ps(w, x, acc); }
@@ -49,8 +54,17 @@ typedef void (*tn_f_tile_fn)(int64_t k, const uint8_t *w, size_t w_rb, const uin
         __m512 acc[TN_F_AMAX][TN_F_RN];                                                                                \
         TN_UNROLL for (int i = 0; i < RM; i++) TN_UNROLL for (int j = 0; j < RN; j++) acc[i][j] =                      \
             _mm512_setzero_ps();                                                                                       \
-        for (int64_t l = 0; l < k; l += EL) {                                                                          \
-            const __mmask32 msk = k - l >= EL ? all : (__mmask32)((1ull << (k - l)) - 1);                              \
+        int64_t l = 0;                                                                                                 \
+        for (; l + EL <= k; l += EL) {                                                                                 \
+            __m512 xv[TN_F_RN];                                                                                        \
+            TN_UNROLL for (int j = 0; j < RN; j++) xv[j] = tn_ld_##T(x + j * x_rb, l, all);                            \
+            TN_UNROLL for (int i = 0; i < RM; i++) {                                                                   \
+                const __m512 wv = tn_ld_##T(w + i * w_rb, l, all);                                                     \
+                TN_UNROLL for (int j = 0; j < RN; j++) acc[i][j] = tn_step_##T(acc[i][j], wv, xv[j]);                  \
+            }                                                                                                          \
+        }                                                                                                              \
+        if (l < k) {                                                                                                   \
+            const __mmask32 msk = (__mmask32)((1ull << (k - l)) - 1);                                                  \
             __m512 xv[TN_F_RN];                                                                                        \
             TN_UNROLL for (int j = 0; j < RN; j++) xv[j] = tn_ld_##T(x + j * x_rb, l, msk);                            \
             TN_UNROLL for (int i = 0; i < RM; i++) {                                                                   \
