@@ -38,9 +38,9 @@ int main(int argc, char **argv) {
         tern_model_free(model);
         return 70;
     }
-    tern_token toks[256];
+    tern_token toks[1024]; /* a token per byte at most, plus BOS, for prompts up to ~300 bytes */
     int32_t n = 0;
-    if (tern_tokenize(model, prompt, strlen(prompt), true, false, toks, 256, &n) != TERN_OK || n == 0) {
+    if (tern_tokenize(model, prompt, strlen(prompt), true, false, toks, 1024, &n) != TERN_OK || n == 0) {
         fprintf(stderr, "error: cannot tokenize the prompt: %s\n", tern_last_error());
         return 65;
     }

@@ -48,7 +48,7 @@ cp "$TMP/out" "$TMP/s1"
 expect 0 "seeded sampling again" -- "$TERN" generate -m "$MODEL" -p "the" -n 16 --temp 1.0 -s 42
 cmp -s "$TMP/out" "$TMP/s1" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL: same seed gave different text"; }
 expect 0 "tokenize" -- "$TERN" tokenize -m "$MODEL" -p "once upon a time"
-grep -q "once" "$TMP/out" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL: tokenize output lacks pieces"; }
+grep -q "^ *1 -> .<s>.$" "$TMP/out" && grep -q "detokenized text matches" "$TMP/err" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL: tokenize output lacks BOS or the round trip failed"; cat "$TMP/err"; }
 expect 0 "info on a model" -- "$TERN" info "$MODEL"
 grep -q "blk.0.attn_q.weight" "$TMP/out" && grep -q "bits per weight" "$TMP/out" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL: info lacks tensor table"; }
 expect 0 "bench json" -- "$TERN" bench -m "$MODEL" -p 16 -n 4 -r 1 -o json --no-roofline

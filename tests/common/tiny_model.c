@@ -114,7 +114,9 @@ tern_status tiny_model_write(const char *path, const tiny_cfg *c) {
         else if (i == 1) snprintf(b, sizeof b, "<s>");
         else if (i == 2) snprintf(b, sizeof b, "</s>");
         else if (i < 259) snprintf(b, sizeof b, "<0x%02X>", (unsigned)(i - 3));
-        else if (i - 259 < (int64_t)(sizeof words / sizeof words[0])) snprintf(b, sizeof b, "\xe2\x96\x81%s", words[i - 259]);
+        else if (i == 259) snprintf(b, sizeof b, "\xe2\x96\x81"); /* the space piece */
+        else if (i < 260 + 26) snprintf(b, sizeof b, "%c", (char)('a' + (i - 260)));
+        else if (i - 286 < (int64_t)(sizeof words / sizeof words[0])) snprintf(b, sizeof b, "\xe2\x96\x81%s", words[i - 286]);
         else snprintf(b, sizeof b, "\xe2\x96\x81w%lld", (long long)i);
         toks[i] = strdup(b);
         scores[i] = i < 259 ? 0.0f : -(float)(i - 259);

@@ -186,7 +186,18 @@ int cmd_generate(int argc, char **argv) {
         rc = TN_EXIT_OSERR;
         goto done;
     }
-    if ((s = tern_tokenize(m, prompt, plen, true, true, toks, cap, &n_prompt))) {
+    s = tern_tokenize(m, prompt, plen, true, true, toks, cap, &n_prompt);
+    if (s == TERN_ERR_FULL) { /* byte fallback can need more tokens than bytes: retry at the size asked */
+        tern_token *bigger = realloc(toks, (size_t)n_prompt * sizeof *toks);
+        if (!bigger) {
+            rc = TN_EXIT_OSERR;
+            goto done;
+        }
+        toks = bigger;
+        cap = n_prompt;
+        s = tern_tokenize(m, prompt, plen, true, true, toks, cap, &n_prompt);
+    }
+    if (s) {
         rc = tn_cli_fail(s, "tokenizing the prompt");
         goto done;
     }

@@ -134,6 +134,8 @@ int cmd_synth(int argc, char **argv) {
         else if (i == 1) snprintf(buf, sizeof buf, "<s>");
         else if (i == 2) snprintf(buf, sizeof buf, "</s>");
         else if (i < 3 + 256) snprintf(buf, sizeof buf, "<0x%02X>", (unsigned)(i - 3));
+        else if (i == 259) snprintf(buf, sizeof buf, "\xe2\x96\x81"); /* the space piece */
+        else if (i < 260 + 26) snprintf(buf, sizeof buf, "%c", (char)('a' + (i - 260)));
         else snprintf(buf, sizeof buf, "\xe2\x96\x81t%lld", (long long)i);
         toks[i] = strdup(buf);
         scores[i] = i < 259 ? 0.0f : -(float)i;

@@ -63,7 +63,18 @@ int cmd_tokenize(int argc, char **argv) {
         rc = TN_EXIT_OSERR;
         goto done;
     }
-    if ((s = tern_tokenize(m, text, len, add_special, parse_special, toks, cap, &n))) {
+    s = tern_tokenize(m, text, len, add_special, parse_special, toks, cap, &n);
+    if (s == TERN_ERR_FULL) { /* byte fallback can need more tokens than bytes: retry at the size asked */
+        tern_token *bigger = realloc(toks, (size_t)n * sizeof *toks);
+        if (!bigger) {
+            rc = TN_EXIT_OSERR;
+            goto done;
+        }
+        toks = bigger;
+        cap = n;
+        s = tern_tokenize(m, text, len, add_special, parse_special, toks, cap, &n);
+    }
+    if (s) {
         rc = tn_cli_fail(s, "tokenizing");
         goto done;
     }
@@ -80,12 +91,21 @@ int cmd_tokenize(int argc, char **argv) {
                 unsigned char ch = (unsigned char)piece[j];
                 if (ch == '\n') printf("\\n");
                 else if (ch == '\t') printf("\\t");
-                else if (ch < 0x20) printf("\\x%02x", ch);
+                else if (ch < 0x20 || ch == 0x7f) printf("\\x%02x", ch);
                 else putchar(ch);
             }
             printf("'\n");
         }
         fprintf(stderr, "tern: %d tokens\n", n);
+    }
+    /* round trip: detokenizing the ids must give the text back */
+    int32_t bcap = (int32_t)(len * 2 + 64);
+    back = malloc((size_t)bcap);
+    if (back) {
+        int32_t skip = n > 0 && toks[0] == tern_token_bos(m) ? 1 : 0; /* the BOS that tokenize added */
+        int32_t k = tern_detokenize(m, toks + skip, n - skip, back, bcap, true, false);
+        bool same = k >= 0 && (size_t)k == len && memcmp(back, text, len) == 0;
+        fprintf(stderr, "tern: detokenized text %s the input\n", same ? "matches" : "differs from");
     }
 done:
     free(back);
