@@ -10,4 +10,5 @@
 #define TN_K_RM 2  /* weight rows per tile     */
 #define TN_K_RN 4  /* activation rows per tile */
 #define TN_K_RM1 1 /* weight rows per decode pass (n == 1) */
+#define TN_K_TO_FLOAT
 #include "kern/avx2/dot_k.inc"

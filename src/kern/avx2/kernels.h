@@ -29,5 +29,8 @@ TN_DECL_FROM(tn_k_from_float_f16__avx2)
 TN_DECL_FROM(tn_k_from_float_bf16__avx2)
 TN_DECL_TO(tn_k_to_float_f16__avx2)
 TN_DECL_TO(tn_k_to_float_bf16__avx2)
+#define TN_AVX2_DEQUANT(X) X(q4_0) X(q5_0) X(q8_0) X(q4_1) X(q5_1) X(q2_K) X(q3_K) X(q4_K) X(q5_K) X(q6_K) X(q8_K)
+#define TN_DECL_DEQUANT_AVX2(t) TN_DECL_TO(tn_k_to_float_##t##__avx2)
+TN_AVX2_DEQUANT(TN_DECL_DEQUANT_AVX2)
 
 #endif

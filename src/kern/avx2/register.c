@@ -44,4 +44,15 @@ void tn_kern_register_avx2(tn_kern_table *t) {
     TN_SET_FROM(TN_BF16, bf16);
     TN_SET_TO(TN_F16, f16);
     TN_SET_TO(TN_BF16, bf16);
+    TN_SET_TO(TN_Q4_0, q4_0);
+    TN_SET_TO(TN_Q5_0, q5_0);
+    TN_SET_TO(TN_Q8_0, q8_0);
+    TN_SET_TO(TN_Q4_1, q4_1);
+    TN_SET_TO(TN_Q5_1, q5_1);
+    TN_SET_TO(TN_Q2_K, q2_K);
+    TN_SET_TO(TN_Q3_K, q3_K);
+    TN_SET_TO(TN_Q4_K, q4_K);
+    TN_SET_TO(TN_Q5_K, q5_K);
+    TN_SET_TO(TN_Q6_K, q6_K);
+    TN_SET_TO(TN_Q8_K, q8_K);
 }

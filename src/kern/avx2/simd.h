@@ -68,4 +68,14 @@ TN_INLINE __m256i tn_bits32_to_bytes(uint32_t bits) {
     return _mm256_cmpeq_epi8(_mm256_and_si256(v, sel), sel);
 }
 
+/* 32 code bytes -> 4 x 8 floats (element order), minus an integer offset; exact. */
+TN_INLINE void tn_codes_f32(__m256i u, int is_signed, int off, __m256 f[4]) {
+    const __m128i lo = _mm256_castsi256_si128(u), hi = _mm256_extracti128_si256(u, 1);
+    const __m128i part[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    for (int r = 0; r < 4; r++) {
+        const __m256i v = is_signed ? _mm256_cvtepi8_epi32(part[r]) : _mm256_cvtepu8_epi32(part[r]);
+        f[r] = _mm256_cvtepi32_ps(_mm256_sub_epi32(v, _mm256_set1_epi32(off)));
+    }
+}
+
 #endif

@@ -22,12 +22,4 @@
 #define TN_DECL_PAIR_AVX512(wt, at) TN_DECL_VEC_DOT(tn_k_vec_dot_##wt##_##at##__avx512) TN_DECL_GEMM(tn_k_gemm_##wt##_##at##__avx512)
 TN_AVX512_DOT_PAIRS(TN_DECL_PAIR_AVX512)
 
-TN_DECL_FROM(tn_k_from_float_q8_0__avx512)
-TN_DECL_FROM(tn_k_from_float_q8_1__avx512)
-TN_DECL_FROM(tn_k_from_float_q8_K__avx512)
-TN_DECL_FROM(tn_k_from_float_f16__avx512)
-TN_DECL_FROM(tn_k_from_float_bf16__avx512)
-TN_DECL_TO(tn_k_to_float_f16__avx512)
-TN_DECL_TO(tn_k_to_float_bf16__avx512)
-
 #endif
