@@ -43,7 +43,77 @@ static const tn_dtype_traits tn_traits[TN_DTYPE_GGML_COUNT] = {
     [39] = {"mxfp4", 32, 17, true, false, 0},
 };
 
+/* tern any-bit types (src/quant/tq.h): id TN_DTYPE_TERN_BASE + (bits-1)*8 + log2(G/32)*2 + asym;
+ * block = fp16 d [+ fp16 m] + G*bits/8 bytes of codes. */
+static const tn_dtype_traits tn_traits_tq[TN_DTYPE_TQ_COUNT] = {
+    {"tq1g32", 32, 6, true, true, TN_Q8_0},
+    {"tq1g32a", 32, 8, true, true, TN_Q8_0},
+    {"tq1g64", 64, 10, true, true, TN_Q8_0},
+    {"tq1g64a", 64, 12, true, true, TN_Q8_0},
+    {"tq1g128", 128, 18, true, true, TN_Q8_0},
+    {"tq1g128a", 128, 20, true, true, TN_Q8_0},
+    {"tq1g256", 256, 34, true, true, TN_Q8_0},
+    {"tq1g256a", 256, 36, true, true, TN_Q8_0},
+    {"tq2g32", 32, 10, true, true, TN_Q8_0},
+    {"tq2g32a", 32, 12, true, true, TN_Q8_0},
+    {"tq2g64", 64, 18, true, true, TN_Q8_0},
+    {"tq2g64a", 64, 20, true, true, TN_Q8_0},
+    {"tq2g128", 128, 34, true, true, TN_Q8_0},
+    {"tq2g128a", 128, 36, true, true, TN_Q8_0},
+    {"tq2g256", 256, 66, true, true, TN_Q8_0},
+    {"tq2g256a", 256, 68, true, true, TN_Q8_0},
+    {"tq3g32", 32, 14, true, true, TN_Q8_0},
+    {"tq3g32a", 32, 16, true, true, TN_Q8_0},
+    {"tq3g64", 64, 26, true, true, TN_Q8_0},
+    {"tq3g64a", 64, 28, true, true, TN_Q8_0},
+    {"tq3g128", 128, 50, true, true, TN_Q8_0},
+    {"tq3g128a", 128, 52, true, true, TN_Q8_0},
+    {"tq3g256", 256, 98, true, true, TN_Q8_0},
+    {"tq3g256a", 256, 100, true, true, TN_Q8_0},
+    {"tq4g32", 32, 18, true, true, TN_Q8_0},
+    {"tq4g32a", 32, 20, true, true, TN_Q8_0},
+    {"tq4g64", 64, 34, true, true, TN_Q8_0},
+    {"tq4g64a", 64, 36, true, true, TN_Q8_0},
+    {"tq4g128", 128, 66, true, true, TN_Q8_0},
+    {"tq4g128a", 128, 68, true, true, TN_Q8_0},
+    {"tq4g256", 256, 130, true, true, TN_Q8_0},
+    {"tq4g256a", 256, 132, true, true, TN_Q8_0},
+    {"tq5g32", 32, 22, true, true, TN_Q8_0},
+    {"tq5g32a", 32, 24, true, true, TN_Q8_0},
+    {"tq5g64", 64, 42, true, true, TN_Q8_0},
+    {"tq5g64a", 64, 44, true, true, TN_Q8_0},
+    {"tq5g128", 128, 82, true, true, TN_Q8_0},
+    {"tq5g128a", 128, 84, true, true, TN_Q8_0},
+    {"tq5g256", 256, 162, true, true, TN_Q8_0},
+    {"tq5g256a", 256, 164, true, true, TN_Q8_0},
+    {"tq6g32", 32, 26, true, true, TN_Q8_0},
+    {"tq6g32a", 32, 28, true, true, TN_Q8_0},
+    {"tq6g64", 64, 50, true, true, TN_Q8_0},
+    {"tq6g64a", 64, 52, true, true, TN_Q8_0},
+    {"tq6g128", 128, 98, true, true, TN_Q8_0},
+    {"tq6g128a", 128, 100, true, true, TN_Q8_0},
+    {"tq6g256", 256, 194, true, true, TN_Q8_0},
+    {"tq6g256a", 256, 196, true, true, TN_Q8_0},
+    {"tq7g32", 32, 30, true, true, TN_Q8_0},
+    {"tq7g32a", 32, 32, true, true, TN_Q8_0},
+    {"tq7g64", 64, 58, true, true, TN_Q8_0},
+    {"tq7g64a", 64, 60, true, true, TN_Q8_0},
+    {"tq7g128", 128, 114, true, true, TN_Q8_0},
+    {"tq7g128a", 128, 116, true, true, TN_Q8_0},
+    {"tq7g256", 256, 226, true, true, TN_Q8_0},
+    {"tq7g256a", 256, 228, true, true, TN_Q8_0},
+    {"tq8g32", 32, 34, true, true, TN_Q8_0},
+    {"tq8g32a", 32, 36, true, true, TN_Q8_0},
+    {"tq8g64", 64, 66, true, true, TN_Q8_0},
+    {"tq8g64a", 64, 68, true, true, TN_Q8_0},
+    {"tq8g128", 128, 130, true, true, TN_Q8_0},
+    {"tq8g128a", 128, 132, true, true, TN_Q8_0},
+    {"tq8g256", 256, 258, true, true, TN_Q8_0},
+    {"tq8g256a", 256, 260, true, true, TN_Q8_0},
+};
+
 const tn_dtype_traits *tn_dtype_get(uint32_t t) {
+    if (t >= TN_DTYPE_TERN_BASE && t < TN_DTYPE_TERN_BASE + TN_DTYPE_TQ_COUNT) return &tn_traits_tq[t - TN_DTYPE_TERN_BASE];
     if (t >= TN_DTYPE_GGML_COUNT) return NULL;
     return tn_traits[t].name ? &tn_traits[t] : NULL;
 }
@@ -60,6 +130,12 @@ bool tn_dtype_from_name(const char *name, tn_dtype *out) {
     for (uint32_t t = 0; t < TN_DTYPE_GGML_COUNT; t++) {
         if (tn_traits[t].name && !strcasecmp(tn_traits[t].name, name)) {
             *out = (tn_dtype)t;
+            return true;
+        }
+    }
+    for (uint32_t i = 0; i < TN_DTYPE_TQ_COUNT; i++) {
+        if (!strcasecmp(tn_traits_tq[i].name, name)) {
+            *out = (tn_dtype)(TN_DTYPE_TERN_BASE + i);
             return true;
         }
     }

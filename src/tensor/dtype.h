@@ -31,7 +31,9 @@ typedef enum tn_dtype {
     TN_I32 = 26,
     TN_BF16 = 30,
     TN_DTYPE_GGML_COUNT = 43, /* ids below this are ggml's namespace */
-    TN_DTYPE_TERN_BASE = 1024, /* tern-only types: 1024 + ... (any-bit quant, later) */
+    TN_DTYPE_TERN_BASE = 1024, /* tern-only types: 1024 + ... (any-bit quant, quant/tq.h)    */
+    TN_DTYPE_TQ_COUNT = 64,    /* tq<b>g<G>[a]: ids 1024 .. 1087                              */
+    TN_DTYPE_SLOT_COUNT = TN_DTYPE_TERN_BASE + TN_DTYPE_TQ_COUNT, /* ids a kernel slot exists for */
 } tn_dtype;
 
 typedef struct tn_dtype_traits {

@@ -1,0 +1,408 @@
+/*
+ * cmd_quantize.c — `tern quantize in.gguf out.gguf TYPE [threads]`: llama-quantize's job.
+ *
+ * TYPE is a llama.cpp file type (q8_0, q4_0, q4_k_m, q5_k_m, q6_k, q3_k_m, q2_k, ...: the same
+ * per-tensor types as llama-quantize, src/quant/mix.h, and byte-identical output files) or a
+ * tern any-bit type (tq<b>[g<G>][a|s], src/quant/tq.h). The output is written to a temp file and
+ * renamed (never half-written); in == out is refused; Ctrl-C stops with exit 130 and no file.
+ * Progress goes to stderr, one line per tensor, in llama-quantize's format.
+ */
+#include <regex.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "core/cpu.h"
+#include "core/file.h"
+#include "core/pool.h"
+#include "fmt/gguf.h"
+#include "quant/imatrix.h"
+#include "quant/mix.h"
+#include "quant/quant.h"
+#include "quant/tq.h"
+#include "tensor/dtype.h"
+
+static volatile sig_atomic_t g_stop;
+static void on_sigint(int sig) {
+    (void)sig;
+    g_stop = 1;
+}
+
+typedef struct {
+    regex_t re;
+    int type;
+} tt_override;
+
+typedef struct {
+    tt_override *ov;
+    int n_ov;
+} ov_set;
+
+static int override_fn(void *user, const char *name) {
+    ov_set *s = user;
+    for (int i = 0; i < s->n_ov; i++)
+        if (regexec(&s->ov[i].re, name, 0, NULL, 0) == 0) return s->ov[i].type;
+    return -1;
+}
+
+/* A tensor type name: ggml's (q4_K, f16, ...) or a tern tq name. */
+static bool parse_dtype(const char *s, int *out) {
+    tn_dtype t;
+    tn_tq_params p;
+    if (tn_tq_from_name(s, &p)) return (*out = (int)tn_tq_dtype(&p)), true;
+    if (tn_dtype_from_name(s, &t)) {
+        const tn_dtype_traits *tr = tn_dtype_get(t);
+        if (!tr || !tr->supported || t == TN_Q8_1 || t == TN_Q8_K) return false;
+        *out = (int)t;
+        return true;
+    }
+    return false;
+}
+
+typedef struct {
+    const tn_gguf *in;
+    const size_t *order;       /* output index -> input tensor index */
+    const tn_qmix_choice *ch;  /* per output index */
+    size_t n;
+    tn_pool *pool;
+    const tn_imatrix *imat;
+    bool allow_requantize;
+    float *f32;                /* scratch: largest tensor as floats */
+    uint64_t total_in, total_out, n_elem;
+    /* task */
+    const float *task_x;
+    uint8_t *task_y;
+    int64_t task_rows, task_ne0;
+    uint32_t task_type;
+    const float *task_imat;
+} qctx;
+
+static void fmt_shape(const tn_gguf_tensor *t, char *buf, size_t cap) {
+    size_t o = (size_t)snprintf(buf, cap, "%5lld", (long long)t->ne[0]);
+    for (uint32_t i = 1; i < t->n_dims && o < cap; i++) o += (size_t)snprintf(buf + o, cap - o, ", %5lld", (long long)t->ne[i]);
+}
+
+static void quant_task(void *arg, int ith, int nth) {
+    qctx *q = arg;
+    int64_t r0, r1;
+    tn_split(q->task_rows, ith, nth, 1, &r0, &r1);
+    const size_t rb = tn_dtype_row_size((tn_dtype)q->task_type, q->task_ne0);
+    for (int64_t r = r0; r < r1; r++) {
+        const float *x = q->task_x + r * q->task_ne0;
+        uint8_t *y = q->task_y + (size_t)r * rb;
+        if (tn_tq_is(q->task_type)) {
+            tn_tq_params p;
+            tn_tq_params_of(q->task_type, &p);
+            tn_tq_quantize_row(&p, x, y, q->task_ne0, q->task_imat);
+        } else {
+            tn_quantize_row_ref((tn_dtype)q->task_type, x, y, q->task_ne0);
+        }
+    }
+}
+
+static tern_status fill(void *user, size_t idx, void *dst, size_t nbytes) {
+    qctx *q = user;
+    if (g_stop) return tn_err(TERN_ERR_ABORTED, "quantize: interrupted");
+    const tn_gguf_tensor *t = &q->in->tensors[q->order[idx]];
+    const tn_qmix_choice *c = &q->ch[idx];
+    char shape[96];
+    fmt_shape(t, shape, sizeof shape);
+    fprintf(stderr, "[%4zu/%4zu] %-36s - [%s], type = %6s, ", idx + 1, q->n, t->name, shape, tn_dtype_name(t->type));
+    int64_t nel = 1;
+    for (uint32_t i = 0; i < t->n_dims; i++) nel *= t->ne[i];
+    q->n_elem += (uint64_t)nel;
+    q->total_in += t->nbytes;
+    q->total_out += nbytes;
+    if (c->type == t->type) {
+        if (nbytes != t->nbytes) return tn_err(TERN_ERR_INTERNAL, "quantize: size of '%s' changed", t->name);
+        memcpy(dst, t->data, nbytes);
+        fprintf(stderr, "size = %8.3f MiB\n", t->nbytes / 1024.0 / 1024.0);
+        return TERN_OK;
+    }
+    const tn_dtype_traits *src = tn_dtype_get(t->type);
+    if (src && src->is_quantized && !q->allow_requantize)
+        return tn_err(TERN_ERR_UNSUPPORTED, "quantize: requantizing from type %s is disabled (--allow-requantize)",
+                      tn_dtype_name(t->type));
+    const float *x;
+    if (t->type == TN_F32) {
+        x = (const float *)t->data;
+    } else {
+        const int64_t ne0 = t->ne[0], rows = nel / ne0;
+        const size_t rb = tn_dtype_row_size((tn_dtype)t->type, ne0);
+        for (int64_t r = 0; r < rows; r++) {
+            bool ok;
+            if (tn_tq_is(t->type)) {
+                tn_tq_params p;
+                tn_tq_params_of(t->type, &p);
+                tn_tq_dequantize_row(&p, t->data + (size_t)r * rb, q->f32 + r * ne0, ne0);
+                ok = true;
+            } else {
+                ok = tn_dequantize_row((tn_dtype)t->type, t->data + (size_t)r * rb, q->f32 + r * ne0, ne0);
+            }
+            if (!ok) return tn_err(TERN_ERR_UNSUPPORTED, "quantize: cannot convert '%s' from %s", t->name, tn_dtype_name(t->type));
+        }
+        x = q->f32;
+    }
+    fprintf(stderr, "converting to %s .. ", tn_dtype_name(c->type));
+    q->task_x = x;
+    q->task_y = dst;
+    q->task_ne0 = t->ne[0];
+    q->task_rows = nel / t->ne[0];
+    q->task_type = c->type;
+    q->task_imat = NULL;
+    if (q->imat) {
+        const float *im = tn_imatrix_find(q->imat, t->name, t->ne[0]);
+        if (im && tn_tq_is(c->type)) q->task_imat = im;
+    }
+    tn_pool_run(q->pool, quant_task, q);
+    if (g_stop) return tn_err(TERN_ERR_ABORTED, "quantize: interrupted");
+    fprintf(stderr, "size = %8.2f MiB -> %8.2f MiB\n", t->nbytes / 1024.0 / 1024.0, nbytes / 1024.0 / 1024.0);
+    return TERN_OK;
+}
+
+static void usage(void) {
+    printf("usage: tern quantize [options] in.gguf out.gguf TYPE [threads]\n"
+           "  TYPE: Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q2_K_S Q3_K_S Q3_K_M Q3_K_L Q4_K_S Q4_K_M Q5_K_S Q5_K_M Q6_K\n"
+           "        F16 BF16 F32 (llama.cpp mixes, byte-identical to llama-quantize), or\n"
+           "        tq<b>[g<G>][a|s]: tern any-bit, b in 1..8, G in 32/64/128/256 (tq3 = tq3g64a)\n"
+           "  -t, --threads N               threads (default: all cores)\n"
+           "  --pure                        every quantizable tensor gets TYPE (no mix)\n"
+           "  --leave-output-tensor         keep output.weight as it is\n"
+           "  --output-tensor-type T        type of output.weight\n"
+           "  --token-embedding-type T      type of token_embd.weight\n"
+           "  --tensor-type REGEX=T         type for tensors matching REGEX (POSIX ERE; repeatable)\n"
+           "  --imatrix FILE                importance matrix (tern imatrix) for importance-weighted rounding\n"
+           "  --allow-requantize            allow quantized inputs\n");
+}
+
+static void read_model(const tn_gguf *g, tn_qmix_model *m) {
+    memset(m, 0, sizeof *m);
+    tn_gguf_str arch = {0, NULL};
+    tn_gguf_get_str(g, "general.architecture", false, &arch);
+    char a[64] = "llama", key[128];
+    if (arch.data && arch.len < sizeof a) memcpy(a, arch.data, arch.len), a[arch.len] = 0;
+    m->falcon = !strcmp(a, "falcon");
+    int64_t v = 0;
+    snprintf(key, sizeof key, "%s.block_count", a);
+    if (tn_gguf_get_i64(g, key, false, &v) == TERN_OK) m->n_layer = (int)v;
+    v = 0;
+    snprintf(key, sizeof key, "%s.attention.head_count", a);
+    if (tn_gguf_get_i64(g, key, false, &v) == TERN_OK) m->n_head = (int)v;
+    m->n_head_kv = m->n_head;
+    snprintf(key, sizeof key, "%s.attention.head_count_kv", a);
+    if (tn_gguf_get_i64(g, key, false, &v) == TERN_OK) m->n_head_kv = (int)v;
+    v = 0;
+    snprintf(key, sizeof key, "%s.expert_count", a);
+    if (tn_gguf_get_i64(g, key, false, &v) == TERN_OK) m->n_expert = (int)v;
+    m->is_70b = !strcmp(a, "llama") && m->n_layer == 80 && m->n_head != m->n_head_kv;
+}
+
+int cmd_quantize(int argc, char **argv) {
+    const char *pos[4] = {0};
+    int npos = 0, rc = TN_EXIT_OK;
+    int64_t threads = 0;
+    tn_qmix_opts opts = {.output_type = -1, .token_embd_type = -1};
+    const char *imatrix_path = NULL;
+    bool allow_requantize = false;
+    ov_set ovs = {0};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const bool more = i + 1 < argc;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage();
+            goto done;
+        } else if ((!strcmp(a, "-t") || !strcmp(a, "--threads")) && more) {
+            if (!tn_cli_parse_i64(argv[++i], 1, 1024, &threads)) { rc = tn_cli_usage_error("bad thread count '%s'", argv[i]); goto done; }
+        } else if (!strcmp(a, "--pure")) {
+            opts.pure = true;
+        } else if (!strcmp(a, "--leave-output-tensor")) {
+            opts.leave_output = true;
+        } else if (!strcmp(a, "--allow-requantize")) {
+            allow_requantize = true;
+        } else if ((!strcmp(a, "--output-tensor-type") || !strcmp(a, "--token-embedding-type")) && more) {
+            int t;
+            if (!parse_dtype(argv[i + 1], &t)) { rc = tn_cli_usage_error("unknown tensor type '%s'", argv[i + 1]); goto done; }
+            if (!strcmp(a, "--output-tensor-type")) opts.output_type = t;
+            else opts.token_embd_type = t;
+            i++;
+        } else if (!strcmp(a, "--tensor-type") && more) {
+            char *spec = argv[++i], *eq = strrchr(spec, '=');
+            int t;
+            if (!eq || eq == spec || !parse_dtype(eq + 1, &t)) { rc = tn_cli_usage_error("bad --tensor-type '%s' (want REGEX=TYPE)", spec); goto done; }
+            tt_override *nv = realloc(ovs.ov, sizeof *nv * (size_t)(ovs.n_ov + 1));
+            if (!nv) { rc = TN_EXIT_OSERR; goto done; }
+            ovs.ov = nv;
+            char *pat = strndup(spec, (size_t)(eq - spec));
+            int e = pat ? regcomp(&ovs.ov[ovs.n_ov].re, pat, REG_EXTENDED | REG_NOSUB) : -1;
+            free(pat);
+            if (e) { rc = tn_cli_usage_error("bad regular expression in '%s'", spec); goto done; }
+            ovs.ov[ovs.n_ov++].type = t;
+        } else if (!strcmp(a, "--imatrix") && more) {
+            imatrix_path = argv[++i];
+        } else if (a[0] == '-' && a[1]) {
+            rc = tn_cli_usage_error("unknown option '%s' (see tern quantize --help)", a);
+            goto done;
+        } else if (npos < 4) {
+            pos[npos++] = a;
+        } else {
+            rc = tn_cli_usage_error("unexpected argument '%s'", a);
+            goto done;
+        }
+    }
+    if (npos < 3) {
+        usage();
+        rc = TN_EXIT_USAGE;
+        goto done;
+    }
+    if (npos == 4 && !tn_cli_parse_i64(pos[3], 1, 1024, &threads)) { rc = tn_cli_usage_error("bad thread count '%s'", pos[3]); goto done; }
+    if (ovs.n_ov) opts.override = override_fn, opts.override_user = &ovs;
+    const char *in_path = pos[0], *out_path = pos[1], *type_name = pos[2];
+
+    tn_ftype ftype;
+    tn_dtype default_type;
+    tn_tq_params tqp;
+    if (tn_ftype_from_name(type_name, &ftype)) {
+        tn_ftype_default_type(ftype, &default_type);
+    } else if (tn_tq_from_name(type_name, &tqp)) {
+        ftype = TN_FTYPE_TERN;
+        default_type = (tn_dtype)tn_tq_dtype(&tqp);
+    } else {
+        rc = tn_cli_usage_error("unknown type '%s' (see tern quantize --help)", type_name);
+        goto done;
+    }
+    if (ftype == TN_FTYPE_MOSTLY_Q2_K_S && !imatrix_path) {
+        rc = tn_cli_usage_error("Q2_K_S needs an importance matrix (--imatrix)");
+        goto done;
+    }
+    if (!strcmp(in_path, out_path) || tn_same_file(in_path, out_path)) {
+        rc = tn_cli_usage_error("input and output are the same file: '%s'", out_path);
+        goto done;
+    }
+
+    tn_gguf *g = NULL;
+    tern_status s = tn_gguf_open(in_path, true, &g);
+    if (s) { rc = tn_cli_fail(s, "reading the model"); goto done; }
+    tn_imatrix *imat = NULL;
+    if (imatrix_path) {
+        s = tn_imatrix_load(imatrix_path, &imat);
+        if (s) { rc = tn_cli_fail(s, "reading the importance matrix"); tn_gguf_free(g); goto done; }
+        opts.has_imatrix = true;
+    }
+
+    const size_t n = g->n_tensors;
+    const char **names = calloc(n + 1, sizeof *names);
+    size_t *order = calloc(n + 1, sizeof *order);
+    tn_qmix_tensor *mt = calloc(n + 1, sizeof *mt);
+    tn_qmix_choice *ch = calloc(n + 1, sizeof *ch);
+    tn_gguf_writer *w = NULL;
+    tn_pool *pool = NULL;
+    qctx q = {0};
+    if (!names || !order || !mt || !ch) { rc = TN_EXIT_OSERR; goto out; }
+    size_t max_el = 0;
+    for (size_t i = 0; i < n; i++) {
+        names[i] = g->tensors[i].name;
+        size_t el = 1;
+        for (uint32_t d = 0; d < g->tensors[i].n_dims; d++) el *= (size_t)g->tensors[i].ne[d];
+        if (el > max_el) max_el = el;
+    }
+    tn_qmix_sort(names, n, order);
+    for (size_t i = 0; i < n; i++) {
+        const tn_gguf_tensor *t = &g->tensors[order[i]];
+        mt[i].name = t->name;
+        mt[i].n_dims = (int)t->n_dims;
+        for (int d = 0; d < 4; d++) mt[i].ne[d] = d < (int)t->n_dims ? t->ne[d] : 1;
+        mt[i].type = t->type;
+    }
+    tn_qmix_model mm;
+    read_model(g, &mm);
+    tn_qmix_plan(ftype, default_type, &mm, &opts, mt, n, ch);
+
+    int n_fallback = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (ch[i].fallback) {
+            n_fallback++;
+            fprintf(stderr, "warning: %-36s - ncols %6lld not divisible by %3lld (required for type %7s) -> falling back to %7s\n",
+                    mt[i].name, (long long)mt[i].ne[0], (long long)tn_dtype_get(ch[i].wanted)->blck_size,
+                    tn_dtype_name(ch[i].wanted), tn_dtype_name(ch[i].type));
+        }
+        if (ch[i].manual) fprintf(stderr, "%-36s - manual override: %s\n", mt[i].name, tn_dtype_name(ch[i].type));
+    }
+
+    /* metadata: every key of the input, then the quantization keys (re-added at the end, as
+     * gguf_set_val does in llama.cpp) */
+    if ((s = tn_gguf_writer_create(&w))) goto fail;
+    for (uint64_t i = 0; i < g->n_kv; i++)
+        if ((s = tn_gguf_set_kv(w, &g->kv[i]))) goto fail;
+    tn_gguf_remove(w, "general.quantization_version");
+    if ((s = tn_gguf_set_u32(w, "general.quantization_version", 2))) goto fail;
+    tn_gguf_remove(w, "general.file_type");
+    if ((s = tn_gguf_set_u32(w, "general.file_type", (uint32_t)ftype))) goto fail;
+    tn_gguf_remove(w, "split.no");
+    tn_gguf_remove(w, "split.count");
+    tn_gguf_remove(w, "split.tensors.count");
+    if (ftype == TN_FTYPE_TERN) {
+        char nm[32];
+        tn_tq_name(&tqp, nm, sizeof nm);
+        if ((s = tn_gguf_set_u32(w, "tern.quant.version", 1))) goto fail;
+        if ((s = tn_gguf_set_str(w, "tern.quant.type", nm))) goto fail;
+        if ((s = tn_gguf_set_u32(w, "tern.quant.bits", (uint32_t)tqp.bits))) goto fail;
+        if ((s = tn_gguf_set_u32(w, "tern.quant.group_size", (uint32_t)tqp.group))) goto fail;
+        if ((s = tn_gguf_set_bool(w, "tern.quant.asymmetric", tqp.asym))) goto fail;
+        if ((s = tn_gguf_set_str(w, "tern.quant.layout", "planes-8421-v1"))) goto fail;
+        if (imatrix_path && (s = tn_gguf_set_str(w, "tern.quant.imatrix", imatrix_path))) goto fail;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const tn_gguf_tensor *t = &g->tensors[order[i]];
+        if ((s = tn_gguf_add_tensor(w, t->name, ch[i].type, t->n_dims, t->ne, NULL))) goto fail;
+    }
+
+    if (threads <= 0) threads = tn_cpu_count();
+    if ((s = tn_pool_create((int)threads, &pool))) goto fail;
+    q.in = g;
+    q.order = order;
+    q.ch = ch;
+    q.n = n;
+    q.pool = pool;
+    q.imat = imat;
+    q.allow_requantize = allow_requantize;
+    q.f32 = malloc(max_el * sizeof(float) + 64);
+    if (!q.f32) { rc = TN_EXIT_OSERR; goto out; }
+
+    fprintf(stderr, "quantize: %s -> %s as %s (%zu tensors, %lld threads)\n", in_path, out_path, type_name, n, (long long)threads);
+    signal(SIGINT, on_sigint);
+    signal(SIGTERM, on_sigint);
+    const double t0 = tn_cli_now();
+    s = tn_gguf_write(w, out_path, fill, &q);
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    if (g_stop) {
+        fprintf(stderr, "\ntern: interrupted; no output written\n");
+        rc = TN_EXIT_INTERRUPTED;
+        goto out;
+    }
+    if (s) goto fail;
+    fprintf(stderr, "quantize: model size  = %8.2f MiB (%.2f BPW)\n", q.total_in / 1024.0 / 1024.0, q.total_in * 8.0 / (double)q.n_elem);
+    fprintf(stderr, "quantize: quant size  = %8.2f MiB (%.2f BPW)\n", q.total_out / 1024.0 / 1024.0, q.total_out * 8.0 / (double)q.n_elem);
+    if (n_fallback) fprintf(stderr, "quantize: WARNING: %d of %zu tensor(s) required fallback quantization\n", n_fallback, n);
+    fprintf(stderr, "quantize: done in %.2f s\n", tn_cli_now() - t0);
+    goto out;
+fail:
+    fprintf(stderr, "\n");
+    rc = tn_cli_fail(s, "quantizing");
+out:
+    free(q.f32);
+    tn_pool_free(pool);
+    tn_gguf_writer_free(w);
+    free(names);
+    free(order);
+    free(mt);
+    free(ch);
+    tn_imatrix_free(imat);
+    tn_gguf_free(g);
+done:
+    for (int i = 0; i < ovs.n_ov; i++) regfree(&ovs.ov[i].re);
+    free(ovs.ov);
+    return rc;
+}
