@@ -38,12 +38,19 @@ typedef struct tn_kern_slot {
 /* Attention of one query over T cached positions with an online softmax — llama.cpp's CPU
  * flash-attention numerics, so greedy outputs agree:
  *   s_t = scale * (q · K_t);  out = sum_t softmax(s)_t V_t
- * K and V hold T rows of f16 (row stride ldkv elements). With acc16 (ggml's per-query path) q is
- * rounded to f16 for the dot products and the V accumulator is kept in f16 (rounded after every
- * update, y = f16(fma(v, w, y))); without (ggml's tiled path for >= 64 queries) everything is f32.
- * out gets hd floats; scratch must hold 2 * hd floats. */
+ * Position t's K row is K + row(t) * ldkv (likewise V), f16, where row(t) = t for a contiguous
+ * cache (blocks == NULL) or blocks[t / block_rows] * block_rows + t % block_rows for a paged one.
+ * With acc16 (ggml's per-query path) q is rounded to f16 for the dot products and the V
+ * accumulator is kept in f16 (rounded after every update, y = f16(fma(v, w, y))); without (ggml's
+ * tiled path for >= 64 queries) everything is f32. out gets hd floats; scratch holds 2 * hd. */
 typedef void (*tn_attn_fn)(int64_t hd, int64_t T, const float *q, const uint16_t *K, const uint16_t *V, int64_t ldkv,
-                           float scale, bool acc16, float *out, float *scratch);
+                           const int32_t *blocks, int64_t block_rows, float scale, bool acc16, float *out,
+                           float *scratch);
+
+/* Row of position t in a (possibly paged) cache; see tn_attn_fn. */
+static inline int64_t tn_kv_row(const int32_t *blocks, int64_t block_rows, int64_t t) {
+    return blocks ? (int64_t)blocks[t / block_rows] * block_rows + t % block_rows : t;
+}
 
 /* One slot per dtype id below TN_DTYPE_GGML_COUNT, plus the non-type-specific kernels. */
 typedef struct tn_kern_table {

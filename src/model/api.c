@@ -147,7 +147,8 @@ tern_status tern_ctx_create(const tern_model *m, const tern_ctx_params *pp, tern
     const int64_t d = hp->n_embd, kv_dim = (int64_t)hp->n_head_kv * hp->head_dim, nb = p.n_batch, T = p.n_ctx;
     /* KV cache size check before allocating: n_layer * n_ctx * kv_dim * 2 (K,V) * 2 bytes */
     uint64_t kv_elems, kv_bytes;
-    if (!tn_mul_ok((uint64_t)hp->n_layer * (uint64_t)T, (uint64_t)kv_dim, &kv_elems) ||
+    const int64_t kv_blocks = (T + TN_KV_BLOCK - 1) / TN_KV_BLOCK, kv_rows = kv_blocks * TN_KV_BLOCK;
+    if (!tn_mul_ok((uint64_t)hp->n_layer * (uint64_t)kv_rows, (uint64_t)kv_dim, &kv_elems) ||
         !tn_mul_ok(kv_elems, 4, &kv_bytes) || kv_bytes > ((uint64_t)1 << 40))
         return tn_err(TERN_ERR_NOMEM, "KV cache for n_ctx %d would need more than 1 TiB", p.n_ctx);
 
@@ -160,6 +161,8 @@ tern_status tern_ctx_create(const tern_model *m, const tern_ctx_params *pp, tern
     c->n_threads = p.n_threads;
     c->logits_all = p.logits_all;
     c->kt = tn_kern();
+    c->kv_blocks = (int32_t)kv_blocks;
+    c->kv_rows = kv_rows;
     bool ok = true;
     c->k_cache = tn_ctx_alloc(c, kv_elems * sizeof(tn_fp16), &ok);
     c->v_cache = tn_ctx_alloc(c, kv_elems * sizeof(tn_fp16), &ok);
@@ -193,7 +196,12 @@ tern_status tern_ctx_create(const tern_model *m, const tern_ctx_params *pp, tern
     c->xq = tn_ctx_alloc(c, xq, &ok);
     c->scores_stride = TN_PAD(2 * (int64_t)hp->head_dim, 16);
     c->scores = tn_ctx_alloc(c, (size_t)p.n_threads * (size_t)c->scores_stride * sizeof(float), &ok);
-    c->n_logits_cap = p.logits_all ? (int32_t)nb : 1;
+    /* logits rows: every token with logits_all; else up to 64 (one per sequence of a batch) */
+    c->n_logits_cap = p.logits_all ? (int32_t)nb : (int32_t)TN_MIN(nb, 64);
+    c->b_seq = tn_ctx_alloc(c, (size_t)nb * sizeof(int32_t), &ok);
+    c->b_pos = tn_ctx_alloc(c, (size_t)nb * sizeof(int32_t), &ok);
+    c->out_rows = tn_ctx_alloc(c, (size_t)nb * sizeof(int32_t), &ok);
+    c->b_logits = tn_ctx_alloc(c, (size_t)nb, &ok);
     c->logits = tn_ctx_alloc(c, (size_t)c->n_logits_cap * (size_t)hp->n_vocab * sizeof(float), &ok);
     TN_UNUSED(wide);
     if (!ok) {
@@ -215,7 +223,7 @@ void tern_ctx_free(tern_ctx *c) {
     if (!c) return;
     tn_pool_free(c->pool);
     void *bufs[] = {c->k_cache, c->v_cache, c->x, c->xb, c->q, c->kv, c->att, c->hb, c->hb2,
-                    c->tmp, c->rope_cs, c->xq, c->scores, c->logits};
+                    c->tmp, c->rope_cs, c->xq, c->scores, c->logits, c->b_seq, c->b_pos, c->out_rows, c->b_logits};
     for (size_t i = 0; i < TN_ARRAY_LEN(bufs); i++) tn_free_aligned(bufs[i]);
     tn_free(c);
 }

@@ -13,6 +13,20 @@
 #include "kern/kern.h"
 #include "model/model.h"
 
+/* Paged KV cache: rows are grouped in blocks of TN_KV_BLOCK positions; a sequence's block table
+ * maps its block j (positions j*B .. j*B+B-1) to a block of the cache. The single-sequence API
+ * uses the identity table (a contiguous cache). */
+#define TN_KV_BLOCK 16
+
+/* A batch for continuous batching: token t belongs to sequence seq[t] at position pos[t]. */
+typedef struct tn_batch {
+    int32_t n;
+    const tern_token *tok;
+    const int32_t *seq;
+    const int32_t *pos;
+    const int8_t *logits; /* nonzero: compute logits for this token */
+} tn_batch;
+
 struct tern_ctx {
     const tern_model *model;
     tn_hparams hp;
@@ -22,7 +36,11 @@ struct tern_ctx {
     const tn_kern_table *kt;
     int32_t n_past;
 
-    tn_fp16 *k_cache, *v_cache; /* n_layer * n_ctx * kv_dim each                            */
+    tn_fp16 *k_cache, *v_cache; /* [n_layer][kv_rows][kv_dim] each                          */
+    int64_t kv_rows;            /* rows per layer = kv_blocks * TN_KV_BLOCK >= n_ctx         */
+    int32_t kv_blocks;
+    int32_t *b_seq, *b_pos, *out_rows; /* [n_batch] batch bookkeeping                         */
+    int8_t *b_logits;
 
     /* scratch for one batch of up to n_batch tokens                                         */
     float *x;       /* [n_batch][n_embd]   residual stream                                   */
@@ -49,5 +67,12 @@ struct tern_ctx {
 /* One forward pass over n tokens at positions n_past..; writes KV and logits (last token, or
  * every token if logits_all). n <= n_batch and n_past + n <= n_ctx are the caller's duty. */
 void tn_forward(tern_ctx *c, const tern_token *toks, int32_t n);
+
+/* A forward pass over a batch mixing sequences (continuous batching). Every token's (seq, pos)
+ * must have a block in tables[seq] (each table covers positions 0..pos); K/V of each token go to
+ * its row. Logits of the flagged tokens land in c->logits rows in batch order (c->n_logits).
+ * Caller's duty: n <= n_batch, flagged tokens <= n_logits_cap, tokens in vocabulary, and no two
+ * tokens writing the same row. tables == NULL means one contiguous sequence. */
+void tn_forward_batch(tern_ctx *c, const tn_batch *b, const int32_t *const *tables);
 
 #endif

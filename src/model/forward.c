@@ -16,8 +16,10 @@
 
 typedef struct {
     tern_ctx *c;
-    const tern_token *toks;
-    int32_t n;
+    const tn_batch *b;
+    const int32_t *const *tables; /* per sequence block table, NULL = contiguous cache */
+    int32_t n_out;                /* tokens that want logits                            */
+    int32_t *out_rows;            /* their batch indices                                */
 } tn_fwd;
 
 /* y = x / rms(x) * w  for rows [r0, r1) */
@@ -25,14 +27,15 @@ static void tn_rmsnorm_rows(const float *x, float *y, const float *w, int64_t d,
     for (int64_t r = r0; r < r1; r++) tn_op_rmsnorm(x + r * d, y + r * d, w, d, eps);
 }
 
-/* Attention of the token at absolute position pos for query head h: out[head_dim]. */
-static void tn_attend(tern_ctx *c, int ith, int32_t il, int32_t pos, const float *qh, int32_t h, bool acc16, float *out) {
+/* Attention of a token at position pos of a sequence (block table blocks) for query head h. */
+static void tn_attend(tern_ctx *c, int ith, int32_t il, const int32_t *blocks, int32_t pos, const float *qh, int32_t h,
+                      bool acc16, float *out) {
     const tn_hparams *hp = &c->hp;
     const int32_t hd = hp->head_dim, kv_dim = hp->n_head_kv * hd;
     const int32_t kvh = h / (hp->n_head / hp->n_head_kv);
-    const size_t layer = (size_t)il * c->n_ctx * kv_dim + (size_t)kvh * hd;
-    c->kt->attn(hd, pos + 1, qh, c->k_cache + layer, c->v_cache + layer, kv_dim, 1.0f / sqrtf((float)hd), acc16, out,
-                c->scores + (size_t)ith * c->scores_stride);
+    const size_t layer = (size_t)il * c->kv_rows * kv_dim + (size_t)kvh * hd;
+    c->kt->attn(hd, pos + 1, qh, c->k_cache + layer, c->v_cache + layer, kv_dim, blocks, TN_KV_BLOCK,
+                1.0f / sqrtf((float)hd), acc16, out, c->scores + (size_t)ith * c->scores_stride);
 }
 
 static void tn_add_bias(float *v, const tn_tensor *b, int64_t d) {
@@ -54,20 +57,21 @@ static void tn_forward_task(void *vp, int ith, int nth) {
     const tn_hparams *hp = &c->hp;
     const tn_kern_table *kt = c->kt;
     tn_pool *pool = c->pool;
-    const int32_t n = f->n, d = hp->n_embd, hd = hp->head_dim;
+    const tn_batch *b = f->b;
+    const int32_t n = b->n, d = hp->n_embd, hd = hp->head_dim;
     const int32_t kv_dim = hp->n_head_kv * hd, n_ff = hp->n_ff;
     int64_t t0, t1, r0, r1;
     tn_split(n, ith, nth, 1, &t0, &t1);
 
     /* embeddings: x[t] = tok_embd[toks[t]] ; rope table for the batch */
-    for (int64_t t = t0; t < t1; t++) tn_tensor_get_row(&m->tok_embd, f->toks[t], c->x + t * d);
-    for (int64_t t = t0; t < t1; t++) tn_op_rope_cache(hp, m->rope_freqs.data, c->n_past + t, c->rope_cs + t * hp->n_rot);
+    for (int64_t t = t0; t < t1; t++) tn_tensor_get_row(&m->tok_embd, b->tok[t], c->x + t * d);
+    for (int64_t t = t0; t < t1; t++) tn_op_rope_cache(hp, m->rope_freqs.data, b->pos[t], c->rope_cs + t * hp->n_rot);
     tn_pool_barrier(pool);
 
     for (int32_t il = 0; il < hp->n_layer; il++) {
         const tn_layer *L = &m->layers[il];
-        tn_fp16 *Kc = c->k_cache + (size_t)il * c->n_ctx * kv_dim;
-        tn_fp16 *Vc = c->v_cache + (size_t)il * c->n_ctx * kv_dim;
+        tn_fp16 *Kc = c->k_cache + (size_t)il * c->kv_rows * kv_dim;
+        tn_fp16 *Vc = c->v_cache + (size_t)il * c->kv_rows * kv_dim;
 
         /* ---- attention block ---- */
         tn_rmsnorm_rows(c->x, c->xb, L->attn_norm.data, d, hp->rms_eps, t0, t1);
@@ -96,9 +100,9 @@ static void tn_forward_task(void *vp, int ith, int nth) {
             const float *cs = c->rope_cs + t * hp->n_rot;
             tn_op_rope(hp, qt, hp->n_head, cs, 1.0f);
             tn_op_rope(hp, kt_, hp->n_head_kv, cs, 1.0f);
-            const int64_t pos = c->n_past + t;
-            kt->slot[TN_F16].from_float(kt_, Kc + pos * kv_dim, kv_dim);
-            kt->slot[TN_F16].from_float(vt, Vc + pos * kv_dim, kv_dim);
+            const int64_t row = tn_kv_row(f->tables ? f->tables[b->seq[t]] : NULL, TN_KV_BLOCK, b->pos[t]);
+            kt->slot[TN_F16].from_float(kt_, Kc + row * kv_dim, kv_dim);
+            kt->slot[TN_F16].from_float(vt, Vc + row * kv_dim, kv_dim);
         }
         tn_pool_barrier(pool);
 
@@ -109,8 +113,8 @@ static void tn_forward_task(void *vp, int ith, int nth) {
         tn_split((int64_t)n * hp->n_head, ith, nth, 1, &p0, &p1);
         for (int64_t p = p0; p < p1; p++) {
             const int32_t t = (int32_t)(p / hp->n_head), h = (int32_t)(p % hp->n_head);
-            tn_attend(c, ith, il, c->n_past + t, c->q + (int64_t)t * d + (int64_t)h * hd, h, acc16,
-                      c->att + (int64_t)t * d + (int64_t)h * hd);
+            tn_attend(c, ith, il, f->tables ? f->tables[b->seq[t]] : NULL, b->pos[t], c->q + (int64_t)t * d + (int64_t)h * hd,
+                      h, acc16, c->att + (int64_t)t * d + (int64_t)h * hd);
         }
         tn_pool_barrier(pool);
 
@@ -143,21 +147,36 @@ static void tn_forward_task(void *vp, int ith, int nth) {
         if (c->debug_layer && ith == 0) c->debug_layer(c->debug_user, il, c->x, n, d);
     }
 
-    /* final norm and logits: every token with logits_all, else only the last */
-    const int32_t first = c->logits_all ? 0 : n - 1, nl = n - first;
+    /* final norm and logits of the tokens that asked for them (rows gathered in order) */
+    const int32_t nl = f->n_out;
     int64_t l0, l1;
     tn_split(nl, ith, nth, 1, &l0, &l1);
-    tn_rmsnorm_rows(c->x + (int64_t)first * d, c->xb, m->output_norm.data, d, hp->rms_eps, l0, l1);
+    for (int64_t j = l0; j < l1; j++)
+        tn_op_rmsnorm(c->x + (int64_t)f->out_rows[j] * d, c->xb + j * d, m->output_norm.data, d, hp->rms_eps);
     tn_pool_barrier(pool);
     if (c->debug_layer && ith == 0) c->debug_layer(c->debug_user, hp->n_layer, c->xb, nl, d);
+    if (nl == 0) return;
     tn_matmul_quantize_task(pool, ith, nth, kt, m->output.type, c->xb, d, d, nl, c->xq);
     tn_matmul_compute_task(ith, nth, kt, m->output.type, m->output.data, hp->n_vocab, d, c->xq, nl, c->logits,
                            hp->n_vocab);
-    if (ith == 0) c->n_logits = nl;
+}
+
+void tn_forward_batch(tern_ctx *c, const tn_batch *b, const int32_t *const *tables) {
+    tn_fwd f = {c, b, tables, 0, c->out_rows};
+    for (int32_t t = 0; t < b->n; t++)
+        if (b->logits[t]) c->out_rows[f.n_out++] = t;
+    tn_pool_run(c->pool, tn_forward_task, &f);
+    c->n_logits = f.n_out;
 }
 
 void tn_forward(tern_ctx *c, const tern_token *toks, int32_t n) {
-    tn_fwd f = {c, toks, n};
-    tn_pool_run(c->pool, tn_forward_task, &f);
+    /* one sequence in a contiguous cache: positions n_past.., logits for all or the last token */
+    for (int32_t t = 0; t < n; t++) {
+        c->b_seq[t] = 0;
+        c->b_pos[t] = c->n_past + t;
+        c->b_logits[t] = (int8_t)(c->logits_all || t == n - 1);
+    }
+    tn_batch b = {n, toks, c->b_seq, c->b_pos, c->b_logits};
+    tn_forward_batch(c, &b, NULL);
     c->n_past += n;
 }

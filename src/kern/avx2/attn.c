@@ -11,7 +11,8 @@
 #include "kern/kern.h"
 
 void tn_k_attn_f16__scalar(int64_t hd, int64_t T, const float *q, const uint16_t *K, const uint16_t *V, int64_t ldkv,
-                           float scale, bool acc16, float *out, float *scratch);
+                           const int32_t *blocks, int64_t block_rows, float scale, bool acc16, float *out,
+                           float *scratch);
 
 #define W 8
 #define LOADH(P) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(P)))
@@ -24,9 +25,10 @@ static inline float tn_hsum256(__m256 v) {
 }
 
 void tn_k_attn_f16__avx2(int64_t hd, int64_t T, const float *q, const uint16_t *K, const uint16_t *V, int64_t ldkv,
-                           float scale, bool acc16, float *out, float *scratch) {
+                           const int32_t *blocks, int64_t block_rows, float scale, bool acc16, float *out,
+                           float *scratch) {
     if (hd % W || hd > 256) {
-        tn_k_attn_f16__scalar(hd, T, q, K, V, ldkv, scale, acc16, out, scratch);
+        tn_k_attn_f16__scalar(hd, T, q, K, V, ldkv, blocks, block_rows, scale, acc16, out, scratch);
         return;
     }
     const int64_t nb = hd / W;
@@ -44,7 +46,8 @@ void tn_k_attn_f16__avx2(int64_t hd, int64_t T, const float *q, const uint16_t *
         for (int64_t b = 0; b < nb; b++) STOREH(acc16buf + b * W, acc[b]);
     float M = -INFINITY, S = 0.0f;
     for (int64_t t = 0; t < T; t++) {
-        const uint16_t *k = K + t * ldkv, *v = V + t * ldkv;
+        const int64_t row = tn_kv_row(blocks, block_rows, t);
+        const uint16_t *k = K + row * ldkv, *v = V + row * ldkv;
         __m256 sv = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++) sv = _mm256_fmadd_ps(LOADH(k + b * W), qv[b], sv);
         const float s = tn_hsum256(sv) * scale;

@@ -11,16 +11,18 @@
 #include "kern/kern.h"
 
 void tn_k_attn_f16__scalar(int64_t hd, int64_t T, const float *q, const uint16_t *K, const uint16_t *V, int64_t ldkv,
-                           float scale, bool acc16, float *out, float *scratch);
+                           const int32_t *blocks, int64_t block_rows, float scale, bool acc16, float *out,
+                           float *scratch);
 
 #define W 16
 #define LOADH(P) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(P)))
 #define STOREH(P, X) _mm256_storeu_si256((__m256i *)(P), _mm512_cvtps_ph((X), _MM_FROUND_TO_NEAREST_INT))
 
 void tn_k_attn_f16__avx512(int64_t hd, int64_t T, const float *q, const uint16_t *K, const uint16_t *V, int64_t ldkv,
-                           float scale, bool acc16, float *out, float *scratch) {
+                           const int32_t *blocks, int64_t block_rows, float scale, bool acc16, float *out,
+                           float *scratch) {
     if (hd % W || hd > 256) {
-        tn_k_attn_f16__scalar(hd, T, q, K, V, ldkv, scale, acc16, out, scratch);
+        tn_k_attn_f16__scalar(hd, T, q, K, V, ldkv, blocks, block_rows, scale, acc16, out, scratch);
         return;
     }
     const int64_t nb = hd / W;
@@ -38,7 +40,8 @@ void tn_k_attn_f16__avx512(int64_t hd, int64_t T, const float *q, const uint16_t
         for (int64_t b = 0; b < nb; b++) STOREH(acc16buf + b * W, acc[b]);
     float M = -INFINITY, S = 0.0f;
     for (int64_t t = 0; t < T; t++) {
-        const uint16_t *k = K + t * ldkv, *v = V + t * ldkv;
+        const int64_t row = tn_kv_row(blocks, block_rows, t);
+        const uint16_t *k = K + row * ldkv, *v = V + row * ldkv;
         __m512 sv = _mm512_setzero_ps();
         for (int64_t b = 0; b < nb; b++) sv = _mm512_fmadd_ps(LOADH(k + b * W), qv[b], sv);
         const float s = _mm512_reduce_add_ps(sv) * scale;

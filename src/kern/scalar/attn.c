@@ -8,7 +8,8 @@
 #include "kern/kern.h"
 
 void tn_k_attn_f16__scalar(int64_t hd, int64_t T, const float *q, const uint16_t *K, const uint16_t *V, int64_t ldkv,
-                           float scale, bool acc16, float *out, float *scratch) {
+                           const int32_t *blocks, int64_t block_rows, float scale, bool acc16, float *out,
+                           float *scratch) {
     float *qv = scratch;       /* q as used in the dot products (f16-rounded with acc16) */
     float *acc = scratch + hd; /* V accumulator (values kept f16-representable with acc16) */
     for (int64_t i = 0; i < hd; i++) {
@@ -17,7 +18,8 @@ void tn_k_attn_f16__scalar(int64_t hd, int64_t T, const float *q, const uint16_t
     }
     float M = -INFINITY, S = 0.0f;
     for (int64_t t = 0; t < T; t++) {
-        const uint16_t *k = K + t * ldkv, *v = V + t * ldkv;
+        const int64_t row = tn_kv_row(blocks, block_rows, t);
+        const uint16_t *k = K + row * ldkv, *v = V + row * ldkv;
         float s = 0.0f;
         for (int64_t i = 0; i < hd; i++) s += tn_fp16_to_fp32(k[i]) * qv[i];
         s *= scale;
