@@ -1,0 +1,799 @@
+/*
+ * http.c — the HTTP front of tern serve on libmicrohttpd (one thread per connection): routing,
+ * auth, body limits, OpenAI-shaped JSON errors, SSE streaming, client-disconnect detection, and
+ * the process lifecycle (signals, drain). It never touches the model's KV or the tern_ctx: work
+ * goes to the engine (engine.c) through tn_sreq.
+ *
+ * Disconnects: while a connection thread waits for its request it peeks at the socket every
+ * 50 ms; EOF marks the request cancelled and the engine frees its sequence on its next step.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <jansson.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "serve/serve.h"
+
+typedef struct tn_server {
+    tn_serve_config cfg;
+    tern_model *model;
+    tn_engine *eng;
+    tn_metrics met;
+    tn_req_env env;
+    char model_id[256];
+    atomic_int draining;
+    atomic_uint id_ctr;
+    int64_t started;
+} tn_server;
+
+typedef struct tn_conn {
+    char *body;
+    size_t len, cap;
+    bool too_big, responded;
+} tn_conn;
+
+void tn_serve_config_init(tn_serve_config *c) {
+    memset(c, 0, sizeof *c);
+    c->host = "127.0.0.1";
+    c->port = 8080;
+    c->n_parallel = 4;
+    c->n_batch = 512;
+    c->max_queue = 64;
+    c->drain_timeout_s = 30;
+    c->conn_timeout_s = 30;
+    c->max_body = 4u << 20;
+}
+
+/* ---- responses ------------------------------------------------------------------------------- */
+static enum MHD_Result send_text(struct MHD_Connection *c, int status, const char *ctype, char *text, size_t len) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(text);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", ctype);
+    enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
+static enum MHD_Result send_json(struct MHD_Connection *c, int status, json_t *j) {
+    char *s = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    if (!s) return MHD_NO;
+    return send_text(c, status, "application/json", s, strlen(s));
+}
+
+static json_t *err_json(const tn_http_err *e) {
+    json_t *o = json_pack("{s:s, s:s, s:i}", "message", e->msg, "type", e->type ? e->type : "server_error", "code", e->status);
+    json_object_set_new(o, "param", e->param[0] ? json_string(e->param) : json_null());
+    if (e->type && !strcmp(e->type, "exceed_context_size_error")) {
+        json_object_set_new(o, "n_prompt_tokens", json_integer(e->n_prompt));
+        json_object_set_new(o, "n_ctx", json_integer(e->n_ctx));
+    }
+    return json_pack("{s:o}", "error", o);
+}
+
+static enum MHD_Result send_error(struct MHD_Connection *c, const tn_http_err *e, int retry_after) {
+    json_t *j = err_json(e);
+    char *s = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    if (!s) return MHD_NO;
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(s), s, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(s);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", "application/json");
+    if (retry_after > 0) {
+        char ra[32];
+        snprintf(ra, sizeof ra, "%d", retry_after);
+        MHD_add_response_header(r, "Retry-After", ra);
+    }
+    if (e->status == 405) MHD_add_response_header(r, "Allow", "GET, POST");
+    enum MHD_Result ok = MHD_queue_response(c, (unsigned)e->status, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
+static enum MHD_Result send_err(struct MHD_Connection *c, int status, const char *type, const char *msg) {
+    tn_http_err e = {0};
+    tn_http_err_set(&e, status, type, NULL, "%s", msg);
+    return send_error(c, &e, 0);
+}
+
+/* ---- waiting for the engine, with disconnect detection ---------------------------------------- */
+static int conn_fd(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    return ci ? ci->connect_fd : -1;
+}
+
+static bool peer_gone(int fd) {
+    if (fd < 0) return false;
+    char b;
+    ssize_t k = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (k == 0) return true;
+    if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return true;
+    return false;
+}
+
+/* Waits (r->mu held on entry and exit) up to ms for a change; false if the client left. */
+static bool wait_change(tn_sreq *r, int fd, int ms) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += (long)ms * 1000000L;
+    ts.tv_sec += ts.tv_nsec / 1000000000L;
+    ts.tv_nsec %= 1000000000L;
+    pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+    if (r->state == TN_SREQ_DONE) return true;
+    pthread_mutex_unlock(&r->mu);
+    bool gone = peer_gone(fd);
+    pthread_mutex_lock(&r->mu);
+    if (gone) atomic_store(&r->cancelled, 1);
+    return !gone;
+}
+
+/* ---- completion responses --------------------------------------------------------------------- */
+static json_t *usage_json(tn_sreq *r) {
+    return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", r->p.n_prompt, "completion_tokens", r->n_gen, "total_tokens",
+                     r->p.n_prompt + r->n_gen, "prompt_tokens_details", "cached_tokens", r->n_cached);
+}
+
+static json_t *final_json(tn_server *S, tn_sreq *r) {
+    bool chat = r->p.kind == TN_REQ_CHAT;
+    json_t *choice;
+    if (chat)
+        choice = json_pack("{s:i, s:{s:s, s:s%}, s:n, s:s}", "index", 0, "message", "role", "assistant", "content", r->out ? r->out : "",
+                           r->out_len, "logprobs", "finish_reason", r->finish ? r->finish : "stop");
+    else
+        choice = json_pack("{s:i, s:s%, s:n, s:s}", "index", 0, "text", r->out ? r->out : "", r->out_len, "logprobs",
+                           "finish_reason", r->finish ? r->finish : "stop");
+    double pms = (r->t_first > 0 ? r->t_first - r->t_admit : 0) * 1e3, gms = (r->t_done - r->t_first) * 1e3;
+    json_t *timings = json_pack("{s:i, s:f, s:i, s:f, s:i}", "prompt_n", r->p.n_prompt - r->n_cached, "prompt_ms", pms,
+                                "predicted_n", r->n_gen, "predicted_ms", gms > 0 ? gms : 0.0, "cache_n", r->n_cached);
+    return json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o, s:o}", "id", r->id, "object", chat ? "chat.completion" : "text_completion",
+                     "created", (json_int_t)r->created, "model", S->model_id, "choices", choice, "usage", usage_json(r), "timings",
+                     timings);
+}
+
+typedef struct tn_stream {
+    tn_server *S;
+    tn_sreq *r;
+    int fd;
+    int phase;
+    size_t consumed; /* bytes of r->out already sent */
+    char *pend;
+    size_t pend_len, pend_off;
+    double last_send;
+} tn_stream;
+
+static void stream_set(tn_stream *st, json_t *j) {
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    free(st->pend);
+    st->pend = NULL;
+    st->pend_len = st->pend_off = 0;
+    if (!s) return;
+    size_t n = strlen(s);
+    st->pend = malloc(n + 9);
+    if (st->pend) {
+        memcpy(st->pend, "data: ", 6);
+        memcpy(st->pend + 6, s, n);
+        memcpy(st->pend + 6 + n, "\n\n", 3);
+        st->pend_len = n + 8;
+    }
+    free(s);
+}
+
+static void stream_raw(tn_stream *st, const char *s) {
+    free(st->pend);
+    st->pend = strdup(s);
+    st->pend_len = st->pend ? strlen(s) : 0;
+    st->pend_off = 0;
+}
+
+static json_t *chunk_json(tn_server *S, tn_sreq *r, json_t *delta_or_text, const char *finish) {
+    bool chat = r->p.kind == TN_REQ_CHAT;
+    json_t *choice = json_pack("{s:i, s:o, s:n, s:o}", "index", 0, chat ? "delta" : "text", delta_or_text, "logprobs",
+                               "finish_reason", finish ? json_string(finish) : json_null());
+    json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", r->id, "object", chat ? "chat.completion.chunk" : "text_completion",
+                          "created", (json_int_t)r->created, "model", S->model_id, "choices", choice);
+    if (r->p.include_usage) json_object_set_new(j, "usage", json_null());
+    return j;
+}
+
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    tn_stream *st = cls;
+    tn_sreq *r = st->r;
+    bool chat = r->p.kind == TN_REQ_CHAT;
+    for (;;) {
+        if (st->pend_off < st->pend_len) {
+            size_t k = st->pend_len - st->pend_off;
+            if (k > max) k = max;
+            memcpy(buf, st->pend + st->pend_off, k);
+            st->pend_off += k;
+            st->last_send = tn_srv_now();
+            return (ssize_t)k;
+        }
+        switch (st->phase) {
+        case 0:
+            st->phase = 1;
+            if (chat) stream_set(st, chunk_json(st->S, r, json_pack("{s:s, s:s}", "role", "assistant", "content", ""), NULL));
+            continue;
+        case 1: {
+            pthread_mutex_lock(&r->mu);
+            while (r->out_len == st->consumed && r->state != TN_SREQ_DONE) {
+                if (!wait_change(r, st->fd, 50)) {
+                    pthread_mutex_unlock(&r->mu);
+                    return MHD_CONTENT_READER_END_WITH_ERROR;
+                }
+                if (atomic_load(&st->S->draining) == 2) break;
+                if (tn_srv_now() - st->last_send > 10 && r->out_len == st->consumed && r->state != TN_SREQ_DONE) {
+                    pthread_mutex_unlock(&r->mu);
+                    stream_raw(st, ": ping\n\n");
+                    goto again;
+                }
+            }
+            if (r->out_len > st->consumed) {
+                json_t *t = json_stringn(r->out + st->consumed, r->out_len - st->consumed);
+                st->consumed = r->out_len;
+                pthread_mutex_unlock(&r->mu);
+                stream_set(st, chunk_json(st->S, r, chat ? json_pack("{s:o}", "content", t) : t, NULL));
+                continue;
+            }
+            bool done = r->state == TN_SREQ_DONE;
+            tn_http_err e = r->err;
+            const char *fin = r->finish;
+            pthread_mutex_unlock(&r->mu);
+            if (!done) { /* shutdown */
+                tn_http_err_set(&e, 503, "unavailable_error", NULL, "the server is shutting down");
+            }
+            if (e.status || !fin) {
+                if (!e.status) tn_http_err_set(&e, 503, "unavailable_error", NULL, "the request was cancelled");
+                stream_set(st, err_json(&e));
+                st->phase = 4;
+                continue;
+            }
+            stream_set(st, chunk_json(st->S, r, chat ? json_object() : json_string(""), fin));
+            st->phase = 2;
+            continue;
+        }
+        case 2:
+            st->phase = 3;
+            if (r->p.include_usage) {
+                json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:[], s:o}", "id", r->id, "object",
+                                      chat ? "chat.completion.chunk" : "text_completion", "created", (json_int_t)r->created,
+                                      "model", st->S->model_id, "choices", "usage", usage_json(r));
+                stream_set(st, j);
+            }
+            continue;
+        case 3:
+            st->phase = 4;
+            stream_raw(st, "data: [DONE]\n\n");
+            continue;
+        default:
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        }
+    again:;
+    }
+}
+
+static void stream_free(void *cls) {
+    tn_stream *st = cls;
+    atomic_store(&st->r->cancelled, 1); /* no-op if already done; frees the slot if the client left */
+    tn_sreq_release(st->r);
+    free(st->pend);
+    free(st);
+}
+
+static void new_id(tn_server *S, char *buf, size_t cap, const char *prefix) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t x = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ ((uint64_t)atomic_fetch_add(&S->id_ctr, 1) << 40) ^
+                 (uint64_t)getpid() * UINT64_C(0x9E3779B97F4A7C15);
+    x ^= x >> 31;
+    x *= UINT64_C(0xBF58476D1CE4E5B9);
+    x ^= x >> 29;
+    snprintf(buf, cap, "%s%016llx", prefix, (unsigned long long)x);
+}
+
+static enum MHD_Result handle_completion(tn_server *S, struct MHD_Connection *c, int kind, const char *body, size_t len) {
+    tn_sreq *r = tn_sreq_new();
+    if (!r) return send_err(c, 500, "server_error", "out of memory");
+    tn_http_err err;
+    if (!tn_req_parse(body, len, kind, &S->env, &r->p, &err)) {
+        tn_sreq_release(r);
+        pthread_mutex_lock(&S->met.mu);
+        S->met.rejected_invalid++;
+        pthread_mutex_unlock(&S->met.mu);
+        return send_error(c, &err, 0);
+    }
+    new_id(S, r->id, sizeof r->id, kind == TN_REQ_CHAT ? "chatcmpl-" : "cmpl-");
+    r->created = (int64_t)time(NULL);
+    r->t_arrival = tn_srv_now();
+    int retry = 0;
+    if (!tn_engine_submit(S->eng, r, &err, &retry)) {
+        tn_sreq_release(r);
+        return send_error(c, &err, retry);
+    }
+    int fd = conn_fd(c);
+    if (r->p.stream) {
+        tn_stream *st = calloc(1, sizeof *st);
+        if (!st) {
+            atomic_store(&r->cancelled, 1);
+            tn_sreq_release(r);
+            return send_err(c, 500, "server_error", "out of memory");
+        }
+        st->S = S;
+        st->r = r; /* our reference moves to the stream */
+        st->fd = fd;
+        st->last_send = tn_srv_now();
+        struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, st, stream_free);
+        if (!resp) {
+            stream_free(st);
+            return MHD_NO;
+        }
+        MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+        MHD_add_response_header(resp, "Cache-Control", "no-cache");
+        enum MHD_Result ok = MHD_queue_response(c, 200, resp);
+        MHD_destroy_response(resp);
+        return ok;
+    }
+    pthread_mutex_lock(&r->mu);
+    bool alive = true;
+    while (r->state != TN_SREQ_DONE && alive) alive = wait_change(r, fd, 50);
+    if (!alive || r->state != TN_SREQ_DONE) {
+        pthread_mutex_unlock(&r->mu);
+        tn_sreq_release(r);
+        return MHD_NO; /* client gone: close */
+    }
+    enum MHD_Result ok;
+    if (r->err.status) {
+        tn_http_err e = r->err;
+        pthread_mutex_unlock(&r->mu);
+        ok = send_error(c, &e, 0);
+    } else if (!r->finish) {
+        pthread_mutex_unlock(&r->mu);
+        ok = send_err(c, 503, "unavailable_error", "the request was cancelled");
+    } else {
+        json_t *j = final_json(S, r);
+        pthread_mutex_unlock(&r->mu);
+        ok = send_json(c, 200, j);
+    }
+    tn_sreq_release(r);
+    return ok;
+}
+
+/* ---- tokenize / detokenize / models / metrics -------------------------------------------------- */
+static json_t *load_body(const char *body, size_t len, tn_http_err *err) {
+    if (tn_json_depth(body, len) > TN_SRV_MAX_DEPTH) {
+        tn_http_err_set(err, 400, "invalid_request_error", NULL, "JSON nesting deeper than %d", TN_SRV_MAX_DEPTH);
+        return NULL;
+    }
+    json_error_t je;
+    json_t *j = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    if (!j || !json_is_object(j)) {
+        json_decref(j);
+        tn_http_err_set(err, 400, "invalid_request_error", NULL, "the body must be a JSON object (%s)", j ? "" : je.text);
+        return NULL;
+    }
+    return j;
+}
+
+static json_t *piece_json(const tern_model *m, tern_token t) {
+    char buf[256], clean[256 * 3 + 1];
+    int32_t k = tern_token_to_piece(m, t, buf, (int32_t)sizeof buf, true);
+    if (k < 0) k = 0;
+    size_t o = 0;
+    tn_utf8_copy(clean, &o, buf, (size_t)k, true);
+    if (o == (size_t)k && !memcmp(clean, buf, (size_t)k)) return json_stringn(buf, (size_t)k);
+    json_t *a = json_array(); /* not valid UTF-8 on its own: a byte list, like llama.cpp */
+    for (int32_t i = 0; i < k; i++) json_array_append_new(a, json_integer((unsigned char)buf[i]));
+    return a;
+}
+
+static enum MHD_Result handle_tokenize(tn_server *S, struct MHD_Connection *c, const char *body, size_t len) {
+    tn_http_err err = {0};
+    json_t *j = load_body(body, len, &err);
+    if (!j) return send_error(c, &err, 0);
+    json_t *content = json_object_get(j, "content"), *prompt = json_object_get(j, "prompt"), *msgs = json_object_get(j, "messages");
+    bool add_special = content == NULL, parse_special = true, pieces = false;
+    json_t *v;
+    if ((v = json_object_get(j, "add_special")) || (v = json_object_get(j, "add_special_tokens"))) {
+        if (!json_is_boolean(v)) {
+            json_decref(j);
+            return send_err(c, 400, "invalid_request_error", "'add_special' must be a boolean");
+        }
+        add_special = json_is_true(v);
+    }
+    if ((v = json_object_get(j, "parse_special"))) parse_special = json_is_true(v);
+    if ((v = json_object_get(j, "with_pieces")) || (v = json_object_get(j, "return_token_strs"))) pieces = json_is_true(v);
+    tern_token *toks = NULL;
+    int32_t n = 0;
+    if (msgs) {
+        tn_req_params p;
+        char *b2 = json_dumps(j, JSON_COMPACT);
+        bool ok = b2 && tn_req_parse(b2, strlen(b2), TN_REQ_CHAT, &S->env, &p, &err);
+        free(b2);
+        if (!ok) {
+            json_decref(j);
+            return send_error(c, &err, 0);
+        }
+        toks = p.prompt;
+        n = p.n_prompt;
+        p.prompt = NULL;
+        tn_req_params_free(&p);
+    } else {
+        json_t *t = content ? content : prompt;
+        if (!json_is_string(t)) {
+            json_decref(j);
+            return send_err(c, 400, "invalid_request_error", "'content' (or 'prompt') must be a string");
+        }
+        size_t tl = json_string_length(t);
+        int32_t cap = (int32_t)(tl + 8 < (1u << 24) ? tl + 8 : (1u << 24));
+        toks = malloc((size_t)cap * sizeof *toks);
+        tern_status s = toks ? tern_tokenize(S->model, json_string_value(t), tl, add_special, parse_special, toks, cap, &n)
+                             : TERN_ERR_NOMEM;
+        if (s == TERN_ERR_FULL && n > cap && n < (1 << 24)) {
+            tern_token *q = realloc(toks, (size_t)n * sizeof *toks);
+            if (q) {
+                toks = q;
+                cap = n;
+                s = tern_tokenize(S->model, json_string_value(t), tl, add_special, parse_special, toks, cap, &n);
+            }
+        }
+        if (s) {
+            free(toks);
+            json_decref(j);
+            return send_err(c, 400, "invalid_request_error", "tokenization failed");
+        }
+    }
+    json_t *arr = json_array(), *strs = pieces ? json_array() : NULL;
+    for (int32_t i = 0; i < n; i++) {
+        if (pieces) {
+            json_array_append_new(arr, json_pack("{s:i, s:o}", "id", toks[i], "piece", piece_json(S->model, toks[i])));
+            json_array_append_new(strs, piece_json(S->model, toks[i]));
+        } else {
+            json_array_append_new(arr, json_integer(toks[i]));
+        }
+    }
+    free(toks);
+    json_decref(j);
+    json_t *out = json_pack("{s:o, s:i, s:i}", "tokens", arr, "count", n, "max_model_len", S->env.n_ctx_seq);
+    if (strs) json_object_set_new(out, "token_strs", strs);
+    return send_json(c, 200, out);
+}
+
+static enum MHD_Result handle_detokenize(tn_server *S, struct MHD_Connection *c, const char *body, size_t len) {
+    tn_http_err err = {0};
+    json_t *j = load_body(body, len, &err);
+    if (!j) return send_error(c, &err, 0);
+    json_t *a = json_object_get(j, "tokens");
+    if (!json_is_array(a)) {
+        json_decref(j);
+        return send_err(c, 400, "invalid_request_error", "'tokens' must be an array of token ids");
+    }
+    size_t n = json_array_size(a);
+    if (n > TN_SRV_MAX_DETOK) {
+        json_decref(j);
+        tn_http_err_set(&err, 400, "invalid_request_error", "tokens", "at most %d tokens (got %zu)", TN_SRV_MAX_DETOK, n);
+        return send_error(c, &err, 0);
+    }
+    tern_token *toks = malloc((n ? n : 1) * sizeof *toks);
+    if (!toks) {
+        json_decref(j);
+        return send_err(c, 500, "server_error", "out of memory");
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_t *v = json_array_get(a, i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= S->env.n_vocab) {
+            free(toks);
+            json_decref(j);
+            tn_http_err_set(&err, 400, "invalid_request_error", "tokens", "tokens[%zu] is not a token id in 0..%d", i,
+                            S->env.n_vocab - 1);
+            return send_error(c, &err, 0);
+        }
+        toks[i] = (tern_token)json_integer_value(v);
+    }
+    json_decref(j);
+    int32_t need = tern_detokenize(S->model, toks, (int32_t)n, NULL, 0, false, false);
+    size_t cap = need < 0 ? (size_t)(-(int64_t)need) : (size_t)need;
+    char *buf = malloc(cap + 1), *clean = malloc(3 * cap + 1);
+    int32_t k = buf ? tern_detokenize(S->model, toks, (int32_t)n, buf, (int32_t)cap, false, false) : -1;
+    free(toks);
+    if (!buf || !clean || k < 0) {
+        free(buf);
+        free(clean);
+        return send_err(c, 500, "server_error", "detokenization failed");
+    }
+    size_t o = 0;
+    tn_utf8_copy(clean, &o, buf, (size_t)k, true);
+    free(buf);
+    json_t *out = json_pack("{s:s%, s:s%}", "content", clean, o, "prompt", clean, o);
+    free(clean);
+    return send_json(c, 200, out);
+}
+
+static enum MHD_Result handle_models(tn_server *S, struct MHD_Connection *c) {
+    const tern_model *m = S->model;
+    json_t *meta = json_pack("{s:i, s:i, s:i, s:I, s:I, s:s, s:s}", "n_vocab", tern_model_n_vocab(m), "n_ctx_train",
+                             tern_model_n_ctx_train(m), "n_embd", tern_model_n_embd(m), "n_params",
+                             (json_int_t)tern_model_n_params(m), "size", (json_int_t)tern_model_size_bytes(m), "desc",
+                             tern_model_desc(m), "chat_template", tn_chat_name(S->env.tmpl));
+    json_t *j = json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:i, s:o}]}", "object", "list", "data", "id", S->model_id, "object",
+                          "model", "created", (json_int_t)S->started, "owned_by", "tern", "max_model_len", S->env.n_ctx_seq,
+                          "meta", meta);
+    return send_json(c, 200, j);
+}
+
+/* ---- routing ---------------------------------------------------------------------------------- */
+static bool auth_ok(tn_server *S, struct MHD_Connection *c) {
+    const char *key = S->cfg.api_key;
+    if (!key || !*key) return true;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    const char *given = NULL;
+    if (h && !strncmp(h, "Bearer ", 7)) given = h + 7;
+    if (!given) given = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Api-Key");
+    if (!given) return false;
+    size_t a = strlen(given), b = strlen(key);
+    unsigned diff = (unsigned)(a ^ b);
+    for (size_t i = 0; i < a; i++) diff |= (unsigned)(given[i] ^ key[i % (b ? b : 1)]); /* constant time */
+    return diff == 0;
+}
+
+typedef enum { R_NONE, R_HEALTH, R_MODELS, R_CHAT, R_COMPL, R_TOK, R_DETOK, R_METRICS } route;
+
+static route route_of(const char *url, bool *post) {
+    static const struct {
+        const char *path;
+        route r;
+        bool post;
+    } tbl[] = {{"/health", R_HEALTH, false},         {"/v1/health", R_HEALTH, false},
+               {"/v1/models", R_MODELS, false},      {"/models", R_MODELS, false},
+               {"/v1/chat/completions", R_CHAT, true}, {"/chat/completions", R_CHAT, true},
+               {"/v1/completions", R_COMPL, true},     {"/completions", R_COMPL, true},
+               {"/tokenize", R_TOK, true},             {"/detokenize", R_DETOK, true},
+               {"/metrics", R_METRICS, false}};
+    for (size_t i = 0; i < sizeof tbl / sizeof tbl[0]; i++)
+        if (!strcmp(url, tbl[i].path)) {
+            *post = tbl[i].post;
+            return tbl[i].r;
+        }
+    return R_NONE;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method, const char *version,
+                                  const char *upload, size_t *upload_size, void **con_cls) {
+    (void)version;
+    tn_server *S = cls;
+    tn_conn *cs = *con_cls;
+    if (!cs) {
+        cs = calloc(1, sizeof *cs);
+        if (!cs) return MHD_NO;
+        *con_cls = cs;
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+        if (cl) {
+            char *end;
+            errno = 0;
+            unsigned long long v = strtoull(cl, &end, 10);
+            if (errno || *end || v > S->cfg.max_body) {
+                cs->responded = true;
+                char msg[128];
+                snprintf(msg, sizeof msg, "the request body exceeds %zu bytes", S->cfg.max_body);
+                return send_err(c, 413, "invalid_request_error", msg);
+            }
+        }
+        return MHD_YES;
+    }
+    if (cs->responded) {
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        size_t n = *upload_size;
+        *upload_size = 0;
+        if (cs->too_big) return MHD_YES;
+        if (cs->len + n > S->cfg.max_body) {
+            cs->too_big = true;
+            free(cs->body);
+            cs->body = NULL;
+            cs->len = cs->cap = 0;
+            return MHD_YES;
+        }
+        if (cs->len + n + 1 > cs->cap) {
+            size_t cap = cs->cap ? cs->cap : 4096;
+            while (cap < cs->len + n + 1) cap *= 2;
+            char *q = realloc(cs->body, cap);
+            if (!q) return MHD_NO;
+            cs->body = q;
+            cs->cap = cap;
+        }
+        memcpy(cs->body + cs->len, upload, n);
+        cs->len += n;
+        cs->body[cs->len] = 0;
+        return MHD_YES;
+    }
+    cs->responded = true;
+    if (cs->too_big) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "the request body exceeds %zu bytes", S->cfg.max_body);
+        return send_err(c, 413, "invalid_request_error", msg);
+    }
+    bool want_post = false;
+    route rt = route_of(url, &want_post);
+    if (rt == R_NONE || (rt == R_METRICS && !S->cfg.metrics)) return send_err(c, 404, "not_found_error", "no such endpoint");
+    bool is_post = !strcmp(method, "POST"), is_get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
+    if ((want_post && !is_post) || (!want_post && !is_get)) {
+        tn_http_err e = {0};
+        tn_http_err_set(&e, 405, "invalid_request_error", NULL, "method %s is not allowed on %s", method, url);
+        return send_error(c, &e, 0);
+    }
+    if (rt == R_HEALTH) {
+        if (atomic_load(&S->draining)) {
+            tn_http_err e = {0};
+            tn_http_err_set(&e, 503, "unavailable_error", NULL, "the server is shutting down");
+            return send_error(c, &e, 0);
+        }
+        return send_json(c, 200, json_pack("{s:s}", "status", "ok"));
+    }
+    if (!auth_ok(S, c)) return send_err(c, 401, "authentication_error", "invalid or missing API key");
+    const char *body = cs->body ? cs->body : "";
+    switch (rt) {
+    case R_MODELS: return handle_models(S, c);
+    case R_CHAT: return handle_completion(S, c, TN_REQ_CHAT, body, cs->len);
+    case R_COMPL: return handle_completion(S, c, TN_REQ_COMPLETION, body, cs->len);
+    case R_TOK: return handle_tokenize(S, c, body, cs->len);
+    case R_DETOK: return handle_detokenize(S, c, body, cs->len);
+    case R_METRICS: {
+        double cost[3];
+        tn_engine_cost(S->eng, cost);
+        char *t = tn_metrics_render(&S->met, S->model_id, cost);
+        if (!t) return send_err(c, 500, "server_error", "out of memory");
+        return send_text(c, 200, "text/plain; version=0.0.4", t, strlen(t));
+    }
+    default: return send_err(c, 404, "not_found_error", "no such endpoint");
+    }
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    (void)cls, (void)c, (void)toe;
+    tn_conn *cs = *con_cls;
+    if (!cs) return;
+    free(cs->body);
+    free(cs);
+    *con_cls = NULL;
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    (void)cls, (void)fmt, (void)ap; /* libmicrohttpd's own messages: quiet */
+}
+
+/* ---- lifecycle -------------------------------------------------------------------------------- */
+int tn_serve_run(const tn_serve_config *cfg) {
+    int rc = 0;
+    tn_server *S = calloc(1, sizeof *S);
+    struct MHD_Daemon *d = NULL;
+    if (!S) return 71;
+    S->cfg = *cfg;
+    S->started = (int64_t)time(NULL);
+    tn_metrics_init(&S->met);
+
+    /* signals: blocked in every thread, taken synchronously by this one */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    tern_model_params mp;
+    tern_model_params_init(&mp);
+    tern_status s = tern_model_load(cfg->model_path, &mp, &S->model);
+    if (s) {
+        fprintf(stderr, "tern: error: loading the model: %s\n", tern_last_error());
+        rc = s == TERN_ERR_NOT_FOUND || s == TERN_ERR_IO ? 66 : s == TERN_ERR_NOMEM ? 71 : 65;
+        goto done;
+    }
+    if (cfg->alias) {
+        snprintf(S->model_id, sizeof S->model_id, "%s", cfg->alias);
+    } else {
+        const char *b = strrchr(cfg->model_path, '/');
+        snprintf(S->model_id, sizeof S->model_id, "%s", b ? b + 1 : cfg->model_path);
+        char *dot = strrchr(S->model_id, '.');
+        if (dot && !strcmp(dot, ".gguf")) *dot = 0;
+    }
+    int32_t need = tern_model_meta_str(S->model, "tokenizer.chat_template", NULL, 0);
+    char *tmpl = NULL;
+    if (need > 0) {
+        size_t cap = (size_t)need + 1 < (1u << 20) ? (size_t)need + 1 : (1u << 20); /* scan at most 1 MiB */
+        tmpl = malloc(cap);
+        if (tmpl) tern_model_meta_str(S->model, "tokenizer.chat_template", tmpl, cap);
+        if (tmpl) tmpl[cap - 1] = 0;
+    }
+    S->env.tmpl = tn_chat_detect(tmpl);
+    free(tmpl);
+    S->env.model = S->model;
+    S->env.n_vocab = tern_model_n_vocab(S->model);
+    if ((s = tn_engine_create(S->model, cfg, &S->met, &S->eng))) {
+        fprintf(stderr, "tern: error: starting the engine: %s\n", tern_last_error());
+        rc = s == TERN_ERR_NOMEM ? 71 : 64;
+        goto done;
+    }
+    S->env.n_ctx_seq = tn_engine_n_ctx_seq(S->eng);
+
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)cfg->port);
+    if (inet_pton(AF_INET, cfg->host, &sa.sin_addr) != 1) {
+        fprintf(stderr, "tern: error: --host '%s' is not an IPv4 address\n", cfg->host);
+        rc = 64;
+        goto done;
+    }
+    d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ITC, 0, NULL,
+                         NULL, on_request, S, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa, MHD_OPTION_CONNECTION_LIMIT,
+                         (unsigned)256, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->conn_timeout_s,
+                         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)65536, MHD_OPTION_NOTIFY_COMPLETED, on_completed, S,
+                         MHD_OPTION_EXTERNAL_LOGGER, mhd_log, S, MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
+                         MHD_OPTION_END);
+    if (!d) {
+        fprintf(stderr, "tern: error: cannot listen on %s:%d: %s\n", cfg->host, cfg->port, strerror(errno));
+        rc = 71;
+        goto done;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+    int port = di ? di->port : cfg->port;
+    fprintf(stderr, "tern serve: model %s (%s), chat template %s, %d parallel, ctx %d per sequence\n", S->model_id,
+            tern_model_desc(S->model), tn_chat_name(S->env.tmpl), cfg->n_parallel, S->env.n_ctx_seq);
+    fprintf(stderr, "tern serve: listening on http://%s:%d\n", cfg->host, port);
+    fflush(stderr);
+
+    /* serve until a signal; then drain */
+    int sig = 0;
+    while (!sig) {
+        struct timespec ts = {1, 0};
+        int k = sigtimedwait(&sigs, NULL, &ts);
+        if (k > 0) sig = k;
+    }
+    fprintf(stderr, "tern serve: %s: draining (up to %.0f s)\n", sig == SIGTERM ? "SIGTERM" : "SIGINT", cfg->drain_timeout_s);
+    atomic_store(&S->draining, 1);
+    tn_engine_drain(S->eng);
+    MHD_socket lfd = MHD_quiesce_daemon(d);
+    if (lfd != MHD_INVALID_SOCKET) close(lfd);
+    double t0 = tn_srv_now();
+    bool second = false;
+    while (!tn_engine_idle(S->eng) && tn_srv_now() - t0 < cfg->drain_timeout_s) {
+        struct timespec ts = {0, 50000000};
+        if (sigtimedwait(&sigs, NULL, &ts) > 0) {
+            second = true;
+            break;
+        }
+    }
+    if (second) {
+        fprintf(stderr, "tern serve: second signal: exiting now\n");
+        _exit(130);
+    }
+    tn_engine_cancel_all(S->eng);
+    for (int i = 0; i < 40 && !tn_engine_idle(S->eng); i++) {
+        struct timespec ts = {0, 25000000};
+        nanosleep(&ts, NULL);
+    }
+    atomic_store(&S->draining, 2);
+    fprintf(stderr, "tern serve: drained; bye\n");
+done:
+    if (d) MHD_stop_daemon(d);
+    tn_engine_destroy(S->eng);
+    tern_model_free(S->model);
+    pthread_mutex_destroy(&S->met.mu);
+    free(S);
+    return rc;
+}

@@ -1,0 +1,116 @@
+/*
+ * cmd_serve.c — `tern serve`: flag parsing only; the server lives in src/serve (tn_serve_run).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "serve/serve.h"
+
+static void serve_usage(FILE *f) {
+    fprintf(f,
+            "usage: tern serve -m model.gguf [options]\n"
+            "  -m, --model FILE        GGUF model (default: tern's built-in default model)\n"
+            "      --host ADDR         IPv4 address to bind (default 127.0.0.1)\n"
+            "      --port N            port (default 8080; 0 = any free port, printed on stderr)\n"
+            "  -np, --parallel N       sequences decoded together in one batch (default 4, max 64)\n"
+            "  -c, --ctx-size N        KV cache tokens for all sequences (default np x min(model ctx, 4096))\n"
+            "  -b, --batch-size N      most tokens per forward pass (default 512)\n"
+            "  -t, --threads N         threads (default: number of CPUs)\n"
+            "      --api-key KEY       require 'Authorization: Bearer KEY' (or X-Api-Key) on all but /health\n"
+            "                          (also read from $TERN_API_KEY)\n"
+            "      --alias NAME        model id in the API (default: file name without .gguf)\n"
+            "      --metrics           expose Prometheus metrics on /metrics\n"
+            "      --max-queue N       waiting requests beyond the running ones (default 64); more get 429\n"
+            "      --ttft-slo MS       time-to-first-token objective: refuse (429) what cannot meet it\n"
+            "      --tpot-slo MS       time-per-output-token objective: prefill chunks sized to keep it\n"
+            "      --drain-timeout S   on SIGTERM, wait this long for in-flight requests (default 30)\n"
+            "      --timeout S         idle connection / slow client timeout (default 30)\n"
+            "      --max-body BYTES    largest request body (default 4194304); larger gets 413\n");
+}
+
+int cmd_serve(int argc, char **argv) {
+    tn_serve_config cfg;
+    tn_serve_config_init(&cfg);
+    const char *env_key = getenv("TERN_API_KEY");
+    if (env_key && *env_key) cfg.api_key = env_key;
+    int64_t v;
+    float f;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+#define NEED_VAL()                                                   \
+    do {                                                             \
+        if (!val) return tn_cli_usage_error("%s needs a value", a); \
+        i++;                                                         \
+    } while (0)
+#define INT_FLAG(lo, hi, dst)                                                                                   \
+    do {                                                                                                        \
+        NEED_VAL();                                                                                             \
+        if (!tn_cli_parse_i64(val, lo, hi, &v)) return tn_cli_usage_error("%s: '%s' is not a number in %lld..%lld", a, val, \
+                                                                          (long long)(lo), (long long)(hi));   \
+        dst = v;                                                                                                \
+    } while (0)
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            serve_usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+            NEED_VAL();
+            cfg.model_path = val;
+        } else if (!strcmp(a, "--host")) {
+            NEED_VAL();
+            cfg.host = val;
+        } else if (!strcmp(a, "--port")) {
+            INT_FLAG(0, 65535, cfg.port);
+        } else if (!strcmp(a, "-np") || !strcmp(a, "--parallel")) {
+            INT_FLAG(1, 64, cfg.n_parallel);
+        } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
+            INT_FLAG(0, 1 << 22, cfg.n_ctx);
+        } else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) {
+            INT_FLAG(1, 65536, cfg.n_batch);
+        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+            INT_FLAG(1, 1024, cfg.n_threads);
+        } else if (!strcmp(a, "--api-key")) {
+            NEED_VAL();
+            cfg.api_key = val;
+        } else if (!strcmp(a, "--alias")) {
+            NEED_VAL();
+            cfg.alias = val;
+        } else if (!strcmp(a, "--metrics")) {
+            cfg.metrics = true;
+        } else if (!strcmp(a, "--max-queue")) {
+            INT_FLAG(0, 1 << 20, cfg.max_queue);
+        } else if (!strcmp(a, "--ttft-slo")) {
+            NEED_VAL();
+            if (!tn_cli_parse_f32(val, 0.0f, 3.6e6f, &f)) return tn_cli_usage_error("--ttft-slo: '%s' is not milliseconds", val);
+            cfg.ttft_slo_ms = f;
+        } else if (!strcmp(a, "--tpot-slo")) {
+            NEED_VAL();
+            if (!tn_cli_parse_f32(val, 0.0f, 3.6e6f, &f)) return tn_cli_usage_error("--tpot-slo: '%s' is not milliseconds", val);
+            cfg.tpot_slo_ms = f;
+        } else if (!strcmp(a, "--drain-timeout")) {
+            NEED_VAL();
+            if (!tn_cli_parse_f32(val, 0.0f, 86400.0f, &f)) return tn_cli_usage_error("--drain-timeout: '%s' is not seconds", val);
+            cfg.drain_timeout_s = f;
+        } else if (!strcmp(a, "--timeout")) {
+            INT_FLAG(1, 86400, cfg.conn_timeout_s);
+        } else if (!strcmp(a, "--max-body")) {
+            INT_FLAG(1024, (int64_t)1 << 30, cfg.max_body);
+        } else {
+            serve_usage(stderr);
+            return tn_cli_usage_error("unknown option '%s'", a);
+        }
+#undef INT_FLAG
+#undef NEED_VAL
+    }
+    char default_path[4096];
+    if (!cfg.model_path) {
+        if (!tn_cli_default_model(default_path, sizeof default_path)) {
+            fprintf(stderr, "tern: error: no -m given and tern's default model was not found\n");
+            return TN_EXIT_NOINPUT;
+        }
+        cfg.model_path = default_path;
+    }
+    return tn_serve_run(&cfg);
+}
