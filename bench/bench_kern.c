@@ -12,8 +12,10 @@
  * 9.4 MB: it lives in a large L3), "dram" cycles through enough copies to exceed --dram-mb, as
  * decode does with a model's layers. Each is compared with the streaming read of a buffer of the
  * same size on the same number of threads. Weights are random bytes with finite scales: kernel
- * speed does not depend on the values. Times are the best of several runs (other processes add
- * noise; compare ratios within one run). Nothing here checks results: tests/kern does.
+ * speed does not depend on the values. Every call (one GEMV over one matrix, one gemm over a
+ * 256-row slice, one read of a matrix-sized chunk) is timed on its own and the fastest counts, so
+ * a machine shared with other work still gives the unpreempted speed; ratios within one run are
+ * the numbers to compare. Nothing here checks results: tests/kern does.
  */
 #include <math.h>
 #include <stdio.h>
@@ -56,23 +58,24 @@ static void stream_task(void *p, int ith, int nth) {
     a->sink[ith] = s0 + s1 + s2 + s3 + s4 + s5 + s6 + s7;
 }
 
-/* Best GB/s of reading `bytes` (passes over the buffer until >= min_s have elapsed, best of 5). */
-static double roofline(tn_pool *pool, const uint8_t *buf, size_t bytes, double min_s) {
-    stream_arg a = {.buf = buf, .bytes = bytes};
+/* Best GB/s of reading `chunk` bytes, over chunks that cycle through `ws` bytes (so a chunk comes
+ * from wherever a working set of that size lives: cache or DRAM). Every chunk is timed on its
+ * own and the fastest wins: on a shared machine a short read that was not preempted is the
+ * measurement, a long average is not. */
+static double roofline(tn_pool *pool, const uint8_t *buf, size_t ws, size_t chunk, double min_s) {
+    const size_t nch = ws / chunk ? ws / chunk : 1;
+    stream_arg a = {.buf = buf, .bytes = chunk};
     tn_pool_run(pool, stream_task, &a); /* warm up */
-    double best = 0;
-    for (int rep = 0; rep < 5; rep++) {
-        int passes = 0;
+    double best = 1e30;
+    const double t_end = tn_time_s() + min_s;
+    for (size_t c = 0; tn_time_s() < t_end || c < 3 * nch; c++) {
+        a.buf = buf + (c % nch) * chunk;
         const double t0 = tn_time_s();
-        double t;
-        do {
-            tn_pool_run(pool, stream_task, &a);
-            passes++;
-        } while ((t = tn_time_s() - t0) < min_s);
-        const double gbs = (double)bytes * passes / t / 1e9;
-        if (gbs > best) best = gbs;
+        tn_pool_run(pool, stream_task, &a);
+        const double t = tn_time_s() - t0;
+        if (t < best) best = t;
     }
-    return best;
+    return (double)chunk / best / 1e9;
 }
 
 /* ---- weights ----------------------------------------------------------------------------------- */
@@ -137,24 +140,24 @@ static void mm_task(void *p, int ith, int nth) {
         a->slot->gemm(a->k, i1 - i0, a->n, a->w + (size_t)i0 * a->w_rb, a->w_rb, a->x, a->x_rb, a->y + i0, a->m);
 }
 
-/* Best seconds per call over `copies` weight matrices used in turn. */
+/* Fastest call over `copies` weight matrices used in turn (each call timed on its own, as in
+ * roofline()). */
 static double time_mm(tn_pool *pool, mm_arg *a, const uint8_t *w0, size_t mat_bytes, int copies, double min_s) {
     double best = 1e30;
-    for (int rep = 0; rep < 4; rep++) {
-        int calls = 0;
+    a->w = w0;
+    tn_pool_run(pool, mm_task, a); /* warm up */
+    const double t_end = tn_time_s() + min_s;
+    for (int c = 0; tn_time_s() < t_end || c < 3 * copies; c++) {
+        a->w = w0 + (size_t)(c % copies) * mat_bytes;
         const double t0 = tn_time_s();
-        double t;
-        do {
-            for (int c = 0; c < copies; c++) {
-                a->w = w0 + (size_t)c * mat_bytes;
-                tn_pool_run(pool, mm_task, a);
-                calls++;
-            }
-        } while ((t = tn_time_s() - t0) < min_s);
-        if (t / calls < best) best = t / calls;
+        tn_pool_run(pool, mm_task, a);
+        const double t = tn_time_s() - t0;
+        if (t < best) best = t;
     }
     return best;
 }
+
+#define GEMM_ROWS 256
 
 static int listed(const char *list, const char *name) {
     if (!list[0]) return 1;
@@ -226,7 +229,7 @@ int main(int argc, char **argv) {
     const char *probe_name[] = {"4-bit matrix (cache)", "16-bit matrix", "dram working set"};
     for (int p = 0; p < 3; p++) {
         printf("  %-20s %5.0f MB", probe_name[p], probe[p] / 1048576.0);
-        for (int t = 0; t < nt_count; t++) printf("  %9.1f", roofline(pools[t], mem, probe[p], min_s));
+        for (int t = 0; t < nt_count; t++) printf("  %9.1f", roofline(pools[t], mem, probe[p], probe[0], min_s));
         printf("\n");
     }
     printf("\n");
@@ -269,7 +272,7 @@ int main(int argc, char **argv) {
                     }
                     const double s = time_mm(pools[t], &g, mem, mat, cp, min_s);
                     const double gbs = mat / s / 1e9;
-                    const double roof = roofline(pools[t], mem, mat * cp, min_s / 2);
+                    const double roof = roofline(pools[t], mem, mat * cp, mat, min_s / 2);
                     printf(" %5.1f (%3.0f%%)", gbs, 100.0 * gbs / roof);
                 }
                 printf(" |");
@@ -280,10 +283,12 @@ int main(int argc, char **argv) {
                 continue;
             }
             for (int64_t j = 0; j < o.n; j++) tab->slot[at].from_float(xf + j * o.k, xq + j * x_rb, o.k);
-            mm_arg gm = {.slot = slot, .m = o.m, .k = o.k, .n = o.n, .x = xq, .x_rb = x_rb, .y = y};
+            /* timed on a slice of GEMM_ROWS weight rows (a few ms per call) */
+            const int64_t rows = o.m < GEMM_ROWS ? o.m : GEMM_ROWS;
+            mm_arg gm = {.slot = slot, .m = rows, .k = o.k, .n = o.n, .x = xq, .x_rb = x_rb, .y = y};
             for (int t = 0; t < nt_count; t++) {
-                const double s = time_mm(pools[t], &gm, mem, mat, 1, min_s);
-                printf(" %7.1f", 2.0 * o.m * o.n * o.k / s / 1e9);
+                const double s = time_mm(pools[t], &gm, mem, w_rb * (size_t)rows, (int)(o.m / rows), min_s);
+                printf(" %7.1f", 2.0 * rows * o.n * o.k / s / 1e9);
             }
             printf("\n");
         }
