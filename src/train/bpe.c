@@ -638,6 +638,7 @@ done:
 }
 
 tern_status tn_spm_encode(tn_spm_enc *e, const char *text, size_t len, int32_t **toks, size_t *n, size_t *cap) {
+    if (len == 0) return TERN_OK; /* as llama.cpp: no space prefix for empty text */
     size_t nl;
     char *nb = normalize(text, len, &nl);
     if (!nb) return tn_err(TERN_ERR_NOMEM, "train: encoding");
