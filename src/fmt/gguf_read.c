@@ -147,7 +147,7 @@ static tern_status rd_u64(rd *r, const fld *f, uint64_t *v) {
 
 /* gguf_string with a length cap; the bytes stay in the file. */
 static tern_status rd_str(rd *r, const fld *f, uint64_t cap, tn_gguf_str *s) {
-    uint64_t at = r->pos, n;
+    uint64_t at = r->pos, n = 0;
     tern_status st = rd_u64(r, f, &n);
     if (st) return st;
     if (n > cap) {
