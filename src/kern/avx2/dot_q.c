@@ -9,6 +9,6 @@
 #define TN_VNNI 0
 #define TN_Q_RM 4  /* weight rows per tile      */
 #define TN_Q_RN 3  /* activation rows per tile  */
-#define TN_Q_RM1 4 /* weight rows per decode pass (n == 1) */
+#define TN_Q_RM1 8 /* weight rows per decode pass (n == 1) */
 #define TN_Q_TO_FLOAT
 #include "kern/avx2/dot_q.inc"
