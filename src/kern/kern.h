@@ -52,9 +52,10 @@ static inline int64_t tn_kv_row(const int32_t *blocks, int64_t block_rows, int64
     return blocks ? (int64_t)blocks[t / block_rows] * block_rows + t % block_rows : t;
 }
 
-/* One slot per dtype id below TN_DTYPE_GGML_COUNT, plus the non-type-specific kernels. */
+/* One slot per dtype id below TN_DTYPE_SLOT_COUNT (ggml ids, then tern's tq ids from
+ * TN_DTYPE_TERN_BASE), plus the non-type-specific kernels. */
 typedef struct tn_kern_table {
-    tn_kern_slot slot[TN_DTYPE_GGML_COUNT];
+    tn_kern_slot slot[TN_DTYPE_SLOT_COUNT];
     tn_attn_fn attn;
     tn_isa attn_isa;
 } tn_kern_table;
@@ -74,6 +75,11 @@ void tn_kern_register_avx512(tn_kern_table *t);
 void tn_kern_register_attn_scalar(tn_kern_table *t);
 void tn_kern_register_attn_avx2(tn_kern_table *t);
 void tn_kern_register_attn_avx512(tn_kern_table *t);
+
+/* tern any-bit (tq) kernels (src/kern/<isa>/tq.c); called after the ISA's main filler. */
+void tn_kern_register_tq_scalar(tn_kern_table *t);
+void tn_kern_register_tq_avx2(tn_kern_table *t);
+void tn_kern_register_tq_avx512(tn_kern_table *t);
 
 /* Generic gemm built on a slot's vec_dot (the reference tile product). */
 void tn_gemm_by_vec_dot(tn_vec_dot_fn dot, int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,

@@ -22,13 +22,16 @@ static void tn_kern_build(void) {
         memset(t, 0, sizeof *t);
         tn_kern_register_scalar(t);
         tn_kern_register_attn_scalar(t);
+        tn_kern_register_tq_scalar(t);
         if (lvl >= TN_ISA_AVX2) {
             tn_kern_register_avx2(t);
             tn_kern_register_attn_avx2(t);
+            tn_kern_register_tq_avx2(t);
         }
         if (lvl >= TN_ISA_AVX512) {
             tn_kern_register_avx512(t);
             tn_kern_register_attn_avx512(t);
+            tn_kern_register_tq_avx512(t);
         }
     }
 }
