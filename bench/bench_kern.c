@@ -262,7 +262,7 @@ int main(int argc, char **argv) {
                 printf(" (same kernel as %s)\n", tn_isa_name(slot->gemm_isa));
                 continue;
             }
-            mm_arg g = {.slot = slot, .m = o.m, .k = o.k, .n = 1, .x = xq, .x_rb = x_rb, .y = y};
+            mm_arg g = {.slot = slot, .m = o.m, .k = o.k, .n = 1, .w_rb = w_rb, .x = xq, .x_rb = x_rb, .y = y};
             for (int reg = 0; reg < 2; reg++) {
                 const int cp = reg == 0 ? 1 : copies;
                 for (int t = 0; t < 2; t++) {
@@ -285,7 +285,7 @@ int main(int argc, char **argv) {
             for (int64_t j = 0; j < o.n; j++) tab->slot[at].from_float(xf + j * o.k, xq + j * x_rb, o.k);
             /* timed on a slice of GEMM_ROWS weight rows (a few ms per call) */
             const int64_t rows = o.m < GEMM_ROWS ? o.m : GEMM_ROWS;
-            mm_arg gm = {.slot = slot, .m = rows, .k = o.k, .n = o.n, .x = xq, .x_rb = x_rb, .y = y};
+            mm_arg gm = {.slot = slot, .m = rows, .k = o.k, .n = o.n, .w_rb = w_rb, .x = xq, .x_rb = x_rb, .y = y};
             for (int t = 0; t < nt_count; t++) {
                 const double s = time_mm(pools[t], &gm, mem, w_rb * (size_t)rows, (int)(o.m / rows), min_s);
                 printf(" %7.1f", 2.0 * rows * o.n * o.k / s / 1e9);
