@@ -553,6 +553,10 @@ static void *engine_main(void *arg) {
             continue;
         }
         step(e);
+        if (e->cfg.step_delay_ms > 0) {
+            struct timespec ts = {(time_t)(e->cfg.step_delay_ms / 1e3), (long)(fmod(e->cfg.step_delay_ms, 1e3) * 1e6)};
+            nanosleep(&ts, NULL);
+        }
     }
     return NULL;
 }

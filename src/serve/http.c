@@ -380,7 +380,7 @@ static json_t *load_body(const char *body, size_t len, tn_http_err *err) {
         return NULL;
     }
     json_error_t je;
-    json_t *j = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    json_t *j = json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
     if (!j || !json_is_object(j)) {
         json_decref(j);
         tn_http_err_set(err, 400, "invalid_request_error", NULL, "the body must be a JSON object (%s)", j ? "" : je.text);

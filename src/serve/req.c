@@ -295,7 +295,7 @@ bool tn_req_parse(const char *body, size_t len, int kind, const tn_req_env *env,
     p->sp.temp = 1.0f;
     if (tn_json_depth(body, len) > TN_SRV_MAX_DEPTH) BAD(NULL, "JSON nesting deeper than %d", TN_SRV_MAX_DEPTH);
     json_error_t je;
-    root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    root = json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
     if (!root) BAD(NULL, "invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
     if (!json_is_object(root)) BAD(NULL, "the request body must be a JSON object");
 

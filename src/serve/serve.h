@@ -35,6 +35,7 @@ typedef struct tn_serve_config {
     double drain_timeout_s;
     int conn_timeout_s;
     size_t max_body;       /* request body cap (bytes)                                        */
+    double step_delay_ms;  /* testing only: sleep after each engine step (makes races visible) */
     bool quiet;
 } tn_serve_config;
 

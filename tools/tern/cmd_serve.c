@@ -95,6 +95,10 @@ int cmd_serve(int argc, char **argv) {
             cfg.drain_timeout_s = f;
         } else if (!strcmp(a, "--timeout")) {
             INT_FLAG(1, 86400, cfg.conn_timeout_s);
+        } else if (!strcmp(a, "--debug-step-delay")) { /* testing: slow every engine step down */
+            NEED_VAL();
+            if (!tn_cli_parse_f32(val, 0.0f, 10000.0f, &f)) return tn_cli_usage_error("--debug-step-delay: '%s' is not milliseconds", val);
+            cfg.step_delay_ms = f;
         } else if (!strcmp(a, "--max-body")) {
             INT_FLAG(1024, (int64_t)1 << 30, cfg.max_body);
         } else {
