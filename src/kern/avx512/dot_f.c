@@ -1,9 +1,10 @@
 /*
  * dot_f.c (avx512) — vec_dot and gemm for the plain float types with 512-bit vectors: f32 x f32
- * and f16 x f16 (widened with vcvtph2ps, exact) with FMA; bf16 x bf16 with AVX512-BF16
+ * with FMA; bf16 x bf16 with AVX512-BF16
  * vdpbf16ps (pairs of exact bf16 products added into f32; the instruction treats subnormal inputs
  * and outputs as zero). Results differ from the scalar references by float reassociation only
- * (and, for bf16, by flushed subnormals).
+ * (and, for bf16, by flushed subnormals). f16 x f16 stays on the avx2 kernel: a 512-bit version
+ * (vcvtph2ps zmm + FMA) measured slower on Zen 4 (gemm ~96 vs ~108 GFLOP/s).
  *
  * Any k works: the tail is read with masked loads (masked-off lanes are zero).
  */
@@ -21,16 +22,11 @@
 /* Per type: elements per step (EL), the full step load and the masked tail load as __m512
  * operands of STEP(acc, w, x). */
 #define TN_EL_f32 16
-#define TN_EL_f16 16
 #define TN_EL_bf16 32
 /* m == all lanes takes the plain load (a constant after inlining in the main loops). */
 TN_INLINE __m512 tn_ld_f32(const void *p, int64_t l, __mmask32 m) {
     if (m == 0xFFFF) return _mm512_loadu_ps((const float *)p + l);
     return _mm512_maskz_loadu_ps((__mmask16)m, (const float *)p + l);
-}
-TN_INLINE __m512 tn_ld_f16(const void *p, int64_t l, __mmask32 m) {
-    if (m == 0xFFFF) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + l)));
-    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16((__mmask16)m, (const uint16_t *)p + l));
 }
 /* bf16: 32 raw halves in a 512-bit register, consumed by vdpbf16ps */
 TN_INLINE __m512 tn_ld_bf16(const void *p, int64_t l, __mmask32 m) {
@@ -38,7 +34,6 @@ TN_INLINE __m512 tn_ld_bf16(const void *p, int64_t l, __mmask32 m) {
     return _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(m, (const uint16_t *)p + l));
 }
 TN_INLINE __m512 tn_step_f32(__m512 acc, __m512 w, __m512 x) { return _mm512_fmadd_ps(w, x, acc); }
-TN_INLINE __m512 tn_step_f16(__m512 acc, __m512 w, __m512 x) { return _mm512_fmadd_ps(w, x, acc); }
 TN_INLINE __m512 tn_step_bf16(__m512 acc, __m512 w, __m512 x) {
     return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_castps_si512(w), (__m512bh)_mm512_castps_si512(x));
 }
@@ -155,5 +150,4 @@ TN_INLINE void tn_f_gemm(int64_t k, int64_t m, int64_t n, const uint8_t *w, size
 }
 
 TN_F_TILE(f32)
-TN_F_TILE(f16)
 TN_F_TILE(bf16)

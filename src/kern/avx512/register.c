@@ -18,7 +18,7 @@ void tn_kern_register_avx512(tn_kern_table *t) {
     const tn_cpu *c = tn_cpu_get();
     if (!c->avx512vnni || !c->avx512vbmi) return;
     TN_SET_DOT(TN_F32, f32, f32);
-    TN_SET_DOT(TN_F16, f16, f16);
+    /* f16 keeps the avx2 kernel (see dot_f.c) */
     TN_SET_DOT(TN_Q4_0, q4_0, q8_0);
     TN_SET_DOT(TN_Q5_0, q5_0, q8_0);
     TN_SET_DOT(TN_Q8_0, q8_0, q8_0);
