@@ -153,6 +153,8 @@ struct tn_engine {
     const int32_t **tables;
     float *lrow;
     double cost[3];                 /* base, per decode, per prefill token (seconds)          */
+    double scale;                   /* EWMA of measured / predicted step time (load, delays)  */
+    double last_pred, last_actual;  /* the last step, folded into scale by snapshot()         */
     /* snapshot for the admission predictor (under mu) */
     int64_t pending_prefill;
     int32_t *remaining;             /* [np] tokens left per running sequence, sorted          */
@@ -405,6 +407,13 @@ static void snapshot(tn_engine *e) {
         e->remaining[e->n_remaining++] = s->r->p.max_tokens - s->n_gen;
     }
     qsort(e->remaining, (size_t)e->n_remaining, sizeof *e->remaining, cmp_i32);
+    if (e->last_pred > 0 && e->last_actual > 0) { /* the machine is slower or faster than measured */
+        double r = e->last_actual / e->last_pred;
+        if (r < 0.25) r = 0.25;
+        if (r > 1000) r = 1000;
+        e->scale = 0.8 * e->scale + 0.2 * r;
+        e->last_pred = e->last_actual = 0;
+    }
     e->pending_prefill = pend;
     pthread_mutex_lock(&e->met->mu);
     e->met->running = e->n_active;
@@ -493,6 +502,7 @@ static void step(tn_engine *e) {
         budget -= c;
     }
     if (n == 0) return;
+    e->last_pred = e->cost[0] + e->cost[1] * n_dec + e->cost[2] * (n - n_dec);
     for (int i = 0; i < e->np; i++) e->tables[i] = e->seqs[i].table;
     tn_batch b = {n, e->b_tok, e->b_seq, e->b_pos, e->b_logits};
     tn_forward_batch(e->ctx, &b, e->tables);
@@ -552,11 +562,13 @@ static void *engine_main(void *arg) {
             nanosleep(&ts, NULL);
             continue;
         }
+        double t0 = tn_srv_now();
         step(e);
         if (e->cfg.step_delay_ms > 0) {
             struct timespec ts = {(time_t)(e->cfg.step_delay_ms / 1e3), (long)(fmod(e->cfg.step_delay_ms, 1e3) * 1e6)};
             nanosleep(&ts, NULL);
         }
+        e->last_actual = tn_srv_now() - t0;
     }
     return NULL;
 }
@@ -675,6 +687,7 @@ tern_status tn_engine_create(const tern_model *m, const tn_serve_config *cfg, tn
     }
     met->kv_blocks = e->kv.n_blocks;
     measure_cost(e);
+    e->scale = 1.0;
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     if (pthread_create(&e->th, NULL, engine_main, e)) {
@@ -749,15 +762,22 @@ bool tn_engine_submit(tn_engine *e, tn_sreq *r, tn_http_err *err, int *retry_aft
         pthread_mutex_unlock(&e->met->mu);
         return false;
     }
-    double step = e->cost[0] + e->cost[1] * (e->n_remaining + 1);
-    int free_slots = e->np - e->n_remaining - e->qn;
-    /* time until a slot frees for this request (shortest remaining first) */
-    double slot_wait = 0;
-    if (free_slots <= 0 && e->n_remaining > 0) {
-        int k = -free_slots;
-        if (k >= e->n_remaining) k = e->n_remaining - 1;
-        slot_wait = e->remaining[k] * step;
+    /* predicted wait for a sequence slot: running sequences finish after their remaining
+     * tokens, queued requests ahead take the earliest free slot in turn (max_tokens is an upper
+     * bound: EOS can come sooner) */
+    double sc = e->scale > 0 ? e->scale : 1.0;
+    double step = sc * (e->cost[0] + e->cost[1] * e->np), pf = sc * e->cost[2];
+    double fin[64] = {0};
+    for (int i = 0; i < e->np; i++) fin[i] = i < e->n_remaining ? e->remaining[i] * step : 0;
+    for (int k = 0; k < e->qn; k++) {
+        int j = 0;
+        for (int i = 1; i < e->np; i++)
+            if (fin[i] < fin[j]) j = i;
+        fin[j] += e->q[k]->p.n_prompt * pf + e->q[k]->p.max_tokens * step;
     }
+    double slot_wait = fin[0];
+    for (int i = 1; i < e->np; i++)
+        if (fin[i] < slot_wait) slot_wait = fin[i];
     if (e->qn >= e->qcap + (e->np - e->n_remaining)) {
         pthread_mutex_unlock(&e->mu);
         *retry_after_s = (int)ceil(slot_wait > 1 ? slot_wait : 1);
@@ -768,9 +788,7 @@ bool tn_engine_submit(tn_engine *e, tn_sreq *r, tn_http_err *err, int *retry_aft
         return false;
     }
     if (e->cfg.ttft_slo_ms > 0) {
-        double pf = (double)(e->pending_prefill + r->p.n_prompt);
-        double steps = ceil(pf / e->n_batch);
-        double ttft = slot_wait + pf * e->cost[2] + steps * step;
+        double ttft = slot_wait + r->p.n_prompt * pf + ceil((double)r->p.n_prompt / e->n_batch) * step;
         if (ttft * 1e3 > e->cfg.ttft_slo_ms) {
             pthread_mutex_unlock(&e->mu);
             *retry_after_s = (int)ceil(ttft > 1 ? ttft : 1);
