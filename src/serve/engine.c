@@ -596,7 +596,7 @@ static void measure_cost(tn_engine *e) {
         e->tables[i] = e->seqs[i].table;
     }
     double tp = 1e30, t1 = 1e30, tn = 1e30;
-    for (int rep = 0; rep < 3; rep++) {
+    for (int rep = 0; rep < 5; rep++) {
         for (int32_t k = 0; k < P; k++) {
             e->b_tok[k] = (k * 7 + 1) % e->n_vocab;
             e->b_seq[k] = 0;

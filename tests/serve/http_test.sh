@@ -167,8 +167,24 @@ alive "the hostile requests"
 stop_server
 [ "$SRV_RC" = 0 ] && ok "SIGTERM on an idle server exits 0" || bad "exit code $SRV_RC"
 
-# ---- 3. prefix cache: a shared system prompt is computed once -----------------------------------
-start_server -np 2 --metrics
+# ---- 3. prefix cache: a shared system prompt is computed once; slowloris ---------------------------
+start_server -np 2 --metrics --timeout 2
+python3 - "$PORT" <<'PY' && ok "H13 slowloris headers / stalled body closed at the timeout" || bad "H13"
+import socket, sys, time
+port = int(sys.argv[1])
+for first in [b"GET /health HTTP/1.1\r\nHo", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000\r\n\r\n{"]:
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(first)
+    t0 = time.time()
+    try:
+        while s.recv(4096):
+            pass
+    except OSError:
+        pass
+    dt = time.time() - t0
+    s.close()
+    assert dt < 8, dt
+PY
 SYS="you are a helpful and brief assistant."
 for q in one two three; do
     expect 200 "chat with shared system prompt ($q)" "$U/v1/chat/completions" -d "{\"messages\":[{\"role\":\"system\",\"content\":\"$SYS\"},{\"role\":\"user\",\"content\":\"$q\"}],\"max_tokens\":2}"
