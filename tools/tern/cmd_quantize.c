@@ -289,6 +289,9 @@ int cmd_quantize(int argc, char **argv) {
         s = tn_imatrix_load(imatrix_path, &imat);
         if (s) { rc = tn_cli_fail(s, "reading the importance matrix"); tn_gguf_free(g); goto done; }
         opts.has_imatrix = true;
+        if (ftype != TN_FTYPE_TERN)
+            fprintf(stderr, "quantize: warning: the importance matrix is used by tq types only; llama.cpp types use the "
+                            "reference (no-imatrix) quantizers here\n");
     }
 
     const size_t n = g->n_tensors;
