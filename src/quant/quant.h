@@ -25,6 +25,11 @@ void tn_quantize_row_q5_K_ref(const float *x, block_q5_K *y, int64_t k);
 void tn_quantize_row_q6_K_ref(const float *x, block_q6_K *y, int64_t k);
 void tn_quantize_row_q8_K_ref(const float *x, block_q8_K *y, int64_t k);
 
+/* Activation quantizers as ggml's x86 CPU path computes them (quant_act.c): 127/amax multiplier,
+ * round half to even. The kernel table's from_float for q8_0/q8_1 uses these. */
+void tn_quantize_row_q8_0_act(const float *x, block_q8_0 *y, int64_t k);
+void tn_quantize_row_q8_1_act(const float *x, block_q8_1 *y, int64_t k);
+
 void tn_dequantize_row_q4_0(const block_q4_0 *x, float *y, int64_t k);
 void tn_dequantize_row_q4_1(const block_q4_1 *x, float *y, int64_t k);
 void tn_dequantize_row_q5_0(const block_q5_0 *x, float *y, int64_t k);

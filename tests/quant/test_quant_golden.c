@@ -225,11 +225,14 @@ static void test_vec_dot_matches_ggml(void **state) {
         const tn_kern_slot *ws = &kt->slot[t], *as = &kt->slot[tr->vec_dot_type];
         assert_non_null(ws->vec_dot);
         assert_non_null(as->from_float);
-        /* Activations through the table's from_float (pattern 0, seed 2), weights via the ref. */
+        /* Activations (pattern 0, seed 2) through ggml's reference quantizer, as the golden values
+         * were made by ggml's generic code; the table's from_float follows ggml's x86 path instead
+         * (quant_act.c) and is checked against it in test_quant_act. */
         static float act[N];
         tq_fill(0, 2, act, N);
         memset(qa, 0xA5, sizeof qa);
-        as->from_float(act, qa, N);
+        (void)as;
+        assert_true(tn_quantize_row_ref(tr->vec_dot_type, act, qa, N));
         quantize_pattern(t, g->pattern, 1, qw);
         float s_all = 0, s_one = 0;
         ws->vec_dot(N, &s_all, qw, qa);

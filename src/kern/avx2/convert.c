@@ -48,11 +48,14 @@ TN_INLINE float tn_q8_block(const float *x, tn_fp16 *d16, int8_t *qs, int *sum) 
     for (int r = 0; r < 4; r++) v[r] = _mm256_loadu_ps(x + 8 * r);
     const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
                                    _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
-    const float d = tn_hmax_ps256(m) / ((1 << 7) - 1);
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    /* ggml's x86 activation quantizer (src/quant/quant_act.c): 127/amax, round half to even */
+    const float amax = tn_hmax_ps256(m);
+    const float d = amax / 127.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
     *d16 = tn_fp32_to_fp16(d);
     __m256i q[4];
-    for (int r = 0; r < 4; r++) q[r] = _mm256_cvtps_epi32(tn_roundf8(_mm256_mul_ps(v[r], _mm256_set1_ps(id))));
+    for (int r = 0; r < 4; r++)
+        q[r] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[r], _mm256_set1_ps(id)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     _mm256_storeu_si256((__m256i *)qs, tn_pack32(q[0], q[1], q[2], q[3]));
     *sum = tn_hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
     return d;

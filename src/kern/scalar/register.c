@@ -50,8 +50,11 @@ TN_SCALAR_ROW(q4_0, TN_Q4_0)
 TN_SCALAR_ROW(q4_1, TN_Q4_1)
 TN_SCALAR_ROW(q5_0, TN_Q5_0)
 TN_SCALAR_ROW(q5_1, TN_Q5_1)
-TN_SCALAR_ROW(q8_0, TN_Q8_0)
-TN_SCALAR_ROW(q8_1, TN_Q8_1)
+/* q8_0/q8_1 from_float quantize activations the way ggml's x86 path does (quant_act.c). */
+static void tn_k_from_float_q8_0__scalar(const float *x, void *y, int64_t k) { tn_quantize_row_q8_0_act(x, y, k); }
+static void tn_k_to_float_q8_0__scalar(const void *x, float *y, int64_t k) { (void)tn_dequantize_row(TN_Q8_0, x, y, k); }
+static void tn_k_from_float_q8_1__scalar(const float *x, void *y, int64_t k) { tn_quantize_row_q8_1_act(x, y, k); }
+static void tn_k_to_float_q8_1__scalar(const void *x, float *y, int64_t k) { (void)tn_dequantize_row(TN_Q8_1, x, y, k); }
 TN_SCALAR_ROW(q2_K, TN_Q2_K)
 TN_SCALAR_ROW(q3_K, TN_Q3_K)
 TN_SCALAR_ROW(q4_K, TN_Q4_K)
