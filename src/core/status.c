@@ -37,9 +37,10 @@ tern_status tn_err_prefix(tern_status s, const char *fmt, ...) {
     int n = snprintf(tn_err_msg, TN_ERR_CAP, "%s: ", prefix);
     if (n < 0) n = 0;
     if (n < TN_ERR_CAP) {
-        size_t room = (size_t)(TN_ERR_CAP - n);
-        strncpy(tn_err_msg + n, old, room - 1);
-        tn_err_msg[TN_ERR_CAP - 1] = 0;
+        size_t room = (size_t)(TN_ERR_CAP - n) - 1, len = strnlen(old, TN_ERR_CAP);
+        if (len > room) len = room;
+        memcpy(tn_err_msg + n, old, len);
+        tn_err_msg[n + len] = 0;
     }
     return s;
 }
