@@ -1,7 +1,7 @@
 // openai_test.cjs URL NPM_PREFIX — the official `openai` npm client against tern serve:
 // models.list, chat (non-streaming and streaming with usage), completions (both), an API error.
 const path = require('path');
-const OpenAI = require(path.join(process.argv[3], 'node_modules', 'openai'));
+const OpenAI = require(path.resolve(process.argv[3], 'node_modules', 'openai'));
 const Ctor = OpenAI.default || OpenAI.OpenAI || OpenAI;
 const client = new Ctor({ baseURL: process.argv[2] + '/v1', apiKey: 'sekrit', maxRetries: 0, timeout: 60000 });
 let fails = 0;
