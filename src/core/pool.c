@@ -14,7 +14,11 @@
 #define TN_PAUSE() ((void)0)
 #endif
 
-#define TN_SPIN_ITERS 200000
+/* Waits spin briefly (a barrier on an idle machine completes in microseconds), then yield the
+ * core: on an oversubscribed machine the thread being waited for may not be running, and
+ * spinning for milliseconds would only steal its time slice. Idle workers then sleep. */
+#define TN_SPIN_ITERS 4096
+#define TN_YIELD_ITERS 2000
 
 typedef struct tn_worker {
     tn_pool *pool;
@@ -46,6 +50,7 @@ static void *tn_worker_main(void *vp) {
         int spins = 0;
         while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen) {
             if (++spins < TN_SPIN_ITERS) { TN_PAUSE(); continue; }
+            if (spins < TN_SPIN_ITERS + TN_YIELD_ITERS) { sched_yield(); continue; }
             pthread_mutex_lock(&p->mu);
             atomic_fetch_add(&p->sleepers, 1);
             while (atomic_load(&p->gen) == seen) pthread_cond_wait(&p->cv, &p->mu);

@@ -170,6 +170,9 @@ int cmd_generate(int argc, char **argv) {
     cp.n_ctx = (int32_t)(n_ctx ? n_ctx : (tern_model_n_ctx_train(m) < 4096 ? tern_model_n_ctx_train(m) : 4096));
     cp.n_batch = (int32_t)n_batch;
     if (n_threads) cp.n_threads = (int32_t)n_threads;
+    /* A model of a few MiB decodes a token in well under a millisecond: synchronising threads
+     * costs more than it saves (and far more on a busy machine), so small models default to one. */
+    else if (tern_model_size_bytes(m) < ((uint64_t)32 << 20)) cp.n_threads = 1;
     if ((s = tern_ctx_create(m, &cp, &c))) {
         rc = tn_cli_fail(s, "creating the context");
         goto done;
