@@ -1,7 +1,9 @@
 /*
  * ckpt.c — GGUF export of trained weights and atomic checkpoints. See ckpt.h and train.h.
  */
+#include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -130,6 +132,32 @@ static tern_status file_hash(const char *path, uint64_t *size, uint64_t *hash) {
 
 static void ckpt_name(char *buf, size_t cap, int64_t step) { snprintf(buf, cap, "ckpt-%08lld.gguf", (long long)step); }
 
+/* After a new manifest is durable: keep the new checkpoint and the previous one (keep = 2), and
+ * remove temp files of writers that no longer run (a kill -9 during a save leaves one). */
+static void prune(const char *dir, const char *keep_name, const char *keep_prev_path) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    const char *prev_name = keep_prev_path[0] ? strrchr(keep_prev_path, '/') + 1 : "";
+    struct dirent *e;
+    char path[4096];
+    while ((e = readdir(d))) {
+        const char *n = e->d_name;
+        const char *tmp = strstr(n, ".tmp.");
+        bool drop = false;
+        if (tmp) { /* "<file>.tmp.<pid>.<n>" from tn_wfile */
+            long pid = strtol(tmp + 5, NULL, 10);
+            drop = pid > 0 && pid != (long)getpid() && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+        } else if (!strncmp(n, "ckpt-", 5) && strstr(n, ".gguf")) {
+            drop = strcmp(n, keep_name) && strcmp(n, prev_name);
+        }
+        if (drop) {
+            snprintf(path, sizeof path, "%s/%s", dir, n);
+            unlink(path);
+        }
+    }
+    closedir(d);
+}
+
 tern_status tn_ckpt_save(const tn_tmodel *m, const tn_train_state *st, const char *dir) {
     if (mkdir(dir, 0777) && errno != EEXIST) return tn_err(TERN_ERR_IO, "train: cannot create checkpoint dir %s: %s", dir, strerror(errno));
     char name[64], path[4096], mpath[4096], prev[4096] = "";
@@ -187,7 +215,7 @@ tern_status tn_ckpt_save(const tn_tmodel *m, const tn_train_state *st, const cha
         tn_wfile_write(&mf, man, (size_t)n);
         T(tn_wfile_commit(&mf));
     }
-    if (prev[0]) unlink(prev);
+    prune(dir, name, prev);
 #undef T
 done:
     tn_gguf_writer_free(w);

@@ -6,8 +6,9 @@
  * vocabulary hash and the loss history under tern.train.* keys. It is written atomically
  * (temp + fsync + rename); then the manifest <dir>/latest (text: file name, size, 64-bit hash of
  * the file) is written the same way. The manifest is the commit point: a checkpoint it does not
- * name, or whose size/hash does not match, is never loaded. The previous checkpoint is deleted
- * only after the new manifest is durable (keep = 2 checkpoints).
+ * name, or whose size/hash does not match, is never loaded. Once the new manifest is durable the
+ * directory keeps the new and the previous checkpoint (older ones are deleted) and loses temp
+ * files left by writers that died (kill -9 during a save).
  */
 #ifndef TN_TRAIN_CKPT_H
 #define TN_TRAIN_CKPT_H

@@ -63,15 +63,18 @@ if [ "$PART" = all ] || [ "$PART" = bad ]; then
 fi
 
 if [ "$PART" = all ] || [ "$PART" = resume ]; then
-  STEPS=40
+  STEPS=60
+  t0=$(date +%s%N)
   "$TERN" "${TRAIN[@]}" --data "$corpus" --steps $STEPS --ckpt-dir "$TMP/ra" --ckpt-every 4 -o "$TMP/a.gguf" 2>"$TMP/err" \
     || { bad "uninterrupted run: $(tail -1 "$TMP/err")"; }
+  dur_ms=$(( ($(date +%s%N) - t0) / 1000000 )); [ $dur_ms -lt 20 ] && dur_ms=20
   kills=0
-  for attempt in $(seq 1 60); do
+  for attempt in $(seq 1 200); do
     "$TERN" "${TRAIN[@]}" --data "$corpus" --steps $STEPS --ckpt-dir "$TMP/rb" --ckpt-every 4 --resume -o "$TMP/b.gguf" \
       >/dev/null 2>"$TMP/err" &
     pid=$!
-    sleep "0.$(( (RANDOM % 9) + 1 ))"
+    # kill at a uniformly random moment of an uninterrupted run's duration
+    sleep "$(awk -v r=$RANDOM -v d=$dur_ms 'BEGIN { printf "%.3f", r / 32768 * d / 1000 }')"
     if kill -9 $pid 2>/dev/null; then
       wait $pid 2>/dev/null
       kills=$((kills + 1))
@@ -86,6 +89,7 @@ if [ "$PART" = all ] || [ "$PART" = resume ]; then
       break
     fi
   done
+  [ $kills -ge 1 ] || bad "the run was never killed (too fast to interrupt?)"
   if [ -e "$TMP/b.gguf" ] && cmp -s "$TMP/a.gguf" "$TMP/b.gguf" && cmp -s "$TMP/a.loss.csv" "$TMP/b.loss.csv"; then
     ok "killed -9 $kills times and resumed: weights and loss curve bit-identical to the uninterrupted run ($(md5sum <"$TMP/a.gguf" | cut -c1-16))"
   else
