@@ -1,0 +1,384 @@
+/*
+ * gemv.c (avx512) — decode (n == 1) kernels: y[i] = dot(row i of w, x), one weight row at a time.
+ *
+ * Decode streams every weight byte once, so the kernels are built to run at memory speed on
+ * row-major (not interleaved) weights: one long contiguous stream per row (the hardware
+ * prefetchers follow it), VPDPBUSD / VPDPWSSD on full 512-bit registers, and all per-call work
+ * on the activation row done once up front (x is rearranged into the register layout the weight
+ * loads produce, with per-block scales and sums precomputed), so the per-row loop only loads
+ * weights, multiplies and accumulates.
+ *
+ *   q4_0 / q8_0 (32-element blocks): 16 blocks per step. Register e (0..3) holds in its 128-bit
+ *     lane L the first (lo) or second (hi) 16 codes of block 4L+e, as unsigned bytes (q4_0: the
+ *     nibble 0..15; q8_0: q + 128), multiplied with the matching activations by VPDPBUSD; a 4x4
+ *     unpack transpose turns the four registers into the 16 block sums in block order; the
+ *     offset (8 resp. 128 times the block's activation sum, precomputed) is subtracted in
+ *     integers, so each block's integer dot is exact; then one FMA with d_w * d_x over 16 blocks
+ *     (d_w gathered from the 16 block headers).
+ *   q4_K: per super-block, 4 registers of 64 nibbles (two 32-groups each) times rearranged x by
+ *     VPMADDUBSW, then VPDPWSSD with the groups' 6-bit scales as words: exact integer
+ *     sum_g sc_g dot_g; the min term sum_g m_g (group activation sum) separately; one FMA each.
+ *   q6_K: codes 0..63 rebuilt in registers (low nibbles | 2 high bits), VPMADDUBSW with x in its
+ *     natural order, VPDPWSSD with the int8 sub-block scales, and the -32 offset folded in as
+ *     -32 * sum_j sc_j bsum_j (one more VPDPWSSD); one FMA per super-block.
+ * Integer sums are exact as in the references; only the float accumulation order differs.
+ *
+ * tn_kern_register_gemv_avx512 wraps the slot's gemm: n == 1 goes here, n > 1 to the previous
+ * (tiled) kernel.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/fp16.h"
+#include "kern/kern.h"
+#include "kern/scalar/kernels.h"
+#include "quant/blocks.h"
+#include "quant/quant.h"
+
+#define TN_DECL_GEMV(name)                                                                                             \
+    void name(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x, size_t x_rb, float *y,       \
+              int64_t ldy);
+TN_DECL_GEMV(tn_k_gemv_q4_0_q8_0__avx512)
+TN_DECL_GEMV(tn_k_gemv_q8_0_q8_0__avx512)
+TN_DECL_GEMV(tn_k_gemv_q4_K_q8_K__avx512)
+TN_DECL_GEMV(tn_k_gemv_q6_K_q8_K__avx512)
+
+/* Scratch for the rearranged activations: on the stack up to this size, else the heap. */
+#define TN_GEMV_STACK 24576
+#define TN_GEMV_PF 1024 /* software prefetch distance in bytes */
+
+static inline void *tn_gemv_scratch(size_t need, uint8_t *stackbuf) {
+    if (need <= TN_GEMV_STACK) return stackbuf;
+    return aligned_alloc(64, (need + 63) & ~(size_t)63);
+}
+
+/* ---- q4_0 / q8_0 ------------------------------------------------------------------------------ */
+
+/* Lanes L = 0..3: the 16 bytes at p + (4L + e) * S. */
+static inline __m512i tn_ld4(const uint8_t *p, size_t S, int e) {
+    __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(p + (size_t)e * S)));
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + (size_t)(4 + e) * S)), 1);
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + (size_t)(8 + e) * S)), 2);
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(p + (size_t)(12 + e) * S)), 3);
+    return v;
+}
+
+/* r_e lane L dwords 0..3 -> element 4L + e of the result: their sum. */
+static inline __m512i tn_red4(__m512i r0, __m512i r1, __m512i r2, __m512i r3) {
+    const __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(r0, r1), _mm512_unpackhi_epi32(r0, r1));
+    const __m512i t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(r2, r3), _mm512_unpackhi_epi32(r2, r3));
+    return _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
+}
+
+/* Activation layout for 16-block groups: per group 512 bytes (e = 0..3: lo 64, hi 64; lane L of
+ * lo_e = codes 0..15 of block 4L+e, hi_e = codes 16..31), then per block d_x (float) and
+ * off * sum(codes) (int32). */
+typedef struct {
+    const int8_t *xr;
+    const float *dx;
+    const int32_t *sx;
+} tn_x32;
+
+static void tn_prep_x32(const block_q8_0 *xb, int64_t ng, int32_t off, uint8_t *buf, tn_x32 *o) {
+    int8_t *xr = (int8_t *)buf;
+    float *dx = (float *)(buf + (size_t)ng * 512);
+    int32_t *sx = (int32_t *)(buf + (size_t)ng * 512 + (size_t)ng * 64);
+    for (int64_t g = 0; g < ng; g++)
+        for (int b = 0; b < 16; b++) {
+            const block_q8_0 *q = &xb[g * 16 + b];
+            const int e = b % 4, L = b / 4;
+            memcpy(xr + g * 512 + e * 128 + L * 16, q->qs, 16);
+            memcpy(xr + g * 512 + e * 128 + 64 + L * 16, q->qs + 16, 16);
+            int s = 0;
+            for (int j = 0; j < 32; j++) s += q->qs[j];
+            dx[g * 16 + b] = tn_fp16_to_fp32(q->d);
+            sx[g * 16 + b] = off * s;
+        }
+    o->xr = xr;
+    o->dx = dx;
+    o->sx = sx;
+}
+
+/* One row; Q8 selects q8_0 weights (else q4_0). Blocks past the last full group: scalar. */
+static inline float tn_row32(const uint8_t *row, int64_t nb, int64_t ng, const tn_x32 *X, const block_q8_0 *xb,
+                             const int Q8) {
+    const size_t S = Q8 ? sizeof(block_q8_0) : sizeof(block_q4_0);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), s80 = _mm512_set1_epi8((char)0x80);
+    const __m512i gidx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                            _mm512_set1_epi32((int)S));
+    float sumf = 0;
+    for (int64_t g = 0; g < ng; g++) {
+        const uint8_t *p = row + (size_t)g * 16 * S;
+        const int8_t *xr = X->xr + g * 512;
+        _mm_prefetch((const char *)p + TN_GEMV_PF, _MM_HINT_T0);
+        _mm_prefetch((const char *)p + TN_GEMV_PF + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)p + TN_GEMV_PF + 128, _MM_HINT_T0);
+        _mm_prefetch((const char *)p + TN_GEMV_PF + 192, _MM_HINT_T0);
+        _mm_prefetch((const char *)p + TN_GEMV_PF + 256, _MM_HINT_T0);
+        if (Q8) _mm_prefetch((const char *)p + TN_GEMV_PF + 320, _MM_HINT_T0);
+        if (Q8) _mm_prefetch((const char *)p + TN_GEMV_PF + 384, _MM_HINT_T0);
+        if (Q8) _mm_prefetch((const char *)p + TN_GEMV_PF + 448, _MM_HINT_T0);
+        if (Q8) _mm_prefetch((const char *)p + TN_GEMV_PF + 512, _MM_HINT_T0);
+        __m512i r[4];
+        for (int e = 0; e < 4; e++) {
+            __m512i lo, hi;
+            if (Q8) {
+                lo = _mm512_xor_si512(tn_ld4(p + 2, S, e), s80);
+                hi = _mm512_xor_si512(tn_ld4(p + 18, S, e), s80);
+            } else {
+                const __m512i v = tn_ld4(p + 2, S, e);
+                lo = _mm512_and_si512(v, m4);
+                hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            }
+            __m512i a = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_load_si512(xr + e * 128));
+            r[e] = _mm512_dpbusd_epi32(a, hi, _mm512_load_si512(xr + e * 128 + 64));
+        }
+        const __m512i isum = _mm512_sub_epi32(tn_red4(r[0], r[1], r[2], r[3]), _mm512_loadu_si512(X->sx + g * 16));
+        const __m512i dh = _mm512_i32gather_epi32(gidx, (const void *)p, 1);
+        const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dh));
+        /* acc = fma(float(s_b), d_w d_x, acc) block after block: the avx512 gemm's per-row order,
+         * so decode and prefill give the same bits (tests/model/test_forward batch equivalence) */
+        _Alignas(64) float fs[16], fd[16];
+        _mm512_store_ps(fs, _mm512_cvtepi32_ps(isum));
+        _mm512_store_ps(fd, _mm512_mul_ps(dw, _mm512_loadu_ps(X->dx + g * 16)));
+        for (int b = 0; b < 16; b++) sumf = fmaf(fs[b], fd[b], sumf);
+    }
+    for (int64_t b = ng * 16; b < nb; b++) {
+        const uint8_t *blk = row + (size_t)b * S;
+        const int8_t *xq = xb[b].qs;
+        int sumi = 0;
+        if (Q8) {
+            const int8_t *wq = (const int8_t *)(blk + 2);
+            for (int j = 0; j < 32; j++) sumi += wq[j] * xq[j];
+        } else {
+            for (int j = 0; j < 16; j++) sumi += ((blk[2 + j] & 15) - 8) * xq[j] + ((blk[2 + j] >> 4) - 8) * xq[j + 16];
+        }
+        tn_fp16 dw;
+        memcpy(&dw, blk, 2);
+        sumf = fmaf((float)sumi, tn_fp16_to_fp32(dw) * tn_fp16_to_fp32(xb[b].d), sumf);
+    }
+    return sumf;
+}
+
+static inline void tn_gemv32(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x, size_t x_rb,
+                             float *y, int64_t ldy, const int Q8) {
+    const int64_t nb = k / 32, ng = nb / 16;
+    _Alignas(64) uint8_t stackbuf[TN_GEMV_STACK];
+    const size_t need = (size_t)ng * (512 + 64 + 64);
+    uint8_t *buf = tn_gemv_scratch(need, stackbuf);
+    for (int64_t j = 0; j < n; j++) {
+        const block_q8_0 *xb = (const block_q8_0 *)((const uint8_t *)x + (size_t)j * x_rb);
+        tn_x32 X = {0};
+        if (buf) tn_prep_x32(xb, ng, Q8 ? 128 : 8, buf, &X);
+        const int64_t ngu = buf ? ng : 0; /* no scratch (allocation failed): all blocks in the tail loop */
+        for (int64_t i = 0; i < m; i++)
+            y[j * ldy + i] = tn_row32((const uint8_t *)w + (size_t)i * w_rb, nb, ngu, &X, xb, Q8);
+    }
+    if (buf != stackbuf) free(buf);
+}
+
+void tn_k_gemv_q4_0_q8_0__avx512(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,
+                                 size_t x_rb, float *y, int64_t ldy) {
+    tn_gemv32(k, m, n, w, w_rb, x, x_rb, y, ldy, 0);
+}
+
+void tn_k_gemv_q8_0_q8_0__avx512(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,
+                                 size_t x_rb, float *y, int64_t ldy) {
+    tn_gemv32(k, m, n, w, w_rb, x, x_rb, y, ldy, 1);
+}
+
+/* ---- q4_K ------------------------------------------------------------------------------------- */
+
+/* Activations per super-block: codes as [g0 g2][g1 g3][g4 g6][g5 g7] (64 bytes each, matching the
+ * low/high nibbles of the two 64-byte halves of qs), group sums (int16 x 8), d. */
+static void tn_prep_x_q4K(const block_q8_K *xb, int64_t nsb, uint8_t *buf, int8_t **xr, int16_t **gs, float **dx) {
+    *xr = (int8_t *)buf;
+    *gs = (int16_t *)(buf + (size_t)nsb * 256);
+    *dx = (float *)(buf + (size_t)nsb * (256 + 16));
+    static const int order[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+    for (int64_t s = 0; s < nsb; s++) {
+        for (int r = 0; r < 8; r++) memcpy(*xr + s * 256 + r * 32, xb[s].qs + 32 * order[r], 32);
+        for (int g = 0; g < 8; g++) (*gs)[s * 8 + g] = (int16_t)(xb[s].bsums[2 * g] + xb[s].bsums[2 * g + 1]);
+        (*dx)[s] = xb[s].d;
+    }
+}
+
+/* ggml's unpacking of the 12 scale bytes: u bytes 0..7 = 6-bit scales, 8..15 = 6-bit mins. */
+static inline __m128i tn_q4K_scales(const uint8_t *scales) {
+    uint32_t u[4];
+    memcpy(u, scales, 12);
+    const uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
+    u[3] = ((u[2] >> 4) & kmask2) | (((u[1] >> 6) & kmask3) << 4);
+    const uint32_t uaux = u[1] & kmask1;
+    u[1] = (u[2] & kmask2) | (((u[0] >> 6) & kmask3) << 4);
+    u[2] = uaux;
+    u[0] &= kmask1;
+    return _mm_loadu_si128((const __m128i *)u);
+}
+
+static inline float tn_row_q4K(const block_q4_K *wb, int64_t nsb, const int8_t *xr, const int16_t *gs,
+                               const float *dx, const __m512i sidx[4]) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512 accA = _mm512_setzero_ps();
+    __m128 accM = _mm_setzero_ps();
+    for (int64_t s = 0; s < nsb; s++) {
+        const block_q4_K *b = &wb[s];
+        _mm_prefetch((const char *)b + TN_GEMV_PF, _MM_HINT_T0);
+        _mm_prefetch((const char *)b + TN_GEMV_PF + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)b + TN_GEMV_PF + 128, _MM_HINT_T0);
+        const __m128i sm = tn_q4K_scales(b->scales);
+        const __m256i sm16 = _mm256_cvtepu8_epi16(sm); /* words: sc0..7, m0..7 */
+        const __m512i sw = _mm512_zextsi256_si512(sm16);
+        const __m512i v0 = _mm512_loadu_si512(b->qs), v1 = _mm512_loadu_si512(b->qs + 64);
+        const int8_t *xs = xr + s * 256;
+        const __m512i q0 = _mm512_and_si512(v0, m4), q1 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4);
+        const __m512i q2 = _mm512_and_si512(v1, m4), q3 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4);
+        const __m512i p0 = _mm512_maddubs_epi16(q0, _mm512_load_si512(xs));
+        const __m512i p1 = _mm512_maddubs_epi16(q1, _mm512_load_si512(xs + 64));
+        const __m512i p2 = _mm512_maddubs_epi16(q2, _mm512_load_si512(xs + 128));
+        const __m512i p3 = _mm512_maddubs_epi16(q3, _mm512_load_si512(xs + 192));
+        __m512i a0 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), p0, _mm512_permutexvar_epi16(sidx[0], sw));
+        __m512i a1 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), p1, _mm512_permutexvar_epi16(sidx[1], sw));
+        a0 = _mm512_dpwssd_epi32(a0, p2, _mm512_permutexvar_epi16(sidx[2], sw));
+        a1 = _mm512_dpwssd_epi32(a1, p3, _mm512_permutexvar_epi16(sidx[3], sw));
+        const __m512i isum = _mm512_add_epi32(a0, a1);
+        const __m128i msum = _mm_madd_epi16(_mm256_extracti128_si256(sm16, 1), _mm_loadu_si128((const __m128i *)(gs + s * 8)));
+        accA = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(tn_fp16_to_fp32(b->d) * dx[s]), accA);
+        accM = _mm_fmadd_ps(_mm_cvtepi32_ps(msum), _mm_set1_ps(tn_fp16_to_fp32(b->dmin) * dx[s]), accM);
+    }
+    __m128 t = _mm_add_ps(accM, _mm_movehl_ps(accM, accM));
+    t = _mm_add_ss(t, _mm_movehdup_ps(t));
+    return _mm512_reduce_add_ps(accA) - _mm_cvtss_f32(t);
+}
+
+/* Word w of register r (64 codes: groups a | b, 16 words each) takes group a's or b's scale. */
+static void tn_q4K_sidx(__m512i sidx[4]) {
+    static const int ga[4] = {0, 1, 4, 5}, gb[4] = {2, 3, 6, 7};
+    for (int r = 0; r < 4; r++) {
+        uint16_t ix[32];
+        for (int w = 0; w < 32; w++) ix[w] = (uint16_t)(w < 16 ? ga[r] : gb[r]);
+        sidx[r] = _mm512_loadu_si512(ix);
+    }
+}
+
+void tn_k_gemv_q4_K_q8_K__avx512(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,
+                                 size_t x_rb, float *y, int64_t ldy) {
+    const int64_t nsb = k / QK_K;
+    _Alignas(64) uint8_t stackbuf[TN_GEMV_STACK];
+    uint8_t *buf = tn_gemv_scratch((size_t)nsb * (256 + 16 + 4), stackbuf);
+    if (!buf) { /* no scratch: the reference per row */
+        for (int64_t j = 0; j < n; j++)
+            for (int64_t i = 0; i < m; i++) {
+                tn_k_vec_dot_q4_K_q8_K__scalar(k, &y[j * ldy + i], (const uint8_t *)w + (size_t)i * w_rb,
+                                               (const uint8_t *)x + (size_t)j * x_rb);
+            }
+        return;
+    }
+    __m512i sidx[4];
+    tn_q4K_sidx(sidx);
+    for (int64_t j = 0; j < n; j++) {
+        int8_t *xr;
+        int16_t *gs;
+        float *dx;
+        tn_prep_x_q4K((const block_q8_K *)((const uint8_t *)x + (size_t)j * x_rb), nsb, buf, &xr, &gs, &dx);
+        for (int64_t i = 0; i < m; i++)
+            y[j * ldy + i] = tn_row_q4K((const block_q4_K *)((const uint8_t *)w + (size_t)i * w_rb), nsb, xr, gs, dx, sidx);
+    }
+    if (buf != stackbuf) free(buf);
+}
+
+/* ---- q6_K ------------------------------------------------------------------------------------- */
+
+static inline float tn_row_q6K(const block_q6_K *wb, const block_q8_K *xb, int64_t nsb, const __m512i sidx[4]) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    /* per 16-bit word: first 32 bytes (r = 0 / 2) vs last 32 (r = 1 / 3) of a 64-byte ql half */
+    const __m512i shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+    const __m512i shr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    const __m256i m32 = _mm256_set1_epi16(-32);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    for (int64_t s = 0; s < nsb; s++) {
+        const block_q6_K *b = &wb[s];
+        const int8_t *xq = xb[s].qs;
+        _mm_prefetch((const char *)b + TN_GEMV_PF, _MM_HINT_T0);
+        _mm_prefetch((const char *)b + TN_GEMV_PF + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)b + TN_GEMV_PF + 128, _MM_HINT_T0);
+        _mm_prefetch((const char *)b + TN_GEMV_PF + 192, _MM_HINT_T0);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
+        const __m512i sw = _mm512_zextsi256_si512(sc16);
+        /* offset -32 per code: -32 * sum_j sc_j bsum_j */
+        __m512i isum = _mm512_dpwssd_epi32(_mm512_setzero_si512(),
+                                           _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)xb[s].bsums)),
+                                           _mm512_zextsi256_si512(_mm256_mullo_epi16(sc16, m32)));
+        __m512i isum2 = _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++) {
+            const __m512i Q = _mm512_loadu_si512(b->ql + 64 * h);
+            const __m512i H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b->qh + 32 * h)));
+            const __m512i qlo = _mm512_or_si512(_mm512_and_si512(Q, m4), _mm512_and_si512(_mm512_sllv_epi16(H, shl), m30));
+            const __m512i qhi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(Q, 4), m4),
+                                                _mm512_and_si512(_mm512_srlv_epi16(H, shr), m30));
+            const __m512i plo = _mm512_maddubs_epi16(qlo, _mm512_loadu_si512(xq + 128 * h));
+            const __m512i phi = _mm512_maddubs_epi16(qhi, _mm512_loadu_si512(xq + 128 * h + 64));
+            isum = _mm512_dpwssd_epi32(isum, plo, _mm512_permutexvar_epi16(sidx[2 * h], sw));
+            isum2 = _mm512_dpwssd_epi32(isum2, phi, _mm512_permutexvar_epi16(sidx[2 * h + 1], sw));
+        }
+        const __m512 d = _mm512_set1_ps(tn_fp16_to_fp32(b->d) * xb[s].d);
+        if (s & 1)
+            acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(isum, isum2)), d, acc1);
+        else
+            acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(isum, isum2)), d, acc0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+void tn_k_gemv_q6_K_q8_K__avx512(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,
+                                 size_t x_rb, float *y, int64_t ldy) {
+    const int64_t nsb = k / QK_K;
+    /* register q (64 codes = 4 sub-blocks of 16): word w -> sub-block 4 q + w / 8 */
+    __m512i sidx[4];
+    for (int q = 0; q < 4; q++) {
+        uint16_t ix[32];
+        for (int wd = 0; wd < 32; wd++) ix[wd] = (uint16_t)(4 * q + wd / 8);
+        sidx[q] = _mm512_loadu_si512(ix);
+    }
+    for (int64_t j = 0; j < n; j++) {
+        const block_q8_K *xb = (const block_q8_K *)((const uint8_t *)x + (size_t)j * x_rb);
+        for (int64_t i = 0; i < m; i++)
+            y[j * ldy + i] = tn_row_q6K((const block_q6_K *)((const uint8_t *)w + (size_t)i * w_rb), xb, nsb, sidx);
+    }
+}
+
+/* ---- registration: wrap the slot's gemm ----------------------------------------------------------- */
+
+#define TN_GEMV_WRAP(wt, at)                                                                                           \
+    static tn_gemm_fn tn_gemv_prev_##wt;                                                                              \
+    static void tn_gemv_wrap_##wt(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,       \
+                                  size_t x_rb, float *y, int64_t ldy) {                                              \
+        if (n == 1)                                                                                                    \
+            tn_k_gemv_##wt##_##at##__avx512(k, m, 1, w, w_rb, x, x_rb, y, ldy);                                        \
+        else                                                                                                           \
+            tn_gemv_prev_##wt(k, m, n, w, w_rb, x, x_rb, y, ldy);                                                      \
+    }
+TN_GEMV_WRAP(q4_0, q8_0)
+TN_GEMV_WRAP(q8_0, q8_0)
+TN_GEMV_WRAP(q4_K, q8_K)
+TN_GEMV_WRAP(q6_K, q8_K)
+
+#define TN_GEMV_INSTALL(T, wt)                                                                                         \
+    do {                                                                                                               \
+        if (t->slot[T].gemm != tn_gemv_wrap_##wt) {                                                                    \
+            tn_gemv_prev_##wt = t->slot[T].gemm;                                                                       \
+            t->slot[T].gemm = tn_gemv_wrap_##wt;                                                                       \
+            t->slot[T].gemm_isa = TN_ISA_AVX512;                                                                       \
+        }                                                                                                              \
+    } while (0)
+
+void tn_kern_register_gemv_avx512(tn_kern_table *t) {
+    const tn_cpu *c = tn_cpu_get();
+    if (!c->avx512vnni || !c->avx512vbmi) return;
+    TN_GEMV_INSTALL(TN_Q4_0, q4_0);
+    TN_GEMV_INSTALL(TN_Q8_0, q8_0);
+    TN_GEMV_INSTALL(TN_Q4_K, q4_K);
+    TN_GEMV_INSTALL(TN_Q6_K, q6_K);
+}
