@@ -245,8 +245,11 @@ static inline float tn_row_q4K(const block_q4_K *wb, int64_t nsb, const int8_t *
         a1 = _mm512_dpwssd_epi32(a1, p3, _mm512_permutexvar_epi16(sidx[3], sw));
         const __m512i isum = _mm512_add_epi32(a0, a1);
         const __m128i msum = _mm_madd_epi16(_mm256_extracti128_si256(sm16, 1), _mm_loadu_si128((const __m128i *)(gs + s * 8)));
-        accA = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(tn_fp16_to_fp32(b->d) * dx[s]), accA);
-        accM = _mm_fmadd_ps(_mm_cvtepi32_ps(msum), _mm_set1_ps(tn_fp16_to_fp32(b->dmin) * dx[s]), accM);
+        uint32_t dm;
+        memcpy(&dm, b, 4); /* d, dmin */
+        const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)dm)), _mm_set1_ps(dx[s]));
+        accA = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_broadcastss_ps(dd), accA);
+        accM = _mm_fmadd_ps(_mm_cvtepi32_ps(msum), _mm_permute_ps(dd, 0x55), accM);
     }
     __m128 t = _mm_add_ps(accM, _mm_movehl_ps(accM, accM));
     t = _mm_add_ss(t, _mm_movehdup_ps(t));
@@ -323,7 +326,8 @@ static inline float tn_row_q6K(const block_q6_K *wb, const block_q8_K *xb, int64
             isum = _mm512_dpwssd_epi32(isum, plo, _mm512_permutexvar_epi16(sidx[2 * h], sw));
             isum2 = _mm512_dpwssd_epi32(isum2, phi, _mm512_permutexvar_epi16(sidx[2 * h + 1], sw));
         }
-        const __m512 d = _mm512_set1_ps(tn_fp16_to_fp32(b->d) * xb[s].d);
+        const __m128 d1 = _mm_mul_ss(_mm_cvtph_ps(_mm_cvtsi32_si128(b->d)), _mm_set_ss(xb[s].d));
+        const __m512 d = _mm512_broadcastss_ps(d1);
         if (s & 1)
             acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(isum, isum2)), d, acc1);
         else
