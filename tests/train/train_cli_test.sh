@@ -73,8 +73,9 @@ if [ "$PART" = all ] || [ "$PART" = resume ]; then
     "$TERN" "${TRAIN[@]}" --data "$corpus" --steps $STEPS --ckpt-dir "$TMP/rb" --ckpt-every 4 --resume -o "$TMP/b.gguf" \
       >/dev/null 2>"$TMP/err" &
     pid=$!
-    # kill at a uniformly random moment of an uninterrupted run's duration
-    sleep "$(awk -v r=$RANDOM -v d=$dur_ms 'BEGIN { printf "%.3f", r / 32768 * d / 1000 }')"
+    # kill at a uniformly random moment of an uninterrupted run's duration, stretched a little more
+    # on every attempt so a machine slower now than when it was timed still lets the run progress
+    sleep "$(awk -v r=$RANDOM -v d=$dur_ms -v a=$attempt 'BEGIN { printf "%.3f", r / 32768 * d * (1 + a / 10) / 1000 }')"
     if kill -9 $pid 2>/dev/null; then
       wait $pid 2>/dev/null
       kills=$((kills + 1))
