@@ -137,3 +137,29 @@ bool tn_cli_default_model(char *buf, size_t cap) {
 #endif
     return false;
 }
+
+tern_status tn_cli_tokenize(const tern_model *m, const char *text, size_t len, bool add_special, bool parse_special,
+                            tern_token **out, int32_t *n_out) {
+    *out = NULL;
+    *n_out = 0;
+    int32_t cap = (int32_t)(len + 8 < (1u << 30) ? len + 8 : (1u << 30)), n = 0;
+    tern_token *toks = malloc((size_t)cap * sizeof *toks);
+    if (!toks) return TERN_ERR_NOMEM;
+    tern_status s = tern_tokenize(m, text, len, add_special, parse_special, toks, cap, &n);
+    if (s == TERN_ERR_FULL) { /* byte fallback can need more tokens than bytes: retry at the size asked */
+        tern_token *bigger = realloc(toks, (size_t)n * sizeof *toks);
+        if (!bigger) {
+            free(toks);
+            return TERN_ERR_NOMEM;
+        }
+        toks = bigger;
+        s = tern_tokenize(m, text, len, add_special, parse_special, toks, n, &n);
+    }
+    if (s) {
+        free(toks);
+        return s;
+    }
+    *out = toks;
+    *n_out = n;
+    return TERN_OK;
+}

@@ -47,5 +47,9 @@ tern_status tn_cli_read_file(const char *path, char **out, size_t *len);
  * <exe>/../models/tern-default.gguf, <source dir>/models/tern-default.gguf. */
 bool tn_cli_default_model(char *buf, size_t cap);
 double tn_cli_now(void);
+/* Tokenizes text into a malloc'd array (*out, *n_out), growing it when byte fallback needs more
+ * tokens than bytes. On failure *out is NULL and the status says why (NOMEM for the array). */
+tern_status tn_cli_tokenize(const tern_model *m, const char *text, size_t len, bool add_special, bool parse_special,
+                            tern_token **out, int32_t *n_out);
 
 #endif

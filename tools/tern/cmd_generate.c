@@ -182,27 +182,18 @@ int cmd_generate(int argc, char **argv) {
         goto done;
     }
     size_t plen = strlen(prompt);
-    int32_t cap = (int32_t)(plen + 8 < 1u << 30 ? plen + 8 : 1u << 30), n_prompt = 0;
-    toks = malloc((size_t)cap * sizeof *toks);
-    if (!toks) {
-        fprintf(stderr, "tern: error: out of memory for %d prompt tokens\n", cap);
-        rc = TN_EXIT_OSERR;
+    int32_t n_prompt = 0;
+    if ((s = tn_cli_tokenize(m, prompt, plen, true, true, &toks, &n_prompt))) {
+        rc = tn_cli_fail(s, "tokenizing the prompt");
         goto done;
     }
-    s = tern_tokenize(m, prompt, plen, true, true, toks, cap, &n_prompt);
-    if (s == TERN_ERR_FULL) { /* byte fallback can need more tokens than bytes: retry at the size asked */
-        tern_token *bigger = realloc(toks, (size_t)n_prompt * sizeof *toks);
-        if (!bigger) {
+    if (n_prompt == 0) { /* room for the start token added below */
+        free(toks);
+        toks = malloc(sizeof *toks);
+        if (!toks) {
             rc = TN_EXIT_OSERR;
             goto done;
         }
-        toks = bigger;
-        cap = n_prompt;
-        s = tern_tokenize(m, prompt, plen, true, true, toks, cap, &n_prompt);
-    }
-    if (s) {
-        rc = tn_cli_fail(s, "tokenizing the prompt");
-        goto done;
     }
     if (n_prompt == 0) { /* a model needs at least one token to start from */
         tern_token b = tern_token_bos(m);

@@ -56,25 +56,14 @@ int cmd_tokenize(int argc, char **argv) {
         return tn_cli_fail(s, "loading the model");
     }
     int rc = 0;
-    int32_t cap = (int32_t)(len + 8), n = 0;
-    tern_token *toks = malloc((size_t)cap * sizeof *toks);
+    int32_t n = 0;
+    tern_token *toks = NULL;
     char *piece = malloc(1024), *back = NULL;
-    if (!toks || !piece) {
+    if (!piece) {
         rc = TN_EXIT_OSERR;
         goto done;
     }
-    s = tern_tokenize(m, text, len, add_special, parse_special, toks, cap, &n);
-    if (s == TERN_ERR_FULL) { /* byte fallback can need more tokens than bytes: retry at the size asked */
-        tern_token *bigger = realloc(toks, (size_t)n * sizeof *toks);
-        if (!bigger) {
-            rc = TN_EXIT_OSERR;
-            goto done;
-        }
-        toks = bigger;
-        cap = n;
-        s = tern_tokenize(m, text, len, add_special, parse_special, toks, cap, &n);
-    }
-    if (s) {
+    if ((s = tn_cli_tokenize(m, text, len, add_special, parse_special, &toks, &n))) {
         rc = tn_cli_fail(s, "tokenizing");
         goto done;
     }
