@@ -111,7 +111,7 @@ TN_DECL_GEMV(tn_k_gemv_q6_K_q8_K__avx512)
 static const tn_gemm_fn gemv[] = {tn_k_gemv_q4_0_q8_0__avx512, tn_k_gemv_q8_0_q8_0__avx512, tn_k_gemv_q4_K_q8_K__avx512,
                                   tn_k_gemv_q6_K_q8_K__avx512};
 /* types whose table slot is wrapped (n == 1 -> gemv) */
-static const int wrapped[] = {1, 0, 1, 1};
+static const int wrapped[] = {1, 1, 1, 1}; /* q4_0, q8_0, q4_K, q6_K all use the row kernels for n == 1 */
 static const int64_t ms[] = {1, 7, 8, 9, 64, 257};
 
 static int have_avx512(void) {

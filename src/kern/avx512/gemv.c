@@ -109,6 +109,7 @@ static inline float tn_row32(const uint8_t *row, int64_t nb, int64_t ng, const t
     const __m512i gidx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                             _mm512_set1_epi32((int)S));
     float sumf = 0;
+    __m512 vacc = _mm512_setzero_ps();
     for (int64_t g = 0; g < ng; g++) {
         const uint8_t *p = row + (size_t)g * 16 * S;
         const int8_t *xr = X->xr + g * 512;
@@ -138,13 +139,12 @@ static inline float tn_row32(const uint8_t *row, int64_t nb, int64_t ng, const t
         const __m512i isum = _mm512_sub_epi32(tn_red4(r[0], r[1], r[2], r[3]), _mm512_loadu_si512(X->sx + g * 16));
         const __m512i dh = _mm512_i32gather_epi32(gidx, (const void *)p, 1);
         const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dh));
-        /* acc = fma(float(s_b), d_w d_x, acc) block after block: the avx512 gemm's per-row order,
-         * so decode and prefill give the same bits (tests/model/test_forward batch equivalence) */
-        _Alignas(64) float fs[16], fd[16];
-        _mm512_store_ps(fs, _mm512_cvtepi32_ps(isum));
-        _mm512_store_ps(fd, _mm512_mul_ps(dw, _mm512_loadu_ps(X->dx + g * 16)));
-        for (int b = 0; b < 16; b++) sumf = fmaf(fs[b], fd[b], sumf);
+        /* 16 blocks' float(s_b) * d_w * d_x in one vector accumulator (lanes summed at the end): no
+         * serial chain, so the row streams at memory speed; the order differs from the tiled gemm's
+         * only by float reassociation */
+        vacc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_loadu_ps(X->dx + g * 16)), vacc);
     }
+    sumf = _mm512_reduce_add_ps(vacc);
     for (int64_t b = ng * 16; b < nb; b++) {
         const uint8_t *blk = row + (size_t)b * S;
         const int8_t *xq = xb[b].qs;
@@ -382,9 +382,7 @@ void tn_kern_register_gemv_avx512(tn_kern_table *t) {
     const tn_cpu *c = tn_cpu_get();
     if (!c->avx512vnni || !c->avx512vbmi) return;
     TN_GEMV_INSTALL(TN_Q4_0, q4_0);
-    /* q8_0: the row kernel is not faster than the tiled decode yet (its in-order float chain is
-     * latency-bound at one row), so the slot keeps the tiled gemm */
-    (void)tn_gemv_wrap_q8_0;
+    TN_GEMV_INSTALL(TN_Q8_0, q8_0);
     TN_GEMV_INSTALL(TN_Q4_K, q4_K);
     TN_GEMV_INSTALL(TN_Q6_K, q6_K);
 }
