@@ -73,9 +73,10 @@ if [ "$PART" = all ] || [ "$PART" = resume ]; then
     "$TERN" "${TRAIN[@]}" --data "$corpus" --steps $STEPS --ckpt-dir "$TMP/rb" --ckpt-every 4 --resume -o "$TMP/b.gguf" \
       >/dev/null 2>"$TMP/err" &
     pid=$!
-    # kill at a uniformly random moment of an uninterrupted run's duration, stretched a little more
-    # on every attempt so a machine slower now than when it was timed still lets the run progress
-    sleep "$(awk -v r=$RANDOM -v d=$dur_ms -v a=$attempt 'BEGIN { printf "%.3f", r / 32768 * d * (1 + a / 10) / 1000 }')"
+    # kill at a uniformly random moment: within the first half of an uninterrupted run's duration
+    # until a kill has landed, then over the whole duration, stretched a little more on every
+    # attempt so a machine slower now than when it was timed still lets the run progress
+    sleep "$(awk -v r=$RANDOM -v d=$dur_ms -v a=$attempt -v k=$kills 'BEGIN { f = k ? (1 + a / 10) : 0.5; printf "%.3f", r / 32768 * d * f / 1000 }')"
     if kill -9 $pid 2>/dev/null; then
       wait $pid 2>/dev/null
       kills=$((kills + 1))
@@ -87,6 +88,10 @@ if [ "$PART" = all ] || [ "$PART" = resume ]; then
     else
       wait $pid; rc=$?
       [ $rc -eq 0 ] || bad "resumed run failed ($rc): $(tail -1 "$TMP/err")"
+      if [ $kills -eq 0 ]; then # finished before any kill landed: start over, the test needs one
+        rm -rf "$TMP/rb" "$TMP/b.gguf" "$TMP/b.loss.csv" "$TMP/b.loss.svg"
+        continue
+      fi
       break
     fi
   done
