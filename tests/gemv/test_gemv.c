@@ -26,6 +26,7 @@
 #include <cmocka.h>
 
 #include "core/fp16.h"
+#include "kern/avx2/kernels.h"
 #include "kern/avx512/kernels.h"
 #include "kern/kern.h"
 #include "quant/blocks.h"
@@ -52,7 +53,7 @@ static void fill_floats(float *x, int64_t n) {
 /* Weight row: quantized random floats, or (raw) random bytes with small finite fp16 scales. */
 static void make_row(tn_dtype t, int64_t k, uint8_t *row, int raw) {
     const tn_dtype_traits *tr = tn_dtype_get(t);
-    if (!raw) {
+    if (!raw || t == TN_F16) { /* random bytes are no valid f16 row (NaN, Inf): always real values */
         float *f = malloc((size_t)k * sizeof(float));
         fill_floats(f, k);
         assert_true(tn_quantize_row_ref(t, f, row, k));
@@ -99,7 +100,7 @@ static double abs_terms(tn_dtype wt, int64_t k, const uint8_t *w, const uint8_t 
 
 static double tol_of(int64_t k, double S) { return 8.0 * sqrt((double)k + 16.0) * ldexp(1.0, -24) * S + 1e-30; }
 
-static const tn_dtype types[] = {TN_Q4_0, TN_Q8_0, TN_Q4_K, TN_Q6_K};
+static const tn_dtype types[] = {TN_Q4_0, TN_Q8_0, TN_Q4_K, TN_Q6_K, TN_F16};
 /* the kernels (called directly: q8_0's is not installed in the table) */
 #define TN_DECL_GEMV(name)                                                                                             \
     void name(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x, size_t x_rb, float *y,       \
@@ -108,10 +109,11 @@ TN_DECL_GEMV(tn_k_gemv_q4_0_q8_0__avx512)
 TN_DECL_GEMV(tn_k_gemv_q8_0_q8_0__avx512)
 TN_DECL_GEMV(tn_k_gemv_q4_K_q8_K__avx512)
 TN_DECL_GEMV(tn_k_gemv_q6_K_q8_K__avx512)
+TN_DECL_GEMV(tn_k_gemv_f16_f16__avx512)
 static const tn_gemm_fn gemv[] = {tn_k_gemv_q4_0_q8_0__avx512, tn_k_gemv_q8_0_q8_0__avx512, tn_k_gemv_q4_K_q8_K__avx512,
-                                  tn_k_gemv_q6_K_q8_K__avx512};
+                                  tn_k_gemv_q6_K_q8_K__avx512, tn_k_gemv_f16_f16__avx512};
 /* types whose table slot is wrapped (n == 1 -> gemv) */
-static const int wrapped[] = {1, 1, 1, 1}; /* q4_0, q8_0, q4_K, q6_K all use the row kernels for n == 1 */
+static const int wrapped[] = {1, 1, 1, 1, 1}; /* every type above uses its row kernel for n == 1 */
 static const int64_t ms[] = {1, 7, 8, 9, 64, 257};
 
 static int have_avx512(void) {
@@ -178,8 +180,9 @@ static void test_gemv_wrapper_n_gt_1(void **state) {
     (void)state;
     if (!have_avx512()) return;
     const tn_kern_table *opt = tn_kern_at(TN_ISA_AVX512);
+    /* f16: the avx512 level keeps the avx2 tile kernel for n > 1 */
     const tn_gemm_fn prev[] = {tn_k_gemm_q4_0_q8_0__avx512, tn_k_gemm_q8_0_q8_0__avx512, tn_k_gemm_q4_K_q8_K__avx512,
-                               tn_k_gemm_q6_K_q8_K__avx512};
+                               tn_k_gemm_q6_K_q8_K__avx512, tn_k_gemm_f16_f16__avx2};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         const tn_dtype wt = types[ti], at = tn_dtype_get(wt)->vec_dot_type;
         if (!wrapped[ti]) {

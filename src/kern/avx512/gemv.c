@@ -353,6 +353,49 @@ void tn_k_gemv_q6_K_q8_K__avx512(int64_t k, int64_t m, int64_t n, const void *w,
     }
 }
 
+
+/* ---- f16 x f16 -------------------------------------------------------------------------------------
+ * The activation row is widened to f32 once per call; each weight row then streams through 256-bit
+ * F16C conversions into eight FMA accumulators (on Zen 4 the 512-bit vcvtph2ps halves the speed,
+ * measured 12 vs 22 GB/s). Products of two f16 values are exact in f32, so only the order of the
+ * f32 sum differs from the reference. Returns false (caller falls back) if the scratch allocation
+ * fails. */
+static bool tn_gemv_f16(int64_t k, int64_t m, const void *w, size_t w_rb, const void *x, float *y) {
+    float *xf = aligned_alloc(64, (size_t)TN_PAD(k, 16) * sizeof(float));
+    if (!xf) return false;
+    const uint16_t *xh = x;
+    for (int64_t i = 0; i < k; i++) xf[i] = tn_fp16_to_fp32(xh[i]);
+    const int64_t k64 = k / 64 * 64;
+    for (int64_t r = 0; r < m; r++) {
+        const uint16_t *wr = (const uint16_t *)((const uint8_t *)w + (size_t)r * w_rb);
+        __m256 a[8];
+        for (int q = 0; q < 8; q++) a[q] = _mm256_setzero_ps();
+        for (int64_t j = 0; j < k64; j += 64)
+            for (int q = 0; q < 8; q++)
+                a[q] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wr + j + 8 * q))),
+                                       _mm256_load_ps(xf + j + 8 * q), a[q]);
+        const __m256 s0 = _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]));
+        const __m256 s1 = _mm256_add_ps(_mm256_add_ps(a[4], a[5]), _mm256_add_ps(a[6], a[7]));
+        const __m256 t = _mm256_add_ps(s0, s1);
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_add_ss(h, _mm_movehdup_ps(h));
+        float sum = _mm_cvtss_f32(h);
+        for (int64_t j = k64; j < k; j++) sum += tn_fp16_to_fp32(wr[j]) * xf[j];
+        y[r] = sum;
+    }
+    free(xf);
+    return true;
+}
+
+void tn_k_gemv_f16_f16__avx512(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,
+                               size_t x_rb, float *y, int64_t ldy) {
+    for (int64_t j = 0; j < n; j++)
+        if (!tn_gemv_f16(k, m, w, w_rb, (const uint8_t *)x + (size_t)j * x_rb, y + j * ldy))
+            tn_gemm_by_vec_dot(tn_k_vec_dot_f16_f16__scalar, k, m, 1, w, w_rb, (const uint8_t *)x + (size_t)j * x_rb,
+                               x_rb, y + j * ldy, ldy);
+}
+
 /* ---- registration: wrap the slot's gemm ----------------------------------------------------------- */
 
 #define TN_GEMV_WRAP(wt, at)                                                                                           \
@@ -368,6 +411,7 @@ TN_GEMV_WRAP(q4_0, q8_0)
 TN_GEMV_WRAP(q8_0, q8_0)
 TN_GEMV_WRAP(q4_K, q8_K)
 TN_GEMV_WRAP(q6_K, q8_K)
+TN_GEMV_WRAP(f16, f16)
 
 #define TN_GEMV_INSTALL(T, wt)                                                                                         \
     do {                                                                                                               \
@@ -385,4 +429,5 @@ void tn_kern_register_gemv_avx512(tn_kern_table *t) {
     TN_GEMV_INSTALL(TN_Q8_0, q8_0);
     TN_GEMV_INSTALL(TN_Q4_K, q4_K);
     TN_GEMV_INSTALL(TN_Q6_K, q6_K);
+    TN_GEMV_INSTALL(TN_F16, f16);
 }
