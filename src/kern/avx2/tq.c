@@ -1,5 +1,5 @@
 /*
- * tq.c (AVX2) — fused dequant-dot for tern's any-bit types (body in kern/tq_dot.inc).
+ * tq.c (AVX2) — fused dequant-dot for tern's any-bit types (body in kern/avx2/tq_dot.inc).
  * maddubs saturates at +-32767, so 8-bit codes (q <= 255) are split q = (q & 127) + (q & 128)
  * into two exact products; <= 7-bit codes use one.
  */
@@ -41,6 +41,6 @@ static inline __m256i tq_sum_s8_avx2(__m256i a) {
 #define TQ_EXPAND1(u) tq_expand1_avx2(u)
 #define TQ_DOT_U8S8(q, a) (bits == 8 ? tq_dot_u8s8_avx2(q, a) : tq_dot_u7s8_avx2(q, a))
 #define TQ_SUM_S8(a) tq_sum_s8_avx2(a)
-#include "kern/tq_dot.inc"
+#include "kern/avx2/tq_dot.inc"
 
 void tn_kern_register_tq_avx2(tn_kern_table *t) { tq_register(t, TN_ISA_AVX2); }
