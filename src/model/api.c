@@ -170,7 +170,6 @@ tern_status tern_ctx_create(const tern_model *m, const tern_ctx_params *pp, tern
         memset(c->k_cache, 0, kv_elems * sizeof(tn_fp16));
         memset(c->v_cache, 0, kv_elems * sizeof(tn_fp16));
     }
-    const int64_t wide = TN_MAX(d, (int64_t)hp->n_ff);
     c->x = tn_ctx_alloc(c, (size_t)(nb * d) * sizeof(float), &ok);
     c->xb = tn_ctx_alloc(c, (size_t)(nb * d) * sizeof(float), &ok);
     c->q = tn_ctx_alloc(c, (size_t)(nb * d) * sizeof(float), &ok);
@@ -203,7 +202,6 @@ tern_status tern_ctx_create(const tern_model *m, const tern_ctx_params *pp, tern
     c->out_rows = tn_ctx_alloc(c, (size_t)nb * sizeof(int32_t), &ok);
     c->b_logits = tn_ctx_alloc(c, (size_t)nb, &ok);
     c->logits = tn_ctx_alloc(c, (size_t)c->n_logits_cap * (size_t)hp->n_vocab * sizeof(float), &ok);
-    TN_UNUSED(wide);
     if (!ok) {
         uint64_t need = c->bytes;
         tern_ctx_free(c);
