@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <time.h>
@@ -114,6 +115,102 @@ static int lg_connect(lg_ctx *L, double timeout) {
     return fd;
 }
 
+/* ---- response body: HTTP/1.1 chunked transfer coding (llama-server answers an HTTP/1.0 request
+ * with it) or plain bytes, decoded incrementally into buf; then SSE events split at a blank line
+ * (LF LF or CRLF CRLF). ---------------------------------------------------------------------- */
+enum { LG_RAW = 1 << 16 };
+
+typedef struct {
+    char *buf;
+    size_t len, cap, scan;
+    bool chunked, failed;
+    int state;       /* chunked: 0 size line, 1 data, 2 CRLF after data, 3 trailers */
+    size_t left;     /* bytes left in the current chunk */
+    char line[32];   /* the size line being read */
+    size_t line_len;
+} lg_body;
+
+/* Does the header block contain `name` with `token` in its value (case-insensitive)? */
+static bool lg_has_token(const char *head, const char *name, const char *token) {
+    size_t nl = strlen(name);
+    for (const char *p = head; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
+        if (strncasecmp(p, name, nl)) continue;
+        const char *e = strchr(p, '\n');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        for (size_t i = nl; i + strlen(token) <= len; i++)
+            if (!strncasecmp(p + i, token, strlen(token))) return true;
+    }
+    return false;
+}
+
+static void lg_body_put(lg_body *B, const char *p, size_t n) {
+    if (B->len + n + 1 > B->cap) {
+        size_t cap = B->cap ? B->cap : 1 << 16;
+        while (cap < B->len + n + 1) cap *= 2;
+        char *q = realloc(B->buf, cap);
+        if (!q) {
+            B->failed = true;
+            return;
+        }
+        B->buf = q;
+        B->cap = cap;
+    }
+    memcpy(B->buf + B->len, p, n);
+    B->len += n;
+    B->buf[B->len] = 0;
+}
+
+static void lg_body_feed(lg_body *B, const char *p, size_t n) {
+    if (!B->chunked) {
+        lg_body_put(B, p, n);
+        return;
+    }
+    while (n > 0 && !B->failed) {
+        if (B->state == 1) { /* chunk data */
+            size_t k = n < B->left ? n : B->left;
+            lg_body_put(B, p, k);
+            p += k, n -= k, B->left -= k;
+            if (!B->left) B->state = 2;
+            continue;
+        }
+        char c = *p++;
+        n--;
+        if (B->state == 2) { /* the CRLF closing a chunk */
+            if (c == '\n') B->state = 0;
+            continue;
+        }
+        if (c != '\n') {
+            if (B->line_len + 1 < sizeof B->line) B->line[B->line_len++] = c;
+            continue;
+        }
+        B->line[B->line_len] = 0;
+        B->line_len = 0;
+        if (B->state == 3) continue; /* trailers after the last chunk */
+        char *end;
+        unsigned long long size = strtoull(B->line, &end, 16);
+        if (end == B->line) { /* not a chunk size: a server error */
+            B->failed = true;
+            return;
+        }
+        B->left = (size_t)size;
+        B->state = size ? 1 : 3;
+    }
+}
+
+/* Next complete SSE event (NUL-terminated, its blank line removed), or NULL. */
+static const char *lg_next_event(lg_body *B, size_t *len) {
+    if (!B->buf) return NULL;
+    char *s = B->buf + B->scan, *lf = strstr(s, "\n\n"), *crlf = strstr(s, "\r\n\r\n");
+    char *e = lf && (!crlf || lf < crlf) ? lf : crlf;
+    if (!e) return NULL;
+    size_t sep = e == lf ? 2 : 4;
+    *e = 0;
+    if (e > s && e[-1] == '\r') e[-1] = 0;
+    B->scan = (size_t)(e + sep - B->buf);
+    *len = strlen(s);
+    return s;
+}
+
 /* One streaming request; fills r. */
 static void lg_run_one(lg_ctx *L, int plen, int olen, lg_result *r) {
     uint64_t seed = (uint64_t)plen * 7919u + (uint64_t)(lg_now() * 1e6);
@@ -151,38 +248,40 @@ static void lg_run_one(lg_ctx *L, int plen, int olen, lg_result *r) {
     }
     bool sent = send(fd, head, (size_t)hl, MSG_NOSIGNAL) == hl && send(fd, bs, strlen(bs), MSG_NOSIGNAL) == (ssize_t)strlen(bs);
     free(bs);
-    size_t bcap = 1 << 16, blen = 0, scan = 0;
-    char *buf = malloc(bcap + 1);
+    lg_body B = {0};
+    char *raw = malloc(LG_RAW + 1);
+    size_t rlen = 0;
     double t_first = 0, t_last = 0;
     int chunks = 0;
     bool header_done = false, done = false;
-    while (sent && buf && !done) {
-        if (blen == bcap) {
-            char *q = realloc(buf, bcap * 2 + 1);
-            if (!q) break;
-            buf = q;
-            bcap *= 2;
-        }
-        ssize_t k = recv(fd, buf + blen, bcap - blen, 0);
+    while (sent && raw && !done && !B.failed) {
+        ssize_t k = recv(fd, raw + rlen, LG_RAW - rlen, 0);
         if (k <= 0) break;
-        blen += (size_t)k;
-        buf[blen] = 0;
+        rlen += (size_t)k;
+        raw[rlen] = 0;
         double now = lg_now();
+        size_t off = 0;
         if (!header_done) {
-            char *e = strstr(buf, "\r\n\r\n");
-            if (!e) continue;
-            sscanf(buf, "HTTP/%*s %d", &r->status);
+            char *e = strstr(raw, "\r\n\r\n");
+            if (!e) {
+                if (rlen == LG_RAW) break; /* headers larger than the buffer */
+                continue;
+            }
+            sscanf(raw, "HTTP/%*s %d", &r->status);
             header_done = true;
-            scan = (size_t)(e + 4 - buf);
+            *e = 0;
+            B.chunked = lg_has_token(raw, "transfer-encoding:", "chunked");
+            off = (size_t)(e + 4 - raw);
             if (r->status != 200) break;
         }
-        char *ev;
-        while ((ev = strstr(buf + scan, "\n\n"))) {
-            char *line = buf + scan;
-            *ev = 0;
-            scan = (size_t)(ev + 2 - buf);
-            if (strncmp(line, "data: ", 6)) continue;
-            line += 6;
+        lg_body_feed(&B, raw + off, rlen - off);
+        rlen = 0;
+        const char *ev;
+        size_t evlen;
+        while (!done && (ev = lg_next_event(&B, &evlen))) {
+            if (strncmp(ev, "data:", 5)) continue; /* comments (": ping"), event:, id: lines */
+            const char *line = ev + 5;
+            if (*line == ' ') line++;
             if (!strcmp(line, "[DONE]")) {
                 done = true;
                 break;
@@ -208,6 +307,8 @@ static void lg_run_one(lg_ctx *L, int plen, int olen, lg_result *r) {
             json_decref(j);
         }
     }
+    free(raw);
+    char *buf = B.buf;
     close(fd);
     free(buf);
     double end = lg_now();
@@ -419,7 +520,7 @@ int cmd_loadgen(int argc, char **argv) {
                               n_ok, "rejected_429", n_429, "failed", n_err, "dropped_client", (int)dropped, "unfinished",
                               n_unfinished, "prompt_tokens", (json_int_t)in_tok, "output_tokens", (json_int_t)out_tok,
                               "throughput_req_s", n_ok / wall, "throughput_tok_s", out_tok / wall, "goodput_req_s",
-                              n_good / wall, "slo_attainment", n_sent ? (double)n_good / n_sent : 0.0, "arrival_s", t_arrivals);
+                              n_good / (t_arrivals > 0 ? t_arrivals : wall), "slo_attainment", n_sent ? (double)n_good / n_sent : 0.0, "arrival_s", t_arrivals);
         json_object_set_new(j, "slo", json_pack("{s:f, s:f}", "ttft_ms", L->ttft_slo * 1e3, "tpot_ms", L->tpot_slo * 1e3));
         json_object_set_new(j, "ttft_ms", json_pack("{s:f, s:f, s:f}", "p50", pct(ttft, n_ok, 50) * 1e3, "p90",
                                                      pct(ttft, n_ok, 90) * 1e3, "p99", pct(ttft, n_ok, 99) * 1e3));
@@ -443,7 +544,7 @@ int cmd_loadgen(int argc, char **argv) {
                pct(tpot, n_ok, 99) * 1e3);
         printf("  E2E ms     p50 %.1f  p90 %.1f  p99 %.1f\n", pct(e2e, n_ok, 50) * 1e3, pct(e2e, n_ok, 90) * 1e3,
                pct(e2e, n_ok, 99) * 1e3);
-        printf("  goodput    %.2f req/s meeting TTFT <= %.0f ms and TPOT <= %.1f ms (%.1f%% of sent)\n", n_good / wall,
+        printf("  goodput    %.2f req/s meeting TTFT <= %.0f ms and TPOT <= %.1f ms (%.1f%% of sent)\n", n_good / (t_arrivals > 0 ? t_arrivals : wall),
                L->ttft_slo * 1e3, L->tpot_slo * 1e3, n_sent ? 100.0 * n_good / n_sent : 0.0);
     }
     free(ttft);
