@@ -27,6 +27,15 @@ typedef struct tn_batch {
     const int8_t *logits; /* nonzero: compute logits for this token */
 } tn_batch;
 
+/* Where an activation observer is called: the matmuls reading one input. */
+typedef enum tn_obs_site {
+    TN_OBS_ATTN_IN,   /* wq, wk, wv   (x = normed residual, ne0 = n_embd)          */
+    TN_OBS_ATTN_OUT,  /* wo           (x = attention output, ne0 = n_embd)         */
+    TN_OBS_FFN_IN,    /* w_gate, w_up (x = normed residual, ne0 = n_embd)          */
+    TN_OBS_FFN_DOWN,  /* w_down       (x = silu(gate) * up, ne0 = n_ff)            */
+    TN_OBS_OUTPUT,    /* output       (x = final normed rows wanting logits; il = n_layer) */
+} tn_obs_site;
+
 struct tern_ctx {
     const tern_model *model;
     tn_hparams hp;
@@ -62,6 +71,12 @@ struct tern_ctx {
      * (il = n_layer for the final normed rows). Must not modify anything. */
     void (*debug_layer)(void *user, int32_t il, const float *x, int32_t n, int32_t n_embd);
     void *debug_user;
+    /* Activation observer (tern imatrix): when set, thread 0 calls it with the f32 input rows
+     * x[n][ne0] of each group of matmuls that share an input, after the barrier that completes
+     * them and before the matmuls run (other threads may be reading x meanwhile; the observer
+     * must only read). NULL (the default) costs one predictable branch per group. */
+    void (*observe)(void *user, int32_t il, tn_obs_site site, const float *x, int32_t n, int32_t ne0);
+    void *observe_user;
 };
 
 /* One forward pass over n tokens at positions n_past..; writes KV and logits (last token, or

@@ -76,6 +76,7 @@ static void tn_forward_task(void *vp, int ith, int nth) {
         /* ---- attention block ---- */
         tn_rmsnorm_rows(c->x, c->xb, L->attn_norm.data, d, hp->rms_eps, t0, t1);
         tn_pool_barrier(pool);
+        if (c->observe && ith == 0) c->observe(c->observe_user, il, TN_OBS_ATTN_IN, c->xb, n, d);
         /* q = Wq xb ; k,v = Wk xb, Wv xb   (xb quantized once when the types agree) */
         tn_matmul_quantize_task(pool, ith, nth, kt, L->wq.type, c->xb, d, d, n, c->xq);
         tn_matmul_compute_task(ith, nth, kt, L->wq.type, L->wq.data, d, d, c->xq, n, c->q, d);
@@ -119,6 +120,7 @@ static void tn_forward_task(void *vp, int ith, int nth) {
         tn_pool_barrier(pool);
 
         /* x += Wo att */
+        if (c->observe && ith == 0) c->observe(c->observe_user, il, TN_OBS_ATTN_OUT, c->att, n, d);
         tn_matmul_quantize_task(pool, ith, nth, kt, L->wo.type, c->att, d, d, n, c->xq);
         tn_matmul_compute_task(ith, nth, kt, L->wo.type, L->wo.data, d, d, c->xq, n, c->tmp, d);
         tn_matmul_rows(d, ith, nth, &r0, &r1);
@@ -128,6 +130,7 @@ static void tn_forward_task(void *vp, int ith, int nth) {
         /* ---- feed-forward block: x += Wdown (silu(Wgate xb) * Wup xb) ---- */
         tn_rmsnorm_rows(c->x, c->xb, L->ffn_norm.data, d, hp->rms_eps, t0, t1);
         tn_pool_barrier(pool);
+        if (c->observe && ith == 0) c->observe(c->observe_user, il, TN_OBS_FFN_IN, c->xb, n, d);
         tn_matmul_quantize_task(pool, ith, nth, kt, L->w_gate.type, c->xb, d, d, n, c->xq);
         tn_matmul_compute_task(ith, nth, kt, L->w_gate.type, L->w_gate.data, n_ff, d, c->xq, n, c->hb, n_ff);
         if (tn_dtype_get(L->w_up.type)->vec_dot_type != tn_dtype_get(L->w_gate.type)->vec_dot_type) {
@@ -139,6 +142,7 @@ static void tn_forward_task(void *vp, int ith, int nth) {
         tn_matmul_rows(n_ff, ith, nth, &r0, &r1);
         for (int32_t j = 0; j < n; j++) tn_op_swiglu(c->hb + (int64_t)j * n_ff + r0, c->hb2 + (int64_t)j * n_ff + r0, r1 - r0);
         tn_pool_barrier(pool);
+        if (c->observe && ith == 0) c->observe(c->observe_user, il, TN_OBS_FFN_DOWN, c->hb, n, n_ff);
         tn_matmul_quantize_task(pool, ith, nth, kt, L->w_down.type, c->hb, n_ff, n_ff, n, c->xq);
         tn_matmul_compute_task(ith, nth, kt, L->w_down.type, L->w_down.data, d, n_ff, c->xq, n, c->tmp, d);
         tn_matmul_rows(d, ith, nth, &r0, &r1);
@@ -156,6 +160,7 @@ static void tn_forward_task(void *vp, int ith, int nth) {
     tn_pool_barrier(pool);
     if (c->debug_layer && ith == 0) c->debug_layer(c->debug_user, hp->n_layer, c->xb, nl, d);
     if (nl == 0) return;
+    if (c->observe && ith == 0) c->observe(c->observe_user, hp->n_layer, TN_OBS_OUTPUT, c->xb, nl, d);
     tn_matmul_quantize_task(pool, ith, nth, kt, m->output.type, c->xb, d, d, nl, c->xq);
     tn_matmul_compute_task(ith, nth, kt, m->output.type, m->output.data, hp->n_vocab, d, c->xq, nl, c->logits,
                            hp->n_vocab);

@@ -1,9 +1,15 @@
 /*
  * imatrix.h — importance matrices (per-column mean of squared activations of every matmul
- * weight), in llama.cpp's GGUF imatrix layout so files interoperate both ways:
- *   general.type = "imatrix"; per weight W: tensor "<W>.in_sum2" f32 [ne0] (sum over calls of
- *   x_i^2) and "<W>.counts" f32 [1] (number of activation rows summed).
- * The importance of column i is in_sum2[i] / counts.
+ * weight), in llama.cpp's GGUF imatrix layout (tools/imatrix/imatrix.cpp, common/imatrix-loader)
+ * so files interoperate both ways:
+ *   general.type = "imatrix"; imatrix.datasets (string array), imatrix.chunk_count (u32),
+ *   imatrix.chunk_size (u32) — llama-quantize refuses a GGUF imatrix without all three;
+ *   per weight W, in strcmp order of W: tensor "<W>.in_sum2" f32 [ne0] (sum over activation
+ *   rows of x_i^2) and "<W>.counts" f32 [1] (number of rows summed).
+ * The importance of column i is in_sum2[i] / counts (counts rounded to an integer first, as
+ * llama-quantize does; a zero count gives importance 1).
+ *
+ * The accumulator (tn_imatrix_acc) sums in double and is not thread-safe: one caller at a time.
  */
 #ifndef TN_QUANT_IMATRIX_H
 #define TN_QUANT_IMATRIX_H
@@ -18,9 +24,33 @@ void tn_imatrix_free(tn_imatrix *m);
 /* Importance of the ne0 columns of weight `name`, or NULL if absent or of another length. The
  * pointer lives as long as m. */
 const float *tn_imatrix_find(const tn_imatrix *m, const char *name, int64_t ne0);
+/* Number of entries, and the name / length of entry i (i < n). */
+size_t tn_imatrix_count(const tn_imatrix *m);
+const char *tn_imatrix_name(const tn_imatrix *m, size_t i, int64_t *ne0);
+/* imatrix.chunk_count / chunk_size of the file (0 when absent) and its first dataset (or NULL;
+ * lives as long as m). */
+void tn_imatrix_meta(const tn_imatrix *m, uint32_t *chunk_count, uint32_t *chunk_size, const char **dataset);
 
-/* Writes entries (names[i], sums[i][ne0[i]], counts[i]) as an imatrix GGUF (atomic). */
+/* Writes entries (names[i], sums[i][ne0[i]], counts[i]) as an imatrix GGUF (atomic), in name
+ * order, with llama-imatrix's metadata. */
 tern_status tn_imatrix_save(const char *path, size_t n, const char *const *names, const int64_t *ne0,
-                            const float *const *sums, const float *counts, const char *dataset);
+                            const float *const *sums, const float *counts, const char *dataset, uint32_t chunk_count,
+                            uint32_t chunk_size);
+
+/* ---- accumulation (tern imatrix) ----------------------------------------------------------- */
+typedef struct tn_imatrix_acc tn_imatrix_acc;
+
+tern_status tn_imatrix_acc_create(tn_imatrix_acc **out);
+void tn_imatrix_acc_free(tn_imatrix_acc *a);
+/* Index of entry `name` (ne0 columns), created empty if new. INVALID_ARG if it exists with
+ * another ne0 or the name is too long for GGUF. */
+tern_status tn_imatrix_acc_entry(tn_imatrix_acc *a, const char *name, int64_t ne0, size_t *idx);
+/* Adds the squares of n rows x[n][ne0] to the entries idx[0..n_idx) (weights sharing one input)
+ * and counts n rows for each. FORMAT if a value is not finite (nothing is added then). */
+tern_status tn_imatrix_acc_add(tn_imatrix_acc *a, const size_t *idx, size_t n_idx, const float *x, int64_t n, int64_t ne0);
+/* Entry i's sums (ne0 doubles) and row count; NULL past the end. */
+const double *tn_imatrix_acc_get(const tn_imatrix_acc *a, size_t i, int64_t *ne0, int64_t *count);
+tern_status tn_imatrix_acc_save(const tn_imatrix_acc *a, const char *path, const char *dataset, uint32_t chunk_count,
+                                uint32_t chunk_size);
 
 #endif
