@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/base.h"
 #include "serve/serve.h"
 
 tn_chat_tmpl tn_chat_detect(const char *t) {
@@ -24,64 +25,39 @@ const char *tn_chat_name(tn_chat_tmpl t) {
     }
 }
 
-typedef struct {
-    char *p;
-    size_t n, cap;
-    bool oom;
-} sbuf;
-
-static void put(sbuf *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->n + n + 1) cap *= 2;
-        char *q = realloc(b->p, cap);
-        if (!q) {
-            b->oom = true;
-            return;
-        }
-        b->p = q;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-static void puts_(sbuf *b, const char *s) { put(b, s, strlen(s)); }
-
 char *tn_chat_render(tn_chat_tmpl t, const tn_chat_msg *msgs, size_t n, size_t *len) {
-    sbuf b = {0};
-    puts_(&b, "");
+    tn_buf b = {0};
+    tn_buf_puts(&b, "");
     if (t == TN_CHAT_LLAMA3) {
         for (size_t i = 0; i < n; i++) {
-            puts_(&b, "<|start_header_id|>");
-            puts_(&b, msgs[i].role);
-            puts_(&b, "<|end_header_id|>\n\n");
-            put(&b, msgs[i].content, msgs[i].len);
-            puts_(&b, "<|eot_id|>");
+            tn_buf_puts(&b, "<|start_header_id|>");
+            tn_buf_puts(&b, msgs[i].role);
+            tn_buf_puts(&b, "<|end_header_id|>\n\n");
+            tn_buf_put(&b, msgs[i].content, msgs[i].len);
+            tn_buf_puts(&b, "<|eot_id|>");
         }
-        puts_(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+        tn_buf_puts(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
     } else if (t == TN_CHAT_LLAMA2) {
         /* [INST] <<SYS>>\nsys\n<</SYS>>\n\nuser [/INST] assistant </s><s>[INST] user [/INST] */
         bool in_inst = false, sys_pending = false;
         for (size_t i = 0; i < n; i++) {
             const char *r = msgs[i].role;
             if (!strcmp(r, "system") || !strcmp(r, "developer")) {
-                if (!in_inst) puts_(&b, "[INST] ");
+                if (!in_inst) tn_buf_puts(&b, "[INST] ");
                 in_inst = true;
-                puts_(&b, "<<SYS>>\n");
-                put(&b, msgs[i].content, msgs[i].len);
-                puts_(&b, "\n<</SYS>>\n\n");
+                tn_buf_puts(&b, "<<SYS>>\n");
+                tn_buf_put(&b, msgs[i].content, msgs[i].len);
+                tn_buf_puts(&b, "\n<</SYS>>\n\n");
                 sys_pending = true;
             } else if (!strcmp(r, "assistant")) {
-                puts_(&b, " ");
-                put(&b, msgs[i].content, msgs[i].len);
-                puts_(&b, " </s><s>");
+                tn_buf_puts(&b, " ");
+                tn_buf_put(&b, msgs[i].content, msgs[i].len);
+                tn_buf_puts(&b, " </s><s>");
                 in_inst = false;
             } else {
-                if (!in_inst) puts_(&b, "[INST] ");
-                put(&b, msgs[i].content, msgs[i].len);
-                puts_(&b, " [/INST]");
+                if (!in_inst) tn_buf_puts(&b, "[INST] ");
+                tn_buf_put(&b, msgs[i].content, msgs[i].len);
+                tn_buf_puts(&b, " [/INST]");
                 in_inst = false;
                 sys_pending = false;
             }
@@ -89,18 +65,13 @@ char *tn_chat_render(tn_chat_tmpl t, const tn_chat_msg *msgs, size_t n, size_t *
         (void)sys_pending;
     } else {
         for (size_t i = 0; i < n; i++) {
-            puts_(&b, "<|im_start|>");
-            puts_(&b, msgs[i].role);
-            puts_(&b, "\n");
-            put(&b, msgs[i].content, msgs[i].len);
-            puts_(&b, "<|im_end|>\n");
+            tn_buf_puts(&b, "<|im_start|>");
+            tn_buf_puts(&b, msgs[i].role);
+            tn_buf_puts(&b, "\n");
+            tn_buf_put(&b, msgs[i].content, msgs[i].len);
+            tn_buf_puts(&b, "<|im_end|>\n");
         }
-        puts_(&b, "<|im_start|>assistant\n");
+        tn_buf_puts(&b, "<|im_start|>assistant\n");
     }
-    if (b.oom) {
-        free(b.p);
-        return NULL;
-    }
-    *len = b.n;
-    return b.p;
+    return tn_buf_take(&b, len);
 }

@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/base.h"
 #include "serve/serve.h"
 
 typedef struct tn_server {
@@ -37,7 +38,7 @@ typedef struct tn_server {
 typedef struct tn_conn {
     char *body;
     size_t len, cap;
-    bool too_big, responded;
+    bool too_big, oom, responded;
 } tn_conn;
 
 void tn_serve_config_init(tn_serve_config *c) {
@@ -53,55 +54,50 @@ void tn_serve_config_init(tn_serve_config *c) {
 }
 
 /* ---- responses ------------------------------------------------------------------------------- */
-static enum MHD_Result send_text(struct MHD_Connection *c, int status, const char *ctype, char *text, size_t len) {
-    struct MHD_Response *r = MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE);
+/* The answer when even building an error fails: static, allocates nothing of ours. */
+static const char tn_oom_body[] =
+    "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":500}}";
+
+static enum MHD_Result send_oom(struct MHD_Connection *c) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(sizeof tn_oom_body - 1, (void *)tn_oom_body, MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", "application/json");
+    enum MHD_Result ok = MHD_queue_response(c, 500, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
+/* Sends text (allocated by tn_malloc or jansson; freed here) with optional extra headers. */
+static enum MHD_Result send_owned(struct MHD_Connection *c, int status, const char *ctype, char *text, int retry_after) {
+    if (!text) return send_oom(c);
+    struct MHD_Response *r = MHD_create_response_from_buffer_with_free_callback(strlen(text), text, tn_free);
     if (!r) {
-        free(text);
+        tn_free(text);
         return MHD_NO;
     }
     MHD_add_response_header(r, "Content-Type", ctype);
+    if (retry_after > 0) {
+        char ra[32];
+        snprintf(ra, sizeof ra, "%d", retry_after);
+        MHD_add_response_header(r, "Retry-After", ra);
+    }
+    if (status == 405) MHD_add_response_header(r, "Allow", "GET, POST");
     enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     return ok;
 }
 
 static enum MHD_Result send_json(struct MHD_Connection *c, int status, json_t *j) {
-    char *s = json_dumps(j, JSON_COMPACT);
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
-    if (!s) return MHD_NO;
-    return send_text(c, status, "application/json", s, strlen(s));
-}
-
-static json_t *err_json(const tn_http_err *e) {
-    json_t *o = json_pack("{s:s, s:s, s:i}", "message", e->msg, "type", e->type ? e->type : "server_error", "code", e->status);
-    json_object_set_new(o, "param", e->param[0] ? json_string(e->param) : json_null());
-    if (e->type && !strcmp(e->type, "exceed_context_size_error")) {
-        json_object_set_new(o, "n_prompt_tokens", json_integer(e->n_prompt));
-        json_object_set_new(o, "n_ctx", json_integer(e->n_ctx));
-    }
-    return json_pack("{s:o}", "error", o);
+    return send_owned(c, status, "application/json", s, 0);
 }
 
 static enum MHD_Result send_error(struct MHD_Connection *c, const tn_http_err *e, int retry_after) {
-    json_t *j = err_json(e);
-    char *s = json_dumps(j, JSON_COMPACT);
+    json_t *j = tn_resp_error(e);
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
-    if (!s) return MHD_NO;
-    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(s), s, MHD_RESPMEM_MUST_FREE);
-    if (!r) {
-        free(s);
-        return MHD_NO;
-    }
-    MHD_add_response_header(r, "Content-Type", "application/json");
-    if (retry_after > 0) {
-        char ra[32];
-        snprintf(ra, sizeof ra, "%d", retry_after);
-        MHD_add_response_header(r, "Retry-After", ra);
-    }
-    if (e->status == 405) MHD_add_response_header(r, "Allow", "GET, POST");
-    enum MHD_Result ok = MHD_queue_response(c, (unsigned)e->status, r);
-    MHD_destroy_response(r);
-    return ok;
+    return send_owned(c, e->status, "application/json", s, retry_after);
 }
 
 static enum MHD_Result send_err(struct MHD_Connection *c, int status, const char *type, const char *msg) {
@@ -141,73 +137,76 @@ static bool wait_change(tn_sreq *r, int fd, int ms) {
     return !gone;
 }
 
-/* ---- completion responses --------------------------------------------------------------------- */
-static json_t *usage_json(tn_sreq *r) {
-    return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", r->p.n_prompt, "completion_tokens", r->n_gen, "total_tokens",
-                     r->p.n_prompt + r->n_gen, "prompt_tokens_details", "cached_tokens", r->n_cached);
-}
-
-static json_t *final_json(tn_server *S, tn_sreq *r) {
-    bool chat = r->p.kind == TN_REQ_CHAT;
-    json_t *choice;
-    if (chat)
-        choice = json_pack("{s:i, s:{s:s, s:s%}, s:n, s:s}", "index", 0, "message", "role", "assistant", "content", r->out ? r->out : "",
-                           r->out_len, "logprobs", "finish_reason", r->finish ? r->finish : "stop");
-    else
-        choice = json_pack("{s:i, s:s%, s:n, s:s}", "index", 0, "text", r->out ? r->out : "", r->out_len, "logprobs",
-                           "finish_reason", r->finish ? r->finish : "stop");
-    double pms = (r->t_first > 0 ? r->t_first - r->t_admit : 0) * 1e3, gms = (r->t_done - r->t_first) * 1e3;
-    json_t *timings = json_pack("{s:i, s:f, s:i, s:f, s:i}", "prompt_n", r->p.n_prompt - r->n_cached, "prompt_ms", pms,
-                                "predicted_n", r->n_gen, "predicted_ms", gms > 0 ? gms : 0.0, "cache_n", r->n_cached);
-    return json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o, s:o}", "id", r->id, "object", chat ? "chat.completion" : "text_completion",
-                     "created", (json_int_t)r->created, "model", S->model_id, "choices", choice, "usage", usage_json(r), "timings",
-                     timings);
-}
+/* ---- streaming ----------------------------------------------------------------------------------- */
+typedef struct tn_cstream {       /* what one choice has sent so far */
+    size_t consumed;              /* bytes of its text                */
+    int32_t lp_sent;              /* logprob entries                  */
+    bool fin_sent;
+} tn_cstream;
 
 typedef struct tn_stream {
     tn_server *S;
     tn_sreq *r;
     int fd;
     int phase;
-    size_t consumed; /* bytes of r->out already sent */
-    char *pend;
-    size_t pend_len, pend_off;
+    tn_cstream *cs;               /* [r->p.n] */
+    tn_buf ev;                    /* events not yet handed to libmicrohttpd: ev.p[off, ev.n)   */
+    size_t off;
+    const char *fixed;            /* instead of ev: a static error event, then the end         */
     double last_send;
 } tn_stream;
 
-static void stream_set(tn_stream *st, json_t *j) {
+/* An error event that needs no allocation. */
+static const char tn_oom_event[] =
+    "data: {\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":500}}\n\n";
+
+static void stream_raw(tn_stream *st, const char *s, size_t n) { tn_buf_put(&st->ev, s, n); }
+
+/* Appends `data: <json>\n\n` (takes j; NULL means an allocation failed). */
+static void stream_event(tn_stream *st, json_t *j) {
     char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
-    free(st->pend);
-    st->pend = NULL;
-    st->pend_len = st->pend_off = 0;
-    if (!s) return;
-    size_t n = strlen(s);
-    st->pend = malloc(n + 9);
-    if (st->pend) {
-        memcpy(st->pend, "data: ", 6);
-        memcpy(st->pend + 6, s, n);
-        memcpy(st->pend + 6 + n, "\n\n", 3);
-        st->pend_len = n + 8;
+    if (!s) {
+        st->ev.oom = true;
+        return;
     }
-    free(s);
+    stream_raw(st, "data: ", 6);
+    stream_raw(st, s, strlen(s));
+    stream_raw(st, "\n\n", 2);
+    tn_free(s);
 }
 
-static void stream_raw(tn_stream *st, const char *s) {
-    free(st->pend);
-    st->pend = strdup(s);
-    st->pend_len = st->pend ? strlen(s) : 0;
-    st->pend_off = 0;
+/* Something to send: new text or a finished choice (r->mu held). */
+static bool stream_news(const tn_stream *st) {
+    const tn_sreq *r = st->r;
+    for (int i = 0; i < r->p.n; i++)
+        if (r->ch[i].out_len > st->cs[i].consumed || (r->ch[i].finish && !st->cs[i].fin_sent)) return true;
+    return false;
 }
 
-static json_t *chunk_json(tn_server *S, tn_sreq *r, json_t *delta_or_text, const char *finish) {
+/* Chunks for every choice with news: its new text with the logprobs of the tokens so far, then
+ * its finish_reason once the engine finished it (r->mu held). */
+static void stream_collect(tn_stream *st) {
+    tn_sreq *r = st->r;
     bool chat = r->p.kind == TN_REQ_CHAT;
-    json_t *choice = json_pack("{s:i, s:o, s:n, s:o}", "index", 0, chat ? "delta" : "text", delta_or_text, "logprobs",
-                               "finish_reason", finish ? json_string(finish) : json_null());
-    json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", r->id, "object", chat ? "chat.completion.chunk" : "text_completion",
-                          "created", (json_int_t)r->created, "model", S->model_id, "choices", choice);
-    if (r->p.include_usage) json_object_set_new(j, "usage", json_null());
-    return j;
+    const char *mid = st->S->model_id;
+    for (int i = 0; i < r->p.n && !st->ev.oom; i++) {
+        tn_choice *c = &r->ch[i];
+        tn_cstream *cs = &st->cs[i];
+        if (c->out_len > cs->consumed) {
+            json_t *t = json_stringn(c->out + cs->consumed, c->out_len - cs->consumed);
+            json_t *lp = r->p.logprobs ? tn_resp_logprobs(st->S->model, r, i, cs->lp_sent, c->n_lp) : NULL;
+            stream_event(st, tn_resp_chunk(mid, r, i, chat ? json_pack("{s:o}", "content", t) : t, lp, NULL));
+            cs->consumed = c->out_len;
+            cs->lp_sent = c->n_lp;
+        }
+        if (c->finish && !cs->fin_sent && !st->ev.oom) {
+            json_t *lp = r->p.logprobs && cs->lp_sent < c->n_lp ? tn_resp_logprobs(st->S->model, r, i, cs->lp_sent, c->n_lp) : NULL;
+            stream_event(st, tn_resp_chunk(mid, r, i, chat ? json_object() : json_string(""), lp, c->finish));
+            cs->lp_sent = c->n_lp;
+            cs->fin_sent = true;
+        }
+    }
 }
 
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
@@ -216,74 +215,85 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     tn_sreq *r = st->r;
     bool chat = r->p.kind == TN_REQ_CHAT;
     for (;;) {
-        if (st->pend_off < st->pend_len) {
-            size_t k = st->pend_len - st->pend_off;
+        if (st->ev.oom && !st->fixed) { /* an event could not be built: a static error event, then the end */
+            atomic_store(&r->cancelled, 1);
+            tn_free(tn_buf_take(&st->ev, NULL));
+            st->fixed = tn_oom_event;
+            st->off = 0;
+            st->phase = 4;
+        }
+        const char *src = st->fixed ? st->fixed : st->ev.p;
+        size_t len = st->fixed ? sizeof tn_oom_event - 1 : st->ev.n;
+        if (st->off < len) {
+            size_t k = len - st->off;
             if (k > max) k = max;
-            memcpy(buf, st->pend + st->pend_off, k);
-            st->pend_off += k;
+            memcpy(buf, src + st->off, k);
+            st->off += k;
             st->last_send = tn_srv_now();
             return (ssize_t)k;
         }
+        if (!st->fixed) st->off = st->ev.n = 0;
         switch (st->phase) {
         case 0:
             st->phase = 1;
-            if (chat) stream_set(st, chunk_json(st->S, r, json_pack("{s:s, s:s}", "role", "assistant", "content", ""), NULL));
+            for (int i = 0; chat && i < r->p.n; i++)
+                stream_event(st, tn_resp_chunk(st->S->model_id, r, i, json_pack("{s:s, s:s}", "role", "assistant", "content", ""),
+                                               NULL, NULL));
             continue;
         case 1: {
             pthread_mutex_lock(&r->mu);
-            while (r->out_len == st->consumed && r->state != TN_SREQ_DONE) {
+            bool ping = false;
+            while (!stream_news(st) && r->state != TN_SREQ_DONE) {
                 if (!wait_change(r, st->fd, 50)) {
                     pthread_mutex_unlock(&r->mu);
                     return MHD_CONTENT_READER_END_WITH_ERROR;
                 }
                 if (atomic_load(&st->S->draining) == 2) break;
-                if (tn_srv_now() - st->last_send > 10 && r->out_len == st->consumed && r->state != TN_SREQ_DONE) {
-                    pthread_mutex_unlock(&r->mu);
-                    stream_raw(st, ": ping\n\n");
-                    goto again;
+                if (tn_srv_now() - st->last_send > 10 && !stream_news(st) && r->state != TN_SREQ_DONE) {
+                    ping = true;
+                    break;
                 }
             }
-            if (r->out_len > st->consumed) {
-                json_t *t = json_stringn(r->out + st->consumed, r->out_len - st->consumed);
-                st->consumed = r->out_len;
+            if (ping) {
                 pthread_mutex_unlock(&r->mu);
-                stream_set(st, chunk_json(st->S, r, chat ? json_pack("{s:o}", "content", t) : t, NULL));
+                stream_raw(st, ": ping\n\n", 8);
+                continue;
+            }
+            if (stream_news(st)) {
+                stream_collect(st);
+                pthread_mutex_unlock(&r->mu);
                 continue;
             }
             bool done = r->state == TN_SREQ_DONE;
             tn_http_err e = r->err;
-            const char *fin = r->finish;
             pthread_mutex_unlock(&r->mu);
-            if (!done) { /* shutdown */
-                tn_http_err_set(&e, 503, "unavailable_error", NULL, "the server is shutting down");
-            }
-            if (e.status || !fin) {
+            bool all = true;
+            for (int i = 0; i < r->p.n; i++) all &= st->cs[i].fin_sent;
+            if (!done) tn_http_err_set(&e, 503, "unavailable_error", NULL, "the server is shutting down");
+            if (e.status || !all) {
                 if (!e.status) tn_http_err_set(&e, 503, "unavailable_error", NULL, "the request was cancelled");
-                stream_set(st, err_json(&e));
+                stream_event(st, tn_resp_error(&e));
                 st->phase = 4;
                 continue;
             }
-            stream_set(st, chunk_json(st->S, r, chat ? json_object() : json_string(""), fin));
             st->phase = 2;
             continue;
         }
         case 2:
             st->phase = 3;
             if (r->p.include_usage) {
-                json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:[], s:o}", "id", r->id, "object",
-                                      chat ? "chat.completion.chunk" : "text_completion", "created", (json_int_t)r->created,
-                                      "model", st->S->model_id, "choices", "usage", usage_json(r));
-                stream_set(st, j);
+                pthread_mutex_lock(&r->mu);
+                stream_event(st, tn_resp_usage_chunk(st->S->model_id, r));
+                pthread_mutex_unlock(&r->mu);
             }
             continue;
         case 3:
             st->phase = 4;
-            stream_raw(st, "data: [DONE]\n\n");
+            stream_raw(st, "data: [DONE]\n\n", 14);
             continue;
         default:
             return MHD_CONTENT_READER_END_OF_STREAM;
         }
-    again:;
     }
 }
 
@@ -291,8 +301,9 @@ static void stream_free(void *cls) {
     tn_stream *st = cls;
     atomic_store(&st->r->cancelled, 1); /* no-op if already done; frees the slot if the client left */
     tn_sreq_release(st->r);
-    free(st->pend);
-    free(st);
+    tn_free(st->ev.p);
+    tn_free(st->cs);
+    tn_free(st);
 }
 
 static void new_id(tn_server *S, char *buf, size_t cap, const char *prefix) {
@@ -307,32 +318,39 @@ static void new_id(tn_server *S, char *buf, size_t cap, const char *prefix) {
 }
 
 static enum MHD_Result handle_completion(tn_server *S, struct MHD_Connection *c, int kind, const char *body, size_t len) {
+    if (S->cfg.fail_alloc_at > 0) tn_alloc_fail_at((uint64_t)S->cfg.fail_alloc_at, false); /* testing only */
     tn_sreq *r = tn_sreq_new();
-    if (!r) return send_err(c, 500, "server_error", "out of memory");
+    if (!r) return send_oom(c);
     tn_http_err err;
     if (!tn_req_parse(body, len, kind, &S->env, &r->p, &err)) {
         tn_sreq_release(r);
-        pthread_mutex_lock(&S->met.mu);
-        S->met.rejected_invalid++;
-        pthread_mutex_unlock(&S->met.mu);
+        if (err.status == 400) {
+            pthread_mutex_lock(&S->met.mu);
+            S->met.rejected_invalid++;
+            pthread_mutex_unlock(&S->met.mu);
+        }
         return send_error(c, &err, 0);
+    }
+    tn_stream *st = NULL;
+    if (!tn_sreq_choices(r) || (r->p.stream && (!(st = tn_calloc(1, sizeof *st)) || !(st->cs = tn_calloc((size_t)r->p.n, sizeof *st->cs))))) {
+        if (st) tn_free(st);
+        tn_sreq_release(r);
+        return send_oom(c);
     }
     new_id(S, r->id, sizeof r->id, kind == TN_REQ_CHAT ? "chatcmpl-" : "cmpl-");
     r->created = (int64_t)time(NULL);
     r->t_arrival = tn_srv_now();
     int retry = 0;
     if (!tn_engine_submit(S->eng, r, &err, &retry)) {
+        if (st) {
+            tn_free(st->cs);
+            tn_free(st);
+        }
         tn_sreq_release(r);
         return send_error(c, &err, retry);
     }
     int fd = conn_fd(c);
-    if (r->p.stream) {
-        tn_stream *st = calloc(1, sizeof *st);
-        if (!st) {
-            atomic_store(&r->cancelled, 1);
-            tn_sreq_release(r);
-            return send_err(c, 500, "server_error", "out of memory");
-        }
+    if (st) {
         st->S = S;
         st->r = r; /* our reference moves to the stream */
         st->fd = fd;
@@ -356,16 +374,18 @@ static enum MHD_Result handle_completion(tn_server *S, struct MHD_Connection *c,
         tn_sreq_release(r);
         return MHD_NO; /* client gone: close */
     }
+    bool all = true;
+    for (int i = 0; i < r->p.n; i++) all &= r->ch[i].finish != NULL;
     enum MHD_Result ok;
     if (r->err.status) {
         tn_http_err e = r->err;
         pthread_mutex_unlock(&r->mu);
         ok = send_error(c, &e, 0);
-    } else if (!r->finish) {
+    } else if (!all) {
         pthread_mutex_unlock(&r->mu);
         ok = send_err(c, 503, "unavailable_error", "the request was cancelled");
     } else {
-        json_t *j = final_json(S, r);
+        json_t *j = tn_resp_final(S->model, S->model_id, r);
         pthread_mutex_unlock(&r->mu);
         ok = send_json(c, 200, j);
     }
@@ -374,21 +394,6 @@ static enum MHD_Result handle_completion(tn_server *S, struct MHD_Connection *c,
 }
 
 /* ---- tokenize / detokenize / models / metrics -------------------------------------------------- */
-static json_t *load_body(const char *body, size_t len, tn_http_err *err) {
-    if (tn_json_depth(body, len) > TN_SRV_MAX_DEPTH) {
-        tn_http_err_set(err, 400, "invalid_request_error", NULL, "JSON nesting deeper than %d", TN_SRV_MAX_DEPTH);
-        return NULL;
-    }
-    json_error_t je;
-    json_t *j = json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
-    if (!j || !json_is_object(j)) {
-        json_decref(j);
-        tn_http_err_set(err, 400, "invalid_request_error", NULL, "the body must be a JSON object (%s)", j ? "" : je.text);
-        return NULL;
-    }
-    return j;
-}
-
 static json_t *piece_json(const tern_model *m, tern_token t) {
     char buf[256], clean[256 * 3 + 1];
     int32_t k = tern_token_to_piece(m, t, buf, (int32_t)sizeof buf, true);
@@ -397,13 +402,17 @@ static json_t *piece_json(const tern_model *m, tern_token t) {
     tn_utf8_copy(clean, &o, buf, (size_t)k, true);
     if (o == (size_t)k && !memcmp(clean, buf, (size_t)k)) return json_stringn(buf, (size_t)k);
     json_t *a = json_array(); /* not valid UTF-8 on its own: a byte list, like llama.cpp */
-    for (int32_t i = 0; i < k; i++) json_array_append_new(a, json_integer((unsigned char)buf[i]));
+    for (int32_t i = 0; a && i < k; i++)
+        if (json_array_append_new(a, json_integer((unsigned char)buf[i]))) {
+            json_decref(a);
+            return NULL;
+        }
     return a;
 }
 
 static enum MHD_Result handle_tokenize(tn_server *S, struct MHD_Connection *c, const char *body, size_t len) {
     tn_http_err err = {0};
-    json_t *j = load_body(body, len, &err);
+    json_t *j = tn_json_parse(body, len, &err);
     if (!j) return send_error(c, &err, 0);
     json_t *content = json_object_get(j, "content"), *prompt = json_object_get(j, "prompt"), *msgs = json_object_get(j, "messages");
     bool add_special = content == NULL, parse_special = true, pieces = false;
@@ -422,8 +431,12 @@ static enum MHD_Result handle_tokenize(tn_server *S, struct MHD_Connection *c, c
     if (msgs) {
         tn_req_params p;
         char *b2 = json_dumps(j, JSON_COMPACT);
-        bool ok = b2 && tn_req_parse(b2, strlen(b2), TN_REQ_CHAT, &S->env, &p, &err);
-        free(b2);
+        if (!b2) {
+            json_decref(j);
+            return send_oom(c);
+        }
+        bool ok = tn_req_parse(b2, strlen(b2), TN_REQ_CHAT, &S->env, &p, &err);
+        tn_free(b2);
         if (!ok) {
             json_decref(j);
             return send_error(c, &err, 0);
@@ -440,11 +453,11 @@ static enum MHD_Result handle_tokenize(tn_server *S, struct MHD_Connection *c, c
         }
         size_t tl = json_string_length(t);
         int32_t cap = (int32_t)(tl + 8 < (1u << 24) ? tl + 8 : (1u << 24));
-        toks = malloc((size_t)cap * sizeof *toks);
+        toks = tn_malloc((size_t)cap * sizeof *toks);
         tern_status s = toks ? tern_tokenize(S->model, json_string_value(t), tl, add_special, parse_special, toks, cap, &n)
                              : TERN_ERR_NOMEM;
         if (s == TERN_ERR_FULL && n > cap && n < (1 << 24)) {
-            tern_token *q = realloc(toks, (size_t)n * sizeof *toks);
+            tern_token *q = tn_realloc(toks, (size_t)n * sizeof *toks);
             if (q) {
                 toks = q;
                 cap = n;
@@ -452,30 +465,36 @@ static enum MHD_Result handle_tokenize(tn_server *S, struct MHD_Connection *c, c
             }
         }
         if (s) {
-            free(toks);
+            tn_free(toks);
             json_decref(j);
+            if (s == TERN_ERR_NOMEM) return send_oom(c);
             return send_err(c, 400, "invalid_request_error", "tokenization failed");
         }
     }
     json_t *arr = json_array(), *strs = pieces ? json_array() : NULL;
-    for (int32_t i = 0; i < n; i++) {
-        if (pieces) {
-            json_array_append_new(arr, json_pack("{s:i, s:o}", "id", toks[i], "piece", piece_json(S->model, toks[i])));
-            json_array_append_new(strs, piece_json(S->model, toks[i]));
-        } else {
-            json_array_append_new(arr, json_integer(toks[i]));
-        }
+    bool ok = arr && (strs || !pieces);
+    for (int32_t i = 0; ok && i < n; i++) {
+        if (pieces)
+            ok = !json_array_append_new(arr, json_pack("{s:i, s:o}", "id", toks[i], "piece", piece_json(S->model, toks[i]))) &&
+                 !json_array_append_new(strs, piece_json(S->model, toks[i]));
+        else
+            ok = !json_array_append_new(arr, json_integer(toks[i]));
     }
-    free(toks);
+    tn_free(toks);
     json_decref(j);
-    json_t *out = json_pack("{s:o, s:i, s:i}", "tokens", arr, "count", n, "max_model_len", S->env.n_ctx_seq);
-    if (strs) json_object_set_new(out, "token_strs", strs);
+    json_t *out = ok ? json_pack("{s:o, s:i, s:i}", "tokens", arr, "count", n, "max_model_len", S->env.n_ctx_seq) : NULL;
+    if (!ok) json_decref(arr);
+    if (strs && (!out || json_object_set_new(out, "token_strs", strs))) {
+        if (!out) json_decref(strs);
+        json_decref(out);
+        out = NULL;
+    }
     return send_json(c, 200, out);
 }
 
 static enum MHD_Result handle_detokenize(tn_server *S, struct MHD_Connection *c, const char *body, size_t len) {
     tn_http_err err = {0};
-    json_t *j = load_body(body, len, &err);
+    json_t *j = tn_json_parse(body, len, &err);
     if (!j) return send_error(c, &err, 0);
     json_t *a = json_object_get(j, "tokens");
     if (!json_is_array(a)) {
@@ -488,15 +507,15 @@ static enum MHD_Result handle_detokenize(tn_server *S, struct MHD_Connection *c,
         tn_http_err_set(&err, 400, "invalid_request_error", "tokens", "at most %d tokens (got %zu)", TN_SRV_MAX_DETOK, n);
         return send_error(c, &err, 0);
     }
-    tern_token *toks = malloc((n ? n : 1) * sizeof *toks);
+    tern_token *toks = tn_malloc((n ? n : 1) * sizeof *toks);
     if (!toks) {
         json_decref(j);
-        return send_err(c, 500, "server_error", "out of memory");
+        return send_oom(c);
     }
     for (size_t i = 0; i < n; i++) {
         json_t *v = json_array_get(a, i);
         if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= S->env.n_vocab) {
-            free(toks);
+            tn_free(toks);
             json_decref(j);
             tn_http_err_set(&err, 400, "invalid_request_error", "tokens", "tokens[%zu] is not a token id in 0..%d", i,
                             S->env.n_vocab - 1);
@@ -507,19 +526,20 @@ static enum MHD_Result handle_detokenize(tn_server *S, struct MHD_Connection *c,
     json_decref(j);
     int32_t need = tern_detokenize(S->model, toks, (int32_t)n, NULL, 0, false, false);
     size_t cap = need < 0 ? (size_t)(-(int64_t)need) : (size_t)need;
-    char *buf = malloc(cap + 1), *clean = malloc(3 * cap + 1);
+    char *buf = tn_malloc(cap + 1), *clean = tn_malloc(3 * cap + 1);
     int32_t k = buf ? tern_detokenize(S->model, toks, (int32_t)n, buf, (int32_t)cap, false, false) : -1;
-    free(toks);
+    tn_free(toks);
     if (!buf || !clean || k < 0) {
-        free(buf);
-        free(clean);
+        tn_free(buf);
+        tn_free(clean);
+        if (!buf || !clean) return send_oom(c);
         return send_err(c, 500, "server_error", "detokenization failed");
     }
     size_t o = 0;
     tn_utf8_copy(clean, &o, buf, (size_t)k, true);
-    free(buf);
+    tn_free(buf);
     json_t *out = json_pack("{s:s%, s:s%}", "content", clean, o, "prompt", clean, o);
-    free(clean);
+    tn_free(clean);
     return send_json(c, 200, out);
 }
 
@@ -577,7 +597,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     tn_server *S = cls;
     tn_conn *cs = *con_cls;
     if (!cs) {
-        cs = calloc(1, sizeof *cs);
+        cs = tn_calloc(1, sizeof *cs);
         if (!cs) return MHD_NO;
         *con_cls = cs;
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
@@ -601,10 +621,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (*upload_size) {
         size_t n = *upload_size;
         *upload_size = 0;
-        if (cs->too_big) return MHD_YES;
+        if (cs->too_big || cs->oom) return MHD_YES;
         if (cs->len + n > S->cfg.max_body) {
             cs->too_big = true;
-            free(cs->body);
+            tn_free(cs->body);
             cs->body = NULL;
             cs->len = cs->cap = 0;
             return MHD_YES;
@@ -612,8 +632,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (cs->len + n + 1 > cs->cap) {
             size_t cap = cs->cap ? cs->cap : 4096;
             while (cap < cs->len + n + 1) cap *= 2;
-            char *q = realloc(cs->body, cap);
-            if (!q) return MHD_NO;
+            char *q = tn_realloc(cs->body, cap);
+            if (!q) { /* answer 500 once the upload ends */
+                cs->oom = true;
+                tn_free(cs->body);
+                cs->body = NULL;
+                cs->len = cs->cap = 0;
+                return MHD_YES;
+            }
             cs->body = q;
             cs->cap = cap;
         }
@@ -628,6 +654,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         snprintf(msg, sizeof msg, "the request body exceeds %zu bytes", S->cfg.max_body);
         return send_err(c, 413, "invalid_request_error", msg);
     }
+    if (cs->oom) return send_oom(c);
     bool want_post = false;
     route rt = route_of(url, &want_post);
     if (rt == R_NONE || (rt == R_METRICS && !S->cfg.metrics)) return send_err(c, 404, "not_found_error", "no such endpoint");
@@ -656,9 +683,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case R_METRICS: {
         double cost[3];
         tn_engine_cost(S->eng, cost);
-        char *t = tn_metrics_render(&S->met, S->model_id, cost);
-        if (!t) return send_err(c, 500, "server_error", "out of memory");
-        return send_text(c, 200, "text/plain; version=0.0.4", t, strlen(t));
+        return send_owned(c, 200, "text/plain; version=0.0.4", tn_metrics_render(&S->met, S->model_id, cost), 0);
     }
     default: return send_err(c, 404, "not_found_error", "no such endpoint");
     }
@@ -668,8 +693,8 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     (void)cls, (void)c, (void)toe;
     tn_conn *cs = *con_cls;
     if (!cs) return;
-    free(cs->body);
-    free(cs);
+    tn_free(cs->body);
+    tn_free(cs);
     *con_cls = NULL;
 }
 
@@ -680,7 +705,8 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
 /* ---- lifecycle -------------------------------------------------------------------------------- */
 int tn_serve_run(const tn_serve_config *cfg) {
     int rc = 0;
-    tn_server *S = calloc(1, sizeof *S);
+    tn_json_alloc_init(); /* jansson allocates through tern's hook too */
+    tn_server *S = tn_calloc(1, sizeof *S);
     struct MHD_Daemon *d = NULL;
     if (!S) return 71;
     S->cfg = *cfg;
@@ -715,12 +741,12 @@ int tn_serve_run(const tn_serve_config *cfg) {
     char *tmpl = NULL;
     if (need > 0) {
         size_t cap = (size_t)need + 1 < (1u << 20) ? (size_t)need + 1 : (1u << 20); /* scan at most 1 MiB */
-        tmpl = malloc(cap);
+        tmpl = tn_malloc(cap);
         if (tmpl) tern_model_meta_str(S->model, "tokenizer.chat_template", tmpl, cap);
         if (tmpl) tmpl[cap - 1] = 0;
     }
     S->env.tmpl = tn_chat_detect(tmpl);
-    free(tmpl);
+    tn_free(tmpl);
     S->env.model = S->model;
     S->env.n_vocab = tern_model_n_vocab(S->model);
     if ((s = tn_engine_create(S->model, cfg, &S->met, &S->eng))) {
@@ -794,6 +820,6 @@ done:
     tn_engine_destroy(S->eng);
     tern_model_free(S->model);
     pthread_mutex_destroy(&S->met.mu);
-    free(S);
+    tn_free(S);
     return rc;
 }

@@ -42,8 +42,8 @@ tern_status tn_kv_init(tn_kv *kv, int32_t n_blocks) {
     if (n_blocks <= 0) return tn_err(TERN_ERR_INVALID_ARG, "serve/kv: %d blocks", n_blocks);
     uint32_t nb = 16;
     while (nb < (uint32_t)n_blocks * 2u) nb <<= 1;
-    kv->b = calloc((size_t)n_blocks, sizeof *kv->b);
-    kv->buckets = malloc(nb * sizeof *kv->buckets);
+    kv->b = tn_calloc((size_t)n_blocks, sizeof *kv->b);
+    kv->buckets = tn_malloc(nb * sizeof *kv->buckets);
     if (!kv->b || !kv->buckets) {
         tn_kv_free(kv);
         return tn_err(TERN_ERR_NOMEM, "serve/kv: %d block descriptors", n_blocks);
@@ -64,8 +64,8 @@ tern_status tn_kv_init(tn_kv *kv, int32_t n_blocks) {
 }
 
 void tn_kv_free(tn_kv *kv) {
-    free(kv->b);
-    free(kv->buckets);
+    tn_free(kv->b);
+    tn_free(kv->buckets);
     memset(kv, 0, sizeof *kv);
 }
 

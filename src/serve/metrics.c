@@ -3,10 +3,12 @@
  * mirroring vLLM's semantics; ecosystem.md §1.6). Written by hand: a few printf lines.
  */
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/base.h"
 #include "serve/serve.h"
 
 static const double tn_bounds[TN_HIST_N] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
@@ -24,56 +26,31 @@ void tn_hist_add(tn_hist *h, double v) {
         if (v <= tn_bounds[i]) h->b[i]++;
 }
 
-typedef struct {
-    char *p;
-    size_t n, cap;
-} mbuf;
-
-static void mput(mbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void mput(mbuf *b, const char *fmt, ...) {
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int k = vsnprintf(b->p ? b->p + b->n : NULL, b->p ? b->cap - b->n : 0, fmt, ap);
-        va_end(ap);
-        if (k < 0) return;
-        if (b->p && b->n + (size_t)k < b->cap) {
-            b->n += (size_t)k;
-            return;
-        }
-        size_t cap = b->cap ? b->cap * 2 : 4096;
-        while (cap < b->n + (size_t)k + 1) cap *= 2;
-        char *q = realloc(b->p, cap);
-        if (!q) return;
-        b->p = q;
-        b->cap = cap;
-    }
-}
-
-static void hist(mbuf *b, const char *name, const char *help, const tn_hist *h) {
-    mput(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
-    for (int i = 0; i < TN_HIST_N; i++) mput(b, "%s_bucket{le=\"%g\"} %llu\n", name, tn_bounds[i], (unsigned long long)h->b[i]);
-    mput(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name, (unsigned long long)h->count, name, h->sum,
+static void hist(tn_buf *b, const char *name, const char *help, const tn_hist *h) {
+    tn_buf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    for (int i = 0; i < TN_HIST_N; i++) tn_buf_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, tn_bounds[i], (unsigned long long)h->b[i]);
+    tn_buf_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name, (unsigned long long)h->count, name, h->sum,
          name, (unsigned long long)h->count);
 }
 
-#define CTR(name, help, v) mput(&b, "# HELP " name " " help "\n# TYPE " name " counter\n" name " %llu\n", (unsigned long long)(v))
-#define GAUGE(name, help, fmt, v) mput(&b, "# HELP " name " " help "\n# TYPE " name " gauge\n" name " " fmt "\n", v)
+#define CTR(name, help, v) tn_buf_printf(&b, "# HELP " name " " help "\n# TYPE " name " counter\n" name " %llu\n", (unsigned long long)(v))
+#define GAUGE(name, help, fmt, v) tn_buf_printf(&b, "# HELP " name " " help "\n# TYPE " name " gauge\n" name " " fmt "\n", v)
 
 char *tn_metrics_render(tn_metrics *m, const char *model_id, const double cost[3]) {
-    mbuf b = {0};
+    tn_buf b = {0};
     pthread_mutex_lock(&m->mu);
-    mput(&b, "# HELP tern_build_info Build information.\n# TYPE tern_build_info gauge\ntern_build_info{version=\"%s\",model=\"%s\"} 1\n",
+    tn_buf_printf(&b, "# HELP tern_build_info Build information.\n# TYPE tern_build_info gauge\ntern_build_info{version=\"%s\",model=\"%s\"} 1\n",
          tern_version_string(), model_id);
     GAUGE("tern_requests_running", "Requests being decoded.", "%d", m->running);
     GAUGE("tern_requests_waiting", "Requests in the bounded queue.", "%d", m->waiting);
-    mput(&b, "# HELP tern_requests_rejected_total Requests refused before running.\n# TYPE tern_requests_rejected_total counter\n"
+    tn_buf_printf(&b, "# HELP tern_requests_rejected_total Requests refused before running.\n# TYPE tern_requests_rejected_total counter\n"
              "tern_requests_rejected_total{reason=\"queue_full\"} %llu\ntern_requests_rejected_total{reason=\"slo\"} %llu\n"
              "tern_requests_rejected_total{reason=\"draining\"} %llu\ntern_requests_rejected_total{reason=\"invalid\"} %llu\n",
          (unsigned long long)m->rejected_queue, (unsigned long long)m->rejected_slo, (unsigned long long)m->rejected_draining,
          (unsigned long long)m->rejected_invalid);
     CTR("tern_requests_cancelled_total", "Requests cancelled by client disconnect or shutdown.", m->cancelled);
-    mput(&b, "# HELP tern_request_success_total Finished requests.\n# TYPE tern_request_success_total counter\n"
+    CTR("tern_requests_failed_total", "Admitted requests that ended in a server error (e.g. out of memory).", m->finished_error);
+    tn_buf_printf(&b, "# HELP tern_request_success_total Finished requests.\n# TYPE tern_request_success_total counter\n"
              "tern_request_success_total{finished_reason=\"stop\"} %llu\ntern_request_success_total{finished_reason=\"length\"} %llu\n",
          (unsigned long long)m->finished_stop, (unsigned long long)m->finished_length);
     CTR("tern_prompt_tokens_total", "Prompt tokens processed (including cached).", m->prompt_tokens);
@@ -85,6 +62,9 @@ char *tn_metrics_render(tn_metrics *m, const char *model_id, const double cost[3
     CTR("tern_slo_met_total", "Finished requests meeting both TTFT and TPOT objectives (goodput).", m->slo_met);
     GAUGE("tern_kv_cache_usage_ratio", "Fraction of KV blocks in use.", "%.6f", m->kv_usage);
     GAUGE("tern_kv_cache_blocks", "KV blocks reserved at start.", "%d", m->kv_blocks);
+    GAUGE("tern_kv_blocks_used", "KV blocks held by running sequences (0 when idle).", "%d", m->kv_used);
+    GAUGE("tern_kv_blocks_reserved", "KV blocks promised to admitted sequences, not yet taken (0 when idle).", "%d",
+          m->kv_reserved);
     GAUGE("tern_cost_step_base_seconds", "Cost model: fixed time per engine step.", "%.6g", cost[0]);
     GAUGE("tern_cost_decode_seconds", "Cost model: time per decoded sequence in a step.", "%.6g", cost[1]);
     GAUGE("tern_cost_prefill_token_seconds", "Cost model: time per prefill token in a step.", "%.6g", cost[2]);
@@ -93,5 +73,5 @@ char *tn_metrics_render(tn_metrics *m, const char *model_id, const double cost[3
     hist(&b, "tern_e2e_request_latency_seconds", "End-to-end request latency.", &m->e2e);
     hist(&b, "tern_request_queue_time_seconds", "Time waiting in the queue.", &m->queue);
     pthread_mutex_unlock(&m->mu);
-    return b.p;
+    return tn_buf_take(&b, NULL);
 }

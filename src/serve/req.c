@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/base.h"
 #include "serve/serve.h"
 
 void tn_http_err_set(tn_http_err *e, int status, const char *type, const char *param, const char *fmt, ...) {
@@ -29,6 +30,37 @@ void tn_http_err_set(tn_http_err *e, int status, const char *type, const char *p
         tn_http_err_set(err, 400, "invalid_request_error", param, __VA_ARGS__);          \
         goto fail;                                                                       \
     } while (0)
+
+/* jansson reports some failed allocations as syntax errors: a thread-local flag tells them apart */
+static _Thread_local bool tn_json_oom;
+
+static void *tn_json_malloc(size_t n) {
+    void *p = tn_malloc(n);
+    if (!p) tn_json_oom = true;
+    return p;
+}
+
+void tn_json_alloc_init(void) { json_set_alloc_funcs(tn_json_malloc, tn_free); }
+
+json_t *tn_json_parse(const char *body, size_t len, tn_http_err *err) {
+    if (tn_json_depth(body, len) > TN_SRV_MAX_DEPTH) {
+        tn_http_err_set(err, 400, "invalid_request_error", NULL, "JSON nesting deeper than %d", TN_SRV_MAX_DEPTH);
+        return NULL;
+    }
+    json_error_t je;
+    tn_json_oom = false;
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
+    if (!root && tn_json_oom) {
+        tn_http_err_set(err, 500, "server_error", NULL, "out of memory");
+    } else if (!root) {
+        tn_http_err_set(err, 400, "invalid_request_error", NULL, "invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
+    } else if (!json_is_object(root)) {
+        json_decref(root);
+        root = NULL;
+        tn_http_err_set(err, 400, "invalid_request_error", NULL, "the request body must be a JSON object");
+    }
+    return root;
+}
 
 int tn_json_depth(const char *s, size_t n) {
     int d = 0, maxd = 0;
@@ -50,10 +82,10 @@ int tn_json_depth(const char *s, size_t n) {
 }
 
 void tn_req_params_free(tn_req_params *p) {
-    for (int i = 0; i < p->n_stop; i++) free(p->stop[i]);
-    free(p->bias_tok);
-    free(p->bias_val);
-    free(p->prompt);
+    for (int i = 0; i < p->n_stop; i++) tn_free(p->stop[i]);
+    tn_free(p->bias_tok);
+    tn_free(p->bias_val);
+    tn_free(p->prompt);
     memset(p, 0, sizeof *p);
 }
 
@@ -105,21 +137,20 @@ static bool get_bool(json_t *o, const char *k, bool *out, tn_http_err *err) {
     return true;
 }
 
+static bool oom(tn_http_err *err) {
+    tn_http_err_set(err, 500, "server_error", NULL, "out of memory");
+    return false;
+}
+
 static bool tokenize(const tn_req_env *env, const char *text, size_t len, tn_req_params *p, tn_http_err *err) {
     /* a prompt can't have more tokens than bytes + a few specials; cap at the context anyway */
     int32_t cap = (int32_t)(len + 8 < (size_t)env->n_ctx_seq + 8 ? len + 8 : (size_t)env->n_ctx_seq + 8), n = 0;
-    p->prompt = malloc((size_t)cap * sizeof *p->prompt);
-    if (!p->prompt) {
-        tn_http_err_set(err, 500, "server_error", NULL, "out of memory for %d prompt tokens", cap);
-        return false;
-    }
+    p->prompt = tn_malloc((size_t)cap * sizeof *p->prompt);
+    if (!p->prompt) return oom(err);
     tern_status s = tern_tokenize(env->model, text, len, true, true, p->prompt, cap, &n);
     if (s == TERN_ERR_FULL && n > cap && n <= env->n_ctx_seq) { /* byte fallback: retry at the size asked */
-        tern_token *q = realloc(p->prompt, (size_t)n * sizeof *q);
-        if (!q) {
-            tn_http_err_set(err, 500, "server_error", NULL, "out of memory for %d prompt tokens", n);
-            return false;
-        }
+        tern_token *q = tn_realloc(p->prompt, (size_t)n * sizeof *q);
+        if (!q) return oom(err);
         p->prompt = q;
         cap = n;
         s = tern_tokenize(env->model, text, len, true, true, p->prompt, cap, &n);
@@ -132,6 +163,7 @@ static bool tokenize(const tn_req_env *env, const char *text, size_t len, tn_req
         err->n_ctx = env->n_ctx_seq;
         return false;
     }
+    if (s == TERN_ERR_NOMEM) return oom(err);
     if (s) {
         tn_http_err_set(err, 400, "invalid_request_error", "prompt", "tokenization failed: %s", tern_last_error());
         return false;
@@ -143,15 +175,15 @@ static bool tokenize(const tn_req_env *env, const char *text, size_t len, tn_req
 static bool text_of_content(json_t *c, char **out, size_t *len, tn_http_err *err, size_t idx) {
     if (json_is_string(c)) {
         *len = json_string_length(c);
-        *out = malloc(*len + 1);
-        if (!*out) goto oom;
+        *out = tn_malloc(*len + 1);
+        if (!*out) return oom(err);
         memcpy(*out, json_string_value(c), *len + 1);
         return true;
     }
     if (json_is_null(c)) {
-        *out = calloc(1, 1);
+        *out = tn_calloc(1, 1);
         *len = 0;
-        return *out != NULL;
+        return *out ? true : oom(err);
     }
     if (!json_is_array(c)) {
         tn_http_err_set(err, 400, "invalid_request_error", "messages", "messages[%zu].content must be a string or an array of text parts", idx);
@@ -168,8 +200,8 @@ static bool text_of_content(json_t *c, char **out, size_t *len, tn_http_err *err
         }
         tot += json_string_length(tx);
     }
-    *out = malloc(tot + 1);
-    if (!*out) goto oom;
+    *out = tn_malloc(tot + 1);
+    if (!*out) return oom(err);
     *len = 0;
     json_array_foreach(c, i, part) {
         json_t *tx = json_object_get(part, "text");
@@ -178,9 +210,6 @@ static bool text_of_content(json_t *c, char **out, size_t *len, tn_http_err *err
     }
     (*out)[*len] = 0;
     return true;
-oom:
-    tn_http_err_set(err, 500, "server_error", NULL, "out of memory");
-    return false;
 }
 
 static bool parse_chat(json_t *root, const tn_req_env *env, tn_req_params *p, tn_http_err *err) {
@@ -199,11 +228,11 @@ static bool parse_chat(json_t *root, const tn_req_env *env, tn_req_params *p, tn
                         TN_SRV_MAX_MESSAGES, n);
         return false;
     }
-    tn_chat_msg *cm = calloc(n, sizeof *cm);
-    char **texts = calloc(n, sizeof *texts);
+    tn_chat_msg *cm = tn_calloc(n, sizeof *cm);
+    char **texts = tn_calloc(n, sizeof *texts);
     bool ok = false;
     if (!cm || !texts) {
-        tn_http_err_set(err, 500, "server_error", NULL, "out of memory");
+        oom(err);
         goto out;
     }
     for (size_t i = 0; i < n; i++) {
@@ -230,16 +259,16 @@ static bool parse_chat(json_t *root, const tn_req_env *env, tn_req_params *p, tn
     size_t len = 0;
     char *prompt = tn_chat_render(env->tmpl, cm, n, &len);
     if (!prompt) {
-        tn_http_err_set(err, 500, "server_error", NULL, "out of memory");
+        oom(err);
         goto out;
     }
     ok = tokenize(env, prompt, len, p, err);
-    free(prompt);
+    tn_free(prompt);
 out:
     if (texts)
-        for (size_t i = 0; i < n; i++) free(texts[i]);
-    free(texts);
-    free(cm);
+        for (size_t i = 0; i < n; i++) tn_free(texts[i]);
+    tn_free(texts);
+    tn_free(cm);
     return ok;
 }
 
@@ -264,11 +293,8 @@ static bool parse_prompt(json_t *root, const tn_req_env *env, tn_req_params *p, 
             err->n_ctx = env->n_ctx_seq;
             return false;
         }
-        p->prompt = malloc(n * sizeof *p->prompt);
-        if (!p->prompt) {
-            tn_http_err_set(err, 500, "server_error", NULL, "out of memory");
-            return false;
-        }
+        p->prompt = tn_malloc(n * sizeof *p->prompt);
+        if (!p->prompt) return oom(err);
         json_t *v;
         json_array_foreach(pr, i, v) {
             if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= env->n_vocab) {
@@ -293,11 +319,8 @@ bool tn_req_parse(const char *body, size_t len, int kind, const tn_req_env *env,
     tern_sampler_params_init(&p->sp);
     p->sp.top_p = 1.0f; /* OpenAI default */
     p->sp.temp = 1.0f;
-    if (tn_json_depth(body, len) > TN_SRV_MAX_DEPTH) BAD(NULL, "JSON nesting deeper than %d", TN_SRV_MAX_DEPTH);
-    json_error_t je;
-    root = json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
-    if (!root) BAD(NULL, "invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
-    if (!json_is_object(root)) BAD(NULL, "the request body must be a JSON object");
+    root = tn_json_parse(body, len, err);
+    if (!root) goto fail;
 
     json_t *model = json_object_get(root, "model");
     if (model && !json_is_string(model) && !json_is_null(model)) BAD("model", "'model' must be a string");
@@ -332,19 +355,37 @@ bool tn_req_parse(const char *body, size_t len, int kind, const tn_req_env *env,
     }
     if (!get_int(root, "repeat_last_n", 0, 1 << 20, &ll, &has, err)) goto fail;
     if (has) p->sp.repeat_last_n = (int32_t)ll;
-    if (!get_num(root, "presence_penalty", -2, 2, &d, NULL, err)) goto fail;   /* accepted, not applied */
-    if (!get_num(root, "frequency_penalty", -2, 2, &d, NULL, err)) goto fail;  /* accepted, not applied */
+    /* OpenAI's penalties over the tokens generated so far: logit -= f * count + p * (count > 0) */
+    if (!get_num(root, "presence_penalty", -2, 2, &d, &has, err)) goto fail;
+    if (has) p->presence_penalty = (float)d;
+    if (!get_num(root, "frequency_penalty", -2, 2, &d, &has, err)) goto fail;
+    if (has) p->frequency_penalty = (float)d;
     if (!get_int(root, "seed", 0, (long long)UINT32_MAX - 1, &ll, &has, err)) goto fail;
     if (has) p->sp.seed = (uint64_t)ll;
-    if (!get_int(root, "n", 1, TN_SRV_MAX_N, &ll, NULL, err)) goto fail;
+    p->n = 1;
+    if (!get_int(root, "n", 1, TN_SRV_MAX_N, &ll, &has, err)) goto fail;
+    if (has) p->n = (int)ll;
+    /* logprobs: chat takes a boolean + top_logprobs 0..20; completions an integer 0..5 (legacy) */
     json_t *lp = json_object_get(root, "logprobs");
-    if (lp && !json_is_null(lp) && !json_is_boolean(lp) && !(kind == TN_REQ_COMPLETION && json_is_integer(lp)))
-        BAD("logprobs", "'logprobs' must be a boolean");
-    if (kind == TN_REQ_COMPLETION && json_is_integer(lp) &&
-        (json_integer_value(lp) < 0 || json_integer_value(lp) > TN_SRV_MAX_TOP_LOGPROBS))
-        BAD("logprobs", "'logprobs' must be in 0..%d", TN_SRV_MAX_TOP_LOGPROBS);
-    if (!get_int(root, "top_logprobs", 0, TN_SRV_MAX_TOP_LOGPROBS, &ll, NULL, err)) goto fail;
-    if (!get_int(root, "n_probs", 0, TN_SRV_MAX_TOP_LOGPROBS, &ll, NULL, err)) goto fail;
+    if (lp && !json_is_null(lp)) {
+        if (kind == TN_REQ_COMPLETION && json_is_integer(lp)) {
+            json_int_t k = json_integer_value(lp);
+            if (k < 0 || k > TN_SRV_MAX_LOGPROBS_LEGACY) BAD("logprobs", "'logprobs' must be in 0..%d", TN_SRV_MAX_LOGPROBS_LEGACY);
+            p->logprobs = true;
+            p->top_logprobs = (int)k;
+        } else if (json_is_boolean(lp)) {
+            p->logprobs = json_is_true(lp);
+        } else {
+            BAD("logprobs", kind == TN_REQ_CHAT ? "'logprobs' must be a boolean" : "'logprobs' must be an integer in 0..%d",
+                TN_SRV_MAX_LOGPROBS_LEGACY);
+        }
+    }
+    if (!get_int(root, "top_logprobs", 0, TN_SRV_MAX_TOP_LOGPROBS, &ll, &has, err)) goto fail;
+    if (has && kind == TN_REQ_CHAT) {
+        if (ll > 0 && !p->logprobs) BAD("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+        p->top_logprobs = (int)ll;
+    }
+    if (!get_int(root, "n_probs", 0, TN_SRV_MAX_TOP_LOGPROBS, &ll, NULL, err)) goto fail; /* llama.cpp native: ignored */
 
     long long max_tokens = -1;
     if (!get_int(root, "max_tokens", 1, INT32_MAX, &ll, &has, err)) goto fail;
@@ -368,10 +409,13 @@ bool tn_req_parse(const char *body, size_t len, int kind, const tn_req_env *env,
             size_t sl = json_string_length(s);
             if (sl > TN_SRV_MAX_STOP_LEN) BAD("stop", "stop[%zu] is %zu bytes (max %d)", i, sl, TN_SRV_MAX_STOP_LEN);
             if (sl == 0) continue;
-            p->stop[p->n_stop] = strndup(json_string_value(s), sl);
-            if (!p->stop[p->n_stop]) BAD("stop", "out of memory");
+            p->stop[p->n_stop] = tn_strndup(json_string_value(s), sl);
+            if (!p->stop[p->n_stop]) {
+                oom(err);
+                goto fail;
+            }
             if (strlen(p->stop[p->n_stop]) != sl) { /* embedded NUL: never matches text; drop it */
-                free(p->stop[p->n_stop]);
+                tn_free(p->stop[p->n_stop]);
                 continue;
             }
             p->n_stop++;
@@ -384,9 +428,12 @@ bool tn_req_parse(const char *body, size_t len, int kind, const tn_req_env *env,
         if (!json_is_object(lb)) BAD("logit_bias", "'logit_bias' must be an object mapping token ids to numbers");
         size_t n = json_object_size(lb);
         if (n > TN_SRV_MAX_BIAS) BAD("logit_bias", "at most %d logit_bias entries (got %zu)", TN_SRV_MAX_BIAS, n);
-        p->bias_tok = malloc((n ? n : 1) * sizeof *p->bias_tok);
-        p->bias_val = malloc((n ? n : 1) * sizeof *p->bias_val);
-        if (!p->bias_tok || !p->bias_val) BAD("logit_bias", "out of memory");
+        p->bias_tok = tn_malloc((n ? n : 1) * sizeof *p->bias_tok);
+        p->bias_val = tn_malloc((n ? n : 1) * sizeof *p->bias_val);
+        if (!p->bias_tok || !p->bias_val) {
+            oom(err);
+            goto fail;
+        }
         const char *key;
         json_t *v;
         json_object_foreach(lb, key, v) {

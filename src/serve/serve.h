@@ -36,6 +36,8 @@ typedef struct tn_serve_config {
     int conn_timeout_s;
     size_t max_body;       /* request body cap (bytes)                                        */
     double step_delay_ms;  /* testing only: sleep after each engine step (makes races visible) */
+    int64_t fail_alloc_at; /* testing only: the N-th allocation after each completion request   */
+                           /* arrives fails (fault injection through tn_malloc); 0 = off         */
     bool quiet;
 } tn_serve_config;
 
@@ -51,9 +53,25 @@ int tn_serve_run(const tn_serve_config *cfg);
 #define TN_SRV_MAX_STOP_LEN 256    /* bytes per stop string                                    */
 #define TN_SRV_MAX_BIAS 1024       /* logit_bias entries                                       */
 #define TN_SRV_MAX_MESSAGES 4096
-#define TN_SRV_MAX_N 1             /* choices per request (n)                                  */
-#define TN_SRV_MAX_TOP_LOGPROBS 20
+#define TN_SRV_MAX_N 16            /* choices per request (n)                                  */
+#define TN_SRV_MAX_TOP_LOGPROBS 20 /* chat top_logprobs, n_probs                               */
+#define TN_SRV_MAX_LOGPROBS_LEGACY 5 /* /v1/completions integer logprobs (OpenAI's cap)        */
 #define TN_SRV_MAX_DETOK 65536     /* ids per /detokenize                                      */
+
+/* ---- growable text buffer (buf.c) ------------------------------------------------------------ */
+typedef struct tn_buf {
+    char *p;            /* NUL-terminated once anything was put                              */
+    size_t n, cap;
+    bool oom;           /* an allocation failed: later puts are dropped, tn_buf_take gives NULL */
+} tn_buf;
+
+bool tn_buf_reserve(tn_buf *b, size_t extra);
+void tn_buf_put(tn_buf *b, const char *s, size_t n);
+void tn_buf_puts(tn_buf *b, const char *s);
+void tn_buf_printf(tn_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The text (the caller tn_frees it; NULL after a failed allocation, or if nothing was put); the
+ * buffer is empty again. */
+char *tn_buf_take(tn_buf *b, size_t *len);
 
 /* ---- errors ---------------------------------------------------------------------------------- */
 typedef struct tn_http_err {
@@ -88,7 +106,11 @@ typedef struct tn_req_params {
     int kind;
     bool stream, include_usage, ignore_eos;
     int32_t max_tokens;            /* after clamping to the context                          */
-    tern_sampler_params sp;
+    int n;                         /* choices, 1..TN_SRV_MAX_N                               */
+    bool logprobs;                 /* return log-probabilities of the sampled tokens         */
+    int top_logprobs;              /* and of this many most likely tokens at each position   */
+    float presence_penalty, frequency_penalty; /* OpenAI's, over generated tokens            */
+    tern_sampler_params sp;        /* seed: TERN_SEED_RANDOM when not given                  */
     char *stop[TN_SRV_MAX_STOP];
     int n_stop;
     int32_t *bias_tok;
@@ -109,11 +131,36 @@ typedef struct tn_req_env {       /* what validation needs to know about the ser
  * On failure fills err (status 400/413/...) and returns false; p is then already released. */
 bool tn_req_parse(const char *body, size_t len, int kind, const tn_req_env *env, tn_req_params *p, tn_http_err *err);
 void tn_req_params_free(tn_req_params *p);
+/* Makes jansson allocate through tn_malloc (once, before any JSON is touched). */
+void tn_json_alloc_init(void);
+/* Parses a request body that must be a JSON object (nesting capped, duplicate keys refused).
+ * NULL with err: 400 for bad JSON, 500 when an allocation failed. */
+typedef struct json_t json_t;
+json_t *tn_json_parse(const char *body, size_t len, tn_http_err *err);
 /* Deepest nesting of [ and { outside strings (a pre-check before jansson). */
 int tn_json_depth(const char *s, size_t n);
 
 /* ---- the shared request object -------------------------------------------------------------- */
 enum { TN_SREQ_QUEUED = 0, TN_SREQ_RUNNING, TN_SREQ_DONE };
+
+/* One log-probability: a token and log p(token) under the raw model logits (log-softmax before
+ * temperature, penalties and logit_bias). */
+typedef struct tn_lp {
+    tern_token tok;
+    float lp;
+} tn_lp;
+
+/* One choice (of n) of a request: its emitted text and, with logprobs, one entry per generated
+ * token. Written by the engine thread, read by the connection thread, both under tn_sreq.mu. */
+typedef struct tn_choice {
+    char *out;              /* emitted (valid UTF-8, stop strings removed) text            */
+    size_t out_len, out_cap;
+    int32_t n_gen;          /* tokens generated (counted in usage)                          */
+    const char *finish;     /* "stop" / "length" once finished; NULL while running/cancelled */
+    tn_lp *lp;              /* [n_lp][1 + top_logprobs]: the sampled token, then the top ones */
+    int32_t *lp_off;        /* [n_lp] characters of generated text before each token         */
+    int32_t n_lp, lp_cap;
+} tn_choice;
 
 typedef struct tn_sreq {
     tn_req_params p;
@@ -122,18 +169,37 @@ typedef struct tn_sreq {
     double t_arrival, t_admit, t_first, t_last, t_done;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    char *out;              /* emitted (valid UTF-8, stop strings removed) text            */
-    size_t out_len, out_cap;
-    int32_t n_gen, n_cached;
+    tn_choice *ch;          /* [p.n]                                                         */
+    int32_t n_cached;       /* prompt tokens of choice 0 found in the prefix cache           */
     int state;
-    const char *finish;     /* "stop" / "length" once done                                 */
     tn_http_err err;        /* err.status != 0: failed                                      */
     atomic_int cancelled;
     int refs;
+    /* engine side (engine thread, or under the engine's mutex) */
+    int n_admitted, n_live; /* choices given a sequence; choices running now                 */
+    bool in_queue, prompt_ready; /* prompt_ready: choice 0 computed the prompt's K/V         */
+    uint64_t base_seed;
+    int32_t max_gen;        /* most tokens of any choice (TPOT)                              */
 } tn_sreq;
 
+/* New request with refs = 1; tn_sreq_choices allocates its p.n choices (after parsing). */
 tn_sreq *tn_sreq_new(void);
+bool tn_sreq_choices(tn_sreq *r);
+/* Completion tokens over all choices (caller holds r->mu). */
+int32_t tn_sreq_n_gen(const tn_sreq *r);
 void tn_sreq_release(tn_sreq *r); /* drops one reference; frees at zero */
+
+/* ---- response bodies (resp.c; NULL when out of memory; the request's mu held) --------------- */
+json_t *tn_resp_error(const tn_http_err *e);
+json_t *tn_resp_usage(const tn_sreq *r);
+/* Logprobs of choice ci's tokens [from, to) in the request's shape (chat or legacy); JSON null
+ * when the request did not ask for them. */
+json_t *tn_resp_logprobs(const tern_model *m, const tn_sreq *r, int ci, int32_t from, int32_t to);
+json_t *tn_resp_final(const tern_model *m, const char *model_id, const tn_sreq *r);
+/* One stream chunk for choice ci (steals delta_or_text and logprobs; logprobs may be NULL). */
+json_t *tn_resp_chunk(const char *model_id, const tn_sreq *r, int ci, json_t *delta_or_text, json_t *logprobs,
+                      const char *finish);
+json_t *tn_resp_usage_chunk(const char *model_id, const tn_sreq *r);
 
 /* ---- metrics ---------------------------------------------------------------------------------- */
 #define TN_HIST_N 14
@@ -151,7 +217,7 @@ typedef struct tn_metrics {
     tn_hist ttft, itl, e2e, queue;
     int running, waiting;
     double kv_usage;
-    int32_t kv_blocks;
+    int32_t kv_blocks, kv_used, kv_reserved;
 } tn_metrics;
 
 void tn_metrics_init(tn_metrics *m);

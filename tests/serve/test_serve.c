@@ -1,7 +1,8 @@
 /*
  * test_serve.c — unit tests of the server library without HTTP: the KV block manager and prefix
  * cache (kv.c), request validation (req.c) against the tiny test model, chat templates (chat.c),
- * UTF-8 sanitising of streamed text.
+ * UTF-8 sanitising of streamed text, allocation-failure sweeps over request parsing, and the
+ * engine driven in-process (n choices, seeds, logprobs against tern_get_logits, penalties).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -9,8 +10,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <cmocka.h>
+#include <math.h>
 
+#include "core/base.h"
 #include "serve/kv.h"
 #include "serve/serve.h"
 
@@ -180,7 +184,58 @@ static void test_req_valid(void **state) {
     assert_int_equal(p.max_tokens, 125);
     tn_req_params_free(&p);
     assert_true(parse("{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"hi\"}]}]}", TN_REQ_CHAT, &p, &e));
+    assert_int_equal(p.n, 1);
+    assert_false(p.logprobs);
     tn_req_params_free(&p);
+    /* n, logprobs in both shapes, penalties */
+    assert_true(parse("{\"prompt\":\"x\",\"n\":16,\"logprobs\":5,\"presence_penalty\":-2,\"frequency_penalty\":1.5}", TN_REQ_COMPLETION,
+                      &p, &e));
+    assert_int_equal(p.n, 16);
+    assert_true(p.logprobs);
+    assert_int_equal(p.top_logprobs, 5);
+    assert_true(p.presence_penalty == -2.0f && p.frequency_penalty == 1.5f);
+    tn_req_params_free(&p);
+    assert_true(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":20}", TN_REQ_CHAT, &p,
+                      &e));
+    assert_true(p.logprobs);
+    assert_int_equal(p.top_logprobs, 20);
+    tn_req_params_free(&p);
+    assert_true(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":false,\"top_logprobs\":0}", TN_REQ_CHAT, &p,
+                      &e));
+    assert_false(p.logprobs);
+    tn_req_params_free(&p);
+}
+
+/* Every allocation of a request's parsing failing in turn (jansson's too): each failure is a 500
+ * "server_error", never a crash, a wrong 400 or a leak (LSan in the ASan build). */
+static void test_req_alloc_failures(void **state) {
+    (void)state;
+    if (!g_model) skip();
+    tn_json_alloc_init();
+    const char *bodies[] = {
+        "{\"messages\":[{\"role\":\"system\",\"content\":\"be brief\"},{\"role\":\"user\",\"content\":[{\"type\":\"text\","
+        "\"text\":\"hello\"}]}],\"stop\":[\"a\",\"bc\"],\"logit_bias\":{\"5\":-100,\"6\":3},\"n\":2,\"logprobs\":true}",
+        "{\"prompt\":\"once upon a time\",\"max_tokens\":4,\"stop\":\"x\"}", "{\"prompt\":[1,2,3,4]}"};
+    for (size_t b = 0; b < sizeof bodies / sizeof bodies[0]; b++) {
+        int failed = 0;
+        for (uint64_t k = 1; k < 200; k++) {
+            tn_req_params p;
+            tn_http_err e;
+            tn_alloc_fail_at(k, false);
+            uint64_t before = tn_alloc_count();
+            bool ok = parse(bodies[b], b == 0 ? TN_REQ_CHAT : TN_REQ_COMPLETION, &p, &e);
+            bool hit = tn_alloc_count() - before >= k; /* the failing allocation happened */
+            tn_alloc_fail_at(0, false);
+            if (ok) {
+                tn_req_params_free(&p);
+                if (!hit) break; /* every allocation of this body has been failed once */
+            } else {
+                if (e.status != 500) fail_msg("body %zu, allocation %llu: status %d (%s)", b, (unsigned long long)k, e.status, e.msg);
+                failed++;
+            }
+        }
+        assert_true(failed > 0);
+    }
 }
 
 static void test_req_invalid(void **state) {
@@ -193,7 +248,16 @@ static void test_req_invalid(void **state) {
     expect_400("{\"prompt\":\"x\",\"temperature\":3}", TN_REQ_COMPLETION, "temperature");
     expect_400("{\"prompt\":\"x\",\"top_p\":0}", TN_REQ_COMPLETION, "top_p");
     expect_400("{\"prompt\":\"x\",\"top_k\":-1}", TN_REQ_COMPLETION, "top_k");
-    expect_400("{\"prompt\":\"x\",\"n\":2}", TN_REQ_COMPLETION, "n");
+    expect_400("{\"prompt\":\"x\",\"n\":0}", TN_REQ_COMPLETION, "n");
+    expect_400("{\"prompt\":\"x\",\"n\":17}", TN_REQ_COMPLETION, "n");
+    expect_400("{\"prompt\":\"x\",\"logprobs\":6}", TN_REQ_COMPLETION, "logprobs");
+    expect_400("{\"prompt\":\"x\",\"logprobs\":\"yes\"}", TN_REQ_COMPLETION, "logprobs");
+    expect_400("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":3}", TN_REQ_CHAT, "logprobs");
+    expect_400("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":2}", TN_REQ_CHAT, "top_logprobs");
+    expect_400("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":21}", TN_REQ_CHAT,
+               "top_logprobs");
+    expect_400("{\"prompt\":\"x\",\"presence_penalty\":2.5}", TN_REQ_COMPLETION, "presence_penalty");
+    expect_400("{\"prompt\":\"x\",\"frequency_penalty\":-3}", TN_REQ_COMPLETION, "frequency_penalty");
     expect_400("{\"prompt\":\"x\",\"seed\":-1}", TN_REQ_COMPLETION, "seed");
     expect_400("{\"prompt\":\"x\",\"stream\":1}", TN_REQ_COMPLETION, "stream");
     expect_400("{\"prompt\":\"x\",\"stop\":[1]}", TN_REQ_COMPLETION, "stop");
@@ -222,6 +286,205 @@ static void test_req_invalid(void **state) {
     assert_string_equal(e.type, "exceed_context_size_error");
 }
 
+/* ---- the engine in-process ------------------------------------------------------------------------ */
+static tn_engine *g_eng;
+static tn_metrics g_met;
+
+static tn_engine *engine(void) {
+    if (!g_eng) {
+        tn_serve_config cfg;
+        tn_serve_config_init(&cfg);
+        cfg.n_parallel = 4;
+        cfg.n_threads = 1;
+        cfg.quiet = true;
+        tn_metrics_init(&g_met);
+        assert_int_equal(tn_engine_create(g_model, &cfg, &g_met, &g_eng), TERN_OK);
+    }
+    return g_eng;
+}
+
+static tn_sreq *submit(const char *body, int kind) {
+    tn_engine *e = engine();
+    tn_sreq *r = tn_sreq_new();
+    tn_http_err err;
+    tn_req_env env = {g_model, TN_CHAT_CHATML, tn_engine_n_ctx_seq(e), tern_model_n_vocab(g_model)};
+    if (!tn_req_parse(body, strlen(body), kind, &env, &r->p, &err)) fail_msg("%s: %s", body, err.msg);
+    assert_true(tn_sreq_choices(r));
+    r->t_arrival = tn_srv_now();
+    int retry;
+    assert_true(tn_engine_submit(e, r, &err, &retry));
+    return r;
+}
+
+static void wait_done(tn_sreq *r) {
+    pthread_mutex_lock(&r->mu);
+    while (r->state != TN_SREQ_DONE) pthread_cond_wait(&r->cv, &r->mu);
+    pthread_mutex_unlock(&r->mu);
+}
+
+static tn_sreq *run(const char *body) {
+    tn_sreq *r = submit(body, TN_REQ_COMPLETION);
+    wait_done(r);
+    assert_int_equal(r->err.status, 0);
+    return r;
+}
+
+/* the sampled token ids of a choice (the request asked for logprobs) */
+static int choice_tokens(const tn_sreq *r, int ci, tern_token *out) {
+    const tn_choice *c = &r->ch[ci];
+    assert_int_equal(c->n_lp, c->n_gen);
+    for (int32_t i = 0; i < c->n_lp; i++) out[i] = c->lp[(size_t)i * (1 + (size_t)r->p.top_logprobs)].tok;
+    return c->n_lp;
+}
+
+/* logprobs are the log-softmax of the raw logits: checked against tern_decode + tern_get_logits
+ * for the same tokens, plus the invariants (<= 0, sorted, greedy pick = top 1, sum p <= 1). */
+static void test_engine_logprobs(void **state) {
+    (void)state;
+    if (!g_model) skip();
+    tern_token prompt[] = {1, 10, 20, 30, 40};
+    tn_sreq *r = run("{\"prompt\":[1,10,20,30,40],\"max_tokens\":4,\"temperature\":0,\"logprobs\":5,\"ignore_eos\":true}");
+    const tn_choice *c = &r->ch[0];
+    assert_int_equal(c->n_gen, 4);
+    assert_int_equal(c->n_lp, 4);
+    tern_ctx *ctx;
+    tern_ctx_params cp;
+    tern_ctx_params_init(&cp);
+    cp.n_ctx = 64;
+    cp.n_threads = 1;
+    assert_int_equal(tern_ctx_create(g_model, &cp, &ctx), TERN_OK);
+    assert_int_equal(tern_decode(ctx, prompt, 5), TERN_OK);
+    int32_t nv = tern_model_n_vocab(g_model);
+    for (int32_t i = 0; i < c->n_lp; i++) {
+        const tn_lp *x = c->lp + (size_t)i * 6;
+        double psum = 0;
+        for (int j = 1; j <= 5; j++) {
+            assert_true(x[j].lp <= 0.0f);
+            if (j > 1) assert_true(x[j].lp <= x[j - 1].lp);
+            psum += exp(x[j].lp);
+        }
+        assert_true(psum <= 1.0 + 1e-5);
+        assert_int_equal(x[0].tok, x[1].tok); /* greedy: the sampled token is the most likely */
+        assert_true(x[0].lp == x[1].lp);
+        if (i > 0) assert_true(c->lp_off[i] > c->lp_off[i - 1] || c->lp_off[i] == c->lp_off[i - 1]);
+        /* independent: log-softmax of the C API's logits for the same tokens */
+        const float *lg = tern_get_logits(ctx, -1);
+        assert_non_null(lg);
+        double mx = lg[0], sum = 0;
+        for (int32_t v = 1; v < nv; v++) mx = lg[v] > mx ? lg[v] : mx;
+        for (int32_t v = 0; v < nv; v++) sum += exp(lg[v] - mx);
+        double want = lg[x[0].tok] - mx - log(sum), want2 = lg[x[2].tok] - mx - log(sum);
+        if (fabs(x[0].lp - want) > 2e-3 || fabs(x[2].lp - want2) > 2e-3)
+            fail_msg("token %d: server logprob %.6f / %.6f, C API %.6f / %.6f", i, x[0].lp, x[2].lp, want, want2);
+        assert_int_equal(tern_decode(ctx, &x[0].tok, 1), TERN_OK);
+    }
+    tern_ctx_free(ctx);
+    tn_sreq_release(r);
+}
+
+/* n choices: greedy ones are equal; with a seed they are reproducible, choice 0 equals n = 1 with
+ * that seed, and the others differ from it. usage counts every choice. */
+static void test_engine_n_choices(void **state) {
+    (void)state;
+    if (!g_model) skip();
+    tern_token a[64], b[64];
+    tn_sreq *r = run("{\"prompt\":\"once upon a time\",\"n\":3,\"max_tokens\":8,\"temperature\":0,\"logprobs\":0,\"ignore_eos\":true}");
+    int na = choice_tokens(r, 0, a);
+    assert_int_equal(na, 8);
+    for (int i = 1; i < 3; i++) {
+        assert_int_equal(choice_tokens(r, i, b), na);
+        assert_memory_equal(a, b, sizeof *a * (size_t)na);
+        assert_string_equal(r->ch[i].out, r->ch[0].out);
+    }
+    assert_int_equal(tn_sreq_n_gen(r), 24);
+    tn_sreq_release(r);
+
+    const char *seeded = "{\"prompt\":\"once upon a time\",\"n\":3,\"max_tokens\":8,\"temperature\":1,\"seed\":7,\"logprobs\":0,\"ignore_eos\":true}";
+    tn_sreq *r1 = run(seeded), *r2 = run(seeded);
+    tn_sreq *one = run("{\"prompt\":\"once upon a time\",\"max_tokens\":8,\"temperature\":1,\"seed\":7,\"logprobs\":0,\"ignore_eos\":true}");
+    for (int i = 0; i < 3; i++) {
+        int n1 = choice_tokens(r1, i, a), n2 = choice_tokens(r2, i, b);
+        assert_int_equal(n1, n2);
+        assert_memory_equal(a, b, sizeof *a * (size_t)n1);
+    }
+    choice_tokens(r1, 0, a);
+    choice_tokens(one, 0, b);
+    assert_memory_equal(a, b, sizeof *a * 8);
+    choice_tokens(r1, 1, b);
+    assert_memory_not_equal(a, b, sizeof *a * 8);
+    tn_sreq_release(r1);
+    tn_sreq_release(r2);
+    tn_sreq_release(one);
+}
+
+static int n_distinct(const tern_token *t, int n) {
+    int d = 0;
+    for (int i = 0; i < n; i++) {
+        bool seen = false;
+        for (int j = 0; j < i; j++) seen |= t[j] == t[i];
+        d += !seen;
+    }
+    return d;
+}
+
+/* presence / frequency penalties: 0 leaves greedy output as it was; a large one forbids repeats */
+static void test_engine_penalties(void **state) {
+    (void)state;
+    if (!g_model) skip();
+    tern_token base[64], t[64];
+    const char *fmt = "{\"prompt\":\"once upon a time\",\"max_tokens\":40,\"temperature\":0,\"logprobs\":0,\"ignore_eos\":true%s}";
+    char body[256];
+    snprintf(body, sizeof body, fmt, "");
+    tn_sreq *r = run(body);
+    int n = choice_tokens(r, 0, base);
+    tn_sreq_release(r);
+    assert_int_equal(n, 40);
+    assert_true(n_distinct(base, n) < n); /* the tiny model repeats itself when greedy */
+    const char *zero[] = {",\"presence_penalty\":0", ",\"frequency_penalty\":0,\"presence_penalty\":0"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(body, sizeof body, fmt, zero[i]);
+        r = run(body);
+        assert_int_equal(choice_tokens(r, 0, t), n);
+        assert_memory_equal(base, t, sizeof *t * (size_t)n);
+        tn_sreq_release(r);
+    }
+    const char *big[] = {",\"presence_penalty\":2", ",\"frequency_penalty\":2"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(body, sizeof body, fmt, big[i]);
+        r = run(body);
+        assert_int_equal(choice_tokens(r, 0, t), n);
+        if (n_distinct(t, n) != n) fail_msg("%s: %d distinct of %d", big[i], n_distinct(t, n), n);
+        tn_sreq_release(r);
+    }
+}
+
+/* a cancelled request with n > 1 counts once, and every KV block and reservation comes back */
+static void test_engine_cancel_n(void **state) {
+    (void)state;
+    if (!g_model) skip();
+    engine();
+    pthread_mutex_lock(&g_met.mu);
+    uint64_t before = g_met.cancelled;
+    pthread_mutex_unlock(&g_met.mu);
+    tn_sreq *r = submit("{\"prompt\":\"once upon a time\",\"n\":6,\"max_tokens\":100,\"ignore_eos\":true}", TN_REQ_COMPLETION);
+    struct timespec ts = {0, 3000000};
+    nanosleep(&ts, NULL);
+    atomic_store(&r->cancelled, 1);
+    wait_done(r);
+    tn_sreq_release(r);
+    bool idle = false;
+    for (int i = 0; i < 200 && !idle; i++) {
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&g_met.mu);
+        idle = tn_engine_idle(g_eng) && g_met.kv_used == 0 && g_met.kv_reserved == 0 && g_met.running == 0;
+        pthread_mutex_unlock(&g_met.mu);
+    }
+    assert_true(idle);
+    pthread_mutex_lock(&g_met.mu);
+    assert_int_equal(g_met.cancelled, before + 1);
+    pthread_mutex_unlock(&g_met.mu);
+}
+
 int main(void) {
     const char *tmp = getenv("TERN_TEST_TMP");
     char path[4096];
@@ -234,8 +497,13 @@ int main(void) {
         cmocka_unit_test(test_kv_revive_respects_reservations), cmocka_unit_test(test_chat_templates),
         cmocka_unit_test(test_json_depth), cmocka_unit_test(test_utf8),
         cmocka_unit_test(test_req_valid), cmocka_unit_test(test_req_invalid),
+        cmocka_unit_test(test_req_alloc_failures), cmocka_unit_test(test_engine_logprobs),
+        cmocka_unit_test(test_engine_n_choices), cmocka_unit_test(test_engine_penalties),
+        cmocka_unit_test(test_engine_cancel_n),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    tn_engine_destroy(g_eng);
+    if (g_eng) pthread_mutex_destroy(&g_met.mu);
     tern_model_free(g_model);
     return rc;
 }
