@@ -4,6 +4,7 @@
  * types. Each branch mirrors a branch of llama_tensor_get_type_impl at 34af94cd9, in the same
  * order, so a reader can diff the two.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -345,4 +346,32 @@ void tn_qmix_plan(tn_ftype ftype, tn_dtype default_type, const tn_qmix_model *m,
         ch->wanted = ch->fallback ? ch->wanted : nt;
         ch->type = nt;
     }
+}
+
+/* ---- budgeted allocation (--target-bpw) ------------------------------------------------------ */
+
+bool tn_qmix_allocate(size_t n, const int *n_cand, const double *const *bits, const double *const *err, double budget,
+                      int *choice) {
+    double used = 0;
+    for (size_t i = 0; i < n; i++) choice[i] = 0, used += bits[i][0];
+    if (used > budget) return false;
+    for (;;) {
+        double best = 0;
+        size_t bi = 0;
+        int bc = -1;
+        for (size_t i = 0; i < n; i++) {
+            const int c = choice[i];
+            for (int c2 = c + 1; c2 < n_cand[i]; c2++) {
+                const double db = bits[i][c2] - bits[i][c], de = err[i][c] - err[i][c2];
+                if (de <= 0 || used + db > budget) continue;
+                /* a free upgrade (same size, less error) is always taken first */
+                const double gain = db > 0 ? de / db : INFINITY;
+                if (gain > best) best = gain, bi = i, bc = c2;
+            }
+        }
+        if (bc < 0) break;
+        used += bits[bi][bc] - bits[bi][choice[bi]];
+        choice[bi] = bc;
+    }
+    return true;
 }

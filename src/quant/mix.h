@@ -99,4 +99,13 @@ void tn_qmix_sort(const char *const *names, size_t n, size_t *idx);
 void tn_qmix_plan(tn_ftype ftype, tn_dtype default_type, const tn_qmix_model *m, const tn_qmix_opts *o,
                   const tn_qmix_tensor *t, size_t n, tn_qmix_choice *out);
 
+/* Budgeted choice of types (tern quantize --target-bpw). Tensor i has n_cand[i] >= 1 candidate
+ * types with sizes bits[i][c] (in bits, non-decreasing in c) and errors err[i][c]. Starting from
+ * every tensor's first candidate, it repeatedly applies the upgrade (tensor i: current c -> any
+ * c' > c) with the largest error reduction per added bit that still fits in `budget` bits, until
+ * none fits or helps. Writes choice[i]; returns false (choice = the first candidates) when even the
+ * first candidates exceed the budget. Deterministic (ties go to the lower tensor index). */
+bool tn_qmix_allocate(size_t n, const int *n_cand, const double *const *bits, const double *const *err, double budget,
+                      int *choice);
+
 #endif

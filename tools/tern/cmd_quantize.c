@@ -7,6 +7,7 @@
  * renamed (never half-written); in == out is refused; Ctrl-C stops with exit 130 and no file.
  * Progress goes to stderr, one line per tensor, in llama-quantize's format.
  */
+#include <math.h>
 #include <regex.h>
 #include <signal.h>
 #include <stdio.h>
@@ -18,6 +19,7 @@
 #include "core/file.h"
 #include "core/pool.h"
 #include "fmt/gguf.h"
+#include "model/model.h"
 #include "quant/imatrix.h"
 #include "quant/mix.h"
 #include "quant/quant.h"
@@ -84,6 +86,32 @@ static void fmt_shape(const tn_gguf_tensor *t, char *buf, size_t cap) {
     for (uint32_t i = 1; i < t->n_dims && o < cap; i++) o += (size_t)snprintf(buf + o, cap - o, ", %5lld", (long long)t->ne[i]);
 }
 
+/* The tensor's values as floats: its own data if f32, else dequantized into buf. */
+static tern_status tensor_f32(const tn_gguf_tensor *t, float *buf, const float **out) {
+    if (t->type == TN_F32) {
+        *out = (const float *)t->data;
+        return TERN_OK;
+    }
+    int64_t nel = 1;
+    for (uint32_t i = 0; i < t->n_dims; i++) nel *= t->ne[i];
+    const int64_t ne0 = t->ne[0], rows = nel / ne0;
+    const size_t rb = tn_dtype_row_size((tn_dtype)t->type, ne0);
+    for (int64_t r = 0; r < rows; r++) {
+        bool ok;
+        if (tn_tq_is(t->type)) {
+            tn_tq_params p;
+            tn_tq_params_of(t->type, &p);
+            tn_tq_dequantize_row(&p, t->data + (size_t)r * rb, buf + r * ne0, ne0);
+            ok = true;
+        } else {
+            ok = tn_dequantize_row((tn_dtype)t->type, t->data + (size_t)r * rb, buf + r * ne0, ne0);
+        }
+        if (!ok) return tn_err(TERN_ERR_UNSUPPORTED, "quantize: cannot convert '%s' from %s", t->name, tn_dtype_name(t->type));
+    }
+    *out = buf;
+    return TERN_OK;
+}
+
 static void quant_task(void *arg, int ith, int nth) {
     qctx *q = arg;
     int64_t r0, r1;
@@ -126,25 +154,8 @@ static tern_status fill(void *user, size_t idx, void *dst, size_t nbytes) {
         return tn_err(TERN_ERR_UNSUPPORTED, "quantize: requantizing from type %s is disabled (--allow-requantize)",
                       tn_dtype_name(t->type));
     const float *x;
-    if (t->type == TN_F32) {
-        x = (const float *)t->data;
-    } else {
-        const int64_t ne0 = t->ne[0], rows = nel / ne0;
-        const size_t rb = tn_dtype_row_size((tn_dtype)t->type, ne0);
-        for (int64_t r = 0; r < rows; r++) {
-            bool ok;
-            if (tn_tq_is(t->type)) {
-                tn_tq_params p;
-                tn_tq_params_of(t->type, &p);
-                tn_tq_dequantize_row(&p, t->data + (size_t)r * rb, q->f32 + r * ne0, ne0);
-                ok = true;
-            } else {
-                ok = tn_dequantize_row((tn_dtype)t->type, t->data + (size_t)r * rb, q->f32 + r * ne0, ne0);
-            }
-            if (!ok) return tn_err(TERN_ERR_UNSUPPORTED, "quantize: cannot convert '%s' from %s", t->name, tn_dtype_name(t->type));
-        }
-        x = q->f32;
-    }
+    tern_status s = tensor_f32(t, q->f32, &x);
+    if (s) return s;
     fprintf(stderr, "converting to %s .. ", tn_dtype_name(c->type));
     q->task_x = x;
     q->task_y = dst;
@@ -162,6 +173,285 @@ static tern_status fill(void *user, size_t idx, void *dst, size_t nbytes) {
     return TERN_OK;
 }
 
+/* ---- sensitivity probes (--calib) ------------------------------------------------------------
+ * The model of the input file runs over a few chunks of calibration text; the log-probabilities
+ * of the second half of each chunk are kept. A probe swaps one weight's view for a quantized copy,
+ * reruns the chunks and measures the mean KL divergence from the kept distributions. */
+
+typedef struct {
+    tern_model *m;
+    tern_ctx *c;
+    tern_token *toks; /* [n_chunk][n_ctx], BOS first */
+    int n_chunk, n_ctx, first, n_vocab;
+    float *base;      /* [n_chunk][n_ctx - first][n_vocab] log-probabilities */
+} probe_ctx;
+
+static void probe_close(probe_ctx *p) {
+    tern_ctx_free(p->c);
+    tern_model_free(p->m);
+    free(p->toks);
+    free(p->base);
+    memset(p, 0, sizeof *p);
+}
+
+static void log_softmax(const float *l, float *out, int n) {
+    float mx = l[0];
+    for (int i = 1; i < n; i++) mx = l[i] > mx ? l[i] : mx;
+    double s = 0;
+    for (int i = 0; i < n; i++) s += expf(l[i] - mx);
+    const float z = mx + (float)log(s);
+    for (int i = 0; i < n; i++) out[i] = l[i] - z;
+}
+
+/* Runs the chunks: without base yet, keeps the log-probabilities; else returns the mean KL. */
+static tern_status probe_run(probe_ctx *p, float *tmp, double *kl) {
+    double sum = 0;
+    const int ns = p->n_ctx - p->first;
+    for (int ci = 0; ci < p->n_chunk; ci++) {
+        tern_status s = tern_ctx_truncate(p->c, 0);
+        if (!s) s = tern_decode(p->c, p->toks + (size_t)ci * p->n_ctx, p->n_ctx);
+        if (s) return s;
+        for (int i = 0; i < ns; i++) {
+            float *b = p->base + ((size_t)ci * ns + i) * p->n_vocab;
+            const float *l = tern_get_logits(p->c, p->first + i);
+            if (!kl) {
+                log_softmax(l, b, p->n_vocab);
+                continue;
+            }
+            log_softmax(l, tmp, p->n_vocab);
+            double k = 0;
+            for (int j = 0; j < p->n_vocab; j++) k += exp(b[j]) * ((double)b[j] - tmp[j]);
+            sum += k;
+        }
+    }
+    if (kl) *kl = sum / ((double)p->n_chunk * ns);
+    return TERN_OK;
+}
+
+static tern_status probe_open(const char *model_path, const char *calib, int max_chunks, int threads, probe_ctx *p) {
+    memset(p, 0, sizeof *p);
+    tern_model_params mp;
+    tern_model_params_init(&mp);
+    char *text = NULL;
+    size_t len = 0;
+    int32_t n_tok = 0;
+    tern_token *all = NULL;
+    tern_status s = tern_model_load(model_path, &mp, &p->m);
+    if (!s) s = tn_cli_read_file(calib, &text, &len);
+    if (!s) s = tn_cli_tokenize(p->m, text, len, true, false, &all, &n_tok);
+    free(text);
+    if (s) goto fail;
+    p->n_ctx = p->m->hp.n_ctx_train > 0 && p->m->hp.n_ctx_train < 512 ? p->m->hp.n_ctx_train : 512;
+    p->n_chunk = n_tok / p->n_ctx < max_chunks ? n_tok / p->n_ctx : max_chunks;
+    if (p->n_chunk < 1) {
+        s = tn_err(TERN_ERR_INVALID_ARG, "--calib %s: %d tokens, fewer than one chunk of %d", calib, n_tok, p->n_ctx);
+        goto fail;
+    }
+    p->first = p->n_ctx / 2;
+    p->n_vocab = p->m->hp.n_vocab;
+    p->toks = all;
+    all = NULL;
+    const tern_token bos = tern_token_bos(p->m);
+    if (tern_vocab_add_bos(p->m) && bos >= 0)
+        for (int ci = 0; ci < p->n_chunk; ci++) p->toks[(size_t)ci * p->n_ctx] = bos;
+    p->base = malloc(sizeof(float) * (size_t)p->n_chunk * (size_t)(p->n_ctx - p->first) * (size_t)p->n_vocab);
+    if (!p->base) {
+        s = tn_err(TERN_ERR_NOMEM, "quantize: out of memory for the calibration logits");
+        goto fail;
+    }
+    tern_ctx_params cp;
+    tern_ctx_params_init(&cp);
+    cp.n_ctx = cp.n_batch = p->n_ctx;
+    cp.logits_all = true;
+    cp.n_threads = threads;
+    if ((s = tern_ctx_create(p->m, &cp, &p->c))) goto fail;
+    if ((s = probe_run(p, NULL, NULL))) goto fail;
+    return TERN_OK;
+fail:
+    free(all);
+    probe_close(p);
+    return s;
+}
+
+/* Points every view of weight `name` at (type, data); returns how many views it changed. */
+static int swap_views(tern_model *m, const char *name, uint32_t type, const void *data, size_t nbytes, tn_tensor *saved) {
+    tn_tensor *v[3 + 7 * 512];
+    int nv = 0, k = 0;
+    v[nv++] = &m->tok_embd;
+    v[nv++] = &m->output;
+    for (int32_t il = 0; il < m->hp.n_layer && il < 512; il++) {
+        tn_layer *L = &m->layers[il];
+        v[nv++] = &L->wq, v[nv++] = &L->wk, v[nv++] = &L->wv, v[nv++] = &L->wo;
+        v[nv++] = &L->w_gate, v[nv++] = &L->w_up, v[nv++] = &L->w_down;
+    }
+    for (int i = 0; i < nv; i++)
+        if (v[i]->name && !strcmp(v[i]->name, name)) {
+            if (saved && k == 0) *saved = *v[i];
+            v[i]->type = (tn_dtype)type, v[i]->data = data, v[i]->nbytes = nbytes;
+            k++;
+        }
+    return k;
+}
+
+/* ---- --target-bpw ------------------------------------------------------------------------ */
+
+typedef struct {
+    const float *x, *imp;
+    int64_t rows, ne0;
+    tn_tq_params p;
+    size_t rb;
+    uint8_t *qbuf; /* [nth][rb]  */
+    float *ybuf;   /* [nth][ne0] */
+    double *part;  /* [nth]      */
+    double *sig;   /* [nth]      */
+} err_ctx;
+
+/* Importance-weighted squared error of quantizing rows [r0, r1) as p: sum_j imp_j (x_j - x^_j)^2. */
+static void err_task(void *arg, int ith, int nth) {
+    err_ctx *e = arg;
+    int64_t r0, r1;
+    tn_split(e->rows, ith, nth, 1, &r0, &r1);
+    uint8_t *qb = e->qbuf + (size_t)ith * e->rb;
+    float *yb = e->ybuf + (size_t)ith * (size_t)e->ne0;
+    double acc = 0, sig = 0;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *xr = e->x + r * e->ne0;
+        tn_tq_quantize_row(&e->p, xr, qb, e->ne0, e->imp);
+        tn_tq_dequantize_row(&e->p, qb, yb, e->ne0);
+        for (int64_t j = 0; j < e->ne0; j++) {
+            const double d = (double)xr[j] - yb[j], w = e->imp ? e->imp[j] : 1.0;
+            acc += w * d * d;
+            sig += w * (double)xr[j] * xr[j];
+        }
+    }
+    e->part[ith] = acc;
+    e->sig[ith] = sig;
+}
+
+/* Chooses the bit width of every allocatable tensor (quantizable, not overridden, ne0 a multiple
+ * of the family's group) so that the whole file has at most `target` bits per weight with the
+ * least total error. The error of a tensor is its importance-weighted squared quantization error
+ * (weight 1 per column without an importance matrix), as an estimate of the squared error it adds
+ * to its output per token; token_embd's is divided by its rows (one row is read per token). */
+static tern_status plan_target(const tn_gguf *g, const size_t *order, const tn_qmix_tensor *mt, tn_qmix_choice *ch,
+                               size_t n, const tn_qmix_opts *opts, const tn_tq_params *fam, const tn_imatrix *imat, double target, tn_pool *pool,
+                               int nth, float *f32, probe_ctx *pr, double *achieved) {
+    tern_status s = TERN_OK;
+    double *bits = calloc(n * 8 + 1, sizeof *bits), *err = calloc(n * 8 + 1, sizeof *err);
+    const double **bp = calloc(n + 1, sizeof *bp), **ep = calloc(n + 1, sizeof *ep);
+    int *ncand = calloc(n + 1, sizeof *ncand), *choice = calloc(n + 1, sizeof *choice);
+    size_t *which = calloc(n + 1, sizeof *which);
+    uint8_t *qbuf = NULL;
+    float *lp = pr ? malloc(sizeof(float) * (size_t)pr->n_vocab) : NULL;
+    const int b0 = target < 3 ? 2 : target >= 7 ? 6 : (int)target - 1; /* probe width */
+    err_ctx e = {0};
+    e.part = calloc((size_t)nth + 1, sizeof *e.part);
+    e.sig = calloc((size_t)nth + 1, sizeof *e.sig);
+    if (!bits || !err || !bp || !ep || !ncand || !choice || !which || !e.part || !e.sig) {
+        s = tn_err(TERN_ERR_NOMEM, "quantize: out of memory");
+        goto out;
+    }
+    double total_el = 0, fixed_bits = 0;
+    size_t na = 0;
+    for (size_t i = 0; i < n; i++) {
+        const tn_gguf_tensor *t = &g->tensors[order[i]];
+        double el = 1;
+        for (uint32_t d = 0; d < t->n_dims; d++) el *= (double)t->ne[d];
+        total_el += el;
+        const int64_t rows = (int64_t)(el / (double)t->ne[0]);
+        const bool forced = (opts->output_type >= 0 && !strcmp(t->name, "output.weight")) ||
+                            (opts->token_embd_type >= 0 && !strcmp(t->name, "token_embd.weight"));
+        if (!ch[i].quantizable || ch[i].manual || forced || t->ne[0] % fam->group != 0) {
+            fixed_bits += 8.0 * (double)tn_dtype_row_size((tn_dtype)ch[i].type, t->ne[0]) * (double)rows;
+            continue;
+        }
+        which[na] = i;
+        bp[na] = bits + na * 8;
+        ep[na] = err + na * 8;
+        ncand[na] = 8;
+        const float *x;
+        if ((s = tensor_f32(t, f32, &x))) goto out;
+        e.x = x;
+        e.rows = rows;
+        e.ne0 = t->ne[0];
+        e.imp = imat ? tn_imatrix_find(imat, t->name, t->ne[0]) : NULL;
+        for (int b = 1; b <= 8; b++) {
+            tn_tq_params p = *fam;
+            p.bits = b;
+            e.p = p;
+            e.rb = tn_dtype_row_size((tn_dtype)tn_tq_dtype(&p), t->ne[0]);
+            free(e.qbuf), free(e.ybuf);
+            e.qbuf = malloc(e.rb * (size_t)nth);
+            e.ybuf = malloc(sizeof(float) * (size_t)e.ne0 * (size_t)nth);
+            if (!e.qbuf || !e.ybuf) {
+                s = tn_err(TERN_ERR_NOMEM, "quantize: out of memory");
+                goto out;
+            }
+            memset(e.part, 0, sizeof *e.part * (size_t)nth);
+            tn_pool_run(pool, err_task, &e);
+            double tot = 0, sig = 0;
+            for (int k = 0; k < nth; k++) tot += e.part[k], sig += e.sig[k];
+            (void)sig;
+            if (!pr && !strcmp(t->name, "token_embd.weight")) tot /= (double)rows;
+            bits[na * 8 + b - 1] = 8.0 * (double)e.rb * (double)rows;
+            err[na * 8 + b - 1] = tot;
+        }
+        double sens = 1, kl = 0;
+        if (pr) {
+            /* measured sensitivity: KL of the calibration logits with only this tensor at b0 bits,
+             * per unit of its error at b0; predicted KL at b bits = sens * err(b) */
+            tn_tq_params p = *fam;
+            p.bits = b0;
+            const uint32_t ty = tn_tq_dtype(&p);
+            const size_t rb = tn_dtype_row_size((tn_dtype)ty, t->ne[0]);
+            free(qbuf);
+            if (!(qbuf = malloc(rb * (size_t)rows + 64)) || !lp) {
+                s = tn_err(TERN_ERR_NOMEM, "quantize: out of memory");
+                goto out;
+            }
+            qctx qq = {0};
+            qq.task_x = x, qq.task_y = qbuf, qq.task_rows = rows, qq.task_ne0 = t->ne[0], qq.task_type = ty, qq.task_imat = e.imp;
+            tn_pool_run(pool, quant_task, &qq);
+            tn_tensor saved;
+            if (swap_views(pr->m, t->name, ty, qbuf, rb * (size_t)rows, &saved) > 0) {
+                s = probe_run(pr, lp, &kl);
+                swap_views(pr->m, t->name, saved.type, saved.data, saved.nbytes, NULL);
+                if (s) goto out;
+                sens = err[na * 8 + b0 - 1] > 0 ? kl / err[na * 8 + b0 - 1] : 0;
+            }
+            for (int b = 0; b < 8; b++) err[na * 8 + b] *= sens;
+        }
+        fprintf(stderr, "target-bpw: %-32s predicted KL at 1..8 bits %.2e %.2e %.2e %.2e %.2e %.2e %.2e %.2e\n", t->name,
+                err[na * 8], err[na * 8 + 1], err[na * 8 + 2], err[na * 8 + 3], err[na * 8 + 4], err[na * 8 + 5],
+                err[na * 8 + 6], err[na * 8 + 7]);
+        na++;
+    }
+    const double budget = target * total_el - fixed_bits;
+    if (!tn_qmix_allocate(na, ncand, bp, ep, budget, choice)) {
+        double min_bits = fixed_bits;
+        for (size_t k = 0; k < na; k++) min_bits += bp[k][0];
+        s = tn_err(TERN_ERR_INVALID_ARG, "--target-bpw %.4g is below the smallest file possible with tq1g%d%s (%.4g bpw)",
+                   target, fam->group, fam->asym ? "a" : "", min_bits / total_el);
+        goto out;
+    }
+    double used = fixed_bits;
+    for (size_t k = 0; k < na; k++) {
+        tn_tq_params p = *fam;
+        p.bits = choice[k] + 1;
+        ch[which[k]].type = ch[which[k]].wanted = tn_tq_dtype(&p);
+        ch[which[k]].fallback = false;
+        used += bp[k][choice[k]];
+        char nm[32];
+        tn_tq_name(&p, nm, sizeof nm);
+        fprintf(stderr, "target-bpw: %-36s -> %s\n", mt[which[k]].name, nm);
+    }
+    *achieved = used / total_el;
+out:
+    free(bits), free(err), free(bp), free(ep), free(ncand), free(choice), free(which);
+    free(e.part), free(e.sig), free(e.qbuf), free(e.ybuf), free(qbuf), free(lp);
+    return s;
+}
+
 static void usage(void) {
     printf("usage: tern quantize [options] in.gguf out.gguf TYPE [threads]\n"
            "  TYPE: Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q2_K_S Q3_K_S Q3_K_M Q3_K_L Q4_K_S Q4_K_M Q5_K_S Q5_K_M Q6_K\n"
@@ -174,6 +464,10 @@ static void usage(void) {
            "  --token-embedding-type T      type of token_embd.weight\n"
            "  --tensor-type REGEX=T         type for tensors matching REGEX (POSIX ERE; repeatable)\n"
            "  --imatrix FILE                importance matrix (tern imatrix) for importance-weighted rounding\n"
+           "  --target-bpw X                per-tensor bit widths of TYPE's family (tq<b>g<G>[a]) chosen so the whole\n"
+           "                                file has at most X bits per weight, at the least predicted loss\n"
+           "  --calib FILE                  text whose KL divergence weighs each tensor's error (--target-bpw)\n"
+           "  --calib-chunks N              chunks of --calib to run per probe (default 16)\n"
            "  --allow-requantize            allow quantized inputs\n");
 }
 
@@ -206,6 +500,9 @@ int cmd_quantize(int argc, char **argv) {
     tn_qmix_opts opts = {.output_type = -1, .token_embd_type = -1};
     const char *imatrix_path = NULL;
     bool allow_requantize = false;
+    float target_bpw = 0;
+    const char *calib_path = NULL;
+    int64_t calib_chunks = 16;
     ov_set ovs = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -241,6 +538,15 @@ int cmd_quantize(int argc, char **argv) {
             ovs.ov[ovs.n_ov++].type = t;
         } else if (!strcmp(a, "--imatrix") && more) {
             imatrix_path = argv[++i];
+        } else if (!strcmp(a, "--calib") && more) {
+            calib_path = argv[++i];
+        } else if (!strcmp(a, "--calib-chunks") && more) {
+            if (!tn_cli_parse_i64(argv[++i], 1, 100000, &calib_chunks)) { rc = tn_cli_usage_error("bad --calib-chunks '%s'", argv[i]); goto done; }
+        } else if (!strcmp(a, "--target-bpw") && more) {
+            if (!tn_cli_parse_f32(argv[++i], 0.5f, 64.0f, &target_bpw)) {
+                rc = tn_cli_usage_error("bad --target-bpw '%s' (bits per weight, 0.5 to 64)", argv[i]);
+                goto done;
+            }
         } else if (a[0] == '-' && a[1]) {
             rc = tn_cli_usage_error("unknown option '%s' (see tern quantize --help)", a);
             goto done;
@@ -270,6 +576,14 @@ int cmd_quantize(int argc, char **argv) {
         default_type = (tn_dtype)tn_tq_dtype(&tqp);
     } else {
         rc = tn_cli_usage_error("unknown type '%s' (see tern quantize --help)", type_name);
+        goto done;
+    }
+    if (calib_path && !(target_bpw > 0)) {
+        rc = tn_cli_usage_error("--calib is used by --target-bpw only");
+        goto done;
+    }
+    if (target_bpw > 0 && ftype != TN_FTYPE_TERN) {
+        rc = tn_cli_usage_error("--target-bpw needs a tern type (tq<b>g<G>[a]: its group size and symmetry), not '%s'", type_name);
         goto done;
     }
     if (ftype == TN_FTYPE_MOSTLY_Q2_K_S && !imatrix_path) {
@@ -322,6 +636,30 @@ int cmd_quantize(int argc, char **argv) {
     read_model(g, &mm);
     tn_qmix_plan(ftype, default_type, &mm, &opts, mt, n, ch);
 
+    if (threads <= 0) threads = tn_cpu_count();
+    if ((s = tn_pool_create((int)threads, &pool))) goto fail;
+    q.f32 = malloc(max_el * sizeof(float) + 64);
+    if (!q.f32) { rc = TN_EXIT_OSERR; goto out; }
+    double achieved_bpw = 0;
+    if (target_bpw > 0) {
+        probe_ctx pr;
+        if (calib_path) {
+            fprintf(stderr, "target-bpw: measuring sensitivities on %s (%lld chunks)\n", calib_path, (long long)calib_chunks);
+            if ((s = probe_open(in_path, calib_path, (int)calib_chunks, (int)threads, &pr))) goto fail;
+        } else {
+            fprintf(stderr, "target-bpw: warning: no --calib text: tensors are weighed by their %s squared error alone\n",
+                    imat ? "importance-weighted" : "plain");
+        }
+        s = plan_target(g, order, mt, ch, n, &opts, &tqp, imat, target_bpw, pool, (int)threads, q.f32, calib_path ? &pr : NULL,
+                        &achieved_bpw);
+        if (calib_path) probe_close(&pr);
+        if (s == TERN_ERR_INVALID_ARG) {
+            rc = tn_cli_usage_error("%s", tern_last_error());
+            goto out;
+        }
+        if (s) goto fail;
+    }
+
     int n_fallback = 0;
     for (size_t i = 0; i < n; i++) {
         if (ch[i].fallback) {
@@ -355,14 +693,13 @@ int cmd_quantize(int argc, char **argv) {
         if ((s = tn_gguf_set_bool(w, "tern.quant.asymmetric", tqp.asym))) goto fail;
         if ((s = tn_gguf_set_str(w, "tern.quant.layout", "planes-8421-v1"))) goto fail;
         if (imatrix_path && (s = tn_gguf_set_str(w, "tern.quant.imatrix", imatrix_path))) goto fail;
+        if (target_bpw > 0 && (s = tn_gguf_set_f32(w, "tern.quant.target_bpw", target_bpw))) goto fail;
     }
     for (size_t i = 0; i < n; i++) {
         const tn_gguf_tensor *t = &g->tensors[order[i]];
         if ((s = tn_gguf_add_tensor(w, t->name, ch[i].type, t->n_dims, t->ne, NULL))) goto fail;
     }
 
-    if (threads <= 0) threads = tn_cpu_count();
-    if ((s = tn_pool_create((int)threads, &pool))) goto fail;
     q.in = g;
     q.order = order;
     q.ch = ch;
@@ -370,8 +707,6 @@ int cmd_quantize(int argc, char **argv) {
     q.pool = pool;
     q.imat = imat;
     q.allow_requantize = allow_requantize;
-    q.f32 = malloc(max_el * sizeof(float) + 64);
-    if (!q.f32) { rc = TN_EXIT_OSERR; goto out; }
 
     fprintf(stderr, "quantize: %s -> %s as %s (%zu tensors, %lld threads)\n", in_path, out_path, type_name, n, (long long)threads);
     signal(SIGINT, on_sigint);
@@ -388,6 +723,8 @@ int cmd_quantize(int argc, char **argv) {
     if (s) goto fail;
     fprintf(stderr, "quantize: model size  = %8.2f MiB (%.2f BPW)\n", q.total_in / 1024.0 / 1024.0, q.total_in * 8.0 / (double)q.n_elem);
     fprintf(stderr, "quantize: quant size  = %8.2f MiB (%.2f BPW)\n", q.total_out / 1024.0 / 1024.0, q.total_out * 8.0 / (double)q.n_elem);
+    if (target_bpw > 0)
+        fprintf(stderr, "quantize: target %.4g bpw, achieved %.4f bpw (whole file)\n", target_bpw, achieved_bpw);
     if (n_fallback) fprintf(stderr, "quantize: WARNING: %d of %zu tensor(s) required fallback quantization\n", n_fallback, n);
     fprintf(stderr, "quantize: done in %.2f s\n", tn_cli_now() - t0);
     goto out;
