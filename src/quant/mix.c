@@ -373,5 +373,32 @@ bool tn_qmix_allocate(size_t n, const int *n_cand, const double *const *bits, co
         used += bits[bi][bc] - bits[bi][choice[bi]];
         choice[bi] = bc;
     }
+    /* local search: move one tensor to any other candidate and another to any candidate that the
+     * freed (or remaining) bits allow, while that lowers the total error (greedy leaves gaps when
+     * the steps are coarse); each accepted move lowers the error, so this ends */
+    for (int round = 0; round < 1000; round++) {
+        double best = 0;
+        size_t bi = 0, bj = 0;
+        int bci = -1, bcj = -1;
+        for (size_t i = 0; i < n; i++)
+            for (int ci = 0; ci < n_cand[i]; ci++) {
+                if (ci == choice[i]) continue;
+                const double di = bits[i][ci] - bits[i][choice[i]], ei = err[i][ci] - err[i][choice[i]];
+                for (size_t j = 0; j < n; j++) {
+                    if (j == i) continue;
+                    for (int cj = 0; cj < n_cand[j]; cj++) {
+                        const double dj = cj == choice[j] ? 0 : bits[j][cj] - bits[j][choice[j]];
+                        const double ej = cj == choice[j] ? 0 : err[j][cj] - err[j][choice[j]];
+                        if (used + di + dj > budget) continue;
+                        const double gain = -(ei + ej);
+                        if (gain > best * (1 + 1e-12) + 1e-300) best = gain, bi = i, bj = j, bci = ci, bcj = cj;
+                    }
+                }
+            }
+        if (bci < 0) break;
+        used += bits[bi][bci] - bits[bi][choice[bi]] + bits[bj][bcj] - bits[bj][choice[bj]];
+        choice[bi] = bci;
+        choice[bj] = bcj;
+    }
     return true;
 }

@@ -1,0 +1,171 @@
+/*
+ * test_target_bpw.c — `tern quantize --target-bpw X` and its allocator (tn_qmix_allocate).
+ *   - allocate: the budget is respected; an infeasible budget returns false with the cheapest
+ *     choice; a larger budget never gives a larger total error; free upgrades (same size, less
+ *     error) are taken; on a small convex instance the result is no worse than the brute-force
+ *     optimum of a budget one largest step smaller (greedy's guarantee);
+ *   - cli: on a tiny random f32 model, targets 2.5 / 3.5 / 4.5 / 6 give whole-file bpw <= target
+ *     and within 0.15 of it (one step of the largest tensor is ~0.1 bpw here), the total
+ *     squared weight error (token_embd per row, as the allocator weighs it) never grows with
+ *     the target, and every matrix is a tq type of the requested family; bad targets (0.2, text,
+ *     below the smallest possible file, a llama.cpp TYPE) are usage errors (exit 64) with no file.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "common/tiny_model.h"
+#include "fmt/gguf.h"
+#include "quant/mix.h"
+#include "quant/quant.h"
+#include "quant/tq.h"
+
+static int run(const char *cmd) {
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static double total_err(size_t n, const int *ch, const double *const *err) {
+    double e = 0;
+    for (size_t i = 0; i < n; i++) e += err[i][ch[i]];
+    return e;
+}
+
+static void test_allocate(void **st) {
+    (void)st;
+    enum { N = 5, C = 4 };
+    double bits[N][C], err[N][C];
+    const double *bp[N], *ep[N];
+    int nc[N], ch[N];
+    uint64_t r = 5;
+    for (int i = 0; i < N; i++) {
+        double sz = 100 + 50 * i, s = 1 + i % 3;
+        for (int c = 0; c < C; c++) {
+            r = r * 6364136223846793005ULL + 1442695040888963407ULL;
+            bits[i][c] = sz * (c + 2);
+            err[i][c] = s * pow(0.25, c) * (1 + (double)(r >> 40) / (1 << 24) * 0.1);
+        }
+        bp[i] = bits[i], ep[i] = err[i], nc[i] = C;
+    }
+    double min_bits = 0, prev = INFINITY;
+    for (int i = 0; i < N; i++) min_bits += bits[i][0];
+    assert_false(tn_qmix_allocate(N, nc, bp, ep, min_bits - 1, ch));
+    for (int i = 0; i < N; i++) assert_int_equal(ch[i], 0);
+    for (double budget = min_bits; budget <= min_bits * 3; budget += 37) {
+        assert_true(tn_qmix_allocate(N, nc, bp, ep, budget, ch));
+        double used = 0;
+        for (int i = 0; i < N; i++) used += bits[i][ch[i]];
+        assert_true(used <= budget);
+        const double e = total_err(N, ch, ep);
+        assert_true(e <= prev);
+        prev = e;
+        /* greedy's guarantee on convex items: no worse than the exact optimum (brute force over
+         * all C^N choices) of a budget one largest step (300 bits) smaller */
+        double best = INFINITY;
+        int k[N];
+        for (int code = 0; code < C * C * C * C * C; code++) {
+            int v = code;
+            double u = 0, ee = 0;
+            for (int i = 0; i < N; i++) k[i] = v % C, v /= C, u += bits[i][k[i]], ee += err[i][k[i]];
+            if (u <= budget - 300 && ee < best) best = ee;
+        }
+        if (!(e <= best)) print_message("budget %g: greedy %g, optimum of budget - 300: %g\n", budget, e, best);
+        assert_true(e <= best);
+    }
+    /* a free upgrade is taken even with no budget left */
+    double fb[2][2] = {{10, 10}, {10, 20}}, fe[2][2] = {{5, 1}, {5, 4}};
+    const double *fbp[2] = {fb[0], fb[1]}, *fep[2] = {fe[0], fe[1]};
+    int fnc[2] = {2, 2}, fch[2];
+    assert_true(tn_qmix_allocate(2, fnc, fbp, fep, 20, fch));
+    assert_int_equal(fch[0], 1);
+    assert_int_equal(fch[1], 0);
+}
+
+/* Whole-file bits per weight, the squared error of the matrices against the f32 original
+ * (token_embd divided by its rows), and whether every quantized matrix is a tq<b>g64a. */
+static void measure(const char *orig, const char *path, double *bpw, double *err, bool *family) {
+    tn_gguf *a, *b;
+    assert_int_equal(tn_gguf_open(orig, false, &a), TERN_OK);
+    assert_int_equal(tn_gguf_open(path, false, &b), TERN_OK);
+    double bytes = 0, el = 0, e = 0;
+    *family = true;
+    for (uint64_t i = 0; i < b->n_tensors; i++) {
+        const tn_gguf_tensor *t = &b->tensors[i], *o = tn_gguf_find_tensor(a, t->name);
+        assert_non_null(o);
+        const int64_t n = t->ne[0] * t->ne[1], rows = t->ne[1];
+        bytes += (double)t->nbytes;
+        el += (double)n;
+        if (t->n_dims < 2) continue;
+        if (!tn_tq_is(t->type)) {
+            *family = false;
+            continue;
+        }
+        tn_tq_params p;
+        tn_tq_params_of(t->type, &p);
+        if (p.group != 64 || !p.asym) *family = false;
+        float *y = malloc(sizeof(float) * (size_t)n);
+        tn_tq_dequantize_row(&p, t->data, y, n);
+        const float *x = (const float *)o->data;
+        double te = 0;
+        for (int64_t j = 0; j < n; j++) te += ((double)x[j] - y[j]) * ((double)x[j] - y[j]);
+        e += strcmp(t->name, "token_embd.weight") ? te : te / (double)rows;
+        free(y);
+    }
+    *bpw = 8 * bytes / el;
+    *err = e;
+    tn_gguf_free(a);
+    tn_gguf_free(b);
+}
+
+static void test_cli(void **st) {
+    (void)st;
+    const char *tern = getenv("TERN_BIN");
+    if (!tern || !*tern) skip();
+    char model[512], out[512], cmd[4096];
+    tiny_tmp_path(model, sizeof model, "tbpw-model");
+    tiny_tmp_path(out, sizeof out, "tbpw-out");
+    tiny_cfg cfg;
+    tiny_cfg_default(&cfg);
+    assert_int_equal(tiny_model_write(model, &cfg), TERN_OK);
+    const double targets[] = {2.5, 3.5, 4.5, 6};
+    double prev = INFINITY;
+    for (size_t i = 0; i < sizeof targets / sizeof targets[0]; i++) {
+        snprintf(cmd, sizeof cmd, "'%s' quantize --target-bpw %g '%s' '%s' tq3g64a -t 2 2>/dev/null", tern, targets[i], model, out);
+        assert_int_equal(run(cmd), 0);
+        double bpw, err;
+        bool fam;
+        measure(model, out, &bpw, &err, &fam);
+        print_message("target %.2f: %.4f bpw, error %.5g\n", targets[i], bpw, err);
+        assert_true(bpw <= targets[i]);
+        assert_true(bpw >= targets[i] - 0.15);
+        assert_true(err <= prev);
+        assert_true(fam);
+        prev = err;
+        unlink(out);
+    }
+    static const char *const bad[] = {"--target-bpw 0.2 %s %s tq3", "--target-bpw x %s %s tq3",
+                                      "--target-bpw 1.0 %s %s tq3", "--target-bpw 4 %s %s Q4_K_M"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char args[2048];
+        snprintf(args, sizeof args, bad[i], model, out);
+        snprintf(cmd, sizeof cmd, "'%s' quantize %s -t 1 2>/dev/null", tern, args);
+        assert_int_equal(run(cmd), 64);
+        assert_int_not_equal(access(out, F_OK), 0);
+    }
+    unlink(model);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_allocate),
+        cmocka_unit_test(test_cli),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
