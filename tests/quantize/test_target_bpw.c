@@ -4,10 +4,11 @@
  *     choice; a larger budget never gives a larger total error; free upgrades (same size, less
  *     error) are taken; on a small convex instance the result is no worse than the brute-force
  *     optimum of a budget one largest step smaller (greedy's guarantee);
- *   - cli: on a tiny random f32 model, targets 2.5 / 3.5 / 4.5 / 6 give whole-file bpw <= target
- *     and within 0.15 of it (one step of the largest tensor is ~0.1 bpw here), the total
- *     squared weight error (token_embd per row, as the allocator weighs it) never grows with
- *     the target, and every matrix is a tq type of the requested family; bad targets (0.2, text,
+ *   - cli: on a tiny random f32 model without probes (--calib-chunks 0), targets 2.5 / 3.5 / 4.5 /
+ *     6 give whole-file bpw <= target and within 0.15 of it (one step of the largest tensor is
+ *     ~0.1 bpw here), the total squared weight error (token_embd per row, as the allocator weighs
+ *     it then) never grows with the target, and every matrix is a tq type of the requested
+ *     family; with the default probes (self-generated text) the budget holds too; bad targets (0.2, text,
  *     below the smallest possible file, a llama.cpp TYPE) are usage errors (exit 64) with no file.
  */
 #include <math.h>
@@ -137,7 +138,8 @@ static void test_cli(void **st) {
     const double targets[] = {2.5, 3.5, 4.5, 6};
     double prev = INFINITY;
     for (size_t i = 0; i < sizeof targets / sizeof targets[0]; i++) {
-        snprintf(cmd, sizeof cmd, "'%s' quantize --target-bpw %g '%s' '%s' tq3g64a -t 2 2>/dev/null", tern, targets[i], model, out);
+        snprintf(cmd, sizeof cmd, "'%s' quantize --target-bpw %g --calib-chunks 0 '%s' '%s' tq3g64a -t 2 2>/dev/null", tern,
+                 targets[i], model, out);
         assert_int_equal(run(cmd), 0);
         double bpw, err;
         bool fam;
@@ -150,6 +152,14 @@ static void test_cli(void **st) {
         prev = err;
         unlink(out);
     }
+    /* the default: sensitivities probed on text the model writes itself */
+    snprintf(cmd, sizeof cmd, "'%s' quantize --target-bpw 3.5 --calib-chunks 4 '%s' '%s' tq3g64a -t 2 2>/dev/null", tern, model, out);
+    assert_int_equal(run(cmd), 0);
+    double bpw, err;
+    bool fam;
+    measure(model, out, &bpw, &err, &fam);
+    assert_true(bpw <= 3.5 && bpw >= 3.35 && fam);
+    unlink(out);
     static const char *const bad[] = {"--target-bpw 0.2 %s %s tq3", "--target-bpw x %s %s tq3",
                                       "--target-bpw 1.0 %s %s tq3", "--target-bpw 4 %s %s Q4_K_M"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {

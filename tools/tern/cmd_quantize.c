@@ -228,6 +228,44 @@ static tern_status probe_run(probe_ctx *p, float *tmp, double *kl) {
     return TERN_OK;
 }
 
+/* No calibration text: the model writes its own, n_chunk sequences of n_ctx tokens sampled from
+ * BOS (temperature 1, top-k 40, fixed seed), so the probes need no data (data-free, like a model
+ * quantized without an importance matrix). */
+static tern_status self_generate(tern_model *m, int n_ctx, int n_chunk, int threads, tern_token **out) {
+    *out = NULL;
+    tern_ctx *c = NULL;
+    tern_sampler *sm = NULL;
+    tern_token *toks = malloc(sizeof *toks * (size_t)n_ctx * (size_t)n_chunk + 1);
+    if (!toks) return tn_err(TERN_ERR_NOMEM, "quantize: out of memory");
+    tern_ctx_params cp;
+    tern_ctx_params_init(&cp);
+    cp.n_ctx = n_ctx;
+    cp.n_threads = threads;
+    tern_sampler_params sp;
+    tern_sampler_params_init(&sp);
+    sp.temp = 1.0f, sp.top_k = 40, sp.top_p = 1.0f, sp.min_p = 0.0f, sp.seed = 1234;
+    tern_status s = tern_ctx_create(m, &cp, &c);
+    if (!s) s = tern_sampler_create(m, &sp, &sm);
+    const tern_token bos = tern_token_bos(m);
+    for (int ci = 0; ci < n_chunk && !s; ci++) {
+        tern_token *t = toks + (size_t)ci * n_ctx;
+        t[0] = bos >= 0 ? bos : 0;
+        s = tern_ctx_truncate(c, 0);
+        for (int i = 1; i < n_ctx && !s; i++) {
+            if ((s = tern_decode(c, &t[i - 1], 1))) break;
+            t[i] = tern_sampler_sample(sm, tern_get_logits(c, 0));
+        }
+    }
+    tern_sampler_free(sm);
+    tern_ctx_free(c);
+    if (s) {
+        free(toks);
+        return s;
+    }
+    *out = toks;
+    return TERN_OK;
+}
+
 static tern_status probe_open(const char *model_path, const char *calib, int max_chunks, int threads, probe_ctx *p) {
     memset(p, 0, sizeof *p);
     tern_model_params mp;
@@ -237,12 +275,19 @@ static tern_status probe_open(const char *model_path, const char *calib, int max
     int32_t n_tok = 0;
     tern_token *all = NULL;
     tern_status s = tern_model_load(model_path, &mp, &p->m);
-    if (!s) s = tn_cli_read_file(calib, &text, &len);
-    if (!s) s = tn_cli_tokenize(p->m, text, len, true, false, &all, &n_tok);
-    free(text);
     if (s) goto fail;
     p->n_ctx = p->m->hp.n_ctx_train > 0 && p->m->hp.n_ctx_train < 512 ? p->m->hp.n_ctx_train : 512;
-    p->n_chunk = n_tok / p->n_ctx < max_chunks ? n_tok / p->n_ctx : max_chunks;
+    if (calib) {
+        if (!s) s = tn_cli_read_file(calib, &text, &len);
+        if (!s) s = tn_cli_tokenize(p->m, text, len, true, false, &all, &n_tok);
+        free(text);
+        if (s) goto fail;
+        p->n_chunk = n_tok / p->n_ctx < max_chunks ? n_tok / p->n_ctx : max_chunks;
+    } else {
+        p->n_chunk = max_chunks;
+        if ((s = self_generate(p->m, p->n_ctx, max_chunks, threads, &all))) goto fail;
+        n_tok = p->n_chunk * p->n_ctx;
+    }
     if (p->n_chunk < 1) {
         s = tn_err(TERN_ERR_INVALID_ARG, "--calib %s: %d tokens, fewer than one chunk of %d", calib, n_tok, p->n_ctx);
         goto fail;
@@ -466,8 +511,10 @@ static void usage(void) {
            "  --imatrix FILE                importance matrix (tern imatrix) for importance-weighted rounding\n"
            "  --target-bpw X                per-tensor bit widths of TYPE's family (tq<b>g<G>[a]) chosen so the whole\n"
            "                                file has at most X bits per weight, at the least predicted loss\n"
-           "  --calib FILE                  text whose KL divergence weighs each tensor's error (--target-bpw)\n"
-           "  --calib-chunks N              chunks of --calib to run per probe (default 16)\n"
+           "  --calib FILE                  text whose KL divergence weighs each tensor's error (--target-bpw;\n"
+           "                                default: text the model generates itself)\n"
+           "  --calib-chunks N              chunks of calibration text per probe (default 16; 0 = no probes,\n"
+           "                                plain importance-weighted errors)\n"
            "  --allow-requantize            allow quantized inputs\n");
 }
 
@@ -541,7 +588,7 @@ int cmd_quantize(int argc, char **argv) {
         } else if (!strcmp(a, "--calib") && more) {
             calib_path = argv[++i];
         } else if (!strcmp(a, "--calib-chunks") && more) {
-            if (!tn_cli_parse_i64(argv[++i], 1, 100000, &calib_chunks)) { rc = tn_cli_usage_error("bad --calib-chunks '%s'", argv[i]); goto done; }
+            if (!tn_cli_parse_i64(argv[++i], 0, 100000, &calib_chunks)) { rc = tn_cli_usage_error("bad --calib-chunks '%s'", argv[i]); goto done; }
         } else if (!strcmp(a, "--target-bpw") && more) {
             if (!tn_cli_parse_f32(argv[++i], 0.5f, 64.0f, &target_bpw)) {
                 rc = tn_cli_usage_error("bad --target-bpw '%s' (bits per weight, 0.5 to 64)", argv[i]);
@@ -643,16 +690,17 @@ int cmd_quantize(int argc, char **argv) {
     double achieved_bpw = 0;
     if (target_bpw > 0) {
         probe_ctx pr;
-        if (calib_path) {
-            fprintf(stderr, "target-bpw: measuring sensitivities on %s (%lld chunks)\n", calib_path, (long long)calib_chunks);
+        if (calib_chunks > 0) {
+            fprintf(stderr, "target-bpw: measuring sensitivities on %s (%lld chunks)\n",
+                    calib_path ? calib_path : "text the model generates", (long long)calib_chunks);
             if ((s = probe_open(in_path, calib_path, (int)calib_chunks, (int)threads, &pr))) goto fail;
         } else {
-            fprintf(stderr, "target-bpw: warning: no --calib text: tensors are weighed by their %s squared error alone\n",
+            fprintf(stderr, "target-bpw: --calib-chunks 0: tensors are weighed by their %s squared error alone\n",
                     imat ? "importance-weighted" : "plain");
         }
-        s = plan_target(g, order, mt, ch, n, &opts, &tqp, imat, target_bpw, pool, (int)threads, q.f32, calib_path ? &pr : NULL,
-                        &achieved_bpw);
-        if (calib_path) probe_close(&pr);
+        s = plan_target(g, order, mt, ch, n, &opts, &tqp, imat, target_bpw, pool, (int)threads, q.f32,
+                        calib_chunks > 0 ? &pr : NULL, &achieved_bpw);
+        if (calib_chunks > 0) probe_close(&pr);
         if (s == TERN_ERR_INVALID_ARG) {
             rc = tn_cli_usage_error("%s", tern_last_error());
             goto out;
