@@ -47,6 +47,12 @@ void tn_dequantize_row_q8_K(const block_q8_K *x, float *y, int64_t k);
 bool tn_quantize_row_ref(tn_dtype t, const float *x, void *y, int64_t k);
 bool tn_dequantize_row(tn_dtype t, const void *x, float *y, int64_t k);
 
+/* One row of k floats (the whole row: legacy types weigh by the row's mean square) quantized with
+ * the importance imat[k] of its columns, bit-exact with ggml's quantize_row_<t>_impl (what
+ * llama-quantize --imatrix writes) for q2_K..q6_K, q4_0, q4_1, q5_0, q5_1; other types, and
+ * imat == NULL, use tn_quantize_row_ref. quant_iw.c. */
+bool tn_quantize_row_imat(tn_dtype t, const float *x, void *y, int64_t k, const float *imat);
+
 /* Quantizes nrows rows of n_per_row floats; returns bytes written (0 on unsupported type). */
 size_t tn_quantize_rows_ref(tn_dtype t, const float *x, void *y, int64_t nrows, int64_t n_per_row);
 

@@ -14,27 +14,15 @@
  * order exactly; the code is organized and commented differently. Tree-wide ISO C11 compilation
  * keeps a*b+c unfused, matching ggml's baseline x86-64 build.
  *
- * Not here: the importance-matrix variants (quantize_row_<t>_impl with quant_weights).
+ * Not here: the importance-matrix variants (quantize_row_<t>_impl with quant_weights), which are
+ * in quant_iw.c and share tn_make_qx_quants (ksearch.h).
  */
 #include <math.h>
 #include <string.h>
 
+#include "quant/ksearch.h"
 #include "quant/quant.h"
 
-/* ggml's threshold below which a group counts as all zero. */
-#define TN_GROUP_MAX_EPS 1e-15f
-
-/* Round to nearest, ties to even, for |v| <= 2^22: adding 1.5 * 2^23 leaves no fraction bits in
- * the float, so the addition itself rounds; the integer is then read from the mantissa. This is
- * ggml's nearest_int, independent of the FPU rounding mode setting of lrintf. */
-static inline int tn_nearest_int(float v) {
-    const float biased = v + 12582912.0f;
-    int32_t bits;
-    memcpy(&bits, &biased, sizeof bits);
-    return (bits & 0x007fffff) - 0x00400000;
-}
-
-static inline int tn_clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
 
 /* Element of largest magnitude with its sign (first one wins on ties). */
 static float tn_signed_absmax(const float *x, int n, float *amax_out) {
@@ -57,7 +45,7 @@ static float tn_signed_absmax(const float *x, int n, float *amax_out) {
  * scales -(nmax + 0.1 is)/max and keep the one with the best weighted least-squares fit, weights
  * qw (or x^2 when qw is NULL). ggml's other rmse types are unused by the references.
  */
-static float tn_make_qx_quants(int n, int nmax, const float *x, int8_t *L, int rmse_type, const float *qw) {
+float tn_make_qx_quants(int n, int nmax, const float *x, int8_t *L, int rmse_type, const float *qw) {
     float amax;
     const float max = tn_signed_absmax(x, n, &amax);
     /* An all-zero group: every level 0 (not nmax), scale 0. */
@@ -164,8 +152,8 @@ static float tn_make_q3_quants(int n, int nmax, const float *x, int8_t *L, bool 
  * weighted least-squares (scale, min) for its levels, keeping the lowest weighted error (squared,
  * or absolute with use_mad). Returns the scale; *the_min = -min.
  */
-static float tn_make_qkx2_quants(int n, int nmax, const float *x, const float *weights, uint8_t *L, float *the_min,
-                                 uint8_t *Laux, float rmin, float rdelta, int nstep, bool use_mad) {
+float tn_make_qkx2_quants(int n, int nmax, const float *x, const float *weights, uint8_t *L, float *the_min,
+                          uint8_t *Laux, float rmin, float rdelta, int nstep, bool use_mad) {
     /* Range and the weighted sums that do not depend on the levels. */
     float min = x[0], max = x[0];
     float sum_w = weights[0];
@@ -517,17 +505,19 @@ void tn_dequantize_row_q5_K(const block_q5_K *x, float *y, int64_t k) {
 
 /* ---- q6_K: 16 groups of 16, 6-bit signed levels, int8 scales ------------------------------ */
 
-void tn_quantize_row_q6_K_ref(const float *x, block_q6_K *y, int64_t k) {
+void tn_quantize_row_q6_K_ref(const float *x, block_q6_K *y, int64_t k) { tn_quantize_row_q6_K_w(x, y, k, NULL); }
+
+void tn_quantize_row_q6_K_w(const float *x, block_q6_K *y, int64_t k, const float *qw) {
     const int64_t nb = k / QK_K;
     int8_t L[QK_K];
     float scales[QK_K / 16];
 
     for (int64_t i = 0; i < nb; i++, x += QK_K) {
-        /* 1. Per group: signed scale for levels -32..31 (rmse search, weights x^2); keep the
-         *    signed group scale of largest magnitude. */
+        /* 1. Per group: signed scale for levels -32..31 (rmse search, weights x^2 or the raw
+         *    importances qw); keep the signed group scale of largest magnitude. */
         float max_scale = 0, max_abs_scale = 0;
         for (int ib = 0; ib < QK_K / 16; ib++) {
-            scales[ib] = tn_make_qx_quants(16, 32, x + 16 * ib, L + 16 * ib, 1, NULL);
+            scales[ib] = tn_make_qx_quants(16, 32, x + 16 * ib, L + 16 * ib, 1, qw ? qw + QK_K * i + 16 * ib : NULL);
             if (fabsf(scales[ib]) > max_abs_scale) {
                 max_abs_scale = fabsf(scales[ib]);
                 max_scale = scales[ib];

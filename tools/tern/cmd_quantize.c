@@ -125,7 +125,7 @@ static void quant_task(void *arg, int ith, int nth) {
             tn_tq_params_of(q->task_type, &p);
             tn_tq_quantize_row(&p, x, y, q->task_ne0, q->task_imat);
         } else {
-            tn_quantize_row_ref((tn_dtype)q->task_type, x, y, q->task_ne0);
+            tn_quantize_row_imat((tn_dtype)q->task_type, x, y, q->task_ne0, q->task_imat);
         }
     }
 }
@@ -164,8 +164,7 @@ static tern_status fill(void *user, size_t idx, void *dst, size_t nbytes) {
     q->task_type = c->type;
     q->task_imat = NULL;
     if (q->imat) {
-        const float *im = tn_imatrix_find(q->imat, t->name, t->ne[0]);
-        if (im && tn_tq_is(c->type)) q->task_imat = im;
+        q->task_imat = tn_imatrix_find(q->imat, t->name, t->ne[0]);
     }
     tn_pool_run(q->pool, quant_task, q);
     if (g_stop) return tn_err(TERN_ERR_ABORTED, "quantize: interrupted");
@@ -508,7 +507,8 @@ static void usage(void) {
            "  --output-tensor-type T        type of output.weight\n"
            "  --token-embedding-type T      type of token_embd.weight\n"
            "  --tensor-type REGEX=T         type for tensors matching REGEX (POSIX ERE; repeatable)\n"
-           "  --imatrix FILE                importance matrix (tern imatrix) for importance-weighted rounding\n"
+           "  --imatrix FILE                importance matrix (tern imatrix or llama-imatrix) for importance-weighted\n"
+           "                                rounding (llama.cpp types: byte-identical to llama-quantize --imatrix)\n"
            "  --target-bpw X                per-tensor bit widths of TYPE's family (tq<b>g<G>[a]) chosen so the whole\n"
            "                                file has at most X bits per weight, at the least predicted loss\n"
            "  --calib FILE                  text whose KL divergence weighs each tensor's error (--target-bpw;\n"
@@ -650,9 +650,6 @@ int cmd_quantize(int argc, char **argv) {
         s = tn_imatrix_load(imatrix_path, &imat);
         if (s) { rc = tn_cli_fail(s, "reading the importance matrix"); tn_gguf_free(g); goto done; }
         opts.has_imatrix = true;
-        if (ftype != TN_FTYPE_TERN)
-            fprintf(stderr, "quantize: warning: the importance matrix is used by tq types only; llama.cpp types use the "
-                            "reference (no-imatrix) quantizers here\n");
     }
 
     const size_t n = g->n_tensors;
@@ -731,6 +728,21 @@ int cmd_quantize(int argc, char **argv) {
     tn_gguf_remove(w, "split.no");
     tn_gguf_remove(w, "split.count");
     tn_gguf_remove(w, "split.tensors.count");
+    if (imat && ftype != TN_FTYPE_TERN) {
+        /* llama-quantize records the importance matrix as kv overrides, in this order */
+        char buf[128];
+        uint32_t cc = 0;
+        const char *ds = NULL;
+        tn_imatrix_meta(imat, &cc, NULL, &ds);
+        snprintf(buf, sizeof buf, "%s", imatrix_path);
+        if ((s = tn_gguf_set_str(w, "quantize.imatrix.file", buf))) goto fail;
+        if (ds) {
+            snprintf(buf, sizeof buf, "%s", ds);
+            if ((s = tn_gguf_set_str(w, "quantize.imatrix.dataset", buf))) goto fail;
+        }
+        if ((s = tn_gguf_set_u32(w, "quantize.imatrix.entries_count", (uint32_t)tn_imatrix_count(imat)))) goto fail;
+        if (cc > 0 && (s = tn_gguf_set_u32(w, "quantize.imatrix.chunks_count", cc))) goto fail;
+    }
     if (ftype == TN_FTYPE_TERN) {
         char nm[32];
         tn_tq_name(&tqp, nm, sizeof nm);
