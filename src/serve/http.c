@@ -39,7 +39,10 @@ typedef struct tn_conn {
     char *body;
     size_t len, cap;
     bool too_big, oom, responded;
+    bool fail_armed; /* X-Tern-Fail-Alloc armed a failure (testing); disarmed when the request ends */
 } tn_conn;
+
+static tn_conn tn_conn_failed; /* stands for a request whose tn_conn could not be allocated (read-only) */
 
 void tn_serve_config_init(tn_serve_config *c) {
     memset(c, 0, sizeof *c);
@@ -88,14 +91,14 @@ static enum MHD_Result send_owned(struct MHD_Connection *c, int status, const ch
 }
 
 static enum MHD_Result send_json(struct MHD_Connection *c, int status, json_t *j) {
-    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    char *s = tn_json_dumps(j);
     json_decref(j);
     return send_owned(c, status, "application/json", s, 0);
 }
 
 static enum MHD_Result send_error(struct MHD_Connection *c, const tn_http_err *e, int retry_after) {
     json_t *j = tn_resp_error(e);
-    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    char *s = tn_json_dumps(j);
     json_decref(j);
     return send_owned(c, e->status, "application/json", s, retry_after);
 }
@@ -164,7 +167,7 @@ static void stream_raw(tn_stream *st, const char *s, size_t n) { tn_buf_put(&st-
 
 /* Appends `data: <json>\n\n` (takes j; NULL means an allocation failed). */
 static void stream_event(tn_stream *st, json_t *j) {
-    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    char *s = tn_json_dumps(j);
     json_decref(j);
     if (!s) {
         st->ev.oom = true;
@@ -318,7 +321,6 @@ static void new_id(tn_server *S, char *buf, size_t cap, const char *prefix) {
 }
 
 static enum MHD_Result handle_completion(tn_server *S, struct MHD_Connection *c, int kind, const char *body, size_t len) {
-    if (S->cfg.fail_alloc_at > 0) tn_alloc_fail_at((uint64_t)S->cfg.fail_alloc_at, false); /* testing only */
     tn_sreq *r = tn_sreq_new();
     if (!r) return send_oom(c);
     tn_http_err err;
@@ -430,7 +432,7 @@ static enum MHD_Result handle_tokenize(tn_server *S, struct MHD_Connection *c, c
     int32_t n = 0;
     if (msgs) {
         tn_req_params p;
-        char *b2 = json_dumps(j, JSON_COMPACT);
+        char *b2 = tn_json_dumps(j);
         if (!b2) {
             json_decref(j);
             return send_oom(c);
@@ -596,10 +598,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     (void)version;
     tn_server *S = cls;
     tn_conn *cs = *con_cls;
+    if (cs == &tn_conn_failed) { /* no memory for this request's state: drain the body, answer 500 */
+        if (!*upload_size) return send_oom(c);
+        *upload_size = 0;
+        return MHD_YES;
+    }
     if (!cs) {
         cs = tn_calloc(1, sizeof *cs);
-        if (!cs) return MHD_NO;
-        *con_cls = cs;
+        *con_cls = cs ? cs : &tn_conn_failed;
+        if (!cs) return MHD_YES;
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
         if (cl) {
             char *end;
@@ -673,6 +680,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return send_json(c, 200, json_pack("{s:s}", "status", "ok"));
     }
     if (!auth_ok(S, c)) return send_err(c, 401, "authentication_error", "invalid or missing API key");
+    /* fault-injection tests: fail the N-th allocation from here until this request ends */
+    const char *fa = S->cfg.debug_fail_alloc ? MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Tern-Fail-Alloc") : NULL;
+    if (fa) {
+        cs->fail_armed = true;
+        tn_alloc_fail_at(strtoull(fa, NULL, 10), strstr(fa, "persistent") != NULL);
+    }
     const char *body = cs->body ? cs->body : "";
     switch (rt) {
     case R_MODELS: return handle_models(S, c);
@@ -692,10 +705,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
     (void)cls, (void)c, (void)toe;
     tn_conn *cs = *con_cls;
-    if (!cs) return;
+    *con_cls = NULL;
+    if (!cs || cs == &tn_conn_failed) return;
+    if (cs->fail_armed) tn_alloc_fail_at(0, false);
     tn_free(cs->body);
     tn_free(cs);
-    *con_cls = NULL;
 }
 
 static void mhd_log(void *cls, const char *fmt, va_list ap) {

@@ -31,16 +31,34 @@ void tn_http_err_set(tn_http_err *e, int status, const char *type, const char *p
         goto fail;                                                                       \
     } while (0)
 
-/* jansson reports some failed allocations as syntax errors: a thread-local flag tells them apart */
-static _Thread_local bool tn_json_oom;
+/* jansson 2.14 ignores some failed allocations: its lexer drops a byte when an append to its token
+ * buffer fails (and then copies a string past that buffer's end), its dumper drops bytes of object
+ * keys (malformed output). So a failed allocation inside a parse or a dump is sticky (every later
+ * one of that call fails too) and the call's result is thrown away: a failure is always an error,
+ * never wrong JSON (both found by tests/serve/fault_test.py). Thread-local: one call at a time. */
+static _Thread_local bool tn_json_oom, tn_json_scope;
 
 static void *tn_json_malloc(size_t n) {
+    if (tn_json_scope && tn_json_oom) return NULL;
     void *p = tn_malloc(n);
     if (!p) tn_json_oom = true;
     return p;
 }
 
 void tn_json_alloc_init(void) { json_set_alloc_funcs(tn_json_malloc, tn_free); }
+
+char *tn_json_dumps(json_t *j) {
+    if (!j) return NULL;
+    tn_json_oom = false;
+    tn_json_scope = true;
+    char *s = json_dumps(j, JSON_COMPACT);
+    tn_json_scope = false;
+    if (s && tn_json_oom) {
+        tn_free(s);
+        s = NULL;
+    }
+    return s;
+}
 
 json_t *tn_json_parse(const char *body, size_t len, tn_http_err *err) {
     if (tn_json_depth(body, len) > TN_SRV_MAX_DEPTH) {
@@ -49,8 +67,12 @@ json_t *tn_json_parse(const char *body, size_t len, tn_http_err *err) {
     }
     json_error_t je;
     tn_json_oom = false;
+    tn_json_scope = true;
     json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
-    if (!root && tn_json_oom) {
+    tn_json_scope = false;
+    if (tn_json_oom) {
+        json_decref(root);
+        root = NULL;
         tn_http_err_set(err, 500, "server_error", NULL, "out of memory");
     } else if (!root) {
         tn_http_err_set(err, 400, "invalid_request_error", NULL, "invalid JSON at line %d column %d: %s", je.line, je.column, je.text);

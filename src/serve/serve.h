@@ -36,8 +36,8 @@ typedef struct tn_serve_config {
     int conn_timeout_s;
     size_t max_body;       /* request body cap (bytes)                                        */
     double step_delay_ms;  /* testing only: sleep after each engine step (makes races visible) */
-    int64_t fail_alloc_at; /* testing only: the N-th allocation after each completion request   */
-                           /* arrives fails (fault injection through tn_malloc); 0 = off         */
+    bool debug_fail_alloc; /* testing only: honour `X-Tern-Fail-Alloc: N[,persistent]`: the N-th */
+                           /* allocation after the request arrives fails (tn_alloc_fail_at)      */
     bool quiet;
 } tn_serve_config;
 
@@ -137,6 +137,8 @@ void tn_json_alloc_init(void);
  * NULL with err: 400 for bad JSON, 500 when an allocation failed. */
 typedef struct json_t json_t;
 json_t *tn_json_parse(const char *body, size_t len, tn_http_err *err);
+/* Compact JSON text (tn_free it), or NULL for NULL or when an allocation failed. */
+char *tn_json_dumps(json_t *j);
 /* Deepest nesting of [ and { outside strings (a pre-check before jansson). */
 int tn_json_depth(const char *s, size_t n);
 

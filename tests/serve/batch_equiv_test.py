@@ -2,7 +2,10 @@
 """batch_equiv_test.py TERN MODEL TMP — the same prompts decoded by tern serve in batches of 1, 2,
 4 and 8 concurrent requests give the same greedy text as `tern generate --temp 0` one at a time.
 Also checks that batching really happened (tokens per engine step > 1 in /metrics)."""
-import json, os, re, signal, subprocess, sys, threading, time, urllib.request
+import json, os, re, subprocess, sys, threading, urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve_lib import Server
 
 tern, model, tmp = sys.argv[1:4]
 os.makedirs(tmp, exist_ok=True)
@@ -18,20 +21,10 @@ def generate(p):
 
 ref = {p: generate(p) for p in PROMPTS}
 
-log = open(os.path.join(tmp, "batch-serve.log"), "w+")
-srv = subprocess.Popen([tern, "serve", "-m", model, "--port", "0", "-t", "1", "-np", "8", "--metrics",
-                        "--debug-step-delay", "2"], stderr=log, stdout=log)
+srv = Server(tern, model, tmp, "-np", "8", "--metrics", "--debug-step-delay", "2")
 fails = 0
 try:
-    port = None
-    for _ in range(300):
-        log.seek(0)
-        m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", log.read())
-        if m:
-            port = int(m.group(1)); break
-        time.sleep(0.1)
-    assert port, "server did not start"
-    url = f"http://127.0.0.1:{port}"
+    url = srv.url
 
     def complete(p, res, i):
         body = json.dumps({"prompt": p, "max_tokens": N, "temperature": 0, "ignore_eos": True}).encode()
@@ -60,11 +53,7 @@ try:
         fails += 1
         print("FAIL: no batching observed")
 finally:
-    srv.send_signal(signal.SIGTERM)
-    try:
-        rc = srv.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        srv.kill(); rc = -9
+    rc = srv.stop()
     if rc != 0:
         fails += 1
         print(f"FAIL: server exit {rc}")

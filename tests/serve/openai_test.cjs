@@ -1,5 +1,6 @@
 // openai_test.cjs URL NPM_PREFIX — the official `openai` npm client against tern serve:
-// models.list, chat (non-streaming and streaming with usage), completions (both), an API error.
+// models.list, chat (non-streaming and streaming with usage), completions (both), n=2 with logprobs
+// and penalties (both), an API error.
 const path = require('path');
 const OpenAI = require(path.resolve(process.argv[3], 'node_modules', 'openai'));
 const Ctor = OpenAI.default || OpenAI.OpenAI || OpenAI;
@@ -40,6 +41,22 @@ const ok = (c, m) => { if (c) console.log('ok: ' + m); else { fails++; console.l
   let ctext = '';
   for await (const ch of cs) ctext += ch.choices[0].text || '';
   ok(ctext === comp.choices[0].text, 'completions streaming == non-streaming');
+
+  const multi = await client.chat.completions.create({
+    model: ids[0], messages: [{ role: 'user', content: 'hello' }], max_tokens: 5, temperature: 0.9, seed: 4, n: 2,
+    logprobs: true, top_logprobs: 3, presence_penalty: 0.5 });
+  ok(multi.choices.length === 2 && multi.choices.every((c, i) => c.index === i && c.logprobs.content.length === 5 &&
+     c.logprobs.content.every((e) => e.logprob <= 0 && e.top_logprobs.length === 3)) && multi.usage.completion_tokens === 10,
+     'chat n=2 with logprobs, top_logprobs and presence_penalty');
+  const ms = await client.chat.completions.create({
+    model: ids[0], messages: [{ role: 'user', content: 'hello' }], max_tokens: 5, temperature: 0.9, seed: 4, n: 2,
+    logprobs: true, top_logprobs: 3, presence_penalty: 0.5, stream: true });
+  const parts = ['', ''];
+  for await (const ch of ms) for (const c of ch.choices) parts[c.index] += c.delta.content || '';
+  ok(parts[0] === multi.choices[0].message.content && parts[1] === multi.choices[1].message.content,
+     'streamed n=2 (seeded) == non-streamed, per choice index');
+  const lc = await client.completions.create({ model: ids[0], prompt: 'once upon a time', max_tokens: 4, temperature: 0, logprobs: 2 });
+  ok(lc.choices[0].logprobs.tokens.length === 4 && lc.choices[0].logprobs.text_offset.length === 4, 'completions logprobs');
 
   try {
     await client.chat.completions.create({ model: ids[0], messages: [], max_tokens: 4 });

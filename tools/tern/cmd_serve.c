@@ -99,8 +99,8 @@ int cmd_serve(int argc, char **argv) {
             NEED_VAL();
             if (!tn_cli_parse_f32(val, 0.0f, 10000.0f, &f)) return tn_cli_usage_error("--debug-step-delay: '%s' is not milliseconds", val);
             cfg.step_delay_ms = f;
-        } else if (!strcmp(a, "--debug-fail-alloc")) { /* testing: the N-th allocation after each request fails */
-            INT_FLAG(0, INT64_MAX, cfg.fail_alloc_at);
+        } else if (!strcmp(a, "--debug-fail-alloc")) { /* testing: X-Tern-Fail-Alloc: N fails an allocation */
+            cfg.debug_fail_alloc = true;
         } else if (!strcmp(a, "--max-body")) {
             INT_FLAG(1024, (int64_t)1 << 30, cfg.max_body);
         } else {
