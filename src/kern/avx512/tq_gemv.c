@@ -1,0 +1,216 @@
+/*
+ * tq_gemv.c (avx512) — decode (n == 1) kernels of tern's any-bit types: y[i] = row i of W · x,
+ * for every tq type (b = 1..8, G = 32..256, symmetric / asymmetric), streaming each row once.
+ *
+ * Register plan in tq_plan.h: per sub-step the row's bytes come in through one or two loads,
+ * plane 0 yields J code registers with a shift and an AND each, narrower planes are merged in
+ * with VPMULTISHIFTQB + VPTERNLOG, VPDPBUSD sums the registers into one int32 accumulator per
+ * sub-step; per super-step (512 codes) the accumulators are folded into one register of 16
+ * exact chunk sums, the fp16 block headers converted once, and one FMA applies d_w * d_x (one
+ * more the asymmetric offset). Two rows go through together so every activation register
+ * loaded serves both. The activation row is rearranged once per call (tn_tq_prep_x). Integer
+ * sums per chunk are exact as in the reference; only the order of the float additions differs.
+ * Blocks after the last whole super-step go to the slot's vec_dot.
+ *
+ * Needs AVX512 F/BW/VL/DQ/VNNI/VBMI (installed by tq.c only then).
+ */
+#include <immintrin.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kern/avx512/tq_kern.h"
+#include "kern/avx512/tq_plan.h"
+#include "kern/tq_list.inc"
+#include "quant/tq.h"
+
+#define TQ_STACK 24576 /* activation scratch on the stack up to this size, else the heap */
+#define TQ_PF 1024     /* software prefetch distance in bytes */
+
+/* Per-call constants in registers: permutes and multishift controls of the plan. */
+typedef struct {
+    __m512i ip, ih, is1, is2, ms1[8], ms2[8], didx;
+} tq_cv;
+
+/* The L sub-step accumulators -> 16 chunk sums (lane order: plan ord, simulated in tq_plan.c). */
+TQ_INLINE __m512i tq_fold(const int L, const __m512i *a) {
+    if (L == 1) return a[0];
+    if (L == 2) {
+        const __m512 x = _mm512_castsi512_ps(a[0]), y = _mm512_castsi512_ps(a[1]);
+        return _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(x, y, 0x88)),
+                                _mm512_castps_si512(_mm512_shuffle_ps(x, y, 0xDD)));
+    }
+    __m512i u[4];
+    for (int i = 0; i < L / 2; i++)
+        u[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_epi32(a[2 * i], a[2 * i + 1]));
+    const __m512i v0 = _mm512_add_epi32(_mm512_unpacklo_epi64(u[0], u[1]), _mm512_unpackhi_epi64(u[0], u[1]));
+    if (L == 4) return v0;
+    const __m512i v1 = _mm512_add_epi32(_mm512_unpacklo_epi64(u[2], u[3]), _mm512_unpackhi_epi64(u[2], u[3]));
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(v0, v1, 0x88), _mm512_shuffle_i32x4(v0, v1, 0xDD));
+}
+
+/* The raw plane sources of sub-step q of the super-step at row pointer p (plane 0: P, narrower
+ * planes: S1, S2 with each chunk's plane in every qword of its lanes); headers merged into H. */
+TQ_INLINE void tq_fetch(const int B, const int G, const int ASYM, const tn_tq_plan *Pl, const tq_cv *cv, int q,
+                        const uint8_t *p, __m512i *P, __m512i *S1, __m512i *S2, __m512i *H) {
+    const int W0 = TQ_W0(B), L = W0, NC = 16 / L, NP = TQ_NP(B), CPB = G / 32, BLK = NC <= CPB;
+    const int BB = (ASYM ? 4 : 2) + G * B / 8;
+    if (!BLK) {
+        const int NBS = NC / CPB, WIN = NBS * BB;
+        const uint8_t *wp = p + (size_t)q * WIN;
+        _mm_prefetch((const char *)wp + TQ_PF, _MM_HINT_T0);
+        if (WIN > 64) _mm_prefetch((const char *)wp + TQ_PF + 64, _MM_HINT_T0);
+        const __m512i A = _mm512_maskz_loadu_epi8(Pl->mA, wp);
+        const __m512i Bw = WIN > 64 ? _mm512_maskz_loadu_epi8(Pl->mB, wp + 64) : A;
+        *P = _mm512_permutex2var_epi8(A, cv->ip, Bw);
+        /* only the header bytes: the other halves of H stay 0 (they meet 0 in MXD, never NaN) */
+        if (L == 1) *H = _mm512_maskz_permutex2var_epi8(Pl->hmask[0], A, cv->ih, Bw);
+        else *H = _mm512_mask_mov_epi8(*H, Pl->hmask[q], _mm512_permutex2var_epi8(A, cv->ih, Bw));
+        if (NP > 1) *S1 = _mm512_permutex2var_epi8(A, cv->is1, Bw);
+        if (NP > 2) *S2 = _mm512_permutex2var_epi8(A, cv->is2, Bw);
+    } else {
+        const int NBS = CPB / NC, b = q / NBS, ss = q % NBS;
+        const uint8_t *bp = p + (size_t)b * BB;
+        if (ss == 0) {
+            _mm_prefetch((const char *)bp + TQ_PF, _MM_HINT_T0);
+            _mm_prefetch((const char *)bp + TQ_PF + 64, _MM_HINT_T0);
+            if (BB > 128) _mm_prefetch((const char *)bp + TQ_PF + 128, _MM_HINT_T0);
+            if (BB > 192) _mm_prefetch((const char *)bp + TQ_PF + 192, _MM_HINT_T0);
+            if (ASYM) {
+                int32_t dm;
+                memcpy(&dm, bp, 4);
+                *H = _mm512_mask_set1_epi32(*H, (__mmask16)(1u << b), dm);
+            } else {
+                int16_t d;
+                memcpy(&d, bp, 2);
+                *H = _mm512_mask_set1_epi16(*H, (__mmask32)(1u << b), d);
+            }
+        }
+        *P = _mm512_loadu_si512(bp + Pl->off[0] + ss * 64);
+        if (NP > 1)
+            *S1 = _mm512_permutexvar_epi8(cv->is1, _mm512_maskz_loadu_epi8(Pl->ml[1], bp + Pl->off[1] + ss * NC * 4 * TQ_W1(B)));
+        if (NP > 2)
+            *S2 = _mm512_permutexvar_epi8(cv->is2, _mm512_maskz_loadu_epi8(Pl->ml[2], bp + Pl->off[2] + ss * NC * 4 * TQ_W2(B)));
+    }
+}
+
+/* Code register j of a sub-step from its plane sources. */
+TQ_INLINE __m512i tq_codes(const int B, const tq_cv *cv, int j, __m512i P, __m512i S1, __m512i S2) {
+    const int W0 = TQ_W0(B), NP = TQ_NP(B);
+    const __m512i m0 = _mm512_set1_epi8((char)((1 << W0) - 1));
+    __m512i R = W0 == 8 ? P : _mm512_and_si512(j ? _mm512_srli_epi16(P, W0 * j) : P, m0);
+    if (NP > 1) {
+        const __m512i fm1 = _mm512_set1_epi8((char)(((1 << TQ_W1(B)) - 1) << W0));
+        R = _mm512_ternarylogic_epi32(R, _mm512_multishift_epi64_epi8(cv->ms1[j], S1), fm1, 0xF8); /* R | (ms & fm) */
+    }
+    if (NP > 2) {
+        const __m512i fm2 = _mm512_set1_epi8((char)(((1 << TQ_W2(B)) - 1) << (W0 + TQ_W1(B))));
+        R = _mm512_ternarylogic_epi32(R, _mm512_multishift_epi64_epi8(cv->ms2[j], S2), fm2, 0xF8);
+    }
+    return R;
+}
+
+/* Float part of a super-step for one row: acc += cvt(S) * (d_w * d_x) [+ m_w * MXD]. */
+TQ_INLINE void tq_scale(const int G, const int ASYM, const tq_cv *cv, const uint8_t *xs, __m512i S, __m512i H,
+                        __m512 *accD, __m512 *accM) {
+    const __m512 F = _mm512_cvtph_ps(_mm512_castsi512_si256(H));
+    const __m512 DX = _mm512_load_ps(xs + 512);
+    if (ASYM) {
+        __m512 D;
+        if (G == 32) {
+            const __m512 F2 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(H, 1));
+            D = _mm512_permutex2var_ps(F, cv->didx, F2);
+            *accM = _mm512_fmadd_ps(F2, _mm512_load_ps(xs + 640), *accM);
+        } else {
+            D = _mm512_permutexvar_ps(cv->didx, F);
+        }
+        *accD = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), _mm512_mul_ps(D, DX), *accD);
+        *accM = _mm512_fmadd_ps(F, _mm512_load_ps(xs + 576), *accM);
+    } else {
+        const __m512 D = _mm512_permutexvar_ps(cv->didx, F);
+        const __m512i T = _mm512_sub_epi32(_mm512_add_epi32(S, S), _mm512_load_si512(xs + 576));
+        *accD = _mm512_fmadd_ps(_mm512_cvtepi32_ps(T), _mm512_mul_ps(D, DX), *accD);
+    }
+}
+
+/* R (1 or 2) rows over nsup super-steps: out[r] = dot of row r's whole super-steps with x. */
+TQ_INLINE void tq_rows(const int B, const int G, const int ASYM, const int R, const tn_tq_plan *Pl, const tq_cv *cv,
+                       const uint8_t *const *rows, const uint8_t *xs, int64_t nsup, float *out) {
+    const int W0 = TQ_W0(B), L = W0, J = 8 / L, NP = TQ_NP(B);
+    const int BB = (ASYM ? 4 : 2) + G * B / 8, SUPB = 512 / G * BB;
+    const size_t XS = (size_t)(9 + (ASYM && G == 32 ? 2 : 1)) * 64;
+    __m512 accD[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}, accM[2] = {accD[0], accD[0]};
+    for (int64_t s = 0; s < nsup; s++, xs += XS) {
+        __m512i acc[2][8], H[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+        for (int q = 0; q < L; q++) {
+            __m512i P[2], S1[2] = {H[0], H[0]}, S2[2] = {H[0], H[0]};
+            for (int r = 0; r < R; r++) tq_fetch(B, G, ASYM, Pl, cv, q, rows[r] + (size_t)s * SUPB, &P[r], &S1[r], &S2[r], &H[r]);
+            __m512i a0[2], a1[2];
+            for (int r = 0; r < R; r++) a0[r] = a1[r] = _mm512_setzero_si512();
+            for (int j = 0; j < J; j++) {
+                const __m512i X = _mm512_load_si512(xs + (size_t)(q * J + j) * 64);
+                for (int r = 0; r < R; r++) {
+                    const __m512i C = tq_codes(B, cv, j, P[r], S1[r], S2[r]);
+                    if (j & 1) a1[r] = _mm512_dpbusd_epi32(a1[r], C, X);
+                    else a0[r] = _mm512_dpbusd_epi32(a0[r], C, X);
+                }
+            }
+            for (int r = 0; r < R; r++) acc[r][q] = J > 1 ? _mm512_add_epi32(a0[r], a1[r]) : a0[r];
+        }
+        (void)NP;
+        for (int r = 0; r < R; r++) tq_scale(G, ASYM, cv, xs, tq_fold(L, acc[r]), H[r], &accD[r], &accM[r]);
+    }
+    for (int r = 0; r < R; r++) out[r] = _mm512_reduce_add_ps(ASYM ? _mm512_add_ps(accD[r], accM[r]) : accD[r]);
+}
+
+TQ_INLINE void tq_gemv(const int B, const int G, const int ASYM, int64_t k, int64_t m, int64_t n, const void *w,
+                       size_t w_rb, const void *x, size_t x_rb, float *y, int64_t ldy) {
+    const tn_tq_params tp = {B, G, ASYM};
+    const tn_tq_plan *Pl = tn_tq_plan_get((int)(tn_tq_dtype(&tp) - TN_DTYPE_TERN_BASE));
+    const int J = 8 / TQ_W0(B), NP = TQ_NP(B);
+    const int64_t nsup = tn_tq_nsup(k), done_blocks = nsup * (512 / G);
+    const size_t done_bytes = (size_t)done_blocks * (size_t)Pl->bb;
+    const int64_t k_tail = k - nsup * 512;
+    _Alignas(64) uint8_t stackbuf[TQ_STACK];
+    const size_t need = (size_t)nsup * tn_tq_xsup_bytes(Pl);
+    uint8_t *xs = need <= TQ_STACK ? stackbuf : aligned_alloc(64, (need + 63) & ~(size_t)63);
+    if (!xs) { /* no scratch: the per-block kernel */
+        for (int64_t j = 0; j < n; j++)
+            for (int64_t i = 0; i < m; i++)
+                Pl->tail(k, &y[j * ldy + i], (const uint8_t *)w + (size_t)i * w_rb, (const uint8_t *)x + (size_t)j * x_rb);
+        return;
+    }
+    tq_cv cv;
+    cv.ip = _mm512_loadu_si512(Pl->ip);
+    cv.ih = _mm512_loadu_si512(Pl->ih);
+    cv.is1 = _mm512_loadu_si512(Pl->is[1]);
+    cv.is2 = _mm512_loadu_si512(Pl->is[2]);
+    cv.didx = _mm512_loadu_si512(Pl->didx);
+    for (int j = 0; j < J; j++) {
+        if (NP > 1) cv.ms1[j] = _mm512_loadu_si512(Pl->ms[1][j]);
+        if (NP > 2) cv.ms2[j] = _mm512_loadu_si512(Pl->ms[2][j]);
+    }
+    for (int64_t j = 0; j < n; j++) {
+        const uint8_t *xj = (const uint8_t *)x + (size_t)j * x_rb;
+        tn_tq_prep_x(Pl, xj, k, xs);
+        for (int64_t i = 0; i < m; i += 2) {
+            const uint8_t *rows[2] = {(const uint8_t *)w + (size_t)i * w_rb, (const uint8_t *)w + (size_t)(i + 1) * w_rb};
+            const int R = i + 1 < m ? 2 : 1;
+            float r[2];
+            if (R == 2) tq_rows(B, G, ASYM, 2, Pl, &cv, rows, xs, nsup, r);
+            else tq_rows(B, G, ASYM, 1, Pl, &cv, rows, xs, nsup, r);
+            for (int t = 0; t < R; t++) {
+                if (k_tail) {
+                    float tl;
+                    Pl->tail(k_tail, &tl, rows[t] + done_bytes, (const block_q8_0 *)xj + done_blocks * (G / 32));
+                    r[t] += tl;
+                }
+                y[j * ldy + i + t] = r[t];
+            }
+        }
+    }
+    if (xs != stackbuf) free(xs);
+}
+
+#define TQ_PFX tq_gemv_k
+#define TQ_BODY tq_gemv
+TQ_KERNELS(tn_tq_gemv_avx512)

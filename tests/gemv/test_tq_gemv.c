@@ -1,0 +1,201 @@
+/*
+ * test_tq_gemv.c — tern any-bit (tq) matrix kernels of the avx512 table (decode n == 1 in
+ * src/kern/avx512/tq_gemv.c, prefill n > 1 in tq_gemm.c) against the scalar reference table, for
+ * every b = 1..8, G = 32/64/128/256, symmetric and asymmetric.
+ *
+ * Two kinds of data:
+ *   exact — random code bytes, d a power of two, m a small multiple of one, activations with
+ *           |q| <= 2 and a power-of-two scale: every product and partial sum on both sides is
+ *           exactly representable, so the results must be bit-identical (any wrong code, lane
+ *           or scale shows, whatever k is);
+ *   real  — rows quantized from random floats, activations from random floats: the two sides
+ *           add the same exact per-chunk integer terms times float scales in a different order,
+ *           so |diff| <= 8 sqrt(chunks + 16) 2^-24 S, S = sum over codes of the magnitudes of
+ *           the terms a lane can hold (|d dx q x| + |m dx x|; sym |w x|).
+ * Sizes: k = 1, 2, 3, 5, 8, 13, 16, 17, 37 blocks (whole steps, partial steps, primes), 4096
+ * and 24576 (heap scratch); m = 1, 7, 16, 17, 37 rows; n = 1 (decode) and 2, 3, 5, 8, 13
+ * (prefill tiles and their remainders); padded row strides, ldy > m with canaries.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "core/fp16.h"
+#include "kern/kern.h"
+#include "quant/blocks.h"
+#include "quant/quant.h"
+#include "quant/tq.h"
+
+static uint64_t rng_state = 0x243F6A8885A308D3ull;
+static uint64_t rng_u64(void) {
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static float rng_uniform(void) { return (float)((rng_u64() >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f; }
+
+static int have_avx512(void) {
+    const tn_cpu *c = tn_cpu_get();
+    if (!tn_kern_at(TN_ISA_AVX512) || !c->avx512vnni || !c->avx512vbmi) {
+        printf("no avx512 vnni/vbmi: nothing to test\n");
+        return 0;
+    }
+    return 1;
+}
+
+/* One weight row of k codes. exact: raw code bytes, d in {2^-3, 2^-4}, m = i * 2^-3, |i| <= 8. */
+static void make_row(const tn_tq_params *p, int64_t k, uint8_t *row, int exact) {
+    const size_t bb = tn_tq_block_bytes(p);
+    if (exact) {
+        for (size_t i = 0; i < (size_t)(k / p->group) * bb; i++) row[i] = (uint8_t)rng_u64();
+        for (int64_t b = 0; b < k / p->group; b++) {
+            const uint16_t d = tn_fp32_to_fp16(rng_u64() & 1 ? 0.125f : 0.0625f);
+            memcpy(row + b * bb, &d, 2);
+            if (p->asym) {
+                const uint16_t m = tn_fp32_to_fp16((float)((int)(rng_u64() % 17) - 8) * 0.125f);
+                memcpy(row + b * bb + 2, &m, 2);
+            }
+        }
+        return;
+    }
+    float *f = malloc((size_t)k * sizeof(float));
+    float scale = 1.0f;
+    for (int64_t i = 0; i < k; i++) {
+        if (i % 32 == 0) scale = ldexpf(1.0f, (int)(rng_u64() % 7) - 3);
+        f[i] = rng_uniform() * scale + (p->asym ? 0.3f * scale : 0.0f);
+    }
+    tn_tq_quantize_row(p, f, row, k, NULL);
+    free(f);
+}
+
+/* One q8_0 activation row. exact: |q| <= 2, d = 1/4. */
+static void make_x(int64_t k, block_q8_0 *x, int exact) {
+    if (exact) {
+        for (int64_t b = 0; b < k / 32; b++) {
+            x[b].d = tn_fp32_to_fp16(0.25f);
+            for (int j = 0; j < 32; j++) x[b].qs[j] = (int8_t)((int)(rng_u64() % 5) - 2);
+        }
+        return;
+    }
+    float *f = malloc((size_t)k * sizeof(float));
+    for (int64_t i = 0; i < k; i++) f[i] = rng_uniform() * (rng_u64() % 50 == 0 ? 8.0f : 1.0f);
+    tn_quantize_row_q8_0_ref(f, x, k);
+    free(f);
+}
+
+/* S: sum over codes of the magnitudes of the terms any lane split can form: |d dx q x| + |m dx x|
+ * (sym: |d dx (2q - nmax) x / 2|, i.e. |w x|). Every partial sum either side rounds is at most S. */
+static double abs_terms(const tn_tq_params *p, int64_t k, const uint8_t *w, const block_q8_0 *x) {
+    const size_t bb = tn_tq_block_bytes(p);
+    const int nmax = (1 << p->bits) - 1;
+    uint8_t q[256];
+    double s = 0;
+    for (int64_t b = 0; b < k / p->group; b++) {
+        float d, m;
+        tn_tq_unpack_block(p, w + b * bb, q, &d, &m);
+        for (int c = 0; c < p->group / 32; c++) {
+            const block_q8_0 *xc = &x[b * (p->group / 32) + c];
+            const double dx = tn_fp16_to_fp32(xc->d);
+            for (int j = 0; j < 32; j++) {
+                const double xv = dx * xc->qs[j];
+                if (p->asym) s += fabs(d * q[c * 32 + j] * xv) + fabs(m * xv);
+                else s += fabs(d * (2 * q[c * 32 + j] - nmax) * 0.5 * xv);
+            }
+        }
+    }
+    return s;
+}
+
+static int checks, exact_checks;
+
+static void check(uint32_t t, int64_t k, int64_t m, int64_t n, int exact) {
+    tn_tq_params p;
+    tn_tq_params_of(t, &p);
+    const tn_kern_table *ref = tn_kern_at(TN_ISA_SCALAR), *opt = tn_kern_at(TN_ISA_AVX512);
+    const size_t w_rb = tn_dtype_row_size((tn_dtype)t, k) + 5, x_rb = tn_dtype_row_size(TN_Q8_0, k) + 2;
+    const int64_t ldy = m + 3;
+    uint8_t *w = calloc((size_t)m, w_rb), *x = calloc((size_t)n, x_rb);
+    float *yr = malloc((size_t)(ldy * n) * sizeof(float)), *yo = malloc((size_t)(ldy * n) * sizeof(float));
+    for (int64_t i = 0; i < m; i++) make_row(&p, k, w + (size_t)i * w_rb, exact);
+    for (int64_t j = 0; j < n; j++) make_x(k, (block_q8_0 *)(x + (size_t)j * x_rb), exact);
+    for (int64_t i = 0; i < ldy * n; i++) yr[i] = yo[i] = -12345.0f;
+    ref->slot[t].gemm(k, m, n, w, w_rb, x, x_rb, yr, ldy);
+    opt->slot[t].gemm(k, m, n, w, w_rb, x, x_rb, yo, ldy);
+    for (int64_t j = 0; j < n; j++)
+        for (int64_t i = 0; i < ldy; i++) {
+            const float r = yr[j * ldy + i], o = yo[j * ldy + i];
+            if (i >= m) {
+                if (o != -12345.0f)
+                    fail_msg("%s k=%lld m=%lld n=%lld: wrote outside the output at row %lld", tn_dtype_name(t),
+                             (long long)k, (long long)m, (long long)n, (long long)i);
+                continue;
+            }
+            const double S = exact ? 0 : abs_terms(&p, k, w + (size_t)i * w_rb, (const block_q8_0 *)(x + (size_t)j * x_rb));
+            const double tol = exact ? 0 : 8.0 * sqrt((double)(k / 32) + 16.0) * ldexp(1.0, -24) * S + 1e-30;
+            if (!(fabs((double)r - o) <= tol))
+                fail_msg("%s %s k=%lld m=%lld n=%lld [%lld,%lld]: ref %.9g opt %.9g |diff| %.3g > tol %.3g",
+                         exact ? "exact" : "real", tn_dtype_name(t), (long long)k, (long long)m, (long long)n,
+                         (long long)i, (long long)j, r, o, fabs((double)r - o), tol);
+        }
+    checks++;
+    exact_checks += exact;
+    free(w), free(x), free(yr), free(yo);
+}
+
+static void run_sizes(int64_t n) {
+    static const int64_t nblk[] = {1, 2, 3, 5, 8, 13, 16, 17, 37};
+    static const int64_t ms[] = {1, 7, 16, 17, 37};
+    for (uint32_t t = TN_DTYPE_TERN_BASE; t < TN_DTYPE_TERN_BASE + TN_TQ_COUNT; t++) {
+        tn_tq_params p;
+        tn_tq_params_of(t, &p);
+        for (size_t bi = 0; bi < sizeof nblk / sizeof nblk[0]; bi++)
+            for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
+                if ((mi + bi) % 2) continue; /* a diagonal sample of (k, m): every k and every m, both kinds */
+                check(t, nblk[bi] * p.group, ms[mi], n, (int)(mi % 2 == 0 ? bi % 3 != 0 : bi % 3 == 0));
+            }
+        check(t, 4096, 16, n, 1);
+        check(t, 4096, 9, n, 0);
+        if (n == 1) check(t, 24576, 3, n, 1), check(t, 24576, 2, n, 0);
+    }
+}
+
+static void test_decode_parity(void **state) {
+    (void)state;
+    if (!have_avx512()) return;
+    checks = exact_checks = 0;
+    run_sizes(1);
+    printf("tq decode parity: %d checks (%d bit-exact)\n", checks, exact_checks);
+}
+
+static void test_prefill_parity(void **state) {
+    (void)state;
+    if (!have_avx512()) return;
+    checks = exact_checks = 0;
+    static const int64_t ns[] = {2, 3, 5, 8, 13};
+    for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+        const int64_t n = ns[ni];
+        for (uint32_t t = TN_DTYPE_TERN_BASE; t < TN_DTYPE_TERN_BASE + TN_TQ_COUNT; t++) {
+            tn_tq_params p;
+            tn_tq_params_of(t, &p);
+            const int64_t kb[] = {1, 3, 16, 17};
+            for (int i = 0; i < 4; i++) check(t, kb[i] * p.group, (int64_t)(1 + (i * 7 + ni * 5) % 19), n, i % 2);
+        }
+    }
+    printf("tq prefill parity: %d checks (%d bit-exact)\n", checks, exact_checks);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_decode_parity),
+        cmocka_unit_test(test_prefill_parity),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
