@@ -1,74 +1,56 @@
 /*
  * cmd_bench.c — `tern bench`: llama-bench-compatible prompt-processing (ppN) and generation
- * (tgN) throughput, plus the machine's measured read bandwidth in the same run and the share of
- * that roofline each generation run reached (bytes of weights read per token / time per token).
+ * (tgN) throughput, next to the machine's measured peaks in the same run — streaming read
+ * bandwidth (1 thread and the run's threads), f32 FMA GFLOP/s and int8-dot GOP/s (kern/peak.h)
+ * — and the share of its roofline each run reached: tg against the read bandwidth (bytes of
+ * weights read per token x tokens/s), pp against the compute peak of its weights (int8 dot for
+ * quantized weights, f32 FMA otherwise; 2 x matrix parameters per token).
+ *
+ * `--sweep-bits` takes an f16/f32 model, quantizes it to tq1..tq8 (g64a by default) one at a
+ * time into a temporary directory (removed afterwards) and benches each: tokens/s, bytes/token,
+ * GB/s and % roofline per width.
  *
  * Timing excludes tokenization and sampling (as llama-bench does); one warm-up run first.
  * Output: markdown table (default) or JSON (-o json) on stdout; progress on stderr.
  */
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
+#include "core/cpu.h"
+#include "kern/peak.h"
 #include "model/model.h"
+#include "quant/tq.h"
+
+#define BENCH_BW_BYTES ((size_t)512 << 20) /* read probe: 512 MiB, far past the caches */
 
 typedef struct {
-    const uint64_t *buf;
-    size_t n;
-    uint64_t sum;
-} bw_arg;
-
-static void *bw_thread(void *vp) {
-    bw_arg *a = vp;
-    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    for (size_t i = 0; i + 4 <= a->n; i += 4) {
-        s0 ^= a->buf[i];
-        s1 ^= a->buf[i + 1];
-        s2 ^= a->buf[i + 2];
-        s3 ^= a->buf[i + 3];
-    }
-    a->sum = s0 ^ s1 ^ s2 ^ s3;
-    return NULL;
-}
-
-/* Streaming-read bandwidth (GB/s) over a buffer much larger than the caches, best of reps. */
-static double measure_bw(int threads, int reps) {
-    const size_t bytes = (size_t)1 << 30, n = bytes / 8;
-    uint64_t *buf = malloc(bytes);
-    if (!buf) return 0.0;
-    for (size_t i = 0; i < n; i++) buf[i] = i;
-    double best = 0.0;
-    pthread_t th[64];
-    bw_arg args[64];
-    if (threads > 64) threads = 64;
-    for (int r = 0; r < reps; r++) {
-        double t0 = tn_cli_now();
-        for (int t = 0; t < threads; t++) {
-            args[t] = (bw_arg){buf + n / (size_t)threads * (size_t)t, n / (size_t)threads, 0};
-            pthread_create(&th[t], NULL, bw_thread, &args[t]);
-        }
-        uint64_t x = 0;
-        for (int t = 0; t < threads; t++) {
-            pthread_join(th[t], NULL);
-            x ^= args[t].sum;
-        }
-        double dt = tn_cli_now() - t0;
-        if (x == 42) fprintf(stderr, " "); /* keep the sum live */
-        double gbs = (double)bytes / dt / 1e9;
-        if (gbs > best) best = gbs;
-    }
-    free(buf);
-    return best;
-}
+    double bw1, bwn;    /* read GB/s, 1 thread and the run's threads */
+    double fma, dot;    /* f32 GFLOP/s, int8 GOP/s, the run's threads */
+    int threads;
+} peaks;
 
 typedef struct {
     char test[32];
     int n_prompt, n_gen;
-    double mean, sd, pct_roof;
+    double mean, sd;
+    double rate;     /* tg: GB/s of weights; pp: GOP/s of matrix work */
+    double pct_roof; /* of the read bandwidth (tg) / compute peak (pp); 0 = not measured */
 } bench_row;
+
+typedef struct {
+    char desc[160];
+    double size, params, tok_bytes, mat_ops; /* bytes of weights, parameters, bytes/token, ops/token */
+    bool quantized;                          /* matrices in a quantized type: int8 peak applies */
+    int threads;
+} model_info;
+
+typedef struct {
+    int64_t n_prompt, n_gen, reps, threads, n_batch;
+} bench_opts;
 
 static void stats(const double *v, int n, double *mean, double *sd) {
     double s = 0, q = 0;
@@ -78,80 +60,63 @@ static void stats(const double *v, int n, double *mean, double *sd) {
     *sd = n > 1 ? sqrt(q / (n - 1)) : 0.0;
 }
 
-int cmd_bench(int argc, char **argv) {
-    const char *model_path = NULL, *fmt = "md";
-    int64_t n_prompt = 512, n_gen = 128, reps = 5, threads = 0, n_batch = 512;
-    bool roofline = true;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: tern bench -m model.gguf [-p 512] [-n 128] [-r 5] [-t N] [-b 512] [-o md|json] [--no-roofline]\n"
-                   "  -p N  prompt tokens (pp test; 0 = skip)   -n N  generated tokens (tg test; 0 = skip)\n"
-                   "  -r N  repetitions                           -o    output format\n");
-            return 0;
-        }
-#define NUM(flag, var, lo, hi)                                                                 \
-    else if (!strcmp(a, flag)) {                                                               \
-        if (!val || !tn_cli_parse_i64(val, lo, hi, &var))                                      \
-            return tn_cli_usage_error("%s needs a number in %lld..%lld", flag, (long long)(lo), (long long)(hi)); \
-        i++;                                                                                   \
-    }
-        NUM("-p", n_prompt, 0, 1 << 20)
-        NUM("-n", n_gen, 0, 1 << 20)
-        NUM("-r", reps, 1, 1000)
-        NUM("-t", threads, 1, 1024)
-        NUM("-b", n_batch, 1, 65536)
-#undef NUM
-        else if (!strcmp(a, "-m") && val) model_path = argv[++i];
-        else if (!strcmp(a, "-o") && val) {
-            fmt = argv[++i];
-            if (strcmp(fmt, "md") && strcmp(fmt, "json")) return tn_cli_usage_error("-o: '%s' is not md or json", fmt);
-        } else if (!strcmp(a, "--no-roofline")) roofline = false;
-        else return tn_cli_usage_error("unknown option or missing value '%s'", a);
-    }
-    char defp[4096];
-    if (!model_path) {
-        if (!tn_cli_default_model(defp, sizeof defp)) return tn_cli_usage_error("bench needs -m model.gguf");
-        model_path = defp;
-    }
+static void measure_peaks(int threads, peaks *pk) {
+    fprintf(stderr, "tern bench: measuring the machine (read bandwidth 1 and %d threads, FMA, int8 dot)...\n", threads);
+    pk->threads = threads;
+    pk->bw1 = tn_peak_read_gbs(1, BENCH_BW_BYTES, 5);
+    pk->bwn = threads == 1 ? pk->bw1 : tn_peak_read_gbs(threads, BENCH_BW_BYTES, 5);
+    pk->fma = tn_peak_fma_gflops(threads);
+    pk->dot = tn_peak_dot_gops(threads);
+}
+
+/* Loads path, runs pp and tg (whichever is > 0), fills rows (up to 2) and mi. */
+static int bench_model(const char *path, const bench_opts *o, const peaks *pk, bench_row *rows, int *nrows,
+                       model_info *mi) {
+    *nrows = 0;
     tern_model *m = NULL;
-    tern_status s = tern_model_load(model_path, NULL, &m);
+    tern_status s = tern_model_load(path, NULL, &m);
     if (s) return tn_cli_fail(s, "loading the model");
     tern_ctx_params cp;
     tern_ctx_params_init(&cp);
-    if (threads) cp.n_threads = (int32_t)threads;
-    cp.n_ctx = (int32_t)(n_prompt + n_gen + 1);
-    cp.n_batch = (int32_t)n_batch;
+    if (o->threads) cp.n_threads = (int32_t)o->threads;
+    cp.n_ctx = (int32_t)(o->n_prompt + o->n_gen + 1);
+    cp.n_batch = (int32_t)o->n_batch;
     tern_ctx *c = NULL;
     if ((s = tern_ctx_create(m, &cp, &c))) {
         tern_model_free(m);
         return tn_cli_fail(s, "creating the context");
     }
-    int nt = cp.n_threads;
-    double bw = 0.0;
-    if (roofline) {
-        fprintf(stderr, "tern bench: measuring read bandwidth with %d threads...\n", nt);
-        bw = measure_bw(nt, 5);
-    }
-    int32_t nv = tern_model_n_vocab(m);
-    int64_t nmax = n_prompt > n_gen ? n_prompt : n_gen;
+    const int32_t nv = tern_model_n_vocab(m);
+    const int64_t nmax = o->n_prompt > o->n_gen ? o->n_prompt : o->n_gen;
     tern_token *toks = malloc((size_t)(nmax + 1) * sizeof *toks);
-    double *tv = malloc((size_t)reps * sizeof *tv);
-    bench_row rows[2];
-    int nrows = 0;
+    double *tv = malloc((size_t)o->reps * sizeof *tv);
+    if (!toks || !tv) {
+        free(toks), free(tv);
+        tern_ctx_free(c), tern_model_free(m);
+        return tn_cli_fail(TERN_ERR_NOMEM, "benchmark buffers");
+    }
     uint64_t x = 12345;
     for (int64_t i = 0; i <= nmax; i++) {
         x = x * 6364136223846793005ULL + 1442695040888963407ULL;
         toks[i] = (tern_token)((x >> 33) % (uint64_t)nv);
     }
-    const double wbytes = (double)tern_model_size_bytes(m);
+    snprintf(mi->desc, sizeof mi->desc, "%s", tern_model_desc(m));
+    mi->size = (double)tern_model_size_bytes(m);
+    mi->params = (double)tern_model_n_params(m);
+    mi->threads = cp.n_threads;
+    const bool tied = m->output.data == m->tok_embd.data;
     /* bytes a generated token reads: every weight but the embedding table (one row of it), which
      * is read in full only when the output projection is tied to it */
-    const double tok_bytes = wbytes - (m->output.data == m->tok_embd.data ? 0.0 : (double)m->tok_embd.nbytes);
+    mi->tok_bytes = mi->size - (tied ? 0.0 : (double)m->tok_embd.nbytes);
+    /* matrix work per token: 2 ops per parameter of every matrix but the embedding lookup */
+    const double embd_params = (double)m->tok_embd.ne[0] * (double)m->tok_embd.ne[1];
+    mi->mat_ops = 2.0 * (mi->params - (tied ? 0.0 : embd_params));
+    const tn_dtype_traits *wt = m->hp.n_layer > 0 ? tn_dtype_get(m->layers[0].w_up.type) : NULL;
+    mi->quantized = wt && wt->is_quantized;
     for (int test = 0; test < 2; test++) {
-        int64_t n = test == 0 ? n_prompt : n_gen;
+        const int64_t n = test == 0 ? o->n_prompt : o->n_gen;
         if (n == 0) continue;
-        for (int64_t r = -1; r < reps; r++) { /* r = -1 is the warm-up */
+        for (int64_t r = -1; r < o->reps && !s; r++) { /* r = -1 is the warm-up */
             tern_ctx_truncate(c, 0);
             double t0 = tn_cli_now();
             if (test == 0) {
@@ -162,52 +127,206 @@ int cmd_bench(int argc, char **argv) {
                 t0 = tn_cli_now();
                 for (int64_t i = 0; i < n && !s; i++) s = tern_decode(c, &toks[i], 1);
             }
-            double dt = tn_cli_now() - t0;
-            if (s) {
-                free(toks);
-                free(tv);
-                tern_ctx_free(c);
-                tern_model_free(m);
-                return tn_cli_fail(s, "benchmark");
-            }
+            const double dt = tn_cli_now() - t0;
             if (r >= 0) tv[r] = (double)n / dt;
             fprintf(stderr, "\r%s%lld rep %lld/%lld: %.2f t/s   ", test ? "tg" : "pp", (long long)n, (long long)r + 1,
-                    (long long)reps, (double)n / dt);
+                    (long long)o->reps, (double)n / dt);
         }
-        bench_row *row = &rows[nrows++];
+        if (s) break;
+        bench_row *row = &rows[(*nrows)++];
         snprintf(row->test, sizeof row->test, "%s%lld", test ? "tg" : "pp", (long long)n);
         row->n_prompt = test ? 0 : (int)n;
         row->n_gen = test ? (int)n : 0;
-        stats(tv, (int)reps, &row->mean, &row->sd);
-        row->pct_roof = (test == 1 && bw > 0) ? 100.0 * (tok_bytes * row->mean / 1e9) / bw : 0.0;
+        stats(tv, (int)o->reps, &row->mean, &row->sd);
+        if (test == 1) {
+            row->rate = mi->tok_bytes * row->mean / 1e9;
+            row->pct_roof = pk && pk->bwn > 0 ? 100.0 * row->rate / pk->bwn : 0.0;
+        } else {
+            row->rate = mi->mat_ops * row->mean / 1e9;
+            const double peak = pk ? (mi->quantized ? pk->dot : pk->fma) : 0;
+            row->pct_roof = peak > 0 ? 100.0 * row->rate / peak : 0.0;
+        }
     }
     fprintf(stderr, "\n");
-    double size_mib = wbytes / 1048576.0, params = (double)tern_model_n_params(m);
+    free(toks), free(tv);
+    tern_ctx_free(c);
+    tern_model_free(m);
+    return s ? tn_cli_fail(s, "benchmark") : TN_EXIT_OK;
+}
+
+static void print_peaks_md(const peaks *pk) {
+    printf("\nmachine: read %.1f GB/s (1 thread), %.1f GB/s (%d threads), streaming %zu MiB, best of 5; "
+           "f32 FMA %.0f GFLOP/s, int8 dot %.0f GOP/s (%d threads)\n",
+           pk->bw1, pk->bwn, pk->threads, BENCH_BW_BYTES >> 20, pk->fma, pk->dot, pk->threads);
+}
+
+static void print_peaks_json(const peaks *pk) {
+    printf("\"read_bw_gbs\": %.3f, \"read_bw_1t_gbs\": %.3f, \"fma_gflops\": %.1f, \"int8_gops\": %.1f", pk->bwn, pk->bw1,
+           pk->fma, pk->dot);
+}
+
+/* ---- --sweep-bits: tq1..tq8 of one f16/f32 model ------------------------------------------- */
+
+static int sweep_bits(const char *path, const bench_opts *o, const peaks *pk, int group, bool asym, bool json) {
+    const char *tmp = getenv("TMPDIR");
+    char dir[1024], out[1024 + 64];
+    snprintf(dir, sizeof dir, "%s/tern-sweep-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(dir)) return tn_cli_fail(tn_err(TERN_ERR_IO, "bench: cannot create a temporary directory in %s", tmp && *tmp ? tmp : "/tmp"), "--sweep-bits");
+    typedef struct {
+        char type[32];
+        model_info mi;
+        bench_row rows[2];
+        int nrows;
+    } width;
+    width wv[8];
+    int rc = TN_EXIT_OK, nw = 0;
+    char thr[32];
+    snprintf(thr, sizeof thr, "%d", o->threads ? (int)o->threads : tn_cpu_count());
+    for (int b = 1; b <= 8 && rc == TN_EXIT_OK; b++) {
+        width *W = &wv[nw];
+        const tn_tq_params tp = {b, group, asym};
+        tn_tq_name(&tp, W->type, sizeof W->type);
+        const int len = snprintf(out, sizeof out, "%s/%s.gguf", dir, W->type);
+        if (len < 0 || (size_t)len >= sizeof out) {
+            rc = tn_cli_usage_error("TMPDIR is too long");
+            break;
+        }
+        fprintf(stderr, "tern bench --sweep-bits: quantizing to %s...\n", W->type);
+        char *qargv[] = {"quantize", "-t", thr, (char *)path, out, W->type, NULL};
+        rc = cmd_quantize(6, qargv);
+        if (rc == TN_EXIT_OK) rc = bench_model(out, o, pk, W->rows, &W->nrows, &W->mi);
+        unlink(out);
+        if (rc == TN_EXIT_OK) nw++;
+    }
+    rmdir(dir);
+    if (rc != TN_EXIT_OK) return rc;
+    if (json) {
+        printf("[\n");
+        for (int i = 0; i < nw; i++) {
+            const width *W = &wv[i];
+            const bench_row *tg = NULL, *pp = NULL;
+            for (int r = 0; r < W->nrows; r++) *(W->rows[r].n_gen ? &tg : &pp) = &W->rows[r];
+            printf("  {\"bits\": %d, \"type\": \"%s\", \"model_filename\": \"%s\", \"model_size\": %.0f, \"model_n_params\": %.0f, "
+                   "\"bpw\": %.4f, \"n_threads\": %d, \"bytes_per_token\": %.0f, ",
+                   i + 1, W->type, path, W->mi.size, W->mi.params, 8.0 * W->mi.size / W->mi.params, W->mi.threads,
+                   W->mi.tok_bytes);
+            if (tg)
+                printf("\"n_gen\": %d, \"tg_ts\": %.6f, \"tg_stddev_ts\": %.6f, \"tg_gbs\": %.3f, \"roofline_pct\": %.2f, ",
+                       tg->n_gen, tg->mean, tg->sd, tg->rate, tg->pct_roof);
+            if (pp)
+                printf("\"n_prompt\": %d, \"pp_ts\": %.6f, \"pp_stddev_ts\": %.6f, \"pp_gops\": %.1f, \"pp_peak_pct\": %.2f, ",
+                       pp->n_prompt, pp->mean, pp->sd, pp->rate, pp->pct_roof);
+            print_peaks_json(pk);
+            printf("}%s\n", i + 1 < nw ? "," : "");
+        }
+        printf("]\n");
+        return TN_EXIT_OK;
+    }
+    printf("| b | type       |   bpw | file MiB | MiB/token | test  |        t/s |  GB/s | roofline |\n");
+    printf("| -: | ---------- | ----: | -------: | --------: | ----- | ---------: | ----: | -------: |\n");
+    for (int i = 0; i < nw; i++) {
+        const width *W = &wv[i];
+        for (int r = 0; r < W->nrows; r++) {
+            const bench_row *R = &W->rows[r];
+            char roof[32] = "", rate[32];
+            if (R->pct_roof > 0) snprintf(roof, sizeof roof, "%.1f%%", R->pct_roof);
+            if (R->n_gen) snprintf(rate, sizeof rate, "%.1f", R->rate);
+            else snprintf(rate, sizeof rate, "%.0f*", R->rate);
+            printf("| %d | %-10s | %5.2f | %8.1f | %9.1f | %-5s | %10.2f | %5s | %8s |\n", i + 1, W->type,
+                   8.0 * W->mi.size / W->mi.params, W->mi.size / 1048576.0, W->mi.tok_bytes / 1048576.0, R->test, R->mean,
+                   rate, roof);
+        }
+    }
+    printf("\ntg: GB/s = bytes of weights per token x tokens/s, roofline = that / read bandwidth (%d threads);"
+           " pp (*): GOP/s of matrix work, roofline = that / int8 dot peak\n", pk->threads);
+    if (pk->bwn > 0) print_peaks_md(pk);
+    return TN_EXIT_OK;
+}
+
+int cmd_bench(int argc, char **argv) {
+    const char *model_path = NULL, *fmt = "md";
+    bench_opts o = {512, 128, 5, 0, 512};
+    bool roofline = true, sweep = false, sweep_asym = true, np_set = false;
+    int64_t group = 64;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("usage: tern bench -m model.gguf [-p 512] [-n 128] [-r 5] [-t N] [-b 512] [-o md|json] [--no-roofline]\n"
+                   "       tern bench --sweep-bits -m model-f16.gguf [--group 64] [--sym] [-n 128] [-p 0] ...\n"
+                   "  -p N  prompt tokens (pp test; 0 = skip)   -n N  generated tokens (tg test; 0 = skip)\n"
+                   "  -r N  repetitions                           -o    output format\n"
+                   "  --sweep-bits  quantize an f16/f32 model to tq1..tq8 (g<group>, asymmetric unless --sym) in a\n"
+                   "                temporary directory and bench each width (pp skipped unless -p is given)\n");
+            return 0;
+        }
+#define NUM(flag, var, lo, hi)                                                                                         \
+    else if (!strcmp(a, flag)) {                                                                                       \
+        if (!val || !tn_cli_parse_i64(val, lo, hi, &var))                                                              \
+            return tn_cli_usage_error("%s needs a number in %lld..%lld", flag, (long long)(lo), (long long)(hi));       \
+        i++;                                                                                                           \
+    }
+        NUM("-p", o.n_prompt, 0, 1 << 20)
+        NUM("-n", o.n_gen, 0, 1 << 20)
+        NUM("-r", o.reps, 1, 1000)
+        NUM("-t", o.threads, 1, 1024)
+        NUM("-b", o.n_batch, 1, 65536)
+        NUM("--group", group, 32, 256)
+#undef NUM
+        else if (!strcmp(a, "-m") && val) model_path = argv[++i];
+        else if (!strcmp(a, "-o") && val) {
+            fmt = argv[++i];
+            if (strcmp(fmt, "md") && strcmp(fmt, "json")) return tn_cli_usage_error("-o: '%s' is not md or json", fmt);
+        } else if (!strcmp(a, "--no-roofline")) roofline = false;
+        else if (!strcmp(a, "--sweep-bits")) sweep = true;
+        else if (!strcmp(a, "--sym")) sweep_asym = false;
+        else return tn_cli_usage_error("unknown option or missing value '%s'", a);
+        if (!strcmp(a, "-p")) np_set = true;
+    }
+    if (group != 32 && group != 64 && group != 128 && group != 256) return tn_cli_usage_error("--group must be 32, 64, 128 or 256");
+    char defp[4096];
+    if (!model_path) {
+        if (sweep || !tn_cli_default_model(defp, sizeof defp)) return tn_cli_usage_error("bench needs -m model.gguf");
+        model_path = defp;
+    }
+    if (sweep && !np_set) o.n_prompt = 0;
+    const int nt = o.threads ? (int)o.threads : tn_cpu_count();
+    peaks pk = {0};
+    if (roofline) measure_peaks(nt, &pk);
+    if (sweep) return sweep_bits(model_path, &o, roofline ? &pk : NULL, (int)group, sweep_asym, !strcmp(fmt, "json"));
+
+    bench_row rows[2];
+    int nrows = 0;
+    model_info mi;
+    const int rc = bench_model(model_path, &o, roofline ? &pk : NULL, rows, &nrows, &mi);
+    if (rc != TN_EXIT_OK) return rc;
     if (!strcmp(fmt, "json")) {
         printf("[\n");
         for (int i = 0; i < nrows; i++) {
             printf("  {\"model_filename\": \"%s\", \"model_type\": \"%s\", \"model_size\": %.0f, \"model_n_params\": %.0f, "
                    "\"n_threads\": %d, \"n_batch\": %lld, \"n_prompt\": %d, \"n_gen\": %d, \"avg_ts\": %.6f, \"stddev_ts\": %.6f, "
-                   "\"read_bw_gbs\": %.3f, \"bytes_per_token\": %.0f, \"roofline_pct\": %.2f}%s\n",
-                   model_path, tern_model_desc(m), wbytes, params, nt, (long long)n_batch, rows[i].n_prompt, rows[i].n_gen,
-                   rows[i].mean, rows[i].sd, bw, tok_bytes, rows[i].pct_roof, i + 1 < nrows ? "," : "");
+                   "\"bytes_per_token\": %.0f, \"%s\": %.3f, \"roofline_pct\": %.2f, ",
+                   model_path, mi.desc, mi.size, mi.params, mi.threads, (long long)o.n_batch, rows[i].n_prompt, rows[i].n_gen,
+                   rows[i].mean, rows[i].sd, mi.tok_bytes, rows[i].n_gen ? "gbs" : "gops", rows[i].rate, rows[i].pct_roof);
+            print_peaks_json(&pk);
+            printf("}%s\n", i + 1 < nrows ? "," : "");
         }
         printf("]\n");
-    } else {
-        printf("| model                          |       size |     params | backend    | threads |            test |                  t/s | roofline |\n");
-        printf("| ------------------------------ | ---------: | ---------: | ---------- | ------: | --------------: | -------------------: | -------: |\n");
-        for (int i = 0; i < nrows; i++) {
-            char ts[64], roof[32] = "";
-            snprintf(ts, sizeof ts, "%.2f ± %.2f", rows[i].mean, rows[i].sd);
-            if (rows[i].pct_roof > 0) snprintf(roof, sizeof roof, "%.1f%%", rows[i].pct_roof);
-            printf("| %-30s | %7.2f MiB | %8.2f M | CPU        | %7d | %15s | %20s | %8s |\n", tern_model_desc(m), size_mib,
-                   params / 1e6, nt, rows[i].test, ts, roof);
-        }
-        if (bw > 0) printf("\nread bandwidth (%d threads, streaming 1 GiB): %.1f GB/s; %.1f MiB of weights read per token\n", nt, bw, tok_bytes / 1048576.0);
+        return TN_EXIT_OK;
     }
-    free(toks);
-    free(tv);
-    tern_ctx_free(c);
-    tern_model_free(m);
-    return 0;
+    printf("| model                          |       size |     params | backend    | threads |            test |                  t/s |     GB/s | roofline |\n");
+    printf("| ------------------------------ | ---------: | ---------: | ---------- | ------: | --------------: | -------------------: | -------: | -------: |\n");
+    for (int i = 0; i < nrows; i++) {
+        char ts[64], roof[32] = "", rate[32] = "";
+        snprintf(ts, sizeof ts, "%.2f ± %.2f", rows[i].mean, rows[i].sd);
+        if (rows[i].pct_roof > 0) snprintf(roof, sizeof roof, "%.1f%%", rows[i].pct_roof);
+        if (rows[i].n_gen) snprintf(rate, sizeof rate, "%.1f", rows[i].rate);
+        else snprintf(rate, sizeof rate, "%.0f*", rows[i].rate);
+        printf("| %-30s | %7.2f MiB | %8.2f M | CPU        | %7d | %15s | %20s | %8s | %8s |\n", mi.desc, mi.size / 1048576.0,
+               mi.params / 1e6, mi.threads, rows[i].test, ts, rate, roof);
+    }
+    printf("\ntg: GB/s of weights read (%.1f MiB per token), roofline = that / read bandwidth; pp (*): GOP/s of matrix "
+           "work, roofline = that / %s peak\n",
+           mi.tok_bytes / 1048576.0, mi.quantized ? "int8 dot" : "f32 FMA");
+    if (roofline) print_peaks_md(&pk);
+    return TN_EXIT_OK;
 }

@@ -1,0 +1,154 @@
+/*
+ * peak.c — the machine-peak probes of kern/peak.h: threads started together (they wait for one
+ * flag once all are created), each running the ISA loop (src/kern/<isa>/peak.c) or a plain C one, best of several runs.
+ */
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/cpu.h"
+#include "kern/peak.h"
+
+#define TN_PEAK_MAXT 256
+
+static double tn_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+typedef enum { TN_PK_READ, TN_PK_FMA, TN_PK_DOT } tn_pk_kind;
+
+typedef struct {
+    tn_pk_kind kind;
+    tn_isa isa;
+    bool vnni;
+    const uint8_t *p;
+    size_t bytes;
+    int64_t iters;
+    atomic_int *go;
+    double t;
+    uint64_t sink;
+} tn_pk_arg;
+
+static uint64_t read_c(const uint8_t *p, size_t bytes) {
+    const uint64_t *u = (const uint64_t *)p;
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (size_t i = 0; i + 4 <= bytes / 8; i += 4) s0 ^= u[i], s1 ^= u[i + 1], s2 ^= u[i + 2], s3 ^= u[i + 3];
+    return s0 ^ s1 ^ s2 ^ s3;
+}
+
+static float fma_c(int64_t iters) {
+    float a[16];
+    for (int j = 0; j < 16; j++) a[j] = (float)j;
+    for (int64_t i = 0; i < iters; i++)
+        for (int j = 0; j < 16; j++) a[j] = a[j] * 0.999999f + 1e-7f;
+    float s = 0;
+    for (int j = 0; j < 16; j++) s += a[j];
+    return s;
+}
+
+static int32_t dot_c(int64_t iters) {
+    int32_t a[16];
+    for (int j = 0; j < 16; j++) a[j] = j;
+    for (int64_t i = 0; i < iters; i++)
+        for (int j = 0; j < 16; j++) a[j] += (uint8_t)a[j] * -5;
+    int32_t s = 0;
+    for (int j = 0; j < 16; j++) s += a[j];
+    return s;
+}
+
+/* Operations one round of the loop the arg selects performs (reads: unused). */
+static double ops_per_iter(const tn_pk_arg *a) {
+    if (a->kind == TN_PK_FMA) return a->isa == TN_ISA_AVX512 ? 512 : a->isa == TN_ISA_AVX2 ? 256 : 32;
+    return a->isa == TN_ISA_AVX512 && a->vnni ? 2048 : a->isa >= TN_ISA_AVX2 ? 768 : 32;
+}
+
+static void *tn_pk_thread(void *vp) {
+    tn_pk_arg *a = vp;
+    while (!atomic_load(a->go)) sched_yield();
+    const double t0 = tn_now();
+    switch (a->kind) {
+    case TN_PK_READ:
+        a->sink = a->isa == TN_ISA_AVX512 ? tn_peak_read__avx512(a->p, a->bytes)
+                  : a->isa == TN_ISA_AVX2 ? tn_peak_read__avx2(a->p, a->bytes)
+                                          : read_c(a->p, a->bytes);
+        break;
+    case TN_PK_FMA: {
+        const float f = a->isa == TN_ISA_AVX512 ? tn_peak_fma__avx512(a->iters)
+                        : a->isa == TN_ISA_AVX2 ? tn_peak_fma__avx2(a->iters)
+                                                : fma_c(a->iters);
+        memcpy(&a->sink, &f, sizeof f);
+        break;
+    }
+    case TN_PK_DOT:
+        a->sink = (uint64_t)(a->isa == TN_ISA_AVX512 && a->vnni ? tn_peak_dot__avx512(a->iters)
+                             : a->isa >= TN_ISA_AVX2            ? tn_peak_dot__avx2(a->iters)
+                                                                : dot_c(a->iters));
+        break;
+    }
+    a->t = tn_now() - t0;
+    return NULL;
+}
+
+/* Runs kind on n threads once; returns the slowest thread's seconds (0 on failure). */
+static double tn_pk_run(tn_pk_kind kind, int n, const uint8_t *buf, size_t per, int64_t iters, double *ops) {
+    pthread_t th[TN_PEAK_MAXT];
+    tn_pk_arg arg[TN_PEAK_MAXT];
+    atomic_int go = 0;
+    const tn_cpu *c = tn_cpu_get();
+    int started = 0;
+    for (int i = 0; i < n; i++) {
+        arg[i] = (tn_pk_arg){kind, tn_cpu_isa(), c->avx512vnni, buf ? buf + per * (size_t)i : NULL, per, iters, &go, 0, 0};
+        if (pthread_create(&th[i], NULL, tn_pk_thread, &arg[i])) break;
+        started++;
+    }
+    atomic_store(&go, 1);
+    double tmax = 0;
+    for (int i = 0; i < started; i++) {
+        pthread_join(th[i], NULL);
+        if (arg[i].t > tmax) tmax = arg[i].t;
+    }
+    if (started < n) return 0;
+    if (ops) *ops = ops_per_iter(&arg[0]) * (double)iters * n;
+    return tmax;
+}
+
+static int clamp_threads(int threads) { return threads < 1 ? 1 : threads > TN_PEAK_MAXT ? TN_PEAK_MAXT : threads; }
+
+double tn_peak_read_gbs(int threads, size_t bytes, int reps) {
+    threads = clamp_threads(threads);
+    const size_t per = bytes / (size_t)threads / 4096 * 4096;
+    if (per == 0) return 0;
+    uint8_t *buf = aligned_alloc(4096, per * (size_t)threads);
+    if (!buf) return 0;
+    memset(buf, 1, per * (size_t)threads); /* fault the pages in before timing */
+    double best = 0;
+    for (int r = 0; r < reps; r++) {
+        const double t = tn_pk_run(TN_PK_READ, threads, buf, per, 0, NULL);
+        if (t > 0 && (double)per * threads / t / 1e9 > best) best = (double)per * threads / t / 1e9;
+    }
+    free(buf);
+    return best;
+}
+
+/* Compute probes: ~5 ms per run, best of 10 (short runs: on a shared machine the best one is the
+ * one nothing else interrupted). */
+static double tn_peak_compute(tn_pk_kind kind, int threads) {
+    threads = clamp_threads(threads);
+    int64_t iters = 1 << 14;
+    double ops = 0, t = tn_pk_run(kind, threads, NULL, 0, iters, &ops);
+    while (t > 0 && t < 0.005 && iters < ((int64_t)1 << 40)) iters *= 2, t = tn_pk_run(kind, threads, NULL, 0, iters, &ops);
+    double best = t > 0 ? ops / t / 1e9 : 0;
+    for (int r = 0; r < 9; r++) {
+        t = tn_pk_run(kind, threads, NULL, 0, iters, &ops);
+        if (t > 0 && ops / t / 1e9 > best) best = ops / t / 1e9;
+    }
+    return best;
+}
+
+double tn_peak_fma_gflops(int threads) { return tn_peak_compute(TN_PK_FMA, threads); }
+double tn_peak_dot_gops(int threads) { return tn_peak_compute(TN_PK_DOT, threads); }
