@@ -21,13 +21,14 @@
 #define TQ_SUM_S8(a) _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), a)
 #include "kern/avx2/tq_dot.inc"
 
-/* The table's gemm becomes the decode (n == 1, tq_gemv.c) / prefill (n > 1, tq_gemm.c) pair, which
- * needs VBMI as well; vec_dot stays the per-block kernel above. */
+/* The table's gemm becomes the decode (n == 1, tq_gemv.c, which also needs GFNI; without it
+ * decode stays per block) / prefill (n > 1, tq_gemm.c) pair, which needs VBMI as well; vec_dot
+ * stays the per-block kernel above. */
 void tn_kern_register_tq_avx512(tn_kern_table *t) {
     const tn_cpu *c = tn_cpu_get();
     if (!c->avx512vnni) return;
     tq_register(t, TN_ISA_AVX512);
     if (!c->avx512vbmi) return;
-    tn_tq_plans_init(t);
+    tn_tq_plans_init(t, __builtin_cpu_supports("gfni"));
     for (int ti = 0; ti < TN_TQ_COUNT; ti++) t->slot[TN_DTYPE_TERN_BASE + ti].gemm = tn_tq_gemm_avx512(ti);
 }

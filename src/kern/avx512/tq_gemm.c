@@ -183,16 +183,16 @@ TQ_INLINE void tq_micro_any(const int ASYM, int rb, int cb, const uint8_t *const
 
 TQ_INLINE void tq_gemm(const int B, const int G, const int ASYM, int64_t k, int64_t m, int64_t n, const void *w,
                        size_t w_rb, const void *x, size_t x_rb, float *y, int64_t ldy) {
-    if (n == 1) { /* decode: the row-streaming kernel */
+    const tn_tq_params tp = {B, G, ASYM};
+    const tn_tq_plan *Pl = tn_tq_plan_get(TQ_INDEX(B, G, ASYM));
+    if (n == 1 && Pl->gemv) { /* decode: the row-streaming kernel */
         tn_tq_gemv_avx512(TQ_INDEX(B, G, ASYM))(k, m, n, w, w_rb, x, x_rb, y, ldy);
         return;
     }
-    const tn_tq_params tp = {B, G, ASYM};
-    const tn_tq_plan *Pl = tn_tq_plan_get(TQ_INDEX(B, G, ASYM));
     const int64_t nsup = tn_tq_nsup(k), done_blocks = nsup * (512 / G), k_tail = k - nsup * 512;
     const size_t done_bytes = (size_t)done_blocks * tn_tq_block_bytes(&tp), sb = (size_t)nsup * TQ_SUPB;
-    uint8_t *xs = nsup ? aligned_alloc(64, sb * (size_t)n + sb * TQ_RB) : NULL;
-    if (!xs) { /* nothing whole to decode, or no scratch: the per-block kernel */
+    uint8_t *xs = nsup && n > 1 ? aligned_alloc(64, sb * (size_t)n + sb * TQ_RB) : NULL;
+    if (!xs) { /* decode without GFNI, nothing whole to decode, or no scratch: the per-block kernel */
         for (int64_t j = 0; j < n; j++)
             for (int64_t i = 0; i < m; i++)
                 Pl->tail(k, &y[j * ldy + i], (const uint8_t *)w + (size_t)i * w_rb, (const uint8_t *)x + (size_t)j * x_rb);

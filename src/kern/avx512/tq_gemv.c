@@ -3,7 +3,8 @@
  * for every tq type (b = 1..8, G = 32..256, symmetric / asymmetric), streaming each row once.
  *
  * Register plan in tq_plan.h: per sub-step the row's bytes come in through one or two loads,
- * plane 0 yields J code registers with a shift and an AND each, narrower planes are merged in
+ * plane 0 yields J code registers with one GF2P8AFFINEQB each (a bit-matrix moving field j of
+ * every byte to the low bits; an AND for j = 0), narrower planes are merged in
  * with VPMULTISHIFTQB + VPTERNLOG, VPDPBUSD sums the registers into one int32 accumulator per
  * sub-step; per super-step (512 codes) the accumulators are folded into one register of 16
  * exact chunk sums, the fp16 block headers converted once, and one FMA applies d_w * d_x (one
@@ -12,7 +13,7 @@
  * sums per chunk are exact as in the reference; only the order of the float additions differs.
  * Blocks after the last whole super-step go to the slot's vec_dot.
  *
- * Needs AVX512 F/BW/VL/DQ/VNNI/VBMI (installed by tq.c only then).
+ * Needs AVX512 F/BW/VL/DQ/VNNI/VBMI and GFNI (used by tq_gemm.c's n == 1 path only then).
  */
 #include <immintrin.h>
 #include <stdlib.h>
@@ -22,6 +23,8 @@
 #include "kern/avx512/tq_plan.h"
 #include "kern/tq_list.inc"
 #include "quant/tq.h"
+
+#pragma GCC target("gfni") /* GF2P8AFFINEQB: used only when the CPU has it (tq.c checks) */
 
 #define TQ_STACK 24576 /* activation scratch on the stack up to this size, else the heap */
 #define TQ_PF 1024     /* software prefetch distance in bytes */
@@ -97,7 +100,16 @@ TQ_INLINE void tq_fetch(const int B, const int G, const int ASYM, const tn_tq_pl
 TQ_INLINE __m512i tq_codes(const int B, const tq_cv *cv, int j, __m512i P, __m512i S1, __m512i S2) {
     const int W0 = TQ_W0(B), NP = TQ_NP(B);
     const __m512i m0 = _mm512_set1_epi8((char)((1 << W0) - 1));
-    __m512i R = W0 == 8 ? P : _mm512_and_si512(j ? _mm512_srli_epi16(P, W0 * j) : P, m0);
+    /* field j of every byte: an AND for j == 0, else one GF2P8AFFINEQB whose matrix moves bits
+     * W0 j .. W0 j + W0 - 1 to 0 .. W0 - 1 (output bit i = parity(row 7 - i & x)) */
+    __m512i R;
+    if (W0 == 8) R = P;
+    else if (j == 0) R = _mm512_and_si512(P, m0);
+    else {
+        uint64_t A = 0;
+        for (int i = 0; i < W0; i++) A |= (uint64_t)1 << (8 * (7 - i) + W0 * j + i);
+        R = _mm512_gf2p8affine_epi64_epi8(P, _mm512_set1_epi64((long long)A), 0);
+    }
     if (NP > 1) {
         const __m512i fm1 = _mm512_set1_epi8((char)(((1 << TQ_W1(B)) - 1) << W0));
         R = _mm512_ternarylogic_epi32(R, _mm512_multishift_epi64_epi8(cv->ms1[j], S1), fm1, 0xF8); /* R | (ms & fm) */
@@ -144,17 +156,20 @@ TQ_INLINE void tq_rows(const int B, const int G, const int ASYM, const int R, co
         for (int q = 0; q < L; q++) {
             __m512i P[2], S1[2] = {H[0], H[0]}, S2[2] = {H[0], H[0]};
             for (int r = 0; r < R; r++) tq_fetch(B, G, ASYM, Pl, cv, q, rows[r] + (size_t)s * SUPB, &P[r], &S1[r], &S2[r], &H[r]);
-            __m512i a0[2], a1[2];
-            for (int r = 0; r < R; r++) a0[r] = a1[r] = _mm512_setzero_si512();
+            /* NA independent dpbusd chains per row (latency ~4 cycles each) */
+            const int NA = J >= 2 ? 2 : 1;
+            __m512i a[2][4];
+            for (int r = 0; r < R; r++)
+                for (int t = 0; t < NA; t++) a[r][t] = _mm512_setzero_si512();
             for (int j = 0; j < J; j++) {
                 const __m512i X = _mm512_load_si512(xs + (size_t)(q * J + j) * 64);
-                for (int r = 0; r < R; r++) {
-                    const __m512i C = tq_codes(B, cv, j, P[r], S1[r], S2[r]);
-                    if (j & 1) a1[r] = _mm512_dpbusd_epi32(a1[r], C, X);
-                    else a0[r] = _mm512_dpbusd_epi32(a0[r], C, X);
-                }
+                for (int r = 0; r < R; r++) a[r][j % NA] = _mm512_dpbusd_epi32(a[r][j % NA], tq_codes(B, cv, j, P[r], S1[r], S2[r]), X);
             }
-            for (int r = 0; r < R; r++) acc[r][q] = J > 1 ? _mm512_add_epi32(a0[r], a1[r]) : a0[r];
+            for (int r = 0; r < R; r++) {
+                __m512i t = a[r][0];
+                for (int u = 1; u < NA; u++) t = _mm512_add_epi32(t, a[r][u]);
+                acc[r][q] = t;
+            }
         }
         (void)NP;
         for (int r = 0; r < R; r++) tq_scale(G, ASYM, cv, xs, tq_fold(L, acc[r]), H[r], &accD[r], &accM[r]);

@@ -148,12 +148,13 @@ static void plan_build(tn_tq_plan *P, const tn_tq_params *tp) {
     }
 }
 
-void tn_tq_plans_init(const tn_kern_table *t) {
+void tn_tq_plans_init(const tn_kern_table *t, bool gfni) {
     for (int ti = 0; ti < TN_TQ_COUNT; ti++) {
         tn_tq_params p;
         tn_tq_params_of((uint32_t)(TN_DTYPE_TERN_BASE + ti), &p);
         plan_build(&tn_tq_plans[ti], &p);
         tn_tq_plans[ti].tail = t->slot[TN_DTYPE_TERN_BASE + ti].vec_dot;
+        tn_tq_plans[ti].gemv = gfni;
     }
 }
 

@@ -11,7 +11,8 @@
  * d_w * d_x, plus the asymmetric offset m_w * d_x * sum(x) — is done once per 512 codes.
  *
  * L is the width w0 of the widest plane (1, 2, 4, 8): a chunk's 4 w0 plane-0 bytes fill its L
- * lanes in stored order and register j takes field j of every byte, (P >> w0 j) & mask. Narrower
+ * lanes in stored order and register j takes field j of every byte ((P >> w0 j) & mask, done by
+ * one GF2P8AFFINEQB bit-matrix multiply: on Zen 4 the shift + AND pair is what limits b = 1). Narrower
  * planes (b = 3, 5, 6, 7) are permuted once per sub-step so that every qword of a chunk's lanes
  * holds the chunk's whole plane (<= 8 bytes); VPMULTISHIFTQB then drops each code's field into
  * bit position and VPTERNLOG ORs it into the code bytes. Activations are rearranged once per
@@ -54,13 +55,14 @@ typedef struct tn_tq_plan {
     int32_t didx[16];               /* lane -> H half holding its block's d                        */
     uint8_t ord[16];                /* lane of the folded accumulator -> chunk of the super-step   */
     tn_vec_dot_fn tail;             /* the row's blocks after the last whole super-step            */
+    bool gemv;                      /* the CPU has GFNI: decode uses tq_gemv.c (else tail per row) */
 } tn_tq_plan;
 
 /* Plan of tq type index ti (dtype - TN_DTYPE_TERN_BASE); valid after tn_tq_plans_init. */
 const tn_tq_plan *tn_tq_plan_get(int ti);
 /* Builds every plan once (idempotent; called from the registration, under the registry's once);
- * tail dots are taken from t (the slots' vec_dot). */
-void tn_tq_plans_init(const tn_kern_table *t);
+ * tail dots are taken from t (the slots' vec_dot); gfni: the CPU has GF2P8AFFINEQB. */
+void tn_tq_plans_init(const tn_kern_table *t, bool gfni);
 
 /* Activations of one super-step: 8 registers of 64 code bytes (sub-step q, register j at
  * (q J + j) * 64), then 16 floats DX in lane order (d_x; sym: d_x / 2), then xmx vectors:
