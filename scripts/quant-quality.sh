@@ -85,16 +85,17 @@ if [ -n "$LL" ]; then # llama-quantize with tern's importance matrix (the format
   add "Q4_K_M (tern imatrix)" llama.cpp tern "\"$LL/llama-quantize\" --imatrix $W/imatrix-tern.gguf \"$W/base-f16.gguf\" \"\$OUT\" Q4_K_M $T"
 fi
 
-safe() { echo "$1" | tr -c 'A-Za-z0-9_.-' '_'; }
+safe() { printf '%s' "$1" | tr -c 'A-Za-z0-9_.-' '_'; }
 run_row() { # name who im cmd -> tsv line
   local name=$1 who=$2 im=$3 cmd=$4 out
   out="$W/m-$(safe "$name")-$im.gguf"
   [ -s "$out" ] || OUT="$out" bash -c "OUT=\"$out\"; $cmd" >"$W/last.log" 2>&1 || { log "FAILED: $name ($im): $(tail -2 "$W/last.log")"; return 0; }
-  local bpw res
+  local bpw res cache="${out%.gguf}.result"
+  [ -s "$cache" ] && [ "$cache" -nt "$out" ] && { cat "$cache"; return 0; }
   bpw=$(bpw_of "$out")
   res=$("$TERN" perplexity -m "$out" --kl-divergence --kl-divergence-base "$W/base.kld" -t "$T" 2>/dev/null |
         awk '/^Final estimate/ { ppl = $5 } /^Mean KLD/ { kld = $3 } /^Same top/ { top = $4 } END { print ppl "\t" kld "\t" top }')
-  printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$who" "$im" "$bpw" "$res"
+  printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$who" "$im" "$bpw" "$res" | tee "$cache"
 }
 
 TSV=$W/results.tsv

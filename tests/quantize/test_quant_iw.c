@@ -5,7 +5,7 @@
  * of every quant_data.h pattern with 3 importance vectors (iw_data.h): FNV-1a hashes of the
  * quantized bytes. tn_quantize_row_imat, one row at a time, must reproduce every one. Also: a NULL
  * importance falls back to the reference quantizer, and q8_0 ignores the importance (as ggml).
- * Whole files: docs/formats.md (tern quantize --imatrix vs llama-quantize --imatrix, by hand).
+ * Whole files: docs/quant-quality.md (tern quantize --imatrix vs llama-quantize --imatrix, by hand).
  */
 #include <setjmp.h>
 #include <stdarg.h>

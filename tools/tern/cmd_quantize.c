@@ -440,30 +440,38 @@ static tern_status plan_target(const tn_gguf *g, const size_t *order, const tn_q
             bits[na * 8 + b - 1] = 8.0 * (double)e.rb * (double)rows;
             err[na * 8 + b - 1] = tot;
         }
-        double sens = 1, kl = 0;
         if (pr) {
-            /* measured sensitivity: KL of the calibration logits with only this tensor at b0 bits,
-             * per unit of its error at b0; predicted KL at b bits = sens * err(b) */
-            tn_tq_params p = *fam;
-            p.bits = b0;
-            const uint32_t ty = tn_tq_dtype(&p);
-            const size_t rb = tn_dtype_row_size((tn_dtype)ty, t->ne[0]);
-            free(qbuf);
-            if (!(qbuf = malloc(rb * (size_t)rows + 64)) || !lp) {
-                s = tn_err(TERN_ERR_NOMEM, "quantize: out of memory");
-                goto out;
+            /* measured sensitivity: the KL of the calibration logits with only this tensor at
+             * b0 - 1 and at b0 bits, per unit of its error there; the predicted KL at b bits is
+             * sens(b0) * err(b) for b >= b0 and sens(b0 - 1) * err(b) below (the response grows
+             * faster than the error at the lowest widths, so the low side gets its own probe) */
+            double sens[2] = {1, 1};
+            for (int k = 0; k < 2; k++) {
+                const int pb = b0 - 1 + k;
+                if (pb < 1) continue;
+                tn_tq_params p = *fam;
+                p.bits = pb;
+                const uint32_t ty = tn_tq_dtype(&p);
+                const size_t rb = tn_dtype_row_size((tn_dtype)ty, t->ne[0]);
+                free(qbuf);
+                if (!(qbuf = malloc(rb * (size_t)rows + 64)) || !lp) {
+                    s = tn_err(TERN_ERR_NOMEM, "quantize: out of memory");
+                    goto out;
+                }
+                qctx qq = {0};
+                qq.task_x = x, qq.task_y = qbuf, qq.task_rows = rows, qq.task_ne0 = t->ne[0], qq.task_type = ty, qq.task_imat = e.imp;
+                tn_pool_run(pool, quant_task, &qq);
+                tn_tensor saved;
+                double kl = 0;
+                if (swap_views(pr->m, t->name, ty, qbuf, rb * (size_t)rows, &saved) > 0) {
+                    s = probe_run(pr, lp, &kl);
+                    swap_views(pr->m, t->name, saved.type, saved.data, saved.nbytes, NULL);
+                    if (s) goto out;
+                    sens[k] = err[na * 8 + pb - 1] > 0 ? kl / err[na * 8 + pb - 1] : 0;
+                }
             }
-            qctx qq = {0};
-            qq.task_x = x, qq.task_y = qbuf, qq.task_rows = rows, qq.task_ne0 = t->ne[0], qq.task_type = ty, qq.task_imat = e.imp;
-            tn_pool_run(pool, quant_task, &qq);
-            tn_tensor saved;
-            if (swap_views(pr->m, t->name, ty, qbuf, rb * (size_t)rows, &saved) > 0) {
-                s = probe_run(pr, lp, &kl);
-                swap_views(pr->m, t->name, saved.type, saved.data, saved.nbytes, NULL);
-                if (s) goto out;
-                sens = err[na * 8 + b0 - 1] > 0 ? kl / err[na * 8 + b0 - 1] : 0;
-            }
-            for (int b = 0; b < 8; b++) err[na * 8 + b] *= sens;
+            if (b0 - 1 < 1) sens[0] = sens[1];
+            for (int b = 1; b <= 8; b++) err[na * 8 + b - 1] *= b >= b0 ? sens[1] : sens[0];
         }
         fprintf(stderr, "target-bpw: %-32s predicted KL at 1..8 bits %.2e %.2e %.2e %.2e %.2e %.2e %.2e %.2e\n", t->name,
                 err[na * 8], err[na * 8 + 1], err[na * 8 + 2], err[na * 8 + 3], err[na * 8 + 4], err[na * 8 + 5],
