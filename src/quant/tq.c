@@ -175,6 +175,23 @@ static void quantize_group(const tn_tq_params *p, const float *x, const float *i
             if (e < best) best = e, best_d = d, best_m = m;
         }
         if (best == INFINITY) best_d = (mx - mn) / nmax, best_m = mn;
+        /* refine: codes for the best (d, m), exact weighted refit of (d, m) on them, repeat while
+         * the error drops (a few Lloyd steps from the best grid) */
+        for (int it = 0; it < 4 && best < INFINITY; it++) {
+            fit_err(x, wt, n, nmax, best_d, best_m, q);
+            double sw = 0, sq = 0, sqq = 0, sx = 0, sqx = 0;
+            for (int i = 0; i < n; i++) {
+                const int v = q[i];
+                sw += wt[i], sq += wt[i] * v, sqq += wt[i] * v * v, sx += wt[i] * x[i], sqx += wt[i] * v * x[i];
+            }
+            const double det = sw * sqq - sq * sq;
+            if (det <= 0) break;
+            const float d = (float)((sw * sqx - sq * sx) / det), m = (float)((sqq * sx - sq * sqx) / det);
+            if (d <= 0) break;
+            const float e = fit_err(x, wt, n, nmax, d, m, NULL);
+            if (!(e < best)) break;
+            best = e, best_d = d, best_m = m;
+        }
     } else {
         const float c = nmax * 0.5f;
         for (int is = 0; is <= 40; is++) {
@@ -191,6 +208,19 @@ static void quantize_group(const tn_tq_params *p, const float *x, const float *i
             if (e < best) best = e, best_d = d;
         }
         if (best == INFINITY) best_d = amax / c;
+        for (int it = 0; it < 4 && best < INFINITY; it++) {
+            fit_err(x, wt, n, nmax, best_d, -best_d * c, q);
+            double sxy = 0, syy = 0;
+            for (int i = 0; i < n; i++) {
+                const float y = q[i] - c;
+                sxy += wt[i] * x[i] * y, syy += wt[i] * y * y;
+            }
+            if (syy <= 0 || sxy <= 0) break;
+            const float d = (float)(sxy / syy);
+            const float e = fit_err(x, wt, n, nmax, d, -d * c, NULL);
+            if (!(e < best)) break;
+            best = e, best_d = d;
+        }
     }
     /* final codes against the stored (fp16-rounded) parameters */
     const uint16_t dh = tn_fp32_to_fp16(best_d);
