@@ -31,7 +31,7 @@
 
 /* Per-call constants in registers: permutes and multishift controls of the plan. */
 typedef struct {
-    __m512i ip, ih, is1, is2, ms1[8], ms2[8], didx;
+    __m512i ip, ih, ihp, is1, is2, ms1[8], ms2[8], didx;
 } tq_cv;
 
 /* The L sub-step accumulators -> 16 chunk sums (lane order: plan ord, simulated in tq_plan.c). */
@@ -54,10 +54,11 @@ TQ_INLINE __m512i tq_fold(const int L, const __m512i *a) {
 /* The raw plane sources of sub-step q of the super-step at row pointer p (plane 0: P, narrower
  * planes: S1, S2 with each chunk's plane in every qword of its lanes); headers merged into H. */
 TQ_INLINE void tq_fetch(const int B, const int G, const int ASYM, const tn_tq_plan *Pl, const tq_cv *cv, int q,
-                        const uint8_t *p, __m512i *P, __m512i *S1, __m512i *S2, __m512i *H) {
+                        const uint8_t *p, __m512i *P, __m512i *S1, __m512i *S2, __m512i *H, __m512i *Akeep) {
     const int W0 = TQ_W0(B), L = W0, NC = 16 / L, NP = TQ_NP(B), CPB = G / 32, BLK = NC <= CPB;
     const int BB = (ASYM ? 4 : 2) + G * B / 8;
     if (!BLK) {
+        const int HDRA = TQ_HDR_IN_A(B, G, ASYM);
         const int NBS = NC / CPB, WIN = NBS * BB;
         const uint8_t *wp = p + (size_t)q * WIN;
         _mm_prefetch((const char *)wp + TQ_PF, _MM_HINT_T0);
@@ -66,7 +67,8 @@ TQ_INLINE void tq_fetch(const int B, const int G, const int ASYM, const tn_tq_pl
         const __m512i Bw = WIN > 64 ? _mm512_maskz_loadu_epi8(Pl->mB, wp + 64) : A;
         *P = _mm512_permutex2var_epi8(A, cv->ip, Bw);
         /* only the header bytes: the other halves of H stay 0 (they meet 0 in MXD, never NaN) */
-        if (L == 1) *H = _mm512_maskz_permutex2var_epi8(Pl->hmask[0], A, cv->ih, Bw);
+        if (HDRA) *Akeep = A; /* headers of two sub-steps at a time, by tq_headers */
+        else if (L == 1) *H = _mm512_maskz_permutex2var_epi8(Pl->hmask[0], A, cv->ih, Bw);
         else *H = _mm512_mask_mov_epi8(*H, Pl->hmask[q], _mm512_permutex2var_epi8(A, cv->ih, Bw));
         if (NP > 1) *S1 = _mm512_permutex2var_epi8(A, cv->is1, Bw);
         if (NP > 2) *S2 = _mm512_permutex2var_epi8(A, cv->is2, Bw);
@@ -94,6 +96,14 @@ TQ_INLINE void tq_fetch(const int B, const int G, const int ASYM, const tn_tq_pl
         if (NP > 2)
             *S2 = _mm512_permutexvar_epi8(cv->is2, _mm512_maskz_loadu_epi8(Pl->ml[2], bp + Pl->off[2] + ss * NC * 4 * TQ_W2(B)));
     }
+}
+
+/* H from the first 64 bytes of the L windows when every header lies there (TQ_HDR_IN_A): one
+ * permute per two sub-steps instead of one per sub-step. */
+TQ_INLINE __m512i tq_headers(const int L, const tn_tq_plan *Pl, const tq_cv *cv, const __m512i *A) {
+    __m512i H = _mm512_maskz_permutex2var_epi8(Pl->hpair[0], A[0], cv->ihp, A[1]);
+    for (int k = 1; k < L / 2; k++) H = _mm512_mask_mov_epi8(H, Pl->hpair[k], _mm512_permutex2var_epi8(A[2 * k], cv->ihp, A[2 * k + 1]));
+    return H;
 }
 
 /* Code register j of a sub-step from its plane sources. */
@@ -152,10 +162,11 @@ TQ_INLINE void tq_rows(const int B, const int G, const int ASYM, const int R, co
     const size_t XS = (size_t)(9 + (ASYM && G == 32 ? 2 : 1)) * 64;
     __m512 accD[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}, accM[2] = {accD[0], accD[0]};
     for (int64_t s = 0; s < nsup; s++, xs += XS) {
-        __m512i acc[2][8], H[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+        __m512i acc[2][8], H[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()}, Ak[2][8];
         for (int q = 0; q < L; q++) {
             __m512i P[2], S1[2] = {H[0], H[0]}, S2[2] = {H[0], H[0]};
-            for (int r = 0; r < R; r++) tq_fetch(B, G, ASYM, Pl, cv, q, rows[r] + (size_t)s * SUPB, &P[r], &S1[r], &S2[r], &H[r]);
+            for (int r = 0; r < R; r++)
+                tq_fetch(B, G, ASYM, Pl, cv, q, rows[r] + (size_t)s * SUPB, &P[r], &S1[r], &S2[r], &H[r], &Ak[r][q]);
             /* NA independent dpbusd chains per row (latency ~4 cycles each) */
             const int NA = J >= 2 ? 2 : 1;
             __m512i a[2][4];
@@ -172,6 +183,8 @@ TQ_INLINE void tq_rows(const int B, const int G, const int ASYM, const int R, co
             }
         }
         (void)NP;
+        if (TQ_HDR_IN_A(B, G, ASYM))
+            for (int r = 0; r < R; r++) H[r] = tq_headers(L, Pl, cv, Ak[r]);
         for (int r = 0; r < R; r++) tq_scale(G, ASYM, cv, xs, tq_fold(L, acc[r]), H[r], &accD[r], &accM[r]);
     }
     for (int r = 0; r < R; r++) out[r] = _mm512_reduce_add_ps(ASYM ? _mm512_add_ps(accD[r], accM[r]) : accD[r]);
@@ -197,6 +210,7 @@ TQ_INLINE void tq_gemv(const int B, const int G, const int ASYM, int64_t k, int6
     tq_cv cv;
     cv.ip = _mm512_loadu_si512(Pl->ip);
     cv.ih = _mm512_loadu_si512(Pl->ih);
+    cv.ihp = _mm512_loadu_si512(Pl->ihp);
     cv.is1 = _mm512_loadu_si512(Pl->is[1]);
     cv.is2 = _mm512_loadu_si512(Pl->is[2]);
     cv.didx = _mm512_loadu_si512(Pl->didx);

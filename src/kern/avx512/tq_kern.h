@@ -12,6 +12,12 @@
 #define TQ_W1(b) ((b) == 3 || (b) == 5 ? 1 : (b) == 6 || (b) == 7 ? 2 : 0)
 #define TQ_W2(b) ((b) == 7 ? 1 : 0)
 #define TQ_NP(b) (1 + (TQ_W1(b) > 0) + (TQ_W2(b) > 0))
+/* Window sub-steps (tq_plan.h) of >= 2 per super-step whose block headers all lie in the first
+ * 64 bytes of their window: headers are then gathered two sub-steps per permute. */
+#define TQ_HDR_IN_A(b, g, a)                                                                                        \
+    (TQ_W0(b) >= 2 && 16 / TQ_W0(b) > (g) / 32 &&                                                                  \
+     (16 / TQ_W0(b) / ((g) / 32) - 1) * ((a) ? 4 : 2) + (16 / TQ_W0(b) / ((g) / 32) - 1) * ((g) * (b) / 8) +          \
+             ((a) ? 4 : 2) <= 64)
 /* Type index (dtype - TN_DTYPE_TERN_BASE) of tq<b>g<g>[a] as a constant expression. */
 #define TQ_INDEX(b, g, a) (((b) - 1) * 8 + ((g) == 32 ? 0 : (g) == 64 ? 1 : (g) == 128 ? 2 : 3) * 2 + (a))
 #define TQ_INLINE static inline __attribute__((always_inline))

@@ -119,6 +119,7 @@ static void plan_build(tn_tq_plan *P, const tn_tq_params *tp) {
         P->win = P->nbs * P->bb;
         P->mA = bytes_mask(P->win), P->mB = bytes_mask(P->win - 64);
         for (int q = 0; q < P->L; q++) P->hmask[q] = bytes_mask(P->nbs * hs) << (q * P->nbs * hs);
+        for (int k = 0; k < P->L / 2; k++) P->hpair[k] = bytes_mask(2 * P->nbs * hs) << (2 * k * P->nbs * hs);
     } else {
         P->nbs = P->cpb / P->NC;
         for (int p = 1; p < P->np; p++) P->ml[p] = bytes_mask(P->NC * 4 * P->w[p]);
@@ -140,6 +141,7 @@ static void plan_build(tn_tq_plan *P, const tn_tq_params *tp) {
 #undef CHUNK_AT
         const int hb = pos / hs; /* H byte -> block of the super-step */
         P->ih[pos] = (uint8_t)(P->blk || hb >= P->nbsup ? 0 : (hb % P->nbs) * P->bb + pos % hs);
+        P->ihp[pos] = (uint8_t)(P->blk || hb >= P->nbsup ? 0 : ((hb / P->nbs) % 2) * 64 + (hb % P->nbs) * P->bb + pos % hs);
     }
     if (!fold_ord(P->L, P->NC, P->ord)) memset(P->ord, 0xFF, sizeof P->ord); /* cannot happen: caught by tests */
     for (int l = 0; l < 16; l++) {

@@ -52,6 +52,8 @@ typedef struct tn_tq_plan {
     uint8_t is[3][64];              /* plane p >= 1 permute (window offsets, or within its load)   */
     uint8_t ms[3][8][64];           /* plane p >= 1: multishift control of register j             */
     uint8_t ih[64];                 /* header permute (win): byte of H -> window offset            */
+    uint8_t ihp[64];                /* header permute of two windows' first 64 bytes (TQ_HDR_IN_A)  */
+    uint64_t hpair[4];              /* H bytes of sub-steps 2k, 2k + 1                              */
     int32_t didx[16];               /* lane -> H half holding its block's d                        */
     uint8_t ord[16];                /* lane of the folded accumulator -> chunk of the super-step   */
     tn_vec_dot_fn tail;             /* the row's blocks after the last whole super-step            */
