@@ -122,32 +122,34 @@ echo "| file | made by | imatrix | bpw | PPL | mean KLD | same top |"
 echo "|---|---|---|---|---|---|---|"
 sort -t$'\t' -k4,4g "$TSV" | awk -F'\t' '{ printf "| %s | %s | %s | %.3f | %.3f | %s | %s |\n", $1, $2, $3, $4, $5, $6, $7 }'
 
-# ---- SVG: mean KLD (log) and PPL against bpw, tern vs llama.cpp, filled = with imatrix ------------
+# ---- SVG: mean KLD (log) and PPL against bpw, tern vs llama.cpp; big hollow = no imatrix, small
+# filled = with imatrix (so both show where they overlap); PPL panel clipped at +4% of the base -----
 awk -F'\t' -v out="$ROOT/docs/quant-quality.svg" '
   function X(b) { return L + (b - xmin) / (xmax - xmin) * PW }
   function YK(k) { return T1 + (log(kmax) - log(k)) / (log(kmax) - log(kmin)) * PH }
   function YP(p) { return T2 + (pmax - p) / (pmax - pmin) * PH }
-  function mark(x, y, who, im, tb,    col, fill) {
-    col = who == "llama.cpp" ? "#d62728" : "#1f77b4"; fill = im == "no" ? "white" : col
-    if (tb) printf "<rect x=\"%.1f\" y=\"%.1f\" width=\"8\" height=\"8\" fill=\"%s\" stroke=\"%s\" stroke-width=\"1.5\"/>\n", x - 4, y - 4, fill, col > out
-    else if (who == "llama.cpp") printf "<path d=\"M%.1f %.1f l5 9 h-10 z\" fill=\"%s\" stroke=\"%s\" stroke-width=\"1.5\"/>\n", x, y - 5, fill, col > out
-    else printf "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"%s\" stroke=\"%s\" stroke-width=\"1.5\"/>\n", x, y, fill, col > out
+  function mark(x, y, who, im, tb,    col, fill, r) {
+    col = who == "llama.cpp" ? "#d62728" : "#1f77b4"; fill = im == "no" ? "none" : col; r = im == "no" ? 6 : 3
+    if (tb) printf "<rect x=\"%.1f\" y=\"%.1f\" width=\"%d\" height=\"%d\" fill=\"%s\" stroke=\"%s\" stroke-width=\"1.5\"/>\n", x - r, y - r, 2 * r, 2 * r, fill, col > out
+    else if (who == "llama.cpp") printf "<path d=\"M%.1f %.1f l%.1f %.1f h%.1f z\" fill=\"%s\" stroke=\"%s\" stroke-width=\"1.5\"/>\n", x, y - 1.2 * r, 1.1 * r, 2 * r, -2.2 * r, fill, col > out
+    else printf "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"%d\" fill=\"%s\" stroke=\"%s\" stroke-width=\"1.5\"/>\n", x, y, r, fill, col > out
   }
+  $2 == "base" { base = $5 }
   $2 != "base" && $6 > 0 && $4 < 9.5 { n++; name[n] = $1; who[n] = $2; im[n] = $3; b[n] = $4; p[n] = $5; k[n] = $6 }
   END {
-    L = 70; R = 20; PW = 620; PH = 260; T1 = 40; T2 = T1 + PH + 70; Wd = L + PW + R; Ht = T2 + PH + 60
-    xmin = 1; xmax = 9.5; kmin = 1e9; kmax = 0; pmin = 1e9; pmax = 0
-    for (i = 1; i <= n; i++) { if (k[i] < kmin) kmin = k[i]; if (k[i] > kmax) kmax = k[i]; if (p[i] < pmin) pmin = p[i]; if (p[i] > pmax) pmax = p[i] }
+    L = 70; R = 20; PW = 640; PH = 260; T1 = 50; T2 = T1 + PH + 70; Wd = L + PW + R; Ht = T2 + PH + 50
+    xmin = 2.5; xmax = 9; kmin = 1e9; kmax = 0
+    for (i = 1; i <= n; i++) { if (k[i] < kmin) kmin = k[i]; if (k[i] > kmax) kmax = k[i] }
     kmin = 10 ^ int(log(kmin) / log(10) - 1); kmax = 10 ^ int(log(kmax) / log(10) + 1)
-    if (pmax > 4 * pmin) pmax = 4 * pmin
-    pmin = int(pmin) - 1; pmax = int(pmax) + 1
+    pmin = base * 0.995; pmax = base * 1.04
     printf "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" font-size=\"12\">\n", Wd, Ht > out
     printf "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n" > out
-    printf "<text x=\"%d\" y=\"20\" font-size=\"14\">tern-default (5.25M, KJV): mean KL divergence vs the f16 base, and perplexity, against bits per weight</text>\n", L > out
+    printf "<text x=\"%d\" y=\"20\" font-size=\"14\">tern-default (5.25M params, KJV), held-out KJV verses: KL divergence vs the f16 base</text>\n", L > out
+    printf "<text x=\"%d\" y=\"%d\" font-size=\"14\">perplexity (f16 base %.2f, dashed; points above +4%% not shown)</text>\n", L, T2 - 12, base > out
     for (pan = 1; pan <= 2; pan++) {
       top = pan == 1 ? T1 : T2
       printf "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#888\"/>\n", L, top, PW, PH > out
-      for (x = 2; x <= 9; x++) {
+      for (x = 3; x <= 9; x++) {
         printf "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#eee\"/>\n", X(x), top, X(x), top + PH > out
         printf "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%d</text>\n", X(x), top + PH + 15, x > out
       }
@@ -157,24 +159,26 @@ awk -F'\t' -v out="$ROOT/docs/quant-quality.svg" '
       printf "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#eee\"/>\n", L, YK(e), L + PW, YK(e) > out
       printf "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%g</text>\n", L - 5, YK(e) + 4, e > out
     }
-    printf "<text x=\"15\" y=\"%d\" transform=\"rotate(-90 15 %d)\" text-anchor=\"middle\">mean KLD (log)</text>\n", T1 + PH / 2, T1 + PH / 2 > out
-    step = (pmax - pmin) / 5
-    for (v = pmin; v <= pmax + 1e-9; v += step) {
+    printf "<text x=\"15\" y=\"%d\" transform=\"rotate(-90 15 %d)\" text-anchor=\"middle\">mean KLD (log scale)</text>\n", T1 + PH / 2, T1 + PH / 2 > out
+    for (j = 0; j <= 5; j++) {
+      v = pmin + (pmax - pmin) * j / 5
       printf "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#eee\"/>\n", L, YP(v), L + PW, YP(v) > out
-      printf "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%.1f</text>\n", L - 5, YP(v) + 4, v > out
+      printf "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%.2f</text>\n", L - 5, YP(v) + 4, v > out
     }
+    printf "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#555\" stroke-dasharray=\"5,4\"/>\n", L, YP(base), L + PW, YP(base) > out
     printf "<text x=\"15\" y=\"%d\" transform=\"rotate(-90 15 %d)\" text-anchor=\"middle\">perplexity</text>\n", T2 + PH / 2, T2 + PH / 2 > out
-    for (i = 1; i <= n; i++) {
-      tb = index(name[i], "target-bpw") > 0
-      if (b[i] < xmin || b[i] > xmax) continue
-      mark(X(b[i]), YK(k[i]), who[i], im[i], tb)
-      if (p[i] <= pmax) mark(X(b[i]), YP(p[i]), who[i], im[i], tb)
-    }
-    lx = L + PW - 250; ly = T1 + 15
-    mark(lx, ly, "tern", "no", 0);      printf "<text x=\"%d\" y=\"%d\">tern tq types (default mix)</text>\n", lx + 10, ly + 4 > out
-    mark(lx, ly + 16, "tern", "no", 1); printf "<text x=\"%d\" y=\"%d\">tern --target-bpw</text>\n", lx + 10, ly + 20 > out
-    mark(lx, ly + 32, "llama.cpp", "no", 0); printf "<text x=\"%d\" y=\"%d\">llama.cpp llama-quantize</text>\n", lx + 10, ly + 36 > out
-    printf "<text x=\"%d\" y=\"%d\">hollow: no imatrix; filled: with imatrix</text>\n", lx - 5, ly + 52 > out
+    for (pass = 0; pass < 2; pass++) # hollow (no imatrix) first, filled on top
+      for (i = 1; i <= n; i++) {
+        if ((im[i] == "no") != (pass == 0) || b[i] < xmin || b[i] > xmax) continue
+        tb = index(name[i], "target-bpw") > 0
+        mark(X(b[i]), YK(k[i]), who[i], im[i], tb)
+        if (p[i] <= pmax && p[i] >= pmin) mark(X(b[i]), YP(p[i]), who[i], im[i], tb)
+      }
+    lx = L + PW - 270; ly = T1 + 18
+    mark(lx, ly, "tern", "no", 0);           printf "<text x=\"%d\" y=\"%d\">tern tq types (default mix)</text>\n", lx + 12, ly + 4 > out
+    mark(lx, ly + 18, "tern", "no", 1);      printf "<text x=\"%d\" y=\"%d\">tern --target-bpw</text>\n", lx + 12, ly + 22 > out
+    mark(lx, ly + 36, "llama.cpp", "no", 0); printf "<text x=\"%d\" y=\"%d\">llama.cpp llama-quantize</text>\n", lx + 12, ly + 40 > out
+    printf "<text x=\"%d\" y=\"%d\">large hollow: no imatrix; small filled: imatrix</text>\n", lx - 6, ly + 58 > out
     printf "</svg>\n" > out
   }' "$TSV"
 log "wrote $TSV and docs/quant-quality.svg"
