@@ -6,6 +6,13 @@
  * tern any-bit type (tq<b>[g<G>][a|s], src/quant/tq.h). The output is written to a temp file and
  * renamed (never half-written); in == out is refused; Ctrl-C stops with exit 130 and no file.
  * Progress goes to stderr, one line per tensor, in llama-quantize's format.
+ *
+ * --imatrix FILE (tern imatrix or llama-imatrix output): tq types use it in their weighted scale
+ * search; llama.cpp types use ggml's importance-weighted quantizers (src/quant/quant_iw.c), so the
+ * file stays byte-identical to llama-quantize --imatrix (quantize.imatrix.* keys included).
+ * --target-bpw X (tq TYPE only): per-tensor bit widths of TYPE's family chosen under a whole-file
+ * budget of X bits per weight, weighing each tensor's error by its measured KL sensitivity
+ * (probes on --calib text, or on text the model generates; docs/quant-quality.md).
  */
 #include <math.h>
 #include <regex.h>
