@@ -8,11 +8,12 @@
  * with VPMULTISHIFTQB + VPTERNLOG, VPDPBUSD sums the registers into one int32 accumulator per
  * sub-step; per super-step (512 codes) the accumulators are folded into one register of 16
  * exact chunk sums, the fp16 block headers converted once, and one FMA applies d_w * d_x (one
- * more the asymmetric offset). Rows go one at a time, in order, every line software-prefetched
- * ~2 KiB ahead: two rows interleaved (sharing the activation loads) halved the DRAM streaming
- * rate on Zen 4 (38% vs ~80% of a plain read, one thread). The activation row is rearranged
- * once per call (tn_tq_prep_x). Integer sums per chunk are exact as in the reference; only the
- * order of the float additions differs.
+ * more the asymmetric offset). Two rows go through together so every activation register
+ * loaded serves both — rows i and i + m/2, two separate sequential streams with every line
+ * software-prefetched ~2 KiB ahead (adjacent rows interleaved streamed at half the DRAM rate on
+ * Zen 4: 38% vs ~80% of a plain read, one thread). The activation row is rearranged once per
+ * call (tn_tq_prep_x). Integer
+ * sums per chunk are exact as in the reference; only the order of the float additions differs.
  * Blocks after the last whole super-step go to the slot's vec_dot.
  *
  * Needs AVX512 F/BW/VL/DQ/VNNI/VBMI and GFNI (used by tq_gemm.c's n == 1 path only then).
@@ -150,35 +151,45 @@ TQ_INLINE void tq_scale(const int G, const int ASYM, const tq_cv *cv, const uint
     }
 }
 
-/* One row over nsup super-steps: the dot of its whole super-steps with x. */
-TQ_INLINE float tq_row(const int B, const int G, const int ASYM, const tn_tq_plan *Pl, const tq_cv *cv,
-                       const uint8_t *row, const uint8_t *xs, int64_t nsup, size_t pf) {
-    const int W0 = TQ_W0(B), L = W0, J = 8 / L;
+/* R (1 or 2) rows over nsup super-steps: out[r] = dot of row r's whole super-steps with x. The
+ * rows are far apart (two streams); pf: prefetch distance in bytes. */
+TQ_INLINE void tq_rows(const int B, const int G, const int ASYM, const int R, const tn_tq_plan *Pl, const tq_cv *cv,
+                       const uint8_t *const *rows, const uint8_t *xs, int64_t nsup, size_t pf, float *out) {
+    const int W0 = TQ_W0(B), L = W0, J = 8 / L, NP = TQ_NP(B);
     const int BB = (ASYM ? 4 : 2) + G * B / 8, SUPB = 512 / G * BB;
     const size_t XS = (size_t)(9 + (ASYM && G == 32 ? 2 : 1)) * 64;
-    __m512 accD = _mm512_setzero_ps(), accM = accD;
+    __m512 accD[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}, accM[2] = {accD[0], accD[0]};
     for (int64_t s = 0; s < nsup; s++, xs += XS) {
-        const uint8_t *p = row + (size_t)s * SUPB;
-        /* every line of this super-step pf bytes ahead (a later row, same place): far enough to
-         * cover the memory latency, which the hardware prefetchers alone do not at decode's mix */
-        for (int c = 0; c < (SUPB + 63) / 64; c++) _mm_prefetch((const char *)p + pf + 64 * c, _MM_HINT_T0);
-        __m512i acc[8], H = _mm512_setzero_si512(), Ak[8];
+        /* every line of this super-step's bytes pf ahead (the same place in a later row of the
+         * same stream): far enough to cover the memory latency at decode's instruction mix */
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < (SUPB + 63) / 64; c++) _mm_prefetch((const char *)rows[r] + (size_t)s * SUPB + pf + 64 * c, _MM_HINT_T0);
+        __m512i acc[2][8], H[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()}, Ak[2][8];
         for (int q = 0; q < L; q++) {
-            __m512i P, S1 = H, S2 = H;
-            tq_fetch(B, G, ASYM, Pl, cv, q, p, &P, &S1, &S2, &H, &Ak[q]);
-            __m512i a0 = _mm512_setzero_si512(), a1 = a0; /* two VPDPBUSD chains */
+            __m512i P[2], S1[2] = {H[0], H[0]}, S2[2] = {H[0], H[0]};
+            for (int r = 0; r < R; r++)
+                tq_fetch(B, G, ASYM, Pl, cv, q, rows[r] + (size_t)s * SUPB, &P[r], &S1[r], &S2[r], &H[r], &Ak[r][q]);
+            /* NA independent dpbusd chains per row (latency ~4 cycles each) */
+            const int NA = J >= 2 ? 2 : 1;
+            __m512i a[2][4];
+            for (int r = 0; r < R; r++)
+                for (int t = 0; t < NA; t++) a[r][t] = _mm512_setzero_si512();
             for (int j = 0; j < J; j++) {
-                const __m512i d = _mm512_dpbusd_epi32(j & 1 ? a1 : a0, tq_codes(B, cv, j, P, S1, S2),
-                                                      _mm512_load_si512(xs + (size_t)(q * J + j) * 64));
-                if (j & 1) a1 = d;
-                else a0 = d;
+                const __m512i X = _mm512_load_si512(xs + (size_t)(q * J + j) * 64);
+                for (int r = 0; r < R; r++) a[r][j % NA] = _mm512_dpbusd_epi32(a[r][j % NA], tq_codes(B, cv, j, P[r], S1[r], S2[r]), X);
             }
-            acc[q] = J > 1 ? _mm512_add_epi32(a0, a1) : a0;
+            for (int r = 0; r < R; r++) {
+                __m512i t = a[r][0];
+                for (int u = 1; u < NA; u++) t = _mm512_add_epi32(t, a[r][u]);
+                acc[r][q] = t;
+            }
         }
-        if (TQ_HDR_IN_A(B, G, ASYM)) H = tq_headers(L, Pl, cv, Ak);
-        tq_scale(G, ASYM, cv, xs, tq_fold(L, acc), H, &accD, &accM);
+        (void)NP;
+        if (TQ_HDR_IN_A(B, G, ASYM))
+            for (int r = 0; r < R; r++) H[r] = tq_headers(L, Pl, cv, Ak[r]);
+        for (int r = 0; r < R; r++) tq_scale(G, ASYM, cv, xs, tq_fold(L, acc[r]), H[r], &accD[r], &accM[r]);
     }
-    return _mm512_reduce_add_ps(ASYM ? _mm512_add_ps(accD, accM) : accD);
+    for (int r = 0; r < R; r++) out[r] = _mm512_reduce_add_ps(ASYM ? _mm512_add_ps(accD[r], accM[r]) : accD[r]);
 }
 
 TQ_INLINE void tq_gemv(const int B, const int G, const int ASYM, int64_t k, int64_t m, int64_t n, const void *w,
@@ -209,19 +220,26 @@ TQ_INLINE void tq_gemv(const int B, const int G, const int ASYM, int64_t k, int6
         if (NP > 1) cv.ms1[j] = _mm512_loadu_si512(Pl->ms[1][j]);
         if (NP > 2) cv.ms2[j] = _mm512_loadu_si512(Pl->ms[2][j]);
     }
-    const size_t pf = w_rb * ((TQ_PF_MIN + w_rb - 1) / w_rb); /* whole rows ahead */
+    const size_t pf = w_rb * ((TQ_PF_MIN + w_rb - 1) / w_rb);
+    const int64_t h = (m + 1) / 2;
     for (int64_t j = 0; j < n; j++) {
         const uint8_t *xj = (const uint8_t *)x + (size_t)j * x_rb;
         tn_tq_prep_x(Pl, xj, k, xs);
-        for (int64_t i = 0; i < m; i++) {
-            const uint8_t *row = (const uint8_t *)w + (size_t)i * w_rb;
-            float r = tq_row(B, G, ASYM, Pl, &cv, row, xs, nsup, pf);
-            if (k_tail) {
-                float tl;
-                Pl->tail(k_tail, &tl, row + done_bytes, (const block_q8_0 *)xj + done_blocks * (G / 32));
-                r += tl;
+        for (int64_t i = 0; i < h; i++) {
+            const int64_t i2 = i + h;
+            const uint8_t *rows[2] = {(const uint8_t *)w + (size_t)i * w_rb, (const uint8_t *)w + (size_t)i2 * w_rb};
+            const int R = i2 < m ? 2 : 1;
+            float r[2];
+            if (R == 2) tq_rows(B, G, ASYM, 2, Pl, &cv, rows, xs, nsup, pf, r);
+            else tq_rows(B, G, ASYM, 1, Pl, &cv, rows, xs, nsup, pf, r);
+            for (int t = 0; t < R; t++) {
+                if (k_tail) {
+                    float tl;
+                    Pl->tail(k_tail, &tl, rows[t] + done_bytes, (const block_q8_0 *)xj + done_blocks * (G / 32));
+                    r[t] += tl;
+                }
+                y[j * ldy + (t ? i2 : i)] = r[t];
             }
-            y[j * ldy + i] = r;
         }
     }
     if (xs != stackbuf) free(xs);
