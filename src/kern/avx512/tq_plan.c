@@ -123,7 +123,6 @@ static void plan_build(tn_tq_plan *P, const tn_tq_params *tp) {
     } else {
         P->nbs = P->cpb / P->NC;
         for (int p = 1; p < P->np; p++) P->ml[p] = bytes_mask(P->NC * 4 * P->w[p]);
-        for (int b = 0; b < P->nbsup; b++) P->hmask[b] = bytes_mask(hs) << (b * hs);
     }
     for (int pos = 0; pos < 64; pos++) {
         const int lane = pos / 4, i = pos % 4, c = lane / P->L, u = lane % P->L, t = 4 * u + i;

@@ -47,13 +47,13 @@ typedef struct tn_tq_plan {
     int xmx;                        /* 64-byte vectors after DX in a super-step's activations      */
     uint64_t mA, mB;                /* window load masks (win)                                     */
     uint64_t ml[3];                 /* plane p >= 1 load masks (blk)                               */
-    uint64_t hmask[8];              /* H bytes written by sub-step q (win) / by block b (blk)       */
+    uint64_t hmask[8];              /* H bytes written by sub-step q (win)                          */
     uint8_t ip[64];                 /* plane-0 permute (win)                                       */
     uint8_t is[3][64];              /* plane p >= 1 permute (window offsets, or within its load)   */
     uint8_t ms[3][8][64];           /* plane p >= 1: multishift control of register j             */
     uint8_t ih[64];                 /* header permute (win): byte of H -> window offset            */
     uint8_t ihp[64];                /* header permute of two windows' first 64 bytes (TQ_HDR_IN_A)  */
-    uint64_t hpair[4];              /* H bytes of sub-steps 2k, 2k + 1                              */
+    uint64_t hpair[4];              /* H bytes of sub-steps 2k, 2k + 1 (TQ_HDR_IN_A)                */
     int32_t didx[16];               /* lane -> H half holding its block's d                        */
     uint8_t ord[16];                /* lane of the folded accumulator -> chunk of the super-step   */
     tn_vec_dot_fn tail;             /* the row's blocks after the last whole super-step            */
