@@ -26,6 +26,7 @@
 
 #include "core/base.h"
 #include "model/ctx.h"
+#include "model/ops.h"
 #include "serve/kv.h"
 #include "serve/serve.h"
 
@@ -551,12 +552,7 @@ static void apply_penalties(tn_engine *e, const tn_seq *s) {
 /* Log-softmax of the raw logits: out[0] = the sampled token, out[1..k] = the k most likely
  * (descending, lower id first on ties). */
 static void logprobs_of(const float *lg, int32_t nv, tern_token t, int k, tn_lp *out) {
-    float mx = lg[0];
-    for (int32_t i = 1; i < nv; i++)
-        if (lg[i] > mx) mx = lg[i];
-    double sum = 0;
-    for (int32_t i = 0; i < nv; i++) sum += exp((double)lg[i] - mx);
-    double lse = mx + log(sum);
+    const double lse = tn_op_logsumexp(lg, nv, NULL);
     out[0] = (tn_lp){t, (float)(lg[t] - lse)};
     int n = 0; /* insertion into the sorted top list */
     for (int32_t i = 0; i < nv && k > 0; i++) {

@@ -20,6 +20,7 @@
 
 #include "cli.h"
 #include "model/ctx.h"
+#include "model/ops.h"
 #include "quant/imatrix.h"
 
 static volatile sig_atomic_t g_stop;
@@ -62,14 +63,6 @@ static void usage(void) {
            "  --no-ppl               do not compute the perplexity of each chunk\n");
 }
 
-/* log-sum-exp minus the logit of tok */
-static double nll_of(const float *l, int n, int tok) {
-    float mx = l[0];
-    for (int i = 1; i < n; i++) mx = l[i] > mx ? l[i] : mx;
-    double s = 0;
-    for (int i = 0; i < n; i++) s += expf(l[i] - mx);
-    return mx + log(s) - l[tok];
-}
 
 int cmd_imatrix(int argc, char **argv) {
     const char *model_path = NULL, *text_path = NULL, *out_path = "imatrix.gguf";
@@ -186,7 +179,10 @@ int cmd_imatrix(int argc, char **argv) {
         const double el = tn_cli_now() - t0;
         fprintf(stderr, "imatrix: [%lld/%lld] ", (long long)ci + 1, (long long)n_chunk);
         if (ppl) {
-            for (int i = first; i < n_ctx - 1; i++) nll += nll_of(tern_get_logits(c, i), n_vocab, chunk[i + 1]);
+            for (int i = first; i < n_ctx - 1; i++) {
+                const float *l = tern_get_logits(c, i);
+                nll += tn_op_logsumexp(l, n_vocab, NULL) - l[chunk[i + 1]];
+            }
             count += n_ctx - 1 - first;
             fprintf(stderr, "PPL %.4f  ", exp(nll / (double)count));
         }

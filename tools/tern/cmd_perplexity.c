@@ -21,6 +21,7 @@
 
 #include "cli.h"
 #include "core/fp16.h"
+#include "model/ops.h"
 
 static volatile sig_atomic_t g_stop;
 static void on_sigint(int sig) {
@@ -35,18 +36,6 @@ static void usage(void) {
            "  --chunks N                score at most N chunks (default: all)\n"
            "  --kl-divergence-base F    save the scored logits (f16) to F for later comparisons\n"
            "  --kl-divergence           compare against the logits in --kl-divergence-base F\n");
-}
-
-/* log-sum-exp of logits, llama-perplexity's way (float max, double sum of expf) */
-static double lse(const float *l, int n, int *imax) {
-    float mx = l[0];
-    int im = 0;
-    for (int i = 1; i < n; i++)
-        if (l[i] > mx) mx = l[i], im = i;
-    double s = 0;
-    for (int i = 0; i < n; i++) s += expf(l[i] - mx);
-    if (imax) *imax = im;
-    return mx + log(s);
 }
 
 int cmd_perplexity(int argc, char **argv) {
@@ -179,8 +168,8 @@ int cmd_perplexity(int argc, char **argv) {
         for (int i = 0; i < n_score; i++) {
             const float *l = tern_get_logits(c, first + i);
             const int tok = chunk[first + i + 1];
-            int imax;
-            const double z = lse(l, n_vocab, &imax);
+            int64_t imax;
+            const double z = tn_op_logsumexp(l, n_vocab, &imax);
             const double v = z - l[tok];
             nll += v;
             nll2 += v * v;
@@ -195,8 +184,8 @@ int cmd_perplexity(int argc, char **argv) {
                     goto out;
                 }
                 for (int j = 0; j < n_vocab; j++) base[j] = tn_fp16_to_fp32(row16[j]);
-                int ibase;
-                const double zb = lse(base, n_vocab, &ibase);
+                int64_t ibase;
+                const double zb = tn_op_logsumexp(base, n_vocab, &ibase);
                 nll_base += zb - base[tok];
                 double kl = 0;
                 for (int j = 0; j < n_vocab; j++) {

@@ -27,6 +27,7 @@
 #include "core/pool.h"
 #include "fmt/gguf.h"
 #include "model/model.h"
+#include "model/ops.h"
 #include "quant/imatrix.h"
 #include "quant/mix.h"
 #include "quant/quant.h"
@@ -201,11 +202,7 @@ static void probe_close(probe_ctx *p) {
 }
 
 static void log_softmax(const float *l, float *out, int n) {
-    float mx = l[0];
-    for (int i = 1; i < n; i++) mx = l[i] > mx ? l[i] : mx;
-    double s = 0;
-    for (int i = 0; i < n; i++) s += expf(l[i] - mx);
-    const float z = mx + (float)log(s);
+    const float z = (float)tn_op_logsumexp(l, n, NULL);
     for (int i = 0; i < n; i++) out[i] = l[i] - z;
 }
 
