@@ -53,7 +53,7 @@ TN_DECL_GEMV(tn_k_gemv_q6_K_q8_K__avx512)
 /* Scratch for the rearranged activations: on the stack up to this size, else the heap. */
 #define TN_GEMV_STACK 24576
 #define TN_GEMV_PF 2048 /* software prefetch distance in bytes, per row stream (q4_0, q8_0, f16) */
-#define TN_GEMV_PF_K 1024 /* the same for the k-quant kernels */
+#define TN_GEMV_PF_K 2048 /* the same for the k-quant kernels (one stream per row) */
 
 static inline void *tn_gemv_scratch(size_t need, uint8_t *stackbuf) {
     if (need <= TN_GEMV_STACK) return stackbuf;
