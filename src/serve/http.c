@@ -353,6 +353,21 @@ static enum MHD_Result handle_completion(tn_server *S, struct MHD_Connection *c,
     }
     int fd = conn_fd(c);
     if (st) {
+        /* the status line waits until the request starts: the engine may still refuse it (429)
+         * from the queue when its time-to-first-token objective can no longer be met */
+        pthread_mutex_lock(&r->mu);
+        bool alive = true;
+        while (r->state == TN_SREQ_QUEUED && alive) alive = wait_change(r, fd, 50);
+        tn_http_err e = r->err;
+        int retry_s = r->retry_after_s;
+        bool refused = r->state == TN_SREQ_DONE && e.status;
+        pthread_mutex_unlock(&r->mu);
+        if (!alive || refused) {
+            tn_free(st->cs);
+            tn_free(st);
+            tn_sreq_release(r);
+            return alive ? send_error(c, &e, retry_s) : MHD_NO;
+        }
         st->S = S;
         st->r = r; /* our reference moves to the stream */
         st->fd = fd;
@@ -381,8 +396,9 @@ static enum MHD_Result handle_completion(tn_server *S, struct MHD_Connection *c,
     enum MHD_Result ok;
     if (r->err.status) {
         tn_http_err e = r->err;
+        int retry_s = r->retry_after_s;
         pthread_mutex_unlock(&r->mu);
-        ok = send_error(c, &e, 0);
+        ok = send_error(c, &e, retry_s);
     } else if (!all) {
         pthread_mutex_unlock(&r->mu);
         ok = send_err(c, 503, "unavailable_error", "the request was cancelled");

@@ -45,9 +45,10 @@ char *tn_metrics_render(tn_metrics *m, const char *model_id, const double cost[3
     GAUGE("tern_requests_waiting", "Requests in the bounded queue.", "%d", m->waiting);
     tn_buf_printf(&b, "# HELP tern_requests_rejected_total Requests refused before running.\n# TYPE tern_requests_rejected_total counter\n"
              "tern_requests_rejected_total{reason=\"queue_full\"} %llu\ntern_requests_rejected_total{reason=\"slo\"} %llu\n"
+             "tern_requests_rejected_total{reason=\"deadline\"} %llu\n"
              "tern_requests_rejected_total{reason=\"draining\"} %llu\ntern_requests_rejected_total{reason=\"invalid\"} %llu\n",
-         (unsigned long long)m->rejected_queue, (unsigned long long)m->rejected_slo, (unsigned long long)m->rejected_draining,
-         (unsigned long long)m->rejected_invalid);
+         (unsigned long long)m->rejected_queue, (unsigned long long)m->rejected_slo, (unsigned long long)m->rejected_deadline,
+         (unsigned long long)m->rejected_draining, (unsigned long long)m->rejected_invalid);
     CTR("tern_requests_cancelled_total", "Requests cancelled by client disconnect or shutdown.", m->cancelled);
     CTR("tern_requests_failed_total", "Admitted requests that ended in a server error (e.g. out of memory).", m->finished_error);
     tn_buf_printf(&b, "# HELP tern_request_success_total Finished requests.\n# TYPE tern_request_success_total counter\n"
@@ -68,6 +69,8 @@ char *tn_metrics_render(tn_metrics *m, const char *model_id, const double cost[3
     GAUGE("tern_cost_step_base_seconds", "Cost model: fixed time per engine step.", "%.6g", cost[0]);
     GAUGE("tern_cost_decode_seconds", "Cost model: time per decoded sequence in a step.", "%.6g", cost[1]);
     GAUGE("tern_cost_prefill_token_seconds", "Cost model: time per prefill token in a step.", "%.6g", cost[2]);
+    GAUGE("tern_step_load_factor", "Engine step time measured / predicted (exponentially weighted mean).", "%.4f", m->load_mean);
+    GAUGE("tern_step_load_factor_sd", "Its exponentially weighted standard deviation (the planning margin).", "%.4f", m->load_sd);
     hist(&b, "tern_time_to_first_token_seconds", "Time to first token.", &m->ttft);
     hist(&b, "tern_inter_token_latency_seconds", "Time between output tokens.", &m->itl);
     hist(&b, "tern_e2e_request_latency_seconds", "End-to-end request latency.", &m->e2e);

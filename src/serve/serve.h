@@ -169,12 +169,14 @@ typedef struct tn_sreq {
     char id[48];
     int64_t created;
     double t_arrival, t_admit, t_first, t_last, t_done;
+    double ttft_pred;       /* predicted at admission (seconds from arrival; trace only)      */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     tn_choice *ch;          /* [p.n]                                                         */
     int32_t n_cached;       /* prompt tokens of choice 0 found in the prefix cache           */
     int state;
-    tn_http_err err;        /* err.status != 0: failed                                      */
+    tn_http_err err;        /* err.status != 0: failed (429: refused from the queue)          */
+    int retry_after_s;      /* with a 429 from the queue                                     */
     atomic_int cancelled;
     int refs;
     /* engine side (engine thread, or under the engine's mutex) */
@@ -213,13 +215,14 @@ typedef struct tn_hist {
 typedef struct tn_metrics {
     pthread_mutex_t mu;
     uint64_t prompt_tokens, cached_tokens, gen_tokens, steps, batch_tokens;
-    uint64_t rejected_queue, rejected_slo, rejected_draining, rejected_invalid, cancelled;
+    uint64_t rejected_queue, rejected_slo, rejected_deadline, rejected_draining, rejected_invalid, cancelled;
     uint64_t finished_stop, finished_length, finished_error;
     uint64_t slo_met, slo_total;
     tn_hist ttft, itl, e2e, queue;
     int running, waiting;
     double kv_usage;
     int32_t kv_blocks, kv_used, kv_reserved;
+    double load_mean, load_sd;     /* step time actual / predicted (the scheduler's load factor) */
 } tn_metrics;
 
 void tn_metrics_init(tn_metrics *m);

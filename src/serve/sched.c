@@ -1,0 +1,214 @@
+/*
+ * sched.c — the scheduling policy of tern serve (sched.h; the policy is described in engine.c):
+ * the step cost model, the load correction, one step's plan and the TTFT predictor that runs
+ * the plan forward.
+ */
+#include "serve/sched.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---- cost model -------------------------------------------------------------------------------- */
+double tn_cost_rows(const tn_cost *c, int32_t rows) {
+    if (rows <= 0 || c->n_pts <= 0) return 0;
+    if (c->n_pts == 1) return c->t[0] * rows / c->rows[0];
+    int i = 1;
+    while (i < c->n_pts - 1 && c->rows[i] < rows) i++;
+    /* segment [i-1, i]; below rows[0] and past the last point the end segments extend */
+    double x0 = c->rows[i - 1], x1 = c->rows[i], y0 = c->t[i - 1], y1 = c->t[i];
+    double t = y0 + (y1 - y0) * (rows - x0) / (x1 - x0);
+    return t > 0 ? t : 0;
+}
+
+double tn_cost_step(const tn_cost *c, const tn_shape *s) {
+    if (s->rows <= 0) return 0;
+    int32_t extra = s->logits > 1 ? s->logits - 1 : 0;
+    return tn_cost_rows(c, s->rows) + c->logit * extra + c->key * (double)s->keys;
+}
+
+int64_t tn_chunk_keys(int32_t pos, int32_t n) { return (int64_t)n * pos + (int64_t)n * (n + 1) / 2; }
+
+/* ---- load correction ----------------------------------------------------------------------------- */
+void tn_load_init(tn_load *l) {
+    l->mean = 1.0;
+    l->var = 0.01; /* sd 0.1 until steps are seen */
+    l->n = 0;
+}
+
+void tn_load_observe(tn_load *l, double predicted, double actual) {
+    if (!(predicted > 0) || !(actual > 0)) return;
+    double r = actual / predicted;
+    if (r < 0.25) r = 0.25;
+    if (r > 50) r = 50;
+    double d = r - l->mean, a = TN_LOAD_ALPHA;
+    l->mean += a * d;
+    l->var = (1 - a) * (l->var + a * d * d); /* exponentially weighted variance */
+    l->n++;
+}
+
+double tn_load_sd(const tn_load *l) { return sqrt(l->var > 0 ? l->var : 0); }
+double tn_load_plan(const tn_load *l) { return l->mean + TN_LOAD_Z * tn_load_sd(l); }
+
+/* ---- one step ---------------------------------------------------------------------------------- */
+static bool decoding(const tn_sseq *q) { return q->pos >= q->prompt; }
+
+double tn_sched_limit(const tn_sched *s, const tn_sseq *q, int n) {
+    double lim = INFINITY;
+    if (s->tpot <= 0) return lim;
+    for (int i = 0; i < n; i++) {
+        if (!decoding(&q[i])) continue;
+        double b = q[i].bank < s->bank_cap ? q[i].bank : s->bank_cap;
+        if (s->tpot + b < lim) lim = s->tpot + b;
+    }
+    return lim;
+}
+
+double tn_sched_plan(const tn_sched *s, tn_sseq *q, int n, tn_shape *shape) {
+    tn_shape sh = {0, 0, 0};
+    for (int i = 0; i < n; i++) {
+        q[i].chunk = 0;
+        if (!decoding(&q[i]) || sh.rows >= s->n_batch) continue;
+        q[i].chunk = 1;
+        sh.rows++;
+        sh.logits++;
+        sh.keys += q[i].pos + 1;
+    }
+    double lim = tn_sched_limit(s, q, n), f = s->f_plan > 0 ? s->f_plan : 1;
+    for (int i = 0; i < n; i++) {
+        if (decoding(&q[i])) continue;
+        int32_t left = q[i].prompt - q[i].pos, hi = s->n_batch - sh.rows;
+        if (hi > left) hi = left;
+        if (hi == left && sh.logits >= s->n_logits_cap) hi = left - 1; /* no logit row left for its end */
+        /* the largest chunk k in [0, hi] whose step fits the limit (time grows with k) */
+        int32_t lo = 0;
+        while (lo < hi) {
+            int32_t k = lo + (hi - lo + 1) / 2;
+            tn_shape t = {sh.rows + k, sh.logits + (k == left), sh.keys + tn_chunk_keys(q[i].pos, k)};
+            if (isinf(lim) || f * tn_cost_step(&s->cost, &t) <= lim) lo = k;
+            else hi = k - 1;
+        }
+        if (lo == 0) break; /* prefills go in order: nothing for the ones behind either */
+        q[i].chunk = lo;
+        sh.rows += lo;
+        sh.logits += lo == left;
+        sh.keys += tn_chunk_keys(q[i].pos, lo);
+    }
+    if (shape) *shape = sh;
+    return tn_cost_step(&s->cost, &sh);
+}
+
+/* ---- admission and TTFT prediction ------------------------------------------------------------ */
+bool tn_sched_starts(const tn_sched *s, tn_sseq *q, int n, const tn_sreq_sim *r) {
+    q[n] = (tn_sseq){0, r->prompt > 0 ? r->prompt : 1, r->left, 0, 0};
+    tn_sched_plan(s, q, n + 1, NULL);
+    return n == 0 || q[n].chunk > 0;
+}
+
+#define SIM_MAX 128
+#define SIM_STEPS 100000
+
+typedef struct sim_seq {
+    tn_sseq q;
+    int req;                    /* index of the queued request it started for, or -1             */
+} sim_seq;
+
+void tn_sched_simulate(const tn_sched *s, const tn_sseq *q, int n, int n_slots, const tn_sreq_sim *r, int nr,
+                       double horizon, double *ttft) {
+    for (int j = 0; j < nr; j++) ttft[j] = INFINITY;
+    sim_seq a[SIM_MAX];
+    tn_sseq plan[SIM_MAX + 1];
+    int na = 0, used = 0, next = 0, done = 0;
+    if (n_slots > SIM_MAX) n_slots = SIM_MAX;
+    for (int i = 0; i < n && na < n_slots; i++) {
+        a[na].q = q[i];
+        a[na++].req = -1;
+        used++;
+    }
+    double t = 0, f = s->f_expect > 0 ? s->f_expect : 1;
+    for (int steps = 0; done < nr && t <= horizon && steps < SIM_STEPS; steps++) {
+        /* start queued requests while slots are free and the step would give them tokens */
+        while (next < nr && na < SIM_MAX) {
+            int w = r[next].n > 0 ? r[next].n : 1;
+            if (used + w > n_slots) break;
+            for (int i = 0; i < na; i++) plan[i] = a[i].q;
+            if (!tn_sched_starts(s, plan, na, &r[next])) break;
+            a[na].q = plan[na];
+            a[na].q.chunk = 0;
+            a[na++].req = next++;
+            used += w;
+        }
+        if (na == 0) break; /* a request wants more slots than there are */
+        for (int i = 0; i < na; i++) plan[i] = a[i].q;
+        double dt = f * tn_sched_plan(s, plan, na, NULL);
+        if (dt < 1e-6) dt = 1e-6;
+        t += dt;
+        int w = 0, spawn = 0;
+        sim_seq extra = {{0, 0, 0, 0, 0}, -1};
+        for (int i = 0; i < na; i++) {
+            sim_seq x = a[i];
+            int32_t c = plan[i].chunk;
+            if (decoding(&x.q)) {
+                if (c) {
+                    x.q.pos++;
+                    x.q.left--;
+                    x.q.bank += s->tpot - dt;
+                } else {
+                    x.q.bank -= dt;
+                }
+            } else if (c) {
+                x.q.pos += c;
+                if (decoding(&x.q)) { /* the prompt is in: first token now */
+                    x.q.left--;
+                    x.q.bank = 0;
+                    if (x.req >= 0) {
+                        if (t <= horizon) ttft[x.req] = t;
+                        done++;
+                        /* its other choices decode next to it (their short prefills ignored) */
+                        spawn += r[x.req].n - 1;
+                        extra = (sim_seq){x.q, -1};
+                    }
+                }
+            }
+            if (decoding(&x.q) && x.q.left <= 0) {
+                used--; /* finished: its slot is free */
+                continue;
+            }
+            a[w++] = x;
+        }
+        for (; spawn > 0 && w < SIM_MAX; spawn--) a[w++] = extra;
+        used -= spawn; /* slots of choices that did not fit the simulation */
+        na = w;
+    }
+}
+
+/* Requests of r[0..nr) not started and predicted late. */
+static int count_late(const tn_sreq_sim *r, int nr, const double *ttft, double slo, int skip) {
+    int k = 0;
+    for (int j = 0; j < nr; j++) k += j != skip && !r[j].started && r[j].waited + ttft[j] > slo;
+    return k;
+}
+
+int tn_sched_first_late(const tn_sched *s, const tn_sseq *q, int n, int n_slots, const tn_sreq_sim *r, int nr, double slo,
+                        double *ttft) {
+    tn_sched_simulate(s, q, n, n_slots, r, nr, slo, ttft);
+    for (int j = 0; j < nr; j++)
+        if (!r[j].started && r[j].waited + ttft[j] > slo) return j;
+    return -1;
+}
+
+bool tn_sched_accept(const tn_sched *s, const tn_sseq *q, int n, int n_slots, tn_sreq_sim *r, int nr, int c, double slo,
+                     double *ttft, double *ttft_c) {
+    tn_sched_simulate(s, q, n, n_slots, r, nr, slo, ttft);
+    *ttft_c = ttft[c];
+    if (r[c].waited + ttft[c] > slo) return false;
+    int late_with = count_late(r, nr, ttft, slo, c);
+    if (late_with == 0) return true;
+    /* the queue without it: shift r[c+1..] down by one, simulate, put it back */
+    tn_sreq_sim me = r[c];
+    for (int j = c; j < nr - 1; j++) r[j] = r[j + 1];
+    tn_sched_simulate(s, q, n, n_slots, r, nr - 1, slo, ttft);
+    int late_without = count_late(r, nr - 1, ttft, slo, -1);
+    for (int j = nr - 1; j > c; j--) r[j] = r[j - 1];
+    r[c] = me;
+    return late_with <= late_without;
+}
