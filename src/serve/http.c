@@ -145,6 +145,7 @@ typedef struct tn_cstream {       /* what one choice has sent so far */
     size_t consumed;              /* bytes of its text                */
     int32_t lp_sent;              /* logprob entries                  */
     bool fin_sent;
+    bool echo_sent;               /* echo: the prompt's chunk         */
 } tn_cstream;
 
 typedef struct tn_stream {
@@ -179,11 +180,20 @@ static void stream_event(tn_stream *st, json_t *j) {
     tn_free(s);
 }
 
+/* echo: choice i still owes the prompt's chunk / can send it (its prompt logprobs are in). */
+static bool echo_owed(const tn_stream *st, int i) { return st->r->p.echo && !st->cs[i].echo_sent; }
+static bool echo_ready(const tn_sreq *r) { return !r->plp || r->echo_ready; }
+
 /* Something to send: new text or a finished choice (r->mu held). */
 static bool stream_news(const tn_stream *st) {
     const tn_sreq *r = st->r;
-    for (int i = 0; i < r->p.n; i++)
+    for (int i = 0; i < r->p.n; i++) {
+        if (echo_owed(st, i)) {
+            if (echo_ready(r)) return true;
+            continue;
+        }
         if (r->ch[i].out_len > st->cs[i].consumed || (r->ch[i].finish && !st->cs[i].fin_sent)) return true;
+    }
     return false;
 }
 
@@ -196,6 +206,12 @@ static void stream_collect(tn_stream *st) {
     for (int i = 0; i < r->p.n && !st->ev.oom; i++) {
         tn_choice *c = &r->ch[i];
         tn_cstream *cs = &st->cs[i];
+        if (echo_owed(st, i)) { /* the prompt's text (and logprobs) before any output */
+            if (!echo_ready(r)) continue;
+            json_t *t = json_stringn(r->p.echo_text, r->p.echo_len);
+            stream_event(st, tn_resp_chunk(mid, r, i, t, tn_resp_echo_logprobs(st->S->model, r), NULL));
+            cs->echo_sent = true;
+        }
         if (c->out_len > cs->consumed) {
             json_t *t = json_stringn(c->out + cs->consumed, c->out_len - cs->consumed);
             json_t *lp = r->p.logprobs ? tn_resp_logprobs(st->S->model, r, i, cs->lp_sent, c->n_lp) : NULL;

@@ -108,6 +108,8 @@ void tn_req_params_free(tn_req_params *p) {
     tn_free(p->bias_tok);
     tn_free(p->bias_val);
     tn_free(p->prompt);
+    tn_free(p->echo_text);
+    tn_free(p->prompt_off);
     memset(p, 0, sizeof *p);
 }
 
@@ -333,6 +335,61 @@ static bool parse_prompt(json_t *root, const tn_req_env *env, tn_req_params *p, 
     return false;
 }
 
+static int32_t n_chars(const char *s, size_t n) {
+    int32_t k = 0;
+    for (size_t i = 0; i < n; i++) k += ((unsigned char)s[i] & 0xC0) != 0x80;
+    return k;
+}
+
+/* echo: the prompt text to put before the output (the string as given, else the detokenized
+ * token ids; invalid UTF-8 as U+FFFD) and each prompt token's text_offset in it: the code points
+ * of the pieces before it (special tokens render as nothing; the leading space the detokenizer
+ * drops is not counted). */
+static bool echo_prompt(json_t *root, const tn_req_env *env, tn_req_params *p, tn_http_err *err) {
+    json_t *pr = json_object_get(root, "prompt");
+    if (json_is_array(pr) && json_array_size(pr) == 1 && json_is_string(json_array_get(pr, 0))) pr = json_array_get(pr, 0);
+    const char *src;
+    size_t n;
+    char *det = NULL;
+    if (json_is_string(pr)) {
+        src = json_string_value(pr);
+        n = json_string_length(pr);
+    } else {
+        int32_t need = tern_detokenize(env->model, p->prompt, p->n_prompt, NULL, 0, true, false);
+        if (need < 0) need = -need;
+        det = tn_malloc((size_t)need + 1);
+        int32_t k = det ? tern_detokenize(env->model, p->prompt, p->n_prompt, det, need + 1, true, false) : -1;
+        if (k < 0) {
+            tn_free(det);
+            return oom(err);
+        }
+        src = det;
+        n = (size_t)k;
+    }
+    p->echo_text = tn_malloc(3 * n + 1);
+    p->prompt_off = tn_malloc((size_t)p->n_prompt * sizeof *p->prompt_off);
+    if (!p->echo_text || !p->prompt_off) {
+        tn_free(det);
+        return oom(err);
+    }
+    p->echo_len = 0;
+    tn_utf8_copy(p->echo_text, &p->echo_len, src, n, true);
+    tn_free(det);
+    p->echo_chars = n_chars(p->echo_text, p->echo_len);
+    int32_t off = 0, first = -1;
+    char piece[256];
+    for (int32_t i = 0; i < p->n_prompt; i++) {
+        p->prompt_off[i] = off;
+        int32_t k = tern_token_to_piece(env->model, p->prompt[i], piece, (int32_t)sizeof piece, false);
+        if (k <= 0) continue;
+        if (first < 0) first = piece[0] == ' ' ? i : p->n_prompt;
+        off += n_chars(piece, (size_t)k);
+    }
+    if (off == p->echo_chars + 1 && first >= 0 && first < p->n_prompt) /* the dropped leading space */
+        for (int32_t i = first + 1; i < p->n_prompt; i++) p->prompt_off[i]--;
+    return true;
+}
+
 bool tn_req_parse(const char *body, size_t len, int kind, const tn_req_env *env, tn_req_params *p, tn_http_err *err) {
     memset(p, 0, sizeof *p);
     memset(err, 0, sizeof *err);
@@ -387,6 +444,13 @@ bool tn_req_parse(const char *body, size_t len, int kind, const tn_req_env *env,
     p->n = 1;
     if (!get_int(root, "n", 1, TN_SRV_MAX_N, &ll, &has, err)) goto fail;
     if (has) p->n = (int)ll;
+    p->n_return = p->n;
+    if (kind == TN_REQ_COMPLETION) { /* best_of: generate this many, return the n most likely */
+        if (!get_int(root, "best_of", 1, TN_SRV_MAX_N, &ll, &has, err)) goto fail;
+        if (has && ll < p->n) BAD("best_of", "'best_of' (%lld) must be >= 'n' (%d)", ll, p->n);
+        if (has && ll > p->n && p->stream) BAD("best_of", "'best_of' > 'n' cannot be streamed (the best are known at the end)");
+        if (has) p->n = (int)ll;
+    }
     /* logprobs: chat takes a boolean + top_logprobs 0..20; completions an integer 0..5 (legacy) */
     json_t *lp = json_object_get(root, "logprobs");
     if (lp && !json_is_null(lp)) {
@@ -490,6 +554,10 @@ bool tn_req_parse(const char *body, size_t len, int kind, const tn_req_env *env,
         err->n_prompt = p->n_prompt;
         err->n_ctx = env->n_ctx_seq;
         goto fail;
+    }
+    if (kind == TN_REQ_COMPLETION) {
+        if (!get_bool(root, "echo", &p->echo, err)) goto fail;
+        if (p->echo && !echo_prompt(root, env, p, err)) goto fail;
     }
     int32_t room = env->n_ctx_seq - p->n_prompt;
     p->max_tokens = max_tokens < 0 || max_tokens > room ? room : (int32_t)max_tokens;

@@ -11,6 +11,7 @@
 #include <jansson.h>
 #include <string.h>
 
+#include "core/base.h"
 #include "serve/serve.h"
 
 /* Appends v to array a (v may be NULL); false on failure. jansson drops v either way. */
@@ -88,27 +89,38 @@ static json_t *chat_logprobs(const tern_model *m, const tn_sreq *r, const tn_cho
     return json_pack("{s:o}", "content", content);
 }
 
+/* One legacy entry: the token, its logprob, {token: logprob} of it and the top ones, its
+ * text_offset; x == NULL for the prompt's first token (nothing before it: nulls). */
+static bool legacy_entry(const tern_model *m, json_t *o, tern_token t, const tn_lp *x, size_t w, int32_t off) {
+    json_t *toks = json_object_get(o, "tokens"), *lps = json_object_get(o, "token_logprobs"),
+           *tops = json_object_get(o, "top_logprobs"), *offs = json_object_get(o, "text_offset");
+    json_t *top = x ? json_object() : json_null();
+    bool ok = push(toks, token_str(m, t, NULL)) && push(lps, x ? json_real(x->lp) : json_null()) &&
+              push(offs, json_integer(off)) && top;
+    for (size_t j = 0; ok && x && j < w; j++) {
+        json_t *k = token_str(m, x[j].tok, NULL);
+        ok = k && put(top, json_string_value(k), json_real(x[j].lp));
+        json_decref(k);
+    }
+    return push(tops, top) && ok;
+}
+
 /* completions (legacy): {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}] (the
- * sampled token and the top_logprobs most likely), "text_offset" (characters)} */
-static json_t *legacy_logprobs(const tern_model *m, const tn_sreq *r, const tn_choice *c, int32_t from, int32_t to) {
+ * sampled token and the top_logprobs most likely), "text_offset" (characters)}; with echo, the
+ * prompt's tokens first when prompt is set (the first with null logprobs, as OpenAI does) and
+ * the generated ones' offsets after the prompt text. */
+static json_t *legacy_logprobs(const tern_model *m, const tn_sreq *r, const tn_choice *c, int32_t from, int32_t to,
+                               bool prompt) {
     size_t w = 1 + (size_t)r->p.top_logprobs;
     json_t *o = json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs", "text_offset");
     if (!o) return NULL;
-    json_t *toks = json_object_get(o, "tokens"), *lps = json_object_get(o, "token_logprobs"),
-           *tops = json_object_get(o, "top_logprobs"), *offs = json_object_get(o, "text_offset");
     bool ok = true;
+    for (int32_t i = 0; ok && prompt && r->plp && i < r->p.n_prompt; i++)
+        ok = legacy_entry(m, o, r->p.prompt[i], i ? r->plp + (size_t)i * w : NULL, w, r->p.prompt_off[i]);
+    int32_t base = r->p.echo ? r->p.echo_chars : 0;
     for (int32_t i = from; ok && i < to; i++) {
         const tn_lp *x = c->lp + (size_t)i * w;
-        json_t *top = json_object();
-        ok = push(toks, token_str(m, x->tok, NULL)) && push(lps, json_real(x->lp)) && push(offs, json_integer(c->lp_off[i])) &&
-             top;
-        for (size_t j = 0; ok && j < w; j++) {
-            json_t *k = token_str(m, x[j].tok, NULL);
-            ok = k && put(top, json_string_value(k), json_real(x[j].lp));
-            json_decref(k);
-        }
-        ok = push(tops, top) && ok;
-        if (!ok) break;
+        ok = legacy_entry(m, o, x->tok, x, w, base + c->lp_off[i]);
     }
     if (!ok) {
         json_decref(o);
@@ -122,23 +134,68 @@ json_t *tn_resp_logprobs(const tern_model *m, const tn_sreq *r, int ci, int32_t 
     const tn_choice *c = &r->ch[ci];
     if (to > c->n_lp) to = c->n_lp;
     if (from > to) from = to;
-    return r->p.kind == TN_REQ_CHAT ? chat_logprobs(m, r, c, from, to) : legacy_logprobs(m, r, c, from, to);
+    return r->p.kind == TN_REQ_CHAT ? chat_logprobs(m, r, c, from, to) : legacy_logprobs(m, r, c, from, to, false);
+}
+
+json_t *tn_resp_echo_logprobs(const tern_model *m, const tn_sreq *r) {
+    if (!r->p.logprobs || !r->plp) return json_null();
+    return legacy_logprobs(m, r, &r->ch[0], 0, 0, true);
 }
 
 /* ---- completion objects -------------------------------------------------------------------------- */
+/* Mean log-probability per sampled token: how best_of ranks its candidates. */
+static double mean_lp(const tn_choice *c) { return c->n_lp_sum > 0 ? c->lp_sum / c->n_lp_sum : -1e300; }
+
+/* The choices to return in order: all of them, or with best_of the n_return with the highest
+ * mean token logprob, best first (the lower index first on ties). */
+static int pick_choices(const tn_sreq *r, int *ord) {
+    int n = r->p.n, k = r->p.n_return > 0 && r->p.n_return < n ? r->p.n_return : n;
+    for (int i = 0; i < n; i++) ord[i] = i;
+    if (k == n) return n;
+    for (int i = 1; i < n; i++) { /* stable insertion sort, descending */
+        int x = ord[i], j = i;
+        for (; j > 0 && mean_lp(&r->ch[ord[j - 1]]) < mean_lp(&r->ch[x]); j--) ord[j] = ord[j - 1];
+        ord[j] = x;
+    }
+    return k;
+}
+
+/* A completions choice whose text is the prompt's then the output's (takes lp). */
+static json_t *echo_choice(int index, const tn_sreq *r, const tn_choice *c, json_t *lp) {
+    size_t n = r->p.echo_len + c->out_len;
+    char *text = tn_malloc(n + 1);
+    if (!text || !lp) {
+        tn_free(text);
+        json_decref(lp);
+        return NULL;
+    }
+    memcpy(text, r->p.echo_text, r->p.echo_len);
+    if (c->out_len) memcpy(text + r->p.echo_len, c->out, c->out_len);
+    json_t *choice = json_pack("{s:i, s:s%, s:o, s:s}", "index", index, "text", text, n, "logprobs", lp, "finish_reason",
+                               c->finish ? c->finish : "stop");
+    tn_free(text);
+    return choice;
+}
+
 json_t *tn_resp_final(const tern_model *m, const char *model_id, const tn_sreq *r) {
     bool chat = r->p.kind == TN_REQ_CHAT;
     json_t *choices = json_array();
     bool ok = choices != NULL;
-    for (int i = 0; ok && i < r->p.n; i++) {
+    int ord[TN_SRV_MAX_N], n_ret = pick_choices(r, ord);
+    for (int k = 0; ok && k < n_ret; k++) {
+        int i = ord[k];
         const tn_choice *c = &r->ch[i];
         const char *text = c->out ? c->out : "";
         json_t *lp = tn_resp_logprobs(m, r, i, 0, c->n_lp), *choice;
-        if (chat)
-            choice = json_pack("{s:i, s:{s:s, s:s%}, s:o, s:s}", "index", i, "message", "role", "assistant", "content", text,
+        if (r->p.echo && !chat) { /* the prompt's text (and logprobs) first */
+            json_decref(lp);
+            lp = r->p.logprobs ? legacy_logprobs(m, r, c, 0, c->n_lp, true) : json_null();
+            choice = echo_choice(k, r, c, lp);
+        } else if (chat)
+            choice = json_pack("{s:i, s:{s:s, s:s%}, s:o, s:s}", "index", k, "message", "role", "assistant", "content", text,
                                c->out_len, "logprobs", lp, "finish_reason", c->finish ? c->finish : "stop");
         else
-            choice = json_pack("{s:i, s:s%, s:o, s:s}", "index", i, "text", text, c->out_len, "logprobs", lp, "finish_reason",
+            choice = json_pack("{s:i, s:s%, s:o, s:s}", "index", k, "text", text, c->out_len, "logprobs", lp, "finish_reason",
                                c->finish ? c->finish : "stop");
         ok = push(choices, choice);
     }

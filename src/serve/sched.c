@@ -76,21 +76,22 @@ double tn_sched_plan(const tn_sched *s, tn_sseq *q, int n, tn_shape *shape) {
     double lim = tn_sched_limit(s, q, n), f = s->f_plan > 0 ? s->f_plan : 1;
     for (int i = 0; i < n; i++) {
         if (decoding(&q[i])) continue;
-        int32_t left = q[i].prompt - q[i].pos, hi = s->n_batch - sh.rows;
+        int32_t left = q[i].prompt - q[i].pos, hi = s->n_batch - sh.rows, lp = q[i].lp_rows;
         if (hi > left) hi = left;
-        if (hi == left && sh.logits >= s->n_logits_cap) hi = left - 1; /* no logit row left for its end */
+        if (lp && hi > s->n_logits_cap - sh.logits) hi = s->n_logits_cap - sh.logits; /* a logit row each */
+        if (!lp && hi == left && sh.logits >= s->n_logits_cap) hi = left - 1;          /* none for its end */
         /* the largest chunk k in [0, hi] whose step fits the limit (time grows with k) */
         int32_t lo = 0;
         while (lo < hi) {
             int32_t k = lo + (hi - lo + 1) / 2;
-            tn_shape t = {sh.rows + k, sh.logits + (k == left), sh.keys + tn_chunk_keys(q[i].pos, k)};
+            tn_shape t = {sh.rows + k, sh.logits + (lp ? k : k == left), sh.keys + tn_chunk_keys(q[i].pos, k)};
             if (isinf(lim) || f * tn_cost_step(&s->cost, &t) <= lim) lo = k;
             else hi = k - 1;
         }
         if (lo == 0) break; /* prefills go in order: nothing for the ones behind either */
         q[i].chunk = lo;
         sh.rows += lo;
-        sh.logits += lo == left;
+        sh.logits += lp ? lo : lo == left;
         sh.keys += tn_chunk_keys(q[i].pos, lo);
     }
     if (shape) *shape = sh;
@@ -99,7 +100,7 @@ double tn_sched_plan(const tn_sched *s, tn_sseq *q, int n, tn_shape *shape) {
 
 /* ---- admission and TTFT prediction ------------------------------------------------------------ */
 bool tn_sched_starts(const tn_sched *s, tn_sseq *q, int n, const tn_sreq_sim *r) {
-    q[n] = (tn_sseq){0, r->prompt > 0 ? r->prompt : 1, r->left, 0, 0};
+    q[n] = (tn_sseq){0, r->prompt > 0 ? r->prompt : 1, r->left, 0, 0, false};
     tn_sched_plan(s, q, n + 1, NULL);
     return n == 0 || q[n].chunk > 0;
 }
@@ -143,7 +144,7 @@ void tn_sched_simulate(const tn_sched *s, const tn_sseq *q, int n, int n_slots, 
         if (dt < 1e-6) dt = 1e-6;
         t += dt;
         int w = 0, spawn = 0;
-        sim_seq extra = {{0, 0, 0, 0, 0}, -1};
+        sim_seq extra = {{0, 0, 0, 0, 0, false}, -1};
         for (int i = 0; i < na; i++) {
             sim_seq x = a[i];
             int32_t c = plan[i].chunk;

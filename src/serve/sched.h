@@ -70,6 +70,7 @@ typedef struct tn_sseq {
     double bank;                /* decoding: seconds ahead of its TPOT schedule, i.e.
                                  * (tokens - 1) * tpot - (now - first token time); may be < 0     */
     int32_t chunk;              /* out: rows of this sequence in the planned step                */
+    bool lp_rows;               /* prefilling: every prompt row wants logits (echo + logprobs)   */
 } tn_sseq;
 
 /* Longest step the decoding sequences allow: min over them of tpot + min(bank, bank_cap)
@@ -79,7 +80,8 @@ double tn_sched_limit(const tn_sched *s, const tn_sseq *q, int n);
 
 /* Plans one step over q[0..n): chunk = 1 for every decoding sequence; then prefill chunks in
  * array order (first sequence first), the most tokens such that f_plan x predicted time stays
- * within tn_sched_limit, n_batch rows and n_logits_cap logit rows. Returns the step's predicted
+ * within tn_sched_limit, n_batch rows and n_logits_cap logit rows (a chunk's last row when it
+ * ends the prompt, or every row with lp_rows). Returns the step's predicted
  * seconds at an unloaded machine (0 for an empty step); *shape gets its shape. */
 double tn_sched_plan(const tn_sched *s, tn_sseq *q, int n, tn_shape *shape);
 

@@ -106,7 +106,9 @@ typedef struct tn_req_params {
     int kind;
     bool stream, include_usage, ignore_eos;
     int32_t max_tokens;            /* after clamping to the context                          */
-    int n;                         /* choices, 1..TN_SRV_MAX_N                               */
+    int n;                         /* choices generated, 1..TN_SRV_MAX_N (best_of if given)  */
+    int n_return;                  /* choices returned: n, or fewer with best_of (the ones   */
+                                   /* with the highest mean token logprob)                   */
     bool logprobs;                 /* return log-probabilities of the sampled tokens         */
     int top_logprobs;              /* and of this many most likely tokens at each position   */
     float presence_penalty, frequency_penalty; /* OpenAI's, over generated tokens            */
@@ -118,6 +120,11 @@ typedef struct tn_req_params {
     int n_bias;
     tern_token *prompt;            /* tokens (BOS included as the model wants)               */
     int32_t n_prompt;
+    bool echo;                     /* completions: the prompt text comes before the output   */
+    char *echo_text;               /* the prompt as given (a string), else detokenized; UTF-8 */
+    size_t echo_len;
+    int32_t echo_chars;            /* its code points (text_offset of the first output token) */
+    int32_t *prompt_off;           /* [n_prompt] with echo: text_offset of each prompt token  */
 } tn_req_params;
 
 typedef struct tn_req_env {       /* what validation needs to know about the server          */
@@ -159,6 +166,8 @@ typedef struct tn_choice {
     size_t out_len, out_cap;
     int32_t n_gen;          /* tokens generated (counted in usage)                          */
     const char *finish;     /* "stop" / "length" once finished; NULL while running/cancelled */
+    double lp_sum;          /* log-probability of every sampled token (EOS too): best_of    */
+    int32_t n_lp_sum;
     tn_lp *lp;              /* [n_lp][1 + top_logprobs]: the sampled token, then the top ones */
     int32_t *lp_off;        /* [n_lp] characters of generated text before each token         */
     int32_t n_lp, lp_cap;
@@ -177,6 +186,8 @@ typedef struct tn_sreq {
     int state;
     tn_http_err err;        /* err.status != 0: failed (429: refused from the queue)          */
     int retry_after_s;      /* with a 429 from the queue                                     */
+    tn_lp *plp;             /* echo + logprobs: [n_prompt][1 + top_logprobs], entry 0 unused  */
+    bool echo_ready;        /* plp is complete (choice 0 computed the whole prompt)           */
     atomic_int cancelled;
     int refs;
     /* engine side (engine thread, or under the engine's mutex) */
@@ -199,6 +210,8 @@ json_t *tn_resp_usage(const tn_sreq *r);
 /* Logprobs of choice ci's tokens [from, to) in the request's shape (chat or legacy); JSON null
  * when the request did not ask for them. */
 json_t *tn_resp_logprobs(const tern_model *m, const tn_sreq *r, int ci, int32_t from, int32_t to);
+/* echo: the prompt tokens' logprobs in the legacy shape (JSON null without logprobs). */
+json_t *tn_resp_echo_logprobs(const tern_model *m, const tn_sreq *r);
 json_t *tn_resp_final(const tern_model *m, const char *model_id, const tn_sreq *r);
 /* One stream chunk for choice ci (steals delta_or_text and logprobs; logprobs may be NULL). */
 json_t *tn_resp_chunk(const char *model_id, const tn_sreq *r, int ci, json_t *delta_or_text, json_t *logprobs,

@@ -148,9 +148,5 @@ with Server(tern, model, tmp, "-np", "4", "--metrics") as srv:
                            (COMPL, {"prompt": "x", "frequency_penalty": "1"}, "frequency_penalty")]:
         st, d = srv.post(path, b)
         check(st == 400 and d["error"]["param"] == param, f"400 naming '{param}' for {b}")
-    m = srv.wait_idle()
-    check(m["tern_kv_blocks_used"] == 0 and m["tern_kv_blocks_reserved"] == 0 and m["tern_requests_failed_total"] == 0,
-          "idle: no KV block held, no failed request")
-    rc = srv.stop()
-    check(rc == 0, f"SIGTERM exit {rc}")
+    srv.end_clean()
 finish()

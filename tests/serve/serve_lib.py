@@ -127,6 +127,15 @@ class Server:
                 return m
             time.sleep(0.02)
 
+    def end_clean(self):
+        """Checks that the server is idle with no KV block held and no failed request, then that
+        SIGTERM stops it with exit 0 (the closing checks of a feature test)."""
+        m = self.wait_idle()
+        check(m["tern_kv_blocks_used"] == 0 and m["tern_kv_blocks_reserved"] == 0 and m["tern_requests_failed_total"] == 0,
+              "idle: no KV block held, no failed request")
+        rc = self.stop()
+        check(rc == 0, f"SIGTERM exit {rc}")
+
     # ---- the process ----
     def rss_kib(self):
         with open(f"/proc/{self.proc.pid}/status") as f:

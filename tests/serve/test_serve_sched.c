@@ -24,8 +24,8 @@ static tn_sched sched_with(double tpot_ms, double f_plan) {
     return s;
 }
 
-static tn_sseq decoding(int32_t pos, int32_t left, double bank_ms) { return (tn_sseq){pos, pos, left, bank_ms * MS, 0}; }
-static tn_sseq prefilling(int32_t pos, int32_t prompt) { return (tn_sseq){pos, prompt, 64, 0, 0}; }
+static tn_sseq decoding(int32_t pos, int32_t left, double bank_ms) { return (tn_sseq){pos, pos, left, bank_ms * MS, 0, false}; }
+static tn_sseq prefilling(int32_t pos, int32_t prompt) { return (tn_sseq){pos, prompt, 64, 0, 0, false}; }
 
 /* ---- cost model -------------------------------------------------------------------------------- */
 static void test_cost_interpolation(void **state) {
@@ -159,6 +159,14 @@ static void test_plan_order_and_caps(void **state) {
     tn_sseq d[3] = {decoding(10, 5, 0), decoding(10, 5, 0), prefilling(0, 10)};
     tn_sched_plan(&s, d, 3, NULL);
     assert_int_equal(d[2].chunk, 9);
+    /* echo + logprobs: every prompt row takes a logit row (cap 6, 2 decodes: 4 rows) */
+    s.n_logits_cap = 6;
+    tn_sseq l[3] = {decoding(10, 5, 0), decoding(10, 5, 0), prefilling(0, 10)};
+    l[2].lp_rows = true;
+    tn_shape sh;
+    tn_sched_plan(&s, l, 3, &sh);
+    assert_int_equal(l[2].chunk, 4);
+    assert_int_equal(sh.logits, 6);
     /* a prefill that gets nothing stops the ones behind it (they are younger) */
     s.n_logits_cap = 64;
     tn_sseq e[3] = {decoding(10, 5, -195), prefilling(0, 10), prefilling(0, 1)};
