@@ -369,11 +369,11 @@ static enum MHD_Result handle_completion(tn_server *S, struct MHD_Connection *c,
     }
     int fd = conn_fd(c);
     if (st) {
-        /* the status line waits until the request starts: the engine may still refuse it (429)
-         * from the queue when its time-to-first-token objective can no longer be met */
+        /* with a TTFT objective the status line waits until the request starts: the engine may
+         * still refuse it (429) from the queue when the objective can no longer be met */
         pthread_mutex_lock(&r->mu);
         bool alive = true;
-        while (r->state == TN_SREQ_QUEUED && alive) alive = wait_change(r, fd, 50);
+        while (S->cfg.ttft_slo_ms > 0 && r->state == TN_SREQ_QUEUED && alive) alive = wait_change(r, fd, 50);
         tn_http_err e = r->err;
         int retry_s = r->retry_after_s;
         bool refused = r->state == TN_SREQ_DONE && e.status;
