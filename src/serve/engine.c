@@ -47,6 +47,7 @@
  * n_pub are published in the prefix cache (shared, read-only from then on).
  */
 #define _GNU_SOURCE 1 /* memmem */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -953,7 +954,7 @@ static void measure_cost(tn_engine *e) {
         char buf[256];
         int k = 0;
         for (int i = 0; i < n && k < (int)sizeof buf - 32; i++)
-            k += snprintf(buf + k, sizeof buf - (size_t)k, "%s%d:%.1f", i ? " " : "", c->rows[i], c->t[i] * 1e3);
+            k += snprintf(buf + k, sizeof buf - (size_t)k, "%s%d:%.3g", i ? " " : "", c->rows[i], c->t[i] * 1e3);
         double t1 = tn_cost_rows(c, 1), tn = tn_cost_rows(c, e->np) + c->logit * (e->np - 1);
         fprintf(stderr,
                 "tern serve: cost model: step ms by rows %s; + %.2f ms per logit row, + %.3f ms per 1k attention keys "
@@ -1034,7 +1035,8 @@ tern_status tn_engine_create(const tern_model *m, const tn_serve_config *cfg, tn
     fold_load(e);
     e->t_start = tn_srv_now();
     const char *tp = getenv("TERN_SERVE_TRACE");
-    if (tp && *tp && !(e->trace = fopen(tp, "w"))) fprintf(stderr, "tern serve: cannot write the step trace '%s'\n", tp);
+    if (tp && *tp && !(e->trace = fopen(tp, "w")))
+        fprintf(stderr, "tern serve: warning: TERN_SERVE_TRACE: cannot write '%s': %s\n", tp, strerror(errno));
     if (e->trace) fprintf(e->trace, "# t_s decode_rows prefill_rows logit_rows keys limit_ms predicted_ms f_mean f_plan actual_ms\n");
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
