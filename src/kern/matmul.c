@@ -34,8 +34,8 @@ void tn_matmul_compute_task(int ith, int nth, const tn_kern_table *kt, tn_dtype 
     tn_gemm_fn gemm = kt->slot[wt].gemm;
     int64_t r0, r1;
     tn_matmul_rows(m, ith, nth, &r0, &r1);
-    if (n == 1) { /* decode: one pass over this thread's rows */
-        if (r1 > r0) gemm(k, r1 - r0, 1, (const uint8_t *)w + (size_t)r0 * w_rb, w_rb, xq, x_rb, y + r0, ldy);
+    if (n == 1 || n <= kt->slot[wt].gemm_nrow) { /* decode, small batches: one pass over this thread's rows */
+        if (r1 > r0) gemm(k, r1 - r0, n, (const uint8_t *)w + (size_t)r0 * w_rb, w_rb, xq, x_rb, y + r0, ldy);
         return;
     }
     for (int64_t c0 = 0; c0 < n; c0 += TN_MM_CB) {

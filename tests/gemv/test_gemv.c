@@ -126,31 +126,39 @@ static int have_avx512(void) {
     return 1;
 }
 
-static void check_one(size_t ti, int64_t k, int64_t m) {
+/* Row kernel (through the table for n up to the slot's gemm_nrow) vs the scalar gemm, n columns. */
+static void check_one(size_t ti, int64_t k, int64_t m, int64_t n) {
     const tn_dtype wt = types[ti];
     const tn_kern_table *ref = tn_kern_at(TN_ISA_SCALAR), *opt = tn_kern_at(TN_ISA_AVX512);
     const tn_dtype at = tn_dtype_get(wt)->vec_dot_type;
     const size_t w_rb = tn_dtype_row_size(wt, k) + 64 + 4, x_rb = tn_dtype_row_size(at, k) + 4;
     const int64_t ldy = m + 3;
-    uint8_t *w = calloc((size_t)m, w_rb), *x = calloc(1, x_rb);
+    uint8_t *w = calloc((size_t)m, w_rb), *x = calloc((size_t)n, x_rb);
     float *xf = malloc((size_t)k * sizeof(float));
-    float *yr = malloc((size_t)ldy * sizeof(float)), *yo = malloc((size_t)ldy * sizeof(float));
+    float *yr = malloc((size_t)(ldy * n) * sizeof(float)), *yo = malloc((size_t)(ldy * n) * sizeof(float));
     for (int64_t i = 0; i < m; i++) make_row(wt, k, w + (size_t)i * w_rb, (int)(i & 1));
-    fill_floats(xf, k);
-    ref->slot[at].from_float(xf, x, k);
-    for (int64_t c = 0; c < ldy; c++) yr[c] = yo[c] = -12345.0f;
-    ref->slot[wt].gemm(k, m, 1, w, w_rb, x, x_rb, yr, ldy);
-    (wrapped[ti] ? opt->slot[wt].gemm : gemv[ti])(k, m, 1, w, w_rb, x, x_rb, yo, ldy);
-    for (int64_t i = 0; i < ldy; i++) {
-        if (i >= m) {
-            if (yo[i] != -12345.0f) fail_msg("%s k=%lld m=%lld wrote outside at %lld", tn_dtype_name(wt), (long long)k, (long long)m, (long long)i);
-            continue;
-        }
-        const double tol = tol_of(k, abs_terms(wt, k, w + (size_t)i * w_rb, x));
-        if (!(fabs((double)yr[i] - yo[i]) <= tol))
-            fail_msg("gemv %s k=%lld m=%lld row %lld: ref %.9g opt %.9g |diff| %.3g > tol %.3g", tn_dtype_name(wt),
-                     (long long)k, (long long)m, (long long)i, yr[i], yo[i], fabs((double)yr[i] - yo[i]), tol);
+    for (int64_t j = 0; j < n; j++) {
+        fill_floats(xf, k);
+        ref->slot[at].from_float(xf, x + (size_t)j * x_rb, k);
     }
+    for (int64_t c = 0; c < ldy * n; c++) yr[c] = yo[c] = -12345.0f;
+    ref->slot[wt].gemm(k, m, n, w, w_rb, x, x_rb, yr, ldy);
+    (wrapped[ti] ? opt->slot[wt].gemm : gemv[ti])(k, m, n, w, w_rb, x, x_rb, yo, ldy);
+    for (int64_t j = 0; j < n; j++)
+        for (int64_t i = 0; i < ldy; i++) {
+            const float o = yo[j * ldy + i], r = yr[j * ldy + i];
+            if (i >= m) {
+                if (o != -12345.0f)
+                    fail_msg("%s k=%lld m=%lld n=%lld wrote outside at col %lld row %lld", tn_dtype_name(wt), (long long)k,
+                             (long long)m, (long long)n, (long long)j, (long long)i);
+                continue;
+            }
+            const double tol = tol_of(k, abs_terms(wt, k, w + (size_t)i * w_rb, x + (size_t)j * x_rb));
+            if (!(fabs((double)r - o) <= tol))
+                fail_msg("gemv %s k=%lld m=%lld n=%lld col %lld row %lld: ref %.9g opt %.9g |diff| %.3g > tol %.3g",
+                         tn_dtype_name(wt), (long long)k, (long long)m, (long long)n, (long long)j, (long long)i, r, o,
+                         fabs((double)r - o), tol);
+        }
     free(w), free(x), free(xf), free(yr), free(yo);
 }
 
@@ -168,14 +176,23 @@ static void test_gemv_parity(void **state) {
         for (int ki = 0; ki < 9 && ks[ki]; ki++)
             for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
                 if (ks[ki] > 4096 && ms[mi] > 9) continue;
-                check_one(ti, ks[ki], ms[mi]);
+                check_one(ti, ks[ki], ms[mi], 1);
+                checks++;
+            }
+        /* small batches through the row kernel (q4_0, q8_0: every n up to the slot's gemm_nrow) */
+        const int32_t nrow = tn_kern_at(TN_ISA_AVX512)->slot[wt].gemm_nrow;
+        for (int64_t n = 2; n <= nrow; n++)
+            for (int ki = 0; ki < 9 && ks[ki]; ki++) {
+                if (ks[ki] > 4096 && n > 3) continue;
+                check_one(ti, ks[ki], n == 8 ? 257 : 9, n);
                 checks++;
             }
     }
     printf("gemv parity checks: %d\n", checks);
 }
 
-/* n > 1 must be the previous avx512 gemm's result, bit for bit. */
+/* The wrapper: n <= gemm_nrow is the row kernel's result, larger n the previous avx512 gemm's, bit
+ * for bit; q4_0 and q8_0 take small batches (gemm_nrow 8), the others decode only. */
 static void test_gemv_wrapper_n_gt_1(void **state) {
     (void)state;
     if (!have_avx512()) return;
@@ -190,6 +207,8 @@ static void test_gemv_wrapper_n_gt_1(void **state) {
             continue;
         }
         assert_true(opt->slot[wt].gemm != prev[ti]); /* wrapped */
+        assert_int_equal(opt->slot[wt].gemm_nrow, (wt == TN_Q4_0 || wt == TN_Q8_0) ? 8 : 1);
+        /* n <= gemm_nrow: the row kernel itself; beyond: the previous gemm */
         const int64_t k = 512, m = 37, ns[] = {2, 5, 9};
         const size_t w_rb = tn_dtype_row_size(wt, k) + 4, x_rb = tn_dtype_row_size(at, k) + 4;
         for (size_t ni = 0; ni < 3; ni++) {
@@ -204,7 +223,7 @@ static void test_gemv_wrapper_n_gt_1(void **state) {
             }
             for (int64_t c = 0; c < n * ldy; c++) ya[c] = yb[c] = -1.0f;
             opt->slot[wt].gemm(k, m, n, w, w_rb, x, x_rb, ya, ldy);
-            prev[ti](k, m, n, w, w_rb, x, x_rb, yb, ldy);
+            (n <= opt->slot[wt].gemm_nrow ? gemv[ti] : prev[ti])(k, m, n, w, w_rb, x, x_rb, yb, ldy);
             assert_memory_equal(ya, yb, (size_t)(n * ldy) * sizeof(float));
             free(w), free(x), free(xf), free(ya), free(yb);
         }

@@ -28,8 +28,9 @@
  *     -32 * sum_j sc_j bsum_j (one more VPDPWSSD); one FMA per super-block.
  * Integer sums are exact as in the references; only the float accumulation order differs.
  *
- * tn_kern_register_gemv_avx512 wraps the slot's gemm: n == 1 goes here, n > 1 to the previous
- * (tiled) kernel.
+ * tn_kern_register_gemv_avx512 wraps the slot's gemm: n == 1 (q4_0 / q8_0: n <= TN_GEMV_NMAX) goes
+ * here, larger n to the previous (tiled) kernel; the slot's gemm_nrow tells the matmul driver to
+ * hand such calls whole thread ranges.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -53,6 +54,7 @@ TN_DECL_GEMV(tn_k_gemv_q6_K_q8_K__avx512)
 /* Scratch for the rearranged activations: on the stack up to this size, else the heap. */
 #define TN_GEMV_STACK 24576
 #define TN_GEMV_PF 2048 /* software prefetch distance in bytes, per row stream (q4_0, q8_0, f16) */
+#define TN_GEMV_NMAX 8 /* q4_0 / q8_0: columns handled here (whole thread ranges, see matmul.c) */
 #define TN_GEMV_PF_K 2048 /* the same for the k-quant kernels (one stream per row) */
 
 static inline void *tn_gemv_scratch(size_t need, uint8_t *stackbuf) {
@@ -218,15 +220,105 @@ static inline void tn_rows32(const int NR, const uint8_t *const *rows, int64_t n
 /* Rows i and i + h (h = ceil(m/2)) go through together: two sequential streams far apart (on Zen 4
  * two adjacent rows interleaved read at about half the rate of a plain stream), each activation
  * register loaded once for both. */
+/* One row against NC (2..4) activation columns (small batches: each weight register unpacked
+ * once serves every column; the row is read from memory once for all of them). */
+static inline void tn_row32_cols(const int NC, const uint8_t *row, int64_t ng, const tn_x32 *X, const int Q8,
+                                 const tn_q4c *C4, float *out) {
+    const size_t S = Q8 ? sizeof(block_q8_0) : sizeof(block_q4_0);
+    const int NL = Q8 ? 9 : 5;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), s80 = _mm512_set1_epi8((char)0x80);
+    const __m512i gidx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                            _mm512_set1_epi32((int)S));
+    __m512 vacc[4];
+    for (int c = 0; c < NC; c++) vacc[c] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < ng; g++) {
+        const uint8_t *p = row + (size_t)g * 16 * S;
+        for (int l = 0; l < NL; l++) _mm_prefetch((const char *)p + TN_GEMV_PF + 64 * l, _MM_HINT_T0);
+        __m512i r[4][4], A[4];
+        for (int e = 0; e < 4; e++) {
+            __m512i lo, hi;
+            if (Q8) {
+                lo = _mm512_xor_si512(tn_ld4(p + 2, S, e), s80);
+                hi = _mm512_xor_si512(tn_ld4(p + 18, S, e), s80);
+            } else {
+                A[e] = _mm512_loadu_si512(p + 72 * e);
+                const __m512i Bw = _mm512_castsi128_si512(_mm_loadl_epi64((const __m128i *)(p + 72 * e + 64)));
+                const __m512i v = _mm512_permutex2var_epi8(A[e], C4->qidx, Bw);
+                lo = _mm512_and_si512(v, m4);
+                hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            }
+            for (int c = 0; c < NC; c++) {
+                const int8_t *xr = X[c].xr + g * 512 + e * 128;
+                r[c][e] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_load_si512(xr)), hi,
+                                              _mm512_load_si512(xr + 64));
+            }
+        }
+        __m512 dw;
+        if (Q8) {
+            dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(gidx, (const void *)p, 1)));
+        } else {
+            const __m512i d01 = _mm512_permutex2var_epi8(A[0], C4->d01, A[1]);
+            const __m512i d = _mm512_mask_mov_epi8(d01, 0xF0F0F0F0u, _mm512_permutex2var_epi8(A[2], C4->d23, A[3]));
+            dw = _mm512_cvtph_ps(_mm512_castsi512_si256(d));
+        }
+        for (int c = 0; c < NC; c++) {
+            const __m512i isum =
+                _mm512_sub_epi32(tn_red4(r[c][0], r[c][1], r[c][2], r[c][3]), _mm512_loadu_si512(X[c].sx + g * 16));
+            vacc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_loadu_ps(X[c].dx + g * 16)),
+                                      vacc[c]);
+        }
+    }
+    for (int c = 0; c < NC; c++) out[c] = _mm512_reduce_add_ps(vacc[c]);
+}
+
+/* Decode and small batches (n <= TN_GEMV_NMAX). n == 1: rows i and i + h (h = ceil(m/2)) go
+ * through together: two sequential streams far apart (on Zen 4 two adjacent rows interleaved read
+ * at about half the rate of a plain stream), each activation register loaded once for both.
+ * n > 1: every row once, against up to 4 columns at a time (the row stays in L1 between them). */
+#define TN_GEMV_STACK_N 98304 /* rearranged activations of all n columns: stack up to this, else heap */
 static inline void tn_gemv32(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x, size_t x_rb,
                              float *y, int64_t ldy, const int Q8) {
     const int64_t nb = k / 32, ng = nb / 16;
-    _Alignas(64) uint8_t stackbuf[TN_GEMV_STACK];
-    const size_t need = (size_t)ng * (512 + 64 + 64);
-    uint8_t *buf = tn_gemv_scratch(need, stackbuf);
-    const int64_t h = (m + 1) / 2;
+    const size_t per = (size_t)ng * (512 + 64 + 64);
     tn_q4c C4;
     tn_q4c_init(&C4);
+    if (n > 1 && n <= TN_GEMV_NMAX) {
+        _Alignas(64) uint8_t stackbuf[TN_GEMV_STACK_N];
+        uint8_t *buf = per * (size_t)n <= sizeof stackbuf ? stackbuf : aligned_alloc(64, per * (size_t)n);
+        if (buf) {
+            tn_x32 X[TN_GEMV_NMAX];
+            for (int64_t j = 0; j < n; j++)
+                tn_prep_x32((const block_q8_0 *)((const uint8_t *)x + (size_t)j * x_rb), ng, Q8 ? 128 : 8, !Q8,
+                            buf + (size_t)j * per, &X[j]);
+            for (int64_t i = 0; i < m; i++) {
+                const uint8_t *row = (const uint8_t *)w + (size_t)i * w_rb;
+                for (int64_t j0 = 0; j0 < n; j0 += 4) {
+                    const int nc = (int)(n - j0 < 4 ? n - j0 : 4);
+                    float out[4];
+                    if (nc == 1) { /* includes its tail */
+                        const uint8_t *rows[2] = {row, row};
+                        tn_rows32(1, rows, nb, ng, &X[j0], (const block_q8_0 *)((const uint8_t *)x + (size_t)j0 * x_rb), Q8,
+                                  &C4, out);
+                        y[j0 * ldy + i] = out[0];
+                        continue;
+                    }
+                    if (nc == 4) tn_row32_cols(4, row, ng, X + j0, Q8, &C4, out);
+                    else if (nc == 3) tn_row32_cols(3, row, ng, X + j0, Q8, &C4, out);
+                    else tn_row32_cols(2, row, ng, X + j0, Q8, &C4, out);
+                    for (int c = 0; c < nc; c++) {
+                        const block_q8_0 *xb = (const block_q8_0 *)((const uint8_t *)x + (size_t)(j0 + c) * x_rb);
+                        y[(j0 + c) * ldy + i] = out[c] + tn_tail32(row, ng * 16, nb, xb, Q8);
+                    }
+                }
+            }
+            if (buf != stackbuf) free(buf);
+            return;
+        }
+        /* no scratch: the per-column path below (its own fallback runs every block in the tail) */
+    }
+    _Alignas(64) uint8_t stackbuf[TN_GEMV_STACK];
+    uint8_t *buf = tn_gemv_scratch(per, stackbuf);
+    const int64_t h = (m + 1) / 2;
     for (int64_t j = 0; j < n; j++) {
         const block_q8_0 *xb = (const block_q8_0 *)((const uint8_t *)x + (size_t)j * x_rb);
         tn_x32 X = {0};
@@ -479,36 +571,37 @@ void tn_k_gemv_f16_f16__avx512(int64_t k, int64_t m, int64_t n, const void *w, s
 
 /* ---- registration: wrap the slot's gemm ----------------------------------------------------------- */
 
-#define TN_GEMV_WRAP(wt, at)                                                                                           \
+#define TN_GEMV_WRAP(wt, at, nmax)                                                                                     \
     static tn_gemm_fn tn_gemv_prev_##wt;                                                                              \
     static void tn_gemv_wrap_##wt(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,       \
                                   size_t x_rb, float *y, int64_t ldy) {                                              \
-        if (n == 1)                                                                                                    \
-            tn_k_gemv_##wt##_##at##__avx512(k, m, 1, w, w_rb, x, x_rb, y, ldy);                                        \
+        if (n <= (nmax))                                                                                               \
+            tn_k_gemv_##wt##_##at##__avx512(k, m, n, w, w_rb, x, x_rb, y, ldy);                                        \
         else                                                                                                           \
             tn_gemv_prev_##wt(k, m, n, w, w_rb, x, x_rb, y, ldy);                                                      \
     }
-TN_GEMV_WRAP(q4_0, q8_0)
-TN_GEMV_WRAP(q8_0, q8_0)
-TN_GEMV_WRAP(q4_K, q8_K)
-TN_GEMV_WRAP(q6_K, q8_K)
-TN_GEMV_WRAP(f16, f16)
+TN_GEMV_WRAP(q4_0, q8_0, TN_GEMV_NMAX)
+TN_GEMV_WRAP(q8_0, q8_0, TN_GEMV_NMAX)
+TN_GEMV_WRAP(q4_K, q8_K, 1)
+TN_GEMV_WRAP(q6_K, q8_K, 1)
+TN_GEMV_WRAP(f16, f16, 1)
 
-#define TN_GEMV_INSTALL(T, wt)                                                                                         \
+#define TN_GEMV_INSTALL(T, wt, nmax)                                                                                   \
     do {                                                                                                               \
         if (t->slot[T].gemm != tn_gemv_wrap_##wt) {                                                                    \
             tn_gemv_prev_##wt = t->slot[T].gemm;                                                                       \
             t->slot[T].gemm = tn_gemv_wrap_##wt;                                                                       \
             t->slot[T].gemm_isa = TN_ISA_AVX512;                                                                       \
+            t->slot[T].gemm_nrow = (nmax);                                                                             \
         }                                                                                                              \
     } while (0)
 
 void tn_kern_register_gemv_avx512(tn_kern_table *t) {
     const tn_cpu *c = tn_cpu_get();
     if (!c->avx512vnni || !c->avx512vbmi) return;
-    TN_GEMV_INSTALL(TN_Q4_0, q4_0);
-    TN_GEMV_INSTALL(TN_Q8_0, q8_0);
-    TN_GEMV_INSTALL(TN_Q4_K, q4_K);
-    TN_GEMV_INSTALL(TN_Q6_K, q6_K);
-    TN_GEMV_INSTALL(TN_F16, f16);
+    TN_GEMV_INSTALL(TN_Q4_0, q4_0, TN_GEMV_NMAX);
+    TN_GEMV_INSTALL(TN_Q8_0, q8_0, TN_GEMV_NMAX);
+    TN_GEMV_INSTALL(TN_Q4_K, q4_K, 1);
+    TN_GEMV_INSTALL(TN_Q6_K, q6_K, 1);
+    TN_GEMV_INSTALL(TN_F16, f16, 1);
 }
