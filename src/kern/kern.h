@@ -31,8 +31,8 @@ typedef struct tn_kern_slot {
     tn_gemm_fn gemm;
     tn_from_float_fn from_float;
     tn_to_float_fn to_float;
-    /* gemm streams each weight row once for n <= gemm_nrow (0 = 1: decode only), so the matmul
-     * driver gives it whole thread ranges for such n instead of cache blocks */
+    /* gemm is a row-streaming kernel for n <= gemm_nrow (0 = 1: decode only): the matmul driver
+     * gives it whole thread ranges for such n instead of cache blocks */
     int32_t gemm_nrow;
     /* ISA each entry came from, for `tern info` */
     tn_isa vec_dot_isa, gemm_isa, from_float_isa, to_float_isa;

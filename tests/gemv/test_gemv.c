@@ -181,8 +181,10 @@ static void test_gemv_parity(void **state) {
             }
         /* small batches through the row kernel (q4_0, q8_0: every n up to the slot's gemm_nrow) */
         const int32_t nrow = tn_kern_at(TN_ISA_AVX512)->slot[wt].gemm_nrow;
-        for (int64_t n = 2; n <= nrow; n++)
+        static const int64_t nsm[] = {2, 3, 4, 5, 7, 8, 9, 16, 17, 32};
+        for (size_t ni = 0; ni < sizeof nsm / sizeof nsm[0] && nsm[ni] <= nrow; ni++)
             for (int ki = 0; ki < 9 && ks[ki]; ki++) {
+                const int64_t n = nsm[ni];
                 if (ks[ki] > 4096 && n > 3) continue;
                 check_one(ti, ks[ki], n == 8 ? 257 : 9, n);
                 checks++;
@@ -192,7 +194,7 @@ static void test_gemv_parity(void **state) {
 }
 
 /* The wrapper: n <= gemm_nrow is the row kernel's result, larger n the previous avx512 gemm's, bit
- * for bit; q4_0 and q8_0 take small batches (gemm_nrow 8), the others decode only. */
+ * for bit; q4_0 and q8_0 take batches up to 32 (gemm_nrow, 8 columns per pass), the others decode only. */
 static void test_gemv_wrapper_n_gt_1(void **state) {
     (void)state;
     if (!have_avx512()) return;
@@ -207,11 +209,11 @@ static void test_gemv_wrapper_n_gt_1(void **state) {
             continue;
         }
         assert_true(opt->slot[wt].gemm != prev[ti]); /* wrapped */
-        assert_int_equal(opt->slot[wt].gemm_nrow, (wt == TN_Q4_0 || wt == TN_Q8_0) ? 8 : 1);
+        assert_int_equal(opt->slot[wt].gemm_nrow, (wt == TN_Q4_0 || wt == TN_Q8_0) ? 32 : 1);
         /* n <= gemm_nrow: the row kernel itself; beyond: the previous gemm */
-        const int64_t k = 512, m = 37, ns[] = {2, 5, 9};
+        const int64_t k = 512, m = 37, ns[] = {2, 5, 9, 33};
         const size_t w_rb = tn_dtype_row_size(wt, k) + 4, x_rb = tn_dtype_row_size(at, k) + 4;
-        for (size_t ni = 0; ni < 3; ni++) {
+        for (size_t ni = 0; ni < 4; ni++) {
             const int64_t n = ns[ni], ldy = m + 1;
             uint8_t *w = calloc((size_t)m, w_rb), *x = calloc((size_t)n, x_rb);
             float *xf = malloc((size_t)k * sizeof(float));
@@ -223,7 +225,11 @@ static void test_gemv_wrapper_n_gt_1(void **state) {
             }
             for (int64_t c = 0; c < n * ldy; c++) ya[c] = yb[c] = -1.0f;
             opt->slot[wt].gemm(k, m, n, w, w_rb, x, x_rb, ya, ldy);
-            (n <= opt->slot[wt].gemm_nrow ? gemv[ti] : prev[ti])(k, m, n, w, w_rb, x, x_rb, yb, ldy);
+            if (n <= opt->slot[wt].gemm_nrow) /* the row kernel, 8 columns per pass */
+                for (int64_t j0 = 0; j0 < n; j0 += 8)
+                    gemv[ti](k, m, n - j0 < 8 ? n - j0 : 8, w, w_rb, x + (size_t)j0 * x_rb, x_rb, yb + j0 * ldy, ldy);
+            else
+                prev[ti](k, m, n, w, w_rb, x, x_rb, yb, ldy);
             assert_memory_equal(ya, yb, (size_t)(n * ldy) * sizeof(float));
             free(w), free(x), free(xf), free(ya), free(yb);
         }

@@ -54,7 +54,10 @@ TN_DECL_GEMV(tn_k_gemv_q6_K_q8_K__avx512)
 /* Scratch for the rearranged activations: on the stack up to this size, else the heap. */
 #define TN_GEMV_STACK 24576
 #define TN_GEMV_PF 2048 /* software prefetch distance in bytes, per row stream (q4_0, q8_0, f16) */
-#define TN_GEMV_NMAX 8 /* q4_0 / q8_0: columns handled here (whole thread ranges, see matmul.c) */
+#define TN_GEMV_NMAX 8 /* q4_0 / q8_0: columns per pass over the rows */
+#define TN_GEMV_NBATCH 32 /* q4_0 / q8_0: batches up to this go to the row kernels (in passes of NMAX
+                             columns; at these sizes the kernel is compute-bound, so streaming the
+                             rows again costs little) rather than to the tiled gemm */
 #define TN_GEMV_PF_K 2048 /* the same for the k-quant kernels (one stream per row) */
 
 static inline void *tn_gemv_scratch(size_t need, uint8_t *stackbuf) {
@@ -576,12 +579,14 @@ void tn_k_gemv_f16_f16__avx512(int64_t k, int64_t m, int64_t n, const void *w, s
     static void tn_gemv_wrap_##wt(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,       \
                                   size_t x_rb, float *y, int64_t ldy) {                                              \
         if (n <= (nmax))                                                                                               \
-            tn_k_gemv_##wt##_##at##__avx512(k, m, n, w, w_rb, x, x_rb, y, ldy);                                        \
+            for (int64_t j0 = 0; j0 < n; j0 += TN_GEMV_NMAX) /* column chunks: each streams the rows again */         \
+                tn_k_gemv_##wt##_##at##__avx512(k, m, n - j0 < TN_GEMV_NMAX ? n - j0 : TN_GEMV_NMAX, w, w_rb,          \
+                                                (const uint8_t *)x + (size_t)j0 * x_rb, x_rb, y + j0 * ldy, ldy);       \
         else                                                                                                           \
             tn_gemv_prev_##wt(k, m, n, w, w_rb, x, x_rb, y, ldy);                                                      \
     }
-TN_GEMV_WRAP(q4_0, q8_0, TN_GEMV_NMAX)
-TN_GEMV_WRAP(q8_0, q8_0, TN_GEMV_NMAX)
+TN_GEMV_WRAP(q4_0, q8_0, TN_GEMV_NBATCH)
+TN_GEMV_WRAP(q8_0, q8_0, TN_GEMV_NBATCH)
 TN_GEMV_WRAP(q4_K, q8_K, 1)
 TN_GEMV_WRAP(q6_K, q8_K, 1)
 TN_GEMV_WRAP(f16, f16, 1)
@@ -599,8 +604,8 @@ TN_GEMV_WRAP(f16, f16, 1)
 void tn_kern_register_gemv_avx512(tn_kern_table *t) {
     const tn_cpu *c = tn_cpu_get();
     if (!c->avx512vnni || !c->avx512vbmi) return;
-    TN_GEMV_INSTALL(TN_Q4_0, q4_0, TN_GEMV_NMAX);
-    TN_GEMV_INSTALL(TN_Q8_0, q8_0, TN_GEMV_NMAX);
+    TN_GEMV_INSTALL(TN_Q4_0, q4_0, TN_GEMV_NBATCH);
+    TN_GEMV_INSTALL(TN_Q8_0, q8_0, TN_GEMV_NBATCH);
     TN_GEMV_INSTALL(TN_Q4_K, q4_K, 1);
     TN_GEMV_INSTALL(TN_Q6_K, q6_K, 1);
     TN_GEMV_INSTALL(TN_F16, f16, 1);
