@@ -55,9 +55,12 @@ TN_DECL_GEMV(tn_k_gemv_q6_K_q8_K__avx512)
 #define TN_GEMV_STACK 24576
 #define TN_GEMV_PF 2048 /* software prefetch distance in bytes, per row stream (q4_0, q8_0, f16) */
 #define TN_GEMV_NMAX 8 /* q4_0 / q8_0: columns per pass over the rows */
-#define TN_GEMV_NBATCH 32 /* q4_0 / q8_0: batches up to this go to the row kernels (in passes of NMAX
-                             columns; at these sizes the kernel is compute-bound, so streaming the
-                             rows again costs little) rather than to the tiled gemm */
+#define TN_GEMV_NBATCH (1 << 30) /* q4_0 / q8_0: every batch goes to the row kernels, in passes of
+                                     NMAX columns (each pass streams the rows again; from n ~ 8 on
+                                     the kernel is compute-bound, so that costs little). Measured on
+                                     Zen 4, 1B model, 2 threads: serve steps of 2..32 rows 1.2-2.7x
+                                     faster than the tiled gemm, pp512 q4_0 123 -> 137 t/s, q8_0
+                                     94 -> 102 t/s. */
 #define TN_GEMV_PF_K 2048 /* the same for the k-quant kernels (one stream per row) */
 
 static inline void *tn_gemv_scratch(size_t need, uint8_t *stackbuf) {
