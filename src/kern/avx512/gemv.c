@@ -161,120 +161,78 @@ static void tn_q4c_init(tn_q4c *c) {
     c->d23 = _mm512_load_si512(b);
 }
 
-/* NR (1 or 2) rows at once, sharing every activation load; Q8 selects q8_0 weights (else q4_0).
- * Each row is its own sequential stream, software-prefetched TN_GEMV_PF bytes ahead. */
-static inline void tn_rows32(const int NR, const uint8_t *const *rows, int64_t nb, int64_t ng, const tn_x32 *X,
-                             const block_q8_0 *xb, const int Q8, const tn_q4c *C4, float *out) {
-    const size_t S = Q8 ? sizeof(block_q8_0) : sizeof(block_q4_0);
-    const int NL = Q8 ? 9 : 5; /* cache lines per 16-block group, rounded up */
-    const __m512i m4 = _mm512_set1_epi8(0x0F), s80 = _mm512_set1_epi8((char)0x80);
-    const __m512i gidx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                            _mm512_set1_epi32((int)S));
-    __m512 vacc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-    for (int64_t g = 0; g < ng; g++) {
-        const int8_t *xr = X->xr + g * 512;
-        const uint8_t *p[2];
-        __m512i r[2][4];
-        for (int rr = 0; rr < NR; rr++) {
-            p[rr] = rows[rr] + (size_t)g * 16 * S;
-            for (int l = 0; l < NL; l++) _mm_prefetch((const char *)p[rr] + TN_GEMV_PF + 64 * l, _MM_HINT_T0);
-        }
-        const __m512i sx = _mm512_loadu_si512(X->sx + g * 16);
-        const __m512 dx = _mm512_loadu_ps(X->dx + g * 16);
-        if (!Q8) {
-            /* q4_0: register e = the 72-byte window of blocks 4e..4e+3, its codes moved into lanes by
-             * one byte permute; the 16 scales picked from the same windows */
-            for (int rr = 0; rr < NR; rr++) {
-                __m512i A[4];
-                for (int e = 0; e < 4; e++) {
-                    A[e] = _mm512_loadu_si512(p[rr] + 72 * e);
-                    const __m512i Bw = _mm512_castsi128_si512(_mm_loadl_epi64((const __m128i *)(p[rr] + 72 * e + 64)));
-                    const __m512i v = _mm512_permutex2var_epi8(A[e], C4->qidx, Bw);
-                    const __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-                    r[rr][e] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_load_si512(xr + e * 128)),
-                                                   hi, _mm512_load_si512(xr + e * 128 + 64));
-                }
-                const __m512i d01 = _mm512_permutex2var_epi8(A[0], C4->d01, A[1]);
-                const __m512i d = _mm512_mask_mov_epi8(d01, 0xF0F0F0F0u, _mm512_permutex2var_epi8(A[2], C4->d23, A[3]));
-                const __m512i isum = _mm512_sub_epi32(tn_red4(r[rr][0], r[rr][1], r[rr][2], r[rr][3]), sx);
-                const __m512 dw = _mm512_cvtph_ps(_mm512_castsi512_si256(d));
-                vacc[rr] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, dx), vacc[rr]);
-            }
-            continue;
-        }
-        for (int e = 0; e < 4; e++) {
-            const __m512i xlo = _mm512_load_si512(xr + e * 128), xhi = _mm512_load_si512(xr + e * 128 + 64);
-            for (int rr = 0; rr < NR; rr++) {
-                const __m512i lo = _mm512_xor_si512(tn_ld4(p[rr] + 2, S, e), s80);
-                const __m512i hi = _mm512_xor_si512(tn_ld4(p[rr] + 18, S, e), s80);
-                r[rr][e] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xlo), hi, xhi);
-            }
-        }
-        for (int rr = 0; rr < NR; rr++) {
-            const __m512i isum = _mm512_sub_epi32(tn_red4(r[rr][0], r[rr][1], r[rr][2], r[rr][3]), sx);
-            const __m512i dh = _mm512_i32gather_epi32(gidx, (const void *)p[rr], 1);
-            const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dh));
-            /* 16 blocks' float(s_b) * d_w * d_x in one vector accumulator (lanes summed at the
-             * end): no serial chain, so the row streams at memory speed; the order differs from
-             * the tiled gemm's only by float reassociation */
-            vacc[rr] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, dx), vacc[rr]);
-        }
+/* The 16-block group at p: register e's weight codes as unsigned bytes (lo: codes 0..15 of each
+ * lane's block, hi: 16..31) and, once all four are unpacked, the 16 block scales d_w in the lane
+ * order of tn_red4. q4_0: register e = the 72-byte window of blocks 4e..4e+3, its codes moved into
+ * lanes by one byte permute, the scales picked out of the same windows (A keeps them); q8_0:
+ * block 4L+e from four lane loads (+128), the scales gathered. */
+static inline void tn_codes32(const int Q8, const uint8_t *p, int e, const tn_q4c *C4, __m512i *A, __m512i *lo,
+                              __m512i *hi) {
+    if (Q8) {
+        const __m512i s80 = _mm512_set1_epi8((char)0x80);
+        *lo = _mm512_xor_si512(tn_ld4(p + 2, sizeof(block_q8_0), e), s80);
+        *hi = _mm512_xor_si512(tn_ld4(p + 18, sizeof(block_q8_0), e), s80);
+    } else {
+        const __m512i m4 = _mm512_set1_epi8(0x0F);
+        A[e] = _mm512_loadu_si512(p + 72 * e);
+        const __m512i Bw = _mm512_castsi128_si512(_mm_loadl_epi64((const __m128i *)(p + 72 * e + 64)));
+        const __m512i v = _mm512_permutex2var_epi8(A[e], C4->qidx, Bw);
+        *lo = _mm512_and_si512(v, m4);
+        *hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
     }
-    for (int rr = 0; rr < NR; rr++) out[rr] = _mm512_reduce_add_ps(vacc[rr]) + tn_tail32(rows[rr], ng * 16, nb, xb, Q8);
 }
 
-/* Rows i and i + h (h = ceil(m/2)) go through together: two sequential streams far apart (on Zen 4
- * two adjacent rows interleaved read at about half the rate of a plain stream), each activation
- * register loaded once for both. */
-/* One row against NC (2..4) activation columns (small batches: each weight register unpacked
- * once serves every column; the row is read from memory once for all of them). */
-static inline void tn_row32_cols(const int NC, const uint8_t *row, int64_t ng, const tn_x32 *X, const int Q8,
-                                 const tn_q4c *C4, float *out) {
+static inline __m512 tn_scales32(const int Q8, const uint8_t *p, const __m512i *A, const tn_q4c *C4) {
+    if (Q8) {
+        const __m512i gidx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                                _mm512_set1_epi32((int)sizeof(block_q8_0)));
+        return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(gidx, (const void *)p, 1)));
+    }
+    const __m512i d01 = _mm512_permutex2var_epi8(A[0], C4->d01, A[1]);
+    const __m512i d = _mm512_mask_mov_epi8(d01, 0xF0F0F0F0u, _mm512_permutex2var_epi8(A[2], C4->d23, A[3]));
+    return _mm512_cvtph_ps(_mm512_castsi512_si256(d));
+}
+
+/* acc += the group's 16 block sums (exact integers, offset removed) * d_w * d_x: one vector
+ * accumulator whose lanes are summed at the end, so no serial chain; the order differs from the
+ * tiled gemm's only by float reassociation. */
+static inline __m512 tn_acc32(const __m512i *r, const tn_x32 *X, int64_t g, __m512 dw, __m512 acc) {
+    const __m512i isum = _mm512_sub_epi32(tn_red4(r[0], r[1], r[2], r[3]), _mm512_loadu_si512(X->sx + g * 16));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_loadu_ps(X->dx + g * 16)), acc);
+}
+
+/* NR rows against NC activation columns (NR = 2, NC = 1 for decode: two row streams share every
+ * activation load; NR = 1, NC = 2..4 for batches: each unpacked weight register serves every
+ * column, the row read from memory once for all). Q8 selects q8_0 weights (else q4_0). Every row
+ * is a sequential stream, software-prefetched TN_GEMV_PF bytes ahead. out[r * NC + c]; blocks past
+ * the last whole group are left to the caller (tn_tail32). */
+static inline void tn_tile32(const int NR, const int NC, const uint8_t *const *rows, int64_t ng, const tn_x32 *X,
+                             const int Q8, const tn_q4c *C4, float *out) {
     const size_t S = Q8 ? sizeof(block_q8_0) : sizeof(block_q4_0);
-    const int NL = Q8 ? 9 : 5;
-    const __m512i m4 = _mm512_set1_epi8(0x0F), s80 = _mm512_set1_epi8((char)0x80);
-    const __m512i gidx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                            _mm512_set1_epi32((int)S));
-    __m512 vacc[4];
-    for (int c = 0; c < NC; c++) vacc[c] = _mm512_setzero_ps();
+    const int NL = Q8 ? 9 : 5; /* cache lines per 16-block group, rounded up */
+    __m512 vacc[2][4];
+    for (int rr = 0; rr < NR; rr++)
+        for (int c = 0; c < NC; c++) vacc[rr][c] = _mm512_setzero_ps();
     for (int64_t g = 0; g < ng; g++) {
-        const uint8_t *p = row + (size_t)g * 16 * S;
-        for (int l = 0; l < NL; l++) _mm_prefetch((const char *)p + TN_GEMV_PF + 64 * l, _MM_HINT_T0);
-        __m512i r[4][4], A[4];
-        for (int e = 0; e < 4; e++) {
-            __m512i lo, hi;
-            if (Q8) {
-                lo = _mm512_xor_si512(tn_ld4(p + 2, S, e), s80);
-                hi = _mm512_xor_si512(tn_ld4(p + 18, S, e), s80);
-            } else {
-                A[e] = _mm512_loadu_si512(p + 72 * e);
-                const __m512i Bw = _mm512_castsi128_si512(_mm_loadl_epi64((const __m128i *)(p + 72 * e + 64)));
-                const __m512i v = _mm512_permutex2var_epi8(A[e], C4->qidx, Bw);
-                lo = _mm512_and_si512(v, m4);
-                hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        for (int rr = 0; rr < NR; rr++) {
+            const uint8_t *p = rows[rr] + (size_t)g * 16 * S;
+            for (int l = 0; l < NL; l++) _mm_prefetch((const char *)p + TN_GEMV_PF + 64 * l, _MM_HINT_T0);
+            __m512i r[4][4], A[4];
+            for (int e = 0; e < 4; e++) {
+                __m512i lo, hi;
+                tn_codes32(Q8, p, e, C4, A, &lo, &hi);
+                for (int c = 0; c < NC; c++) {
+                    const int8_t *xr = X[c].xr + g * 512 + e * 128;
+                    r[c][e] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_load_si512(xr)),
+                                                  hi, _mm512_load_si512(xr + 64));
+                }
             }
-            for (int c = 0; c < NC; c++) {
-                const int8_t *xr = X[c].xr + g * 512 + e * 128;
-                r[c][e] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_load_si512(xr)), hi,
-                                              _mm512_load_si512(xr + 64));
-            }
-        }
-        __m512 dw;
-        if (Q8) {
-            dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(gidx, (const void *)p, 1)));
-        } else {
-            const __m512i d01 = _mm512_permutex2var_epi8(A[0], C4->d01, A[1]);
-            const __m512i d = _mm512_mask_mov_epi8(d01, 0xF0F0F0F0u, _mm512_permutex2var_epi8(A[2], C4->d23, A[3]));
-            dw = _mm512_cvtph_ps(_mm512_castsi512_si256(d));
-        }
-        for (int c = 0; c < NC; c++) {
-            const __m512i isum =
-                _mm512_sub_epi32(tn_red4(r[c][0], r[c][1], r[c][2], r[c][3]), _mm512_loadu_si512(X[c].sx + g * 16));
-            vacc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_loadu_ps(X[c].dx + g * 16)),
-                                      vacc[c]);
+            const __m512 dw = tn_scales32(Q8, p, A, C4);
+            for (int c = 0; c < NC; c++) vacc[rr][c] = tn_acc32(r[c], &X[c], g, dw, vacc[rr][c]);
         }
     }
-    for (int c = 0; c < NC; c++) out[c] = _mm512_reduce_add_ps(vacc[c]);
+    for (int rr = 0; rr < NR; rr++)
+        for (int c = 0; c < NC; c++) out[rr * NC + c] = _mm512_reduce_add_ps(vacc[rr][c]);
 }
 
 /* Decode and small batches (n <= TN_GEMV_NMAX). n == 1: rows i and i + h (h = ceil(m/2)) go
@@ -301,16 +259,12 @@ static inline void tn_gemv32(int64_t k, int64_t m, int64_t n, const void *w, siz
                 for (int64_t j0 = 0; j0 < n; j0 += 4) {
                     const int nc = (int)(n - j0 < 4 ? n - j0 : 4);
                     float out[4];
-                    if (nc == 1) { /* includes its tail */
-                        const uint8_t *rows[2] = {row, row};
-                        tn_rows32(1, rows, nb, ng, &X[j0], (const block_q8_0 *)((const uint8_t *)x + (size_t)j0 * x_rb), Q8,
-                                  &C4, out);
-                        y[j0 * ldy + i] = out[0];
-                        continue;
+                    switch (nc) {
+                    case 4: tn_tile32(1, 4, &row, ng, X + j0, Q8, &C4, out); break;
+                    case 3: tn_tile32(1, 3, &row, ng, X + j0, Q8, &C4, out); break;
+                    case 2: tn_tile32(1, 2, &row, ng, X + j0, Q8, &C4, out); break;
+                    default: tn_tile32(1, 1, &row, ng, X + j0, Q8, &C4, out); break;
                     }
-                    if (nc == 4) tn_row32_cols(4, row, ng, X + j0, Q8, &C4, out);
-                    else if (nc == 3) tn_row32_cols(3, row, ng, X + j0, Q8, &C4, out);
-                    else tn_row32_cols(2, row, ng, X + j0, Q8, &C4, out);
                     for (int c = 0; c < nc; c++) {
                         const block_q8_0 *xb = (const block_q8_0 *)((const uint8_t *)x + (size_t)(j0 + c) * x_rb);
                         y[(j0 + c) * ldy + i] = out[c] + tn_tail32(row, ng * 16, nb, xb, Q8);
@@ -333,13 +287,10 @@ static inline void tn_gemv32(int64_t k, int64_t m, int64_t n, const void *w, siz
         for (int64_t i = 0; i < h; i++) {
             float out[2];
             const uint8_t *rows[2] = {(const uint8_t *)w + (size_t)i * w_rb, (const uint8_t *)w + (size_t)(i + h) * w_rb};
-            if (i + h < m) {
-                tn_rows32(2, rows, nb, ngu, &X, xb, Q8, &C4, out);
-                y[j * ldy + i + h] = out[1];
-            } else {
-                tn_rows32(1, rows, nb, ngu, &X, xb, Q8, &C4, out);
-            }
-            y[j * ldy + i] = out[0];
+            const int nr = i + h < m ? 2 : 1;
+            if (nr == 2) tn_tile32(2, 1, rows, ngu, &X, Q8, &C4, out);
+            else tn_tile32(1, 1, rows, ngu, &X, Q8, &C4, out);
+            for (int t = 0; t < nr; t++) y[j * ldy + i + t * h] = out[t] + tn_tail32(rows[t], ngu * 16, nb, xb, Q8);
         }
     }
     if (buf != stackbuf) free(buf);
