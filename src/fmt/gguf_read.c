@@ -357,7 +357,7 @@ static tern_status parse_tensor_info(tn_gguf_impl *im, rd *r, uint64_t i) {
     at = r->pos;
     if ((st = rd_u32(r, &f, &t->type))) return st;
     const tn_dtype_traits *tr = tn_dtype_get(t->type);
-    if (!tr)
+    if (!tr || tn_dtype_is_internal(t->type))
         return tn_err(TERN_ERR_UNSUPPORTED, "gguf: unsupported tensor type %s (%" PRIu32 ") at offset %" PRIu64 " in %s",
                       tn_dtype_name(t->type), t->type, at, fld_str(&f, b, sizeof b));
     /* Element count, then byte size = row size * rows; each step overflow-checked. */

@@ -280,7 +280,7 @@ tern_status tn_gguf_add_tensor(tn_gguf_writer *w, const char *name, uint32_t typ
     if (n_dims < 1 || n_dims > TN_GGUF_MAX_DIMS)
         return tn_err(TERN_ERR_INVALID_ARG, "gguf writer: tensor '%s': n_dims %" PRIu32 " is not in 1..%d", name, n_dims, TN_GGUF_MAX_DIMS);
     const tn_dtype_traits *tr = tn_dtype_get(type);
-    if (!tr) return tn_err(TERN_ERR_UNSUPPORTED, "gguf writer: tensor '%s': unsupported tensor type %s (%" PRIu32 ")", name, tn_dtype_name(type), type);
+    if (!tr || tn_dtype_is_internal(type)) return tn_err(TERN_ERR_UNSUPPORTED, "gguf writer: tensor '%s': unsupported tensor type %s (%" PRIu32 ")", name, tn_dtype_name(type), type);
     uint64_t nel = 1;
     for (uint32_t d = 0; d < n_dims; d++) {
         if (ne[d] < 0 || ne[d] >= ((int64_t)1 << 62) || !tn_mul_ok(nel, (uint64_t)ne[d], &nel) || nel >= ((uint64_t)1 << 62))

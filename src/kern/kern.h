@@ -85,6 +85,8 @@ void tn_kern_register_tq_avx2(tn_kern_table *t);
 void tn_kern_register_tq_avx512(tn_kern_table *t);
 /* Decode (n == 1) kernels wrapping the avx512 gemm of q4_0/q8_0/q4_K/q6_K (src/kern/avx512/gemv.c); called last. */
 void tn_kern_register_gemv_avx512(tn_kern_table *t);
+/* Tile products for the load-time layouts (quant/repack.h; src/kern/avx512/gemm_r16.c). */
+void tn_kern_register_repack_avx512(tn_kern_table *t);
 
 /* Generic gemm built on a slot's vec_dot (the reference tile product). */
 void tn_gemm_by_vec_dot(tn_vec_dot_fn dot, int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,

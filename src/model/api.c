@@ -2,6 +2,7 @@
  * api.c — the public tern_model / tern_ctx API (include/tern/tern.h) over the internal model,
  * tokenizer and forward pass. Validates every caller argument; plans all context memory up front.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "kern/matmul.h"
@@ -11,6 +12,7 @@ void tern_model_params_init(tern_model_params *p) {
     memset(p, 0, sizeof *p);
     p->struct_size = sizeof *p;
     p->use_mmap = true;
+    p->repack = true;
 }
 
 static tern_status tn_check_tensors(const tn_gguf *g) {
@@ -47,6 +49,12 @@ tern_status tern_model_load(const char *path, const tern_model_params *pp, tern_
         tn_gguf_free(g);
         return tn_err_prefix(s, "%s", path);
     }
+    const char *env = getenv("TERN_REPACK"); /* TERN_REPACK=0: keep every file layout */
+    if (env && !strcmp(env, "0")) p.repack = false;
+    if (p.repack && (s = tn_model_repack(m))) {
+        tern_model_free(m);
+        return tn_err_prefix(s, "%s", path);
+    }
     m->path = tn_strdup(path);
     if (!m->path) {
         tern_model_free(m);
@@ -65,6 +73,7 @@ void tern_model_free(tern_model *m) {
     tn_vocab_free(m->vocab);
     tn_gguf_free(m->gguf);
     tn_free(m->layers);
+    tn_free_aligned(m->repacked);
     tn_free(m->path);
     tn_free(m);
 }

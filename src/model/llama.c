@@ -6,9 +6,13 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "kern/kern.h"
 #include "model/model.h"
+#include "quant/blocks.h"
+#include "quant/repack.h"
 
 #define TN_MAX_LAYERS 4096
 
@@ -228,7 +232,67 @@ fail:
     return s;
 }
 
+static bool tn_repackable(const tn_tensor *t) {
+    return t->data && t->type == TN_Q4_0 && t->ne[1] % TN_R16_ROWS == 0 && t->ne[0] % QK4_0 == 0;
+}
+
+/* The weight views of layer i that only matmuls read (i = -1: the output, unless tied). */
+static int tn_matmul_views(tern_model *m, int64_t i, bool tied, tn_tensor *v[7]) {
+    if (i < 0) {
+        v[0] = &m->output;
+        return tied ? 0 : 1;
+    }
+    tn_layer *L = &m->layers[i];
+    v[0] = &L->wq, v[1] = &L->wk, v[2] = &L->wv, v[3] = &L->wo, v[4] = &L->w_gate, v[5] = &L->w_up, v[6] = &L->w_down;
+    return 7;
+}
+
+tern_status tn_model_repack(tern_model *m) {
+    if (tn_kern()->slot[TN_Q4_0_R16].gemm_isa < TN_ISA_AVX512 || m->repacked) return TERN_OK;
+    const int64_t nl = m->hp.n_layer;
+    /* every matrix only the matmuls read; a tied output is also the embedding table (row reads) */
+    const bool tied = m->output.data == m->tok_embd.data;
+    size_t total = 0;
+    for (int64_t i = -1; i < nl; i++) {
+        tn_tensor *v[7];
+        const int nv = tn_matmul_views(m, i, tied, v);
+        for (int j = 0; j < nv; j++)
+            if (tn_repackable(v[j])) total += (v[j]->nbytes + 63) & ~(size_t)63;
+    }
+    if (!total) return TERN_OK;
+    uint8_t *buf = tn_malloc_aligned(total, 64);
+    if (!buf)
+        return tn_err(TERN_ERR_NOMEM, "model: out of memory for %.0f MiB of repacked weights (load without repacking)",
+                      (double)total / 1048576.0);
+    const long pg = sysconf(_SC_PAGESIZE);
+    const bool mapped = m->gguf && m->gguf->map.mapped && pg > 0;
+    size_t off = 0;
+    for (int64_t i = -1; i < nl; i++) {
+        tn_tensor *v[7];
+        const int nv = tn_matmul_views(m, i, tied, v);
+        for (int j = 0; j < nv; j++) {
+            tn_tensor *t = v[j];
+            if (!tn_repackable(t)) continue;
+            tn_repack_q4_0_r16(t->data, buf + off, t->ne[1], t->ne[0]);
+            if (mapped) { /* the file's pages of this tensor are not read again */
+                uintptr_t a = ((uintptr_t)t->data + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
+                uintptr_t e = ((uintptr_t)t->data + t->nbytes) & ~((uintptr_t)pg - 1);
+                if (e > a) (void)madvise((void *)a, e - a, MADV_DONTNEED);
+            }
+            t->data = buf + off;
+            t->type = TN_Q4_0_R16;
+            off += (t->nbytes + 63) & ~(size_t)63;
+        }
+    }
+    m->repacked = buf;
+    return TERN_OK;
+}
+
 void tn_tensor_get_row(const tn_tensor *t, int64_t row, float *out) {
+    if (t->type == TN_Q4_0_R16) {
+        tn_dequantize_row_q4_0_r16(t->data, t->ne[0], row, out);
+        return;
+    }
     size_t rb = tn_dtype_row_size(t->type, t->ne[0]);
     tn_kern()->slot[t->type].to_float((const uint8_t *)t->data + (size_t)row * rb, out, t->ne[0]);
 }

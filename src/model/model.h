@@ -62,11 +62,17 @@ struct tern_model {
     uint64_t weight_bytes;
     char desc[128];
     char *path;
+    void *repacked; /* weights in load-time layouts (tn_model_repack), or NULL */
 };
 
 /* Loads and validates hyperparameters and every tensor's presence, type and shape; errors name
  * the key or tensor (robustness.md G25..G28). */
 tern_status tn_model_load_gguf(tn_gguf *g, tern_model **out);
+
+/* Moves q4_0 weight matrices (16-multiple rows; not a tied output) into the q4_0_r16 layout
+ * (quant/repack.h) when the kernel table has a SIMD kernel for it; a no-op otherwise. The file
+ * pages of moved tensors are released from the mapping. */
+tern_status tn_model_repack(tern_model *m);
 
 /* Row `row` of a weight matrix as floats (k = ne[0]); used for embedding lookup. */
 void tn_tensor_get_row(const tn_tensor *t, int64_t row, float *out);

@@ -35,6 +35,7 @@ typedef struct tn_serve_config {
     double drain_timeout_s;
     int conn_timeout_s;
     size_t max_body;       /* request body cap (bytes)                                        */
+    bool no_repack;        /* keep the file's weight layouts (tern_model_params.repack)        */
     double step_delay_ms;  /* testing only: sleep after each engine step (makes races visible) */
     bool debug_fail_alloc; /* testing only: honour `X-Tern-Fail-Alloc: N[,persistent]`: the N-th */
                            /* allocation after the request arrives fails (tn_alloc_fail_at)      */

@@ -112,7 +112,13 @@ static const tn_dtype_traits tn_traits_tq[TN_DTYPE_TQ_COUNT] = {
     {"tq8g256a", 256, 260, true, true, TN_Q8_0},
 };
 
+/* In-memory layouts (dtype.h): same block and bytes as their file type, rows interleaved. */
+static const tn_dtype_traits tn_traits_internal[TN_DTYPE_SLOT_COUNT - TN_DTYPE_INTERNAL_BASE] = {
+    {"q4_0_r16", QK4_0, sizeof(block_q4_0), true, true, TN_Q8_0},
+};
+
 const tn_dtype_traits *tn_dtype_get(uint32_t t) {
+    if (tn_dtype_is_internal(t)) return &tn_traits_internal[t - TN_DTYPE_INTERNAL_BASE];
     if (t >= TN_DTYPE_TERN_BASE && t < TN_DTYPE_TERN_BASE + TN_DTYPE_TQ_COUNT) return &tn_traits_tq[t - TN_DTYPE_TERN_BASE];
     if (t >= TN_DTYPE_GGML_COUNT) return NULL;
     return tn_traits[t].name ? &tn_traits[t] : NULL;

@@ -33,7 +33,11 @@ typedef enum tn_dtype {
     TN_DTYPE_GGML_COUNT = 43, /* ids below this are ggml's namespace */
     TN_DTYPE_TERN_BASE = 1024, /* tern-only types: 1024 + ... (any-bit quant, quant/tq.h)    */
     TN_DTYPE_TQ_COUNT = 64,    /* tq<b>g<G>[a]: ids 1024 .. 1087                              */
-    TN_DTYPE_SLOT_COUNT = TN_DTYPE_TERN_BASE + TN_DTYPE_TQ_COUNT, /* ids a kernel slot exists for */
+    /* In-memory layouts made at load time (never in files: the GGUF reader and writer refuse them,
+     * tn_dtype_from_name does not know them). */
+    TN_DTYPE_INTERNAL_BASE = TN_DTYPE_TERN_BASE + TN_DTYPE_TQ_COUNT,
+    TN_Q4_0_R16 = TN_DTYPE_INTERNAL_BASE, /* q4_0 with 16 rows interleaved (src/quant/repack.h) */
+    TN_DTYPE_SLOT_COUNT = TN_DTYPE_INTERNAL_BASE + 1, /* ids a kernel slot exists for */
 } tn_dtype;
 
 typedef struct tn_dtype_traits {
@@ -47,6 +51,8 @@ typedef struct tn_dtype_traits {
 
 /* Traits of id t, or NULL if t is not a type tern knows at all (any id is safe to pass). */
 const tn_dtype_traits *tn_dtype_get(uint32_t t);
+/* True for the in-memory-only layouts (TN_DTYPE_INTERNAL_BASE ..). */
+static inline bool tn_dtype_is_internal(uint32_t t) { return t >= TN_DTYPE_INTERNAL_BASE && t < TN_DTYPE_SLOT_COUNT; }
 /* Name for messages: known name, or "type#<id>" written into a static thread-local buffer. */
 const char *tn_dtype_name(uint32_t t);
 /* Parses a name case-insensitively ("Q4_K", "f16"); returns false if unknown. */

@@ -201,6 +201,7 @@ tern_status tn_train_run(tn_train_opts *o) {
     if (o->init) {
         tern_model_params mp;
         tern_model_params_init(&mp);
+        mp.repack = false; /* only its weights are read, as rows */
         if ((s = tern_model_load(o->init, &mp, &init))) goto done;
         if ((s = tn_vocab_data_from_gguf(init->gguf, &voc))) goto done;
         const tn_hparams *h = &init->hp;

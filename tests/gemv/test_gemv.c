@@ -25,6 +25,7 @@
 
 #include <cmocka.h>
 
+#include "common/test_rng.h"
 #include "core/fp16.h"
 #include "kern/avx2/kernels.h"
 #include "kern/avx512/kernels.h"
@@ -32,23 +33,6 @@
 #include "quant/blocks.h"
 #include "quant/quant.h"
 
-static uint64_t rng_state = 0x243F6A8885A308D3ull;
-static uint64_t rng_u64(void) {
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static float rng_uniform(void) { return (float)((rng_u64() >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f; }
-
-static void fill_floats(float *x, int64_t n) {
-    float scale = 1.0f;
-    for (int64_t i = 0; i < n; i++) {
-        if (i % 32 == 0) scale = ldexpf(1.0f, (int)(rng_u64() % 13) - 6);
-        x[i] = rng_uniform() * scale;
-        if (rng_u64() % 97 == 0) x[i] *= 8.0f;
-    }
-}
 
 /* Weight row: quantized random floats, or (raw) random bytes with small finite fp16 scales. */
 static void make_row(tn_dtype t, int64_t k, uint8_t *row, int raw) {

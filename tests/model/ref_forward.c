@@ -25,8 +25,8 @@ struct ref_model {
 static ref_mat ref_deq(const tn_tensor *t) {
     ref_mat r = {NULL, t->ne[1], t->ne[0]};
     r.w = malloc((size_t)(r.rows * r.cols) * sizeof(float));
-    size_t rb = tn_dtype_row_size(t->type, t->ne[0]);
-    for (int64_t i = 0; i < r.rows; i++) tn_dequantize_row(t->type, (const uint8_t *)t->data + (size_t)i * rb, r.w + i * r.cols, r.cols);
+    /* the model's own row reader: also knows the load-time layouts (q4_0_r16) */
+    for (int64_t i = 0; i < r.rows; i++) tn_tensor_get_row(t, i, r.w + i * r.cols);
     return r;
 }
 

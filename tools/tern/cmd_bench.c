@@ -50,6 +50,7 @@ typedef struct {
 
 typedef struct {
     int64_t n_prompt, n_gen, reps, threads, n_batch;
+    bool no_repack;
 } bench_opts;
 
 static void stats(const double *v, int n, double *mean, double *sd) {
@@ -74,7 +75,10 @@ static int bench_model(const char *path, const bench_opts *o, const peaks *pk, b
                        model_info *mi) {
     *nrows = 0;
     tern_model *m = NULL;
-    tern_status s = tern_model_load(path, NULL, &m);
+    tern_model_params mp;
+    tern_model_params_init(&mp);
+    mp.repack = !o->no_repack;
+    tern_status s = tern_model_load(path, &mp, &m);
     if (s) return tn_cli_fail(s, "loading the model");
     tern_ctx_params cp;
     tern_ctx_params_init(&cp);
@@ -245,16 +249,18 @@ static int sweep_bits(const char *path, const bench_opts *o, const peaks *pk, in
 
 int cmd_bench(int argc, char **argv) {
     const char *model_path = NULL, *fmt = "md";
-    bench_opts o = {512, 128, 5, 0, 512};
+    bench_opts o = {512, 128, 5, 0, 512, false};
     bool roofline = true, sweep = false, sweep_asym = true, np_set = false;
     int64_t group = 64;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: tern bench -m model.gguf [-p 512] [-n 128] [-r 5] [-t N] [-b 512] [-o md|json] [--no-roofline]\n"
+                   "       [--no-repack]\n"
                    "       tern bench --sweep-bits -m model-f16.gguf [--group 64] [--sym] [-n 128] [-p 0] ...\n"
                    "  -p N  prompt tokens (pp test; 0 = skip)   -n N  generated tokens (tg test; 0 = skip)\n"
                    "  -r N  repetitions                           -o    output format\n"
+                   "  --no-repack   keep q4_0 weights in the file's layout (default: interleaved at load)\n"
                    "  --sweep-bits  quantize an f16/f32 model to tq1..tq8 (g<group>, asymmetric unless --sym) in a\n"
                    "                temporary directory and bench each width (pp skipped unless -p is given)\n");
             return 0;
@@ -277,6 +283,7 @@ int cmd_bench(int argc, char **argv) {
             fmt = argv[++i];
             if (strcmp(fmt, "md") && strcmp(fmt, "json")) return tn_cli_usage_error("-o: '%s' is not md or json", fmt);
         } else if (!strcmp(a, "--no-roofline")) roofline = false;
+        else if (!strcmp(a, "--no-repack")) o.no_repack = true;
         else if (!strcmp(a, "--sweep-bits")) sweep = true;
         else if (!strcmp(a, "--sym")) sweep_asym = false;
         else return tn_cli_usage_error("unknown option or missing value '%s'", a);

@@ -34,6 +34,7 @@ static void gen_usage(FILE *f) {
             "      --repeat-last-n N   tokens the penalty looks back over (default 64)\n"
             "      --ignore-eos        keep generating past end-of-generation tokens\n"
             "      --no-mmap           read the model into memory instead of mapping it\n"
+            "      --no-repack         keep q4_0 weights in the file's layout (no interleaved copy)\n"
             "      --no-display-prompt do not echo the prompt\n");
 }
 
@@ -59,7 +60,7 @@ static void flush_utf8(char *buf, int *len, bool all) {
 int cmd_generate(int argc, char **argv) {
     const char *model_path = NULL, *prompt = NULL, *prompt_file = NULL;
     int64_t n_predict = 128, n_ctx = 0, n_threads = 0, n_batch = 512, seed = -1, v;
-    bool ignore_eos = false, use_mmap = true, display_prompt = true;
+    bool ignore_eos = false, use_mmap = true, repack = true, display_prompt = true;
     tern_sampler_params sp;
     tern_sampler_params_init(&sp);
     for (int i = 1; i < argc; i++) {
@@ -119,6 +120,8 @@ int cmd_generate(int argc, char **argv) {
             sp.repeat_last_n = (int32_t)v;
         } else if (!strcmp(a, "--ignore-eos")) {
             ignore_eos = true;
+        } else if (!strcmp(a, "--no-repack")) {
+            repack = false;
         } else if (!strcmp(a, "--no-mmap")) {
             use_mmap = false;
         } else if (!strcmp(a, "--no-display-prompt")) {
@@ -158,6 +161,7 @@ int cmd_generate(int argc, char **argv) {
     tern_model_params mp;
     tern_model_params_init(&mp);
     mp.use_mmap = use_mmap;
+    mp.repack = repack;
     double t_load = tn_cli_now();
     tern_status s = tern_model_load(model_path, &mp, &m);
     if (s) {

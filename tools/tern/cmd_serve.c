@@ -27,7 +27,8 @@ static void serve_usage(FILE *f) {
             "      --tpot-slo MS       time-per-output-token objective: prefill chunks sized to keep it\n"
             "      --drain-timeout S   on SIGTERM, wait this long for in-flight requests (default 30)\n"
             "      --timeout S         idle connection / slow client timeout (default 30)\n"
-            "      --max-body BYTES    largest request body (default 4194304); larger gets 413\n");
+            "      --max-body BYTES    largest request body (default 4194304); larger gets 413\n"
+            "      --no-repack         keep q4_0 weights in the file's layout (no interleaved copy)\n");
 }
 
 int cmd_serve(int argc, char **argv) {
@@ -58,6 +59,8 @@ int cmd_serve(int argc, char **argv) {
         } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
             NEED_VAL();
             cfg.model_path = val;
+        } else if (!strcmp(a, "--no-repack")) {
+            cfg.no_repack = true;
         } else if (!strcmp(a, "--host")) {
             NEED_VAL();
             cfg.host = val;

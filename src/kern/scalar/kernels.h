@@ -7,6 +7,7 @@
 #ifndef TN_KERN_SCALAR_KERNELS_H
 #define TN_KERN_SCALAR_KERNELS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 void tn_k_vec_dot_q4_0_q8_0__scalar(int64_t k, float *s, const void *w, const void *x);
@@ -22,5 +23,9 @@ void tn_k_vec_dot_q6_K_q8_K__scalar(int64_t k, float *s, const void *w, const vo
 void tn_k_vec_dot_f16_f16__scalar(int64_t k, float *s, const void *w, const void *x);
 void tn_k_vec_dot_bf16_bf16__scalar(int64_t k, float *s, const void *w, const void *x);
 void tn_k_vec_dot_f32_f32__scalar(int64_t k, float *s, const void *w, const void *x);
+
+/* Tile product (kern.h tn_gemm_fn) for the q4_0_r16 layout; m % 16 == 0, w at a 16-row boundary. */
+void tn_k_gemm_q4_0_r16_q8_0__scalar(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,
+                                     size_t x_rb, float *y, int64_t ldy);
 
 #endif

@@ -97,4 +97,6 @@ void tn_kern_register_scalar(tn_kern_table *t) {
     TN_WEIGHT(TN_Q5_K, q5_K, q5_K_q8_K);
     TN_WEIGHT(TN_Q6_K, q6_K, q6_K_q8_K);
     TN_ACT_ONLY(TN_Q8_K, q8_K);
+    /* Load-time layouts (quant/repack.h): a tile product only. */
+    tn_set(t, TN_Q4_0_R16, NULL, tn_k_gemm_q4_0_r16_q8_0__scalar, NULL, NULL);
 }

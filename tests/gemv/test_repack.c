@@ -1,0 +1,224 @@
+/*
+ * test_repack.c — the load-time q4_0_r16 layout (src/quant/repack.c) and its kernels:
+ *   - repacking then unpacking gives back every row's bytes; the layout's row dequantization
+ *     equals q4_0's on the original row;
+ *   - the scalar q4_0_r16 reference equals the q4_0 reference on the ORIGINAL rows bit for bit
+ *     (an independent computation: it never sees the interleaved layout);
+ *   - the avx512 kernel, through the table's gemm slot (every n up to past two 8-column passes,
+ *     ldy > m with a canary after each column, m of 1, 3 and 10 groups, k with a prime block
+ *     count and the too-large-for-the-stack fallback) agrees with the q4_0 reference within the
+ *     float-reordering bound of test_gemv.c;
+ *   - the layout is internal: no name, GGUF writer and reader refuse it.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/test_rng.h"
+#include "core/fp16.h"
+#include "fmt/gguf.h"
+#include "kern/kern.h"
+#include "kern/scalar/kernels.h"
+#include "quant/blocks.h"
+#include "quant/quant.h"
+#include "quant/repack.h"
+
+
+/* m rows of q4_0: even rows quantized from floats, odd rows random bytes with small scales */
+static uint8_t *make_q4_0(int64_t m, int64_t k) {
+    const size_t rb = tn_dtype_row_size(TN_Q4_0, k);
+    uint8_t *w = malloc((size_t)m * rb);
+    float *f = malloc((size_t)k * sizeof(float));
+    for (int64_t i = 0; i < m; i++) {
+        uint8_t *row = w + (size_t)i * rb;
+        if (i % 2 == 0) {
+            fill_floats(f, k);
+            assert_true(tn_quantize_row_ref(TN_Q4_0, f, row, k));
+        } else {
+            for (size_t b = 0; b < rb; b++) row[b] = (uint8_t)rng_u64();
+            for (int64_t b = 0; b < k / QK4_0; b++) {
+                const tn_fp16 h = tn_fp32_to_fp16(rng_uniform() * 0.05f);
+                memcpy(row + (size_t)b * sizeof(block_q4_0), &h, 2);
+            }
+        }
+    }
+    free(f);
+    return w;
+}
+
+static uint8_t *make_x(int64_t n, int64_t k) {
+    const size_t rb = tn_dtype_row_size(TN_Q8_0, k);
+    uint8_t *x = malloc((size_t)n * rb);
+    float *f = malloc((size_t)k * sizeof(float));
+    for (int64_t j = 0; j < n; j++) {
+        fill_floats(f, k);
+        tn_kern_at(TN_ISA_SCALAR)->slot[TN_Q8_0].from_float(f, x + (size_t)j * rb, k);
+    }
+    free(f);
+    return x;
+}
+
+static void test_roundtrip(void **state) {
+    (void)state;
+    const int64_t ks[] = {32, 96, 544, 4096};
+    for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++)
+        for (int64_t m = 16; m <= 48; m += 32) {
+            const int64_t k = ks[ki];
+            const size_t rb = tn_dtype_row_size(TN_Q4_0, k);
+            uint8_t *w = make_q4_0(m, k), *p = malloc((size_t)m * rb), *row = malloc(rb);
+            float *a = malloc((size_t)k * sizeof(float)), *b = malloc((size_t)k * sizeof(float));
+            tn_repack_q4_0_r16(w, p, m, k);
+            assert_true(memcmp(w, p, (size_t)m * rb) != 0 || m * k == 0); /* it did move bytes */
+            for (int64_t i = 0; i < m; i++) {
+                tn_unpack_row_q4_0_r16(p, k, i, row);
+                if (memcmp(row, w + (size_t)i * rb, rb))
+                    fail_msg("k=%lld m=%lld: row %lld differs after repack+unpack", (long long)k, (long long)m, (long long)i);
+                assert_true(tn_dequantize_row(TN_Q4_0, w + (size_t)i * rb, a, k));
+                tn_dequantize_row_q4_0_r16(p, k, i, b);
+                if (memcmp(a, b, (size_t)k * sizeof(float)))
+                    fail_msg("k=%lld: dequantized row %lld differs", (long long)k, (long long)i);
+            }
+            free(w), free(p), free(row), free(a), free(b);
+        }
+}
+
+/* y (m x n, ldy) of the q4_0 reference on the original rows */
+static void ref_q4_0(int64_t k, int64_t m, int64_t n, const uint8_t *w, const uint8_t *x, float *y, int64_t ldy) {
+    tn_kern_at(TN_ISA_SCALAR)
+        ->slot[TN_Q4_0]
+        .gemm(k, m, n, w, tn_dtype_row_size(TN_Q4_0, k), x, tn_dtype_row_size(TN_Q8_0, k), y, ldy);
+}
+
+static void test_scalar_equals_q4_0(void **state) {
+    (void)state;
+    const int64_t k = 544, m = 48, n = 3;
+    const size_t rb = tn_dtype_row_size(TN_Q4_0, k);
+    uint8_t *w = make_q4_0(m, k), *p = malloc((size_t)m * rb), *x = make_x(n, k);
+    float *yr = malloc((size_t)(m * n) * sizeof(float)), *yo = malloc((size_t)(m * n) * sizeof(float));
+    tn_repack_q4_0_r16(w, p, m, k);
+    ref_q4_0(k, m, n, w, x, yr, m);
+    tn_k_gemm_q4_0_r16_q8_0__scalar(k, m, n, p, rb, x, tn_dtype_row_size(TN_Q8_0, k), yo, m);
+    assert_memory_equal(yr, yo, (size_t)(m * n) * sizeof(float));
+    /* and the table's scalar slot is that kernel */
+    memset(yo, 0, (size_t)(m * n) * sizeof(float));
+    tn_kern_at(TN_ISA_SCALAR)->slot[TN_Q4_0_R16].gemm(k, m, n, p, rb, x, tn_dtype_row_size(TN_Q8_0, k), yo, m);
+    assert_memory_equal(yr, yo, (size_t)(m * n) * sizeof(float));
+    free(w), free(p), free(x), free(yr), free(yo);
+}
+
+/* sum over the row of |w_l x_l| (dequantized): bounds every partial sum of either order */
+static double abs_terms(int64_t k, const uint8_t *w, const uint8_t *x) {
+    float *wf = malloc((size_t)k * sizeof(float)), *xf = malloc((size_t)k * sizeof(float));
+    assert_true(tn_dequantize_row(TN_Q4_0, w, wf, k));
+    assert_true(tn_dequantize_row(TN_Q8_0, x, xf, k));
+    double s = 0;
+    for (int64_t l = 0; l < k; l++) s += fabs((double)wf[l] * xf[l]);
+    free(wf), free(xf);
+    return s;
+}
+
+static void check_opt(int64_t k, int64_t m, int64_t n) {
+    const tn_kern_table *opt = tn_kern_at(TN_ISA_AVX512);
+    const size_t rb = tn_dtype_row_size(TN_Q4_0, k), xrb = tn_dtype_row_size(TN_Q8_0, k);
+    const int64_t ldy = m + 3;
+    uint8_t *w = make_q4_0(m, k), *p = malloc((size_t)m * rb), *x = make_x(n, k);
+    float *yr = malloc((size_t)(ldy * n) * sizeof(float)), *yo = malloc((size_t)(ldy * n) * sizeof(float));
+    tn_repack_q4_0_r16(w, p, m, k);
+    for (int64_t c = 0; c < ldy * n; c++) yr[c] = yo[c] = -12345.0f;
+    ref_q4_0(k, m, n, w, x, yr, ldy);
+    opt->slot[TN_Q4_0_R16].gemm(k, m, n, p, rb, x, xrb, yo, ldy);
+    for (int64_t j = 0; j < n; j++)
+        for (int64_t i = 0; i < ldy; i++) {
+            const float o = yo[j * ldy + i], r = yr[j * ldy + i];
+            if (i >= m) {
+                if (o != -12345.0f)
+                    fail_msg("k=%lld m=%lld n=%lld wrote outside at col %lld row %lld", (long long)k, (long long)m,
+                             (long long)n, (long long)j, (long long)i);
+                continue;
+            }
+            const double S = abs_terms(k, w + (size_t)i * rb, x + (size_t)j * xrb);
+            const double tol = 8.0 * sqrt((double)k + 16.0) * ldexp(1.0, -24) * S + 1e-30;
+            if (!(fabs((double)r - o) <= tol))
+                fail_msg("q4_0_r16 k=%lld m=%lld n=%lld col %lld row %lld: ref %.9g opt %.9g |diff| %.3g > tol %.3g",
+                         (long long)k, (long long)m, (long long)n, (long long)j, (long long)i, r, o, fabs((double)r - o),
+                         tol);
+        }
+    free(w), free(p), free(x), free(yr), free(yo);
+}
+
+static void test_avx512_parity(void **state) {
+    (void)state;
+    const tn_kern_table *opt = tn_kern_at(TN_ISA_AVX512);
+    if (!opt || opt->slot[TN_Q4_0_R16].gemm_isa != TN_ISA_AVX512) {
+        printf("no avx512 vnni: the q4_0_r16 slot holds the scalar reference only; nothing more to test\n");
+        skip();
+    }
+    const int64_t ks[] = {32, 544, 2048, 5632};
+    const int64_t ms[] = {16, 48, 160};
+    const int64_t ns[] = {1, 2, 3, 7, 8, 9, 16, 17, 33};
+    for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++)
+        for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++)
+            for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+                if (ks[ki] > 2048 && (ms[mi] > 48 || ns[ni] > 9)) continue; /* keep the run short */
+                check_opt(ks[ki], ms[mi], ns[ni]);
+            }
+    /* per-column data larger than the kernel's stack buffer: the reference path inside */
+    check_opt(262144 + 32, 16, 2);
+    /* more columns than one stack buffer's worth (k = 8192: 32 columns each) */
+    check_opt(8192, 16, 40);
+}
+
+static void test_internal_type(void **state) {
+    (void)state;
+    tn_dtype t;
+    assert_false(tn_dtype_from_name("q4_0_r16", &t));
+    assert_true(tn_dtype_is_internal(TN_Q4_0_R16));
+    assert_false(tn_dtype_is_internal(TN_Q4_0));
+    assert_int_equal(tn_dtype_row_size(TN_Q4_0_R16, 64), tn_dtype_row_size(TN_Q4_0, 64));
+    /* the GGUF writer refuses to store it */
+    tn_gguf_writer *wr = NULL;
+    assert_int_equal(tn_gguf_writer_create(&wr), TERN_OK);
+    const int64_t ne[2] = {32, 16};
+    uint8_t data[16 * 18] = {0};
+    assert_int_not_equal(tn_gguf_add_tensor(wr, "w", TN_Q4_0_R16, 2, ne, data), TERN_OK);
+    /* and a file that claims it is refused by the reader: write q4_0, patch the type id */
+    assert_int_equal(tn_gguf_add_tensor(wr, "w", TN_Q4_0, 2, ne, data), TERN_OK);
+    uint8_t *buf = NULL;
+    size_t size = 0;
+    assert_int_equal(tn_gguf_write_mem(wr, NULL, NULL, &buf, &size), TERN_OK);
+    tn_gguf *g = NULL;
+    assert_int_equal(tn_gguf_parse(buf, size, &g), TERN_OK);
+    tn_gguf_free(g);
+    int patched = 0;
+    /* tensor info: name "w" (u64 len 1, 'w'), n_dims u32 2, ne 32, 16, type u32 */
+    for (size_t i = 0; i + 8 + 1 + 4 + 16 + 4 <= size; i++) {
+        const uint8_t pat[] = {1, 0, 0, 0, 0, 0, 0, 0, 'w', 2, 0, 0, 0};
+        if (!memcmp(buf + i, pat, sizeof pat)) {
+            const uint32_t id = TN_Q4_0_R16;
+            memcpy(buf + i + sizeof pat + 16, &id, 4);
+            patched = 1;
+            break;
+        }
+    }
+    assert_true(patched);
+    assert_int_not_equal(tn_gguf_parse(buf, size, &g), TERN_OK);
+    tn_free(buf);
+    tn_gguf_writer_free(wr);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_roundtrip),
+        cmocka_unit_test(test_scalar_equals_q4_0),
+        cmocka_unit_test(test_avx512_parity),
+        cmocka_unit_test(test_internal_type),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
