@@ -232,8 +232,11 @@ fail:
     return s;
 }
 
-static bool tn_repackable(const tn_tensor *t) {
-    return t->data && t->type == TN_Q4_0 && t->ne[1] % TN_R16_ROWS == 0 && t->ne[0] % QK4_0 == 0;
+/* The interleaved type t moves to, or 0: a file type with one, 16-multiple rows, a SIMD kernel. */
+static tn_dtype tn_repack_target(const tn_tensor *t) {
+    const tn_dtype it = t->data ? tn_r16_type_of(t->type) : (tn_dtype)0;
+    if (!it || t->ne[1] % TN_R16_ROWS || tn_kern()->slot[it].gemm_isa < TN_ISA_AVX512) return (tn_dtype)0;
+    return it;
 }
 
 /* The weight views of layer i that only matmuls read (i = -1: the output, unless tied). */
@@ -248,7 +251,7 @@ static int tn_matmul_views(tern_model *m, int64_t i, bool tied, tn_tensor *v[7])
 }
 
 tern_status tn_model_repack(tern_model *m) {
-    if (tn_kern()->slot[TN_Q4_0_R16].gemm_isa < TN_ISA_AVX512 || m->repacked) return TERN_OK;
+    if (m->repacked) return TERN_OK;
     const int64_t nl = m->hp.n_layer;
     /* every matrix only the matmuls read; a tied output is also the embedding table (row reads) */
     const bool tied = m->output.data == m->tok_embd.data;
@@ -257,7 +260,7 @@ tern_status tn_model_repack(tern_model *m) {
         tn_tensor *v[7];
         const int nv = tn_matmul_views(m, i, tied, v);
         for (int j = 0; j < nv; j++)
-            if (tn_repackable(v[j])) total += (v[j]->nbytes + 63) & ~(size_t)63;
+            if (tn_repack_target(v[j])) total += (v[j]->nbytes + 63) & ~(size_t)63;
     }
     if (!total) return TERN_OK;
     uint8_t *buf = tn_malloc_aligned(total, 64);
@@ -272,15 +275,16 @@ tern_status tn_model_repack(tern_model *m) {
         const int nv = tn_matmul_views(m, i, tied, v);
         for (int j = 0; j < nv; j++) {
             tn_tensor *t = v[j];
-            if (!tn_repackable(t)) continue;
-            tn_repack_q4_0_r16(t->data, buf + off, t->ne[1], t->ne[0]);
+            const tn_dtype it = tn_repack_target(t);
+            if (!it) continue;
+            tn_repack_r16(t->type, t->data, buf + off, t->ne[1], t->ne[0]);
             if (mapped) { /* the file's pages of this tensor are not read again */
                 uintptr_t a = ((uintptr_t)t->data + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
                 uintptr_t e = ((uintptr_t)t->data + t->nbytes) & ~((uintptr_t)pg - 1);
                 if (e > a) (void)madvise((void *)a, e - a, MADV_DONTNEED);
             }
             t->data = buf + off;
-            t->type = TN_Q4_0_R16;
+            t->type = it;
             off += (t->nbytes + 63) & ~(size_t)63;
         }
     }
@@ -289,8 +293,8 @@ tern_status tn_model_repack(tern_model *m) {
 }
 
 void tn_tensor_get_row(const tn_tensor *t, int64_t row, float *out) {
-    if (t->type == TN_Q4_0_R16) {
-        tn_dequantize_row_q4_0_r16(t->data, t->ne[0], row, out);
+    if (tn_r16_file_type(t->type)) {
+        tn_dequantize_row_r16(t->type, t->data, t->ne[0], row, out);
         return;
     }
     size_t rb = tn_dtype_row_size(t->type, t->ne[0]);

@@ -69,8 +69,8 @@ struct tern_model {
  * the key or tensor (robustness.md G25..G28). */
 tern_status tn_model_load_gguf(tn_gguf *g, tern_model **out);
 
-/* Moves q4_0 weight matrices (16-multiple rows; not a tied output) into the q4_0_r16 layout
- * (quant/repack.h) when the kernel table has a SIMD kernel for it; a no-op otherwise. The file
+/* Moves q4_0 and symmetric tq4 weight matrices (16-multiple rows; not a tied output) into the
+ * *_r16 layouts (quant/repack.h) where the kernel table has a SIMD kernel for them. The file
  * pages of moved tensors are released from the mapping. */
 tern_status tn_model_repack(tern_model *m);
 

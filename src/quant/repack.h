@@ -1,34 +1,46 @@
 /*
- * repack.h — load-time weight layouts for the batched kernels (the layout is never written to a
- * file; its dtype is internal, tensor/dtype.h).
+ * repack.h — load-time weight layouts for the batched kernels (the layouts are never written to
+ * a file; their dtypes are internal, tensor/dtype.h).
  *
- * q4_0_r16: q4_0 with 16 rows interleaved so that one 512-bit VPDPBUSD multiplies 16 rows at once
- * (int32 lane r = row r) by four activations broadcast to every lane; no horizontal sums, and the
- * nibble unpacking is shared by every activation column of a batch. Same bytes as q4_0: a group of
- * 16 rows (16 * k/32 blocks) becomes k/32 chunks of 288 bytes, chunk b =
+ * *_r16: 4-bit weights with 16 rows interleaved so that one 512-bit VPDPBUSD multiplies 16 rows
+ * at once (int32 lane r = row r) by four activations broadcast to every lane; no horizontal sums,
+ * and the nibble unpacking is shared by every activation column of a batch. Two file types have
+ * the same shape of block — an fp16 scale d, then codes in 16-byte pieces of 32 nibbles (byte j:
+ * low nibble = code j, high nibble = code j + 16):
+ *   q4_0                      G = 32,  x = d * (q - 8)
+ *   tq4g<G> (symmetric)       G = 32 .. 256,  x = d * (q - 7.5)
+ * A group of 16 rows (16 * k/G blocks) becomes k/G chunks of 32 + 8 G bytes, chunk c =
  *
- *   bytes   0 ..  31   fp16 d of block b of rows 0..15
- *   bytes  32 .. 287   four 64-byte registers P_t (t = 0..3): dword r of P_t = dword t of row r's
- *                      qs[16] (byte i: low nibble = code 4t+i, high nibble = code 16+4t+i)
+ *   bytes   0 ..  31        fp16 d of block c of rows 0..15
+ *   then, per 32 codes s (s = 0 .. G/32 - 1), 256 bytes: four 64-byte registers P_t (t = 0..3):
+ *                           dword r of P_t = dword t of row r's 16-byte piece s
  *
- * so P_t & 0x0F holds codes 4t..4t+3 of every row and (P_t >> 4) & 0x0F codes 16+4t..16+4t+3.
- * A row-major view of group g starts at g * 16 * row_size, as before: the matmul driver's
- * 16-aligned thread ranges and row offsets stay valid.
+ * so P_t & 0x0F holds codes 4t..4t+3 of piece s of every row and (P_t >> 4) & 0x0F codes
+ * 16+4t..16+4t+3. The chunk sizes add up to 16 rows of the file type: a row-major view of group g
+ * starts at g * 16 * row_size, as before, so the matmul driver's 16-aligned thread ranges and row
+ * offsets stay valid.
  */
 #ifndef TN_QUANT_REPACK_H
 #define TN_QUANT_REPACK_H
 
 #include "core/base.h"
+#include "tensor/dtype.h"
 
 #define TN_R16_ROWS 16
-#define TN_R16_CHUNK 288 /* bytes per block of 16 rows */
 
-/* dst (m rows, m % 16 == 0, k % 32 == 0) = src (row-major q4_0) in the q4_0_r16 layout. dst and
+/* The interleaved type for file type t (q4_0, tq4g<G> symmetric), or 0 if there is none. */
+tn_dtype tn_r16_type_of(tn_dtype t);
+/* The file type an interleaved type came from (0 if t is not one). */
+tn_dtype tn_r16_file_type(tn_dtype t);
+/* Codes per scale (G) of interleaved type t. */
+int tn_r16_group(tn_dtype t);
+
+/* dst (m rows, m % 16 == 0, k % G == 0) = src (row-major, file type ft) interleaved. dst and
  * src must not overlap. */
-void tn_repack_q4_0_r16(const void *src, void *dst, int64_t m, int64_t k);
-/* Row i of a q4_0_r16 matrix back as q4_0 blocks (k / 32 of them). */
-void tn_unpack_row_q4_0_r16(const void *w, int64_t k, int64_t i, void *row);
-/* Row i of a q4_0_r16 matrix as k floats (what q4_0's dequantization gives for the original row). */
-void tn_dequantize_row_q4_0_r16(const void *w, int64_t k, int64_t i, float *out);
+void tn_repack_r16(tn_dtype ft, const void *src, void *dst, int64_t m, int64_t k);
+/* Row i of an interleaved matrix (type it) back in its file type's bytes (k / G blocks). */
+void tn_unpack_row_r16(tn_dtype it, const void *w, int64_t k, int64_t i, void *row);
+/* Row i of an interleaved matrix as k floats (what the file type's dequantization gives). */
+void tn_dequantize_row_r16(tn_dtype it, const void *w, int64_t k, int64_t i, float *out);
 
 #endif

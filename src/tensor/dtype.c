@@ -115,6 +115,10 @@ static const tn_dtype_traits tn_traits_tq[TN_DTYPE_TQ_COUNT] = {
 /* In-memory layouts (dtype.h): same block and bytes as their file type, rows interleaved. */
 static const tn_dtype_traits tn_traits_internal[TN_DTYPE_SLOT_COUNT - TN_DTYPE_INTERNAL_BASE] = {
     {"q4_0_r16", QK4_0, sizeof(block_q4_0), true, true, TN_Q8_0},
+    {"tq4g32_r16", 32, 18, true, true, TN_Q8_0},
+    {"tq4g64_r16", 64, 34, true, true, TN_Q8_0},
+    {"tq4g128_r16", 128, 66, true, true, TN_Q8_0},
+    {"tq4g256_r16", 256, 130, true, true, TN_Q8_0},
 };
 
 const tn_dtype_traits *tn_dtype_get(uint32_t t) {

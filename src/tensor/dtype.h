@@ -37,7 +37,11 @@ typedef enum tn_dtype {
      * tn_dtype_from_name does not know them). */
     TN_DTYPE_INTERNAL_BASE = TN_DTYPE_TERN_BASE + TN_DTYPE_TQ_COUNT,
     TN_Q4_0_R16 = TN_DTYPE_INTERNAL_BASE, /* q4_0 with 16 rows interleaved (src/quant/repack.h) */
-    TN_DTYPE_SLOT_COUNT = TN_DTYPE_INTERNAL_BASE + 1, /* ids a kernel slot exists for */
+    TN_TQ4G32_R16,                        /* tq4g32 .. tq4g256 (symmetric), likewise           */
+    TN_TQ4G64_R16,
+    TN_TQ4G128_R16,
+    TN_TQ4G256_R16,
+    TN_DTYPE_SLOT_COUNT, /* ids a kernel slot exists for */
 } tn_dtype;
 
 typedef struct tn_dtype_traits {

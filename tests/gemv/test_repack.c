@@ -1,9 +1,10 @@
 /*
- * test_repack.c — the load-time q4_0_r16 layout (src/quant/repack.c) and its kernels:
+ * test_repack.c — the load-time *_r16 layouts (src/quant/repack.c: q4_0 and symmetric
+ * tq4g32..tq4g256) and their kernels, for every one of the five types:
  *   - repacking then unpacking gives back every row's bytes; the layout's row dequantization
- *     equals q4_0's on the original row;
- *   - the scalar q4_0_r16 reference equals the q4_0 reference on the ORIGINAL rows bit for bit
- *     (an independent computation: it never sees the interleaved layout);
+ *     equals the file type's on the original row;
+ *   - the scalar *_r16 reference equals the file type's scalar reference on the ORIGINAL rows bit
+ *     for bit (an independent computation: that one never sees the interleaved layout);
  *   - the avx512 kernel, through the table's gemm slot (every n up to past two 8-column passes,
  *     ldy > m with a canary after each column, m of 1, 3 and 10 groups, k with a prime block
  *     count and the too-large-for-the-stack fallback) agrees with the q4_0 reference within the
@@ -29,23 +30,29 @@
 #include "quant/blocks.h"
 #include "quant/quant.h"
 #include "quant/repack.h"
+#include "quant/tq.h"
 
 
-/* m rows of q4_0: even rows quantized from floats, odd rows random bytes with small scales */
-static uint8_t *make_q4_0(int64_t m, int64_t k) {
-    const size_t rb = tn_dtype_row_size(TN_Q4_0, k);
+/* the five interleaved types and their file types */
+static const tn_dtype r16_types[] = {TN_Q4_0_R16, TN_TQ4G32_R16, TN_TQ4G64_R16, TN_TQ4G128_R16, TN_TQ4G256_R16};
+#define N_R16 (sizeof r16_types / sizeof r16_types[0])
+
+/* m rows of file type ft: even rows quantized from floats, odd rows random bytes with small scales */
+static uint8_t *make_rows(tn_dtype ft, int64_t m, int64_t k) {
+    const size_t rb = tn_dtype_row_size(ft, k), bb = tn_dtype_get(ft)->type_size;
+    const int64_t G = tn_dtype_get(ft)->blck_size;
     uint8_t *w = malloc((size_t)m * rb);
     float *f = malloc((size_t)k * sizeof(float));
     for (int64_t i = 0; i < m; i++) {
         uint8_t *row = w + (size_t)i * rb;
         if (i % 2 == 0) {
             fill_floats(f, k);
-            assert_true(tn_quantize_row_ref(TN_Q4_0, f, row, k));
+            tn_kern_at(TN_ISA_SCALAR)->slot[ft].from_float(f, row, k);
         } else {
             for (size_t b = 0; b < rb; b++) row[b] = (uint8_t)rng_u64();
-            for (int64_t b = 0; b < k / QK4_0; b++) {
+            for (int64_t b = 0; b < k / G; b++) {
                 const tn_fp16 h = tn_fp32_to_fp16(rng_uniform() * 0.05f);
-                memcpy(row + (size_t)b * sizeof(block_q4_0), &h, 2);
+                memcpy(row + (size_t)b * bb, &h, 2);
             }
         }
     }
@@ -67,56 +74,59 @@ static uint8_t *make_x(int64_t n, int64_t k) {
 
 static void test_roundtrip(void **state) {
     (void)state;
-    const int64_t ks[] = {32, 96, 544, 4096};
+    const int64_t ks[] = {256, 768, 4352, 4096};
+    for (size_t ti = 0; ti < N_R16; ti++)
     for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++)
         for (int64_t m = 16; m <= 48; m += 32) {
+            const tn_dtype it = r16_types[ti], ft = tn_r16_file_type(it);
+            assert_int_equal(tn_r16_type_of(ft), it);
             const int64_t k = ks[ki];
-            const size_t rb = tn_dtype_row_size(TN_Q4_0, k);
-            uint8_t *w = make_q4_0(m, k), *p = malloc((size_t)m * rb), *row = malloc(rb);
+            const size_t rb = tn_dtype_row_size(ft, k);
+            assert_int_equal(tn_dtype_row_size(it, k), rb);
+            uint8_t *w = make_rows(ft, m, k), *p = malloc((size_t)m * rb), *row = malloc(rb);
             float *a = malloc((size_t)k * sizeof(float)), *b = malloc((size_t)k * sizeof(float));
-            tn_repack_q4_0_r16(w, p, m, k);
+            tn_repack_r16(ft, w, p, m, k);
             assert_true(memcmp(w, p, (size_t)m * rb) != 0 || m * k == 0); /* it did move bytes */
             for (int64_t i = 0; i < m; i++) {
-                tn_unpack_row_q4_0_r16(p, k, i, row);
+                tn_unpack_row_r16(it, p, k, i, row);
                 if (memcmp(row, w + (size_t)i * rb, rb))
-                    fail_msg("k=%lld m=%lld: row %lld differs after repack+unpack", (long long)k, (long long)m, (long long)i);
-                assert_true(tn_dequantize_row(TN_Q4_0, w + (size_t)i * rb, a, k));
-                tn_dequantize_row_q4_0_r16(p, k, i, b);
+                    fail_msg("%s k=%lld m=%lld: row %lld differs after repack+unpack", tn_dtype_name(it), (long long)k,
+                             (long long)m, (long long)i);
+                tn_kern_at(TN_ISA_SCALAR)->slot[ft].to_float(w + (size_t)i * rb, a, k);
+                tn_dequantize_row_r16(it, p, k, i, b);
                 if (memcmp(a, b, (size_t)k * sizeof(float)))
-                    fail_msg("k=%lld: dequantized row %lld differs", (long long)k, (long long)i);
+                    fail_msg("%s k=%lld: dequantized row %lld differs", tn_dtype_name(it), (long long)k, (long long)i);
             }
             free(w), free(p), free(row), free(a), free(b);
         }
 }
 
-/* y (m x n, ldy) of the q4_0 reference on the original rows */
-static void ref_q4_0(int64_t k, int64_t m, int64_t n, const uint8_t *w, const uint8_t *x, float *y, int64_t ldy) {
-    tn_kern_at(TN_ISA_SCALAR)
-        ->slot[TN_Q4_0]
-        .gemm(k, m, n, w, tn_dtype_row_size(TN_Q4_0, k), x, tn_dtype_row_size(TN_Q8_0, k), y, ldy);
+/* y (m x n, ldy) of the file type's scalar reference on the original rows */
+static void ref_file(tn_dtype ft, int64_t k, int64_t m, int64_t n, const uint8_t *w, const uint8_t *x, float *y,
+                     int64_t ldy) {
+    tn_kern_at(TN_ISA_SCALAR)->slot[ft].gemm(k, m, n, w, tn_dtype_row_size(ft, k), x, tn_dtype_row_size(TN_Q8_0, k), y, ldy);
 }
 
-static void test_scalar_equals_q4_0(void **state) {
+static void test_scalar_equals_file_type(void **state) {
     (void)state;
-    const int64_t k = 544, m = 48, n = 3;
-    const size_t rb = tn_dtype_row_size(TN_Q4_0, k);
-    uint8_t *w = make_q4_0(m, k), *p = malloc((size_t)m * rb), *x = make_x(n, k);
-    float *yr = malloc((size_t)(m * n) * sizeof(float)), *yo = malloc((size_t)(m * n) * sizeof(float));
-    tn_repack_q4_0_r16(w, p, m, k);
-    ref_q4_0(k, m, n, w, x, yr, m);
-    tn_k_gemm_q4_0_r16_q8_0__scalar(k, m, n, p, rb, x, tn_dtype_row_size(TN_Q8_0, k), yo, m);
-    assert_memory_equal(yr, yo, (size_t)(m * n) * sizeof(float));
-    /* and the table's scalar slot is that kernel */
-    memset(yo, 0, (size_t)(m * n) * sizeof(float));
-    tn_kern_at(TN_ISA_SCALAR)->slot[TN_Q4_0_R16].gemm(k, m, n, p, rb, x, tn_dtype_row_size(TN_Q8_0, k), yo, m);
-    assert_memory_equal(yr, yo, (size_t)(m * n) * sizeof(float));
-    free(w), free(p), free(x), free(yr), free(yo);
+    const int64_t k = 4352, m = 48, n = 3; /* 17 groups of 256 */
+    for (size_t ti = 0; ti < N_R16; ti++) {
+        const tn_dtype it = r16_types[ti], ft = tn_r16_file_type(it);
+        const size_t rb = tn_dtype_row_size(ft, k);
+        uint8_t *w = make_rows(ft, m, k), *p = malloc((size_t)m * rb), *x = make_x(n, k);
+        float *yr = malloc((size_t)(m * n) * sizeof(float)), *yo = malloc((size_t)(m * n) * sizeof(float));
+        tn_repack_r16(ft, w, p, m, k);
+        ref_file(ft, k, m, n, w, x, yr, m);
+        tn_kern_at(TN_ISA_SCALAR)->slot[it].gemm(k, m, n, p, rb, x, tn_dtype_row_size(TN_Q8_0, k), yo, m);
+        if (memcmp(yr, yo, (size_t)(m * n) * sizeof(float))) fail_msg("%s: scalar reference differs", tn_dtype_name(it));
+        free(w), free(p), free(x), free(yr), free(yo);
+    }
 }
 
 /* sum over the row of |w_l x_l| (dequantized): bounds every partial sum of either order */
-static double abs_terms(int64_t k, const uint8_t *w, const uint8_t *x) {
+static double abs_terms(tn_dtype ft, int64_t k, const uint8_t *w, const uint8_t *x) {
     float *wf = malloc((size_t)k * sizeof(float)), *xf = malloc((size_t)k * sizeof(float));
-    assert_true(tn_dequantize_row(TN_Q4_0, w, wf, k));
+    tn_kern_at(TN_ISA_SCALAR)->slot[ft].to_float(w, wf, k);
     assert_true(tn_dequantize_row(TN_Q8_0, x, xf, k));
     double s = 0;
     for (int64_t l = 0; l < k; l++) s += fabs((double)wf[l] * xf[l]);
@@ -124,30 +134,31 @@ static double abs_terms(int64_t k, const uint8_t *w, const uint8_t *x) {
     return s;
 }
 
-static void check_opt(int64_t k, int64_t m, int64_t n) {
+static void check_opt(tn_dtype it, int64_t k, int64_t m, int64_t n) {
     const tn_kern_table *opt = tn_kern_at(TN_ISA_AVX512);
-    const size_t rb = tn_dtype_row_size(TN_Q4_0, k), xrb = tn_dtype_row_size(TN_Q8_0, k);
+    const tn_dtype ft = tn_r16_file_type(it);
+    const size_t rb = tn_dtype_row_size(ft, k), xrb = tn_dtype_row_size(TN_Q8_0, k);
     const int64_t ldy = m + 3;
-    uint8_t *w = make_q4_0(m, k), *p = malloc((size_t)m * rb), *x = make_x(n, k);
+    uint8_t *w = make_rows(ft, m, k), *p = malloc((size_t)m * rb), *x = make_x(n, k);
     float *yr = malloc((size_t)(ldy * n) * sizeof(float)), *yo = malloc((size_t)(ldy * n) * sizeof(float));
-    tn_repack_q4_0_r16(w, p, m, k);
+    tn_repack_r16(ft, w, p, m, k);
     for (int64_t c = 0; c < ldy * n; c++) yr[c] = yo[c] = -12345.0f;
-    ref_q4_0(k, m, n, w, x, yr, ldy);
-    opt->slot[TN_Q4_0_R16].gemm(k, m, n, p, rb, x, xrb, yo, ldy);
+    ref_file(ft, k, m, n, w, x, yr, ldy);
+    opt->slot[it].gemm(k, m, n, p, rb, x, xrb, yo, ldy);
     for (int64_t j = 0; j < n; j++)
         for (int64_t i = 0; i < ldy; i++) {
             const float o = yo[j * ldy + i], r = yr[j * ldy + i];
             if (i >= m) {
                 if (o != -12345.0f)
-                    fail_msg("k=%lld m=%lld n=%lld wrote outside at col %lld row %lld", (long long)k, (long long)m,
+                    fail_msg("%s k=%lld m=%lld n=%lld wrote outside at col %lld row %lld", tn_dtype_name(it), (long long)k, (long long)m,
                              (long long)n, (long long)j, (long long)i);
                 continue;
             }
-            const double S = abs_terms(k, w + (size_t)i * rb, x + (size_t)j * xrb);
+            const double S = abs_terms(ft, k, w + (size_t)i * rb, x + (size_t)j * xrb);
             const double tol = 8.0 * sqrt((double)k + 16.0) * ldexp(1.0, -24) * S + 1e-30;
             if (!(fabs((double)r - o) <= tol))
-                fail_msg("q4_0_r16 k=%lld m=%lld n=%lld col %lld row %lld: ref %.9g opt %.9g |diff| %.3g > tol %.3g",
-                         (long long)k, (long long)m, (long long)n, (long long)j, (long long)i, r, o, fabs((double)r - o),
+                fail_msg("%s k=%lld m=%lld n=%lld col %lld row %lld: ref %.9g opt %.9g |diff| %.3g > tol %.3g",
+                         tn_dtype_name(it), (long long)k, (long long)m, (long long)n, (long long)j, (long long)i, r, o, fabs((double)r - o),
                          tol);
         }
     free(w), free(p), free(x), free(yr), free(yo);
@@ -157,22 +168,26 @@ static void test_avx512_parity(void **state) {
     (void)state;
     const tn_kern_table *opt = tn_kern_at(TN_ISA_AVX512);
     if (!opt || opt->slot[TN_Q4_0_R16].gemm_isa != TN_ISA_AVX512) {
-        printf("no avx512 vnni: the q4_0_r16 slot holds the scalar reference only; nothing more to test\n");
+        printf("no avx512 vnni: the *_r16 slots hold the scalar references only; nothing more to test\n");
         skip();
     }
-    const int64_t ks[] = {32, 544, 2048, 5632};
+    const int64_t ks[] = {256, 4352, 5632};
     const int64_t ms[] = {16, 48, 160};
     const int64_t ns[] = {1, 2, 3, 7, 8, 9, 16, 17, 33};
-    for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++)
-        for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++)
-            for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
-                if (ks[ki] > 2048 && (ms[mi] > 48 || ns[ni] > 9)) continue; /* keep the run short */
-                check_opt(ks[ki], ms[mi], ns[ni]);
-            }
-    /* per-column data larger than the kernel's stack buffer: the reference path inside */
-    check_opt(262144 + 32, 16, 2);
-    /* more columns than one stack buffer's worth (k = 8192: 32 columns each) */
-    check_opt(8192, 16, 40);
+    for (size_t ti = 0; ti < N_R16; ti++) {
+        const tn_dtype it = r16_types[ti];
+        for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++)
+            for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++)
+                for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+                    if (ks[ki] > 256 && (ms[mi] > 48 || ns[ni] > 9)) continue; /* keep the run short */
+                    check_opt(it, ks[ki], ms[mi], ns[ni]);
+                }
+        if (it == TN_Q4_0_R16) check_opt(it, 32, 16, 3); /* one block */
+        /* per-column data larger than the kernel's stack buffer: the reference path inside */
+        if (it == TN_Q4_0_R16 || it == TN_TQ4G256_R16) check_opt(it, 262144 + 256, 16, 2);
+        /* more columns than one stack buffer's worth (k = 8192: 32 columns each) */
+        check_opt(it, 8192, 16, 40);
+    }
 }
 
 static void test_internal_type(void **state) {
@@ -216,7 +231,7 @@ static void test_internal_type(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip),
-        cmocka_unit_test(test_scalar_equals_q4_0),
+        cmocka_unit_test(test_scalar_equals_file_type),
         cmocka_unit_test(test_avx512_parity),
         cmocka_unit_test(test_internal_type),
     };

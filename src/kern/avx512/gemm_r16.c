@@ -1,26 +1,30 @@
 /*
- * gemm_r16.c (avx512) — the tile product for q4_0 weights in the load-time q4_0_r16 layout
- * (quant/repack.h), for every batch size: decode, serve steps and prefill.
+ * gemm_r16.c (avx512) — tile products for 4-bit weights in the load-time *_r16 layouts
+ * (quant/repack.h: q4_0 and symmetric tq4g<G>), for every batch size: decode, serve steps and
+ * prefill.
  *
- * Per chunk (block b of a group of 16 rows, 288 bytes): the four 64-byte registers P_t are split
- * into low and high nibbles once (8 registers of unsigned codes 0..15, int32 lane r = row r), then
- * for each activation column: the accumulator starts at -8 * sum(x block) (the q4_0 offset, exact
- * in integers) and takes 8 VPDPBUSD, each against four activation bytes broadcast to all lanes,
- * so lane r ends as the exact integer dot of row r's block with the column's block — no
- * horizontal reduction. One conversion and one FMA with d_w (16 rows) * d_x apply the scales.
- * Per block and column that is 8 VPDPBUSD + 3 float ops for 512 products, against ~17 operations
- * in the row-major row kernel (gemv.c: lanes hold 4 products of one row, reduced by a transpose
- * per 16 blocks); the unpacking is shared by up to 8 columns per pass.
+ * Per 32 codes of a chunk (16 rows, 256 bytes): the four 64-byte registers P_t are split into
+ * low and high nibbles once (8 registers of unsigned codes, int32 lane r = row r), then for each
+ * activation column: the accumulator starts at the code offset times the block's activation sum
+ * (q4_0: -8 * sum x; tq4: codes doubled while unpacking, -15 * sum x, as 2 (q - 7.5) = 2q - 15),
+ * exact in integers, and takes 8 VPDPBUSD, each against four activation bytes broadcast to all
+ * lanes, so lane r ends as the exact integer dot of row r's 32 codes with the column's block — no
+ * horizontal reduction. One conversion, one multiply (d_w of 16 rows times d_x, halved for tq4)
+ * and one FMA apply the scales. Per 32 codes and column that is 8 VPDPBUSD + 3 float operations
+ * for 512 products, against ~17 operations in the row-major row kernel (gemv.c: lanes hold 4
+ * products of one row, reduced by a transpose per 16 blocks); the unpacking is shared by up to 8
+ * columns per pass.
  *
  * Columns go through in passes of up to 8 (accumulators: 8 columns x 16 rows in registers); a
  * group's 16 rows are read from memory once per call and from cache by later passes. Per-column
- * activation data (d_x as float, -8 * sum) is prepared once per call for up to a stack buffer's
- * worth of columns. The chunk stream is prefetched TN_R16_PF bytes ahead.
+ * activation data (scale, offset term) is prepared once per call for up to a stack buffer's worth
+ * of columns. The chunk stream is prefetched TN_R16_PF bytes ahead.
  *
- * Integer sums are exact; only the float accumulation differs from the reference (the scale is
- * applied by an FMA on (d_w * d_x) instead of ggml's (sumi * d_w) * d_x).
+ * Integer sums are exact; only the float rounding differs from the references (the scale is
+ * applied by an FMA on d_w * d_x instead of the references' products in their order).
  */
 #include <immintrin.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "core/fp16.h"
@@ -36,10 +40,12 @@
 
 typedef struct {
     float d;   /* d_x */
-    int32_t s; /* -8 * sum of the block's 32 activations */
+    int32_t s; /* -offset * sum of the block's 32 activations */
 } tn_r16_meta;
 
-static void tn_r16_prep(const uint8_t *x, size_t x_rb, int64_t n, int64_t nb, tn_r16_meta *meta) {
+/* meta[j * nb + b] for n columns of nb blocks: d_x * dmul, -off * sum(x block) */
+static void tn_r16_prep(const uint8_t *x, size_t x_rb, int64_t n, int64_t nb, int32_t off, float dmul,
+                        tn_r16_meta *meta) {
     const __m256i ones8 = _mm256_set1_epi8(1);
     const __m256i ones16 = _mm256_set1_epi16(1);
     for (int64_t j = 0; j < n; j++) {
@@ -50,8 +56,8 @@ static void tn_r16_prep(const uint8_t *x, size_t x_rb, int64_t n, int64_t nb, tn
             __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
             h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
             h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xB1));
-            meta[j * nb + b].d = tn_fp16_to_fp32(xb[b].d);
-            meta[j * nb + b].s = -8 * _mm_cvtsi128_si32(h);
+            meta[j * nb + b].d = tn_fp16_to_fp32(xb[b].d) * dmul;
+            meta[j * nb + b].s = -off * _mm_cvtsi128_si32(h);
         }
     }
 }
@@ -62,62 +68,75 @@ static inline int32_t tn_r16_x4(const int8_t *p) {
     return v;
 }
 
-/* One group of 16 rows x NC columns: y[c * ldy + r] for r < 16, c < NC. */
-static inline __attribute__((always_inline)) void tn_r16_tile(const int NC, const uint8_t *grp, int64_t nb,
-                                                               const uint8_t *x, size_t x_rb, const tn_r16_meta *meta,
-                                                               float *y, int64_t ldy) {
+/* One group of 16 rows x NC columns: y[c * ldy + r] for r < 16, c < NC; S pieces of 32 codes per
+ * chunk (G = 32 S), TQ: symmetric tq4 (codes doubled) instead of q4_0. */
+static inline __attribute__((always_inline)) void tn_r16_tile(const int NC, const int S, const bool TQ,
+                                                               const uint8_t *grp, int64_t nb, const uint8_t *x,
+                                                               size_t x_rb, const tn_r16_meta *meta, float *y,
+                                                               int64_t ldy) {
+    const size_t cb = 32 + 256 * (size_t)S;
     __m512 acc[TN_R16_NC];
     for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *ch = grp + (size_t)b * TN_R16_CHUNK;
-        for (int l = 0; l < TN_R16_CHUNK; l += 64) _mm_prefetch((const char *)ch + TN_R16_PF + l, _MM_HINT_T0);
+    const __m512i mask = _mm512_set1_epi8(TQ ? 0x1E : 0x0F);
+    for (int64_t b0 = 0; b0 < nb; b0 += S) {
+        const uint8_t *ch = grp + (size_t)(b0 / S) * cb;
+        for (size_t l = 0; l < cb; l += 64) _mm_prefetch((const char *)ch + TN_R16_PF + l, _MM_HINT_T0);
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)ch));
-        __m512i lo[4], hi[4];
-        for (int t = 0; t < 4; t++) {
-            const __m512i p = _mm512_loadu_si512(ch + 32 + 64 * t);
-            lo[t] = _mm512_and_si512(p, m4);
-            hi[t] = _mm512_and_si512(_mm512_srli_epi16(p, 4), m4);
-        }
-        for (int c = 0; c < NC; c++) {
-            const int8_t *xq = ((const block_q8_0 *)(x + (size_t)c * x_rb))[b].qs;
-            const tn_r16_meta mt = meta[(size_t)c * (size_t)nb + (size_t)b];
-            __m512i a = _mm512_set1_epi32(mt.s);
-            for (int t = 0; t < 4; t++) a = _mm512_dpbusd_epi32(a, lo[t], _mm512_set1_epi32(tn_r16_x4(xq + 4 * t)));
-            for (int t = 0; t < 4; t++)
-                a = _mm512_dpbusd_epi32(a, hi[t], _mm512_set1_epi32(tn_r16_x4(xq + 16 + 4 * t)));
-            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_mul_ps(dw, _mm512_set1_ps(mt.d)), acc[c]);
+        for (int s = 0; s < S; s++) {
+            const int64_t b = b0 + s;
+            __m512i lo[4], hi[4];
+            for (int t = 0; t < 4; t++) {
+                const __m512i p = _mm512_loadu_si512(ch + 32 + 256 * s + 64 * t);
+                lo[t] = _mm512_and_si512(TQ ? _mm512_slli_epi16(p, 1) : p, mask);
+                hi[t] = _mm512_and_si512(_mm512_srli_epi16(p, TQ ? 3 : 4), mask);
+            }
+            for (int c = 0; c < NC; c++) {
+                const int8_t *xq = ((const block_q8_0 *)(x + (size_t)c * x_rb))[b].qs;
+                const tn_r16_meta mt = meta[(size_t)c * (size_t)nb + (size_t)b];
+                __m512i a = _mm512_set1_epi32(mt.s);
+                for (int t = 0; t < 4; t++)
+                    a = _mm512_dpbusd_epi32(a, lo[t], _mm512_set1_epi32(tn_r16_x4(xq + 4 * t)));
+                for (int t = 0; t < 4; t++)
+                    a = _mm512_dpbusd_epi32(a, hi[t], _mm512_set1_epi32(tn_r16_x4(xq + 16 + 4 * t)));
+                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_mul_ps(dw, _mm512_set1_ps(mt.d)), acc[c]);
+            }
         }
     }
     for (int c = 0; c < NC; c++) _mm512_storeu_ps(y + c * ldy, acc[c]);
 }
 
-#define TN_R16_TILE_FN(NC)                                                                                             \
-    static void tn_r16_tile_##NC(const uint8_t *grp, int64_t nb, const uint8_t *x, size_t x_rb,                         \
-                                 const tn_r16_meta *meta, float *y, int64_t ldy) {                                      \
-        tn_r16_tile(NC, grp, nb, x, x_rb, meta, y, ldy);                                                               \
-    }
-TN_R16_TILE_FN(1)
-TN_R16_TILE_FN(2)
-TN_R16_TILE_FN(3)
-TN_R16_TILE_FN(4)
-TN_R16_TILE_FN(5)
-TN_R16_TILE_FN(6)
-TN_R16_TILE_FN(7)
-TN_R16_TILE_FN(8)
-
 typedef void (*tn_r16_tile_fn)(const uint8_t *, int64_t, const uint8_t *, size_t, const tn_r16_meta *, float *,
                                int64_t);
-static const tn_r16_tile_fn tn_r16_tiles[TN_R16_NC + 1] = {NULL,           tn_r16_tile_1, tn_r16_tile_2,
-                                                           tn_r16_tile_3,  tn_r16_tile_4, tn_r16_tile_5,
-                                                           tn_r16_tile_6,  tn_r16_tile_7, tn_r16_tile_8};
 
-void tn_k_gemm_q4_0_r16_q8_0__avx512(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,
-                                     size_t x_rb, float *y, int64_t ldy) {
-    const int64_t nb = k / QK4_0;
+#define TN_R16_TILE_FN(name, NC, S, TQ)                                                                                \
+    static void tn_r16_tile_##name##_##NC(const uint8_t *grp, int64_t nb, const uint8_t *x, size_t x_rb,              \
+                                          const tn_r16_meta *meta, float *y, int64_t ldy) {                            \
+        tn_r16_tile(NC, S, TQ, grp, nb, x, x_rb, meta, y, ldy);                                                        \
+    }
+#define TN_R16_TILES(name, S, TQ)                                                                                      \
+    TN_R16_TILE_FN(name, 1, S, TQ)                                                                                     \
+    TN_R16_TILE_FN(name, 2, S, TQ)                                                                                     \
+    TN_R16_TILE_FN(name, 3, S, TQ)                                                                                     \
+    TN_R16_TILE_FN(name, 4, S, TQ)                                                                                     \
+    TN_R16_TILE_FN(name, 5, S, TQ)                                                                                     \
+    TN_R16_TILE_FN(name, 6, S, TQ)                                                                                     \
+    TN_R16_TILE_FN(name, 7, S, TQ)                                                                                     \
+    TN_R16_TILE_FN(name, 8, S, TQ)                                                                                     \
+    static const tn_r16_tile_fn tn_r16_tiles_##name[TN_R16_NC + 1] = {                                                 \
+        NULL, tn_r16_tile_##name##_1, tn_r16_tile_##name##_2, tn_r16_tile_##name##_3, tn_r16_tile_##name##_4,          \
+        tn_r16_tile_##name##_5, tn_r16_tile_##name##_6, tn_r16_tile_##name##_7, tn_r16_tile_##name##_8};
+TN_R16_TILES(q4_0, 1, false)
+TN_R16_TILES(tq4g32, 1, true)
+TN_R16_TILES(tq4g64, 2, true)
+TN_R16_TILES(tq4g128, 4, true)
+TN_R16_TILES(tq4g256, 8, true)
+
+static void tn_r16_gemm(const tn_r16_tile_fn *tiles, tn_gemm_fn ref, int32_t off, float dmul, int64_t k, int64_t m,
+                        int64_t n, const void *w, size_t w_rb, const void *x, size_t x_rb, float *y, int64_t ldy) {
+    const int64_t nb = k / QK8_0;
     const size_t col_meta = (size_t)nb * sizeof(tn_r16_meta);
     if (col_meta > TN_R16_META) { /* k > 262144: beyond any model; the reference handles it */
-        tn_k_gemm_q4_0_r16_q8_0__scalar(k, m, n, w, w_rb, x, x_rb, y, ldy);
+        ref(k, m, n, w, w_rb, x, x_rb, y, ldy);
         return;
     }
     _Alignas(64) uint8_t buf[TN_R16_META];
@@ -126,22 +145,40 @@ void tn_k_gemm_q4_0_r16_q8_0__avx512(int64_t k, int64_t m, int64_t n, const void
     for (int64_t j0 = 0; j0 < n; j0 += ncol) {
         const int64_t nj = n - j0 < ncol ? n - j0 : ncol;
         const uint8_t *xj = (const uint8_t *)x + (size_t)j0 * x_rb;
-        tn_r16_prep(xj, x_rb, nj, nb, meta);
+        tn_r16_prep(xj, x_rb, nj, nb, off, dmul, meta);
         for (int64_t g = 0; g < m / TN_R16_ROWS; g++) {
             const uint8_t *grp = (const uint8_t *)w + (size_t)g * TN_R16_ROWS * w_rb;
             for (int64_t c0 = 0; c0 < nj; c0 += TN_R16_NC) {
                 const int nc = (int)(nj - c0 < TN_R16_NC ? nj - c0 : TN_R16_NC);
-                tn_r16_tiles[nc](grp, nb, xj + (size_t)c0 * x_rb, x_rb, meta + c0 * nb,
-                                 y + (j0 + c0) * ldy + g * TN_R16_ROWS, ldy);
+                tiles[nc](grp, nb, xj + (size_t)c0 * x_rb, x_rb, meta + c0 * nb, y + (j0 + c0) * ldy + g * TN_R16_ROWS,
+                          ldy);
             }
         }
     }
 }
 
+#define TN_R16_GEMM(name, off, dmul)                                                                                   \
+    static void tn_k_gemm_##name##_r16_q8_0__avx512(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb,             \
+                                             const void *x, size_t x_rb, float *y, int64_t ldy) {                      \
+        tn_r16_gemm(tn_r16_tiles_##name, tn_k_gemm_##name##_r16_q8_0__scalar, off, dmul, k, m, n, w, w_rb, x, x_rb, y, \
+                    ldy);                                                                                              \
+    }
+TN_R16_GEMM(q4_0, 8, 1.0f)
+TN_R16_GEMM(tq4g32, 15, 0.5f)
+TN_R16_GEMM(tq4g64, 15, 0.5f)
+TN_R16_GEMM(tq4g128, 15, 0.5f)
+TN_R16_GEMM(tq4g256, 15, 0.5f)
+
 void tn_kern_register_repack_avx512(tn_kern_table *t) {
     const tn_cpu *c = tn_cpu_get();
     if (!c->avx512vnni) return;
-    t->slot[TN_Q4_0_R16].gemm = tn_k_gemm_q4_0_r16_q8_0__avx512;
-    t->slot[TN_Q4_0_R16].gemm_isa = TN_ISA_AVX512;
-    t->slot[TN_Q4_0_R16].gemm_nrow = TN_R16_NROW;
+    const tn_dtype ids[] = {TN_Q4_0_R16, TN_TQ4G32_R16, TN_TQ4G64_R16, TN_TQ4G128_R16, TN_TQ4G256_R16};
+    const tn_gemm_fn fns[] = {tn_k_gemm_q4_0_r16_q8_0__avx512, tn_k_gemm_tq4g32_r16_q8_0__avx512,
+                              tn_k_gemm_tq4g64_r16_q8_0__avx512, tn_k_gemm_tq4g128_r16_q8_0__avx512,
+                              tn_k_gemm_tq4g256_r16_q8_0__avx512};
+    for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
+        t->slot[ids[i]].gemm = fns[i];
+        t->slot[ids[i]].gemm_isa = TN_ISA_AVX512;
+        t->slot[ids[i]].gemm_nrow = TN_R16_NROW;
+    }
 }

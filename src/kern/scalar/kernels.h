@@ -8,6 +8,7 @@
 #define TN_KERN_SCALAR_KERNELS_H
 
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 void tn_k_vec_dot_q4_0_q8_0__scalar(int64_t k, float *s, const void *w, const void *x);
@@ -24,8 +25,15 @@ void tn_k_vec_dot_f16_f16__scalar(int64_t k, float *s, const void *w, const void
 void tn_k_vec_dot_bf16_bf16__scalar(int64_t k, float *s, const void *w, const void *x);
 void tn_k_vec_dot_f32_f32__scalar(int64_t k, float *s, const void *w, const void *x);
 
-/* Tile product (kern.h tn_gemm_fn) for the q4_0_r16 layout; m % 16 == 0, w at a 16-row boundary. */
-void tn_k_gemm_q4_0_r16_q8_0__scalar(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,
-                                     size_t x_rb, float *y, int64_t ldy);
+/* Tile products (kern.h tn_gemm_fn) for the *_r16 layouts (quant/repack.h); m % 16 == 0, w at a
+ * 16-row boundary, w_rb the file type's row size. */
+#define TN_DECL_R16_REF(name)                                                                                          \
+    void tn_k_gemm_##name##_q8_0__scalar(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,  \
+                                         size_t x_rb, float *y, int64_t ldy);
+TN_DECL_R16_REF(q4_0_r16)
+TN_DECL_R16_REF(tq4g32_r16)
+TN_DECL_R16_REF(tq4g64_r16)
+TN_DECL_R16_REF(tq4g128_r16)
+TN_DECL_R16_REF(tq4g256_r16)
 
 #endif

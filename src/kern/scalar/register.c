@@ -99,4 +99,8 @@ void tn_kern_register_scalar(tn_kern_table *t) {
     TN_ACT_ONLY(TN_Q8_K, q8_K);
     /* Load-time layouts (quant/repack.h): a tile product only. */
     tn_set(t, TN_Q4_0_R16, NULL, tn_k_gemm_q4_0_r16_q8_0__scalar, NULL, NULL);
+    tn_set(t, TN_TQ4G32_R16, NULL, tn_k_gemm_tq4g32_r16_q8_0__scalar, NULL, NULL);
+    tn_set(t, TN_TQ4G64_R16, NULL, tn_k_gemm_tq4g64_r16_q8_0__scalar, NULL, NULL);
+    tn_set(t, TN_TQ4G128_R16, NULL, tn_k_gemm_tq4g128_r16_q8_0__scalar, NULL, NULL);
+    tn_set(t, TN_TQ4G256_R16, NULL, tn_k_gemm_tq4g256_r16_q8_0__scalar, NULL, NULL);
 }

@@ -1,35 +1,56 @@
 /*
- * repack.c (scalar) — reference tile product for the load-time q4_0_r16 layout (quant/repack.h):
- * the q4_0 reference dot (vec_dot.c: exact integer block sums, then (sumi * dw) * dx in ggml's
- * order) with each row's codes and scale read out of the interleaved chunks, so its results equal
- * the q4_0 reference on the original rows bit for bit.
+ * repack.c (scalar) — reference tile products for the load-time *_r16 layouts (quant/repack.h):
+ * the file type's reference dot with each row's codes and scale read out of the interleaved
+ * chunks, in the same float operations and order, so results equal the file type's reference on
+ * the original rows bit for bit:
+ *   q4_0:           exact integer sum of (q - 8) x per block, then (sumi * d_w) * d_x (ggml);
+ *   tq4g<G> (sym):  per 32 codes d_x * d_w * (2 sum q x - 15 sum x) * 0.5 (tn_tq_vec_dot_ref).
  */
 #include "kern/scalar/kernels.h"
 #include "quant/blocks.h"
 #include "quant/repack.h"
 
-void tn_k_gemm_q4_0_r16_q8_0__scalar(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,
-                                     size_t x_rb, float *y, int64_t ldy) {
-    const int64_t nb = k / QK4_0;
+static void tn_r16_gemm_ref(int64_t G, bool tq, int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb,
+                            const void *x, size_t x_rb, float *y, int64_t ldy) {
+    const int64_t nc = k / G, S = G / 32;
+    const size_t cb = 32 + (size_t)G * 8;
     for (int64_t j = 0; j < n; j++) {
         const block_q8_0 *xb = (const block_q8_0 *)((const uint8_t *)x + (size_t)j * x_rb);
         for (int64_t i = 0; i < m; i++) {
             const uint8_t *grp = (const uint8_t *)w + (size_t)(i / TN_R16_ROWS) * TN_R16_ROWS * w_rb;
             const int r = (int)(i % TN_R16_ROWS);
             float sumf = 0;
-            for (int64_t b = 0; b < nb; b++) {
-                const uint8_t *c = grp + (size_t)b * TN_R16_CHUNK;
-                int sumi = 0;
-                for (int t = 0; t < 4; t++)
-                    for (int e = 0; e < 4; e++) {
-                        const uint8_t q = c[32 + 64 * t + 4 * r + e];
-                        sumi += ((q & 0x0F) - 8) * xb[b].qs[4 * t + e];
-                        sumi += ((q >> 4) - 8) * xb[b].qs[16 + 4 * t + e];
-                    }
-                const tn_fp16 dw = (tn_fp16)(c[2 * r] | c[2 * r + 1] << 8);
-                sumf += sumi * tn_fp16_to_fp32(dw) * tn_fp16_to_fp32(xb[b].d);
+            for (int64_t c = 0; c < nc; c++) {
+                const uint8_t *ch = grp + (size_t)c * cb;
+                const float dw = tn_fp16_to_fp32((tn_fp16)(ch[2 * r] | ch[2 * r + 1] << 8));
+                for (int64_t s = 0; s < S; s++) {
+                    const block_q8_0 *a = &xb[c * S + s];
+                    int sumi = 0, sqa = 0, sa = 0;
+                    for (int t = 0; t < 4; t++)
+                        for (int e = 0; e < 4; e++) {
+                            const uint8_t q = ch[32 + 256 * s + 64 * t + 4 * r + e];
+                            const int x0 = a->qs[4 * t + e], x1 = a->qs[16 + 4 * t + e];
+                            sumi += ((q & 0x0F) - 8) * x0 + ((q >> 4) - 8) * x1;
+                            sqa += (q & 0x0F) * x0 + (q >> 4) * x1;
+                            sa += x0 + x1;
+                        }
+                    const float da = tn_fp16_to_fp32(a->d);
+                    if (tq) sumf += da * dw * (float)(2 * sqa - 15 * sa) * 0.5f;
+                    else sumf += sumi * dw * da;
+                }
             }
             y[j * ldy + i] = sumf;
         }
     }
 }
+
+#define TN_R16_REF(name, G, tq)                                                                                        \
+    void tn_k_gemm_##name##_q8_0__scalar(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,  \
+                                         size_t x_rb, float *y, int64_t ldy) {                                         \
+        tn_r16_gemm_ref(G, tq, k, m, n, w, w_rb, x, x_rb, y, ldy);                                                     \
+    }
+TN_R16_REF(q4_0_r16, 32, false)
+TN_R16_REF(tq4g32_r16, 32, true)
+TN_R16_REF(tq4g64_r16, 64, true)
+TN_R16_REF(tq4g128_r16, 128, true)
+TN_R16_REF(tq4g256_r16, 256, true)
