@@ -255,20 +255,26 @@ tern_status tn_model_repack(tern_model *m) {
     const int64_t nl = m->hp.n_layer;
     /* every matrix only the matmuls read; a tied output is also the embedding table (row reads) */
     const bool tied = m->output.data == m->tok_embd.data;
-    size_t total = 0;
+    const long pg = sysconf(_SC_PAGESIZE);
+    /* a mapped file is read-only: the interleaved weights go to a new buffer and the file's pages
+     * are released; a file read into memory (use_mmap = false) is ours: interleaved in place,
+     * 16 rows at a time through a scratch copy */
+    const bool mapped = !m->gguf || m->gguf->map.mapped;
+    size_t total = 0, scratch = 0;
     for (int64_t i = -1; i < nl; i++) {
         tn_tensor *v[7];
         const int nv = tn_matmul_views(m, i, tied, v);
         for (int j = 0; j < nv; j++)
-            if (tn_repack_target(v[j])) total += (v[j]->nbytes + 63) & ~(size_t)63;
+            if (tn_repack_target(v[j])) {
+                total += (v[j]->nbytes + 63) & ~(size_t)63;
+                scratch = TN_MAX(scratch, TN_R16_ROWS * tn_dtype_row_size(v[j]->type, v[j]->ne[0]));
+            }
     }
     if (!total) return TERN_OK;
-    uint8_t *buf = tn_malloc_aligned(total, 64);
+    uint8_t *buf = tn_malloc_aligned(mapped ? total : scratch, 64);
     if (!buf)
         return tn_err(TERN_ERR_NOMEM, "model: out of memory for %.0f MiB of repacked weights (load without repacking)",
-                      (double)total / 1048576.0);
-    const long pg = sysconf(_SC_PAGESIZE);
-    const bool mapped = m->gguf && m->gguf->map.mapped && pg > 0;
+                      (double)(mapped ? total : scratch) / 1048576.0);
     size_t off = 0;
     for (int64_t i = -1; i < nl; i++) {
         tn_tensor *v[7];
@@ -277,18 +283,28 @@ tern_status tn_model_repack(tern_model *m) {
             tn_tensor *t = v[j];
             const tn_dtype it = tn_repack_target(t);
             if (!it) continue;
-            tn_repack_r16(t->type, t->data, buf + off, t->ne[1], t->ne[0]);
-            if (mapped) { /* the file's pages of this tensor are not read again */
-                uintptr_t a = ((uintptr_t)t->data + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
-                uintptr_t e = ((uintptr_t)t->data + t->nbytes) & ~((uintptr_t)pg - 1);
-                if (e > a) (void)madvise((void *)a, e - a, MADV_DONTNEED);
+            if (mapped) {
+                tn_repack_r16(t->type, t->data, buf + off, t->ne[1], t->ne[0]);
+                if (pg > 0) { /* the file's pages of this tensor are not read again */
+                    uintptr_t a = ((uintptr_t)t->data + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
+                    uintptr_t e = ((uintptr_t)t->data + t->nbytes) & ~((uintptr_t)pg - 1);
+                    if (e > a) (void)madvise((void *)a, e - a, MADV_DONTNEED);
+                }
+                t->data = buf + off;
+                off += (t->nbytes + 63) & ~(size_t)63;
+            } else {
+                const size_t gb = TN_R16_ROWS * tn_dtype_row_size(t->type, t->ne[0]);
+                uint8_t *d = (uint8_t *)(uintptr_t)t->data;
+                for (int64_t g = 0; g < t->ne[1] / TN_R16_ROWS; g++) {
+                    memcpy(buf, d + (size_t)g * gb, gb);
+                    tn_repack_r16(t->type, buf, d + (size_t)g * gb, TN_R16_ROWS, t->ne[0]);
+                }
             }
-            t->data = buf + off;
             t->type = it;
-            off += (t->nbytes + 63) & ~(size_t)63;
         }
     }
-    m->repacked = buf;
+    if (mapped) m->repacked = buf;
+    else tn_free_aligned(buf);
     return TERN_OK;
 }
 

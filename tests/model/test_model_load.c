@@ -1,8 +1,11 @@
 /*
  * test_model_load.c — the model loader's validation (robustness.md G25–G28): each case rewrites
  * a valid tiny model with one defect and expects the named status and a message naming the key
- * or tensor. Tied output embeddings (no output.weight) must load.
+ * or tensor. Tied output embeddings (no output.weight) must load. Load-time repacking (q4_0 ->
+ * q4_0_r16) gives the same model whether the file is mapped or read into memory, and the same
+ * weights and (within float reordering) logits as the file layout.
  */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,6 +17,8 @@
 
 #include "common/tiny_model.h"
 #include "fmt/gguf.h"
+#include "kern/kern.h"
+#include "model/model.h"
 #include "tern/tern.h"
 
 static char base_path[512];
@@ -131,6 +136,69 @@ static void test_null_args(void **state) {
     assert_non_null(strstr(tern_last_error(), "/nonexistent/x.gguf"));
 }
 
+/* q4_0 model loaded three ways: mapped + repack, read + repack (in place), mapped, no repack */
+static void test_repack_load_modes(void **state) {
+    (void)state;
+    tiny_cfg cfg;
+    tiny_cfg_default(&cfg);
+    cfg.wtype = TN_Q4_0;
+    cfg.out_type = TN_Q4_0; /* an untied q4_0 output is repacked too */
+    char path[512];
+    tiny_tmp_path(path, sizeof path, "repack");
+    assert_int_equal(tiny_model_write(path, &cfg), TERN_OK);
+    const bool simd = tn_kern()->slot[TN_Q4_0_R16].gemm_isa >= TN_ISA_AVX512;
+    tern_model *m[3] = {NULL};
+    float *logits[3];
+    const int nv = (int)cfg.n_vocab;
+    const tern_token toks[6] = {1, 17, 42, 300, 5, 99};
+    for (int v = 0; v < 3; v++) {
+        tern_model_params mp;
+        tern_model_params_init(&mp);
+        assert_true(mp.repack); /* the default */
+        mp.use_mmap = v != 1;
+        mp.repack = v != 2;
+        assert_int_equal(tern_model_load(path, &mp, &m[v]), TERN_OK);
+        const tn_dtype want = v != 2 && simd ? TN_Q4_0_R16 : TN_Q4_0;
+        assert_int_equal(m[v]->layers[0].wq.type, want);
+        assert_int_equal(m[v]->layers[1].w_down.type, want);
+        assert_int_equal(m[v]->output.type, want);
+        assert_int_equal(m[v]->tok_embd.type, TN_Q4_0); /* row lookups: never moved */
+        tern_ctx_params cp;
+        tern_ctx_params_init(&cp);
+        cp.n_threads = 2;
+        tern_ctx *c = NULL;
+        assert_int_equal(tern_ctx_create(m[v], &cp, &c), TERN_OK);
+        assert_int_equal(tern_decode(c, toks, 6), TERN_OK);
+        logits[v] = malloc((size_t)nv * sizeof(float));
+        memcpy(logits[v], tern_get_logits(c, -1), (size_t)nv * sizeof(float));
+        tern_ctx_free(c);
+    }
+    /* every row of every repacked matrix reads back as the file's row */
+    const int64_t k = cfg.n_embd;
+    float *a = malloc((size_t)k * sizeof(float)), *b = malloc((size_t)k * sizeof(float));
+    for (int64_t r = 0; r < m[0]->layers[0].wq.ne[1]; r++) {
+        tn_tensor_get_row(&m[0]->layers[0].wq, r, a);
+        tn_tensor_get_row(&m[2]->layers[0].wq, r, b);
+        assert_memory_equal(a, b, (size_t)k * sizeof(float));
+        tn_tensor_get_row(&m[1]->layers[0].wq, r, b);
+        assert_memory_equal(a, b, (size_t)k * sizeof(float));
+    }
+    free(a), free(b);
+    /* mapped and in-place repacking: the same kernels on the same bytes */
+    assert_memory_equal(logits[0], logits[1], (size_t)nv * sizeof(float));
+    double num = 0, den = 0;
+    for (int i = 0; i < nv; i++) {
+        num += (double)(logits[0][i] - logits[2][i]) * (logits[0][i] - logits[2][i]);
+        den += (double)logits[2][i] * logits[2][i];
+    }
+    if (!(sqrt(num / den) < 1e-4)) fail_msg("repacked vs file layout: logits rel err %.3g", sqrt(num / den));
+    for (int v = 0; v < 3; v++) {
+        free(logits[v]);
+        tern_model_free(m[v]);
+    }
+    unlink(path);
+}
+
 int main(void) {
     tiny_cfg cfg;
     tiny_cfg_default(&cfg);
@@ -144,6 +212,7 @@ int main(void) {
         cmocka_unit_test(test_tied_output_loads),
         cmocka_unit_test(test_alloc_failures),
         cmocka_unit_test(test_null_args),
+        cmocka_unit_test(test_repack_load_modes),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     unlink(base_path);
