@@ -16,7 +16,8 @@
  * columns per pass.
  *
  * Columns go through in passes of up to 8 (accumulators: 8 columns x 16 rows in registers); a
- * group's 16 rows are read from memory once per call and from cache by later passes. Per-column
+ * group's 16 rows are read from memory once per stack buffer of columns and from cache by the
+ * later passes. Per-column
  * activation data (scale, offset term) is prepared once per call for up to a stack buffer's worth
  * of columns. The chunk stream is prefetched TN_R16_PF bytes ahead.
  *
@@ -36,7 +37,11 @@
 #define TN_R16_NC 8          /* columns per pass */
 #define TN_R16_PF 1536       /* software prefetch distance, bytes */
 #define TN_R16_META 65536    /* per-call activation data on the stack, bytes */
-#define TN_R16_NROW 32       /* matmul driver: whole thread ranges up to this many columns */
+/* The matmul driver hands every batch size whole thread ranges (gemm_nrow): each group of 16 rows
+ * is read from memory once per stack buffer of columns (k = 2048: 128 columns) and reused from
+ * cache by every pass of 8. Measured on Zen 4, 1B q4_0, 2 threads: pp512 ~5-10% faster than the
+ * driver's 64 x 64 cache blocks. */
+#define TN_R16_NROW (1 << 30)
 
 typedef struct {
     float d;   /* d_x */
