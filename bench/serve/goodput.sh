@@ -13,6 +13,8 @@
 # (completed-in-SLO / sent, times sent / arrival window), so a server that falls behind is not
 # credited for finishing late after the arrivals stop.
 # The peer binary is built outside this repository by the user; nothing of it is kept here.
+#   bench/serve/goodput.sh --replot --out DIR [--ttft-slo MS --tpot-slo MS]   rewrites DIR's table
+#   and plot from DIR/goodput.tsv (e.g. after concatenating the rows of several runs).
 set -u
 TERN=build/tern
 PEER=""
@@ -27,6 +29,7 @@ TTFT=4000
 TPOT=200
 OUT=goodput-out
 TERN_ARGS=""
+REPLOT=0
 while [ $# -gt 0 ]; do
     case "$1" in
     -m) MODEL=$2; shift ;;
@@ -42,11 +45,13 @@ while [ $# -gt 0 ]; do
     --tpot-slo) TPOT=$2; shift ;;
     --tern-args) TERN_ARGS=$2; shift ;;
     --out) OUT=$2; shift ;;
-    -h | --help) sed -n '2,16p' "$0"; exit 0 ;;
+    --replot) REPLOT=1 ;;
+    -h | --help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "goodput.sh: unknown argument '$1'" >&2; exit 64 ;;
     esac
     shift
 done
+if [ "$REPLOT" = 0 ]; then
 [ -n "$MODEL" ] && [ -f "$MODEL" ] || { echo "goodput.sh: -m MODEL (an existing GGUF file) is required" >&2; exit 64; }
 [ -x "$TERN" ] || { echo "goodput.sh: tern binary '$TERN' not found (build first or pass --tern)" >&2; exit 66; }
 command -v jq >/dev/null || { echo "goodput.sh: needs jq (apt-get install jq)" >&2; exit 69; }
@@ -105,6 +110,10 @@ for rate in $RATES; do
     start_tern; run_one tern "$rate"; stop_server
     if [ -n "$PEER" ]; then start_peer; run_one llama-server "$rate"; stop_server; fi
 done
+
+else
+    [ -f "$OUT/goodput.tsv" ] || { echo "goodput.sh: --replot needs $OUT/goodput.tsv" >&2; exit 66; }
+fi
 
 # table
 {

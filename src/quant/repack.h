@@ -9,14 +9,18 @@
  * low nibble = code j, high nibble = code j + 16):
  *   q4_0                      G = 32,  x = d * (q - 8)
  *   tq4g<G> (symmetric)       G = 32 .. 256,  x = d * (q - 7.5)
- * A group of 16 rows (16 * k/G blocks) becomes k/G chunks of 32 + 8 G bytes, chunk c =
+ * and q8_0 (G = 32, 32 int8 codes, x = d q) takes the same shape with 8-bit codes, stored + 128
+ * (XOR 0x80) so that they are VPDPBUSD's unsigned operand.
+ * A group of 16 rows (16 * k/G blocks of B bytes) becomes k/G chunks of 32 + 16 (B - 2) bytes,
+ * chunk c =
  *
  *   bytes   0 ..  31        fp16 d of block c of rows 0..15
- *   then, per 32 codes s (s = 0 .. G/32 - 1), 256 bytes: four 64-byte registers P_t (t = 0..3):
- *                           dword r of P_t = dword t of row r's 16-byte piece s
+ *   then one 64-byte register P_u per dword u of the block's codes (u = 0 .. (B - 2)/4 - 1):
+ *                           dword r of P_u = dword u of row r's codes
  *
- * so P_t & 0x0F holds codes 4t..4t+3 of piece s of every row and (P_t >> 4) & 0x0F codes
- * 16+4t..16+4t+3. The chunk sizes add up to 16 rows of the file type: a row-major view of group g
+ * so for the 4-bit types, with u = 4s + t (s = piece of 32 codes), P_u & 0x0F holds codes
+ * 4t..4t+3 of piece s of every row and (P_u >> 4) & 0x0F codes 16+4t..16+4t+3; for q8_0 P_u holds
+ * codes 4u..4u+3 (+ 128). The chunk sizes add up to 16 rows of the file type: a row-major view of group g
  * starts at g * 16 * row_size, as before, so the matmul driver's 16-aligned thread ranges and row
  * offsets stay valid.
  */
@@ -28,7 +32,7 @@
 
 #define TN_R16_ROWS 16
 
-/* The interleaved type for file type t (q4_0, tq4g<G> symmetric), or 0 if there is none. */
+/* The interleaved type for file type t (q4_0, tq4g<G> symmetric, q8_0), or 0 if there is none. */
 tn_dtype tn_r16_type_of(tn_dtype t);
 /* The file type an interleaved type came from (0 if t is not one). */
 tn_dtype tn_r16_file_type(tn_dtype t);

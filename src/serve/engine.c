@@ -1027,6 +1027,11 @@ tern_status tn_engine_create(const tern_model *m, const tn_serve_config *cfg, tn
     }
     met->kv_blocks = e->kv.n_blocks;
     measure_cost(e);
+    /* the testing-only pause after every step is part of every step's time: the scheduler plans
+     * with it instead of learning it through the load factor (whose clamp, 50x, a 5 ms pause on
+     * a model whose steps take microseconds would exceed) */
+    if (e->cfg.step_delay_ms > 0)
+        for (int i = 0; i < e->sch.cost.n_pts; i++) e->sch.cost.t[i] += e->cfg.step_delay_ms / 1e3;
     tn_load_init(&e->load);
     e->sch.tpot = cfg->tpot_slo_ms > 0 ? cfg->tpot_slo_ms * 1e-3 : 0;
     e->sch.bank_cap = 2 * e->sch.tpot;

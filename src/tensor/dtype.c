@@ -119,6 +119,7 @@ static const tn_dtype_traits tn_traits_internal[TN_DTYPE_SLOT_COUNT - TN_DTYPE_I
     {"tq4g64_r16", 64, 34, true, true, TN_Q8_0},
     {"tq4g128_r16", 128, 66, true, true, TN_Q8_0},
     {"tq4g256_r16", 256, 130, true, true, TN_Q8_0},
+    {"q8_0_r16", QK8_0, sizeof(block_q8_0), true, true, TN_Q8_0},
 };
 
 const tn_dtype_traits *tn_dtype_get(uint32_t t) {

@@ -41,6 +41,7 @@ typedef enum tn_dtype {
     TN_TQ4G64_R16,
     TN_TQ4G128_R16,
     TN_TQ4G256_R16,
+    TN_Q8_0_R16,                          /* q8_0 with 16 rows interleaved, codes + 128       */
     TN_DTYPE_SLOT_COUNT, /* ids a kernel slot exists for */
 } tn_dtype;
 

@@ -1,6 +1,6 @@
 /*
- * test_repack.c — the load-time *_r16 layouts (src/quant/repack.c: q4_0 and symmetric
- * tq4g32..tq4g256) and their kernels, for every one of the five types:
+ * test_repack.c — the load-time *_r16 layouts (src/quant/repack.c: q4_0, symmetric
+ * tq4g32..tq4g256 and q8_0) and their kernels, for every one of the six types:
  *   - repacking then unpacking gives back every row's bytes; the layout's row dequantization
  *     equals the file type's on the original row;
  *   - the scalar *_r16 reference equals the file type's scalar reference on the ORIGINAL rows bit
@@ -33,8 +33,9 @@
 #include "quant/tq.h"
 
 
-/* the five interleaved types and their file types */
-static const tn_dtype r16_types[] = {TN_Q4_0_R16, TN_TQ4G32_R16, TN_TQ4G64_R16, TN_TQ4G128_R16, TN_TQ4G256_R16};
+/* the interleaved types and their file types */
+static const tn_dtype r16_types[] = {TN_Q4_0_R16,    TN_TQ4G32_R16,  TN_TQ4G64_R16,
+                                     TN_TQ4G128_R16, TN_TQ4G256_R16, TN_Q8_0_R16};
 #define N_R16 (sizeof r16_types / sizeof r16_types[0])
 
 /* m rows of file type ft: even rows quantized from floats, odd rows random bytes with small scales */

@@ -260,7 +260,7 @@ int cmd_bench(int argc, char **argv) {
                    "       tern bench --sweep-bits -m model-f16.gguf [--group 64] [--sym] [-n 128] [-p 0] ...\n"
                    "  -p N  prompt tokens (pp test; 0 = skip)   -n N  generated tokens (tg test; 0 = skip)\n"
                    "  -r N  repetitions                           -o    output format\n"
-                   "  --no-repack   keep q4_0 weights in the file's layout (default: interleaved at load)\n"
+                   "  --no-repack   keep q4_0/q8_0/tq4 weights in the file layout (default: interleaved at load)\n"
                    "  --sweep-bits  quantize an f16/f32 model to tq1..tq8 (g<group>, asymmetric unless --sym) in a\n"
                    "                temporary directory and bench each width (pp skipped unless -p is given)\n");
             return 0;

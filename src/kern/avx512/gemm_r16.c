@@ -1,7 +1,7 @@
 /*
- * gemm_r16.c (avx512) — tile products for 4-bit weights in the load-time *_r16 layouts
- * (quant/repack.h: q4_0 and symmetric tq4g<G>), for every batch size: decode, serve steps and
- * prefill.
+ * gemm_r16.c (avx512) — tile products for weights in the load-time *_r16 layouts (quant/repack.h:
+ * q4_0, symmetric tq4g<G>, q8_0), for every batch size: decode, serve steps and prefill. q8_0 is
+ * the same without the unpacking: its codes are stored + 128, and the offset is -128 * sum x.
  *
  * Per 32 codes of a chunk (16 rows, 256 bytes): the four 64-byte registers P_t are split into
  * low and high nibbles once (8 registers of unsigned codes, int32 lane r = row r), then for each
@@ -74,12 +74,13 @@ static inline int32_t tn_r16_x4(const int8_t *p) {
 }
 
 /* One group of 16 rows x NC columns: y[c * ldy + r] for r < 16, c < NC; S pieces of 32 codes per
- * chunk (G = 32 S), TQ: symmetric tq4 (codes doubled) instead of q4_0. */
-static inline __attribute__((always_inline)) void tn_r16_tile(const int NC, const int S, const bool TQ,
+ * chunk (G = 32 S), TQ: symmetric tq4 (codes doubled) instead of q4_0; Q8: q8_0 (8-bit codes, no
+ * unpacking; S = 1). */
+static inline __attribute__((always_inline)) void tn_r16_tile(const int NC, const int S, const bool TQ, const bool Q8,
                                                                const uint8_t *grp, int64_t nb, const uint8_t *x,
                                                                size_t x_rb, const tn_r16_meta *meta, float *y,
                                                                int64_t ldy) {
-    const size_t cb = 32 + 256 * (size_t)S;
+    const size_t cb = Q8 ? 32 + 512 : 32 + 256 * (size_t)S;
     __m512 acc[TN_R16_NC];
     for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
     const __m512i mask = _mm512_set1_epi8(TQ ? 0x1E : 0x0F);
@@ -89,20 +90,21 @@ static inline __attribute__((always_inline)) void tn_r16_tile(const int NC, cons
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)ch));
         for (int s = 0; s < S; s++) {
             const int64_t b = b0 + s;
-            __m512i lo[4], hi[4];
-            for (int t = 0; t < 4; t++) {
-                const __m512i p = _mm512_loadu_si512(ch + 32 + 256 * s + 64 * t);
-                lo[t] = _mm512_and_si512(TQ ? _mm512_slli_epi16(p, 1) : p, mask);
-                hi[t] = _mm512_and_si512(_mm512_srli_epi16(p, TQ ? 3 : 4), mask);
-            }
+            /* q[u]: codes 4u..4u+3 of every row, unsigned */
+            __m512i q[8];
+            if (Q8)
+                for (int u = 0; u < 8; u++) q[u] = _mm512_loadu_si512(ch + 32 + 64 * u);
+            else
+                for (int t = 0; t < 4; t++) {
+                    const __m512i p = _mm512_loadu_si512(ch + 32 + 256 * s + 64 * t);
+                    q[t] = _mm512_and_si512(TQ ? _mm512_slli_epi16(p, 1) : p, mask);
+                    q[4 + t] = _mm512_and_si512(_mm512_srli_epi16(p, TQ ? 3 : 4), mask);
+                }
             for (int c = 0; c < NC; c++) {
                 const int8_t *xq = ((const block_q8_0 *)(x + (size_t)c * x_rb))[b].qs;
                 const tn_r16_meta mt = meta[(size_t)c * (size_t)nb + (size_t)b];
                 __m512i a = _mm512_set1_epi32(mt.s);
-                for (int t = 0; t < 4; t++)
-                    a = _mm512_dpbusd_epi32(a, lo[t], _mm512_set1_epi32(tn_r16_x4(xq + 4 * t)));
-                for (int t = 0; t < 4; t++)
-                    a = _mm512_dpbusd_epi32(a, hi[t], _mm512_set1_epi32(tn_r16_x4(xq + 16 + 4 * t)));
+                for (int u = 0; u < 8; u++) a = _mm512_dpbusd_epi32(a, q[u], _mm512_set1_epi32(tn_r16_x4(xq + 4 * u)));
                 acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_mul_ps(dw, _mm512_set1_ps(mt.d)), acc[c]);
             }
         }
@@ -113,28 +115,29 @@ static inline __attribute__((always_inline)) void tn_r16_tile(const int NC, cons
 typedef void (*tn_r16_tile_fn)(const uint8_t *, int64_t, const uint8_t *, size_t, const tn_r16_meta *, float *,
                                int64_t);
 
-#define TN_R16_TILE_FN(name, NC, S, TQ)                                                                                \
+#define TN_R16_TILE_FN(name, NC, S, TQ, Q8)                                                                            \
     static void tn_r16_tile_##name##_##NC(const uint8_t *grp, int64_t nb, const uint8_t *x, size_t x_rb,              \
                                           const tn_r16_meta *meta, float *y, int64_t ldy) {                            \
-        tn_r16_tile(NC, S, TQ, grp, nb, x, x_rb, meta, y, ldy);                                                        \
+        tn_r16_tile(NC, S, TQ, Q8, grp, nb, x, x_rb, meta, y, ldy);                                                    \
     }
-#define TN_R16_TILES(name, S, TQ)                                                                                      \
-    TN_R16_TILE_FN(name, 1, S, TQ)                                                                                     \
-    TN_R16_TILE_FN(name, 2, S, TQ)                                                                                     \
-    TN_R16_TILE_FN(name, 3, S, TQ)                                                                                     \
-    TN_R16_TILE_FN(name, 4, S, TQ)                                                                                     \
-    TN_R16_TILE_FN(name, 5, S, TQ)                                                                                     \
-    TN_R16_TILE_FN(name, 6, S, TQ)                                                                                     \
-    TN_R16_TILE_FN(name, 7, S, TQ)                                                                                     \
-    TN_R16_TILE_FN(name, 8, S, TQ)                                                                                     \
+#define TN_R16_TILES(name, S, TQ, Q8)                                                                                  \
+    TN_R16_TILE_FN(name, 1, S, TQ, Q8)                                                                                 \
+    TN_R16_TILE_FN(name, 2, S, TQ, Q8)                                                                                 \
+    TN_R16_TILE_FN(name, 3, S, TQ, Q8)                                                                                 \
+    TN_R16_TILE_FN(name, 4, S, TQ, Q8)                                                                                 \
+    TN_R16_TILE_FN(name, 5, S, TQ, Q8)                                                                                 \
+    TN_R16_TILE_FN(name, 6, S, TQ, Q8)                                                                                 \
+    TN_R16_TILE_FN(name, 7, S, TQ, Q8)                                                                                 \
+    TN_R16_TILE_FN(name, 8, S, TQ, Q8)                                                                                 \
     static const tn_r16_tile_fn tn_r16_tiles_##name[TN_R16_NC + 1] = {                                                 \
         NULL, tn_r16_tile_##name##_1, tn_r16_tile_##name##_2, tn_r16_tile_##name##_3, tn_r16_tile_##name##_4,          \
         tn_r16_tile_##name##_5, tn_r16_tile_##name##_6, tn_r16_tile_##name##_7, tn_r16_tile_##name##_8};
-TN_R16_TILES(q4_0, 1, false)
-TN_R16_TILES(tq4g32, 1, true)
-TN_R16_TILES(tq4g64, 2, true)
-TN_R16_TILES(tq4g128, 4, true)
-TN_R16_TILES(tq4g256, 8, true)
+TN_R16_TILES(q4_0, 1, false, false)
+TN_R16_TILES(tq4g32, 1, true, false)
+TN_R16_TILES(tq4g64, 2, true, false)
+TN_R16_TILES(tq4g128, 4, true, false)
+TN_R16_TILES(tq4g256, 8, true, false)
+TN_R16_TILES(q8_0, 1, false, true)
 
 static void tn_r16_gemm(const tn_r16_tile_fn *tiles, tn_gemm_fn ref, int32_t off, float dmul, int64_t k, int64_t m,
                         int64_t n, const void *w, size_t w_rb, const void *x, size_t x_rb, float *y, int64_t ldy) {
@@ -173,14 +176,16 @@ TN_R16_GEMM(tq4g32, 15, 0.5f)
 TN_R16_GEMM(tq4g64, 15, 0.5f)
 TN_R16_GEMM(tq4g128, 15, 0.5f)
 TN_R16_GEMM(tq4g256, 15, 0.5f)
+TN_R16_GEMM(q8_0, 128, 1.0f)
 
 void tn_kern_register_repack_avx512(tn_kern_table *t) {
     const tn_cpu *c = tn_cpu_get();
     if (!c->avx512vnni) return;
-    const tn_dtype ids[] = {TN_Q4_0_R16, TN_TQ4G32_R16, TN_TQ4G64_R16, TN_TQ4G128_R16, TN_TQ4G256_R16};
-    const tn_gemm_fn fns[] = {tn_k_gemm_q4_0_r16_q8_0__avx512, tn_k_gemm_tq4g32_r16_q8_0__avx512,
-                              tn_k_gemm_tq4g64_r16_q8_0__avx512, tn_k_gemm_tq4g128_r16_q8_0__avx512,
-                              tn_k_gemm_tq4g256_r16_q8_0__avx512};
+    const tn_dtype ids[] = {TN_Q4_0_R16,    TN_TQ4G32_R16,  TN_TQ4G64_R16,
+                            TN_TQ4G128_R16, TN_TQ4G256_R16, TN_Q8_0_R16};
+    const tn_gemm_fn fns[] = {tn_k_gemm_q4_0_r16_q8_0__avx512,    tn_k_gemm_tq4g32_r16_q8_0__avx512,
+                              tn_k_gemm_tq4g64_r16_q8_0__avx512,  tn_k_gemm_tq4g128_r16_q8_0__avx512,
+                              tn_k_gemm_tq4g256_r16_q8_0__avx512, tn_k_gemm_q8_0_r16_q8_0__avx512};
     for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
         t->slot[ids[i]].gemm = fns[i];
         t->slot[ids[i]].gemm_isa = TN_ISA_AVX512;

@@ -103,4 +103,5 @@ void tn_kern_register_scalar(tn_kern_table *t) {
     tn_set(t, TN_TQ4G64_R16, NULL, tn_k_gemm_tq4g64_r16_q8_0__scalar, NULL, NULL);
     tn_set(t, TN_TQ4G128_R16, NULL, tn_k_gemm_tq4g128_r16_q8_0__scalar, NULL, NULL);
     tn_set(t, TN_TQ4G256_R16, NULL, tn_k_gemm_tq4g256_r16_q8_0__scalar, NULL, NULL);
+    tn_set(t, TN_Q8_0_R16, NULL, tn_k_gemm_q8_0_r16_q8_0__scalar, NULL, NULL);
 }

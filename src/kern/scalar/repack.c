@@ -4,16 +4,18 @@
  * chunks, in the same float operations and order, so results equal the file type's reference on
  * the original rows bit for bit:
  *   q4_0:           exact integer sum of (q - 8) x per block, then (sumi * d_w) * d_x (ggml);
- *   tq4g<G> (sym):  per 32 codes d_x * d_w * (2 sum q x - 15 sum x) * 0.5 (tn_tq_vec_dot_ref).
+ *   tq4g<G> (sym):  per 32 codes d_x * d_w * (2 sum q x - 15 sum x) * 0.5 (tn_tq_vec_dot_ref);
+ *   q8_0:           exact integer sum of q x per block (codes stored + 128), then sumi * (d_w * d_x).
  */
 #include "kern/scalar/kernels.h"
 #include "quant/blocks.h"
 #include "quant/repack.h"
 
-static void tn_r16_gemm_ref(int64_t G, bool tq, int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb,
+/* kind: 0 = q4_0, 1 = symmetric tq4 (G = 32 .. 256), 2 = q8_0 */
+static void tn_r16_gemm_ref(int64_t G, int kind, int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb,
                             const void *x, size_t x_rb, float *y, int64_t ldy) {
     const int64_t nc = k / G, S = G / 32;
-    const size_t cb = 32 + (size_t)G * 8;
+    const size_t cb = kind == 2 ? 32 + 64 * 8 : 32 + (size_t)G * 8;
     for (int64_t j = 0; j < n; j++) {
         const block_q8_0 *xb = (const block_q8_0 *)((const uint8_t *)x + (size_t)j * x_rb);
         for (int64_t i = 0; i < m; i++) {
@@ -28,14 +30,20 @@ static void tn_r16_gemm_ref(int64_t G, bool tq, int64_t k, int64_t m, int64_t n,
                     int sumi = 0, sqa = 0, sa = 0;
                     for (int t = 0; t < 4; t++)
                         for (int e = 0; e < 4; e++) {
-                            const uint8_t q = ch[32 + 256 * s + 64 * t + 4 * r + e];
                             const int x0 = a->qs[4 * t + e], x1 = a->qs[16 + 4 * t + e];
+                            if (kind == 2) { /* dword u = t holds codes 4t.., dword 4 + t codes 16 + 4t.. */
+                                sumi += ((int)ch[32 + 64 * t + 4 * r + e] - 128) * x0 +
+                                        ((int)ch[32 + 64 * (4 + t) + 4 * r + e] - 128) * x1;
+                                continue;
+                            }
+                            const uint8_t q = ch[32 + 256 * s + 64 * t + 4 * r + e];
                             sumi += ((q & 0x0F) - 8) * x0 + ((q >> 4) - 8) * x1;
                             sqa += (q & 0x0F) * x0 + (q >> 4) * x1;
                             sa += x0 + x1;
                         }
                     const float da = tn_fp16_to_fp32(a->d);
-                    if (tq) sumf += da * dw * (float)(2 * sqa - 15 * sa) * 0.5f;
+                    if (kind == 1) sumf += da * dw * (float)(2 * sqa - 15 * sa) * 0.5f;
+                    else if (kind == 2) sumf += sumi * (dw * da);
                     else sumf += sumi * dw * da;
                 }
             }
@@ -44,13 +52,14 @@ static void tn_r16_gemm_ref(int64_t G, bool tq, int64_t k, int64_t m, int64_t n,
     }
 }
 
-#define TN_R16_REF(name, G, tq)                                                                                        \
+#define TN_R16_REF(name, G, kind)                                                                                      \
     void tn_k_gemm_##name##_q8_0__scalar(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,  \
                                          size_t x_rb, float *y, int64_t ldy) {                                         \
-        tn_r16_gemm_ref(G, tq, k, m, n, w, w_rb, x, x_rb, y, ldy);                                                     \
+        tn_r16_gemm_ref(G, kind, k, m, n, w, w_rb, x, x_rb, y, ldy);                                                   \
     }
-TN_R16_REF(q4_0_r16, 32, false)
-TN_R16_REF(tq4g32_r16, 32, true)
-TN_R16_REF(tq4g64_r16, 64, true)
-TN_R16_REF(tq4g128_r16, 128, true)
-TN_R16_REF(tq4g256_r16, 256, true)
+TN_R16_REF(q4_0_r16, 32, 0)
+TN_R16_REF(tq4g32_r16, 32, 1)
+TN_R16_REF(tq4g64_r16, 64, 1)
+TN_R16_REF(tq4g128_r16, 128, 1)
+TN_R16_REF(tq4g256_r16, 256, 1)
+TN_R16_REF(q8_0_r16, 32, 2)
