@@ -26,18 +26,16 @@ tn_dtype tn_r16_file_type(tn_dtype t) {
     return (tn_dtype)tn_tq_dtype(&p);
 }
 
-int tn_r16_group(tn_dtype t) { return (int)tn_dtype_get(t)->blck_size; }
-
-/* file block of type ft: bytes, and the offset of its codes (after the fp16 d) */
+/* Bytes of a file block of type ft; dwords of codes in it (after the fp16 d); bytes of the chunk
+ * 16 such blocks become (repack.h); the byte XOR the layout applies (q8_0: + 128). */
 static size_t tn_r16_block_bytes(tn_dtype ft) { return tn_dtype_get(ft)->type_size; }
-
-/* Dwords of codes per block (after the fp16 d), and the byte XOR the layout applies (q8_0: + 128). */
 static int64_t tn_r16_dwords(tn_dtype ft) { return (int64_t)(tn_r16_block_bytes(ft) - 2) / 4; }
+static size_t tn_r16_chunk_bytes(tn_dtype ft) { return TN_R16_ROWS * tn_r16_block_bytes(ft); }
 static uint32_t tn_r16_xor(tn_dtype ft) { return ft == TN_Q8_0 ? 0x80808080u : 0; }
 
 void tn_repack_r16(tn_dtype ft, const void *src, void *dst, int64_t m, int64_t k) {
     const int64_t G = tn_dtype_get(ft)->blck_size, nc = k / G, D = tn_r16_dwords(ft);
-    const size_t bb = tn_r16_block_bytes(ft), cb = 32 + 64 * (size_t)D;
+    const size_t bb = tn_r16_block_bytes(ft), cb = tn_r16_chunk_bytes(ft);
     const uint32_t fx = tn_r16_xor(ft);
     const uint8_t *s = src;
     uint8_t *d = dst;
@@ -71,7 +69,7 @@ static void tn_r16_get_block(const uint8_t *ch, int r, int64_t D, uint32_t fx, u
 void tn_unpack_row_r16(tn_dtype it, const void *w, int64_t k, int64_t i, void *row) {
     const tn_dtype ft = tn_r16_file_type(it);
     const int64_t G = tn_dtype_get(ft)->blck_size, nc = k / G, g = i / TN_R16_ROWS, D = tn_r16_dwords(ft);
-    const size_t bb = tn_r16_block_bytes(ft), cb = 32 + 64 * (size_t)D;
+    const size_t bb = tn_r16_block_bytes(ft), cb = tn_r16_chunk_bytes(ft);
     const uint8_t *c0 = (const uint8_t *)w + (size_t)(g * nc) * cb;
     for (int64_t c = 0; c < nc; c++)
         tn_r16_get_block(c0 + (size_t)c * cb, (int)(i % TN_R16_ROWS), D, tn_r16_xor(ft), (uint8_t *)row + (size_t)c * bb);
@@ -80,7 +78,7 @@ void tn_unpack_row_r16(tn_dtype it, const void *w, int64_t k, int64_t i, void *r
 void tn_dequantize_row_r16(tn_dtype it, const void *w, int64_t k, int64_t i, float *out) {
     const tn_dtype ft = tn_r16_file_type(it);
     const int64_t G = tn_dtype_get(ft)->blck_size, nc = k / G, g = i / TN_R16_ROWS, D = tn_r16_dwords(ft);
-    const size_t cb = 32 + 64 * (size_t)D;
+    const size_t cb = tn_r16_chunk_bytes(ft);
     const uint8_t *c0 = (const uint8_t *)w + (size_t)(g * nc) * cb;
     tn_tq_params p;
     const bool tq = tn_tq_is(ft);

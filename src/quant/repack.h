@@ -36,8 +36,6 @@
 tn_dtype tn_r16_type_of(tn_dtype t);
 /* The file type an interleaved type came from (0 if t is not one). */
 tn_dtype tn_r16_file_type(tn_dtype t);
-/* Codes per scale (G) of interleaved type t. */
-int tn_r16_group(tn_dtype t);
 
 /* dst (m rows, m % 16 == 0, k % G == 0) = src (row-major, file type ft) interleaved. dst and
  * src must not overlap. */

@@ -27,24 +27,24 @@ static void tn_r16_gemm_ref(int64_t G, int kind, int64_t k, int64_t m, int64_t n
                 const float dw = tn_fp16_to_fp32((tn_fp16)(ch[2 * r] | ch[2 * r + 1] << 8));
                 for (int64_t s = 0; s < S; s++) {
                     const block_q8_0 *a = &xb[c * S + s];
-                    int sumi = 0, sqa = 0, sa = 0;
+                    /* sqa = sum of stored code * x, sa = sum of x: exact integers */
+                    int sqa = 0, sa = 0;
                     for (int t = 0; t < 4; t++)
                         for (int e = 0; e < 4; e++) {
-                            const int x0 = a->qs[4 * t + e], x1 = a->qs[16 + 4 * t + e];
-                            if (kind == 2) { /* dword u = t holds codes 4t.., dword 4 + t codes 16 + 4t.. */
-                                sumi += ((int)ch[32 + 64 * t + 4 * r + e] - 128) * x0 +
-                                        ((int)ch[32 + 64 * (4 + t) + 4 * r + e] - 128) * x1;
-                                continue;
+                            int c0, c1; /* stored codes of elements 4t + e and 16 + 4t + e */
+                            if (kind == 2) { /* dword t holds codes 4t.., dword 4 + t codes 16 + 4t.. */
+                                c0 = ch[32 + 64 * t + 4 * r + e], c1 = ch[32 + 64 * (4 + t) + 4 * r + e];
+                            } else {
+                                const uint8_t q = ch[32 + 256 * s + 64 * t + 4 * r + e];
+                                c0 = q & 0x0F, c1 = q >> 4;
                             }
-                            const uint8_t q = ch[32 + 256 * s + 64 * t + 4 * r + e];
-                            sumi += ((q & 0x0F) - 8) * x0 + ((q >> 4) - 8) * x1;
-                            sqa += (q & 0x0F) * x0 + (q >> 4) * x1;
-                            sa += x0 + x1;
+                            sqa += c0 * a->qs[4 * t + e] + c1 * a->qs[16 + 4 * t + e];
+                            sa += a->qs[4 * t + e] + a->qs[16 + 4 * t + e];
                         }
                     const float da = tn_fp16_to_fp32(a->d);
                     if (kind == 1) sumf += da * dw * (float)(2 * sqa - 15 * sa) * 0.5f;
-                    else if (kind == 2) sumf += sumi * (dw * da);
-                    else sumf += sumi * dw * da;
+                    else if (kind == 2) sumf += (sqa - 128 * sa) * (dw * da); /* codes stored + 128 */
+                    else sumf += (sqa - 8 * sa) * dw * da;
                 }
             }
             y[j * ldy + i] = sumf;
