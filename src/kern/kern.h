@@ -87,6 +87,8 @@ void tn_kern_register_tq_avx512(tn_kern_table *t);
 void tn_kern_register_gemv_avx512(tn_kern_table *t);
 /* Tile products for the load-time layouts (quant/repack.h; src/kern/avx512/gemm_r16.c). */
 void tn_kern_register_repack_avx512(tn_kern_table *t);
+/* Lookup-table decode for the tq1 *_l32 layouts (src/kern/avx512/tq1_lut.c); after the tq kernels. */
+void tn_kern_register_l32_avx512(tn_kern_table *t);
 
 /* Generic gemm built on a slot's vec_dot (the reference tile product). */
 void tn_gemm_by_vec_dot(tn_vec_dot_fn dot, int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,

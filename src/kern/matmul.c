@@ -1,5 +1,6 @@
 /*
- * matmul.c — see matmul.h. Work split: output rows in contiguous, 16-aligned chunks per thread
+ * matmul.c — see matmul.h. Work split: output rows in contiguous, 32-aligned chunks per thread
+ * (the interleaved load-time layouts have groups of 16 and 32 rows)
  * (each weight byte is read by exactly one thread: decode is bandwidth-bound); within a chunk,
  * blocks of TN_MM_RB rows × TN_MM_CB tokens keep the weight block in L2 while it is reused.
  */
@@ -25,7 +26,7 @@ void tn_matmul_quantize_task(tn_pool *pool, int ith, int nth, const tn_kern_tabl
     tn_pool_barrier(pool);
 }
 
-void tn_matmul_rows(int64_t m, int ith, int nth, int64_t *r0, int64_t *r1) { tn_split(m, ith, nth, 16, r0, r1); }
+void tn_matmul_rows(int64_t m, int ith, int nth, int64_t *r0, int64_t *r1) { tn_split(m, ith, nth, 32, r0, r1); }
 
 void tn_matmul_compute_task(int ith, int nth, const tn_kern_table *kt, tn_dtype wt, const void *w, int64_t m, int64_t k,
                             const void *xq, int64_t n, float *y, int64_t ldy) {

@@ -232,10 +232,11 @@ fail:
     return s;
 }
 
-/* The interleaved type t moves to, or 0: a file type with one, 16-multiple rows, a SIMD kernel. */
+/* The load-time layout t moves to, or 0: a file type with one, rows a multiple of its group, a
+ * SIMD kernel. */
 static tn_dtype tn_repack_target(const tn_tensor *t) {
-    const tn_dtype it = t->data ? tn_r16_type_of(t->type) : (tn_dtype)0;
-    if (!it || t->ne[1] % TN_R16_ROWS || tn_kern()->slot[it].gemm_isa < TN_ISA_AVX512) return (tn_dtype)0;
+    const tn_dtype it = t->data ? tn_repack_type_of(t->type) : (tn_dtype)0;
+    if (!it || t->ne[1] % tn_repack_rows(it) || tn_kern()->slot[it].gemm_isa < TN_ISA_AVX512) return (tn_dtype)0;
     return it;
 }
 
@@ -258,7 +259,7 @@ tern_status tn_model_repack(tern_model *m) {
     const long pg = sysconf(_SC_PAGESIZE);
     /* a mapped file is read-only: the interleaved weights go to a new buffer and the file's pages
      * are released; a file read into memory (use_mmap = false) is ours: interleaved in place,
-     * 16 rows at a time through a scratch copy */
+     * one row group (16 or 32 rows) at a time through a scratch copy */
     const bool mapped = !m->gguf || m->gguf->map.mapped;
     size_t total = 0, scratch = 0;
     for (int64_t i = -1; i < nl; i++) {
@@ -267,7 +268,7 @@ tern_status tn_model_repack(tern_model *m) {
         for (int j = 0; j < nv; j++)
             if (tn_repack_target(v[j])) {
                 total += (v[j]->nbytes + 63) & ~(size_t)63;
-                scratch = TN_MAX(scratch, TN_R16_ROWS * tn_dtype_row_size(v[j]->type, v[j]->ne[0]));
+                scratch = TN_MAX(scratch, TN_L32_ROWS * tn_dtype_row_size(v[j]->type, v[j]->ne[0]));
             }
     }
     if (!total) return TERN_OK;
@@ -284,7 +285,7 @@ tern_status tn_model_repack(tern_model *m) {
             const tn_dtype it = tn_repack_target(t);
             if (!it) continue;
             if (mapped) {
-                tn_repack_r16(t->type, t->data, buf + off, t->ne[1], t->ne[0]);
+                tn_repack(t->type, t->data, buf + off, t->ne[1], t->ne[0]);
                 if (pg > 0) { /* the file's pages of this tensor are not read again */
                     uintptr_t a = ((uintptr_t)t->data + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
                     uintptr_t e = ((uintptr_t)t->data + t->nbytes) & ~((uintptr_t)pg - 1);
@@ -293,11 +294,12 @@ tern_status tn_model_repack(tern_model *m) {
                 t->data = buf + off;
                 off += (t->nbytes + 63) & ~(size_t)63;
             } else {
-                const size_t gb = TN_R16_ROWS * tn_dtype_row_size(t->type, t->ne[0]);
+                const int rows = tn_repack_rows(it);
+                const size_t gb = (size_t)rows * tn_dtype_row_size(t->type, t->ne[0]);
                 uint8_t *d = (uint8_t *)(uintptr_t)t->data;
-                for (int64_t g = 0; g < t->ne[1] / TN_R16_ROWS; g++) {
+                for (int64_t g = 0; g < t->ne[1] / rows; g++) {
                     memcpy(buf, d + (size_t)g * gb, gb);
-                    tn_repack_r16(t->type, buf, d + (size_t)g * gb, TN_R16_ROWS, t->ne[0]);
+                    tn_repack(t->type, buf, d + (size_t)g * gb, rows, t->ne[0]);
                 }
             }
             t->type = it;
@@ -309,8 +311,8 @@ tern_status tn_model_repack(tern_model *m) {
 }
 
 void tn_tensor_get_row(const tn_tensor *t, int64_t row, float *out) {
-    if (tn_r16_file_type(t->type)) {
-        tn_dequantize_row_r16(t->type, t->data, t->ne[0], row, out);
+    if (tn_repack_file_type(t->type)) {
+        tn_dequantize_row_repacked(t->type, t->data, t->ne[0], row, out);
         return;
     }
     size_t rb = tn_dtype_row_size(t->type, t->ne[0]);

@@ -69,9 +69,10 @@ struct tern_model {
  * the key or tensor (robustness.md G25..G28). */
 tern_status tn_model_load_gguf(tn_gguf *g, tern_model **out);
 
-/* Moves q4_0, q8_0 and symmetric tq4 weight matrices (16-multiple rows; not a tied output) into the
- * *_r16 layouts (quant/repack.h) where the kernel table has a SIMD kernel for them. The file
- * pages of moved tensors are released from the mapping. */
+/* Moves q4_0, q8_0 and symmetric tq4 weight matrices into the *_r16 layouts and tq1 matrices into
+ * the *_l32 layouts (quant/repack.h; rows a multiple of the layout's group; not a tied output)
+ * where the kernel table has a SIMD kernel for them. The file pages of moved tensors are released
+ * from the mapping. */
 tern_status tn_model_repack(tern_model *m);
 
 /* Row `row` of a weight matrix as floats (k = ne[0]); used for embedding lookup. */

@@ -23,6 +23,22 @@
  * codes 4u..4u+3 (+ 128). The chunk sizes add up to 16 rows of the file type: a row-major view of group g
  * starts at g * 16 * row_size, as before, so the matmul driver's 16-aligned thread ranges and row
  * offsets stay valid.
+ *
+ * *_l32: 1-bit tq weights (tq1g<G>[a], any G, symmetric or asymmetric) with 32 rows interleaved
+ * for the lookup-table decode kernel (src/kern/avx512/tq1_lut.c: one VPERMW looks up the partial
+ * sums of 4 codes for 32 rows at once). A group of 32 rows (32 * k/G blocks of B bytes) becomes
+ * k/G chunks of 32 B bytes, chunk b (block b of the 32 rows) =
+ *
+ *   bytes   0 ..  63        fp16 d of rows 0, 2, .., 30, then rows 1, 3, .., 31
+ *   bytes  64 .. 127        fp16 m, same order (asymmetric types only)
+ *   then per piece s of 32 codes (G / 32 of them) two 64-byte registers R_h, h = 0, 1:
+ *                           16-bit word r of R_h = bits 16 h .. 16 h + 15 of row r's piece s
+ *                           (the little-endian u32 of the 1-bit plane: bit n = code n)
+ *
+ * so nibble t of word r of R_h holds codes 16 h + 4 t .. + 3 of row r: the index into the table
+ * of the 16 possible sums of those four activations. Even and odd rows' scales are apart because
+ * the kernel widens its 16-bit sums with VPMADDWD, which splits even and odd words. The chunk
+ * sizes add up to 32 rows of the file type, as for *_r16.
  */
 #ifndef TN_QUANT_REPACK_H
 #define TN_QUANT_REPACK_H
@@ -44,5 +60,30 @@ void tn_repack_r16(tn_dtype ft, const void *src, void *dst, int64_t m, int64_t k
 void tn_unpack_row_r16(tn_dtype it, const void *w, int64_t k, int64_t i, void *row);
 /* Row i of an interleaved matrix as k floats (what the file type's dequantization gives). */
 void tn_dequantize_row_r16(tn_dtype it, const void *w, int64_t k, int64_t i, float *out);
+
+#define TN_L32_ROWS 32
+
+/* The tq1 lookup-table layout for file type t (tq1g<G>[a]), or 0. */
+tn_dtype tn_l32_type_of(tn_dtype t);
+/* The file type an l32 type came from (0 if t is not one). */
+tn_dtype tn_l32_file_type(tn_dtype t);
+/* dst (m rows, m % 32 == 0) = src (row-major tq1 file type ft) in the l32 layout; no overlap. */
+void tn_repack_l32(tn_dtype ft, const void *src, void *dst, int64_t m, int64_t k);
+/* Row i of an l32 matrix back in its file type's bytes. */
+void tn_unpack_row_l32(tn_dtype it, const void *w, int64_t k, int64_t i, void *row);
+
+/* ---- every load-time layout (r16 and l32) ---- */
+/* The layout file type t moves to (tn_r16_type_of, then tn_l32_type_of), or 0. */
+tn_dtype tn_repack_type_of(tn_dtype t);
+/* The file type of layout it, or 0 if it is not a load-time layout. */
+tn_dtype tn_repack_file_type(tn_dtype it);
+/* Rows per interleaved group of layout it (16 or 32; 0 if it is not one). */
+int tn_repack_rows(tn_dtype it);
+/* dst = src (file type ft, m rows, a multiple of tn_repack_rows) in layout tn_repack_type_of(ft). */
+void tn_repack(tn_dtype ft, const void *src, void *dst, int64_t m, int64_t k);
+/* Row i of a matrix in layout it back in its file type's bytes. */
+void tn_unpack_row(tn_dtype it, const void *w, int64_t k, int64_t i, void *row);
+/* Row i of a matrix in layout it as k floats (the file type's dequantization). */
+void tn_dequantize_row_repacked(tn_dtype it, const void *w, int64_t k, int64_t i, float *out);
 
 #endif

@@ -120,6 +120,14 @@ static const tn_dtype_traits tn_traits_internal[TN_DTYPE_SLOT_COUNT - TN_DTYPE_I
     {"tq4g128_r16", 128, 66, true, true, TN_Q8_0},
     {"tq4g256_r16", 256, 130, true, true, TN_Q8_0},
     {"q8_0_r16", QK8_0, sizeof(block_q8_0), true, true, TN_Q8_0},
+    {"tq1g32_l32", 32, 6, true, true, TN_Q8_0},
+    {"tq1g32a_l32", 32, 8, true, true, TN_Q8_0},
+    {"tq1g64_l32", 64, 10, true, true, TN_Q8_0},
+    {"tq1g64a_l32", 64, 12, true, true, TN_Q8_0},
+    {"tq1g128_l32", 128, 18, true, true, TN_Q8_0},
+    {"tq1g128a_l32", 128, 20, true, true, TN_Q8_0},
+    {"tq1g256_l32", 256, 34, true, true, TN_Q8_0},
+    {"tq1g256a_l32", 256, 36, true, true, TN_Q8_0},
 };
 
 const tn_dtype_traits *tn_dtype_get(uint32_t t) {

@@ -42,6 +42,14 @@ typedef enum tn_dtype {
     TN_TQ4G128_R16,
     TN_TQ4G256_R16,
     TN_Q8_0_R16,                          /* q8_0 with 16 rows interleaved, codes + 128       */
+    TN_TQ1G32_L32,                        /* tq1g32 .. tq1g256a with 32 rows interleaved for the */
+    TN_TQ1G32A_L32,                       /* lookup-table kernel (src/quant/repack.h); order as  */
+    TN_TQ1G64_L32,                        /* the tq ids: group 32, 64, 128, 256, sym then asym   */
+    TN_TQ1G64A_L32,
+    TN_TQ1G128_L32,
+    TN_TQ1G128A_L32,
+    TN_TQ1G256_L32,
+    TN_TQ1G256A_L32,
     TN_DTYPE_SLOT_COUNT, /* ids a kernel slot exists for */
 } tn_dtype;
 

@@ -9,6 +9,7 @@
 
 #include "fmt/gguf.h"
 #include "quant/quant.h"
+#include "quant/tq.h"
 #include "tiny_model.h"
 
 void tiny_cfg_default(tiny_cfg *c) {
@@ -66,7 +67,11 @@ static tern_status tiny_fill(void *user, size_t idx, void *dst, size_t nbytes) {
             float z = tiny_normal(&st);
             row[i] = f->kind[idx] == 'n' ? 1.0f + 0.1f * z : f->kind[idx] == 'b' ? 0.1f * z : z * sc;
         }
-        if (!tn_quantize_row_ref(f->ty[idx], row, (uint8_t *)dst + (size_t)r * rb, ne0)) {
+        if (tn_tq_is(f->ty[idx])) { /* tern's any-bit types: their reference quantizer */
+            tn_tq_params p;
+            tn_tq_params_of(f->ty[idx], &p);
+            tn_tq_quantize_row(&p, row, (uint8_t *)dst + (size_t)r * rb, ne0, NULL);
+        } else if (!tn_quantize_row_ref(f->ty[idx], row, (uint8_t *)dst + (size_t)r * rb, ne0)) {
             free(row);
             return TERN_ERR_UNSUPPORTED;
         }

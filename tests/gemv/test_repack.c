@@ -1,6 +1,7 @@
 /*
- * test_repack.c — the load-time *_r16 layouts (src/quant/repack.c: q4_0, symmetric
- * tq4g32..tq4g256 and q8_0) and their kernels, for every one of the six types:
+ * test_repack.c — the load-time layouts (src/quant/repack.c: *_r16 for q4_0, symmetric
+ * tq4g32..tq4g256 and q8_0; *_l32 for tq1g32..tq1g256a) and their kernels, for every one of the
+ * fourteen types:
  *   - repacking then unpacking gives back every row's bytes; the layout's row dequantization
  *     equals the file type's on the original row;
  *   - the scalar *_r16 reference equals the file type's scalar reference on the ORIGINAL rows bit
@@ -23,6 +24,7 @@
 #include <cmocka.h>
 
 #include "common/test_rng.h"
+#include "common/test_tq.h"
 #include "core/fp16.h"
 #include "fmt/gguf.h"
 #include "kern/kern.h"
@@ -33,9 +35,10 @@
 #include "quant/tq.h"
 
 
-/* the interleaved types and their file types */
-static const tn_dtype r16_types[] = {TN_Q4_0_R16,    TN_TQ4G32_R16,  TN_TQ4G64_R16,
-                                     TN_TQ4G128_R16, TN_TQ4G256_R16, TN_Q8_0_R16};
+/* the load-time types (their file types: tn_repack_file_type) */
+static const tn_dtype r16_types[] = {TN_Q4_0_R16,     TN_TQ4G32_R16,  TN_TQ4G64_R16,   TN_TQ4G128_R16, TN_TQ4G256_R16,
+                                     TN_Q8_0_R16,     TN_TQ1G32_L32,  TN_TQ1G32A_L32,  TN_TQ1G64_L32,  TN_TQ1G64A_L32,
+                                     TN_TQ1G128_L32,  TN_TQ1G128A_L32, TN_TQ1G256_L32, TN_TQ1G256A_L32};
 #define N_R16 (sizeof r16_types / sizeof r16_types[0])
 
 /* m rows of file type ft: even rows quantized from floats, odd rows random bytes with small scales */
@@ -51,9 +54,12 @@ static uint8_t *make_rows(tn_dtype ft, int64_t m, int64_t k) {
             tn_kern_at(TN_ISA_SCALAR)->slot[ft].from_float(f, row, k);
         } else {
             for (size_t b = 0; b < rb; b++) row[b] = (uint8_t)rng_u64();
+            tn_tq_params tp = {0, 0, false};
+            if (tn_tq_is(ft)) tn_tq_params_of(ft, &tp);
             for (int64_t b = 0; b < k / G; b++) {
-                const tn_fp16 h = tn_fp32_to_fp16(rng_uniform() * 0.05f);
+                const tn_fp16 h = tn_fp32_to_fp16(rng_uniform() * 0.05f), o = tn_fp32_to_fp16(rng_uniform() * 0.05f - 0.025f);
                 memcpy(row + (size_t)b * bb, &h, 2);
+                if (tp.asym) memcpy(row + (size_t)b * bb + 2, &o, 2); /* the offset m: finite too */
             }
         }
     }
@@ -78,23 +84,24 @@ static void test_roundtrip(void **state) {
     const int64_t ks[] = {256, 768, 4352, 4096};
     for (size_t ti = 0; ti < N_R16; ti++)
     for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++)
-        for (int64_t m = 16; m <= 48; m += 32) {
-            const tn_dtype it = r16_types[ti], ft = tn_r16_file_type(it);
-            assert_int_equal(tn_r16_type_of(ft), it);
+        for (int64_t mg = 1; mg <= 3; mg += 2) {
+            const tn_dtype it = r16_types[ti], ft = tn_repack_file_type(it);
+            const int64_t m = mg * tn_repack_rows(it);
+            assert_int_equal(tn_repack_type_of(ft), it);
             const int64_t k = ks[ki];
             const size_t rb = tn_dtype_row_size(ft, k);
             assert_int_equal(tn_dtype_row_size(it, k), rb);
             uint8_t *w = make_rows(ft, m, k), *p = malloc((size_t)m * rb), *row = malloc(rb);
             float *a = malloc((size_t)k * sizeof(float)), *b = malloc((size_t)k * sizeof(float));
-            tn_repack_r16(ft, w, p, m, k);
+            tn_repack(ft, w, p, m, k);
             assert_true(memcmp(w, p, (size_t)m * rb) != 0 || m * k == 0); /* it did move bytes */
             for (int64_t i = 0; i < m; i++) {
-                tn_unpack_row_r16(it, p, k, i, row);
+                tn_unpack_row(it, p, k, i, row);
                 if (memcmp(row, w + (size_t)i * rb, rb))
                     fail_msg("%s k=%lld m=%lld: row %lld differs after repack+unpack", tn_dtype_name(it), (long long)k,
                              (long long)m, (long long)i);
                 tn_kern_at(TN_ISA_SCALAR)->slot[ft].to_float(w + (size_t)i * rb, a, k);
-                tn_dequantize_row_r16(it, p, k, i, b);
+                tn_dequantize_row_repacked(it, p, k, i, b);
                 if (memcmp(a, b, (size_t)k * sizeof(float)))
                     fail_msg("%s k=%lld: dequantized row %lld differs", tn_dtype_name(it), (long long)k, (long long)i);
             }
@@ -110,13 +117,13 @@ static void ref_file(tn_dtype ft, int64_t k, int64_t m, int64_t n, const uint8_t
 
 static void test_scalar_equals_file_type(void **state) {
     (void)state;
-    const int64_t k = 4352, m = 48, n = 3; /* 17 groups of 256 */
+    const int64_t k = 4352, m = 96, n = 3; /* 17 groups of 256; 6 groups of 16, 3 of 32 rows */
     for (size_t ti = 0; ti < N_R16; ti++) {
-        const tn_dtype it = r16_types[ti], ft = tn_r16_file_type(it);
+        const tn_dtype it = r16_types[ti], ft = tn_repack_file_type(it);
         const size_t rb = tn_dtype_row_size(ft, k);
         uint8_t *w = make_rows(ft, m, k), *p = malloc((size_t)m * rb), *x = make_x(n, k);
         float *yr = malloc((size_t)(m * n) * sizeof(float)), *yo = malloc((size_t)(m * n) * sizeof(float));
-        tn_repack_r16(ft, w, p, m, k);
+        tn_repack(ft, w, p, m, k);
         ref_file(ft, k, m, n, w, x, yr, m);
         tn_kern_at(TN_ISA_SCALAR)->slot[it].gemm(k, m, n, p, rb, x, tn_dtype_row_size(TN_Q8_0, k), yo, m);
         if (memcmp(yr, yo, (size_t)(m * n) * sizeof(float))) fail_msg("%s: scalar reference differs", tn_dtype_name(it));
@@ -124,8 +131,14 @@ static void test_scalar_equals_file_type(void **state) {
     }
 }
 
-/* sum over the row of |w_l x_l| (dequantized): bounds every partial sum of either order */
+/* sum over the row of |w_l x_l| (dequantized): bounds every partial sum of either order; tq
+ * types: the larger bound of their split terms (test_tq.h) */
 static double abs_terms(tn_dtype ft, int64_t k, const uint8_t *w, const uint8_t *x) {
+    if (tn_tq_is(ft)) {
+        tn_tq_params p;
+        tn_tq_params_of(ft, &p);
+        return tq_abs_terms(&p, k, w, (const block_q8_0 *)x);
+    }
     float *wf = malloc((size_t)k * sizeof(float)), *xf = malloc((size_t)k * sizeof(float));
     tn_kern_at(TN_ISA_SCALAR)->slot[ft].to_float(w, wf, k);
     assert_true(tn_dequantize_row(TN_Q8_0, x, xf, k));
@@ -137,12 +150,12 @@ static double abs_terms(tn_dtype ft, int64_t k, const uint8_t *w, const uint8_t 
 
 static void check_opt(tn_dtype it, int64_t k, int64_t m, int64_t n) {
     const tn_kern_table *opt = tn_kern_at(TN_ISA_AVX512);
-    const tn_dtype ft = tn_r16_file_type(it);
+    const tn_dtype ft = tn_repack_file_type(it);
     const size_t rb = tn_dtype_row_size(ft, k), xrb = tn_dtype_row_size(TN_Q8_0, k);
     const int64_t ldy = m + 3;
     uint8_t *w = make_rows(ft, m, k), *p = malloc((size_t)m * rb), *x = make_x(n, k);
     float *yr = malloc((size_t)(ldy * n) * sizeof(float)), *yo = malloc((size_t)(ldy * n) * sizeof(float));
-    tn_repack_r16(ft, w, p, m, k);
+    tn_repack(ft, w, p, m, k);
     for (int64_t c = 0; c < ldy * n; c++) yr[c] = yo[c] = -12345.0f;
     ref_file(ft, k, m, n, w, x, yr, ldy);
     opt->slot[it].gemm(k, m, n, p, rb, x, xrb, yo, ldy);
@@ -168,26 +181,29 @@ static void check_opt(tn_dtype it, int64_t k, int64_t m, int64_t n) {
 static void test_avx512_parity(void **state) {
     (void)state;
     const tn_kern_table *opt = tn_kern_at(TN_ISA_AVX512);
-    if (!opt || opt->slot[TN_Q4_0_R16].gemm_isa != TN_ISA_AVX512) {
-        printf("no avx512 vnni: the *_r16 slots hold the scalar references only; nothing more to test\n");
+    if (!opt || opt->slot[TN_Q4_0_R16].gemm_isa != TN_ISA_AVX512 || opt->slot[TN_TQ1G64A_L32].gemm_isa != TN_ISA_AVX512) {
+        printf("no avx512 vnni: the load-time slots hold the scalar references only; nothing more to test\n");
         skip();
     }
     const int64_t ks[] = {256, 4352, 5632};
-    const int64_t ms[] = {16, 48, 160};
+    const int64_t ms[] = {1, 3, 10}; /* groups of rows */
     const int64_t ns[] = {1, 2, 3, 7, 8, 9, 16, 17, 33};
     for (size_t ti = 0; ti < N_R16; ti++) {
         const tn_dtype it = r16_types[ti];
+        const int64_t rows = tn_repack_rows(it);
         for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++)
             for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++)
                 for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
-                    if (ks[ki] > 256 && (ms[mi] > 48 || ns[ni] > 9)) continue; /* keep the run short */
-                    check_opt(it, ks[ki], ms[mi], ns[ni]);
+                    if (ks[ki] > 256 && (ms[mi] > 3 || ns[ni] > 9)) continue; /* keep the run short */
+                    check_opt(it, ks[ki], ms[mi] * rows, ns[ni]);
                 }
+        /* tq1: 5 groups (four streams and a single one), k = 8192 (tables on the heap) */
+        if (rows == TN_L32_ROWS) check_opt(it, 8192, 5 * rows, 1);
         if (it == TN_Q4_0_R16) check_opt(it, 32, 16, 3); /* one block */
         /* per-column data larger than the kernel's stack buffer: the reference path inside */
         if (it == TN_Q4_0_R16 || it == TN_TQ4G256_R16) check_opt(it, 262144 + 256, 16, 2);
         /* more columns than one stack buffer's worth (k = 8192: 32 columns each) */
-        check_opt(it, 8192, 16, 40);
+        if (rows == TN_R16_ROWS) check_opt(it, 8192, 16, 40);
     }
 }
 

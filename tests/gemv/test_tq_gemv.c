@@ -27,6 +27,7 @@
 
 #include <cmocka.h>
 
+#include "common/test_tq.h"
 #include "core/fp16.h"
 #include "kern/kern.h"
 #include "quant/blocks.h"
@@ -91,28 +92,6 @@ static void make_x(int64_t k, block_q8_0 *x, int exact) {
     free(f);
 }
 
-/* S: sum over codes of the magnitudes of the terms any lane split can form: |d dx q x| + |m dx x|
- * (sym: |d dx (2q - nmax) x / 2|, i.e. |w x|). Every partial sum either side rounds is at most S. */
-static double abs_terms(const tn_tq_params *p, int64_t k, const uint8_t *w, const block_q8_0 *x) {
-    const size_t bb = tn_tq_block_bytes(p);
-    const int nmax = (1 << p->bits) - 1;
-    uint8_t q[256];
-    double s = 0;
-    for (int64_t b = 0; b < k / p->group; b++) {
-        float d, m;
-        tn_tq_unpack_block(p, w + b * bb, q, &d, &m);
-        for (int c = 0; c < p->group / 32; c++) {
-            const block_q8_0 *xc = &x[b * (p->group / 32) + c];
-            const double dx = tn_fp16_to_fp32(xc->d);
-            for (int j = 0; j < 32; j++) {
-                const double xv = dx * xc->qs[j];
-                if (p->asym) s += fabs(d * q[c * 32 + j] * xv) + fabs(m * xv);
-                else s += fabs(d * (2 * q[c * 32 + j] - nmax) * 0.5 * xv);
-            }
-        }
-    }
-    return s;
-}
 
 static int checks, exact_checks;
 
@@ -138,7 +117,7 @@ static void check(uint32_t t, int64_t k, int64_t m, int64_t n, int exact) {
                              (long long)k, (long long)m, (long long)n, (long long)i);
                 continue;
             }
-            const double S = exact ? 0 : abs_terms(&p, k, w + (size_t)i * w_rb, (const block_q8_0 *)(x + (size_t)j * x_rb));
+            const double S = exact ? 0 : tq_abs_terms(&p, k, w + (size_t)i * w_rb, (const block_q8_0 *)(x + (size_t)j * x_rb));
             const double tol = exact ? 0 : 8.0 * sqrt((double)(k / 32) + 16.0) * ldexp(1.0, -24) * S + 1e-30;
             if (!(fabs((double)r - o) <= tol))
                 fail_msg("%s %s k=%lld m=%lld n=%lld [%lld,%lld]: ref %.9g opt %.9g |diff| %.3g > tol %.3g",

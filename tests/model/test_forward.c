@@ -22,6 +22,8 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "quant/tq.h"
+
 #include "common/tiny_model.h"
 #include "model/ctx.h"
 #include "ref_forward.h"
@@ -127,6 +129,9 @@ static void test_llama_types(void **state) {
     const tn_dtype types[] = {TN_F32, TN_F16, TN_BF16, TN_Q8_0, TN_Q4_0, TN_Q4_1, TN_Q5_0,
                               TN_Q5_1, TN_Q2_K, TN_Q3_K, TN_Q4_K, TN_Q5_K, TN_Q6_K};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) run_case("llama", types[i], TN_F32, false, 2);
+    /* tq1 (rows of 256 and 512: the 32-row lookup-table layout on AVX-512), sym and asym */
+    const tn_tq_params tq1[] = {{1, 64, true}, {1, 32, false}};
+    for (size_t i = 0; i < 2; i++) run_case("llama", (tn_dtype)tn_tq_dtype(&tq1[i]), TN_F32, false, 2);
 }
 
 static void test_qwen2_and_tied(void **state) {

@@ -11,6 +11,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "tensor/dtype.h"
+
 void tn_k_vec_dot_q4_0_q8_0__scalar(int64_t k, float *s, const void *w, const void *x);
 void tn_k_vec_dot_q4_1_q8_1__scalar(int64_t k, float *s, const void *w, const void *x);
 void tn_k_vec_dot_q5_0_q8_0__scalar(int64_t k, float *s, const void *w, const void *x);
@@ -36,5 +38,18 @@ TN_DECL_R16_REF(tq4g64_r16)
 TN_DECL_R16_REF(tq4g128_r16)
 TN_DECL_R16_REF(tq4g256_r16)
 TN_DECL_R16_REF(q8_0_r16)
+/* Tile product for the tq1 *_l32 layouts (quant/repack.h; m % 32 == 0): each row unpacked to the
+ * file type's bytes and dotted by the file type's reference (tn_tq_vec_dot_ref). */
+void tn_k_gemm_tq1_l32_q8_0__scalar(tn_dtype it, int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb,
+                                    const void *x, size_t x_rb, float *y, int64_t ldy);
+#define TN_DECL_L32_REF(name) TN_DECL_R16_REF(name)
+TN_DECL_L32_REF(tq1g32_l32)
+TN_DECL_L32_REF(tq1g32a_l32)
+TN_DECL_L32_REF(tq1g64_l32)
+TN_DECL_L32_REF(tq1g64a_l32)
+TN_DECL_L32_REF(tq1g128_l32)
+TN_DECL_L32_REF(tq1g128a_l32)
+TN_DECL_L32_REF(tq1g256_l32)
+TN_DECL_L32_REF(tq1g256a_l32)
 
 #endif

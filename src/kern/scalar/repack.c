@@ -10,6 +10,7 @@
 #include "kern/scalar/kernels.h"
 #include "quant/blocks.h"
 #include "quant/repack.h"
+#include "quant/tq.h"
 
 /* kind: 0 = q4_0, 1 = symmetric tq4 (G = 32 .. 256), 2 = q8_0 */
 static void tn_r16_gemm_ref(int64_t G, int kind, int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb,
@@ -63,3 +64,43 @@ TN_R16_REF(tq4g64_r16, 64, 1)
 TN_R16_REF(tq4g128_r16, 128, 1)
 TN_R16_REF(tq4g256_r16, 256, 1)
 TN_R16_REF(q8_0_r16, 32, 2)
+
+/* tq1 *_l32: row i unpacked to the file type's bytes, then the file type's reference dot: the
+ * result equals tn_tq_vec_dot_ref on the original row bit for bit (rows up to 64 KiB, k <= 262144
+ * at any group; longer rows go through in pieces of 64 KiB, whose partial sums are added). */
+void tn_k_gemm_tq1_l32_q8_0__scalar(tn_dtype it, int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb,
+                                    const void *x, size_t x_rb, float *y, int64_t ldy) {
+    tn_tq_params p;
+    tn_tq_params_of(tn_l32_file_type(it), &p);
+    enum { ROW = 65536 };
+    static _Thread_local uint8_t row[ROW];
+    const size_t bb = tn_tq_block_bytes(&p), cb = TN_L32_ROWS * bb;
+    const int64_t G = p.group, nb = k / G, PB = (int64_t)(ROW / bb);
+    for (int64_t i = 0; i < m; i++) {
+        const uint8_t *grp = (const uint8_t *)w + (size_t)(i / TN_L32_ROWS) * TN_L32_ROWS * w_rb;
+        for (int64_t j = 0; j < n; j++) {
+            const block_q8_0 *xb = (const block_q8_0 *)((const uint8_t *)x + (size_t)j * x_rb);
+            float sum = 0;
+            for (int64_t b0 = 0; b0 < nb; b0 += PB) {
+                const int64_t nbb = nb - b0 < PB ? nb - b0 : PB;
+                for (int64_t b = 0; b < nbb; b++) /* one block of row i % 32 at a time */
+                    tn_unpack_row_l32(it, grp + (size_t)(b0 + b) * cb, G, i % TN_L32_ROWS, row + (size_t)b * bb);
+                sum += tn_tq_vec_dot_ref(&p, nbb * G, row, xb + b0 * (G / 32));
+            }
+            y[j * ldy + i] = sum;
+        }
+    }
+}
+#define TN_L32_REF(name, it)                                                                                           \
+    void tn_k_gemm_##name##_q8_0__scalar(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,  \
+                                         size_t x_rb, float *y, int64_t ldy) {                                         \
+        tn_k_gemm_tq1_l32_q8_0__scalar(it, k, m, n, w, w_rb, x, x_rb, y, ldy);                                         \
+    }
+TN_L32_REF(tq1g32_l32, TN_TQ1G32_L32)
+TN_L32_REF(tq1g32a_l32, TN_TQ1G32A_L32)
+TN_L32_REF(tq1g64_l32, TN_TQ1G64_L32)
+TN_L32_REF(tq1g64a_l32, TN_TQ1G64A_L32)
+TN_L32_REF(tq1g128_l32, TN_TQ1G128_L32)
+TN_L32_REF(tq1g128a_l32, TN_TQ1G128A_L32)
+TN_L32_REF(tq1g256_l32, TN_TQ1G256_L32)
+TN_L32_REF(tq1g256a_l32, TN_TQ1G256A_L32)
