@@ -75,7 +75,7 @@ typedef struct tern_model_params {
     bool check_tensors;      /* scan weights for NaN/Inf at load (default false)             */
     tern_progress_fn progress;
     void *progress_user;
-    bool repack;             /* interleave q4_0/q8_0/tq4 weight rows at load for the CPU's batched
+    bool repack;             /* interleave q4_0/q8_0/tq4/tq1 weight rows at load for the CPU's batched
                                 kernels, where it has them (default true; the repacked weights
                                 live in memory instead of the file mapping, same size)       */
 } tern_model_params;

@@ -202,6 +202,19 @@ tern_status tern_ctx_create(const tern_model *m, const tern_ctx_params *pp, tern
     }
     xq = TN_MAX(xq, tn_matmul_xq_size(m->output.type, d, nb));
     c->xq = tn_ctx_alloc(c, xq, &ok);
+    /* per-thread copies of one token's normed and quantized activations (forward.c) */
+    size_t xq1 = tn_matmul_xq_size(m->output.type, d, 1);
+    for (int32_t il = 0; il < hp->n_layer; il++) {
+        const tn_layer *L = &m->layers[il];
+        const tn_dtype ts[6] = {L->wq.type, L->wk.type, L->wv.type, L->wo.type, L->w_gate.type, L->w_up.type};
+        for (int i = 0; i < 6; i++) xq1 = TN_MAX(xq1, tn_matmul_xq_size(ts[i], d, 1));
+        xq1 = TN_MAX(xq1, tn_matmul_xq_size(L->w_down.type, hp->n_ff, 1));
+    }
+    c->pxq_stride = (xq1 + 63) & ~(size_t)63;
+    if (p.n_threads > 1) {
+        c->pxb = tn_ctx_alloc(c, (size_t)(p.n_threads - 1) * (size_t)d * sizeof(float), &ok);
+        c->pxq = tn_ctx_alloc(c, (size_t)(p.n_threads - 1) * c->pxq_stride, &ok);
+    }
     c->scores_stride = TN_PAD(2 * (int64_t)hp->head_dim, 16);
     c->scores = tn_ctx_alloc(c, (size_t)p.n_threads * (size_t)c->scores_stride * sizeof(float), &ok);
     /* logits rows: every token with logits_all; else up to 64 (one per sequence of a batch) */
@@ -230,7 +243,8 @@ void tern_ctx_free(tern_ctx *c) {
     if (!c) return;
     tn_pool_free(c->pool);
     void *bufs[] = {c->k_cache, c->v_cache, c->x, c->xb, c->q, c->kv, c->att, c->hb, c->hb2,
-                    c->tmp, c->rope_cs, c->xq, c->scores, c->logits, c->b_seq, c->b_pos, c->out_rows, c->b_logits};
+                    c->tmp, c->rope_cs, c->xq, c->pxb, c->pxq, c->scores, c->logits, c->b_seq, c->b_pos, c->out_rows,
+                    c->b_logits};
     for (size_t i = 0; i < TN_ARRAY_LEN(bufs); i++) tn_free_aligned(bufs[i]);
     tn_free(c);
 }

@@ -62,6 +62,11 @@ struct tern_ctx {
     float *tmp;     /* [n_batch][max(n_embd, ...)] sub-layer output before the residual add  */
     float *rope_cs; /* [n_batch][n_rot]    cos, sin pairs per token                          */
     void *xq;       /* activations quantized for the widest matmul                           */
+    /* one-token batches: threads 1..n_threads-1 norm and quantize the token for themselves (no
+     * barrier between a norm, its quantization and the matmul; thread 0 uses xb and xq) */
+    float *pxb;     /* [n_threads - 1][n_embd]                                                 */
+    void *pxq;      /* [n_threads - 1][pxq_stride]                                             */
+    size_t pxq_stride;
     float *scores;  /* [n_threads][scores_stride] per-thread attention scratch               */
     int64_t scores_stride;
     float *logits;  /* [n_logits][n_vocab]                                                     */

@@ -50,6 +50,31 @@ static void tn_residual_add(float *x, const float *tmp, int64_t d, int32_t n, in
         for (int64_t i = r0; i < r1; i++) x[(int64_t)j * d + i] += tmp[(int64_t)j * d + i];
 }
 
+/* The activations of a matmul with weight type wt, quantized. Batches: every thread quantizes its
+ * share of the rows into c->xq, then a barrier. One token (own = true): this thread quantizes the
+ * whole row into its own buffer xq_own, no barrier (the row is small; every thread would wait
+ * for it anyway). */
+static const void *tn_act(tern_ctx *c, int ith, int nth, bool own, void *xq_own, tn_dtype wt, const float *x,
+                          int64_t ldx, int64_t k, int64_t n) {
+    if (!own) {
+        tn_matmul_quantize_task(c->pool, ith, nth, c->kt, wt, x, ldx, k, n, c->xq);
+        return c->xq;
+    }
+    c->kt->slot[tn_dtype_get(wt)->vec_dot_type].from_float(x, xq_own, k);
+    return xq_own;
+}
+
+/* y = W xq (m rows of k, this thread's share) and, if res, res += y on the same rows. */
+static void tn_mm(tern_ctx *c, int ith, int nth, tn_dtype wt, const void *w, int64_t m, int64_t k, const void *xq,
+                  int64_t n, float *y, int64_t ldy, float *res) {
+    tn_matmul_compute_task(ith, nth, c->kt, wt, w, m, k, xq, n, y, ldy);
+    if (res) {
+        int64_t r0, r1;
+        tn_matmul_rows(m, ith, nth, &r0, &r1);
+        tn_residual_add(res, y, m, (int32_t)n, r0, r1);
+    }
+}
+
 static void tn_forward_task(void *vp, int ith, int nth) {
     tn_fwd *f = vp;
     tern_ctx *c = f->c;
@@ -62,6 +87,13 @@ static void tn_forward_task(void *vp, int ith, int nth) {
     const int32_t kv_dim = hp->n_head_kv * hd, n_ff = hp->n_ff;
     int64_t t0, t1, r0, r1;
     tn_split(n, ith, nth, 1, &t0, &t1);
+    /* one token: every thread norms and quantizes it for itself (thread 0 into xb / xq, which the
+     * observe hooks read), so a sub-layer's norm, quantization and matmuls need no barrier */
+    const bool own = n == 1 && nth > 1;
+    float *const xb_own = ith ? c->pxb + (size_t)(ith - 1) * (size_t)d : c->xb;
+    void *const xq_own = ith ? (uint8_t *)c->pxq + (size_t)(ith - 1) * c->pxq_stride : c->xq;
+    float *xb = own ? xb_own : c->xb;
+    const int64_t n0 = own ? 0 : t0, n1 = own ? 1 : t1; /* tokens this thread norms */
 
     /* embeddings: x[t] = tok_embd[toks[t]] ; rope table for the batch */
     for (int64_t t = t0; t < t1; t++) tn_tensor_get_row(&m->tok_embd, b->tok[t], c->x + t * d);
@@ -74,22 +106,22 @@ static void tn_forward_task(void *vp, int ith, int nth) {
         tn_fp16 *Vc = c->v_cache + (size_t)il * c->kv_rows * kv_dim;
 
         /* ---- attention block ---- */
-        tn_rmsnorm_rows(c->x, c->xb, L->attn_norm.data, d, hp->rms_eps, t0, t1);
-        tn_pool_barrier(pool);
+        tn_rmsnorm_rows(c->x, xb, L->attn_norm.data, d, hp->rms_eps, n0, n1);
+        if (!own) tn_pool_barrier(pool);
         if (c->observe && ith == 0) c->observe(c->observe_user, il, TN_OBS_ATTN_IN, c->xb, n, d);
         /* q = Wq xb ; k,v = Wk xb, Wv xb   (xb quantized once when the types agree) */
-        tn_matmul_quantize_task(pool, ith, nth, kt, L->wq.type, c->xb, d, d, n, c->xq);
-        tn_matmul_compute_task(ith, nth, kt, L->wq.type, L->wq.data, d, d, c->xq, n, c->q, d);
+        const void *xq = tn_act(c, ith, nth, own, xq_own, L->wq.type, xb, d, d, n);
+        tn_mm(c, ith, nth, L->wq.type, L->wq.data, d, d, xq, n, c->q, d, NULL);
         if (tn_dtype_get(L->wk.type)->vec_dot_type != tn_dtype_get(L->wq.type)->vec_dot_type) {
-            tn_pool_barrier(pool);
-            tn_matmul_quantize_task(pool, ith, nth, kt, L->wk.type, c->xb, d, d, n, c->xq);
+            if (!own) tn_pool_barrier(pool);
+            xq = tn_act(c, ith, nth, own, xq_own, L->wk.type, xb, d, d, n);
         }
-        tn_matmul_compute_task(ith, nth, kt, L->wk.type, L->wk.data, kv_dim, d, c->xq, n, c->kv, 2 * kv_dim);
+        tn_mm(c, ith, nth, L->wk.type, L->wk.data, kv_dim, d, xq, n, c->kv, 2 * kv_dim, NULL);
         if (tn_dtype_get(L->wv.type)->vec_dot_type != tn_dtype_get(L->wk.type)->vec_dot_type) {
-            tn_pool_barrier(pool);
-            tn_matmul_quantize_task(pool, ith, nth, kt, L->wv.type, c->xb, d, d, n, c->xq);
+            if (!own) tn_pool_barrier(pool);
+            xq = tn_act(c, ith, nth, own, xq_own, L->wv.type, xb, d, d, n);
         }
-        tn_matmul_compute_task(ith, nth, kt, L->wv.type, L->wv.data, kv_dim, d, c->xq, n, c->kv + kv_dim, 2 * kv_dim);
+        tn_mm(c, ith, nth, L->wv.type, L->wv.data, kv_dim, d, xq, n, c->kv + kv_dim, 2 * kv_dim, NULL);
         tn_pool_barrier(pool);
 
         /* biases, RoPE, and append k, v to the cache (v transposed) */
@@ -121,49 +153,51 @@ static void tn_forward_task(void *vp, int ith, int nth) {
 
         /* x += Wo att */
         if (c->observe && ith == 0) c->observe(c->observe_user, il, TN_OBS_ATTN_OUT, c->att, n, d);
-        tn_matmul_quantize_task(pool, ith, nth, kt, L->wo.type, c->att, d, d, n, c->xq);
-        tn_matmul_compute_task(ith, nth, kt, L->wo.type, L->wo.data, d, d, c->xq, n, c->tmp, d);
-        tn_matmul_rows(d, ith, nth, &r0, &r1);
-        tn_residual_add(c->x, c->tmp, d, n, r0, r1);
+        xq = tn_act(c, ith, nth, own, xq_own, L->wo.type, c->att, d, d, n);
+        tn_mm(c, ith, nth, L->wo.type, L->wo.data, d, d, xq, n, c->tmp, d, c->x);
         tn_pool_barrier(pool);
 
         /* ---- feed-forward block: x += Wdown (silu(Wgate xb) * Wup xb) ---- */
-        tn_rmsnorm_rows(c->x, c->xb, L->ffn_norm.data, d, hp->rms_eps, t0, t1);
-        tn_pool_barrier(pool);
+        tn_rmsnorm_rows(c->x, xb, L->ffn_norm.data, d, hp->rms_eps, n0, n1);
+        if (!own) tn_pool_barrier(pool);
         if (c->observe && ith == 0) c->observe(c->observe_user, il, TN_OBS_FFN_IN, c->xb, n, d);
-        tn_matmul_quantize_task(pool, ith, nth, kt, L->w_gate.type, c->xb, d, d, n, c->xq);
-        tn_matmul_compute_task(ith, nth, kt, L->w_gate.type, L->w_gate.data, n_ff, d, c->xq, n, c->hb, n_ff);
+        xq = tn_act(c, ith, nth, own, xq_own, L->w_gate.type, xb, d, d, n);
+        tn_matmul_compute_task(ith, nth, kt, L->w_gate.type, L->w_gate.data, n_ff, d, xq, n, c->hb, n_ff);
         if (tn_dtype_get(L->w_up.type)->vec_dot_type != tn_dtype_get(L->w_gate.type)->vec_dot_type) {
-            tn_pool_barrier(pool);
-            tn_matmul_quantize_task(pool, ith, nth, kt, L->w_up.type, c->xb, d, d, n, c->xq);
+            if (!own) tn_pool_barrier(pool);
+            xq = tn_act(c, ith, nth, own, xq_own, L->w_up.type, xb, d, d, n);
         }
-        tn_matmul_compute_task(ith, nth, kt, L->w_up.type, L->w_up.data, n_ff, d, c->xq, n, c->hb2, n_ff);
+        tn_matmul_compute_task(ith, nth, kt, L->w_up.type, L->w_up.data, n_ff, d, xq, n, c->hb2, n_ff);
         /* SwiGLU on this thread's rows (the rows it just computed for both matrices) */
         tn_matmul_rows(n_ff, ith, nth, &r0, &r1);
         for (int32_t j = 0; j < n; j++) tn_op_swiglu(c->hb + (int64_t)j * n_ff + r0, c->hb2 + (int64_t)j * n_ff + r0, r1 - r0);
         tn_pool_barrier(pool);
         if (c->observe && ith == 0) c->observe(c->observe_user, il, TN_OBS_FFN_DOWN, c->hb, n, n_ff);
-        tn_matmul_quantize_task(pool, ith, nth, kt, L->w_down.type, c->hb, n_ff, n_ff, n, c->xq);
-        tn_matmul_compute_task(ith, nth, kt, L->w_down.type, L->w_down.data, d, n_ff, c->xq, n, c->tmp, d);
-        tn_matmul_rows(d, ith, nth, &r0, &r1);
-        tn_residual_add(c->x, c->tmp, d, n, r0, r1);
+        xq = tn_act(c, ith, nth, own, xq_own, L->w_down.type, c->hb, n_ff, n_ff, n);
+        tn_mm(c, ith, nth, L->w_down.type, L->w_down.data, d, n_ff, xq, n, c->tmp, d, c->x);
         tn_pool_barrier(pool);
         if (c->debug_layer && ith == 0) c->debug_layer(c->debug_user, il, c->x, n, d);
     }
 
-    /* final norm and logits of the tokens that asked for them (rows gathered in order) */
+    /* final norm and logits of the tokens that asked for them (rows gathered in order); one such
+     * token: every thread norms and quantizes it for itself, as above */
     const int32_t nl = f->n_out;
-    int64_t l0, l1;
-    tn_split(nl, ith, nth, 1, &l0, &l1);
-    for (int64_t j = l0; j < l1; j++)
-        tn_op_rmsnorm(c->x + (int64_t)f->out_rows[j] * d, c->xb + j * d, m->output_norm.data, d, hp->rms_eps);
-    tn_pool_barrier(pool);
+    const bool own_out = nl == 1 && nth > 1;
+    if (own_out) {
+        tn_op_rmsnorm(c->x + (int64_t)f->out_rows[0] * d, xb_own, m->output_norm.data, d, hp->rms_eps);
+    } else {
+        int64_t l0, l1;
+        tn_split(nl, ith, nth, 1, &l0, &l1);
+        for (int64_t j = l0; j < l1; j++)
+            tn_op_rmsnorm(c->x + (int64_t)f->out_rows[j] * d, c->xb + j * d, m->output_norm.data, d, hp->rms_eps);
+        tn_pool_barrier(pool);
+    }
     if (c->debug_layer && ith == 0) c->debug_layer(c->debug_user, hp->n_layer, c->xb, nl, d);
     if (nl == 0) return;
     if (c->observe && ith == 0) c->observe(c->observe_user, hp->n_layer, TN_OBS_OUTPUT, c->xb, nl, d);
-    tn_matmul_quantize_task(pool, ith, nth, kt, m->output.type, c->xb, d, d, nl, c->xq);
-    tn_matmul_compute_task(ith, nth, kt, m->output.type, m->output.data, hp->n_vocab, d, c->xq, nl, c->logits,
-                           hp->n_vocab);
+    const void *xq = tn_act(c, ith, nth, own_out, xq_own, m->output.type, own_out ? xb_own : c->xb, d, d, nl);
+    tn_mm(c, ith, nth, m->output.type, m->output.data, hp->n_vocab, d, xq,
+          nl, c->logits, hp->n_vocab, NULL);
 }
 
 void tn_forward_batch(tern_ctx *c, const tn_batch *b, const int32_t *const *tables) {

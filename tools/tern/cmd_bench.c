@@ -3,8 +3,11 @@
  * (tgN) throughput, next to the machine's measured peaks in the same run — streaming read
  * bandwidth (1 thread and the run's threads), f32 FMA GFLOP/s and int8-dot GOP/s (kern/peak.h)
  * — and the share of its roofline each run reached: tg against the read bandwidth (bytes of
- * weights read per token x tokens/s), pp against the compute peak of its weights (int8 dot for
- * quantized weights, f32 FMA otherwise; 2 x matrix parameters per token).
+ * weights read per token x tokens/s) measured around each repetition (a 256 MiB read probe before
+ * every repetition and after the last: each repetition's GB/s over the mean of its two probes, so
+ * a neighbour that takes bandwidth for a minute moves both sides), pp against the compute peak
+ * of its weights (int8 dot for quantized weights, f32 FMA otherwise; 2 x matrix parameters per
+ * token).
  *
  * `--sweep-bits` takes an f16/f32 model, quantizes it to tq1..tq8 (g64a by default) one at a
  * time into a temporary directory (removed afterwards) and benches each: tokens/s, bytes/token,
@@ -26,6 +29,10 @@
 #include "quant/tq.h"
 
 #define BENCH_BW_BYTES ((size_t)512 << 20) /* read probe: 512 MiB, far past the caches */
+/* tg: a shorter read probe before every repetition and after the last one: on a machine shared
+ * with other work the bandwidth moves from minute to minute, so each repetition is set against
+ * the bandwidth measured next to it (the mean of the probes before and after) */
+#define BENCH_BW_NEAR_BYTES ((size_t)256 << 20)
 
 typedef struct {
     double bw1, bwn;    /* read GB/s, 1 thread and the run's threads */
@@ -39,6 +46,7 @@ typedef struct {
     double mean, sd;
     double rate;     /* tg: GB/s of weights; pp: GOP/s of matrix work */
     double pct_roof; /* of the read bandwidth (tg) / compute peak (pp); 0 = not measured */
+    double bw_during; /* tg: mean read GB/s of the probes between repetitions; 0 = none */
 } bench_row;
 
 typedef struct {
@@ -93,9 +101,9 @@ static int bench_model(const char *path, const bench_opts *o, const peaks *pk, b
     const int32_t nv = tern_model_n_vocab(m);
     const int64_t nmax = o->n_prompt > o->n_gen ? o->n_prompt : o->n_gen;
     tern_token *toks = malloc((size_t)(nmax + 1) * sizeof *toks);
-    double *tv = malloc((size_t)o->reps * sizeof *tv);
-    if (!toks || !tv) {
-        free(toks), free(tv);
+    double *tv = malloc((size_t)o->reps * sizeof *tv), *bw = calloc((size_t)o->reps + 1, sizeof *bw);
+    if (!toks || !tv || !bw) {
+        free(toks), free(tv), free(bw);
         tern_ctx_free(c), tern_model_free(m);
         return tn_cli_fail(TERN_ERR_NOMEM, "benchmark buffers");
     }
@@ -122,6 +130,7 @@ static int bench_model(const char *path, const bench_opts *o, const peaks *pk, b
         if (n == 0) continue;
         for (int64_t r = -1; r < o->reps && !s; r++) { /* r = -1 is the warm-up */
             tern_ctx_truncate(c, 0);
+            if (test == 1 && pk && r >= 0) bw[r] = tn_peak_read_gbs(mi->threads, BENCH_BW_NEAR_BYTES, 3);
             double t0 = tn_cli_now();
             if (test == 0) {
                 s = tern_decode(c, toks, (int32_t)n);
@@ -142,9 +151,22 @@ static int bench_model(const char *path, const bench_opts *o, const peaks *pk, b
         row->n_prompt = test ? 0 : (int)n;
         row->n_gen = test ? (int)n : 0;
         stats(tv, (int)o->reps, &row->mean, &row->sd);
+        row->bw_during = 0;
         if (test == 1) {
             row->rate = mi->tok_bytes * row->mean / 1e9;
-            row->pct_roof = pk && pk->bwn > 0 ? 100.0 * row->rate / pk->bwn : 0.0;
+            row->pct_roof = 0;
+            if (pk) { /* each repetition against the bandwidth measured around it */
+                bw[o->reps] = tn_peak_read_gbs(mi->threads, BENCH_BW_NEAR_BYTES, 3);
+                double pct = 0, bws = 0;
+                int nok = 0;
+                for (int64_t r = 0; r < o->reps; r++) {
+                    const double near = 0.5 * (bw[r] + bw[r + 1]);
+                    bws += bw[r];
+                    if (near > 0) pct += 100.0 * mi->tok_bytes * tv[r] / 1e9 / near, nok++;
+                }
+                row->bw_during = (bws + bw[o->reps]) / (double)(o->reps + 1);
+                row->pct_roof = nok ? pct / nok : 0.0;
+            }
         } else {
             row->rate = mi->mat_ops * row->mean / 1e9;
             const double peak = pk ? (mi->quantized ? pk->dot : pk->fma) : 0;
@@ -152,7 +174,7 @@ static int bench_model(const char *path, const bench_opts *o, const peaks *pk, b
         }
     }
     fprintf(stderr, "\n");
-    free(toks), free(tv);
+    free(toks), free(tv), free(bw);
     tern_ctx_free(c);
     tern_model_free(m);
     return s ? tn_cli_fail(s, "benchmark") : TN_EXIT_OK;
@@ -215,8 +237,9 @@ static int sweep_bits(const char *path, const bench_opts *o, const peaks *pk, in
                    i + 1, W->type, path, W->mi.size, W->mi.params, 8.0 * W->mi.size / W->mi.params, W->mi.threads,
                    W->mi.tok_bytes);
             if (tg)
-                printf("\"n_gen\": %d, \"tg_ts\": %.6f, \"tg_stddev_ts\": %.6f, \"tg_gbs\": %.3f, \"roofline_pct\": %.2f, ",
-                       tg->n_gen, tg->mean, tg->sd, tg->rate, tg->pct_roof);
+                printf("\"n_gen\": %d, \"tg_ts\": %.6f, \"tg_stddev_ts\": %.6f, \"tg_gbs\": %.3f, \"roofline_pct\": %.2f, "
+                       "\"read_bw_during_gbs\": %.3f, ",
+                       tg->n_gen, tg->mean, tg->sd, tg->rate, tg->pct_roof, tg->bw_during);
             if (pp)
                 printf("\"n_prompt\": %d, \"pp_ts\": %.6f, \"pp_stddev_ts\": %.6f, \"pp_gops\": %.1f, \"pp_peak_pct\": %.2f, ",
                        pp->n_prompt, pp->mean, pp->sd, pp->rate, pp->pct_roof);
@@ -260,7 +283,7 @@ int cmd_bench(int argc, char **argv) {
                    "       tern bench --sweep-bits -m model-f16.gguf [--group 64] [--sym] [-n 128] [-p 0] ...\n"
                    "  -p N  prompt tokens (pp test; 0 = skip)   -n N  generated tokens (tg test; 0 = skip)\n"
                    "  -r N  repetitions                           -o    output format\n"
-                   "  --no-repack   keep q4_0/q8_0/tq4 weights in the file layout (default: interleaved at load)\n"
+                   "  --no-repack   keep q4_0/q8_0/tq4/tq1 weights in the file layout (default: interleaved at load)\n"
                    "  --sweep-bits  quantize an f16/f32 model to tq1..tq8 (g<group>, asymmetric unless --sym) in a\n"
                    "                temporary directory and bench each width (pp skipped unless -p is given)\n");
             return 0;
@@ -311,9 +334,10 @@ int cmd_bench(int argc, char **argv) {
         for (int i = 0; i < nrows; i++) {
             printf("  {\"model_filename\": \"%s\", \"model_type\": \"%s\", \"model_size\": %.0f, \"model_n_params\": %.0f, "
                    "\"n_threads\": %d, \"n_batch\": %lld, \"n_prompt\": %d, \"n_gen\": %d, \"avg_ts\": %.6f, \"stddev_ts\": %.6f, "
-                   "\"bytes_per_token\": %.0f, \"%s\": %.3f, \"roofline_pct\": %.2f, ",
+                   "\"bytes_per_token\": %.0f, \"%s\": %.3f, \"roofline_pct\": %.2f, \"read_bw_during_gbs\": %.3f, ",
                    model_path, mi.desc, mi.size, mi.params, mi.threads, (long long)o.n_batch, rows[i].n_prompt, rows[i].n_gen,
-                   rows[i].mean, rows[i].sd, mi.tok_bytes, rows[i].n_gen ? "gbs" : "gops", rows[i].rate, rows[i].pct_roof);
+                   rows[i].mean, rows[i].sd, mi.tok_bytes, rows[i].n_gen ? "gbs" : "gops", rows[i].rate, rows[i].pct_roof,
+                   rows[i].bw_during);
             print_peaks_json(&pk);
             printf("}%s\n", i + 1 < nrows ? "," : "");
         }
@@ -331,9 +355,12 @@ int cmd_bench(int argc, char **argv) {
         printf("| %-30s | %7.2f MiB | %8.2f M | CPU        | %7d | %15s | %20s | %8s | %8s |\n", mi.desc, mi.size / 1048576.0,
                mi.params / 1e6, mi.threads, rows[i].test, ts, rate, roof);
     }
-    printf("\ntg: GB/s of weights read (%.1f MiB per token), roofline = that / read bandwidth; pp (*): GOP/s of matrix "
-           "work, roofline = that / %s peak\n",
-           mi.tok_bytes / 1048576.0, mi.quantized ? "int8 dot" : "f32 FMA");
+    double during = 0;
+    for (int i = 0; i < nrows; i++)
+        if (rows[i].bw_during > 0) during = rows[i].bw_during;
+    printf("\ntg: GB/s of weights read (%.1f MiB per token), roofline = that / read bandwidth measured around each "
+           "repetition (mean %.1f GB/s); pp (*): GOP/s of matrix work, roofline = that / %s peak\n",
+           mi.tok_bytes / 1048576.0, during, mi.quantized ? "int8 dot" : "f32 FMA");
     if (roofline) print_peaks_md(&pk);
     return TN_EXIT_OK;
 }

@@ -34,7 +34,7 @@ static void gen_usage(FILE *f) {
             "      --repeat-last-n N   tokens the penalty looks back over (default 64)\n"
             "      --ignore-eos        keep generating past end-of-generation tokens\n"
             "      --no-mmap           read the model into memory instead of mapping it\n"
-            "      --no-repack         keep q4_0/q8_0/tq4 weights in the file layout (no interleaved copy)\n"
+            "      --no-repack         keep q4_0/q8_0/tq4/tq1 weights in the file layout (no interleaved copy)\n"
             "      --no-display-prompt do not echo the prompt\n");
 }
 

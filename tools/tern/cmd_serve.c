@@ -28,7 +28,7 @@ static void serve_usage(FILE *f) {
             "      --drain-timeout S   on SIGTERM, wait this long for in-flight requests (default 30)\n"
             "      --timeout S         idle connection / slow client timeout (default 30)\n"
             "      --max-body BYTES    largest request body (default 4194304); larger gets 413\n"
-            "      --no-repack         keep q4_0/q8_0/tq4 weights in the file layout (no interleaved copy)\n");
+            "      --no-repack         keep q4_0/q8_0/tq4/tq1 weights in the file layout (no interleaved copy)\n");
 }
 
 int cmd_serve(int argc, char **argv) {
