@@ -28,6 +28,28 @@ void tn_matmul_quantize_task(tn_pool *pool, int ith, int nth, const tn_kern_tabl
 
 void tn_matmul_rows(int64_t m, int ith, int nth, int64_t *r0, int64_t *r1) { tn_split(m, ith, nth, 32, r0, r1); }
 
+void tn_matmul_range(const tn_kern_table *kt, tn_dtype wt, const void *w, int64_t k, const void *xq, int64_t n, float *y,
+                     int64_t ldy, int64_t r0, int64_t r1) {
+    if (r1 <= r0) return;
+    const size_t w_rb = tn_dtype_row_size(wt, k), x_rb = tn_dtype_row_size(tn_dtype_get(wt)->vec_dot_type, k);
+    kt->slot[wt].gemm(k, r1 - r0, n, (const uint8_t *)w + (size_t)r0 * w_rb, w_rb, xq, x_rb, y + r0, ldy);
+}
+
+bool tn_matmul_share(atomic_int *next, int64_t m, int ith, int nth, int *step, int64_t *r0, int64_t *r1) {
+    const int64_t tail = TN_MIN(m, (m / 8 + 31) / 32 * 32), head = m - tail;
+    if (*step == 0) {
+        *step = 1;
+        tn_split(head, ith, nth, 32, r0, r1);
+        if (*r1 > *r0) return true;
+    }
+    const int64_t C = TN_MAX(32, (tail / (4 * (int64_t)nth) + 31) / 32 * 32); /* ~4 tail chunks per thread */
+    const int64_t i = atomic_fetch_add_explicit(next, 1, memory_order_relaxed);
+    if (i * C >= tail) return false;
+    *r0 = head + i * C;
+    *r1 = TN_MIN(m, *r0 + C);
+    return true;
+}
+
 void tn_matmul_compute_task(int ith, int nth, const tn_kern_table *kt, tn_dtype wt, const void *w, int64_t m, int64_t k,
                             const void *xq, int64_t n, float *y, int64_t ldy) {
     tn_dtype vt = tn_dtype_get(wt)->vec_dot_type;
@@ -36,7 +58,7 @@ void tn_matmul_compute_task(int ith, int nth, const tn_kern_table *kt, tn_dtype 
     int64_t r0, r1;
     tn_matmul_rows(m, ith, nth, &r0, &r1);
     if (n == 1 || n <= kt->slot[wt].gemm_nrow) { /* decode, small batches: one pass over this thread's rows */
-        if (r1 > r0) gemm(k, r1 - r0, n, (const uint8_t *)w + (size_t)r0 * w_rb, w_rb, xq, x_rb, y + r0, ldy);
+        tn_matmul_range(kt, wt, w, k, xq, n, y, ldy, r0, r1);
         return;
     }
     for (int64_t c0 = 0; c0 < n; c0 += TN_MM_CB) {

@@ -211,6 +211,7 @@ tern_status tern_ctx_create(const tern_model *m, const tern_ctx_params *pp, tern
         xq1 = TN_MAX(xq1, tn_matmul_xq_size(L->w_down.type, hp->n_ff, 1));
     }
     c->pxq_stride = (xq1 + 63) & ~(size_t)63;
+    c->mm_next = tn_ctx_alloc(c, (size_t)(6 * hp->n_layer + 1) * sizeof(atomic_int), &ok);
     if (p.n_threads > 1) {
         c->pxb = tn_ctx_alloc(c, (size_t)(p.n_threads - 1) * (size_t)d * sizeof(float), &ok);
         c->pxq = tn_ctx_alloc(c, (size_t)(p.n_threads - 1) * c->pxq_stride, &ok);
@@ -243,7 +244,7 @@ void tern_ctx_free(tern_ctx *c) {
     if (!c) return;
     tn_pool_free(c->pool);
     void *bufs[] = {c->k_cache, c->v_cache, c->x, c->xb, c->q, c->kv, c->att, c->hb, c->hb2,
-                    c->tmp, c->rope_cs, c->xq, c->pxb, c->pxq, c->scores, c->logits, c->b_seq, c->b_pos, c->out_rows,
+                    c->tmp, c->rope_cs, c->xq, c->pxb, c->pxq, c->mm_next, c->scores, c->logits, c->b_seq, c->b_pos, c->out_rows,
                     c->b_logits};
     for (size_t i = 0; i < TN_ARRAY_LEN(bufs); i++) tn_free_aligned(bufs[i]);
     tn_free(c);

@@ -8,6 +8,8 @@
 #ifndef TN_MODEL_CTX_H
 #define TN_MODEL_CTX_H
 
+#include <stdatomic.h>
+
 #include "core/fp16.h"
 #include "core/pool.h"
 #include "kern/kern.h"
@@ -67,6 +69,7 @@ struct tern_ctx {
     float *pxb;     /* [n_threads - 1][n_embd]                                                 */
     void *pxq;      /* [n_threads - 1][pxq_stride]                                             */
     size_t pxq_stride;
+    atomic_int *mm_next; /* [6 n_layer + 1] one-token matmuls: next tail chunk (tn_matmul_share) */
     float *scores;  /* [n_threads][scores_stride] per-thread attention scratch               */
     int64_t scores_stride;
     float *logits;  /* [n_logits][n_vocab]                                                     */

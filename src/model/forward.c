@@ -64,14 +64,22 @@ static const void *tn_act(tern_ctx *c, int ith, int nth, bool own, void *xq_own,
     return xq_own;
 }
 
-/* y = W xq (m rows of k, this thread's share) and, if res, res += y on the same rows. */
-static void tn_mm(tern_ctx *c, int ith, int nth, tn_dtype wt, const void *w, int64_t m, int64_t k, const void *xq,
-                  int64_t n, float *y, int64_t ldy, float *res) {
-    tn_matmul_compute_task(ith, nth, c->kt, wt, w, m, k, xq, n, y, ldy);
-    if (res) {
-        int64_t r0, r1;
+/* y = W xq (m rows of k) and, if res, res += y on the same rows. Batches: the static split of
+ * tn_matmul_compute_task. One token (own): tn_matmul_share's ranges (a static share, then tail
+ * chunks claimed from *next), so a thread that is ahead takes more. */
+static void tn_mm(tern_ctx *c, int ith, int nth, bool own, atomic_int *next, tn_dtype wt, const void *w, int64_t m,
+                  int64_t k, const void *xq, int64_t n, float *y, int64_t ldy, float *res) {
+    int64_t r0, r1;
+    if (!own) {
+        tn_matmul_compute_task(ith, nth, c->kt, wt, w, m, k, xq, n, y, ldy);
         tn_matmul_rows(m, ith, nth, &r0, &r1);
-        tn_residual_add(res, y, m, (int32_t)n, r0, r1);
+        if (res) tn_residual_add(res, y, m, (int32_t)n, r0, r1);
+        return;
+    }
+    int step = 0;
+    while (tn_matmul_share(next, m, ith, nth, &step, &r0, &r1)) {
+        tn_matmul_range(c->kt, wt, w, k, xq, 1, y, ldy, r0, r1);
+        if (res) tn_residual_add(res, y, m, 1, r0, r1);
     }
 }
 
@@ -95,6 +103,9 @@ static void tn_forward_task(void *vp, int ith, int nth) {
     float *xb = own ? xb_own : c->xb;
     const int64_t n0 = own ? 0 : t0, n1 = own ? 1 : t1; /* tokens this thread norms */
 
+    if (own && ith == 0) /* the tail counters of tn_matmul_share, before the first barrier */
+        for (int32_t i = 0; i < 6 * hp->n_layer + 1; i++) atomic_store_explicit(&c->mm_next[i], 0, memory_order_relaxed);
+
     /* embeddings: x[t] = tok_embd[toks[t]] ; rope table for the batch */
     for (int64_t t = t0; t < t1; t++) tn_tensor_get_row(&m->tok_embd, b->tok[t], c->x + t * d);
     for (int64_t t = t0; t < t1; t++) tn_op_rope_cache(hp, m->rope_freqs.data, b->pos[t], c->rope_cs + t * hp->n_rot);
@@ -111,17 +122,18 @@ static void tn_forward_task(void *vp, int ith, int nth) {
         if (c->observe && ith == 0) c->observe(c->observe_user, il, TN_OBS_ATTN_IN, c->xb, n, d);
         /* q = Wq xb ; k,v = Wk xb, Wv xb   (xb quantized once when the types agree) */
         const void *xq = tn_act(c, ith, nth, own, xq_own, L->wq.type, xb, d, d, n);
-        tn_mm(c, ith, nth, L->wq.type, L->wq.data, d, d, xq, n, c->q, d, NULL);
+        atomic_int *next = c->mm_next + 6 * il; /* q, k, v, o, gate and up, down */
+        tn_mm(c, ith, nth, own, next, L->wq.type, L->wq.data, d, d, xq, n, c->q, d, NULL);
         if (tn_dtype_get(L->wk.type)->vec_dot_type != tn_dtype_get(L->wq.type)->vec_dot_type) {
             if (!own) tn_pool_barrier(pool);
             xq = tn_act(c, ith, nth, own, xq_own, L->wk.type, xb, d, d, n);
         }
-        tn_mm(c, ith, nth, L->wk.type, L->wk.data, kv_dim, d, xq, n, c->kv, 2 * kv_dim, NULL);
+        tn_mm(c, ith, nth, own, next + 1, L->wk.type, L->wk.data, kv_dim, d, xq, n, c->kv, 2 * kv_dim, NULL);
         if (tn_dtype_get(L->wv.type)->vec_dot_type != tn_dtype_get(L->wk.type)->vec_dot_type) {
             if (!own) tn_pool_barrier(pool);
             xq = tn_act(c, ith, nth, own, xq_own, L->wv.type, xb, d, d, n);
         }
-        tn_mm(c, ith, nth, L->wv.type, L->wv.data, kv_dim, d, xq, n, c->kv + kv_dim, 2 * kv_dim, NULL);
+        tn_mm(c, ith, nth, own, next + 2, L->wv.type, L->wv.data, kv_dim, d, xq, n, c->kv + kv_dim, 2 * kv_dim, NULL);
         tn_pool_barrier(pool);
 
         /* biases, RoPE, and append k, v to the cache (v transposed) */
@@ -154,7 +166,7 @@ static void tn_forward_task(void *vp, int ith, int nth) {
         /* x += Wo att */
         if (c->observe && ith == 0) c->observe(c->observe_user, il, TN_OBS_ATTN_OUT, c->att, n, d);
         xq = tn_act(c, ith, nth, own, xq_own, L->wo.type, c->att, d, d, n);
-        tn_mm(c, ith, nth, L->wo.type, L->wo.data, d, d, xq, n, c->tmp, d, c->x);
+        tn_mm(c, ith, nth, own, next + 3, L->wo.type, L->wo.data, d, d, xq, n, c->tmp, d, c->x);
         tn_pool_barrier(pool);
 
         /* ---- feed-forward block: x += Wdown (silu(Wgate xb) * Wup xb) ---- */
@@ -162,19 +174,30 @@ static void tn_forward_task(void *vp, int ith, int nth) {
         if (!own) tn_pool_barrier(pool);
         if (c->observe && ith == 0) c->observe(c->observe_user, il, TN_OBS_FFN_IN, c->xb, n, d);
         xq = tn_act(c, ith, nth, own, xq_own, L->w_gate.type, xb, d, d, n);
-        tn_matmul_compute_task(ith, nth, kt, L->w_gate.type, L->w_gate.data, n_ff, d, xq, n, c->hb, n_ff);
-        if (tn_dtype_get(L->w_up.type)->vec_dot_type != tn_dtype_get(L->w_gate.type)->vec_dot_type) {
-            if (!own) tn_pool_barrier(pool);
-            xq = tn_act(c, ith, nth, own, xq_own, L->w_up.type, xb, d, d, n);
+        const bool same_vt = tn_dtype_get(L->w_up.type)->vec_dot_type == tn_dtype_get(L->w_gate.type)->vec_dot_type;
+        if (own && same_vt) { /* one token: gate, up and SwiGLU per shared range of rows */
+            int step = 0;
+            while (tn_matmul_share(next + 4, n_ff, ith, nth, &step, &r0, &r1)) {
+                tn_matmul_range(kt, L->w_gate.type, L->w_gate.data, d, xq, 1, c->hb, n_ff, r0, r1);
+                tn_matmul_range(kt, L->w_up.type, L->w_up.data, d, xq, 1, c->hb2, n_ff, r0, r1);
+                tn_op_swiglu(c->hb + r0, c->hb2 + r0, r1 - r0);
+            }
+        } else {
+            tn_matmul_compute_task(ith, nth, kt, L->w_gate.type, L->w_gate.data, n_ff, d, xq, n, c->hb, n_ff);
+            if (!same_vt) {
+                if (!own) tn_pool_barrier(pool);
+                xq = tn_act(c, ith, nth, own, xq_own, L->w_up.type, xb, d, d, n);
+            }
+            tn_matmul_compute_task(ith, nth, kt, L->w_up.type, L->w_up.data, n_ff, d, xq, n, c->hb2, n_ff);
+            /* SwiGLU on this thread's rows (the rows it just computed for both matrices) */
+            tn_matmul_rows(n_ff, ith, nth, &r0, &r1);
+            for (int32_t j = 0; j < n; j++)
+                tn_op_swiglu(c->hb + (int64_t)j * n_ff + r0, c->hb2 + (int64_t)j * n_ff + r0, r1 - r0);
         }
-        tn_matmul_compute_task(ith, nth, kt, L->w_up.type, L->w_up.data, n_ff, d, xq, n, c->hb2, n_ff);
-        /* SwiGLU on this thread's rows (the rows it just computed for both matrices) */
-        tn_matmul_rows(n_ff, ith, nth, &r0, &r1);
-        for (int32_t j = 0; j < n; j++) tn_op_swiglu(c->hb + (int64_t)j * n_ff + r0, c->hb2 + (int64_t)j * n_ff + r0, r1 - r0);
         tn_pool_barrier(pool);
         if (c->observe && ith == 0) c->observe(c->observe_user, il, TN_OBS_FFN_DOWN, c->hb, n, n_ff);
         xq = tn_act(c, ith, nth, own, xq_own, L->w_down.type, c->hb, n_ff, n_ff, n);
-        tn_mm(c, ith, nth, L->w_down.type, L->w_down.data, d, n_ff, xq, n, c->tmp, d, c->x);
+        tn_mm(c, ith, nth, own, next + 5, L->w_down.type, L->w_down.data, d, n_ff, xq, n, c->tmp, d, c->x);
         tn_pool_barrier(pool);
         if (c->debug_layer && ith == 0) c->debug_layer(c->debug_user, il, c->x, n, d);
     }
@@ -196,7 +219,7 @@ static void tn_forward_task(void *vp, int ith, int nth) {
     if (nl == 0) return;
     if (c->observe && ith == 0) c->observe(c->observe_user, hp->n_layer, TN_OBS_OUTPUT, c->xb, nl, d);
     const void *xq = tn_act(c, ith, nth, own_out, xq_own, m->output.type, own_out ? xb_own : c->xb, d, d, nl);
-    tn_mm(c, ith, nth, m->output.type, m->output.data, hp->n_vocab, d, xq,
+    tn_mm(c, ith, nth, own_out && own, c->mm_next + 6 * hp->n_layer, m->output.type, m->output.data, hp->n_vocab, d, xq,
           nl, c->logits, hp->n_vocab, NULL);
 }
 

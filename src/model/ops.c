@@ -6,8 +6,15 @@
 #include "model/ops.h"
 
 void tn_op_rmsnorm(const float *x, float *y, const float *w, int64_t d, float eps) {
-    double ss = 0.0;
-    for (int64_t i = 0; i < d; i++) ss += (double)(x[i] * x[i]);
+    /* the sum of the float squares in double, as llama.cpp; eight partial sums so that the adds
+     * do not wait on one another (the order of double additions: a difference far below the
+     * float result's rounding) */
+    double s8[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i0 = 0;
+    for (; i0 + 8 <= d; i0 += 8)
+        for (int j = 0; j < 8; j++) s8[j] += (double)(x[i0 + j] * x[i0 + j]);
+    double ss = ((s8[0] + s8[1]) + (s8[2] + s8[3])) + ((s8[4] + s8[5]) + (s8[6] + s8[7]));
+    for (; i0 < d; i0++) ss += (double)(x[i0] * x[i0]);
     const float scale = 1.0f / sqrtf((float)(ss / (double)d) + eps);
     for (int64_t i = 0; i < d; i++) y[i] = (x[i] * scale) * w[i];
 }
