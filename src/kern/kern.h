@@ -55,12 +55,18 @@ static inline int64_t tn_kv_row(const int32_t *blocks, int64_t block_rows, int64
     return blocks ? (int64_t)blocks[t / block_rows] * block_rows + t % block_rows : t;
 }
 
+/* SwiGLU in place: g[i] = silu(g[i]) * u[i] = g[i] / (1 + exp(-g[i])) * u[i], i < n. The reference
+ * (scalar/attn.c) uses libm's expf; vector versions an exp within 2 ulp (parity-tested). */
+typedef void (*tn_swiglu_fn)(float *g, const float *u, int64_t n);
+
 /* One slot per dtype id below TN_DTYPE_SLOT_COUNT (ggml ids, then tern's tq ids from
  * TN_DTYPE_TERN_BASE), plus the non-type-specific kernels. */
 typedef struct tn_kern_table {
     tn_kern_slot slot[TN_DTYPE_SLOT_COUNT];
     tn_attn_fn attn;
     tn_isa attn_isa;
+    tn_swiglu_fn swiglu;
+    tn_isa swiglu_isa;
 } tn_kern_table;
 
 /* The table for the CPU's ISA (after the TERN_ISA cap); built once, thread-safe. */

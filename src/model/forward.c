@@ -180,7 +180,7 @@ static void tn_forward_task(void *vp, int ith, int nth) {
             while (tn_matmul_share(next + 4, n_ff, ith, nth, &step, &r0, &r1)) {
                 tn_matmul_range(kt, L->w_gate.type, L->w_gate.data, d, xq, 1, c->hb, n_ff, r0, r1);
                 tn_matmul_range(kt, L->w_up.type, L->w_up.data, d, xq, 1, c->hb2, n_ff, r0, r1);
-                tn_op_swiglu(c->hb + r0, c->hb2 + r0, r1 - r0);
+                kt->swiglu(c->hb + r0, c->hb2 + r0, r1 - r0);
             }
         } else {
             tn_matmul_compute_task(ith, nth, kt, L->w_gate.type, L->w_gate.data, n_ff, d, xq, n, c->hb, n_ff);
@@ -192,7 +192,7 @@ static void tn_forward_task(void *vp, int ith, int nth) {
             /* SwiGLU on this thread's rows (the rows it just computed for both matrices) */
             tn_matmul_rows(n_ff, ith, nth, &r0, &r1);
             for (int32_t j = 0; j < n; j++)
-                tn_op_swiglu(c->hb + (int64_t)j * n_ff + r0, c->hb2 + (int64_t)j * n_ff + r0, r1 - r0);
+                kt->swiglu(c->hb + (int64_t)j * n_ff + r0, c->hb2 + (int64_t)j * n_ff + r0, r1 - r0);
         }
         tn_pool_barrier(pool);
         if (c->observe && ith == 0) c->observe(c->observe_user, il, TN_OBS_FFN_DOWN, c->hb, n, n_ff);

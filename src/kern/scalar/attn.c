@@ -1,5 +1,5 @@
 /*
- * attn.c (scalar) — the reference attention kernel (contract in kern.h): one query, online
+ * attn.c (scalar) — the reference attention kernel (contract in kern.h) and SwiGLU: one query, online
  * softmax, ggml's flash-attention arithmetic step by step (expf, fmaf, f16 rounding points).
  */
 #include <math.h>
@@ -45,7 +45,13 @@ void tn_k_attn_f16__scalar(int64_t hd, int64_t T, const float *q, const uint16_t
     for (int64_t i = 0; i < hd; i++) out[i] = acc[i] * inv;
 }
 
+void tn_k_swiglu__scalar(float *g, const float *u, int64_t n) {
+    for (int64_t i = 0; i < n; i++) g[i] = (g[i] / (1.0f + expf(-g[i]))) * u[i];
+}
+
 void tn_kern_register_attn_scalar(tn_kern_table *t) {
     t->attn = tn_k_attn_f16__scalar;
     t->attn_isa = TN_ISA_SCALAR;
+    t->swiglu = tn_k_swiglu__scalar;
+    t->swiglu_isa = TN_ISA_SCALAR;
 }
