@@ -47,10 +47,6 @@ void tn_op_rope(const tn_hparams *hp, float *v, int32_t n_heads, const float *cs
     }
 }
 
-void tn_op_swiglu(float *g, const float *u, int64_t n) {
-    for (int64_t i = 0; i < n; i++) g[i] = (g[i] / (1.0f + expf(-g[i]))) * u[i];
-}
-
 double tn_op_logsumexp(const float *l, int64_t n, int64_t *imax) {
     float mx = l[0];
     int64_t im = 0;

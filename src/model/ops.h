@@ -16,8 +16,6 @@ void tn_op_rope_cache(const tn_hparams *hp, const float *freq_factors, int64_t p
 /* Rotates the first n_rot dims of each of n_heads heads (head_dim apart) in place; sign = +1
  * forward, -1 applies the inverse rotation (the backward pass of RoPE). */
 void tn_op_rope(const tn_hparams *hp, float *v, int32_t n_heads, const float *cs, float sign);
-/* g[i] = silu(g[i]) * u[i] */
-void tn_op_swiglu(float *g, const float *u, int64_t n);
 /* log(sum_i exp(l[i])) of n logits, llama-perplexity's way (float max, double sum of expf), so
  * perplexity, KL divergence and logprobs agree with it; *imax (if not NULL) = the first argmax. */
 double tn_op_logsumexp(const float *l, int64_t n, int64_t *imax);

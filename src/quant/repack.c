@@ -145,6 +145,12 @@ void tn_repack_l32(tn_dtype ft, const void *src, void *dst, int64_t m, int64_t k
                                  (const uint8_t *)src + ((size_t)(g * TN_L32_ROWS + r) * (size_t)nc + (size_t)c) * bb);
 }
 
+void tn_unpack_block_l32(tn_dtype it, const void *chunk, int r, void *blk) {
+    tn_tq_params p;
+    tn_tq_params_of(tn_l32_file_type(it), &p);
+    tn_l32_get_block(chunk, r, p.group, p.asym, blk);
+}
+
 void tn_unpack_row_l32(tn_dtype it, const void *w, int64_t k, int64_t i, void *row) {
     tn_tq_params p;
     tn_tq_params_of(tn_l32_file_type(it), &p);

@@ -69,6 +69,9 @@ tn_dtype tn_l32_type_of(tn_dtype t);
 tn_dtype tn_l32_file_type(tn_dtype t);
 /* dst (m rows, m % 32 == 0) = src (row-major tq1 file type ft) in the l32 layout; no overlap. */
 void tn_repack_l32(tn_dtype ft, const void *src, void *dst, int64_t m, int64_t k);
+/* Row r (0..31) of one chunk of an l32 matrix (block b of a group starts at b * 32 * block bytes)
+ * back in the file type's block bytes. */
+void tn_unpack_block_l32(tn_dtype it, const void *chunk, int r, void *blk);
 /* Row i of an l32 matrix back in its file type's bytes. */
 void tn_unpack_row_l32(tn_dtype it, const void *w, int64_t k, int64_t i, void *row);
 

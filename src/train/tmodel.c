@@ -15,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "kern/kern.h"
 #include "model/ops.h"
 #include "train/rng.h"
 #include "train/train.h"
@@ -460,13 +461,15 @@ static void task_fn(void *arg, int ith, int nth) {
         }
         break;
     }
-    case OP_SWIGLU: /* x = g, x2 = u, y = h */
+    case OP_SWIGLU: { /* x = g, x2 = u, y = h; the scalar reference (libm expf, as the backward) */
+        const tn_swiglu_fn swiglu = tn_kern_at(TN_ISA_SCALAR)->swiglu;
         tn_split(tk->n, ith, nth, 1, &r0, &r1);
         for (int64_t i = r0; i < r1; i++) {
             memcpy(tk->y + i * tk->d, tk->x + i * tk->d, (size_t)tk->d * sizeof(float));
-            tn_op_swiglu(tk->y + i * tk->d, tk->x2 + i * tk->d, tk->d);
+            swiglu(tk->y + i * tk->d, tk->x2 + i * tk->d, tk->d);
         }
         break;
+    }
     case OP_SWIGLU_BWD: { /* x = g, x2 = u, x3 = dh, y = dg, y2 = du */
         tn_split(tk->n * tk->d, ith, nth, 64, &r0, &r1);
         for (int64_t i = r0; i < r1; i++) {

@@ -39,42 +39,44 @@
 #include "quant/tq.h"
 
 #define TN_L32_STACK 32768 /* tables + scales on the stack up to this size, else the heap */
-#ifndef TN_L32_NS
-#define TN_L32_NS 4 /* groups (streams) per pass over the tables */
-#endif
-#ifndef TN_L32_HINT
-#define TN_L32_HINT _MM_HINT_T2 /* to L2: the tables keep L1 */
-#endif
-#ifndef TN_L32_PF
-#define TN_L32_PF 2048 /* software prefetch distance in each chunk stream, bytes */
-#endif
+#define TN_L32_NS 4            /* groups (streams) per pass over the tables                */
+#define TN_L32_HINT _MM_HINT_T2 /* prefetch to L2: the tables keep L1                         */
+#define TN_L32_PF 2048          /* software prefetch distance in each chunk stream, bytes   */
 
 /* The file type's gemm (same ISA level) for batches, by tq1 index 0..7; set at registration. */
 static tn_gemm_fn tn_l32_file_gemm[8];
 
 /* Patterns: dword lane 4 L + i of register A computes entry 8 (L & 1) + i, of B entry
- * 8 (L & 1) + 4 + i, so that VPACKSSDW(A, B) puts entry (w & 15) on word w. */
+ * 8 (L & 1) + 4 + i, so that VPACKSSDW(A, B) puts entry (w & 15) on word w. Built once per
+ * symmetry at registration (index 1: symmetric). */
 typedef struct {
-    __m512i pa, pb;   /* asym: bytes bit_e(n) (u8 operand); sym: bytes 2 bit_e(n) - 1 (s8 operand) */
-    __m512i ca, cb;   /* sym: -128 * sum_e (2 bit_e(n) - 1) (accumulator start); asym: 0      */
+    uint8_t pa[64], pb[64]; /* asym: bytes bit_e(n) (u8 operand); sym: bytes 2 bit_e(n) - 1 (s8 operand) */
+    int32_t ca[16], cb[16]; /* sym: -128 * sum_e (2 bit_e(n) - 1) (accumulator start); asym: 0      */
+} tn_l32_pat_bytes;
+static _Alignas(64) tn_l32_pat_bytes tn_l32_pats[2];
+
+typedef struct {
+    __m512i pa, pb, ca, cb;
 } tn_l32_pat;
 
-static void tn_l32_pattern(bool sym, tn_l32_pat *P) {
-    _Alignas(64) uint8_t pa[64], pb[64];
-    _Alignas(64) int32_t ca[16], cb[16];
+static void tn_l32_pattern_build(bool sym, tn_l32_pat_bytes *P) {
     for (int lane = 0; lane < 16; lane++) {
         const int L = lane / 4, i = lane % 4, na = 8 * (L & 1) + i, nb = na + 4;
         int sa = 0, sb = 0;
         for (int e = 0; e < 4; e++) {
             const int ba = (na >> e) & 1, bb = (nb >> e) & 1;
-            pa[4 * lane + e] = (uint8_t)(sym ? 2 * ba - 1 : ba);
-            pb[4 * lane + e] = (uint8_t)(sym ? 2 * bb - 1 : bb);
+            P->pa[4 * lane + e] = (uint8_t)(sym ? 2 * ba - 1 : ba);
+            P->pb[4 * lane + e] = (uint8_t)(sym ? 2 * bb - 1 : bb);
             sa += 2 * ba - 1, sb += 2 * bb - 1;
         }
-        ca[lane] = sym ? -128 * sa : 0, cb[lane] = sym ? -128 * sb : 0;
+        P->ca[lane] = sym ? -128 * sa : 0, P->cb[lane] = sym ? -128 * sb : 0;
     }
-    P->pa = _mm512_load_si512(pa), P->pb = _mm512_load_si512(pb);
-    P->ca = _mm512_load_si512(ca), P->cb = _mm512_load_si512(cb);
+}
+
+static tn_l32_pat tn_l32_pattern(bool sym) {
+    const tn_l32_pat_bytes *b = &tn_l32_pats[sym];
+    return (tn_l32_pat){_mm512_loadu_si512(b->pa), _mm512_loadu_si512(b->pb), _mm512_loadu_si512(b->ca),
+                        _mm512_loadu_si512(b->cb)};
 }
 
 /* The 8 tables (8 x 32 int16) of one activation block of 32 codes. */
@@ -90,9 +92,10 @@ static inline void tn_l32_tables(bool sym, const tn_l32_pat *P, const block_q8_0
     }
 }
 
-/* NG (1 or 2) groups of 32 rows, far apart in memory (two sequential streams keep Zen 4's DRAM
- * prefetch busier than one): out[g][r] = dot of row r of group g with the column (tables tab,
- * per-piece scales dx, per-block offset sums mx). */
+/* NG (1 .. TN_L32_NS) groups of 32 rows, far apart in memory (separate sequential streams that
+ * share every table load; with one stream the table loads missed L1 on every group):
+ * out[g][r] = dot of row r of group g with the column (tables tab, per-piece scales dx,
+ * per-block offset sums mx). */
 static inline __attribute__((always_inline)) void tn_l32_groups(const int G, const bool asym, const int NG,
                                                                 const uint8_t *const *grp, int64_t nb,
                                                                 const int16_t *tab, const float *dx, const float *mx,
@@ -172,8 +175,7 @@ static inline __attribute__((always_inline)) void tn_l32_gemm(const int ti, cons
     }
     int16_t *tab = (int16_t *)buf;
     float *dx = (float *)(buf + (size_t)np * 512), *mx = dx + np;
-    tn_l32_pat P;
-    tn_l32_pattern(!asym, &P);
+    const tn_l32_pat P = tn_l32_pattern(!asym);
     for (int64_t j = 0; j < n; j++) {
         const block_q8_0 *xb = (const block_q8_0 *)((const uint8_t *)x + (size_t)j * x_rb);
         for (int64_t p = 0; p < np; p++) {
@@ -233,6 +235,8 @@ void tn_kern_register_l32_avx512(tn_kern_table *t) {
                                tn_k_gemm_tq1g64_l32_q8_0__avx512,  tn_k_gemm_tq1g64a_l32_q8_0__avx512,
                                tn_k_gemm_tq1g128_l32_q8_0__avx512, tn_k_gemm_tq1g128a_l32_q8_0__avx512,
                                tn_k_gemm_tq1g256_l32_q8_0__avx512, tn_k_gemm_tq1g256a_l32_q8_0__avx512};
+    tn_l32_pattern_build(false, &tn_l32_pats[0]);
+    tn_l32_pattern_build(true, &tn_l32_pats[1]);
     for (int i = 0; i < 8; i++) {
         tn_l32_file_gemm[i] = t->slot[TN_DTYPE_TERN_BASE + i].gemm;
         t->slot[TN_TQ1G32_L32 + i].gemm = fns[i];

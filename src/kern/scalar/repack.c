@@ -83,8 +83,8 @@ void tn_k_gemm_tq1_l32_q8_0__scalar(tn_dtype it, int64_t k, int64_t m, int64_t n
             float sum = 0;
             for (int64_t b0 = 0; b0 < nb; b0 += PB) {
                 const int64_t nbb = nb - b0 < PB ? nb - b0 : PB;
-                for (int64_t b = 0; b < nbb; b++) /* one block of row i % 32 at a time */
-                    tn_unpack_row_l32(it, grp + (size_t)(b0 + b) * cb, G, i % TN_L32_ROWS, row + (size_t)b * bb);
+                for (int64_t b = 0; b < nbb; b++)
+                    tn_unpack_block_l32(it, grp + (size_t)(b0 + b) * cb, (int)(i % TN_L32_ROWS), row + (size_t)b * bb);
                 sum += tn_tq_vec_dot_ref(&p, nbb * G, row, xb + b0 * (G / 32));
             }
             y[j * ldy + i] = sum;
