@@ -35,8 +35,8 @@
  *                           16-bit word r of R_h = bits 16 h .. 16 h + 15 of row r's piece s
  *                           (the little-endian u32 of the 1-bit plane: bit n = code n)
  *
- * so nibble t of word r of R_h holds codes 16 h + 4 t .. + 3 of row r: the index into the table
- * of the 16 possible sums of those four activations. Even and odd rows' scales are apart because
+ * so bits 0-5, 6-11 and 12-15 of word r of R_h hold codes 16 h + 0..5, 6..11 and 12..15 of row
+ * r: the indices into the kernel's tables of the possible sums of those activations. Even and odd rows' scales are apart because
  * the kernel widens its 16-bit sums with VPMADDWD, which splits even and odd words. The chunk
  * sizes add up to 32 rows of the file type, as for *_r16.
  */

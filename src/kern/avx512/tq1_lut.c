@@ -3,12 +3,15 @@
  * 32 rows interleaved, 16-bit word r of a register = 16 codes of row r) by table lookup, as in
  * T-MAC (PAPERS.md): the unpack-and-multiply kernels spend two vector operations per 64 codes on
  * the int8 multiplier ports (expand the bits to bytes, VPDPBUSD) and top out near 16 GB/s per
- * Zen 4 core, below a core's share of DRAM bandwidth. Here, per 32 activations of the column, 8
- * tables of the 16 possible sums of 4 consecutive activations are built once per call (int16,
- * exact: |sum| <= 4 * 127), and then one VPERMW looks up 4 codes of all 32 rows at once (the
- * nibble is the index; the table is duplicated into both halves so the 5th index bit VPERMW reads
- * does not matter), VPADDW accumulates, so a piece of 32 codes x 32 rows costs 8 lookups, 7 adds
- * and 6 shifts (nibbles 1..3 of each word) on the shuffle / ALU ports.
+ * Zen 4 core, below a core's share of DRAM bandwidth. Here, per 32 activations of the column,
+ * tables of the possible sums of consecutive activations are built once per call (int16, exact:
+ * |sum| <= 6 * 127): per 16 codes two tables of 64 sums of 6 activations and one of 16 sums of 4.
+ * Then one VPERMI2W (64 entries in two registers, the low 6 index bits) looks up 6 codes of all 32
+ * rows at once, and one VPERMW the last 4 (the table duplicated into both halves, so the 5th
+ * index bit does not matter); VPADDW accumulates. A piece of 32 codes x 32 rows costs 6 lookups,
+ * 5 adds and 4 shifts (bits 6 and 12 of each word), 15 operations, where 4-code tables took 8 + 7
+ * + 6 = 21: on Zen 4 every one of them holds a 256-bit pipe for two cycles, so the count is the
+ * speed (2048 x 2048 in L2: 35 -> 38 GB/s, from DRAM 20-22 -> 25-28 GB/s on one core).
  *
  * Per piece the 16-bit sums (|sum| <= 32 * 127) are widened by two VPMADDWD (even and odd rows:
  * the layout keeps even and odd rows' scales apart), converted and scaled by the piece's
@@ -17,11 +20,11 @@
  * Integer sums are exact; float rounding differs from the reference (tn_tq_vec_dot_ref) only by
  * order.
  *
- * Tables: sum over bits e of nibble n of x[4j + e] (asym) or of (2 bit - 1) x[4j + e] (sym); for 16
- * entries at once: VPDPBUSD of a constant bit pattern (one dword per entry) with the 4
+ * Tables: entry n = sum over bits e of n of x[o + e] (asym) or of (2 bit - 1) x[o + e] (sym); 16
+ * entries at once: one VPDPBUSD per 4 bits of a constant bit pattern (one dword per entry) with 4
  * activations broadcast, two such registers packed to words by VPACKSSDW, whose in-lane order the
- * patterns are laid out for. Symmetric: u8 operand x + 128, s8 pattern +-1, accumulator started at
- * -128 * sum of the pattern.
+ * patterns are laid out for. Symmetric: u8 operand x + 128, s8 pattern +-1 (0 pads), accumulator
+ * started at -128 * sum of the pattern.
  *
  * Batches (n > 1: prefill, serve steps) unpack the rows to the file layout in a scratch buffer and
  * run the file type's kernel: the lookups pay only when a table serves many rows of one column.
@@ -46,50 +49,89 @@
 /* The file type's gemm (same ISA level) for batches, by tq1 index 0..7; set at registration. */
 static tn_gemm_fn tn_l32_file_gemm[8];
 
-/* Patterns: dword lane 4 L + i of register A computes entry 8 (L & 1) + i, of B entry
- * 8 (L & 1) + 4 + i, so that VPACKSSDW(A, B) puts entry (w & 15) on word w. Built once per
- * symmetry at registration (index 1: symmetric). */
+/* Tables per piece of 32 activations, for each half h (16 codes of a row = one 16-bit word):
+ * two 64-entry tables of the sums of 6 activations (codes 16h + 0..5 and 16h + 6..11; each in two
+ * registers, entries 0..31 and 32..63, looked up by VPERMI2W with the low 6 index bits) and one
+ * 16-entry table of the sums of 4 (codes 16h + 12..15, duplicated into both halves of a register,
+ * looked up by VPERMW). TN_L32_TW words per piece. */
+#define TN_L32_TW 320
+enum { TN_L32_K6LO, TN_L32_K6HI, TN_L32_K4, TN_L32_NK };
+
+/* Patterns: the entries of a table are computed 16 at a time, dword lane q of register A
+ * holding entry e_A(q) and of register B entry e_A(q) + 4, so that VPACKSSDW(A, B) (in-lane
+ * interleave of 4 dwords of each) puts entry w on word w (6-bit tables) or w & 15 (4-bit table).
+ * Each dword lane is one or two VPDPBUSD of the bits of its entry with 4 activations broadcast:
+ * p[.][.][0] for bits 0..3, p[.][.][1] for bits 4..5 (zero bytes pad the unused positions).
+ * Built once per symmetry at registration (index 1: symmetric). */
 typedef struct {
-    uint8_t pa[64], pb[64]; /* asym: bytes bit_e(n) (u8 operand); sym: bytes 2 bit_e(n) - 1 (s8 operand) */
-    int32_t ca[16], cb[16]; /* sym: -128 * sum_e (2 bit_e(n) - 1) (accumulator start); asym: 0      */
+    uint8_t p[TN_L32_NK][2][2][64]; /* [kind][A/B][bits 0..3 / 4..5]: asym bit (u8 operand); sym 2 bit - 1 (s8) */
+    int32_t c[TN_L32_NK][2][16];    /* sym: -128 * sum of the pattern's signs (accumulator start); asym: 0 */
 } tn_l32_pat_bytes;
 static _Alignas(64) tn_l32_pat_bytes tn_l32_pats[2];
 
-typedef struct {
-    __m512i pa, pb, ca, cb;
-} tn_l32_pat;
+static int tn_l32_entry(int kind, int sel, int q) {
+    const int L = q / 4, i = q % 4;
+    if (kind == TN_L32_K4) return 8 * (L & 1) + 4 * sel + i;
+    return 8 * L + 4 * sel + i + (kind == TN_L32_K6HI ? 32 : 0);
+}
 
 static void tn_l32_pattern_build(bool sym, tn_l32_pat_bytes *P) {
-    for (int lane = 0; lane < 16; lane++) {
-        const int L = lane / 4, i = lane % 4, na = 8 * (L & 1) + i, nb = na + 4;
-        int sa = 0, sb = 0;
-        for (int e = 0; e < 4; e++) {
-            const int ba = (na >> e) & 1, bb = (nb >> e) & 1;
-            P->pa[4 * lane + e] = (uint8_t)(sym ? 2 * ba - 1 : ba);
-            P->pb[4 * lane + e] = (uint8_t)(sym ? 2 * bb - 1 : bb);
-            sa += 2 * ba - 1, sb += 2 * bb - 1;
+    for (int kind = 0; kind < TN_L32_NK; kind++) {
+        const int nbits = kind == TN_L32_K4 ? 4 : 6;
+        for (int sel = 0; sel < 2; sel++)
+            for (int q = 0; q < 16; q++) {
+                const int n = tn_l32_entry(kind, sel, q);
+                int sum = 0;
+                for (int dp = 0; dp < 2; dp++)
+                    for (int e = 0; e < 4; e++) {
+                        const int bit = 4 * dp + e, b = (n >> bit) & 1;
+                        uint8_t v = 0;
+                        if (bit < nbits) v = (uint8_t)(sym ? 2 * b - 1 : b), sum += 2 * b - 1;
+                        P->p[kind][sel][dp][4 * q + e] = v;
+                    }
+                P->c[kind][sel][q] = sym ? -128 * sum : 0;
+            }
+    }
+}
+
+/* One table (one register of 32 int16 entries) of kind `kind` over the activations at q8. */
+static inline __m512i tn_l32_table(bool sym, const tn_l32_pat_bytes *P, int kind, const int8_t *q8) {
+    int32_t v0, v1;
+    memcpy(&v0, q8, 4);
+    memcpy(&v1, q8 + 4, 4);
+    if (sym) v0 ^= (int32_t)0x80808080u, v1 ^= (int32_t)0x80808080u; /* x + 128 as the unsigned operand */
+    const __m512i X0 = _mm512_set1_epi32(v0), X1 = _mm512_set1_epi32(v1);
+    __m512i r[2];
+    for (int sel = 0; sel < 2; sel++) {
+        const __m512i p0 = _mm512_load_si512(P->p[kind][sel][0]), p1 = _mm512_load_si512(P->p[kind][sel][1]);
+        __m512i a = _mm512_load_si512(P->c[kind][sel]);
+        a = sym ? _mm512_dpbusd_epi32(a, X0, p0) : _mm512_dpbusd_epi32(a, p0, X0);
+        if (kind != TN_L32_K4) a = sym ? _mm512_dpbusd_epi32(a, X1, p1) : _mm512_dpbusd_epi32(a, p1, X1);
+        r[sel] = a;
+    }
+    return _mm512_packs_epi32(r[0], r[1]);
+}
+
+/* The 10 tables (TN_L32_TW int16) of one activation block of 32 codes. */
+static inline void tn_l32_tables(bool sym, const tn_l32_pat_bytes *P, const block_q8_0 *xb, int16_t *tab) {
+    for (int h = 0; h < 2; h++) {
+        const int8_t *q = xb->qs + 16 * h;
+        int16_t *t = tab + 160 * h;
+        for (int u = 0; u < 2; u++) {
+            _mm512_store_si512(t + 64 * u, tn_l32_table(sym, P, TN_L32_K6LO, q + 6 * u));
+            _mm512_store_si512(t + 64 * u + 32, tn_l32_table(sym, P, TN_L32_K6HI, q + 6 * u));
         }
-        P->ca[lane] = sym ? -128 * sa : 0, P->cb[lane] = sym ? -128 * sb : 0;
+        _mm512_store_si512(t + 128, tn_l32_table(sym, P, TN_L32_K4, q + 12));
     }
 }
 
-static tn_l32_pat tn_l32_pattern(bool sym) {
-    const tn_l32_pat_bytes *b = &tn_l32_pats[sym];
-    return (tn_l32_pat){_mm512_loadu_si512(b->pa), _mm512_loadu_si512(b->pb), _mm512_loadu_si512(b->ca),
-                        _mm512_loadu_si512(b->cb)};
-}
-
-/* The 8 tables (8 x 32 int16) of one activation block of 32 codes. */
-static inline void tn_l32_tables(bool sym, const tn_l32_pat *P, const block_q8_0 *xb, int16_t *tab) {
-    for (int j = 0; j < 8; j++) {
-        int32_t v;
-        memcpy(&v, xb->qs + 4 * j, 4);
-        if (sym) v ^= (int32_t)0x80808080u; /* x + 128 as the unsigned operand */
-        const __m512i X = _mm512_set1_epi32(v);
-        const __m512i A = sym ? _mm512_dpbusd_epi32(P->ca, X, P->pa) : _mm512_dpbusd_epi32(P->ca, P->pa, X);
-        const __m512i B = sym ? _mm512_dpbusd_epi32(P->cb, X, P->pb) : _mm512_dpbusd_epi32(P->cb, P->pb, X);
-        _mm512_store_si512(tab + 32 * j, _mm512_packs_epi32(A, B));
-    }
+/* Sum of one half's lookups: 16 codes of 32 rows (word r of R = row r). */
+static inline __attribute__((always_inline)) __m512i tn_l32_half(__m512i R, __m512i T0, __m512i T1, __m512i T2,
+                                                                 __m512i T3, __m512i T4) {
+    const __m512i a = _mm512_permutex2var_epi16(T0, R, T1);
+    const __m512i b = _mm512_permutex2var_epi16(T2, _mm512_srli_epi16(R, 6), T3);
+    const __m512i c = _mm512_permutexvar_epi16(_mm512_srli_epi16(R, 12), T4);
+    return _mm512_add_epi16(_mm512_add_epi16(a, b), c);
 }
 
 /* NG (1 .. TN_L32_NS) groups of 32 rows, far apart in memory (separate sequential streams that
@@ -113,20 +155,18 @@ static inline __attribute__((always_inline)) void tn_l32_groups(const int G, con
             tE[g] = tO[g] = _mm512_setzero_ps();
         }
         for (int s = 0; s < S; s++) {
-            const int16_t *T = tab + (size_t)(b * S + s) * 256;
+            const int16_t *T = tab + (size_t)(b * S + s) * TN_L32_TW;
             const __m512 d = _mm512_set1_ps(dx[b * S + s]);
+            const __m512i T0 = _mm512_load_si512(T), T1 = _mm512_load_si512(T + 32), T2 = _mm512_load_si512(T + 64),
+                          T3 = _mm512_load_si512(T + 96), T4 = _mm512_load_si512(T + 128),
+                          U0 = _mm512_load_si512(T + 160), U1 = _mm512_load_si512(T + 192),
+                          U2 = _mm512_load_si512(T + 224), U3 = _mm512_load_si512(T + 256),
+                          U4 = _mm512_load_si512(T + 288);
             for (int g = 0; g < NG; g++) {
                 const uint8_t *ch = grp[g] + (size_t)b * cb;
                 const __m512i R0 = _mm512_loadu_si512(ch + hdr + 128 * s), R1 = _mm512_loadu_si512(ch + hdr + 128 * s + 64);
-                __m512i a = _mm512_permutexvar_epi16(R0, _mm512_load_si512(T));
-                __m512i a2 = _mm512_permutexvar_epi16(_mm512_srli_epi16(R0, 4), _mm512_load_si512(T + 32));
-                a = _mm512_add_epi16(a, _mm512_permutexvar_epi16(_mm512_srli_epi16(R0, 8), _mm512_load_si512(T + 64)));
-                a2 = _mm512_add_epi16(a2, _mm512_permutexvar_epi16(_mm512_srli_epi16(R0, 12), _mm512_load_si512(T + 96)));
-                a = _mm512_add_epi16(a, _mm512_permutexvar_epi16(R1, _mm512_load_si512(T + 128)));
-                a2 = _mm512_add_epi16(a2, _mm512_permutexvar_epi16(_mm512_srli_epi16(R1, 4), _mm512_load_si512(T + 160)));
-                a = _mm512_add_epi16(a, _mm512_permutexvar_epi16(_mm512_srli_epi16(R1, 8), _mm512_load_si512(T + 192)));
-                a2 = _mm512_add_epi16(a2, _mm512_permutexvar_epi16(_mm512_srli_epi16(R1, 12), _mm512_load_si512(T + 224)));
-                a = _mm512_add_epi16(a, a2);
+                const __m512i a = _mm512_add_epi16(tn_l32_half(R0, T0, T1, T2, T3, T4),
+                                                   tn_l32_half(R1, U0, U1, U2, U3, U4));
                 tE[g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_madd_epi16(a, lo)), d, tE[g]);
                 tO[g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_madd_epi16(a, hi)), d, tO[g]);
             }
@@ -166,7 +206,7 @@ static inline __attribute__((always_inline)) void tn_l32_gemm(const int ti, cons
         /* no memory: one column at a time through the lookup kernel below */
     }
     const int64_t nb = k / G, np = k / 32;
-    const size_t need = (size_t)np * 512 + (size_t)np * 4 + (size_t)nb * 4;
+    const size_t need = (size_t)np * TN_L32_TW * 2 + (size_t)np * 4 + (size_t)nb * 4;
     _Alignas(64) uint8_t stackbuf[TN_L32_STACK];
     uint8_t *buf = need <= TN_L32_STACK ? stackbuf : aligned_alloc(64, (need + 63) & ~(size_t)63);
     if (!buf) { /* no memory for the tables: the scalar reference */
@@ -174,12 +214,12 @@ static inline __attribute__((always_inline)) void tn_l32_gemm(const int ti, cons
         return;
     }
     int16_t *tab = (int16_t *)buf;
-    float *dx = (float *)(buf + (size_t)np * 512), *mx = dx + np;
-    const tn_l32_pat P = tn_l32_pattern(!asym);
+    float *dx = (float *)(buf + (size_t)np * TN_L32_TW * 2), *mx = dx + np;
+    const tn_l32_pat_bytes *P = &tn_l32_pats[!asym];
     for (int64_t j = 0; j < n; j++) {
         const block_q8_0 *xb = (const block_q8_0 *)((const uint8_t *)x + (size_t)j * x_rb);
         for (int64_t p = 0; p < np; p++) {
-            tn_l32_tables(!asym, &P, &xb[p], tab + (size_t)p * 256);
+            tn_l32_tables(!asym, P, &xb[p], tab + (size_t)p * TN_L32_TW);
             const float da = tn_fp16_to_fp32(xb[p].d);
             dx[p] = asym ? da : 0.5f * da;
         }
