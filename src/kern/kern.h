@@ -38,17 +38,21 @@ typedef struct tn_kern_slot {
     tn_isa vec_dot_isa, gemm_isa, from_float_isa, to_float_isa;
 } tn_kern_slot;
 
-/* Attention of one query over T cached positions with an online softmax — llama.cpp's CPU
+/* Attention of nh query heads over T cached positions with an online softmax — llama.cpp's CPU
  * flash-attention numerics, so greedy outputs agree:
  *   s_t = scale * (q · K_t);  out = sum_t softmax(s)_t V_t
- * Position t's K row is K + row(t) * ldkv (likewise V), f16, where row(t) = t for a contiguous
- * cache (blocks == NULL) or blocks[t / block_rows] * block_rows + t % block_rows for a paged one.
+ * Head j's query is q + j * hd and its output out + j * hd (hd floats); it reads kv head j / rep
+ * (rep query heads per kv head, grouped-query attention): position t's K row is
+ * K + (j / rep) * hd + row(t) * ldkv (likewise V), f16, where row(t) = t for a contiguous cache
+ * (blocks == NULL) or blocks[t / block_rows] * block_rows + t % block_rows for a paged one. Heads
+ * are independent; several per call let a kernel share the K / V rows of a group and overlap the
+ * heads' serial accumulations.
  * With acc16 (ggml's per-query path) q is rounded to f16 for the dot products and the V
  * accumulator is kept in f16 (rounded after every update, y = f16(fma(v, w, y))); without (ggml's
- * tiled path for >= 64 queries) everything is f32. out gets hd floats; scratch holds 2 * hd. */
-typedef void (*tn_attn_fn)(int64_t hd, int64_t T, const float *q, const uint16_t *K, const uint16_t *V, int64_t ldkv,
-                           const int32_t *blocks, int64_t block_rows, float scale, bool acc16, float *out,
-                           float *scratch);
+ * tiled path for >= 64 queries) everything is f32. scratch holds 2 * hd * nh floats. */
+typedef void (*tn_attn_fn)(int64_t hd, int64_t T, int64_t nh, int64_t rep, const float *q, const uint16_t *K,
+                           const uint16_t *V, int64_t ldkv, const int32_t *blocks, int64_t block_rows, float scale,
+                           bool acc16, float *out, float *scratch);
 
 /* Row of position t in a (possibly paged) cache; see tn_attn_fn. */
 static inline int64_t tn_kv_row(const int32_t *blocks, int64_t block_rows, int64_t t) {

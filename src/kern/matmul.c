@@ -35,11 +35,16 @@ void tn_matmul_range(const tn_kern_table *kt, tn_dtype wt, const void *w, int64_
     kt->slot[wt].gemm(k, r1 - r0, n, (const uint8_t *)w + (size_t)r0 * w_rb, w_rb, xq, x_rb, y + r0, ldy);
 }
 
+void tn_matmul_share_head(int64_t m, int ith, int nth, int64_t *r0, int64_t *r1) {
+    const int64_t tail = TN_MIN(m, (m / 8 + 31) / 32 * 32);
+    tn_split(m - tail, ith, nth, 32, r0, r1);
+}
+
 bool tn_matmul_share(atomic_int *next, int64_t m, int ith, int nth, int *step, int64_t *r0, int64_t *r1) {
     const int64_t tail = TN_MIN(m, (m / 8 + 31) / 32 * 32), head = m - tail;
     if (*step == 0) {
         *step = 1;
-        tn_split(head, ith, nth, 32, r0, r1);
+        tn_matmul_share_head(m, ith, nth, r0, r1);
         if (*r1 > *r0) return true;
     }
     const int64_t C = TN_MAX(32, (tail / (4 * (int64_t)nth) + 31) / 32 * 32); /* ~4 tail chunks per thread */

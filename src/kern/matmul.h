@@ -41,6 +41,8 @@ void tn_matmul_range(const tn_kern_table *kt, tn_dtype wt, const void *w, int64_
  * counter *next (0 before any thread starts): a thread that is ahead takes more of them, so the
  * threads reach the next barrier together. Range starts are multiples of 32 when m is. */
 bool tn_matmul_share(atomic_int *next, int64_t m, int ith, int nth, int *step, int64_t *r0, int64_t *r1);
+/* The rows [r0, r1) of thread ith's static share (the first range tn_matmul_share hands it). */
+void tn_matmul_share_head(int64_t m, int ith, int nth, int64_t *r0, int64_t *r1);
 
 /* Rows [r0, r1) of the output that thread ith computes (for fused per-row epilogues). */
 void tn_matmul_rows(int64_t m, int ith, int nth, int64_t *r0, int64_t *r1);

@@ -216,7 +216,7 @@ tern_status tern_ctx_create(const tern_model *m, const tern_ctx_params *pp, tern
         c->pxb = tn_ctx_alloc(c, (size_t)(p.n_threads - 1) * (size_t)d * sizeof(float), &ok);
         c->pxq = tn_ctx_alloc(c, (size_t)(p.n_threads - 1) * c->pxq_stride, &ok);
     }
-    c->scores_stride = TN_PAD(2 * (int64_t)hp->head_dim, 16);
+    c->scores_stride = TN_PAD(2 * (int64_t)hp->head_dim * hp->n_head, 16); /* up to every head per call */
     c->scores = tn_ctx_alloc(c, (size_t)p.n_threads * (size_t)c->scores_stride * sizeof(float), &ok);
     /* logits rows: every token with logits_all; else up to 64 (one per sequence of a batch) */
     c->n_logits_cap = p.logits_all ? (int32_t)nb : (int32_t)TN_MIN(nb, 64);

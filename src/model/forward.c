@@ -27,15 +27,26 @@ static void tn_rmsnorm_rows(const float *x, float *y, const float *w, int64_t d,
     for (int64_t r = r0; r < r1; r++) tn_op_rmsnorm(x + r * d, y + r * d, w, d, eps);
 }
 
-/* Attention of a token at position pos of a sequence (block table blocks) for query head h. */
-static void tn_attend(tern_ctx *c, int ith, int32_t il, const int32_t *blocks, int32_t pos, const float *qh, int32_t h,
-                      bool acc16, float *out) {
+/* Attention of a token at position pos of a sequence (block table blocks) for query heads
+ * h0 .. h0 + nh - 1: nh == 1, or a multiple of the heads per kv head starting on a kv head. */
+static void tn_attend(tern_ctx *c, int ith, int32_t il, const int32_t *blocks, int32_t pos, const float *q, int32_t h0,
+                      int32_t nh, bool acc16, float *out) {
     const tn_hparams *hp = &c->hp;
-    const int32_t hd = hp->head_dim, kv_dim = hp->n_head_kv * hd;
-    const int32_t kvh = h / (hp->n_head / hp->n_head_kv);
-    const size_t layer = (size_t)il * c->kv_rows * kv_dim + (size_t)kvh * hd;
-    c->kt->attn(hd, pos + 1, qh, c->k_cache + layer, c->v_cache + layer, kv_dim, blocks, TN_KV_BLOCK,
-                1.0f / sqrtf((float)hd), acc16, out, c->scores + (size_t)ith * c->scores_stride);
+    const int32_t hd = hp->head_dim, kv_dim = hp->n_head_kv * hd, rep = hp->n_head / hp->n_head_kv;
+    const size_t layer = (size_t)il * c->kv_rows * kv_dim + (size_t)(h0 / rep) * hd;
+    c->kt->attn(hd, pos + 1, nh, nh == 1 ? 1 : rep, q, c->k_cache + layer, c->v_cache + layer, kv_dim, blocks,
+                TN_KV_BLOCK, 1.0f / sqrtf((float)hd), acc16, out, c->scores + (size_t)ith * c->scores_stride);
+}
+
+/* Query heads per attention call: whole kv groups, up to 4 heads (or one group), as long as every
+ * thread still gets two calls; else single heads. */
+static int32_t tn_attn_unit(const tn_hparams *hp, int32_t n, int nth) {
+    const int32_t rep = hp->n_head / hp->n_head_kv;
+    int32_t g = 1;
+    for (int32_t v = 1; v <= hp->n_head_kv; v++)
+        if (hp->n_head_kv % v == 0 && rep * v <= 4) g = v;
+    const int32_t G = rep * g;
+    return (int64_t)n * (hp->n_head / G) >= 2 * (int64_t)nth ? G : 1;
 }
 
 static void tn_add_bias(float *v, const tn_tensor *b, int64_t d) {
@@ -154,12 +165,13 @@ static void tn_forward_task(void *vp, int ith, int nth) {
         /* causal attention over (token, head) pairs; like llama.cpp, batches of >= 64 tokens with
          * head sizes a multiple of 16 use f32 accumulation, everything else the f16 path */
         const bool acc16 = n < 64 || hd % 16 != 0;
+        const int32_t G = tn_attn_unit(hp, n, nth), nu = hp->n_head / G;
         int64_t p0, p1;
-        tn_split((int64_t)n * hp->n_head, ith, nth, 1, &p0, &p1);
+        tn_split((int64_t)n * nu, ith, nth, 1, &p0, &p1);
         for (int64_t p = p0; p < p1; p++) {
-            const int32_t t = (int32_t)(p / hp->n_head), h = (int32_t)(p % hp->n_head);
-            tn_attend(c, ith, il, f->tables ? f->tables[b->seq[t]] : NULL, b->pos[t], c->q + (int64_t)t * d + (int64_t)h * hd,
-                      h, acc16, c->att + (int64_t)t * d + (int64_t)h * hd);
+            const int32_t t = (int32_t)(p / nu), h0 = (int32_t)(p % nu) * G;
+            tn_attend(c, ith, il, f->tables ? f->tables[b->seq[t]] : NULL, b->pos[t], c->q + (int64_t)t * d + (int64_t)h0 * hd,
+                      h0, G, acc16, c->att + (int64_t)t * d + (int64_t)h0 * hd);
         }
         tn_pool_barrier(pool);
 

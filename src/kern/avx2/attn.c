@@ -10,9 +10,9 @@
 #include "core/fp16.h"
 #include "kern/kern.h"
 
-void tn_k_attn_f16__scalar(int64_t hd, int64_t T, const float *q, const uint16_t *K, const uint16_t *V, int64_t ldkv,
-                           const int32_t *blocks, int64_t block_rows, float scale, bool acc16, float *out,
-                           float *scratch);
+void tn_k_attn1_f16__scalar(int64_t hd, int64_t T, const float *q, const uint16_t *K, const uint16_t *V, int64_t ldkv,
+                            const int32_t *blocks, int64_t block_rows, float scale, bool acc16, float *out,
+                            float *scratch);
 
 #define W 8
 #define LOADH(P) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(P)))
@@ -24,11 +24,11 @@ static inline float tn_hsum256(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-void tn_k_attn_f16__avx2(int64_t hd, int64_t T, const float *q, const uint16_t *K, const uint16_t *V, int64_t ldkv,
-                           const int32_t *blocks, int64_t block_rows, float scale, bool acc16, float *out,
-                           float *scratch) {
+static void tn_k_attn1_f16__avx2(int64_t hd, int64_t T, const float *q, const uint16_t *K, const uint16_t *V,
+                                 int64_t ldkv, const int32_t *blocks, int64_t block_rows, float scale, bool acc16,
+                                 float *out, float *scratch) {
     if (hd % W || hd > 256) {
-        tn_k_attn_f16__scalar(hd, T, q, K, V, ldkv, blocks, block_rows, scale, acc16, out, scratch);
+        tn_k_attn1_f16__scalar(hd, T, q, K, V, ldkv, blocks, block_rows, scale, acc16, out, scratch);
         return;
     }
     const int64_t nb = hd / W;
@@ -73,6 +73,15 @@ void tn_k_attn_f16__avx2(int64_t hd, int64_t T, const float *q, const uint16_t *
     }
     const __m256 inv = _mm256_set1_ps(S == 0.0f ? 0.0f : 1.0f / S);
     for (int64_t b = 0; b < nb; b++) _mm256_storeu_ps(out + b * W, _mm256_mul_ps(acc16 ? LOADH(acc16buf + b * W) : acc[b], inv));
+}
+
+/* One head at a time. */
+static void tn_k_attn_f16__avx2(int64_t hd, int64_t T, int64_t nh, int64_t rep, const float *q, const uint16_t *K,
+                                const uint16_t *V, int64_t ldkv, const int32_t *blocks, int64_t block_rows, float scale,
+                                bool acc16, float *out, float *scratch) {
+    for (int64_t j = 0; j < nh; j++)
+        tn_k_attn1_f16__avx2(hd, T, q + j * hd, K + (j / rep) * hd, V + (j / rep) * hd, ldkv, blocks, block_rows, scale,
+                             acc16, out + j * hd, scratch + 2 * hd * j);
 }
 
 void tn_kern_register_attn_avx2(tn_kern_table *t) {

@@ -1,5 +1,5 @@
 /*
- * attn.c (scalar) — the reference attention kernel (contract in kern.h) and SwiGLU: one query, online
+ * attn.c (scalar) — the reference attention kernel (contract in kern.h) and SwiGLU: one query head at a time, online
  * softmax, ggml's flash-attention arithmetic step by step (expf, fmaf, f16 rounding points).
  */
 #include <math.h>
@@ -7,9 +7,10 @@
 #include "core/fp16.h"
 #include "kern/kern.h"
 
-void tn_k_attn_f16__scalar(int64_t hd, int64_t T, const float *q, const uint16_t *K, const uint16_t *V, int64_t ldkv,
-                           const int32_t *blocks, int64_t block_rows, float scale, bool acc16, float *out,
-                           float *scratch) {
+/* One head. */
+void tn_k_attn1_f16__scalar(int64_t hd, int64_t T, const float *q, const uint16_t *K, const uint16_t *V, int64_t ldkv,
+                            const int32_t *blocks, int64_t block_rows, float scale, bool acc16, float *out,
+                            float *scratch) {
     float *qv = scratch;       /* q as used in the dot products (f16-rounded with acc16) */
     float *acc = scratch + hd; /* V accumulator (values kept f16-representable with acc16) */
     for (int64_t i = 0; i < hd; i++) {
@@ -43,6 +44,14 @@ void tn_k_attn_f16__scalar(int64_t hd, int64_t T, const float *q, const uint16_t
     }
     const float inv = S == 0.0f ? 0.0f : 1.0f / S;
     for (int64_t i = 0; i < hd; i++) out[i] = acc[i] * inv;
+}
+
+void tn_k_attn_f16__scalar(int64_t hd, int64_t T, int64_t nh, int64_t rep, const float *q, const uint16_t *K,
+                           const uint16_t *V, int64_t ldkv, const int32_t *blocks, int64_t block_rows, float scale,
+                           bool acc16, float *out, float *scratch) {
+    for (int64_t j = 0; j < nh; j++)
+        tn_k_attn1_f16__scalar(hd, T, q + j * hd, K + (j / rep) * hd, V + (j / rep) * hd, ldkv, blocks, block_rows, scale,
+                               acc16, out + j * hd, scratch + 2 * hd * j);
 }
 
 void tn_k_swiglu__scalar(float *g, const float *u, int64_t n) {
