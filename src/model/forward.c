@@ -49,10 +49,10 @@ static int32_t tn_attn_unit(const tn_hparams *hp, int32_t n, int nth) {
     return (int64_t)n * (hp->n_head / G) >= 2 * (int64_t)nth ? G : 1;
 }
 
-static void tn_add_bias(float *v, const tn_tensor *b, int64_t d) {
-    if (!b->data) return;
-    const float *bb = b->data;
-    for (int64_t i = 0; i < d; i++) v[i] += bb[i];
+#define TN_PF_MAX (384 << 10) /* bytes of the next matmul prefetched during attention: within L2 */
+
+static void tn_add_bias_range(float *v, const float *b, int64_t n) {
+    for (int64_t i = 0; i < n; i++) v[i] += b[i];
 }
 
 /* y[rows r0..r1 of each token] += tmp (the thread's own output rows: no barrier needed before). */
@@ -92,6 +92,26 @@ static void tn_mm(tern_ctx *c, int ith, int nth, bool own, atomic_int *next, tn_
         tn_matmul_range(c->kt, wt, w, k, xq, 1, y, ldy, r0, r1);
         if (res) tn_residual_add(res, y, m, 1, r0, r1);
     }
+}
+
+/* Token t's query heads h0 .. h0 + nh - 1 and kv heads k0 .. k0 + nk - 1: biases, RoPE, and the
+ * k, v rows appended to the cache. */
+static void tn_prepare_qkv(tern_ctx *c, const tn_layer *L, const tn_fwd *f, int64_t t, int32_t h0, int32_t nh, int32_t k0,
+                           int32_t nk, tn_fp16 *Kc, tn_fp16 *Vc) {
+    const tn_hparams *hp = &c->hp;
+    const tn_batch *b = f->b;
+    const int32_t d = hp->n_embd, hd = hp->head_dim, kv_dim = hp->n_head_kv * hd;
+    float *qt = c->q + t * d + (int64_t)h0 * hd, *kt_ = c->kv + t * 2 * kv_dim + (int64_t)k0 * hd, *vt = kt_ + kv_dim;
+    const int64_t qn = (int64_t)nh * hd, kn = (int64_t)nk * hd;
+    if (L->bq.data) tn_add_bias_range(qt, (const float *)L->bq.data + (int64_t)h0 * hd, qn);
+    if (L->bk.data) tn_add_bias_range(kt_, (const float *)L->bk.data + (int64_t)k0 * hd, kn);
+    if (L->bv.data) tn_add_bias_range(vt, (const float *)L->bv.data + (int64_t)k0 * hd, kn);
+    const float *cs = c->rope_cs + t * hp->n_rot;
+    tn_op_rope(hp, qt, nh, cs, 1.0f);
+    tn_op_rope(hp, kt_, nk, cs, 1.0f);
+    const int64_t row = tn_kv_row(f->tables ? f->tables[b->seq[t]] : NULL, TN_KV_BLOCK, b->pos[t]);
+    c->kt->slot[TN_F16].from_float(kt_, Kc + row * kv_dim + (int64_t)k0 * hd, kn);
+    c->kt->slot[TN_F16].from_float(vt, Vc + row * kv_dim + (int64_t)k0 * hd, kn);
 }
 
 static void tn_forward_task(void *vp, int ith, int nth) {
@@ -147,29 +167,43 @@ static void tn_forward_task(void *vp, int ith, int nth) {
         tn_mm(c, ith, nth, own, next + 2, L->wv.type, L->wv.data, kv_dim, d, xq, n, c->kv + kv_dim, 2 * kv_dim, NULL);
         tn_pool_barrier(pool);
 
-        /* biases, RoPE, and append k, v to the cache (v transposed) */
-        for (int64_t t = t0; t < t1; t++) {
-            float *qt = c->q + t * d, *kt_ = c->kv + t * 2 * kv_dim, *vt = kt_ + kv_dim;
-            tn_add_bias(qt, &L->bq, d);
-            tn_add_bias(kt_, &L->bk, kv_dim);
-            tn_add_bias(vt, &L->bv, kv_dim);
-            const float *cs = c->rope_cs + t * hp->n_rot;
-            tn_op_rope(hp, qt, hp->n_head, cs, 1.0f);
-            tn_op_rope(hp, kt_, hp->n_head_kv, cs, 1.0f);
-            const int64_t row = tn_kv_row(f->tables ? f->tables[b->seq[t]] : NULL, TN_KV_BLOCK, b->pos[t]);
-            kt->slot[TN_F16].from_float(kt_, Kc + row * kv_dim, kv_dim);
-            kt->slot[TN_F16].from_float(vt, Vc + row * kv_dim, kv_dim);
-        }
-        tn_pool_barrier(pool);
-
-        /* causal attention over (token, head) pairs; like llama.cpp, batches of >= 64 tokens with
-         * head sizes a multiple of 16 use f32 accumulation, everything else the f16 path */
+        /* attention over (token, query-head group) units (tn_attn_unit); like llama.cpp, batches
+         * of >= 64 tokens with head sizes a multiple of 16 use f32 accumulation, everything else
+         * the f16 path */
         const bool acc16 = n < 64 || hd % 16 != 0;
-        const int32_t G = tn_attn_unit(hp, n, nth), nu = hp->n_head / G;
+        const int32_t G = tn_attn_unit(hp, n, nth), nu = hp->n_head / G, rep = hp->n_head / hp->n_head_kv;
         int64_t p0, p1;
         tn_split((int64_t)n * nu, ith, nth, 1, &p0, &p1);
+        /* one token in whole kv groups: a thread's units need only its own heads' RoPE and cache
+         * rows, so it prepares them itself and no barrier separates that from the attention */
+        const bool own_rope = own && G > 1;
+        if (own_rope) {
+            for (int64_t p = p0; p < p1; p++) {
+                const int32_t h0 = (int32_t)(p % nu) * G, k0 = h0 / rep, nk = G / rep;
+                tn_prepare_qkv(c, L, f, 0, h0, G, k0, nk, Kc, Vc);
+            }
+        } else {
+            for (int64_t t = t0; t < t1; t++) tn_prepare_qkv(c, L, f, t, 0, hp->n_head, 0, hp->n_head_kv, Kc, Vc);
+            tn_pool_barrier(pool);
+        }
+        /* one token: attention reads little memory, so meanwhile the start of the thread's static
+         * share of Wo (up to TN_PF_MAX bytes) is prefetched into its L2, a slice per unit; the
+         * matmul then begins from cache instead of a cold stream */
+        const uint8_t *pf = NULL;
+        size_t pf_n = 0;
+        if (own && p1 > p0) {
+            int64_t w0, w1;
+            tn_matmul_share_head(d, ith, nth, &w0, &w1);
+            const size_t rb = tn_dtype_row_size(L->wo.type, d);
+            pf = (const uint8_t *)L->wo.data + (size_t)w0 * rb;
+            pf_n = TN_MIN((size_t)(w1 - w0) * rb, (size_t)TN_PF_MAX);
+        }
         for (int64_t p = p0; p < p1; p++) {
             const int32_t t = (int32_t)(p / nu), h0 = (int32_t)(p % nu) * G;
+            if (pf) {
+                const size_t a = pf_n * (size_t)(p - p0) / (size_t)(p1 - p0), e = pf_n * (size_t)(p + 1 - p0) / (size_t)(p1 - p0);
+                for (size_t o = a & ~(size_t)63; o < e; o += 64) __builtin_prefetch(pf + o, 0, 2); /* prefetcht1: into L2 */
+            }
             tn_attend(c, ith, il, f->tables ? f->tables[b->seq[t]] : NULL, b->pos[t], c->q + (int64_t)t * d + (int64_t)h0 * hd,
                       h0, G, acc16, c->att + (int64_t)t * d + (int64_t)h0 * hd);
         }

@@ -66,13 +66,10 @@ static double tol_for(tn_dtype t) {
     }
 }
 
-static void run_case(const char *arch, tn_dtype wt, tn_dtype ot, bool tied, int threads) {
-    tiny_cfg cfg;
-    tiny_cfg_default(&cfg);
-    cfg.arch = arch;
-    cfg.wtype = wt;
-    cfg.out_type = ot;
-    cfg.tied = tied;
+static void run_cfg(tiny_cfg cfg, int threads) {
+    const char *arch = cfg.arch;
+    const tn_dtype wt = cfg.wtype, ot = cfg.out_type;
+    const bool tied = cfg.tied;
     char path[512];
     tiny_tmp_path(path, sizeof path, "fwd");
     assert_int_equal(tiny_model_write(path, &cfg), TERN_OK);
@@ -122,6 +119,29 @@ static void run_case(const char *arch, tn_dtype wt, tn_dtype ot, bool tied, int 
     free(cp_.layers);
     tern_ctx_free(c);
     tern_model_free(m);
+}
+
+static void run_case(const char *arch, tn_dtype wt, tn_dtype ot, bool tied, int threads) {
+    tiny_cfg cfg;
+    tiny_cfg_default(&cfg);
+    cfg.arch = arch;
+    cfg.wtype = wt;
+    cfg.out_type = ot;
+    cfg.tied = tied;
+    run_cfg(cfg, threads);
+}
+
+/* 16 query heads of 64 over 4 kv heads: one-token attention in groups of 4 heads per call, each
+ * thread preparing its own groups' RoPE and cache rows (no barrier before attention). */
+static void test_head_groups(void **state) {
+    (void)state;
+    tiny_cfg cfg;
+    tiny_cfg_default(&cfg);
+    cfg.n_embd = 1024, cfg.n_head = 16, cfg.n_head_kv = 4, cfg.n_ff = 256, cfg.n_layer = 2;
+    cfg.wtype = TN_Q8_0;
+    run_cfg(cfg, 2);
+    cfg.n_head_kv = 16; /* multi-head attention: groups of 4 kv heads */
+    run_cfg(cfg, 2);
 }
 
 static void test_llama_types(void **state) {
@@ -194,6 +214,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama_types),
         cmocka_unit_test(test_qwen2_and_tied),
+        cmocka_unit_test(test_head_groups),
         cmocka_unit_test(test_batch_equivalence),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
