@@ -66,7 +66,9 @@ TN_DECL_GEMV(tn_k_gemv_q6_K_q8_K__avx512)
                                 model's output layer per thread), 8 columns: 10.4 ms in the tiled
                                 gemm (25 GMAC/s), 4.1 ms here (64 GMAC/s); 32 columns 61 GMAC/s,
                                 the tiled gemm's best (64 columns) 57 */
+#ifndef TN_GEMV_PF_K
 #define TN_GEMV_PF_K 2048 /* the same for the k-quant kernels (one stream per row) */
+#endif
 
 static inline void *tn_gemv_scratch(size_t need, uint8_t *stackbuf) {
     if (need <= TN_GEMV_STACK) return stackbuf;
@@ -419,6 +421,46 @@ void tn_k_gemv_q4_K_q8_K__avx512(int64_t k, int64_t m, int64_t n, const void *w,
 /* One row against NC activation columns: the codes are rebuilt and the scales widened and
  * permuted once per super-block for all columns; per column 4 VPMADDUBSW + 4 VPDPWSSD + the offset
  * term, one FMA. out[c] = dot(row, x column c). */
+/* Two rows far apart (two sequential streams) against one column: a one-token matmul. */
+static inline void tn_rows2_q6K(const block_q6_K *const *wb, const block_q8_K *xb, int64_t nsb, const __m512i sidx[4],
+                                float *out) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    const __m512i shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+    const __m512i shr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    const __m256i m32 = _mm256_set1_epi16(-32);
+    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int64_t s = 0; s < nsb; s++) {
+        const block_q8_K *xs = &xb[s];
+        const __m512i bs = _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)xs->bsums));
+        for (int r = 0; r < 2; r++) {
+            const block_q6_K *b = &wb[r][s];
+            _mm_prefetch((const char *)b + TN_GEMV_PF_K, _MM_HINT_T0);
+            _mm_prefetch((const char *)b + TN_GEMV_PF_K + 64, _MM_HINT_T0);
+            _mm_prefetch((const char *)b + TN_GEMV_PF_K + 128, _MM_HINT_T0);
+            _mm_prefetch((const char *)b + TN_GEMV_PF_K + 192, _MM_HINT_T0);
+            const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
+            const __m512i sw = _mm512_zextsi256_si512(sc16);
+            const __m512i off = _mm512_zextsi256_si512(_mm256_mullo_epi16(sc16, m32));
+            __m512i isum = _mm512_dpwssd_epi32(_mm512_setzero_si512(), bs, off), isum2 = _mm512_setzero_si512();
+            for (int h = 0; h < 2; h++) {
+                const __m512i Q = _mm512_loadu_si512(b->ql + 64 * h);
+                const __m512i H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b->qh + 32 * h)));
+                const __m512i q0 = _mm512_or_si512(_mm512_and_si512(Q, m4), _mm512_and_si512(_mm512_sllv_epi16(H, shl), m30));
+                const __m512i q1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(Q, 4), m4),
+                                                   _mm512_and_si512(_mm512_srlv_epi16(H, shr), m30));
+                isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(q0, _mm512_loadu_si512(xs->qs + 128 * h)),
+                                           _mm512_permutexvar_epi16(sidx[2 * h], sw));
+                isum2 = _mm512_dpwssd_epi32(isum2, _mm512_maddubs_epi16(q1, _mm512_loadu_si512(xs->qs + 128 * h + 64)),
+                                            _mm512_permutexvar_epi16(sidx[2 * h + 1], sw));
+            }
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(isum, isum2)),
+                                     _mm512_set1_ps(tn_fp16_to_fp32(b->d) * xs->d), acc[r]);
+        }
+    }
+    out[0] = _mm512_reduce_add_ps(acc[0]);
+    out[1] = _mm512_reduce_add_ps(acc[1]);
+}
+
 static inline __attribute__((always_inline)) void tn_rows_q6K(const int NC, const block_q6_K *wb,
                                                                const block_q8_K *const *xb, int64_t nsb,
                                                                const __m512i sidx[4], float *out) {
@@ -495,6 +537,21 @@ void tn_k_gemv_q6_K_q8_K__avx512(int64_t k, int64_t m, int64_t n, const void *w,
         uint16_t ix[32];
         for (int wd = 0; wd < 32; wd++) ix[wd] = (uint16_t)(4 * q + wd / 8);
         sidx[q] = _mm512_loadu_si512(ix);
+    }
+    if (n == 1 && m > 1) { /* one column: rows i and i + h together (two streams; one core from DRAM 20 -> 25 GB/s) */
+        const int64_t h = (m + 1) / 2;
+        for (int64_t i = 0; i < m - h; i++) {
+            const block_q6_K *wb[2] = {(const block_q6_K *)((const uint8_t *)w + (size_t)i * w_rb),
+                                       (const block_q6_K *)((const uint8_t *)w + (size_t)(i + h) * w_rb)};
+            float out[2];
+            tn_rows2_q6K(wb, (const block_q8_K *)x, nsb, sidx, out);
+            y[i] = out[0], y[i + h] = out[1];
+        }
+        if (m - h < h) { /* m odd: the middle row alone */
+            const block_q8_K *xb[1] = {(const block_q8_K *)x};
+            tn_rows_q6K_1((const block_q6_K *)((const uint8_t *)w + (size_t)(h - 1) * w_rb), xb, nsb, sidx, &y[h - 1]);
+        }
+        return;
     }
     for (int64_t i = 0; i < m; i++) {
         const block_q6_K *wb = (const block_q6_K *)((const uint8_t *)w + (size_t)i * w_rb);
