@@ -31,6 +31,7 @@ typedef struct tn_server {
     tn_req_env env;
     char model_id[256];
     atomic_int draining;
+    atomic_int open_requests; /* requests whose response libmicrohttpd has not finished sending */
     atomic_uint id_ctr;
     int64_t started;
 } tn_server;
@@ -638,6 +639,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (!cs) {
         cs = tn_calloc(1, sizeof *cs);
         *con_cls = cs ? cs : &tn_conn_failed;
+        atomic_fetch_add(&S->open_requests, 1);
         if (!cs) return MHD_YES;
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
         if (cl) {
@@ -735,9 +737,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    (void)cls, (void)c, (void)toe;
+    (void)c, (void)toe;
+    tn_server *S = cls;
     tn_conn *cs = *con_cls;
     *con_cls = NULL;
+    if (cs) atomic_fetch_sub(&S->open_requests, 1);
     if (!cs || cs == &tn_conn_failed) return;
     if (cs->fail_armed) tn_alloc_fail_at(0, false);
     tn_free(cs->body);
@@ -861,6 +865,12 @@ int tn_serve_run(const tn_serve_config *cfg) {
         nanosleep(&ts, NULL);
     }
     atomic_store(&S->draining, 2);
+    /* the engine is idle once the last token is out, but its response may still be on the way
+     * to the client: stopping the daemon now would cut the connection (curl: code 000) */
+    for (int i = 0; i < 200 && atomic_load(&S->open_requests) > 0; i++) {
+        struct timespec ts = {0, 25000000};
+        nanosleep(&ts, NULL);
+    }
     fprintf(stderr, "tern serve: drained; bye\n");
 done:
     if (d) MHD_stop_daemon(d);
