@@ -148,12 +148,13 @@ static double abs_terms(tn_dtype ft, int64_t k, const uint8_t *w, const uint8_t 
     return s;
 }
 
-static void check_opt(tn_dtype it, int64_t k, int64_t m, int64_t n) {
+/* The avx512 kernel on rows w (file type) and columns x against the file type's reference. */
+static void check_opt_on(tn_dtype it, int64_t k, int64_t m, int64_t n, const uint8_t *w, const uint8_t *x) {
     const tn_kern_table *opt = tn_kern_at(TN_ISA_AVX512);
     const tn_dtype ft = tn_repack_file_type(it);
     const size_t rb = tn_dtype_row_size(ft, k), xrb = tn_dtype_row_size(TN_Q8_0, k);
     const int64_t ldy = m + 3;
-    uint8_t *w = make_rows(ft, m, k), *p = malloc((size_t)m * rb), *x = make_x(n, k);
+    uint8_t *p = malloc((size_t)m * rb);
     float *yr = malloc((size_t)(ldy * n) * sizeof(float)), *yo = malloc((size_t)(ldy * n) * sizeof(float));
     tn_repack(ft, w, p, m, k);
     for (int64_t c = 0; c < ldy * n; c++) yr[c] = yo[c] = -12345.0f;
@@ -175,7 +176,14 @@ static void check_opt(tn_dtype it, int64_t k, int64_t m, int64_t n) {
                          tn_dtype_name(it), (long long)k, (long long)m, (long long)n, (long long)j, (long long)i, r, o, fabs((double)r - o),
                          tol);
         }
-    free(w), free(p), free(x), free(yr), free(yo);
+    free(p), free(yr), free(yo);
+}
+
+static void check_opt(tn_dtype it, int64_t k, int64_t m, int64_t n) {
+    const tn_dtype ft = tn_repack_file_type(it);
+    uint8_t *w = make_rows(ft, m, k), *x = make_x(n, k);
+    check_opt_on(it, k, m, n, w, x);
+    free(w), free(x);
 }
 
 static void test_avx512_parity(void **state) {
@@ -204,6 +212,32 @@ static void test_avx512_parity(void **state) {
         if (it == TN_Q4_0_R16 || it == TN_TQ4G256_R16) check_opt(it, 262144 + 256, 16, 2);
         /* more columns than one stack buffer's worth (k = 8192: 32 columns each) */
         if (rows == TN_R16_ROWS) check_opt(it, 8192, 16, 40);
+    }
+}
+
+/* The lookup kernel keeps each thread's last column tables: the same column against other rows
+ * (reused), then the column with one code and then one scale changed (rebuilt), then the first
+ * column again — every result against the reference. */
+static void test_l32_column_cache(void **state) {
+    (void)state;
+    const tn_kern_table *opt = tn_kern_at(TN_ISA_AVX512);
+    if (!opt || opt->slot[TN_TQ1G64A_L32].gemm_isa != TN_ISA_AVX512) skip();
+    const tn_dtype types[] = {TN_TQ1G64A_L32, TN_TQ1G32_L32, TN_TQ1G256_L32};
+    const int64_t k = 1024, m = 96;
+    for (size_t ti = 0; ti < 3; ti++) {
+        const tn_dtype it = types[ti], ft = tn_repack_file_type(it);
+        uint8_t *w1 = make_rows(ft, m, k), *w2 = make_rows(ft, m, k), *x = make_x(1, k);
+        block_q8_0 *xb = (block_q8_0 *)x;
+        check_opt_on(it, k, m, 1, w1, x);
+        check_opt_on(it, k, m, 1, w2, x);
+        xb[5].qs[7] = (int8_t)(xb[5].qs[7] == 127 ? 126 : xb[5].qs[7] + 1);
+        check_opt_on(it, k, m, 1, w1, x);
+        xb[9].d = tn_fp32_to_fp16(tn_fp16_to_fp32(xb[9].d) * 1.5f + 0.01f);
+        check_opt_on(it, k, m, 1, w2, x);
+        free(x);
+        x = make_x(1, k);
+        check_opt_on(it, k, m, 1, w1, x);
+        free(w1), free(w2), free(x);
     }
 }
 
@@ -250,6 +284,7 @@ int main(void) {
         cmocka_unit_test(test_roundtrip),
         cmocka_unit_test(test_scalar_equals_file_type),
         cmocka_unit_test(test_avx512_parity),
+        cmocka_unit_test(test_l32_column_cache),
         cmocka_unit_test(test_internal_type),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -26,10 +26,14 @@
  * patterns are laid out for. Symmetric: u8 operand x + 128, s8 pattern +-1 (0 pads), accumulator
  * started at -128 * sum of the pattern.
  *
+ * Per thread, the last column's tables are kept and reused when the next call brings the same
+ * column (compared byte for byte; tn_l32_cache).
+ *
  * Batches (n > 1: prefill, serve steps) unpack the rows to the file layout in a scratch buffer and
  * run the file type's kernel: the lookups pay only when a table serves many rows of one column.
  */
 #include <immintrin.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -192,6 +196,54 @@ static inline __attribute__((always_inline)) void tn_l32_groups(const int G, con
     }
 }
 
+/* The last column's tables, per thread: a one-token matmul reaches a thread in several calls
+ * with the same activations (its static share, then tail chunks; gate and up share them too), so
+ * when k, G, the symmetry and the column's bytes (compared in full: never stale) match, the
+ * tables are reused instead of rebuilt. Heap buffers behind a thread key (freed at thread exit). */
+typedef struct {
+    int64_t k;
+    int G;
+    bool asym;
+    size_t cap_x, cap_buf;
+    uint8_t *x, *buf;
+} tn_l32_cache;
+static pthread_key_t tn_l32_key;
+static pthread_once_t tn_l32_once = PTHREAD_ONCE_INIT;
+static bool tn_l32_key_ok;
+
+static void tn_l32_cache_free(void *p) {
+    tn_l32_cache *c = p;
+    if (c) free(c->x), free(c->buf), free(c);
+}
+static void tn_l32_key_init(void) { tn_l32_key_ok = pthread_key_create(&tn_l32_key, tn_l32_cache_free) == 0; }
+
+/* This thread's cache with room for xbytes of column and need bytes of tables, or NULL. */
+static tn_l32_cache *tn_l32_cache_get(size_t xbytes, size_t need) {
+    pthread_once(&tn_l32_once, tn_l32_key_init);
+    if (!tn_l32_key_ok) return NULL;
+    tn_l32_cache *c = pthread_getspecific(tn_l32_key);
+    if (!c) {
+        if (!(c = calloc(1, sizeof *c))) return NULL;
+        if (pthread_setspecific(tn_l32_key, c)) {
+            free(c);
+            return NULL;
+        }
+    }
+    if (c->cap_x < xbytes || c->cap_buf < need) {
+        free(c->x), free(c->buf);
+        c->k = 0, c->cap_x = c->cap_buf = 0;
+        c->x = malloc(xbytes);
+        c->buf = aligned_alloc(64, (need + 63) & ~(size_t)63);
+        if (!c->x || !c->buf) {
+            free(c->x), free(c->buf);
+            c->x = c->buf = NULL;
+            return NULL;
+        }
+        c->cap_x = xbytes, c->cap_buf = (need + 63) & ~(size_t)63;
+    }
+    return c;
+}
+
 static inline __attribute__((always_inline)) void tn_l32_gemm(const int ti, const int G, const bool asym, int64_t k,
                                                               int64_t m, int64_t n, const void *w, size_t w_rb,
                                                               const void *x, size_t x_rb, float *y, int64_t ldy) {
@@ -208,7 +260,16 @@ static inline __attribute__((always_inline)) void tn_l32_gemm(const int ti, cons
     const int64_t nb = k / G, np = k / 32;
     const size_t need = (size_t)np * TN_L32_TW * 2 + (size_t)np * 4 + (size_t)nb * 4;
     _Alignas(64) uint8_t stackbuf[TN_L32_STACK];
-    uint8_t *buf = need <= TN_L32_STACK ? stackbuf : aligned_alloc(64, (need + 63) & ~(size_t)63);
+    const size_t xbytes = (size_t)np * sizeof(block_q8_0);
+    tn_l32_cache *C = n == 1 ? tn_l32_cache_get(xbytes, need) : NULL;
+    bool have = false; /* the tables in buf are this column's */
+    uint8_t *buf;
+    if (C) {
+        buf = C->buf;
+        have = C->k == k && C->G == G && C->asym == asym && !memcmp(C->x, x, xbytes);
+    } else {
+        buf = need <= TN_L32_STACK ? stackbuf : aligned_alloc(64, (need + 63) & ~(size_t)63);
+    }
     if (!buf) { /* no memory for the tables: the scalar reference */
         tn_k_gemm_tq1_l32_q8_0__scalar(TN_TQ1G32_L32 + ti, k, m, n, w, w_rb, x, x_rb, y, ldy);
         return;
@@ -218,12 +279,12 @@ static inline __attribute__((always_inline)) void tn_l32_gemm(const int ti, cons
     const tn_l32_pat_bytes *P = &tn_l32_pats[!asym];
     for (int64_t j = 0; j < n; j++) {
         const block_q8_0 *xb = (const block_q8_0 *)((const uint8_t *)x + (size_t)j * x_rb);
-        for (int64_t p = 0; p < np; p++) {
+        for (int64_t p = 0; p < np && !have; p++) {
             tn_l32_tables(!asym, P, &xb[p], tab + (size_t)p * TN_L32_TW);
             const float da = tn_fp16_to_fp32(xb[p].d);
             dx[p] = asym ? da : 0.5f * da;
         }
-        if (asym)
+        if (asym && !have)
             for (int64_t b = 0; b < nb; b++) {
                 float v = 0;
                 for (int s = 0; s < G / 32; s++) {
@@ -234,6 +295,10 @@ static inline __attribute__((always_inline)) void tn_l32_gemm(const int ti, cons
                 }
                 mx[b] = v;
             }
+        if (C && !have) { /* remember this column */
+            memcpy(C->x, x, xbytes);
+            C->k = k, C->G = G, C->asym = asym;
+        }
         const int64_t ng = m / TN_L32_ROWS, q = (ng + TN_L32_NS - 1) / TN_L32_NS;
         for (int64_t g = 0; g < q; g++) { /* groups g, g + q, ..: TN_L32_NS streams */
             const uint8_t *grp[4] = {NULL, NULL, NULL, NULL};
@@ -251,7 +316,7 @@ static inline __attribute__((always_inline)) void tn_l32_gemm(const int ti, cons
             }
         }
     }
-    if (buf != stackbuf) free(buf);
+    if (!C && buf != stackbuf) free(buf);
 }
 
 #define TN_L32_KERNEL(name, ti, G, asym)                                                                               \
