@@ -35,13 +35,15 @@ void tn_matmul_range(const tn_kern_table *kt, tn_dtype wt, const void *w, int64_
     kt->slot[wt].gemm(k, r1 - r0, n, (const uint8_t *)w + (size_t)r0 * w_rb, w_rb, xq, x_rb, y + r0, ldy);
 }
 
+/* Rows of a one-token matmul left for the claimed tail chunks: ~1/8, 32-aligned. */
+static int64_t tn_share_tail(int64_t m) { return TN_MIN(m, (m / 8 + 31) / 32 * 32); }
+
 void tn_matmul_share_head(int64_t m, int ith, int nth, int64_t *r0, int64_t *r1) {
-    const int64_t tail = TN_MIN(m, (m / 8 + 31) / 32 * 32);
-    tn_split(m - tail, ith, nth, 32, r0, r1);
+    tn_split(m - tn_share_tail(m), ith, nth, 32, r0, r1);
 }
 
 bool tn_matmul_share(atomic_int *next, int64_t m, int ith, int nth, int *step, int64_t *r0, int64_t *r1) {
-    const int64_t tail = TN_MIN(m, (m / 8 + 31) / 32 * 32), head = m - tail;
+    const int64_t tail = tn_share_tail(m), head = m - tail;
     if (*step == 0) {
         *step = 1;
         tn_matmul_share_head(m, ith, nth, r0, r1);

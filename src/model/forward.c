@@ -134,6 +134,14 @@ static void tn_forward_task(void *vp, int ith, int nth) {
     float *xb = own ? xb_own : c->xb;
     const int64_t n0 = own ? 0 : t0, n1 = own ? 1 : t1; /* tokens this thread norms */
 
+    /* attention: units of G query heads (tn_attn_unit), this thread's units p0 .. p1 - 1; like
+     * llama.cpp, batches of >= 64 tokens with head sizes a multiple of 16 use f32 accumulation,
+     * everything else the f16 path */
+    const bool acc16 = n < 64 || hd % 16 != 0;
+    const int32_t G = tn_attn_unit(hp, n, nth), nu = hp->n_head / G, rep = hp->n_head / hp->n_head_kv;
+    int64_t p0, p1;
+    tn_split((int64_t)n * nu, ith, nth, 1, &p0, &p1);
+
     if (own && ith == 0) /* the tail counters of tn_matmul_share, before the first barrier */
         for (int32_t i = 0; i < 6 * hp->n_layer + 1; i++) atomic_store_explicit(&c->mm_next[i], 0, memory_order_relaxed);
 
@@ -167,13 +175,7 @@ static void tn_forward_task(void *vp, int ith, int nth) {
         tn_mm(c, ith, nth, own, next + 2, L->wv.type, L->wv.data, kv_dim, d, xq, n, c->kv + kv_dim, 2 * kv_dim, NULL);
         tn_pool_barrier(pool);
 
-        /* attention over (token, query-head group) units (tn_attn_unit); like llama.cpp, batches
-         * of >= 64 tokens with head sizes a multiple of 16 use f32 accumulation, everything else
-         * the f16 path */
-        const bool acc16 = n < 64 || hd % 16 != 0;
-        const int32_t G = tn_attn_unit(hp, n, nth), nu = hp->n_head / G, rep = hp->n_head / hp->n_head_kv;
-        int64_t p0, p1;
-        tn_split((int64_t)n * nu, ith, nth, 1, &p0, &p1);
+        /* attention over (token, query-head group) units */
         /* one token in whole kv groups: a thread's units need only its own heads' RoPE and cache
          * rows, so it prepares them itself and no barrier separates that from the attention */
         const bool own_rope = own && G > 1;

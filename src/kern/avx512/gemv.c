@@ -418,91 +418,76 @@ void tn_k_gemv_q4_K_q8_K__avx512(int64_t k, int64_t m, int64_t n, const void *w,
 
 /* ---- q6_K ------------------------------------------------------------------------------------- */
 
-/* One row against NC activation columns: the codes are rebuilt and the scales widened and
- * permuted once per super-block for all columns; per column 4 VPMADDUBSW + 4 VPDPWSSD + the offset
- * term, one FMA. out[c] = dot(row, x column c). */
-/* Two rows far apart (two sequential streams) against one column: a one-token matmul. */
-static inline void tn_rows2_q6K(const block_q6_K *const *wb, const block_q8_K *xb, int64_t nsb, const __m512i sidx[4],
-                                float *out) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
-    const __m512i shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
-    const __m512i shr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
-    const __m256i m32 = _mm256_set1_epi16(-32);
-    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-    for (int64_t s = 0; s < nsb; s++) {
-        const block_q8_K *xs = &xb[s];
-        const __m512i bs = _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)xs->bsums));
-        for (int r = 0; r < 2; r++) {
-            const block_q6_K *b = &wb[r][s];
-            _mm_prefetch((const char *)b + TN_GEMV_PF_K, _MM_HINT_T0);
-            _mm_prefetch((const char *)b + TN_GEMV_PF_K + 64, _MM_HINT_T0);
-            _mm_prefetch((const char *)b + TN_GEMV_PF_K + 128, _MM_HINT_T0);
-            _mm_prefetch((const char *)b + TN_GEMV_PF_K + 192, _MM_HINT_T0);
-            const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
-            const __m512i sw = _mm512_zextsi256_si512(sc16);
-            const __m512i off = _mm512_zextsi256_si512(_mm256_mullo_epi16(sc16, m32));
-            __m512i isum = _mm512_dpwssd_epi32(_mm512_setzero_si512(), bs, off), isum2 = _mm512_setzero_si512();
-            for (int h = 0; h < 2; h++) {
-                const __m512i Q = _mm512_loadu_si512(b->ql + 64 * h);
-                const __m512i H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b->qh + 32 * h)));
-                const __m512i q0 = _mm512_or_si512(_mm512_and_si512(Q, m4), _mm512_and_si512(_mm512_sllv_epi16(H, shl), m30));
-                const __m512i q1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(Q, 4), m4),
-                                                   _mm512_and_si512(_mm512_srlv_epi16(H, shr), m30));
-                isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(q0, _mm512_loadu_si512(xs->qs + 128 * h)),
-                                           _mm512_permutexvar_epi16(sidx[2 * h], sw));
-                isum2 = _mm512_dpwssd_epi32(isum2, _mm512_maddubs_epi16(q1, _mm512_loadu_si512(xs->qs + 128 * h + 64)),
-                                            _mm512_permutexvar_epi16(sidx[2 * h + 1], sw));
-            }
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(isum, isum2)),
-                                     _mm512_set1_ps(tn_fp16_to_fp32(b->d) * xs->d), acc[r]);
-        }
-    }
-    out[0] = _mm512_reduce_add_ps(acc[0]);
-    out[1] = _mm512_reduce_add_ps(acc[1]);
-}
-
-static inline __attribute__((always_inline)) void tn_rows_q6K(const int NC, const block_q6_K *wb,
-                                                               const block_q8_K *const *xb, int64_t nsb,
-                                                               const __m512i sidx[4], float *out) {
+/* One q6_K super-block, decoded once for any number of columns: q[r] = 64 codes (0..63) of
+ * register r, ps[r] = its sub-block scales widened and permuted per word, off = -32 * scales
+ * (the offset term, against the column's bsums); prefetches the row TN_GEMV_PF_K ahead. */
+static inline __attribute__((always_inline)) void tn_q6K_decode(const block_q6_K *b, const __m512i sidx[4],
+                                                                 __m512i q[4], __m512i ps[4], __m512i *off) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
     /* per 16-bit word: first 32 bytes (r = 0 / 2) vs last 32 (r = 1 / 3) of a 64-byte ql half */
     const __m512i shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
     const __m512i shr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
-    const __m256i m32 = _mm256_set1_epi16(-32);
+    for (int c = 0; c < 4; c++) _mm_prefetch((const char *)b + TN_GEMV_PF_K + 64 * c, _MM_HINT_T0);
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
+    const __m512i sw = _mm512_zextsi256_si512(sc16);
+    /* offset -32 per code: -32 * sum_j sc_j bsum_j */
+    *off = _mm512_zextsi256_si512(_mm256_mullo_epi16(sc16, _mm256_set1_epi16(-32)));
+    for (int h = 0; h < 2; h++) {
+        const __m512i Q = _mm512_loadu_si512(b->ql + 64 * h);
+        const __m512i H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b->qh + 32 * h)));
+        q[2 * h] = _mm512_or_si512(_mm512_and_si512(Q, m4), _mm512_and_si512(_mm512_sllv_epi16(H, shl), m30));
+        q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(Q, 4), m4),
+                                       _mm512_and_si512(_mm512_srlv_epi16(H, shr), m30));
+    }
+    for (int r = 0; r < 4; r++) ps[r] = _mm512_permutexvar_epi16(sidx[r], sw);
+}
+
+/* The integer dot of a decoded super-block with one column's super-block (16 lanes to add). */
+static inline __attribute__((always_inline)) __m512i tn_q6K_isum(const __m512i q[4], const __m512i ps[4], __m512i off,
+                                                                 const block_q8_K *xs) {
+    __m512i isum = _mm512_dpwssd_epi32(_mm512_setzero_si512(),
+                                       _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)xs->bsums)), off);
+    __m512i isum2 = _mm512_setzero_si512();
+    for (int h = 0; h < 2; h++) {
+        isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(q[2 * h], _mm512_loadu_si512(xs->qs + 128 * h)), ps[2 * h]);
+        isum2 = _mm512_dpwssd_epi32(isum2, _mm512_maddubs_epi16(q[2 * h + 1], _mm512_loadu_si512(xs->qs + 128 * h + 64)),
+                                    ps[2 * h + 1]);
+    }
+    return _mm512_add_epi32(isum, isum2);
+}
+
+/* Two rows far apart (two sequential streams) against one column: a one-token matmul. */
+static inline void tn_rows2_q6K(const block_q6_K *const *wb, const block_q8_K *xb, int64_t nsb, const __m512i sidx[4],
+                                float *out) {
+    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int64_t s = 0; s < nsb; s++)
+        for (int r = 0; r < 2; r++) {
+            const block_q6_K *b = &wb[r][s];
+            __m512i q[4], ps[4], off;
+            tn_q6K_decode(b, sidx, q, ps, &off);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tn_q6K_isum(q, ps, off, &xb[s])),
+                                     _mm512_set1_ps(tn_fp16_to_fp32(b->d) * xb[s].d), acc[r]);
+        }
+    out[0] = _mm512_reduce_add_ps(acc[0]);
+    out[1] = _mm512_reduce_add_ps(acc[1]);
+}
+
+/* One row against NC activation columns: the codes are rebuilt and the scales widened and
+ * permuted once per super-block for all columns; per column 4 VPMADDUBSW + 4 VPDPWSSD + the offset
+ * term, one FMA. out[c] = dot(row, x column c). */
+static inline __attribute__((always_inline)) void tn_rows_q6K(const int NC, const block_q6_K *wb,
+                                                               const block_q8_K *const *xb, int64_t nsb,
+                                                               const __m512i sidx[4], float *out) {
     __m512 acc[TN_GEMV_NMAX];
     for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t s = 0; s < nsb; s++) {
         const block_q6_K *b = &wb[s];
-        _mm_prefetch((const char *)b + TN_GEMV_PF_K, _MM_HINT_T0);
-        _mm_prefetch((const char *)b + TN_GEMV_PF_K + 64, _MM_HINT_T0);
-        _mm_prefetch((const char *)b + TN_GEMV_PF_K + 128, _MM_HINT_T0);
-        _mm_prefetch((const char *)b + TN_GEMV_PF_K + 192, _MM_HINT_T0);
-        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
-        const __m512i sw = _mm512_zextsi256_si512(sc16);
-        /* offset -32 per code: -32 * sum_j sc_j bsum_j */
-        const __m512i off = _mm512_zextsi256_si512(_mm256_mullo_epi16(sc16, m32));
-        __m512i q[4], ps[4];
-        for (int h = 0; h < 2; h++) {
-            const __m512i Q = _mm512_loadu_si512(b->ql + 64 * h);
-            const __m512i H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b->qh + 32 * h)));
-            q[2 * h] = _mm512_or_si512(_mm512_and_si512(Q, m4), _mm512_and_si512(_mm512_sllv_epi16(H, shl), m30));
-            q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(Q, 4), m4),
-                                           _mm512_and_si512(_mm512_srlv_epi16(H, shr), m30));
-        }
-        for (int r = 0; r < 4; r++) ps[r] = _mm512_permutexvar_epi16(sidx[r], sw);
+        __m512i q[4], ps[4], off;
+        tn_q6K_decode(b, sidx, q, ps, &off);
         const float dw = tn_fp16_to_fp32(b->d);
         for (int c = 0; c < NC; c++) {
             const block_q8_K *xs = &xb[c][s];
-            __m512i isum = _mm512_dpwssd_epi32(
-                _mm512_setzero_si512(), _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)xs->bsums)), off);
-            __m512i isum2 = _mm512_setzero_si512();
-            for (int h = 0; h < 2; h++) {
-                isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(q[2 * h], _mm512_loadu_si512(xs->qs + 128 * h)),
-                                           ps[2 * h]);
-                isum2 = _mm512_dpwssd_epi32(
-                    isum2, _mm512_maddubs_epi16(q[2 * h + 1], _mm512_loadu_si512(xs->qs + 128 * h + 64)), ps[2 * h + 1]);
-            }
-            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(isum, isum2)), _mm512_set1_ps(dw * xs->d), acc[c]);
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tn_q6K_isum(q, ps, off, xs)), _mm512_set1_ps(dw * xs->d), acc[c]);
         }
     }
     for (int c = 0; c < NC; c++) out[c] = _mm512_reduce_add_ps(acc[c]);
