@@ -34,10 +34,22 @@ typedef struct {
     uint64_t sink;
 } tn_pk_arg;
 
-static uint64_t read_c(const uint8_t *p, size_t bytes) {
-    const uint64_t *u = (const uint64_t *)p;
+uint64_t tn_peak_read__scalar(const void *vp, size_t bytes) { /* four prefetched streams, as the ISA loops */
+    const uint8_t *p = vp;
+    const size_t q = bytes / 4 / 128 * 128;
     uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    for (size_t i = 0; i + 4 <= bytes / 8; i += 4) s0 ^= u[i], s1 ^= u[i + 1], s2 ^= u[i + 2], s3 ^= u[i + 3];
+    for (size_t i = 0; i < q; i += 128)
+        for (size_t j = 0; j < 4; j++) {
+            const uint64_t *u = (const uint64_t *)(p + j * q + i);
+            __builtin_prefetch((const uint8_t *)u + TN_PEAK_PF, 0, 1);
+            __builtin_prefetch((const uint8_t *)u + TN_PEAK_PF + 64, 0, 1);
+            for (int w = 0; w < 16; w += 4) s0 ^= u[w], s1 ^= u[w + 1], s2 ^= u[w + 2], s3 ^= u[w + 3];
+        }
+    for (size_t i = 4 * q; i + 8 <= bytes; i += 8) {
+        uint64_t v;
+        memcpy(&v, p + i, 8);
+        s0 ^= v;
+    }
     return s0 ^ s1 ^ s2 ^ s3;
 }
 
@@ -75,7 +87,7 @@ static void *tn_pk_thread(void *vp) {
     case TN_PK_READ:
         a->sink = a->isa == TN_ISA_AVX512 ? tn_peak_read__avx512(a->p, a->bytes)
                   : a->isa == TN_ISA_AVX2 ? tn_peak_read__avx2(a->p, a->bytes)
-                                          : read_c(a->p, a->bytes);
+                                          : tn_peak_read__scalar(a->p, a->bytes);
         break;
     case TN_PK_FMA: {
         const float f = a->isa == TN_ISA_AVX512 ? tn_peak_fma__avx512(a->iters)
@@ -119,19 +131,46 @@ static double tn_pk_run(tn_pk_kind kind, int n, const uint8_t *buf, size_t per, 
 
 static int clamp_threads(int threads) { return threads < 1 ? 1 : threads > TN_PEAK_MAXT ? TN_PEAK_MAXT : threads; }
 
-double tn_peak_read_gbs(int threads, size_t bytes, int reps) {
+struct tn_read_probe {
+    int threads;
+    size_t per;
+    uint8_t *buf;
+};
+
+tn_read_probe *tn_read_probe_new(int threads, size_t bytes) {
     threads = clamp_threads(threads);
     const size_t per = bytes / (size_t)threads / 4096 * 4096;
-    if (per == 0) return 0;
+    if (per == 0) return NULL;
+    tn_read_probe *p = malloc(sizeof *p);
     uint8_t *buf = aligned_alloc(4096, per * (size_t)threads);
-    if (!buf) return 0;
+    if (!p || !buf) {
+        free(p), free(buf);
+        return NULL;
+    }
     memset(buf, 1, per * (size_t)threads); /* fault the pages in before timing */
+    *p = (tn_read_probe){threads, per, buf};
+    return p;
+}
+
+double tn_read_probe_gbs(tn_read_probe *p) {
+    const double t = tn_pk_run(TN_PK_READ, p->threads, p->buf, p->per, 0, NULL);
+    return t > 0 ? (double)p->per * p->threads / t / 1e9 : 0.0;
+}
+
+void tn_read_probe_free(tn_read_probe *p) {
+    if (p) free(p->buf);
+    free(p);
+}
+
+double tn_peak_read_gbs(int threads, size_t bytes, int reps) {
+    tn_read_probe *p = tn_read_probe_new(threads, bytes);
+    if (!p) return 0;
     double best = 0;
     for (int r = 0; r < reps; r++) {
-        const double t = tn_pk_run(TN_PK_READ, threads, buf, per, 0, NULL);
-        if (t > 0 && (double)per * threads / t / 1e9 > best) best = (double)per * threads / t / 1e9;
+        const double g = tn_read_probe_gbs(p);
+        if (g > best) best = g;
     }
-    free(buf);
+    tn_read_probe_free(p);
     return best;
 }
 

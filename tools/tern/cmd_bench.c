@@ -3,9 +3,11 @@
  * (tgN) throughput, next to the machine's measured peaks in the same run — streaming read
  * bandwidth (1 thread and the run's threads), f32 FMA GFLOP/s and int8-dot GOP/s (kern/peak.h)
  * — and the share of its roofline each run reached: tg against the read bandwidth (bytes of
- * weights read per token x tokens/s) measured around each repetition (a 256 MiB read probe before
- * every repetition and after the last: each repetition's GB/s over the mean of its two probes, so
- * a neighbour that takes bandwidth for a minute moves both sides), pp against the compute peak
+ * weights read per token x tokens/s) measured during each repetition (single 256 MiB read passes
+ * interleaved with the decode, one before the first token, one after every 0.1 s of decoding and
+ * one after the last token; each repetition's GB/s over the mean of its passes, so a neighbour
+ * that takes bandwidth for a while moves both sides, and both sides are means over the same
+ * seconds — a best-of-several probe picks the moments nothing else read), pp against the compute peak
  * of its weights (int8 dot for quantized weights, f32 FMA otherwise; 2 x matrix parameters per
  * token).
  *
@@ -29,10 +31,12 @@
 #include "quant/tq.h"
 
 #define BENCH_BW_BYTES ((size_t)512 << 20) /* read probe: 512 MiB, far past the caches */
-/* tg: a shorter read probe before every repetition and after the last one: on a machine shared
- * with other work the bandwidth moves from minute to minute, so each repetition is set against
- * the bandwidth measured next to it (the mean of the probes before and after) */
+/* tg: single read passes interleaved with the decode: on a machine shared with other work the
+ * bandwidth moves from second to second, so each repetition is set against the mean of the
+ * passes taken among its tokens (one before, one after every BENCH_BW_EVERY_S of decoding, one
+ * after; the passes' time is not counted as decoding) */
 #define BENCH_BW_NEAR_BYTES ((size_t)256 << 20)
+#define BENCH_BW_EVERY_S 0.1
 
 typedef struct {
     double bw1, bwn;    /* read GB/s, 1 thread and the run's threads */
@@ -46,7 +50,7 @@ typedef struct {
     double mean, sd;
     double rate;     /* tg: GB/s of weights; pp: GOP/s of matrix work */
     double pct_roof; /* of the read bandwidth (tg) / compute peak (pp); 0 = not measured */
-    double bw_during; /* tg: mean read GB/s of the probes between repetitions; 0 = none */
+    double bw_during; /* tg: mean read GB/s of the passes interleaved with the decode; 0 = none */
 } bench_row;
 
 typedef struct {
@@ -102,8 +106,9 @@ static int bench_model(const char *path, const bench_opts *o, const peaks *pk, b
     const int64_t nmax = o->n_prompt > o->n_gen ? o->n_prompt : o->n_gen;
     tern_token *toks = malloc((size_t)(nmax + 1) * sizeof *toks);
     double *tv = malloc((size_t)o->reps * sizeof *tv), *bw = calloc((size_t)o->reps + 1, sizeof *bw);
-    if (!toks || !tv || !bw) {
-        free(toks), free(tv), free(bw);
+    tn_read_probe *probe = pk && o->n_gen > 0 ? tn_read_probe_new(cp.n_threads, BENCH_BW_NEAR_BYTES) : NULL;
+    if (!toks || !tv || !bw || (pk && o->n_gen > 0 && !probe)) {
+        free(toks), free(tv), free(bw), tn_read_probe_free(probe);
         tern_ctx_free(c), tern_model_free(m);
         return tn_cli_fail(TERN_ERR_NOMEM, "benchmark buffers");
     }
@@ -130,17 +135,29 @@ static int bench_model(const char *path, const bench_opts *o, const peaks *pk, b
         if (n == 0) continue;
         for (int64_t r = -1; r < o->reps && !s; r++) { /* r = -1 is the warm-up */
             tern_ctx_truncate(c, 0);
-            if (test == 1 && pk && r >= 0) bw[r] = tn_peak_read_gbs(mi->threads, BENCH_BW_NEAR_BYTES, 3);
-            double t0 = tn_cli_now();
+            double t0 = tn_cli_now(), dt = 0;
             if (test == 0) {
                 s = tern_decode(c, toks, (int32_t)n);
+                dt = tn_cli_now() - t0;
             } else {
                 s = tern_decode(c, toks, 1); /* first token; llama-bench's tg also starts from an empty cache */
                 tern_ctx_truncate(c, 0);
+                const bool probing = probe && r >= 0;
+                double bws = probing ? tn_read_probe_gbs(probe) : 0;
+                int nbw = probing;
                 t0 = tn_cli_now();
-                for (int64_t i = 0; i < n && !s; i++) s = tern_decode(c, &toks[i], 1);
+                for (int64_t i = 0; i < n && !s; i++) {
+                    s = tern_decode(c, &toks[i], 1);
+                    const double t1 = tn_cli_now();
+                    if (probing && (t1 - t0 >= BENCH_BW_EVERY_S || i + 1 == n)) { /* a pass; not decode time */
+                        dt += t1 - t0;
+                        bws += tn_read_probe_gbs(probe), nbw++;
+                        t0 = tn_cli_now();
+                    }
+                }
+                if (!probing) dt = tn_cli_now() - t0;
+                if (probing) bw[r] = bws / nbw;
             }
-            const double dt = tn_cli_now() - t0;
             if (r >= 0) tv[r] = (double)n / dt;
             fprintf(stderr, "\r%s%lld rep %lld/%lld: %.2f t/s   ", test ? "tg" : "pp", (long long)n, (long long)r + 1,
                     (long long)o->reps, (double)n / dt);
@@ -155,16 +172,12 @@ static int bench_model(const char *path, const bench_opts *o, const peaks *pk, b
         if (test == 1) {
             row->rate = mi->tok_bytes * row->mean / 1e9;
             row->pct_roof = 0;
-            if (pk) { /* each repetition against the bandwidth measured around it */
-                bw[o->reps] = tn_peak_read_gbs(mi->threads, BENCH_BW_NEAR_BYTES, 3);
+            if (probe) { /* each repetition against the bandwidth measured during it */
                 double pct = 0, bws = 0;
                 int nok = 0;
-                for (int64_t r = 0; r < o->reps; r++) {
-                    const double near = 0.5 * (bw[r] + bw[r + 1]);
-                    bws += bw[r];
-                    if (near > 0) pct += 100.0 * mi->tok_bytes * tv[r] / 1e9 / near, nok++;
-                }
-                row->bw_during = (bws + bw[o->reps]) / (double)(o->reps + 1);
+                for (int64_t r = 0; r < o->reps; r++)
+                    if (bw[r] > 0) pct += 100.0 * mi->tok_bytes * tv[r] / 1e9 / bw[r], bws += bw[r], nok++;
+                row->bw_during = nok ? bws / nok : 0.0;
                 row->pct_roof = nok ? pct / nok : 0.0;
             }
         } else {
@@ -174,7 +187,7 @@ static int bench_model(const char *path, const bench_opts *o, const peaks *pk, b
         }
     }
     fprintf(stderr, "\n");
-    free(toks), free(tv), free(bw);
+    free(toks), free(tv), free(bw), tn_read_probe_free(probe);
     tern_ctx_free(c);
     tern_model_free(m);
     return s ? tn_cli_fail(s, "benchmark") : TN_EXIT_OK;
@@ -358,8 +371,8 @@ int cmd_bench(int argc, char **argv) {
     double during = 0;
     for (int i = 0; i < nrows; i++)
         if (rows[i].bw_during > 0) during = rows[i].bw_during;
-    printf("\ntg: GB/s of weights read (%.1f MiB per token), roofline = that / read bandwidth measured around each "
-           "repetition (mean %.1f GB/s); pp (*): GOP/s of matrix work, roofline = that / %s peak\n",
+    printf("\ntg: GB/s of weights read (%.1f MiB per token), roofline = that / read bandwidth measured during each "
+           "repetition (mean of read passes interleaved with the decode: %.1f GB/s); pp (*): GOP/s of matrix work, roofline = that / %s peak\n",
            mi.tok_bytes / 1048576.0, during, mi.quantized ? "int8 dot" : "f32 FMA");
     if (roofline) print_peaks_md(&pk);
     return TN_EXIT_OK;

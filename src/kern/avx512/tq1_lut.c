@@ -47,8 +47,12 @@
 
 #define TN_L32_STACK 32768 /* tables + scales on the stack up to this size, else the heap */
 #define TN_L32_NS 4            /* groups (streams) per pass over the tables                */
+#ifndef TN_L32_HINT
 #define TN_L32_HINT _MM_HINT_T2 /* prefetch to L2: the tables keep L1                         */
+#endif
+#ifndef TN_L32_PF
 #define TN_L32_PF 2048          /* software prefetch distance in each chunk stream, bytes   */
+#endif
 
 /* The file type's gemm (same ISA level) for batches, by tq1 index 0..7; set at registration. */
 static tn_gemm_fn tn_l32_file_gemm[8];
