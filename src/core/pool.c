@@ -134,7 +134,7 @@ void tn_pool_run(tn_pool *p, tn_task_fn fn, void *arg) {
     }
 }
 
-void tn_pool_barrier(tn_pool *p) {
+void tn_pool_barrier_pf(tn_pool *p, const void *pf, size_t n) {
     if (!p || p->n == 1) return;
     unsigned sense = atomic_load(&p->barrier_sense);
     if (atomic_fetch_add(&p->barrier_count, 1) == p->n - 1) {
@@ -142,9 +142,21 @@ void tn_pool_barrier(tn_pool *p) {
         atomic_store_explicit(&p->barrier_sense, sense + 1, memory_order_release);
         return;
     }
+    const char *b = pf;
+    size_t o = 0;
+    if (!b) n = 0;
     int spins = 0;
     while (atomic_load_explicit(&p->barrier_sense, memory_order_acquire) == sense) {
-        if (++spins < TN_SPIN_ITERS) TN_PAUSE();
-        else sched_yield();
+        if (o < n) { /* two lines per check: prefetcht1 (L2); blocks only while the misses queue */
+            __builtin_prefetch(b + o, 0, 2);
+            __builtin_prefetch(b + o + 64, 0, 2);
+            o += 128;
+        } else if (++spins < TN_SPIN_ITERS) {
+            TN_PAUSE();
+        } else {
+            sched_yield();
+        }
     }
 }
+
+void tn_pool_barrier(tn_pool *p) { tn_pool_barrier_pf(p, NULL, 0); }

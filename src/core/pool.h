@@ -10,6 +10,7 @@
 #ifndef TN_CORE_POOL_H
 #define TN_CORE_POOL_H
 
+#include <stddef.h>
 #include "core/base.h"
 
 typedef struct tn_pool tn_pool;
@@ -22,6 +23,11 @@ int tn_pool_n(const tn_pool *p);
 void tn_pool_run(tn_pool *p, tn_task_fn fn, void *arg);
 /* Waits until all nth threads of the current task arrive. Only valid inside a task. */
 void tn_pool_barrier(tn_pool *p);
+/* The same, and while this thread waits it prefetches [pf, pf + n) into its L2, a few cache lines
+ * per spin, in order, until the others arrive (no prefetch if it arrives last): a thread that
+ * finished its share early warms the start of its next one, so memory is not idle while it
+ * waits. pf may be NULL (n ignored). */
+void tn_pool_barrier_pf(tn_pool *p, const void *pf, size_t n);
 
 /* The [start, end) slice of n items for thread ith of nth (contiguous, sizes differ by <= 1
  * after rounding to multiples of `align`). */

@@ -7,6 +7,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "core/cpu.h"
@@ -142,11 +143,13 @@ tn_read_probe *tn_read_probe_new(int threads, size_t bytes) {
     const size_t per = bytes / (size_t)threads / 4096 * 4096;
     if (per == 0) return NULL;
     tn_read_probe *p = malloc(sizeof *p);
-    uint8_t *buf = aligned_alloc(4096, per * (size_t)threads);
+    const size_t huge = (size_t)2 << 20, total = (per * (size_t)threads + huge - 1) & ~(huge - 1);
+    uint8_t *buf = aligned_alloc(huge, total);
     if (!p || !buf) {
         free(p), free(buf);
         return NULL;
     }
+    (void)madvise(buf, total, MADV_HUGEPAGE); /* as the model's weights (tn_model_repack) */
     memset(buf, 1, per * (size_t)threads); /* fault the pages in before timing */
     *p = (tn_read_probe){threads, per, buf};
     return p;

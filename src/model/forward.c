@@ -51,6 +51,20 @@ static int32_t tn_attn_unit(const tn_hparams *hp, int32_t n, int nth) {
 
 #define TN_PF_MAX (384 << 10) /* bytes of the next matmul prefetched during attention: within L2 */
 
+/* One token: the start of thread ith's static share of w (m rows of k; tn_matmul_share_head), at
+ * most TN_PF_MAX bytes — what the thread prefetches while it waits at the barrier before that
+ * matmul (tn_pool_barrier_pf) or attends before Wo. */
+typedef struct {
+    const uint8_t *p;
+    size_t n;
+} tn_span;
+static tn_span tn_share_span(const tn_tensor *w, int64_t m, int64_t k, int ith, int nth) {
+    int64_t w0, w1;
+    tn_matmul_share_head(m, ith, nth, &w0, &w1);
+    const size_t rb = tn_dtype_row_size(w->type, k);
+    return (tn_span){(const uint8_t *)w->data + (size_t)w0 * rb, TN_MIN((size_t)(w1 - w0) * rb, (size_t)TN_PF_MAX)};
+}
+
 static void tn_add_bias_range(float *v, const float *b, int64_t n) {
     for (int64_t i = 0; i < n; i++) v[i] += b[i];
 }
@@ -148,7 +162,8 @@ static void tn_forward_task(void *vp, int ith, int nth) {
     /* embeddings: x[t] = tok_embd[toks[t]] ; rope table for the batch */
     for (int64_t t = t0; t < t1; t++) tn_tensor_get_row(&m->tok_embd, b->tok[t], c->x + t * d);
     for (int64_t t = t0; t < t1; t++) tn_op_rope_cache(hp, m->rope_freqs.data, b->pos[t], c->rope_cs + t * hp->n_rot);
-    tn_pool_barrier(pool);
+    const tn_span wq_pf = own && hp->n_layer > 0 ? tn_share_span(&m->layers[0].wq, d, d, ith, nth) : (tn_span){NULL, 0};
+    tn_pool_barrier_pf(pool, wq_pf.p, wq_pf.n);
 
     for (int32_t il = 0; il < hp->n_layer; il++) {
         const tn_layer *L = &m->layers[il];
@@ -173,7 +188,10 @@ static void tn_forward_task(void *vp, int ith, int nth) {
             xq = tn_act(c, ith, nth, own, xq_own, L->wv.type, xb, d, d, n);
         }
         tn_mm(c, ith, nth, own, next + 2, L->wv.type, L->wv.data, kv_dim, d, xq, n, c->kv + kv_dim, 2 * kv_dim, NULL);
-        tn_pool_barrier(pool);
+        /* one token: the start of this thread's share of Wo, prefetched while it waits here and
+         * (the rest) while it attends — attention reads little memory */
+        const tn_span wo_pf = own ? tn_share_span(&L->wo, d, d, ith, nth) : (tn_span){NULL, 0};
+        tn_pool_barrier_pf(pool, wo_pf.p, wo_pf.n);
 
         /* attention over (token, query-head group) units */
         /* one token in whole kv groups: a thread's units need only its own heads' RoPE and cache
@@ -189,17 +207,10 @@ static void tn_forward_task(void *vp, int ith, int nth) {
             tn_pool_barrier(pool);
         }
         /* one token: attention reads little memory, so meanwhile the start of the thread's static
-         * share of Wo (up to TN_PF_MAX bytes) is prefetched into its L2, a slice per unit; the
-         * matmul then begins from cache instead of a cold stream */
-        const uint8_t *pf = NULL;
-        size_t pf_n = 0;
-        if (own && p1 > p0) {
-            int64_t w0, w1;
-            tn_matmul_share_head(d, ith, nth, &w0, &w1);
-            const size_t rb = tn_dtype_row_size(L->wo.type, d);
-            pf = (const uint8_t *)L->wo.data + (size_t)w0 * rb;
-            pf_n = TN_MIN((size_t)(w1 - w0) * rb, (size_t)TN_PF_MAX);
-        }
+         * share of Wo (wo_pf) is prefetched into its L2, a slice per unit (lines the barrier wait
+         * already fetched hit L2); the matmul then begins from cache instead of a cold stream */
+        const uint8_t *pf = p1 > p0 ? wo_pf.p : NULL;
+        const size_t pf_n = wo_pf.n;
         for (int64_t p = p0; p < p1; p++) {
             const int32_t t = (int32_t)(p / nu), h0 = (int32_t)(p % nu) * G;
             if (pf) {
@@ -209,13 +220,14 @@ static void tn_forward_task(void *vp, int ith, int nth) {
             tn_attend(c, ith, il, f->tables ? f->tables[b->seq[t]] : NULL, b->pos[t], c->q + (int64_t)t * d + (int64_t)h0 * hd,
                       h0, G, acc16, c->att + (int64_t)t * d + (int64_t)h0 * hd);
         }
-        tn_pool_barrier(pool);
+        tn_pool_barrier_pf(pool, wo_pf.p, wo_pf.n);
 
         /* x += Wo att */
         if (c->observe && ith == 0) c->observe(c->observe_user, il, TN_OBS_ATTN_OUT, c->att, n, d);
         xq = tn_act(c, ith, nth, own, xq_own, L->wo.type, c->att, d, d, n);
         tn_mm(c, ith, nth, own, next + 3, L->wo.type, L->wo.data, d, d, xq, n, c->tmp, d, c->x);
-        tn_pool_barrier(pool);
+        const tn_span gate_pf = own ? tn_share_span(&L->w_gate, n_ff, d, ith, nth) : (tn_span){NULL, 0};
+        tn_pool_barrier_pf(pool, gate_pf.p, gate_pf.n);
 
         /* ---- feed-forward block: x += Wdown (silu(Wgate xb) * Wup xb) ---- */
         tn_rmsnorm_rows(c->x, xb, L->ffn_norm.data, d, hp->rms_eps, n0, n1);
@@ -242,11 +254,16 @@ static void tn_forward_task(void *vp, int ith, int nth) {
             for (int32_t j = 0; j < n; j++)
                 kt->swiglu(c->hb + (int64_t)j * n_ff + r0, c->hb2 + (int64_t)j * n_ff + r0, r1 - r0);
         }
-        tn_pool_barrier(pool);
+        const tn_span down_pf = own ? tn_share_span(&L->w_down, d, n_ff, ith, nth) : (tn_span){NULL, 0};
+        tn_pool_barrier_pf(pool, down_pf.p, down_pf.n);
         if (c->observe && ith == 0) c->observe(c->observe_user, il, TN_OBS_FFN_DOWN, c->hb, n, n_ff);
         xq = tn_act(c, ith, nth, own, xq_own, L->w_down.type, c->hb, n_ff, n_ff, n);
         tn_mm(c, ith, nth, own, next + 5, L->w_down.type, L->w_down.data, d, n_ff, xq, n, c->tmp, d, c->x);
-        tn_pool_barrier(pool);
+        /* the next matmul: the next layer's Wq, or the output projection */
+        const tn_span next_pf = !own                      ? (tn_span){NULL, 0}
+                                : il + 1 < hp->n_layer ? tn_share_span(&m->layers[il + 1].wq, d, d, ith, nth)
+                                                       : tn_share_span(&m->output, hp->n_vocab, d, ith, nth);
+        tn_pool_barrier_pf(pool, next_pf.p, next_pf.n);
         if (c->debug_layer && ith == 0) c->debug_layer(c->debug_user, il, c->x, n, d);
     }
 

@@ -62,7 +62,8 @@ struct tern_model {
     uint64_t weight_bytes;
     char desc[128];
     char *path;
-    void *repacked; /* weights in load-time layouts (tn_model_repack), or NULL */
+    void *repacked; /* the matrices moved out of the file mapping at load (tn_model_repack: interleaved
+                     * layouts, other types as they are; 2 MiB pages), or NULL */
 };
 
 /* Loads and validates hyperparameters and every tensor's presence, type and shape; errors name
@@ -71,8 +72,9 @@ tern_status tn_model_load_gguf(tn_gguf *g, tern_model **out);
 
 /* Moves q4_0, q8_0 and symmetric tq4 weight matrices into the *_r16 layouts and tq1 matrices into
  * the *_l32 layouts (quant/repack.h; rows a multiple of the layout's group; not a tied output)
- * where the kernel table has a SIMD kernel for them. The file pages of moved tensors are released
- * from the mapping. */
+ * where the kernel table has a SIMD kernel for them; from a mapped file, every other matrix (not a
+ * tied output) is copied as it is, so that all of them sit in one buffer of 2 MiB pages
+ * (TERN_HUGEPAGES=0: 4 KiB). The file pages of moved tensors are released from the mapping. */
 tern_status tn_model_repack(tern_model *m);
 
 /* Row `row` of a weight matrix as floats (k = ne[0]); used for embedding lookup. */

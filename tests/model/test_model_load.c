@@ -136,6 +136,21 @@ static void test_null_args(void **state) {
     assert_non_null(strstr(tern_last_error(), "/nonexistent/x.gguf"));
 }
 
+/* The last token's logits (nv of them, malloc'd) after decoding toks with 2 threads. */
+static float *decode_logits(tern_model *m, const tern_token *toks, int n, int nv) {
+    tern_ctx_params cp;
+    tern_ctx_params_init(&cp);
+    cp.n_threads = 2;
+    tern_ctx *c = NULL;
+    assert_int_equal(tern_ctx_create(m, &cp, &c), TERN_OK);
+    assert_int_equal(tern_decode(c, toks, n), TERN_OK);
+    float *l = malloc((size_t)nv * sizeof(float));
+    assert_non_null(l);
+    memcpy(l, tern_get_logits(c, -1), (size_t)nv * sizeof(float));
+    tern_ctx_free(c);
+    return l;
+}
+
 /* q4_0 model loaded three ways: mapped + repack, read + repack (in place), mapped, no repack */
 static void test_repack_load_modes(void **state) {
     (void)state;
@@ -163,15 +178,7 @@ static void test_repack_load_modes(void **state) {
         assert_int_equal(m[v]->layers[1].w_down.type, want);
         assert_int_equal(m[v]->output.type, want);
         assert_int_equal(m[v]->tok_embd.type, TN_Q4_0); /* row lookups: never moved */
-        tern_ctx_params cp;
-        tern_ctx_params_init(&cp);
-        cp.n_threads = 2;
-        tern_ctx *c = NULL;
-        assert_int_equal(tern_ctx_create(m[v], &cp, &c), TERN_OK);
-        assert_int_equal(tern_decode(c, toks, 6), TERN_OK);
-        logits[v] = malloc((size_t)nv * sizeof(float));
-        memcpy(logits[v], tern_get_logits(c, -1), (size_t)nv * sizeof(float));
-        tern_ctx_free(c);
+        logits[v] = decode_logits(m[v], toks, 6, nv);
     }
     /* every row of every repacked matrix reads back as the file's row */
     const int64_t k = cfg.n_embd;
@@ -199,6 +206,59 @@ static void test_repack_load_modes(void **state) {
     unlink(path);
 }
 
+/* matrices of types with no interleaved layout (k-quants here) move out of a mapped file as they
+ * are, into the one buffer of moved weights: same bytes, so the same logits bit for bit as the
+ * file mapping; the embedding table stays in the mapping */
+static void test_moved_as_is(void **state) {
+    (void)state;
+    tiny_cfg cfg;
+    tiny_cfg_default(&cfg);
+    cfg.wtype = TN_Q4_K;
+    cfg.out_type = TN_Q6_K;
+    char path[512];
+    tiny_tmp_path(path, sizeof path, "moved");
+    assert_int_equal(tiny_model_write(path, &cfg), TERN_OK);
+    tern_model *m[2] = {NULL};
+    float *logits[2];
+    const int nv = (int)cfg.n_vocab;
+    const tern_token toks[5] = {1, 7, 250, 33, 2};
+    for (int v = 0; v < 2; v++) {
+        tern_model_params mp;
+        tern_model_params_init(&mp);
+        mp.repack = v == 0;
+        assert_int_equal(tern_model_load(path, &mp, &m[v]), TERN_OK);
+        logits[v] = decode_logits(m[v], toks, 5, nv);
+    }
+    assert_null(m[1]->repacked);
+    assert_non_null(m[0]->repacked);
+    size_t total = (m[0]->output.nbytes + 63) & ~(size_t)63;
+    for (int64_t l = 0; l < m[0]->hp.n_layer; l++) {
+        const tn_tensor *v[7] = {&m[0]->layers[l].wq, &m[0]->layers[l].wk, &m[0]->layers[l].wv, &m[0]->layers[l].wo,
+                                 &m[0]->layers[l].w_gate, &m[0]->layers[l].w_up, &m[0]->layers[l].w_down};
+        for (int j = 0; j < 7; j++) total += (v[j]->nbytes + 63) & ~(size_t)63;
+    }
+    const uint8_t *lo = m[0]->repacked, *hi = lo + total;
+    for (int64_t l = 0; l < m[0]->hp.n_layer; l++) {
+        const tn_layer *L0 = &m[0]->layers[l], *L1 = &m[1]->layers[l];
+        const tn_tensor *a[7] = {&L0->wq, &L0->wk, &L0->wv, &L0->wo, &L0->w_gate, &L0->w_up, &L0->w_down};
+        const tn_tensor *b[7] = {&L1->wq, &L1->wk, &L1->wv, &L1->wo, &L1->w_gate, &L1->w_up, &L1->w_down};
+        for (int j = 0; j < 7; j++) {
+            assert_int_equal(a[j]->type, TN_Q4_K);
+            assert_true((const uint8_t *)a[j]->data >= lo && (const uint8_t *)a[j]->data + a[j]->nbytes <= hi);
+            assert_memory_equal(a[j]->data, b[j]->data, a[j]->nbytes);
+        }
+    }
+    assert_int_equal(m[0]->output.type, TN_Q6_K);
+    assert_true((const uint8_t *)m[0]->output.data >= lo && (const uint8_t *)m[0]->output.data < hi);
+    assert_true((const uint8_t *)m[0]->tok_embd.data < lo || (const uint8_t *)m[0]->tok_embd.data >= hi);
+    assert_memory_equal(logits[0], logits[1], (size_t)nv * sizeof(float));
+    for (int v = 0; v < 2; v++) {
+        free(logits[v]);
+        tern_model_free(m[v]);
+    }
+    unlink(path);
+}
+
 int main(void) {
     tiny_cfg cfg;
     tiny_cfg_default(&cfg);
@@ -213,6 +273,7 @@ int main(void) {
         cmocka_unit_test(test_alloc_failures),
         cmocka_unit_test(test_null_args),
         cmocka_unit_test(test_repack_load_modes),
+        cmocka_unit_test(test_moved_as_is),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     unlink(base_path);
