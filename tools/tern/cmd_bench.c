@@ -262,23 +262,25 @@ static int sweep_bits(const char *path, const bench_opts *o, const peaks *pk, in
         printf("]\n");
         return TN_EXIT_OK;
     }
-    printf("| b | type       |   bpw | file MiB | MiB/token | test  |        t/s |  GB/s | roofline |\n");
-    printf("| -: | ---------- | ----: | -------: | --------: | ----- | ---------: | ----: | -------: |\n");
+    printf("| b | type       |   bpw | file MiB | MiB/token | test  |        t/s |  GB/s | roofline | read GB/s |\n");
+    printf("| -: | ---------- | ----: | -------: | --------: | ----- | ---------: | ----: | -------: | --------: |\n");
     for (int i = 0; i < nw; i++) {
         const width *W = &wv[i];
         for (int r = 0; r < W->nrows; r++) {
             const bench_row *R = &W->rows[r];
-            char roof[32] = "", rate[32];
+            char roof[32] = "", rate[32], during[32] = "";
             if (R->pct_roof > 0) snprintf(roof, sizeof roof, "%.1f%%", R->pct_roof);
+            if (R->bw_during > 0) snprintf(during, sizeof during, "%.1f", R->bw_during);
             if (R->n_gen) snprintf(rate, sizeof rate, "%.1f", R->rate);
             else snprintf(rate, sizeof rate, "%.0f*", R->rate);
-            printf("| %d | %-10s | %5.2f | %8.1f | %9.1f | %-5s | %10.2f | %5s | %8s |\n", i + 1, W->type,
+            printf("| %d | %-10s | %5.2f | %8.1f | %9.1f | %-5s | %10.2f | %5s | %8s | %9s |\n", i + 1, W->type,
                    8.0 * W->mi.size / W->mi.params, W->mi.size / 1048576.0, W->mi.tok_bytes / 1048576.0, R->test, R->mean,
-                   rate, roof);
+                   rate, roof, during);
         }
     }
-    printf("\ntg: GB/s = bytes of weights per token x tokens/s, roofline = that / read bandwidth (%d threads);"
-           " pp (*): GOP/s of matrix work, roofline = that / int8 dot peak\n", pk->threads);
+    printf("\ntg: GB/s = bytes of weights per token x tokens/s, roofline = that / read bandwidth (%d threads) measured "
+           "during each repetition (read GB/s: mean of read passes interleaved with the decode); pp (*): GOP/s of "
+           "matrix work, roofline = that / int8 dot peak\n", pk->threads);
     if (pk->bwn > 0) print_peaks_md(pk);
     return TN_EXIT_OK;
 }
