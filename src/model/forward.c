@@ -220,7 +220,7 @@ static void tn_forward_task(void *vp, int ith, int nth) {
             tn_attend(c, ith, il, f->tables ? f->tables[b->seq[t]] : NULL, b->pos[t], c->q + (int64_t)t * d + (int64_t)h0 * hd,
                       h0, G, acc16, c->att + (int64_t)t * d + (int64_t)h0 * hd);
         }
-        tn_pool_barrier_pf(pool, wo_pf.p, wo_pf.n);
+        tn_pool_barrier_pf(pool, wo_pf.p, wo_pf.n); /* lines the attention phase fetched hit L2 */
 
         /* x += Wo att */
         if (c->observe && ith == 0) c->observe(c->observe_user, il, TN_OBS_ATTN_OUT, c->att, n, d);
@@ -259,10 +259,11 @@ static void tn_forward_task(void *vp, int ith, int nth) {
         if (c->observe && ith == 0) c->observe(c->observe_user, il, TN_OBS_FFN_DOWN, c->hb, n, n_ff);
         xq = tn_act(c, ith, nth, own, xq_own, L->w_down.type, c->hb, n_ff, n_ff, n);
         tn_mm(c, ith, nth, own, next + 5, L->w_down.type, L->w_down.data, d, n_ff, xq, n, c->tmp, d, c->x);
-        /* the next matmul: the next layer's Wq, or the output projection */
+        /* the next matmul: the next layer's Wq, or the output projection (if a logit is wanted) */
         const tn_span next_pf = !own                      ? (tn_span){NULL, 0}
                                 : il + 1 < hp->n_layer ? tn_share_span(&m->layers[il + 1].wq, d, d, ith, nth)
-                                                       : tn_share_span(&m->output, hp->n_vocab, d, ith, nth);
+                                : f->n_out == 1        ? tn_share_span(&m->output, hp->n_vocab, d, ith, nth)
+                                                       : (tn_span){NULL, 0};
         tn_pool_barrier_pf(pool, next_pf.p, next_pf.n);
         if (c->debug_layer && ith == 0) c->debug_layer(c->debug_user, il, c->x, n, d);
     }

@@ -49,6 +49,9 @@
 #ifndef TN_L32_NS
 #define TN_L32_NS 4            /* groups (streams) per pass over the tables                */
 #endif
+#if TN_L32_NS < 1 || TN_L32_NS > 4
+#error "TN_L32_NS: 1 .. 4 groups per pass"
+#endif
 #ifndef TN_L32_HINT
 #define TN_L32_HINT _MM_HINT_T2 /* prefetch to L2: the tables keep L1                         */
 #endif
