@@ -95,16 +95,15 @@ static void make_x(int64_t k, block_q8_0 *x, int exact) {
 
 static int checks, exact_checks;
 
-static void check(uint32_t t, int64_t k, int64_t m, int64_t n, int exact) {
+/* The AVX-512 kernel against the scalar reference on given rows w and columns x (exact: the
+ * bit-exact data of make_row / make_x, no tolerance). */
+static void compare(uint32_t t, int64_t k, int64_t m, int64_t n, int exact, const uint8_t *w, size_t w_rb,
+                    const uint8_t *x, size_t x_rb) {
     tn_tq_params p;
     tn_tq_params_of(t, &p);
     const tn_kern_table *ref = tn_kern_at(TN_ISA_SCALAR), *opt = tn_kern_at(TN_ISA_AVX512);
-    const size_t w_rb = tn_dtype_row_size((tn_dtype)t, k) + 5, x_rb = tn_dtype_row_size(TN_Q8_0, k) + 2;
     const int64_t ldy = m + 3;
-    uint8_t *w = calloc((size_t)m, w_rb), *x = calloc((size_t)n, x_rb);
     float *yr = malloc((size_t)(ldy * n) * sizeof(float)), *yo = malloc((size_t)(ldy * n) * sizeof(float));
-    for (int64_t i = 0; i < m; i++) make_row(&p, k, w + (size_t)i * w_rb, exact);
-    for (int64_t j = 0; j < n; j++) make_x(k, (block_q8_0 *)(x + (size_t)j * x_rb), exact);
     for (int64_t i = 0; i < ldy * n; i++) yr[i] = yo[i] = -12345.0f;
     ref->slot[t].gemm(k, m, n, w, w_rb, x, x_rb, yr, ldy);
     opt->slot[t].gemm(k, m, n, w, w_rb, x, x_rb, yo, ldy);
@@ -126,7 +125,18 @@ static void check(uint32_t t, int64_t k, int64_t m, int64_t n, int exact) {
         }
     checks++;
     exact_checks += exact;
-    free(w), free(x), free(yr), free(yo);
+    free(yr), free(yo);
+}
+
+static void check(uint32_t t, int64_t k, int64_t m, int64_t n, int exact) {
+    tn_tq_params p;
+    tn_tq_params_of(t, &p);
+    const size_t w_rb = tn_dtype_row_size((tn_dtype)t, k) + 5, x_rb = tn_dtype_row_size(TN_Q8_0, k) + 2;
+    uint8_t *w = calloc((size_t)m, w_rb), *x = calloc((size_t)n, x_rb);
+    for (int64_t i = 0; i < m; i++) make_row(&p, k, w + (size_t)i * w_rb, exact);
+    for (int64_t j = 0; j < n; j++) make_x(k, (block_q8_0 *)(x + (size_t)j * x_rb), exact);
+    compare(t, k, m, n, exact, w, w_rb, x, x_rb);
+    free(w), free(x);
 }
 
 static void run_sizes(int64_t n) {
@@ -171,10 +181,52 @@ static void test_prefill_parity(void **state) {
     printf("tq prefill parity: %d checks (%d bit-exact)\n", checks, exact_checks);
 }
 
+/* One column: the kernel keeps each thread's last prepared column (colcache.h) and reuses it for
+ * the same type, k and column bytes. The same column against other rows, then one code changed,
+ * one scale changed, a new column, the same column under another type of the same k, and the
+ * same bytes at a shorter k: each must match the reference, so a stale prepared column shows. */
+static void test_decode_column_cache(void **state) {
+    (void)state;
+    if (!have_avx512()) return;
+    const uint32_t types[] = {TN_DTYPE_TERN_BASE + 0, TN_DTYPE_TERN_BASE + 9, TN_DTYPE_TERN_BASE + 22,
+                              TN_DTYPE_TERN_BASE + TN_TQ_COUNT - 1};
+    const int64_t k = 2048, m = 40;
+    const size_t x_rb = tn_dtype_row_size(TN_Q8_0, k);
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const uint32_t t = types[ti], t2 = types[(ti + 1) % (sizeof types / sizeof types[0])];
+        tn_tq_params p, p2;
+        tn_tq_params_of(t, &p);
+        tn_tq_params_of(t2, &p2);
+        const size_t w_rb = tn_dtype_row_size((tn_dtype)t, k), w2_rb = tn_dtype_row_size((tn_dtype)t2, k);
+        uint8_t *w1 = malloc((size_t)m * w_rb), *w2 = malloc((size_t)m * w_rb), *w3 = malloc((size_t)m * w2_rb);
+        uint8_t *x = malloc(x_rb);
+        for (int64_t i = 0; i < m; i++) {
+            make_row(&p, k, w1 + (size_t)i * w_rb, 0);
+            make_row(&p, k, w2 + (size_t)i * w_rb, 0);
+            make_row(&p2, k, w3 + (size_t)i * w2_rb, 0);
+        }
+        block_q8_0 *xb = (block_q8_0 *)x;
+        make_x(k, xb, 0);
+        compare(t, k, m, 1, 0, w1, w_rb, x, x_rb);
+        compare(t, k, m, 1, 0, w2, w_rb, x, x_rb);
+        xb[5].qs[7] = (int8_t)(xb[5].qs[7] == 127 ? 126 : xb[5].qs[7] + 1);
+        compare(t, k, m, 1, 0, w1, w_rb, x, x_rb);
+        xb[40].d = tn_fp32_to_fp16(tn_fp16_to_fp32(xb[40].d) * 1.5f + 0.01f);
+        compare(t, k, m, 1, 0, w2, w_rb, x, x_rb);
+        compare(t2, k, m, 1, 0, w3, w2_rb, x, x_rb);
+        compare(t, k, m, 1, 0, w1, w_rb, x, x_rb);
+        compare(t, k / 2, m, 1, 0, w1, w_rb, x, x_rb); /* the first half of each row and of x */
+        make_x(k, xb, 0);
+        compare(t, k, m, 1, 0, w1, w_rb, x, x_rb);
+        free(w1), free(w2), free(w3), free(x);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_decode_parity),
         cmocka_unit_test(test_prefill_parity),
+        cmocka_unit_test(test_decode_column_cache),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

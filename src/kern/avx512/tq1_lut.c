@@ -27,18 +27,18 @@
  * started at -128 * sum of the pattern.
  *
  * Per thread, the last column's tables are kept and reused when the next call brings the same
- * column (compared byte for byte; tn_l32_cache).
+ * column (compared byte for byte; colcache.h).
  *
  * Batches (n > 1: prefill, serve steps) unpack the rows to the file layout in a scratch buffer and
  * run the file type's kernel: the lookups pay only when a table serves many rows of one column.
  */
 #include <immintrin.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/cpu.h"
 #include "core/fp16.h"
+#include "kern/avx512/colcache.h"
 #include "kern/kern.h"
 #include "kern/scalar/kernels.h"
 #include "quant/blocks.h"
@@ -207,54 +207,6 @@ static inline __attribute__((always_inline)) void tn_l32_groups(const int G, con
     }
 }
 
-/* The last column's tables, per thread: a one-token matmul reaches a thread in several calls
- * with the same activations (its static share, then tail chunks; gate and up share them too), so
- * when k, G, the symmetry and the column's bytes (compared in full: never stale) match, the
- * tables are reused instead of rebuilt. Heap buffers behind a thread key (freed at thread exit). */
-typedef struct {
-    int64_t k;
-    int G;
-    bool asym;
-    size_t cap_x, cap_buf;
-    uint8_t *x, *buf;
-} tn_l32_cache;
-static pthread_key_t tn_l32_key;
-static pthread_once_t tn_l32_once = PTHREAD_ONCE_INIT;
-static bool tn_l32_key_ok;
-
-static void tn_l32_cache_free(void *p) {
-    tn_l32_cache *c = p;
-    if (c) free(c->x), free(c->buf), free(c);
-}
-static void tn_l32_key_init(void) { tn_l32_key_ok = pthread_key_create(&tn_l32_key, tn_l32_cache_free) == 0; }
-
-/* This thread's cache with room for xbytes of column and need bytes of tables, or NULL. */
-static tn_l32_cache *tn_l32_cache_get(size_t xbytes, size_t need) {
-    pthread_once(&tn_l32_once, tn_l32_key_init);
-    if (!tn_l32_key_ok) return NULL;
-    tn_l32_cache *c = pthread_getspecific(tn_l32_key);
-    if (!c) {
-        if (!(c = calloc(1, sizeof *c))) return NULL;
-        if (pthread_setspecific(tn_l32_key, c)) {
-            free(c);
-            return NULL;
-        }
-    }
-    if (c->cap_x < xbytes || c->cap_buf < need) {
-        free(c->x), free(c->buf);
-        c->k = 0, c->cap_x = c->cap_buf = 0;
-        c->x = malloc(xbytes);
-        c->buf = aligned_alloc(64, (need + 63) & ~(size_t)63);
-        if (!c->x || !c->buf) {
-            free(c->x), free(c->buf);
-            c->x = c->buf = NULL;
-            return NULL;
-        }
-        c->cap_x = xbytes, c->cap_buf = (need + 63) & ~(size_t)63;
-    }
-    return c;
-}
-
 static inline __attribute__((always_inline)) void tn_l32_gemm(const int ti, const int G, const bool asym, int64_t k,
                                                               int64_t m, int64_t n, const void *w, size_t w_rb,
                                                               const void *x, size_t x_rb, float *y, int64_t ldy) {
@@ -272,12 +224,15 @@ static inline __attribute__((always_inline)) void tn_l32_gemm(const int ti, cons
     const size_t need = (size_t)np * TN_L32_TW * 2 + (size_t)np * 4 + (size_t)nb * 4;
     _Alignas(64) uint8_t stackbuf[TN_L32_STACK];
     const size_t xbytes = (size_t)np * sizeof(block_q8_0);
-    tn_l32_cache *C = n == 1 ? tn_l32_cache_get(xbytes, need) : NULL;
+    /* one column: this thread's last column's tables are reused when k, G, the symmetry and the
+     * column's bytes match (colcache.h) */
+    tn_colcache *C = n == 1 ? tn_colcache_get(TN_COLCACHE_L32, xbytes, need) : NULL;
+    const uint64_t key = (uint64_t)k << 16 | (uint64_t)G << 1 | (uint64_t)asym;
     bool have = false; /* the tables in buf are this column's */
     uint8_t *buf;
     if (C) {
         buf = C->buf;
-        have = C->k == k && C->G == G && C->asym == asym && !memcmp(C->x, x, xbytes);
+        have = tn_colcache_hit(C, key, x, xbytes);
     } else {
         buf = need <= TN_L32_STACK ? stackbuf : aligned_alloc(64, (need + 63) & ~(size_t)63);
     }
@@ -306,10 +261,7 @@ static inline __attribute__((always_inline)) void tn_l32_gemm(const int ti, cons
                 }
                 mx[b] = v;
             }
-        if (C && !have) { /* remember this column */
-            memcpy(C->x, x, xbytes);
-            C->k = k, C->G = G, C->asym = asym;
-        }
+        if (C && !have) tn_colcache_set(C, key, x, xbytes); /* remember this column */
         const int64_t ng = m / TN_L32_ROWS, q = (ng + TN_L32_NS - 1) / TN_L32_NS;
         for (int64_t g = 0; g < q; g++) { /* groups g, g + q, ..: TN_L32_NS streams */
             const uint8_t *grp[4] = {NULL, NULL, NULL, NULL};

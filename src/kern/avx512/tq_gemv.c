@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kern/avx512/colcache.h"
 #include "kern/avx512/tq_kern.h"
 #include "kern/avx512/tq_plan.h"
 #include "kern/tq_list.inc"
@@ -202,7 +203,14 @@ TQ_INLINE void tq_gemv(const int B, const int G, const int ASYM, int64_t k, int6
     const int64_t k_tail = k - nsup * 512;
     _Alignas(64) uint8_t stackbuf[TQ_STACK];
     const size_t need = (size_t)nsup * tn_tq_xsup_bytes(Pl);
-    uint8_t *xs = need <= TQ_STACK ? stackbuf : aligned_alloc(64, (need + 63) & ~(size_t)63);
+    /* one column: this thread's last prepared column is reused when the type, k and the column's
+     * bytes match (colcache.h: the tail chunks of a one-token matmul, gate and up, bring the same
+     * column again) */
+    const size_t xbytes = (size_t)(k / 32) * sizeof(block_q8_0);
+    tn_colcache *C = n == 1 ? tn_colcache_get(TN_COLCACHE_TQ, xbytes, need) : NULL;
+    const uint64_t key = (uint64_t)k << 16 | (uint64_t)B << 10 | (uint64_t)G << 1 | (uint64_t)ASYM;
+    const bool have = C && tn_colcache_hit(C, key, x, xbytes);
+    uint8_t *xs = C ? C->buf : need <= TQ_STACK ? stackbuf : aligned_alloc(64, (need + 63) & ~(size_t)63);
     if (!xs) { /* no scratch: the per-block kernel */
         for (int64_t j = 0; j < n; j++)
             for (int64_t i = 0; i < m; i++)
@@ -224,7 +232,10 @@ TQ_INLINE void tq_gemv(const int B, const int G, const int ASYM, int64_t k, int6
     const int64_t h = (m + 1) / 2;
     for (int64_t j = 0; j < n; j++) {
         const uint8_t *xj = (const uint8_t *)x + (size_t)j * x_rb;
-        tn_tq_prep_x(Pl, xj, k, xs);
+        if (!have) {
+            tn_tq_prep_x(Pl, xj, k, xs);
+            if (C) tn_colcache_set(C, key, xj, xbytes);
+        }
         for (int64_t i = 0; i < h; i++) {
             const int64_t i2 = i + h;
             const uint8_t *rows[2] = {(const uint8_t *)w + (size_t)i * w_rb, (const uint8_t *)w + (size_t)i2 * w_rb};
@@ -242,7 +253,7 @@ TQ_INLINE void tq_gemv(const int B, const int G, const int ASYM, int64_t k, int6
             }
         }
     }
-    if (xs != stackbuf) free(xs);
+    if (!C && xs != stackbuf) free(xs);
 }
 
 #define TQ_PFX tq_gemv_k
