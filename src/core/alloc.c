@@ -5,6 +5,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "core/base.h"
 
@@ -63,6 +64,14 @@ void *tn_malloc_aligned(size_t n, size_t align) {
     void *p = NULL;
     if (align < sizeof(void *)) align = sizeof(void *);
     if (posix_memalign(&p, align, n ? TN_PAD(n, align) : align) != 0) return NULL;
+    return p;
+}
+
+void *tn_malloc_huge(size_t n) {
+    const size_t huge = (size_t)2 << 20;
+    void *p = tn_malloc_aligned(n, huge); /* padded to a multiple of 2 MiB */
+    const char *e = getenv("TERN_HUGEPAGES");
+    if (p && !(e && !strcmp(e, "0"))) (void)madvise(p, TN_PAD(n ? n : 1, huge), MADV_HUGEPAGE);
     return p;
 }
 

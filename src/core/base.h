@@ -50,6 +50,12 @@ void *tn_calloc(size_t count, size_t size);
 void *tn_realloc(void *p, size_t n);
 void tn_free(void *p);
 void *tn_malloc_aligned(size_t n, size_t align);
+/* n bytes (rounded up to 2 MiB) aligned to 2 MiB and madvised MADV_HUGEPAGE, so that memory a
+ * loop streams through (decode's weights, tern bench's read probe) sits in huge pages where the
+ * kernel allows (THP, also in its "madvise" mode): with 4 KiB pages every 4 KiB is a TLB miss and
+ * a new stream for the hardware prefetcher. TERN_HUGEPAGES=0 leaves the pages at 4 KiB (for
+ * comparison). Free with tn_free_aligned. */
+void *tn_malloc_huge(size_t n);
 void tn_free_aligned(void *p);
 char *tn_strdup(const char *s);
 char *tn_strndup(const char *s, size_t n);

@@ -7,9 +7,9 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <time.h>
 
+#include "core/base.h"
 #include "core/cpu.h"
 #include "kern/peak.h"
 
@@ -143,13 +143,11 @@ tn_read_probe *tn_read_probe_new(int threads, size_t bytes) {
     const size_t per = bytes / (size_t)threads / 4096 * 4096;
     if (per == 0) return NULL;
     tn_read_probe *p = malloc(sizeof *p);
-    const size_t huge = (size_t)2 << 20, total = (per * (size_t)threads + huge - 1) & ~(huge - 1);
-    uint8_t *buf = aligned_alloc(huge, total);
+    uint8_t *buf = tn_malloc_huge(per * (size_t)threads); /* pages as the model's weights get */
     if (!p || !buf) {
-        free(p), free(buf);
+        free(p), tn_free_aligned(buf);
         return NULL;
     }
-    (void)madvise(buf, total, MADV_HUGEPAGE); /* as the model's weights (tn_model_repack) */
     memset(buf, 1, per * (size_t)threads); /* fault the pages in before timing */
     *p = (tn_read_probe){threads, per, buf};
     return p;
@@ -161,7 +159,7 @@ double tn_read_probe_gbs(tn_read_probe *p) {
 }
 
 void tn_read_probe_free(tn_read_probe *p) {
-    if (p) free(p->buf);
+    if (p) tn_free_aligned(p->buf);
     free(p);
 }
 

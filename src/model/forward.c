@@ -51,14 +51,15 @@ static int32_t tn_attn_unit(const tn_hparams *hp, int32_t n, int nth) {
 
 #define TN_PF_MAX (384 << 10) /* bytes of the next matmul prefetched during attention: within L2 */
 
-/* One token: the start of thread ith's static share of w (m rows of k; tn_matmul_share_head), at
- * most TN_PF_MAX bytes — what the thread prefetches while it waits at the barrier before that
- * matmul (tn_pool_barrier_pf) or attends before Wo. */
+/* One token (own): the start of thread ith's static share of w (m rows of k;
+ * tn_matmul_share_head), at most TN_PF_MAX bytes — what the thread prefetches while it waits at
+ * the barrier before that matmul (tn_pool_barrier_pf) or attends before Wo. Batches: nothing. */
 typedef struct {
     const uint8_t *p;
     size_t n;
 } tn_span;
-static tn_span tn_share_span(const tn_tensor *w, int64_t m, int64_t k, int ith, int nth) {
+static tn_span tn_share_span(bool own, const tn_tensor *w, int64_t m, int64_t k, int ith, int nth) {
+    if (!own) return (tn_span){NULL, 0};
     int64_t w0, w1;
     tn_matmul_share_head(m, ith, nth, &w0, &w1);
     const size_t rb = tn_dtype_row_size(w->type, k);
@@ -162,7 +163,7 @@ static void tn_forward_task(void *vp, int ith, int nth) {
     /* embeddings: x[t] = tok_embd[toks[t]] ; rope table for the batch */
     for (int64_t t = t0; t < t1; t++) tn_tensor_get_row(&m->tok_embd, b->tok[t], c->x + t * d);
     for (int64_t t = t0; t < t1; t++) tn_op_rope_cache(hp, m->rope_freqs.data, b->pos[t], c->rope_cs + t * hp->n_rot);
-    const tn_span wq_pf = own && hp->n_layer > 0 ? tn_share_span(&m->layers[0].wq, d, d, ith, nth) : (tn_span){NULL, 0};
+    const tn_span wq_pf = hp->n_layer > 0 ? tn_share_span(own, &m->layers[0].wq, d, d, ith, nth) : (tn_span){NULL, 0};
     tn_pool_barrier_pf(pool, wq_pf.p, wq_pf.n);
 
     for (int32_t il = 0; il < hp->n_layer; il++) {
@@ -190,7 +191,7 @@ static void tn_forward_task(void *vp, int ith, int nth) {
         tn_mm(c, ith, nth, own, next + 2, L->wv.type, L->wv.data, kv_dim, d, xq, n, c->kv + kv_dim, 2 * kv_dim, NULL);
         /* one token: the start of this thread's share of Wo, prefetched while it waits here and
          * (the rest) while it attends — attention reads little memory */
-        const tn_span wo_pf = own ? tn_share_span(&L->wo, d, d, ith, nth) : (tn_span){NULL, 0};
+        const tn_span wo_pf = tn_share_span(own, &L->wo, d, d, ith, nth);
         tn_pool_barrier_pf(pool, wo_pf.p, wo_pf.n);
 
         /* attention over (token, query-head group) units */
@@ -220,13 +221,13 @@ static void tn_forward_task(void *vp, int ith, int nth) {
             tn_attend(c, ith, il, f->tables ? f->tables[b->seq[t]] : NULL, b->pos[t], c->q + (int64_t)t * d + (int64_t)h0 * hd,
                       h0, G, acc16, c->att + (int64_t)t * d + (int64_t)h0 * hd);
         }
-        tn_pool_barrier_pf(pool, wo_pf.p, wo_pf.n); /* lines the attention phase fetched hit L2 */
+        tn_pool_barrier_pf(pool, pf ? NULL : wo_pf.p, wo_pf.n); /* unless attending prefetched it */
 
         /* x += Wo att */
         if (c->observe && ith == 0) c->observe(c->observe_user, il, TN_OBS_ATTN_OUT, c->att, n, d);
         xq = tn_act(c, ith, nth, own, xq_own, L->wo.type, c->att, d, d, n);
         tn_mm(c, ith, nth, own, next + 3, L->wo.type, L->wo.data, d, d, xq, n, c->tmp, d, c->x);
-        const tn_span gate_pf = own ? tn_share_span(&L->w_gate, n_ff, d, ith, nth) : (tn_span){NULL, 0};
+        const tn_span gate_pf = tn_share_span(own, &L->w_gate, n_ff, d, ith, nth);
         tn_pool_barrier_pf(pool, gate_pf.p, gate_pf.n);
 
         /* ---- feed-forward block: x += Wdown (silu(Wgate xb) * Wup xb) ---- */
@@ -254,15 +255,14 @@ static void tn_forward_task(void *vp, int ith, int nth) {
             for (int32_t j = 0; j < n; j++)
                 kt->swiglu(c->hb + (int64_t)j * n_ff + r0, c->hb2 + (int64_t)j * n_ff + r0, r1 - r0);
         }
-        const tn_span down_pf = own ? tn_share_span(&L->w_down, d, n_ff, ith, nth) : (tn_span){NULL, 0};
+        const tn_span down_pf = tn_share_span(own, &L->w_down, d, n_ff, ith, nth);
         tn_pool_barrier_pf(pool, down_pf.p, down_pf.n);
         if (c->observe && ith == 0) c->observe(c->observe_user, il, TN_OBS_FFN_DOWN, c->hb, n, n_ff);
         xq = tn_act(c, ith, nth, own, xq_own, L->w_down.type, c->hb, n_ff, n_ff, n);
         tn_mm(c, ith, nth, own, next + 5, L->w_down.type, L->w_down.data, d, n_ff, xq, n, c->tmp, d, c->x);
         /* the next matmul: the next layer's Wq, or the output projection (if a logit is wanted) */
-        const tn_span next_pf = !own                      ? (tn_span){NULL, 0}
-                                : il + 1 < hp->n_layer ? tn_share_span(&m->layers[il + 1].wq, d, d, ith, nth)
-                                : f->n_out == 1        ? tn_share_span(&m->output, hp->n_vocab, d, ith, nth)
+        const tn_span next_pf = il + 1 < hp->n_layer ? tn_share_span(own, &m->layers[il + 1].wq, d, d, ith, nth)
+                                : f->n_out == 1        ? tn_share_span(own, &m->output, hp->n_vocab, d, ith, nth)
                                                        : (tn_span){NULL, 0};
         tn_pool_barrier_pf(pool, next_pf.p, next_pf.n);
         if (c->debug_layer && ith == 0) c->debug_layer(c->debug_user, il, c->x, n, d);

@@ -105,7 +105,7 @@ static int bench_model(const char *path, const bench_opts *o, const peaks *pk, b
     const int32_t nv = tern_model_n_vocab(m);
     const int64_t nmax = o->n_prompt > o->n_gen ? o->n_prompt : o->n_gen;
     tern_token *toks = malloc((size_t)(nmax + 1) * sizeof *toks);
-    double *tv = malloc((size_t)o->reps * sizeof *tv), *bw = calloc((size_t)o->reps + 1, sizeof *bw);
+    double *tv = malloc((size_t)o->reps * sizeof *tv), *bw = calloc((size_t)o->reps, sizeof *bw);
     /* no memory for the read passes: tokens/s without the tg roofline */
     tn_read_probe *probe = pk && o->n_gen > 0 ? tn_read_probe_new(cp.n_threads, BENCH_BW_NEAR_BYTES) : NULL;
     if (pk && o->n_gen > 0 && !probe)

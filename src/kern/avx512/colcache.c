@@ -33,16 +33,17 @@ tn_colcache *tn_colcache_get(int slot, size_t xbytes, size_t need) {
     }
     tn_colcache *c = &all[slot];
     if (c->cap_x < xbytes || c->cap_buf < need) {
+        const size_t cap_x = xbytes ? xbytes : 1, cap_buf = need ? (need + 63) & ~(size_t)63 : 64;
         free(c->x), free(c->buf);
-        c->key = 0, c->xbytes = 0, c->cap_x = c->cap_buf = 0;
-        c->x = malloc(xbytes ? xbytes : 1);
-        c->buf = aligned_alloc(64, (need + 63) & ~(size_t)63 ? (need + 63) & ~(size_t)63 : 64);
+        *c = (tn_colcache){0};
+        c->x = malloc(cap_x);
+        c->buf = aligned_alloc(64, cap_buf);
         if (!c->x || !c->buf) {
             free(c->x), free(c->buf);
-            c->x = c->buf = NULL;
+            *c = (tn_colcache){0};
             return NULL;
         }
-        c->cap_x = xbytes, c->cap_buf = (need + 63) & ~(size_t)63;
+        c->cap_x = cap_x, c->cap_buf = cap_buf;
     }
     return c;
 }

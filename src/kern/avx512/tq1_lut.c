@@ -46,12 +46,7 @@
 #include "quant/tq.h"
 
 #define TN_L32_STACK 32768 /* tables + scales on the stack up to this size, else the heap */
-#ifndef TN_L32_NS
 #define TN_L32_NS 4            /* groups (streams) per pass over the tables                */
-#endif
-#if TN_L32_NS < 1 || TN_L32_NS > 4
-#error "TN_L32_NS: 1 .. 4 groups per pass"
-#endif
 #ifndef TN_L32_HINT
 #define TN_L32_HINT _MM_HINT_T2 /* prefetch to L2: the tables keep L1                         */
 #endif
@@ -164,9 +159,7 @@ static inline __attribute__((always_inline)) void tn_l32_groups(const int G, con
         __m512 tE[4], tO[4];
         for (int g = 0; g < NG; g++) {
             const uint8_t *ch = grp[g] + (size_t)b * cb;
-#ifndef TN_L32_NOPF
             for (int c = 0; c < (int)(cb / 64); c++) _mm_prefetch((const char *)ch + TN_L32_PF + 64 * c, TN_L32_HINT);
-#endif
             tE[g] = tO[g] = _mm512_setzero_ps();
         }
         for (int s = 0; s < S; s++) {
