@@ -55,6 +55,20 @@ TQ_INLINE __m512i tq_fold(const int L, const __m512i *a) {
     return _mm512_add_epi32(_mm512_shuffle_i32x4(v0, v1, 0x88), _mm512_shuffle_i32x4(v0, v1, 0xDD));
 }
 
+/* TQ_PAIR sub-steps: 32 bytes at p and at p + bb (the two blocks' plane 0), one per half. */
+TQ_INLINE __m512i tq_pair256(const uint8_t *p, int bb) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p)),
+                              _mm256_loadu_si256((const __m256i *)(p + bb)), 1);
+}
+
+/* TQ_PAIR sub-steps: the 8-byte 1-bit plane of each block in every qword of its half. */
+TQ_INLINE __m512i tq_pair64(const uint8_t *p, int bb) {
+    long long a, b;
+    memcpy(&a, p, 8);
+    memcpy(&b, p + bb, 8);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi64x(a)), _mm256_set1_epi64x(b), 1);
+}
+
 /* The raw plane sources of sub-step q of the super-step at row pointer p (plane 0: P, narrower
  * planes: S1, S2 with each chunk's plane in every qword of its lanes); headers merged into H. */
 TQ_INLINE void tq_fetch(const int B, const int G, const int ASYM, const tn_tq_plan *Pl, const tq_cv *cv, int q,
@@ -67,13 +81,15 @@ TQ_INLINE void tq_fetch(const int B, const int G, const int ASYM, const tn_tq_pl
         const uint8_t *wp = p + (size_t)q * WIN;
         const __m512i A = _mm512_maskz_loadu_epi8(Pl->mA, wp);
         const __m512i Bw = WIN > 64 ? _mm512_maskz_loadu_epi8(Pl->mB, wp + 64) : A;
-        *P = _mm512_permutex2var_epi8(A, cv->ip, Bw);
+        const int PAIR = TQ_PAIR(B, G); /* NBS == 2 */
+        if (PAIR) *P = tq_pair256(wp + Pl->off[0], BB);
+        else *P = _mm512_permutex2var_epi8(A, cv->ip, Bw);
         /* only the header bytes: the other halves of H stay 0 (they meet 0 in MXD, never NaN) */
         if (HDRA) *Akeep = A; /* headers of two sub-steps at a time, by tq_headers */
         else if (L == 1) *H = _mm512_maskz_permutex2var_epi8(Pl->hmask[0], A, cv->ih, Bw);
         else *H = _mm512_mask_mov_epi8(*H, Pl->hmask[q], _mm512_permutex2var_epi8(A, cv->ih, Bw));
-        if (NP > 1) *S1 = _mm512_permutex2var_epi8(A, cv->is1, Bw);
-        if (NP > 2) *S2 = _mm512_permutex2var_epi8(A, cv->is2, Bw);
+        if (NP > 1) *S1 = PAIR && TQ_W1(B) == 1 ? tq_pair64(wp + Pl->off[1], BB) : _mm512_permutex2var_epi8(A, cv->is1, Bw);
+        if (NP > 2) *S2 = PAIR && TQ_W2(B) == 1 ? tq_pair64(wp + Pl->off[2], BB) : _mm512_permutex2var_epi8(A, cv->is2, Bw);
     } else {
         const int NBS = CPB / NC, b = q / NBS, ss = q % NBS;
         const uint8_t *bp = p + (size_t)b * BB;
@@ -224,9 +240,10 @@ TQ_INLINE void tq_gemv(const int B, const int G, const int ASYM, int64_t k, int6
     cv.is1 = _mm512_loadu_si512(Pl->is[1]);
     cv.is2 = _mm512_loadu_si512(Pl->is[2]);
     cv.didx = _mm512_loadu_si512(Pl->didx);
+    const int PAIR = TQ_PAIR(B, G);
     for (int j = 0; j < J; j++) {
-        if (NP > 1) cv.ms1[j] = _mm512_loadu_si512(Pl->ms[1][j]);
-        if (NP > 2) cv.ms2[j] = _mm512_loadu_si512(Pl->ms[2][j]);
+        if (NP > 1) cv.ms1[j] = _mm512_loadu_si512(PAIR && TQ_W1(B) == 1 ? Pl->msq[1][j] : Pl->ms[1][j]);
+        if (NP > 2) cv.ms2[j] = _mm512_loadu_si512(PAIR && TQ_W2(B) == 1 ? Pl->msq[2][j] : Pl->ms[2][j]);
     }
     const size_t pf = w_rb * ((TQ_PF_MIN + w_rb - 1) / w_rb);
     const int64_t h = (m + 1) / 2;

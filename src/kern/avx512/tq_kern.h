@@ -18,6 +18,9 @@
     (TQ_W0(b) >= 2 && 16 / TQ_W0(b) > (g) / 32 &&                                                                  \
      (16 / TQ_W0(b) / ((g) / 32) - 1) * ((a) ? 4 : 2) + (16 / TQ_W0(b) / ((g) / 32) - 1) * ((g) * (b) / 8) +          \
              ((a) ? 4 : 2) <= 64)
+/* Window sub-steps of exactly two 64-code blocks with 4-bit plane 0 (tq_plan.h): plane 0 by two
+ * 32-byte loads, 1-bit planes by two 8-byte broadcasts, instead of window permutes. */
+#define TQ_PAIR(b, g) ((g) == 64 && TQ_W0(b) == 4)
 /* Type index (dtype - TN_DTYPE_TERN_BASE) of tq<b>g<g>[a] as a constant expression. */
 #define TQ_INDEX(b, g, a) (((b) - 1) * 8 + ((g) == 32 ? 0 : (g) == 64 ? 1 : (g) == 128 ? 2 : 3) * 2 + (a))
 #define TQ_INLINE static inline __attribute__((always_inline))
