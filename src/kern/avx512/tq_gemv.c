@@ -10,7 +10,7 @@
  * exact chunk sums, the fp16 block headers converted once, and one FMA applies d_w * d_x (one
  * more the asymmetric offset). Two rows go through together so every activation register
  * loaded serves both — rows i and i + m/2, two separate sequential streams with every line
- * software-prefetched ~2 KiB ahead (adjacent rows interleaved streamed at half the DRAM rate on
+ * software-prefetched ~4 KiB ahead into L2 (adjacent rows interleaved streamed at half the DRAM rate on
  * Zen 4: 38% vs ~80% of a plain read, one thread). The activation row is rearranged once per
  * call (tn_tq_prep_x). Integer
  * sums per chunk are exact as in the reference; only the order of the float additions differs.
@@ -31,7 +31,7 @@
 #pragma GCC target("gfni") /* GF2P8AFFINEQB: used only when the CPU has it (tq.c checks) */
 
 #define TQ_STACK 24576 /* activation scratch on the stack up to this size, else the heap */
-#define TQ_PF_MIN 2048 /* software prefetch: at least this far ahead in the matrix (bytes) */
+#define TQ_PF_MIN 4096 /* software prefetch: at least this far ahead in the matrix (bytes) */
 
 /* Per-call constants in registers: permutes and multishift controls of the plan. */
 typedef struct {
@@ -178,9 +178,11 @@ TQ_INLINE void tq_rows(const int B, const int G, const int ASYM, const int R, co
     __m512 accD[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}, accM[2] = {accD[0], accD[0]};
     for (int64_t s = 0; s < nsup; s++, xs += XS) {
         /* every line of this super-step's bytes pf ahead (the same place in a later row of the
-         * same stream): far enough to cover the memory latency at decode's instruction mix */
+         * same stream) into L2 (prefetcht2): far enough to cover the memory latency at decode's
+         * instruction mix. Paired A/B on the tq4 / tq5 1B models: 4 KiB + prefetcht2 +1 to +15%
+         * t/s over 2 KiB + prefetcht0 (most at high bandwidth); 2, 6, 8 KiB or prefetcht1 no better */
         for (int r = 0; r < R; r++)
-            for (int c = 0; c < (SUPB + 63) / 64; c++) _mm_prefetch((const char *)rows[r] + (size_t)s * SUPB + pf + 64 * c, _MM_HINT_T0);
+            for (int c = 0; c < (SUPB + 63) / 64; c++) _mm_prefetch((const char *)rows[r] + (size_t)s * SUPB + pf + 64 * c, _MM_HINT_T2);
         __m512i acc[2][8], H[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()}, Ak[2][8];
         for (int q = 0; q < L; q++) {
             __m512i P[2], S1[2] = {H[0], H[0]}, S2[2] = {H[0], H[0]};
