@@ -161,33 +161,165 @@ void tn_unpack_row_l32(tn_dtype it, const void *w, int64_t k, int64_t i, void *r
         tn_l32_get_block(c0 + (size_t)c * cb, (int)(i % TN_L32_ROWS), p.group, p.asym, (uint8_t *)row + (size_t)c * bb);
 }
 
+/* ---- c16: one lane per chunk (repack.h) ---- */
+
+tn_dtype tn_c16_type_of(tn_dtype t) {
+    if (!tn_tq_is(t)) return (tn_dtype)0;
+    tn_tq_params p;
+    tn_tq_params_of(t, &p);
+    return p.bits >= 2 ? (tn_dtype)(TN_DTYPE_C16_BASE + (t - TN_DTYPE_TERN_BASE)) : (tn_dtype)0;
+}
+
+tn_dtype tn_c16_file_type(tn_dtype t) {
+    if (t < TN_DTYPE_C16_BASE || t >= TN_DTYPE_C16_BASE + TN_DTYPE_TQ_COUNT) return (tn_dtype)0;
+    const tn_dtype ft = (tn_dtype)(TN_DTYPE_TERN_BASE + (t - TN_DTYPE_C16_BASE));
+    return tn_c16_type_of(ft) ? ft : (tn_dtype)0;
+}
+
+/* The super-step geometry of tq type p: header bytes per block and in all, block and super-step
+ * bytes, the planes (widths, low bit first). */
+typedef struct {
+    int hs, nb, hb, w[4];
+    size_t bb, sb;
+} tn_c16_geo;
+
+static tn_c16_geo tn_c16_geo_of(const tn_tq_params *p) {
+    tn_c16_geo g;
+    tn_tq_planes(p->bits, g.w);
+    g.hs = p->asym ? 4 : 2;
+    g.nb = 512 / p->group;
+    g.hb = g.nb * g.hs;
+    g.bb = tn_tq_block_bytes(p);
+    g.sb = (size_t)g.nb * g.bb;
+    return g;
+}
+
+/* Where the plane-p value of code 4r + i of chunk c lives in a c16 super-step's planes (repack.h):
+ * byte offset from the first plane vector (byte 4c + i of vector r / (8 / w) of the plane), and
+ * bit shift inside that byte (field r % (8 / w)). */
+static void tn_c16_at(const tn_c16_geo *g, int p, int r, int c, int i, size_t *byte, int *shift) {
+    int base = 0; /* plane p's first vector */
+    for (int q = 0; q < p; q++) base += g->w[q];
+    const int w = g->w[p];
+    *byte = (size_t)(64 * (base + r / (8 / w)) + 4 * c + i);
+    *shift = w * (r % (8 / w));
+}
+
+/* One super-step: file blocks (src) -> c16 bytes (dst). */
+static void tn_c16_put(const tn_tq_params *p, const tn_c16_geo *g, const uint8_t *src, uint8_t *dst) {
+    uint8_t q[512];
+    for (int b = 0; b < g->nb; b++) {
+        float d, m;
+        tn_tq_unpack_block(p, src + (size_t)b * g->bb, q + b * p->group, &d, &m);
+        memcpy(dst + b * g->hs, src + (size_t)b * g->bb, (size_t)g->hs); /* d [m] as stored */
+    }
+    uint8_t *o = dst + g->hb;
+    memset(o, 0, (size_t)64 * (size_t)p->bits);
+    for (int r = 0; r < 8; r++)
+        for (int c = 0; c < 16; c++)
+            for (int i = 0; i < 4; i++)
+                for (int pl = 0, sh = 0; g->w[pl]; sh += g->w[pl], pl++) {
+                    size_t at;
+                    int shift;
+                    tn_c16_at(g, pl, r, c, i, &at, &shift);
+                    o[at] |= (uint8_t)(((q[32 * c + 4 * r + i] >> sh) & ((1 << g->w[pl]) - 1)) << shift);
+                }
+}
+
+/* One super-step: c16 bytes (src) -> file blocks (dst). */
+static void tn_c16_get(const tn_tq_params *p, const tn_c16_geo *g, const uint8_t *src, uint8_t *dst) {
+    uint8_t q[512];
+    const uint8_t *o = src + g->hb;
+    for (int r = 0; r < 8; r++)
+        for (int c = 0; c < 16; c++)
+            for (int i = 0; i < 4; i++) {
+                int code = 0;
+                for (int pl = 0, sh = 0; g->w[pl]; sh += g->w[pl], pl++) {
+                    size_t at;
+                    int shift;
+                    tn_c16_at(g, pl, r, c, i, &at, &shift);
+                    code |= ((o[at] >> shift) & ((1 << g->w[pl]) - 1)) << sh;
+                }
+                q[32 * c + 4 * r + i] = (uint8_t)code;
+            }
+    for (int b = 0; b < g->nb; b++) {
+        uint16_t h[2] = {0, 0};
+        memcpy(h, src + b * g->hs, (size_t)g->hs);
+        tn_tq_pack_block(p, q + b * p->group, h[0], h[1], dst + (size_t)b * g->bb);
+    }
+}
+
+void tn_repack_c16(tn_dtype ft, const void *src, void *dst, int64_t m, int64_t k) {
+    tn_tq_params p;
+    tn_tq_params_of(ft, &p);
+    const tn_c16_geo g = tn_c16_geo_of(&p);
+    const size_t rb = tn_dtype_row_size(ft, k);
+    const int64_t ns = k / 512;
+    for (int64_t i = 0; i < m; i++) {
+        const uint8_t *s = (const uint8_t *)src + (size_t)i * rb;
+        uint8_t *d = (uint8_t *)dst + (size_t)i * rb;
+        for (int64_t u = 0; u < ns; u++) tn_c16_put(&p, &g, s + (size_t)u * g.sb, d + (size_t)u * g.sb);
+        memcpy(d + (size_t)ns * g.sb, s + (size_t)ns * g.sb, rb - (size_t)ns * g.sb); /* the tail blocks */
+    }
+}
+
+void tn_unpack_row_c16(tn_dtype it, const void *row_c16, int64_t k, void *row) {
+    tn_tq_params p;
+    tn_tq_params_of(tn_c16_file_type(it), &p);
+    const tn_c16_geo g = tn_c16_geo_of(&p);
+    const size_t rb = tn_dtype_row_size(it, k);
+    const int64_t ns = k / 512;
+    for (int64_t u = 0; u < ns; u++) tn_c16_get(&p, &g, (const uint8_t *)row_c16 + (size_t)u * g.sb, (uint8_t *)row + (size_t)u * g.sb);
+    memcpy((uint8_t *)row + (size_t)ns * g.sb, (const uint8_t *)row_c16 + (size_t)ns * g.sb, rb - (size_t)ns * g.sb);
+}
+
 /* ---- every load-time layout ---- */
 
 tn_dtype tn_repack_type_of(tn_dtype t) {
-    const tn_dtype r = tn_r16_type_of(t);
-    return r ? r : tn_l32_type_of(t);
+    tn_dtype r = tn_r16_type_of(t);
+    if (!r) r = tn_l32_type_of(t);
+    return r ? r : tn_c16_type_of(t);
 }
 
 tn_dtype tn_repack_file_type(tn_dtype it) {
-    const tn_dtype r = tn_r16_file_type(it);
-    return r ? r : tn_l32_file_type(it);
+    tn_dtype r = tn_r16_file_type(it);
+    if (!r) r = tn_l32_file_type(it);
+    return r ? r : tn_c16_file_type(it);
 }
 
-int tn_repack_rows(tn_dtype it) { return tn_r16_file_type(it) ? TN_R16_ROWS : tn_l32_file_type(it) ? TN_L32_ROWS : 0; }
+int tn_repack_rows(tn_dtype it) {
+    return tn_r16_file_type(it) ? TN_R16_ROWS : tn_l32_file_type(it) ? TN_L32_ROWS : tn_c16_file_type(it) ? 1 : 0;
+}
 
 void tn_repack(tn_dtype ft, const void *src, void *dst, int64_t m, int64_t k) {
     if (tn_r16_type_of(ft)) tn_repack_r16(ft, src, dst, m, k);
-    else tn_repack_l32(ft, src, dst, m, k);
+    else if (tn_l32_type_of(ft)) tn_repack_l32(ft, src, dst, m, k);
+    else tn_repack_c16(ft, src, dst, m, k);
 }
 
 void tn_unpack_row(tn_dtype it, const void *w, int64_t k, int64_t i, void *row) {
     if (tn_r16_file_type(it)) tn_unpack_row_r16(it, w, k, i, row);
-    else tn_unpack_row_l32(it, w, k, i, row);
+    else if (tn_l32_file_type(it)) tn_unpack_row_l32(it, w, k, i, row);
+    else tn_unpack_row_c16(it, (const uint8_t *)w + (size_t)i * tn_dtype_row_size(it, k), k, row);
 }
 
 void tn_dequantize_row_repacked(tn_dtype it, const void *w, int64_t k, int64_t i, float *out) {
     if (tn_r16_file_type(it)) {
         tn_dequantize_row_r16(it, w, k, i, out);
+        return;
+    }
+    if (tn_c16_file_type(it)) { /* the row back in the file's bytes, then the file type's dequantizer */
+        tn_tq_params p;
+        tn_tq_params_of(tn_c16_file_type(it), &p);
+        const tn_c16_geo g = tn_c16_geo_of(&p);
+        const uint8_t *row = (const uint8_t *)w + (size_t)i * tn_dtype_row_size(it, k);
+        uint8_t blk[4 * 260]; /* one super-step of the largest block (tq8g256a: 2 x 260 bytes) */
+        int64_t done = 0;
+        for (; done + 512 <= k; done += 512, row += g.sb) {
+            tn_c16_get(&p, &g, row, blk);
+            tn_tq_dequantize_row(&p, blk, out + done, 512);
+        }
+        if (done < k) tn_tq_dequantize_row(&p, row, out + done, k - done);
         return;
     }
     tn_tq_params p;

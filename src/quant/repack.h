@@ -75,12 +75,40 @@ void tn_unpack_block_l32(tn_dtype it, const void *chunk, int r, void *blk);
 /* Row i of an l32 matrix back in its file type's bytes. */
 void tn_unpack_row_l32(tn_dtype it, const void *w, int64_t k, int64_t i, void *row);
 
-/* ---- every load-time layout (r16 and l32) ---- */
-/* The layout file type t moves to (tn_r16_type_of, then tn_l32_type_of), or 0. */
+/* *_c16: tq rows of b = 2..8 bits (any G, symmetric or asymmetric) with each whole super-step of
+ * 512 codes (16 chunks of 32, 512 / G blocks) rearranged so that the decode kernels load it as it
+ * is (src/kern/avx512/tq_gemm.c): register r (0..7) of a super-step holds, on dword lane c,
+ * codes 4r .. 4r + 3 of chunk c — one lane per chunk, as the prefill kernel's unpacked rows. A
+ * super-step of the file's bytes (same size) becomes
+ *
+ *   bytes 0 .. HB - 1       the blocks' headers as in the file (d [m] fp16 per block, block order)
+ *   then the planes (widths w0 >= w1 >= w2, low bits first, quant/tq.h), each w 64-byte vectors:
+ *                           byte 4c + i of vector v of the plane holds, in field f (bits w f ..
+ *                           w f + w - 1), the plane's bits of code 4r + i of chunk c, for
+ *                           register r = v (8 / w) + f
+ *
+ * so register r is, per plane, one field of one vector moved into the code's bit position (an AND
+ * for plane 0's field 0, else one GF2P8AFFINEQB), ORed together — no permutes and no folding of
+ * lanes (fields beat 64-bit masks with masked byte adds: 1.33-1.83x vs 1.26-1.75x the file
+ * layout's kernel for b = 3, 5, and 0.73x for b = 7). The blocks after the last whole
+ * super-step stay in the file's bytes; rows keep their size, so the layout is per row
+ * (tn_repack_rows = 1). */
+
+/* The c16 layout of file type t (tq<b>g<G>[a], b = 2..8), or 0. */
+tn_dtype tn_c16_type_of(tn_dtype t);
+/* The file type of a c16 type (0 if t is not one). */
+tn_dtype tn_c16_file_type(tn_dtype t);
+/* dst (m rows of k codes) = src (file type ft) in the c16 layout; no overlap. */
+void tn_repack_c16(tn_dtype ft, const void *src, void *dst, int64_t m, int64_t k);
+/* One row of a c16 matrix (type it) back in its file type's bytes. */
+void tn_unpack_row_c16(tn_dtype it, const void *row_c16, int64_t k, void *row);
+
+/* ---- every load-time layout (r16, l32 and c16) ---- */
+/* The layout file type t moves to (tn_r16_type_of, then tn_l32_type_of, then tn_c16_type_of), or 0. */
 tn_dtype tn_repack_type_of(tn_dtype t);
 /* The file type of layout it, or 0 if it is not a load-time layout. */
 tn_dtype tn_repack_file_type(tn_dtype it);
-/* Rows per interleaved group of layout it (16 or 32; 0 if it is not one). */
+/* Rows per interleaved group of layout it (16, 32, or 1 for c16; 0 if it is not one). */
 int tn_repack_rows(tn_dtype it);
 /* dst = src (file type ft, m rows, a multiple of tn_repack_rows) in layout tn_repack_type_of(ft). */
 void tn_repack(tn_dtype ft, const void *src, void *dst, int64_t m, int64_t k);

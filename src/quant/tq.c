@@ -76,7 +76,7 @@ static void unpack_chunk(int w, const uint8_t *in, uint8_t *v) {
     }
 }
 
-static void pack_block(const tn_tq_params *p, const uint8_t *q, uint16_t d, uint16_t m, uint8_t *blk) {
+void tn_tq_pack_block(const tn_tq_params *p, const uint8_t *q, uint16_t d, uint16_t m, uint8_t *blk) {
     memcpy(blk, &d, 2);
     uint8_t *o = blk + 2;
     if (p->asym) memcpy(o, &m, 2), o += 2;
@@ -233,7 +233,7 @@ static void quantize_group(const tn_tq_params *p, const float *x, const float *i
     } else {
         fit_err(x, wt, n, nmax, d, m, q);
     }
-    pack_block(p, q, dh, mh, blk);
+    tn_tq_pack_block(p, q, dh, mh, blk);
 }
 
 void tn_tq_quantize_row(const tn_tq_params *p, const float *x, void *y, int64_t k, const float *imatrix) {

@@ -63,6 +63,8 @@ void tn_tq_quantize_row(const tn_tq_params *p, const float *x, void *y, int64_t 
 void tn_tq_dequantize_row(const tn_tq_params *p, const void *x, float *y, int64_t k);
 /* Unpacks the codes of one block into q[G] (0 .. 2^b - 1); returns d and m (sym: m = -d*(2^b-1)/2). */
 void tn_tq_unpack_block(const tn_tq_params *p, const uint8_t *blk, uint8_t *q, float *d, float *m);
+/* One block from its codes q[G] and the raw fp16 bits of d and m (m ignored when symmetric). */
+void tn_tq_pack_block(const tn_tq_params *p, const uint8_t *q, uint16_t d, uint16_t m, uint8_t *blk);
 /* Reference fused dequant-dot against q8_0 activations: per 32-code chunk
  *   da * (d * sum(q * qa) + m * sum(qa))   (sym: da * d * (2 sum(q qa) - (2^b-1) sum(qa)) / 2)
  * summed in element order. */

@@ -6,6 +6,7 @@
 
 #include "quant/blocks.h"
 #include "tensor/dtype.h"
+#include "kern/tq_list.inc" /* the tq types, for their *_c16 layouts */
 
 static const tn_dtype_traits tn_traits[TN_DTYPE_GGML_COUNT] = {
     [TN_F32] = {"f32", 1, 4, false, true, TN_F32},
@@ -128,6 +129,13 @@ static const tn_dtype_traits tn_traits_internal[TN_DTYPE_SLOT_COUNT - TN_DTYPE_I
     {"tq1g128a_l32", 128, 20, true, true, TN_Q8_0},
     {"tq1g256_l32", 256, 34, true, true, TN_Q8_0},
     {"tq1g256a_l32", 256, 36, true, true, TN_Q8_0},
+#define TN_C16_SFX_0 ""
+#define TN_C16_SFX_1 "a"
+#define TN_C16_TRAITS(b, g, a) {"tq" #b "g" #g TN_C16_SFX_##a "_c16", g, (a ? 4 : 2) + g * b / 8, true, b > 1, TN_Q8_0},
+    TN_TQ_LIST(TN_C16_TRAITS)
+#undef TN_C16_TRAITS
+#undef TN_C16_SFX_0
+#undef TN_C16_SFX_1
 };
 
 const tn_dtype_traits *tn_dtype_get(uint32_t t) {

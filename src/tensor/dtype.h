@@ -50,7 +50,10 @@ typedef enum tn_dtype {
     TN_TQ1G128A_L32,
     TN_TQ1G256_L32,
     TN_TQ1G256A_L32,
-    TN_DTYPE_SLOT_COUNT, /* ids a kernel slot exists for */
+    TN_DTYPE_C16_BASE, /* tq<b>g<G>[a]_c16, b = 2..8: the tq ids' order (index = tq id - 1024; the
+                        * b = 1 ids are unused) — rows with each 512-code super-step rearranged for
+                        * the decode kernels (src/quant/repack.h) */
+    TN_DTYPE_SLOT_COUNT = TN_DTYPE_C16_BASE + TN_DTYPE_TQ_COUNT, /* ids a kernel slot exists for */
 } tn_dtype;
 
 typedef struct tn_dtype_traits {

@@ -32,6 +32,7 @@
 #include "kern/kern.h"
 #include "quant/blocks.h"
 #include "quant/quant.h"
+#include "quant/repack.h"
 #include "quant/tq.h"
 
 static uint64_t rng_state = 0x243F6A8885A308D3ull;
@@ -97,16 +98,23 @@ static int checks, exact_checks;
 
 /* The AVX-512 kernel against the scalar reference on given rows w and columns x (exact: the
  * bit-exact data of make_row / make_x, no tolerance). */
+/* When opt_w is set, the optimized side computes type opt_type on those bytes (same stride) with
+ * opt_table (default: the avx512 table) instead of type t on w: a load-time layout of the rows. */
+static const tn_kern_table *opt_table;
+static uint32_t opt_type;
+static const uint8_t *opt_w;
+
 static void compare(uint32_t t, int64_t k, int64_t m, int64_t n, int exact, const uint8_t *w, size_t w_rb,
                     const uint8_t *x, size_t x_rb) {
     tn_tq_params p;
     tn_tq_params_of(t, &p);
-    const tn_kern_table *ref = tn_kern_at(TN_ISA_SCALAR), *opt = tn_kern_at(TN_ISA_AVX512);
+    const tn_kern_table *ref = tn_kern_at(TN_ISA_SCALAR), *opt = opt_table ? opt_table : tn_kern_at(TN_ISA_AVX512);
     const int64_t ldy = m + 3;
     float *yr = malloc((size_t)(ldy * n) * sizeof(float)), *yo = malloc((size_t)(ldy * n) * sizeof(float));
     for (int64_t i = 0; i < ldy * n; i++) yr[i] = yo[i] = -12345.0f;
     ref->slot[t].gemm(k, m, n, w, w_rb, x, x_rb, yr, ldy);
-    opt->slot[t].gemm(k, m, n, w, w_rb, x, x_rb, yo, ldy);
+    if (opt_w) opt->slot[opt_type].gemm(k, m, n, opt_w, w_rb, x, x_rb, yo, ldy);
+    else opt->slot[t].gemm(k, m, n, w, w_rb, x, x_rb, yo, ldy);
     for (int64_t j = 0; j < n; j++)
         for (int64_t i = 0; i < ldy; i++) {
             const float r = yr[j * ldy + i], o = yo[j * ldy + i];
@@ -128,6 +136,8 @@ static void compare(uint32_t t, int64_t k, int64_t m, int64_t n, int exact, cons
     free(yr), free(yo);
 }
 
+static int c16_mode; /* check(): through the c16 layout (b >= 2) */
+
 static void check(uint32_t t, int64_t k, int64_t m, int64_t n, int exact) {
     tn_tq_params p;
     tn_tq_params_of(t, &p);
@@ -135,7 +145,26 @@ static void check(uint32_t t, int64_t k, int64_t m, int64_t n, int exact) {
     uint8_t *w = calloc((size_t)m, w_rb), *x = calloc((size_t)n, x_rb);
     for (int64_t i = 0; i < m; i++) make_row(&p, k, w + (size_t)i * w_rb, exact);
     for (int64_t j = 0; j < n; j++) make_x(k, (block_q8_0 *)(x + (size_t)j * x_rb), exact);
-    compare(t, k, m, n, exact, w, w_rb, x, x_rb);
+    const tn_dtype ct = c16_mode ? tn_c16_type_of((tn_dtype)t) : (tn_dtype)0;
+    if (ct) { /* the rows in the c16 layout: back to the same bytes, then avx512 and scalar c16 kernels */
+        uint8_t *wc = calloc((size_t)m, w_rb), *back = malloc(w_rb);
+        for (int64_t i = 0; i < m; i++) {
+            tn_repack_c16((tn_dtype)t, w + (size_t)i * w_rb, wc + (size_t)i * w_rb, 1, k);
+            tn_unpack_row_c16(ct, wc + (size_t)i * w_rb, k, back);
+            if (memcmp(back, w + (size_t)i * w_rb, w_rb - 5))
+                fail_msg("%s k=%lld: row %lld does not come back from the c16 layout", tn_dtype_name(t), (long long)k, (long long)i);
+            if (k >= 512 && !memcmp(wc + (size_t)i * w_rb, w + (size_t)i * w_rb, 64))
+                fail_msg("%s k=%lld: the c16 layout left the first super-step as it was", tn_dtype_name(t), (long long)k);
+        }
+        opt_type = ct, opt_w = wc;
+        compare(t, k, m, n, exact, w, w_rb, x, x_rb);
+        opt_table = tn_kern_at(TN_ISA_SCALAR);
+        compare(t, k, m, n, exact, w, w_rb, x, x_rb);
+        opt_table = NULL, opt_w = NULL;
+        free(wc), free(back);
+    } else {
+        compare(t, k, m, n, exact, w, w_rb, x, x_rb);
+    }
     free(w), free(x);
 }
 
@@ -179,6 +208,33 @@ static void test_prefill_parity(void **state) {
         }
     }
     printf("tq prefill parity: %d checks (%d bit-exact)\n", checks, exact_checks);
+}
+
+/* The load-time c16 layout (quant/repack.h) of every b >= 2 type: each row repacked must come back
+ * byte for byte, and the avx512 c16 kernels (decode: one lane per chunk; prefill: the c16 row
+ * unpacking) and the scalar c16 reference on the repacked rows must match the file type's scalar
+ * reference on the original rows — bit for bit on exact data — at every size of the decode and
+ * prefill tests. */
+static void test_c16_parity(void **state) {
+    (void)state;
+    if (!have_avx512()) return;
+    if (!__builtin_cpu_supports("gfni")) {
+        printf("no gfni: c16 kernels not installed\n");
+        return;
+    }
+    c16_mode = 1;
+    checks = exact_checks = 0;
+    run_sizes(1);
+    static const int64_t ns[] = {2, 5};
+    for (size_t ni = 0; ni < 2; ni++)
+        for (uint32_t t = TN_DTYPE_TERN_BASE + 8; t < TN_DTYPE_TERN_BASE + TN_TQ_COUNT; t++) {
+            tn_tq_params p;
+            tn_tq_params_of(t, &p);
+            check(t, 17 * p.group, 7, ns[ni], 1);
+            check(t, 2048 + 3 * p.group, 5, ns[ni], (int)ni);
+        }
+    c16_mode = 0;
+    printf("tq c16 parity: %d checks (%d bit-exact)\n", checks, exact_checks);
 }
 
 /* One column: the kernel keeps each thread's last prepared column (colcache.h) and reuses it for
@@ -227,6 +283,7 @@ int main(void) {
         cmocka_unit_test(test_decode_parity),
         cmocka_unit_test(test_prefill_parity),
         cmocka_unit_test(test_decode_column_cache),
+        cmocka_unit_test(test_c16_parity),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

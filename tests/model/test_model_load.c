@@ -19,6 +19,8 @@
 #include "fmt/gguf.h"
 #include "kern/kern.h"
 #include "model/model.h"
+#include "quant/repack.h"
+#include "quant/tq.h"
 #include "tern/tern.h"
 
 static char base_path[512];
@@ -151,17 +153,21 @@ static float *decode_logits(tern_model *m, const tern_token *toks, int n, int nv
     return l;
 }
 
-/* q4_0 model loaded three ways: mapped + repack, read + repack (in place), mapped, no repack */
-static void test_repack_load_modes(void **state) {
-    (void)state;
+/* A model of type wt loaded three ways: mapped + repack, read + repack (in place), mapped, no
+ * repack: the matrices in wt's load-time layout (when the SIMD kernels exist), every row reading
+ * back as the file's, and the logits of the three within float rounding */
+static void repack_load_modes(tn_dtype wt, int64_t n_embd) {
     tiny_cfg cfg;
     tiny_cfg_default(&cfg);
-    cfg.wtype = TN_Q4_0;
-    cfg.out_type = TN_Q4_0; /* an untied q4_0 output is repacked too */
+    cfg.wtype = wt;
+    cfg.out_type = wt; /* an untied output is repacked too */
+    cfg.n_embd = n_embd, cfg.n_ff = 2 * n_embd;
     char path[512];
     tiny_tmp_path(path, sizeof path, "repack");
     assert_int_equal(tiny_model_write(path, &cfg), TERN_OK);
-    const bool simd = tn_kern()->slot[TN_Q4_0_R16].gemm_isa >= TN_ISA_AVX512;
+    const tn_dtype lt = tn_repack_type_of(wt);
+    assert_true(lt != 0);
+    const bool simd = tn_kern()->slot[lt].gemm_isa >= TN_ISA_AVX512;
     tern_model *m[3] = {NULL};
     float *logits[3];
     const int nv = (int)cfg.n_vocab;
@@ -173,11 +179,11 @@ static void test_repack_load_modes(void **state) {
         mp.use_mmap = v != 1;
         mp.repack = v != 2;
         assert_int_equal(tern_model_load(path, &mp, &m[v]), TERN_OK);
-        const tn_dtype want = v != 2 && simd ? TN_Q4_0_R16 : TN_Q4_0;
+        const tn_dtype want = v != 2 && simd ? lt : wt;
         assert_int_equal(m[v]->layers[0].wq.type, want);
         assert_int_equal(m[v]->layers[1].w_down.type, want);
         assert_int_equal(m[v]->output.type, want);
-        assert_int_equal(m[v]->tok_embd.type, TN_Q4_0); /* row lookups: never moved */
+        assert_int_equal(m[v]->tok_embd.type, wt); /* row lookups: never moved */
         logits[v] = decode_logits(m[v], toks, 6, nv);
     }
     /* every row of every repacked matrix reads back as the file's row */
@@ -204,6 +210,14 @@ static void test_repack_load_modes(void **state) {
         tern_model_free(m[v]);
     }
     unlink(path);
+}
+
+static void test_repack_load_modes(void **state) {
+    (void)state;
+    repack_load_modes(TN_Q4_0, 256);                    /* q4_0_r16 */
+    const tn_tq_params p5 = {5, 64, true}, p3 = {3, 32, false};
+    repack_load_modes((tn_dtype)tn_tq_dtype(&p5), 512); /* tq5g64a_c16: whole super-steps */
+    repack_load_modes((tn_dtype)tn_tq_dtype(&p3), 640); /* tq3g32_c16: and a tail of 4 blocks */
 }
 
 /* matrices of types with no interleaved layout (k-quants here) move out of a mapped file as they

@@ -14,6 +14,7 @@
 #include "kern/avx512/tq_plan.h"
 #include "kern/kern.h"
 #include "kern/tq_list.inc"
+#include "quant/repack.h"
 #include "quant/tq.h"
 
 #define TQ_EXPAND1(u) _mm256_maskz_set1_epi8((__mmask32)(u), 1)
@@ -31,4 +32,10 @@ void tn_kern_register_tq_avx512(tn_kern_table *t) {
     if (!c->avx512vbmi) return;
     tn_tq_plans_init(t, __builtin_cpu_supports("gfni"));
     for (int ti = 0; ti < TN_TQ_COUNT; ti++) t->slot[TN_DTYPE_TERN_BASE + ti].gemm = tn_tq_gemm_avx512(ti);
+    if (!__builtin_cpu_supports("gfni")) return;
+    for (int ti = 0; ti < TN_TQ_COUNT; ti++) /* the load-time c16 layouts (b >= 2; quant/repack.h) */
+        if (tn_c16_file_type((tn_dtype)(TN_DTYPE_C16_BASE + ti))) {
+            t->slot[TN_DTYPE_C16_BASE + ti].gemm = tn_tq_gemm_c16_avx512(ti);
+            t->slot[TN_DTYPE_C16_BASE + ti].gemm_isa = TN_ISA_AVX512;
+        }
 }

@@ -21,9 +21,12 @@
 #include <string.h>
 
 #include "core/fp16.h"
+#include "kern/avx512/colcache.h"
 #include "kern/avx512/tq_kern.h"
 #include "kern/avx512/tq_plan.h"
+#include "kern/scalar/kernels.h"
 #include "kern/tq_list.inc"
+#include "quant/repack.h"
 #include "quant/tq.h"
 
 #define TQ_SUPB 640 /* bytes per super-step of a decoded row or column: 8 x 64 codes, 2 x 16 floats */
@@ -181,6 +184,29 @@ TQ_INLINE void tq_micro_any(const int ASYM, int rb, int cb, const uint8_t *const
 #undef TQ_MC
 }
 
+/* Rows i0 .. i0 + rb - 1 (unpacked at wr) against every column (prepared in xs, sb bytes each),
+ * in micro-kernel tiles; the blocks after the last whole super-step (k_tail codes, done_bytes into
+ * the row) by the tail dot. */
+TQ_INLINE void tq_tiles(const int G, const int ASYM, const tn_tq_plan *Pl, int64_t k_tail, int64_t done_blocks,
+                        size_t done_bytes, int rb, const uint8_t *const *wr, int64_t i0, int64_t n, const uint8_t *xs,
+                        size_t sb, const void *w, size_t w_rb, const void *x, size_t x_rb, float *y, int64_t ldy) {
+    const int64_t nsup = (int64_t)(sb / TQ_SUPB);
+    for (int64_t j0 = 0; j0 < n; j0 += TQ_CB) {
+        const int cb = (int)(n - j0 < TQ_CB ? n - j0 : TQ_CB);
+        const uint8_t *xc[TQ_CB];
+        for (int c = 0; c < cb; c++) xc[c] = xs + sb * (size_t)(j0 + c);
+        tq_micro_any(ASYM, rb, cb, wr, xc, nsup, y + j0 * ldy + i0, ldy);
+        if (k_tail)
+            for (int c = 0; c < cb; c++)
+                for (int r = 0; r < rb; r++) {
+                    float t;
+                    Pl->tail(k_tail, &t, (const uint8_t *)w + (size_t)(i0 + r) * w_rb + done_bytes,
+                             (const block_q8_0 *)((const uint8_t *)x + (size_t)(j0 + c) * x_rb) + done_blocks * (G / 32));
+                    y[(j0 + c) * ldy + i0 + r] += t;
+                }
+    }
+}
+
 TQ_INLINE void tq_gemm(const int B, const int G, const int ASYM, int64_t k, int64_t m, int64_t n, const void *w,
                        size_t w_rb, const void *x, size_t x_rb, float *y, int64_t ldy) {
     const tn_tq_params tp = {B, G, ASYM};
@@ -207,20 +233,7 @@ TQ_INLINE void tq_gemm(const int B, const int G, const int ASYM, int64_t k, int6
             tq_unpack_row(B, G, ASYM, (const uint8_t *)w + (size_t)(i0 + r) * w_rb, nsup, ws + sb * (size_t)r);
             wr[r] = ws + sb * (size_t)r;
         }
-        for (int64_t j0 = 0; j0 < n; j0 += TQ_CB) {
-            const int cb = (int)(n - j0 < TQ_CB ? n - j0 : TQ_CB);
-            const uint8_t *xc[TQ_CB];
-            for (int c = 0; c < cb; c++) xc[c] = xs + sb * (size_t)(j0 + c);
-            tq_micro_any(ASYM, rb, cb, wr, xc, nsup, y + j0 * ldy + i0, ldy);
-            if (k_tail)
-                for (int c = 0; c < cb; c++)
-                    for (int r = 0; r < rb; r++) {
-                        float t;
-                        Pl->tail(k_tail, &t, (const uint8_t *)w + (size_t)(i0 + r) * w_rb + done_bytes,
-                                 (const block_q8_0 *)((const uint8_t *)x + (size_t)(j0 + c) * x_rb) + done_blocks * (G / 32));
-                        y[(j0 + c) * ldy + i0 + r] += t;
-                    }
-        }
+        tq_tiles(G, ASYM, Pl, k_tail, done_blocks, done_bytes, rb, wr, i0, n, xs, sb, w, w_rb, x, x_rb, y, ldy);
     }
     free(xs);
 }
@@ -228,3 +241,169 @@ TQ_INLINE void tq_gemm(const int B, const int G, const int ASYM, int64_t k, int6
 #define TQ_PFX tq_gemm_k
 #define TQ_BODY tq_gemm
 TQ_KERNELS(tn_tq_gemm_avx512)
+
+/* ---- *_c16 rows (quant/repack.h): one lane per chunk, as stored ------------------------------
+ * A c16 super-step is read as it is: headers (one masked load), then register r is, per plane,
+ * its field of one of the plane's vectors moved into the code's bit position (an AND for plane 0's
+ * field 0, else one GF2P8AFFINEQB), the planes ORed together. Decode
+ * dots the registers with the column prepared as for prefill (tq_prep_col: register r, lane c =
+ * codes 4r..4r+3 of chunk c), so the dword lanes are the chunks' exact sums with no folding; prefill
+ * stores the registers and per-chunk d, m as its unpacked rows and runs the same micro-kernel. */
+#pragma GCC push_options
+#pragma GCC target("gfni") /* registered only when the CPU has GFNI (tq.c) */
+
+/* Field f (width w) of every byte of V moved to bits sh .. sh + w - 1, the other bits 0: an AND
+ * when it is already there, else one GF2P8AFFINEQB (output bit o = parity(row 7 - o & x)). */
+TQ_INLINE __m512i tq_c16_field(const int w, const int f, const int sh, __m512i V) {
+    if (w == 8) return V;
+    if (f == 0 && sh == 0) return _mm512_and_si512(V, _mm512_set1_epi8((char)((1 << w) - 1)));
+    uint64_t A = 0;
+    for (int i = 0; i < w; i++) A |= (uint64_t)1 << (8 * (7 - (sh + i)) + w * f + i);
+    return _mm512_gf2p8affine_epi64_epi8(V, _mm512_set1_epi64((long long)A), 0);
+}
+
+/* Register r of the c16 super-step whose planes start at p (after the headers; quant/repack.h):
+ * each plane's field of r moved into its bit position, ORed (one VPTERNLOG for three planes). */
+TQ_INLINE __m512i tq_c16_codes(const int B, const uint8_t *p, int r) {
+    const int W0 = TQ_W0(B), W1 = TQ_W1(B), W2 = TQ_W2(B);
+    const __m512i R = tq_c16_field(W0, r % (8 / W0), 0, _mm512_loadu_si512(p + 64 * (r / (8 / W0))));
+    if (!W1) return R;
+    const __m512i R1 = tq_c16_field(W1, r % (8 / W1), W0, _mm512_loadu_si512(p + 64 * (W0 + r / (8 / W1))));
+    if (!W2) return _mm512_or_si512(R, R1);
+    const __m512i R2 = tq_c16_field(W2, r % (8 / W2), W0 + W1, _mm512_loadu_si512(p + 64 * (W0 + W1 + r / (8 / W2))));
+    return _mm512_ternarylogic_epi64(R, R1, R2, 0xFE); /* R | R1 | R2 */
+}
+
+/* d (and m) of every chunk lane from a super-step's headers H (fp16, block order). */
+TQ_INLINE void tq_c16_dm(const int G, const int ASYM, __m512i H, __m512 *D, __m512 *M) {
+    const int CPB = G / 32;
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i blk = CPB == 1 ? lane : _mm512_srli_epi32(lane, CPB == 2 ? 1 : CPB == 4 ? 2 : 3);
+    const __m512 F = _mm512_cvtph_ps(_mm512_castsi512_si256(H));
+    if (!ASYM) {
+        *D = _mm512_permutexvar_ps(blk, F);
+        return;
+    }
+    const __m512i di = _mm512_add_epi32(blk, blk), mi = _mm512_add_epi32(di, _mm512_set1_epi32(1));
+    if (G == 32) { /* 16 blocks: 32 halves */
+        const __m512 F2 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(H, 1));
+        *D = _mm512_permutex2var_ps(F, di, F2);
+        *M = _mm512_permutex2var_ps(F, mi, F2);
+    } else {
+        *D = _mm512_permutexvar_ps(di, F);
+        *M = _mm512_permutexvar_ps(mi, F);
+    }
+}
+
+/* R (1 or 2) c16 rows, far apart (two streams), over nsup super-steps against a column prepared
+ * by tq_prep_col; pf: prefetch distance in bytes (into L2, as tq_gemv.c). */
+TQ_INLINE void tq_c16_rows(const int B, const int G, const int ASYM, const int R, const uint8_t *const *rows,
+                           const uint8_t *xs, int64_t nsup, size_t pf, float *out) {
+    const int HB = 512 / G * (ASYM ? 4 : 2), SUPB = HB + 64 * B;
+    const __mmask64 hm = HB >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << HB) - 1;
+    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int64_t s = 0; s < nsup; s++, xs += TQ_SUPB) {
+        __m512i a[2][2];
+        for (int r = 0; r < R; r++) {
+            for (int c = 0; c < (SUPB + 63) / 64; c++) _mm_prefetch((const char *)rows[r] + (size_t)s * SUPB + pf + 64 * c, _MM_HINT_T2);
+            a[r][0] = a[r][1] = _mm512_setzero_si512();
+        }
+        for (int j = 0; j < 8; j++) {
+            const __m512i X = _mm512_load_si512(xs + 64 * j);
+            for (int r = 0; r < R; r++)
+                a[r][j & 1] = _mm512_dpbusd_epi32(a[r][j & 1], tq_c16_codes(B, rows[r] + (size_t)s * SUPB + HB, j), X);
+        }
+        const __m512 DX = _mm512_load_ps(xs + 512);
+        for (int r = 0; r < R; r++) {
+            const __m512i S = _mm512_add_epi32(a[r][0], a[r][1]);
+            __m512 D, M;
+            tq_c16_dm(G, ASYM, _mm512_maskz_loadu_epi8(hm, rows[r] + (size_t)s * SUPB), &D, &M);
+            if (ASYM) {
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), _mm512_mul_ps(D, DX), acc[r]);
+                acc[r] = _mm512_fmadd_ps(M, _mm512_load_ps(xs + 576), acc[r]);
+            } else {
+                const __m512i T = _mm512_sub_epi32(_mm512_add_epi32(S, S), _mm512_load_si512(xs + 576));
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(T), _mm512_mul_ps(D, DX), acc[r]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = _mm512_reduce_add_ps(acc[r]);
+}
+
+/* c16 row -> nsup super-steps of decoded codes and per-chunk d, m (tq_unpack_row's format). */
+TQ_INLINE void tq_c16_unpack_row(const int B, const int G, const int ASYM, const uint8_t *row, int64_t nsup, uint8_t *out) {
+    const int HB = 512 / G * (ASYM ? 4 : 2), SUPB = HB + 64 * B;
+    const __mmask64 hm = HB >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << HB) - 1;
+    for (int64_t s = 0; s < nsup; s++, out += TQ_SUPB, row += SUPB) {
+        for (int j = 0; j < 8; j++) _mm512_store_si512(out + 64 * j, tq_c16_codes(B, row + HB, j));
+        __m512 D, M = _mm512_setzero_ps();
+        tq_c16_dm(G, ASYM, _mm512_maskz_loadu_epi8(hm, row), &D, &M);
+        _mm512_store_ps(out + 512, D);
+        _mm512_store_ps(out + 576, M);
+    }
+}
+
+/* The c16 tile product: decode (n == 1) streams two rows at a time against the column prepared
+ * once (kept per thread like tq_gemv.c's, colcache.h); prefill is tq_gemm's with the c16 row
+ * unpacking. The blocks after the last whole super-step are in the file's bytes (the tail dot). */
+TQ_INLINE void tq_gemm_c16(const int B, const int G, const int ASYM, int64_t k, int64_t m, int64_t n, const void *w,
+                           size_t w_rb, const void *x, size_t x_rb, float *y, int64_t ldy) {
+    const tn_tq_params tp = {B, G, ASYM};
+    const tn_tq_plan *Pl = tn_tq_plan_get(TQ_INDEX(B, G, ASYM));
+    const int64_t nsup = tn_tq_nsup(k), done_blocks = nsup * (512 / G), k_tail = k - nsup * 512;
+    const size_t done_bytes = (size_t)done_blocks * tn_tq_block_bytes(&tp), sb = (size_t)nsup * TQ_SUPB;
+    const size_t xbytes = (size_t)(k / 32) * sizeof(block_q8_0);
+    tn_colcache *C = n == 1 && nsup ? tn_colcache_get(TN_COLCACHE_TQ, xbytes, sb) : NULL;
+    const uint64_t key = (uint64_t)k << 16 | (uint64_t)1 << 14 | (uint64_t)B << 10 | (uint64_t)G << 1 | (uint64_t)ASYM;
+    const bool have = C && tn_colcache_hit(C, key, x, xbytes);
+    uint8_t *xs = C ? C->buf : nsup ? aligned_alloc(64, sb * (size_t)n + sb * TQ_RB) : NULL;
+    if (!xs) { /* nothing whole, or no scratch: the reference (rows back in the file's bytes) */
+        tn_k_gemm_tq_c16_q8_0__scalar((tn_dtype)(TN_DTYPE_C16_BASE + TQ_INDEX(B, G, ASYM)), k, m, n, w, w_rb, x, x_rb, y, ldy);
+        return;
+    }
+    if (n == 1) {
+        if (!have) {
+            tq_prep_col(B, ASYM, x, nsup, xs);
+            if (C) tn_colcache_set(C, key, x, xbytes);
+        }
+        const size_t pf = w_rb * ((4096 + w_rb - 1) / w_rb); /* the same place >= 4 KiB ahead in the stream */
+        const int64_t h = (m + 1) / 2;
+        for (int64_t i = 0; i < h; i++) {
+            const int64_t i2 = i + h;
+            const uint8_t *rows[2] = {(const uint8_t *)w + (size_t)i * w_rb, (const uint8_t *)w + (size_t)i2 * w_rb};
+            const int R = i2 < m ? 2 : 1;
+            float r[2];
+            if (R == 2) tq_c16_rows(B, G, ASYM, 2, rows, xs, nsup, pf, r);
+            else tq_c16_rows(B, G, ASYM, 1, rows, xs, nsup, pf, r);
+            for (int t = 0; t < R; t++) {
+                if (k_tail) {
+                    float tl;
+                    Pl->tail(k_tail, &tl, rows[t] + done_bytes, (const block_q8_0 *)x + done_blocks * (G / 32));
+                    r[t] += tl;
+                }
+                y[t ? i2 : i] = r[t];
+            }
+        }
+        if (!C) free(xs);
+        return;
+    }
+    uint8_t *ws = xs + sb * (size_t)n;
+    for (int64_t j = 0; j < n; j++) tq_prep_col(B, ASYM, (const block_q8_0 *)((const uint8_t *)x + (size_t)j * x_rb), nsup, xs + sb * (size_t)j);
+    for (int64_t i0 = 0; i0 < m; i0 += TQ_RB) {
+        const int rb = (int)(m - i0 < TQ_RB ? m - i0 : TQ_RB);
+        const uint8_t *wr[TQ_RB];
+        for (int r = 0; r < rb; r++) {
+            tq_c16_unpack_row(B, G, ASYM, (const uint8_t *)w + (size_t)(i0 + r) * w_rb, nsup, ws + sb * (size_t)r);
+            wr[r] = ws + sb * (size_t)r;
+        }
+        tq_tiles(G, ASYM, Pl, k_tail, done_blocks, done_bytes, rb, wr, i0, n, xs, sb, w, w_rb, x, x_rb, y, ldy);
+    }
+    free(xs);
+}
+
+#undef TQ_PFX
+#undef TQ_BODY
+#define TQ_PFX tq_gemm_c16_k
+#define TQ_BODY tq_gemm_c16
+TQ_KERNELS(tn_tq_gemm_c16_avx512)
+#pragma GCC pop_options

@@ -47,5 +47,7 @@
 tn_gemm_fn tn_tq_gemv_avx512(int ti);
 /* The gemm entry of type index ti: prefill for n > 1, the decode kernel for n == 1. */
 tn_gemm_fn tn_tq_gemm_avx512(int ti);
+/* The same for the *_c16 layout of type index ti (needs GFNI; b >= 2). */
+tn_gemm_fn tn_tq_gemm_c16_avx512(int ti);
 
 #endif

@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "kern/kern.h"
 #include "tensor/dtype.h"
 
 void tn_k_vec_dot_q4_0_q8_0__scalar(int64_t k, float *s, const void *w, const void *x);
@@ -51,5 +52,11 @@ TN_DECL_L32_REF(tq1g128_l32)
 TN_DECL_L32_REF(tq1g128a_l32)
 TN_DECL_L32_REF(tq1g256_l32)
 TN_DECL_L32_REF(tq1g256a_l32)
+/* Tile product for the tq *_c16 layouts (quant/repack.h): each row back in its file type's bytes,
+ * then tn_tq_vec_dot_ref — equal to the file type's reference on the original rows bit for bit. */
+void tn_k_gemm_tq_c16_q8_0__scalar(tn_dtype it, int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb,
+                                   const void *x, size_t x_rb, float *y, int64_t ldy);
+/* The tile product of c16 type it (per-type entry points; NULL for the b = 1 ids). */
+tn_gemm_fn tn_k_gemm_c16__scalar(tn_dtype it);
 
 #endif

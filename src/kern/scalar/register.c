@@ -112,4 +112,7 @@ void tn_kern_register_scalar(tn_kern_table *t) {
     tn_set(t, TN_TQ1G128A_L32, NULL, tn_k_gemm_tq1g128a_l32_q8_0__scalar, NULL, NULL);
     tn_set(t, TN_TQ1G256_L32, NULL, tn_k_gemm_tq1g256_l32_q8_0__scalar, NULL, NULL);
     tn_set(t, TN_TQ1G256A_L32, NULL, tn_k_gemm_tq1g256a_l32_q8_0__scalar, NULL, NULL);
+    for (int i = 0; i < TN_DTYPE_TQ_COUNT; i++)
+        if (tn_k_gemm_c16__scalar((tn_dtype)(TN_DTYPE_C16_BASE + i)))
+            tn_set(t, (tn_dtype)(TN_DTYPE_C16_BASE + i), NULL, tn_k_gemm_c16__scalar((tn_dtype)(TN_DTYPE_C16_BASE + i)), NULL, NULL);
 }

@@ -8,6 +8,7 @@
  *   q8_0:           exact integer sum of q x per block (codes stored + 128), then sumi * (d_w * d_x).
  */
 #include "kern/scalar/kernels.h"
+#include "kern/tq_list.inc"
 #include "quant/blocks.h"
 #include "quant/repack.h"
 #include "quant/tq.h"
@@ -104,3 +105,42 @@ TN_L32_REF(tq1g128_l32, TN_TQ1G128_L32)
 TN_L32_REF(tq1g128a_l32, TN_TQ1G128A_L32)
 TN_L32_REF(tq1g256_l32, TN_TQ1G256_L32)
 TN_L32_REF(tq1g256a_l32, TN_TQ1G256A_L32)
+
+/* tq *_c16: each row back in the file type's bytes (tn_unpack_row_c16), then the reference dot
+ * (bit for bit the file type's reference for rows up to 64 KiB; longer rows go through in pieces
+ * of whole super-steps, whose partial sums are added). */
+void tn_k_gemm_tq_c16_q8_0__scalar(tn_dtype it, int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb,
+                                   const void *x, size_t x_rb, float *y, int64_t ldy) {
+    tn_tq_params p;
+    tn_tq_params_of(tn_c16_file_type(it), &p);
+    enum { ROW = 65536 };
+    static _Thread_local uint8_t row[ROW];
+    const size_t sb = (size_t)(512 / p.group) * tn_tq_block_bytes(&p);
+    const int64_t piece = (int64_t)(ROW / sb) * 512; /* codes per piece: whole super-steps */
+    for (int64_t i = 0; i < m; i++) {
+        const uint8_t *wr = (const uint8_t *)w + (size_t)i * w_rb;
+        for (int64_t j = 0; j < n; j++) y[j * ldy + i] = 0.0f;
+        for (int64_t k0 = 0; k0 < k; k0 += piece) {
+            const int64_t kk = k - k0 < piece ? k - k0 : piece;
+            const size_t off = (size_t)(k0 / 512) * sb;
+            tn_unpack_row_c16(it, wr + off, kk, row);
+            for (int64_t j = 0; j < n; j++)
+                y[j * ldy + i] += tn_tq_vec_dot_ref(&p, kk, row, (const block_q8_0 *)((const uint8_t *)x + (size_t)j * x_rb) + k0 / 32);
+        }
+    }
+}
+#define TN_C16_REF(b, g, a)                                                                                            \
+    static void tn_k_gemm_c16_##b##_##g##_##a(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb,           \
+                                              const void *x, size_t x_rb, float *y, int64_t ldy) {                    \
+        const tn_tq_params p = {b, g, a};                                                                              \
+        tn_k_gemm_tq_c16_q8_0__scalar(tn_c16_type_of((tn_dtype)tn_tq_dtype(&p)), k, m, n, w, w_rb, x, x_rb, y, ldy); \
+    }
+TN_TQ_LIST(TN_C16_REF)
+#undef TN_C16_REF
+
+tn_gemm_fn tn_k_gemm_c16__scalar(tn_dtype it) {
+#define TN_C16_FN(b, g, a) tn_k_gemm_c16_##b##_##g##_##a,
+    static const tn_gemm_fn fns[TN_TQ_COUNT] = {TN_TQ_LIST(TN_C16_FN)};
+#undef TN_C16_FN
+    return tn_c16_file_type(it) ? fns[it - TN_DTYPE_C16_BASE] : NULL;
+}
