@@ -249,16 +249,21 @@ static void tn_c16_get(const tn_tq_params *p, const tn_c16_geo *g, const uint8_t
     }
 }
 
+tn_c16_put_fn tn_c16_put_fast[TN_DTYPE_TQ_COUNT];
+
 void tn_repack_c16(tn_dtype ft, const void *src, void *dst, int64_t m, int64_t k) {
     tn_tq_params p;
     tn_tq_params_of(ft, &p);
     const tn_c16_geo g = tn_c16_geo_of(&p);
     const size_t rb = tn_dtype_row_size(ft, k);
     const int64_t ns = k / 512;
+    const tn_c16_put_fn fast = tn_c16_put_fast[ft - TN_DTYPE_TERN_BASE];
     for (int64_t i = 0; i < m; i++) {
         const uint8_t *s = (const uint8_t *)src + (size_t)i * rb;
         uint8_t *d = (uint8_t *)dst + (size_t)i * rb;
-        for (int64_t u = 0; u < ns; u++) tn_c16_put(&p, &g, s + (size_t)u * g.sb, d + (size_t)u * g.sb);
+        if (fast) fast(s, d, ns);
+        else
+            for (int64_t u = 0; u < ns; u++) tn_c16_put(&p, &g, s + (size_t)u * g.sb, d + (size_t)u * g.sb);
         memcpy(d + (size_t)ns * g.sb, s + (size_t)ns * g.sb, rb - (size_t)ns * g.sb); /* the tail blocks */
     }
 }

@@ -100,6 +100,11 @@ tn_dtype tn_c16_type_of(tn_dtype t);
 tn_dtype tn_c16_file_type(tn_dtype t);
 /* dst (m rows of k codes) = src (file type ft) in the c16 layout; no overlap. */
 void tn_repack_c16(tn_dtype ft, const void *src, void *dst, int64_t m, int64_t k);
+/* Whole super-steps of a file-layout row -> c16 bytes, nsup of them: an optional faster
+ * implementation of the same bytes, installed by the SIMD kernels (src/kern/avx512/tq.c) in
+ * tn_c16_put_fast[tq index]; tn_repack_c16 uses it when set. */
+typedef void (*tn_c16_put_fn)(const uint8_t *src, uint8_t *dst, int64_t nsup);
+extern tn_c16_put_fn tn_c16_put_fast[TN_DTYPE_TQ_COUNT];
 /* One row of a c16 matrix (type it) back in its file type's bytes. */
 void tn_unpack_row_c16(tn_dtype it, const void *row_c16, int64_t k, void *row);
 

@@ -147,9 +147,17 @@ static void check(uint32_t t, int64_t k, int64_t m, int64_t n, int exact) {
     for (int64_t j = 0; j < n; j++) make_x(k, (block_q8_0 *)(x + (size_t)j * x_rb), exact);
     const tn_dtype ct = c16_mode ? tn_c16_type_of((tn_dtype)t) : (tn_dtype)0;
     if (ct) { /* the rows in the c16 layout: back to the same bytes, then avx512 and scalar c16 kernels */
-        uint8_t *wc = calloc((size_t)m, w_rb), *back = malloc(w_rb);
+        uint8_t *wc = calloc((size_t)m, w_rb), *back = malloc(w_rb), *slow = malloc(w_rb);
+        const int ti = (int)(t - TN_DTYPE_TERN_BASE);
         for (int64_t i = 0; i < m; i++) {
             tn_repack_c16((tn_dtype)t, w + (size_t)i * w_rb, wc + (size_t)i * w_rb, 1, k);
+            /* the portable loop gives the same bytes as the installed fast path */
+            const tn_c16_put_fn fast = tn_c16_put_fast[ti];
+            tn_c16_put_fast[ti] = NULL;
+            tn_repack_c16((tn_dtype)t, w + (size_t)i * w_rb, slow, 1, k);
+            tn_c16_put_fast[ti] = fast;
+            if (!fast || memcmp(slow, wc + (size_t)i * w_rb, w_rb - 5))
+                fail_msg("%s k=%lld: the fast c16 repack %s", tn_dtype_name(t), (long long)k, fast ? "differs from the portable one" : "is not installed");
             tn_unpack_row_c16(ct, wc + (size_t)i * w_rb, k, back);
             if (memcmp(back, w + (size_t)i * w_rb, w_rb - 5))
                 fail_msg("%s k=%lld: row %lld does not come back from the c16 layout", tn_dtype_name(t), (long long)k, (long long)i);
@@ -161,7 +169,7 @@ static void check(uint32_t t, int64_t k, int64_t m, int64_t n, int exact) {
         opt_table = tn_kern_at(TN_ISA_SCALAR);
         compare(t, k, m, n, exact, w, w_rb, x, x_rb);
         opt_table = NULL, opt_w = NULL;
-        free(wc), free(back);
+        free(wc), free(back), free(slow);
     } else {
         compare(t, k, m, n, exact, w, w_rb, x, x_rb);
     }

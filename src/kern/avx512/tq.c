@@ -37,5 +37,6 @@ void tn_kern_register_tq_avx512(tn_kern_table *t) {
         if (tn_c16_file_type((tn_dtype)(TN_DTYPE_C16_BASE + ti))) {
             t->slot[TN_DTYPE_C16_BASE + ti].gemm = tn_tq_gemm_c16_avx512(ti);
             t->slot[TN_DTYPE_C16_BASE + ti].gemm_isa = TN_ISA_AVX512;
+            tn_c16_put_fast[ti] = tn_tq_c16_put_avx512(ti); /* the load-time repack */
         }
 }

@@ -242,6 +242,47 @@ TQ_INLINE void tq_gemm(const int B, const int G, const int ASYM, int64_t k, int6
 #define TQ_BODY tq_gemm
 TQ_KERNELS(tn_tq_gemm_avx512)
 
+/* File-layout row -> c16 bytes (quant/repack.h), whole super-steps only: the prefill's unpacking
+ * already yields the c16 register order (register r, lane c = codes 4r..4r+3 of chunk c), so each
+ * plane's vectors are those registers' fields shifted into place; the headers are copied. The
+ * load-time repack (tn_repack_c16) uses this when installed: ~40x its portable loop. */
+TQ_INLINE void tq_c16_put(const int B, const int G, const int ASYM, const uint8_t *src, uint8_t *dst, int64_t nsup) {
+    const int HS = ASYM ? 4 : 2, NB = 512 / G, BB = HS + G * B / 8, HB = NB * HS;
+    const int W[3] = {TQ_W0(B), TQ_W1(B), TQ_W2(B)};
+    _Alignas(64) uint8_t u[TQ_SUPB];
+    for (int64_t s = 0; s < nsup; s++, src += NB * BB, dst += HB + 64 * B) {
+        tq_unpack_row(B, G, ASYM, src, 1, u);
+        for (int b = 0; b < NB; b++) memcpy(dst + b * HS, src + b * BB, (size_t)HS);
+        uint8_t *o = dst + HB;
+        for (int p = 0, sh = 0; p < 3 && W[p]; sh += W[p], p++) {
+            const int w = W[p], per = 8 / w;
+            const __m512i m = _mm512_set1_epi8((char)((1 << w) - 1));
+            for (int v = 0; v < w; v++, o += 64) {
+                __m512i acc = _mm512_setzero_si512();
+                for (int f = 0; f < per; f++) { /* field f = register v per + f's plane bits */
+                    const __m512i R = _mm512_load_si512(u + 64 * (v * per + f));
+                    const __m512i x = _mm512_and_si512(_mm512_srli_epi16(R, sh), m); /* < 2^w: no carry across bytes */
+                    acc = _mm512_or_si512(acc, _mm512_slli_epi16(x, w * f));
+                }
+                _mm512_storeu_si512(o, acc);
+            }
+        }
+    }
+}
+#define TQ_PUT_DEF(b, g, a)                                                                                         \
+    static void tq_c16_put_##b##_##g##_##a(const uint8_t *src, uint8_t *dst, int64_t nsup) {                       \
+        tq_c16_put(b, g, a, src, dst, nsup);                                                                        \
+    }
+TN_TQ_LIST(TQ_PUT_DEF)
+#undef TQ_PUT_DEF
+
+tn_c16_put_fn tn_tq_c16_put_avx512(int ti) {
+#define TQ_PUT_REF(b, g, a) [TQ_INDEX(b, g, a)] = tq_c16_put_##b##_##g##_##a,
+    static const tn_c16_put_fn fns[TN_TQ_COUNT] = {TN_TQ_LIST(TQ_PUT_REF)};
+#undef TQ_PUT_REF
+    return fns[ti];
+}
+
 /* ---- *_c16 rows (quant/repack.h): one lane per chunk, as stored ------------------------------
  * A c16 super-step is read as it is: headers (one masked load), then register r is, per plane,
  * its field of one of the plane's vectors moved into the code's bit position (an AND for plane 0's

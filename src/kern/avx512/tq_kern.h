@@ -6,6 +6,7 @@
 #define TN_KERN_AVX512_TQ_KERN_H
 
 #include "kern/kern.h"
+#include "quant/repack.h"
 
 /* Plane widths of b bits as compile-time constants (tn_tq_planes): widest, second, third. */
 #define TQ_W0(b) ((b) == 1 ? 1 : (b) <= 3 ? 2 : (b) <= 7 ? 4 : 8)
@@ -49,5 +50,7 @@ tn_gemm_fn tn_tq_gemv_avx512(int ti);
 tn_gemm_fn tn_tq_gemm_avx512(int ti);
 /* The same for the *_c16 layout of type index ti (needs GFNI; b >= 2). */
 tn_gemm_fn tn_tq_gemm_c16_avx512(int ti);
+/* File-layout super-steps -> c16 bytes of type index ti (quant/repack.h tn_c16_put_fn). */
+tn_c16_put_fn tn_tq_c16_put_avx512(int ti);
 
 #endif
