@@ -1,7 +1,8 @@
 /*
  * tq_gemm.c (avx512) — prefill (n > 1) kernels of tern's any-bit types: y[j][i] = row i of W ·
  * column j of X, for every tq type, with the weights decoded once per call and reused by every
- * column.
+ * column; and both decode and prefill for the load-time *_c16 layout (b = 2..8, at the end of
+ * the file), plus the AVX-512 repack into it.
  *
  * Both sides are brought into one int8 layout per super-step of 16 chunks (512 codes): register
  * t (0..7) holds, on dword lane c, codes 4t .. 4t + 3 of chunk c. A weight row is unpacked into
