@@ -318,7 +318,7 @@ void tn_dequantize_row_repacked(tn_dtype it, const void *w, int64_t k, int64_t i
         tn_tq_params_of(tn_c16_file_type(it), &p);
         const tn_c16_geo g = tn_c16_geo_of(&p);
         const uint8_t *row = (const uint8_t *)w + (size_t)i * tn_dtype_row_size(it, k);
-        uint8_t blk[4 * 260]; /* one super-step of the largest block (tq8g256a: 2 x 260 bytes) */
+        uint8_t blk[576]; /* one super-step in the file's bytes; the largest: tq8g32a, 16 x 36 */
         int64_t done = 0;
         for (; done + 512 <= k; done += 512, row += g.sb) {
             tn_c16_get(&p, &g, row, blk);

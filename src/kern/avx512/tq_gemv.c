@@ -242,10 +242,17 @@ TQ_INLINE void tq_gemv(const int B, const int G, const int ASYM, int64_t k, int6
     cv.is1 = _mm512_loadu_si512(Pl->is[1]);
     cv.is2 = _mm512_loadu_si512(Pl->is[2]);
     cv.didx = _mm512_loadu_si512(Pl->didx);
+    /* TQ_PAIR sub-steps broadcast each block's whole 8-byte 1-bit plane (tq_pair64): the bits of
+     * the block's second chunk (lanes 4..7 and 12..15 of the sub-step) sit 32 bits further in */
+    const __m512i half = _mm512_setr_epi32(0, 0, 0, 0, 0x20202020, 0x20202020, 0x20202020, 0x20202020, 0, 0, 0, 0,
+                                           0x20202020, 0x20202020, 0x20202020, 0x20202020);
+    const __m512i m63 = _mm512_set1_epi8(63);
     const int PAIR = TQ_PAIR(B, G);
     for (int j = 0; j < J; j++) {
-        if (NP > 1) cv.ms1[j] = _mm512_loadu_si512(PAIR && TQ_W1(B) == 1 ? Pl->msq[1][j] : Pl->ms[1][j]);
-        if (NP > 2) cv.ms2[j] = _mm512_loadu_si512(PAIR && TQ_W2(B) == 1 ? Pl->msq[2][j] : Pl->ms[2][j]);
+        if (NP > 1) cv.ms1[j] = _mm512_loadu_si512(Pl->ms[1][j]);
+        if (NP > 2) cv.ms2[j] = _mm512_loadu_si512(Pl->ms[2][j]);
+        if (NP > 1 && PAIR && TQ_W1(B) == 1) cv.ms1[j] = _mm512_and_si512(_mm512_add_epi8(cv.ms1[j], half), m63);
+        if (NP > 2 && PAIR && TQ_W2(B) == 1) cv.ms2[j] = _mm512_and_si512(_mm512_add_epi8(cv.ms2[j], half), m63);
     }
     const size_t pf = w_rb * ((TQ_PF_MIN + w_rb - 1) / w_rb);
     const int64_t h = (m + 1) / 2;

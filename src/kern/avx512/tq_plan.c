@@ -135,8 +135,6 @@ static void plan_build(tn_tq_plan *P, const tn_tq_params *tp) {
             for (int j = 0; j < P->J; j++) {
                 const int n = code_of(w0, t, j);
                 P->ms[p][j][pos] = (uint8_t)((8 * byte_of(wp, n) + field_of(wp, n) * wp - P->shift[p]) & 63);
-                /* the chunk's bytes sit at (c % cpb) 4 wp bytes into its block's plane */
-                P->msq[p][j][pos] = (uint8_t)((P->ms[p][j][pos] + 32 * wp * (c % P->cpb)) & 63);
             }
         }
 #undef CHUNK_AT

@@ -22,7 +22,7 @@
  * read as one window of <= 128 bytes (two masked loads) from which VPERMT2B pulls every plane
  * and the block headers; when a sub-step is two blocks of 64 codes and w0 = 4 (b = 4..7, G = 64:
  * TQ_PAIR) plane 0 is instead the two blocks' 32-byte halves (two loads, one insert) and a 1-bit
- * plane the two blocks' 8-byte planes broadcast over their lanes (control msq). blk: the sub-step is one block or part of one (nbs sub-steps per
+ * plane the two blocks' 8-byte planes broadcast over their lanes (control ms shifted by 32 bits for the blocks' second chunks). blk: the sub-step is one block or part of one (nbs sub-steps per
  * block); plane 0 is one contiguous 64-byte load, other planes one masked load + VPERMB, the
  * header a scalar load. Headers collect in H as fp16 (asym: d_b, m_b at halves 2b, 2b + 1;
  * sym: d_b at half b, b = block within the super-step), converted with one VCVTPH2PS.
@@ -53,7 +53,6 @@ typedef struct tn_tq_plan {
     uint8_t ip[64];                 /* plane-0 permute (win)                                       */
     uint8_t is[3][64];              /* plane p >= 1 permute (window offsets, or within its load)   */
     uint8_t ms[3][8][64];           /* plane p >= 1: multishift control of register j             */
-    uint8_t msq[3][8][64];          /* the same when each lane qword holds its block's whole plane  */
     uint8_t ih[64];                 /* header permute (win): byte of H -> window offset            */
     uint8_t ihp[64];                /* header permute of two windows' first 64 bytes (TQ_HDR_IN_A)  */
     uint64_t hpair[4];              /* H bytes of sub-steps 2k, 2k + 1 (TQ_HDR_IN_A)                */
