@@ -13,6 +13,7 @@
 #define TN_KERN_KERN_H
 
 #include "core/cpu.h"
+#include "quant/tq.h"
 #include "tensor/dtype.h"
 
 /* *s = dot(w[0..k), x[0..k)); w in the weight type, x in its vec_dot_type; k % block == 0. */
@@ -63,6 +64,11 @@ static inline int64_t tn_kv_row(const int32_t *blocks, int64_t block_rows, int64
  * (scalar/attn.c) uses libm's expf; vector versions an exp within 2 ulp (parity-tested). */
 typedef void (*tn_swiglu_fn)(float *g, const float *u, int64_t n);
 
+/* Weight quantization into a tern any-bit type: k floats (k % G == 0) into k / G blocks, with the
+ * importance of each column or NULL. The reference is quant/tq.c tn_tq_quantize_row; vector
+ * versions give the same bytes (tests/quantize/test_tq.c). */
+typedef void (*tn_tq_quantize_fn)(const tn_tq_params *p, const float *x, void *y, int64_t k, const float *imatrix);
+
 /* One slot per dtype id below TN_DTYPE_SLOT_COUNT (ggml ids, then tern's tq ids from
  * TN_DTYPE_TERN_BASE), plus the non-type-specific kernels. */
 typedef struct tn_kern_table {
@@ -71,6 +77,8 @@ typedef struct tn_kern_table {
     tn_isa attn_isa;
     tn_swiglu_fn swiglu;
     tn_isa swiglu_isa;
+    tn_tq_quantize_fn tq_quantize;
+    tn_isa tq_quantize_isa;
 } tn_kern_table;
 
 /* The table for the CPU's ISA (after the TERN_ISA cap); built once, thread-safe. */

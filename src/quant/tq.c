@@ -222,6 +222,12 @@ static void quantize_group(const tn_tq_params *p, const float *x, const float *i
             best = e, best_d = d;
         }
     }
+    tn_tq_finish_group(p, x, best_d, best_m, blk);
+}
+
+void tn_tq_finish_group(const tn_tq_params *p, const float *x, float best_d, float best_m, uint8_t *blk) {
+    const int n = p->group, nmax = (1 << p->bits) - 1;
+    uint8_t q[256];
     /* final codes against the stored (fp16-rounded) parameters */
     const uint16_t dh = tn_fp32_to_fp16(best_d);
     const uint16_t mh = tn_fp32_to_fp16(best_m);
@@ -231,7 +237,8 @@ static void quantize_group(const tn_tq_params *p, const float *x, const float *i
         /* constant group: all codes 0, value m (asym) or 0 (sym) */
         memset(q, 0, (size_t)n);
     } else {
-        fit_err(x, wt, n, nmax, d, m, q);
+        const float id = 1.0f / d;
+        for (int i = 0; i < n; i++) q[i] = (uint8_t)clampi((int)lrintf((x[i] - m) * id), 0, nmax);
     }
     tn_tq_pack_block(p, q, dh, mh, blk);
 }

@@ -59,6 +59,11 @@ void tn_tq_planes(int bits, int widths[4]);
 /* Reference quantizer: k floats (k % G == 0) into k / G blocks. imatrix (k importance weights,
  * one per column) may be NULL. Deterministic; search over scales minimizing weighted error. */
 void tn_tq_quantize_row(const tn_tq_params *p, const float *x, void *y, int64_t k, const float *imatrix);
+/* The last step of the reference quantizer for one group of G floats, once the search has chosen
+ * the scale d and offset m (m unused when symmetric): rounds both to fp16, takes every code by
+ * nearest rounding against the rounded values and packs the block. Vector quantizers that search
+ * several groups at once finish each group here, so their bytes are the reference's. */
+void tn_tq_finish_group(const tn_tq_params *p, const float *x, float d, float m, uint8_t *blk);
 /* Reference dequantizer. */
 void tn_tq_dequantize_row(const tn_tq_params *p, const void *x, float *y, int64_t k);
 /* Unpacks the codes of one block into q[G] (0 .. 2^b - 1); returns d and m (sym: m = -d*(2^b-1)/2). */

@@ -5,7 +5,10 @@
  *   - quantize -> dequantize error shrinks with bits (rmse per bit width);
  *   - the scalar fused dot equals dequantize-then-dot (to rounding);
  *   - every ISA kernel (vec_dot and gemm) matches the scalar slot at k = G, 2G, 7G, 37G (prime
- *     block counts) for every bits x group x asym.
+ *     block counts) for every bits x group x asym;
+ *   - every ISA's weight quantizer (table tq_quantize) writes the reference's bytes, with and
+ *     without an importance matrix, for rows of 1..37 groups holding plain, constant, zero, signed
+ *     zero, outlier, tiny, huge and non-finite groups.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -158,12 +161,71 @@ static void test_isa_parity(void **st) {
     fprintf(stderr, "  %d ISA parity cases checked\n", checked);
 }
 
+/* Fills group g of a row (G values) with one of the shapes the quantizer treats specially. */
+static void fill_group(float *x, int G, int shape) {
+    switch (shape) {
+    case 0: for (int i = 0; i < G; i++) x[i] = grand() * 0.02f; break;          /* plain */
+    case 1: for (int i = 0; i < G; i++) x[i] = 0.0f; break;                      /* all zero */
+    case 2: for (int i = 0; i < G; i++) x[i] = 0.125f; break;                    /* constant */
+    case 3: for (int i = 0; i < G; i++) x[i] = (i % 3 == 0) ? -0.0f : (i % 3 == 1) ? 0.0f : 0.01f * (float)(i % 5);
+        break;                                                                   /* signed zeros, few levels */
+    case 4: for (int i = 0; i < G; i++) x[i] = grand() * 0.001f; x[G / 3] = 4.0f; break; /* one outlier */
+    case 5: for (int i = 0; i < G; i++) x[i] = grand() * 1e-30f; break;          /* tiny (fp16 scale flushes) */
+    case 6: for (int i = 0; i < G; i++) x[i] = grand() * 1e30f; break;           /* huge (fp16 scale overflows) */
+    case 7: for (int i = 0; i < G; i++) x[i] = -0.0f; x[1] = -0.5f; break;       /* negative zeros and one value */
+    case 8: for (int i = 0; i < G; i++) x[i] = grand(); x[G - 1] = NAN; break;   /* non-finite */
+    case 9: for (int i = 0; i < G; i++) x[i] = grand(); x[0] = -INFINITY; break;
+    case 10: for (int i = 0; i < G; i++) x[i] = (i % 2) ? -0.0f : 0.0f; break;  /* zeros of both signs: the */
+    case 11: for (int i = 0; i < G; i++) x[i] = (i % 2) ? 0.0f : -0.0f; break;  /* stored offset's sign */
+    default: for (int i = 0; i < G; i++) x[i] = (float)(i % 2) * 0.3f - 0.1f; break; /* two levels */
+    }
+}
+
+static void test_quantize_isa_parity(void **st) {
+    (void)st;
+    const int ngs[] = {1, 15, 16, 17, 37};
+    int checked = 0;
+    for (int isa = TN_ISA_AVX2; isa < TN_ISA_COUNT; isa++) {
+        const tn_kern_table *kt = tn_kern_at((tn_isa)isa);
+        if (!kt || kt->tq_quantize_isa != (tn_isa)isa) continue;
+        for (int asym = 0; asym <= 1; asym++)
+            for (int G = 32; G <= 256; G *= 2)
+                for (int b = 1; b <= 8; b++)
+                    for (size_t ni = 0; ni < sizeof ngs / sizeof ngs[0]; ni++)
+                        for (int imat = 0; imat <= 1; imat++) {
+                            const tn_tq_params p = {b, G, asym};
+                            const int64_t ng = ngs[ni], k = ng * G;
+                            const size_t rb = tn_dtype_row_size((tn_dtype)tn_tq_dtype(&p), k);
+                            float *x = malloc(sizeof(float) * k), *im = malloc(sizeof(float) * k);
+                            uint8_t *yr = malloc(rb), *yo = malloc(rb);
+                            for (int64_t g = 0; g < ng; g++)
+                                fill_group(x + g * G, G, ng == 37 ? (int)(g % 13) : (int)((g + b + ni) % 8 == 0 ? g % 13 : 0));
+                            for (int64_t i = 0; i < k; i++) im[i] = (i % 7 == 3) ? 0.0f : fabsf(grand()) * 5;
+                            memset(yr, 0xA5, rb), memset(yo, 0x5A, rb);
+                            tn_tq_quantize_row(&p, x, yr, k, imat ? im : NULL);
+                            kt->tq_quantize(&p, x, yo, k, imat ? im : NULL);
+                            if (memcmp(yr, yo, rb) != 0) {
+                                size_t at = 0;
+                                while (yr[at] == yo[at]) at++;
+                                fail_msg("%s tq_quantize b=%d G=%d asym=%d groups=%lld imatrix=%d: byte %zu (group %zu) "
+                                         "0x%02x vs reference 0x%02x",
+                                         tn_isa_name((tn_isa)isa), b, G, asym, (long long)ng, imat, at,
+                                         at / tn_tq_block_bytes(&p), yo[at], yr[at]);
+                            }
+                            checked++;
+                            free(x), free(im), free(yr), free(yo);
+                        }
+    }
+    fprintf(stderr, "  %d quantizer parity cases checked\n", checked);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_names),
         cmocka_unit_test(test_roundtrip_and_error),
         cmocka_unit_test(test_dot_vs_dequant),
         cmocka_unit_test(test_isa_parity),
+        cmocka_unit_test(test_quantize_isa_parity),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -26,6 +26,7 @@
 #include "core/file.h"
 #include "core/pool.h"
 #include "fmt/gguf.h"
+#include "kern/kern.h"
 #include "model/model.h"
 #include "model/ops.h"
 #include "quant/imatrix.h"
@@ -131,7 +132,7 @@ static void quant_task(void *arg, int ith, int nth) {
         if (tn_tq_is(q->task_type)) {
             tn_tq_params p;
             tn_tq_params_of(q->task_type, &p);
-            tn_tq_quantize_row(&p, x, y, q->task_ne0, q->task_imat);
+            tn_kern()->tq_quantize(&p, x, y, q->task_ne0, q->task_imat);
         } else {
             tn_quantize_row_imat((tn_dtype)q->task_type, x, y, q->task_ne0, q->task_imat);
         }
@@ -364,7 +365,7 @@ static void err_task(void *arg, int ith, int nth) {
     double acc = 0, sig = 0;
     for (int64_t r = r0; r < r1; r++) {
         const float *xr = e->x + r * e->ne0;
-        tn_tq_quantize_row(&e->p, xr, qb, e->ne0, e->imp);
+        tn_kern()->tq_quantize(&e->p, xr, qb, e->ne0, e->imp);
         tn_tq_dequantize_row(&e->p, qb, yb, e->ne0);
         for (int64_t j = 0; j < e->ne0; j++) {
             const double d = (double)xr[j] - yb[j], w = e->imp ? e->imp[j] : 1.0;

@@ -22,4 +22,7 @@
 #define TN_DECL_PAIR_AVX512(wt, at) TN_DECL_VEC_DOT(tn_k_vec_dot_##wt##_##at##__avx512) TN_DECL_GEMM(tn_k_gemm_##wt##_##at##__avx512)
 TN_AVX512_DOT_PAIRS(TN_DECL_PAIR_AVX512)
 
+/* tern any-bit weight quantizer, 16 groups per pass (tq_quant.c; kern.h tn_tq_quantize_fn) */
+void tn_k_tq_quantize__avx512(const tn_tq_params *p, const float *x, void *y, int64_t k, const float *imatrix);
+
 #endif

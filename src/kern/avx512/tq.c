@@ -10,6 +10,7 @@
 
 #include "core/cpu.h"
 #include "core/fp16.h"
+#include "kern/avx512/kernels.h"
 #include "kern/avx512/tq_kern.h"
 #include "kern/avx512/tq_plan.h"
 #include "kern/kern.h"
@@ -27,6 +28,8 @@
  * stays the per-block kernel above. */
 void tn_kern_register_tq_avx512(tn_kern_table *t) {
     const tn_cpu *c = tn_cpu_get();
+    t->tq_quantize = tn_k_tq_quantize__avx512; /* AVX512 F/DQ only (tq_quant.c) */
+    t->tq_quantize_isa = TN_ISA_AVX512;
     if (!c->avx512vnni) return;
     tq_register(t, TN_ISA_AVX512);
     if (!c->avx512vbmi) return;

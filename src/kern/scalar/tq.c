@@ -38,5 +38,7 @@ void tn_kern_register_tq_scalar(tn_kern_table *t) {
         s->vec_dot_isa = s->gemm_isa = s->to_float_isa = s->from_float_isa = TN_ISA_SCALAR;                         \
     }
     TN_TQ_LIST(TQ_REG)
+    t->tq_quantize = tn_tq_quantize_row;
+    t->tq_quantize_isa = TN_ISA_SCALAR;
 #undef TQ_REG
 }
