@@ -105,9 +105,14 @@ static tern_status tensor_f32(const tn_gguf_tensor *t, float *buf, const float *
     for (uint32_t i = 0; i < t->n_dims; i++) nel *= t->ne[i];
     const int64_t ne0 = t->ne[0], rows = nel / ne0;
     const size_t rb = tn_dtype_row_size((tn_dtype)t->type, ne0);
+    /* the table's to_float where the type has one (same floats at every ISA, kern.h) */
+    const tn_to_float_fn tf = t->type < TN_DTYPE_SLOT_COUNT ? tn_kern()->slot[t->type].to_float : NULL;
     for (int64_t r = 0; r < rows; r++) {
         bool ok;
-        if (tn_tq_is(t->type)) {
+        if (tf) {
+            tf(t->data + (size_t)r * rb, buf + r * ne0, ne0);
+            ok = true;
+        } else if (tn_tq_is(t->type)) {
             tn_tq_params p;
             tn_tq_params_of(t->type, &p);
             tn_tq_dequantize_row(&p, t->data + (size_t)r * rb, buf + r * ne0, ne0);
