@@ -91,17 +91,16 @@ typedef struct {
     dvec sw, sq, sqq, sx, sqx;
 } lsq;
 /* The sums over the group for codes v = round((x - a) * b) (a candidate: a = mn, b = its inverse
- * scale; a refit: a = m, b = 1/d of the best fit so far). */
-static inline lsq asym_sums(const float *xt, const float *wt, int n, __m512i vmax, __m512 a, __m512 b) {
-    lsq s = {dv_zero(), dv_zero(), dv_zero(), dv_zero(), dv_zero()};
+ * scale; a refit: a = m, b = 1/d of the best fit so far). sw and sx do not depend on the codes:
+ * base holds them, summed once per group in the same order (so the same doubles). */
+static inline lsq asym_sums(const float *xt, const float *wt, int n, __m512i vmax, const lsq *base, __m512 a, __m512 b) {
+    lsq s = {base->sw, dv_zero(), dv_zero(), base->sx, dv_zero()};
     for (int i = 0; i < n; i++) {
         const __m512 x = _mm512_load_ps(xt + i * NL), w = _mm512_load_ps(wt + i * NL);
         const __m512 v = _mm512_cvtepi32_ps(code_of(_mm512_mul_ps(_mm512_sub_ps(x, a), b), vmax));
         const __m512 wv = _mm512_mul_ps(w, v);
-        s.sw = dv_acc(s.sw, w);
         s.sq = dv_acc(s.sq, wv);
         s.sqq = dv_acc(s.sqq, _mm512_mul_ps(wv, v));
-        s.sx = dv_acc(s.sx, _mm512_mul_ps(w, x));
         s.sqx = dv_acc(s.sqx, _mm512_mul_ps(wv, x));
     }
     return s;
@@ -155,9 +154,15 @@ static void search16(const tn_tq_params *p, const float *xt, const float *it, fl
     if (p->asym) {
         live &= _mm512_cmp_ps_mask(mx, mn, _CMP_NEQ_UQ);
         const __m512 range = _mm512_sub_ps(mx, mn);
+        lsq base = {dv_zero(), dv_zero(), dv_zero(), dv_zero(), dv_zero()};
+        for (int i = 0; i < n; i++) {
+            const __m512 x = _mm512_load_ps(xt + i * NL), w = _mm512_load_ps(wt + i * NL);
+            base.sw = dv_acc(base.sw, w);
+            base.sx = dv_acc(base.sx, _mm512_mul_ps(w, x));
+        }
         for (int is = -10; is <= 20 && live; is++) {
             const __m512 iscale = _mm512_div_ps(_mm512_set1_ps(nmax + 0.1f * is), range);
-            const lsq s = asym_sums(xt, wt, n, vmax, mn, iscale); /* iscale * (x - mn): a product commutes */
+            const lsq s = asym_sums(xt, wt, n, vmax, &base, mn, iscale); /* iscale * (x - mn): a product commutes */
             __m512 d, m;
             __mmask16 ok = live & _mm512_cmp_ps_mask(iscale, zero, _CMP_GT_OQ) & lsq_solve(&s, &d, &m);
             if (ok) take_better(xt, wt, n, vmax, ok, d, m, &best, &best_d, &best_m);
@@ -169,7 +174,7 @@ static void search16(const tn_tq_params *p, const float *xt, const float *it, fl
         __mmask16 act = live & ~none;
         for (int itr = 0; itr < 4 && act; itr++) {
             const __m512 id = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(best_d, zero, _CMP_NEQ_UQ), _mm512_set1_ps(1.0f), best_d);
-            const lsq s = asym_sums(xt, wt, n, vmax, best_m, id);
+            const lsq s = asym_sums(xt, wt, n, vmax, &base, best_m, id);
             __m512 d, m;
             act &= lsq_solve(&s, &d, &m);
             if (act) act = take_better(xt, wt, n, vmax, act, d, m, &best, &best_d, &best_m);
