@@ -75,6 +75,12 @@ struct tern_ctx {
     float *logits;  /* [n_logits][n_vocab]                                                     */
     int32_t n_logits_cap, n_logits;
     uint64_t bytes;  /* total bytes allocated (reported by tern info/bench)                  */
+    /* Partial forward (tern quantize's sensitivity probes): when start_layer > 0 the pass skips
+     * the embedding and layers 0 .. start_layer - 1 and takes the residual stream entering layer
+     * start_layer from start_x[n][n_embd] (batch order; start_layer = n_layer: straight to the
+     * final norm). Layers below it write no KV. 0 (the default): the whole pass. */
+    int32_t start_layer;
+    const float *start_x;
     /* Test hook: called by thread 0 after each layer with the residual stream x[n][n_embd]
      * (il = n_layer for the final normed rows). Must not modify anything. */
     void (*debug_layer)(void *user, int32_t il, const float *x, int32_t n, int32_t n_embd);

@@ -160,13 +160,17 @@ static void tn_forward_task(void *vp, int ith, int nth) {
     if (own && ith == 0) /* the tail counters of tn_matmul_share, before the first barrier */
         for (int32_t i = 0; i < 6 * hp->n_layer + 1; i++) atomic_store_explicit(&c->mm_next[i], 0, memory_order_relaxed);
 
-    /* embeddings: x[t] = tok_embd[toks[t]] ; rope table for the batch */
-    for (int64_t t = t0; t < t1; t++) tn_tensor_get_row(&m->tok_embd, b->tok[t], c->x + t * d);
+    /* embeddings: x[t] = tok_embd[toks[t]] (or, from a later layer, its given input); rope table */
+    const int32_t l0 = c->start_layer > 0 && c->start_layer <= hp->n_layer ? c->start_layer : 0;
+    for (int64_t t = t0; t < t1; t++) {
+        if (l0) memcpy(c->x + t * d, c->start_x + t * d, sizeof(float) * (size_t)d);
+        else tn_tensor_get_row(&m->tok_embd, b->tok[t], c->x + t * d);
+    }
     for (int64_t t = t0; t < t1; t++) tn_op_rope_cache(hp, m->rope_freqs.data, b->pos[t], c->rope_cs + t * hp->n_rot);
-    const tn_span wq_pf = hp->n_layer > 0 ? tn_share_span(own, &m->layers[0].wq, d, d, ith, nth) : (tn_span){NULL, 0};
+    const tn_span wq_pf = l0 < hp->n_layer ? tn_share_span(own, &m->layers[l0].wq, d, d, ith, nth) : (tn_span){NULL, 0};
     tn_pool_barrier_pf(pool, wq_pf.p, wq_pf.n);
 
-    for (int32_t il = 0; il < hp->n_layer; il++) {
+    for (int32_t il = l0; il < hp->n_layer; il++) {
         const tn_layer *L = &m->layers[il];
         tn_fp16 *Kc = c->k_cache + (size_t)il * c->kv_rows * kv_dim;
         tn_fp16 *Vc = c->v_cache + (size_t)il * c->kv_rows * kv_dim;

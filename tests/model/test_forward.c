@@ -163,17 +163,23 @@ static void test_qwen2_and_tied(void **state) {
 }
 
 /* Prefill in one batch, in chunks, and token by token must agree (same kernels modulo tiling). */
-static void test_batch_equivalence(void **state) {
-    (void)state;
-    tiny_cfg cfg;
-    tiny_cfg_default(&cfg);
-    cfg.wtype = TN_Q4_0;
+/* The default tiny model with weights of type wt, written and loaded (the file removed). */
+static tern_model *load_tiny(tn_dtype wt, const char *tag, tiny_cfg *cfg) {
+    tiny_cfg_default(cfg);
+    cfg->wtype = wt;
     char path[512];
-    tiny_tmp_path(path, sizeof path, "batch");
-    assert_int_equal(tiny_model_write(path, &cfg), TERN_OK);
+    tiny_tmp_path(path, sizeof path, tag);
+    assert_int_equal(tiny_model_write(path, cfg), TERN_OK);
     tern_model *m = NULL;
     assert_int_equal(tern_model_load(path, NULL, &m), TERN_OK);
     unlink(path);
+    return m;
+}
+
+static void test_batch_equivalence(void **state) {
+    (void)state;
+    tiny_cfg cfg;
+    tern_model *m = load_tiny(TN_Q4_0, "batch", &cfg);
     tern_token toks[20];
     for (int i = 0; i < 20; i++) toks[i] = (tern_token)(3 + (i * 53) % 380);
     float *ref = NULL;
@@ -210,12 +216,66 @@ static void test_batch_equivalence(void **state) {
     tern_model_free(m);
 }
 
+/* Partial passes (c->start_layer, tern quantize's probes): fed the residual stream a full pass had
+ * entering layer l0, the pass from l0 gives the full pass's logits bit for bit, for every l0 up
+ * to n_layer (straight to the output); fed another layer's stream, it does not. */
+typedef struct {
+    float *xs; /* [n_layer + 1][n][n_embd]: xs[l] = the stream entering layer l */
+    int32_t n, d, n_layer;
+} stream_cap;
+
+static void capture_stream(void *user, int32_t il, const float *x, int32_t n, int32_t d) {
+    stream_cap *sc = user;
+    if (n != sc->n || d != sc->d || il >= sc->n_layer) return; /* il = n_layer: the normed rows */
+    memcpy(sc->xs + (size_t)(il + 1) * n * d, x, sizeof(float) * (size_t)n * d);
+}
+
+static void test_start_layer(void **state) {
+    (void)state;
+    tiny_cfg cfg;
+    tern_model *m = load_tiny(TN_Q8_0, "start", &cfg);
+    const int32_t n = 12, nv = tern_model_n_vocab(m), d = (int32_t)cfg.n_embd, nl = (int32_t)cfg.n_layer;
+    tern_token toks[12];
+    for (int i = 0; i < n; i++) toks[i] = (tern_token)(3 + (i * 71) % 380);
+    tern_ctx_params cp;
+    tern_ctx_params_init(&cp);
+    cp.n_ctx = cp.n_batch = 16;
+    cp.logits_all = true;
+    cp.n_threads = 2;
+    tern_ctx *c = NULL;
+    assert_int_equal(tern_ctx_create(m, &cp, &c), TERN_OK);
+    stream_cap sc = {calloc((size_t)(nl + 1) * n * d, sizeof(float)), n, d, nl};
+    c->debug_layer = capture_stream;
+    c->debug_user = &sc;
+    assert_int_equal(tern_decode(c, toks, n), TERN_OK);
+    c->debug_layer = NULL;
+    float *ref = malloc(sizeof(float) * (size_t)n * nv);
+    for (int32_t t = 0; t < n; t++) memcpy(ref + (size_t)t * nv, tern_get_logits(c, t), sizeof(float) * (size_t)nv);
+    for (int32_t l0 = 1; l0 <= nl; l0++)
+        for (int wrong = 0; wrong <= 1; wrong++) {
+            assert_int_equal(tern_ctx_truncate(c, 0), TERN_OK);
+            c->start_layer = l0;
+            c->start_x = sc.xs + (size_t)(wrong ? l0 - 1 : l0) * n * d;
+            assert_int_equal(tern_decode(c, toks, n), TERN_OK);
+            c->start_layer = 0, c->start_x = NULL;
+            bool same = true;
+            for (int32_t t = 0; t < n; t++)
+                same = same && memcmp(ref + (size_t)t * nv, tern_get_logits(c, t), sizeof(float) * (size_t)nv) == 0;
+            if (same == (bool)wrong) fail_msg("start_layer %d fed the stream of layer %d: logits %s the full pass's", l0,
+                                              wrong ? l0 - 1 : l0, same ? "equal" : "differ from");
+        }
+    free(ref), free(sc.xs);
+    tern_ctx_free(c);
+    tern_model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama_types),
         cmocka_unit_test(test_qwen2_and_tied),
         cmocka_unit_test(test_head_groups),
         cmocka_unit_test(test_batch_equivalence),
+        cmocka_unit_test(test_start_layer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

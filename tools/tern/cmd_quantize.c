@@ -27,6 +27,7 @@
 #include "core/pool.h"
 #include "fmt/gguf.h"
 #include "kern/kern.h"
+#include "model/ctx.h"
 #include "model/model.h"
 #include "model/ops.h"
 #include "quant/imatrix.h"
@@ -189,7 +190,12 @@ static tern_status fill(void *user, size_t idx, void *dst, size_t nbytes) {
 /* ---- sensitivity probes (--calib) ------------------------------------------------------------
  * The model of the input file runs over a few chunks of calibration text; the log-probabilities
  * of the second half of each chunk are kept. A probe swaps one weight's view for a quantized copy,
- * reruns the chunks and measures the mean KL divergence from the kept distributions. */
+ * reruns the chunks and measures the mean KL divergence from the kept distributions. The first
+ * run also keeps the residual stream entering every layer (when it fits PROBE_STREAM_MAX), so the
+ * probe of a layer's weight starts at that layer (ctx.h start_layer: the same logits bit for bit,
+ * tests/model test_start_layer) and the output's probe runs only the output: about half the
+ * layers' work per probe. */
+#define PROBE_STREAM_MAX ((size_t)2 << 30) /* bytes of kept residual streams, at most */
 
 typedef struct {
     tern_model *m;
@@ -197,6 +203,8 @@ typedef struct {
     tern_token *toks; /* [n_chunk][n_ctx], BOS first */
     int n_chunk, n_ctx, first, n_vocab;
     float *base;      /* [n_chunk][n_ctx - first][n_vocab] log-probabilities */
+    float *xs;        /* [n_chunk][n_layer][n_ctx][n_embd]: stream entering layer l + 1, or NULL */
+    int cur_chunk;    /* the chunk the first run is in (stream capture) */
 } probe_ctx;
 
 static void probe_close(probe_ctx *p) {
@@ -204,7 +212,26 @@ static void probe_close(probe_ctx *p) {
     tern_model_free(p->m);
     free(p->toks);
     free(p->base);
+    free(p->xs);
     memset(p, 0, sizeof *p);
+}
+
+/* debug_layer hook of the first run: the stream after layer il (= entering il + 1) of the chunk. */
+static void probe_keep_stream(void *user, int32_t il, const float *x, int32_t n, int32_t d) {
+    probe_ctx *p = user;
+    const int32_t nl = p->m->hp.n_layer;
+    if (il >= nl || n != p->n_ctx) return; /* il = n_layer: the final normed rows */
+    memcpy(p->xs + (((size_t)p->cur_chunk * nl + (size_t)il) * (size_t)n) * (size_t)d, x, sizeof(float) * (size_t)n * d);
+}
+
+/* The first layer a probe of weight `name` must run: its block's, n_layer for the output matrix
+ * (unless tied to the embedding), 0 for anything else. */
+static int32_t probe_start_layer(const probe_ctx *p, const char *name) {
+    if (!p->xs) return 0;
+    int il = -1, len = 0;
+    if (sscanf(name, "blk.%d.%n", &il, &len) == 1 && len > 0 && il >= 0 && il < p->m->hp.n_layer) return il;
+    if (!strcmp(name, "output.weight")) return p->m->hp.n_layer;
+    return 0;
 }
 
 static void log_softmax(const float *l, float *out, int n) {
@@ -212,13 +239,21 @@ static void log_softmax(const float *l, float *out, int n) {
     for (int i = 0; i < n; i++) out[i] = l[i] - z;
 }
 
-/* Runs the chunks: without base yet, keeps the log-probabilities; else returns the mean KL. */
-static tern_status probe_run(probe_ctx *p, float *tmp, double *kl) {
+/* Runs the chunks: without base yet, keeps the log-probabilities (and the residual streams, if
+ * p->xs); else returns the mean KL, running the layers from start on (0: all). */
+static tern_status probe_run(probe_ctx *p, float *tmp, double *kl, int32_t start) {
     double sum = 0;
     const int ns = p->n_ctx - p->first;
+    const size_t chunk_stream = (size_t)p->m->hp.n_layer * (size_t)p->n_ctx * (size_t)p->m->hp.n_embd;
     for (int ci = 0; ci < p->n_chunk; ci++) {
         tern_status s = tern_ctx_truncate(p->c, 0);
+        p->cur_chunk = ci;
+        p->c->debug_layer = !kl && p->xs ? probe_keep_stream : NULL;
+        p->c->debug_user = p;
+        p->c->start_layer = start;
+        p->c->start_x = start > 0 ? p->xs + (size_t)ci * chunk_stream + (size_t)(start - 1) * p->n_ctx * p->m->hp.n_embd : NULL;
         if (!s) s = tern_decode(p->c, p->toks + (size_t)ci * p->n_ctx, p->n_ctx);
+        p->c->debug_layer = NULL, p->c->start_layer = 0, p->c->start_x = NULL;
         if (s) return s;
         for (int i = 0; i < ns; i++) {
             float *b = p->base + ((size_t)ci * ns + i) * p->n_vocab;
@@ -319,7 +354,9 @@ static tern_status probe_open(const char *model_path, const char *calib, int max
     cp.logits_all = true;
     cp.n_threads = threads;
     if ((s = tern_ctx_create(p->m, &cp, &p->c))) goto fail;
-    if ((s = probe_run(p, NULL, NULL))) goto fail;
+    const size_t xs_bytes = sizeof(float) * (size_t)p->n_chunk * (size_t)p->m->hp.n_layer * (size_t)p->n_ctx * (size_t)p->m->hp.n_embd;
+    if (p->m->hp.n_layer > 0 && xs_bytes <= PROBE_STREAM_MAX) p->xs = malloc(xs_bytes); /* NULL: every probe runs all layers */
+    if ((s = probe_run(p, NULL, NULL, 0))) goto fail;
     return TERN_OK;
 fail:
     free(all);
@@ -474,7 +511,7 @@ static tern_status plan_target(const tn_gguf *g, const size_t *order, const tn_q
                 tn_tensor saved;
                 double kl = 0;
                 if (swap_views(pr->m, t->name, ty, qbuf, rb * (size_t)rows, &saved) > 0) {
-                    s = probe_run(pr, lp, &kl);
+                    s = probe_run(pr, lp, &kl, probe_start_layer(pr, t->name));
                     swap_views(pr->m, t->name, saved.type, saved.data, saved.nbytes, NULL);
                     if (s) goto out;
                     sens[k] = err[na * 8 + pb - 1] > 0 ? kl / err[na * 8 + pb - 1] : 0;
