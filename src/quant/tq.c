@@ -126,12 +126,15 @@ void tn_tq_unpack_block(const tn_tq_params *p, const uint8_t *blk, uint8_t *q, f
 
 static inline int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
 
+/* The code of x for offset m and inverse scale id: nearest, clamped to 0 .. nmax. */
+static inline int code_at(float x, float m, float id, int nmax) { return clampi((int)lrintf((x - m) * id), 0, nmax); }
+
 /* Weighted squared error of x ~ d*q + m for the codes q chosen by nearest rounding. */
 static float fit_err(const float *x, const float *wt, int n, int nmax, float d, float m, uint8_t *q) {
     float err = 0;
     const float id = d != 0 ? 1.0f / d : 0;
     for (int i = 0; i < n; i++) {
-        int v = clampi((int)lrintf((x[i] - m) * id), 0, nmax);
+        int v = code_at(x[i], m, id, nmax);
         if (q) q[i] = (uint8_t)v;
         float e = d * v + m - x[i];
         err += wt[i] * e * e;
@@ -238,7 +241,7 @@ void tn_tq_finish_group(const tn_tq_params *p, const float *x, float best_d, flo
         memset(q, 0, (size_t)n);
     } else {
         const float id = 1.0f / d;
-        for (int i = 0; i < n; i++) q[i] = (uint8_t)clampi((int)lrintf((x[i] - m) * id), 0, nmax);
+        for (int i = 0; i < n; i++) q[i] = (uint8_t)code_at(x[i], m, id, nmax);
     }
     tn_tq_pack_block(p, q, dh, mh, blk);
 }

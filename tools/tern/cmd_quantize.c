@@ -110,13 +110,8 @@ static tern_status tensor_f32(const tn_gguf_tensor *t, float *buf, const float *
     const tn_to_float_fn tf = t->type < TN_DTYPE_SLOT_COUNT ? tn_kern()->slot[t->type].to_float : NULL;
     for (int64_t r = 0; r < rows; r++) {
         bool ok;
-        if (tf) {
+        if (tf) { /* every tq type has one (kern/scalar/tq.c) */
             tf(t->data + (size_t)r * rb, buf + r * ne0, ne0);
-            ok = true;
-        } else if (tn_tq_is(t->type)) {
-            tn_tq_params p;
-            tn_tq_params_of(t->type, &p);
-            tn_tq_dequantize_row(&p, t->data + (size_t)r * rb, buf + r * ne0, ne0);
             ok = true;
         } else {
             ok = tn_dequantize_row((tn_dtype)t->type, t->data + (size_t)r * rb, buf + r * ne0, ne0);
@@ -216,12 +211,17 @@ static void probe_close(probe_ctx *p) {
     memset(p, 0, sizeof *p);
 }
 
+/* The kept residual stream of chunk ci entering layer l (1 .. n_layer). */
+static float *probe_stream(const probe_ctx *p, int ci, int32_t l) {
+    const size_t per_layer = (size_t)p->n_ctx * (size_t)p->m->hp.n_embd;
+    return p->xs + ((size_t)ci * (size_t)p->m->hp.n_layer + (size_t)(l - 1)) * per_layer;
+}
+
 /* debug_layer hook of the first run: the stream after layer il (= entering il + 1) of the chunk. */
 static void probe_keep_stream(void *user, int32_t il, const float *x, int32_t n, int32_t d) {
     probe_ctx *p = user;
-    const int32_t nl = p->m->hp.n_layer;
-    if (il >= nl || n != p->n_ctx) return; /* il = n_layer: the final normed rows */
-    memcpy(p->xs + (((size_t)p->cur_chunk * nl + (size_t)il) * (size_t)n) * (size_t)d, x, sizeof(float) * (size_t)n * d);
+    if (il >= p->m->hp.n_layer || n != p->n_ctx) return; /* il = n_layer: the final normed rows */
+    memcpy(probe_stream(p, p->cur_chunk, il + 1), x, sizeof(float) * (size_t)n * d);
 }
 
 /* The first layer a probe of weight `name` must run: its block's, n_layer for the output matrix
@@ -244,14 +244,13 @@ static void log_softmax(const float *l, float *out, int n) {
 static tern_status probe_run(probe_ctx *p, float *tmp, double *kl, int32_t start) {
     double sum = 0;
     const int ns = p->n_ctx - p->first;
-    const size_t chunk_stream = (size_t)p->m->hp.n_layer * (size_t)p->n_ctx * (size_t)p->m->hp.n_embd;
     for (int ci = 0; ci < p->n_chunk; ci++) {
         tern_status s = tern_ctx_truncate(p->c, 0);
         p->cur_chunk = ci;
         p->c->debug_layer = !kl && p->xs ? probe_keep_stream : NULL;
         p->c->debug_user = p;
         p->c->start_layer = start;
-        p->c->start_x = start > 0 ? p->xs + (size_t)ci * chunk_stream + (size_t)(start - 1) * p->n_ctx * p->m->hp.n_embd : NULL;
+        p->c->start_x = start > 0 ? probe_stream(p, ci, start) : NULL;
         if (!s) s = tern_decode(p->c, p->toks + (size_t)ci * p->n_ctx, p->n_ctx);
         p->c->debug_layer = NULL, p->c->start_layer = 0, p->c->start_x = NULL;
         if (s) return s;
