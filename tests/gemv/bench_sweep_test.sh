@@ -33,11 +33,19 @@ TMPDIR="$T/tmp" "$TERN" bench --sweep-bits -m "$T/tiny-f16.gguf" -n 4 -p 8 -r 1 
 check "sweep json exit 0" '[ $? -eq 0 ]'
 check "sweep json has 8 widths" '[ $(grep -c "\"bits\":" "$T/sjson") -eq 8 ]'
 check "sweep json types tq1g32..tq8g32" '[ "$(grep -o "\"type\": \"tq[1-8]g32\"" "$T/sjson" | wc -l)" -eq 8 ]'
-for f in bpw bytes_per_token tg_ts tg_gbs roofline_pct pp_ts pp_gops read_bw_gbs; do
+for f in bpw bytes_per_token tg_ts tg_gbs roofline_pct roofline_size_pct pp_ts pp_gops read_bw_gbs; do
   check "sweep json has $f on every width" '[ $(grep -c "\"$f\":" "$T/sjson") -eq 8 ]'
 done
 python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); assert len(r)==8 and [x["bits"] for x in r]==list(range(1,9))' "$T/sjson" 2>/dev/null
 check "sweep json parses, bits 1..8" '[ $? -eq 0 ]'
+# the whole-file percentage is the bytes-read one scaled by file size / bytes per token
+python3 -c '
+import json,sys
+for x in json.load(open(sys.argv[1])):
+    want = x["roofline_pct"] * x["model_size"] / x["bytes_per_token"]
+    assert x["roofline_pct"] > 0 and x["model_size"] > x["bytes_per_token"], x
+    assert abs(x["roofline_size_pct"] - want) <= 0.01 + 1e-3 * want, (x["roofline_size_pct"], want)' "$T/sjson" 2>/dev/null
+check "sweep json roofline_size_pct = roofline_pct x size / bytes per token" '[ $? -eq 0 ]'
 check "sweep temp dir removed (json)" '[ -z "$(ls -A "$T/tmp")" ]'
 
 # errors: a sweep needs -m; a bad group is a usage error

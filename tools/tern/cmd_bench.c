@@ -255,8 +255,9 @@ static int sweep_bits(const char *path, const bench_opts *o, const peaks *pk, in
                    W->mi.tok_bytes);
             if (tg)
                 printf("\"n_gen\": %d, \"tg_ts\": %.6f, \"tg_stddev_ts\": %.6f, \"tg_gbs\": %.3f, \"roofline_pct\": %.2f, "
-                       "\"read_bw_during_gbs\": %.3f, ",
-                       tg->n_gen, tg->mean, tg->sd, tg->rate, tg->pct_roof, tg->bw_during);
+                       "\"roofline_size_pct\": %.2f, \"read_bw_during_gbs\": %.3f, ",
+                       tg->n_gen, tg->mean, tg->sd, tg->rate, tg->pct_roof, tg->pct_roof * W->mi.size / W->mi.tok_bytes,
+                       tg->bw_during);
             if (pp)
                 printf("\"n_prompt\": %d, \"pp_ts\": %.6f, \"pp_stddev_ts\": %.6f, \"pp_gops\": %.1f, \"pp_peak_pct\": %.2f, ",
                        pp->n_prompt, pp->mean, pp->sd, pp->rate, pp->pct_roof);
@@ -266,25 +267,27 @@ static int sweep_bits(const char *path, const bench_opts *o, const peaks *pk, in
         printf("]\n");
         return TN_EXIT_OK;
     }
-    printf("| b | type       |   bpw | file MiB | MiB/token | test  |        t/s |  GB/s | roofline | read GB/s |\n");
-    printf("| -: | ---------- | ----: | -------: | --------: | ----- | ---------: | ----: | -------: | --------: |\n");
+    printf("| b | type       |   bpw | file MiB | MiB/token | test  |        t/s |  GB/s | roofline | of size | read GB/s |\n");
+    printf("| -: | ---------- | ----: | -------: | --------: | ----- | ---------: | ----: | -------: | ------: | --------: |\n");
     for (int i = 0; i < nw; i++) {
         const width *W = &wv[i];
         for (int r = 0; r < W->nrows; r++) {
             const bench_row *R = &W->rows[r];
-            char roof[32] = "", rate[32], during[32] = "";
+            char roof[32] = "", roof_size[32] = "", rate[32], during[32] = "";
             if (R->pct_roof > 0) snprintf(roof, sizeof roof, "%.1f%%", R->pct_roof);
+            if (R->pct_roof > 0 && R->n_gen) snprintf(roof_size, sizeof roof_size, "%.1f%%", R->pct_roof * W->mi.size / W->mi.tok_bytes);
             if (R->bw_during > 0) snprintf(during, sizeof during, "%.1f", R->bw_during);
             if (R->n_gen) snprintf(rate, sizeof rate, "%.1f", R->rate);
             else snprintf(rate, sizeof rate, "%.0f*", R->rate);
-            printf("| %d | %-10s | %5.2f | %8.1f | %9.1f | %-5s | %10.2f | %5s | %8s | %9s |\n", i + 1, W->type,
+            printf("| %d | %-10s | %5.2f | %8.1f | %9.1f | %-5s | %10.2f | %5s | %8s | %7s | %9s |\n", i + 1, W->type,
                    8.0 * W->mi.size / W->mi.params, W->mi.size / 1048576.0, W->mi.tok_bytes / 1048576.0, R->test, R->mean,
-                   rate, roof, during);
+                   rate, roof, roof_size, during);
         }
     }
-    printf("\ntg: GB/s = bytes of weights per token x tokens/s, roofline = that / read bandwidth (%d threads) measured "
-           "during each repetition (read GB/s: mean of read passes interleaved with the decode); pp (*): GOP/s of "
-           "matrix work, roofline = that / int8 dot peak\n", pk->threads);
+    printf("\ntg: GB/s = bytes of weights read per token (all but the token embedding) x tokens/s, roofline = that / "
+           "read bandwidth (%d threads) measured during each repetition (read GB/s: mean of read passes interleaved with "
+           "the decode); of size: the same against the whole file's weights (t/s x file MiB / read bandwidth); pp (*): "
+           "GOP/s of matrix work, roofline = that / int8 dot peak\n", pk->threads);
     if (pk->bwn > 0) print_peaks_md(pk);
     return TN_EXIT_OK;
 }
