@@ -23,6 +23,22 @@ grep -q "isa:" "$TMP/out" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL:
 expect 66 "missing model" -- "$TERN" generate -m "$TMP/missing.gguf" -p hi -n 1
 expect_err "missing.gguf" "missing model names the path"
 expect 66 "directory as model" -- "$TERN" generate -m "$TMP" -p hi -n 1
+# a text file that is missing: one error line naming it (not a second, empty one), exit 66
+expect_one_err() { # expect_one_err PATTERN DESCRIPTION : stderr has exactly one error line, and it matches
+  if [ "$(grep -c "tern: error" "$TMP/err")" = 1 ] && grep "tern: error" "$TMP/err" | grep -q -- "$1"; then pass=$((pass+1));
+  else fail=$((fail+1)); echo "FAIL: $2: want one error line matching '$1'"; sed 's/^/  stderr: /' "$TMP/err" | head -5; fi
+}
+expect 66 "missing prompt file" -- "$TERN" generate -m "$MODEL" -f "$TMP/nofile.txt" -n 1
+expect_one_err "cannot open '.*nofile.txt'" "missing prompt file: one error naming it"
+expect 66 "missing tokenize file" -- "$TERN" tokenize -m "$MODEL" -f "$TMP/nofile.txt"
+expect_one_err "cannot open '.*nofile.txt'" "missing tokenize file: one error naming it"
+expect 66 "missing perplexity text" -- "$TERN" perplexity -m "$MODEL" -f "$TMP/nofile.txt"
+expect_one_err "cannot open '.*nofile.txt'" "missing perplexity text: one error naming it"
+expect 66 "missing --calib text" -- "$TERN" quantize --allow-requantize --target-bpw 5 --calib "$TMP/nofile.txt" "$MODEL" "$TMP/q.gguf" tq4
+expect_one_err "cannot open '.*nofile.txt'" "missing --calib text: one error naming it"
+[ ! -e "$TMP/q.gguf" ] && [ -z "$(ls "$TMP" | grep 'q.gguf.tmp')" ] && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL: a failed quantize left a file"; }
+expect 74 "directory as prompt file" -- "$TERN" generate -m "$MODEL" -f "$TMP" -n 1
+expect_one_err "read error on" "directory as prompt file: one error"
 expect 64 "negative -n" -- "$TERN" generate -m "$MODEL" -n -5
 expect 64 "zero threads" -- "$TERN" generate -m "$MODEL" -t 0
 expect_err "\-t" "bad -t names the flag"

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include "cli.h"
+#include "core/base.h"
 
 int tn_cli_exit_code(tern_status s) {
     switch (s) {
@@ -73,10 +74,7 @@ tern_status tn_cli_read_file(const char *path, char **out, size_t *len) {
     *out = NULL;
     *len = 0;
     FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "tern: error: cannot open '%s': %s\n", path, strerror(errno));
-        return TERN_ERR_NOT_FOUND;
-    }
+    if (!f) return tn_err(TERN_ERR_NOT_FOUND, "cannot open '%s': %s", path, strerror(errno));
     size_t cap = 1 << 16, n = 0;
     char *buf = malloc(cap + 1);
     while (buf) {
@@ -93,14 +91,10 @@ tern_status tn_cli_read_file(const char *path, char **out, size_t *len) {
     }
     bool err = ferror(f);
     fclose(f);
-    if (!buf) {
-        fprintf(stderr, "tern: error: out of memory reading '%s'\n", path);
-        return TERN_ERR_NOMEM;
-    }
+    if (!buf) return tn_err(TERN_ERR_NOMEM, "out of memory reading '%s'", path);
     if (err) {
         free(buf);
-        fprintf(stderr, "tern: error: read error on '%s'\n", path);
-        return TERN_ERR_IO;
+        return tn_err(TERN_ERR_IO, "read error on '%s'", path);
     }
     buf[n] = 0;
     *out = buf;

@@ -41,7 +41,8 @@ int tn_cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)
 bool tn_cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
 bool tn_cli_parse_f32(const char *s, float lo, float hi, float *out);
 
-/* Reads a whole file (NUL-terminated, malloc'd). NOT_FOUND / IO with a message. */
+/* Reads a whole file (NUL-terminated, malloc'd). NOT_FOUND / NOMEM / IO with the message in
+ * tern_last_error() (nothing printed: the caller reports it, e.g. tn_cli_fail). */
 tern_status tn_cli_read_file(const char *path, char **out, size_t *len);
 /* Finds tern's default model: $TERN_DEFAULT_MODEL, <exe>/../share/tern/tern-default.gguf,
  * <exe>/../models/tern-default.gguf, <source dir>/models/tern-default.gguf. */

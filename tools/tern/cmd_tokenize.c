@@ -37,7 +37,7 @@ int cmd_tokenize(int argc, char **argv) {
     size_t len = text ? strlen(text) : 0;
     if (file) {
         tern_status s = tn_cli_read_file(file, &buf, &len);
-        if (s) return tn_cli_exit_code(s);
+        if (s) return tn_cli_fail(s, "reading the text");
         text = buf;
     }
     char defp[4096];
