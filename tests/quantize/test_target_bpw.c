@@ -125,6 +125,31 @@ static void measure(const char *orig, const char *path, double *bpw, double *err
     tn_gguf_free(b);
 }
 
+/* Matrices (2-D tensors) of the file, and how many of them are tq types of `bits` bits. */
+static void count_bits(const char *path, int bits, int *matrices, int *at_bits) {
+    tn_gguf *g;
+    assert_int_equal(tn_gguf_open(path, false, &g), TERN_OK);
+    *matrices = *at_bits = 0;
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const tn_gguf_tensor *t = &g->tensors[i];
+        if (t->n_dims < 2) continue;
+        (*matrices)++;
+        tn_tq_params p;
+        if (tn_tq_is(t->type) && (tn_tq_params_of(t->type, &p), p.bits == bits)) (*at_bits)++;
+    }
+    tn_gguf_free(g);
+}
+
+static bool file_has(const char *path, const char *needle) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return false;
+    char buf[65536];
+    const size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    return strstr(buf, needle) != NULL;
+}
+
 static void test_cli(void **st) {
     (void)st;
     const char *tern = getenv("TERN_BIN");
@@ -169,6 +194,26 @@ static void test_cli(void **st) {
         assert_int_equal(run(cmd), 64);
         assert_int_not_equal(access(out, F_OK), 0);
     }
+    /* the sizes a plan can reach are known before any tensor is weighed: an unreachable target is
+     * refused before the probes (no tensor's predicted KL printed), and a target above the all-8-bit
+     * file puts every matrix the plan chooses at 8 bits without measuring */
+    char log[512];
+    tiny_tmp_path(log, sizeof log, "tbpw-log");
+    snprintf(cmd, sizeof cmd, "'%s' quantize --target-bpw 1.0 '%s' '%s' tq3g64a -t 1 2>'%s'", tern, model, out, log);
+    assert_int_equal(run(cmd), 64);
+    assert_true(file_has(log, "below the smallest file possible with tq1g64a"));
+    assert_false(file_has(log, "predicted KL"));
+    assert_false(file_has(log, "measuring sensitivities"));
+    snprintf(cmd, sizeof cmd, "'%s' quantize --target-bpw 12 '%s' '%s' tq3g64a -t 1 2>'%s'", tern, model, out, log);
+    assert_int_equal(run(cmd), 0);
+    assert_true(file_has(log, "no measuring needed"));
+    assert_false(file_has(log, "predicted KL"));
+    int mats, at8;
+    count_bits(out, 8, &mats, &at8);
+    /* every matrix of the tiny model is the plan's (rows of 64 or 256 numbers, no overrides) */
+    assert_true(mats > 0);
+    assert_int_equal(at8, mats);
+    unlink(out), unlink(log);
     unlink(model);
 }
 

@@ -418,6 +418,41 @@ static void err_task(void *arg, int ith, int nth) {
     e->sig[ith] = sig;
 }
 
+/* Whether --target-bpw chooses tensor i's width (quantizable, not overridden, ne0 a multiple of the
+ * family's group); else its bits are fixed by the mix. */
+static bool target_allocatable(const tn_gguf_tensor *t, const tn_qmix_choice *c, const tn_qmix_opts *opts,
+                               const tn_tq_params *fam) {
+    const bool forced = (opts->output_type >= 0 && !strcmp(t->name, "output.weight")) ||
+                        (opts->token_embd_type >= 0 && !strcmp(t->name, "token_embd.weight"));
+    return c->quantizable && !c->manual && !forced && t->ne[0] % fam->group == 0;
+}
+
+/* The sizes a --target-bpw plan can reach, in bits per weight: every allocatable tensor at
+ * 1 bit of the family (lo) and at 8 (hi), the others as the mix has them. Known before any
+ * tensor is measured, so an unreachable target is refused at once. */
+static void target_range(const tn_gguf *g, const size_t *order, const tn_qmix_choice *ch, size_t n,
+                         const tn_qmix_opts *opts, const tn_tq_params *fam, double *lo, double *hi) {
+    double total_el = 0, fixed = 0, b1 = 0, b8 = 0;
+    for (size_t i = 0; i < n; i++) {
+        const tn_gguf_tensor *t = &g->tensors[order[i]];
+        double el = 1;
+        for (uint32_t d = 0; d < t->n_dims; d++) el *= (double)t->ne[d];
+        total_el += el;
+        const double rows = el / (double)t->ne[0];
+        if (!target_allocatable(t, &ch[i], opts, fam)) {
+            fixed += 8.0 * (double)tn_dtype_row_size((tn_dtype)ch[i].type, t->ne[0]) * rows;
+            continue;
+        }
+        tn_tq_params p = *fam;
+        p.bits = 1;
+        b1 += 8.0 * (double)tn_dtype_row_size((tn_dtype)tn_tq_dtype(&p), t->ne[0]) * rows;
+        p.bits = 8;
+        b8 += 8.0 * (double)tn_dtype_row_size((tn_dtype)tn_tq_dtype(&p), t->ne[0]) * rows;
+    }
+    *lo = total_el > 0 ? (fixed + b1) / total_el : 0;
+    *hi = total_el > 0 ? (fixed + b8) / total_el : 0;
+}
+
 /* Chooses the bit width of every allocatable tensor (quantizable, not overridden, ne0 a multiple
  * of the family's group) so that the whole file has at most `target` bits per weight with the
  * least total error. The error of a tensor is its importance-weighted squared quantization error
@@ -427,6 +462,9 @@ static tern_status plan_target(const tn_gguf *g, const size_t *order, const tn_q
                                size_t n, const tn_qmix_opts *opts, const tn_tq_params *fam, const tn_imatrix *imat, double target, tn_pool *pool,
                                int nth, float *f32, probe_ctx *pr, double *achieved) {
     tern_status s = TERN_OK;
+    double lo_bpw, hi_bpw;
+    target_range(g, order, ch, n, opts, fam, &lo_bpw, &hi_bpw);
+    const bool all8 = target >= hi_bpw;
     double *bits = calloc(n * 8 + 1, sizeof *bits), *err = calloc(n * 8 + 1, sizeof *err);
     const double **bp = calloc(n + 1, sizeof *bp), **ep = calloc(n + 1, sizeof *ep);
     int *ncand = calloc(n + 1, sizeof *ncand), *choice = calloc(n + 1, sizeof *choice);
@@ -449,9 +487,7 @@ static tern_status plan_target(const tn_gguf *g, const size_t *order, const tn_q
         for (uint32_t d = 0; d < t->n_dims; d++) el *= (double)t->ne[d];
         total_el += el;
         const int64_t rows = (int64_t)(el / (double)t->ne[0]);
-        const bool forced = (opts->output_type >= 0 && !strcmp(t->name, "output.weight")) ||
-                            (opts->token_embd_type >= 0 && !strcmp(t->name, "token_embd.weight"));
-        if (!ch[i].quantizable || ch[i].manual || forced || t->ne[0] % fam->group != 0) {
+        if (!target_allocatable(t, &ch[i], opts, fam)) {
             fixed_bits += 8.0 * (double)tn_dtype_row_size((tn_dtype)ch[i].type, t->ne[0]) * (double)rows;
             continue;
         }
@@ -459,6 +495,13 @@ static tern_status plan_target(const tn_gguf *g, const size_t *order, const tn_q
         bp[na] = bits + na * 8;
         ep[na] = err + na * 8;
         ncand[na] = 8;
+        if (all8) { /* the budget holds every tensor at 8 bits: nothing to weigh */
+            tn_tq_params p = *fam;
+            p.bits = 8;
+            bits[na * 8 + 7] = 8.0 * (double)tn_dtype_row_size((tn_dtype)tn_tq_dtype(&p), t->ne[0]) * (double)rows;
+            na++;
+            continue;
+        }
         const float *x;
         if ((s = tensor_f32(t, f32, &x))) goto out;
         e.x = x;
@@ -525,7 +568,9 @@ static tern_status plan_target(const tn_gguf *g, const size_t *order, const tn_q
         na++;
     }
     const double budget = target * total_el - fixed_bits;
-    if (!tn_qmix_allocate(na, ncand, bp, ep, budget, choice)) {
+    if (all8) {
+        for (size_t k = 0; k < na; k++) choice[k] = 7;
+    } else if (!tn_qmix_allocate(na, ncand, bp, ep, budget, choice)) {
         double min_bits = fixed_bits;
         for (size_t k = 0; k < na; k++) min_bits += bp[k][0];
         s = tn_err(TERN_ERR_INVALID_ARG, "--target-bpw %.4g is below the smallest file possible with tq1g%d%s (%.4g bpw)",
@@ -740,8 +785,23 @@ int cmd_quantize(int argc, char **argv) {
     if (!q.f32) { rc = TN_EXIT_OSERR; goto out; }
     double achieved_bpw = 0;
     if (target_bpw > 0) {
+        double lo_bpw, hi_bpw;
+        target_range(g, order, ch, n, &opts, &tqp, &lo_bpw, &hi_bpw);
+        if (target_bpw < lo_bpw) {
+            char fam[32];
+            tn_tq_params p1 = tqp;
+            p1.bits = 1;
+            tn_tq_name(&p1, fam, sizeof fam);
+            rc = tn_cli_usage_error("--target-bpw %.4g is below the smallest file possible with %s (%.4g bpw)", target_bpw,
+                                    fam, lo_bpw);
+            goto out;
+        }
         probe_ctx pr;
-        if (calib_chunks > 0) {
+        if (target_bpw >= hi_bpw) {
+            fprintf(stderr, "target-bpw: %.4g bpw holds every tensor at 8 bits (%.4g bpw): no measuring needed\n",
+                    target_bpw, hi_bpw);
+            calib_chunks = 0;
+        } else if (calib_chunks > 0) {
             fprintf(stderr, "target-bpw: measuring sensitivities on %s (%lld chunks)\n",
                     calib_path ? calib_path : "text the model generates", (long long)calib_chunks);
             if ((s = probe_open(in_path, calib_path, (int)calib_chunks, (int)threads, &pr))) goto fail;
