@@ -95,8 +95,17 @@ tern_status tn_wfile_open(const char *path, tn_wfile *w) {
         memset(w, 0, sizeof *w);
         return tn_err(TERN_ERR_NOMEM, "out of memory opening '%s'", path);
     }
-    snprintf(w->tmp_path, n, "%s.tmp.%ld.%u", path, (long)getpid(), atomic_fetch_add(&tn_tmp_counter, 1));
-    int fd = open(w->tmp_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        tn_free(w->path);
+        tn_free(w->tmp_path);
+        memset(w, 0, sizeof *w);
+        return tn_err(TERN_ERR_IO, "cannot write '%s': it is a directory", path);
+    }
+    w->direct = stat(path, &st) == 0 && !S_ISREG(st.st_mode);
+    if (w->direct) snprintf(w->tmp_path, n, "%s", path); /* a device or FIFO: in place */
+    else snprintf(w->tmp_path, n, "%s.tmp.%ld.%u", path, (long)getpid(), atomic_fetch_add(&tn_tmp_counter, 1));
+    int fd = w->direct ? open(path, O_WRONLY | O_CLOEXEC) : open(w->tmp_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) {
         int e = errno;
         tern_status s = tn_err(TERN_ERR_IO, "cannot create '%s': %s", w->tmp_path, strerror(e));
@@ -108,7 +117,7 @@ tern_status tn_wfile_open(const char *path, tn_wfile *w) {
     w->f = fdopen(fd, "wb");
     if (!w->f) {
         close(fd);
-        unlink(w->tmp_path);
+        if (!w->direct) unlink(w->tmp_path);
         tn_free(w->path);
         tn_free(w->tmp_path);
         memset(w, 0, sizeof *w);
@@ -142,22 +151,28 @@ static void tn_wfile_release(tn_wfile *w) {
 void tn_wfile_abort(tn_wfile *w) {
     if (!w->tmp_path) return;
     if (w->f) fclose(w->f);
-    unlink(w->tmp_path);
+    if (!w->direct) unlink(w->tmp_path);
     tn_wfile_release(w);
 }
 
 tern_status tn_wfile_commit(tn_wfile *w) {
     if (!w->tmp_path) return tn_err(TERN_ERR_STATE, "output file already closed");
     if (!w->err && fflush(w->f) != 0) tn_wfile_fail(w, TERN_ERR_IO, "write failed", errno);
-    if (!w->err && fsync(fileno(w->f)) != 0) tn_wfile_fail(w, TERN_ERR_IO, "fsync failed", errno);
+    /* devices and pipes may not support fsync (EINVAL, ENOTSUP): nothing to make durable there */
+    if (!w->err && fsync(fileno(w->f)) != 0 && !(w->direct && (errno == EINVAL || errno == ENOTSUP || errno == EROFS)))
+        tn_wfile_fail(w, TERN_ERR_IO, "fsync failed", errno);
     if (fclose(w->f) != 0 && !w->err) tn_wfile_fail(w, TERN_ERR_IO, "close failed", errno);
     w->f = NULL;
-    if (!w->err && rename(w->tmp_path, w->path) != 0) tn_wfile_fail(w, TERN_ERR_IO, "rename failed", errno);
+    if (!w->err && !w->direct && rename(w->tmp_path, w->path) != 0) tn_wfile_fail(w, TERN_ERR_IO, "rename failed", errno);
     if (w->err) {
         tern_status s = tn_err(w->err, "writing '%s' (%llu bytes written): %s", w->path, (unsigned long long)w->written, w->err_msg);
-        unlink(w->tmp_path);
+        if (!w->direct) unlink(w->tmp_path);
         tn_wfile_release(w);
         return s;
+    }
+    if (w->direct) {
+        tn_wfile_release(w);
+        return TERN_OK;
     }
     /* Make the rename durable. */
     char *dir = tn_strdup(w->path);

@@ -7,6 +7,9 @@
  * tn_wfile: output written to "<path>.tmp.<pid>.<n>" in the same directory, then fsync + rename on
  * commit, so the final path is either absent/old or complete. Abort (or any failure) removes the
  * temp file. Write errors are sticky and reported at commit (TERN_ERR_IO naming path and errno).
+ * A path that exists and is not a regular file (/dev/null, /dev/full, a FIFO, /dev/stdout) is
+ * written in place: a rename would replace the device node itself (as root, /dev/full would
+ * become a file). A directory is refused at open.
  */
 #ifndef TN_CORE_FILE_H
 #define TN_CORE_FILE_H
@@ -31,6 +34,7 @@ typedef struct tn_wfile {
     tern_status err; /* first failure, sticky */
     char err_msg[256];
     uint64_t written;
+    bool direct; /* written in place (not a regular file): no temp, no rename */
 } tn_wfile;
 
 tern_status tn_wfile_open(const char *path, tn_wfile *w);

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -159,6 +160,36 @@ static void test_wfile(void **state) {
     assert_int_equal(tn_wfile_open(bad, &w), TERN_ERR_IO);
     assert_int_equal(tn_map_open(bad, true, &m), TERN_ERR_NOT_FOUND);
     assert_int_equal(tn_map_open(dir, true, &m), TERN_ERR_NOT_FOUND);
+    /* a directory as the output: refused at open, the directory untouched */
+    assert_int_equal(tn_wfile_open(dir, &w), TERN_ERR_IO);
+    assert_non_null(strstr(tern_last_error(), "directory"));
+    assert_int_equal(stat(dir, &st), 0);
+    assert_true(S_ISDIR(st.st_mode));
+    /* not a regular file (a FIFO here, as /dev/full or /dev/null would be): written in place, the
+     * node itself stays (a rename would have replaced it with a file); the reader gets the bytes */
+    char fifo[300];
+    snprintf(fifo, sizeof fifo, "%s/fifo", dir);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    const pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) { /* reader: exit status 7 when it got the 7 bytes; killed after 20 s if no writer comes */
+        alarm(20);
+        FILE *f = fopen(fifo, "rb");
+        char buf[64];
+        const size_t n = f ? fread(buf, 1, sizeof buf, f) : 0;
+        _exit(n == 7 && !memcmp(buf, "pipe\0\0\0", 7) ? 7 : 1);
+    }
+    assert_int_equal(tn_wfile_open(fifo, &w), TERN_OK);
+    tn_wfile_write(&w, "pipe", 4);
+    tn_wfile_pad(&w, 3);
+    assert_int_equal(tn_wfile_commit(&w), TERN_OK);
+    int wst = 0;
+    assert_int_equal(waitpid(pid, &wst, 0), pid);
+    assert_true(WIFEXITED(wst));
+    assert_int_equal(WEXITSTATUS(wst), 7);
+    assert_int_equal(lstat(fifo, &st), 0);
+    assert_true(S_ISFIFO(st.st_mode));
+    unlink(fifo);
     unlink(path);
     rmdir(dir);
 }

@@ -13,13 +13,16 @@
  * KLD file: "TERNKLD1" u32 n_ctx u32 n_vocab u32 n_chunk u32 n_tokens, i32 tokens[n_tokens],
  * then per chunk (n_ctx - 1 - n_ctx/2) rows of n_vocab f16 logits.
  */
+#include <errno.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli.h"
+#include "core/file.h"
 #include "core/fp16.h"
 #include "model/ops.h"
 
@@ -69,13 +72,17 @@ int cmd_perplexity(int argc, char **argv) {
     if (!model_path) return tn_cli_usage_error("missing -m model.gguf");
     if (!text_path && !kld_mode) return tn_cli_usage_error("missing -f text.txt");
     if (kld_mode && !kld_path) return tn_cli_usage_error("--kl-divergence needs --kl-divergence-base FILE");
+    if (kld_path && !kld_mode && (tn_same_file(kld_path, model_path) || (text_path && tn_same_file(kld_path, text_path))))
+        return tn_cli_usage_error("--kl-divergence-base '%s' is an input of this run; it would be overwritten", kld_path);
 
     int rc = TN_EXIT_OK;
     tern_model *m = NULL;
     tern_ctx *c = NULL;
     char *text = NULL;
     tern_token *toks = NULL;
-    FILE *kf = NULL;
+    FILE *kf = NULL;    /* --kl-divergence: the base file read */
+    tn_wfile kw = {0};  /* --kl-divergence-base without it: the base file written (temp + rename) */
+    bool kw_open = false;
     uint16_t *row16 = NULL;
     float *base = NULL;
     tern_model_params mp;
@@ -89,7 +96,11 @@ int cmd_perplexity(int argc, char **argv) {
     if (kld_mode) {
         kf = fopen(kld_path, "rb");
         char magic[8];
-        if (!kf) { rc = TN_EXIT_NOINPUT; fprintf(stderr, "tern: error: cannot open '%s'\n", kld_path); goto out; }
+        if (!kf) {
+            rc = TN_EXIT_NOINPUT;
+            fprintf(stderr, "tern: error: cannot open '%s': %s\n", kld_path, strerror(errno));
+            goto out;
+        }
         if (fread(magic, 1, 8, kf) != 8 || memcmp(magic, "TERNKLD1", 8) || fread(hdr, 4, 4, kf) != 4) {
             rc = TN_EXIT_DATAERR;
             fprintf(stderr, "tern: error: '%s' is not a tern KL-divergence base file\n", kld_path);
@@ -100,10 +111,40 @@ int cmd_perplexity(int argc, char **argv) {
             fprintf(stderr, "tern: error: '%s' has n_vocab %u, the model %d\n", kld_path, hdr[1], n_vocab);
             goto out;
         }
+        /* the header as the writer makes it (n_ctx as -c allows, n_tokens = n_chunk x n_ctx), and
+         * the file exactly as long as it implies: checked before anything is allocated or read */
+        if (hdr[0] < 8 || hdr[0] > (1u << 20) || hdr[2] < 1 || (uint64_t)hdr[2] * hdr[0] != hdr[3]) {
+            rc = TN_EXIT_DATAERR;
+            fprintf(stderr, "tern: error: '%s' has an inconsistent header (n_ctx %u, %u chunks, %u tokens)\n", kld_path,
+                    hdr[0], hdr[2], hdr[3]);
+            goto out;
+        }
+        const uint64_t rows = (uint64_t)hdr[2] * (hdr[0] - 1 - hdr[0] / 2);
+        const uint64_t want = 24 + 4 * (uint64_t)hdr[3] + rows * (uint64_t)n_vocab * 2;
+        struct stat st;
+        if (fstat(fileno(kf), &st) || (uint64_t)st.st_size != want) {
+            rc = TN_EXIT_DATAERR;
+            fprintf(stderr, "tern: error: '%s' has %lld bytes; its header (%u chunks of %u tokens, n_vocab %u) needs %llu%s\n",
+                    kld_path, (long long)st.st_size, hdr[2], hdr[0], hdr[1], (unsigned long long)want,
+                    (uint64_t)st.st_size < want ? " (truncated)" : "");
+            goto out;
+        }
         n_ctx = hdr[0];
         n_tok = hdr[3];
         toks = malloc(sizeof *toks * (size_t)(n_tok + 1));
-        if (!toks || fread(toks, sizeof *toks, (size_t)n_tok, kf) != (size_t)n_tok) { rc = TN_EXIT_DATAERR; goto out; }
+        if (!toks) { rc = TN_EXIT_OSERR; fprintf(stderr, "tern: error: out of memory for %lld tokens\n", (long long)n_tok); goto out; }
+        if (fread(toks, sizeof *toks, (size_t)n_tok, kf) != (size_t)n_tok) {
+            rc = TN_EXIT_DATAERR;
+            fprintf(stderr, "tern: error: '%s' is truncated (reading its tokens)\n", kld_path);
+            goto out;
+        }
+        for (int64_t i = 0; i < n_tok; i++)
+            if (toks[i] < 0 || toks[i] >= n_vocab) {
+                rc = TN_EXIT_DATAERR;
+                fprintf(stderr, "tern: error: '%s' holds token %d at %lld, outside the model's vocabulary (%d)\n", kld_path,
+                        (int)toks[i], (long long)i, n_vocab);
+                goto out;
+            }
     } else {
         size_t len = 0;
         s = tn_cli_read_file(text_path, &text, &len);
@@ -115,7 +156,7 @@ int cmd_perplexity(int argc, char **argv) {
         if (s) { rc = tn_cli_fail(s, "tokenizing"); goto out; }
         n_tok = n;
     }
-    if (n_tok < 2 * n_ctx) {
+    if (!kld_mode && n_tok < 2 * n_ctx) {
         fprintf(stderr, "tern: error: need at least %lld tokens for -c %lld; the text has %lld\n", (long long)(2 * n_ctx),
                 (long long)n_ctx, (long long)n_tok);
         rc = TN_EXIT_DATAERR;
@@ -139,12 +180,12 @@ int cmd_perplexity(int argc, char **argv) {
     base = malloc(sizeof *base * (size_t)n_vocab);
     if (!row16 || !base) { rc = TN_EXIT_OSERR; goto out; }
     if (kld_path && !kld_mode) {
-        kf = fopen(kld_path, "wb");
-        if (!kf) { rc = TN_EXIT_IOERR; fprintf(stderr, "tern: error: cannot write '%s'\n", kld_path); goto out; }
+        if ((s = tn_wfile_open(kld_path, &kw))) { rc = tn_cli_fail(s, "--kl-divergence-base"); goto out; }
+        kw_open = true;
         uint32_t h[4] = {(uint32_t)n_ctx, (uint32_t)n_vocab, (uint32_t)n_chunk, (uint32_t)(n_chunk * n_ctx)};
-        fwrite("TERNKLD1", 1, 8, kf);
-        fwrite(h, 4, 4, kf);
-        fwrite(toks, sizeof *toks, (size_t)(n_chunk * n_ctx), kf);
+        tn_wfile_write(&kw, "TERNKLD1", 8);
+        tn_wfile_write(&kw, h, sizeof h);
+        tn_wfile_write(&kw, toks, sizeof *toks * (size_t)(n_chunk * n_ctx));
     }
 
     fprintf(stderr, "perplexity: %lld tokens, %lld chunks of %lld (scoring the last %d of each), n_vocab %d\n",
@@ -157,7 +198,7 @@ int cmd_perplexity(int argc, char **argv) {
     const double t0 = tn_cli_now();
     tern_token *chunk = malloc(sizeof *chunk * (size_t)n_ctx);
     if (!chunk) { rc = TN_EXIT_OSERR; goto out; }
-    for (int64_t ci = 0; ci < n_chunk && !g_stop; ci++) {
+    for (int64_t ci = 0; ci < n_chunk && !g_stop && !(kw_open && kw.err); ci++) { /* a write error ends it early */
         memcpy(chunk, toks + ci * n_ctx, sizeof *chunk * (size_t)n_ctx);
         if (add_bos) chunk[0] = bos;
         if ((s = tern_ctx_truncate(c, 0)) || (s = tern_decode(c, chunk, (int32_t)n_ctx))) {
@@ -175,7 +216,7 @@ int cmd_perplexity(int argc, char **argv) {
             nll2 += v * v;
             if (kld_path && !kld_mode) {
                 for (int j = 0; j < n_vocab; j++) row16[j] = tn_fp32_to_fp16(l[j]);
-                fwrite(row16, 2, (size_t)n_vocab, kf);
+                tn_wfile_write(&kw, row16, 2 * (size_t)n_vocab);
             } else if (kld_mode) {
                 if (fread(row16, 2, (size_t)n_vocab, kf) != (size_t)n_vocab) {
                     free(chunk);
@@ -210,8 +251,11 @@ int cmd_perplexity(int argc, char **argv) {
     if (g_stop) {
         fprintf(stderr, "tern: interrupted\n");
         rc = TN_EXIT_INTERRUPTED;
-        if (kf && !kld_mode) fclose(kf), kf = NULL, remove(kld_path);
-        goto out;
+        goto out; /* the base file's temp is removed below */
+    }
+    if (kw_open) { /* the base file complete: in place by rename */
+        kw_open = false;
+        if ((s = tn_wfile_commit(&kw))) { rc = tn_cli_fail(s, "--kl-divergence-base"); goto out; }
     }
     {
         const double mean = nll / count, var = nll2 / count - mean * mean;
@@ -225,7 +269,8 @@ int cmd_perplexity(int argc, char **argv) {
         }
     }
 out:
-    if (kf && fclose(kf) && !kld_mode && rc == 0) rc = TN_EXIT_IOERR;
+    if (kf) fclose(kf);
+    if (kw_open) tn_wfile_abort(&kw);
     free(base);
     free(row16);
     free(toks);
