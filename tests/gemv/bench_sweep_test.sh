@@ -50,5 +50,11 @@ check "sweep temp dir removed (json)" '[ -z "$(ls -A "$T/tmp")" ]'
 
 # errors: a sweep needs -m; a bad group is a usage error
 "$TERN" bench --sweep-bits >/dev/null 2>&1; check "sweep without -m exits 64" '[ $? -eq 64 ]'
+# a quantized model: refused (65) naming the type, before anything is quantized or measured
+"$TERN" synth --preset tiny --type q8_0 -o "$T/tiny-q8.gguf" >/dev/null 2>&1
+TMPDIR="$T/tmp" "$TERN" bench --sweep-bits -m "$T/tiny-q8.gguf" -n 4 -r 1 -t 1 >/dev/null 2>"$T/qerr"
+check "sweep of a q8_0 model exits 65" '[ $? -eq 65 ]'
+check "sweep of a q8_0 model names the type, measures nothing" 'grep -q "needs an f32, f16 or bf16 model.*q8_0" "$T/qerr" && ! grep -q "measuring the machine" "$T/qerr"'
+check "sweep of a q8_0 model leaves no temp dir" '[ -z "$(ls -A "$T/tmp")" ]'
 "$TERN" bench --sweep-bits -m "$T/tiny-f16.gguf" --group 48 >/dev/null 2>&1; check "bad --group exits 64" '[ $? -eq 64 ]'
 exit $fail

@@ -26,6 +26,7 @@
 
 #include "cli.h"
 #include "core/cpu.h"
+#include "fmt/gguf.h"
 #include "kern/peak.h"
 #include "model/model.h"
 #include "quant/tq.h"
@@ -210,6 +211,28 @@ static void print_peaks_json(const peaks *pk) {
 
 /* ---- --sweep-bits: tq1..tq8 of one f16/f32 model ------------------------------------------- */
 
+/* --sweep-bits quantizes from the model's own weights: they must be float (f32 / f16 / bf16), or
+ * every width would carry the first quantization's error as well. */
+static int sweep_check_input(const char *path) {
+    tn_gguf *g = NULL;
+    tern_status s = tn_gguf_open(path, true, &g);
+    if (s) return tn_cli_fail(s, "--sweep-bits");
+    const char *qname = NULL;
+    for (uint64_t i = 0; i < g->n_tensors && !qname; i++) {
+        const tn_gguf_tensor *t = &g->tensors[i];
+        if (t->n_dims >= 2 && t->type != TN_F32 && t->type != TN_F16 && t->type != TN_BF16) qname = t->name;
+    }
+    int rc = TN_EXIT_OK;
+    if (qname) {
+        const tn_gguf_tensor *t = tn_gguf_find_tensor(g, qname);
+        fprintf(stderr, "tern: error: --sweep-bits needs an f32, f16 or bf16 model; '%s' has %s weights (%s)\n", path,
+                tn_dtype_name(t->type), qname);
+        rc = TN_EXIT_DATAERR;
+    }
+    tn_gguf_free(g);
+    return rc;
+}
+
 static int sweep_bits(const char *path, const bench_opts *o, const peaks *pk, int group, bool asym, bool json) {
     const char *tmp = getenv("TMPDIR");
     char dir[1024], out[1024 + 64];
@@ -343,6 +366,10 @@ int cmd_bench(int argc, char **argv) {
     if (sweep && !np_set) o.n_prompt = 0;
     const int nt = o.threads ? (int)o.threads : tn_cpu_count();
     peaks pk = {0};
+    if (sweep) { /* before the machine is measured: a wrong input fails at once */
+        const int in_rc = sweep_check_input(model_path);
+        if (in_rc != TN_EXIT_OK) return in_rc;
+    }
     if (roofline) measure_peaks(nt, &pk);
     if (sweep) return sweep_bits(model_path, &o, roofline ? &pk : NULL, (int)group, sweep_asym, !strcmp(fmt, "json"));
 
