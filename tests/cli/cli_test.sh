@@ -39,6 +39,19 @@ expect_one_err "cannot open '.*nofile.txt'" "missing --calib text: one error nam
 [ ! -e "$TMP/q.gguf" ] && [ -z "$(ls "$TMP" | grep 'q.gguf.tmp')" ] && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL: a failed quantize left a file"; }
 expect 74 "directory as prompt file" -- "$TERN" generate -m "$MODEL" -f "$TMP" -n 1
 expect_one_err "read error on" "directory as prompt file: one error"
+# an output that is one of the run's inputs is refused (64), and the input is left as it was
+cp "$MODEL" "$TMP/in.gguf"
+for i in $(seq 40); do echo "the cat sat on the mat and the dog sat on the log by the door"; done > "$TMP/text.txt"
+cp "$TMP/text.txt" "$TMP/text0.txt"
+expect 64 "imatrix -o over the model" -- "$TERN" imatrix -m "$TMP/in.gguf" -f "$TMP/text.txt" -c 16 -o "$TMP/in.gguf"
+expect_one_err "is an input of this run" "imatrix -o over the model: named"
+expect 64 "imatrix -o over the text" -- "$TERN" imatrix -m "$TMP/in.gguf" -f "$TMP/text.txt" -c 16 -o "$TMP/./text.txt"
+expect 64 "quantize output over its --imatrix" -- "$TERN" quantize --allow-requantize --imatrix "$TMP/text.txt" "$TMP/in.gguf" "$TMP/text.txt" tq3
+expect 64 "tokenizer-train -o over its text" -- "$TERN" tokenizer-train --vocab 300 -o "$TMP/text.txt" "$TMP/text.txt"
+expect 64 "train -o over its data" -- "$TERN" train --data "$TMP/text.txt" -o "$TMP/text.txt" --steps 1
+expect 64 "train -o over its --init" -- "$TERN" train --data "$TMP/text.txt" --init "$TMP/in.gguf" -o "$TMP/in.gguf" --steps 1
+expect 64 "perplexity base over the model" -- "$TERN" perplexity -m "$TMP/in.gguf" -f "$TMP/text.txt" -c 16 --kl-divergence-base "$TMP/in.gguf"
+cmp -s "$MODEL" "$TMP/in.gguf" && cmp -s "$TMP/text.txt" "$TMP/text0.txt" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL: an input was overwritten"; }
 expect 64 "negative -n" -- "$TERN" generate -m "$MODEL" -n -5
 expect 64 "zero threads" -- "$TERN" generate -m "$MODEL" -t 0
 expect_err "\-t" "bad -t names the flag"

@@ -9,6 +9,7 @@
 
 #include "cli.h"
 #include "core/base.h"
+#include "core/file.h"
 
 int tn_cli_exit_code(tern_status s) {
     switch (s) {
@@ -68,6 +69,14 @@ double tn_cli_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int tn_cli_check_output(const char *what, const char *out, const char *const *inputs, int n) {
+    if (!out) return TN_EXIT_OK;
+    for (int i = 0; i < n; i++)
+        if (inputs[i] && (!strcmp(out, inputs[i]) || tn_same_file(out, inputs[i])))
+            return tn_cli_usage_error("%s '%s' is an input of this run ('%s'); it would be overwritten", what, out, inputs[i]);
+    return TN_EXIT_OK;
 }
 
 tern_status tn_cli_read_file(const char *path, char **out, size_t *len) {

@@ -44,6 +44,9 @@ bool tn_cli_parse_f32(const char *s, float lo, float hi, float *out);
 /* Reads a whole file (NUL-terminated, malloc'd). NOT_FOUND / NOMEM / IO with the message in
  * tern_last_error() (nothing printed: the caller reports it, e.g. tn_cli_fail). */
 tern_status tn_cli_read_file(const char *path, char **out, size_t *len);
+/* An output path that is one of the run's inputs (same path or same file) would destroy it: a usage
+ * error (exit 64) naming both; TN_EXIT_OK when out is none of them (NULL entries are skipped). */
+int tn_cli_check_output(const char *what, const char *out, const char *const *inputs, int n);
 /* Finds tern's default model: $TERN_DEFAULT_MODEL, <exe>/../share/tern/tern-default.gguf,
  * <exe>/../models/tern-default.gguf, <source dir>/models/tern-default.gguf. */
 bool tn_cli_default_model(char *buf, size_t cap);

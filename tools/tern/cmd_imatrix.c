@@ -96,6 +96,11 @@ int cmd_imatrix(int argc, char **argv) {
     }
     if (!model_path) return tn_cli_usage_error("missing -m model.gguf");
     if (!text_path) return tn_cli_usage_error("missing -f calib.txt");
+    {
+        const char *const inputs[] = {model_path, text_path};
+        const int orc = tn_cli_check_output("-o", out_path, inputs, 2);
+        if (orc != TN_EXIT_OK) return orc;
+    }
 
     int rc = TN_EXIT_OK;
     tern_model *m = NULL;

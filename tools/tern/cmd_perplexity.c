@@ -72,8 +72,11 @@ int cmd_perplexity(int argc, char **argv) {
     if (!model_path) return tn_cli_usage_error("missing -m model.gguf");
     if (!text_path && !kld_mode) return tn_cli_usage_error("missing -f text.txt");
     if (kld_mode && !kld_path) return tn_cli_usage_error("--kl-divergence needs --kl-divergence-base FILE");
-    if (kld_path && !kld_mode && (tn_same_file(kld_path, model_path) || (text_path && tn_same_file(kld_path, text_path))))
-        return tn_cli_usage_error("--kl-divergence-base '%s' is an input of this run; it would be overwritten", kld_path);
+    if (kld_path && !kld_mode) {
+        const char *const inputs[] = {model_path, text_path};
+        const int orc = tn_cli_check_output("--kl-divergence-base", kld_path, inputs, 2);
+        if (orc != TN_EXIT_OK) return orc;
+    }
 
     int rc = TN_EXIT_OK;
     tern_model *m = NULL;

@@ -740,6 +740,10 @@ int cmd_quantize(int argc, char **argv) {
         rc = tn_cli_usage_error("input and output are the same file: '%s'", out_path);
         goto done;
     }
+    {
+        const char *const inputs[] = {imatrix_path, calib_path};
+        if ((rc = tn_cli_check_output("output", out_path, inputs, 2)) != TN_EXIT_OK) goto done;
+    }
 
     tn_gguf *g = NULL;
     tern_status s = tn_gguf_open(in_path, true, &g);

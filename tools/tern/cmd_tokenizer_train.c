@@ -38,6 +38,7 @@ int cmd_tokenizer_train(int argc, char **argv) {
         } else files[nf++] = a;
     }
     if (!out || !nf) { free(files); tt_usage(stderr); return TN_EXIT_USAGE; }
+    if ((rc = tn_cli_check_output("-o", out, files, nf)) != TN_EXIT_OK) { free(files); return rc; }
     tn_map *maps = calloc((size_t)nf, sizeof *maps);
     const char **texts = calloc((size_t)nf, sizeof *texts);
     size_t *lens = calloc((size_t)nf, sizeof *lens);
