@@ -52,6 +52,10 @@ expect 64 "train -o over its data" -- "$TERN" train --data "$TMP/text.txt" -o "$
 expect 64 "train -o over its --init" -- "$TERN" train --data "$TMP/text.txt" --init "$TMP/in.gguf" -o "$TMP/in.gguf" --steps 1
 expect 64 "perplexity base over the model" -- "$TERN" perplexity -m "$TMP/in.gguf" -f "$TMP/text.txt" -c 16 --kl-divergence-base "$TMP/in.gguf"
 cmp -s "$MODEL" "$TMP/in.gguf" && cmp -s "$TMP/text.txt" "$TMP/text0.txt" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL: an input was overwritten"; }
+expect 64 "quantize without TYPE" -- "$TERN" quantize "$MODEL" "$TMP/x.gguf"
+expect_one_err "missing TYPE" "quantize without TYPE: says what is missing"
+expect 64 "quantize --imatrix without a value" -- "$TERN" quantize "$MODEL" "$TMP/x.gguf" tq3 --imatrix
+expect_one_err "\-\-imatrix needs a value" "quantize --imatrix without a value: named"
 expect 64 "negative -n" -- "$TERN" generate -m "$MODEL" -n -5
 expect 64 "zero threads" -- "$TERN" generate -m "$MODEL" -t 0
 expect_err "\-t" "bad -t names the flag"

@@ -694,7 +694,12 @@ int cmd_quantize(int argc, char **argv) {
                 goto done;
             }
         } else if (a[0] == '-' && a[1]) {
-            rc = tn_cli_usage_error("unknown option '%s' (see tern quantize --help)", a);
+            static const char *const valued[] = {"-t", "--threads", "--output-tensor-type", "--token-embedding-type",
+                                                 "--tensor-type", "--imatrix", "--target-bpw", "--calib", "--calib-chunks"};
+            bool known = false;
+            for (size_t v = 0; v < sizeof valued / sizeof valued[0]; v++) known |= !strcmp(a, valued[v]);
+            rc = known ? tn_cli_usage_error("%s needs a value", a)
+                       : tn_cli_usage_error("unknown option '%s' (see tern quantize --help)", a);
             goto done;
         } else if (npos < 4) {
             pos[npos++] = a;
@@ -704,8 +709,9 @@ int cmd_quantize(int argc, char **argv) {
         }
     }
     if (npos < 3) {
-        usage();
-        rc = TN_EXIT_USAGE;
+        static const char *const what[] = {"in.gguf, out.gguf and TYPE", "out.gguf and TYPE", "TYPE"};
+        rc = tn_cli_usage_error("missing %s (usage: tern quantize [options] in.gguf out.gguf TYPE [threads]; see --help)",
+                                what[npos]);
         goto done;
     }
     if (npos == 4 && !tn_cli_parse_i64(pos[3], 1, 1024, &threads)) { rc = tn_cli_usage_error("bad thread count '%s'", pos[3]); goto done; }
