@@ -96,13 +96,14 @@ tern_status tn_wfile_open(const char *path, tn_wfile *w) {
         return tn_err(TERN_ERR_NOMEM, "out of memory opening '%s'", path);
     }
     struct stat st;
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+    const bool exists = stat(path, &st) == 0;
+    if (exists && S_ISDIR(st.st_mode)) {
         tn_free(w->path);
         tn_free(w->tmp_path);
         memset(w, 0, sizeof *w);
         return tn_err(TERN_ERR_IO, "cannot write '%s': it is a directory", path);
     }
-    w->direct = stat(path, &st) == 0 && !S_ISREG(st.st_mode);
+    w->direct = exists && !S_ISREG(st.st_mode);
     if (w->direct) snprintf(w->tmp_path, n, "%s", path); /* a device or FIFO: in place */
     else snprintf(w->tmp_path, n, "%s.tmp.%ld.%u", path, (long)getpid(), atomic_fetch_add(&tn_tmp_counter, 1));
     int fd = w->direct ? open(path, O_WRONLY | O_CLOEXEC) : open(w->tmp_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);

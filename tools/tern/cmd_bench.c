@@ -217,21 +217,23 @@ static int sweep_check_input(const char *path) {
     tn_gguf *g = NULL;
     tern_status s = tn_gguf_open(path, true, &g);
     if (s) return tn_cli_fail(s, "--sweep-bits");
-    const char *qname = NULL;
-    for (uint64_t i = 0; i < g->n_tensors && !qname; i++) {
+    const tn_gguf_tensor *q = NULL; /* the first quantized matrix */
+    for (uint64_t i = 0; i < g->n_tensors && !q; i++) {
         const tn_gguf_tensor *t = &g->tensors[i];
-        if (t->n_dims >= 2 && t->type != TN_F32 && t->type != TN_F16 && t->type != TN_BF16) qname = t->name;
+        if (t->n_dims >= 2 && t->type != TN_F32 && t->type != TN_F16 && t->type != TN_BF16) q = t;
     }
     int rc = TN_EXIT_OK;
-    if (qname) {
-        const tn_gguf_tensor *t = tn_gguf_find_tensor(g, qname);
+    if (q) {
         fprintf(stderr, "tern: error: --sweep-bits needs an f32, f16 or bf16 model; '%s' has %s weights (%s)\n", path,
-                tn_dtype_name(t->type), qname);
+                tn_dtype_name(q->type), q->name);
         rc = TN_EXIT_DATAERR;
     }
     tn_gguf_free(g);
     return rc;
 }
+
+/* A tg row's roofline percentage against the whole file's weights instead of the bytes read. */
+static double roof_of_size(const bench_row *R, const model_info *mi) { return R->pct_roof * mi->size / mi->tok_bytes; }
 
 static int sweep_bits(const char *path, const bench_opts *o, const peaks *pk, int group, bool asym, bool json) {
     const char *tmp = getenv("TMPDIR");
@@ -279,7 +281,7 @@ static int sweep_bits(const char *path, const bench_opts *o, const peaks *pk, in
             if (tg)
                 printf("\"n_gen\": %d, \"tg_ts\": %.6f, \"tg_stddev_ts\": %.6f, \"tg_gbs\": %.3f, \"roofline_pct\": %.2f, "
                        "\"roofline_size_pct\": %.2f, \"read_bw_during_gbs\": %.3f, ",
-                       tg->n_gen, tg->mean, tg->sd, tg->rate, tg->pct_roof, tg->pct_roof * W->mi.size / W->mi.tok_bytes,
+                       tg->n_gen, tg->mean, tg->sd, tg->rate, tg->pct_roof, roof_of_size(tg, &W->mi),
                        tg->bw_during);
             if (pp)
                 printf("\"n_prompt\": %d, \"pp_ts\": %.6f, \"pp_stddev_ts\": %.6f, \"pp_gops\": %.1f, \"pp_peak_pct\": %.2f, ",
@@ -298,7 +300,7 @@ static int sweep_bits(const char *path, const bench_opts *o, const peaks *pk, in
             const bench_row *R = &W->rows[r];
             char roof[32] = "", roof_size[32] = "", rate[32], during[32] = "";
             if (R->pct_roof > 0) snprintf(roof, sizeof roof, "%.1f%%", R->pct_roof);
-            if (R->pct_roof > 0 && R->n_gen) snprintf(roof_size, sizeof roof_size, "%.1f%%", R->pct_roof * W->mi.size / W->mi.tok_bytes);
+            if (R->pct_roof > 0 && R->n_gen) snprintf(roof_size, sizeof roof_size, "%.1f%%", roof_of_size(R, &W->mi));
             if (R->bw_during > 0) snprintf(during, sizeof during, "%.1f", R->bw_during);
             if (R->n_gen) snprintf(rate, sizeof rate, "%.1f", R->rate);
             else snprintf(rate, sizeof rate, "%.0f*", R->rate);

@@ -455,16 +455,13 @@ static void target_range(const tn_gguf *g, const size_t *order, const tn_qmix_ch
 
 /* Chooses the bit width of every allocatable tensor (quantizable, not overridden, ne0 a multiple
  * of the family's group) so that the whole file has at most `target` bits per weight with the
- * least total error. The error of a tensor is its importance-weighted squared quantization error
+ * least total error (all8: the target holds every one at 8 bits, target_range — nothing weighed). The error of a tensor is its importance-weighted squared quantization error
  * (weight 1 per column without an importance matrix), as an estimate of the squared error it adds
  * to its output per token; token_embd's is divided by its rows (one row is read per token). */
 static tern_status plan_target(const tn_gguf *g, const size_t *order, const tn_qmix_tensor *mt, tn_qmix_choice *ch,
                                size_t n, const tn_qmix_opts *opts, const tn_tq_params *fam, const tn_imatrix *imat, double target, tn_pool *pool,
-                               int nth, float *f32, probe_ctx *pr, double *achieved) {
+                               int nth, float *f32, probe_ctx *pr, bool all8, double *achieved) {
     tern_status s = TERN_OK;
-    double lo_bpw, hi_bpw;
-    target_range(g, order, ch, n, opts, fam, &lo_bpw, &hi_bpw);
-    const bool all8 = target >= hi_bpw;
     double *bits = calloc(n * 8 + 1, sizeof *bits), *err = calloc(n * 8 + 1, sizeof *err);
     const double **bp = calloc(n + 1, sizeof *bp), **ep = calloc(n + 1, sizeof *ep);
     int *ncand = calloc(n + 1, sizeof *ncand), *choice = calloc(n + 1, sizeof *choice);
@@ -820,7 +817,7 @@ int cmd_quantize(int argc, char **argv) {
                     imat ? "importance-weighted" : "plain");
         }
         s = plan_target(g, order, mt, ch, n, &opts, &tqp, imat, target_bpw, pool, (int)threads, q.f32,
-                        calib_chunks > 0 ? &pr : NULL, &achieved_bpw);
+                        calib_chunks > 0 ? &pr : NULL, target_bpw >= hi_bpw, &achieved_bpw);
         if (calib_chunks > 0) probe_close(&pr);
         if (s == TERN_ERR_INVALID_ARG) {
             rc = tn_cli_usage_error("%s", tern_last_error());

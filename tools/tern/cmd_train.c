@@ -169,9 +169,11 @@ int cmd_train(int argc, char **argv) {
     }
     if (!n_data) { rc = tn_cli_usage_error("train: --data FILE... is required"); goto out; }
     if (!o.out) { rc = tn_cli_usage_error("train: -o FILE is required"); goto out; }
-    for (int k = 0; k < n_data; k++) {
-        const char *const inputs[] = {data[k], o.tokenizer, o.init};
-        if ((rc = tn_cli_check_output("-o", o.out, inputs, 3)) != TN_EXIT_OK) goto out;
+    {
+        const char *const inputs[] = {o.tokenizer, o.init};
+        if ((rc = tn_cli_check_output("-o", o.out, inputs, 2)) != TN_EXIT_OK ||
+            (rc = tn_cli_check_output("-o", o.out, data, n_data)) != TN_EXIT_OK)
+            goto out;
     }
     if (ov[0] > 0) o.cfg.n_embd = (int32_t)ov[0];
     if (ov[1] > 0) o.cfg.n_layer = (int32_t)ov[1];
