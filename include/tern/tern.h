@@ -123,7 +123,13 @@ typedef struct tern_ctx_params {
     int32_t n_batch;     /* most tokens per tern_decode call (default 512)                       */
     int32_t n_threads;   /* worker threads (default: number of online CPUs)                      */
     bool logits_all;     /* keep logits for every token of a batch (perplexity), else only last */
+    int32_t device;      /* TERN_DEVICE_CPU (default) or TERN_DEVICE_CUDA: the model's layers run on
+                            the GPU, its KV cache lives there (load the model with repack = false) */
+    int32_t n_gpu_layers;/* with TERN_DEVICE_CUDA: layers 0 .. N-1 on the GPU, the rest (and then the
+                            output) on the CPU; -1 (default) = all                                */
 } tern_ctx_params;
+
+enum { TERN_DEVICE_CPU = 0, TERN_DEVICE_CUDA = 1 };
 
 TERN_API void tern_ctx_params_init(tern_ctx_params *p);
 TERN_API tern_status tern_ctx_create(const tern_model *m, const tern_ctx_params *p, tern_ctx **out);

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda/cuda.h"
 #include "kern/matmul.h"
 #include "model/ctx.h"
 
@@ -129,6 +130,8 @@ void tern_ctx_params_init(tern_ctx_params *p) {
     p->n_ctx = 0;
     p->n_batch = 512;
     p->n_threads = tn_cpu_count();
+    p->device = TERN_DEVICE_CPU;
+    p->n_gpu_layers = -1;
 }
 
 static void *tn_ctx_alloc(tern_ctx *c, size_t bytes, bool *ok) {
@@ -236,12 +239,23 @@ tern_status tern_ctx_create(const tern_model *m, const tern_ctx_params *pp, tern
         tern_ctx_free(c);
         return s;
     }
+    if (p.device == TERN_DEVICE_CUDA) {
+        s = tn_cuda_ctx_create(c, p.n_gpu_layers, &c->cuda);
+        if (s) {
+            tern_ctx_free(c);
+            return s;
+        }
+    } else if (p.device != TERN_DEVICE_CPU) {
+        tern_ctx_free(c);
+        return tn_err(TERN_ERR_INVALID_ARG, "tern_ctx_create: unknown device %d", p.device);
+    }
     *out = c;
     return TERN_OK;
 }
 
 void tern_ctx_free(tern_ctx *c) {
     if (!c) return;
+    tn_cuda_ctx_free(c->cuda);
     tn_pool_free(c->pool);
     void *bufs[] = {c->k_cache, c->v_cache, c->x, c->xb, c->q, c->kv, c->att, c->hb, c->hb2,
                     c->tmp, c->rope_cs, c->xq, c->pxb, c->pxq, c->mm_next, c->scores, c->logits, c->b_seq, c->b_pos, c->out_rows,
@@ -270,7 +284,15 @@ tern_status tern_decode(tern_ctx *c, const tern_token *toks, int32_t n) {
         if (toks[i] < 0 || toks[i] >= c->hp.n_vocab)
             return tn_err(TERN_ERR_INVALID_ARG, "tern_decode: token %d at index %d outside vocabulary 0..%d", toks[i], i,
                           c->hp.n_vocab - 1);
-    for (int32_t i = 0; i < n; i += c->n_batch) tn_forward(c, toks + i, TN_MIN(c->n_batch, n - i));
+    for (int32_t i = 0; i < n; i += c->n_batch) {
+        tn_forward(c, toks + i, TN_MIN(c->n_batch, n - i));
+        if (c->dev_status) {
+            tern_status s = c->dev_status;
+            c->dev_status = TERN_OK;
+            c->n_past -= TN_MIN(c->n_batch, n - i);
+            return s;
+        }
+    }
     return TERN_OK;
 }
 

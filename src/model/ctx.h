@@ -91,6 +91,10 @@ struct tern_ctx {
      * must only read). NULL (the default) costs one predictable branch per group. */
     void (*observe)(void *user, int32_t il, tn_obs_site site, const float *x, int32_t n, int32_t ne0);
     void *observe_user;
+    /* device = TERN_DEVICE_CUDA: the GPU side (src/cuda/cuda.h), which runs tn_forward_batch;
+     * dev_status: the first error a forward pass on it met (tern_decode returns it) */
+    struct tn_cuda_ctx *cuda;
+    tern_status dev_status;
 };
 
 /* One forward pass over n tokens at positions n_past..; writes KV and logits (last token, or
@@ -103,5 +107,8 @@ void tn_forward(tern_ctx *c, const tern_token *toks, int32_t n);
  * Caller's duty: n <= n_batch, flagged tokens <= n_logits_cap, tokens in vocabulary, and no two
  * tokens writing the same row. tables == NULL means one contiguous sequence. */
 void tn_forward_batch(tern_ctx *c, const tn_batch *b, const int32_t *const *tables);
+/* The same pass on the CPU alone, whatever the context's device (the CUDA backend runs the layers
+ * it does not hold through it). */
+void tn_forward_batch_cpu(tern_ctx *c, const tn_batch *b, const int32_t *const *tables);
 
 #endif

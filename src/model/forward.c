@@ -10,6 +10,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "cuda/cuda.h"
 #include "kern/matmul.h"
 #include "model/ctx.h"
 #include "model/ops.h"
@@ -293,12 +294,22 @@ static void tn_forward_task(void *vp, int ith, int nth) {
           nl, c->logits, hp->n_vocab, NULL);
 }
 
-void tn_forward_batch(tern_ctx *c, const tn_batch *b, const int32_t *const *tables) {
+void tn_forward_batch_cpu(tern_ctx *c, const tn_batch *b, const int32_t *const *tables) {
     tn_fwd f = {c, b, tables, 0, c->out_rows};
     for (int32_t t = 0; t < b->n; t++)
         if (b->logits[t]) c->out_rows[f.n_out++] = t;
     tn_pool_run(c->pool, tn_forward_task, &f);
     c->n_logits = f.n_out;
+}
+
+void tn_forward_batch(tern_ctx *c, const tn_batch *b, const int32_t *const *tables) {
+    if (c->cuda) {
+        tern_status s = tn_cuda_forward_batch(c, b, tables);
+        if (s && !c->dev_status) c->dev_status = s;
+        if (s) c->n_logits = 0;
+        return;
+    }
+    tn_forward_batch_cpu(c, b, tables);
 }
 
 void tn_forward(tern_ctx *c, const tern_token *toks, int32_t n) {

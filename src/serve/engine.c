@@ -55,6 +55,7 @@
 #include <time.h>
 
 #include "core/base.h"
+#include "cuda/cuda.h"
 #include "model/ctx.h"
 #include "model/ops.h"
 #include "serve/kv.h"
@@ -987,8 +988,12 @@ tern_status tn_engine_create(const tern_model *m, const tn_serve_config *cfg, tn
     cp.n_batch = cfg->n_batch > 0 ? cfg->n_batch : 512;
     if (cp.n_batch < e->np) cp.n_batch = e->np;
     if (cfg->n_threads > 0) cp.n_threads = cfg->n_threads;
+    cp.device = cfg->device;
+    cp.n_gpu_layers = cfg->n_gpu_layers;
     tern_status s = tern_ctx_create(m, &cp, &e->ctx);
     if (s) goto fail;
+    /* a request's tokens must not depend on what else is in its batch: on the GPU too */
+    tn_cuda_set_batch_invariant(e->ctx->cuda, true);
     e->n_batch = e->ctx->n_batch;
     if (e->np > e->ctx->n_logits_cap) e->np = e->ctx->n_logits_cap;
     if ((s = tn_kv_init(&e->kv, e->ctx->kv_blocks))) goto fail;

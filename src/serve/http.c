@@ -55,6 +55,7 @@ void tn_serve_config_init(tn_serve_config *c) {
     c->drain_timeout_s = 30;
     c->conn_timeout_s = 30;
     c->max_body = 4u << 20;
+    c->n_gpu_layers = -1;
 }
 
 /* ---- responses ------------------------------------------------------------------------------- */
@@ -773,7 +774,7 @@ int tn_serve_run(const tn_serve_config *cfg) {
 
     tern_model_params mp;
     tern_model_params_init(&mp);
-    mp.repack = !cfg->no_repack;
+    mp.repack = !cfg->no_repack && cfg->device == TERN_DEVICE_CPU; /* the GPU reads the file's layouts */
     tern_status s = tern_model_load(cfg->model_path, &mp, &S->model);
     if (s) {
         fprintf(stderr, "tern: error: loading the model: %s\n", tern_last_error());

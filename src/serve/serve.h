@@ -36,6 +36,8 @@ typedef struct tn_serve_config {
     int conn_timeout_s;
     size_t max_body;       /* request body cap (bytes)                                        */
     bool no_repack;        /* keep the file's weight layouts (tern_model_params.repack)        */
+    int32_t device;        /* TERN_DEVICE_CPU | TERN_DEVICE_CUDA (--device)                     */
+    int32_t n_gpu_layers;  /* -ngl: layers on the GPU (-1 all)                                 */
     double step_delay_ms;  /* testing only: sleep after each engine step (makes races visible) */
     bool debug_fail_alloc; /* testing only: honour `X-Tern-Fail-Alloc: N[,persistent]`: the N-th */
                            /* allocation after the request arrives fails (tn_alloc_fail_at)      */

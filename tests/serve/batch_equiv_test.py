@@ -14,8 +14,10 @@ PROMPTS = ["once upon a time", "the cat sat on", "hello world", "a b c d e f", "
            "zebra", "what is the answer to", "1 2 3 4 5 6 7"]
 
 def generate(p):
+    # TERN_SERVE_ARGS (device flags, e.g. --device cuda) apply to the reference run too
+    extra = os.environ.get("TERN_SERVE_ARGS", "").split()
     out = subprocess.run([tern, "generate", "-m", model, "-p", p, "-n", str(N), "--temp", "0", "-t", "1",
-                          "--ignore-eos", "--no-display-prompt"], capture_output=True, timeout=120, check=True).stdout
+                          "--ignore-eos", "--no-display-prompt", *extra], capture_output=True, timeout=120, check=True).stdout
     assert out.endswith(b"\n")
     return out[:-1].decode("utf-8", "replace")
 

@@ -19,7 +19,9 @@ trap cleanup EXIT
 # start_server ARGS... → sets SRV_PID, PORT, U
 start_server() {
     SRV_LOG=$(mktemp "$TMP/serve-log.XXXXXX")
-    "$TERN" serve -m "$MODEL" --port 0 -t 1 "$@" >"$SRV_LOG" 2>&1 &
+    # TERN_SERVE_ARGS: extra flags for every server (scripts/gpu-check.sh: --device cuda)
+    # shellcheck disable=SC2086
+    "$TERN" serve -m "$MODEL" --port 0 -t 1 ${TERN_SERVE_ARGS:-} "$@" >"$SRV_LOG" 2>&1 &
     SRV_PID=$!
     PORT=""
     for _ in $(seq 1 300); do

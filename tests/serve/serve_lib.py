@@ -32,7 +32,9 @@ class Server:
         os.makedirs(tmp, exist_ok=True)
         self.log_path = os.path.join(tmp, "serve.log")
         self.log = open(self.log_path, "w+")
-        self.proc = subprocess.Popen([tern, "serve", "-m", model, "--port", "0", "-t", "1", *args],
+        # TERN_SERVE_ARGS: extra flags for every server (scripts/gpu-check.sh: --device cuda)
+        extra = os.environ.get("TERN_SERVE_ARGS", "").split()
+        self.proc = subprocess.Popen([tern, "serve", "-m", model, "--port", "0", "-t", "1", *extra, *args],
                                      stdout=self.log, stderr=self.log, env=env)
         self.port = None
         for _ in range(600):

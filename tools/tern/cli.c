@@ -166,3 +166,31 @@ tern_status tn_cli_tokenize(const tern_model *m, const char *text, size_t len, b
     *n_out = n;
     return TERN_OK;
 }
+
+int tn_cli_device_flag(int argc, char **argv, int *i, int32_t *device, int32_t *n_gpu_layers) {
+    const char *a = argv[*i], *val = *i + 1 < argc ? argv[*i + 1] : NULL;
+    const bool is_dev = !strcmp(a, "--device") || !strcmp(a, "-dev");
+    const bool is_ngl = !strcmp(a, "-ngl") || !strcmp(a, "--n-gpu-layers") || !strcmp(a, "--gpu-layers");
+    if (!is_dev && !is_ngl) return 0;
+    if (!val) {
+        tn_cli_usage_error("%s needs a value", a);
+        return -1;
+    }
+    (*i)++;
+    if (is_dev) {
+        if (!strcmp(val, "cpu") || !strcmp(val, "none")) *device = TERN_DEVICE_CPU;
+        else if (!strcmp(val, "cuda") || !strcmp(val, "cuda0") || !strcmp(val, "gpu")) *device = TERN_DEVICE_CUDA;
+        else {
+            tn_cli_usage_error("--device: '%s' is not a device (cpu, cuda)", val);
+            return -1;
+        }
+        return 1;
+    }
+    int64_t v;
+    if (!tn_cli_parse_i64(val, -1, 1 << 20, &v)) {
+        tn_cli_usage_error("%s: '%s' is not a layer count (-1 = all)", a, val);
+        return -1;
+    }
+    *n_gpu_layers = (int32_t)v;
+    return 1;
+}

@@ -51,6 +51,9 @@ int tn_cli_check_output(const char *what, const char *out, const char *const *in
  * <exe>/../models/tern-default.gguf, <source dir>/models/tern-default.gguf. */
 bool tn_cli_default_model(char *buf, size_t cap);
 double tn_cli_now(void);
+/* --device cpu|cuda and -ngl/--n-gpu-layers N at argv[*i]: returns 1 when consumed (advancing *i
+ * past the value), 0 when argv[*i] is neither, -1 after printing a usage error (exit 64). */
+int tn_cli_device_flag(int argc, char **argv, int *i, int32_t *device, int32_t *n_gpu_layers);
 /* Tokenizes text into a malloc'd array (*out, *n_out), growing it when byte fallback needs more
  * tokens than bytes. On failure *out is NULL and the status says why (NOMEM for the array). */
 tern_status tn_cli_tokenize(const tern_model *m, const char *text, size_t len, bool add_special, bool parse_special,

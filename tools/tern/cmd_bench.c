@@ -28,6 +28,7 @@
 #include "core/cpu.h"
 #include "fmt/gguf.h"
 #include "kern/peak.h"
+#include "cuda/cuda.h"
 #include "model/model.h"
 #include "quant/tq.h"
 
@@ -64,7 +65,13 @@ typedef struct {
 typedef struct {
     int64_t n_prompt, n_gen, reps, threads, n_batch;
     bool no_repack;
+    int32_t device, ngl; /* --device cuda: the GPU's peaks replace the CPU's (gpu_peaks) */
 } bench_opts;
+
+/* --device cuda: the card's copy bandwidth (read + write, own kernel) and fp16 cuBLAS peak */
+typedef struct {
+    double copy_gbs, f16_tflops;
+} gpu_peaks;
 
 static void stats(const double *v, int n, double *mean, double *sd) {
     double s = 0, q = 0;
@@ -90,7 +97,7 @@ static int bench_model(const char *path, const bench_opts *o, const peaks *pk, b
     tern_model *m = NULL;
     tern_model_params mp;
     tern_model_params_init(&mp);
-    mp.repack = !o->no_repack;
+    mp.repack = !o->no_repack && o->device == TERN_DEVICE_CPU;
     tern_status s = tern_model_load(path, &mp, &m);
     if (s) return tn_cli_fail(s, "loading the model");
     tern_ctx_params cp;
@@ -98,6 +105,8 @@ static int bench_model(const char *path, const bench_opts *o, const peaks *pk, b
     if (o->threads) cp.n_threads = (int32_t)o->threads;
     cp.n_ctx = (int32_t)(o->n_prompt + o->n_gen + 1);
     cp.n_batch = (int32_t)o->n_batch;
+    cp.device = o->device;
+    cp.n_gpu_layers = o->ngl;
     tern_ctx *c = NULL;
     if ((s = tern_ctx_create(m, &cp, &c))) {
         tern_model_free(m);
@@ -196,6 +205,15 @@ static int bench_model(const char *path, const bench_opts *o, const peaks *pk, b
     tern_ctx_free(c);
     tern_model_free(m);
     return s ? tn_cli_fail(s, "benchmark") : TN_EXIT_OK;
+}
+
+/* A markdown row's t/s, roofline and rate cells (32+ bytes each; ts 64). */
+static void row_cells(const bench_row *R, char *ts, char *roof, char *rate) {
+    snprintf(ts, 64, "%.2f ± %.2f", R->mean, R->sd);
+    roof[0] = 0;
+    if (R->pct_roof > 0) snprintf(roof, 32, "%.1f%%", R->pct_roof);
+    if (R->n_gen) snprintf(rate, 32, "%.1f", R->rate);
+    else snprintf(rate, 32, "%.0f*", R->rate);
 }
 
 static void print_peaks_md(const peaks *pk) {
@@ -317,16 +335,68 @@ static int sweep_bits(const char *path, const bench_opts *o, const peaks *pk, in
     return TN_EXIT_OK;
 }
 
+/* --device cuda: tokens/s with the card's copy bandwidth (measured before and after the runs,
+ * their mean) as tg's roofline and its fp16 cuBLAS peak as pp's. */
+static int bench_gpu(const char *path, const bench_opts *o, bool roofline, bool json) {
+    gpu_peaks gp = {0, 0};
+    const size_t bw_bytes = (size_t)1 << 30;
+    if (roofline) {
+        fprintf(stderr, "tern bench: measuring the GPU (copy bandwidth, fp16 matrix product)...\n");
+        gp.copy_gbs = tn_cuda_peak_copy_gbs(bw_bytes, 10);
+        gp.f16_tflops = tn_cuda_peak_f16_tflops(8192, 5);
+    }
+    bench_row rows[2];
+    int nrows = 0;
+    model_info mi;
+    const int rc = bench_model(path, o, NULL, rows, &nrows, &mi);
+    if (rc != TN_EXIT_OK) return rc;
+    if (roofline) gp.copy_gbs = 0.5 * (gp.copy_gbs + tn_cuda_peak_copy_gbs(bw_bytes, 10));
+    for (int i = 0; i < nrows; i++) {
+        bench_row *R = &rows[i];
+        if (R->n_gen) R->pct_roof = gp.copy_gbs > 0 ? 100.0 * R->rate / gp.copy_gbs : 0;
+        else R->pct_roof = gp.f16_tflops > 0 ? 100.0 * R->rate / (gp.f16_tflops * 1000.0) : 0;
+    }
+    tn_cuda_info info;
+    if (tn_cuda_device_info(0, &info)) snprintf(info.name, sizeof info.name, "?");
+    if (json) {
+        printf("[\n");
+        for (int i = 0; i < nrows; i++)
+            printf("  {\"model_filename\": \"%s\", \"model_type\": \"%s\", \"backend\": \"CUDA\", \"gpu\": \"%s\", "
+                   "\"model_size\": %.0f, \"model_n_params\": %.0f, \"n_gpu_layers\": %d, \"n_prompt\": %d, \"n_gen\": %d, "
+                   "\"avg_ts\": %.6f, \"stddev_ts\": %.6f, \"bytes_per_token\": %.0f, \"%s\": %.3f, \"roofline_pct\": %.2f, "
+                   "\"gpu_copy_gbs\": %.1f, \"gpu_f16_tflops\": %.1f}%s\n",
+                   path, mi.desc, info.name, mi.size, mi.params, (int)o->ngl, rows[i].n_prompt, rows[i].n_gen, rows[i].mean,
+                   rows[i].sd, mi.tok_bytes, rows[i].n_gen ? "gbs" : "gops", rows[i].rate, rows[i].pct_roof, gp.copy_gbs,
+                   gp.f16_tflops, i + 1 < nrows ? "," : "");
+        printf("]\n");
+        return TN_EXIT_OK;
+    }
+    printf("| model                          |       size |     params | backend    |            test |                  t/s |     GB/s | roofline |\n");
+    printf("| ------------------------------ | ---------: | ---------: | ---------- | --------------: | -------------------: | -------: | -------: |\n");
+    for (int i = 0; i < nrows; i++) {
+        char ts[64], roof[32], rate[32];
+        row_cells(&rows[i], ts, roof, rate);
+        printf("| %-30s | %7.2f MiB | %8.2f M | CUDA       | %15s | %20s | %8s | %8s |\n", mi.desc, mi.size / 1048576.0,
+               mi.params / 1e6, rows[i].test, ts, rate, roof);
+    }
+    printf("\nGPU %s: copy bandwidth %.1f GB/s (own copy kernel, read + write, mean of before and after), fp16 cuBLAS "
+           "%.1f TFLOP/s (8192^3); tg: GB/s of weights read (%.1f MiB per token), roofline = that / copy bandwidth; pp (*): "
+           "GOP/s of matrix work, roofline = that / fp16 peak\n",
+           info.name, gp.copy_gbs, gp.f16_tflops, mi.tok_bytes / 1048576.0);
+    return TN_EXIT_OK;
+}
+
 int cmd_bench(int argc, char **argv) {
     const char *model_path = NULL, *fmt = "md";
-    bench_opts o = {512, 128, 5, 0, 512, false};
+    bench_opts o = {512, 128, 5, 0, 512, false, TERN_DEVICE_CPU, -1};
+    int dv;
     bool roofline = true, sweep = false, sweep_asym = true, np_set = false;
     int64_t group = 64;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: tern bench -m model.gguf [-p 512] [-n 128] [-r 5] [-t N] [-b 512] [-o md|json] [--no-roofline]\n"
-                   "       [--no-repack]\n"
+                   "       [--no-repack] [--device cpu|cuda] [-ngl N]\n"
                    "       tern bench --sweep-bits -m model-f16.gguf [--group 64] [--sym] [-n 128] [-p 0] ...\n"
                    "  -p N  prompt tokens (pp test; 0 = skip)   -n N  generated tokens (tg test; 0 = skip)\n"
                    "  -r N  repetitions                           -o    output format\n"
@@ -356,7 +426,10 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--no-repack")) o.no_repack = true;
         else if (!strcmp(a, "--sweep-bits")) sweep = true;
         else if (!strcmp(a, "--sym")) sweep_asym = false;
-        else return tn_cli_usage_error("unknown option or missing value '%s'", a);
+        else if ((dv = tn_cli_device_flag(argc, argv, &i, &o.device, &o.ngl)) != 0) {
+            if (dv < 0) return TN_EXIT_USAGE;
+            continue;
+        } else return tn_cli_usage_error("unknown option or missing value '%s'", a);
         if (!strcmp(a, "-p")) np_set = true;
     }
     if (group != 32 && group != 64 && group != 128 && group != 256) return tn_cli_usage_error("--group must be 32, 64, 128 or 256");
@@ -372,6 +445,8 @@ int cmd_bench(int argc, char **argv) {
         const int in_rc = sweep_check_input(model_path);
         if (in_rc != TN_EXIT_OK) return in_rc;
     }
+    if (sweep && o.device == TERN_DEVICE_CUDA) return tn_cli_usage_error("--sweep-bits runs on the CPU; drop --device cuda");
+    if (o.device == TERN_DEVICE_CUDA) return bench_gpu(model_path, &o, roofline, !strcmp(fmt, "json"));
     if (roofline) measure_peaks(nt, &pk);
     if (sweep) return sweep_bits(model_path, &o, roofline ? &pk : NULL, (int)group, sweep_asym, !strcmp(fmt, "json"));
 
@@ -398,11 +473,8 @@ int cmd_bench(int argc, char **argv) {
     printf("| model                          |       size |     params | backend    | threads |            test |                  t/s |     GB/s | roofline |\n");
     printf("| ------------------------------ | ---------: | ---------: | ---------- | ------: | --------------: | -------------------: | -------: | -------: |\n");
     for (int i = 0; i < nrows; i++) {
-        char ts[64], roof[32] = "", rate[32] = "";
-        snprintf(ts, sizeof ts, "%.2f ± %.2f", rows[i].mean, rows[i].sd);
-        if (rows[i].pct_roof > 0) snprintf(roof, sizeof roof, "%.1f%%", rows[i].pct_roof);
-        if (rows[i].n_gen) snprintf(rate, sizeof rate, "%.1f", rows[i].rate);
-        else snprintf(rate, sizeof rate, "%.0f*", rows[i].rate);
+        char ts[64], roof[32], rate[32];
+        row_cells(&rows[i], ts, roof, rate);
         printf("| %-30s | %7.2f MiB | %8.2f M | CPU        | %7d | %15s | %20s | %8s | %8s |\n", mi.desc, mi.size / 1048576.0,
                mi.params / 1e6, mi.threads, rows[i].test, ts, rate, roof);
     }

@@ -34,6 +34,8 @@ static void gen_usage(FILE *f) {
             "      --repeat-last-n N   tokens the penalty looks back over (default 64)\n"
             "      --ignore-eos        keep generating past end-of-generation tokens\n"
             "      --no-mmap           read the model into memory instead of mapping it\n"
+            "      --device cpu|cuda   run on the CPU (default) or an NVIDIA GPU (builds with the CUDA backend)\n"
+            "  -ngl, --n-gpu-layers N  with --device cuda: the first N layers on the GPU, the rest on the CPU (-1: all)\n"
             "      --no-repack         keep q4_0/q8_0/tq4/tq1 weights in the file layout (no interleaved copy)\n"
             "      --no-display-prompt do not echo the prompt\n");
 }
@@ -61,6 +63,8 @@ int cmd_generate(int argc, char **argv) {
     const char *model_path = NULL, *prompt = NULL, *prompt_file = NULL;
     int64_t n_predict = 128, n_ctx = 0, n_threads = 0, n_batch = 512, seed = -1, v;
     bool ignore_eos = false, use_mmap = true, repack = true, display_prompt = true;
+    int32_t device = TERN_DEVICE_CPU, ngl = -1;
+    int dv;
     tern_sampler_params sp;
     tern_sampler_params_init(&sp);
     for (int i = 1; i < argc; i++) {
@@ -126,6 +130,8 @@ int cmd_generate(int argc, char **argv) {
             use_mmap = false;
         } else if (!strcmp(a, "--no-display-prompt")) {
             display_prompt = false;
+        } else if ((dv = tn_cli_device_flag(argc, argv, &i, &device, &ngl)) != 0) {
+            if (dv < 0) return TN_EXIT_USAGE;
         } else {
             gen_usage(stderr);
             return tn_cli_usage_error("unknown option '%s'", a);
@@ -161,7 +167,7 @@ int cmd_generate(int argc, char **argv) {
     tern_model_params mp;
     tern_model_params_init(&mp);
     mp.use_mmap = use_mmap;
-    mp.repack = repack;
+    mp.repack = repack && device == TERN_DEVICE_CPU; /* the GPU reads the file's layouts */
     double t_load = tn_cli_now();
     tern_status s = tern_model_load(model_path, &mp, &m);
     if (s) {
@@ -173,6 +179,8 @@ int cmd_generate(int argc, char **argv) {
     tern_ctx_params_init(&cp);
     cp.n_ctx = (int32_t)(n_ctx ? n_ctx : (tern_model_n_ctx_train(m) < 4096 ? tern_model_n_ctx_train(m) : 4096));
     cp.n_batch = (int32_t)n_batch;
+    cp.device = device;
+    cp.n_gpu_layers = ngl;
     if (n_threads) cp.n_threads = (int32_t)n_threads;
     /* A model of a few MiB decodes a token in well under a millisecond: synchronising threads
      * costs more than it saves (and far more on a busy machine), so small models default to one. */
@@ -209,8 +217,9 @@ int cmd_generate(int argc, char **argv) {
         rc = TN_EXIT_USAGE;
         goto done;
     }
-    fprintf(stderr, "tern: model %s (%s), %d threads, ctx %d, seed %llu\n", model_path, tern_model_desc(m), cp.n_threads,
-            n_ctx_real, (unsigned long long)tern_sampler_seed(smp));
+    fprintf(stderr, "tern: model %s (%s), %s, %d threads, ctx %d, seed %llu\n", model_path, tern_model_desc(m),
+            device == TERN_DEVICE_CUDA ? "device cuda" : "device cpu", cp.n_threads, n_ctx_real,
+            (unsigned long long)tern_sampler_seed(smp));
     signal(SIGINT, on_sigint);
     signal(SIGPIPE, SIG_IGN);
     char out[512];

@@ -7,6 +7,7 @@
 
 #include "cli.h"
 #include "core/cpu.h"
+#include "cuda/cuda.h"
 #include "fmt/gguf.h"
 #include "kern/kern.h"
 
@@ -37,6 +38,24 @@ static void print_cpu(void) {
                s->vec_dot ? tn_dtype_name(tr->vec_dot_type) : "-");
 #undef ISA
     }
+    /* the CUDA backend: devices, memory, kernels per type */
+    const char *why = NULL;
+    const int nd = tn_cuda_device_count(&why);
+    if (nd < 1) {
+        printf("\ncuda: %s\n", why ? why : "no device");
+        return;
+    }
+    for (int d = 0; d < nd; d++) {
+        tn_cuda_info gi;
+        if (tn_cuda_device_info(d, &gi) == TERN_OK)
+            printf("\ncuda device %d: %s, compute capability %d.%d, %d SMs, %.1f GiB (%.1f GiB free), driver %d, runtime %d\n", d,
+                   gi.name, gi.cc_major, gi.cc_minor, gi.n_sm, (double)gi.mem_total / 1073741824.0,
+                   (double)gi.mem_free / 1073741824.0, gi.driver_version, gi.runtime_version);
+    }
+    static const tn_dtype shown[] = {TN_F32, TN_F16, TN_BF16, TN_Q8_0, TN_Q4_0, TN_Q4_K, TN_Q6_K};
+    for (size_t i = 0; i < sizeof shown / sizeof shown[0]; i++)
+        printf("  %-7s %s\n", tn_dtype_name(shown[i]), tn_cuda_kernel_name(shown[i]));
+    printf("  %-7s %s\n", "tq1..8", tn_cuda_kernel_name((tn_dtype)TN_DTYPE_TERN_BASE));
 }
 
 int cmd_info(int argc, char **argv) {

@@ -469,7 +469,10 @@ int cmd_loadgen(int argc, char **argv) {
             pthread_attr_t at;
             pthread_attr_init(&at);
             pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-            pthread_attr_setstacksize(&at, 256 * 1024);
+            /* 1 MiB: a thread's stack also holds the static TLS of every library loaded at start-up
+             * (with the CUDA backend, cuBLAS's ~100 KiB on top of tern's ~130 KiB: 256 KiB no
+             * longer fit and every pthread_create failed) */
+            pthread_attr_setstacksize(&at, 1024 * 1024);
             if (j) {
                 *j = (lg_job){L, n_sent, lg_sample(&L->plen, &L->rng), lg_sample(&L->olen, &L->rng)};
                 atomic_fetch_add(&L->inflight, 1);

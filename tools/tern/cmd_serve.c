@@ -28,6 +28,7 @@ static void serve_usage(FILE *f) {
             "      --drain-timeout S   on SIGTERM, wait this long for in-flight requests (default 30)\n"
             "      --timeout S         idle connection / slow client timeout (default 30)\n"
             "      --max-body BYTES    largest request body (default 4194304); larger gets 413\n"
+            "      --device cpu|cuda   run the model on the CPU (default) or an NVIDIA GPU; -ngl N: layers on the GPU\n"
             "      --no-repack         keep q4_0/q8_0/tq4/tq1 weights in the file layout (no interleaved copy)\n");
 }
 
@@ -38,6 +39,7 @@ int cmd_serve(int argc, char **argv) {
     if (env_key && *env_key) cfg.api_key = env_key;
     int64_t v;
     float f;
+    int dv;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -106,6 +108,8 @@ int cmd_serve(int argc, char **argv) {
             cfg.debug_fail_alloc = true;
         } else if (!strcmp(a, "--max-body")) {
             INT_FLAG(1024, (int64_t)1 << 30, cfg.max_body);
+        } else if ((dv = tn_cli_device_flag(argc, argv, &i, &cfg.device, &cfg.n_gpu_layers)) != 0) {
+            if (dv < 0) return TN_EXIT_USAGE;
         } else {
             serve_usage(stderr);
             return tn_cli_usage_error("unknown option '%s'", a);

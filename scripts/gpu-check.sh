@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# One GPU session's checks for the CUDA backend, in one go, results in OUT (default gpu-results/):
+#   nvidia-smi and `tern info`; the GPU tests (test_cuda gpu: kernel parity for every type, forward
+#   against the double-precision reference, paged batches, -ngl splits, stories260K greedy vs the
+#   CPU); the default model's greedy text on GPU and CPU; `tern serve --device cuda` under the serve
+#   test suite's scripts; and the benchmarks on a 1B-class synthetic model (Q4_0, Q8_0, tq2/3/4,
+#   F16): decode and pp512 against the card's copy bandwidth and fp16 peak, measured in the same run.
+#
+# usage: scripts/gpu-check.sh [OUT]
+#   TERN_BIN, TERN_TEST_CUDA  the binaries (default build/tern, build/tests/cuda/test_cuda)
+#   TERN_SHARED_DIR           folder with models/stories260K (default ../shared)
+#   GPU_CHECK_QUICK=1         skip the 1B benchmarks; GPU_CHECK_SKIP_SERVE=1: skip the serve suite
+# Every step has its own time limit, so one hang costs that step only. OUT holds three files,
+# written as the steps end (a run cut short keeps what it finished): summary.txt (one line per
+# step: exit code, seconds), log.txt (every step's output under a header), bench.jsonl (the
+# benchmarks' JSON rows).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-gpu-results}
+mkdir -p "$OUT"
+BIN=${TERN_BIN:-build/tern}
+TC=${TERN_TEST_CUDA:-build/tests/cuda/test_cuda}
+export TERN_SHARED_DIR=${TERN_SHARED_DIR:-../shared}
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda-13.0/lib64; do
+    [ -d "$d" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
+done
+if ldd "$BIN" | grep -q 'libcublas.*not found'; then # cuBLAS elsewhere (a Python wheel's copy, say)
+    d=$(find /usr /opt -name 'libcublas.so.13' -print -quit 2>/dev/null)
+    [ -n "$d" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$(dirname "$d")"
+fi
+TMPD=$(mktemp -d /tmp/tern-gpu.XXXXXX)
+trap 'rm -rf "$TMPD"' EXIT
+SUM="$OUT/summary.txt" LOG="$OUT/log.txt"
+: >"$SUM"
+: >"$LOG"
+: >"$OUT/bench.jsonl"
+step() { # step NAME LIMIT_S CMD... : runs CMD with a time limit; output to LOG, one line to SUM
+    local name=$1 lim=$2
+    shift 2
+    local t0=$SECONDS
+    timeout "$lim" "$@" >"$TMPD/step.out" 2>&1
+    local rc=$?
+    { echo "===== $name (rc $rc, $((SECONDS - t0)) s): $*"; cat "$TMPD/step.out"; echo; } >>"$LOG"
+    case $name in bench_*) grep '^  {' "$TMPD/step.out" | sed 's/,$//' >>"$OUT/bench.jsonl" ;; esac
+    printf '%-28s rc=%-3s %4ss\n' "$name" "$rc" "$((SECONDS - t0))" | tee -a "$SUM"
+    return $rc
+}
+
+step env 30 bash -c "nvidia-smi; echo; uname -a; echo; ldd '$BIN'; echo; '$BIN' info"
+step test_cuda 240 "$TC" gpu
+
+# the default model: greedy on the GPU and on the CPU
+M0=models/tern-default.gguf
+step greedy_default 60 bash -c "
+  '$BIN' generate -m $M0 -p 'And God said' -n 64 --temp 0 --device cuda 2>$TMPD/g.err >$TMPD/gpu.txt; e1=\$?
+  '$BIN' generate -m $M0 -p 'And God said' -n 64 --temp 0 -t 4 2>$TMPD/c.err >$TMPD/cpu.txt; e2=\$?
+  cat $TMPD/g.err; echo '--- gpu:'; cat $TMPD/gpu.txt; echo; echo '--- cpu:'; cat $TMPD/cpu.txt; echo
+  [ \$e1 = 0 ] && [ \$e2 = 0 ] && cmp $TMPD/gpu.txt $TMPD/cpu.txt && echo 'greedy text identical'"
+
+if [ "${GPU_CHECK_QUICK:-0}" != 1 ]; then
+    # 1B-class synthetic model (Llama-3.2-1B shapes): F16, then each type quantized from it
+    step synth_1b 120 "$BIN" synth -o "$TMPD/1b-f16.gguf" --preset 1b --type f16
+    for ty in q4_0 q8_0 tq2 tq3 tq4; do
+        step "quantize_$ty" 90 "$BIN" quantize -t "$(nproc)" "$TMPD/1b-f16.gguf" "$TMPD/1b-$ty.gguf" "$ty"
+    done
+    for ty in q4_0 q8_0 tq2 tq3 tq4 f16; do
+        step "bench_$ty" 90 "$BIN" bench --device cuda -m "$TMPD/1b-$ty.gguf" -p 512 -n 128 -r 3 -o json
+    done
+    # prefill through the batch-invariant GEMV kernels (as tern serve runs) instead of fp16 + cuBLAS
+    TERN_CUDA_PREFILL=gemv step bench_q4_0_gemv 60 "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" -p 512 -n 0 -r 3 -o json
+    # where the time goes: every launch timed (TERN_CUDA_PROFILE=1; no graph), decode and prefill
+    TERN_CUDA_PROFILE=1 step profile_q4_0_tg 60 "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" -p 0 -n 64 -r 1
+    TERN_CUDA_PROFILE=1 step profile_q4_0_pp 60 "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" -p 512 -n 0 -r 1
+    TERN_CUDA_PROFILE=1 step profile_f16_pp 60 "$BIN" bench --device cuda -m "$TMPD/1b-f16.gguf" -p 512 -n 0 -r 1
+    # the same decode with the kernels launched one by one instead of the captured graph
+    TERN_CUDA_GRAPH=0 step bench_q4_0_nograph 60 "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" -p 0 -n 128 -r 3 -o json
+    # layers split between GPU and CPU: half the layers on the GPU
+    step bench_q4_0_ngl8 90 "$BIN" bench --device cuda -ngl 8 -m "$TMPD/1b-q4_0.gguf" -p 64 -n 16 -r 1 -t "$(nproc)"
+fi
+# tern serve --device cuda under the serve suite's integration scripts (the tiny q8_0 model)
+[ "${GPU_CHECK_SKIP_SERVE:-0}" = 1 ] && { echo "results in $OUT"; exit 0; }
+"$BIN" synth -o "$TMPD/tiny-q8_0.gguf" --preset tiny --type q8_0 >/dev/null 2>&1
+export TERN_SERVE_ARGS="--device cuda"
+step serve_http 120 bash tests/serve/http_test.sh "$BIN" "$TMPD/tiny-q8_0.gguf" "$TMPD/s-http"
+for t in batch_equiv features best_of_echo fault slo; do
+    step "serve_$t" 120 python3 "tests/serve/${t}_test.py" "$BIN" "$TMPD/tiny-q8_0.gguf" "$TMPD/s-$t"
+done
+unset TERN_SERVE_ARGS
+
+echo "results in $OUT"

@@ -1,0 +1,894 @@
+/*
+ * backend.c — the CUDA backend's C side: device queries, weight upload (the split layout of
+ * kern_cuda.h for the code-path types), the GPU's KV cache and scratch, and the forward pass as a
+ * sequence of kernel launches on one stream — the same steps, in the same order, as forward.c.
+ *
+ * Matrix products: up to TN_CU_GEMV_MAXN tokens use the GEMV kernels (decode); larger batches
+ * dequantize the weight to fp16 and multiply with cuBLAS (fp32 accumulation).
+ */
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cuda/cuda.h"
+#include "cuda/kern_cuda.h"
+#include "core/fp16.h"
+#include "model/ops.h"
+#include "quant/tq.h"
+
+enum { W_Q, W_K, W_V, W_O, W_GATE, W_UP, W_DOWN, W_N };
+
+/* A layer on the GPU. Where Wq, Wk, Wv share a type their rows are uploaded as one matrix (qkv:
+ * one GEMV per token instead of three), likewise Wgate and Wup (gu); w[] then holds only Wo and
+ * Wdown. */
+typedef struct {
+    float *attn_norm, *ffn_norm, *bq, *bk, *bv, *bqkv;
+    tn_cw w[W_N];
+    tn_cw qkv, gu;
+    bool fused_qkv, fused_gu;
+} tn_cu_layer;
+
+struct tn_cuda_ctx {
+    int dev;
+    cudaStream_t st;
+    cublasHandle_t blas;
+    int32_t n_layers; /* on the GPU */
+    bool has_output;  /* every layer on the GPU: final norm and logits too */
+    tn_cu_layer *L;
+    tn_cw output;
+    float *output_norm;
+    void **allocs;
+    size_t n_allocs, cap_allocs;
+    uint64_t bytes;
+    /* scratch for n_batch tokens */
+    float *x, *xb, *q, *k, *v, *att, *hb, *hb2, *logits;
+    tn_cq xq;
+    uint16_t *xh, *wh; /* fp16 activations, fp16 weight tile for the GEMM path */
+    int64_t wh_elems;
+    uint16_t *Kc, *Vc; /* [n_layers][kv_rows][kv_dim] */
+    int32_t *d_ints;   /* pos[n], kvrow[n], tbl_off[n], out_rows[n], tbl[...] */
+    float *d_cs;       /* [n][n_rot] */
+    int64_t tbl_cap;
+    /* pinned host staging */
+    float *h_x, *h_cs;
+    int32_t *h_ints;
+    const void *q_src, *h_src; /* activations currently quantized / converted (NULL: none) */
+    int cuerr;
+    /* one-token decode as a CUDA graph (captured at the first such step; every input it reads
+     * lives in the device buffers above, so one graph serves every position) */
+    bool use_graph;
+    /* the GEMV kernels (batch-invariant) up to this many tokens, fp16 + cuBLAS above: code-path
+     * types 64, float-path types TN_CU_GEMV_MAXN; batch-invariant contexts (tern serve) and
+     * TERN_CUDA_PREFILL=gemv: no limit; TERN_CUDA_PREFILL=cublas: TN_CU_GEMV_MAXN for both */
+    int64_t tile_max_code, tile_max_float;
+    cudaGraph_t graph;
+    cudaGraphExec_t graph_exec;
+    /* TERN_CUDA_PROFILE=1: every launch between two events, summed per label, printed to stderr
+     * when the context is freed (no graph then: its launches are not timed one by one) */
+    bool prof;
+    cudaEvent_t *ev;
+    const char **ev_label;
+    int n_ev, cap_ev;
+    struct {
+        const char *label;
+        double ms;
+        long calls;
+    } pt[32];
+    int n_pt;
+    long prof_passes, prof_tokens;
+    double prof_wall_ms;
+};
+
+static void prof_print(const tn_cuda_ctx *g);
+
+static const char *tn_cu_errstr(int e) { return cudaGetErrorString((cudaError_t)e); }
+
+static double tn_cu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+bool tn_cuda_built(void) { return true; }
+
+int tn_cuda_device_count(const char **why) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        if (why)
+            *why = e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice
+                       ? "no NVIDIA GPU or driver found on this machine"
+                       : cudaGetErrorString(e);
+        cudaGetLastError();
+        return 0;
+    }
+    if (n == 0 && why) *why = "no CUDA device found";
+    return n;
+}
+
+tern_status tn_cuda_device_info(int dev, tn_cuda_info *out) {
+    memset(out, 0, sizeof *out);
+    struct cudaDeviceProp p;
+    cudaError_t e = cudaGetDeviceProperties(&p, dev);
+    if (e != cudaSuccess) return tn_err(TERN_ERR_UNSUPPORTED, "cuda: device %d: %s", dev, cudaGetErrorString(e));
+    snprintf(out->name, sizeof out->name, "%s", p.name);
+    out->cc_major = p.major;
+    out->cc_minor = p.minor;
+    out->n_sm = p.multiProcessorCount;
+    size_t fr = 0, tot = 0;
+    int prev = 0;
+    cudaGetDevice(&prev);
+    if (cudaSetDevice(dev) == cudaSuccess && cudaMemGetInfo(&fr, &tot) == cudaSuccess) {
+        out->mem_free = fr;
+        out->mem_total = tot;
+    } else {
+        out->mem_total = p.totalGlobalMem;
+    }
+    cudaSetDevice(prev);
+    cudaDriverGetVersion(&out->driver_version);
+    cudaRuntimeGetVersion(&out->runtime_version);
+    cudaGetLastError();
+    return TERN_OK;
+}
+
+const char *tn_cuda_kernel_name(tn_dtype t) {
+    if (tn_tq_is(t) || t == TN_Q4_0 || t == TN_Q4_1 || t == TN_Q5_0 || t == TN_Q5_1 || t == TN_Q8_0)
+        return "split layout; dp4a GEMV on q8 activations (one template over widths), token tiles for any batch";
+    if (t == TN_F32 || t == TN_F16 || t == TN_BF16 || t == TN_Q4_K || t == TN_Q5_K || t == TN_Q6_K)
+        return "file layout; decode: f32 GEMV dequantizing in registers; prefill: fp16 dequant + cuBLAS";
+    return NULL;
+}
+
+/* ---- peaks ---------------------------------------------------------------------------------------- */
+
+static double event_best(cudaEvent_t a, cudaEvent_t b, double best) {
+    float ms = 0;
+    cudaEventSynchronize(b);
+    cudaEventElapsedTime(&ms, a, b);
+    return ms > 0 && (best <= 0 || ms < best) ? ms : best;
+}
+
+double tn_cuda_peak_copy_gbs(size_t bytes, int reps) {
+    if (tn_cuda_device_count(NULL) < 1) return 0;
+    bytes &= ~(size_t)15;
+    void *src = NULL, *dst = NULL;
+    cudaEvent_t a = NULL, b = NULL;
+    double best = 0;
+    if (cudaMalloc(&src, bytes) == cudaSuccess && cudaMalloc(&dst, bytes) == cudaSuccess &&
+        cudaEventCreate(&a) == cudaSuccess && cudaEventCreate(&b) == cudaSuccess) {
+        cudaMemset(src, 1, bytes);
+        tn_cu_copy_kernel(src, dst, bytes, NULL); /* warm-up */
+        for (int r = 0; r < reps; r++) {
+            cudaEventRecord(a, NULL);
+            tn_cu_copy_kernel(src, dst, bytes, NULL);
+            cudaEventRecord(b, NULL);
+            best = event_best(a, b, best);
+        }
+    }
+    cudaFree(src), cudaFree(dst);
+    if (a) cudaEventDestroy(a);
+    if (b) cudaEventDestroy(b);
+    cudaGetLastError();
+    return best > 0 ? 2.0 * (double)bytes / (best * 1e-3) / 1e9 : 0;
+}
+
+double tn_cuda_peak_f16_tflops(int n, int reps) {
+    if (tn_cuda_device_count(NULL) < 1) return 0;
+    const size_t e = (size_t)n * (size_t)n;
+    void *A = NULL, *B = NULL, *C = NULL;
+    cublasHandle_t h = NULL;
+    cudaEvent_t a = NULL, b = NULL;
+    double best = 0;
+    if (cudaMalloc(&A, e * 2) == cudaSuccess && cudaMalloc(&B, e * 2) == cudaSuccess && cudaMalloc(&C, e * 4) == cudaSuccess &&
+        cublasCreate(&h) == CUBLAS_STATUS_SUCCESS && cudaEventCreate(&a) == cudaSuccess && cudaEventCreate(&b) == cudaSuccess) {
+        cudaMemset(A, 0x3c, e * 2); /* 0x3c3c: about 1.06 in fp16 */
+        cudaMemset(B, 0x3c, e * 2);
+        const float one = 1.0f, zero = 0.0f;
+        for (int r = -1; r < reps; r++) {
+            cudaEventRecord(a, NULL);
+            cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, A, CUDA_R_16F, n, B, CUDA_R_16F, n, &zero, C, CUDA_R_32F, n,
+                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+            cudaEventRecord(b, NULL);
+            if (r >= 0) best = event_best(a, b, best);
+            else cudaEventSynchronize(b);
+        }
+    }
+    cudaFree(A), cudaFree(B), cudaFree(C);
+    if (h) cublasDestroy(h);
+    if (a) cudaEventDestroy(a);
+    if (b) cudaEventDestroy(b);
+    cudaGetLastError();
+    return best > 0 ? 2.0 * (double)n * n * n / (best * 1e-3) / 1e12 : 0;
+}
+
+/* ---- allocation ------------------------------------------------------------------------------ */
+
+static void *dalloc(tn_cuda_ctx *g, size_t bytes, bool *ok) {
+    if (!*ok) return NULL;
+    if (g->n_allocs == g->cap_allocs) {
+        size_t nc = g->cap_allocs ? 2 * g->cap_allocs : 64;
+        void **na = tn_realloc(g->allocs, nc * sizeof *na);
+        if (!na) return *ok = false, NULL;
+        g->allocs = na;
+        g->cap_allocs = nc;
+    }
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 16);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        tn_err(TERN_ERR_NOMEM, "cuda: cannot allocate %.1f MiB of device memory (%.1f MiB held): %s",
+               (double)bytes / 1048576.0, (double)g->bytes / 1048576.0, cudaGetErrorString(e));
+        return *ok = false, NULL;
+    }
+    g->allocs[g->n_allocs++] = p;
+    g->bytes += bytes;
+    return p;
+}
+
+static void *dupload(tn_cuda_ctx *g, const void *src, size_t bytes, bool *ok) {
+    void *p = dalloc(g, bytes, ok);
+    if (p && cudaMemcpy(p, src, bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
+        cudaGetLastError();
+        *ok = false;
+        tn_err(TERN_ERR_IO, "cuda: upload of %zu bytes failed", bytes);
+        return NULL;
+    }
+    return p;
+}
+
+/* ---- weights ----------------------------------------------------------------------------------- */
+
+static tern_status upload_weight(tn_cuda_ctx *g, const tn_tensor *t, tn_cw *w) {
+    memset(w, 0, sizeof *w);
+    const int64_t k = t->ne[0], m = t->ne[1] ? t->ne[1] : 1;
+    w->m = m;
+    w->k = k;
+    bool ok = true;
+    tn_tq_params tp = {0, 0, false};
+    switch ((int)t->type) {
+    case TN_F32: w->kind = TN_CW_F32; break;
+    case TN_F16: w->kind = TN_CW_F16; break;
+    case TN_BF16: w->kind = TN_CW_BF16; break;
+    case TN_Q4_K: w->kind = TN_CW_Q4_K; break;
+    case TN_Q6_K: w->kind = TN_CW_Q6_K; break;
+    case TN_Q5_K: w->kind = TN_CW_Q5_K; break;
+    case TN_Q4_0: w->kind = TN_CW_Q4_0, tp = (tn_tq_params){4, 32, false}; break;
+    case TN_Q8_0: w->kind = TN_CW_Q8_0, tp = (tn_tq_params){8, 32, false}; break;
+    case TN_Q5_0: w->kind = TN_CW_Q5_0, tp = (tn_tq_params){5, 32, false}; break;
+    case TN_Q4_1: w->kind = TN_CW_TQ, tp = (tn_tq_params){4, 32, true}; break; /* x = d q + m: tq4g32a */
+    case TN_Q5_1: w->kind = TN_CW_TQ, tp = (tn_tq_params){5, 32, true}; break; /* tq5g32a once qh moves */
+    default:
+        if (tn_tq_is(t->type)) {
+            w->kind = TN_CW_TQ;
+            tn_tq_params_of(t->type, &tp);
+            break;
+        }
+        if (tn_dtype_is_internal(t->type))
+            return tn_err(TERN_ERR_UNSUPPORTED, "cuda: tensor '%s' is in the in-memory layout %s: load the model with repack off",
+                          t->name, tn_dtype_name(t->type));
+        return tn_err(TERN_ERR_UNSUPPORTED,
+                      "cuda: tensor '%s' has type %s, which the CUDA backend does not run (F32, F16, BF16, Q8_0, Q4_0, Q4_1, "
+                      "Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, tq1..tq8)",
+                      t->name, tn_dtype_name(t->type));
+    }
+    if ((tn_cw_is_code(w->kind) && k % tp.group != 0) || ((w->kind == TN_CW_Q4_K || w->kind == TN_CW_Q5_K || w->kind == TN_CW_Q6_K) && k % 256 != 0))
+        return tn_err(TERN_ERR_UNSUPPORTED, "cuda: tensor '%s': row length %lld is not a multiple of the kernels' block",
+                      t->name, (long long)k);
+    if (w->kind == TN_CW_Q6_K) { /* each 210-byte block in a 224-byte slot (aligned loads) */
+        const int64_t nb = k / 256;
+        w->row_bytes = (size_t)nb * TN_CU_Q6K_STRIDE;
+        uint8_t *buf = tn_calloc((size_t)m, w->row_bytes);
+        if (!buf) return tn_err(TERN_ERR_NOMEM, "cuda: out of host memory padding '%s'", t->name);
+        for (int64_t i = 0; i < m * nb; i++) memcpy(buf + (size_t)i * TN_CU_Q6K_STRIDE, (const uint8_t *)t->data + (size_t)i * 210, 210);
+        w->data = dupload(g, buf, w->row_bytes * (size_t)m, &ok);
+        tn_free(buf);
+        return ok ? TERN_OK : tn_err_prefix(TERN_ERR_NOMEM, "cuda: tensor '%s'", t->name);
+    }
+    if (!tn_cw_is_code(w->kind)) {
+        w->row_bytes = tn_dtype_row_size(t->type, k);
+        w->data = dupload(g, t->data, w->row_bytes * (size_t)m, &ok);
+        return ok ? TERN_OK : tn_err_prefix(TERN_ERR_NOMEM, "cuda: tensor '%s'", t->name);
+    }
+    /* split layout: headers out into d (and mn), codes back to back */
+    w->bits = tp.bits;
+    w->group = tp.group;
+    w->asym = tp.asym;
+    const int64_t nb = k / tp.group;
+    const size_t hdr = tp.asym ? 4 : 2, cb = (size_t)tp.group * (size_t)tp.bits / 8;
+    /* q5_0 / q5_1 store qh[4] before qs[16]; tq5's planes are the 4-bit one first */
+    const bool q5 = t->type == TN_Q5_0 || t->type == TN_Q5_1;
+    const size_t bb = hdr + cb, rb_file = (size_t)nb * bb;
+    w->row_bytes = (size_t)nb * cb;
+    uint8_t *codes = tn_malloc((size_t)m * w->row_bytes);
+    uint16_t *d = tn_malloc((size_t)(m * nb) * 2), *mn = tp.asym ? tn_malloc((size_t)(m * nb) * 2) : NULL;
+    if (!codes || !d || (tp.asym && !mn)) {
+        tn_free(codes), tn_free(d), tn_free(mn);
+        return tn_err(TERN_ERR_NOMEM, "cuda: out of host memory splitting '%s'", t->name);
+    }
+    for (int64_t r = 0; r < m; r++) {
+        const uint8_t *src = (const uint8_t *)t->data + (size_t)r * rb_file;
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = src + (size_t)b * bb;
+            memcpy(&d[r * nb + b], blk, 2);
+            if (tp.asym) memcpy(&mn[r * nb + b], blk + 2, 2);
+            uint8_t *dst = codes + (size_t)r * w->row_bytes + (size_t)b * cb;
+            if (q5) memcpy(dst, blk + hdr + 4, 16), memcpy(dst + 16, blk + hdr, 4);
+            else memcpy(dst, blk + hdr, cb);
+        }
+    }
+    w->data = dupload(g, codes, (size_t)m * w->row_bytes, &ok);
+    w->d = dupload(g, d, (size_t)(m * nb) * 2, &ok);
+    if (tp.asym) w->mn = dupload(g, mn, (size_t)(m * nb) * 2, &ok);
+    tn_free(codes), tn_free(d), tn_free(mn);
+    return ok ? TERN_OK : tn_err_prefix(TERN_ERR_NOMEM, "cuda: tensor '%s'", t->name);
+}
+
+static float *upload_f32(tn_cuda_ctx *g, const tn_tensor *t, bool *ok) {
+    if (!t->data) return NULL;
+    if (t->type != TN_F32) {
+        *ok = false;
+        tn_err(TERN_ERR_UNSUPPORTED, "cuda: tensor '%s' must be f32", t->name);
+        return NULL;
+    }
+    return dupload(g, t->data, t->nbytes, ok);
+}
+
+/* Matrices a, b[, c] of one type and row length as one matrix of their rows stacked (file bytes
+ * concatenated), uploaded; false (nothing uploaded) when their types or row lengths differ. */
+static tern_status upload_stacked(tn_cuda_ctx *g, const tn_tensor *const *ts, int nt, tn_cw *w, bool *fused) {
+    *fused = false;
+    size_t bytes = 0;
+    int64_t rows = 0;
+    for (int i = 0; i < nt; i++) {
+        if (ts[i]->type != ts[0]->type || ts[i]->ne[0] != ts[0]->ne[0]) return TERN_OK;
+        bytes += ts[i]->nbytes;
+        rows += ts[i]->ne[1];
+    }
+    uint8_t *buf = tn_malloc(bytes);
+    if (!buf) return TERN_OK; /* no host memory for the copy: upload them apart */
+    size_t off = 0;
+    for (int i = 0; i < nt; i++) memcpy(buf + off, ts[i]->data, ts[i]->nbytes), off += ts[i]->nbytes;
+    tn_tensor T = *ts[0];
+    T.ne[1] = rows;
+    T.data = buf;
+    T.nbytes = bytes;
+    tern_status s = upload_weight(g, &T, w);
+    tn_free(buf);
+    *fused = s == TERN_OK;
+    return s;
+}
+
+/* ---- context ------------------------------------------------------------------------------------ */
+
+int32_t tn_cuda_n_layers(const tn_cuda_ctx *g) { return g ? g->n_layers : 0; }
+uint64_t tn_cuda_bytes(const tn_cuda_ctx *g) { return g ? g->bytes : 0; }
+
+void tn_cuda_ctx_free(tn_cuda_ctx *g) {
+    if (!g) return;
+    cudaSetDevice(g->dev);
+    if (g->st) cudaStreamSynchronize(g->st);
+    for (size_t i = 0; i < g->n_allocs; i++) cudaFree(g->allocs[i]);
+    if (g->prof) prof_print(g);
+    for (int i = 0; g->ev && i < g->cap_ev; i++) cudaEventDestroy(g->ev[i]);
+    tn_free(g->ev);
+    tn_free(g->ev_label);
+    if (g->graph_exec) cudaGraphExecDestroy(g->graph_exec);
+    if (g->graph) cudaGraphDestroy(g->graph);
+    if (g->blas) cublasDestroy(g->blas);
+    if (g->st) cudaStreamDestroy(g->st);
+    cudaFreeHost(g->h_x);
+    cudaFreeHost(g->h_cs);
+    cudaFreeHost(g->h_ints);
+    cudaGetLastError();
+    tn_free(g->allocs);
+    tn_free(g->L);
+    tn_free(g);
+}
+
+static int64_t ints_needed(const tern_ctx *c, int64_t tbl) { return 4 * (int64_t)c->n_batch + tbl; }
+
+tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
+    *out = NULL;
+    const char *why = NULL;
+    if (tn_cuda_device_count(&why) < 1) return tn_err(TERN_ERR_UNSUPPORTED, "cuda: no usable device (%s)", why);
+    const tern_model *m = c->model;
+    const tn_hparams *hp = &c->hp;
+    if (ngl < 0 || ngl > hp->n_layer) ngl = hp->n_layer;
+    if (hp->head_dim > 256) return tn_err(TERN_ERR_UNSUPPORTED, "cuda: head size %d above 256", hp->head_dim);
+    tn_cuda_ctx *g = tn_calloc(1, sizeof *g);
+    if (!g) return tn_err(TERN_ERR_NOMEM, "cuda: out of memory");
+    g->dev = 0;
+    g->n_layers = ngl;
+    g->has_output = ngl == hp->n_layer;
+    tern_status s = TERN_OK;
+    if (cudaSetDevice(g->dev) != cudaSuccess || cudaStreamCreateWithFlags(&g->st, cudaStreamNonBlocking) != cudaSuccess) {
+        s = tn_err(TERN_ERR_UNSUPPORTED, "cuda: cannot use device 0: %s", cudaGetErrorString(cudaGetLastError()));
+        goto fail;
+    }
+    if (cublasCreate(&g->blas) != CUBLAS_STATUS_SUCCESS) {
+        g->blas = NULL;
+        s = tn_err(TERN_ERR_UNSUPPORTED, "cuda: cuBLAS initialisation failed");
+        goto fail;
+    }
+    cublasSetStream(g->blas, g->st);
+    g->L = tn_calloc((size_t)(ngl ? ngl : 1), sizeof *g->L);
+    if (!g->L) {
+        s = tn_err(TERN_ERR_NOMEM, "cuda: out of memory");
+        goto fail;
+    }
+    bool ok = true;
+    int64_t max_k = hp->n_embd, max_mk = 0;
+    for (int32_t il = 0; il < ngl && ok; il++) {
+        const tn_layer *L = &m->layers[il];
+        tn_cu_layer *G = &g->L[il];
+        const tn_tensor *ts[W_N] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        if ((s = upload_stacked(g, ts, 3, &G->qkv, &G->fused_qkv))) goto fail;
+        if ((s = upload_stacked(g, ts + W_GATE, 2, &G->gu, &G->fused_gu))) goto fail;
+        for (int i = 0; i < W_N; i++) {
+            if ((i <= W_V && G->fused_qkv) || ((i == W_GATE || i == W_UP) && G->fused_gu)) continue;
+            if ((s = upload_weight(g, ts[i], &G->w[i]))) goto fail;
+            max_k = TN_MAX(max_k, G->w[i].k);
+            max_mk = TN_MAX(max_mk, G->w[i].m * G->w[i].k);
+        }
+        if (G->fused_qkv) max_mk = TN_MAX(max_mk, G->qkv.m * G->qkv.k);
+        if (G->fused_gu) max_mk = TN_MAX(max_mk, G->gu.m * G->gu.k);
+        if (G->fused_qkv && L->bq.data && L->bk.data && L->bv.data) { /* qwen2: the biases stacked likewise */
+            const size_t nq = L->bq.nbytes, nk = L->bk.nbytes, nv = L->bv.nbytes;
+            float *bb = tn_malloc(nq + nk + nv);
+            if (!bb) {
+                s = tn_err(TERN_ERR_NOMEM, "cuda: out of memory");
+                goto fail;
+            }
+            memcpy(bb, L->bq.data, nq), memcpy((uint8_t *)bb + nq, L->bk.data, nk), memcpy((uint8_t *)bb + nq + nk, L->bv.data, nv);
+            G->bqkv = dupload(g, bb, nq + nk + nv, &ok);
+            tn_free(bb);
+        } else if (G->fused_qkv && (L->bq.data || L->bk.data || L->bv.data)) {
+            s = tn_err(TERN_ERR_UNSUPPORTED, "cuda: layer %d has biases on some of q, k, v only", il);
+            goto fail;
+        }
+        G->attn_norm = upload_f32(g, &L->attn_norm, &ok);
+        G->ffn_norm = upload_f32(g, &L->ffn_norm, &ok);
+        G->bq = upload_f32(g, &L->bq, &ok);
+        G->bk = upload_f32(g, &L->bk, &ok);
+        G->bv = upload_f32(g, &L->bv, &ok);
+    }
+    if (ok && g->has_output) {
+        if ((s = upload_weight(g, &m->output, &g->output))) goto fail;
+        max_mk = TN_MAX(max_mk, g->output.m * g->output.k);
+        g->output_norm = upload_f32(g, &m->output_norm, &ok);
+    }
+    const int64_t nb = c->n_batch, d = hp->n_embd, qd = (int64_t)hp->n_head * hp->head_dim;
+    const int64_t kv_dim = (int64_t)hp->n_head_kv * hp->head_dim, ff = hp->n_ff;
+    const int64_t wide = TN_MAX(TN_MAX(d, qd), ff);
+    g->x = dalloc(g, (size_t)(nb * d) * 4, &ok);
+    g->xb = dalloc(g, (size_t)(nb * wide) * 4, &ok);
+    g->q = dalloc(g, (size_t)(nb * (qd + 2 * kv_dim)) * 4, &ok); /* q, k, v side by side when fused */
+    g->k = dalloc(g, (size_t)(nb * kv_dim) * 4, &ok);
+    g->v = dalloc(g, (size_t)(nb * kv_dim) * 4, &ok);
+    g->att = dalloc(g, (size_t)(nb * qd) * 4, &ok);
+    g->hb = dalloc(g, (size_t)(nb * 2 * ff) * 4, &ok); /* gate and up side by side when fused */
+    g->hb2 = dalloc(g, (size_t)(nb * ff) * 4, &ok);
+    if (g->has_output) g->logits = dalloc(g, (size_t)c->n_logits_cap * (size_t)hp->n_vocab * 4, &ok);
+    g->xq.q = dalloc(g, (size_t)(nb * max_k), &ok);
+    g->xq.d = dalloc(g, (size_t)(nb * max_k / 32) * 4, &ok);
+    g->xq.s = dalloc(g, (size_t)(nb * max_k / 32) * 4, &ok);
+    if (nb > TN_CU_GEMV_MAXN) { /* float-path types (and TERN_CUDA_PREFILL=cublas) above 8 tokens */
+        g->xh = dalloc(g, (size_t)(nb * max_k) * 2, &ok);
+        g->wh = dalloc(g, (size_t)max_mk * 2, &ok);
+        g->wh_elems = max_mk;
+    }
+    const size_t kv_elems = (size_t)ngl * (size_t)c->kv_rows * (size_t)kv_dim;
+    g->Kc = dalloc(g, kv_elems * 2, &ok);
+    g->Vc = dalloc(g, kv_elems * 2, &ok);
+    if (ok) {
+        cudaMemset(g->Kc, 0, kv_elems * 2);
+        cudaMemset(g->Vc, 0, kv_elems * 2);
+    }
+    g->tbl_cap = (int64_t)nb * (c->kv_blocks + 1);
+    g->d_ints = dalloc(g, (size_t)ints_needed(c, g->tbl_cap) * 4, &ok);
+    g->d_cs = dalloc(g, (size_t)(nb * hp->n_rot) * 4, &ok);
+    if (!ok) {
+        s = TERN_ERR_NOMEM;
+        goto fail;
+    }
+    if (cudaMallocHost((void **)&g->h_x, (size_t)(nb * d) * 4) != cudaSuccess ||
+        cudaMallocHost((void **)&g->h_cs, (size_t)(nb * hp->n_rot) * 4) != cudaSuccess ||
+        cudaMallocHost((void **)&g->h_ints, (size_t)ints_needed(c, g->tbl_cap) * 4) != cudaSuccess) {
+        cudaGetLastError();
+        s = tn_err(TERN_ERR_NOMEM, "cuda: cannot allocate pinned host buffers");
+        goto fail;
+    }
+    const char *ge = getenv("TERN_CUDA_GRAPH");
+    g->use_graph = !(ge && !strcmp(ge, "0"));
+    const char *pe = getenv("TERN_CUDA_PROFILE");
+    if (pe && *pe && strcmp(pe, "0")) {
+        g->cap_ev = 2 * 4096;
+        g->ev = tn_calloc((size_t)g->cap_ev, sizeof *g->ev);
+        g->ev_label = tn_calloc((size_t)g->cap_ev / 2, sizeof *g->ev_label);
+        g->prof = g->ev && g->ev_label;
+        for (int i = 0; g->prof && i < g->cap_ev; i++)
+            if (cudaEventCreate(&g->ev[i]) != cudaSuccess) g->prof = false, g->cap_ev = i;
+    }
+    const char *pc = getenv("TERN_CUDA_PREFILL");
+    g->tile_max_code = 64;
+    g->tile_max_float = TN_CU_GEMV_MAXN;
+    if (pc && !strcmp(pc, "gemv")) g->tile_max_code = g->tile_max_float = INT64_MAX;
+    if (pc && !strcmp(pc, "cublas")) g->tile_max_code = TN_CU_GEMV_MAXN;
+    if (cudaDeviceSynchronize() != cudaSuccess) {
+        s = tn_err(TERN_ERR_INTERNAL, "cuda: %s", cudaGetErrorString(cudaGetLastError()));
+        goto fail;
+    }
+    *out = g;
+    return TERN_OK;
+fail:
+    tn_cuda_ctx_free(g);
+    return s ? s : TERN_ERR_INTERNAL;
+}
+
+/* ---- forward ------------------------------------------------------------------------------------ */
+
+#define CK(expr)                                      \
+    do {                                              \
+        int e_ = (expr);                              \
+        if (e_ && !g->cuerr) g->cuerr = e_;           \
+    } while (0)
+
+/* CKL(label, launch): CK, and with TERN_CUDA_PROFILE the launch timed under label */
+static int prof_begin(tn_cuda_ctx *g, const char *label) {
+    if (!g->prof || g->n_ev + 2 > g->cap_ev) return -1;
+    const int i = g->n_ev;
+    g->ev_label[i / 2] = label;
+    cudaEventRecord(g->ev[i], g->st);
+    return i;
+}
+static void prof_end(tn_cuda_ctx *g, int i) {
+    if (i < 0) return;
+    cudaEventRecord(g->ev[i + 1], g->st);
+    g->n_ev = i + 2;
+}
+#define CKL(label, expr)                              \
+    do {                                              \
+        const int pi_ = prof_begin(g, label);         \
+        CK(expr);                                     \
+        prof_end(g, pi_);                             \
+    } while (0)
+
+/* After the pass's synchronisation: the timed launches into the per-label sums. */
+static void prof_collect(tn_cuda_ctx *g) {
+    for (int i = 0; i + 1 < g->n_ev; i += 2) {
+        float ms = 0;
+        if (cudaEventElapsedTime(&ms, g->ev[i], g->ev[i + 1]) != cudaSuccess) continue;
+        const char *lb = g->ev_label[i / 2];
+        int j = 0;
+        while (j < g->n_pt && strcmp(g->pt[j].label, lb)) j++;
+        if (j == g->n_pt) {
+            if (g->n_pt == (int)(sizeof g->pt / sizeof g->pt[0])) continue;
+            g->pt[g->n_pt++].label = lb;
+        }
+        g->pt[j].ms += ms;
+        g->pt[j].calls++;
+    }
+    g->n_ev = 0;
+    cudaGetLastError();
+}
+
+static void prof_print(const tn_cuda_ctx *g) {
+    double tot = 0;
+    for (int j = 0; j < g->n_pt; j++) tot += g->pt[j].ms;
+    fprintf(stderr, "tern cuda profile: %ld forward passes, %ld tokens; wall %.3f ms, kernels %.3f ms (%.1f%%)\n",
+            g->prof_passes, g->prof_tokens, g->prof_wall_ms, tot, g->prof_wall_ms > 0 ? 100.0 * tot / g->prof_wall_ms : 0.0);
+    fprintf(stderr, "  %-14s %8s %12s %10s %7s\n", "launch", "calls", "total ms", "mean us", "share");
+    for (int j = 0; j < g->n_pt; j++)
+        fprintf(stderr, "  %-14s %8ld %12.3f %10.2f %6.1f%%\n", g->pt[j].label, g->pt[j].calls, g->pt[j].ms,
+                1000.0 * g->pt[j].ms / (double)(g->pt[j].calls ? g->pt[j].calls : 1), tot > 0 ? 100.0 * g->pt[j].ms / tot : 0.0);
+}
+
+static bool use_gemv(const tn_cuda_ctx *g, const tn_cw *w, int64_t n) {
+    return n <= TN_CU_GEMV_MAXN || n <= (tn_cw_is_code(w->kind) ? g->tile_max_code : g->tile_max_float);
+}
+
+void tn_cuda_set_batch_invariant(tn_cuda_ctx *g, bool on) {
+    if (!g) return;
+    g->tile_max_code = on ? INT64_MAX : 64;
+    g->tile_max_float = on ? INT64_MAX : TN_CU_GEMV_MAXN;
+}
+
+/* y[n][ldy] (+)= W x (+ bias); x [n][k] rows of stride ldx. */
+static void mm(tn_cuda_ctx *g, const char *label, const tn_cw *w, const float *x, int64_t ldx, int64_t n, float *y,
+               int64_t ldy, const float *bias, int acc) {
+    if (use_gemv(g, w, n)) {
+        if (tn_cw_is_code(w->kind) && g->q_src != x) {
+            CKL("quantize", tn_cu_quantize_q8(x, ldx, w->k, n, g->xq, g->st));
+            g->q_src = x;
+        }
+        CKL(label, tn_cu_gemv(w, x, ldx, &g->xq, n, y, ldy, bias, acc, g->st));
+        return;
+    }
+    if (g->h_src != x) {
+        CKL("to_f16", tn_cu_f32_to_f16(x, ldx, w->k, n, g->xh, g->st));
+        g->h_src = x;
+    }
+    /* the weight in fp16 (f16 weights as they are), in tiles of rows that fit the scratch */
+    const bool direct = w->kind == TN_CW_F16;
+    const int64_t rows = direct ? w->m : TN_MAX((int64_t)1, TN_MIN(w->m, g->wh_elems / w->k));
+    for (int64_t r0 = 0; r0 < w->m; r0 += rows) {
+        const int64_t nr = TN_MIN(rows, w->m - r0);
+        const uint16_t *A = direct ? (const uint16_t *)w->data : g->wh;
+        if (!direct) CKL("dequant_f16", tn_cu_dequant_f16(w, r0, nr, g->wh, g->st));
+        const float alpha = 1.0f, beta = acc ? 1.0f : 0.0f;
+        const int pi = prof_begin(g, label);
+        cublasStatus_t bs = cublasGemmEx(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)n, (int)w->k, &alpha, A,
+                                         CUDA_R_16F, (int)w->k, g->xh, CUDA_R_16F, (int)w->k, &beta, y + r0, CUDA_R_32F,
+                                         (int)ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        prof_end(g, pi);
+        if (bs != CUBLAS_STATUS_SUCCESS && !g->cuerr) g->cuerr = (int)cudaErrorLaunchFailure;
+    }
+    if (bias) CKL("bias", tn_cu_add_bias(y, bias, n, ldy, g->st));
+}
+
+static void fresh(tn_cuda_ctx *g) { g->q_src = g->h_src = NULL; }
+
+/* Whether mm(w, .., n) reads q8 activations (then a norm or SwiGLU kernel quantizes as it writes). */
+static bool q8_for(const tn_cuda_ctx *g, const tn_cw *w, int64_t n) {
+    return tn_cw_is_code(w->kind) && use_gemv(g, w, n) && w->k % 32 == 0;
+}
+
+/* The layers on the GPU and, when it holds them all, the final norm and the logits of the n_out
+ * rows in d_orow: kernel launches only (a CUDA graph captures them for one-token steps). */
+static void run_layers(tn_cuda_ctx *g, const tern_ctx *c, int64_t n, int32_t n_out) {
+    const tn_hparams *hp = &c->hp;
+    const int64_t d = hp->n_embd, hd = hp->head_dim, qd = (int64_t)hp->n_head * hd;
+    const int64_t kv_dim = (int64_t)hp->n_head_kv * hd, ff = hp->n_ff;
+    int32_t *d_pos = g->d_ints, *d_kvrow = d_pos + n, *d_toff = d_kvrow + n, *d_orow = d_toff + n, *d_tbl = d_orow + n;
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int32_t il = 0; il < g->n_layers; il++) {
+        const tn_cu_layer *L = &g->L[il];
+        uint16_t *Kc = g->Kc + (size_t)il * (size_t)c->kv_rows * (size_t)kv_dim;
+        uint16_t *Vc = g->Vc + (size_t)il * (size_t)c->kv_rows * (size_t)kv_dim;
+        /* attention block */
+        const bool qa = q8_for(g, L->fused_qkv ? &L->qkv : &L->w[W_Q], n);
+        CKL("norm", tn_cu_rmsnorm(g->x, NULL, g->xb, L->attn_norm, n, d, hp->rms_eps, qa ? &g->xq : NULL, g->st));
+        fresh(g);
+        if (qa) g->q_src = g->xb;
+        float *q = g->q, *k, *v;
+        int64_t ldq, ldk;
+        if (L->fused_qkv) {
+            ldq = ldk = qd + 2 * kv_dim;
+            k = q + qd, v = k + kv_dim;
+            mm(g, "qkv", &L->qkv, g->xb, d, n, q, ldq, L->bqkv, 0);
+        } else {
+            ldq = qd, ldk = kv_dim;
+            k = g->k, v = g->v;
+            mm(g, "qkv", &L->w[W_Q], g->xb, d, n, q, qd, L->bq, 0);
+            mm(g, "qkv", &L->w[W_K], g->xb, d, n, k, kv_dim, L->bk, 0);
+            mm(g, "qkv", &L->w[W_V], g->xb, d, n, v, kv_dim, L->bv, 0);
+        }
+        CKL("rope_store", tn_cu_rope_store(q, ldq, k, v, ldk, g->d_cs, hp->n_rot, hp->rope_mode == TN_ROPE_NEOX, n, hp->n_head,
+                            hp->n_head_kv, (int)hd, d_kvrow, Kc, Vc, g->st));
+        const bool qo = q8_for(g, &L->w[W_O], n) && hd % 32 == 0;
+        CKL("attention", tn_cu_attention(q, ldq, Kc, Vc, n, hp->n_head, hp->n_head_kv, (int)hd, d_pos, d_toff, d_tbl, scale,
+                                         g->att, qo ? &g->xq : NULL, g->st));
+        fresh(g);
+        if (qo) g->q_src = g->att;
+        mm(g, "wo", &L->w[W_O], g->att, qd, n, g->x, d, NULL, 1);
+        /* feed-forward block */
+        const bool qf = q8_for(g, L->fused_gu ? &L->gu : &L->w[W_GATE], n);
+        CKL("norm", tn_cu_rmsnorm(g->x, NULL, g->xb, L->ffn_norm, n, d, hp->rms_eps, qf ? &g->xq : NULL, g->st));
+        fresh(g);
+        if (qf) g->q_src = g->xb;
+        float *h = g->hb;
+        if (L->fused_gu) {
+            mm(g, "gate_up", &L->gu, g->xb, d, n, g->hb, 2 * ff, NULL, 0);
+            const bool qd = q8_for(g, &L->w[W_DOWN], n);
+            CKL("swiglu", tn_cu_swiglu_pair(g->hb, g->hb2, n, ff, qd ? &g->xq : NULL, g->st));
+            h = g->hb2;
+            fresh(g);
+            if (qd) g->q_src = h;
+        } else {
+            mm(g, "gate_up", &L->w[W_GATE], g->xb, d, n, g->hb, ff, NULL, 0);
+            mm(g, "gate_up", &L->w[W_UP], g->xb, d, n, g->hb2, ff, NULL, 0);
+            CKL("swiglu", tn_cu_swiglu(g->hb, g->hb2, n * ff, g->st));
+            fresh(g);
+        }
+        mm(g, "down", &L->w[W_DOWN], h, ff, n, g->x, d, NULL, 1);
+    }
+    if (g->has_output && n_out > 0) {
+        const bool qout = q8_for(g, &g->output, n_out);
+        CKL("norm", tn_cu_rmsnorm(g->x, d_orow, g->xb, g->output_norm, n_out, d, hp->rms_eps, qout ? &g->xq : NULL, g->st));
+        fresh(g);
+        if (qout) g->q_src = g->xb;
+        mm(g, "output", &g->output, g->xb, d, n_out, g->logits, hp->n_vocab, NULL, 0);
+    }
+}
+
+tern_status tn_cuda_forward_batch(tern_ctx *c, const tn_batch *b, const int32_t *const *tables) {
+    tn_cuda_ctx *g = c->cuda;
+    const tern_model *m = c->model;
+    const tn_hparams *hp = &c->hp;
+    const int64_t n = b->n, d = hp->n_embd;
+    g->cuerr = 0;
+    const double t_start = g->prof ? tn_cu_now() : 0;
+    cudaSetDevice(g->dev);
+
+    /* host side: embeddings, RoPE table, cache rows, block tables, rows wanting logits */
+    int32_t n_out = 0;
+    for (int32_t t = 0; t < b->n; t++)
+        if (b->logits[t]) c->out_rows[n_out++] = t;
+    int32_t *pos = g->h_ints, *kvrow = pos + n, *toff = kvrow + n, *orow = toff + n, *tbl = orow + n;
+    int64_t nt = 0, last_len = 0;
+    int32_t last_off = -1;
+    const int32_t *last_tb = NULL;
+    for (int64_t t = 0; t < n; t++) {
+        tn_tensor_get_row(&m->tok_embd, b->tok[t], g->h_x + t * d);
+        tn_op_rope_cache(hp, m->rope_freqs.data, b->pos[t], g->h_cs + t * hp->n_rot);
+        pos[t] = b->pos[t];
+        const int32_t *tb = tables ? tables[b->seq[t]] : NULL;
+        kvrow[t] = (int32_t)tn_kv_row(tb, TN_KV_BLOCK, b->pos[t]);
+        if (!tb) {
+            toff[t] = -1;
+            continue;
+        }
+        /* the token's block table up to its position; tokens of one sequence share the longest */
+        const int64_t need = b->pos[t] / TN_KV_BLOCK + 1;
+        if (tb == last_tb && last_len >= need) {
+            toff[t] = last_off;
+            continue;
+        }
+        if (nt + need > g->tbl_cap) return tn_err(TERN_ERR_INTERNAL, "cuda: block tables exceed %lld entries", (long long)g->tbl_cap);
+        memcpy(tbl + nt, tb, (size_t)need * 4);
+        toff[t] = (int32_t)nt;
+        last_tb = tb, last_off = (int32_t)nt, last_len = need;
+        nt += need;
+    }
+    for (int32_t j = 0; j < n_out; j++) orow[j] = c->out_rows[j];
+    CKL("h2d", cudaMemcpyAsync(g->x, g->h_x, (size_t)(n * d) * 4, cudaMemcpyHostToDevice, g->st));
+    CKL("h2d", cudaMemcpyAsync(g->d_cs, g->h_cs, (size_t)(n * hp->n_rot) * 4, cudaMemcpyHostToDevice, g->st));
+    CKL("h2d", cudaMemcpyAsync(g->d_ints, g->h_ints, (size_t)(4 * n + nt) * 4, cudaMemcpyHostToDevice, g->st));
+
+    /* one-token decode with logits: a CUDA graph of every kernel of the step (captured once) */
+    const bool graph = g->use_graph && !g->prof && n == 1 && g->has_output && n_out == 1;
+    if (graph && !g->graph_exec && !g->cuerr) {
+        cudaError_t e = cudaStreamBeginCapture(g->st, cudaStreamCaptureModeRelaxed);
+        if (e == cudaSuccess) {
+            run_layers(g, c, n, n_out);
+            e = cudaStreamEndCapture(g->st, &g->graph);
+            if (e == cudaSuccess && !g->cuerr) e = cudaGraphInstantiate(&g->graph_exec, g->graph, 0);
+        }
+        if (e != cudaSuccess || g->cuerr) { /* no graph: launch the kernels one by one from now on */
+            cudaGetLastError();
+            if (g->graph) cudaGraphDestroy(g->graph);
+            g->graph = NULL;
+            g->graph_exec = NULL;
+            g->use_graph = false;
+            g->cuerr = 0;
+        }
+    }
+    if (graph && g->graph_exec) CK(cudaGraphLaunch(g->graph_exec, g->st));
+    else run_layers(g, c, n, n_out);
+    if (g->has_output) {
+        if (n_out > 0) {
+            CKL("d2h", cudaMemcpyAsync(c->logits, g->logits, (size_t)n_out * (size_t)hp->n_vocab * 4, cudaMemcpyDeviceToHost, g->st));
+        }
+        CK(cudaStreamSynchronize(g->st));
+        c->n_logits = n_out;
+    } else {
+        /* the rest of the layers on the CPU, from the residual stream the GPU leaves */
+        CK(cudaMemcpyAsync(g->h_x, g->x, (size_t)(n * d) * 4, cudaMemcpyDeviceToHost, g->st));
+        CK(cudaStreamSynchronize(g->st));
+        if (!g->cuerr) {
+            const int32_t sl = c->start_layer;
+            const float *sx = c->start_x;
+            c->start_layer = g->n_layers;
+            c->start_x = g->h_x;
+            tn_forward_batch_cpu(c, b, tables);
+            c->start_layer = sl;
+            c->start_x = sx;
+        }
+    }
+    if (!g->cuerr) g->cuerr = (int)cudaGetLastError();
+    if (g->prof) {
+        prof_collect(g);
+        g->prof_passes++;
+        g->prof_tokens += n;
+        g->prof_wall_ms += 1e3 * (tn_cu_now() - t_start);
+    }
+    if (g->cuerr) return tn_err(TERN_ERR_INTERNAL, "cuda: forward pass failed: %s", tn_cu_errstr(g->cuerr));
+    return TERN_OK;
+}
+
+/* ---- single weights (tests, tools) --------------------------------------------------------------- */
+
+struct tn_cuda_weight {
+    tn_cuda_ctx g; /* its stream, cuBLAS handle and allocations */
+    tn_cw w;
+};
+
+void tn_cuda_weight_free(tn_cuda_weight *w) {
+    if (!w) return;
+    tn_cuda_ctx *g = tn_calloc(1, sizeof *g); /* tn_cuda_ctx_free frees the struct itself */
+    if (!g) return;
+    *g = w->g;
+    tn_cuda_ctx_free(g);
+    tn_free(w);
+}
+
+tern_status tn_cuda_weight_upload(const tn_tensor *t, tn_cuda_weight **out) {
+    *out = NULL;
+    const char *why = NULL;
+    if (tn_cuda_device_count(&why) < 1) return tn_err(TERN_ERR_UNSUPPORTED, "cuda: no usable device (%s)", why);
+    tn_cuda_weight *w = tn_calloc(1, sizeof *w);
+    if (!w) return tn_err(TERN_ERR_NOMEM, "cuda: out of memory");
+    tern_status s = TERN_OK;
+    if (cudaSetDevice(0) != cudaSuccess || cudaStreamCreateWithFlags(&w->g.st, cudaStreamNonBlocking) != cudaSuccess ||
+        cublasCreate(&w->g.blas) != CUBLAS_STATUS_SUCCESS) {
+        s = tn_err(TERN_ERR_UNSUPPORTED, "cuda: cannot use device 0");
+    } else {
+        cublasSetStream(w->g.blas, w->g.st);
+        w->g.tile_max_code = 64;
+        w->g.tile_max_float = TN_CU_GEMV_MAXN;
+        s = upload_weight(&w->g, t, &w->w);
+    }
+    if (s) {
+        tn_cuda_weight_free(w);
+        return s;
+    }
+    *out = w;
+    return TERN_OK;
+}
+
+tern_status tn_cuda_weight_matmul(tn_cuda_weight *W, const float *x, int64_t n, bool invariant, float *y) {
+    tn_cuda_ctx *g = &W->g;
+    const tn_cw *w = &W->w;
+    tn_cuda_set_batch_invariant(g, invariant);
+    const size_t first = g->n_allocs;
+    bool ok = true;
+    float *dx = dupload(g, x, (size_t)(n * w->k) * 4, &ok), *dy = dalloc(g, (size_t)(n * w->m) * 4, &ok);
+    if (tn_cw_is_code(w->kind)) {
+        g->xq.q = dalloc(g, (size_t)(n * w->k), &ok);
+        g->xq.d = dalloc(g, (size_t)(n * w->k / 32) * 4, &ok);
+        g->xq.s = dalloc(g, (size_t)(n * w->k / 32) * 4, &ok);
+    }
+    if (n > TN_CU_GEMV_MAXN) {
+        g->xh = dalloc(g, (size_t)(n * w->k) * 2, &ok);
+        g->wh_elems = TN_MAX(w->k, TN_MIN(w->m * w->k, (int64_t)1 << 24)); /* tiles of rows, as in a context */
+        g->wh = dalloc(g, (size_t)g->wh_elems * 2, &ok);
+    }
+    tern_status s = TERN_OK;
+    if (!ok) s = TERN_ERR_NOMEM;
+    else {
+        g->cuerr = 0;
+        fresh(g);
+        mm(g, "matmul", w, dx, w->k, n, dy, w->m, NULL, 0);
+        CK(cudaMemcpyAsync(y, dy, (size_t)(n * w->m) * 4, cudaMemcpyDeviceToHost, g->st));
+        CK(cudaStreamSynchronize(g->st));
+        if (g->cuerr) s = tn_err(TERN_ERR_INTERNAL, "cuda: matmul failed: %s", tn_cu_errstr(g->cuerr));
+    }
+    for (size_t i = first; i < g->n_allocs; i++) cudaFree(g->allocs[i]);
+    g->n_allocs = first;
+    return s;
+}
+
+tern_status tn_cuda_weight_dequant(tn_cuda_weight *W, float *out) {
+    tn_cuda_ctx *g = &W->g;
+    const tn_cw *w = &W->w;
+    const size_t first = g->n_allocs;
+    bool ok = true;
+    float *d = dalloc(g, (size_t)(w->m * w->k) * 4, &ok);
+    tern_status s = TERN_OK;
+    if (!ok) s = TERN_ERR_NOMEM;
+    else {
+        g->cuerr = 0;
+        CK(tn_cu_dequant_f32(w, 0, w->m, d, g->st));
+        CK(cudaMemcpyAsync(out, d, (size_t)(w->m * w->k) * 4, cudaMemcpyDeviceToHost, g->st));
+        CK(cudaStreamSynchronize(g->st));
+        if (g->cuerr) s = tn_err(TERN_ERR_INTERNAL, "cuda: dequantize failed: %s", tn_cu_errstr(g->cuerr));
+    }
+    for (size_t i = first; i < g->n_allocs; i++) cudaFree(g->allocs[i]);
+    g->n_allocs = first;
+    return s;
+}

@@ -1,0 +1,110 @@
+/*
+ * kern_cuda.h — the CUDA kernels' launchers (src/cuda/kernels.cu), callable from C. Plain types
+ * only: backend.c (the C side of the backend) owns the model, the context and every buffer.
+ *
+ * Device weight formats (made at upload by backend.c, tn_cuda_weight):
+ *   float path  — the file's bytes as they are: F32, F16, BF16, Q4_K, Q5_K, Q6_K (Q6_K's 210-byte
+ *                 blocks each padded to TN_CU_Q6K_STRIDE); activations stay f32.
+ *   code path   — Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and every tq<b>g<G>[a] in a split layout: the block headers moved
+ *                 out into fp16 arrays d[m][k/G] (and m[m][k/G] for asymmetric tq), the code bytes
+ *                 of each row back to back (row stride k*b/8, a multiple of 4 bytes). Within a
+ *                 block the planes keep the file's order (tq.h; Q4_0 and Q4_1 are one 4-bit plane,
+ *                 Q8_0 one signed 8-bit plane, Q5_0 and Q5_1 a 4-bit plane then their qh as the
+ *                 1-bit plane: tq5's layout). Activations are quantized to q8 blocks of 32 (the CPU's
+ *                 q8_0 activation rounding: d = amax/127 rounded to fp16, q = x*127/amax
+ *                 rounded half to even) and the products
+ *                 are integer dot products (dp4a), as the CPU kernels compute them.
+ * Every launcher runs on the given stream and returns 0, or a CUDA error code.
+ */
+#ifndef TN_CUDA_KERN_CUDA_H
+#define TN_CUDA_KERN_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Weight kinds on the device. */
+enum {
+    TN_CW_F32 = 0,
+    TN_CW_F16,
+    TN_CW_BF16,
+    TN_CW_Q4_K,
+    TN_CW_Q6_K,
+    TN_CW_Q5_K,
+    TN_CW_Q4_0, /* code path from here on */
+    TN_CW_Q8_0,
+    TN_CW_Q5_0,
+    TN_CW_TQ,   /* also q4_1 (= tq4g32a) and q5_1 (= tq5g32a) */
+};
+
+typedef struct tn_cw {
+    int kind;
+    int bits, group, asym;  /* TN_CW_TQ; Q4_0: 4, 32, 0; Q8_0: 8, 32, 0                     */
+    int64_t m, k;           /* rows, row length                                                */
+    const void *data;       /* float path: rows of the file type; code path: the codes         */
+    size_t row_bytes;       /* bytes per row of data                                           */
+    const uint16_t *d, *mn; /* code path: fp16 scales [m][k/group] (mn: asymmetric offsets)   */
+} tn_cw;
+
+/* Q6_K blocks (210 bytes) are uploaded each in a 224-byte slot, so that their parts are 8-byte aligned */
+#define TN_CU_Q6K_STRIDE 224
+
+static inline int tn_cw_is_code(int kind) { return kind >= TN_CW_Q4_0; }
+
+/* Activations quantized for the code path: n rows of k. */
+typedef struct tn_cq {
+    int8_t *q;   /* [n][k]      */
+    float *d;    /* [n][k/32]   the fp16-rounded scale as float */
+    int32_t *s;  /* [n][k/32]   sum of the block's codes        */
+} tn_cq;
+
+/* x [n][k] f32 (row stride ldx) -> q8 blocks (k % 32 == 0). */
+int tn_cu_quantize_q8(const float *x, int64_t ldx, int64_t k, int64_t n, tn_cq out, void *stream);
+/* y[j*ldy + i] (+)= dot(row i of w, x_j) (+ bias[i]) for i < m, j < n: code path reads xq
+ * (quantized by tn_cu_quantize_q8), float path reads x; any n, in token tiles of
+ * TN_CU_GEMV_MAXN inside the kernel, so that a token's result does not depend on its batch.
+ * accumulate: y +=. */
+#define TN_CU_GEMV_MAXN 8
+int tn_cu_gemv(const tn_cw *w, const float *x, int64_t ldx, const tn_cq *xq, int64_t n, float *y, int64_t ldy,
+               const float *bias, int accumulate, void *stream);
+/* Rows r0 .. r0 + nr - 1 of w as fp16 into out[nr][k] (prefill: then a cuBLAS GEMM). */
+int tn_cu_dequant_f16(const tn_cw *w, int64_t r0, int64_t nr, uint16_t *out, void *stream);
+/* Rows of w as f32 (tests). */
+int tn_cu_dequant_f32(const tn_cw *w, int64_t r0, int64_t nr, float *out, void *stream);
+/* x [n][k] f32 (stride ldx) -> fp16 [n][k]. */
+int tn_cu_f32_to_f16(const float *x, int64_t ldx, int64_t k, int64_t n, uint16_t *out, void *stream);
+/* y[n][d] = rmsnorm(x rows) * w (sum of squares in double, as the CPU). rows: x row of output j
+ * is rows[j] (NULL: j). xq != NULL: y is also quantized into it as tn_cu_quantize_q8 would. */
+int tn_cu_rmsnorm(const float *x, const int32_t *rows, float *y, const float *w, int64_t n, int64_t d, float eps,
+                  const tn_cq *xq, void *stream);
+/* y[i] += b[i % d] for i < n*d. */
+int tn_cu_add_bias(float *y, const float *b, int64_t n, int64_t d, void *stream);
+/* Per token t: RoPE (cs [n][n_rot] cos/sin pairs; neox = half split) on its n_head query heads of
+ * q [n][ldq] and n_head_kv key heads of k [n][ldk]; then k and v [n][ldk] rows stored as fp16 in
+ * the caches at row kvrow[t] (stride kv_dim = n_head_kv * hd). */
+int tn_cu_rope_store(float *q, int64_t ldq, float *k, const float *v, int64_t ldk, const float *cs, int n_rot, int neox,
+                     int64_t n, int n_head, int n_head_kv, int hd, const int32_t *kvrow, uint16_t *Kc, uint16_t *Vc,
+                     void *stream);
+/* Causal attention: token t (query q[t*ldq ..], n_head*hd floats) attends positions 0 .. pos[t] of its
+ * sequence; position p's cache row is p (tbl_off[t] < 0) or tbl[tbl_off[t] + p/16]*16 + p%16.
+ * out [n][n_head*hd]. Online softmax in f32. xq != NULL (hd % 32 == 0): out also quantized into it. */
+int tn_cu_attention(const float *q, int64_t ldq, const uint16_t *Kc, const uint16_t *Vc, int64_t n, int n_head, int n_head_kv,
+                    int hd, const int32_t *pos, const int32_t *tbl_off, const int32_t *tbl, float scale, float *out,
+                    const tn_cq *xq, void *stream);
+/* g[i] = silu(g[i]) * u[i], i < n. */
+int tn_cu_swiglu(float *g, const float *u, int64_t n, void *stream);
+/* h[t][i] = silu(gu[t][i]) * gu[t][ff + i] (gate and up computed as one matrix), i < ff, t < n;
+ * xq != NULL: h also quantized into it. */
+int tn_cu_swiglu_pair(const float *gu, float *h, int64_t n, int64_t ff, const tn_cq *xq, void *stream);
+/* dst[j][0..d) = src[rows[j]][0..d), j < n (row stride d). */
+int tn_cu_gather_rows(const float *src, const int32_t *rows, float *dst, int64_t n, int64_t d, void *stream);
+/* Streams: read src and write dst (n bytes), for the bandwidth measurement. */
+int tn_cu_copy_kernel(const void *src, void *dst, size_t n, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

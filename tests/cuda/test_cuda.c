@@ -1,0 +1,491 @@
+/*
+ * test_cuda.c — the CUDA backend against CPU oracles.
+ *
+ * Host side (every build, every machine): without a device or without the CUDA toolkit, a context
+ * on the GPU is refused with TERN_ERR_UNSUPPORTED and a message saying why; an unknown device id
+ * is refused. The GPU tests below exit 77 (skipped, with the reason printed) where no device is.
+ *
+ * Kernels (GPU): every weight type the backend runs — F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
+ * Q5_1, Q4_K, Q5_K, Q6_K and all 64 tq<b>g<G>[a] — quantized with tern's reference quantizers, at row counts and lengths
+ * equal to, below, above and off the kernels' tiles (m = 1, 3, 4, 5, 33, and 131 for the ggml
+ * types; k = 2048 and 4096, where a row is split across 2 and 4 warps; k = one block,
+ * several, odd multiples), and n = 1, 3, 8, 9, 17 tokens (GEMV kernels) and 17 or 70 (cuBLAS):
+ *  - dequantization equals the scalar reference dequantizer (tn_dequantize_row / tq) to within
+ *    one rounding of d*q+m (a fused multiply-add on the GPU: |err| <= 2^-23 |d q| + 2^-24 |x|);
+ *  - GEMV (n = 1 .. 17, in token tiles of 8) equals sum_i w_i a_i in double, where w is the
+ *    reference dequantization and a the activations as the CPU quantizes them (q8_0 via
+ *    tn_quantize_row_q8_0_act for the code-path types; f32 otherwise): float summation in another
+ *    order, bound 1e-5 * sum_i |w_i a_i|; a token's outputs in a batch equal, bit for bit, the
+ *    same token alone (what tern serve's batch invariance rests on);
+ *  - the cuBLAS path (float types above 8 tokens, code types above 64) rounds weights and
+ *    activations to fp16 (2^-11 relative each): bound 2e-3 * sum_i |w_i a_i|.
+ * Forward (GPU): tiny random models of several types, against the independent double-precision
+ * reference (tests/model/ref_forward.c) with test_forward's bounds (same roundings as the CPU
+ * path: K/V in f16, activations to q8 for the code types; the prefill's fp16 GEMM rounds like
+ * f16 weights do) and against tern's CPU logits; a paged two-sequence batch (tn_forward_batch
+ * with block tables, as tern serve runs it); layers split between GPU and CPU (-ngl).
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "common/tiny_model.h"
+#include "cuda/cuda.h"
+#include "model/ctx.h"
+#include "model/ref_forward.h"
+#include "quant/quant.h"
+#include "quant/tq.h"
+
+static bool have_gpu(void) { return tn_cuda_device_count(NULL) > 0; }
+
+/* deterministic N(0,1)-ish values (sum of 4 uniforms, scaled) */
+typedef struct {
+    uint64_t s;
+} test_rng;
+static float test_rng_normal(test_rng *r) {
+    float a = 0;
+    for (int i = 0; i < 4; i++) {
+        r->s = r->s * 6364136223846793005ULL + 1442695040888963407ULL;
+        a += (float)((r->s >> 40) * (1.0 / 16777216.0)) - 0.5f;
+    }
+    return a * 1.7320508f;
+}
+
+static tern_model *load_cfg(const tiny_cfg *cfg, const char *tag) {
+    char path[512];
+    tiny_tmp_path(path, sizeof path, tag);
+    assert_int_equal(tiny_model_write(path, cfg), TERN_OK);
+    tern_model_params mp;
+    tern_model_params_init(&mp);
+    mp.repack = false;
+    tern_model *m = NULL;
+    assert_int_equal(tern_model_load(path, &mp, &m), TERN_OK);
+    unlink(path);
+    return m;
+}
+
+/* ---- host side -------------------------------------------------------------------------------- */
+
+static void test_refused_without_device(void **state) {
+    (void)state;
+    tiny_cfg cfg;
+    tiny_cfg_default(&cfg);
+    tern_model *m = load_cfg(&cfg, "cuda_host");
+    tern_ctx_params cp;
+    tern_ctx_params_init(&cp);
+    cp.n_ctx = 32;
+    tern_ctx *c = NULL;
+    cp.device = 7; /* no such device kind */
+    assert_int_equal(tern_ctx_create(m, &cp, &c), TERN_ERR_INVALID_ARG);
+    assert_null(c);
+    assert_non_null(strstr(tern_last_error(), "unknown device"));
+    cp.device = TERN_DEVICE_CUDA;
+    if (!have_gpu()) {
+        const char *why = NULL;
+        assert_int_equal(tn_cuda_device_count(&why), 0);
+        assert_non_null(why);
+        assert_int_equal(tern_ctx_create(m, &cp, &c), TERN_ERR_UNSUPPORTED);
+        assert_null(c);
+        assert_non_null(strstr(tern_last_error(), "cuda"));
+        printf("  no GPU here: '%s'\n", tern_last_error());
+    } else { /* with a device: the in-memory layouts are refused by name */
+        char path[512];
+        tiny_tmp_path(path, sizeof path, "cuda_host");
+        tern_model_free(m);
+        assert_int_equal(tiny_model_write(path, &(tiny_cfg){.arch = "llama", .n_embd = 256, .n_layer = 1, .n_head = 4,
+                                                             .n_head_kv = 2, .n_ff = 512, .n_vocab = 384, .n_ctx = 64,
+                                                             .wtype = TN_Q4_0, .out_type = TN_F32, .rope_base = 10000,
+                                                             .seed = 3}),
+                         TERN_OK);
+        assert_int_equal(tern_model_load(path, NULL, &m), TERN_OK); /* repacked where the CPU has the layout */
+        unlink(path);
+        tern_status s = tern_ctx_create(m, &cp, &c);
+        if (s == TERN_OK) tern_ctx_free(c); /* a CPU without the repacked kernels keeps q4_0 */
+        else assert_non_null(strstr(tern_last_error(), "repack"));
+    }
+    tern_model_free(m);
+}
+
+/* ---- kernels ---------------------------------------------------------------------------------- */
+
+typedef struct {
+    tn_dtype t;
+    int64_t block; /* row length granule */
+} wtype;
+
+/* m x k weights of type t quantized by the reference quantizers; *deq = their dequantization */
+static void *make_weight(tn_dtype t, int64_t m, int64_t k, uint64_t seed, float **deq, size_t *nbytes) {
+    float *x = malloc(sizeof(float) * (size_t)(m * k));
+    test_rng r = {seed};
+    for (int64_t i = 0; i < m * k; i++) x[i] = test_rng_normal(&r) * 0.5f + (i % 17 == 0 ? 1.5f : 0.0f);
+    const size_t rb = tn_dtype_row_size(t, k);
+    uint8_t *w = malloc(rb * (size_t)m);
+    *deq = malloc(sizeof(float) * (size_t)(m * k));
+    for (int64_t i = 0; i < m; i++) {
+        if (tn_tq_is(t)) {
+            tn_tq_params p;
+            tn_tq_params_of(t, &p);
+            tn_tq_quantize_row(&p, x + i * k, w + (size_t)i * rb, k, NULL);
+            tn_tq_dequantize_row(&p, w + (size_t)i * rb, *deq + i * k, k);
+        } else {
+            assert_true(tn_quantize_row_ref(t, x + i * k, w + (size_t)i * rb, k));
+            assert_true(tn_dequantize_row(t, w + (size_t)i * rb, *deq + i * k, k));
+        }
+    }
+    free(x);
+    *nbytes = rb * (size_t)m;
+    return w;
+}
+
+static bool is_code(tn_dtype t) {
+    return t == TN_Q4_0 || t == TN_Q4_1 || t == TN_Q5_0 || t == TN_Q5_1 || t == TN_Q8_0 || tn_tq_is(t);
+}
+
+static void check_type(tn_dtype t, int64_t m, int64_t k, double *worst_gemv, double *worst_gemm) {
+    float *deq = NULL;
+    size_t nbytes = 0;
+    void *w = make_weight(t, m, k, (uint64_t)(t * 7919 + m * 31 + k), &deq, &nbytes);
+    tn_tensor T = {t, {k, m, 1, 1}, w, nbytes, "test.weight"};
+    tn_cuda_weight *cw = NULL;
+    if (tn_cuda_weight_upload(&T, &cw)) fail_msg("%s %lldx%lld: upload: %s", tn_dtype_name(t), (long long)m, (long long)k, tern_last_error());
+    /* dequantization */
+    float *gd = malloc(sizeof(float) * (size_t)(m * k));
+    assert_int_equal(tn_cuda_weight_dequant(cw, gd), TERN_OK);
+    for (int64_t i = 0; i < m * k; i++)
+        if (fabsf(gd[i] - deq[i]) > 1.2e-7f * fabsf(deq[i]) + 1e-6f * 4.0f)
+            fail_msg("%s %lldx%lld: dequant[%lld] gpu %.9g cpu %.9g", tn_dtype_name(t), (long long)m, (long long)k, (long long)i,
+                     gd[i], deq[i]);
+    /* products: the GEMV kernels at n = 1, 3, 8 (one tile), 9, 17 (several) as a batch-invariant
+     * context runs them; then the cuBLAS path as other contexts take it above 8 tokens (float
+     * types) or 64 (code types) */
+    const int64_t ns[] = {1, 3, 8, 9, 17, -17, -70};
+    test_rng r = {(uint64_t)k * 13 + 5};
+    for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+        const bool gemm = ns[ni] < 0;
+        const int64_t n = gemm ? -ns[ni] : ns[ni];
+        if (gemm && (is_code(t) ? n <= 64 : n <= 8)) continue;
+        float *x = malloc(sizeof(float) * (size_t)(n * k)), *xa = malloc(sizeof(float) * (size_t)(n * k));
+        float *y = malloc(sizeof(float) * (size_t)(n * m));
+        for (int64_t i = 0; i < n * k; i++) x[i] = test_rng_normal(&r);
+        /* the activations the kernels multiply: q8_0 as the CPU quantizes them (the code types'
+         * GEMV), else the floats */
+        memcpy(xa, x, sizeof(float) * (size_t)(n * k));
+        if (is_code(t) && !gemm) {
+            block_q8_0 *qb = malloc(sizeof(block_q8_0) * (size_t)(k / 32));
+            for (int64_t j = 0; j < n; j++) {
+                tn_quantize_row_q8_0_act(x + j * k, qb, k);
+                tn_dequantize_row_q8_0(qb, xa + j * k, k);
+            }
+            free(qb);
+        }
+        assert_int_equal(tn_cuda_weight_matmul(cw, x, n, !gemm, y), TERN_OK);
+        const double bound = gemm ? 2e-3 : 1e-5;
+        for (int64_t j = 0; j < n; j++)
+            for (int64_t i = 0; i < m; i++) {
+                double s = 0, a = 0;
+                for (int64_t e = 0; e < k; e++) {
+                    s += (double)deq[i * k + e] * xa[j * k + e];
+                    a += fabs((double)deq[i * k + e] * xa[j * k + e]);
+                }
+                const double err = fabs(y[j * m + i] - s) / (a > 0 ? a : 1);
+                if (err > bound)
+                    fail_msg("%s m=%lld k=%lld n=%lld%s: y[%lld][%lld] gpu %.7g ref %.7g (err %.3g of sum|w a|, bound %.0e)",
+                             tn_dtype_name(t), (long long)m, (long long)k, (long long)n, gemm ? " (cuBLAS)" : "", (long long)j,
+                             (long long)i, y[j * m + i], s, err, bound);
+                double *worst = gemm ? worst_gemm : worst_gemv;
+                if (err > *worst) *worst = err;
+            }
+        /* the GEMV kernels: a token's outputs in a batch equal, bit for bit, the same token alone */
+        if (!gemm && n > 1) {
+            float *y1 = malloc(sizeof(float) * (size_t)m);
+            for (int64_t j = 0; j < n; j += n - 1) {
+                assert_int_equal(tn_cuda_weight_matmul(cw, x + j * k, 1, true, y1), TERN_OK);
+                if (memcmp(y1, y + j * m, sizeof(float) * (size_t)m) != 0)
+                    fail_msg("%s m=%lld k=%lld: token %lld of a batch of %lld differs from the same token alone",
+                             tn_dtype_name(t), (long long)m, (long long)k, (long long)j, (long long)n);
+            }
+            free(y1);
+        }
+        free(x), free(xa), free(y);
+    }
+    tn_cuda_weight_free(cw);
+    free(gd), free(deq), free(w);
+}
+
+static void test_kernel_parity(void **state) {
+    (void)state;
+    tn_dtype types[16 + 64];
+    int nt = 0;
+    const tn_dtype ggml[] = {TN_F32, TN_F16, TN_BF16, TN_Q8_0, TN_Q4_0, TN_Q4_1, TN_Q5_0, TN_Q5_1, TN_Q4_K, TN_Q5_K, TN_Q6_K};
+    for (size_t i = 0; i < sizeof ggml / sizeof ggml[0]; i++) types[nt++] = ggml[i];
+    for (int i = 0; i < TN_DTYPE_TQ_COUNT; i++) types[nt++] = (tn_dtype)(TN_DTYPE_TERN_BASE + i);
+    const int64_t ms[] = {1, 3, 4, 5, 33, 131};
+    for (int ti = 0; ti < nt; ti++) {
+        const tn_dtype t = types[ti];
+        int64_t g = tn_dtype_get(t)->blck_size;
+        if (t == TN_F32 || t == TN_F16 || t == TN_BF16) g = 8;
+        if (tn_tq_is(t)) {
+            tn_tq_params p;
+            tn_tq_params_of(t, &p);
+            g = p.group;
+        }
+        const int64_t ks[] = {g < 256 ? 256 : g, 3 * (g < 256 ? 256 : g), g * 7 > 256 ? g * 7 : 1024 + 7 * g};
+        double wv = 0, wm = 0;
+        /* 131 rows (many row blocks) for the ggml types; the tq quantizer's reference is slow */
+        const size_t nms = sizeof ms / sizeof ms[0] - (tn_tq_is(t) ? 1 : 0);
+        for (size_t mi = 0; mi < nms; mi++)
+            for (size_t ki = 0; ki < 3; ki++) check_type(t, ms[mi], ks[ki], &wv, &wm);
+        /* rows long enough to be split across 2 and 4 warps (k = 2048, 4096) */
+        check_type(t, 3, 2048, &wv, &wm);
+        check_type(t, 33, 4096, &wv, &wm);
+        printf("  %-10s worst error / sum|w a|: gemv %.2e (bound 1e-5), cuBLAS %.2e (bound 2e-3)\n", tn_dtype_name(t), wv, wm);
+    }
+    /* plain types with rows that are not whole groups of 8 (stories260K's n_ff = 172) */
+    double wv = 0, wm = 0;
+    check_type(TN_F16, 64, 172, &wv, &wm);
+    check_type(TN_F32, 5, 44, &wv, &wm);
+}
+
+/* ---- forward -------------------------------------------------------------------------------- */
+
+static double rel_err(const double *ref, const float *got, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) num += ((double)got[i] - ref[i]) * ((double)got[i] - ref[i]), den += ref[i] * ref[i];
+    return sqrt(num / (den > 0 ? den : 1));
+}
+static double rel_err_f(const float *ref, const float *got, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) num += ((double)got[i] - ref[i]) * ((double)got[i] - ref[i]), den += (double)ref[i] * ref[i];
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+static void free_pair(tern_ctx *a, tern_ctx *b, tern_model *m) {
+    tern_ctx_free(a);
+    tern_ctx_free(b);
+    tern_model_free(m);
+}
+
+static tern_ctx *make_ctx(const tern_model *m, int device, int ngl, int n_ctx) {
+    tern_ctx_params cp;
+    tern_ctx_params_init(&cp);
+    cp.n_ctx = n_ctx;
+    cp.n_threads = 2;
+    cp.device = device;
+    cp.n_gpu_layers = ngl;
+    tern_ctx *c = NULL;
+    if (tern_ctx_create(m, &cp, &c)) fail_msg("context (device %d, ngl %d): %s", device, ngl, tern_last_error());
+    return c;
+}
+
+static void forward_case(tiny_cfg cfg, int ngl) {
+    tern_model *m = load_cfg(&cfg, "cuda_fwd");
+    const int32_t nv = (int32_t)cfg.n_vocab;
+    tern_ctx *g = make_ctx(m, TERN_DEVICE_CUDA, ngl, 32), *c = make_ctx(m, TERN_DEVICE_CPU, -1, 32);
+    ref_model *r = ref_create(m, 32);
+    double *rl = malloc(sizeof(double) * (size_t)nv);
+    const tern_token prompt[] = {1, 270, 5, 300, 261, 380, 100, 259, 3, 17, 44, 99}; /* 12: the GEMM path */
+    const int32_t np = (int32_t)(sizeof prompt / sizeof prompt[0]);
+    assert_int_equal(tern_decode(g, prompt, np), TERN_OK);
+    assert_int_equal(tern_decode(c, prompt, np), TERN_OK);
+    for (int32_t i = 0; i < np; i++) ref_step(r, prompt[i], rl, NULL);
+    const tn_dtype wt = cfg.wtype == TN_F32 ? cfg.out_type : cfg.wtype;
+    const double tol = wt == TN_F32 || wt == TN_F16 ? 5e-3 : 4e-2;
+    double worst = rel_err(rl, tern_get_logits(g, -1), nv), worst_cpu = rel_err_f(tern_get_logits(c, -1), tern_get_logits(g, -1), nv);
+    if (worst > tol) fail_msg("%s ngl %d: prefill logits rel err %.3g > %.3g", tn_dtype_name(cfg.wtype), ngl, worst, tol);
+    tern_token t = 261;
+    for (int step = 0; step < 8; step++) {
+        assert_int_equal(tern_decode(g, &t, 1), TERN_OK);
+        assert_int_equal(tern_decode(c, &t, 1), TERN_OK);
+        ref_step(r, t, rl, NULL);
+        const double e = rel_err(rl, tern_get_logits(g, -1), nv);
+        if (e > tol) fail_msg("%s ngl %d: step %d logits rel err %.3g > %.3g", tn_dtype_name(cfg.wtype), ngl, step, e, tol);
+        worst = e > worst ? e : worst;
+        const double ec = rel_err_f(tern_get_logits(c, -1), tern_get_logits(g, -1), nv);
+        worst_cpu = ec > worst_cpu ? ec : worst_cpu;
+        t = (tern_token)(259 + (step * 37) % 100);
+    }
+    printf("  %-6s %-8s ngl %2d: worst logits rel err vs reference %.2e (bound %.0e), vs tern CPU %.2e\n", cfg.arch,
+           tn_dtype_name(cfg.wtype), ngl, worst, tol, worst_cpu);
+    ref_free(r);
+    free(rl);
+    free_pair(g, c, m);
+}
+
+static void test_forward_types(void **state) {
+    (void)state;
+    tiny_cfg cfg;
+    tiny_cfg_default(&cfg);
+    const tn_dtype types[] = {TN_F32, TN_F16, TN_BF16, TN_Q8_0, TN_Q4_0, TN_Q4_1, TN_Q5_0, TN_Q5_1, TN_Q4_K, TN_Q5_K, TN_Q6_K};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        cfg.wtype = types[i];
+        forward_case(cfg, -1);
+    }
+    const tn_tq_params tq[] = {{2, 64, true}, {3, 64, true}, {4, 128, false}, {1, 32, false}, {8, 256, true}};
+    for (size_t i = 0; i < sizeof tq / sizeof tq[0]; i++) {
+        cfg.wtype = (tn_dtype)tn_tq_dtype(&tq[i]);
+        forward_case(cfg, -1);
+    }
+    cfg.arch = "qwen2"; /* q/k/v biases, half-split RoPE */
+    cfg.wtype = TN_Q8_0;
+    forward_case(cfg, -1);
+    cfg.arch = "llama"; /* tied output; wide GQA */
+    cfg.wtype = TN_Q4_0, cfg.out_type = TN_Q6_K, cfg.tied = true;
+    forward_case(cfg, -1);
+    cfg.tied = false, cfg.out_type = TN_F32;
+    cfg.n_embd = 1024, cfg.n_head = 16, cfg.n_head_kv = 4, cfg.n_ff = 256;
+    forward_case(cfg, -1);
+}
+
+static void test_layer_split(void **state) {
+    (void)state;
+    tiny_cfg cfg;
+    tiny_cfg_default(&cfg);
+    cfg.wtype = TN_Q8_0;
+    forward_case(cfg, 0); /* every layer on the CPU, the GPU idle */
+    forward_case(cfg, 1); /* one layer on each */
+}
+
+/* One-token steps replay a captured CUDA graph; with TERN_CUDA_GRAPH=0 the same kernels are
+ * launched one by one: the logits must be bit-identical. */
+static void test_graph_equivalence(void **state) {
+    (void)state;
+    tiny_cfg cfg;
+    tiny_cfg_default(&cfg);
+    cfg.wtype = (tn_dtype)tn_tq_dtype(&(tn_tq_params){3, 64, true});
+    tern_model *m = load_cfg(&cfg, "cuda_graph");
+    tern_ctx *a = make_ctx(m, TERN_DEVICE_CUDA, -1, 32);
+    setenv("TERN_CUDA_GRAPH", "0", 1);
+    tern_ctx *b = make_ctx(m, TERN_DEVICE_CUDA, -1, 32);
+    unsetenv("TERN_CUDA_GRAPH");
+    const int32_t nv = (int32_t)cfg.n_vocab;
+    tern_token t = 7;
+    for (int step = 0; step < 10; step++) {
+        assert_int_equal(tern_decode(a, &t, 1), TERN_OK);
+        assert_int_equal(tern_decode(b, &t, 1), TERN_OK);
+        if (memcmp(tern_get_logits(a, -1), tern_get_logits(b, -1), sizeof(float) * (size_t)nv) != 0)
+            fail_msg("step %d: graph and one-by-one launches give different logits", step);
+        t = (tern_token)(11 + step * 29 % 350);
+    }
+    free_pair(a, b, m);
+}
+
+/* Two sequences in one batch with paged block tables (tern serve's use): the GPU's logits equal
+ * the CPU's for the same batch and tables. */
+static void test_paged_batch(void **state) {
+    (void)state;
+    tiny_cfg cfg;
+    tiny_cfg_default(&cfg);
+    cfg.wtype = TN_Q4_0;
+    tern_model *m = load_cfg(&cfg, "cuda_paged");
+    tern_ctx *g = make_ctx(m, TERN_DEVICE_CUDA, -1, 64), *c = make_ctx(m, TERN_DEVICE_CPU, -1, 64);
+    const int32_t nv = (int32_t)cfg.n_vocab;
+    /* sequence 0 in blocks 3, 1; sequence 1 in blocks 0, 2 */
+    const int32_t tb0[] = {3, 1}, tb1[] = {0, 2};
+    const int32_t *tables[] = {tb0, tb1};
+    tern_token tok[40];
+    int32_t seq[40], pos[40];
+    int8_t lg[40];
+    int32_t p0 = 0, p1 = 0;
+    for (int round = 0; round < 3; round++) {
+        /* round 0: prefill 18 tokens of seq 0 and 5 of seq 1; then one token each (decode) */
+        int32_t n = 0;
+        const int32_t a = round == 0 ? 18 : 1, b2 = round == 0 ? 5 : 1;
+        for (int32_t i = 0; i < a; i++, n++) tok[n] = (tern_token)(5 + (i * 31 + round) % 370), seq[n] = 0, pos[n] = p0++, lg[n] = i == a - 1;
+        for (int32_t i = 0; i < b2; i++, n++) tok[n] = (tern_token)(9 + (i * 17 + round) % 370), seq[n] = 1, pos[n] = p1++, lg[n] = i == b2 - 1;
+        tn_batch bt = {n, tok, seq, pos, lg};
+        tn_forward_batch(g, &bt, tables);
+        assert_int_equal(g->dev_status, TERN_OK);
+        tn_forward_batch(c, &bt, tables);
+        assert_int_equal(g->n_logits, 2);
+        assert_int_equal(c->n_logits, 2);
+        const double e0 = rel_err_f(c->logits, g->logits, nv), e1 = rel_err_f(c->logits + nv, g->logits + nv, nv);
+        printf("  paged round %d: rel err vs CPU %.2e, %.2e\n", round, e0, e1);
+        assert_true(e0 < 4e-2 && e1 < 4e-2);
+    }
+    free_pair(g, c, m);
+}
+
+/* stories260K (real weights, head size 8, n_ff 172): 64 greedy tokens on the GPU equal the CPU's,
+ * or part at a near-tie (top-2 margin below 0.25 on the CPU's logits: test_greedy_stories.c says
+ * why 0.25). Needs ../shared. */
+static void test_stories_greedy(void **state) {
+    (void)state;
+    const char *sh = getenv("TERN_SHARED_DIR");
+    char path[1024];
+    const char *types[] = {"F32", "F16", "Q8_0", "Q4_0", "Q4_K_M", "Q2_K"};
+    int ran = 0;
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        snprintf(path, sizeof path, "%s/models/stories260K/stories260K-%s.gguf", sh ? sh : "../shared", types[ti]);
+        if (access(path, R_OK) != 0) continue;
+        tern_model_params mp;
+        tern_model_params_init(&mp);
+        mp.repack = false;
+        tern_model *m = NULL;
+        assert_int_equal(tern_model_load(path, &mp, &m), TERN_OK);
+        tern_ctx *g = make_ctx(m, TERN_DEVICE_CUDA, -1, 128), *c = make_ctx(m, TERN_DEVICE_CPU, -1, 128);
+        const char *prompt = "Once upon a time";
+        tern_token toks[128];
+        int32_t n = 0;
+        assert_int_equal(tern_tokenize(m, prompt, strlen(prompt), true, false, toks, 128, &n), TERN_OK);
+        assert_int_equal(tern_decode(g, toks, n), TERN_OK);
+        assert_int_equal(tern_decode(c, toks, n), TERN_OK);
+        const int32_t nv = tern_model_n_vocab(m);
+        int same = 0;
+        float margin_at_split = -1;
+        for (int step = 0; step < 64; step++) {
+            const float *lc = tern_get_logits(c, -1), *lgp = tern_get_logits(g, -1);
+            int32_t bc = 0, bg = 0, second = -1;
+            for (int32_t i = 1; i < nv; i++) {
+                if (lc[i] > lc[bc]) second = bc, bc = i;
+                else if (second < 0 || lc[i] > lc[second]) second = i;
+                if (lgp[i] > lgp[bg]) bg = i;
+            }
+            if (bc != bg) {
+                margin_at_split = lc[bc] - lc[second];
+                break;
+            }
+            same++;
+            if (tern_token_is_eog(m, bc)) break;
+            assert_int_equal(tern_decode(g, &bc, 1), TERN_OK);
+            assert_int_equal(tern_decode(c, &bc, 1), TERN_OK);
+        }
+        if (margin_at_split >= 0.25f)
+            fail_msg("stories260K-%s: GPU leaves the CPU's greedy tokens at step %d with a margin of %.3f", types[ti], same,
+                     margin_at_split);
+        if (margin_at_split >= 0)
+            printf("  stories260K-%-6s: %d tokens equal, then a near-tie (CPU top-2 margin %.3f)\n", types[ti], same, margin_at_split);
+        else printf("  stories260K-%-6s: all %d greedy tokens equal the CPU's\n", types[ti], same);
+        ran++;
+        free_pair(g, c, m);
+    }
+    if (!ran) {
+        printf("  ../shared/models/stories260K not found\n");
+        skip();
+    }
+}
+
+/* test_cuda host: the host-side checks (every machine). test_cuda gpu: the GPU tests, exit 77
+ * (skipped) with the reason where there is no device. */
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "host")) {
+        const struct CMUnitTest host[] = {cmocka_unit_test(test_refused_without_device)};
+        return cmocka_run_group_tests(host, NULL, NULL);
+    }
+    const char *why = NULL;
+    if (tn_cuda_device_count(&why) < 1) {
+        printf("GPU tests skipped: %s\n", why ? why : "no device");
+        return 77;
+    }
+    const struct CMUnitTest gpu[] = {
+        cmocka_unit_test(test_kernel_parity), cmocka_unit_test(test_forward_types), cmocka_unit_test(test_layer_split),
+        cmocka_unit_test(test_paged_batch),   cmocka_unit_test(test_stories_greedy),
+        cmocka_unit_test(test_graph_equivalence),
+    };
+    return cmocka_run_group_tests(gpu, NULL, NULL);
+}
