@@ -72,6 +72,8 @@ if [ "${GPU_CHECK_QUICK:-0}" != 1 ]; then
     TERN_CUDA_PROFILE=1 step profile_q4_0_tg 60 "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" -p 0 -n 64 -r 1
     TERN_CUDA_PROFILE=1 step profile_q4_0_pp 60 "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" -p 512 -n 0 -r 1
     TERN_CUDA_PROFILE=1 step profile_f16_pp 60 "$BIN" bench --device cuda -m "$TMPD/1b-f16.gguf" -p 512 -n 0 -r 1
+    # without programmatic dependent launch (each kernel waits for the last at launch)
+    TERN_CUDA_PDL=0 step bench_q4_0_nopdl 60 "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" -p 512 -n 128 -r 3 -o json
     # the same decode with the kernels launched one by one instead of the captured graph
     TERN_CUDA_GRAPH=0 step bench_q4_0_nograph 60 "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" -p 0 -n 128 -r 3 -o json
     # layers split between GPU and CPU: half the layers on the GPU

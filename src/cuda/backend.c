@@ -505,6 +505,11 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
     }
     const char *ge = getenv("TERN_CUDA_GRAPH");
     g->use_graph = !(ge && !strcmp(ge, "0"));
+    /* programmatic dependent launch on Hopper and later, unless TERN_CUDA_PDL=0 */
+    const char *pdl = getenv("TERN_CUDA_PDL");
+    struct cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, g->dev) == cudaSuccess)
+        tn_cu_set_pdl(prop.major >= 9 && !(pdl && !strcmp(pdl, "0")));
     const char *pe = getenv("TERN_CUDA_PROFILE");
     if (pe && *pe && strcmp(pe, "0")) {
         g->cap_ev = 2 * 4096;

@@ -54,6 +54,11 @@ typedef struct tn_cw {
 
 static inline int tn_cw_is_code(int kind) { return kind >= TN_CW_Q4_0; }
 
+/* Programmatic dependent launch for every kernel launched after this (process-wide; Hopper and
+ * later: the caller checks the device): each kernel waits for its predecessor inside the GPU
+ * instead of at launch, so consecutive launches overlap their start-up. */
+void tn_cu_set_pdl(int on);
+
 /* Activations quantized for the code path: n rows of k. */
 typedef struct tn_cq {
     int8_t *q;   /* [n][k]      */

@@ -20,6 +20,35 @@
 
 static inline int tn_cu_err(void) { return (int)cudaGetLastError(); }
 
+/* Programmatic dependent launch (Hopper and later, tn_cu_set_pdl): each kernel may be launched
+ * while the one before it on the stream is still running; it waits (gdc_wait, its first
+ * statement) until that one has finished and its writes are visible, and lets the next one launch
+ * at once. What it hides is the launch and ramp-up of every kernel of a decode step. */
+static bool g_pdl = false;
+extern "C" void tn_cu_set_pdl(int on) { g_pdl = on != 0; }
+
+template <typename... KArgs, typename... Args>
+static void launch(void (*k)(KArgs...), dim3 grid, dim3 block, size_t shmem, cudaStream_t st, Args... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = shmem;
+    cfg.stream = st;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = g_pdl ? 1 : 0;
+    cudaLaunchKernelEx(&cfg, k, ((KArgs)args)...);
+}
+
+__device__ __forceinline__ void gdc_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -45,6 +74,7 @@ __device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c) {
  * d = amax/127 (fp16-rounded for the product, as q8_0 stores it), q = x * (127/amax) rounded half
  * to even */
 __global__ void k_quantize_q8(const float *x, int64_t ldx, int64_t k, int64_t n, int8_t *q, float *dd, int32_t *ss) {
+    gdc_wait();
     const int64_t nb = k / 32, blk = (int64_t)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
     const int lane = threadIdx.x % WARP;
     if (blk >= nb * n) return;
@@ -160,6 +190,7 @@ __device__ __forceinline__ void gemv_finish(float acc[TN_CU_GEMV_MAXN], int nt, 
 template <int B, int KIND, bool ASYM>
 __global__ void k_gemv_code(tn_cw w, const int8_t *xq, const float *xd, const int32_t *xs, int n, float *y, int64_t ldy,
                             const float *bias, int accumulate, int wpr) {
+    gdc_wait();
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, part = warp % wpr;
     const int64_t row = (int64_t)blockIdx.x * (GEMV_WARPS_MAX / wpr) + warp / wpr;
     const bool valid = row < w.m;
@@ -205,6 +236,7 @@ __global__ void k_gemv_code(tn_cw w, const int8_t *xq, const float *xd, const in
 }
 template <int B, int KIND, bool ASYM>
 __global__ void k_dequant_code(tn_cw w, int64_t r0, int64_t nr, void *out, int f16) {
+    gdc_wait();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; /* one chunk per thread */
     const int64_t nc = w.k / 32;
     if (i >= nr * nc) return;
@@ -308,6 +340,7 @@ template <int KIND> __device__ __forceinline__ void load8(const uint8_t *rowp, i
 template <int KIND>
 __global__ void k_gemv_float(tn_cw w, const float *x, int64_t ldx, int n, float *y, int64_t ldy, const float *bias,
                              int accumulate, int wpr) {
+    gdc_wait();
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, part = warp % wpr;
     const int64_t row = (int64_t)blockIdx.x * (GEMV_WARPS_MAX / wpr) + warp / wpr;
     const bool valid = row < w.m;
@@ -332,6 +365,7 @@ __global__ void k_gemv_float(tn_cw w, const float *x, int64_t ldx, int n, float 
     }
 }
 template <int KIND> __global__ void k_dequant_float(tn_cw w, int64_t r0, int64_t nr, void *out, int f16) {
+    gdc_wait();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; /* 8 elements per thread */
     const int64_t n8 = w.k / 8;
     if (i >= nr * n8) return;
@@ -350,6 +384,7 @@ template <int KIND> __device__ __forceinline__ float load1(const uint8_t *rowp, 
 template <int KIND>
 __global__ void k_gemv_plain1(tn_cw w, const float *x, int64_t ldx, int n, float *y, int64_t ldy, const float *bias,
                               int accumulate) {
+    gdc_wait();
     const int64_t row = (int64_t)blockIdx.x * GEMV_WARPS_MAX + threadIdx.x / WARP;
     const bool valid = row < w.m;
     const int lane = threadIdx.x % WARP;
@@ -371,6 +406,7 @@ __global__ void k_gemv_plain1(tn_cw w, const float *x, int64_t ldx, int n, float
     }
 }
 template <int KIND> __global__ void k_dequant_plain1(tn_cw w, int64_t r0, int64_t nr, void *out, int f16) {
+    gdc_wait();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= nr * w.k) return;
     const float v = load1<KIND>((const uint8_t *)w.data + (r0 + i / w.k) * (int64_t)w.row_bytes, i % w.k);
@@ -395,12 +431,12 @@ template <int B, bool ASYM> static void launch_gemv_tq(const tn_cw *w, const tn_
                                                      const float *bias, int acc, cudaStream_t st) {
     const int wpr = gemv_wpr(w);
     const unsigned rpb = (unsigned)(GEMV_WARPS_MAX / wpr), grid = (unsigned)((w->m + rpb - 1) / rpb);
-    k_gemv_code<B, 0, ASYM><<<grid, GEMV_WARPS_MAX * WARP, 0, st>>>(*w, xq->q, xq->d, xq->s, n, y, ldy, bias, acc, wpr);
+    launch(k_gemv_code<B, 0, ASYM>, grid, GEMV_WARPS_MAX * WARP, 0, st, *w, xq->q, xq->d, xq->s, n, y, ldy, bias, acc, wpr);
 }
 template <int B, bool ASYM> static void launch_dq_tq(const tn_cw *w, int64_t r0, int64_t nr, void *out, int f16,
                                                    cudaStream_t st) {
     const int64_t nthr = nr * (w->k / 32);
-    k_dequant_code<B, 0, ASYM><<<(unsigned)((nthr + 255) / 256), 256, 0, st>>>(*w, r0, nr, out, f16);
+    launch(k_dequant_code<B, 0, ASYM>, (unsigned)((nthr + 255) / 256), 256, 0, st, *w, r0, nr, out, f16);
 }
 
 #define TQ_SWITCH(FN, ...)                                                                                          \
@@ -419,7 +455,7 @@ template <int B, bool ASYM> static void launch_dq_tq(const tn_cw *w, int64_t r0,
 extern "C" int tn_cu_quantize_q8(const float *x, int64_t ldx, int64_t k, int64_t n, tn_cq out, void *stream) {
     const int64_t nblk = n * (k / 32);
     if (nblk == 0) return 0;
-    k_quantize_q8<<<(unsigned)((nblk + 7) / 8), 8 * WARP, 0, (cudaStream_t)stream>>>(x, ldx, k, n, out.q, out.d, out.s);
+    launch(k_quantize_q8, (unsigned)((nblk + 7) / 8), 8 * WARP, 0, (cudaStream_t)stream, x, ldx, k, n, out.q, out.d, out.s);
     return tn_cu_err();
 }
 
@@ -433,26 +469,26 @@ extern "C" int tn_cu_gemv(const tn_cw *w, const float *x, int64_t ldx, const tn_
     const int nn = (int)n;
     const bool plain1 = w->k % 8 != 0 || ldx % 4 != 0 || ((uintptr_t)x & 15) != 0;
     if (plain1 && w->kind <= TN_CW_BF16) {
-        if (w->kind == TN_CW_F32) k_gemv_plain1<TN_CW_F32><<<grid1, blk, 0, st>>>(*w, x, ldx, nn, y, ldy, bias, accumulate);
-        if (w->kind == TN_CW_F16) k_gemv_plain1<TN_CW_F16><<<grid1, blk, 0, st>>>(*w, x, ldx, nn, y, ldy, bias, accumulate);
-        if (w->kind == TN_CW_BF16) k_gemv_plain1<TN_CW_BF16><<<grid1, blk, 0, st>>>(*w, x, ldx, nn, y, ldy, bias, accumulate);
+        if (w->kind == TN_CW_F32) launch(k_gemv_plain1<TN_CW_F32>, grid1, blk, 0, st, *w, x, ldx, nn, y, ldy, bias, accumulate);
+        if (w->kind == TN_CW_F16) launch(k_gemv_plain1<TN_CW_F16>, grid1, blk, 0, st, *w, x, ldx, nn, y, ldy, bias, accumulate);
+        if (w->kind == TN_CW_BF16) launch(k_gemv_plain1<TN_CW_BF16>, grid1, blk, 0, st, *w, x, ldx, nn, y, ldy, bias, accumulate);
         return tn_cu_err();
     }
     switch (w->kind) {
-    case TN_CW_F32: k_gemv_float<TN_CW_F32><<<grid, blk, 0, st>>>(*w, x, ldx, nn, y, ldy, bias, accumulate, wpr); break;
-    case TN_CW_F16: k_gemv_float<TN_CW_F16><<<grid, blk, 0, st>>>(*w, x, ldx, nn, y, ldy, bias, accumulate, wpr); break;
-    case TN_CW_BF16: k_gemv_float<TN_CW_BF16><<<grid, blk, 0, st>>>(*w, x, ldx, nn, y, ldy, bias, accumulate, wpr); break;
-    case TN_CW_Q4_K: k_gemv_float<TN_CW_Q4_K><<<grid, blk, 0, st>>>(*w, x, ldx, nn, y, ldy, bias, accumulate, wpr); break;
-    case TN_CW_Q6_K: k_gemv_float<TN_CW_Q6_K><<<grid, blk, 0, st>>>(*w, x, ldx, nn, y, ldy, bias, accumulate, wpr); break;
-    case TN_CW_Q5_K: k_gemv_float<TN_CW_Q5_K><<<grid, blk, 0, st>>>(*w, x, ldx, nn, y, ldy, bias, accumulate, wpr); break;
+    case TN_CW_F32: launch(k_gemv_float<TN_CW_F32>, grid, blk, 0, st, *w, x, ldx, nn, y, ldy, bias, accumulate, wpr); break;
+    case TN_CW_F16: launch(k_gemv_float<TN_CW_F16>, grid, blk, 0, st, *w, x, ldx, nn, y, ldy, bias, accumulate, wpr); break;
+    case TN_CW_BF16: launch(k_gemv_float<TN_CW_BF16>, grid, blk, 0, st, *w, x, ldx, nn, y, ldy, bias, accumulate, wpr); break;
+    case TN_CW_Q4_K: launch(k_gemv_float<TN_CW_Q4_K>, grid, blk, 0, st, *w, x, ldx, nn, y, ldy, bias, accumulate, wpr); break;
+    case TN_CW_Q6_K: launch(k_gemv_float<TN_CW_Q6_K>, grid, blk, 0, st, *w, x, ldx, nn, y, ldy, bias, accumulate, wpr); break;
+    case TN_CW_Q5_K: launch(k_gemv_float<TN_CW_Q5_K>, grid, blk, 0, st, *w, x, ldx, nn, y, ldy, bias, accumulate, wpr); break;
     case TN_CW_Q4_0:
-        k_gemv_code<4, 1, false><<<grid, blk, 0, st>>>(*w, xq->q, xq->d, xq->s, nn, y, ldy, bias, accumulate, wpr);
+        launch(k_gemv_code<4, 1, false>, grid, blk, 0, st, *w, xq->q, xq->d, xq->s, nn, y, ldy, bias, accumulate, wpr);
         break;
     case TN_CW_Q8_0:
-        k_gemv_code<8, 2, false><<<grid, blk, 0, st>>>(*w, xq->q, xq->d, xq->s, nn, y, ldy, bias, accumulate, wpr);
+        launch(k_gemv_code<8, 2, false>, grid, blk, 0, st, *w, xq->q, xq->d, xq->s, nn, y, ldy, bias, accumulate, wpr);
         break;
     case TN_CW_Q5_0:
-        k_gemv_code<5, 3, false><<<grid, blk, 0, st>>>(*w, xq->q, xq->d, xq->s, nn, y, ldy, bias, accumulate, wpr);
+        launch(k_gemv_code<5, 3, false>, grid, blk, 0, st, *w, xq->q, xq->d, xq->s, nn, y, ldy, bias, accumulate, wpr);
         break;
     case TN_CW_TQ: TQ_SWITCH(launch_gemv_tq, w, xq, nn, y, ldy, bias, accumulate, st); break;
     default: return (int)cudaErrorInvalidValue;
@@ -466,21 +502,21 @@ static int dequant(const tn_cw *w, int64_t r0, int64_t nr, void *out, int f16, c
     const unsigned gf = (unsigned)((n8 + 255) / 256), gc = (unsigned)((nc + 255) / 256);
     if (w->k % 8 != 0 && w->kind <= TN_CW_BF16) {
         const unsigned g1 = (unsigned)((nr * w->k + 255) / 256);
-        if (w->kind == TN_CW_F32) k_dequant_plain1<TN_CW_F32><<<g1, 256, 0, st>>>(*w, r0, nr, out, f16);
-        if (w->kind == TN_CW_F16) k_dequant_plain1<TN_CW_F16><<<g1, 256, 0, st>>>(*w, r0, nr, out, f16);
-        if (w->kind == TN_CW_BF16) k_dequant_plain1<TN_CW_BF16><<<g1, 256, 0, st>>>(*w, r0, nr, out, f16);
+        if (w->kind == TN_CW_F32) launch(k_dequant_plain1<TN_CW_F32>, g1, 256, 0, st, *w, r0, nr, out, f16);
+        if (w->kind == TN_CW_F16) launch(k_dequant_plain1<TN_CW_F16>, g1, 256, 0, st, *w, r0, nr, out, f16);
+        if (w->kind == TN_CW_BF16) launch(k_dequant_plain1<TN_CW_BF16>, g1, 256, 0, st, *w, r0, nr, out, f16);
         return tn_cu_err();
     }
     switch (w->kind) {
-    case TN_CW_F32: k_dequant_float<TN_CW_F32><<<gf, 256, 0, st>>>(*w, r0, nr, out, f16); break;
-    case TN_CW_F16: k_dequant_float<TN_CW_F16><<<gf, 256, 0, st>>>(*w, r0, nr, out, f16); break;
-    case TN_CW_BF16: k_dequant_float<TN_CW_BF16><<<gf, 256, 0, st>>>(*w, r0, nr, out, f16); break;
-    case TN_CW_Q4_K: k_dequant_float<TN_CW_Q4_K><<<gf, 256, 0, st>>>(*w, r0, nr, out, f16); break;
-    case TN_CW_Q6_K: k_dequant_float<TN_CW_Q6_K><<<gf, 256, 0, st>>>(*w, r0, nr, out, f16); break;
-    case TN_CW_Q4_0: k_dequant_code<4, 1, false><<<gc, 256, 0, st>>>(*w, r0, nr, out, f16); break;
-    case TN_CW_Q8_0: k_dequant_code<8, 2, false><<<gc, 256, 0, st>>>(*w, r0, nr, out, f16); break;
-    case TN_CW_Q5_0: k_dequant_code<5, 3, false><<<gc, 256, 0, st>>>(*w, r0, nr, out, f16); break;
-    case TN_CW_Q5_K: k_dequant_float<TN_CW_Q5_K><<<gf, 256, 0, st>>>(*w, r0, nr, out, f16); break;
+    case TN_CW_F32: launch(k_dequant_float<TN_CW_F32>, gf, 256, 0, st, *w, r0, nr, out, f16); break;
+    case TN_CW_F16: launch(k_dequant_float<TN_CW_F16>, gf, 256, 0, st, *w, r0, nr, out, f16); break;
+    case TN_CW_BF16: launch(k_dequant_float<TN_CW_BF16>, gf, 256, 0, st, *w, r0, nr, out, f16); break;
+    case TN_CW_Q4_K: launch(k_dequant_float<TN_CW_Q4_K>, gf, 256, 0, st, *w, r0, nr, out, f16); break;
+    case TN_CW_Q6_K: launch(k_dequant_float<TN_CW_Q6_K>, gf, 256, 0, st, *w, r0, nr, out, f16); break;
+    case TN_CW_Q4_0: launch(k_dequant_code<4, 1, false>, gc, 256, 0, st, *w, r0, nr, out, f16); break;
+    case TN_CW_Q8_0: launch(k_dequant_code<8, 2, false>, gc, 256, 0, st, *w, r0, nr, out, f16); break;
+    case TN_CW_Q5_0: launch(k_dequant_code<5, 3, false>, gc, 256, 0, st, *w, r0, nr, out, f16); break;
+    case TN_CW_Q5_K: launch(k_dequant_float<TN_CW_Q5_K>, gf, 256, 0, st, *w, r0, nr, out, f16); break;
     case TN_CW_TQ: TQ_SWITCH(launch_dq_tq, w, r0, nr, out, f16, st); break;
     default: return (int)cudaErrorInvalidValue;
     }
@@ -495,13 +531,14 @@ extern "C" int tn_cu_dequant_f32(const tn_cw *w, int64_t r0, int64_t nr, float *
 }
 
 __global__ void k_f32_to_f16(const float *x, int64_t ldx, int64_t k, int64_t n, __half *out) {
+    gdc_wait();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n * k) return;
     out[i] = __float2half_rn(x[(i / k) * ldx + i % k]);
 }
 extern "C" int tn_cu_f32_to_f16(const float *x, int64_t ldx, int64_t k, int64_t n, uint16_t *out, void *stream) {
     if (n * k == 0) return 0;
-    k_f32_to_f16<<<(unsigned)((n * k + 255) / 256), 256, 0, (cudaStream_t)stream>>>(x, ldx, k, n, (__half *)out);
+    launch(k_f32_to_f16, (unsigned)((n * k + 255) / 256), 256, 0, (cudaStream_t)stream, x, ldx, k, n, (__half *)out);
     return tn_cu_err();
 }
 
@@ -522,6 +559,7 @@ __device__ __forceinline__ void q8_block(float v, int lane, int64_t blk, int64_t
 
 /* y[j] = rmsnorm(x row) * w; with xq.q != NULL also y[j] quantized to q8 blocks (d % 32 == 0) */
 __global__ void k_rmsnorm(const float *x, const int32_t *rows, float *y, const float *w, int64_t d, float eps, tn_cq xq) {
+    gdc_wait();
     const int64_t j = blockIdx.x;
     const float *xr = x + (rows ? (int64_t)rows[j] : j) * d;
     __shared__ double part[32];
@@ -555,23 +593,25 @@ extern "C" int tn_cu_rmsnorm(const float *x, const int32_t *rows, float *y, cons
     if (n == 0) return 0;
     const tn_cq none = {NULL, NULL, NULL};
     if (xq && d % 32 != 0) return (int)cudaErrorInvalidValue;
-    k_rmsnorm<<<(unsigned)n, 1024, 0, (cudaStream_t)stream>>>(x, rows, y, w, d, eps, xq ? *xq : none);
+    launch(k_rmsnorm, (unsigned)n, 1024, 0, (cudaStream_t)stream, x, rows, y, w, d, eps, xq ? *xq : none);
     return tn_cu_err();
 }
 
 __global__ void k_add_bias(float *y, const float *b, int64_t n, int64_t d) {
+    gdc_wait();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n * d) y[i] += b[i % d];
 }
 extern "C" int tn_cu_add_bias(float *y, const float *b, int64_t n, int64_t d, void *stream) {
     if (n * d == 0) return 0;
-    k_add_bias<<<(unsigned)((n * d + 255) / 256), 256, 0, (cudaStream_t)stream>>>(y, b, n, d);
+    launch(k_add_bias, (unsigned)((n * d + 255) / 256), 256, 0, (cudaStream_t)stream, y, b, n, d);
     return tn_cu_err();
 }
 
 /* block per token; one thread per rotated pair (query heads, then key heads), then the cache rows */
 __global__ void k_rope_store(float *q, int64_t ldq, float *k, const float *v, int64_t ldk, const float *cs, int n_rot,
                              int neox, int n_head, int n_head_kv, int hd, const int32_t *kvrow, __half *Kc, __half *Vc) {
+    gdc_wait();
     const int64_t t = blockIdx.x;
     const float *c = cs + t * n_rot;
     const int np = n_rot / 2;
@@ -596,7 +636,7 @@ extern "C" int tn_cu_rope_store(float *q, int64_t ldq, float *k, const float *v,
                                 int neox, int64_t n, int n_head, int n_head_kv, int hd, const int32_t *kvrow, uint16_t *Kc,
                                 uint16_t *Vc, void *stream) {
     if (n == 0) return 0;
-    k_rope_store<<<(unsigned)n, 256, 0, (cudaStream_t)stream>>>(q, ldq, k, v, ldk, cs, n_rot, neox, n_head, n_head_kv, hd,
+    launch(k_rope_store, (unsigned)n, 256, 0, (cudaStream_t)stream, q, ldq, k, v, ldk, cs, n_rot, neox, n_head, n_head_kv, hd,
                                                                kvrow, (__half *)Kc, (__half *)Vc);
     return tn_cu_err();
 }
@@ -611,6 +651,7 @@ extern "C" int tn_cu_rope_store(float *q, int64_t ldq, float *k, const float *v,
 __global__ void k_attn_block(const float *q, int64_t ldq, const __half *Kc, const __half *Vc, int64_t n, int n_head,
                              int n_head_kv, int hd, const int32_t *pos, const int32_t *tbl_off, const int32_t *tbl,
                              float scale, float *out, tn_cq xq) {
+    gdc_wait();
     __shared__ float qs[2 * ATT_THREADS];
     __shared__ float sc[ATT_CHUNK];
     __shared__ int32_t rows[ATT_CHUNK];
@@ -712,25 +753,27 @@ extern "C" int tn_cu_attention(const float *q, int64_t ldq, const uint16_t *Kc, 
     const tn_cq none = {NULL, NULL, NULL};
     const int64_t units = n * n_head;
     if (units == 0) return 0;
-    k_attn_block<<<(unsigned)units, ATT_THREADS, 0, (cudaStream_t)stream>>>(q, ldq, (const __half *)Kc, (const __half *)Vc, n,
+    launch(k_attn_block, (unsigned)units, ATT_THREADS, 0, (cudaStream_t)stream, q, ldq, (const __half *)Kc, (const __half *)Vc, n,
                                                                            n_head, n_head_kv, hd, pos, tbl_off, tbl, scale, out,
                                                                            xq ? *xq : none);
     return tn_cu_err();
 }
 
 __global__ void k_swiglu(float *g, const float *u, int64_t n) {
+    gdc_wait();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 extern "C" int tn_cu_swiglu(float *g, const float *u, int64_t n, void *stream) {
     if (n == 0) return 0;
-    k_swiglu<<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>(g, u, n);
+    launch(k_swiglu, (unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream, g, u, n);
     return tn_cu_err();
 }
 
 /* gate and up side by side per token: gu[t] = [gate (ff) | up (ff)] -> h[t][i]; with xq.q != NULL
  * (ff % 32 == 0) also h quantized to q8 blocks, one warp per block */
 __global__ void k_swiglu_pair(const float *gu, float *h, int64_t n, int64_t ff, tn_cq xq) {
+    gdc_wait();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (xq.q) { /* whole warps: n*ff is a multiple of 32 */
         if ((i - threadIdx.x % WARP) >= n * ff) return;
@@ -747,17 +790,18 @@ extern "C" int tn_cu_swiglu_pair(const float *gu, float *h, int64_t n, int64_t f
     if (n * ff == 0) return 0;
     const tn_cq none = {NULL, NULL, NULL};
     if (xq && ff % 32 != 0) return (int)cudaErrorInvalidValue;
-    k_swiglu_pair<<<(unsigned)((n * ff + 255) / 256), 256, 0, (cudaStream_t)stream>>>(gu, h, n, ff, xq ? *xq : none);
+    launch(k_swiglu_pair, (unsigned)((n * ff + 255) / 256), 256, 0, (cudaStream_t)stream, gu, h, n, ff, xq ? *xq : none);
     return tn_cu_err();
 }
 
 __global__ void k_gather(const float *src, const int32_t *rows, float *dst, int64_t n, int64_t d) {
+    gdc_wait();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n * d) dst[i] = src[(int64_t)rows[i / d] * d + i % d];
 }
 extern "C" int tn_cu_gather_rows(const float *src, const int32_t *rows, float *dst, int64_t n, int64_t d, void *stream) {
     if (n * d == 0) return 0;
-    k_gather<<<(unsigned)((n * d + 255) / 256), 256, 0, (cudaStream_t)stream>>>(src, rows, dst, n, d);
+    launch(k_gather, (unsigned)((n * d + 255) / 256), 256, 0, (cudaStream_t)stream, src, rows, dst, n, d);
     return tn_cu_err();
 }
 
