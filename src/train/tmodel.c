@@ -40,6 +40,7 @@ tern_status tn_train_cfg_check(const tn_train_cfg *c) {
 static void fill_hparams(const tn_train_cfg *c, tn_hparams *hp) {
     memset(hp, 0, sizeof *hp);
     hp->arch = TN_ARCH_LLAMA;
+    hp->family = tn_arch_find("llama", 5);
     hp->n_vocab = c->n_vocab;
     hp->n_ctx_train = c->n_ctx;
     hp->n_embd = c->n_embd;
@@ -220,11 +221,16 @@ tern_status tn_tmodel_init_from(tn_tmodel *m, const tern_model *src) {
     int n = 0;
     ts[n++] = &src->tok_embd;
     for (int l = 0; l < h->n_layer; l++) {
-        const tn_layer *L = &src->layers[l];
-        if (L->bq.data || L->bk.data || L->bv.data)
-            return tn_err(TERN_ERR_UNSUPPORTED, "train: --init model has attention biases");
-        const tn_tensor *lt[TN_TP_PER_LAYER] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo,
-                                                &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down};
+        const tn_tensor *w = src->layers[l].w;
+        for (int r = 0; r < TN_ROLE_N_LAYER; r++) /* the training block: the llama roles only */
+            if (w[r].data && (r == TN_ROLE_ATTN_Q_B || r == TN_ROLE_ATTN_K_B || r == TN_ROLE_ATTN_V_B ||
+                              r == TN_ROLE_ATTN_Q_NORM || r == TN_ROLE_ATTN_K_NORM || r == TN_ROLE_ATTN_POST_NORM ||
+                              r == TN_ROLE_FFN_POST_NORM))
+                return tn_err(TERN_ERR_UNSUPPORTED, "train: --init model has tensor '%s', which training does not support",
+                              w[r].name);
+        const tn_tensor *lt[TN_TP_PER_LAYER] = {&w[TN_ROLE_ATTN_NORM], &w[TN_ROLE_ATTN_Q],   &w[TN_ROLE_ATTN_K],
+                                                &w[TN_ROLE_ATTN_V],    &w[TN_ROLE_ATTN_OUT], &w[TN_ROLE_FFN_NORM],
+                                                &w[TN_ROLE_FFN_GATE],  &w[TN_ROLE_FFN_UP],   &w[TN_ROLE_FFN_DOWN]};
         for (int j = 0; j < TN_TP_PER_LAYER; j++) {
             if (n >= 4094) return tn_err(TERN_ERR_UNSUPPORTED, "train: too many layers for --init");
             ts[n++] = lt[j];

@@ -180,8 +180,8 @@ static void repack_load_modes(tn_dtype wt, int64_t n_embd) {
         mp.repack = v != 2;
         assert_int_equal(tern_model_load(path, &mp, &m[v]), TERN_OK);
         const tn_dtype want = v != 2 && simd ? lt : wt;
-        assert_int_equal(m[v]->layers[0].wq.type, want);
-        assert_int_equal(m[v]->layers[1].w_down.type, want);
+        assert_int_equal(m[v]->layers[0].w[TN_ROLE_ATTN_Q].type, want);
+        assert_int_equal(m[v]->layers[1].w[TN_ROLE_FFN_DOWN].type, want);
         assert_int_equal(m[v]->output.type, want);
         assert_int_equal(m[v]->tok_embd.type, wt); /* row lookups: never moved */
         logits[v] = decode_logits(m[v], toks, 6, nv);
@@ -189,11 +189,11 @@ static void repack_load_modes(tn_dtype wt, int64_t n_embd) {
     /* every row of every repacked matrix reads back as the file's row */
     const int64_t k = cfg.n_embd;
     float *a = malloc((size_t)k * sizeof(float)), *b = malloc((size_t)k * sizeof(float));
-    for (int64_t r = 0; r < m[0]->layers[0].wq.ne[1]; r++) {
-        tn_tensor_get_row(&m[0]->layers[0].wq, r, a);
-        tn_tensor_get_row(&m[2]->layers[0].wq, r, b);
+    for (int64_t r = 0; r < m[0]->layers[0].w[TN_ROLE_ATTN_Q].ne[1]; r++) {
+        tn_tensor_get_row(&m[0]->layers[0].w[TN_ROLE_ATTN_Q], r, a);
+        tn_tensor_get_row(&m[2]->layers[0].w[TN_ROLE_ATTN_Q], r, b);
         assert_memory_equal(a, b, (size_t)k * sizeof(float));
-        tn_tensor_get_row(&m[1]->layers[0].wq, r, b);
+        tn_tensor_get_row(&m[1]->layers[0].w[TN_ROLE_ATTN_Q], r, b);
         assert_memory_equal(a, b, (size_t)k * sizeof(float));
     }
     free(a), free(b);
@@ -247,15 +247,18 @@ static void test_moved_as_is(void **state) {
     assert_non_null(m[0]->repacked);
     size_t total = (m[0]->output.nbytes + 63) & ~(size_t)63;
     for (int64_t l = 0; l < m[0]->hp.n_layer; l++) {
-        const tn_tensor *v[7] = {&m[0]->layers[l].wq, &m[0]->layers[l].wk, &m[0]->layers[l].wv, &m[0]->layers[l].wo,
-                                 &m[0]->layers[l].w_gate, &m[0]->layers[l].w_up, &m[0]->layers[l].w_down};
+        const tn_tensor *w = m[0]->layers[l].w;
+        const tn_tensor *v[7] = {&w[TN_ROLE_ATTN_Q],   &w[TN_ROLE_ATTN_K], &w[TN_ROLE_ATTN_V],   &w[TN_ROLE_ATTN_OUT],
+                                 &w[TN_ROLE_FFN_GATE], &w[TN_ROLE_FFN_UP], &w[TN_ROLE_FFN_DOWN]};
         for (int j = 0; j < 7; j++) total += (v[j]->nbytes + 63) & ~(size_t)63;
     }
     const uint8_t *lo = m[0]->repacked, *hi = lo + total;
     for (int64_t l = 0; l < m[0]->hp.n_layer; l++) {
-        const tn_layer *L0 = &m[0]->layers[l], *L1 = &m[1]->layers[l];
-        const tn_tensor *a[7] = {&L0->wq, &L0->wk, &L0->wv, &L0->wo, &L0->w_gate, &L0->w_up, &L0->w_down};
-        const tn_tensor *b[7] = {&L1->wq, &L1->wk, &L1->wv, &L1->wo, &L1->w_gate, &L1->w_up, &L1->w_down};
+        const tn_tensor *w0 = m[0]->layers[l].w, *w1 = m[1]->layers[l].w;
+        const tn_role roles[7] = {TN_ROLE_ATTN_Q,    TN_ROLE_ATTN_K, TN_ROLE_ATTN_V,  TN_ROLE_ATTN_OUT,
+                                  TN_ROLE_FFN_GATE, TN_ROLE_FFN_UP, TN_ROLE_FFN_DOWN};
+        const tn_tensor *a[7], *b[7];
+        for (int j = 0; j < 7; j++) a[j] = &w0[roles[j]], b[j] = &w1[roles[j]];
         for (int j = 0; j < 7; j++) {
             assert_int_equal(a[j]->type, TN_Q4_K);
             assert_true((const uint8_t *)a[j]->data >= lo && (const uint8_t *)a[j]->data + a[j]->nbytes <= hi);
