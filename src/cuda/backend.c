@@ -18,6 +18,7 @@
 #include "cuda/cuda.h"
 #include "cuda/kern_cuda.h"
 #include "core/fp16.h"
+#include "model/arch/arch.h"
 #include "model/ops.h"
 #include "quant/tq.h"
 
@@ -27,7 +28,7 @@ enum { W_Q, W_K, W_V, W_O, W_GATE, W_UP, W_DOWN, W_N };
  * one GEMV per token instead of three), likewise Wgate and Wup (gu); w[] then holds only Wo and
  * Wdown. */
 typedef struct {
-    float *attn_norm, *ffn_norm, *bq, *bk, *bv, *bqkv;
+    float *attn_norm, *ffn_norm, *bq, *bk, *bv, *bqkv, *q_norm, *k_norm;
     tn_cw w[W_N];
     tn_cw qkv, gu;
     bool fused_qkv, fused_gu;
@@ -426,7 +427,17 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
     for (int32_t il = 0; il < ngl && ok; il++) {
         const tn_layer *L = &m->layers[il];
         tn_cu_layer *G = &g->L[il];
-        const tn_tensor *ts[W_N] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        const tn_tensor *R = L->w;
+        const tn_tensor *ts[W_N] = {&R[TN_ROLE_ATTN_Q],   &R[TN_ROLE_ATTN_K], &R[TN_ROLE_ATTN_V], &R[TN_ROLE_ATTN_OUT],
+                                    &R[TN_ROLE_FFN_GATE], &R[TN_ROLE_FFN_UP], &R[TN_ROLE_FFN_DOWN]};
+        /* a block the GPU path does not run yet is refused by name, not computed wrongly */
+        static const int unsupported[] = {TN_ROLE_ATTN_POST_NORM, TN_ROLE_FFN_POST_NORM};
+        for (size_t u = 0; u < sizeof unsupported / sizeof unsupported[0]; u++)
+            if (R[unsupported[u]].data) {
+                s = tn_err(TERN_ERR_UNSUPPORTED, "cuda: tensor '%s' (%s): this block is not on the GPU yet; run on the CPU",
+                           R[unsupported[u]].name, tn_roles[unsupported[u]].name);
+                goto fail;
+            }
         if ((s = upload_stacked(g, ts, 3, &G->qkv, &G->fused_qkv))) goto fail;
         if ((s = upload_stacked(g, ts + W_GATE, 2, &G->gu, &G->fused_gu))) goto fail;
         for (int i = 0; i < W_N; i++) {
@@ -437,25 +448,28 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
         }
         if (G->fused_qkv) max_mk = TN_MAX(max_mk, G->qkv.m * G->qkv.k);
         if (G->fused_gu) max_mk = TN_MAX(max_mk, G->gu.m * G->gu.k);
-        if (G->fused_qkv && L->bq.data && L->bk.data && L->bv.data) { /* qwen2: the biases stacked likewise */
-            const size_t nq = L->bq.nbytes, nk = L->bk.nbytes, nv = L->bv.nbytes;
+        const tn_tensor *bq = &R[TN_ROLE_ATTN_Q_B], *bk = &R[TN_ROLE_ATTN_K_B], *bv = &R[TN_ROLE_ATTN_V_B];
+        if (G->fused_qkv && bq->data && bk->data && bv->data) { /* qwen2: the biases stacked likewise */
+            const size_t nq = bq->nbytes, nk = bk->nbytes, nv = bv->nbytes;
             float *bb = tn_malloc(nq + nk + nv);
             if (!bb) {
                 s = tn_err(TERN_ERR_NOMEM, "cuda: out of memory");
                 goto fail;
             }
-            memcpy(bb, L->bq.data, nq), memcpy((uint8_t *)bb + nq, L->bk.data, nk), memcpy((uint8_t *)bb + nq + nk, L->bv.data, nv);
+            memcpy(bb, bq->data, nq), memcpy((uint8_t *)bb + nq, bk->data, nk), memcpy((uint8_t *)bb + nq + nk, bv->data, nv);
             G->bqkv = dupload(g, bb, nq + nk + nv, &ok);
             tn_free(bb);
-        } else if (G->fused_qkv && (L->bq.data || L->bk.data || L->bv.data)) {
+        } else if (G->fused_qkv && (bq->data || bk->data || bv->data)) {
             s = tn_err(TERN_ERR_UNSUPPORTED, "cuda: layer %d has biases on some of q, k, v only", il);
             goto fail;
         }
-        G->attn_norm = upload_f32(g, &L->attn_norm, &ok);
-        G->ffn_norm = upload_f32(g, &L->ffn_norm, &ok);
-        G->bq = upload_f32(g, &L->bq, &ok);
-        G->bk = upload_f32(g, &L->bk, &ok);
-        G->bv = upload_f32(g, &L->bv, &ok);
+        G->attn_norm = upload_f32(g, &R[TN_ROLE_ATTN_NORM], &ok);
+        G->ffn_norm = upload_f32(g, &R[TN_ROLE_FFN_NORM], &ok);
+        G->bq = upload_f32(g, bq, &ok);
+        G->bk = upload_f32(g, bk, &ok);
+        G->bv = upload_f32(g, bv, &ok);
+        G->q_norm = upload_f32(g, &R[TN_ROLE_ATTN_Q_NORM], &ok); /* qwen3: per-head RMSNorm of q and k */
+        G->k_norm = upload_f32(g, &R[TN_ROLE_ATTN_K_NORM], &ok);
     }
     if (ok && g->has_output) {
         if ((s = upload_weight(g, &m->output, &g->output))) goto fail;
@@ -673,8 +687,9 @@ static void run_layers(tn_cuda_ctx *g, const tern_ctx *c, int64_t n, int32_t n_o
             mm(g, "qkv", &L->w[W_K], g->xb, d, n, k, kv_dim, L->bk, 0);
             mm(g, "qkv", &L->w[W_V], g->xb, d, n, v, kv_dim, L->bv, 0);
         }
-        CKL("rope_store", tn_cu_rope_store(q, ldq, k, v, ldk, g->d_cs, hp->n_rot, hp->rope_mode == TN_ROPE_NEOX, n, hp->n_head,
-                            hp->n_head_kv, (int)hd, d_kvrow, Kc, Vc, g->st));
+        CKL("rope_store", tn_cu_rope_store(q, ldq, k, v, ldk, L->q_norm, L->k_norm, hp->rms_eps, g->d_cs, hp->n_rot,
+                                           hp->rope_mode == TN_ROPE_NEOX, n, hp->n_head, hp->n_head_kv, (int)hd, d_kvrow, Kc, Vc,
+                                           g->st));
         const bool qo = q8_for(g, &L->w[W_O], n) && hd % 32 == 0;
         CKL("attention", tn_cu_attention(q, ldq, Kc, Vc, n, hp->n_head, hp->n_head_kv, (int)hd, d_pos, d_toff, d_tbl, scale,
                                          g->att, qo ? &g->xq : NULL, g->st));

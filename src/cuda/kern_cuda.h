@@ -87,12 +87,13 @@ int tn_cu_rmsnorm(const float *x, const int32_t *rows, float *y, const float *w,
                   const tn_cq *xq, void *stream);
 /* y[i] += b[i % d] for i < n*d. */
 int tn_cu_add_bias(float *y, const float *b, int64_t n, int64_t d, void *stream);
-/* Per token t: RoPE (cs [n][n_rot] cos/sin pairs; neox = half split) on its n_head query heads of
- * q [n][ldq] and n_head_kv key heads of k [n][ldk]; then k and v [n][ldk] rows stored as fp16 in
- * the caches at row kvrow[t] (stride kv_dim = n_head_kv * hd). */
-int tn_cu_rope_store(float *q, int64_t ldq, float *k, const float *v, int64_t ldk, const float *cs, int n_rot, int neox,
-                     int64_t n, int n_head, int n_head_kv, int hd, const int32_t *kvrow, uint16_t *Kc, uint16_t *Vc,
-                     void *stream);
+/* Per token t: with qn / kn (qwen3) every query / key head RMS-normed by them first (eps; sum of
+ * squares in double, as the CPU); RoPE (cs [n][n_rot] cos/sin pairs; neox = half split) on its
+ * n_head query heads of q [n][ldq] and n_head_kv key heads of k [n][ldk]; then k and v [n][ldk]
+ * rows stored as fp16 in the caches at row kvrow[t] (stride kv_dim = n_head_kv * hd). */
+int tn_cu_rope_store(float *q, int64_t ldq, float *k, const float *v, int64_t ldk, const float *qn, const float *kn,
+                     float eps, const float *cs, int n_rot, int neox, int64_t n, int n_head, int n_head_kv, int hd,
+                     const int32_t *kvrow, uint16_t *Kc, uint16_t *Vc, void *stream);
 /* Causal attention: token t (query q[t*ldq ..], n_head*hd floats) attends positions 0 .. pos[t] of its
  * sequence; position p's cache row is p (tbl_off[t] < 0) or tbl[tbl_off[t] + p/16]*16 + p%16.
  * out [n][n_head*hd]. Online softmax in f32. xq != NULL (hd % 32 == 0): out also quantized into it. */

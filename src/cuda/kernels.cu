@@ -608,11 +608,28 @@ extern "C" int tn_cu_add_bias(float *y, const float *b, int64_t n, int64_t d, vo
     return tn_cu_err();
 }
 
-/* block per token; one thread per rotated pair (query heads, then key heads), then the cache rows */
-__global__ void k_rope_store(float *q, int64_t ldq, float *k, const float *v, int64_t ldk, const float *cs, int n_rot,
-                             int neox, int n_head, int n_head_kv, int hd, const int32_t *kvrow, __half *Kc, __half *Vc) {
+/* block per token: a warp per head for the q/k norms (qwen3), then one thread per rotated pair
+ * (query heads, then key heads), then the cache rows */
+__global__ void k_rope_store(float *q, int64_t ldq, float *k, const float *v, int64_t ldk, const float *qn, const float *kn,
+                             float eps, const float *cs, int n_rot, int neox, int n_head, int n_head_kv, int hd,
+                             const int32_t *kvrow, __half *Kc, __half *Vc) {
     gdc_wait();
     const int64_t t = blockIdx.x;
+    const int lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
+    if (qn || kn) {
+        for (int h = threadIdx.x / WARP; h < n_head + n_head_kv; h += nw) {
+            const float *w = h < n_head ? qn : kn;
+            if (!w) continue;
+            float *x = h < n_head ? q + t * ldq + (int64_t)h * hd : k + t * ldk + (int64_t)(h - n_head) * hd;
+            double s = 0;
+            for (int i = lane; i < hd; i += WARP) s += (double)(x[i] * x[i]);
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+            const float scale = 1.0f / sqrtf((float)(s / (double)hd) + eps);
+            for (int i = lane; i < hd; i += WARP) x[i] = (x[i] * scale) * w[i];
+        }
+        __syncthreads();
+    }
     const float *c = cs + t * n_rot;
     const int np = n_rot / 2;
     for (int u = threadIdx.x; u < (n_head + n_head_kv) * np; u += blockDim.x) {
@@ -632,12 +649,12 @@ __global__ void k_rope_store(float *q, int64_t ldq, float *k, const float *v, in
         Vc[row * kv_dim + i] = __float2half_rn(v[t * ldk + i]);
     }
 }
-extern "C" int tn_cu_rope_store(float *q, int64_t ldq, float *k, const float *v, int64_t ldk, const float *cs, int n_rot,
-                                int neox, int64_t n, int n_head, int n_head_kv, int hd, const int32_t *kvrow, uint16_t *Kc,
-                                uint16_t *Vc, void *stream) {
+extern "C" int tn_cu_rope_store(float *q, int64_t ldq, float *k, const float *v, int64_t ldk, const float *qn, const float *kn,
+                                float eps, const float *cs, int n_rot, int neox, int64_t n, int n_head, int n_head_kv, int hd,
+                                const int32_t *kvrow, uint16_t *Kc, uint16_t *Vc, void *stream) {
     if (n == 0) return 0;
-    launch(k_rope_store, (unsigned)n, 256, 0, (cudaStream_t)stream, q, ldq, k, v, ldk, cs, n_rot, neox, n_head, n_head_kv, hd,
-                                                               kvrow, (__half *)Kc, (__half *)Vc);
+    launch(k_rope_store, (unsigned)n, 256, 0, (cudaStream_t)stream, q, ldq, k, v, ldk, qn, kn, eps, cs, n_rot, neox, n_head,
+           n_head_kv, hd, kvrow, (__half *)Kc, (__half *)Vc);
     return tn_cu_err();
 }
 

@@ -157,6 +157,7 @@ tern_status tern_ctx_create(const tern_model *m, const tern_ctx_params *pp, tern
     if (p.n_threads < 1 || p.n_threads > 1024) return tn_err(TERN_ERR_INVALID_ARG, "thread count %d outside 1..1024", p.n_threads);
 
     const int64_t d = hp->n_embd, kv_dim = (int64_t)hp->n_head_kv * hp->head_dim, nb = p.n_batch, T = p.n_ctx;
+    const int64_t qd = tn_hp_q_dim(hp); /* query and attention-output rows */
     /* KV cache size check before allocating: n_layer * n_ctx * kv_dim * 2 (K,V) * 2 bytes */
     uint64_t kv_elems, kv_bytes;
     const int64_t kv_blocks = (T + TN_KV_BLOCK - 1) / TN_KV_BLOCK, kv_rows = kv_blocks * TN_KV_BLOCK;
@@ -184,35 +185,24 @@ tern_status tern_ctx_create(const tern_model *m, const tern_ctx_params *pp, tern
     }
     c->x = tn_ctx_alloc(c, (size_t)(nb * d) * sizeof(float), &ok);
     c->xb = tn_ctx_alloc(c, (size_t)(nb * d) * sizeof(float), &ok);
-    c->q = tn_ctx_alloc(c, (size_t)(nb * d) * sizeof(float), &ok);
+    c->q = tn_ctx_alloc(c, (size_t)(nb * qd) * sizeof(float), &ok);
     c->kv = tn_ctx_alloc(c, (size_t)(nb * 2 * kv_dim) * sizeof(float), &ok);
-    c->att = tn_ctx_alloc(c, (size_t)(nb * d) * sizeof(float), &ok);
+    c->att = tn_ctx_alloc(c, (size_t)(nb * qd) * sizeof(float), &ok);
     c->hb = tn_ctx_alloc(c, (size_t)(nb * hp->n_ff) * sizeof(float), &ok);
     c->hb2 = tn_ctx_alloc(c, (size_t)(nb * hp->n_ff) * sizeof(float), &ok);
     c->tmp = tn_ctx_alloc(c, (size_t)(nb * d) * sizeof(float), &ok);
     c->rope_cs = tn_ctx_alloc(c, (size_t)(nb * hp->n_rot) * sizeof(float), &ok);
-    /* widest activation row set over every matrix the model multiplies */
-    size_t xq = 0;
-    for (int32_t il = 0; il < hp->n_layer; il++) {
-        const tn_layer *L = &m->layers[il];
-        xq = TN_MAX(xq, tn_matmul_xq_size(L->wq.type, d, nb));
-        xq = TN_MAX(xq, tn_matmul_xq_size(L->wk.type, d, nb));
-        xq = TN_MAX(xq, tn_matmul_xq_size(L->wv.type, d, nb));
-        xq = TN_MAX(xq, tn_matmul_xq_size(L->wo.type, d, nb));
-        xq = TN_MAX(xq, tn_matmul_xq_size(L->w_gate.type, d, nb));
-        xq = TN_MAX(xq, tn_matmul_xq_size(L->w_up.type, d, nb));
-        xq = TN_MAX(xq, tn_matmul_xq_size(L->w_down.type, hp->n_ff, nb));
-    }
-    xq = TN_MAX(xq, tn_matmul_xq_size(m->output.type, d, nb));
+    /* widest activation row set over every matrix the model multiplies (its row length ne[0]);
+     * xq1: the per-thread copies of one token's normed and quantized activations (forward.c) */
+    size_t xq = tn_matmul_xq_size(m->output.type, d, nb), xq1 = tn_matmul_xq_size(m->output.type, d, 1);
+    for (int32_t il = 0; il < hp->n_layer; il++)
+        for (int r = 0; r < TN_ROLE_N_LAYER; r++) {
+            const tn_tensor *w = &m->layers[il].w[r];
+            if (!tn_roles[r].matrix || !w->data) continue;
+            xq = TN_MAX(xq, tn_matmul_xq_size(w->type, w->ne[0], nb));
+            xq1 = TN_MAX(xq1, tn_matmul_xq_size(w->type, w->ne[0], 1));
+        }
     c->xq = tn_ctx_alloc(c, xq, &ok);
-    /* per-thread copies of one token's normed and quantized activations (forward.c) */
-    size_t xq1 = tn_matmul_xq_size(m->output.type, d, 1);
-    for (int32_t il = 0; il < hp->n_layer; il++) {
-        const tn_layer *L = &m->layers[il];
-        const tn_dtype ts[6] = {L->wq.type, L->wk.type, L->wv.type, L->wo.type, L->w_gate.type, L->w_up.type};
-        for (int i = 0; i < 6; i++) xq1 = TN_MAX(xq1, tn_matmul_xq_size(ts[i], d, 1));
-        xq1 = TN_MAX(xq1, tn_matmul_xq_size(L->w_down.type, hp->n_ff, 1));
-    }
     c->pxq_stride = (xq1 + 63) & ~(size_t)63;
     c->mm_next = tn_ctx_alloc(c, (size_t)(6 * hp->n_layer + 1) * sizeof(atomic_int), &ok);
     if (p.n_threads > 1) {

@@ -32,7 +32,7 @@ typedef struct tn_batch {
 /* Where an activation observer is called: the matmuls reading one input. */
 typedef enum tn_obs_site {
     TN_OBS_ATTN_IN,   /* wq, wk, wv   (x = normed residual, ne0 = n_embd)          */
-    TN_OBS_ATTN_OUT,  /* wo           (x = attention output, ne0 = n_embd)         */
+    TN_OBS_ATTN_OUT,  /* wo           (x = attention output, ne0 = n_head * head_dim) */
     TN_OBS_FFN_IN,    /* w_gate, w_up (x = normed residual, ne0 = n_embd)          */
     TN_OBS_FFN_DOWN,  /* w_down       (x = silu(gate) * up, ne0 = n_ff)            */
     TN_OBS_OUTPUT,    /* output       (x = final normed rows wanting logits; il = n_layer) */
@@ -56,9 +56,9 @@ struct tern_ctx {
     /* scratch for one batch of up to n_batch tokens                                         */
     float *x;       /* [n_batch][n_embd]   residual stream                                   */
     float *xb;      /* [n_batch][n_embd]   normed input of a sub-layer                      */
-    float *q;       /* [n_batch][n_embd]                                                     */
+    float *q;       /* [n_batch][n_head * head_dim]  queries                                 */
     float *kv;      /* [n_batch][2 * kv_dim]  k then v per token                              */
-    float *att;     /* [n_batch][n_embd]   attention output                                  */
+    float *att;     /* [n_batch][n_head * head_dim]  attention output                        */
     float *hb;      /* [n_batch][n_ff]     gate                                               */
     float *hb2;     /* [n_batch][n_ff]     up                                                 */
     float *tmp;     /* [n_batch][max(n_embd, ...)] sub-layer output before the residual add  */

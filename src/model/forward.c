@@ -1,5 +1,7 @@
 /*
- * forward.c — the Llama/Qwen2 forward pass for a batch of tokens (prefill or one-token decode).
+ * forward.c — the forward pass of the llama-style families (llama, qwen2, qwen3: model/arch/) for a
+ * batch of tokens (prefill or one-token decode). Optional steps follow the layer's tensors: q/k/v
+ * biases, per-head q/k RMSNorm; query rows are n_head * head_dim long.
  *
  * Every thread of the pool runs tn_forward_task; each step splits its work by (ith, nth) and is
  * followed by a barrier, like a ggml graph computed in order. Numerics follow llama.cpp's CPU
@@ -110,18 +112,22 @@ static void tn_mm(tern_ctx *c, int ith, int nth, bool own, atomic_int *next, tn_
     }
 }
 
-/* Token t's query heads h0 .. h0 + nh - 1 and kv heads k0 .. k0 + nk - 1: biases, RoPE, and the
- * k, v rows appended to the cache. */
+/* Token t's query heads h0 .. h0 + nh - 1 and kv heads k0 .. k0 + nk - 1: biases, per-head q/k
+ * RMSNorm (qwen3), RoPE, and the k, v rows appended to the cache. */
 static void tn_prepare_qkv(tern_ctx *c, const tn_layer *L, const tn_fwd *f, int64_t t, int32_t h0, int32_t nh, int32_t k0,
                            int32_t nk, tn_fp16 *Kc, tn_fp16 *Vc) {
     const tn_hparams *hp = &c->hp;
     const tn_batch *b = f->b;
-    const int32_t d = hp->n_embd, hd = hp->head_dim, kv_dim = hp->n_head_kv * hd;
-    float *qt = c->q + t * d + (int64_t)h0 * hd, *kt_ = c->kv + t * 2 * kv_dim + (int64_t)k0 * hd, *vt = kt_ + kv_dim;
+    const int32_t hd = hp->head_dim, kv_dim = hp->n_head_kv * hd;
+    const int64_t qd = tn_hp_q_dim(hp);
+    float *qt = c->q + t * qd + (int64_t)h0 * hd, *kt_ = c->kv + t * 2 * kv_dim + (int64_t)k0 * hd, *vt = kt_ + kv_dim;
     const int64_t qn = (int64_t)nh * hd, kn = (int64_t)nk * hd;
-    if (L->bq.data) tn_add_bias_range(qt, (const float *)L->bq.data + (int64_t)h0 * hd, qn);
-    if (L->bk.data) tn_add_bias_range(kt_, (const float *)L->bk.data + (int64_t)k0 * hd, kn);
-    if (L->bv.data) tn_add_bias_range(vt, (const float *)L->bv.data + (int64_t)k0 * hd, kn);
+    const tn_tensor *w = L->w;
+    if (w[TN_ROLE_ATTN_Q_B].data) tn_add_bias_range(qt, (const float *)w[TN_ROLE_ATTN_Q_B].data + (int64_t)h0 * hd, qn);
+    if (w[TN_ROLE_ATTN_K_B].data) tn_add_bias_range(kt_, (const float *)w[TN_ROLE_ATTN_K_B].data + (int64_t)k0 * hd, kn);
+    if (w[TN_ROLE_ATTN_V_B].data) tn_add_bias_range(vt, (const float *)w[TN_ROLE_ATTN_V_B].data + (int64_t)k0 * hd, kn);
+    if (w[TN_ROLE_ATTN_Q_NORM].data) tn_rmsnorm_rows(qt, qt, w[TN_ROLE_ATTN_Q_NORM].data, hd, hp->rms_eps, 0, nh);
+    if (w[TN_ROLE_ATTN_K_NORM].data) tn_rmsnorm_rows(kt_, kt_, w[TN_ROLE_ATTN_K_NORM].data, hd, hp->rms_eps, 0, nk);
     const float *cs = c->rope_cs + t * hp->n_rot;
     tn_op_rope(hp, qt, nh, cs, 1.0f);
     tn_op_rope(hp, kt_, nk, cs, 1.0f);
@@ -140,6 +146,7 @@ static void tn_forward_task(void *vp, int ith, int nth) {
     const tn_batch *b = f->b;
     const int32_t n = b->n, d = hp->n_embd, hd = hp->head_dim;
     const int32_t kv_dim = hp->n_head_kv * hd, n_ff = hp->n_ff;
+    const int32_t qd = (int32_t)tn_hp_q_dim(hp); /* query / attention-output row: n_head * head_dim */
     int64_t t0, t1, r0, r1;
     tn_split(n, ith, nth, 1, &t0, &t1);
     /* one token: every thread norms and quantizes it for itself (thread 0 into xb / xq, which the
@@ -168,35 +175,39 @@ static void tn_forward_task(void *vp, int ith, int nth) {
         else tn_tensor_get_row(&m->tok_embd, b->tok[t], c->x + t * d);
     }
     for (int64_t t = t0; t < t1; t++) tn_op_rope_cache(hp, m->rope_freqs.data, b->pos[t], c->rope_cs + t * hp->n_rot);
-    const tn_span wq_pf = l0 < hp->n_layer ? tn_share_span(own, &m->layers[l0].wq, d, d, ith, nth) : (tn_span){NULL, 0};
+    const tn_span wq_pf = l0 < hp->n_layer ? tn_share_span(own, &m->layers[l0].w[TN_ROLE_ATTN_Q], qd, d, ith, nth)
+                                           : (tn_span){NULL, 0};
     tn_pool_barrier_pf(pool, wq_pf.p, wq_pf.n);
 
     for (int32_t il = l0; il < hp->n_layer; il++) {
         const tn_layer *L = &m->layers[il];
+        const tn_tensor *const Wq = &L->w[TN_ROLE_ATTN_Q], *const Wk = &L->w[TN_ROLE_ATTN_K], *const Wv = &L->w[TN_ROLE_ATTN_V];
+        const tn_tensor *const Wo = &L->w[TN_ROLE_ATTN_OUT], *const Wg = &L->w[TN_ROLE_FFN_GATE];
+        const tn_tensor *const Wu = &L->w[TN_ROLE_FFN_UP], *const Wd = &L->w[TN_ROLE_FFN_DOWN];
         tn_fp16 *Kc = c->k_cache + (size_t)il * c->kv_rows * kv_dim;
         tn_fp16 *Vc = c->v_cache + (size_t)il * c->kv_rows * kv_dim;
 
         /* ---- attention block ---- */
-        tn_rmsnorm_rows(c->x, xb, L->attn_norm.data, d, hp->rms_eps, n0, n1);
+        tn_rmsnorm_rows(c->x, xb, L->w[TN_ROLE_ATTN_NORM].data, d, hp->rms_eps, n0, n1);
         if (!own) tn_pool_barrier(pool);
         if (c->observe && ith == 0) c->observe(c->observe_user, il, TN_OBS_ATTN_IN, c->xb, n, d);
         /* q = Wq xb ; k,v = Wk xb, Wv xb   (xb quantized once when the types agree) */
-        const void *xq = tn_act(c, ith, nth, own, xq_own, L->wq.type, xb, d, d, n);
+        const void *xq = tn_act(c, ith, nth, own, xq_own, Wq->type, xb, d, d, n);
         atomic_int *next = c->mm_next + 6 * il; /* q, k, v, o, gate and up, down */
-        tn_mm(c, ith, nth, own, next, L->wq.type, L->wq.data, d, d, xq, n, c->q, d, NULL);
-        if (tn_dtype_get(L->wk.type)->vec_dot_type != tn_dtype_get(L->wq.type)->vec_dot_type) {
+        tn_mm(c, ith, nth, own, next, Wq->type, Wq->data, qd, d, xq, n, c->q, qd, NULL);
+        if (tn_dtype_get(Wk->type)->vec_dot_type != tn_dtype_get(Wq->type)->vec_dot_type) {
             if (!own) tn_pool_barrier(pool);
-            xq = tn_act(c, ith, nth, own, xq_own, L->wk.type, xb, d, d, n);
+            xq = tn_act(c, ith, nth, own, xq_own, Wk->type, xb, d, d, n);
         }
-        tn_mm(c, ith, nth, own, next + 1, L->wk.type, L->wk.data, kv_dim, d, xq, n, c->kv, 2 * kv_dim, NULL);
-        if (tn_dtype_get(L->wv.type)->vec_dot_type != tn_dtype_get(L->wk.type)->vec_dot_type) {
+        tn_mm(c, ith, nth, own, next + 1, Wk->type, Wk->data, kv_dim, d, xq, n, c->kv, 2 * kv_dim, NULL);
+        if (tn_dtype_get(Wv->type)->vec_dot_type != tn_dtype_get(Wk->type)->vec_dot_type) {
             if (!own) tn_pool_barrier(pool);
-            xq = tn_act(c, ith, nth, own, xq_own, L->wv.type, xb, d, d, n);
+            xq = tn_act(c, ith, nth, own, xq_own, Wv->type, xb, d, d, n);
         }
-        tn_mm(c, ith, nth, own, next + 2, L->wv.type, L->wv.data, kv_dim, d, xq, n, c->kv + kv_dim, 2 * kv_dim, NULL);
+        tn_mm(c, ith, nth, own, next + 2, Wv->type, Wv->data, kv_dim, d, xq, n, c->kv + kv_dim, 2 * kv_dim, NULL);
         /* one token: the start of this thread's share of Wo, prefetched while it waits here and
          * (the rest) while it attends — attention reads little memory */
-        const tn_span wo_pf = tn_share_span(own, &L->wo, d, d, ith, nth);
+        const tn_span wo_pf = tn_share_span(own, Wo, d, qd, ith, nth);
         tn_pool_barrier_pf(pool, wo_pf.p, wo_pf.n);
 
         /* attention over (token, query-head group) units */
@@ -223,50 +234,50 @@ static void tn_forward_task(void *vp, int ith, int nth) {
                 const size_t a = pf_n * (size_t)(p - p0) / (size_t)(p1 - p0), e = pf_n * (size_t)(p + 1 - p0) / (size_t)(p1 - p0);
                 for (size_t o = a & ~(size_t)63; o < e; o += 64) __builtin_prefetch(pf + o, 0, 2); /* prefetcht1: into L2 */
             }
-            tn_attend(c, ith, il, f->tables ? f->tables[b->seq[t]] : NULL, b->pos[t], c->q + (int64_t)t * d + (int64_t)h0 * hd,
-                      h0, G, acc16, c->att + (int64_t)t * d + (int64_t)h0 * hd);
+            tn_attend(c, ith, il, f->tables ? f->tables[b->seq[t]] : NULL, b->pos[t], c->q + (int64_t)t * qd + (int64_t)h0 * hd,
+                      h0, G, acc16, c->att + (int64_t)t * qd + (int64_t)h0 * hd);
         }
         tn_pool_barrier_pf(pool, pf ? NULL : wo_pf.p, wo_pf.n); /* unless attending prefetched it */
 
         /* x += Wo att */
-        if (c->observe && ith == 0) c->observe(c->observe_user, il, TN_OBS_ATTN_OUT, c->att, n, d);
-        xq = tn_act(c, ith, nth, own, xq_own, L->wo.type, c->att, d, d, n);
-        tn_mm(c, ith, nth, own, next + 3, L->wo.type, L->wo.data, d, d, xq, n, c->tmp, d, c->x);
-        const tn_span gate_pf = tn_share_span(own, &L->w_gate, n_ff, d, ith, nth);
+        if (c->observe && ith == 0) c->observe(c->observe_user, il, TN_OBS_ATTN_OUT, c->att, n, qd);
+        xq = tn_act(c, ith, nth, own, xq_own, Wo->type, c->att, qd, qd, n);
+        tn_mm(c, ith, nth, own, next + 3, Wo->type, Wo->data, d, qd, xq, n, c->tmp, d, c->x);
+        const tn_span gate_pf = tn_share_span(own, Wg, n_ff, d, ith, nth);
         tn_pool_barrier_pf(pool, gate_pf.p, gate_pf.n);
 
         /* ---- feed-forward block: x += Wdown (silu(Wgate xb) * Wup xb) ---- */
-        tn_rmsnorm_rows(c->x, xb, L->ffn_norm.data, d, hp->rms_eps, n0, n1);
+        tn_rmsnorm_rows(c->x, xb, L->w[TN_ROLE_FFN_NORM].data, d, hp->rms_eps, n0, n1);
         if (!own) tn_pool_barrier(pool);
         if (c->observe && ith == 0) c->observe(c->observe_user, il, TN_OBS_FFN_IN, c->xb, n, d);
-        xq = tn_act(c, ith, nth, own, xq_own, L->w_gate.type, xb, d, d, n);
-        const bool same_vt = tn_dtype_get(L->w_up.type)->vec_dot_type == tn_dtype_get(L->w_gate.type)->vec_dot_type;
+        xq = tn_act(c, ith, nth, own, xq_own, Wg->type, xb, d, d, n);
+        const bool same_vt = tn_dtype_get(Wu->type)->vec_dot_type == tn_dtype_get(Wg->type)->vec_dot_type;
         if (own && same_vt) { /* one token: gate, up and SwiGLU per shared range of rows */
             int step = 0;
             while (tn_matmul_share(next + 4, n_ff, ith, nth, &step, &r0, &r1)) {
-                tn_matmul_range(kt, L->w_gate.type, L->w_gate.data, d, xq, 1, c->hb, n_ff, r0, r1);
-                tn_matmul_range(kt, L->w_up.type, L->w_up.data, d, xq, 1, c->hb2, n_ff, r0, r1);
+                tn_matmul_range(kt, Wg->type, Wg->data, d, xq, 1, c->hb, n_ff, r0, r1);
+                tn_matmul_range(kt, Wu->type, Wu->data, d, xq, 1, c->hb2, n_ff, r0, r1);
                 kt->swiglu(c->hb + r0, c->hb2 + r0, r1 - r0);
             }
         } else {
-            tn_matmul_compute_task(ith, nth, kt, L->w_gate.type, L->w_gate.data, n_ff, d, xq, n, c->hb, n_ff);
+            tn_matmul_compute_task(ith, nth, kt, Wg->type, Wg->data, n_ff, d, xq, n, c->hb, n_ff);
             if (!same_vt) {
                 if (!own) tn_pool_barrier(pool);
-                xq = tn_act(c, ith, nth, own, xq_own, L->w_up.type, xb, d, d, n);
+                xq = tn_act(c, ith, nth, own, xq_own, Wu->type, xb, d, d, n);
             }
-            tn_matmul_compute_task(ith, nth, kt, L->w_up.type, L->w_up.data, n_ff, d, xq, n, c->hb2, n_ff);
+            tn_matmul_compute_task(ith, nth, kt, Wu->type, Wu->data, n_ff, d, xq, n, c->hb2, n_ff);
             /* SwiGLU on this thread's rows (the rows it just computed for both matrices) */
             tn_matmul_rows(n_ff, ith, nth, &r0, &r1);
             for (int32_t j = 0; j < n; j++)
                 kt->swiglu(c->hb + (int64_t)j * n_ff + r0, c->hb2 + (int64_t)j * n_ff + r0, r1 - r0);
         }
-        const tn_span down_pf = tn_share_span(own, &L->w_down, d, n_ff, ith, nth);
+        const tn_span down_pf = tn_share_span(own, Wd, d, n_ff, ith, nth);
         tn_pool_barrier_pf(pool, down_pf.p, down_pf.n);
         if (c->observe && ith == 0) c->observe(c->observe_user, il, TN_OBS_FFN_DOWN, c->hb, n, n_ff);
-        xq = tn_act(c, ith, nth, own, xq_own, L->w_down.type, c->hb, n_ff, n_ff, n);
-        tn_mm(c, ith, nth, own, next + 5, L->w_down.type, L->w_down.data, d, n_ff, xq, n, c->tmp, d, c->x);
+        xq = tn_act(c, ith, nth, own, xq_own, Wd->type, c->hb, n_ff, n_ff, n);
+        tn_mm(c, ith, nth, own, next + 5, Wd->type, Wd->data, d, n_ff, xq, n, c->tmp, d, c->x);
         /* the next matmul: the next layer's Wq, or the output projection (if a logit is wanted) */
-        const tn_span next_pf = il + 1 < hp->n_layer ? tn_share_span(own, &m->layers[il + 1].wq, d, d, ith, nth)
+        const tn_span next_pf = il + 1 < hp->n_layer ? tn_share_span(own, &m->layers[il + 1].w[TN_ROLE_ATTN_Q], qd, d, ith, nth)
                                 : f->n_out == 1        ? tn_share_span(own, &m->output, hp->n_vocab, d, ith, nth)
                                                        : (tn_span){NULL, 0};
         tn_pool_barrier_pf(pool, next_pf.p, next_pf.n);

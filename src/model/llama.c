@@ -1,7 +1,9 @@
 /*
- * llama.c — builds a tern_model from a parsed GGUF: architecture, hyperparameters and weight
- * views, every one validated (missing keys, inconsistent sizes, missing tensors, wrong shapes or
- * unsupported types fail with a message naming the key or tensor). Does not own inference state.
+ * llama.c — builds a tern_model of any registered family (model/arch/) from a parsed GGUF:
+ * architecture, hyperparameters and weight views by role, every one validated (missing keys,
+ * inconsistent sizes, missing, extra or wrongly shaped tensors, unsupported types fail with a
+ * message naming the key or tensor, and the expected and found shape). Does not own inference
+ * state.
  */
 #include <math.h>
 #include <stdio.h>
@@ -16,21 +18,11 @@
 
 #define TN_MAX_LAYERS 4096
 
-typedef struct {
-    const char *name;
-    tn_arch arch;
-    tn_rope_mode rope;
-} tn_arch_info;
-
-static const tn_arch_info tn_archs[] = {
-    {"llama", TN_ARCH_LLAMA, TN_ROPE_NORM},
-    {"qwen2", TN_ARCH_QWEN2, TN_ROPE_NEOX},
-};
-
 static tern_status tn_get_dim(const tn_gguf *g, const char *arch, const char *suffix, bool required, int64_t lo,
                               int64_t hi, int32_t *out) {
     char key[128];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    if (!required && !tn_gguf_find(g, key)) return TERN_OK; /* absent: *out keeps its default */
     int64_t v = *out;
     tern_status s = tn_gguf_get_i64(g, key, required, &v);
     if (s) return s;
@@ -50,31 +42,44 @@ static tern_status tn_get_float(const tn_gguf *g, const char *arch, const char *
     return TERN_OK;
 }
 
-/* Binds a tensor by name, checking rank/shape and that tern can compute with its type. */
-static tern_status tn_bind(const tn_gguf *g, const char *name, int n_dims, int64_t ne0, int64_t ne1, bool required,
-                           tn_tensor *t) {
+/* "[a, b]" or "[a]" of a shape, for messages. */
+static void tn_shape_str(char *buf, size_t cap, int n_dims, const int64_t *ne) {
+    int n = snprintf(buf, cap, "[%lld", (long long)ne[0]);
+    for (int d = 1; d < n_dims && n > 0 && (size_t)n < cap; d++) n += snprintf(buf + n, cap - (size_t)n, ", %lld", (long long)ne[d]);
+    if (n > 0 && (size_t)n < cap) snprintf(buf + n, cap - (size_t)n, "]");
+}
+
+/* Binds role r of layer il (-1: model-wide) by its registry name and shape, checking rank/shape and
+ * that tern can compute with its type. need == TN_NEED_OPT: absent leaves t zeroed. */
+static tern_status tn_bind(const tn_gguf *g, const tn_hparams *hp, tn_role r, int32_t il, tn_need need, tn_tensor *t) {
     memset(t, 0, sizeof *t);
+    if (need == TN_NEED_NO) return TERN_OK;
+    char name[96];
+    tn_role_tensor_name(r, il, name, sizeof name);
+    const tn_role_info *ri = &tn_roles[r];
+    const int n_dims = ri->ne1 == TN_DIM_1 ? 1 : 2;
+    const int64_t want[2] = {tn_dim_value(hp, ri->ne0), tn_dim_value(hp, ri->ne1)};
+    char ws[64];
+    tn_shape_str(ws, sizeof ws, n_dims, want);
     const tn_gguf_tensor *gt = tn_gguf_find_tensor(g, name);
     if (!gt) {
-        if (!required) return TERN_OK;
-        if (n_dims == 1) return tn_err(TERN_ERR_FORMAT, "model: missing tensor '%s' (expected shape [%lld])", name, (long long)ne0);
-        return tn_err(TERN_ERR_FORMAT, "model: missing tensor '%s' (expected shape [%lld, %lld])", name, (long long)ne0,
-                      (long long)ne1);
+        if (need == TN_NEED_OPT) return TERN_OK;
+        return tn_err(TERN_ERR_FORMAT, "model: missing tensor '%s' (%s expects shape %s)", name, hp->family->name, ws);
     }
-    int64_t ne2 = gt->ne[2], ne3 = gt->ne[3];
-    bool ok = gt->ne[0] == ne0 && (n_dims == 1 ? gt->ne[1] == 1 : gt->ne[1] == ne1) && ne2 == 1 && ne3 == 1;
-    if (!ok)
-        return tn_err(TERN_ERR_FORMAT, "model: tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld]", name,
-                      (long long)gt->ne[0], (long long)gt->ne[1], (long long)ne2, (long long)ne3, (long long)ne0,
-                      (long long)(n_dims == 1 ? 1 : ne1));
+    bool ok = gt->ne[0] == want[0] && gt->ne[1] == want[1] && gt->ne[2] == 1 && gt->ne[3] == 1;
+    if (!ok) {
+        char fs[96];
+        tn_shape_str(fs, sizeof fs, (int)TN_MAX(gt->n_dims, 1), gt->ne);
+        return tn_err(TERN_ERR_FORMAT, "model: tensor '%s' has shape %s, expected %s (%s)", name, fs, ws, hp->family->name);
+    }
     const tn_dtype_traits *tr = tn_dtype_get(gt->type);
     const tn_kern_slot *slot = tr ? &tn_kern()->slot[gt->type] : NULL;
     if (!tr || !tr->supported || !slot || !slot->to_float)
         return tn_err(TERN_ERR_UNSUPPORTED, "model: tensor '%s': unsupported tensor type %s (%u)", name,
                       tn_dtype_name(gt->type), gt->type);
-    if (n_dims == 2 && !slot->vec_dot)
+    if (ri->matrix && !slot->vec_dot)
         return tn_err(TERN_ERR_UNSUPPORTED, "model: tensor '%s': no matrix kernel for type %s", name, tr->name);
-    if (n_dims == 1 && gt->type != TN_F32)
+    if (!ri->matrix && gt->type != TN_F32)
         return tn_err(TERN_ERR_UNSUPPORTED, "model: tensor '%s' has type %s; norms and biases must be f32", name, tr->name);
     t->type = (tn_dtype)gt->type;
     t->ne[0] = gt->ne[0];
@@ -86,24 +91,25 @@ static tern_status tn_bind(const tn_gguf *g, const char *name, int n_dims, int64
     return TERN_OK;
 }
 
-static tern_status tn_load_hparams(const tn_gguf *g, tn_hparams *hp, const char **arch_name) {
+/* The hyperparameters every family shares (under "<arch>."), with the family's defaults, then the
+ * family's own keys (desc->load_hparams). */
+static tern_status tn_load_hparams(const tn_gguf *g, tn_hparams *hp) {
     tn_gguf_str a;
     memset(&a, 0, sizeof a);
     tern_status s = tn_gguf_get_str(g, "general.architecture", true, &a);
     if (s) return s;
-    const tn_arch_info *ai = NULL;
-    for (size_t i = 0; i < TN_ARRAY_LEN(tn_archs); i++)
-        if (tn_gguf_str_eq(a, tn_archs[i].name)) ai = &tn_archs[i];
-    if (!ai) {
-        char shown[40];
+    const tn_arch_desc *ad = tn_arch_find(a.data, (size_t)a.len);
+    if (!ad) {
+        char shown[40], names[256];
         snprintf(shown, sizeof shown, "%.*s", (int)TN_MIN(a.len, 32), a.data);
-        return tn_err(TERN_ERR_UNSUPPORTED, "model: unsupported architecture '%s' (supported: llama, qwen2)", shown);
+        tn_arch_names(names, sizeof names);
+        return tn_err(TERN_ERR_UNSUPPORTED, "model: unsupported architecture '%s' (supported: %s)", shown, names);
     }
-    *arch_name = ai->name;
-    const char *an = ai->name;
+    const char *an = ad->name;
     memset(hp, 0, sizeof *hp);
-    hp->arch = ai->arch;
-    hp->rope_mode = ai->rope;
+    hp->arch = ad->id;
+    hp->family = ad;
+    hp->rope_mode = ad->rope;
     if ((s = tn_get_dim(g, an, "context_length", true, 1, 1 << 24, &hp->n_ctx_train))) return s;
     if ((s = tn_get_dim(g, an, "embedding_length", true, 1, 1 << 20, &hp->n_embd))) return s;
     if ((s = tn_get_dim(g, an, "block_count", true, 1, TN_MAX_LAYERS, &hp->n_layer))) return s;
@@ -111,28 +117,36 @@ static tern_status tn_load_hparams(const tn_gguf *g, tn_hparams *hp, const char 
     if ((s = tn_get_dim(g, an, "attention.head_count", true, 1, 1 << 14, &hp->n_head))) return s;
     hp->n_head_kv = hp->n_head;
     if ((s = tn_get_dim(g, an, "attention.head_count_kv", false, 1, 1 << 14, &hp->n_head_kv))) return s;
-    if (hp->n_embd % hp->n_head)
-        return tn_err(TERN_ERR_FORMAT, "model: %s.embedding_length %d is not a multiple of %s.attention.head_count %d", an,
-                      hp->n_embd, an, hp->n_head);
     if (hp->n_head % hp->n_head_kv)
         return tn_err(TERN_ERR_FORMAT, "model: %s.attention.head_count %d is not a multiple of %s.attention.head_count_kv %d",
                       an, hp->n_head, an, hp->n_head_kv);
-    hp->head_dim = hp->n_embd / hp->n_head;
-    int32_t key_len = hp->head_dim;
-    if ((s = tn_get_dim(g, an, "attention.key_length", false, 1, 1 << 16, &key_len))) return s;
-    if (key_len != hp->head_dim)
-        return tn_err(TERN_ERR_UNSUPPORTED, "model: %s.attention.key_length %d differs from embedding/heads %d", an, key_len,
+    /* head size: attention.key_length, else n_embd / n_head (which must then divide) */
+    hp->head_dim = 0;
+    if ((s = tn_get_dim(g, an, "attention.key_length", false, 1, 1 << 16, &hp->head_dim))) return s;
+    if (!hp->head_dim) {
+        if (hp->n_embd % hp->n_head)
+            return tn_err(TERN_ERR_FORMAT, "model: %s.embedding_length %d is not a multiple of %s.attention.head_count %d", an,
+                          hp->n_embd, an, hp->n_head);
+        hp->head_dim = hp->n_embd / hp->n_head;
+    }
+    if ((int64_t)hp->head_dim * hp->n_head > (1 << 22))
+        return tn_err(TERN_ERR_FORMAT, "model: %s.attention.head_count %d x key_length %d is too large", an, hp->n_head,
+                      hp->head_dim);
+    int32_t val_len = hp->head_dim;
+    if ((s = tn_get_dim(g, an, "attention.value_length", false, 1, 1 << 16, &val_len))) return s;
+    if (val_len != hp->head_dim)
+        return tn_err(TERN_ERR_UNSUPPORTED, "model: %s.attention.value_length %d differs from key_length %d", an, val_len,
                       hp->head_dim);
     hp->n_rot = hp->head_dim;
     if ((s = tn_get_dim(g, an, "rope.dimension_count", false, 2, 1 << 16, &hp->n_rot))) return s;
     if (hp->n_rot > hp->head_dim || hp->n_rot % 2)
         return tn_err(TERN_ERR_FORMAT, "model: %s.rope.dimension_count %d must be even and <= head size %d", an, hp->n_rot,
                       hp->head_dim);
-    hp->rms_eps = 1e-5f;
+    hp->rms_eps = ad->rms_eps;
     if ((s = tn_get_float(g, an, "attention.layer_norm_rms_epsilon", &hp->rms_eps))) return s;
     if (!(hp->rms_eps > 0 && hp->rms_eps < 1))
         return tn_err(TERN_ERR_FORMAT, "model: %s.attention.layer_norm_rms_epsilon %g outside (0, 1)", an, hp->rms_eps);
-    hp->rope_freq_base = 10000.0f;
+    hp->rope_freq_base = ad->rope_base;
     if ((s = tn_get_float(g, an, "rope.freq_base", &hp->rope_freq_base))) return s;
     if (!(hp->rope_freq_base > 0)) return tn_err(TERN_ERR_FORMAT, "model: %s.rope.freq_base must be > 0", an);
     hp->rope_freq_scale = 1.0f;
@@ -150,79 +164,78 @@ static tern_status tn_load_hparams(const tn_gguf *g, tn_hparams *hp, const char 
     float lin = 0.0f;
     if ((s = tn_get_float(g, an, "rope.scale_linear", &lin))) return s;
     if (lin > 0) hp->rope_freq_scale = 1.0f / lin;
+    if (ad->load_hparams && (s = ad->load_hparams(g, hp))) return s;
     return TERN_OK;
 }
 
-static void tn_model_describe(tern_model *m, const char *arch) {
+static void tn_model_describe(tern_model *m) {
     const char *ty = "mixed";
-    if (m->layers) ty = tn_dtype_name(m->layers[0].wq.type);
+    if (m->layers) ty = tn_dtype_name(m->layers[0].w[TN_ROLE_ATTN_Q].type);
     double p = (double)m->n_params;
     char size[32];
     if (p >= 1e9) snprintf(size, sizeof size, "%.1fB", p / 1e9);
     else if (p >= 1e6) snprintf(size, sizeof size, "%.0fM", p / 1e6);
     else snprintf(size, sizeof size, "%.0fK", p / 1e3);
-    snprintf(m->desc, sizeof m->desc, "%s %s %s", arch, size, ty);
+    snprintf(m->desc, sizeof m->desc, "%s %s %s", m->hp.family->name, size, ty);
+}
+
+/* Every tensor of the file must be one the family has: a blk.N tensor past block_count, a role
+ * the family lacks, or a name no role has is an error naming it. */
+static tern_status tn_check_extra(const tn_gguf *g, const tn_hparams *hp) {
+    const char *an = hp->family->name;
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const tn_gguf_tensor *t = &g->tensors[i];
+        char fs[96];
+        tn_shape_str(fs, sizeof fs, (int)TN_MAX(t->n_dims, 1), t->ne);
+        int32_t il;
+        tn_role r;
+        if (!tn_role_parse(t->name, &il, &r)) {
+            if (!strncmp(t->name, "blk.", 4) && il >= hp->n_layer)
+                return tn_err(TERN_ERR_FORMAT, "model: tensor '%s' exists but %s.block_count is %d", t->name, an,
+                              (int)hp->n_layer);
+            return tn_err(TERN_ERR_FORMAT, "model: unexpected tensor '%s' (shape %s): not a tensor of architecture %s",
+                          t->name, fs, an);
+        }
+        if (il >= hp->n_layer)
+            return tn_err(TERN_ERR_FORMAT, "model: tensor '%s' exists but %s.block_count is %d", t->name, an, (int)hp->n_layer);
+        if (hp->family->need[r] == TN_NEED_NO)
+            return tn_err(TERN_ERR_FORMAT, "model: unexpected tensor '%s' (shape %s): architecture %s has no %s", t->name, fs,
+                          an, tn_roles[r].name);
+    }
+    return TERN_OK;
 }
 
 tern_status tn_model_load_gguf(tn_gguf *g, tern_model **out) {
     *out = NULL;
     tern_model *m = tn_calloc(1, sizeof *m);
     if (!m) return tn_err(TERN_ERR_NOMEM, "model: out of memory");
-    const char *arch = NULL;
-    tern_status s = tn_load_hparams(g, &m->hp, &arch);
+    tern_status s = tn_load_hparams(g, &m->hp);
     if (s) goto fail;
     tn_hparams *hp = &m->hp;
+    const uint8_t *need = hp->family->need;
     if ((s = tn_vocab_load(g, &m->vocab))) goto fail;
     hp->n_vocab = tn_vocab_n(m->vocab);
-    int64_t kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
-    if ((s = tn_bind(g, "token_embd.weight", 2, hp->n_embd, hp->n_vocab, true, &m->tok_embd))) goto fail;
-    if ((s = tn_bind(g, "output_norm.weight", 1, hp->n_embd, 1, true, &m->output_norm))) goto fail;
-    if ((s = tn_bind(g, "output.weight", 2, hp->n_embd, hp->n_vocab, false, &m->output))) goto fail;
+    if ((s = tn_bind(g, hp, TN_ROLE_TOKEN_EMBD, -1, TN_NEED_REQ, &m->tok_embd))) goto fail;
+    if ((s = tn_bind(g, hp, TN_ROLE_OUTPUT_NORM, -1, TN_NEED_REQ, &m->output_norm))) goto fail;
+    if ((s = tn_bind(g, hp, TN_ROLE_OUTPUT, -1, need[TN_ROLE_OUTPUT], &m->output))) goto fail;
     if (!m->output.data) m->output = m->tok_embd; /* tied embeddings */
-    if ((s = tn_bind(g, "rope_freqs.weight", 1, hp->n_rot / 2, 1, false, &m->rope_freqs))) goto fail;
+    if ((s = tn_bind(g, hp, TN_ROLE_ROPE_FREQS, -1, need[TN_ROLE_ROPE_FREQS], &m->rope_freqs))) goto fail;
     m->layers = tn_calloc((size_t)hp->n_layer, sizeof *m->layers);
     if (!m->layers) {
         s = tn_err(TERN_ERR_NOMEM, "model: out of memory");
         goto fail;
     }
-    for (int32_t il = 0; il < hp->n_layer; il++) {
-        tn_layer *L = &m->layers[il];
-        char n[96];
-#define BIND(field, suffix, nd, a, b, req)                                   \
-    snprintf(n, sizeof n, "blk.%d." suffix, (int)il);                        \
-    if ((s = tn_bind(g, n, nd, a, b, req, &L->field))) goto fail;
-        BIND(attn_norm, "attn_norm.weight", 1, hp->n_embd, 1, true);
-        BIND(wq, "attn_q.weight", 2, hp->n_embd, hp->n_embd, true);
-        BIND(wk, "attn_k.weight", 2, hp->n_embd, kv_dim, true);
-        BIND(wv, "attn_v.weight", 2, hp->n_embd, kv_dim, true);
-        BIND(wo, "attn_output.weight", 2, hp->n_embd, hp->n_embd, true);
-        bool bias = hp->arch == TN_ARCH_QWEN2;
-        BIND(bq, "attn_q.bias", 1, hp->n_embd, 1, bias);
-        BIND(bk, "attn_k.bias", 1, kv_dim, 1, bias);
-        BIND(bv, "attn_v.bias", 1, kv_dim, 1, bias);
-        BIND(ffn_norm, "ffn_norm.weight", 1, hp->n_embd, 1, true);
-        BIND(w_gate, "ffn_gate.weight", 2, hp->n_embd, hp->n_ff, true);
-        BIND(w_up, "ffn_up.weight", 2, hp->n_embd, hp->n_ff, true);
-        BIND(w_down, "ffn_down.weight", 2, hp->n_ff, hp->n_embd, true);
-#undef BIND
-    }
-    /* A blk.N tensor beyond block_count means the file and its metadata disagree. */
-    char extra[32];
-    snprintf(extra, sizeof extra, "blk.%d.", (int)hp->n_layer);
-    for (uint64_t i = 0; i < g->n_tensors; i++) {
-        if (!strncmp(g->tensors[i].name, extra, strlen(extra))) {
-            s = tn_err(TERN_ERR_FORMAT, "model: tensor '%s' exists but %s.block_count is %d", g->tensors[i].name, arch,
-                       (int)hp->n_layer);
-            goto fail;
-        }
-    }
+    for (int32_t il = 0; il < hp->n_layer; il++)
+        for (int r = 0; r < TN_ROLE_N_LAYER; r++)
+            if ((s = tn_bind(g, hp, (tn_role)r, il, need[r], &m->layers[il].w[r]))) goto fail;
+    if ((s = tn_check_extra(g, hp))) goto fail;
     for (uint64_t i = 0; i < g->n_tensors; i++) {
         const tn_gguf_tensor *t = &g->tensors[i];
         m->n_params += (uint64_t)(t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3]);
         m->weight_bytes += t->nbytes;
     }
     m->gguf = g;
-    tn_model_describe(m, arch);
+    tn_model_describe(m);
     *out = m;
     return TERN_OK;
 fail:
@@ -240,15 +253,18 @@ static tn_dtype tn_repack_target(const tn_tensor *t) {
     return it;
 }
 
-/* The weight views of layer i that only matmuls read (i = -1: the output, unless tied). */
-static int tn_matmul_views(tern_model *m, int64_t i, bool tied, tn_tensor *v[7]) {
+/* The weight views of layer i that only matmuls read (i = -1: the output, unless tied): the
+ * layer's matrix roles it has. */
+static int tn_matmul_views(tern_model *m, int64_t i, bool tied, tn_tensor *v[TN_ROLE_N_LAYER]) {
     if (i < 0) {
         v[0] = &m->output;
         return tied ? 0 : 1;
     }
     tn_layer *L = &m->layers[i];
-    v[0] = &L->wq, v[1] = &L->wk, v[2] = &L->wv, v[3] = &L->wo, v[4] = &L->w_gate, v[5] = &L->w_up, v[6] = &L->w_down;
-    return 7;
+    int n = 0;
+    for (int r = 0; r < TN_ROLE_N_LAYER; r++)
+        if (tn_roles[r].matrix && L->w[r].data) v[n++] = &L->w[r];
+    return n;
 }
 
 tern_status tn_model_repack(tern_model *m) {
@@ -264,7 +280,7 @@ tern_status tn_model_repack(tern_model *m) {
     const bool mapped = !m->gguf || m->gguf->map.mapped;
     size_t total = 0, scratch = 0;
     for (int64_t i = -1; i < nl; i++) {
-        tn_tensor *v[7];
+        tn_tensor *v[TN_ROLE_N_LAYER];
         const int nv = tn_matmul_views(m, i, tied, v);
         for (int j = 0; j < nv; j++)
             if (tn_repack_target(v[j])) {
@@ -283,7 +299,7 @@ tern_status tn_model_repack(tern_model *m) {
                       (double)(mapped ? total : scratch) / 1048576.0);
     size_t off = 0;
     for (int64_t i = -1; i < nl; i++) {
-        tn_tensor *v[7];
+        tn_tensor *v[TN_ROLE_N_LAYER];
         const int nv = tn_matmul_views(m, i, tied, v);
         for (int j = 0; j < nv; j++) {
             tn_tensor *t = v[j];

@@ -1,10 +1,7 @@
 /*
- * model.h — the Llama-family model as tern holds it: hyperparameters, weight views into the
- * GGUF mapping, and the vocabulary. Shared by inference (forward.c), training and serving.
- *
- * Supported architectures: "llama" (Llama 1/2/3, TinyLlama, SmolLM, Mistral: RMSNorm, RoPE in
- * adjacent-pair ("normal") mode, GQA, SwiGLU, optional tied output) and "qwen2" (same plus Q/K/V
- * biases, RoPE in half-split ("neox") mode).
+ * model.h — a model as tern holds it: hyperparameters, weight views into the GGUF mapping (per
+ * layer, indexed by tensor role), and the vocabulary. Shared by inference (forward.c), training
+ * and serving. The families and their tensors are described in model/arch/ (arch.h).
  *
  * Weight tensors follow GGUF/ggml orientation: a matrix of ne = [k, m] holds m rows of k elements;
  * y = W x multiplies each row with x. Weights are never copied: views point into the file.
@@ -13,14 +10,13 @@
 #define TN_MODEL_MODEL_H
 
 #include "fmt/gguf.h"
+#include "model/arch/arch.h"
 #include "model/tokenizer.h"
 #include "tensor/dtype.h"
 
-typedef enum tn_arch { TN_ARCH_LLAMA = 0, TN_ARCH_QWEN2 } tn_arch;
-typedef enum tn_rope_mode { TN_ROPE_NORM = 0, TN_ROPE_NEOX } tn_rope_mode;
-
 typedef struct tn_hparams {
     tn_arch arch;
+    const tn_arch_desc *family; /* the registry entry of the family (static)          */
     int32_t n_vocab;
     int32_t n_ctx_train;  /* context_length                                        */
     int32_t n_embd;
@@ -28,7 +24,8 @@ typedef struct tn_hparams {
     int32_t n_head;
     int32_t n_head_kv;
     int32_t n_ff;
-    int32_t head_dim;     /* n_embd / n_head (attention.key_length if given)       */
+    int32_t head_dim;     /* attention.key_length (default n_embd / n_head); query
+                           * rows are n_head * head_dim long (tn_hp_q_dim)            */
     int32_t n_rot;        /* rope.dimension_count (default head_dim)               */
     float rms_eps;
     float rope_freq_base;
@@ -45,11 +42,14 @@ typedef struct tn_tensor {
     const char *name;
 } tn_tensor;
 
+/* The weights of one layer by role (arch.h); w[r].data == NULL when the layer has no such
+ * tensor (the family lacks the role, or an optional one is absent). */
 typedef struct tn_layer {
-    tn_tensor attn_norm, wq, wk, wv, wo;
-    tn_tensor bq, bk, bv; /* qwen2 biases (f32); data == NULL when absent */
-    tn_tensor ffn_norm, w_gate, w_up, w_down;
+    tn_tensor w[TN_ROLE_N_LAYER];
 } tn_layer;
+
+/* Width of the query and attention-output rows: n_head * head_dim (n_embd in most families). */
+static inline int64_t tn_hp_q_dim(const tn_hparams *hp) { return (int64_t)hp->n_head * hp->head_dim; }
 
 struct tern_model {
     tn_hparams hp;

@@ -40,6 +40,7 @@ tern_status tn_train_cfg_check(const tn_train_cfg *c) {
 static void fill_hparams(const tn_train_cfg *c, tn_hparams *hp) {
     memset(hp, 0, sizeof *hp);
     hp->arch = TN_ARCH_LLAMA;
+    hp->family = tn_arch_find("llama", 5);
     hp->n_vocab = c->n_vocab;
     hp->n_ctx_train = c->n_ctx;
     hp->n_embd = c->n_embd;
@@ -55,39 +56,36 @@ static void fill_hparams(const tn_train_cfg *c, tn_hparams *hp) {
     hp->rope_mode = TN_ROPE_NORM;
 }
 
+/* The roles of the training block (a llama block), in the sizes table's per-layer order (TN_TP_*). */
+static const tn_role tn_tp_roles[TN_TP_PER_LAYER] = {
+    TN_ROLE_ATTN_NORM, TN_ROLE_ATTN_Q,   TN_ROLE_ATTN_K,  TN_ROLE_ATTN_V,    TN_ROLE_ATTN_OUT,
+    TN_ROLE_FFN_NORM,  TN_ROLE_FFN_GATE, TN_ROLE_FFN_UP, TN_ROLE_FFN_DOWN};
+
+/* The sizes table: names and shapes from the registry (model/arch/), the llama family's roles. */
 static int build_table(const tn_train_cfg *c, tn_tparam *t, size_t *n_params) {
-    const int64_t C = c->n_embd, KV = (int64_t)c->n_head_kv * (c->n_embd / c->n_head), F = c->n_ff, V = c->n_vocab;
+    tn_hparams hp;
+    fill_hparams(c, &hp);
+    hp.n_vocab = c->n_vocab;
     int i = 0;
     size_t off = 0;
-#define ADD(nm, nd, k, mrows, dec)                                                          \
-    do {                                                                                    \
-        if (t) {                                                                            \
-            snprintf(t[i].name, sizeof t[i].name, "%s", nm);                                \
-            t[i].n_dims = nd; t[i].ne[0] = k; t[i].ne[1] = mrows; t[i].off = off;           \
-            t[i].n = (size_t)(k) * (size_t)(mrows); t[i].decay = dec;                       \
-        }                                                                                   \
-        off += (size_t)(k) * (size_t)(mrows);                                               \
-        off = (off + 15) & ~(size_t)15; /* 64-byte aligned views */                         \
-        i++;                                                                                \
-    } while (0)
-    char nm[64];
-    ADD("token_embd.weight", 2, C, V, true);
-    for (int l = 0; l < c->n_layer; l++) {
-#define L(s, nd, k, mr, dec) do { snprintf(nm, sizeof nm, "blk.%d.%s.weight", l, s); ADD(nm, nd, k, mr, dec); } while (0)
-        L("attn_norm", 1, C, 1, false);
-        L("attn_q", 2, C, C, true);
-        L("attn_k", 2, C, KV, true);
-        L("attn_v", 2, C, KV, true);
-        L("attn_output", 2, C, C, true);
-        L("ffn_norm", 1, C, 1, false);
-        L("ffn_gate", 2, C, F, true);
-        L("ffn_up", 2, C, F, true);
-        L("ffn_down", 2, F, C, true);
-#undef L
+    const int n_roles = 3 + c->n_layer * TN_TP_PER_LAYER;
+    for (int j = 0; j < n_roles; j++) {
+        const int l = j == 0 || j == n_roles - 2 || j == n_roles - 1 ? -1 : (j - 1) / TN_TP_PER_LAYER;
+        const tn_role r = j == 0 ? TN_ROLE_TOKEN_EMBD : j == n_roles - 2 ? TN_ROLE_OUTPUT_NORM
+                          : j == n_roles - 1 ? TN_ROLE_OUTPUT : tn_tp_roles[(j - 1) % TN_TP_PER_LAYER];
+        const tn_role_info *ri = &tn_roles[r];
+        const int64_t k = tn_dim_value(&hp, ri->ne0), mrows = tn_dim_value(&hp, ri->ne1);
+        if (t) {
+            tn_role_tensor_name(r, l, t[i].name, sizeof t[i].name);
+            t[i].n_dims = ri->ne1 == TN_DIM_1 ? 1 : 2;
+            t[i].ne[0] = k, t[i].ne[1] = mrows, t[i].off = off;
+            t[i].n = (size_t)k * (size_t)mrows;
+            t[i].decay = ri->matrix; /* weight decay on matrices, not on norm weights */
+        }
+        off += (size_t)k * (size_t)mrows;
+        off = (off + 15) & ~(size_t)15; /* 64-byte aligned views */
+        i++;
     }
-    ADD("output_norm.weight", 1, C, 1, false);
-    ADD("output.weight", 2, C, V, true);
-#undef ADD
     *n_params = off;
     return i;
 }
@@ -220,14 +218,16 @@ tern_status tn_tmodel_init_from(tn_tmodel *m, const tern_model *src) {
     int n = 0;
     ts[n++] = &src->tok_embd;
     for (int l = 0; l < h->n_layer; l++) {
-        const tn_layer *L = &src->layers[l];
-        if (L->bq.data || L->bk.data || L->bv.data)
-            return tn_err(TERN_ERR_UNSUPPORTED, "train: --init model has attention biases");
-        const tn_tensor *lt[TN_TP_PER_LAYER] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo,
-                                                &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down};
+        const tn_tensor *w = src->layers[l].w;
+        for (int r = 0; r < TN_ROLE_N_LAYER; r++) /* the training block: the llama roles only */
+            if (w[r].data && (r == TN_ROLE_ATTN_Q_B || r == TN_ROLE_ATTN_K_B || r == TN_ROLE_ATTN_V_B ||
+                              r == TN_ROLE_ATTN_Q_NORM || r == TN_ROLE_ATTN_K_NORM || r == TN_ROLE_ATTN_POST_NORM ||
+                              r == TN_ROLE_FFN_POST_NORM))
+                return tn_err(TERN_ERR_UNSUPPORTED, "train: --init model has tensor '%s', which training does not support",
+                              w[r].name);
         for (int j = 0; j < TN_TP_PER_LAYER; j++) {
             if (n >= 4094) return tn_err(TERN_ERR_UNSUPPORTED, "train: too many layers for --init");
-            ts[n++] = lt[j];
+            ts[n++] = &w[tn_tp_roles[j]];
         }
     }
     ts[n++] = &src->output_norm;

@@ -70,6 +70,19 @@ expect 65 "junk file" -- "$TERN" info "$TMP/junk.gguf"
 : > "$TMP/empty.gguf"
 expect 65 "empty file" -- "$TERN" generate -m "$TMP/empty.gguf" -p hi -n 1
 
+# model families (src/model/arch/): a synthetic qwen3 runs; tern info shows its block; a llama
+# file relabelled qwen3 lacks qwen3's q/k norms: one error naming the tensor and its shape, exit 65
+expect 0 "synth qwen3" -- "$TERN" synth --arch qwen3 --preset tiny --type q8_0 -o "$TMP/q3.gguf"
+expect 0 "generate qwen3" -- "$TERN" generate -m "$TMP/q3.gguf" -p "once upon a time" -n 8 --temp 0 -t 2
+expect 0 "info qwen3" -- "$TERN" info "$TMP/q3.gguf"
+grep -q "block: qwen3 | heads 4 / kv 2 of 32 (q rows 128).*q/k norm" "$TMP/out" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL: tern info lacks the qwen3 block line"; }
+expect 64 "synth unknown arch" -- "$TERN" synth --arch gptx --preset tiny -o "$TMP/x.gguf"
+expect_err "qwen3" "synth unknown arch lists the families"
+perl -0777 -pe 's/llama\./qwen3./g; s/(general\.architecture.{12})llama/${1}qwen3/s' "$MODEL" > "$TMP/relabel.gguf"
+expect 65 "llama file relabelled qwen3" -- "$TERN" generate -m "$TMP/relabel.gguf" -p hi -n 1
+expect_one_err "missing tensor 'blk.0.attn_q_norm.weight' (qwen3 expects shape \[16\])" "relabelled file: the missing q norm named"
+expect 65 "info of the relabelled file" -- "$TERN" info "$TMP/relabel.gguf"
+
 # generation: greedy is deterministic; sampled output repeats with the same seed
 expect 0 "greedy generation" -- "$TERN" generate -m "$MODEL" -p "once upon a time" -n 16 --temp 0 -t 2
 cp "$TMP/out" "$TMP/greedy1"

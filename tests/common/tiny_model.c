@@ -98,6 +98,10 @@ tern_status tiny_model_write(const char *path, const tiny_cfg *c) {
     U32("feed_forward_length", c->n_ff);
     U32("attention.head_count", c->n_head);
     U32("attention.head_count_kv", c->n_head_kv);
+    if (c->head_dim) {
+        U32("attention.key_length", c->head_dim);
+        U32("attention.value_length", c->head_dim);
+    }
 #undef U32
     snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", a);
     tn_gguf_set_f32(w, key, 1e-5f);
@@ -135,7 +139,8 @@ tern_status tiny_model_write(const char *path, const tiny_cfg *c) {
     tn_gguf_set_u32(w, "tokenizer.ggml.eos_token_id", 2);
     tn_gguf_set_u32(w, "tokenizer.ggml.unknown_token_id", 0);
     size_t k = 0;
-    const int64_t kv = c->n_embd / c->n_head * c->n_head_kv;
+    const int64_t hd = c->head_dim ? c->head_dim : c->n_embd / c->n_head, kv = hd * c->n_head_kv, qd = hd * c->n_head;
+    const bool qwen3 = !strcmp(a, "qwen3");
 #define ADD(nm, a0, a1, ty_, kd)                                                          \
     do {                                                                                  \
         f.ne0[k] = (a0), f.ne1[k] = (a1), f.ty[k] = (ty_), f.kind[k] = (kd);              \
@@ -148,15 +153,19 @@ tern_status tiny_model_write(const char *path, const tiny_cfg *c) {
         char n[64];
 #define L(sfx, a0, a1, ty_, kd) snprintf(n, sizeof n, "blk.%lld." sfx, (long long)l); ADD(n, a0, a1, ty_, kd)
         L("attn_norm.weight", c->n_embd, 1, TN_F32, 'n');
-        L("attn_q.weight", c->n_embd, c->n_embd, c->wtype, 'w');
+        L("attn_q.weight", c->n_embd, qd, c->wtype, 'w');
         L("attn_k.weight", c->n_embd, kv, c->wtype, 'w');
         L("attn_v.weight", c->n_embd, kv, c->wtype, 'w');
         if (!strcmp(a, "qwen2")) {
-            L("attn_q.bias", c->n_embd, 1, TN_F32, 'b');
+            L("attn_q.bias", qd, 1, TN_F32, 'b');
             L("attn_k.bias", kv, 1, TN_F32, 'b');
             L("attn_v.bias", kv, 1, TN_F32, 'b');
         }
-        L("attn_output.weight", c->n_embd, c->n_embd, c->wtype, 'w');
+        L("attn_output.weight", qd, c->n_embd, c->wtype, 'w');
+        if (qwen3) { /* llama.cpp src/models/qwen3.cpp: {n_embd_head_k} each */
+            L("attn_k_norm.weight", hd, 1, TN_F32, 'n');
+            L("attn_q_norm.weight", hd, 1, TN_F32, 'n');
+        }
         L("ffn_norm.weight", c->n_embd, 1, TN_F32, 'n');
         L("ffn_gate.weight", c->n_embd, c->n_ff, c->wtype, 'w');
         L("ffn_up.weight", c->n_embd, c->n_ff, c->wtype, 'w');

@@ -1,5 +1,8 @@
 /*
- * tiny_model.h — writes small random-weight Llama/Qwen2 GGUF files for tests (no downloads):
+ * Tensor sets are written out here by hand from llama.cpp's model code (src/models/<arch>.cpp), not
+ * read from tern's registry, so the loader's registry is checked against an independent list.
+ *
+ * tiny_model.h — writes small random-weight llama/qwen2/qwen3 GGUF files for tests (no downloads):
  * a SentencePiece-style vocabulary (<unk> <s> </s>, 256 byte tokens, then word pieces) and
  * weights ~ N(0, scale) quantized to the requested type with tern's reference quantizers.
  */
@@ -10,8 +13,9 @@
 #include "tensor/dtype.h"
 
 typedef struct tiny_cfg {
-    const char *arch;     /* "llama" or "qwen2"                            */
+    const char *arch;     /* "llama", "qwen2" or "qwen3"                   */
     int64_t n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx;
+    int64_t head_dim;     /* 0: n_embd / n_head; else written as attention.key_length / value_length */
     tn_dtype wtype;       /* type of the matrices (norms/biases stay f32)  */
     tn_dtype out_type;    /* type of output.weight and token_embd          */
     bool tied;            /* no output.weight                              */

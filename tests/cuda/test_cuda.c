@@ -19,7 +19,7 @@
  *    same token alone (what tern serve's batch invariance rests on);
  *  - the cuBLAS path (float types above 8 tokens, code types above 64) rounds weights and
  *    activations to fp16 (2^-11 relative each): bound 2e-3 * sum_i |w_i a_i|.
- * Forward (GPU): tiny random models of several types, against the independent double-precision
+ * Forward (GPU): tiny random llama, qwen2 and qwen3 models of several types, against the independent double-precision
  * reference (tests/model/ref_forward.c) with test_forward's bounds (same roundings as the CPU
  * path: K/V in f16, activations to q8 for the code types; the prefill's fp16 GEMM rounds like
  * f16 weights do) and against tern's CPU logits; a paged two-sequence batch (tn_forward_batch
@@ -334,6 +334,11 @@ static void test_forward_types(void **state) {
     cfg.arch = "qwen2"; /* q/k/v biases, half-split RoPE */
     cfg.wtype = TN_Q8_0;
     forward_case(cfg, -1);
+    cfg.arch = "qwen3"; /* per-head q/k RMSNorm; head_dim 128 over n_embd / n_head = 64 */
+    cfg.wtype = TN_Q4_0;
+    cfg.head_dim = 128;
+    forward_case(cfg, -1);
+    cfg.head_dim = 0;
     cfg.arch = "llama"; /* tied output; wide GQA */
     cfg.wtype = TN_Q4_0, cfg.out_type = TN_Q6_K, cfg.tied = true;
     forward_case(cfg, -1);

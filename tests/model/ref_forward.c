@@ -41,14 +41,14 @@ ref_model *ref_create(const tern_model *m, int32_t n_ctx) {
     ref_mat **all[] = {&r->wq, &r->wk, &r->wv, &r->wo, &r->wg, &r->wu, &r->wd};
     for (size_t i = 0; i < 7; i++) *all[i] = calloc((size_t)nl, sizeof(ref_mat));
     for (int32_t l = 0; l < nl; l++) {
-        const tn_layer *L = &m->layers[l];
-        r->wq[l] = ref_deq(&L->wq);
-        r->wk[l] = ref_deq(&L->wk);
-        r->wv[l] = ref_deq(&L->wv);
-        r->wo[l] = ref_deq(&L->wo);
-        r->wg[l] = ref_deq(&L->w_gate);
-        r->wu[l] = ref_deq(&L->w_up);
-        r->wd[l] = ref_deq(&L->w_down);
+        const tn_tensor *w = m->layers[l].w;
+        r->wq[l] = ref_deq(&w[TN_ROLE_ATTN_Q]);
+        r->wk[l] = ref_deq(&w[TN_ROLE_ATTN_K]);
+        r->wv[l] = ref_deq(&w[TN_ROLE_ATTN_V]);
+        r->wo[l] = ref_deq(&w[TN_ROLE_ATTN_OUT]);
+        r->wg[l] = ref_deq(&w[TN_ROLE_FFN_GATE]);
+        r->wu[l] = ref_deq(&w[TN_ROLE_FFN_UP]);
+        r->wd[l] = ref_deq(&w[TN_ROLE_FFN_DOWN]);
     }
     size_t kvn = (size_t)nl * (size_t)n_ctx * (size_t)(r->hp.n_head_kv * r->hp.head_dim);
     r->kc = calloc(kvn, sizeof(double));
@@ -91,7 +91,7 @@ static void rope(const tn_hparams *hp, const float *ff, double *v, int32_t n_hea
         for (int32_t i = 0; i < hp->n_rot / 2; i++) {
             double freq = pow((double)hp->rope_freq_base, -2.0 * i / hp->n_rot) * hp->rope_freq_scale / (ff ? ff[i] : 1.0);
             double ang = pos * freq, co = cos(ang), si = sin(ang);
-            /* llama (GGUF permutes HF's q/k rows) rotates adjacent pairs; qwen2 rotates halves */
+            /* llama (GGUF permutes HF's q/k rows) rotates adjacent pairs; qwen2/qwen3 rotate halves */
             const bool adjacent = hp->arch == TN_ARCH_LLAMA;
             int32_t a = adjacent ? 2 * i : i;
             int32_t b = adjacent ? 2 * i + 1 : i + hp->n_rot / 2;
@@ -105,24 +105,31 @@ static void rope(const tn_hparams *hp, const float *ff, double *v, int32_t n_hea
 void ref_step(ref_model *r, int32_t token, double *logits, double *layers) {
     const tn_hparams *hp = &r->hp;
     const int64_t d = hp->n_embd, hd = hp->head_dim, kvd = (int64_t)hp->n_head_kv * hd, ff = hp->n_ff;
-    double *x = malloc((size_t)d * sizeof *x), *xb = malloc((size_t)d * sizeof *xb), *q = malloc((size_t)d * sizeof *q);
-    double *k = malloc((size_t)kvd * sizeof *k), *v = malloc((size_t)kvd * sizeof *v), *att = malloc((size_t)d * sizeof *att);
+    const int64_t qd = (int64_t)hp->n_head * hd; /* qwen3: head_dim from key_length, qd != d */
+    double *x = malloc((size_t)d * sizeof *x), *xb = malloc((size_t)d * sizeof *xb), *q = malloc((size_t)qd * sizeof *q);
+    double *k = malloc((size_t)kvd * sizeof *k), *v = malloc((size_t)kvd * sizeof *v), *att = malloc((size_t)qd * sizeof *att);
     double *o = malloc((size_t)d * sizeof *o), *g = malloc((size_t)ff * sizeof *g), *u = malloc((size_t)ff * sizeof *u);
     double *sc = malloc((size_t)r->n_ctx * sizeof *sc);
     const int32_t pos = r->pos;
     for (int64_t i = 0; i < d; i++) x[i] = r->emb.w[(int64_t)token * d + i];
     for (int32_t l = 0; l < hp->n_layer; l++) {
-        const tn_layer *L = &r->m->layers[l];
-        rmsnorm(x, L->attn_norm.data, xb, d, hp->rms_eps);
+        const tn_tensor *w = r->m->layers[l].w;
+        rmsnorm(x, w[TN_ROLE_ATTN_NORM].data, xb, d, hp->rms_eps);
         matvec(&r->wq[l], xb, q);
         matvec(&r->wk[l], xb, k);
         matvec(&r->wv[l], xb, v);
-        if (L->bq.data)
-            for (int64_t i = 0; i < d; i++) q[i] += ((const float *)L->bq.data)[i];
-        if (L->bk.data)
-            for (int64_t i = 0; i < kvd; i++) k[i] += ((const float *)L->bk.data)[i];
-        if (L->bv.data)
-            for (int64_t i = 0; i < kvd; i++) v[i] += ((const float *)L->bv.data)[i];
+        if (w[TN_ROLE_ATTN_Q_B].data)
+            for (int64_t i = 0; i < qd; i++) q[i] += ((const float *)w[TN_ROLE_ATTN_Q_B].data)[i];
+        if (w[TN_ROLE_ATTN_K_B].data)
+            for (int64_t i = 0; i < kvd; i++) k[i] += ((const float *)w[TN_ROLE_ATTN_K_B].data)[i];
+        if (w[TN_ROLE_ATTN_V_B].data)
+            for (int64_t i = 0; i < kvd; i++) v[i] += ((const float *)w[TN_ROLE_ATTN_V_B].data)[i];
+        /* qwen3: every head of q and of k RMS-normalized over its head_dim values (Qwen3Attention's
+         * q_norm / k_norm), then rotated */
+        if (hp->arch == TN_ARCH_QWEN3) {
+            for (int32_t h = 0; h < hp->n_head; h++) rmsnorm(q + h * hd, w[TN_ROLE_ATTN_Q_NORM].data, q + h * hd, hd, hp->rms_eps);
+            for (int32_t h = 0; h < hp->n_head_kv; h++) rmsnorm(k + h * hd, w[TN_ROLE_ATTN_K_NORM].data, k + h * hd, hd, hp->rms_eps);
+        }
         rope(hp, r->m->rope_freqs.data, q, hp->n_head, pos);
         rope(hp, r->m->rope_freqs.data, k, hp->n_head_kv, pos);
         double *K = r->kc + ((size_t)l * r->n_ctx) * kvd, *V = r->vc + ((size_t)l * r->n_ctx) * kvd;
@@ -146,7 +153,7 @@ void ref_step(ref_model *r, int32_t token, double *logits, double *layers) {
         }
         matvec(&r->wo[l], att, o);
         for (int64_t i = 0; i < d; i++) x[i] += o[i];
-        rmsnorm(x, L->ffn_norm.data, xb, d, hp->rms_eps);
+        rmsnorm(x, w[TN_ROLE_FFN_NORM].data, xb, d, hp->rms_eps);
         matvec(&r->wg[l], xb, g);
         matvec(&r->wu[l], xb, u);
         for (int64_t i = 0; i < ff; i++) g[i] = g[i] / (1.0 + exp(-g[i])) * u[i];

@@ -1,8 +1,10 @@
 /*
  * test_forward.c — tern's forward pass against the independent double-precision reference
- * (ref_forward.c) on tiny random models of every supported weight type, llama and qwen2, tied
- * and separate output; per-layer residual streams and logits. Also: batched prefill equals
- * token-by-token decoding; context-full and bad-token errors.
+ * (ref_forward.c) on tiny random models of every supported weight type, llama, qwen2 and qwen3
+ * (head_dim from key_length, wider than n_embd / n_head), tied and separate output; per-layer
+ * residual streams and logits. Also: batched prefill equals token-by-token decoding; context-full
+ * and bad-token errors. With file arguments (test_forward FILE...): the same comparison on each
+ * file, e.g. one `tern synth --arch NAME` wrote from the registry.
  *
  * Tolerances (relative L2 error, ||tern - ref|| / ||ref||): tern rounds what llama.cpp rounds —
  * q, K, V and attention probabilities to f16 (2^-11 relative each) and activations to the weight
@@ -66,24 +68,17 @@ static double tol_for(tn_dtype t) {
     }
 }
 
-static void run_cfg(tiny_cfg cfg, int threads) {
-    const char *arch = cfg.arch;
-    const tn_dtype wt = cfg.wtype, ot = cfg.out_type;
-    const bool tied = cfg.tied;
-    char path[512];
-    tiny_tmp_path(path, sizeof path, "fwd");
-    assert_int_equal(tiny_model_write(path, &cfg), TERN_OK);
-    tern_model *m = NULL;
-    tern_status s = tern_model_load(path, NULL, &m);
-    if (s) fail_msg("load: %s", tern_last_error());
-    unlink(path);
+/* tern vs the reference on model m: a 9-token prefill, then 6 decode steps (every layer's stream
+ * and the logits); wt is the type the tolerance is chosen by. */
+static void run_model(tern_model *m, const char *arch, tn_dtype wt, tn_dtype ot, bool tied, int threads) {
+    const tn_hparams *hp = &m->hp;
     tern_ctx_params cp;
     tern_ctx_params_init(&cp);
     cp.n_ctx = 32;
     cp.n_threads = threads;
     tern_ctx *c = NULL;
     assert_int_equal(tern_ctx_create(m, &cp, &c), TERN_OK);
-    const int32_t d = (int32_t)cfg.n_embd, nv = (int32_t)cfg.n_vocab, nl = (int32_t)cfg.n_layer;
+    const int32_t d = hp->n_embd, nv = hp->n_vocab, nl = hp->n_layer;
     cap cp_ = {calloc((size_t)(nl + 1) * d, sizeof(double)), d};
     c->debug_layer = capture;
     c->debug_user = &cp_;
@@ -118,6 +113,17 @@ static void run_cfg(tiny_cfg cfg, int threads) {
     free(rlay);
     free(cp_.layers);
     tern_ctx_free(c);
+}
+
+static void run_cfg(tiny_cfg cfg, int threads) {
+    char path[512];
+    tiny_tmp_path(path, sizeof path, "fwd");
+    assert_int_equal(tiny_model_write(path, &cfg), TERN_OK);
+    tern_model *m = NULL;
+    tern_status s = tern_model_load(path, NULL, &m);
+    if (s) fail_msg("load: %s", tern_last_error());
+    unlink(path);
+    run_model(m, cfg.arch, cfg.wtype, cfg.out_type, cfg.tied, threads);
     tern_model_free(m);
 }
 
@@ -160,6 +166,30 @@ static void test_qwen2_and_tied(void **state) {
     run_case("qwen2", TN_Q8_0, TN_Q6_K, false, 2);
     run_case("llama", TN_Q4_K, TN_Q6_K, true, 2);
     run_case("llama", TN_F16, TN_F16, true, 3);
+}
+
+/* qwen3: per-head q/k RMSNorm (random norm weights) before neox RoPE; head_dim 128 from
+ * attention.key_length over n_embd 256 / 4 heads, so q and the attention output are 512 wide and
+ * attn_output is [512 -> 256]; f32 and quantized weights, 1-3 threads, tied output; and 16 heads
+ * over 4 kv heads (attention in head groups, each thread norming and rotating its own heads). */
+static void test_qwen3(void **state) {
+    (void)state;
+    tiny_cfg cfg;
+    tiny_cfg_default(&cfg);
+    cfg.arch = "qwen3";
+    cfg.head_dim = 128;
+    const tn_dtype types[] = {TN_F32, TN_F16, TN_Q8_0, TN_Q4_0, TN_Q4_K};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        cfg.wtype = types[i];
+        run_cfg(cfg, i % 3 + 1);
+    }
+    cfg.wtype = TN_Q8_0, cfg.out_type = TN_Q8_0, cfg.tied = true;
+    run_cfg(cfg, 2);
+    cfg.tied = false, cfg.out_type = TN_F32;
+    cfg.n_embd = 512, cfg.n_head = 16, cfg.n_head_kv = 4, cfg.head_dim = 64, cfg.wtype = TN_Q8_0;
+    run_cfg(cfg, 2);
+    cfg.head_dim = 0; /* key_length absent: n_embd / n_head */
+    run_cfg(cfg, 2);
 }
 
 /* Prefill in one batch, in chunks, and token by token must agree (same kernels modulo tiling). */
@@ -269,10 +299,30 @@ static void test_start_layer(void **state) {
     tern_model_free(m);
 }
 
-int main(void) {
+static char **g_files;
+static int g_n_files;
+
+static void test_files(void **state) {
+    (void)state;
+    for (int i = 0; i < g_n_files; i++) {
+        tern_model *m = NULL;
+        if (tern_model_load(g_files[i], NULL, &m)) fail_msg("load: %s", tern_last_error());
+        run_model(m, m->hp.family->name, m->layers[0].w[TN_ROLE_ATTN_Q].type, m->output.type,
+                  m->output.data == m->tok_embd.data, 2);
+        tern_model_free(m);
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1) { /* the reference comparison on each given file */
+        g_files = argv + 1, g_n_files = argc - 1;
+        const struct CMUnitTest files[] = {cmocka_unit_test(test_files)};
+        return cmocka_run_group_tests(files, NULL, NULL);
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama_types),
         cmocka_unit_test(test_qwen2_and_tied),
+        cmocka_unit_test(test_qwen3),
         cmocka_unit_test(test_head_groups),
         cmocka_unit_test(test_batch_equivalence),
         cmocka_unit_test(test_start_layer),

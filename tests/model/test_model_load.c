@@ -23,7 +23,7 @@
 #include "quant/tq.h"
 #include "tern/tern.h"
 
-static char base_path[512];
+static char base_path[512], qwen3_path[512];
 
 typedef struct {
     const char *drop_key;
@@ -32,11 +32,14 @@ typedef struct {
     const char *set_str;
     const char *drop_tensor;
     const char *reshape_tensor; /* swap ne0/ne1 (transposed) */
+    const char *add_tensor;     /* an extra f32 vector of add_len elements */
+    int64_t add_len;
+    const char *src;            /* the file mutated (NULL: the tiny llama base) */
 } mutation;
 
 static void write_mutant(const mutation *mu, const char *out) {
     tn_gguf *g = NULL;
-    assert_int_equal(tn_gguf_open(base_path, true, &g), TERN_OK);
+    assert_int_equal(tn_gguf_open(mu->src ? mu->src : base_path, true, &g), TERN_OK);
     tn_gguf_writer *w = NULL;
     assert_int_equal(tn_gguf_writer_create(&w), TERN_OK);
     for (uint64_t i = 0; i < g->n_kv; i++) {
@@ -56,6 +59,11 @@ static void write_mutant(const mutation *mu, const char *out) {
             ne[1] = t->ne[0];
         }
         assert_int_equal(tn_gguf_add_tensor(w, t->name, t->type, t->n_dims, ne, t->data), TERN_OK);
+    }
+    float extra[1024] = {0};
+    if (mu->add_tensor) {
+        assert_true(mu->add_len <= 1024);
+        assert_int_equal(tn_gguf_add_tensor(w, mu->add_tensor, TN_F32, 1, (int64_t[4]){mu->add_len, 1, 1, 1}, extra), TERN_OK);
     }
     assert_int_equal(tn_gguf_write(w, out, NULL, NULL), TERN_OK);
     tn_gguf_writer_free(w);
@@ -89,6 +97,89 @@ static void test_defects(void **state) {
     expect_fail(&(mutation){.drop_tensor = "blk.1.attn_k.weight"}, TERN_ERR_FORMAT, "blk.1.attn_k.weight");
     expect_fail(&(mutation){.reshape_tensor = "blk.0.ffn_down.weight"}, TERN_ERR_FORMAT, "blk.0.ffn_down.weight");
     expect_fail(&(mutation){.set_key = "llama.embedding_length", .set_u32 = 128}, TERN_ERR_FORMAT, "token_embd.weight");
+}
+
+/* The registry's tensor sets: a qwen3 file (tiny_model.c's list, written from llama.cpp's
+ * src/models/qwen3.cpp: n_embd 256, 4 heads of head_dim 128, so q rows are 512) with a q/k norm
+ * missing or misshapen, attn_output transposed, value_length != key_length; a llama file with a
+ * qwen3-only tensor, or a tensor no family has. One error naming the tensor, the expected and the
+ * found shape. */
+static void test_family_tensor_sets(void **state) {
+    (void)state;
+    const char *q3 = qwen3_path;
+    tern_model *m = NULL;
+    assert_int_equal(tern_model_load(q3, NULL, &m), TERN_OK);
+    assert_int_equal(m->hp.head_dim, 128);
+    assert_int_equal(tn_hp_q_dim(&m->hp), 512);
+    assert_non_null(m->layers[1].w[TN_ROLE_ATTN_K_NORM].data);
+    assert_null(m->layers[1].w[TN_ROLE_ATTN_Q_B].data);
+    assert_non_null(strstr(tern_model_desc(m), "qwen3"));
+    tern_model_free(m);
+    expect_fail(&(mutation){.src = q3, .drop_tensor = "blk.1.attn_q_norm.weight"}, TERN_ERR_FORMAT,
+                "missing tensor 'blk.1.attn_q_norm.weight' (qwen3 expects shape [128])");
+    expect_fail(&(mutation){.src = q3, .drop_tensor = "blk.0.attn_k_norm.weight", .add_tensor = "blk.0.attn_k_norm.weight",
+                            .add_len = 256},
+                TERN_ERR_FORMAT, "tensor 'blk.0.attn_k_norm.weight' has shape [256], expected [128] (qwen3)");
+    expect_fail(&(mutation){.src = q3, .reshape_tensor = "blk.1.attn_output.weight"}, TERN_ERR_FORMAT,
+                "tensor 'blk.1.attn_output.weight' has shape [256, 512], expected [512, 256]");
+    expect_fail(&(mutation){.src = q3, .set_key = "qwen3.attention.key_length", .set_u32 = 64}, TERN_ERR_UNSUPPORTED,
+                "value_length 128 differs from key_length 64");
+    expect_fail(&(mutation){.src = q3, .set_key = "qwen3.attention.value_length", .set_u32 = 64}, TERN_ERR_UNSUPPORTED,
+                "value_length 64");
+    /* key_length 64 for both: every q/k/v/o matrix and norm is the wrong size; the first named */
+    char mid[512];
+    tiny_tmp_path(mid, sizeof mid, "q3kl");
+    write_mutant(&(mutation){.src = q3, .set_key = "qwen3.attention.key_length", .set_u32 = 64}, mid);
+    expect_fail(&(mutation){.src = mid, .set_key = "qwen3.attention.value_length", .set_u32 = 64}, TERN_ERR_FORMAT,
+                "tensor 'blk.0.attn_q.weight' has shape [256, 512], expected [256, 256]");
+    unlink(mid);
+    expect_fail(&(mutation){.add_tensor = "blk.0.attn_q_norm.weight", .add_len = 64}, TERN_ERR_FORMAT,
+                "unexpected tensor 'blk.0.attn_q_norm.weight' (shape [64]): architecture llama has no attn_q_norm.weight");
+    expect_fail(&(mutation){.add_tensor = "blk.1.ffn_gate_inp.weight", .add_len = 8}, TERN_ERR_FORMAT,
+                "unexpected tensor 'blk.1.ffn_gate_inp.weight'");
+    expect_fail(&(mutation){.add_tensor = "blk.01.attn_norm.weight", .add_len = 256}, TERN_ERR_FORMAT,
+                "unexpected tensor 'blk.01.attn_norm.weight'");
+    expect_fail(&(mutation){.src = q3, .add_tensor = "rope_freqs.weight", .add_len = 64}, TERN_ERR_FORMAT,
+                "architecture qwen3 has no rope_freqs.weight");
+    /* a llama file can have the optional biases (llama.cpp's loader allows them) */
+    char out[512];
+    tiny_tmp_path(out, sizeof out, "llbias");
+    write_mutant(&(mutation){.add_tensor = "blk.0.attn_q.bias", .add_len = 256}, out);
+    assert_int_equal(tern_model_load(out, NULL, &m), TERN_OK);
+    assert_non_null(m->layers[0].w[TN_ROLE_ATTN_Q_B].data);
+    assert_null(m->layers[1].w[TN_ROLE_ATTN_Q_B].data);
+    tern_model_free(m);
+    unlink(out);
+}
+
+/* The registry itself: names round-trip through tn_role_parse; every family is found by name,
+ * has the roles every block needs, and a shape for each of them. */
+static void test_registry(void **state) {
+    (void)state;
+    assert_true(tn_arch_count() >= 3);
+    for (size_t i = 0; i < tn_arch_count(); i++) {
+        const tn_arch_desc *a = tn_arch_at(i);
+        assert_ptr_equal(tn_arch_find(a->name, strlen(a->name)), a);
+        const tn_role must[] = {TN_ROLE_ATTN_NORM, TN_ROLE_ATTN_Q, TN_ROLE_ATTN_K, TN_ROLE_ATTN_V, TN_ROLE_ATTN_OUT,
+                                TN_ROLE_FFN_DOWN, TN_ROLE_TOKEN_EMBD, TN_ROLE_OUTPUT_NORM};
+        for (size_t j = 0; j < sizeof must / sizeof must[0]; j++) assert_int_equal(a->need[must[j]], TN_NEED_REQ);
+    }
+    assert_null(tn_arch_find("llam", 4));
+    for (int r = 0; r < TN_ROLE_COUNT; r++) {
+        char n[96];
+        int32_t il = 0;
+        tn_role back;
+        tn_role_tensor_name((tn_role)r, 17, n, sizeof n);
+        assert_true(tn_role_parse(n, &il, &back));
+        assert_int_equal(back, r);
+        assert_int_equal(il, r < TN_ROLE_N_LAYER ? 17 : -1);
+    }
+    int32_t il;
+    tn_role r;
+    assert_false(tn_role_parse("blk.x.attn_q.weight", &il, &r));
+    assert_false(tn_role_parse("blk.3.attn_q", &il, &r));
+    assert_false(tn_role_parse("attn_q.weight", &il, &r)); /* a layer role without its layer */
+    assert_false(tn_role_parse("blk.0.token_embd.weight", &il, &r));
 }
 
 static void test_tied_output_loads(void **state) {
@@ -180,8 +271,8 @@ static void repack_load_modes(tn_dtype wt, int64_t n_embd) {
         mp.repack = v != 2;
         assert_int_equal(tern_model_load(path, &mp, &m[v]), TERN_OK);
         const tn_dtype want = v != 2 && simd ? lt : wt;
-        assert_int_equal(m[v]->layers[0].wq.type, want);
-        assert_int_equal(m[v]->layers[1].w_down.type, want);
+        assert_int_equal(m[v]->layers[0].w[TN_ROLE_ATTN_Q].type, want);
+        assert_int_equal(m[v]->layers[1].w[TN_ROLE_FFN_DOWN].type, want);
         assert_int_equal(m[v]->output.type, want);
         assert_int_equal(m[v]->tok_embd.type, wt); /* row lookups: never moved */
         logits[v] = decode_logits(m[v], toks, 6, nv);
@@ -189,11 +280,11 @@ static void repack_load_modes(tn_dtype wt, int64_t n_embd) {
     /* every row of every repacked matrix reads back as the file's row */
     const int64_t k = cfg.n_embd;
     float *a = malloc((size_t)k * sizeof(float)), *b = malloc((size_t)k * sizeof(float));
-    for (int64_t r = 0; r < m[0]->layers[0].wq.ne[1]; r++) {
-        tn_tensor_get_row(&m[0]->layers[0].wq, r, a);
-        tn_tensor_get_row(&m[2]->layers[0].wq, r, b);
+    for (int64_t r = 0; r < m[0]->layers[0].w[TN_ROLE_ATTN_Q].ne[1]; r++) {
+        tn_tensor_get_row(&m[0]->layers[0].w[TN_ROLE_ATTN_Q], r, a);
+        tn_tensor_get_row(&m[2]->layers[0].w[TN_ROLE_ATTN_Q], r, b);
         assert_memory_equal(a, b, (size_t)k * sizeof(float));
-        tn_tensor_get_row(&m[1]->layers[0].wq, r, b);
+        tn_tensor_get_row(&m[1]->layers[0].w[TN_ROLE_ATTN_Q], r, b);
         assert_memory_equal(a, b, (size_t)k * sizeof(float));
     }
     free(a), free(b);
@@ -247,15 +338,18 @@ static void test_moved_as_is(void **state) {
     assert_non_null(m[0]->repacked);
     size_t total = (m[0]->output.nbytes + 63) & ~(size_t)63;
     for (int64_t l = 0; l < m[0]->hp.n_layer; l++) {
-        const tn_tensor *v[7] = {&m[0]->layers[l].wq, &m[0]->layers[l].wk, &m[0]->layers[l].wv, &m[0]->layers[l].wo,
-                                 &m[0]->layers[l].w_gate, &m[0]->layers[l].w_up, &m[0]->layers[l].w_down};
+        const tn_tensor *w = m[0]->layers[l].w;
+        const tn_tensor *v[7] = {&w[TN_ROLE_ATTN_Q],   &w[TN_ROLE_ATTN_K], &w[TN_ROLE_ATTN_V],   &w[TN_ROLE_ATTN_OUT],
+                                 &w[TN_ROLE_FFN_GATE], &w[TN_ROLE_FFN_UP], &w[TN_ROLE_FFN_DOWN]};
         for (int j = 0; j < 7; j++) total += (v[j]->nbytes + 63) & ~(size_t)63;
     }
     const uint8_t *lo = m[0]->repacked, *hi = lo + total;
     for (int64_t l = 0; l < m[0]->hp.n_layer; l++) {
-        const tn_layer *L0 = &m[0]->layers[l], *L1 = &m[1]->layers[l];
-        const tn_tensor *a[7] = {&L0->wq, &L0->wk, &L0->wv, &L0->wo, &L0->w_gate, &L0->w_up, &L0->w_down};
-        const tn_tensor *b[7] = {&L1->wq, &L1->wk, &L1->wv, &L1->wo, &L1->w_gate, &L1->w_up, &L1->w_down};
+        const tn_tensor *w0 = m[0]->layers[l].w, *w1 = m[1]->layers[l].w;
+        const tn_role roles[7] = {TN_ROLE_ATTN_Q,    TN_ROLE_ATTN_K, TN_ROLE_ATTN_V,  TN_ROLE_ATTN_OUT,
+                                  TN_ROLE_FFN_GATE, TN_ROLE_FFN_UP, TN_ROLE_FFN_DOWN};
+        const tn_tensor *a[7], *b[7];
+        for (int j = 0; j < 7; j++) a[j] = &w0[roles[j]], b[j] = &w1[roles[j]];
         for (int j = 0; j < 7; j++) {
             assert_int_equal(a[j]->type, TN_Q4_K);
             assert_true((const uint8_t *)a[j]->data >= lo && (const uint8_t *)a[j]->data + a[j]->nbytes <= hi);
@@ -281,8 +375,16 @@ int main(void) {
         fprintf(stderr, "cannot write base model: %s\n", tern_last_error());
         return 1;
     }
+    cfg.arch = "qwen3", cfg.head_dim = 128;
+    tiny_tmp_path(qwen3_path, sizeof qwen3_path, "loadq3");
+    if (tiny_model_write(qwen3_path, &cfg)) {
+        fprintf(stderr, "cannot write qwen3 model: %s\n", tern_last_error());
+        return 1;
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defects),
+        cmocka_unit_test(test_family_tensor_sets),
+        cmocka_unit_test(test_registry),
         cmocka_unit_test(test_tied_output_loads),
         cmocka_unit_test(test_alloc_failures),
         cmocka_unit_test(test_null_args),
@@ -291,5 +393,6 @@ int main(void) {
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     unlink(base_path);
+    unlink(qwen3_path);
     return rc;
 }

@@ -199,10 +199,10 @@ static void test_cli_vs_reference(void **st) {
             const tern_token tok = t == 0 ? tern_token_bos(m) : toks[ci * c + t];
             tn_tensor_get_row(&m->tok_embd, tok, e);
             for (int64_t i = 0; i < d; i++) xe[i] = e[i];
-            rmsnorm(xe, m->layers[0].attn_norm.data, y, d, hp->rms_eps);
+            rmsnorm(xe, m->layers[0].w[TN_ROLE_ATTN_NORM].data, y, d, hp->rms_eps);
             for (int64_t i = 0; i < d; i++) sum0[i] += y[i] * y[i];
             ref_step(rm, tok, logits, layers);
-            rmsnorm(layers, m->layers[1].attn_norm.data, y, d, hp->rms_eps);
+            rmsnorm(layers, m->layers[1].w[TN_ROLE_ATTN_NORM].data, y, d, hp->rms_eps);
             for (int64_t i = 0; i < d; i++) sum1[i] += y[i] * y[i];
         }
         ref_free(rm);

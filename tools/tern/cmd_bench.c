@@ -142,7 +142,7 @@ static int bench_model(const char *path, const bench_opts *o, const peaks *pk, b
     /* matrix work per token: 2 ops per parameter of every matrix but the embedding lookup */
     const double embd_params = (double)m->tok_embd.ne[0] * (double)m->tok_embd.ne[1];
     mi->mat_ops = 2.0 * (mi->params - (tied ? 0.0 : embd_params));
-    const tn_dtype_traits *wt = m->hp.n_layer > 0 ? tn_dtype_get(m->layers[0].w_up.type) : NULL;
+    const tn_dtype_traits *wt = m->hp.n_layer > 0 ? tn_dtype_get(m->layers[0].w[TN_ROLE_FFN_UP].type) : NULL;
     mi->quantized = wt && wt->is_quantized;
     for (int test = 0; test < 2; test++) {
         const int64_t n = test == 0 ? o->n_prompt : o->n_gen;

@@ -136,14 +136,14 @@ int cmd_imatrix(int argc, char **argv) {
     if (!o.idx || !o.nidx) { rc = TN_EXIT_OSERR; goto out; }
     if ((s = tn_imatrix_acc_create(&o.acc))) { rc = tn_cli_fail(s, "imatrix"); goto out; }
     for (int32_t il = 0; il < hp->n_layer && !s; il++) {
-        const tn_layer *L = &m->layers[il];
-        if (!s) s = add_entry(&o, il, TN_OBS_ATTN_IN, &L->wq);
-        if (!s) s = add_entry(&o, il, TN_OBS_ATTN_IN, &L->wk);
-        if (!s) s = add_entry(&o, il, TN_OBS_ATTN_IN, &L->wv);
-        if (!s) s = add_entry(&o, il, TN_OBS_ATTN_OUT, &L->wo);
-        if (!s) s = add_entry(&o, il, TN_OBS_FFN_IN, &L->w_gate);
-        if (!s) s = add_entry(&o, il, TN_OBS_FFN_IN, &L->w_up);
-        if (!s) s = add_entry(&o, il, TN_OBS_FFN_DOWN, &L->w_down);
+        const tn_tensor *w = m->layers[il].w;
+        if (!s) s = add_entry(&o, il, TN_OBS_ATTN_IN, &w[TN_ROLE_ATTN_Q]);
+        if (!s) s = add_entry(&o, il, TN_OBS_ATTN_IN, &w[TN_ROLE_ATTN_K]);
+        if (!s) s = add_entry(&o, il, TN_OBS_ATTN_IN, &w[TN_ROLE_ATTN_V]);
+        if (!s) s = add_entry(&o, il, TN_OBS_ATTN_OUT, &w[TN_ROLE_ATTN_OUT]);
+        if (!s) s = add_entry(&o, il, TN_OBS_FFN_IN, &w[TN_ROLE_FFN_GATE]);
+        if (!s) s = add_entry(&o, il, TN_OBS_FFN_IN, &w[TN_ROLE_FFN_UP]);
+        if (!s) s = add_entry(&o, il, TN_OBS_FFN_DOWN, &w[TN_ROLE_FFN_DOWN]);
     }
     /* llama-imatrix only names output.weight (a tied output is token_embd: not collected) */
     if (!s && process_output && m->output.name && !strcmp(m->output.name, "output.weight"))

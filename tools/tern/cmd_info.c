@@ -10,6 +10,7 @@
 #include "cuda/cuda.h"
 #include "fmt/gguf.h"
 #include "kern/kern.h"
+#include "model/model.h"
 
 static void print_cpu(void) {
     const tn_cpu *c = tn_cpu_get();
@@ -118,6 +119,14 @@ int cmd_info(int argc, char **argv) {
     }
     printf("\nmodel: %s | n_vocab %d | n_ctx_train %d | n_embd %d | n_layer %d\n", tern_model_desc(m), tern_model_n_vocab(m),
            tern_model_n_ctx_train(m), tern_model_n_embd(m), tern_model_n_layer(m));
+    /* the family's block as the registry (model/arch/) and the file make it */
+    const tn_hparams *hp = &m->hp;
+    const tn_tensor *w0 = m->layers[0].w;
+    printf("block: %s | heads %d / kv %d of %d (q rows %lld) | n_ff %d | rope %s, %d dims, base %g | rms eps %g%s%s%s | ffn %s\n",
+           hp->family->name, hp->n_head, hp->n_head_kv, hp->head_dim, (long long)tn_hp_q_dim(hp), hp->n_ff,
+           hp->rope_mode == TN_ROPE_NEOX ? "neox" : "norm", hp->n_rot, hp->rope_freq_base, hp->rms_eps,
+           w0[TN_ROLE_ATTN_Q_B].data ? " | qkv bias" : "", w0[TN_ROLE_ATTN_Q_NORM].data ? " | q/k norm" : "",
+           m->output.data == m->tok_embd.data ? " | tied output" : "", hp->family->ffn == TN_FFN_GEGLU ? "geglu" : "swiglu");
     tern_model_free(m);
     return 0;
 }

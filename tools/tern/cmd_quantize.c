@@ -365,15 +365,13 @@ fail:
 
 /* Points every view of weight `name` at (type, data); returns how many views it changed. */
 static int swap_views(tern_model *m, const char *name, uint32_t type, const void *data, size_t nbytes, tn_tensor *saved) {
-    tn_tensor *v[3 + 7 * 512];
+    tn_tensor *v[2 + TN_ROLE_N_LAYER * 512];
     int nv = 0, k = 0;
     v[nv++] = &m->tok_embd;
     v[nv++] = &m->output;
-    for (int32_t il = 0; il < m->hp.n_layer && il < 512; il++) {
-        tn_layer *L = &m->layers[il];
-        v[nv++] = &L->wq, v[nv++] = &L->wk, v[nv++] = &L->wv, v[nv++] = &L->wo;
-        v[nv++] = &L->w_gate, v[nv++] = &L->w_up, v[nv++] = &L->w_down;
-    }
+    for (int32_t il = 0; il < m->hp.n_layer && il < 512; il++)
+        for (int r = 0; r < TN_ROLE_N_LAYER; r++)
+            if (tn_roles[r].matrix) v[nv++] = &m->layers[il].w[r];
     for (int i = 0; i < nv; i++)
         if (v[i]->name && !strcmp(v[i]->name, name)) {
             if (saved && k == 0) *saved = *v[i];

@@ -1,7 +1,8 @@
 /*
- * cmd_synth.c — `tern synth`: writes a synthetic Llama GGUF with random weights and realistic
- * shapes (e.g. a 1B-class model), in any type tern can quantize to, so benchmarks need no
- * downloads. The vocabulary is SentencePiece-style: <unk> <s> </s>, 256 byte tokens, then
+ * cmd_synth.c — `tern synth`: writes a synthetic GGUF of any registered family (--arch; its
+ * tensor set, shapes and metadata keys from the registry, model/arch/) with random weights and
+ * realistic shapes (e.g. a 1B-class model), in any type tern can quantize to, so benchmarks need
+ * no downloads. The vocabulary is SentencePiece-style: <unk> <s> </s>, 256 byte tokens, then
  * filler pieces. Weights ~ N(0, 0.02) (norms = 1), deterministic from --seed.
  */
 #include <math.h>
@@ -11,19 +12,24 @@
 
 #include "cli.h"
 #include "fmt/gguf.h"
+#include "model/model.h"
 #include "quant/quant.h"
 #include "tensor/dtype.h"
 
 typedef struct {
-    const char *name;
-    int64_t n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx;
+    const char *name, *arch; /* arch NULL: any family without a row of its own */
+    int64_t n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx, head_dim; /* head_dim 0: n_embd / n_head */
 } synth_preset;
 
 static const synth_preset presets[] = {
-    {"1b", 2048, 16, 32, 8, 8192, 32000, 2048},   /* Llama-3.2-1B-like shapes, Llama-2 vocab */
-    {"tinyllama", 2048, 22, 32, 4, 5632, 32000, 2048},
-    {"small", 512, 8, 8, 4, 1536, 4096, 1024},
-    {"tiny", 64, 2, 4, 2, 256, 512, 128},
+    /* qwen3: head_dim 128 as in every Qwen3 (and != n_embd / n_head below 1b, as in Qwen3-0.6B) */
+    {"1b", "qwen3", 2048, 16, 16, 8, 8192, 32000, 2048, 128},
+    {"small", "qwen3", 512, 8, 8, 4, 1536, 4096, 1024, 128},
+    {"tiny", "qwen3", 64, 2, 4, 2, 256, 512, 128, 32},
+    {"1b", NULL, 2048, 16, 32, 8, 8192, 32000, 2048, 0},   /* Llama-3.2-1B-like shapes, Llama-2 vocab */
+    {"tinyllama", NULL, 2048, 22, 32, 4, 5632, 32000, 2048, 0},
+    {"small", NULL, 512, 8, 8, 4, 1536, 4096, 1024, 0},
+    {"tiny", NULL, 64, 2, 4, 2, 256, 512, 128, 0},
 };
 
 typedef struct {
@@ -69,24 +75,34 @@ static tern_status synth_fill(void *user, size_t idx, void *dst, size_t nbytes) 
 }
 
 int cmd_synth(int argc, char **argv) {
-    const char *out = NULL, *preset = "1b", *type_name = "f16";
+    const char *out = NULL, *preset = "1b", *type_name = "f16", *arch = "llama";
     int64_t seed = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: tern synth -o out.gguf [--preset 1b|tinyllama|small|tiny] [--type f32|f16|bf16|q8_0|q4_0|...] [--seed N]\n");
+            char names[256];
+            tn_arch_names(names, sizeof names);
+            printf("usage: tern synth -o out.gguf [--arch NAME] [--preset 1b|tinyllama|small|tiny] [--type f32|f16|bf16|q8_0|q4_0|...] [--seed N]\n"
+                   "  --arch NAME   model family (default llama): %s\n", names);
             return 0;
         } else if (!strcmp(a, "-o") && val) out = argv[++i];
         else if (!strcmp(a, "--preset") && val) preset = argv[++i];
+        else if (!strcmp(a, "--arch") && val) arch = argv[++i];
         else if (!strcmp(a, "--type") && val) type_name = argv[++i];
         else if (!strcmp(a, "--seed") && val) {
             if (!tn_cli_parse_i64(argv[++i], 0, INT64_MAX, &seed)) return tn_cli_usage_error("--seed: not a number");
         } else return tn_cli_usage_error("unknown option or missing value '%s'", a);
     }
     if (!out) return tn_cli_usage_error("synth needs -o out.gguf");
+    const tn_arch_desc *ad = tn_arch_find(arch, strlen(arch));
+    if (!ad) {
+        char names[256];
+        tn_arch_names(names, sizeof names);
+        return tn_cli_usage_error("unknown --arch '%s' (%s)", arch, names);
+    }
     const synth_preset *P = NULL;
-    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
-        if (!strcmp(presets[i].name, preset)) P = &presets[i];
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0] && !P; i++)
+        if (!strcmp(presets[i].name, preset) && (!presets[i].arch || !strcmp(presets[i].arch, ad->name))) P = &presets[i];
     if (!P) return tn_cli_usage_error("unknown preset '%s' (1b, tinyllama, small, tiny)", preset);
     tn_dtype wt;
     if (!tn_dtype_from_name(type_name, &wt) || !tn_dtype_get(wt)->supported)
@@ -95,20 +111,32 @@ int cmd_synth(int argc, char **argv) {
     tn_gguf_writer *w = NULL;
     tern_status s = tn_gguf_writer_create(&w);
     if (s) return tn_cli_fail(s, "synth");
-    const int64_t hd = P->n_embd / P->n_head, kv = hd * P->n_head_kv;
-    tn_gguf_set_str(w, "general.architecture", "llama");
-    char name[64];
+    /* the hyperparameters the registry's shapes are functions of */
+    tn_hparams hp;
+    memset(&hp, 0, sizeof hp);
+    hp.arch = ad->id, hp.family = ad;
+    hp.n_embd = (int32_t)P->n_embd, hp.n_layer = (int32_t)P->n_layer, hp.n_head = (int32_t)P->n_head;
+    hp.n_head_kv = (int32_t)P->n_head_kv, hp.n_ff = (int32_t)P->n_ff, hp.n_vocab = (int32_t)P->n_vocab;
+    hp.head_dim = (int32_t)(P->head_dim ? P->head_dim : P->n_embd / P->n_head), hp.n_rot = hp.head_dim;
+    tn_gguf_set_str(w, "general.architecture", ad->name);
+    char name[64], key[128];
     snprintf(name, sizeof name, "tern-synth-%s", P->name);
     tn_gguf_set_str(w, "general.name", name);
-    tn_gguf_set_u32(w, "llama.context_length", (uint32_t)P->n_ctx);
-    tn_gguf_set_u32(w, "llama.embedding_length", (uint32_t)P->n_embd);
-    tn_gguf_set_u32(w, "llama.block_count", (uint32_t)P->n_layer);
-    tn_gguf_set_u32(w, "llama.feed_forward_length", (uint32_t)P->n_ff);
-    tn_gguf_set_u32(w, "llama.attention.head_count", (uint32_t)P->n_head);
-    tn_gguf_set_u32(w, "llama.attention.head_count_kv", (uint32_t)P->n_head_kv);
-    tn_gguf_set_u32(w, "llama.rope.dimension_count", (uint32_t)hd);
-    tn_gguf_set_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
-    tn_gguf_set_f32(w, "llama.rope.freq_base", 10000.0f);
+#define KEY(sfx) (snprintf(key, sizeof key, "%s." sfx, ad->name), key)
+    tn_gguf_set_u32(w, KEY("context_length"), (uint32_t)P->n_ctx);
+    tn_gguf_set_u32(w, KEY("embedding_length"), (uint32_t)P->n_embd);
+    tn_gguf_set_u32(w, KEY("block_count"), (uint32_t)P->n_layer);
+    tn_gguf_set_u32(w, KEY("feed_forward_length"), (uint32_t)P->n_ff);
+    tn_gguf_set_u32(w, KEY("attention.head_count"), (uint32_t)P->n_head);
+    tn_gguf_set_u32(w, KEY("attention.head_count_kv"), (uint32_t)P->n_head_kv);
+    if (ad->head_dim_keys || hp.head_dim * hp.n_head != hp.n_embd) {
+        tn_gguf_set_u32(w, KEY("attention.key_length"), (uint32_t)hp.head_dim);
+        tn_gguf_set_u32(w, KEY("attention.value_length"), (uint32_t)hp.head_dim);
+    }
+    if (ad->rope_dim_key) tn_gguf_set_u32(w, KEY("rope.dimension_count"), (uint32_t)hp.n_rot);
+    tn_gguf_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), ad->rms_eps);
+    tn_gguf_set_f32(w, KEY("rope.freq_base"), ad->rope_base);
+#undef KEY
     tn_gguf_set_u32(w, "general.file_type", wt == TN_F32 ? 0 : wt == TN_F16 ? 1 : wt == TN_Q8_0 ? 7 : wt == TN_Q4_0 ? 2 : 1024);
     tn_gguf_set_u32(w, "general.quantization_version", 2);
     /* vocabulary */
@@ -117,12 +145,12 @@ int cmd_synth(int argc, char **argv) {
     float *scores = calloc((size_t)nv, sizeof *scores);
     int32_t *ttype = calloc((size_t)nv, sizeof *ttype);
     synth_ctx sc = {(uint64_t)seed, wt, NULL, NULL, NULL, NULL, NULL, 0};
-    size_t nt = (size_t)(3 + 9 * P->n_layer);
+    size_t nt = (size_t)(3 + TN_ROLE_N_LAYER * P->n_layer);
     sc.names = calloc(nt, sizeof *sc.names);
     sc.ne0 = calloc(nt, sizeof *sc.ne0);
     sc.ne1 = calloc(nt, sizeof *sc.ne1);
     sc.types = calloc(nt, sizeof *sc.types);
-    sc.row = malloc((size_t)(P->n_ff > P->n_embd ? P->n_ff : P->n_embd) * sizeof(float) + 64);
+    sc.row = malloc((size_t)TN_MAX(TN_MAX(P->n_ff, P->n_embd), (int64_t)hp.n_head * hp.head_dim) * sizeof(float) + 64);
     if (!toks || !scores || !ttype || !sc.names || !sc.ne0 || !sc.ne1 || !sc.types || !sc.row) {
         s = TERN_ERR_NOMEM;
         fprintf(stderr, "tern: error: out of memory\n");
@@ -148,36 +176,28 @@ int cmd_synth(int argc, char **argv) {
     tn_gguf_set_u32(w, "tokenizer.ggml.bos_token_id", 1);
     tn_gguf_set_u32(w, "tokenizer.ggml.eos_token_id", 2);
     tn_gguf_set_u32(w, "tokenizer.ggml.unknown_token_id", 0);
-    /* tensors, in llama.cpp's order */
+    /* tensors: the family's required roles (registry order: the order of llama.cpp's files) */
     size_t k = 0;
-#define ADD(nm, a, b, ty)                                                                  \
-    do {                                                                                   \
-        sc.names[k] = strdup(nm);                                                          \
-        sc.ne0[k] = (a);                                                                   \
-        sc.ne1[k] = (b);                                                                   \
-        sc.types[k] = (ty);                                                                \
-        int64_t ne_[2] = {(a), (b)};                                                       \
-        if ((s = tn_gguf_add_tensor(w, nm, (ty), (b) == 1 ? 1 : 2, ne_, NULL))) goto fail; \
-        k++;                                                                               \
-    } while (0)
-    ADD("token_embd.weight", P->n_embd, nv, wt);
-    for (int64_t l = 0; l < P->n_layer; l++) {
-        char n[64];
-#define L(sfx, a, b, ty) snprintf(n, sizeof n, "blk.%lld." sfx, (long long)l); ADD(n, a, b, ty)
-        L("attn_norm.weight", P->n_embd, 1, TN_F32);
-        L("attn_q.weight", P->n_embd, P->n_embd, wt);
-        L("attn_k.weight", P->n_embd, kv, wt);
-        L("attn_v.weight", P->n_embd, kv, wt);
-        L("attn_output.weight", P->n_embd, P->n_embd, wt);
-        L("ffn_norm.weight", P->n_embd, 1, TN_F32);
-        L("ffn_gate.weight", P->n_embd, P->n_ff, wt);
-        L("ffn_up.weight", P->n_embd, P->n_ff, wt);
-        L("ffn_down.weight", P->n_ff, P->n_embd, wt);
-#undef L
+    const tn_role globals[3] = {TN_ROLE_TOKEN_EMBD, TN_ROLE_OUTPUT_NORM, TN_ROLE_OUTPUT};
+    for (int64_t l = -1; l <= P->n_layer; l++) {
+        const int r0 = l < 0 ? 0 : l < P->n_layer ? 0 : 1, r1 = l < 0 ? 1 : l < P->n_layer ? TN_ROLE_N_LAYER : 3;
+        for (int j = r0; j < r1; j++) {
+            const tn_role r = l >= 0 && l < P->n_layer ? (tn_role)j : globals[j];
+            if (l >= 0 && l < P->n_layer && ad->need[r] != TN_NEED_REQ) continue;
+            char n[96];
+            tn_role_tensor_name(r, (int32_t)l, n, sizeof n);
+            const tn_role_info *ri = &tn_roles[r];
+            sc.names[k] = strdup(n);
+            sc.ne0[k] = tn_dim_value(&hp, ri->ne0);
+            sc.ne1[k] = tn_dim_value(&hp, ri->ne1);
+            sc.types[k] = ri->matrix ? wt : TN_F32;
+            const int64_t ne[2] = {sc.ne0[k], sc.ne1[k]};
+            if (!sc.names[k]) s = TERN_ERR_NOMEM;
+            else s = tn_gguf_add_tensor(w, n, sc.types[k], ri->ne1 == TN_DIM_1 ? 1 : 2, ne, NULL);
+            if (s) goto fail;
+            k++;
+        }
     }
-    ADD("output_norm.weight", P->n_embd, 1, TN_F32);
-    ADD("output.weight", P->n_embd, nv, wt);
-#undef ADD
     sc.n = k;
     fprintf(stderr, "tern: writing %s (%s, %s, %zu tensors)...\n", out, P->name, tn_dtype_name(wt), k);
     if ((s = tn_gguf_write(w, out, synth_fill, &sc))) goto fail;

@@ -1,0 +1,95 @@
+/*
+ * arch.c — the registry: the tensor role table (names as llama.cpp's llama-arch.cpp spells them)
+ * and the list of families. See arch.h.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model.h"
+
+const tn_role_info tn_roles[TN_ROLE_COUNT] = {
+    [TN_ROLE_ATTN_NORM] = {"attn_norm.weight", TN_DIM_EMBD, TN_DIM_1, false},
+    [TN_ROLE_ATTN_Q] = {"attn_q.weight", TN_DIM_EMBD, TN_DIM_Q, true},
+    [TN_ROLE_ATTN_K] = {"attn_k.weight", TN_DIM_EMBD, TN_DIM_KV, true},
+    [TN_ROLE_ATTN_V] = {"attn_v.weight", TN_DIM_EMBD, TN_DIM_KV, true},
+    [TN_ROLE_ATTN_OUT] = {"attn_output.weight", TN_DIM_Q, TN_DIM_EMBD, true},
+    [TN_ROLE_ATTN_Q_B] = {"attn_q.bias", TN_DIM_Q, TN_DIM_1, false},
+    [TN_ROLE_ATTN_K_B] = {"attn_k.bias", TN_DIM_KV, TN_DIM_1, false},
+    [TN_ROLE_ATTN_V_B] = {"attn_v.bias", TN_DIM_KV, TN_DIM_1, false},
+    [TN_ROLE_ATTN_Q_NORM] = {"attn_q_norm.weight", TN_DIM_HEAD, TN_DIM_1, false},
+    [TN_ROLE_ATTN_K_NORM] = {"attn_k_norm.weight", TN_DIM_HEAD, TN_DIM_1, false},
+    [TN_ROLE_ATTN_POST_NORM] = {"post_attention_norm.weight", TN_DIM_EMBD, TN_DIM_1, false},
+    [TN_ROLE_FFN_NORM] = {"ffn_norm.weight", TN_DIM_EMBD, TN_DIM_1, false},
+    [TN_ROLE_FFN_GATE] = {"ffn_gate.weight", TN_DIM_EMBD, TN_DIM_FF, true},
+    [TN_ROLE_FFN_UP] = {"ffn_up.weight", TN_DIM_EMBD, TN_DIM_FF, true},
+    [TN_ROLE_FFN_DOWN] = {"ffn_down.weight", TN_DIM_FF, TN_DIM_EMBD, true},
+    [TN_ROLE_FFN_POST_NORM] = {"post_ffw_norm.weight", TN_DIM_EMBD, TN_DIM_1, false},
+    [TN_ROLE_TOKEN_EMBD] = {"token_embd.weight", TN_DIM_EMBD, TN_DIM_VOCAB, true},
+    [TN_ROLE_OUTPUT_NORM] = {"output_norm.weight", TN_DIM_EMBD, TN_DIM_1, false},
+    [TN_ROLE_OUTPUT] = {"output.weight", TN_DIM_EMBD, TN_DIM_VOCAB, true},
+    [TN_ROLE_ROPE_FREQS] = {"rope_freqs.weight", TN_DIM_ROT_HALF, TN_DIM_1, false},
+};
+
+extern const tn_arch_desc tn_arch_llama, tn_arch_qwen2, tn_arch_qwen3;
+
+static const tn_arch_desc *const tn_all_archs[] = {&tn_arch_llama, &tn_arch_qwen2, &tn_arch_qwen3};
+
+size_t tn_arch_count(void) { return TN_ARRAY_LEN(tn_all_archs); }
+const tn_arch_desc *tn_arch_at(size_t i) { return i < TN_ARRAY_LEN(tn_all_archs) ? tn_all_archs[i] : NULL; }
+
+const tn_arch_desc *tn_arch_find(const char *name, size_t len) {
+    for (size_t i = 0; i < TN_ARRAY_LEN(tn_all_archs); i++)
+        if (strlen(tn_all_archs[i]->name) == len && !memcmp(tn_all_archs[i]->name, name, len)) return tn_all_archs[i];
+    return NULL;
+}
+
+void tn_arch_names(char *buf, size_t cap) {
+    size_t n = 0;
+    if (cap) buf[0] = 0;
+    for (size_t i = 0; i < TN_ARRAY_LEN(tn_all_archs) && n < cap; i++) {
+        int k = snprintf(buf + n, cap - n, "%s%s", i ? ", " : "", tn_all_archs[i]->name);
+        if (k < 0) break;
+        n += (size_t)k;
+    }
+}
+
+int64_t tn_dim_value(const tn_hparams *hp, tn_dim d) {
+    switch (d) {
+    case TN_DIM_1: return 1;
+    case TN_DIM_EMBD: return hp->n_embd;
+    case TN_DIM_Q: return (int64_t)hp->n_head * hp->head_dim;
+    case TN_DIM_KV: return (int64_t)hp->n_head_kv * hp->head_dim;
+    case TN_DIM_HEAD: return hp->head_dim;
+    case TN_DIM_FF: return hp->n_ff;
+    case TN_DIM_VOCAB: return hp->n_vocab;
+    case TN_DIM_ROT_HALF: return hp->n_rot / 2;
+    }
+    return 0;
+}
+
+void tn_role_tensor_name(tn_role r, int32_t il, char *buf, size_t cap) {
+    if (r < TN_ROLE_N_LAYER) snprintf(buf, cap, "blk.%d.%s", (int)il, tn_roles[r].name);
+    else snprintf(buf, cap, "%s", tn_roles[r].name);
+}
+
+bool tn_role_parse(const char *name, int32_t *layer, tn_role *role) {
+    const char *suffix = name;
+    *layer = -1;
+    if (!strncmp(name, "blk.", 4)) {
+        const char *p = name + 4;
+        long v = 0;
+        int digits = 0;
+        while (*p >= '0' && *p <= '9' && digits < 9) v = v * 10 + (*p++ - '0'), digits++;
+        if (!digits || *p != '.' || (digits > 1 && name[4] == '0')) return false;
+        *layer = (int32_t)v;
+        suffix = p + 1;
+    }
+    const int lo = *layer >= 0 ? 0 : TN_ROLE_N_LAYER, hi = *layer >= 0 ? TN_ROLE_N_LAYER : TN_ROLE_COUNT;
+    for (int r = lo; r < hi; r++)
+        if (!strcmp(suffix, tn_roles[r].name)) {
+            *role = (tn_role)r;
+            return true;
+        }
+    return false;
+}

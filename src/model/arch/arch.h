@@ -1,0 +1,101 @@
+/*
+ * arch.h — the architecture registry: one table of tensor roles (llama.cpp's tensor names and
+ * their shapes as functions of the hyperparameters) and one descriptor per model family
+ * (src/model/arch/<family>.c: its GGUF architecture name, which roles it has, its block recipe and
+ * its own hyperparameter keys). The loader, tern info, tern synth, the repacker, the context
+ * planner, the trainer and the test reference all read it; nothing here computes.
+ *
+ * Adding a family: a new <family>.c defining a tn_arch_desc, one line in arch.c's list, tests.
+ * Shapes follow GGUF/ggml orientation: ne0 is the row length (a matrix [k, m] has m rows of k).
+ */
+#ifndef TN_MODEL_ARCH_ARCH_H
+#define TN_MODEL_ARCH_ARCH_H
+
+#include "fmt/gguf.h"
+
+struct tn_hparams;
+
+typedef enum tn_arch { TN_ARCH_LLAMA = 0, TN_ARCH_QWEN2, TN_ARCH_QWEN3 } tn_arch;
+typedef enum tn_rope_mode { TN_ROPE_NORM = 0, TN_ROPE_NEOX } tn_rope_mode;
+typedef enum tn_ffn_kind { TN_FFN_SWIGLU = 0, TN_FFN_GEGLU } tn_ffn_kind;
+
+/* Tensor roles. Per-layer roles come first ("blk.%d." + name); the model-wide ones after. */
+typedef enum tn_role {
+    TN_ROLE_ATTN_NORM = 0,
+    TN_ROLE_ATTN_Q,
+    TN_ROLE_ATTN_K,
+    TN_ROLE_ATTN_V,
+    TN_ROLE_ATTN_OUT,
+    TN_ROLE_ATTN_Q_B,
+    TN_ROLE_ATTN_K_B,
+    TN_ROLE_ATTN_V_B,
+    TN_ROLE_ATTN_Q_NORM,
+    TN_ROLE_ATTN_K_NORM,
+    TN_ROLE_ATTN_POST_NORM,
+    TN_ROLE_FFN_NORM,
+    TN_ROLE_FFN_GATE,
+    TN_ROLE_FFN_UP,
+    TN_ROLE_FFN_DOWN,
+    TN_ROLE_FFN_POST_NORM,
+    TN_ROLE_N_LAYER, /* number of per-layer roles */
+    TN_ROLE_TOKEN_EMBD = TN_ROLE_N_LAYER,
+    TN_ROLE_OUTPUT_NORM,
+    TN_ROLE_OUTPUT,
+    TN_ROLE_ROPE_FREQS,
+    TN_ROLE_COUNT
+} tn_role;
+
+/* A dimension of a role's shape, resolved by tn_dim_value from the hyperparameters. */
+typedef enum tn_dim {
+    TN_DIM_1 = 0,    /* 1 (the ne1 of a vector)                        */
+    TN_DIM_EMBD,     /* n_embd                                         */
+    TN_DIM_Q,        /* n_head * head_dim: query and attention rows    */
+    TN_DIM_KV,       /* n_head_kv * head_dim                           */
+    TN_DIM_HEAD,     /* head_dim (per-head q/k norms)                  */
+    TN_DIM_FF,       /* n_ff                                           */
+    TN_DIM_VOCAB,    /* n_vocab                                        */
+    TN_DIM_ROT_HALF, /* n_rot / 2 (RoPE frequency factors)             */
+} tn_dim;
+
+typedef struct tn_role_info {
+    const char *name; /* llama.cpp's name ("attn_q.weight"; per-layer roles get "blk.%d." first) */
+    tn_dim ne0, ne1;
+    bool matrix;      /* a weight the matmuls read (any type with a matrix kernel); else an f32 vector */
+} tn_role_info;
+
+extern const tn_role_info tn_roles[TN_ROLE_COUNT];
+
+typedef enum tn_need { TN_NEED_NO = 0, TN_NEED_OPT, TN_NEED_REQ } tn_need;
+
+/* A model family. Tensor-driven steps of the block (biases, q/k norms, post norms) run when the
+ * layer has the tensor; the loader makes the file's tensors match need[] exactly. */
+typedef struct tn_arch_desc {
+    const char *name;           /* general.architecture                                        */
+    tn_arch id;
+    tn_rope_mode rope;          /* llama: adjacent pairs (GGUF permutes q/k rows); neox: halves */
+    tn_ffn_kind ffn;
+    float rms_eps;              /* default of <arch>.attention.layer_norm_rms_epsilon          */
+    float rope_base;            /* default of <arch>.rope.freq_base                            */
+    bool head_dim_keys;         /* its converter writes attention.key_length / value_length     */
+    bool rope_dim_key;          /* its converter writes rope.dimension_count                    */
+    uint8_t need[TN_ROLE_COUNT];/* tn_need of every role                                        */
+    /* The family's own keys and checks, after the common ones (NULL: none). Errors name the key. */
+    tern_status (*load_hparams)(const tn_gguf *g, struct tn_hparams *hp);
+} tn_arch_desc;
+
+/* The family with GGUF architecture name (name, len), or NULL. */
+const tn_arch_desc *tn_arch_find(const char *name, size_t len);
+/* Every registered family, i < tn_arch_count(). */
+size_t tn_arch_count(void);
+const tn_arch_desc *tn_arch_at(size_t i);
+/* "llama, qwen2, ..." into buf (for error messages). */
+void tn_arch_names(char *buf, size_t cap);
+/* The value of dimension d for hyperparameters hp. */
+int64_t tn_dim_value(const struct tn_hparams *hp, tn_dim d);
+/* The file name of role r (layer il for per-layer roles) into buf. */
+void tn_role_tensor_name(tn_role r, int32_t il, char *buf, size_t cap);
+/* Splits a file tensor name into (layer, role): layer -1 for model-wide roles. False if the name
+ * is no role's (or its layer number is malformed). */
+bool tn_role_parse(const char *name, int32_t *layer, tn_role *role);
+
+#endif

@@ -1,0 +1,32 @@
+/*
+ * qwen2.c — the "qwen2" family (Qwen2, Qwen2.5): the llama block with q/k/v biases and RoPE on
+ * halves ("neox": HF's rotate_half, rows not permuted). Tied output in the small models.
+ */
+#include "model/arch/arch.h"
+
+const tn_arch_desc tn_arch_qwen2 = {
+    .name = "qwen2",
+    .id = TN_ARCH_QWEN2,
+    .rope = TN_ROPE_NEOX,
+    .ffn = TN_FFN_SWIGLU,
+    .rms_eps = 1e-5f,
+    .rope_base = 10000.0f,
+    .need =
+        {
+            [TN_ROLE_ATTN_NORM] = TN_NEED_REQ,
+            [TN_ROLE_ATTN_Q] = TN_NEED_REQ,
+            [TN_ROLE_ATTN_K] = TN_NEED_REQ,
+            [TN_ROLE_ATTN_V] = TN_NEED_REQ,
+            [TN_ROLE_ATTN_OUT] = TN_NEED_REQ,
+            [TN_ROLE_ATTN_Q_B] = TN_NEED_REQ,
+            [TN_ROLE_ATTN_K_B] = TN_NEED_REQ,
+            [TN_ROLE_ATTN_V_B] = TN_NEED_REQ,
+            [TN_ROLE_FFN_NORM] = TN_NEED_REQ,
+            [TN_ROLE_FFN_GATE] = TN_NEED_REQ,
+            [TN_ROLE_FFN_UP] = TN_NEED_REQ,
+            [TN_ROLE_FFN_DOWN] = TN_NEED_REQ,
+            [TN_ROLE_TOKEN_EMBD] = TN_NEED_REQ,
+            [TN_ROLE_OUTPUT_NORM] = TN_NEED_REQ,
+            [TN_ROLE_OUTPUT] = TN_NEED_OPT,
+        },
+};
