@@ -20,6 +20,18 @@ expect 64 "no command" -- "$TERN"
 expect 64 "unknown command" -- "$TERN" frobnicate
 expect 0 "info without a file" -- "$TERN" info
 grep -q "isa:" "$TMP/out" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL: tern info prints no isa line"; }
+# --device: an unknown device is a usage error; without a GPU (tern info says why on its cuda
+# line) --device cuda fails at the context with an error naming cuda (65), for every command
+expect 64 "unknown --device" -- "$TERN" generate -m "$MODEL" -p hi -n 1 --device tpu
+expect_err "tpu" "unknown --device names it"
+expect 64 "-ngl without a number" -- "$TERN" bench -m "$MODEL" --device cuda -ngl many
+if "$TERN" info | grep -q "^cuda: "; then
+  for cmd in "generate -p hi -n 1" "bench -p 8 -n 2 -r 1 --no-roofline" "perplexity -f $MODEL -c 16 --chunks 1"; do
+    # shellcheck disable=SC2086
+    expect 65 "$cmd --device cuda without a GPU" -- "$TERN" ${cmd%% *} -m "$MODEL" ${cmd#* } --device cuda
+    expect_err "cuda: no usable device" "$cmd --device cuda says why"
+  done
+fi
 expect 66 "missing model" -- "$TERN" generate -m "$TMP/missing.gguf" -p hi -n 1
 expect_err "missing.gguf" "missing model names the path"
 expect 66 "directory as model" -- "$TERN" generate -m "$TMP" -p hi -n 1

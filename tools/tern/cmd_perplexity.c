@@ -38,13 +38,16 @@ static void usage(void) {
            "  -t, --threads N           threads (default: all cores)\n"
            "  --chunks N                score at most N chunks (default: all)\n"
            "  --kl-divergence-base F    save the scored logits (f16) to F for later comparisons\n"
-           "  --kl-divergence           compare against the logits in --kl-divergence-base F\n");
+           "  --kl-divergence           compare against the logits in --kl-divergence-base F\n"
+           "  --device cpu|cuda         run on the CPU (default) or an NVIDIA GPU; -ngl N: layers on the GPU\n");
 }
 
 int cmd_perplexity(int argc, char **argv) {
     const char *model_path = NULL, *text_path = NULL, *kld_path = NULL;
     int64_t n_ctx = 512, threads = 0, max_chunks = -1;
     bool kld_mode = false;
+    int32_t device = TERN_DEVICE_CPU, ngl = -1;
+    int dv;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const bool more = i + 1 < argc;
@@ -65,6 +68,8 @@ int cmd_perplexity(int argc, char **argv) {
             kld_path = argv[++i];
         } else if (!strcmp(a, "--kl-divergence")) {
             kld_mode = true;
+        } else if ((dv = tn_cli_device_flag(argc, argv, &i, &device, &ngl)) != 0) {
+            if (dv < 0) return TN_EXIT_USAGE;
         } else {
             return tn_cli_usage_error("unknown argument '%s' (see tern perplexity --help)", a);
         }
@@ -90,6 +95,7 @@ int cmd_perplexity(int argc, char **argv) {
     float *base = NULL;
     tern_model_params mp;
     tern_model_params_init(&mp);
+    mp.repack = device == TERN_DEVICE_CPU; /* the GPU reads the file's layouts */
     tern_status s = tern_model_load(model_path, &mp, &m);
     if (s) return tn_cli_fail(s, "loading the model");
     const int n_vocab = tern_model_n_vocab(m);
@@ -152,10 +158,10 @@ int cmd_perplexity(int argc, char **argv) {
         size_t len = 0;
         s = tn_cli_read_file(text_path, &text, &len);
         if (s) { rc = tn_cli_fail(s, "reading the text"); goto out; }
-        int32_t cap = (int32_t)(len + 16), n = 0;
-        toks = malloc(sizeof *toks * (size_t)cap);
-        if (!toks) { rc = TN_EXIT_OSERR; goto out; }
-        s = tern_tokenize(m, text, len, true, false, toks, cap, &n);
+        /* (tn_cli_tokenize grows the buffer when byte fallback needs more tokens than bytes: a
+         * binary text used to stop here with an internal error, exit 70) */
+        int32_t n = 0;
+        s = tn_cli_tokenize(m, text, len, true, false, &toks, &n);
         if (s) { rc = tn_cli_fail(s, "tokenizing"); goto out; }
         n_tok = n;
     }
@@ -175,6 +181,8 @@ int cmd_perplexity(int argc, char **argv) {
     cp.n_ctx = (int32_t)n_ctx;
     cp.n_batch = (int32_t)n_ctx;
     cp.logits_all = true;
+    cp.device = device;
+    cp.n_gpu_layers = ngl;
     if (threads > 0) cp.n_threads = (int32_t)threads;
     s = tern_ctx_create(m, &cp, &c);
     if (s) { rc = tn_cli_fail(s, "creating the context"); goto out; }
