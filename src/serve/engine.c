@@ -795,6 +795,15 @@ static void step(tn_engine *e) {
     for (int i = 0; i < e->np; i++) e->tables[i] = e->seqs[i].table;
     tn_batch b = {n, e->b_tok, e->b_seq, e->b_pos, e->b_logits};
     tn_forward_batch(e->ctx, &b, e->tables);
+    if (e->ctx->dev_status) { /* the GPU failed the pass: its sequences end with a 500, nothing is sampled */
+        e->ctx->dev_status = TERN_OK;
+        char msg[256];
+        snprintf(msg, sizeof msg, "forward pass failed on the device: %s", tern_last_error());
+        if (!e->cfg.quiet) fprintf(stderr, "tern serve: %s\n", msg);
+        for (int i = 0; i < e->np; i++)
+            if (e->seqs[i].active && e->seqs[i].chunk) seq_finish(e, &e->seqs[i], NULL, 500, msg);
+        return;
+    }
     double now = tn_srv_now();
     lock_met(e);
     e->met->steps++;
