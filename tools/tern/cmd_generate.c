@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "model/spec.h"
 
 static volatile sig_atomic_t tn_interrupted;
 static void on_sigint(int sig) {
@@ -35,6 +36,10 @@ static void gen_usage(FILE *f) {
             "      --ignore-eos        keep generating past end-of-generation tokens\n"
             "      --no-mmap           read the model into memory instead of mapping it\n"
             "      --device cpu|cuda   run on the CPU (default) or an NVIDIA GPU (builds with the CUDA backend)\n"
+            "      --spec ngram        speculative decoding with drafts from n-grams of the prompt and the text so far\n"
+            "      --draft FILE        speculative decoding with a small draft model of the same vocabulary (both: n-grams first)\n"
+            "      --draft-max N       at most N drafted tokens per step (default 8, 1..32); --draft-min N: fewer are not tried (default 1)\n"
+            "      --spec-ngram N      longest n-gram matched (default 3)\n"
             "  -ngl, --n-gpu-layers N  with --device cuda: the first N layers on the GPU, the rest on the CPU (-1: all)\n"
             "      --no-repack         keep q4_0/q8_0/tq4/tq1 weights in the file layout (no interleaved copy)\n"
             "      --no-display-prompt do not echo the prompt\n");
@@ -59,12 +64,66 @@ static void flush_utf8(char *buf, int *len, bool all) {
     *len = n - cut;
 }
 
+/* Speculative state of a run (--spec ngram, --draft). */
+typedef struct {
+    bool ngram;
+    int32_t kmax, kmin, ngram_n;
+    tn_spec_draft dm; /* dm.c == NULL: no draft model */
+    tern_token *hist;
+    int32_t n_hist;
+    int64_t drafted, accepted, steps;
+} spec_run;
+
+/* Loads the draft model and its context, refusing one whose vocabulary differs from the
+ * target's (a token's text compared one by one). Returns an exit code. */
+static int spec_load_draft(const char *path, const tern_model *target, const tern_ctx_params *cp, tern_model **dm,
+                           tern_ctx **dc) {
+    tern_model_params mp;
+    tern_model_params_init(&mp);
+    tern_status s = tern_model_load(path, &mp, dm);
+    if (s) return tn_cli_fail(s, "loading the draft model");
+    const int32_t nv = tern_model_n_vocab(target);
+    if (tern_model_n_vocab(*dm) != nv) {
+        fprintf(stderr, "tern: error: draft model %s: its vocabulary has %d tokens, the model's %d\n", path,
+                tern_model_n_vocab(*dm), nv);
+        return TN_EXIT_DATAERR;
+    }
+    char a[256], b[256];
+    for (tern_token t = 0; t < nv; t++) {
+        const int32_t la = tern_token_to_piece(target, t, a, sizeof a, true), lb = tern_token_to_piece(*dm, t, b, sizeof b, true);
+        if (la != lb || (la > 0 && memcmp(a, b, (size_t)la) != 0)) {
+            fprintf(stderr, "tern: error: draft model %s: token %d is '%.*s' there and '%.*s' in the model: not the same vocabulary\n",
+                    path, (int)t, lb > 0 ? (int)lb : 0, b, la > 0 ? (int)la : 0, a);
+            return TN_EXIT_DATAERR;
+        }
+    }
+    tern_ctx_params dp = *cp;
+    dp.device = TERN_DEVICE_CPU;
+    if ((s = tern_ctx_create(*dm, &dp, dc))) return tn_cli_fail(s, "creating the draft model's context");
+    return TN_EXIT_OK;
+}
+
+/* The drafts of one step after hist (whose last token is the current one): n-grams first, then
+ * the draft model; fewer than kmin count as none. Returns the number (0: a plain step), -1 on an
+ * error of the draft model. */
+static int32_t spec_draft(spec_run *sr, int32_t kmax, tern_token *draft) {
+    if (kmax < 1) return 0;
+    int32_t k = sr->ngram ? tn_spec_ngram(sr->hist, sr->n_hist, 1, sr->ngram_n, kmax, draft) : 0;
+    if (k >= sr->kmin && k > 0) return k;
+    if (!sr->dm.c) return 0;
+    k = tn_spec_draft_model(&sr->dm, sr->hist, sr->n_hist, kmax, draft);
+    return k < 0 ? -1 : k >= sr->kmin ? k : 0;
+}
+
 int cmd_generate(int argc, char **argv) {
     const char *model_path = NULL, *prompt = NULL, *prompt_file = NULL;
     int64_t n_predict = 128, n_ctx = 0, n_threads = 0, n_batch = 512, seed = -1, v;
     bool ignore_eos = false, use_mmap = true, repack = true, display_prompt = true;
     int32_t device = TERN_DEVICE_CPU, ngl = -1;
     int dv;
+    bool spec_ngram = false;
+    const char *draft_path = NULL;
+    int64_t draft_max = 8, draft_min = 1, spec_n = 3;
     tern_sampler_params sp;
     tern_sampler_params_init(&sp);
     for (int i = 1; i < argc; i++) {
@@ -132,6 +191,22 @@ int cmd_generate(int argc, char **argv) {
             display_prompt = false;
         } else if ((dv = tn_cli_device_flag(argc, argv, &i, &device, &ngl)) != 0) {
             if (dv < 0) return TN_EXIT_USAGE;
+        } else if (!strcmp(a, "--spec")) {
+            NEED_VAL();
+            if (!strcmp(val, "ngram")) spec_ngram = true;
+            else if (strcmp(val, "none")) return tn_cli_usage_error("--spec: '%s' is not ngram or none", val);
+        } else if (!strcmp(a, "--draft") || !strcmp(a, "-md") || !strcmp(a, "--model-draft")) {
+            NEED_VAL();
+            draft_path = val;
+        } else if (!strcmp(a, "--draft-max")) {
+            NEED_VAL();
+            if (!tn_cli_parse_i64(val, 1, 32, &draft_max)) return tn_cli_usage_error("--draft-max: '%s' is not a number in 1..32", val);
+        } else if (!strcmp(a, "--draft-min")) {
+            NEED_VAL();
+            if (!tn_cli_parse_i64(val, 0, 32, &draft_min)) return tn_cli_usage_error("--draft-min: '%s' is not a number in 0..32", val);
+        } else if (!strcmp(a, "--spec-ngram")) {
+            NEED_VAL();
+            if (!tn_cli_parse_i64(val, 1, 64, &spec_n)) return tn_cli_usage_error("--spec-ngram: '%s' is not a number in 1..64", val);
         } else {
             gen_usage(stderr);
             return tn_cli_usage_error("unknown option '%s'", a);
@@ -164,6 +239,9 @@ int cmd_generate(int argc, char **argv) {
     tern_ctx *c = NULL;
     tern_sampler *smp = NULL;
     tern_token *toks = NULL;
+    tern_model *dm = NULL; /* --draft */
+    spec_run sr;
+    memset(&sr, 0, sizeof sr);
     tern_model_params mp;
     tern_model_params_init(&mp);
     mp.use_mmap = use_mmap;
@@ -191,6 +269,15 @@ int cmd_generate(int argc, char **argv) {
     }
     if ((s = tern_sampler_create(m, &sp, &smp))) {
         rc = tn_cli_fail(s, "creating the sampler");
+        goto done;
+    }
+    sr.ngram = spec_ngram;
+    sr.kmax = (int32_t)draft_max;
+    sr.kmin = (int32_t)draft_min;
+    sr.ngram_n = (int32_t)spec_n;
+    if (draft_path && (rc = spec_load_draft(draft_path, m, &cp, &dm, &sr.dm.c)) != TN_EXIT_OK) goto done;
+    if ((spec_ngram || draft_path) && draft_max + 1 > tern_ctx_n_ctx(c)) {
+        rc = tn_cli_usage_error("--draft-max %lld needs a context of more than %lld tokens", (long long)draft_max, (long long)draft_max);
         goto done;
     }
     size_t plen = strlen(prompt);
@@ -237,18 +324,65 @@ int cmd_generate(int argc, char **argv) {
     double t_prompt = tn_cli_now() - t0;
     int64_t n_gen = 0;
     double t1 = tn_cli_now();
-    while ((n_predict < 0 || n_gen < n_predict) && !tn_interrupted) {
-        tern_token t = tern_sampler_sample(smp, tern_get_logits(c, -1));
-        if (!ignore_eos && tern_token_is_eog(m, t)) break;
-        n_gen++;
-        int32_t k = tern_token_to_piece(m, t, out + out_len, (int32_t)sizeof out - out_len, false);
-        if (k > 0) out_len += k;
-        flush_utf8(out, &out_len, false);
-        if (ferror(stdout)) break; /* reader went away (SIGPIPE ignored): stop quietly */
-        if (tern_ctx_n_past(c) >= n_ctx_real) break;
-        if ((s = tern_decode(c, &t, 1))) {
-            rc = tn_cli_fail(s, "decoding");
+    if (!spec_ngram && !draft_path) {
+        while ((n_predict < 0 || n_gen < n_predict) && !tn_interrupted) {
+            tern_token t = tern_sampler_sample(smp, tern_get_logits(c, -1));
+            if (!ignore_eos && tern_token_is_eog(m, t)) break;
+            n_gen++;
+            int32_t k = tern_token_to_piece(m, t, out + out_len, (int32_t)sizeof out - out_len, false);
+            if (k > 0) out_len += k;
+            flush_utf8(out, &out_len, false);
+            if (ferror(stdout)) break; /* reader went away (SIGPIPE ignored): stop quietly */
+            if (tern_ctx_n_past(c) >= n_ctx_real) break;
+            if ((s = tern_decode(c, &t, 1))) {
+                rc = tn_cli_fail(s, "decoding");
+                goto done;
+            }
+        }
+    } else { /* speculative: the same tokens, several per verification pass where the drafts hold */
+        sr.hist = malloc(sizeof *sr.hist * (size_t)n_ctx_real + sizeof *sr.hist);
+        if (!sr.hist) {
+            rc = TN_EXIT_OSERR;
             goto done;
+        }
+        memcpy(sr.hist, toks, sizeof *toks * (size_t)n_prompt);
+        sr.n_hist = n_prompt;
+        tern_token emit[40], draft[40];
+        int32_t n_emit = 1;
+        emit[0] = tern_sampler_sample(smp, tern_get_logits(c, -1));
+        bool stop = false;
+        while (!stop && !tn_interrupted) {
+            for (int32_t j = 0; j < n_emit && !stop; j++) { /* accepted drafts, then the new current token */
+                const tern_token t = emit[j];
+                if ((!ignore_eos && tern_token_is_eog(m, t)) || (n_predict >= 0 && n_gen >= n_predict)) {
+                    stop = true;
+                    break;
+                }
+                n_gen++;
+                sr.hist[sr.n_hist++] = t;
+                int32_t k = tern_token_to_piece(m, t, out + out_len, (int32_t)sizeof out - out_len, false);
+                if (k > 0) out_len += k;
+                flush_utf8(out, &out_len, false);
+                if (ferror(stdout)) stop = true;
+            }
+            if (stop || (n_predict >= 0 && n_gen >= n_predict) || tern_ctx_n_past(c) >= n_ctx_real) break;
+            /* room: the current token and the drafts must fit; no more drafts than tokens still wanted */
+            int32_t kmax = TN_MIN(sr.kmax, n_ctx_real - tern_ctx_n_past(c) - 1);
+            if (n_predict >= 0) kmax = (int32_t)TN_MIN((int64_t)kmax, n_predict - n_gen);
+            const int32_t kd = spec_draft(&sr, kmax, draft);
+            if (kd < 0) {
+                rc = tn_cli_fail(TERN_ERR_INTERNAL, "drafting");
+                goto done;
+            }
+            if ((s = tn_spec_verify(c, smp, sr.hist[sr.n_hist - 1], draft, kd, emit, &n_emit))) {
+                rc = tn_cli_fail(s, "decoding");
+                goto done;
+            }
+            /* emit: the accepted drafts, then the sampler's own next token (printed next round) */
+            if (sr.dm.c) tn_spec_draft_accept(&sr.dm, n_emit - 1);
+            sr.drafted += kd;
+            sr.accepted += n_emit - 1;
+            sr.steps++;
         }
     }
     double t_gen = tn_cli_now() - t1;
@@ -258,8 +392,15 @@ int cmd_generate(int argc, char **argv) {
     fprintf(stderr, "\ntern: load %.0f ms | prompt %d tokens in %.0f ms (%.2f tok/s) | generated %lld tokens in %.0f ms (%.2f tok/s)\n",
             t_load * 1e3, n_prompt, t_prompt * 1e3, n_prompt / (t_prompt > 0 ? t_prompt : 1e-9), (long long)n_gen,
             t_gen * 1e3, n_gen / (t_gen > 0 ? t_gen : 1e-9));
+    if (sr.steps)
+        fprintf(stderr, "tern: speculation: %lld verification passes, %lld drafted, %lld accepted (%.1f%%), %.2f tokens per pass\n",
+                (long long)sr.steps, (long long)sr.drafted, (long long)sr.accepted,
+                sr.drafted ? 100.0 * (double)sr.accepted / (double)sr.drafted : 0.0, (double)n_gen / (double)sr.steps);
     if (tn_interrupted) rc = TN_EXIT_INTERRUPTED;
 done:
+    free(sr.hist);
+    tern_ctx_free(sr.dm.c);
+    tern_model_free(dm);
     free(toks);
     free(file_text);
     tern_sampler_free(smp);

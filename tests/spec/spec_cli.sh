@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# `tern generate --spec ngram` and `--draft` give the text plain generate gives (greedy and sampled
+# with a seed), say how much they drafted and accepted, and refuse bad flags and a draft model of
+# another vocabulary. usage: spec_cli.sh TERN DEFAULT_MODEL TMPDIR
+set -u
+TERN=$1 MODEL=$2 TMP=$3/spec.$$
+mkdir -p "$TMP"
+trap 'rm -rf "$TMP"' EXIT
+pass=0 fail=0
+ok() { pass=$((pass+1)); echo "ok: $1"; }
+bad() { fail=$((fail+1)); echo "FAIL: $1"; }
+P="And God said unto Moses, I AM THAT I AM: and he said, Thus shalt thou say unto the children of Israel, I AM hath sent me unto you. And God said moreover unto Moses, Thus shalt thou say unto the children of Israel"
+gen() { # gen NAME ARGS... : stdout to $TMP/NAME.out, stderr to $TMP/NAME.err
+  local name=$1; shift
+  "$TERN" generate -m "$MODEL" -p "$P" -t 1 "$@" >"$TMP/$name.out" 2>"$TMP/$name.err" || bad "$name: exit $?"
+}
+for mode in greedy sampled; do
+  if [ $mode = greedy ]; then S=(--temp 0 -n 64); else S=(--temp 0.8 --seed 11 -n 64 --ignore-eos); fi
+  gen "$mode-plain" "${S[@]}"
+  gen "$mode-ngram" "${S[@]}" --spec ngram
+  gen "$mode-draft" "${S[@]}" --draft "$MODEL" --draft-max 4
+  gen "$mode-both" "${S[@]}" --spec ngram --draft "$MODEL" --draft-min 2 --spec-ngram 2
+  for v in ngram draft both; do
+    if cmp -s "$TMP/$mode-plain.out" "$TMP/$mode-$v.out"; then ok "$mode --$v: the text of plain generate"
+    else bad "$mode --$v: text differs from plain generate"; diff "$TMP/$mode-plain.out" "$TMP/$mode-$v.out" | head -4; fi
+    grep -q "tern: speculation: .* drafted, .* accepted" "$TMP/$mode-$v.err" && ok "$mode --$v: speculation line" || bad "$mode --$v: no speculation line"
+  done
+done
+# greedy with the model as its own draft: every draft is the target's own choice
+acc=$(sed -n 's/.*drafted, \([0-9]*\) accepted (\([0-9.]*\)%).*/\2/p' "$TMP/greedy-draft.err")
+awk -v a="${acc:-0}" 'BEGIN { exit !(a >= 90) }' && ok "greedy self-draft accepts ${acc}% (>= 90%)" || bad "greedy self-draft accepts only ${acc:-?}%"
+# the n-gram drafts of a repetitive prompt are mostly taken under greedy decoding
+acc=$(sed -n 's/.*drafted, \([0-9]*\) accepted (\([0-9.]*\)%).*/\2/p' "$TMP/greedy-ngram.err")
+awk -v a="${acc:-0}" 'BEGIN { exit !(a >= 30) }' && ok "greedy n-gram acceptance ${acc}% (>= 30%)" || bad "greedy n-gram acceptance ${acc:-?}%"
+# bad input
+expect() { local want=$1 what=$2; shift 2; "$TERN" generate -m "$MODEL" -p hi -n 2 "$@" >/dev/null 2>"$TMP/err"; local got=$?
+  [ "$got" = "$want" ] && ok "$what (exit $got)" || { bad "$what: exit $got, want $want"; head -3 "$TMP/err"; }; }
+expect 64 "--spec with an unknown mode" --spec magic
+expect 64 "--draft-max 0" --spec ngram --draft-max 0
+expect 66 "--draft missing file" --draft "$TMP/none.gguf"
+"$TERN" synth -o "$TMP/other.gguf" --preset tiny --type q8_0 >/dev/null 2>&1
+expect 65 "--draft of another vocabulary" --draft "$TMP/other.gguf"
+grep -q "vocabulary" "$TMP/err" && ok "the vocabulary error says so" || bad "no vocabulary in: $(head -1 "$TMP/err")"
+echo "$pass passed, $fail failed"
+[ "$fail" = 0 ]

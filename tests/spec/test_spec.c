@@ -1,0 +1,171 @@
+/*
+ * test_spec.c — speculative decoding (src/model/spec.c) against decoding one token at a time.
+ *
+ * tn_spec_ngram on crafted histories (longest suffix first, most recent match, never past the
+ * end, none when nothing repeats). tn_spec_verify on a tiny random model, CPU: for drafts that
+ * are all right, right for a while, or wrong at once, greedy and sampled, the emitted tokens are
+ * the ones a second context produces by tern_decode + tern_sampler_sample one token at a time
+ * with an identically seeded sampler; afterwards both caches hold the same tokens (the next
+ * logits agree), so the rejected rows were dropped. A step with more drafts than the context can
+ * verify is refused with an error.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "common/tiny_model.h"
+#include "model/spec.h"
+
+static void test_ngram(void **state) {
+    (void)state;
+    tern_token out[8];
+    /* ... 5 6 7 8 9 ... 5 6 7 : the 3-gram "5 6 7" recurs, followed by 8 9 */
+    const tern_token h1[] = {1, 5, 6, 7, 8, 9, 2, 5, 6, 7};
+    assert_int_equal(tn_spec_ngram(h1, 10, 1, 3, 8, out), 6); /* 8 9 2 5 6 7: up to the end of the text */
+    assert_int_equal(out[0], 8);
+    assert_int_equal(out[1], 9);
+    assert_int_equal(out[5], 7);
+    assert_int_equal(tn_spec_ngram(h1, 10, 1, 3, 2, out), 2); /* kmax */
+    /* the most recent earlier match wins: "4" occurs twice before, followed by 1 then by 3 */
+    const tern_token h2[] = {4, 1, 0, 4, 3, 0, 4};
+    assert_int_equal(tn_spec_ngram(h2, 7, 1, 1, 4, out), 3);
+    assert_int_equal(out[0], 3);
+    /* the longer suffix first: "0 4" recurs (followed by 3) though "4" also does */
+    assert_int_equal(tn_spec_ngram(h2, 7, 1, 2, 1, out), 1);
+    assert_int_equal(out[0], 3);
+    /* nothing repeats: no draft; too short a text: none */
+    const tern_token h3[] = {1, 2, 3, 4};
+    assert_int_equal(tn_spec_ngram(h3, 4, 1, 3, 8, out), 0);
+    assert_int_equal(tn_spec_ngram(h3, 1, 1, 3, 8, out), 0);
+    /* nmin above every repeating length: none */
+    assert_int_equal(tn_spec_ngram(h1, 10, 4, 4, 8, out), 0);
+}
+
+static tern_model *load_tiny(tiny_cfg *cfg) {
+    tiny_cfg_default(cfg);
+    cfg->wtype = TN_Q8_0;
+    char path[512];
+    tiny_tmp_path(path, sizeof path, "spec");
+    assert_int_equal(tiny_model_write(path, cfg), TERN_OK);
+    tern_model *m = NULL;
+    assert_int_equal(tern_model_load(path, NULL, &m), TERN_OK);
+    unlink(path);
+    return m;
+}
+
+static tern_ctx *ctx_of(const tern_model *m) {
+    tern_ctx_params cp;
+    tern_ctx_params_init(&cp);
+    cp.n_ctx = 64;
+    cp.n_threads = 2;
+    tern_ctx *c = NULL;
+    assert_int_equal(tern_ctx_create(m, &cp, &c), TERN_OK);
+    return c;
+}
+
+static tern_sampler *sampler_of(const tern_model *m, float temp) {
+    tern_sampler_params sp;
+    tern_sampler_params_init(&sp);
+    sp.temp = temp;
+    sp.seed = 1234;
+    tern_sampler *s = NULL;
+    assert_int_equal(tern_sampler_create(m, &sp, &s), TERN_OK);
+    return s;
+}
+
+/* the reference: n tokens after the prompt, one tern_decode + sample at a time */
+static void reference(const tern_model *m, float temp, const tern_token *prompt, int32_t np, int32_t n, tern_token *out) {
+    tern_ctx *c = ctx_of(m);
+    tern_sampler *s = sampler_of(m, temp);
+    assert_int_equal(tern_decode(c, prompt, np), TERN_OK);
+    for (int32_t i = 0; i < n; i++) {
+        out[i] = tern_sampler_sample(s, tern_get_logits(c, -1));
+        assert_int_equal(tern_decode(c, &out[i], 1), TERN_OK);
+    }
+    tern_sampler_free(s);
+    tern_ctx_free(c);
+}
+
+static void run_verify(const tern_model *m, float temp, int32_t n_right) {
+    const tern_token prompt[] = {1, 270, 5, 300, 261, 380, 100};
+    const int32_t np = 7, N = 24;
+    tern_token ref[24];
+    reference(m, temp, prompt, np, N, ref);
+    tern_ctx *c = ctx_of(m);
+    tern_sampler *s = sampler_of(m, temp);
+    assert_int_equal(tern_decode(c, prompt, np), TERN_OK);
+    tern_token got[40], cur = tern_sampler_sample(s, tern_get_logits(c, -1));
+    int32_t n = 0;
+    got[n++] = cur;
+    while (n < N) {
+        /* drafts: the reference's next tokens, the first n_right of them right, then wrong ones */
+        tern_token draft[6];
+        const int32_t k = 6;
+        for (int32_t i = 0; i < k; i++) {
+            const tern_token r = n + i < N ? ref[n + i] : 3;
+            draft[i] = i < n_right ? r : (tern_token)((r + 1) % 384);
+        }
+        tern_token emit[8];
+        int32_t ne = 0;
+        assert_int_equal(tn_spec_verify(c, s, cur, draft, k, emit, &ne), TERN_OK);
+        assert_true(ne >= 1 && ne <= k + 1);
+        /* accepted: exactly the right drafts (a wrong draft can still be the sampler's pick only
+         * if it equals the reference token, which it never does here) */
+        assert_int_equal(ne - 1, n + TN_MIN(n_right, k) <= N ? TN_MIN(n_right, k) : ne - 1);
+        for (int32_t i = 0; i < ne; i++) got[n++] = emit[i];
+        assert_int_equal(tern_ctx_n_past(c), np + n - 1); /* the cache holds every token but the newest */
+        cur = emit[ne - 1];
+    }
+    for (int32_t i = 0; i < N; i++)
+        if (got[i] != ref[i]) fail_msg("temp %.1f, %d right drafts: token %d is %d, one at a time %d", temp, n_right, i, got[i], ref[i]);
+    /* the rollback: decoding the same next token in both gives the same logits */
+    tern_ctx *r = ctx_of(m);
+    tern_token all[64];
+    memcpy(all, prompt, sizeof prompt);
+    memcpy(all + np, got, sizeof *got * (size_t)(n - 1));
+    assert_int_equal(tern_decode(r, all, np + n - 1), TERN_OK);
+    assert_int_equal(tern_decode(r, &cur, 1), TERN_OK);
+    assert_int_equal(tern_decode(c, &cur, 1), TERN_OK);
+    const int32_t nv = tern_model_n_vocab(m);
+    double num = 0, den = 0;
+    for (int32_t i = 0; i < nv; i++) {
+        const double a = tern_get_logits(r, -1)[i], b = tern_get_logits(c, -1)[i];
+        num += (a - b) * (a - b), den += a * a;
+    }
+    assert_true(sqrt(num / den) < 1e-4);
+    tern_ctx_free(r);
+    tern_sampler_free(s);
+    tern_ctx_free(c);
+}
+
+static void test_verify(void **state) {
+    (void)state;
+    tiny_cfg cfg;
+    tern_model *m = load_tiny(&cfg);
+    for (int32_t right = 0; right <= 6; right += 3) {
+        run_verify(m, 0.0f, right);
+        run_verify(m, 0.9f, right);
+    }
+    /* more drafts than a context's logit rows: refused, nothing decoded */
+    tern_ctx *c = ctx_of(m);
+    tern_sampler *s = sampler_of(m, 0.0f);
+    tern_token d[70] = {0}, e[72];
+    int32_t ne = -1;
+    assert_int_equal(tn_spec_verify(c, s, 1, d, 70, e, &ne), TERN_ERR_INVALID_ARG);
+    assert_int_equal(ne, 0);
+    assert_int_equal(tern_ctx_n_past(c), 0);
+    tern_sampler_free(s);
+    tern_ctx_free(c);
+    tern_model_free(m);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_ngram), cmocka_unit_test(test_verify)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
