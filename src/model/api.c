@@ -201,7 +201,7 @@ tern_status tern_ctx_create(const tern_model *m, const tern_ctx_params *pp, tern
         }
     c->xq = tn_ctx_alloc(c, xq, &ok);
     c->pxq_stride = (xq1 + 63) & ~(size_t)63;
-    c->mm_next = tn_ctx_alloc(c, (size_t)(6 * hp->n_layer + 1) * sizeof(atomic_int), &ok);
+    c->mm_next = tn_ctx_alloc(c, (size_t)(TN_MM_PER_LAYER * hp->n_layer + 1) * sizeof(atomic_int), &ok);
     if (p.n_threads > 1) {
         c->pxb = tn_ctx_alloc(c, (size_t)(p.n_threads - 1) * (size_t)d * sizeof(float), &ok);
         c->pxq = tn_ctx_alloc(c, (size_t)(p.n_threads - 1) * c->pxq_stride, &ok);

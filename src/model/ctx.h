@@ -20,6 +20,9 @@
  * uses the identity table (a contiguous cache). */
 #define TN_KV_BLOCK 16
 
+/* Tail-chunk counters of one-token matmuls per layer (blocks.c): q, k, v, o, gate and up, down. */
+#define TN_MM_PER_LAYER 6
+
 /* A batch for continuous batching: token t belongs to sequence seq[t] at position pos[t]. */
 typedef struct tn_batch {
     int32_t n;
@@ -69,7 +72,7 @@ struct tern_ctx {
     float *pxb;     /* [n_threads - 1][n_embd]                                                 */
     void *pxq;      /* [n_threads - 1][pxq_stride]                                             */
     size_t pxq_stride;
-    atomic_int *mm_next; /* [6 n_layer + 1] one-token matmuls: next tail chunk (tn_matmul_share) */
+    atomic_int *mm_next; /* [TN_MM_PER_LAYER n_layer + 1] one-token matmuls: next tail chunk (tn_matmul_share) */
     float *scores;  /* [n_threads][scores_stride] per-thread attention scratch               */
     int64_t scores_stride;
     float *logits;  /* [n_logits][n_vocab]                                                     */

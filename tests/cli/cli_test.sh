@@ -76,6 +76,9 @@ expect 0 "synth qwen3" -- "$TERN" synth --arch qwen3 --preset tiny --type q8_0 -
 expect 0 "generate qwen3" -- "$TERN" generate -m "$TMP/q3.gguf" -p "once upon a time" -n 8 --temp 0 -t 2
 expect 0 "info qwen3" -- "$TERN" info "$TMP/q3.gguf"
 grep -q "block: qwen3 | heads 4 / kv 2 of 32 (q rows 128).*q/k norm" "$TMP/out" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL: tern info lacks the qwen3 block line"; }
+expect 0 "info --arch qwen3" -- "$TERN" info --arch qwen3
+grep -q "blk.N.attn_q_norm.weight *required *\[head_dim\]" "$TMP/out" && grep -q "blk.N.attn_output.weight *required *\[n_head\*head_dim, n_embd\]" "$TMP/out" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL: tern info --arch qwen3 lacks its tensors"; }
+expect 64 "info --arch unknown" -- "$TERN" info --arch gptx
 expect 64 "synth unknown arch" -- "$TERN" synth --arch gptx --preset tiny -o "$TMP/x.gguf"
 expect_err "qwen3" "synth unknown arch lists the families"
 perl -0777 -pe 's/llama\./qwen3./g; s/(general\.architecture.{12})llama/${1}qwen3/s' "$MODEL" > "$TMP/relabel.gguf"

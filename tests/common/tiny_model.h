@@ -13,7 +13,7 @@
 #include "tensor/dtype.h"
 
 typedef struct tiny_cfg {
-    const char *arch;     /* "llama", "qwen2" or "qwen3"                   */
+    const char *arch;     /* "llama", "qwen2", "qwen3" or "smollm3" (llama's tensors) */
     int64_t n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx;
     int64_t head_dim;     /* 0: n_embd / n_head; else written as attention.key_length / value_length */
     tn_dtype wtype;       /* type of the matrices (norms/biases stay f32)  */

@@ -91,8 +91,9 @@ static void rope(const tn_hparams *hp, const float *ff, double *v, int32_t n_hea
         for (int32_t i = 0; i < hp->n_rot / 2; i++) {
             double freq = pow((double)hp->rope_freq_base, -2.0 * i / hp->n_rot) * hp->rope_freq_scale / (ff ? ff[i] : 1.0);
             double ang = pos * freq, co = cos(ang), si = sin(ang);
-            /* llama (GGUF permutes HF's q/k rows) rotates adjacent pairs; qwen2/qwen3 rotate halves */
-            const bool adjacent = hp->arch == TN_ARCH_LLAMA;
+            /* llama and smollm3 (their converter permutes HF's q/k rows) rotate adjacent pairs;
+             * qwen2/qwen3 rotate halves */
+            const bool adjacent = hp->arch == TN_ARCH_LLAMA || hp->arch == TN_ARCH_SMOLLM3;
             int32_t a = adjacent ? 2 * i : i;
             int32_t b = adjacent ? 2 * i + 1 : i + hp->n_rot / 2;
             double x0 = x[a], x1 = x[b];
@@ -130,8 +131,12 @@ void ref_step(ref_model *r, int32_t token, double *logits, double *layers) {
             for (int32_t h = 0; h < hp->n_head; h++) rmsnorm(q + h * hd, w[TN_ROLE_ATTN_Q_NORM].data, q + h * hd, hd, hp->rms_eps);
             for (int32_t h = 0; h < hp->n_head_kv; h++) rmsnorm(k + h * hd, w[TN_ROLE_ATTN_K_NORM].data, k + h * hd, hd, hp->rms_eps);
         }
-        rope(hp, r->m->rope_freqs.data, q, hp->n_head, pos);
-        rope(hp, r->m->rope_freqs.data, k, hp->n_head_kv, pos);
+        /* smollm3: no rotation on every fourth layer (SmolLM3's no_rope_layers: 3, 7, 11, ...) */
+        const bool nope = hp->arch == TN_ARCH_SMOLLM3 && l % 4 == 3;
+        if (!nope) {
+            rope(hp, r->m->rope_freqs.data, q, hp->n_head, pos);
+            rope(hp, r->m->rope_freqs.data, k, hp->n_head_kv, pos);
+        }
         double *K = r->kc + ((size_t)l * r->n_ctx) * kvd, *V = r->vc + ((size_t)l * r->n_ctx) * kvd;
         memcpy(K + (size_t)pos * kvd, k, (size_t)kvd * sizeof *k);
         memcpy(V + (size_t)pos * kvd, v, (size_t)kvd * sizeof *v);

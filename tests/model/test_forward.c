@@ -166,6 +166,14 @@ static void test_qwen2_and_tied(void **state) {
     run_case("qwen2", TN_Q8_0, TN_Q6_K, false, 2);
     run_case("llama", TN_Q4_K, TN_Q6_K, true, 2);
     run_case("llama", TN_F16, TN_F16, true, 3);
+    /* llama with attention.key_length != n_embd / n_head (Mistral Nemo's shape: 4 heads of 128
+     * over n_embd 256), and qwen2 likewise (its biases q_dim long) */
+    tiny_cfg cfg;
+    tiny_cfg_default(&cfg);
+    cfg.head_dim = 128, cfg.wtype = TN_Q8_0;
+    run_cfg(cfg, 2);
+    cfg.arch = "qwen2", cfg.wtype = TN_F32;
+    run_cfg(cfg, 1);
 }
 
 /* qwen3: per-head q/k RMSNorm (random norm weights) before neox RoPE; head_dim 128 from
@@ -189,6 +197,19 @@ static void test_qwen3(void **state) {
     cfg.n_embd = 512, cfg.n_head = 16, cfg.n_head_kv = 4, cfg.head_dim = 64, cfg.wtype = TN_Q8_0;
     run_cfg(cfg, 2);
     cfg.head_dim = 0; /* key_length absent: n_embd / n_head */
+    run_cfg(cfg, 2);
+}
+
+/* smollm3: the llama block without RoPE on layers 3, 7, ...: 8 layers (two NoPE layers). */
+static void test_smollm3(void **state) {
+    (void)state;
+    tiny_cfg cfg;
+    tiny_cfg_default(&cfg);
+    cfg.arch = "smollm3";
+    cfg.n_layer = 8;
+    cfg.wtype = TN_F32;
+    run_cfg(cfg, 1);
+    cfg.wtype = TN_Q8_0;
     run_cfg(cfg, 2);
 }
 
@@ -323,6 +344,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_llama_types),
         cmocka_unit_test(test_qwen2_and_tied),
         cmocka_unit_test(test_qwen3),
+        cmocka_unit_test(test_smollm3),
         cmocka_unit_test(test_head_groups),
         cmocka_unit_test(test_batch_equivalence),
         cmocka_unit_test(test_start_layer),

@@ -26,6 +26,8 @@ static const synth_preset presets[] = {
     {"1b", "qwen3", 2048, 16, 16, 8, 8192, 32000, 2048, 128},
     {"small", "qwen3", 512, 8, 8, 4, 1536, 4096, 1024, 128},
     {"tiny", "qwen3", 64, 2, 4, 2, 256, 512, 128, 32},
+    /* smollm3: 4 layers, so that layer 3 is a NoPE layer */
+    {"tiny", "smollm3", 64, 4, 4, 2, 256, 512, 128, 0},
     {"1b", NULL, 2048, 16, 32, 8, 8192, 32000, 2048, 0},   /* Llama-3.2-1B-like shapes, Llama-2 vocab */
     {"tinyllama", NULL, 2048, 22, 32, 4, 5632, 32000, 2048, 0},
     {"small", NULL, 512, 8, 8, 4, 1536, 4096, 1024, 0},
