@@ -189,6 +189,10 @@ tern_status tern_ctx_create(const tern_model *m, const tern_ctx_params *pp, tern
     c->hb2 = tn_ctx_alloc(c, (size_t)(nb * hp->n_ff) * sizeof(float), &ok);
     c->tmp = tn_ctx_alloc(c, (size_t)(nb * d) * sizeof(float), &ok);
     c->rope_cs = tn_ctx_alloc(c, (size_t)(nb * hp->n_rot) * sizeof(float), &ok);
+    if (hp->n_swa > 0) { /* sliding-window layers: their rope table, the window of a paged cache */
+        c->rope_cs_swa = tn_ctx_alloc(c, (size_t)(nb * hp->n_rot) * sizeof(float), &ok);
+        c->swa_kv = tn_ctx_alloc(c, (size_t)p.n_threads * 2 * (size_t)TN_MIN(hp->n_swa, T) * (size_t)kv_dim * sizeof(tn_fp16), &ok);
+    }
     /* widest activation row set over every matrix the model multiplies (its row length ne[0]);
      * xq1: the per-thread copies of one token's normed and quantized activations (forward.c) */
     size_t xq = tn_matmul_xq_size(m->output.type, d, nb), xq1 = tn_matmul_xq_size(m->output.type, d, 1);
@@ -234,7 +238,7 @@ void tern_ctx_free(tern_ctx *c) {
     if (!c) return;
     tn_pool_free(c->pool);
     void *bufs[] = {c->k_cache, c->v_cache, c->x, c->xb, c->q, c->kv, c->att, c->hb, c->hb2,
-                    c->tmp, c->rope_cs, c->xq, c->pxb, c->pxq, c->mm_next, c->scores, c->logits, c->b_seq, c->b_pos, c->out_rows,
+                    c->tmp, c->rope_cs, c->rope_cs_swa, c->swa_kv, c->xq, c->pxb, c->pxq, c->mm_next, c->scores, c->logits, c->b_seq, c->b_pos, c->out_rows,
                     c->b_logits};
     for (size_t i = 0; i < TN_ARRAY_LEN(bufs); i++) tn_free_aligned(bufs[i]);
     tn_free(c);

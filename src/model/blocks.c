@@ -24,14 +24,42 @@ static void tn_rmsnorm_rows(const float *x, float *y, const float *w, int64_t d,
 }
 
 /* Attention of a token at position pos of a sequence (block table blocks) for query heads
- * h0 .. h0 + nh - 1: nh == 1, or a multiple of the heads per kv head starting on a kv head. */
+ * h0 .. h0 + nh - 1: nh == 1, or a multiple of the heads per kv head starting on a kv head. On a
+ * sliding-window layer only the last n_swa positions: of a contiguous cache in place, of a paged
+ * one gathered first into the thread's window buffer. */
 static void tn_attend(tern_ctx *c, int ith, int32_t il, const int32_t *blocks, int32_t pos, const float *q, int32_t h0,
                       int32_t nh, bool acc16, float *out) {
     const tn_hparams *hp = &c->hp;
     const int32_t hd = hp->head_dim, kv_dim = hp->n_head_kv * hd, rep = hp->n_head / hp->n_head_kv;
-    const size_t layer = (size_t)il * c->kv_rows * kv_dim + (size_t)(h0 / rep) * hd;
-    c->kt->attn(hd, pos + 1, nh, nh == 1 ? 1 : rep, q, c->k_cache + layer, c->v_cache + layer, kv_dim, blocks,
-                TN_KV_BLOCK, 1.0f / sqrtf((float)hd), acc16, out, c->scores + (size_t)ith * c->scores_stride);
+    const size_t layer = (size_t)il * c->kv_rows * kv_dim, head = (size_t)(h0 / rep) * hd;
+    const tn_fp16 *K = c->k_cache + layer, *V = c->v_cache + layer;
+    int64_t T = (int64_t)pos + 1;
+    if (tn_hp_layer_swa(hp, il) && T > hp->n_swa) {
+        const int64_t start = T - hp->n_swa;
+        T = hp->n_swa;
+        if (!blocks) {
+            K += start * kv_dim, V += start * kv_dim;
+        } else {
+            tn_fp16 *Kw = c->swa_kv + (size_t)ith * 2 * (size_t)T * (size_t)kv_dim, *Vw = Kw + (size_t)T * (size_t)kv_dim;
+            for (int64_t t = 0; t < T; t++) {
+                const int64_t row = tn_kv_row(blocks, TN_KV_BLOCK, start + t);
+                memcpy(Kw + t * kv_dim, K + row * kv_dim, sizeof(tn_fp16) * (size_t)kv_dim);
+                memcpy(Vw + t * kv_dim, V + row * kv_dim, sizeof(tn_fp16) * (size_t)kv_dim);
+            }
+            K = Kw, V = Vw, blocks = NULL;
+        }
+    }
+    const float scale = hp->attn_scale > 0 ? hp->attn_scale : 1.0f / sqrtf((float)hd);
+    c->kt->attn(hd, T, nh, nh == 1 ? 1 : rep, q, K + head, V + head, kv_dim, blocks, TN_KV_BLOCK, scale, acc16, out,
+                c->scores + (size_t)ith * c->scores_stride);
+}
+
+/* g = gelu(g) * u, GELU in its tanh form (ggml's gelu, Gemma's gelu_pytorch_tanh). */
+static void tn_geglu(float *g, const float *u, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const float x = g[i];
+        g[i] = 0.5f * x * (1.0f + tanhf(0.7978845608028654f * x * (1.0f + 0.044715f * x * x))) * u[i];
+    }
 }
 
 /* Query heads per attention call: whole kv groups, up to 4 heads (or one group), as long as every
@@ -107,8 +135,8 @@ static void tn_mm(tern_ctx *c, int ith, int nth, bool own, atomic_int *next, tn_
 
 /* Token t's query heads h0 .. h0 + nh - 1 and kv heads k0 .. k0 + nk - 1: biases, per-head q/k
  * RMSNorm (qwen3), RoPE, and the k, v rows appended to the cache. */
-static void tn_prepare_qkv(tern_ctx *c, const tn_layer *L, bool rope, const tn_thr *f, int64_t t, int32_t h0, int32_t nh,
-                           int32_t k0, int32_t nk, tn_fp16 *Kc, tn_fp16 *Vc) {
+static void tn_prepare_qkv(tern_ctx *c, const tn_layer *L, const float *rope_cs, const tn_thr *f, int64_t t, int32_t h0,
+                           int32_t nh, int32_t k0, int32_t nk, tn_fp16 *Kc, tn_fp16 *Vc) {
     const tn_hparams *hp = &c->hp;
     const tn_batch *b = f->b;
     const int32_t hd = hp->head_dim, kv_dim = hp->n_head_kv * hd;
@@ -121,8 +149,8 @@ static void tn_prepare_qkv(tern_ctx *c, const tn_layer *L, bool rope, const tn_t
     if (w[TN_ROLE_ATTN_V_B].data) tn_add_bias_range(vt, (const float *)w[TN_ROLE_ATTN_V_B].data + (int64_t)k0 * hd, kn);
     if (w[TN_ROLE_ATTN_Q_NORM].data) tn_rmsnorm_rows(qt, qt, w[TN_ROLE_ATTN_Q_NORM].data, hd, hp->rms_eps, 0, nh);
     if (w[TN_ROLE_ATTN_K_NORM].data) tn_rmsnorm_rows(kt_, kt_, w[TN_ROLE_ATTN_K_NORM].data, hd, hp->rms_eps, 0, nk);
-    if (rope) { /* not on NoPE layers (smollm3) */
-        const float *cs = c->rope_cs + t * hp->n_rot;
+    if (rope_cs) { /* the layer's table (local layers: their own base); none on NoPE layers */
+        const float *cs = rope_cs + t * hp->n_rot;
         tn_op_rope(hp, qt, nh, cs, 1.0f);
         tn_op_rope(hp, kt_, nk, cs, 1.0f);
     }
@@ -171,8 +199,16 @@ void tn_blk_embed(tn_thr *T, int32_t l0) {
     for (int64_t t = T->t0; t < T->t1; t++) {
         if (l0) memcpy(c->x + t * d, c->start_x + t * d, sizeof(float) * (size_t)d);
         else tn_tensor_get_row(&m->tok_embd, T->b->tok[t], c->x + t * d);
+        if (!l0 && hp->embd_scale > 0) /* gemma: x * sqrt(n_embd) */
+            for (int32_t i = 0; i < d; i++) c->x[t * d + i] *= hp->embd_scale;
     }
     for (int64_t t = T->t0; t < T->t1; t++) tn_op_rope_cache(hp, m->rope_freqs.data, T->b->pos[t], c->rope_cs + t * hp->n_rot);
+    if (c->rope_cs_swa) { /* sliding-window layers: their own base, no scaling */
+        tn_hparams hs = *hp;
+        hs.rope_freq_base = hp->rope_base_swa, hs.rope_freq_scale = 1.0f;
+        for (int64_t t = T->t0; t < T->t1; t++)
+            tn_op_rope_cache(&hs, m->rope_freqs.data, T->b->pos[t], c->rope_cs_swa + t * hp->n_rot);
+    }
     const tn_span wq_pf = l0 < hp->n_layer ? tn_next_span(T, &m->layers[l0].w[TN_ROLE_ATTN_Q]) : (tn_span){NULL, 0};
     tn_pool_barrier_pf(c->pool, wq_pf.p, wq_pf.n);
 }
@@ -224,16 +260,16 @@ void tn_blk_attention(tn_thr *T, const tn_layer *L, int32_t il) {
     tn_fp16 *Kc = c->k_cache + (size_t)il * c->kv_rows * kv_dim;
     tn_fp16 *Vc = c->v_cache + (size_t)il * c->kv_rows * kv_dim;
     const tn_span wo_pf = tn_next_span(T, &L->w[TN_ROLE_ATTN_OUT]);
-    const bool rope = tn_hp_layer_rope(hp, il);
+    const float *rope_cs = !tn_hp_layer_rope(hp, il) ? NULL : tn_hp_layer_swa(hp, il) ? c->rope_cs_swa : c->rope_cs;
     /* one token in whole kv groups: a thread's units need only its own heads' RoPE and cache
      * rows, so it prepares them itself and no barrier separates that from the attention */
     if (T->own && G > 1) {
         for (int64_t p = p0; p < p1; p++) {
             const int32_t h0 = (int32_t)(p % nu) * G, k0 = h0 / rep, nk = G / rep;
-            tn_prepare_qkv(c, L, rope, T, 0, h0, G, k0, nk, Kc, Vc);
+            tn_prepare_qkv(c, L, rope_cs, T, 0, h0, G, k0, nk, Kc, Vc);
         }
     } else {
-        for (int64_t t = T->t0; t < T->t1; t++) tn_prepare_qkv(c, L, rope, T, t, 0, hp->n_head, 0, hp->n_head_kv, Kc, Vc);
+        for (int64_t t = T->t0; t < T->t1; t++) tn_prepare_qkv(c, L, rope_cs, T, t, 0, hp->n_head, 0, hp->n_head_kv, Kc, Vc);
         tn_pool_barrier(c->pool);
     }
     /* attention over (token, query-head group) units; one token: attention reads little memory,
@@ -264,12 +300,14 @@ void tn_blk_glu(tn_thr *T, const tn_layer *L, int32_t il) {
     int64_t r0, r1;
     const void *xq = tn_act(c, ith, nth, own, T->xq_own, Wg->type, T->xb, d, d, n);
     const bool same_vt = tn_dtype_get(Wu->type)->vec_dot_type == tn_dtype_get(Wg->type)->vec_dot_type;
+    const bool geglu = c->hp.ffn == TN_FFN_GEGLU;
     if (own && same_vt) { /* one token: gate, up and SwiGLU per shared range of rows */
         int step = 0;
         while (tn_matmul_share(c->mm_next + TN_MM_PER_LAYER * il + 4, n_ff, ith, nth, &step, &r0, &r1)) {
             tn_matmul_range(kt, Wg->type, Wg->data, d, xq, 1, c->hb, n_ff, r0, r1);
             tn_matmul_range(kt, Wu->type, Wu->data, d, xq, 1, c->hb2, n_ff, r0, r1);
-            kt->swiglu(c->hb + r0, c->hb2 + r0, r1 - r0);
+            if (geglu) tn_geglu(c->hb + r0, c->hb2 + r0, r1 - r0);
+            else kt->swiglu(c->hb + r0, c->hb2 + r0, r1 - r0);
         }
     } else {
         tn_matmul_compute_task(ith, nth, kt, Wg->type, Wg->data, n_ff, d, xq, n, c->hb, n_ff);
@@ -280,20 +318,31 @@ void tn_blk_glu(tn_thr *T, const tn_layer *L, int32_t il) {
         tn_matmul_compute_task(ith, nth, kt, Wu->type, Wu->data, n_ff, d, xq, n, c->hb2, n_ff);
         /* SwiGLU on this thread's rows (the rows it just computed for both matrices) */
         tn_matmul_rows(n_ff, ith, nth, &r0, &r1);
-        for (int32_t j = 0; j < n; j++) kt->swiglu(c->hb + (int64_t)j * n_ff + r0, c->hb2 + (int64_t)j * n_ff + r0, r1 - r0);
+        for (int32_t j = 0; j < n; j++) {
+            if (geglu) tn_geglu(c->hb + (int64_t)j * n_ff + r0, c->hb2 + (int64_t)j * n_ff + r0, r1 - r0);
+            else kt->swiglu(c->hb + (int64_t)j * n_ff + r0, c->hb2 + (int64_t)j * n_ff + r0, r1 - r0);
+        }
     }
     const tn_span down_pf = tn_next_span(T, &L->w[TN_ROLE_FFN_DOWN]);
     tn_pool_barrier_pf(c->pool, down_pf.p, down_pf.n);
 }
 
 void tn_blk_proj_add(tn_thr *T, const tn_tensor *W, const float *in, int32_t il, int slot, tn_obs_site site,
-                     const tn_tensor *next) {
+                     const tn_tensor *post, const tn_tensor *next) {
     tern_ctx *c = T->c;
-    const int64_t k = W->ne[0], m = W->ne[1];
+    const int64_t k = W->ne[0], m = W->ne[1], d = c->hp.n_embd;
     if (c->observe && T->ith == 0) c->observe(c->observe_user, il, site, in, T->n, (int32_t)k);
     const void *xq = tn_act(c, T->ith, T->nth, T->own, T->xq_own, W->type, in, k, k, T->n);
-    tn_mm(c, T->ith, T->nth, T->own, c->mm_next + TN_MM_PER_LAYER * il + slot, W->type, W->data, m, k, xq, T->n, c->tmp,
-          c->hp.n_embd, c->x);
+    /* without a post norm each thread adds its own rows of W in to x as it computes them */
+    tn_mm(c, T->ith, T->nth, T->own, c->mm_next + TN_MM_PER_LAYER * il + slot, W->type, W->data, m, k, xq, T->n, c->tmp, d,
+          post && post->data ? NULL : c->x);
+    if (post && post->data) { /* x += rmsnorm(W in) * post: whole rows, after every thread's share */
+        tn_pool_barrier(c->pool);
+        for (int64_t t = T->t0; t < T->t1; t++) {
+            tn_op_rmsnorm(c->tmp + t * d, c->tmp + t * d, post->data, d, c->hp.rms_eps);
+            for (int64_t i = 0; i < d; i++) c->x[t * d + i] += c->tmp[t * d + i];
+        }
+    }
     const tn_span pf = tn_next_span(T, next);
     tn_pool_barrier_pf(c->pool, pf.p, pf.n);
 }
@@ -328,4 +377,15 @@ void tn_blk_logits(tn_thr *T) {
     const void *xq = tn_act(c, ith, nth, own_out, T->xq_own, m->output.type, own_out ? T->xb_own : c->xb, d, d, nl);
     tn_mm(c, ith, nth, own_out && T->own, c->mm_next + TN_MM_PER_LAYER * hp->n_layer, m->output.type, m->output.data,
           hp->n_vocab, d, xq, nl, c->logits, hp->n_vocab, NULL);
+    if (hp->logit_softcap > 0) { /* logits = cap * tanh(logits / cap), on this thread's rows */
+        tn_pool_barrier(c->pool);
+        const float cap = hp->logit_softcap;
+        int64_t l0, l1;
+        tn_split(nl, ith, nth, 1, &l0, &l1);
+        for (int64_t j = l0; j < l1; j++)
+            for (int64_t v = 0; v < hp->n_vocab; v++) {
+                float *l = c->logits + j * hp->n_vocab + v;
+                *l = tanhf(*l * (1.0f / cap)) * cap;
+            }
+    }
 }

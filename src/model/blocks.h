@@ -41,7 +41,8 @@ typedef struct tn_thr {
 /* Sets up thread ith's view; returns the first layer to run (c->start_layer, or 0). */
 int32_t tn_blk_begin(tn_thr *T, tern_ctx *c, const tn_batch *b, const int32_t *const *tables, int32_t n_out,
                      const int32_t *out_rows, int ith, int nth);
-/* x[t] = tok_embd[tok[t]] (or the given stream entering layer l0), and each token's RoPE table. */
+/* x[t] = tok_embd[tok[t]] (gemma: times sqrt(n_embd); or the given stream entering layer l0),
+ * and each token's RoPE tables (global, and sliding-window layers' own). */
 void tn_blk_embed(tn_thr *T, int32_t l0);
 /* xb = rmsnorm(x) * w; then the activation observer for site (il) sees xb. */
 void tn_blk_norm(tn_thr *T, const tn_tensor *w, int32_t il, tn_obs_site site);
@@ -50,16 +51,18 @@ void tn_blk_qkv(tn_thr *T, const tn_layer *L, int32_t il);
 /* Per head: biases, q/k RMSNorm (if the layer has them), RoPE (unless a NoPE layer); k, v into the cache; then
  * att = softmax(q K^T / sqrt(head_dim)) V over the sequence's cached positions. */
 void tn_blk_attention(tn_thr *T, const tn_layer *L, int32_t il);
-/* hb = silu(Wgate xb) * (Wup xb). */
+/* hb = silu(Wgate xb) * (Wup xb)  (gemma: gelu_tanh(Wgate xb) * (Wup xb)). */
 void tn_blk_glu(tn_thr *T, const tn_layer *L, int32_t il);
-/* x += W in (in: [n][W->ne[0]]; the observer sees in as site); slot numbers the matmul within the
- * layer (tail-chunk counters). At the closing barrier the start of this thread's share of next
- * (the pass's next matmul; NULL: none) is prefetched. */
+/* x += W in, or x += rmsnorm(W in) * post when post has data (gemma's post norms); in:
+ * [n][W->ne[0]], the observer sees it as site; slot numbers the matmul within the layer
+ * (tail-chunk counters). At the closing barrier the start of this thread's share of next (the
+ * pass's next matmul; NULL: none) is prefetched. */
 void tn_blk_proj_add(tn_thr *T, const tn_tensor *W, const float *in, int32_t il, int slot, tn_obs_site site,
-                     const tn_tensor *next);
+                     const tn_tensor *post, const tn_tensor *next);
 /* End of layer il: the test hook (c->debug_layer) sees x. */
 void tn_blk_layer_end(tn_thr *T, int32_t il);
-/* logits of the tokens that asked for them = output(rmsnorm(x) * output_norm). */
+/* logits of the tokens that asked for them = output(rmsnorm(x) * output_norm), soft-capped if the
+ * model says so. */
 void tn_blk_logits(tn_thr *T);
 
 #endif

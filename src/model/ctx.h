@@ -66,6 +66,8 @@ struct tern_ctx {
     float *hb2;     /* [n_batch][n_ff]     up                                                 */
     float *tmp;     /* [n_batch][max(n_embd, ...)] sub-layer output before the residual add  */
     float *rope_cs; /* [n_batch][n_rot]    cos, sin pairs per token                          */
+    float *rope_cs_swa; /* [n_batch][n_rot] the same for sliding-window layers (NULL: none) */
+    tn_fp16 *swa_kv;    /* [n_threads][2][n_swa][kv_dim] a paged window gathered (NULL: none) */
     void *xq;       /* activations quantized for the widest matmul                           */
     /* one-token batches: threads 1..n_threads-1 norm and quantize the token for themselves (no
      * barrier between a norm, its quantization and the matmul; thread 0 uses xb and xq) */

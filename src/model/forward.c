@@ -24,7 +24,7 @@ static void tn_forward_task(void *vp, int ith, int nth) {
     tn_thr T;
     const int32_t l0 = tn_blk_begin(&T, c, f->b, f->tables, f->n_out, f->out_rows, ith, nth);
 
-    tn_blk_embed(&T, l0); /* x = tok_embd[tok]                             x [n][n_embd] */
+    tn_blk_embed(&T, l0); /* x = tok_embd[tok] (gemma: * sqrt(n_embd))    x [n][n_embd] */
     for (int32_t il = l0; il < n_layer; il++) {
         const tn_layer *L = &m->layers[il];
         const tn_tensor *w = L->w;
@@ -33,12 +33,15 @@ static void tn_forward_task(void *vp, int ith, int nth) {
         tn_blk_qkv(&T, L, il);                                      /* q, k, v = Wq xb, Wk xb, Wv xb  */
         tn_blk_attention(&T, L, il);                                /* att = softmax(q K^T / sqrt(hd)) V,
                                                                      * q, k: bias, q/k norm, rope    */
-        tn_blk_proj_add(&T, &w[TN_ROLE_ATTN_OUT], c->att, il, 3, TN_OBS_ATTN_OUT, &w[TN_ROLE_FFN_GATE]); /* x += Wo att */
-        /* feed-forward: x += Wdown (silu(Wgate xb) * Wup xb) */
+        tn_blk_proj_add(&T, &w[TN_ROLE_ATTN_OUT], c->att, il, 3, TN_OBS_ATTN_OUT, &w[TN_ROLE_ATTN_POST_NORM],
+                        &w[TN_ROLE_FFN_GATE]);                      /* x += Wo att  (gemma: post-normed) */
+        /* feed-forward: x += Wdown (act(Wgate xb) * Wup xb) */
         tn_blk_norm(&T, &w[TN_ROLE_FFN_NORM], il, TN_OBS_FFN_IN);   /* xb = rmsnorm(x) * ffn_norm    */
-        tn_blk_glu(&T, L, il);                                      /* hb = silu(Wgate xb) * Wup xb  */
+        tn_blk_glu(&T, L, il);                                      /* hb = act(Wgate xb) * Wup xb,
+                                                                     * act: silu, gemma gelu_tanh    */
         const tn_tensor *next = il + 1 < n_layer ? &m->layers[il + 1].w[TN_ROLE_ATTN_Q] : &m->output;
-        tn_blk_proj_add(&T, &w[TN_ROLE_FFN_DOWN], c->hb, il, 5, TN_OBS_FFN_DOWN, next); /* x += Wdown hb */
+        tn_blk_proj_add(&T, &w[TN_ROLE_FFN_DOWN], c->hb, il, 5, TN_OBS_FFN_DOWN, &w[TN_ROLE_FFN_POST_NORM],
+                        next);                                      /* x += Wdown hb (gemma: post-normed) */
         tn_blk_layer_end(&T, il);
     }
     tn_blk_logits(&T); /* logits = output (rmsnorm(x) * output_norm)      [n_out][n_vocab] */

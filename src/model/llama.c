@@ -165,6 +165,9 @@ static tern_status tn_load_hparams(const tn_gguf *g, tn_hparams *hp) {
     float lin = 0.0f;
     if ((s = tn_get_float(g, an, "rope.scale_linear", &lin))) return s;
     if (lin > 0) hp->rope_freq_scale = 1.0f / lin;
+    hp->ffn = ad->ffn;
+    hp->embd_scale = ad->embd_scale ? sqrtf((float)hp->n_embd) : 0.0f;
+    hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
     if (ad->load_hparams && (s = ad->load_hparams(g, hp))) return s;
     return TERN_OK;
 }

@@ -21,8 +21,9 @@ static int print_arch(const char *name) {
     }
     static const char *const dims[] = {"1", "n_embd", "n_head*head_dim", "n_head_kv*head_dim", "head_dim", "n_ff", "n_vocab",
                                        "n_rot/2"};
-    printf("architecture %s: rope %s, ffn swiglu, defaults rms eps %g, rope base %g\n", a->name,
-           a->rope == TN_ROPE_NEOX ? "neox (halves)" : "norm (adjacent pairs)", a->rms_eps, a->rope_base);
+    printf("architecture %s: rope %s, ffn %s, defaults rms eps %g, rope base %g\n", a->name,
+           a->rope == TN_ROPE_NEOX ? "neox (halves)" : "norm (adjacent pairs)", a->ffn == TN_FFN_GEGLU ? "geglu" : "swiglu",
+           a->rms_eps, a->rope_base);
     printf("  %-34s %-8s %-32s %s\n", "tensor", "", "shape (ne0, ne1)", "type");
     for (int r = 0; r < TN_ROLE_COUNT; r++) {
         if (a->need[r] == TN_NEED_NO) continue;
@@ -136,11 +137,17 @@ int cmd_info(int argc, char **argv) {
     /* the family's block as the registry (model/arch/) and the file make it */
     const tn_hparams *hp = &m->hp;
     const tn_tensor *w0 = m->layers[0].w;
-    printf("block: %s | heads %d / kv %d of %d (q rows %lld) | n_ff %d | rope %s, %d dims, base %g | rms eps %g%s%s%s | ffn %s\n",
+    printf("block: %s | heads %d / kv %d of %d (q rows %lld) | n_ff %d | rope %s, %d dims, base %g | rms eps %g%s%s%s%s%s | ffn %s\n",
            hp->family->name, hp->n_head, hp->n_head_kv, hp->head_dim, (long long)tn_hp_q_dim(hp), hp->n_ff,
            hp->rope_mode == TN_ROPE_NEOX ? "neox" : "norm", hp->n_rot, hp->rope_freq_base, hp->rms_eps,
            w0[TN_ROLE_ATTN_Q_B].data ? " | qkv bias" : "", w0[TN_ROLE_ATTN_Q_NORM].data ? " | q/k norm" : "",
-           m->output.data == m->tok_embd.data ? " | tied output" : "", "swiglu");
+           w0[TN_ROLE_ATTN_POST_NORM].data ? " | post norms" : "", hp->embd_scale > 0 ? " | embd * sqrt(n_embd)" : "",
+           m->output.data == m->tok_embd.data ? " | tied output" : "", hp->ffn == TN_FFN_GEGLU ? "geglu (tanh gelu)" : "swiglu");
+    if (hp->n_swa > 0)
+        printf("sliding window: %d positions on layers il %% %d < %d (rope base %g), the others global\n", hp->n_swa,
+               hp->swa_period, hp->swa_period - 1, hp->rope_base_swa);
+    if (hp->nope_step > 0) printf("no RoPE on layers il with (il + 1) %% %d == 0\n", hp->nope_step);
+    if (hp->logit_softcap > 0) printf("final logit soft-capping at %g\n", hp->logit_softcap);
     tern_model_free(m);
     return 0;
 }
