@@ -192,6 +192,10 @@ tern_status tern_ctx_create(const tern_model *m, const tern_ctx_params *pp, tern
     c->hb2 = tn_ctx_alloc(c, (size_t)(nb * hp->n_ff) * sizeof(float), &ok);
     c->tmp = tn_ctx_alloc(c, (size_t)(nb * d) * sizeof(float), &ok);
     c->rope_cs = tn_ctx_alloc(c, (size_t)(nb * hp->n_rot) * sizeof(float), &ok);
+    if (hp->n_swa > 0) { /* sliding-window layers: their rope table, the window of a paged cache */
+        c->rope_cs_swa = tn_ctx_alloc(c, (size_t)(nb * hp->n_rot) * sizeof(float), &ok);
+        c->swa_kv = tn_ctx_alloc(c, (size_t)p.n_threads * 2 * (size_t)TN_MIN(hp->n_swa, T) * (size_t)kv_dim * sizeof(tn_fp16), &ok);
+    }
     /* widest activation row set over every matrix the model multiplies (its row length ne[0]);
      * xq1: the per-thread copies of one token's normed and quantized activations (forward.c) */
     size_t xq = tn_matmul_xq_size(m->output.type, d, nb), xq1 = tn_matmul_xq_size(m->output.type, d, 1);
@@ -204,7 +208,7 @@ tern_status tern_ctx_create(const tern_model *m, const tern_ctx_params *pp, tern
         }
     c->xq = tn_ctx_alloc(c, xq, &ok);
     c->pxq_stride = (xq1 + 63) & ~(size_t)63;
-    c->mm_next = tn_ctx_alloc(c, (size_t)(6 * hp->n_layer + 1) * sizeof(atomic_int), &ok);
+    c->mm_next = tn_ctx_alloc(c, (size_t)(TN_MM_PER_LAYER * hp->n_layer + 1) * sizeof(atomic_int), &ok);
     if (p.n_threads > 1) {
         c->pxb = tn_ctx_alloc(c, (size_t)(p.n_threads - 1) * (size_t)d * sizeof(float), &ok);
         c->pxq = tn_ctx_alloc(c, (size_t)(p.n_threads - 1) * c->pxq_stride, &ok);
@@ -248,7 +252,7 @@ void tern_ctx_free(tern_ctx *c) {
     tn_cuda_ctx_free(c->cuda);
     tn_pool_free(c->pool);
     void *bufs[] = {c->k_cache, c->v_cache, c->x, c->xb, c->q, c->kv, c->att, c->hb, c->hb2,
-                    c->tmp, c->rope_cs, c->xq, c->pxb, c->pxq, c->mm_next, c->scores, c->logits, c->b_seq, c->b_pos, c->out_rows,
+                    c->tmp, c->rope_cs, c->rope_cs_swa, c->swa_kv, c->xq, c->pxb, c->pxq, c->mm_next, c->scores, c->logits, c->b_seq, c->b_pos, c->out_rows,
                     c->b_logits};
     for (size_t i = 0; i < TN_ARRAY_LEN(bufs); i++) tn_free_aligned(bufs[i]);
     tn_free(c);

@@ -20,6 +20,9 @@
  * uses the identity table (a contiguous cache). */
 #define TN_KV_BLOCK 16
 
+/* Tail-chunk counters of one-token matmuls per layer (blocks.c): q, k, v, o, gate and up, down. */
+#define TN_MM_PER_LAYER 6
+
 /* A batch for continuous batching: token t belongs to sequence seq[t] at position pos[t]. */
 typedef struct tn_batch {
     int32_t n;
@@ -63,13 +66,15 @@ struct tern_ctx {
     float *hb2;     /* [n_batch][n_ff]     up                                                 */
     float *tmp;     /* [n_batch][max(n_embd, ...)] sub-layer output before the residual add  */
     float *rope_cs; /* [n_batch][n_rot]    cos, sin pairs per token                          */
+    float *rope_cs_swa; /* [n_batch][n_rot] the same for sliding-window layers (NULL: none) */
+    tn_fp16 *swa_kv;    /* [n_threads][2][n_swa][kv_dim] a paged window gathered (NULL: none) */
     void *xq;       /* activations quantized for the widest matmul                           */
     /* one-token batches: threads 1..n_threads-1 norm and quantize the token for themselves (no
      * barrier between a norm, its quantization and the matmul; thread 0 uses xb and xq) */
     float *pxb;     /* [n_threads - 1][n_embd]                                                 */
     void *pxq;      /* [n_threads - 1][pxq_stride]                                             */
     size_t pxq_stride;
-    atomic_int *mm_next; /* [6 n_layer + 1] one-token matmuls: next tail chunk (tn_matmul_share) */
+    atomic_int *mm_next; /* [TN_MM_PER_LAYER n_layer + 1] one-token matmuls: next tail chunk (tn_matmul_share) */
     float *scores;  /* [n_threads][scores_stride] per-thread attention scratch               */
     int64_t scores_stride;
     float *logits;  /* [n_logits][n_vocab]                                                     */

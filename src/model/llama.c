@@ -110,6 +110,7 @@ static tern_status tn_load_hparams(const tn_gguf *g, tn_hparams *hp) {
     hp->arch = ad->id;
     hp->family = ad;
     hp->rope_mode = ad->rope;
+    hp->nope_step = ad->nope_step;
     if ((s = tn_get_dim(g, an, "context_length", true, 1, 1 << 24, &hp->n_ctx_train))) return s;
     if ((s = tn_get_dim(g, an, "embedding_length", true, 1, 1 << 20, &hp->n_embd))) return s;
     if ((s = tn_get_dim(g, an, "block_count", true, 1, TN_MAX_LAYERS, &hp->n_layer))) return s;
@@ -164,6 +165,9 @@ static tern_status tn_load_hparams(const tn_gguf *g, tn_hparams *hp) {
     float lin = 0.0f;
     if ((s = tn_get_float(g, an, "rope.scale_linear", &lin))) return s;
     if (lin > 0) hp->rope_freq_scale = 1.0f / lin;
+    hp->ffn = ad->ffn;
+    hp->embd_scale = ad->embd_scale ? sqrtf((float)hp->n_embd) : 0.0f;
+    hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
     if (ad->load_hparams && (s = ad->load_hparams(g, hp))) return s;
     return TERN_OK;
 }

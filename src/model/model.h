@@ -31,6 +31,14 @@ typedef struct tn_hparams {
     float rope_freq_base;
     float rope_freq_scale;/* 1 / rope.scaling.factor for linear scaling           */
     tn_rope_mode rope_mode;
+    int32_t nope_step;    /* > 0: layer il skips RoPE when (il + 1) % nope_step == 0 (smollm3) */
+    tn_ffn_kind ffn;      /* the family's gated activation                               */
+    float embd_scale;     /* > 0: token embeddings times this (gemma: sqrt(n_embd))      */
+    float attn_scale;     /* scores = attn_scale * q.k (1 / sqrt(head_dim) by default)   */
+    int32_t n_swa;        /* > 0: local layers attend to their last n_swa positions      */
+    int32_t swa_period;   /* layer il is local when il % swa_period < swa_period - 1     */
+    float rope_base_swa;  /* local layers' rope.freq_base (their frequency scale is 1)   */
+    float logit_softcap;  /* > 0: logits = cap * tanh(logits / cap)                      */
 } tn_hparams;
 
 /* A weight view: type, shape (ne[0] = row length) and bytes in the mapped file. */
@@ -47,6 +55,16 @@ typedef struct tn_tensor {
 typedef struct tn_layer {
     tn_tensor w[TN_ROLE_N_LAYER];
 } tn_layer;
+
+/* Whether layer il rotates q and k. */
+static inline bool tn_hp_layer_rope(const tn_hparams *hp, int32_t il) {
+    return hp->nope_step <= 0 || (il + 1) % hp->nope_step != 0;
+}
+
+/* Whether layer il is a sliding-window (local) layer. */
+static inline bool tn_hp_layer_swa(const tn_hparams *hp, int32_t il) {
+    return hp->n_swa > 0 && il % hp->swa_period < hp->swa_period - 1;
+}
 
 /* Width of the query and attention-output rows: n_head * head_dim (n_embd in most families). */
 static inline int64_t tn_hp_q_dim(const tn_hparams *hp) { return (int64_t)hp->n_head * hp->head_dim; }

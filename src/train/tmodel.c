@@ -206,7 +206,10 @@ void tn_tmodel_init_random(tn_tmodel *m, uint64_t seed) {
 
 tern_status tn_tmodel_init_from(tn_tmodel *m, const tern_model *src) {
     const tn_hparams *h = &src->hp;
-    if (h->arch != TN_ARCH_LLAMA || h->n_embd != m->cfg.n_embd || h->n_layer != m->cfg.n_layer ||
+    if (h->arch != TN_ARCH_LLAMA)
+        return tn_err(TERN_ERR_UNSUPPORTED, "train: --init model is of architecture %s; training runs the llama block only",
+                      h->family ? h->family->name : "?");
+    if (h->n_embd != m->cfg.n_embd || h->n_layer != m->cfg.n_layer ||
         h->n_head != m->cfg.n_head || h->n_head_kv != m->cfg.n_head_kv || h->n_ff != m->cfg.n_ff ||
         h->n_vocab != m->cfg.n_vocab || h->n_rot != h->head_dim || h->head_dim != m->cfg.n_embd / m->cfg.n_head)
         return tn_err(TERN_ERR_UNSUPPORTED, "train: --init model does not match the training shape (llama, n_embd %d, "

@@ -88,12 +88,21 @@ expect 0 "synth qwen3" -- "$TERN" synth --arch qwen3 --preset tiny --type q8_0 -
 expect 0 "generate qwen3" -- "$TERN" generate -m "$TMP/q3.gguf" -p "once upon a time" -n 8 --temp 0 -t 2
 expect 0 "info qwen3" -- "$TERN" info "$TMP/q3.gguf"
 grep -q "block: qwen3 | heads 4 / kv 2 of 32 (q rows 128).*q/k norm" "$TMP/out" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL: tern info lacks the qwen3 block line"; }
+expect 0 "info --arch qwen3" -- "$TERN" info --arch qwen3
+grep -q "blk.N.attn_q_norm.weight *required *\[head_dim\]" "$TMP/out" && grep -q "blk.N.attn_output.weight *required *\[n_head\*head_dim, n_embd\]" "$TMP/out" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL: tern info --arch qwen3 lacks its tensors"; }
+expect 64 "info --arch unknown" -- "$TERN" info --arch gptx
+expect 0 "synth gemma3" -- "$TERN" synth --arch gemma3 --preset tiny --type q4_0 -o "$TMP/g3.gguf"
+expect 0 "generate gemma3 past its window" -- "$TERN" generate -m "$TMP/g3.gguf" -p "once upon a time" -n 12 --temp 0 -t 2
+expect 0 "info gemma3" -- "$TERN" info "$TMP/g3.gguf"
+grep -q "sliding window: 4 positions" "$TMP/out" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL: tern info lacks gemma3's window"; }
 expect 64 "synth unknown arch" -- "$TERN" synth --arch gptx --preset tiny -o "$TMP/x.gguf"
 expect_err "qwen3" "synth unknown arch lists the families"
 perl -0777 -pe 's/llama\./qwen3./g; s/(general\.architecture.{12})llama/${1}qwen3/s' "$MODEL" > "$TMP/relabel.gguf"
 expect 65 "llama file relabelled qwen3" -- "$TERN" generate -m "$TMP/relabel.gguf" -p hi -n 1
 expect_one_err "missing tensor 'blk.0.attn_q_norm.weight' (qwen3 expects shape \[16\])" "relabelled file: the missing q norm named"
 expect 65 "info of the relabelled file" -- "$TERN" info "$TMP/relabel.gguf"
+expect 65 "train --init from a qwen3 file" -- "$TERN" train --data "$TMP/text.txt" --init "$TMP/q3.gguf" -o "$TMP/tr.gguf" --steps 1
+expect_one_err "architecture qwen3; training runs the llama block only" "train --init qwen3: says why"
 
 # generation: greedy is deterministic; sampled output repeats with the same seed
 expect 0 "greedy generation" -- "$TERN" generate -m "$MODEL" -p "once upon a time" -n 16 --temp 0 -t 2

@@ -85,14 +85,15 @@ static void rmsnorm(const double *x, const float *w, double *y, int64_t n, doubl
     for (int64_t i = 0; i < n; i++) y[i] = x[i] * sc * w[i];
 }
 
-static void rope(const tn_hparams *hp, const float *ff, double *v, int32_t n_heads, int32_t pos) {
+static void rope(const tn_hparams *hp, double base, double fscale, const float *ff, double *v, int32_t n_heads, int32_t pos) {
     for (int32_t h = 0; h < n_heads; h++) {
         double *x = v + (int64_t)h * hp->head_dim;
         for (int32_t i = 0; i < hp->n_rot / 2; i++) {
-            double freq = pow((double)hp->rope_freq_base, -2.0 * i / hp->n_rot) * hp->rope_freq_scale / (ff ? ff[i] : 1.0);
+            double freq = pow(base, -2.0 * i / hp->n_rot) * fscale / (ff ? ff[i] : 1.0);
             double ang = pos * freq, co = cos(ang), si = sin(ang);
-            /* llama (GGUF permutes HF's q/k rows) rotates adjacent pairs; qwen2/qwen3 rotate halves */
-            const bool adjacent = hp->arch == TN_ARCH_LLAMA;
+            /* llama and smollm3 (their converter permutes HF's q/k rows) rotate adjacent pairs;
+             * qwen2/qwen3 rotate halves */
+            const bool adjacent = hp->arch == TN_ARCH_LLAMA || hp->arch == TN_ARCH_SMOLLM3; /* gemma3: halves */
             int32_t a = adjacent ? 2 * i : i;
             int32_t b = adjacent ? 2 * i + 1 : i + hp->n_rot / 2;
             double x0 = x[a], x1 = x[b];
@@ -111,7 +112,8 @@ void ref_step(ref_model *r, int32_t token, double *logits, double *layers) {
     double *o = malloc((size_t)d * sizeof *o), *g = malloc((size_t)ff * sizeof *g), *u = malloc((size_t)ff * sizeof *u);
     double *sc = malloc((size_t)r->n_ctx * sizeof *sc);
     const int32_t pos = r->pos;
-    for (int64_t i = 0; i < d; i++) x[i] = r->emb.w[(int64_t)token * d + i];
+    const bool gemma = hp->arch == TN_ARCH_GEMMA3;
+    for (int64_t i = 0; i < d; i++) x[i] = r->emb.w[(int64_t)token * d + i] * (gemma ? sqrt((double)d) : 1.0);
     for (int32_t l = 0; l < hp->n_layer; l++) {
         const tn_tensor *w = r->m->layers[l].w;
         rmsnorm(x, w[TN_ROLE_ATTN_NORM].data, xb, d, hp->rms_eps);
@@ -126,39 +128,54 @@ void ref_step(ref_model *r, int32_t token, double *logits, double *layers) {
             for (int64_t i = 0; i < kvd; i++) v[i] += ((const float *)w[TN_ROLE_ATTN_V_B].data)[i];
         /* qwen3: every head of q and of k RMS-normalized over its head_dim values (Qwen3Attention's
          * q_norm / k_norm), then rotated */
-        if (hp->arch == TN_ARCH_QWEN3) {
+        if (hp->arch == TN_ARCH_QWEN3 || gemma) {
             for (int32_t h = 0; h < hp->n_head; h++) rmsnorm(q + h * hd, w[TN_ROLE_ATTN_Q_NORM].data, q + h * hd, hd, hp->rms_eps);
             for (int32_t h = 0; h < hp->n_head_kv; h++) rmsnorm(k + h * hd, w[TN_ROLE_ATTN_K_NORM].data, k + h * hd, hd, hp->rms_eps);
         }
-        rope(hp, r->m->rope_freqs.data, q, hp->n_head, pos);
-        rope(hp, r->m->rope_freqs.data, k, hp->n_head_kv, pos);
+        /* smollm3: no rotation on every fourth layer (SmolLM3's no_rope_layers: 3, 7, 11, ...) */
+        const bool nope = hp->arch == TN_ARCH_SMOLLM3 && l % 4 == 3;
+        /* gemma3: local (sliding-window) layers are all but every swa_period-th, RoPE base 10000
+         * (or rope.freq_base_swa) without scaling; global layers the file's base and scaling */
+        const bool local = gemma && hp->n_swa > 0 && l % hp->swa_period != hp->swa_period - 1;
+        const double base = local ? hp->rope_base_swa : hp->rope_freq_base, fscale = local ? 1.0 : hp->rope_freq_scale;
+        if (!nope) {
+            rope(hp, base, fscale, r->m->rope_freqs.data, q, hp->n_head, pos);
+            rope(hp, base, fscale, r->m->rope_freqs.data, k, hp->n_head_kv, pos);
+        }
+        /* scores: q.k / sqrt(head_dim); gemma3 27B (62 layers): / sqrt(n_embd / n_head) */
+        const double qscale = gemma && hp->n_layer == 62 ? 1.0 / sqrt((double)(d / hp->n_head)) : 1.0 / sqrt((double)hd);
+        const int32_t t_first = local && pos >= hp->n_swa ? pos - hp->n_swa + 1 : 0; /* the window: n_swa positions */
         double *K = r->kc + ((size_t)l * r->n_ctx) * kvd, *V = r->vc + ((size_t)l * r->n_ctx) * kvd;
         memcpy(K + (size_t)pos * kvd, k, (size_t)kvd * sizeof *k);
         memcpy(V + (size_t)pos * kvd, v, (size_t)kvd * sizeof *v);
         for (int32_t h = 0; h < hp->n_head; h++) {
             int32_t kh = h / (hp->n_head / hp->n_head_kv);
             double mx = -1e300, sum = 0;
-            for (int32_t t = 0; t <= pos; t++) {
+            for (int32_t t = t_first; t <= pos; t++) {
                 double s = 0;
                 for (int64_t i = 0; i < hd; i++) s += q[h * hd + i] * K[(size_t)t * kvd + kh * hd + i];
-                sc[t] = s / sqrt((double)hd);
+                sc[t] = s * qscale;
                 if (sc[t] > mx) mx = sc[t];
             }
-            for (int32_t t = 0; t <= pos; t++) sum += (sc[t] = exp(sc[t] - mx));
+            for (int32_t t = t_first; t <= pos; t++) sum += (sc[t] = exp(sc[t] - mx));
             for (int64_t i = 0; i < hd; i++) {
                 double acc = 0;
-                for (int32_t t = 0; t <= pos; t++) acc += sc[t] / sum * V[(size_t)t * kvd + kh * hd + i];
+                for (int32_t t = t_first; t <= pos; t++) acc += sc[t] / sum * V[(size_t)t * kvd + kh * hd + i];
                 att[h * hd + i] = acc;
             }
         }
         matvec(&r->wo[l], att, o);
+        if (gemma) rmsnorm(o, w[TN_ROLE_ATTN_POST_NORM].data, o, d, hp->rms_eps); /* post-attention norm */
         for (int64_t i = 0; i < d; i++) x[i] += o[i];
         rmsnorm(x, w[TN_ROLE_FFN_NORM].data, xb, d, hp->rms_eps);
         matvec(&r->wg[l], xb, g);
         matvec(&r->wu[l], xb, u);
-        for (int64_t i = 0; i < ff; i++) g[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
+        for (int64_t i = 0; i < ff; i++) /* SwiGLU; gemma: GeGLU with GELU's tanh approximation */
+            g[i] = gemma ? 0.5 * g[i] * (1.0 + tanh(sqrt(2.0 / 3.14159265358979323846) * (g[i] + 0.044715 * g[i] * g[i] * g[i]))) * u[i]
+                         : g[i] / (1.0 + exp(-g[i])) * u[i];
         double *dn = malloc((size_t)d * sizeof *dn);
         matvec(&r->wd[l], g, dn);
+        if (gemma) rmsnorm(dn, w[TN_ROLE_FFN_POST_NORM].data, dn, d, hp->rms_eps); /* post-FFN norm */
         for (int64_t i = 0; i < d; i++) x[i] += dn[i];
         free(dn);
         if (layers) memcpy(layers + (size_t)l * d, x, (size_t)d * sizeof *x);
@@ -166,6 +183,8 @@ void ref_step(ref_model *r, int32_t token, double *logits, double *layers) {
     rmsnorm(x, r->m->output_norm.data, xb, d, hp->rms_eps);
     if (layers) memcpy(layers + (size_t)hp->n_layer * d, xb, (size_t)d * sizeof *xb);
     matvec(&r->out, xb, logits);
+    if (gemma && hp->logit_softcap > 0)
+        for (int64_t i = 0; i < hp->n_vocab; i++) logits[i] = hp->logit_softcap * tanh(logits[i] / hp->logit_softcap);
     r->pos++;
     free(x), free(xb), free(q), free(k), free(v), free(att), free(o), free(g), free(u), free(sc);
 }

@@ -166,6 +166,14 @@ static void test_qwen2_and_tied(void **state) {
     run_case("qwen2", TN_Q8_0, TN_Q6_K, false, 2);
     run_case("llama", TN_Q4_K, TN_Q6_K, true, 2);
     run_case("llama", TN_F16, TN_F16, true, 3);
+    /* llama with attention.key_length != n_embd / n_head (Mistral Nemo's shape: 4 heads of 128
+     * over n_embd 256), and qwen2 likewise (its biases q_dim long) */
+    tiny_cfg cfg;
+    tiny_cfg_default(&cfg);
+    cfg.head_dim = 128, cfg.wtype = TN_Q8_0;
+    run_cfg(cfg, 2);
+    cfg.arch = "qwen2", cfg.wtype = TN_F32;
+    run_cfg(cfg, 1);
 }
 
 /* qwen3: per-head q/k RMSNorm (random norm weights) before neox RoPE; head_dim 128 from
@@ -190,6 +198,79 @@ static void test_qwen3(void **state) {
     run_cfg(cfg, 2);
     cfg.head_dim = 0; /* key_length absent: n_embd / n_head */
     run_cfg(cfg, 2);
+}
+
+/* smollm3: the llama block without RoPE on layers 3, 7, ...: 8 layers (two NoPE layers). */
+static void test_smollm3(void **state) {
+    (void)state;
+    tiny_cfg cfg;
+    tiny_cfg_default(&cfg);
+    cfg.arch = "smollm3";
+    cfg.n_layer = 8;
+    cfg.wtype = TN_F32;
+    run_cfg(cfg, 1);
+    cfg.wtype = TN_Q8_0;
+    run_cfg(cfg, 2);
+}
+
+/* gemma3: embeddings * sqrt(n_embd), post-attention and post-FFN norms, q/k norms, GeGLU (tanh
+ * GELU), 7 layers with sliding_window 4 (layers 0-4 and 6 local with RoPE base 10000, layer 5
+ * global with the file's 1e6): the 15 positions of a run outgrow the window; head_dim 128 over
+ * n_embd 256 / 4 heads; final logit soft-capping at 3 (a bound the logits reach). */
+static void test_gemma3(void **state) {
+    (void)state;
+    tiny_cfg cfg;
+    tiny_cfg_default(&cfg);
+    cfg.arch = "gemma3";
+    cfg.n_layer = 7, cfg.head_dim = 128, cfg.n_swa = 4, cfg.rope_base = 1e6f;
+    const tn_dtype types[] = {TN_F32, TN_Q8_0, TN_Q4_0};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        cfg.wtype = types[i];
+        run_cfg(cfg, i % 3 + 1);
+    }
+    cfg.wtype = TN_F16, cfg.softcap = 3.0f, cfg.tied = true, cfg.out_type = TN_F16;
+    run_cfg(cfg, 2);
+    cfg.n_swa = 0, cfg.softcap = 0, cfg.tied = false, cfg.out_type = TN_F32; /* no sliding window: every layer global */
+    run_cfg(cfg, 2);
+}
+
+/* Paged caches (tern serve): a sliding-window layer gathers its window from the block table; one
+ * token at a time over a permuted table (window 20 over blocks of 16: unaligned starts) gives the
+ * contiguous cache's logits bit for bit, 40 positions. */
+static void test_gemma3_paged_window(void **state) {
+    (void)state;
+    tiny_cfg cfg;
+    tiny_cfg_default(&cfg);
+    cfg.arch = "gemma3";
+    cfg.n_layer = 7, cfg.head_dim = 128, cfg.n_swa = 20, cfg.rope_base = 1e6f, cfg.wtype = TN_Q8_0;
+    char path[512];
+    tiny_tmp_path(path, sizeof path, "paged");
+    assert_int_equal(tiny_model_write(path, &cfg), TERN_OK);
+    tern_model *m = NULL;
+    assert_int_equal(tern_model_load(path, NULL, &m), TERN_OK);
+    unlink(path);
+    tern_ctx_params cp;
+    tern_ctx_params_init(&cp);
+    cp.n_ctx = 48;
+    cp.n_threads = 2;
+    tern_ctx *a = NULL, *p = NULL;
+    assert_int_equal(tern_ctx_create(m, &cp, &a), TERN_OK);
+    assert_int_equal(tern_ctx_create(m, &cp, &p), TERN_OK);
+    const int32_t table[3] = {2, 0, 1}, *tables[1] = {table}, nv = m->hp.n_vocab;
+    for (int32_t pos = 0; pos < 40; pos++) {
+        const tern_token tok = (tern_token)(3 + (pos * 37) % 380);
+        assert_int_equal(tern_decode(a, &tok, 1), TERN_OK);
+        const int32_t seq = 0;
+        const int8_t want = 1;
+        const tn_batch b = {1, &tok, &seq, &pos, &want};
+        tn_forward_batch(p, &b, tables);
+        assert_int_equal(p->n_logits, 1);
+        if (memcmp(tern_get_logits(a, -1), p->logits, sizeof(float) * (size_t)nv))
+            fail_msg("position %d: the paged cache's logits differ from the contiguous cache's", pos);
+    }
+    tern_ctx_free(a);
+    tern_ctx_free(p);
+    tern_model_free(m);
 }
 
 /* Prefill in one batch, in chunks, and token by token must agree (same kernels modulo tiling). */
@@ -323,6 +404,9 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_llama_types),
         cmocka_unit_test(test_qwen2_and_tied),
         cmocka_unit_test(test_qwen3),
+        cmocka_unit_test(test_smollm3),
+        cmocka_unit_test(test_gemma3),
+        cmocka_unit_test(test_gemma3_paged_window),
         cmocka_unit_test(test_head_groups),
         cmocka_unit_test(test_batch_equivalence),
         cmocka_unit_test(test_start_layer),

@@ -141,6 +141,25 @@ static void test_family_tensor_sets(void **state) {
                 "unexpected tensor 'blk.01.attn_norm.weight'");
     expect_fail(&(mutation){.src = q3, .add_tensor = "rope_freqs.weight", .add_len = 64}, TERN_ERR_FORMAT,
                 "architecture qwen3 has no rope_freqs.weight");
+    /* gemma3: a post norm missing; a sliding-window period of 0 */
+    char g3[512];
+    tiny_cfg gc;
+    tiny_cfg_default(&gc);
+    gc.arch = "gemma3", gc.n_layer = 2, gc.head_dim = 128, gc.n_swa = 4;
+    tiny_tmp_path(g3, sizeof g3, "loadg3");
+    assert_int_equal(tiny_model_write(g3, &gc), TERN_OK);
+    assert_int_equal(tern_model_load(g3, NULL, &m), TERN_OK);
+    assert_int_equal(m->hp.n_swa, 4);
+    assert_int_equal(m->hp.swa_period, 6);
+    assert_non_null(m->layers[1].w[TN_ROLE_FFN_POST_NORM].data);
+    tern_model_free(m);
+    expect_fail(&(mutation){.src = g3, .drop_tensor = "blk.1.post_ffw_norm.weight"}, TERN_ERR_FORMAT,
+                "missing tensor 'blk.1.post_ffw_norm.weight' (gemma3 expects shape [256])");
+    expect_fail(&(mutation){.src = g3, .set_key = "gemma3.attention.sliding_window_pattern", .set_u32 = 0}, TERN_ERR_FORMAT,
+                "sliding_window_pattern' = 0");
+    expect_fail(&(mutation){.src = q3, .add_tensor = "blk.0.post_ffw_norm.weight", .add_len = 256}, TERN_ERR_FORMAT,
+                "architecture qwen3 has no post_ffw_norm.weight");
+    unlink(g3);
     /* a llama file can have the optional biases (llama.cpp's loader allows them) */
     char out[512];
     tiny_tmp_path(out, sizeof out, "llbias");

@@ -12,6 +12,33 @@
 #include "kern/kern.h"
 #include "model/model.h"
 
+/* `tern info --arch NAME`: a family's registry entry (model/arch/): its block and its tensors. */
+static int print_arch(const char *name) {
+    const tn_arch_desc *a = tn_arch_find(name, strlen(name));
+    if (!a) {
+        char names[256];
+        tn_arch_names(names, sizeof names);
+        return tn_cli_usage_error("unknown architecture '%s' (%s)", name, names);
+    }
+    static const char *const dims[] = {"1", "n_embd", "n_head*head_dim", "n_head_kv*head_dim", "head_dim", "n_ff", "n_vocab",
+                                       "n_rot/2"};
+    printf("architecture %s: rope %s, ffn %s, defaults rms eps %g, rope base %g\n", a->name,
+           a->rope == TN_ROPE_NEOX ? "neox (halves)" : "norm (adjacent pairs)", a->ffn == TN_FFN_GEGLU ? "geglu" : "swiglu",
+           a->rms_eps, a->rope_base);
+    printf("  %-34s %-8s %-32s %s\n", "tensor", "", "shape (ne0, ne1)", "type");
+    for (int r = 0; r < TN_ROLE_COUNT; r++) {
+        if (a->need[r] == TN_NEED_NO) continue;
+        const tn_role_info *ri = &tn_roles[r];
+        char n[96], shape[64];
+        snprintf(n, sizeof n, "%s%s", r < TN_ROLE_N_LAYER ? "blk.N." : "", ri->name);
+        if (ri->ne1 == TN_DIM_1) snprintf(shape, sizeof shape, "[%s]", dims[ri->ne0]);
+        else snprintf(shape, sizeof shape, "[%s, %s]", dims[ri->ne0], dims[ri->ne1]);
+        printf("  %-34s %-8s %-32s %s\n", n, a->need[r] == TN_NEED_REQ ? "required" : "optional", shape,
+               ri->matrix ? "any matrix type" : "f32");
+    }
+    return 0;
+}
+
 static void print_cpu(void) {
     const tn_cpu *c = tn_cpu_get();
     printf("tern %s\n", tern_version_string());
@@ -64,8 +91,15 @@ int cmd_info(int argc, char **argv) {
     bool all_kv = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: tern info [model.gguf] [--all]\n  --all  print long arrays' values in full\n");
+            char names[256];
+            tn_arch_names(names, sizeof names);
+            printf("usage: tern info [model.gguf] [--all]\n       tern info --arch NAME\n"
+                   "  --all        print long arrays' values in full\n"
+                   "  --arch NAME  a model family's block and tensors (%s)\n", names);
             return 0;
+        } else if (!strcmp(argv[i], "--arch")) {
+            if (i + 1 >= argc) return tn_cli_usage_error("--arch needs a value");
+            return print_arch(argv[i + 1]);
         } else if (!strcmp(argv[i], "--all")) {
             all_kv = true;
         } else if (argv[i][0] == '-') {
@@ -122,11 +156,17 @@ int cmd_info(int argc, char **argv) {
     /* the family's block as the registry (model/arch/) and the file make it */
     const tn_hparams *hp = &m->hp;
     const tn_tensor *w0 = m->layers[0].w;
-    printf("block: %s | heads %d / kv %d of %d (q rows %lld) | n_ff %d | rope %s, %d dims, base %g | rms eps %g%s%s%s | ffn %s\n",
+    printf("block: %s | heads %d / kv %d of %d (q rows %lld) | n_ff %d | rope %s, %d dims, base %g | rms eps %g%s%s%s%s%s | ffn %s\n",
            hp->family->name, hp->n_head, hp->n_head_kv, hp->head_dim, (long long)tn_hp_q_dim(hp), hp->n_ff,
            hp->rope_mode == TN_ROPE_NEOX ? "neox" : "norm", hp->n_rot, hp->rope_freq_base, hp->rms_eps,
            w0[TN_ROLE_ATTN_Q_B].data ? " | qkv bias" : "", w0[TN_ROLE_ATTN_Q_NORM].data ? " | q/k norm" : "",
-           m->output.data == m->tok_embd.data ? " | tied output" : "", hp->family->ffn == TN_FFN_GEGLU ? "geglu" : "swiglu");
+           w0[TN_ROLE_ATTN_POST_NORM].data ? " | post norms" : "", hp->embd_scale > 0 ? " | embd * sqrt(n_embd)" : "",
+           m->output.data == m->tok_embd.data ? " | tied output" : "", hp->ffn == TN_FFN_GEGLU ? "geglu (tanh gelu)" : "swiglu");
+    if (hp->n_swa > 0)
+        printf("sliding window: %d positions on layers il %% %d < %d (rope base %g), the others global\n", hp->n_swa,
+               hp->swa_period, hp->swa_period - 1, hp->rope_base_swa);
+    if (hp->nope_step > 0) printf("no RoPE on layers il with (il + 1) %% %d == 0\n", hp->nope_step);
+    if (hp->logit_softcap > 0) printf("final logit soft-capping at %g\n", hp->logit_softcap);
     tern_model_free(m);
     return 0;
 }

@@ -26,6 +26,12 @@ static const synth_preset presets[] = {
     {"1b", "qwen3", 2048, 16, 16, 8, 8192, 32000, 2048, 128},
     {"small", "qwen3", 512, 8, 8, 4, 1536, 4096, 1024, 128},
     {"tiny", "qwen3", 64, 2, 4, 2, 256, 512, 128, 32},
+    /* gemma3: Gemma-3-1B's shapes (1 kv head, head_dim 256, window 512); tiny: 7 layers, layer 5
+     * global, window 4 (desc synth_swa) */
+    {"1b", "gemma3", 1152, 26, 4, 1, 6912, 32000, 2048, 256},
+    {"tiny", "gemma3", 64, 7, 4, 2, 256, 512, 128, 32},
+    /* smollm3: 4 layers, so that layer 3 is a NoPE layer */
+    {"tiny", "smollm3", 64, 4, 4, 2, 256, 512, 128, 0},
     {"1b", NULL, 2048, 16, 32, 8, 8192, 32000, 2048, 0},   /* Llama-3.2-1B-like shapes, Llama-2 vocab */
     {"tinyllama", NULL, 2048, 22, 32, 4, 5632, 32000, 2048, 0},
     {"small", NULL, 512, 8, 8, 4, 1536, 4096, 1024, 0},
@@ -134,6 +140,8 @@ int cmd_synth(int argc, char **argv) {
         tn_gguf_set_u32(w, KEY("attention.value_length"), (uint32_t)hp.head_dim);
     }
     if (ad->rope_dim_key) tn_gguf_set_u32(w, KEY("rope.dimension_count"), (uint32_t)hp.n_rot);
+    if (ad->synth_swa) /* Gemma 3's window (512) at 1b; a few positions in the small presets */
+        tn_gguf_set_u32(w, KEY("attention.sliding_window"), (uint32_t)(P->n_layer >= 16 ? 512 : ad->synth_swa));
     tn_gguf_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), ad->rms_eps);
     tn_gguf_set_f32(w, KEY("rope.freq_base"), ad->rope_base);
 #undef KEY

@@ -15,9 +15,9 @@
 
 struct tn_hparams;
 
-typedef enum tn_arch { TN_ARCH_LLAMA = 0, TN_ARCH_QWEN2, TN_ARCH_QWEN3 } tn_arch;
+typedef enum tn_arch { TN_ARCH_LLAMA = 0, TN_ARCH_QWEN2, TN_ARCH_QWEN3, TN_ARCH_SMOLLM3, TN_ARCH_GEMMA3 } tn_arch;
 typedef enum tn_rope_mode { TN_ROPE_NORM = 0, TN_ROPE_NEOX } tn_rope_mode;
-typedef enum tn_ffn_kind { TN_FFN_SWIGLU = 0, TN_FFN_GEGLU } tn_ffn_kind;
+typedef enum tn_ffn_kind { TN_FFN_SWIGLU = 0, TN_FFN_GEGLU } tn_ffn_kind; /* silu(gate) * up, gelu_tanh(gate) * up */
 
 /* Tensor roles. Per-layer roles come first ("blk.%d." + name); the model-wide ones after. */
 typedef enum tn_role {
@@ -78,6 +78,9 @@ typedef struct tn_arch_desc {
     float rope_base;            /* default of <arch>.rope.freq_base                            */
     bool head_dim_keys;         /* its converter writes attention.key_length / value_length     */
     bool rope_dim_key;          /* its converter writes rope.dimension_count                    */
+    int32_t nope_step;          /* > 0: layers il with (il + 1) % nope_step == 0 skip RoPE      */
+    bool embd_scale;            /* token embeddings scaled by sqrt(n_embd) (gemma)              */
+    int32_t synth_swa;          /* tern synth: attention.sliding_window it writes (0: none)    */
     uint8_t need[TN_ROLE_COUNT];/* tn_need of every role                                        */
     /* The family's own keys and checks, after the common ones (NULL: none). Errors name the key. */
     tern_status (*load_hparams)(const tn_gguf *g, struct tn_hparams *hp);

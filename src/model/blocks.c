@@ -1,0 +1,391 @@
+/*
+ * blocks.c — the blocks of a forward pass with their threading (see blocks.h): every thread of the
+ * pool runs each block; a block splits its work by (ith, nth) and ends with a barrier, like a ggml
+ * graph computed in order. Numerics follow llama.cpp's CPU path (flash attention, its default) so
+ * greedy outputs agree: activations are quantized to the weight's vec_dot_type, RMSNorm sums in
+ * double, K and V are cached in f16, attention is an online softmax (kern.h tn_attn_fn) with f16
+ * accumulation for small batches.
+ *
+ * One token (decode) on several threads: each thread norms and quantizes the token itself (no
+ * barrier between a norm and its matmuls), takes a static share of each matmul's rows and then
+ * tail chunks claimed from a counter (tn_matmul_share), and prefetches the start of its share of
+ * the next matmul while it waits at a barrier or attends.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "kern/matmul.h"
+#include "model/blocks.h"
+#include "model/ops.h"
+
+/* y = x / rms(x) * w  for rows [r0, r1) */
+static void tn_rmsnorm_rows(const float *x, float *y, const float *w, int64_t d, float eps, int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) tn_op_rmsnorm(x + r * d, y + r * d, w, d, eps);
+}
+
+/* Attention of a token at position pos of a sequence (block table blocks) for query heads
+ * h0 .. h0 + nh - 1: nh == 1, or a multiple of the heads per kv head starting on a kv head. On a
+ * sliding-window layer only the last n_swa positions: of a contiguous cache in place, of a paged
+ * one gathered first into the thread's window buffer. */
+static void tn_attend(tern_ctx *c, int ith, int32_t il, const int32_t *blocks, int32_t pos, const float *q, int32_t h0,
+                      int32_t nh, bool acc16, float *out) {
+    const tn_hparams *hp = &c->hp;
+    const int32_t hd = hp->head_dim, kv_dim = hp->n_head_kv * hd, rep = hp->n_head / hp->n_head_kv;
+    const size_t layer = (size_t)il * c->kv_rows * kv_dim, head = (size_t)(h0 / rep) * hd;
+    const tn_fp16 *K = c->k_cache + layer, *V = c->v_cache + layer;
+    int64_t T = (int64_t)pos + 1;
+    if (tn_hp_layer_swa(hp, il) && T > hp->n_swa) {
+        const int64_t start = T - hp->n_swa;
+        T = hp->n_swa;
+        if (!blocks) {
+            K += start * kv_dim, V += start * kv_dim;
+        } else {
+            tn_fp16 *Kw = c->swa_kv + (size_t)ith * 2 * (size_t)T * (size_t)kv_dim, *Vw = Kw + (size_t)T * (size_t)kv_dim;
+            for (int64_t t = 0; t < T; t++) {
+                const int64_t row = tn_kv_row(blocks, TN_KV_BLOCK, start + t);
+                memcpy(Kw + t * kv_dim, K + row * kv_dim, sizeof(tn_fp16) * (size_t)kv_dim);
+                memcpy(Vw + t * kv_dim, V + row * kv_dim, sizeof(tn_fp16) * (size_t)kv_dim);
+            }
+            K = Kw, V = Vw, blocks = NULL;
+        }
+    }
+    const float scale = hp->attn_scale > 0 ? hp->attn_scale : 1.0f / sqrtf((float)hd);
+    c->kt->attn(hd, T, nh, nh == 1 ? 1 : rep, q, K + head, V + head, kv_dim, blocks, TN_KV_BLOCK, scale, acc16, out,
+                c->scores + (size_t)ith * c->scores_stride);
+}
+
+/* g = gelu(g) * u, GELU in its tanh form (ggml's gelu, Gemma's gelu_pytorch_tanh). */
+static void tn_geglu(float *g, const float *u, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const float x = g[i];
+        g[i] = 0.5f * x * (1.0f + tanhf(0.7978845608028654f * x * (1.0f + 0.044715f * x * x))) * u[i];
+    }
+}
+
+/* Query heads per attention call: whole kv groups, up to 4 heads (or one group), as long as every
+ * thread still gets two calls; else single heads. */
+static int32_t tn_attn_unit(const tn_hparams *hp, int32_t n, int nth) {
+    const int32_t rep = hp->n_head / hp->n_head_kv;
+    int32_t g = 1;
+    for (int32_t v = 1; v <= hp->n_head_kv; v++)
+        if (hp->n_head_kv % v == 0 && rep * v <= 4) g = v;
+    const int32_t G = rep * g;
+    return (int64_t)n * (hp->n_head / G) >= 2 * (int64_t)nth ? G : 1;
+}
+
+#define TN_PF_MAX (384 << 10) /* bytes of the next matmul prefetched during attention: within L2 */
+
+/* One token (own): the start of thread ith's static share of w (m rows of k;
+ * tn_matmul_share_head), at most TN_PF_MAX bytes — what the thread prefetches while it waits at
+ * the barrier before that matmul (tn_pool_barrier_pf) or attends before Wo. Batches: nothing. */
+typedef struct {
+    const uint8_t *p;
+    size_t n;
+} tn_span;
+static tn_span tn_share_span(bool own, const tn_tensor *w, int64_t m, int64_t k, int ith, int nth) {
+    if (!own) return (tn_span){NULL, 0};
+    int64_t w0, w1;
+    tn_matmul_share_head(m, ith, nth, &w0, &w1);
+    const size_t rb = tn_dtype_row_size(w->type, k);
+    return (tn_span){(const uint8_t *)w->data + (size_t)w0 * rb, TN_MIN((size_t)(w1 - w0) * rb, (size_t)TN_PF_MAX)};
+}
+
+static void tn_add_bias_range(float *v, const float *b, int64_t n) {
+    for (int64_t i = 0; i < n; i++) v[i] += b[i];
+}
+
+/* y[rows r0..r1 of each token] += tmp (the thread's own output rows: no barrier needed before). */
+static void tn_residual_add(float *x, const float *tmp, int64_t d, int32_t n, int64_t r0, int64_t r1) {
+    for (int32_t j = 0; j < n; j++)
+        for (int64_t i = r0; i < r1; i++) x[(int64_t)j * d + i] += tmp[(int64_t)j * d + i];
+}
+
+/* The activations of a matmul with weight type wt, quantized. Batches: every thread quantizes its
+ * share of the rows into c->xq, then a barrier. One token (own = true): this thread quantizes the
+ * whole row into its own buffer xq_own, no barrier (the row is small; every thread would wait
+ * for it anyway). */
+static const void *tn_act(tern_ctx *c, int ith, int nth, bool own, void *xq_own, tn_dtype wt, const float *x,
+                          int64_t ldx, int64_t k, int64_t n) {
+    if (!own) {
+        tn_matmul_quantize_task(c->pool, ith, nth, c->kt, wt, x, ldx, k, n, c->xq);
+        return c->xq;
+    }
+    c->kt->slot[tn_dtype_get(wt)->vec_dot_type].from_float(x, xq_own, k);
+    return xq_own;
+}
+
+/* y = W xq (m rows of k) and, if res, res += y on the same rows. Batches: the static split of
+ * tn_matmul_compute_task. One token (own): tn_matmul_share's ranges (a static share, then tail
+ * chunks claimed from *next), so a thread that is ahead takes more. */
+static void tn_mm(tern_ctx *c, int ith, int nth, bool own, atomic_int *next, tn_dtype wt, const void *w, int64_t m,
+                  int64_t k, const void *xq, int64_t n, float *y, int64_t ldy, float *res) {
+    int64_t r0, r1;
+    if (!own) {
+        tn_matmul_compute_task(ith, nth, c->kt, wt, w, m, k, xq, n, y, ldy);
+        tn_matmul_rows(m, ith, nth, &r0, &r1);
+        if (res) tn_residual_add(res, y, m, (int32_t)n, r0, r1);
+        return;
+    }
+    int step = 0;
+    while (tn_matmul_share(next, m, ith, nth, &step, &r0, &r1)) {
+        tn_matmul_range(c->kt, wt, w, k, xq, 1, y, ldy, r0, r1);
+        if (res) tn_residual_add(res, y, m, 1, r0, r1);
+    }
+}
+
+/* Token t's query heads h0 .. h0 + nh - 1 and kv heads k0 .. k0 + nk - 1: biases, per-head q/k
+ * RMSNorm (qwen3), RoPE, and the k, v rows appended to the cache. */
+static void tn_prepare_qkv(tern_ctx *c, const tn_layer *L, const float *rope_cs, const tn_thr *f, int64_t t, int32_t h0,
+                           int32_t nh, int32_t k0, int32_t nk, tn_fp16 *Kc, tn_fp16 *Vc) {
+    const tn_hparams *hp = &c->hp;
+    const tn_batch *b = f->b;
+    const int32_t hd = hp->head_dim, kv_dim = hp->n_head_kv * hd;
+    const int64_t qd = tn_hp_q_dim(hp);
+    float *qt = c->q + t * qd + (int64_t)h0 * hd, *kt_ = c->kv + t * 2 * kv_dim + (int64_t)k0 * hd, *vt = kt_ + kv_dim;
+    const int64_t qn = (int64_t)nh * hd, kn = (int64_t)nk * hd;
+    const tn_tensor *w = L->w;
+    if (w[TN_ROLE_ATTN_Q_B].data) tn_add_bias_range(qt, (const float *)w[TN_ROLE_ATTN_Q_B].data + (int64_t)h0 * hd, qn);
+    if (w[TN_ROLE_ATTN_K_B].data) tn_add_bias_range(kt_, (const float *)w[TN_ROLE_ATTN_K_B].data + (int64_t)k0 * hd, kn);
+    if (w[TN_ROLE_ATTN_V_B].data) tn_add_bias_range(vt, (const float *)w[TN_ROLE_ATTN_V_B].data + (int64_t)k0 * hd, kn);
+    if (w[TN_ROLE_ATTN_Q_NORM].data) tn_rmsnorm_rows(qt, qt, w[TN_ROLE_ATTN_Q_NORM].data, hd, hp->rms_eps, 0, nh);
+    if (w[TN_ROLE_ATTN_K_NORM].data) tn_rmsnorm_rows(kt_, kt_, w[TN_ROLE_ATTN_K_NORM].data, hd, hp->rms_eps, 0, nk);
+    if (rope_cs) { /* the layer's table (local layers: their own base); none on NoPE layers */
+        const float *cs = rope_cs + t * hp->n_rot;
+        tn_op_rope(hp, qt, nh, cs, 1.0f);
+        tn_op_rope(hp, kt_, nk, cs, 1.0f);
+    }
+    const int64_t row = tn_kv_row(f->tables ? f->tables[b->seq[t]] : NULL, TN_KV_BLOCK, b->pos[t]);
+    c->kt->slot[TN_F16].from_float(kt_, Kc + row * kv_dim + (int64_t)k0 * hd, kn);
+    c->kt->slot[TN_F16].from_float(vt, Vc + row * kv_dim + (int64_t)k0 * hd, kn);
+}
+
+/* The prefetch span of the pass's next matmul W for this thread (none for NULL, or for the output
+ * when it is not the only row of logits wanted). */
+static tn_span tn_next_span(const tn_thr *T, const tn_tensor *W) {
+    if (!W || (W == &T->c->model->output && T->n_out != 1)) return (tn_span){NULL, 0};
+    return tn_share_span(T->own, W, W->ne[1], W->ne[0], T->ith, T->nth);
+}
+
+int32_t tn_blk_begin(tn_thr *T, tern_ctx *c, const tn_batch *b, const int32_t *const *tables, int32_t n_out,
+                     const int32_t *out_rows, int ith, int nth) {
+    const tn_hparams *hp = &c->hp;
+    const int32_t d = hp->n_embd;
+    memset(T, 0, sizeof *T);
+    T->c = c, T->b = b, T->tables = tables, T->n_out = n_out, T->out_rows = out_rows, T->ith = ith, T->nth = nth;
+    T->n = b->n;
+    tn_split(T->n, ith, nth, 1, &T->t0, &T->t1);
+    T->own = T->n == 1 && nth > 1;
+    T->xb_own = ith ? c->pxb + (size_t)(ith - 1) * (size_t)d : c->xb;
+    T->xq_own = ith ? (uint8_t *)c->pxq + (size_t)(ith - 1) * c->pxq_stride : c->xq;
+    T->xb = T->own ? T->xb_own : c->xb;
+    T->n0 = T->own ? 0 : T->t0, T->n1 = T->own ? 1 : T->t1;
+    /* attention: units of G query heads (tn_attn_unit), this thread's units p0 .. p1 - 1; like
+     * llama.cpp, batches of >= 64 tokens with head sizes a multiple of 16 use f32 accumulation,
+     * everything else the f16 path */
+    T->acc16 = T->n < 64 || hp->head_dim % 16 != 0;
+    T->G = tn_attn_unit(hp, T->n, nth);
+    tn_split((int64_t)T->n * (hp->n_head / T->G), ith, nth, 1, &T->p0, &T->p1);
+    if (T->own && ith == 0) /* the tail counters of tn_matmul_share, before the first barrier */
+        for (int32_t i = 0; i < TN_MM_PER_LAYER * hp->n_layer + 1; i++)
+            atomic_store_explicit(&c->mm_next[i], 0, memory_order_relaxed);
+    return c->start_layer > 0 && c->start_layer <= hp->n_layer ? c->start_layer : 0;
+}
+
+void tn_blk_embed(tn_thr *T, int32_t l0) {
+    tern_ctx *c = T->c;
+    const tern_model *m = c->model;
+    const tn_hparams *hp = &c->hp;
+    const int32_t d = hp->n_embd;
+    for (int64_t t = T->t0; t < T->t1; t++) {
+        if (l0) memcpy(c->x + t * d, c->start_x + t * d, sizeof(float) * (size_t)d);
+        else tn_tensor_get_row(&m->tok_embd, T->b->tok[t], c->x + t * d);
+        if (!l0 && hp->embd_scale > 0) /* gemma: x * sqrt(n_embd) */
+            for (int32_t i = 0; i < d; i++) c->x[t * d + i] *= hp->embd_scale;
+    }
+    for (int64_t t = T->t0; t < T->t1; t++) tn_op_rope_cache(hp, m->rope_freqs.data, T->b->pos[t], c->rope_cs + t * hp->n_rot);
+    if (c->rope_cs_swa) { /* sliding-window layers: their own base, no scaling */
+        tn_hparams hs = *hp;
+        hs.rope_freq_base = hp->rope_base_swa, hs.rope_freq_scale = 1.0f;
+        for (int64_t t = T->t0; t < T->t1; t++)
+            tn_op_rope_cache(&hs, m->rope_freqs.data, T->b->pos[t], c->rope_cs_swa + t * hp->n_rot);
+    }
+    const tn_span wq_pf = l0 < hp->n_layer ? tn_next_span(T, &m->layers[l0].w[TN_ROLE_ATTN_Q]) : (tn_span){NULL, 0};
+    tn_pool_barrier_pf(c->pool, wq_pf.p, wq_pf.n);
+}
+
+void tn_blk_norm(tn_thr *T, const tn_tensor *w, int32_t il, tn_obs_site site) {
+    tern_ctx *c = T->c;
+    const int32_t d = c->hp.n_embd;
+    tn_rmsnorm_rows(c->x, T->xb, w->data, d, c->hp.rms_eps, T->n0, T->n1);
+    if (!T->own) tn_pool_barrier(c->pool);
+    if (c->observe && T->ith == 0) c->observe(c->observe_user, il, site, c->xb, T->n, d);
+}
+
+void tn_blk_qkv(tn_thr *T, const tn_layer *L, int32_t il) {
+    tern_ctx *c = T->c;
+    tn_pool *pool = c->pool;
+    const int ith = T->ith, nth = T->nth, n = T->n;
+    const bool own = T->own;
+    const int32_t d = c->hp.n_embd, kv_dim = c->hp.n_head_kv * c->hp.head_dim, qd = (int32_t)tn_hp_q_dim(&c->hp);
+    const tn_tensor *const Wq = &L->w[TN_ROLE_ATTN_Q], *const Wk = &L->w[TN_ROLE_ATTN_K], *const Wv = &L->w[TN_ROLE_ATTN_V];
+    float *xb = T->xb;
+    void *xq_own = T->xq_own;
+    /* xb quantized once when the types agree */
+    const void *xq = tn_act(c, ith, nth, own, xq_own, Wq->type, xb, d, d, n);
+    atomic_int *next = c->mm_next + TN_MM_PER_LAYER * il;
+    tn_mm(c, ith, nth, own, next, Wq->type, Wq->data, qd, d, xq, n, c->q, qd, NULL);
+    if (tn_dtype_get(Wk->type)->vec_dot_type != tn_dtype_get(Wq->type)->vec_dot_type) {
+        if (!own) tn_pool_barrier(pool);
+        xq = tn_act(c, ith, nth, own, xq_own, Wk->type, xb, d, d, n);
+    }
+    tn_mm(c, ith, nth, own, next + 1, Wk->type, Wk->data, kv_dim, d, xq, n, c->kv, 2 * kv_dim, NULL);
+    if (tn_dtype_get(Wv->type)->vec_dot_type != tn_dtype_get(Wk->type)->vec_dot_type) {
+        if (!own) tn_pool_barrier(pool);
+        xq = tn_act(c, ith, nth, own, xq_own, Wv->type, xb, d, d, n);
+    }
+    tn_mm(c, ith, nth, own, next + 2, Wv->type, Wv->data, kv_dim, d, xq, n, c->kv + kv_dim, 2 * kv_dim, NULL);
+    /* one token: the start of this thread's share of Wo, prefetched while it waits here and
+     * (the rest) while it attends — attention reads little memory */
+    const tn_span wo_pf = tn_next_span(T, &L->w[TN_ROLE_ATTN_OUT]);
+    tn_pool_barrier_pf(pool, wo_pf.p, wo_pf.n);
+}
+
+void tn_blk_attention(tn_thr *T, const tn_layer *L, int32_t il) {
+    tern_ctx *c = T->c;
+    const tn_hparams *hp = &c->hp;
+    const tn_batch *b = T->b;
+    const int32_t hd = hp->head_dim, kv_dim = hp->n_head_kv * hd, qd = (int32_t)tn_hp_q_dim(hp);
+    const int32_t G = T->G, nu = hp->n_head / G, rep = hp->n_head / hp->n_head_kv;
+    const int64_t p0 = T->p0, p1 = T->p1;
+    tn_fp16 *Kc = c->k_cache + (size_t)il * c->kv_rows * kv_dim;
+    tn_fp16 *Vc = c->v_cache + (size_t)il * c->kv_rows * kv_dim;
+    const tn_span wo_pf = tn_next_span(T, &L->w[TN_ROLE_ATTN_OUT]);
+    const float *rope_cs = !tn_hp_layer_rope(hp, il) ? NULL : tn_hp_layer_swa(hp, il) ? c->rope_cs_swa : c->rope_cs;
+    /* one token in whole kv groups: a thread's units need only its own heads' RoPE and cache
+     * rows, so it prepares them itself and no barrier separates that from the attention */
+    if (T->own && G > 1) {
+        for (int64_t p = p0; p < p1; p++) {
+            const int32_t h0 = (int32_t)(p % nu) * G, k0 = h0 / rep, nk = G / rep;
+            tn_prepare_qkv(c, L, rope_cs, T, 0, h0, G, k0, nk, Kc, Vc);
+        }
+    } else {
+        for (int64_t t = T->t0; t < T->t1; t++) tn_prepare_qkv(c, L, rope_cs, T, t, 0, hp->n_head, 0, hp->n_head_kv, Kc, Vc);
+        tn_pool_barrier(c->pool);
+    }
+    /* attention over (token, query-head group) units; one token: attention reads little memory,
+     * so meanwhile the start of the thread's static share of Wo (wo_pf) is prefetched into its L2,
+     * a slice per unit (lines the barrier wait already fetched hit L2); the matmul then begins
+     * from cache instead of a cold stream */
+    const uint8_t *pf = p1 > p0 ? wo_pf.p : NULL;
+    const size_t pf_n = wo_pf.n;
+    for (int64_t p = p0; p < p1; p++) {
+        const int32_t t = (int32_t)(p / nu), h0 = (int32_t)(p % nu) * G;
+        if (pf) {
+            const size_t a = pf_n * (size_t)(p - p0) / (size_t)(p1 - p0), e = pf_n * (size_t)(p + 1 - p0) / (size_t)(p1 - p0);
+            for (size_t o = a & ~(size_t)63; o < e; o += 64) __builtin_prefetch(pf + o, 0, 2); /* prefetcht1: into L2 */
+        }
+        tn_attend(c, T->ith, il, T->tables ? T->tables[b->seq[t]] : NULL, b->pos[t], c->q + (int64_t)t * qd + (int64_t)h0 * hd,
+                  h0, G, T->acc16, c->att + (int64_t)t * qd + (int64_t)h0 * hd);
+    }
+    tn_pool_barrier_pf(c->pool, pf ? NULL : wo_pf.p, wo_pf.n); /* unless attending prefetched it */
+}
+
+void tn_blk_glu(tn_thr *T, const tn_layer *L, int32_t il) {
+    tern_ctx *c = T->c;
+    const tn_kern_table *kt = c->kt;
+    const int ith = T->ith, nth = T->nth, n = T->n;
+    const bool own = T->own;
+    const int32_t d = c->hp.n_embd, n_ff = c->hp.n_ff;
+    const tn_tensor *const Wg = &L->w[TN_ROLE_FFN_GATE], *const Wu = &L->w[TN_ROLE_FFN_UP];
+    int64_t r0, r1;
+    const void *xq = tn_act(c, ith, nth, own, T->xq_own, Wg->type, T->xb, d, d, n);
+    const bool same_vt = tn_dtype_get(Wu->type)->vec_dot_type == tn_dtype_get(Wg->type)->vec_dot_type;
+    const bool geglu = c->hp.ffn == TN_FFN_GEGLU;
+    if (own && same_vt) { /* one token: gate, up and SwiGLU per shared range of rows */
+        int step = 0;
+        while (tn_matmul_share(c->mm_next + TN_MM_PER_LAYER * il + 4, n_ff, ith, nth, &step, &r0, &r1)) {
+            tn_matmul_range(kt, Wg->type, Wg->data, d, xq, 1, c->hb, n_ff, r0, r1);
+            tn_matmul_range(kt, Wu->type, Wu->data, d, xq, 1, c->hb2, n_ff, r0, r1);
+            if (geglu) tn_geglu(c->hb + r0, c->hb2 + r0, r1 - r0);
+            else kt->swiglu(c->hb + r0, c->hb2 + r0, r1 - r0);
+        }
+    } else {
+        tn_matmul_compute_task(ith, nth, kt, Wg->type, Wg->data, n_ff, d, xq, n, c->hb, n_ff);
+        if (!same_vt) {
+            if (!own) tn_pool_barrier(c->pool);
+            xq = tn_act(c, ith, nth, own, T->xq_own, Wu->type, T->xb, d, d, n);
+        }
+        tn_matmul_compute_task(ith, nth, kt, Wu->type, Wu->data, n_ff, d, xq, n, c->hb2, n_ff);
+        /* SwiGLU on this thread's rows (the rows it just computed for both matrices) */
+        tn_matmul_rows(n_ff, ith, nth, &r0, &r1);
+        for (int32_t j = 0; j < n; j++) {
+            if (geglu) tn_geglu(c->hb + (int64_t)j * n_ff + r0, c->hb2 + (int64_t)j * n_ff + r0, r1 - r0);
+            else kt->swiglu(c->hb + (int64_t)j * n_ff + r0, c->hb2 + (int64_t)j * n_ff + r0, r1 - r0);
+        }
+    }
+    const tn_span down_pf = tn_next_span(T, &L->w[TN_ROLE_FFN_DOWN]);
+    tn_pool_barrier_pf(c->pool, down_pf.p, down_pf.n);
+}
+
+void tn_blk_proj_add(tn_thr *T, const tn_tensor *W, const float *in, int32_t il, int slot, tn_obs_site site,
+                     const tn_tensor *post, const tn_tensor *next) {
+    tern_ctx *c = T->c;
+    const int64_t k = W->ne[0], m = W->ne[1], d = c->hp.n_embd;
+    if (c->observe && T->ith == 0) c->observe(c->observe_user, il, site, in, T->n, (int32_t)k);
+    const void *xq = tn_act(c, T->ith, T->nth, T->own, T->xq_own, W->type, in, k, k, T->n);
+    /* without a post norm each thread adds its own rows of W in to x as it computes them */
+    tn_mm(c, T->ith, T->nth, T->own, c->mm_next + TN_MM_PER_LAYER * il + slot, W->type, W->data, m, k, xq, T->n, c->tmp, d,
+          post && post->data ? NULL : c->x);
+    if (post && post->data) { /* x += rmsnorm(W in) * post: whole rows, after every thread's share */
+        tn_pool_barrier(c->pool);
+        for (int64_t t = T->t0; t < T->t1; t++) {
+            tn_op_rmsnorm(c->tmp + t * d, c->tmp + t * d, post->data, d, c->hp.rms_eps);
+            for (int64_t i = 0; i < d; i++) c->x[t * d + i] += c->tmp[t * d + i];
+        }
+    }
+    const tn_span pf = tn_next_span(T, next);
+    tn_pool_barrier_pf(c->pool, pf.p, pf.n);
+}
+
+void tn_blk_layer_end(tn_thr *T, int32_t il) {
+    tern_ctx *c = T->c;
+    if (c->debug_layer && T->ith == 0) c->debug_layer(c->debug_user, il, c->x, T->n, c->hp.n_embd);
+}
+
+void tn_blk_logits(tn_thr *T) {
+    tern_ctx *c = T->c;
+    const tern_model *m = c->model;
+    const tn_hparams *hp = &c->hp;
+    const int ith = T->ith, nth = T->nth;
+    const int32_t d = hp->n_embd;
+    /* the tokens that asked for logits (rows gathered in order); one such token: every thread
+     * norms and quantizes it for itself, as in the layers */
+    const int32_t nl = T->n_out;
+    const bool own_out = nl == 1 && nth > 1;
+    if (own_out) {
+        tn_op_rmsnorm(c->x + (int64_t)T->out_rows[0] * d, T->xb_own, m->output_norm.data, d, hp->rms_eps);
+    } else {
+        int64_t l0, l1;
+        tn_split(nl, ith, nth, 1, &l0, &l1);
+        for (int64_t j = l0; j < l1; j++)
+            tn_op_rmsnorm(c->x + (int64_t)T->out_rows[j] * d, c->xb + j * d, m->output_norm.data, d, hp->rms_eps);
+        tn_pool_barrier(c->pool);
+    }
+    if (c->debug_layer && ith == 0) c->debug_layer(c->debug_user, hp->n_layer, c->xb, nl, d);
+    if (nl == 0) return;
+    if (c->observe && ith == 0) c->observe(c->observe_user, hp->n_layer, TN_OBS_OUTPUT, c->xb, nl, d);
+    const void *xq = tn_act(c, ith, nth, own_out, T->xq_own, m->output.type, own_out ? T->xb_own : c->xb, d, d, nl);
+    tn_mm(c, ith, nth, own_out && T->own, c->mm_next + TN_MM_PER_LAYER * hp->n_layer, m->output.type, m->output.data,
+          hp->n_vocab, d, xq, nl, c->logits, hp->n_vocab, NULL);
+    if (hp->logit_softcap > 0) { /* logits = cap * tanh(logits / cap), on this thread's rows */
+        tn_pool_barrier(c->pool);
+        const float cap = hp->logit_softcap;
+        int64_t l0, l1;
+        tn_split(nl, ith, nth, 1, &l0, &l1);
+        for (int64_t j = l0; j < l1; j++)
+            for (int64_t v = 0; v < hp->n_vocab; v++) {
+                float *l = c->logits + j * hp->n_vocab + v;
+                *l = tanhf(*l * (1.0f / cap)) * cap;
+            }
+    }
+}

@@ -1,0 +1,68 @@
+/*
+ * blocks.h — the blocks a forward pass is built of (norm, q/k/v projections, attention, gated
+ * FFN, output projection with residual add, logits), each run by every thread of the pool with
+ * the threading underneath: row sharing of matmuls, barriers between steps, prefetch of the next
+ * matmul's weights while a thread waits or attends, per-thread norming of a single token. A
+ * recipe (forward.c) calls them in order on every thread; every block returns when its results
+ * are visible to all threads (it ends with a barrier), except where noted.
+ *
+ * Buffers (ctx.h): x [n][n_embd] residual stream, xb [n][n_embd] normed input, q [n][q_dim],
+ * kv [n][2 kv_dim], att [n][q_dim], hb / hb2 [n][n_ff]; q_dim = n_head * head_dim.
+ */
+#ifndef TN_MODEL_BLOCKS_H
+#define TN_MODEL_BLOCKS_H
+
+#include "model/ctx.h"
+
+/* One thread's view of one pass: the batch, its share of the tokens, and the one-token mode. */
+typedef struct tn_thr {
+    tern_ctx *c;
+    const tn_batch *b;
+    const int32_t *const *tables; /* per sequence block table, NULL = contiguous cache            */
+    int32_t n_out;                /* tokens that want logits, at batch rows out_rows[]            */
+    const int32_t *out_rows;
+    int ith, nth;
+    int32_t n;                    /* tokens in the batch                                          */
+    int64_t t0, t1;               /* this thread's tokens (embedding, rope table, per-token steps) */
+    /* one token, several threads: every thread norms and quantizes the token for itself (thread
+     * 0 into xb / xq, which the observe hooks read), so a norm, its quantization and the matmuls
+     * need no barrier between them */
+    bool own;
+    float *xb;                    /* where this thread's normed rows go (c->xb or its own row)     */
+    float *xb_own;                /* its own row (thread 0: c->xb)                                 */
+    void *xq_own;                 /* its quantized activations in one-token mode                   */
+    int64_t n0, n1;               /* rows this thread norms                                        */
+    /* attention in units of G query heads; this thread's units p0 .. p1 - 1 */
+    int32_t G;
+    int64_t p0, p1;
+    bool acc16;                   /* f16 accumulation (small batches, as llama.cpp)                */
+} tn_thr;
+
+/* Sets up thread ith's view; returns the first layer to run (c->start_layer, or 0). */
+int32_t tn_blk_begin(tn_thr *T, tern_ctx *c, const tn_batch *b, const int32_t *const *tables, int32_t n_out,
+                     const int32_t *out_rows, int ith, int nth);
+/* x[t] = tok_embd[tok[t]] (gemma: times sqrt(n_embd); or the given stream entering layer l0),
+ * and each token's RoPE tables (global, and sliding-window layers' own). */
+void tn_blk_embed(tn_thr *T, int32_t l0);
+/* xb = rmsnorm(x) * w; then the activation observer for site (il) sees xb. */
+void tn_blk_norm(tn_thr *T, const tn_tensor *w, int32_t il, tn_obs_site site);
+/* q = Wq xb, k = Wk xb, v = Wv xb. */
+void tn_blk_qkv(tn_thr *T, const tn_layer *L, int32_t il);
+/* Per head: biases, q/k RMSNorm (if the layer has them), RoPE (unless a NoPE layer); k, v into the cache; then
+ * att = softmax(q K^T / sqrt(head_dim)) V over the sequence's cached positions. */
+void tn_blk_attention(tn_thr *T, const tn_layer *L, int32_t il);
+/* hb = silu(Wgate xb) * (Wup xb)  (gemma: gelu_tanh(Wgate xb) * (Wup xb)). */
+void tn_blk_glu(tn_thr *T, const tn_layer *L, int32_t il);
+/* x += W in, or x += rmsnorm(W in) * post when post has data (gemma's post norms); in:
+ * [n][W->ne[0]], the observer sees it as site; slot numbers the matmul within the layer
+ * (tail-chunk counters). At the closing barrier the start of this thread's share of next (the
+ * pass's next matmul; NULL: none) is prefetched. */
+void tn_blk_proj_add(tn_thr *T, const tn_tensor *W, const float *in, int32_t il, int slot, tn_obs_site site,
+                     const tn_tensor *post, const tn_tensor *next);
+/* End of layer il: the test hook (c->debug_layer) sees x. */
+void tn_blk_layer_end(tn_thr *T, int32_t il);
+/* logits of the tokens that asked for them = output(rmsnorm(x) * output_norm), soft-capped if the
+ * model says so. */
+void tn_blk_logits(tn_thr *T);
+
+#endif
