@@ -366,11 +366,9 @@ static tern_status upload_stacked(tn_cuda_ctx *g, const tn_tensor *const *ts, in
 
 /* ---- context ------------------------------------------------------------------------------------ */
 
-int32_t tn_cuda_n_layers(const tn_cuda_ctx *g) { return g ? g->n_layers : 0; }
-uint64_t tn_cuda_bytes(const tn_cuda_ctx *g) { return g ? g->bytes : 0; }
 
-void tn_cuda_ctx_free(tn_cuda_ctx *g) {
-    if (!g) return;
+/* Everything g holds on the device and the host, not g itself. */
+static void ctx_release(tn_cuda_ctx *g) {
     cudaSetDevice(g->dev);
     if (g->st) cudaStreamSynchronize(g->st);
     for (size_t i = 0; i < g->n_allocs; i++) cudaFree(g->allocs[i]);
@@ -388,6 +386,11 @@ void tn_cuda_ctx_free(tn_cuda_ctx *g) {
     cudaGetLastError();
     tn_free(g->allocs);
     tn_free(g->L);
+}
+
+void tn_cuda_ctx_free(tn_cuda_ctx *g) {
+    if (!g) return;
+    ctx_release(g);
     tn_free(g);
 }
 
@@ -835,10 +838,7 @@ struct tn_cuda_weight {
 
 void tn_cuda_weight_free(tn_cuda_weight *w) {
     if (!w) return;
-    tn_cuda_ctx *g = tn_calloc(1, sizeof *g); /* tn_cuda_ctx_free frees the struct itself */
-    if (!g) return;
-    *g = w->g;
-    tn_cuda_ctx_free(g);
+    ctx_release(&w->g);
     tn_free(w);
 }
 

@@ -105,8 +105,6 @@ int tn_cu_swiglu(float *g, const float *u, int64_t n, void *stream);
 /* h[t][i] = silu(gu[t][i]) * gu[t][ff + i] (gate and up computed as one matrix), i < ff, t < n;
  * xq != NULL: h also quantized into it. */
 int tn_cu_swiglu_pair(const float *gu, float *h, int64_t n, int64_t ff, const tn_cq *xq, void *stream);
-/* dst[j][0..d) = src[rows[j]][0..d), j < n (row stride d). */
-int tn_cu_gather_rows(const float *src, const int32_t *rows, float *dst, int64_t n, int64_t d, void *stream);
 /* Streams: read src and write dst (n bytes), for the bandwidth measurement. */
 int tn_cu_copy_kernel(const void *src, void *dst, size_t n, void *stream);
 

@@ -416,7 +416,6 @@ template <int KIND> __global__ void k_dequant_plain1(tn_cw w, int64_t r0, int64_
 
 /* ---- dispatch ----------------------------------------------------------------------------------- */
 
-#define GEMV_WARPS 4
 
 /* Warps per row: rows with many chunks in matrices of few rows are split across 2 or 4 warps, so
  * that the launch has enough warps and each enough loads in flight; a function of the shape only. */
@@ -465,7 +464,7 @@ extern "C" int tn_cu_gemv(const tn_cw *w, const float *x, int64_t ldx, const tn_
     cudaStream_t st = (cudaStream_t)stream;
     const int wpr = gemv_wpr(w);
     const unsigned rpb = (unsigned)(GEMV_WARPS_MAX / wpr), blk = GEMV_WARPS_MAX * WARP;
-    const unsigned grid = (unsigned)((w->m + rpb - 1) / rpb), grid1 = (unsigned)((w->m + GEMV_WARPS - 1) / GEMV_WARPS);
+    const unsigned grid = (unsigned)((w->m + rpb - 1) / rpb), grid1 = (unsigned)((w->m + GEMV_WARPS_MAX - 1) / GEMV_WARPS_MAX);
     const int nn = (int)n;
     const bool plain1 = w->k % 8 != 0 || ldx % 4 != 0 || ((uintptr_t)x & 15) != 0;
     if (plain1 && w->kind <= TN_CW_BF16) {
@@ -808,17 +807,6 @@ extern "C" int tn_cu_swiglu_pair(const float *gu, float *h, int64_t n, int64_t f
     const tn_cq none = {NULL, NULL, NULL};
     if (xq && ff % 32 != 0) return (int)cudaErrorInvalidValue;
     launch(k_swiglu_pair, (unsigned)((n * ff + 255) / 256), 256, 0, (cudaStream_t)stream, gu, h, n, ff, xq ? *xq : none);
-    return tn_cu_err();
-}
-
-__global__ void k_gather(const float *src, const int32_t *rows, float *dst, int64_t n, int64_t d) {
-    gdc_wait();
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n * d) dst[i] = src[(int64_t)rows[i / d] * d + i % d];
-}
-extern "C" int tn_cu_gather_rows(const float *src, const int32_t *rows, float *dst, int64_t n, int64_t d, void *stream) {
-    if (n * d == 0) return 0;
-    launch(k_gather, (unsigned)((n * d + 255) / 256), 256, 0, (cudaStream_t)stream, src, rows, dst, n, d);
     return tn_cu_err();
 }
 

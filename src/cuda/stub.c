@@ -26,8 +26,6 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t n_gpu_layers, tn_cuda_ctx **
 }
 
 void tn_cuda_ctx_free(tn_cuda_ctx *g) { TN_UNUSED(g); }
-int32_t tn_cuda_n_layers(const tn_cuda_ctx *g) { TN_UNUSED(g); return 0; }
-uint64_t tn_cuda_bytes(const tn_cuda_ctx *g) { TN_UNUSED(g); return 0; }
 
 tern_status tn_cuda_forward_batch(tern_ctx *c, const tn_batch *b, const int32_t *const *tables) {
     TN_UNUSED(c);

@@ -69,6 +69,14 @@ typedef enum tn_need { TN_NEED_NO = 0, TN_NEED_OPT, TN_NEED_REQ } tn_need;
 
 /* A model family. Tensor-driven steps of the block (biases, q/k norms, post norms) run when the
  * layer has the tensor; the loader makes the file's tensors match need[] exactly. */
+/* The roles every family requires (the llama block's matrices and norms, embeddings, final norm):
+ * the first entries of a descriptor's need table; the family adds its own after. */
+#define TN_NEED_CORE                                                                                  \
+    [TN_ROLE_ATTN_NORM] = TN_NEED_REQ, [TN_ROLE_ATTN_Q] = TN_NEED_REQ, [TN_ROLE_ATTN_K] = TN_NEED_REQ,     \
+    [TN_ROLE_ATTN_V] = TN_NEED_REQ, [TN_ROLE_ATTN_OUT] = TN_NEED_REQ, [TN_ROLE_FFN_NORM] = TN_NEED_REQ,   \
+    [TN_ROLE_FFN_GATE] = TN_NEED_REQ, [TN_ROLE_FFN_UP] = TN_NEED_REQ, [TN_ROLE_FFN_DOWN] = TN_NEED_REQ,   \
+    [TN_ROLE_TOKEN_EMBD] = TN_NEED_REQ, [TN_ROLE_OUTPUT_NORM] = TN_NEED_REQ
+
 typedef struct tn_arch_desc {
     const char *name;           /* general.architecture                                        */
     tn_arch id;

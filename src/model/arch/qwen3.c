@@ -18,22 +18,12 @@ const tn_arch_desc tn_arch_qwen3 = {
     .head_dim_keys = true,
     .need =
         {
-            [TN_ROLE_ATTN_NORM] = TN_NEED_REQ,
-            [TN_ROLE_ATTN_Q] = TN_NEED_REQ,
-            [TN_ROLE_ATTN_K] = TN_NEED_REQ,
-            [TN_ROLE_ATTN_V] = TN_NEED_REQ,
-            [TN_ROLE_ATTN_OUT] = TN_NEED_REQ,
+            TN_NEED_CORE,
             [TN_ROLE_ATTN_Q_B] = TN_NEED_OPT,
             [TN_ROLE_ATTN_K_B] = TN_NEED_OPT,
             [TN_ROLE_ATTN_V_B] = TN_NEED_OPT,
             [TN_ROLE_ATTN_Q_NORM] = TN_NEED_REQ,
             [TN_ROLE_ATTN_K_NORM] = TN_NEED_REQ,
-            [TN_ROLE_FFN_NORM] = TN_NEED_REQ,
-            [TN_ROLE_FFN_GATE] = TN_NEED_REQ,
-            [TN_ROLE_FFN_UP] = TN_NEED_REQ,
-            [TN_ROLE_FFN_DOWN] = TN_NEED_REQ,
-            [TN_ROLE_TOKEN_EMBD] = TN_NEED_REQ,
-            [TN_ROLE_OUTPUT_NORM] = TN_NEED_REQ,
             [TN_ROLE_OUTPUT] = TN_NEED_OPT,
         },
 };

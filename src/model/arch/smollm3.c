@@ -16,20 +16,10 @@ const tn_arch_desc tn_arch_smollm3 = {
     .nope_step = 4,
     .need =
         {
-            [TN_ROLE_ATTN_NORM] = TN_NEED_REQ,
-            [TN_ROLE_ATTN_Q] = TN_NEED_REQ,
-            [TN_ROLE_ATTN_K] = TN_NEED_REQ,
-            [TN_ROLE_ATTN_V] = TN_NEED_REQ,
-            [TN_ROLE_ATTN_OUT] = TN_NEED_REQ,
+            TN_NEED_CORE,
             [TN_ROLE_ATTN_Q_B] = TN_NEED_OPT,
             [TN_ROLE_ATTN_K_B] = TN_NEED_OPT,
             [TN_ROLE_ATTN_V_B] = TN_NEED_OPT,
-            [TN_ROLE_FFN_NORM] = TN_NEED_REQ,
-            [TN_ROLE_FFN_GATE] = TN_NEED_REQ,
-            [TN_ROLE_FFN_UP] = TN_NEED_REQ,
-            [TN_ROLE_FFN_DOWN] = TN_NEED_REQ,
-            [TN_ROLE_TOKEN_EMBD] = TN_NEED_REQ,
-            [TN_ROLE_OUTPUT_NORM] = TN_NEED_REQ,
             [TN_ROLE_OUTPUT] = TN_NEED_OPT,
         },
 };
