@@ -127,6 +127,9 @@ typedef struct tern_ctx_params {
                             the GPU, its KV cache lives there (load the model with repack = false) */
     int32_t n_gpu_layers;/* with TERN_DEVICE_CUDA: layers 0 .. N-1 on the GPU, the rest (and then the
                             output) on the CPU; -1 (default) = all                                */
+    bool swa_full;       /* sliding-window layers (Gemma 2/3) keep every position, as global layers
+                            do; false (default): only their window plus one batch, as a ring, so
+                            the cache grows with the global layers only (see tern_ctx_truncate) */
 } tern_ctx_params;
 
 enum { TERN_DEVICE_CPU = 0, TERN_DEVICE_CUDA = 1 };
@@ -135,9 +138,14 @@ TERN_API void tern_ctx_params_init(tern_ctx_params *p);
 TERN_API tern_status tern_ctx_create(const tern_model *m, const tern_ctx_params *p, tern_ctx **out);
 TERN_API void tern_ctx_free(tern_ctx *c);
 TERN_API int32_t tern_ctx_n_ctx(const tern_ctx *c);
+/* Bytes of the context's KV cache (K and V of every layer, host memory). */
+TERN_API uint64_t tern_ctx_kv_bytes(const tern_ctx *c);
 /* Number of tokens currently in the KV cache (the next position). */
 TERN_API int32_t tern_ctx_n_past(const tern_ctx *c);
-/* Drops KV entries at positions >= n_past (0 clears). */
+/* Drops KV entries at positions >= n_past (0 clears). On a model with sliding-window layers and
+ * swa_full false, a window that later positions have overwritten cannot be restored: when
+ * n_past is more than n_batch positions back, the cache is cleared instead (tern_ctx_n_past then
+ * says 0; continue from it). */
 TERN_API tern_status tern_ctx_truncate(tern_ctx *c, int32_t n_past);
 
 /* Runs the model on n tokens at positions n_past .. n_past+n-1 and appends them to the KV cache.

@@ -63,6 +63,10 @@ static inline int64_t tn_kv_row(const int32_t *blocks, int64_t block_rows, int64
 /* SwiGLU in place: g[i] = silu(g[i]) * u[i] = g[i] / (1 + exp(-g[i])) * u[i], i < n. The reference
  * (scalar/attn.c) uses libm's expf; vector versions an exp within 2 ulp (parity-tested). */
 typedef void (*tn_swiglu_fn)(float *g, const float *u, int64_t n);
+/* GeGLU in place (Gemma's gelu_pytorch_tanh, ggml's gelu): g[i] = 0.5 g (1 + tanh(y)) u[i] with
+ * y = sqrt(2/pi) (g + 0.044715 g^3). The reference (scalar/attn.c) uses libm's tanhf; vector
+ * versions the identity 0.5 (1 + tanh(y)) = 1 / (1 + exp(-2y)) with their exp (parity-tested). */
+typedef tn_swiglu_fn tn_geglu_fn;
 
 /* Weight quantization into a tern any-bit type: k floats (k % G == 0) into k / G blocks, with the
  * importance of each column or NULL. The reference is quant/tq.c tn_tq_quantize_row; vector
@@ -77,6 +81,8 @@ typedef struct tn_kern_table {
     tn_isa attn_isa;
     tn_swiglu_fn swiglu;
     tn_isa swiglu_isa;
+    tn_geglu_fn geglu;
+    tn_isa geglu_isa;
     tn_tq_quantize_fn tq_quantize;
     tn_isa tq_quantize_isa;
 } tn_kern_table;

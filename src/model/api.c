@@ -158,11 +158,18 @@ tern_status tern_ctx_create(const tern_model *m, const tern_ctx_params *pp, tern
 
     const int64_t d = hp->n_embd, kv_dim = (int64_t)hp->n_head_kv * hp->head_dim, nb = p.n_batch, T = p.n_ctx;
     const int64_t qd = tn_hp_q_dim(hp); /* query and attention-output rows */
-    /* KV cache size check before allocating: n_layer * n_ctx * kv_dim * 2 (K,V) * 2 bytes */
-    uint64_t kv_elems, kv_bytes;
+    /* KV cache: kv_rows per global layer; a sliding-window layer keeps a ring of its window plus
+     * one batch (a batch writes all its rows before attending) unless swa_full or the GPU runs
+     * it. Size check before allocating: rows * kv_dim * 2 (K,V) * 2 bytes */
     const int64_t kv_blocks = (T + TN_KV_BLOCK - 1) / TN_KV_BLOCK, kv_rows = kv_blocks * TN_KV_BLOCK;
-    if (!tn_mul_ok((uint64_t)hp->n_layer * (uint64_t)kv_rows, (uint64_t)kv_dim, &kv_elems) ||
-        !tn_mul_ok(kv_elems, 4, &kv_bytes) || kv_bytes > ((uint64_t)1 << 40))
+    int64_t kv_ring = 0, kv_layer_rows = 0;
+    if (hp->n_swa > 0 && !p.swa_full && p.device == TERN_DEVICE_CPU)
+        kv_ring = TN_PAD((int64_t)hp->n_swa + nb, TN_KV_BLOCK);
+    if (kv_ring >= kv_rows) kv_ring = 0;
+    for (int32_t il = 0; il < hp->n_layer; il++) kv_layer_rows += kv_ring && tn_hp_layer_swa(hp, il) ? kv_ring : kv_rows;
+    uint64_t kv_elems, kv_bytes;
+    if (!tn_mul_ok((uint64_t)kv_layer_rows, (uint64_t)kv_dim, &kv_elems) || !tn_mul_ok(kv_elems, 4, &kv_bytes) ||
+        kv_bytes > ((uint64_t)1 << 40))
         return tn_err(TERN_ERR_NOMEM, "KV cache for n_ctx %d would need more than 1 TiB", p.n_ctx);
 
     tern_ctx *c = tn_calloc(1, sizeof *c);
@@ -176,7 +183,14 @@ tern_status tern_ctx_create(const tern_model *m, const tern_ctx_params *pp, tern
     c->kt = tn_kern();
     c->kv_blocks = (int32_t)kv_blocks;
     c->kv_rows = kv_rows;
+    c->kv_ring = kv_ring;
+    c->kv_bytes = kv_bytes;
     bool ok = true;
+    c->kv_off = tn_ctx_alloc(c, (size_t)hp->n_layer * sizeof(int64_t), &ok);
+    for (int64_t il = 0, off = 0; ok && il < hp->n_layer; il++) {
+        c->kv_off[il] = off;
+        off += (kv_ring && tn_hp_layer_swa(hp, (int32_t)il) ? kv_ring : kv_rows) * kv_dim;
+    }
     c->k_cache = tn_ctx_alloc(c, kv_elems * sizeof(tn_fp16), &ok);
     c->v_cache = tn_ctx_alloc(c, kv_elems * sizeof(tn_fp16), &ok);
     if (ok) { /* zeroed so attention over the cache never reads uninitialised halves */
@@ -251,7 +265,7 @@ void tern_ctx_free(tern_ctx *c) {
     if (!c) return;
     tn_cuda_ctx_free(c->cuda);
     tn_pool_free(c->pool);
-    void *bufs[] = {c->k_cache, c->v_cache, c->x, c->xb, c->q, c->kv, c->att, c->hb, c->hb2,
+    void *bufs[] = {c->kv_off, c->k_cache, c->v_cache, c->x, c->xb, c->q, c->kv, c->att, c->hb, c->hb2,
                     c->tmp, c->rope_cs, c->rope_cs_swa, c->swa_kv, c->xq, c->pxb, c->pxq, c->mm_next, c->scores, c->logits, c->b_seq, c->b_pos, c->out_rows,
                     c->b_logits};
     for (size_t i = 0; i < TN_ARRAY_LEN(bufs); i++) tn_free_aligned(bufs[i]);
@@ -259,11 +273,15 @@ void tern_ctx_free(tern_ctx *c) {
 }
 
 int32_t tern_ctx_n_ctx(const tern_ctx *c) { return c->n_ctx; }
+uint64_t tern_ctx_kv_bytes(const tern_ctx *c) { return c->kv_bytes; }
 int32_t tern_ctx_n_past(const tern_ctx *c) { return c->n_past; }
 
 tern_status tern_ctx_truncate(tern_ctx *c, int32_t n_past) {
     if (!c || n_past < 0 || n_past > c->n_past)
         return tn_err(TERN_ERR_INVALID_ARG, "truncate to %d: context holds %d tokens", n_past, c ? c->n_past : 0);
+    /* a ring keeps positions n_past - kv_ring .. n_past - 1; the next token at n_past' needs the
+     * window n_past' - n_swa + 1 .. n_past' - 1 of it */
+    if (c->kv_ring && n_past > 0 && (int64_t)c->n_past - n_past > c->kv_ring - c->hp.n_swa + 1) n_past = 0;
     c->n_past = n_past;
     c->n_logits = 0;
     return TERN_OK;

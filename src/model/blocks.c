@@ -31,18 +31,18 @@ static void tn_attend(tern_ctx *c, int ith, int32_t il, const int32_t *blocks, i
                       int32_t nh, bool acc16, float *out) {
     const tn_hparams *hp = &c->hp;
     const int32_t hd = hp->head_dim, kv_dim = hp->n_head_kv * hd, rep = hp->n_head / hp->n_head_kv;
-    const size_t layer = (size_t)il * c->kv_rows * kv_dim, head = (size_t)(h0 / rep) * hd;
-    const tn_fp16 *K = c->k_cache + layer, *V = c->v_cache + layer;
+    const size_t head = (size_t)(h0 / rep) * hd;
+    const tn_fp16 *K = c->k_cache + c->kv_off[il], *V = c->v_cache + c->kv_off[il];
     int64_t T = (int64_t)pos + 1;
     if (tn_hp_layer_swa(hp, il) && T > hp->n_swa) {
-        const int64_t start = T - hp->n_swa;
+        const int64_t start = T - hp->n_swa, ring = c->kv_ring;
         T = hp->n_swa;
-        if (!blocks) {
-            K += start * kv_dim, V += start * kv_dim;
+        if (!blocks && (!ring || start % ring + T <= ring)) { /* in place (a ring: not wrapped) */
+            K += (ring ? start % ring : start) * kv_dim, V += (ring ? start % ring : start) * kv_dim;
         } else {
             tn_fp16 *Kw = c->swa_kv + (size_t)ith * 2 * (size_t)T * (size_t)kv_dim, *Vw = Kw + (size_t)T * (size_t)kv_dim;
             for (int64_t t = 0; t < T; t++) {
-                const int64_t row = tn_kv_row(blocks, TN_KV_BLOCK, start + t);
+                const int64_t row = blocks ? tn_kv_row(blocks, TN_KV_BLOCK, start + t) : (start + t) % ring;
                 memcpy(Kw + t * kv_dim, K + row * kv_dim, sizeof(tn_fp16) * (size_t)kv_dim);
                 memcpy(Vw + t * kv_dim, V + row * kv_dim, sizeof(tn_fp16) * (size_t)kv_dim);
             }
@@ -52,14 +52,6 @@ static void tn_attend(tern_ctx *c, int ith, int32_t il, const int32_t *blocks, i
     const float scale = hp->attn_scale > 0 ? hp->attn_scale : 1.0f / sqrtf((float)hd);
     c->kt->attn(hd, T, nh, nh == 1 ? 1 : rep, q, K + head, V + head, kv_dim, blocks, TN_KV_BLOCK, scale, acc16, out,
                 c->scores + (size_t)ith * c->scores_stride);
-}
-
-/* g = gelu(g) * u, GELU in its tanh form (ggml's gelu, Gemma's gelu_pytorch_tanh). */
-static void tn_geglu(float *g, const float *u, int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
-        const float x = g[i];
-        g[i] = 0.5f * x * (1.0f + tanhf(0.7978845608028654f * x * (1.0f + 0.044715f * x * x))) * u[i];
-    }
 }
 
 /* Query heads per attention call: whole kv groups, up to 4 heads (or one group), as long as every
@@ -136,7 +128,7 @@ static void tn_mm(tern_ctx *c, int ith, int nth, bool own, atomic_int *next, tn_
 /* Token t's query heads h0 .. h0 + nh - 1 and kv heads k0 .. k0 + nk - 1: biases, per-head q/k
  * RMSNorm (qwen3), RoPE, and the k, v rows appended to the cache. */
 static void tn_prepare_qkv(tern_ctx *c, const tn_layer *L, const float *rope_cs, const tn_thr *f, int64_t t, int32_t h0,
-                           int32_t nh, int32_t k0, int32_t nk, tn_fp16 *Kc, tn_fp16 *Vc) {
+                           int32_t nh, int32_t k0, int32_t nk, tn_fp16 *Kc, tn_fp16 *Vc, int64_t ring) {
     const tn_hparams *hp = &c->hp;
     const tn_batch *b = f->b;
     const int32_t hd = hp->head_dim, kv_dim = hp->n_head_kv * hd;
@@ -154,7 +146,7 @@ static void tn_prepare_qkv(tern_ctx *c, const tn_layer *L, const float *rope_cs,
         tn_op_rope(hp, qt, nh, cs, 1.0f);
         tn_op_rope(hp, kt_, nk, cs, 1.0f);
     }
-    const int64_t row = tn_kv_row(f->tables ? f->tables[b->seq[t]] : NULL, TN_KV_BLOCK, b->pos[t]);
+    const int64_t row = ring ? b->pos[t] % ring : tn_kv_row(f->tables ? f->tables[b->seq[t]] : NULL, TN_KV_BLOCK, b->pos[t]);
     c->kt->slot[TN_F16].from_float(kt_, Kc + row * kv_dim + (int64_t)k0 * hd, kn);
     c->kt->slot[TN_F16].from_float(vt, Vc + row * kv_dim + (int64_t)k0 * hd, kn);
 }
@@ -254,11 +246,12 @@ void tn_blk_attention(tn_thr *T, const tn_layer *L, int32_t il) {
     tern_ctx *c = T->c;
     const tn_hparams *hp = &c->hp;
     const tn_batch *b = T->b;
-    const int32_t hd = hp->head_dim, kv_dim = hp->n_head_kv * hd, qd = (int32_t)tn_hp_q_dim(hp);
+    const int32_t hd = hp->head_dim, qd = (int32_t)tn_hp_q_dim(hp);
     const int32_t G = T->G, nu = hp->n_head / G, rep = hp->n_head / hp->n_head_kv;
     const int64_t p0 = T->p0, p1 = T->p1;
-    tn_fp16 *Kc = c->k_cache + (size_t)il * c->kv_rows * kv_dim;
-    tn_fp16 *Vc = c->v_cache + (size_t)il * c->kv_rows * kv_dim;
+    tn_fp16 *Kc = c->k_cache + c->kv_off[il];
+    tn_fp16 *Vc = c->v_cache + c->kv_off[il];
+    const int64_t ring = tn_hp_layer_swa(hp, il) ? c->kv_ring : 0; /* > 0: K/V row = position % ring */
     const tn_span wo_pf = tn_next_span(T, &L->w[TN_ROLE_ATTN_OUT]);
     const float *rope_cs = !tn_hp_layer_rope(hp, il) ? NULL : tn_hp_layer_swa(hp, il) ? c->rope_cs_swa : c->rope_cs;
     /* one token in whole kv groups: a thread's units need only its own heads' RoPE and cache
@@ -266,10 +259,10 @@ void tn_blk_attention(tn_thr *T, const tn_layer *L, int32_t il) {
     if (T->own && G > 1) {
         for (int64_t p = p0; p < p1; p++) {
             const int32_t h0 = (int32_t)(p % nu) * G, k0 = h0 / rep, nk = G / rep;
-            tn_prepare_qkv(c, L, rope_cs, T, 0, h0, G, k0, nk, Kc, Vc);
+            tn_prepare_qkv(c, L, rope_cs, T, 0, h0, G, k0, nk, Kc, Vc, ring);
         }
     } else {
-        for (int64_t t = T->t0; t < T->t1; t++) tn_prepare_qkv(c, L, rope_cs, T, t, 0, hp->n_head, 0, hp->n_head_kv, Kc, Vc);
+        for (int64_t t = T->t0; t < T->t1; t++) tn_prepare_qkv(c, L, rope_cs, T, t, 0, hp->n_head, 0, hp->n_head_kv, Kc, Vc, ring);
         tn_pool_barrier(c->pool);
     }
     /* attention over (token, query-head group) units; one token: attention reads little memory,
@@ -306,7 +299,7 @@ void tn_blk_glu(tn_thr *T, const tn_layer *L, int32_t il) {
         while (tn_matmul_share(c->mm_next + TN_MM_PER_LAYER * il + 4, n_ff, ith, nth, &step, &r0, &r1)) {
             tn_matmul_range(kt, Wg->type, Wg->data, d, xq, 1, c->hb, n_ff, r0, r1);
             tn_matmul_range(kt, Wu->type, Wu->data, d, xq, 1, c->hb2, n_ff, r0, r1);
-            if (geglu) tn_geglu(c->hb + r0, c->hb2 + r0, r1 - r0);
+            if (geglu) kt->geglu(c->hb + r0, c->hb2 + r0, r1 - r0);
             else kt->swiglu(c->hb + r0, c->hb2 + r0, r1 - r0);
         }
     } else {
@@ -319,7 +312,7 @@ void tn_blk_glu(tn_thr *T, const tn_layer *L, int32_t il) {
         /* SwiGLU on this thread's rows (the rows it just computed for both matrices) */
         tn_matmul_rows(n_ff, ith, nth, &r0, &r1);
         for (int32_t j = 0; j < n; j++) {
-            if (geglu) tn_geglu(c->hb + (int64_t)j * n_ff + r0, c->hb2 + (int64_t)j * n_ff + r0, r1 - r0);
+            if (geglu) kt->geglu(c->hb + (int64_t)j * n_ff + r0, c->hb2 + (int64_t)j * n_ff + r0, r1 - r0);
             else kt->swiglu(c->hb + (int64_t)j * n_ff + r0, c->hb2 + (int64_t)j * n_ff + r0, r1 - r0);
         }
     }

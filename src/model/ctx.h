@@ -50,8 +50,12 @@ struct tern_ctx {
     const tn_kern_table *kt;
     int32_t n_past;
 
-    tn_fp16 *k_cache, *v_cache; /* [n_layer][kv_rows][kv_dim] each                          */
+    tn_fp16 *k_cache, *v_cache; /* per layer (at kv_off[il]) [rows][kv_dim] each              */
     int64_t kv_rows;            /* rows per layer = kv_blocks * TN_KV_BLOCK >= n_ctx         */
+    int64_t kv_ring;            /* > 0: sliding-window layers keep kv_ring rows, position p
+                                   at row p % kv_ring (window + batch; contiguous cache only) */
+    int64_t *kv_off;            /* [n_layer] element offset of each layer in k/v_cache       */
+    uint64_t kv_bytes;          /* of k_cache and v_cache together                           */
     int32_t kv_blocks;
     int32_t *b_seq, *b_pos, *out_rows; /* [n_batch] batch bookkeeping                         */
     int8_t *b_logits;

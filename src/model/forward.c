@@ -49,6 +49,12 @@ static void tn_forward_task(void *vp, int ith, int nth) {
 }
 
 void tn_forward_batch_cpu(tern_ctx *c, const tn_batch *b, const int32_t *const *tables) {
+    if (tables && c->kv_ring) { /* a paged cache needs every layer's rows: create it with swa_full */
+        if (!c->dev_status)
+            c->dev_status = tn_err(TERN_ERR_INTERNAL, "forward: a paged batch on a context whose sliding-window layers keep a ring");
+        c->n_logits = 0;
+        return;
+    }
     tn_fwd f = {c, b, tables, 0, c->out_rows};
     for (int32_t t = 0; t < b->n; t++)
         if (b->logits[t]) c->out_rows[f.n_out++] = t;

@@ -995,6 +995,7 @@ tern_status tn_engine_create(const tern_model *m, const tn_serve_config *cfg, tn
     tern_ctx_params_init(&cp);
     cp.n_ctx = (int32_t)total;
     cp.n_batch = cfg->n_batch > 0 ? cfg->n_batch : 512;
+    cp.swa_full = true; /* paged blocks are shared by every layer (and by the prefix cache) */
     if (cp.n_batch < e->np) cp.n_batch = e->np;
     if (cfg->n_threads > 0) cp.n_threads = cfg->n_threads;
     cp.device = cfg->device;

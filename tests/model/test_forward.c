@@ -234,21 +234,27 @@ static void test_gemma3(void **state) {
     run_cfg(cfg, 2);
 }
 
+/* A 7-layer gemma3 tiny model (head_dim 128, Q8_0) with sliding window n_swa, loaded. */
+static tern_model *load_gemma3_q8(int32_t n_swa, const char *tag) {
+    tiny_cfg cfg;
+    tiny_cfg_default(&cfg);
+    cfg.arch = "gemma3";
+    cfg.n_layer = 7, cfg.head_dim = 128, cfg.n_swa = n_swa, cfg.rope_base = 1e6f, cfg.wtype = TN_Q8_0;
+    char path[512];
+    tiny_tmp_path(path, sizeof path, tag);
+    assert_int_equal(tiny_model_write(path, &cfg), TERN_OK);
+    tern_model *m = NULL;
+    assert_int_equal(tern_model_load(path, NULL, &m), TERN_OK);
+    unlink(path);
+    return m;
+}
+
 /* Paged caches (tern serve): a sliding-window layer gathers its window from the block table; one
  * token at a time over a permuted table (window 20 over blocks of 16: unaligned starts) gives the
  * contiguous cache's logits bit for bit, 40 positions. */
 static void test_gemma3_paged_window(void **state) {
     (void)state;
-    tiny_cfg cfg;
-    tiny_cfg_default(&cfg);
-    cfg.arch = "gemma3";
-    cfg.n_layer = 7, cfg.head_dim = 128, cfg.n_swa = 20, cfg.rope_base = 1e6f, cfg.wtype = TN_Q8_0;
-    char path[512];
-    tiny_tmp_path(path, sizeof path, "paged");
-    assert_int_equal(tiny_model_write(path, &cfg), TERN_OK);
-    tern_model *m = NULL;
-    assert_int_equal(tern_model_load(path, NULL, &m), TERN_OK);
-    unlink(path);
+    tern_model *m = load_gemma3_q8(20, "paged");
     tern_ctx_params cp;
     tern_ctx_params_init(&cp);
     cp.n_ctx = 48;
@@ -270,6 +276,53 @@ static void test_gemma3_paged_window(void **state) {
     }
     tern_ctx_free(a);
     tern_ctx_free(p);
+    tern_model_free(m);
+}
+
+/* The ring of a sliding-window layer (swa_full off): window 4, batches of 3, so local layers keep
+ * 16 rows of a 64-row cache, written at position % 16, read in place or (where the window wraps)
+ * gathered. Against the same model with every position kept (swa_full): the same logits bit for
+ * bit over 50 positions (a 10-token prefill in chunks of 3, then single tokens), after a
+ * rollback of 3 positions (within what the ring keeps) and new tokens; a rollback of 14 (more
+ * than the ring's 16 - 4 + 1 = 13) clears the cache. The KV bytes: 1 global layer of 64 rows and
+ * 6 local layers of 16 (gemma3's pattern of 6: layer 5 global), K and V in f16. */
+static void test_gemma3_ring(void **state) {
+    (void)state;
+    tern_model *m = load_gemma3_q8(4, "ring");
+    tern_ctx_params cp;
+    tern_ctx_params_init(&cp);
+    cp.n_ctx = 64, cp.n_batch = 3, cp.n_threads = 2;
+    tern_ctx *r = NULL, *f = NULL;
+    assert_int_equal(tern_ctx_create(m, &cp, &r), TERN_OK);
+    cp.swa_full = true;
+    assert_int_equal(tern_ctx_create(m, &cp, &f), TERN_OK);
+    const uint64_t kv_dim = (uint64_t)m->hp.n_head_kv * (uint64_t)m->hp.head_dim;
+    assert_int_equal(tern_ctx_kv_bytes(f), 7 * 64 * kv_dim * 2 * 2);
+    assert_int_equal(tern_ctx_kv_bytes(r), (1 * 64 + 6 * 16) * kv_dim * 2 * 2);
+    const int32_t nv = m->hp.n_vocab;
+    tern_token toks[64];
+    for (int i = 0; i < 64; i++) toks[i] = (tern_token)(3 + (i * 37) % 380);
+    assert_int_equal(tern_decode(r, toks, 10), TERN_OK);
+    assert_int_equal(tern_decode(f, toks, 10), TERN_OK);
+    for (int32_t pos = 10; pos <= 50; pos++) {
+        if (memcmp(tern_get_logits(r, -1), tern_get_logits(f, -1), sizeof(float) * (size_t)nv))
+            fail_msg("position %d: the ring's logits differ from the full cache's", pos);
+        if (pos == 50) break;
+        assert_int_equal(tern_decode(r, &toks[pos], 1), TERN_OK);
+        assert_int_equal(tern_decode(f, &toks[pos], 1), TERN_OK);
+    }
+    assert_int_equal(tern_ctx_truncate(r, 47), TERN_OK);
+    assert_int_equal(tern_ctx_truncate(f, 47), TERN_OK);
+    assert_int_equal(tern_ctx_n_past(r), 47);
+    const tern_token again[4] = {7, 9, 11, 13};
+    assert_int_equal(tern_decode(r, again, 4), TERN_OK);
+    assert_int_equal(tern_decode(f, again, 4), TERN_OK);
+    if (memcmp(tern_get_logits(r, -1), tern_get_logits(f, -1), sizeof(float) * (size_t)nv))
+        fail_msg("after a rollback of 3: the ring's logits differ from the full cache's");
+    assert_int_equal(tern_ctx_truncate(r, 51 - 14), TERN_OK);
+    assert_int_equal(tern_ctx_n_past(r), 0);
+    tern_ctx_free(r);
+    tern_ctx_free(f);
     tern_model_free(m);
 }
 
@@ -407,6 +460,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_smollm3),
         cmocka_unit_test(test_gemma3),
         cmocka_unit_test(test_gemma3_paged_window),
+        cmocka_unit_test(test_gemma3_ring),
         cmocka_unit_test(test_head_groups),
         cmocka_unit_test(test_batch_equivalence),
         cmocka_unit_test(test_start_layer),

@@ -42,6 +42,7 @@ static void gen_usage(FILE *f) {
             "      --spec-ngram N      longest n-gram matched (default 3)\n"
             "  -ngl, --n-gpu-layers N  with --device cuda: the first N layers on the GPU, the rest on the CPU (-1: all)\n"
             "      --no-repack         keep q4_0/q8_0/tq4/tq1 weights in the file layout (no interleaved copy)\n"
+            "      --swa-full          sliding-window layers keep every position (default: their window plus a batch)\n"
             "      --no-display-prompt do not echo the prompt\n");
 }
 
@@ -118,7 +119,7 @@ static int32_t spec_draft(spec_run *sr, int32_t kmax, tern_token *draft) {
 int cmd_generate(int argc, char **argv) {
     const char *model_path = NULL, *prompt = NULL, *prompt_file = NULL;
     int64_t n_predict = 128, n_ctx = 0, n_threads = 0, n_batch = 512, seed = -1, v;
-    bool ignore_eos = false, use_mmap = true, repack = true, display_prompt = true;
+    bool ignore_eos = false, use_mmap = true, repack = true, display_prompt = true, swa_full = false;
     int32_t device = TERN_DEVICE_CPU, ngl = -1;
     int dv;
     bool spec_ngram = false;
@@ -185,6 +186,8 @@ int cmd_generate(int argc, char **argv) {
             ignore_eos = true;
         } else if (!strcmp(a, "--no-repack")) {
             repack = false;
+        } else if (!strcmp(a, "--swa-full")) {
+            swa_full = true;
         } else if (!strcmp(a, "--no-mmap")) {
             use_mmap = false;
         } else if (!strcmp(a, "--no-display-prompt")) {
@@ -259,6 +262,7 @@ int cmd_generate(int argc, char **argv) {
     cp.n_batch = (int32_t)n_batch;
     cp.device = device;
     cp.n_gpu_layers = ngl;
+    cp.swa_full = swa_full;
     if (n_threads) cp.n_threads = (int32_t)n_threads;
     /* A model of a few MiB decodes a token in well under a millisecond: synchronising threads
      * costs more than it saves (and far more on a busy machine), so small models default to one. */
@@ -304,9 +308,9 @@ int cmd_generate(int argc, char **argv) {
         rc = TN_EXIT_USAGE;
         goto done;
     }
-    fprintf(stderr, "tern: model %s (%s), %s, %d threads, ctx %d, seed %llu\n", model_path, tern_model_desc(m),
-            device == TERN_DEVICE_CUDA ? "device cuda" : "device cpu", cp.n_threads, n_ctx_real,
-            (unsigned long long)tern_sampler_seed(smp));
+    fprintf(stderr, "tern: model %s (%s), %s, %d threads, ctx %d (KV %.1f MiB), seed %llu\n", model_path,
+            tern_model_desc(m), device == TERN_DEVICE_CUDA ? "device cuda" : "device cpu", cp.n_threads, n_ctx_real,
+            (double)tern_ctx_kv_bytes(c) / 1048576.0, (unsigned long long)tern_sampler_seed(smp));
     signal(SIGINT, on_sigint);
     signal(SIGPIPE, SIG_IGN);
     char out[512];

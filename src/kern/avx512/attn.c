@@ -205,9 +205,29 @@ static void tn_k_swiglu__avx512(float *g, const float *u, int64_t n) {
     }
 }
 
+/* GeGLU (kern.h tn_geglu_fn): g u / (1 + exp(-2y)), y = sqrt(2/pi) (g + 0.044715 g^3) — the
+ * reference's 0.5 g (1 + tanh(y)) u without its cancellation where tanh(y) nears -1. */
+static inline __m512 tn_geglu16(__m512 x, __m512 u) {
+    const __m512 x2 = _mm512_mul_ps(x, x);
+    const __m512 y = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.7978845608028654f), x),
+                                   _mm512_fmadd_ps(_mm512_set1_ps(0.044715f), x2, _mm512_set1_ps(1.0f)));
+    const __m512 e = tn_exp512(_mm512_mul_ps(_mm512_set1_ps(-2.0f), y));
+    return _mm512_mul_ps(_mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), u);
+}
+static void tn_k_geglu__avx512(float *g, const float *u, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(g + i, tn_geglu16(_mm512_loadu_ps(g + i), _mm512_loadu_ps(u + i)));
+    if (i < n) {
+        const __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(g + i, k, tn_geglu16(_mm512_maskz_loadu_ps(k, g + i), _mm512_maskz_loadu_ps(k, u + i)));
+    }
+}
+
 void tn_kern_register_attn_avx512(tn_kern_table *t) {
     t->attn = tn_k_attn_f16__avx512;
     t->attn_isa = TN_ISA_AVX512;
     t->swiglu = tn_k_swiglu__avx512;
     t->swiglu_isa = TN_ISA_AVX512;
+    t->geglu = tn_k_geglu__avx512;
+    t->geglu_isa = TN_ISA_AVX512;
 }

@@ -58,9 +58,18 @@ void tn_k_swiglu__scalar(float *g, const float *u, int64_t n) {
     for (int64_t i = 0; i < n; i++) g[i] = (g[i] / (1.0f + expf(-g[i]))) * u[i];
 }
 
+void tn_k_geglu__scalar(float *g, const float *u, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const float x = g[i];
+        g[i] = 0.5f * x * (1.0f + tanhf(0.7978845608028654f * x * (1.0f + 0.044715f * x * x))) * u[i];
+    }
+}
+
 void tn_kern_register_attn_scalar(tn_kern_table *t) {
     t->attn = tn_k_attn_f16__scalar;
     t->attn_isa = TN_ISA_SCALAR;
     t->swiglu = tn_k_swiglu__scalar;
     t->swiglu_isa = TN_ISA_SCALAR;
+    t->geglu = tn_k_geglu__scalar;
+    t->geglu_isa = TN_ISA_SCALAR;
 }
