@@ -77,8 +77,8 @@ int32_t tn_spec_draft_model(tn_spec_draft *d, const tern_token *hist, int32_t n,
     tern_ctx *c = d->c;
     if (n < 1 || k < 1) return 0;
     if (d->n_fed >= n) { /* nothing new: step back one token to get its logits again */
-        d->n_fed = n - 1;
-        tern_ctx_truncate(c, d->n_fed);
+        tern_ctx_truncate(c, n - 1);
+        d->n_fed = tern_ctx_n_past(c); /* less if a sliding-window ring had to be cleared */
     }
     const int32_t room = c->n_ctx - n; /* drafts fed: k - 1 after the n tokens */
     if (k > room) k = room;
@@ -99,7 +99,7 @@ void tn_spec_draft_accept(tn_spec_draft *d, int32_t n_accepted) {
     /* its cache: the text it was fed, then its own first n_extra drafts; the accepted ones are
      * the text's next tokens, the rest go */
     const int32_t keep = TN_MIN(n_accepted, d->n_extra);
-    d->n_fed += keep;
     d->n_extra = 0;
-    tern_ctx_truncate(d->c, d->n_fed);
+    tern_ctx_truncate(d->c, d->n_fed + keep);
+    d->n_fed = tern_ctx_n_past(d->c); /* less if a sliding-window ring had to be cleared */
 }

@@ -59,15 +59,17 @@ static tern_model *load_tiny(tiny_cfg *cfg) {
     return m;
 }
 
-static tern_ctx *ctx_of(const tern_model *m) {
+static tern_ctx *ctx_threads(const tern_model *m, int threads) {
     tern_ctx_params cp;
     tern_ctx_params_init(&cp);
     cp.n_ctx = 64;
-    cp.n_threads = 2;
+    cp.n_threads = threads;
     tern_ctx *c = NULL;
     assert_int_equal(tern_ctx_create(m, &cp, &c), TERN_OK);
     return c;
 }
+
+static tern_ctx *ctx_of(const tern_model *m) { return ctx_threads(m, 2); }
 
 static tern_sampler *sampler_of(const tern_model *m, float temp) {
     tern_sampler_params sp;
@@ -165,7 +167,92 @@ static void test_verify(void **state) {
     tern_model_free(m);
 }
 
+/* Pearson's chi-square of counts against n * p over bins of expected count >= 5 (the rest pooled
+ * into one bin); *df gets the degrees of freedom. */
+static double chi_square(const int *count, const double *p, int32_t nv, int n, int *df) {
+    double chi = 0, pool_e = 0, pool_o = 0;
+    int bins = 0;
+    for (int32_t i = 0; i < nv; i++) {
+        const double e = n * p[i];
+        if (e < 5) {
+            pool_e += e, pool_o += count[i];
+            continue;
+        }
+        chi += (count[i] - e) * (count[i] - e) / e, bins++;
+    }
+    if (pool_e > 0) chi += (pool_o - pool_e) * (pool_o - pool_e) / pool_e, bins++;
+    *df = bins - 1;
+    return chi;
+}
+
+/* The distribution of the token emitted at a drafted position is the target's: 4000 verification
+ * steps (temperature 0.7, no top-k/p/min-p, a fresh seed each) with a fixed draft token (the
+ * target's 4th most likely) against p = softmax(logits / 0.7) computed here in double from the
+ * logits of one-token decoding. Pearson's chi-square must stay under the 0.001 critical value
+ * (Wilson-Hilferty); the same draws under a biased rule (an unaccepted draft kept anyway 10% of
+ * the time) must exceed it, so the test can tell. Seeds are fixed: the outcome is deterministic. */
+static void test_distribution(void **state) {
+    (void)state;
+    tiny_cfg cfg;
+    tern_model *m = load_tiny(&cfg);
+    const int32_t nv = tern_model_n_vocab(m);
+    const tern_token prompt[] = {1, 270, 5, 300, 261, 380, 100}, cur = 42;
+    const int32_t np = 7;
+    const float temp = 0.7f;
+    tern_ctx *r = ctx_of(m);
+    assert_int_equal(tern_decode(r, prompt, np), TERN_OK);
+    assert_int_equal(tern_decode(r, &cur, 1), TERN_OK);
+    const float *l = tern_get_logits(r, -1);
+    double *p = calloc((size_t)nv, sizeof *p), mx = -1e300, z = 0;
+    for (int32_t i = 0; i < nv; i++) mx = fmax(mx, (double)l[i] / temp);
+    for (int32_t i = 0; i < nv; i++) z += p[i] = exp((double)l[i] / temp - mx);
+    for (int32_t i = 0; i < nv; i++) p[i] /= z;
+    tern_token top[4] = {-1, -1, -1, -1}; /* the 4 most likely tokens, in order */
+    for (int rank = 0; rank < 4; rank++)
+        for (int32_t i = 0; i < nv; i++) {
+            bool taken = false;
+            for (int j = 0; j < rank; j++) taken |= top[j] == i;
+            if (!taken && (top[rank] < 0 || p[i] > p[top[rank]])) top[rank] = i;
+        }
+    const tern_token draft = top[3];
+    tern_ctx *c = ctx_threads(m, 1);
+    assert_int_equal(tern_decode(c, prompt, np), TERN_OK);
+    enum { N = 4000 };
+    int *fair = calloc((size_t)nv, sizeof *fair), *biased = calloc((size_t)nv, sizeof *biased), accepted = 0;
+    uint64_t rs = 0x9E3779B97F4A7C15u;
+    for (int i = 0; i < N; i++) {
+        tern_sampler_params sp;
+        tern_sampler_params_init(&sp);
+        sp.temp = temp, sp.top_k = 0, sp.top_p = 1.0f, sp.min_p = 0.0f, sp.seed = (uint64_t)(1000 + i);
+        tern_sampler *s = NULL;
+        assert_int_equal(tern_sampler_create(m, &sp, &s), TERN_OK);
+        tern_token out[2];
+        int32_t ne = 0;
+        assert_int_equal(tn_spec_verify(c, s, cur, &draft, 1, out, &ne), TERN_OK);
+        assert_int_equal(tern_ctx_truncate(c, np), TERN_OK);
+        tern_sampler_free(s);
+        fair[out[0]]++;
+        accepted += ne == 2;
+        rs = rs * 6364136223846793005u + 1442695040888963407u;
+        const bool keep_anyway = out[0] != draft && (rs >> 40) % 10 == 0;
+        biased[keep_anyway ? draft : out[0]]++;
+    }
+    int df = 0, df_b = 0;
+    const double chi = chi_square(fair, p, nv, N, &df), chi_b = chi_square(biased, p, nv, N, &df_b);
+    const double h = 2.0 / (9.0 * df), crit = df * pow(1 - h + 3.090232 * sqrt(h), 3); /* z(0.999) */
+    print_message("draft token %d (p %.4f) accepted %d of %d; chi-square %.1f (df %d, 0.001 critical %.1f), biased rule %.1f\n",
+                  draft, p[draft], accepted, N, chi, df, crit, chi_b);
+    if (!(chi < crit)) fail_msg("speculative sampling: chi-square %.1f >= %.1f (df %d)", chi, crit, df);
+    if (!(chi_b > crit)) fail_msg("the biased rule was not detected: chi-square %.1f <= %.1f", chi_b, crit);
+    assert_true(df > 10);
+    free(p), free(fair), free(biased);
+    tern_ctx_free(c);
+    tern_ctx_free(r);
+    tern_model_free(m);
+}
+
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_ngram), cmocka_unit_test(test_verify)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_ngram), cmocka_unit_test(test_verify),
+                                       cmocka_unit_test(test_distribution)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
