@@ -110,6 +110,16 @@ cp "$TMP/out" "$TMP/greedy1"
 grep -q "tok/s" "$TMP/err" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL: no timings on stderr"; }
 expect 0 "greedy generation again" -- "$TERN" generate -m "$MODEL" -p "once upon a time" -n 16 --temp 0 -t 1
 cmp -s "$TMP/out" "$TMP/greedy1" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL: greedy output differs between runs/thread counts"; }
+# --dump-margins: the greedy tokens it lists are the ones printed; only with --temp 0, not with
+# speculation; the file appears whole or not at all (its values: tests/model/test_dump_margins.c)
+expect 0 "greedy generation with --dump-margins" -- "$TERN" generate -m "$MODEL" -p "once upon a time" -n 16 --temp 0 -t 2 --dump-margins "$TMP/dm.txt"
+cmp -s "$TMP/out" "$TMP/greedy1" && [ "$(grep -c '^[0-9]' "$TMP/dm.txt")" = 16 ] && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL: --dump-margins changed the output or lacks 16 steps"; }
+expect 64 "--dump-margins when sampling" -- "$TERN" generate -m "$MODEL" -p hi -n 2 --dump-margins "$TMP/dm2.txt"
+expect_err "needs --temp 0" "--dump-margins when sampling says why"
+expect 64 "--dump-margins with --spec" -- "$TERN" generate -m "$MODEL" -p hi -n 2 --temp 0 --spec ngram --dump-margins "$TMP/dm2.txt"
+expect 64 "--dump-margins over the model" -- "$TERN" generate -m "$MODEL" -p hi -n 2 --temp 0 --dump-margins "$MODEL"
+expect 74 "--dump-margins into a directory" -- "$TERN" generate -m "$MODEL" -p hi -n 2 --temp 0 --dump-margins "$TMP"
+[ ! -e "$TMP/dm2.txt" ] && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL: a refused --dump-margins left a file"; }
 expect 0 "seeded sampling" -- "$TERN" generate -m "$MODEL" -p "the" -n 16 --temp 1.0 -s 42
 cp "$TMP/out" "$TMP/s1"
 expect 0 "seeded sampling again" -- "$TERN" generate -m "$MODEL" -p "the" -n 16 --temp 1.0 -s 42

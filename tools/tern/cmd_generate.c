@@ -2,12 +2,15 @@
  * cmd_generate.c — `tern generate`: run a GGUF model on a prompt and stream the continuation to
  * stdout; timings to stderr. With no -m it runs tern's default model.
  */
+#include <math.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
+#include "core/file.h"
 #include "model/spec.h"
 
 static volatile sig_atomic_t tn_interrupted;
@@ -43,7 +46,9 @@ static void gen_usage(FILE *f) {
             "  -ngl, --n-gpu-layers N  with --device cuda: the first N layers on the GPU, the rest on the CPU (-1: all)\n"
             "      --no-repack         keep q4_0/q8_0/tq4/tq1 weights in the file layout (no interleaved copy)\n"
             "      --swa-full          sliding-window layers keep every position (default: their window plus a batch)\n"
-            "      --no-display-prompt do not echo the prompt\n");
+            "      --no-display-prompt do not echo the prompt\n"
+            "      --dump-margins FILE with --temp 0: write the prompt's token ids, then per generated token its id and\n"
+            "                          the margin top-1 minus top-2 and the RMS of the logits it was chosen from\n");
 }
 
 /* Writes pending bytes up to the last complete UTF-8 sequence; keeps the rest for later. */
@@ -63,6 +68,36 @@ static void flush_utf8(char *buf, int *len, bool all) {
     fflush(stdout);
     memmove(buf, buf + cut, (size_t)(n - cut));
     *len = n - cut;
+}
+
+/* The lead of the largest logit over the runner-up (logit units; 0 for a tie) and the RMS of
+ * the row (the scale a margin is judged against). */
+static float top2_margin(const float *lg, int32_t n, double *rms) {
+    float v1 = -INFINITY, v2 = -INFINITY;
+    double ss = 0;
+    for (int32_t i = 0; i < n; i++) {
+        ss += (double)lg[i] * lg[i];
+        if (lg[i] > v1) {
+            v2 = v1, v1 = lg[i];
+        } else if (lg[i] > v2) {
+            v2 = lg[i];
+        }
+    }
+    *rms = n > 0 ? sqrt(ss / n) : 0.0;
+    return n > 1 ? v1 - v2 : 0.0f;
+}
+
+/* --dump-margins: a text file, "# ..." comment lines, "prompt ID ID ...", then one line
+ * "STEP ID MARGIN RMS" per generated token (RMS: of the whole row of logits); written to a temp
+ * file and renamed at the end. */
+static void dump_line(tn_wfile *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void dump_line(tn_wfile *w, const char *fmt, ...) {
+    char line[128];
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (k > 0) tn_wfile_write(w, line, (size_t)TN_MIN(k, (int)sizeof line - 1));
 }
 
 /* Speculative state of a run (--spec ngram, --draft). */
@@ -123,7 +158,7 @@ int cmd_generate(int argc, char **argv) {
     int32_t device = TERN_DEVICE_CPU, ngl = -1;
     int dv;
     bool spec_ngram = false;
-    const char *draft_path = NULL;
+    const char *draft_path = NULL, *dump_path = NULL;
     int64_t draft_max = 8, draft_min = 1, spec_n = 3;
     tern_sampler_params sp;
     tern_sampler_params_init(&sp);
@@ -192,6 +227,9 @@ int cmd_generate(int argc, char **argv) {
             use_mmap = false;
         } else if (!strcmp(a, "--no-display-prompt")) {
             display_prompt = false;
+        } else if (!strcmp(a, "--dump-margins")) {
+            NEED_VAL();
+            dump_path = val;
         } else if ((dv = tn_cli_device_flag(argc, argv, &i, &device, &ngl)) != 0) {
             if (dv < 0) return TN_EXIT_USAGE;
         } else if (!strcmp(a, "--spec")) {
@@ -217,6 +255,13 @@ int cmd_generate(int argc, char **argv) {
 #undef NEED_VAL
     }
     if (prompt && prompt_file) return tn_cli_usage_error("give either -p or -f, not both");
+    if (dump_path && sp.temp != 0.0f) return tn_cli_usage_error("--dump-margins needs --temp 0 (greedy decoding)");
+    if (dump_path && (spec_ngram || draft_path)) return tn_cli_usage_error("--dump-margins does not combine with --spec or --draft");
+    {
+        const char *ins[] = {model_path, prompt_file};
+        int rc_out = dump_path ? tn_cli_check_output("--dump-margins", dump_path, ins, 2) : TN_EXIT_OK;
+        if (rc_out != TN_EXIT_OK) return rc_out;
+    }
     char *file_text = NULL;
     if (prompt_file) {
         size_t len = 0;
@@ -245,6 +290,8 @@ int cmd_generate(int argc, char **argv) {
     tern_model *dm = NULL; /* --draft */
     spec_run sr;
     memset(&sr, 0, sizeof sr);
+    tn_wfile dw = {0};
+    bool dw_open = false;
     tern_model_params mp;
     tern_model_params_init(&mp);
     mp.use_mmap = use_mmap;
@@ -311,6 +358,17 @@ int cmd_generate(int argc, char **argv) {
     fprintf(stderr, "tern: model %s (%s), %s, %d threads, ctx %d (KV %.1f MiB), seed %llu\n", model_path,
             tern_model_desc(m), device == TERN_DEVICE_CUDA ? "device cuda" : "device cpu", cp.n_threads, n_ctx_real,
             (double)tern_ctx_kv_bytes(c) / 1048576.0, (unsigned long long)tern_sampler_seed(smp));
+    if (dump_path) {
+        if ((s = tn_wfile_open(dump_path, &dw))) {
+            rc = tn_cli_fail(s, "--dump-margins");
+            goto done;
+        }
+        dw_open = true;
+        dump_line(&dw, "# tern generate --dump-margins: the prompt's token ids, then per generated token: step id top1-top2 rms(logits)\n");
+        dump_line(&dw, "prompt");
+        for (int32_t i = 0; i < n_prompt; i++) dump_line(&dw, " %d", (int)toks[i]);
+        dump_line(&dw, "\n");
+    }
     signal(SIGINT, on_sigint);
     signal(SIGPIPE, SIG_IGN);
     char out[512];
@@ -330,7 +388,13 @@ int cmd_generate(int argc, char **argv) {
     double t1 = tn_cli_now();
     if (!spec_ngram && !draft_path) {
         while ((n_predict < 0 || n_gen < n_predict) && !tn_interrupted) {
-            tern_token t = tern_sampler_sample(smp, tern_get_logits(c, -1));
+            const float *lg = tern_get_logits(c, -1);
+            tern_token t = tern_sampler_sample(smp, lg);
+            if (dw_open) { /* the token chosen (greedy: the argmax) and its lead over the runner-up */
+                double rms;
+                const float mg = top2_margin(lg, tern_model_n_vocab(m), &rms);
+                dump_line(&dw, "%lld %d %.6f %.6f\n", (long long)n_gen, (int)t, (double)mg, rms);
+            }
             if (!ignore_eos && tern_token_is_eog(m, t)) break;
             n_gen++;
             int32_t k = tern_token_to_piece(m, t, out + out_len, (int32_t)sizeof out - out_len, false);
@@ -401,7 +465,12 @@ int cmd_generate(int argc, char **argv) {
                 (long long)sr.steps, (long long)sr.drafted, (long long)sr.accepted,
                 sr.drafted ? 100.0 * (double)sr.accepted / (double)sr.drafted : 0.0, (double)n_gen / (double)sr.steps);
     if (tn_interrupted) rc = TN_EXIT_INTERRUPTED;
+    else if (dw_open) { /* complete: in place by rename */
+        dw_open = false;
+        if ((s = tn_wfile_commit(&dw))) rc = tn_cli_fail(s, "--dump-margins");
+    }
 done:
+    if (dw_open) tn_wfile_abort(&dw);
     free(sr.hist);
     tern_ctx_free(sr.dm.c);
     tern_model_free(dm);
