@@ -47,17 +47,7 @@ static void gen_usage(FILE *f) {
 
 /* Writes pending bytes up to the last complete UTF-8 sequence; keeps the rest for later. */
 static void flush_utf8(char *buf, int *len, bool all) {
-    int n = *len, cut = n;
-    if (!all) {
-        /* find the start of a trailing incomplete sequence */
-        for (int i = n - 1; i >= 0 && i >= n - 4; i--) {
-            unsigned char ch = (unsigned char)buf[i];
-            if ((ch & 0xC0) == 0x80) continue;
-            int need = ch >= 0xF0 ? 4 : ch >= 0xE0 ? 3 : ch >= 0xC0 ? 2 : 1;
-            if (n - i < need) cut = i;
-            break;
-        }
-    }
+    int n = *len, cut = all ? n : (int)tn_utf8_complete(buf, (size_t)n);
     fwrite(buf, 1, (size_t)cut, stdout);
     fflush(stdout);
     memmove(buf, buf + cut, (size_t)(n - cut));
@@ -116,10 +106,11 @@ static int32_t spec_draft(spec_run *sr, int32_t kmax, tern_token *draft) {
 }
 
 int cmd_generate(int argc, char **argv) {
-    const char *model_path = NULL, *prompt = NULL, *prompt_file = NULL;
-    int64_t n_predict = 128, n_ctx = 0, n_threads = 0, n_batch = 512, seed = -1, v;
-    bool ignore_eos = false, use_mmap = true, repack = true, display_prompt = true;
-    int32_t device = TERN_DEVICE_CPU, ngl = -1;
+    const char *prompt = NULL, *prompt_file = NULL;
+    int64_t n_predict = 128, seed = -1;
+    bool ignore_eos = false, display_prompt = true;
+    tn_cli_run run;
+    tn_cli_run_init(&run);
     int dv;
     bool spec_ngram = false;
     const char *draft_path = NULL;
@@ -137,9 +128,6 @@ int cmd_generate(int argc, char **argv) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             gen_usage(stdout);
             return 0;
-        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            NEED_VAL();
-            model_path = val;
         } else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
             NEED_VAL();
             prompt = val;
@@ -149,47 +137,13 @@ int cmd_generate(int argc, char **argv) {
         } else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
             NEED_VAL();
             if (!tn_cli_parse_i64(val, -1, 1 << 24, &n_predict)) return tn_cli_usage_error("%s: '%s' is not a number in -1..16777216", a, val);
-        } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
-            NEED_VAL();
-            if (!tn_cli_parse_i64(val, 0, 1 << 22, &n_ctx)) return tn_cli_usage_error("%s: '%s' is not a number in 0..4194304", a, val);
-        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
-            NEED_VAL();
-            if (!tn_cli_parse_i64(val, 1, 1024, &n_threads)) return tn_cli_usage_error("%s: '%s' is not a number in 1..1024", a, val);
-        } else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) {
-            NEED_VAL();
-            if (!tn_cli_parse_i64(val, 1, 65536, &n_batch)) return tn_cli_usage_error("%s: '%s' is not a number in 1..65536", a, val);
-        } else if (!strcmp(a, "-s") || !strcmp(a, "--seed")) {
-            NEED_VAL();
-            if (!tn_cli_parse_i64(val, -1, INT64_MAX, &seed)) return tn_cli_usage_error("%s: '%s' is not a seed (>= 0, or -1 for random)", a, val);
-        } else if (!strcmp(a, "--temp")) {
-            NEED_VAL();
-            if (!tn_cli_parse_f32(val, 0.0f, 100.0f, &sp.temp)) return tn_cli_usage_error("--temp: '%s' is not a number in 0..100", val);
-        } else if (!strcmp(a, "--top-k")) {
-            NEED_VAL();
-            if (!tn_cli_parse_i64(val, 0, 1 << 24, &v)) return tn_cli_usage_error("--top-k: '%s' is not a number >= 0", val);
-            sp.top_k = (int32_t)v;
-        } else if (!strcmp(a, "--top-p")) {
-            NEED_VAL();
-            if (!tn_cli_parse_f32(val, 0.0f, 1.0f, &sp.top_p) || sp.top_p == 0.0f) return tn_cli_usage_error("--top-p: '%s' is not a number in (0, 1]", val);
-        } else if (!strcmp(a, "--min-p")) {
-            NEED_VAL();
-            if (!tn_cli_parse_f32(val, 0.0f, 1.0f, &sp.min_p)) return tn_cli_usage_error("--min-p: '%s' is not a number in 0..1", val);
-        } else if (!strcmp(a, "--repeat-penalty")) {
-            NEED_VAL();
-            if (!tn_cli_parse_f32(val, 0.0f, 100.0f, &sp.repeat_penalty) || sp.repeat_penalty == 0.0f) return tn_cli_usage_error("--repeat-penalty: '%s' is not a number in (0, 100]", val);
-        } else if (!strcmp(a, "--repeat-last-n")) {
-            NEED_VAL();
-            if (!tn_cli_parse_i64(val, 0, 1 << 20, &v)) return tn_cli_usage_error("--repeat-last-n: '%s' is not a number in 0..1048576", val);
-            sp.repeat_last_n = (int32_t)v;
+        } else if ((dv = tn_cli_sampling_flag(argc, argv, &i, &sp, &seed)) != 0) {
+            if (dv < 0) return TN_EXIT_USAGE;
         } else if (!strcmp(a, "--ignore-eos")) {
             ignore_eos = true;
-        } else if (!strcmp(a, "--no-repack")) {
-            repack = false;
-        } else if (!strcmp(a, "--no-mmap")) {
-            use_mmap = false;
         } else if (!strcmp(a, "--no-display-prompt")) {
             display_prompt = false;
-        } else if ((dv = tn_cli_device_flag(argc, argv, &i, &device, &ngl)) != 0) {
+        } else if ((dv = tn_cli_run_flag(argc, argv, &i, &run)) != 0) {
             if (dv < 0) return TN_EXIT_USAGE;
         } else if (!strcmp(a, "--spec")) {
             NEED_VAL();
@@ -222,16 +176,6 @@ int cmd_generate(int argc, char **argv) {
         prompt = file_text;
     }
     if (!prompt) prompt = "";
-    char default_path[4096];
-    if (!model_path) {
-        if (!tn_cli_default_model(default_path, sizeof default_path)) {
-            free(file_text);
-            fprintf(stderr, "tern: error: no -m given and tern's default model was not found (looked in $TERN_DEFAULT_MODEL, "
-                            "<prefix>/share/tern/ and <source>/models/)\n");
-            return TN_EXIT_NOINPUT;
-        }
-        model_path = default_path;
-    }
     sp.seed = seed < 0 ? TERN_SEED_RANDOM : (uint64_t)seed;
 
     int rc = 0;
@@ -242,31 +186,12 @@ int cmd_generate(int argc, char **argv) {
     tern_model *dm = NULL; /* --draft */
     spec_run sr;
     memset(&sr, 0, sizeof sr);
-    tern_model_params mp;
-    tern_model_params_init(&mp);
-    mp.use_mmap = use_mmap;
-    mp.repack = repack && device == TERN_DEVICE_CPU; /* the GPU reads the file's layouts */
-    double t_load = tn_cli_now();
-    tern_status s = tern_model_load(model_path, &mp, &m);
-    if (s) {
-        rc = tn_cli_fail(s, "loading the model");
-        goto done;
-    }
-    t_load = tn_cli_now() - t_load;
-    tern_ctx_params cp;
-    tern_ctx_params_init(&cp);
-    cp.n_ctx = (int32_t)(n_ctx ? n_ctx : (tern_model_n_ctx_train(m) < 4096 ? tern_model_n_ctx_train(m) : 4096));
-    cp.n_batch = (int32_t)n_batch;
-    cp.device = device;
-    cp.n_gpu_layers = ngl;
-    if (n_threads) cp.n_threads = (int32_t)n_threads;
-    /* A model of a few MiB decodes a token in well under a millisecond: synchronising threads
-     * costs more than it saves (and far more on a busy machine), so small models default to one. */
-    else if (tern_model_size_bytes(m) < ((uint64_t)32 << 20)) cp.n_threads = 1;
-    if ((s = tern_ctx_create(m, &cp, &c))) {
-        rc = tn_cli_fail(s, "creating the context");
-        goto done;
-    }
+    tern_status s = TERN_OK;
+    if ((rc = tn_cli_run_open(&run, &m, &c)) != TN_EXIT_OK) goto done;
+    const tern_ctx_params cp = run.cp;
+    const char *model_path = run.model_path;
+    const double t_load = run.t_load;
+    const int32_t device = run.device;
     if ((s = tern_sampler_create(m, &sp, &smp))) {
         rc = tn_cli_fail(s, "creating the sampler");
         goto done;

@@ -29,6 +29,8 @@ static void serve_usage(FILE *f) {
             "      --timeout S         idle connection / slow client timeout (default 30)\n"
             "      --max-body BYTES    largest request body (default 4194304); larger gets 413\n"
             "      --device cpu|cuda   run the model on the CPU (default) or an NVIDIA GPU; -ngl N: layers on the GPU\n"
+            "      --chat-template NAME chat template of /v1/chat/completions (default: the model's):\n"
+            "                          chatml, llama2, llama3, qwen3, gemma, phi3, phi4\n"
             "      --no-repack         keep q4_0/q8_0/tq4/tq1 weights in the file layout (no interleaved copy)\n");
 }
 
@@ -63,6 +65,11 @@ int cmd_serve(int argc, char **argv) {
             cfg.model_path = val;
         } else if (!strcmp(a, "--no-repack")) {
             cfg.no_repack = true;
+        } else if (!strcmp(a, "--chat-template")) {
+            NEED_VAL();
+            tern_chat_template t;
+            if (!tn_cli_chat_template(val, &t)) return TN_EXIT_USAGE;
+            cfg.chat_template = (int)t;
         } else if (!strcmp(a, "--host")) {
             NEED_VAL();
             cfg.host = val;
