@@ -1,7 +1,8 @@
 /*
  * serve.h — tern's OpenAI-compatible inference server (library side): configuration, the shared
- * request object passed between HTTP threads and the engine thread, request validation, chat
- * templates, metrics. tools/tern/cmd_serve.c only parses flags and calls tn_serve_run().
+ * request object passed between HTTP threads and the engine thread, request validation (the chat
+ * templates are the library's, model/chat.c), metrics. tools/tern/cmd_serve.c only parses flags
+ * and calls tn_serve_run().
  *
  * Threads: libmicrohttpd runs one thread per connection (HTTP parsing, validation, tokenization,
  * waiting for output); one engine thread owns the tern_ctx, the KV block manager and every
