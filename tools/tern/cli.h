@@ -37,6 +37,14 @@ int tn_cli_fail(tern_status s, const char *what);
 /* Prints "tern: error: <msg>" (printf style) and returns 64. */
 int tn_cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* In a flag loop `for (int i = 1; i < argc; i++)` with a = argv[i] and val = argv[i + 1] (NULL after
+ * the last): consumes the flag's value, or returns the usage error (exit 64) naming the flag. */
+#define TN_CLI_NEED_VAL()                                                \
+    do {                                                                 \
+        if (!val) return tn_cli_usage_error("%s needs a value", a);     \
+        i++;                                                             \
+    } while (0)
+
 /* Strict number parsing for flags: the whole string must be a number in [lo, hi]. */
 bool tn_cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
 bool tn_cli_parse_f32(const char *s, float lo, float hi, float *out);

@@ -257,22 +257,17 @@ int cmd_chat(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-#define NEED_VAL()                                                   \
-    do {                                                             \
-        if (!val) return tn_cli_usage_error("%s needs a value", a); \
-        i++;                                                         \
-    } while (0)
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             chat_usage(stdout);
             return 0;
         } else if (!strcmp(a, "-sys") || !strcmp(a, "--system-prompt")) {
-            NEED_VAL();
+            TN_CLI_NEED_VAL();
             system = val;
         } else if (!strcmp(a, "--chat-template")) {
-            NEED_VAL();
+            TN_CLI_NEED_VAL();
             tmpl_name = val;
         } else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
-            NEED_VAL();
+            TN_CLI_NEED_VAL();
             if (!tn_cli_parse_i64(val, -1, 1 << 24, &n_predict)) return tn_cli_usage_error("%s: '%s' is not a number in -1..16777216", a, val);
         } else if ((dv = tn_cli_sampling_flag(argc, argv, &i, &sp, &seed)) != 0 ||
                    (dv = tn_cli_run_flag(argc, argv, &i, &run)) != 0) {
@@ -281,7 +276,6 @@ int cmd_chat(int argc, char **argv) {
             chat_usage(stderr);
             return tn_cli_usage_error("unknown option '%s'", a);
         }
-#undef NEED_VAL
     }
     chat_state st;
     memset(&st, 0, sizeof st);

@@ -120,22 +120,17 @@ int cmd_generate(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-#define NEED_VAL()                                                       \
-    do {                                                                 \
-        if (!val) return tn_cli_usage_error("%s needs a value", a);     \
-        i++;                                                             \
-    } while (0)
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             gen_usage(stdout);
             return 0;
         } else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
-            NEED_VAL();
+            TN_CLI_NEED_VAL();
             prompt = val;
         } else if (!strcmp(a, "-f") || !strcmp(a, "--file")) {
-            NEED_VAL();
+            TN_CLI_NEED_VAL();
             prompt_file = val;
         } else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
-            NEED_VAL();
+            TN_CLI_NEED_VAL();
             if (!tn_cli_parse_i64(val, -1, 1 << 24, &n_predict)) return tn_cli_usage_error("%s: '%s' is not a number in -1..16777216", a, val);
         } else if ((dv = tn_cli_sampling_flag(argc, argv, &i, &sp, &seed)) != 0) {
             if (dv < 0) return TN_EXIT_USAGE;
@@ -146,26 +141,25 @@ int cmd_generate(int argc, char **argv) {
         } else if ((dv = tn_cli_run_flag(argc, argv, &i, &run)) != 0) {
             if (dv < 0) return TN_EXIT_USAGE;
         } else if (!strcmp(a, "--spec")) {
-            NEED_VAL();
+            TN_CLI_NEED_VAL();
             if (!strcmp(val, "ngram")) spec_ngram = true;
             else if (strcmp(val, "none")) return tn_cli_usage_error("--spec: '%s' is not ngram or none", val);
         } else if (!strcmp(a, "--draft") || !strcmp(a, "-md") || !strcmp(a, "--model-draft")) {
-            NEED_VAL();
+            TN_CLI_NEED_VAL();
             draft_path = val;
         } else if (!strcmp(a, "--draft-max")) {
-            NEED_VAL();
+            TN_CLI_NEED_VAL();
             if (!tn_cli_parse_i64(val, 1, 32, &draft_max)) return tn_cli_usage_error("--draft-max: '%s' is not a number in 1..32", val);
         } else if (!strcmp(a, "--draft-min")) {
-            NEED_VAL();
+            TN_CLI_NEED_VAL();
             if (!tn_cli_parse_i64(val, 0, 32, &draft_min)) return tn_cli_usage_error("--draft-min: '%s' is not a number in 0..32", val);
         } else if (!strcmp(a, "--spec-ngram")) {
-            NEED_VAL();
+            TN_CLI_NEED_VAL();
             if (!tn_cli_parse_i64(val, 1, 64, &spec_n)) return tn_cli_usage_error("--spec-ngram: '%s' is not a number in 1..64", val);
         } else {
             gen_usage(stderr);
             return tn_cli_usage_error("unknown option '%s'", a);
         }
-#undef NEED_VAL
     }
     if (prompt && prompt_file) return tn_cli_usage_error("give either -p or -f, not both");
     char *file_text = NULL;
