@@ -178,6 +178,47 @@ TERN_API tern_token tern_sampler_sample(tern_sampler *s, const float *logits);
 /* Records a token (e.g. prompt tokens) in the repeat-penalty history without sampling. */
 TERN_API void tern_sampler_accept(tern_sampler *s, tern_token t);
 
+/* ---- chat templates -------------------------------------------------------------------------- */
+/* Chat templates written out in C (src/model/chat.c); a file's tokenizer.chat_template (Jinja) is only
+ * scanned for recognisable markers, never executed. BOS is never rendered: tokenize the result with
+ * add_special = true and parse_special = true. */
+typedef enum tern_chat_template {
+    TERN_CHAT_CHATML = 0, /* <|im_start|>role\n...<|im_end|>\n (Qwen2, SmolLM, SmolLM3, ...)           */
+    TERN_CHAT_LLAMA2,     /* [INST] <<SYS>>\n...\n<</SYS>>\n\n... [/INST] answer </s><s>[INST] ...     */
+    TERN_CHAT_LLAMA3,     /* <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|>                 */
+    TERN_CHAT_QWEN3,      /* chatml; an answer before the last user turn loses its <think>...</think> */
+    TERN_CHAT_GEMMA,      /* <start_of_turn>user\n...<end_of_turn>\n<start_of_turn>model\n             */
+    TERN_CHAT_PHI3,       /* <|user|>\n...<|end|>\n<|assistant|>\n                                     */
+    TERN_CHAT_PHI4,       /* <|im_start|>user<|im_sep|>...<|im_end|>                                   */
+    TERN_CHAT_N_TEMPLATES
+} tern_chat_template;
+
+typedef struct tern_chat_msg {
+    const char *role;    /* "system", "user", "assistant" (others are rendered as given)          */
+    const char *content; /* len bytes, need not be NUL-terminated                                  */
+    size_t len;
+} tern_chat_msg;
+
+/* Name of a template ("chatml", "llama2", ...); NULL for a value out of range. */
+TERN_API const char *tern_chat_template_name(tern_chat_template t);
+/* The template of that name; TERN_ERR_INVALID_ARG naming it and listing the known names otherwise. */
+TERN_API tern_status tern_chat_template_from_name(const char *name, tern_chat_template *out);
+/* The model's template: from the markers of its tokenizer.chat_template, else its special tokens,
+ * else its architecture; chatml when nothing is recognised. */
+TERN_API tern_chat_template tern_chat_template_detect(const tern_model *m);
+/* The strings that end an assistant turn in this template (NULL-terminated list, static), e.g.
+ * "<|im_end|>"; the model's end-of-generation tokens end it too. */
+TERN_API const char *const *tern_chat_template_stops(tern_chat_template t);
+/* The tokens of the model's vocabulary whose text is one of the template's end-of-turn strings
+ * (an answer ends at them, as at tern_token_is_eog); writes at most cap, returns how many. */
+TERN_API int32_t tern_chat_stop_tokens(const tern_model *m, tern_chat_template t, tern_token *out, int32_t cap);
+/* Renders n messages, then (add_assistant) the header that starts the assistant's answer, into
+ * buf as NUL-terminated text; *len gets its length without the NUL. If cap <= *len, returns
+ * TERN_ERR_FULL (buf holds a truncated prefix, not terminated): call again with cap > *len.
+ * TERN_ERR_INVALID_ARG for an unknown template or a message without role or content. */
+TERN_API tern_status tern_chat_apply(tern_chat_template t, const tern_chat_msg *msgs, size_t n, bool add_assistant,
+                                     char *buf, size_t cap, size_t *len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -23,6 +23,17 @@
 #define TN_PAD(x, n) (((x) + (n) - 1) / (n) * (n))
 #define TN_UNUSED(x) (void)(x)
 
+/* Length of s[0..n) without a trailing incomplete UTF-8 sequence (what can be printed now). */
+static inline size_t tn_utf8_complete(const char *s, size_t n) {
+    for (size_t i = n; i > 0 && i + 4 > n; i--) {
+        const unsigned char c = (unsigned char)s[i - 1];
+        if ((c & 0xC0) == 0x80) continue;
+        const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+        return n - (i - 1) < need ? i - 1 : n;
+    }
+    return n;
+}
+
 #if defined(__GNUC__)
 #define TN_PRINTF(f, a) __attribute__((format(printf, f, a)))
 #define TN_LIKELY(x) __builtin_expect(!!(x), 1)

@@ -56,6 +56,7 @@ void tn_serve_config_init(tn_serve_config *c) {
     c->conn_timeout_s = 30;
     c->max_body = 4u << 20;
     c->n_gpu_layers = -1;
+    c->chat_template = -1;
 }
 
 /* ---- responses ------------------------------------------------------------------------------- */
@@ -584,7 +585,7 @@ static enum MHD_Result handle_models(tn_server *S, struct MHD_Connection *c) {
     json_t *meta = json_pack("{s:i, s:i, s:i, s:I, s:I, s:s, s:s}", "n_vocab", tern_model_n_vocab(m), "n_ctx_train",
                              tern_model_n_ctx_train(m), "n_embd", tern_model_n_embd(m), "n_params",
                              (json_int_t)tern_model_n_params(m), "size", (json_int_t)tern_model_size_bytes(m), "desc",
-                             tern_model_desc(m), "chat_template", tn_chat_name(S->env.tmpl));
+                             tern_model_desc(m), "chat_template", tern_chat_template_name(S->env.tmpl));
     json_t *j = json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:i, s:o}]}", "object", "list", "data", "id", S->model_id, "object",
                           "model", "created", (json_int_t)S->started, "owned_by", "tern", "max_model_len", S->env.n_ctx_seq,
                           "meta", meta);
@@ -789,16 +790,7 @@ int tn_serve_run(const tn_serve_config *cfg) {
         char *dot = strrchr(S->model_id, '.');
         if (dot && !strcmp(dot, ".gguf")) *dot = 0;
     }
-    int32_t need = tern_model_meta_str(S->model, "tokenizer.chat_template", NULL, 0);
-    char *tmpl = NULL;
-    if (need > 0) {
-        size_t cap = (size_t)need + 1 < (1u << 20) ? (size_t)need + 1 : (1u << 20); /* scan at most 1 MiB */
-        tmpl = tn_malloc(cap);
-        if (tmpl) tern_model_meta_str(S->model, "tokenizer.chat_template", tmpl, cap);
-        if (tmpl) tmpl[cap - 1] = 0;
-    }
-    S->env.tmpl = tn_chat_detect(tmpl);
-    tn_free(tmpl);
+    S->env.tmpl = cfg->chat_template >= 0 ? (tern_chat_template)cfg->chat_template : tern_chat_template_detect(S->model);
     S->env.model = S->model;
     S->env.n_vocab = tern_model_n_vocab(S->model);
     if ((s = tn_engine_create(S->model, cfg, &S->met, &S->eng))) {
@@ -831,7 +823,7 @@ int tn_serve_run(const tn_serve_config *cfg) {
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
     int port = di ? di->port : cfg->port;
     fprintf(stderr, "tern serve: model %s (%s), chat template %s, %d parallel, ctx %d per sequence\n", S->model_id,
-            tern_model_desc(S->model), tn_chat_name(S->env.tmpl), cfg->n_parallel, S->env.n_ctx_seq);
+            tern_model_desc(S->model), tern_chat_template_name(S->env.tmpl), cfg->n_parallel, S->env.n_ctx_seq);
     fprintf(stderr, "tern serve: listening on http://%s:%d\n", cfg->host, port);
     fflush(stderr);
 

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "core/base.h"
+#include "model/chat.h"
 #include "serve/serve.h"
 
 void tn_http_err_set(tn_http_err *e, int status, const char *type, const char *param, const char *fmt, ...) {
@@ -252,7 +253,7 @@ static bool parse_chat(json_t *root, const tn_req_env *env, tn_req_params *p, tn
                         TN_SRV_MAX_MESSAGES, n);
         return false;
     }
-    tn_chat_msg *cm = tn_calloc(n, sizeof *cm);
+    tern_chat_msg *cm = tn_calloc(n, sizeof *cm);
     char **texts = tn_calloc(n, sizeof *texts);
     bool ok = false;
     if (!cm || !texts) {
@@ -281,7 +282,7 @@ static bool parse_chat(json_t *root, const tn_req_env *env, tn_req_params *p, tn
         cm[i].content = texts[i];
     }
     size_t len = 0;
-    char *prompt = tn_chat_render(env->tmpl, cm, n, &len);
+    char *prompt = tn_chat_render(env->tmpl, cm, n, true, &len);
     if (!prompt) {
         oom(err);
         goto out;

@@ -1,7 +1,8 @@
 /*
  * serve.h — tern's OpenAI-compatible inference server (library side): configuration, the shared
- * request object passed between HTTP threads and the engine thread, request validation, chat
- * templates, metrics. tools/tern/cmd_serve.c only parses flags and calls tn_serve_run().
+ * request object passed between HTTP threads and the engine thread, request validation (the chat
+ * templates are the library's, model/chat.c), metrics. tools/tern/cmd_serve.c only parses flags
+ * and calls tn_serve_run().
  *
  * Threads: libmicrohttpd runs one thread per connection (HTTP parsing, validation, tokenization,
  * waiting for output); one engine thread owns the tern_ctx, the KV block manager and every
@@ -42,6 +43,7 @@ typedef struct tn_serve_config {
     bool debug_fail_alloc; /* testing only: honour `X-Tern-Fail-Alloc: N[,persistent]`: the N-th */
                            /* allocation after the request arrives fails (tn_alloc_fail_at)      */
     bool quiet;
+    int chat_template;     /* a tern_chat_template; -1 (default): the model's (tern_chat_template_detect) */
 } tn_serve_config;
 
 void tn_serve_config_init(tn_serve_config *c);
@@ -88,20 +90,6 @@ typedef struct tn_http_err {
 void tn_http_err_set(tn_http_err *e, int status, const char *type, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 
-/* ---- chat templates -------------------------------------------------------------------------- */
-typedef enum { TN_CHAT_CHATML = 0, TN_CHAT_LLAMA2, TN_CHAT_LLAMA3 } tn_chat_tmpl;
-/* Picks a template from tokenizer.chat_template by recognisable markers (never executed);
- * NULL or unrecognised → chatml. */
-tn_chat_tmpl tn_chat_detect(const char *tmpl);
-const char *tn_chat_name(tn_chat_tmpl t);
-typedef struct tn_chat_msg {
-    const char *role;
-    const char *content;
-    size_t len;
-} tn_chat_msg;
-/* Renders messages (+ the assistant header) into a malloc'd NUL-terminated string. */
-char *tn_chat_render(tn_chat_tmpl t, const tn_chat_msg *msgs, size_t n, size_t *len);
-
 /* ---- requests -------------------------------------------------------------------------------- */
 enum { TN_REQ_COMPLETION = 0, TN_REQ_CHAT = 1 };
 
@@ -132,7 +120,7 @@ typedef struct tn_req_params {
 
 typedef struct tn_req_env {       /* what validation needs to know about the server          */
     const tern_model *model;
-    tn_chat_tmpl tmpl;
+    tern_chat_template tmpl;       /* the model's, or --chat-template's                     */
     int32_t n_ctx_seq;             /* most tokens (prompt + generated) per sequence          */
     int32_t n_vocab;
 } tn_req_env;

@@ -15,6 +15,7 @@
 #include <math.h>
 
 #include "core/base.h"
+#include "model/chat.h"
 #include "serve/kv.h"
 #include "serve/serve.h"
 
@@ -104,23 +105,24 @@ static void test_kv_revive_respects_reservations(void **state) {
 }
 
 /* ---- chat templates, JSON depth, UTF-8 ------------------------------------------------------- */
+#define DETECT(jinja) tn_chat_detect(jinja, strlen(jinja), NULL, NULL)
 static void test_chat_templates(void **state) {
     (void)state;
-    assert_int_equal(tn_chat_detect(NULL), TN_CHAT_CHATML);
-    assert_int_equal(tn_chat_detect("{% for m in messages %}<|start_header_id|>{{m.role}}<|end_header_id|>{{m.content}}<|eot_id|>"), TN_CHAT_LLAMA3);
-    assert_int_equal(tn_chat_detect("{{ bos_token }}[INST] {{ m }} [/INST]"), TN_CHAT_LLAMA2);
-    assert_int_equal(tn_chat_detect("<|im_start|>{{ ''.__class__ }}"), TN_CHAT_CHATML);
-    tn_chat_msg m[] = {{"system", "S", 1}, {"user", "U", 1}, {"assistant", "A", 1}, {"user", "V", 1}};
+    assert_int_equal(tn_chat_detect(NULL, 0, NULL, NULL), TERN_CHAT_CHATML);
+    assert_int_equal(DETECT("{% for m in messages %}<|start_header_id|>{{m.role}}<|end_header_id|>{{m.content}}<|eot_id|>"), TERN_CHAT_LLAMA3);
+    assert_int_equal(DETECT("{{ bos_token }}[INST] {{ m }} [/INST]"), TERN_CHAT_LLAMA2);
+    assert_int_equal(DETECT("<|im_start|>{{ ''.__class__ }}"), TERN_CHAT_CHATML);
+    tern_chat_msg m[] = {{"system", "S", 1}, {"user", "U", 1}, {"assistant", "A", 1}, {"user", "V", 1}};
     size_t len;
-    char *s = tn_chat_render(TN_CHAT_CHATML, m, 4, &len);
+    char *s = tn_chat_render(TERN_CHAT_CHATML, m, 4, true, &len);
     assert_string_equal(s, "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\nA<|im_end|>\n"
                            "<|im_start|>user\nV<|im_end|>\n<|im_start|>assistant\n");
     free(s);
-    s = tn_chat_render(TN_CHAT_LLAMA3, m, 2, &len);
+    s = tn_chat_render(TERN_CHAT_LLAMA3, m, 2, true, &len);
     assert_string_equal(s, "<|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nU<|eot_id|>"
                            "<|start_header_id|>assistant<|end_header_id|>\n\n");
     free(s);
-    s = tn_chat_render(TN_CHAT_LLAMA2, m, 4, &len);
+    s = tn_chat_render(TERN_CHAT_LLAMA2, m, 4, true, &len);
     assert_string_equal(s, "[INST] <<SYS>>\nS\n<</SYS>>\n\nU [/INST] A </s><s>[INST] V [/INST]");
     free(s);
 }
@@ -150,7 +152,7 @@ static void test_utf8(void **state) {
 static tern_model *g_model;
 
 static bool parse(const char *body, int kind, tn_req_params *p, tn_http_err *e) {
-    tn_req_env env = {g_model, TN_CHAT_CHATML, 128, tern_model_n_vocab(g_model)};
+    tn_req_env env = {g_model, TERN_CHAT_CHATML, 128, tern_model_n_vocab(g_model)};
     return tn_req_parse(body, strlen(body), kind, &env, p, e);
 }
 
@@ -307,7 +309,7 @@ static tn_sreq *submit(const char *body, int kind) {
     tn_engine *e = engine();
     tn_sreq *r = tn_sreq_new();
     tn_http_err err;
-    tn_req_env env = {g_model, TN_CHAT_CHATML, tn_engine_n_ctx_seq(e), tern_model_n_vocab(g_model)};
+    tn_req_env env = {g_model, TERN_CHAT_CHATML, tn_engine_n_ctx_seq(e), tern_model_n_vocab(g_model)};
     if (!tn_req_parse(body, strlen(body), kind, &env, &r->p, &err)) fail_msg("%s: %s", body, err.msg);
     assert_true(tn_sreq_choices(r));
     r->t_arrival = tn_srv_now();

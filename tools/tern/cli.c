@@ -194,3 +194,121 @@ int tn_cli_device_flag(int argc, char **argv, int *i, int32_t *device, int32_t *
     *n_gpu_layers = (int32_t)v;
     return 1;
 }
+
+bool tn_cli_chat_template(const char *name, tern_chat_template *out) {
+    if (tern_chat_template_from_name(name, out) == TERN_OK) return true;
+    char names[256] = "";
+    for (int t = 0; t < TERN_CHAT_N_TEMPLATES; t++) {
+        if (t) strncat(names, ", ", sizeof names - strlen(names) - 1);
+        strncat(names, tern_chat_template_name((tern_chat_template)t), sizeof names - strlen(names) - 1);
+    }
+    tn_cli_usage_error("--chat-template: unknown template '%s' (known: %s)", name, names);
+    return false;
+}
+
+int tn_cli_sampling_flag(int argc, char **argv, int *i, tern_sampler_params *sp, int64_t *seed) {
+    static const char *const names[] = {"-s", "--seed", "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--repeat-last-n"};
+    const char *a = argv[*i], *val = *i + 1 < argc ? argv[*i + 1] : NULL;
+    size_t k = 0;
+    while (k < sizeof names / sizeof *names && strcmp(a, names[k])) k++;
+    if (k == sizeof names / sizeof *names) return 0;
+    if (!val) {
+        tn_cli_usage_error("%s needs a value", a);
+        return -1;
+    }
+    (*i)++;
+    int64_t v;
+    bool ok = true;
+    const char *want = "";
+    if (k <= 1) {
+        ok = tn_cli_parse_i64(val, -1, INT64_MAX, seed), want = "a seed (>= 0, or -1 for random)";
+    } else if (!strcmp(a, "--temp")) {
+        ok = tn_cli_parse_f32(val, 0.0f, 100.0f, &sp->temp), want = "a number in 0..100";
+    } else if (!strcmp(a, "--top-k")) {
+        ok = tn_cli_parse_i64(val, 0, 1 << 24, &v), want = "a number >= 0";
+        if (ok) sp->top_k = (int32_t)v;
+    } else if (!strcmp(a, "--top-p")) {
+        ok = tn_cli_parse_f32(val, 0.0f, 1.0f, &sp->top_p) && sp->top_p != 0.0f, want = "a number in (0, 1]";
+    } else if (!strcmp(a, "--min-p")) {
+        ok = tn_cli_parse_f32(val, 0.0f, 1.0f, &sp->min_p), want = "a number in 0..1";
+    } else if (!strcmp(a, "--repeat-penalty")) {
+        ok = tn_cli_parse_f32(val, 0.0f, 100.0f, &sp->repeat_penalty) && sp->repeat_penalty != 0.0f, want = "a number in (0, 100]";
+    } else {
+        ok = tn_cli_parse_i64(val, 0, 1 << 20, &v), want = "a number in 0..1048576";
+        if (ok) sp->repeat_last_n = (int32_t)v;
+    }
+    if (!ok) {
+        tn_cli_usage_error("%s: '%s' is not %s", a, val, want);
+        return -1;
+    }
+    return 1;
+}
+
+void tn_cli_run_init(tn_cli_run *r) {
+    memset(r, 0, sizeof *r);
+    r->n_batch = 512;
+    r->use_mmap = r->repack = true;
+    r->device = TERN_DEVICE_CPU;
+    r->n_gpu_layers = -1;
+}
+
+int tn_cli_run_flag(int argc, char **argv, int *i, tn_cli_run *r) {
+    const char *a = argv[*i], *val = *i + 1 < argc ? argv[*i + 1] : NULL;
+    if (!strcmp(a, "--no-mmap")) return r->use_mmap = false, 1;
+    if (!strcmp(a, "--no-repack")) return r->repack = false, 1;
+    if (!strcmp(a, "--swa-full")) return r->swa_full = true, 1;
+    const bool is_m = !strcmp(a, "-m") || !strcmp(a, "--model"), is_c = !strcmp(a, "-c") || !strcmp(a, "--ctx-size");
+    const bool is_t = !strcmp(a, "-t") || !strcmp(a, "--threads"), is_b = !strcmp(a, "-b") || !strcmp(a, "--batch-size");
+    if (!is_m && !is_c && !is_t && !is_b) return tn_cli_device_flag(argc, argv, i, &r->device, &r->n_gpu_layers);
+    if (!val) {
+        tn_cli_usage_error("%s needs a value", a);
+        return -1;
+    }
+    (*i)++;
+    if (is_m) return r->model_path = val, 1;
+    const int64_t lo = is_c ? 0 : 1, hi = is_c ? 1 << 22 : is_t ? 1024 : 65536;
+    if (!tn_cli_parse_i64(val, lo, hi, is_c ? &r->n_ctx : is_t ? &r->n_threads : &r->n_batch)) {
+        tn_cli_usage_error("%s: '%s' is not a number in %lld..%lld", a, val, (long long)lo, (long long)hi);
+        return -1;
+    }
+    return 1;
+}
+
+int tn_cli_run_open(tn_cli_run *r, tern_model **m, tern_ctx **c) {
+    *m = NULL;
+    *c = NULL;
+    if (!r->model_path) {
+        if (!tn_cli_default_model(r->default_path, sizeof r->default_path)) {
+            fprintf(stderr, "tern: error: no -m given and tern's default model was not found (looked in $TERN_DEFAULT_MODEL, "
+                            "<prefix>/share/tern/ and <source>/models/)\n");
+            return TN_EXIT_NOINPUT;
+        }
+        r->model_path = r->default_path;
+    }
+    tern_model_params mp;
+    tern_model_params_init(&mp);
+    mp.use_mmap = r->use_mmap;
+    mp.repack = r->repack && r->device == TERN_DEVICE_CPU; /* the GPU reads the file's layouts */
+    double t0 = tn_cli_now();
+    tern_status s = tern_model_load(r->model_path, &mp, m);
+    if (s) return tn_cli_fail(s, "loading the model");
+    r->t_load = tn_cli_now() - t0;
+    tern_ctx_params_init(&r->cp);
+    const int32_t n_train = tern_model_n_ctx_train(*m);
+    r->cp.n_ctx = (int32_t)(r->n_ctx ? r->n_ctx : (n_train < 4096 ? n_train : 4096));
+    r->cp.n_batch = (int32_t)r->n_batch;
+    r->cp.device = r->device;
+    r->cp.n_gpu_layers = r->n_gpu_layers;
+    r->cp.swa_full = r->swa_full;
+    if (r->n_threads) r->cp.n_threads = (int32_t)r->n_threads;
+    /* A model of a few MiB decodes a token in well under a millisecond: synchronising threads
+     * costs more than it saves (and far more on a busy machine), so small models default to one. */
+    else if (tern_model_size_bytes(*m) < ((uint64_t)32 << 20)) r->cp.n_threads = 1;
+    if ((s = tern_ctx_create(*m, &r->cp, c))) {
+        const int rc = tn_cli_fail(s, "creating the context");
+        tern_model_free(*m);
+        *m = NULL;
+        return rc;
+    }
+    return TN_EXIT_OK;
+}

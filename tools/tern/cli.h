@@ -37,6 +37,14 @@ int tn_cli_fail(tern_status s, const char *what);
 /* Prints "tern: error: <msg>" (printf style) and returns 64. */
 int tn_cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* In a flag loop `for (int i = 1; i < argc; i++)` with a = argv[i] and val = argv[i + 1] (NULL after
+ * the last): consumes the flag's value, or returns the usage error (exit 64) naming the flag. */
+#define TN_CLI_NEED_VAL()                                                \
+    do {                                                                 \
+        if (!val) return tn_cli_usage_error("%s needs a value", a);     \
+        i++;                                                             \
+    } while (0)
+
 /* Strict number parsing for flags: the whole string must be a number in [lo, hi]. */
 bool tn_cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
 bool tn_cli_parse_f32(const char *s, float lo, float hi, float *out);
@@ -58,5 +66,31 @@ int tn_cli_device_flag(int argc, char **argv, int *i, int32_t *device, int32_t *
  * tokens than bytes. On failure *out is NULL and the status says why (NOMEM for the array). */
 tern_status tn_cli_tokenize(const tern_model *m, const char *text, size_t len, bool add_special, bool parse_special,
                             tern_token **out, int32_t *n_out);
+/* The sampling flags of generate and chat at argv[*i]: -s/--seed N (into *seed, -1 = random), --temp,
+ * --top-k, --top-p, --min-p, --repeat-penalty, --repeat-last-n (into *sp). Same contract as
+ * tn_cli_device_flag: 1 consumed, 0 not one of them, -1 after printing a usage error. */
+int tn_cli_sampling_flag(int argc, char **argv, int *i, tern_sampler_params *sp, int64_t *seed);
+/* What generate and chat share: the model and its context. */
+typedef struct tn_cli_run {
+    const char *model_path;      /* -m; NULL: tern's default model                                  */
+    int64_t n_ctx, n_threads, n_batch; /* -c (0: the model's, capped at 4096), -t (0: default), -b */
+    bool use_mmap, repack;       /* --no-mmap, --no-repack                                          */
+    bool swa_full;               /* --swa-full: sliding-window layers keep every position           */
+    int32_t device, n_gpu_layers;/* --device, -ngl                                                  */
+    double t_load;               /* seconds tn_cli_run_open spent loading the model                 */
+    tern_ctx_params cp;          /* as the context was created                                      */
+    char default_path[4096];
+} tn_cli_run;
+void tn_cli_run_init(tn_cli_run *r);
+/* -m, -c, -t, -b, --no-mmap, --no-repack, --swa-full, --device, -ngl at argv[*i]: same contract as
+ * tn_cli_device_flag (1 consumed, 0 not one of them, -1 after printing a usage error). */
+int tn_cli_run_flag(int argc, char **argv, int *i, tn_cli_run *r);
+/* Loads the model (the default one without -m) and creates its context: n_ctx the model's capped
+ * at 4096 unless -c, one thread for models under 32 MiB unless -t. Returns an exit code (errors
+ * printed); on failure *m and *c stay NULL. */
+int tn_cli_run_open(tn_cli_run *r, tern_model **m, tern_ctx **c);
+/* --chat-template NAME: true with *out set, or false after printing a usage error that lists the
+ * known names (exit 64). */
+bool tn_cli_chat_template(const char *name, tern_chat_template *out);
 
 #endif

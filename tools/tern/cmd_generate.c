@@ -53,17 +53,7 @@ static void gen_usage(FILE *f) {
 
 /* Writes pending bytes up to the last complete UTF-8 sequence; keeps the rest for later. */
 static void flush_utf8(char *buf, int *len, bool all) {
-    int n = *len, cut = n;
-    if (!all) {
-        /* find the start of a trailing incomplete sequence */
-        for (int i = n - 1; i >= 0 && i >= n - 4; i--) {
-            unsigned char ch = (unsigned char)buf[i];
-            if ((ch & 0xC0) == 0x80) continue;
-            int need = ch >= 0xF0 ? 4 : ch >= 0xE0 ? 3 : ch >= 0xC0 ? 2 : 1;
-            if (n - i < need) cut = i;
-            break;
-        }
-    }
+    int n = *len, cut = all ? n : (int)tn_utf8_complete(buf, (size_t)n);
     fwrite(buf, 1, (size_t)cut, stdout);
     fflush(stdout);
     memmove(buf, buf + cut, (size_t)(n - cut));
@@ -152,10 +142,11 @@ static int32_t spec_draft(spec_run *sr, int32_t kmax, tern_token *draft) {
 }
 
 int cmd_generate(int argc, char **argv) {
-    const char *model_path = NULL, *prompt = NULL, *prompt_file = NULL;
-    int64_t n_predict = 128, n_ctx = 0, n_threads = 0, n_batch = 512, seed = -1, v;
-    bool ignore_eos = false, use_mmap = true, repack = true, display_prompt = true, swa_full = false;
-    int32_t device = TERN_DEVICE_CPU, ngl = -1;
+    const char *prompt = NULL, *prompt_file = NULL;
+    int64_t n_predict = 128, seed = -1;
+    bool ignore_eos = false, display_prompt = true;
+    tn_cli_run run;
+    tn_cli_run_init(&run);
     int dv;
     bool spec_ngram = false;
     const char *draft_path = NULL, *dump_path = NULL;
@@ -165,100 +156,55 @@ int cmd_generate(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-#define NEED_VAL()                                                       \
-    do {                                                                 \
-        if (!val) return tn_cli_usage_error("%s needs a value", a);     \
-        i++;                                                             \
-    } while (0)
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             gen_usage(stdout);
             return 0;
-        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            NEED_VAL();
-            model_path = val;
         } else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
-            NEED_VAL();
+            TN_CLI_NEED_VAL();
             prompt = val;
         } else if (!strcmp(a, "-f") || !strcmp(a, "--file")) {
-            NEED_VAL();
+            TN_CLI_NEED_VAL();
             prompt_file = val;
         } else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
-            NEED_VAL();
+            TN_CLI_NEED_VAL();
             if (!tn_cli_parse_i64(val, -1, 1 << 24, &n_predict)) return tn_cli_usage_error("%s: '%s' is not a number in -1..16777216", a, val);
-        } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
-            NEED_VAL();
-            if (!tn_cli_parse_i64(val, 0, 1 << 22, &n_ctx)) return tn_cli_usage_error("%s: '%s' is not a number in 0..4194304", a, val);
-        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
-            NEED_VAL();
-            if (!tn_cli_parse_i64(val, 1, 1024, &n_threads)) return tn_cli_usage_error("%s: '%s' is not a number in 1..1024", a, val);
-        } else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) {
-            NEED_VAL();
-            if (!tn_cli_parse_i64(val, 1, 65536, &n_batch)) return tn_cli_usage_error("%s: '%s' is not a number in 1..65536", a, val);
-        } else if (!strcmp(a, "-s") || !strcmp(a, "--seed")) {
-            NEED_VAL();
-            if (!tn_cli_parse_i64(val, -1, INT64_MAX, &seed)) return tn_cli_usage_error("%s: '%s' is not a seed (>= 0, or -1 for random)", a, val);
-        } else if (!strcmp(a, "--temp")) {
-            NEED_VAL();
-            if (!tn_cli_parse_f32(val, 0.0f, 100.0f, &sp.temp)) return tn_cli_usage_error("--temp: '%s' is not a number in 0..100", val);
-        } else if (!strcmp(a, "--top-k")) {
-            NEED_VAL();
-            if (!tn_cli_parse_i64(val, 0, 1 << 24, &v)) return tn_cli_usage_error("--top-k: '%s' is not a number >= 0", val);
-            sp.top_k = (int32_t)v;
-        } else if (!strcmp(a, "--top-p")) {
-            NEED_VAL();
-            if (!tn_cli_parse_f32(val, 0.0f, 1.0f, &sp.top_p) || sp.top_p == 0.0f) return tn_cli_usage_error("--top-p: '%s' is not a number in (0, 1]", val);
-        } else if (!strcmp(a, "--min-p")) {
-            NEED_VAL();
-            if (!tn_cli_parse_f32(val, 0.0f, 1.0f, &sp.min_p)) return tn_cli_usage_error("--min-p: '%s' is not a number in 0..1", val);
-        } else if (!strcmp(a, "--repeat-penalty")) {
-            NEED_VAL();
-            if (!tn_cli_parse_f32(val, 0.0f, 100.0f, &sp.repeat_penalty) || sp.repeat_penalty == 0.0f) return tn_cli_usage_error("--repeat-penalty: '%s' is not a number in (0, 100]", val);
-        } else if (!strcmp(a, "--repeat-last-n")) {
-            NEED_VAL();
-            if (!tn_cli_parse_i64(val, 0, 1 << 20, &v)) return tn_cli_usage_error("--repeat-last-n: '%s' is not a number in 0..1048576", val);
-            sp.repeat_last_n = (int32_t)v;
+        } else if ((dv = tn_cli_sampling_flag(argc, argv, &i, &sp, &seed)) != 0) {
+            if (dv < 0) return TN_EXIT_USAGE;
         } else if (!strcmp(a, "--ignore-eos")) {
             ignore_eos = true;
-        } else if (!strcmp(a, "--no-repack")) {
-            repack = false;
-        } else if (!strcmp(a, "--swa-full")) {
-            swa_full = true;
-        } else if (!strcmp(a, "--no-mmap")) {
-            use_mmap = false;
         } else if (!strcmp(a, "--no-display-prompt")) {
             display_prompt = false;
         } else if (!strcmp(a, "--dump-margins")) {
-            NEED_VAL();
+            TN_CLI_NEED_VAL();
             dump_path = val;
-        } else if ((dv = tn_cli_device_flag(argc, argv, &i, &device, &ngl)) != 0) {
+        } else if ((dv = tn_cli_run_flag(argc, argv, &i, &run)) != 0) {
             if (dv < 0) return TN_EXIT_USAGE;
         } else if (!strcmp(a, "--spec")) {
-            NEED_VAL();
+            TN_CLI_NEED_VAL();
             if (!strcmp(val, "ngram")) spec_ngram = true;
             else if (strcmp(val, "none")) return tn_cli_usage_error("--spec: '%s' is not ngram or none", val);
         } else if (!strcmp(a, "--draft") || !strcmp(a, "-md") || !strcmp(a, "--model-draft")) {
-            NEED_VAL();
+            TN_CLI_NEED_VAL();
             draft_path = val;
         } else if (!strcmp(a, "--draft-max")) {
-            NEED_VAL();
+            TN_CLI_NEED_VAL();
             if (!tn_cli_parse_i64(val, 1, 32, &draft_max)) return tn_cli_usage_error("--draft-max: '%s' is not a number in 1..32", val);
         } else if (!strcmp(a, "--draft-min")) {
-            NEED_VAL();
+            TN_CLI_NEED_VAL();
             if (!tn_cli_parse_i64(val, 0, 32, &draft_min)) return tn_cli_usage_error("--draft-min: '%s' is not a number in 0..32", val);
         } else if (!strcmp(a, "--spec-ngram")) {
-            NEED_VAL();
+            TN_CLI_NEED_VAL();
             if (!tn_cli_parse_i64(val, 1, 64, &spec_n)) return tn_cli_usage_error("--spec-ngram: '%s' is not a number in 1..64", val);
         } else {
             gen_usage(stderr);
             return tn_cli_usage_error("unknown option '%s'", a);
         }
-#undef NEED_VAL
     }
     if (prompt && prompt_file) return tn_cli_usage_error("give either -p or -f, not both");
     if (dump_path && sp.temp != 0.0f) return tn_cli_usage_error("--dump-margins needs --temp 0 (greedy decoding)");
     if (dump_path && (spec_ngram || draft_path)) return tn_cli_usage_error("--dump-margins does not combine with --spec or --draft");
     {
-        const char *ins[] = {model_path, prompt_file};
+        const char *ins[] = {run.model_path, prompt_file};
         int rc_out = dump_path ? tn_cli_check_output("--dump-margins", dump_path, ins, 2) : TN_EXIT_OK;
         if (rc_out != TN_EXIT_OK) return rc_out;
     }
@@ -270,16 +216,6 @@ int cmd_generate(int argc, char **argv) {
         prompt = file_text;
     }
     if (!prompt) prompt = "";
-    char default_path[4096];
-    if (!model_path) {
-        if (!tn_cli_default_model(default_path, sizeof default_path)) {
-            free(file_text);
-            fprintf(stderr, "tern: error: no -m given and tern's default model was not found (looked in $TERN_DEFAULT_MODEL, "
-                            "<prefix>/share/tern/ and <source>/models/)\n");
-            return TN_EXIT_NOINPUT;
-        }
-        model_path = default_path;
-    }
     sp.seed = seed < 0 ? TERN_SEED_RANDOM : (uint64_t)seed;
 
     int rc = 0;
@@ -292,32 +228,12 @@ int cmd_generate(int argc, char **argv) {
     memset(&sr, 0, sizeof sr);
     tn_wfile dw = {0};
     bool dw_open = false;
-    tern_model_params mp;
-    tern_model_params_init(&mp);
-    mp.use_mmap = use_mmap;
-    mp.repack = repack && device == TERN_DEVICE_CPU; /* the GPU reads the file's layouts */
-    double t_load = tn_cli_now();
-    tern_status s = tern_model_load(model_path, &mp, &m);
-    if (s) {
-        rc = tn_cli_fail(s, "loading the model");
-        goto done;
-    }
-    t_load = tn_cli_now() - t_load;
-    tern_ctx_params cp;
-    tern_ctx_params_init(&cp);
-    cp.n_ctx = (int32_t)(n_ctx ? n_ctx : (tern_model_n_ctx_train(m) < 4096 ? tern_model_n_ctx_train(m) : 4096));
-    cp.n_batch = (int32_t)n_batch;
-    cp.device = device;
-    cp.n_gpu_layers = ngl;
-    cp.swa_full = swa_full;
-    if (n_threads) cp.n_threads = (int32_t)n_threads;
-    /* A model of a few MiB decodes a token in well under a millisecond: synchronising threads
-     * costs more than it saves (and far more on a busy machine), so small models default to one. */
-    else if (tern_model_size_bytes(m) < ((uint64_t)32 << 20)) cp.n_threads = 1;
-    if ((s = tern_ctx_create(m, &cp, &c))) {
-        rc = tn_cli_fail(s, "creating the context");
-        goto done;
-    }
+    tern_status s = TERN_OK;
+    if ((rc = tn_cli_run_open(&run, &m, &c)) != TN_EXIT_OK) goto done;
+    const tern_ctx_params cp = run.cp;
+    const char *model_path = run.model_path;
+    const double t_load = run.t_load;
+    const int32_t device = run.device;
     if ((s = tern_sampler_create(m, &sp, &smp))) {
         rc = tn_cli_fail(s, "creating the sampler");
         goto done;

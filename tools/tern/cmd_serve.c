@@ -29,6 +29,8 @@ static void serve_usage(FILE *f) {
             "      --timeout S         idle connection / slow client timeout (default 30)\n"
             "      --max-body BYTES    largest request body (default 4194304); larger gets 413\n"
             "      --device cpu|cuda   run the model on the CPU (default) or an NVIDIA GPU; -ngl N: layers on the GPU\n"
+            "      --chat-template NAME chat template of /v1/chat/completions (default: the model's):\n"
+            "                          chatml, llama2, llama3, qwen3, gemma, phi3, phi4\n"
             "      --no-repack         keep q4_0/q8_0/tq4/tq1 weights in the file layout (no interleaved copy)\n");
 }
 
@@ -43,14 +45,9 @@ int cmd_serve(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-#define NEED_VAL()                                                   \
-    do {                                                             \
-        if (!val) return tn_cli_usage_error("%s needs a value", a); \
-        i++;                                                         \
-    } while (0)
 #define INT_FLAG(lo, hi, dst)                                                                                   \
     do {                                                                                                        \
-        NEED_VAL();                                                                                             \
+        TN_CLI_NEED_VAL();                                                                                      \
         if (!tn_cli_parse_i64(val, lo, hi, &v)) return tn_cli_usage_error("%s: '%s' is not a number in %lld..%lld", a, val, \
                                                                           (long long)(lo), (long long)(hi));   \
         dst = v;                                                                                                \
@@ -59,12 +56,17 @@ int cmd_serve(int argc, char **argv) {
             serve_usage(stdout);
             return 0;
         } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            NEED_VAL();
+            TN_CLI_NEED_VAL();
             cfg.model_path = val;
         } else if (!strcmp(a, "--no-repack")) {
             cfg.no_repack = true;
+        } else if (!strcmp(a, "--chat-template")) {
+            TN_CLI_NEED_VAL();
+            tern_chat_template t;
+            if (!tn_cli_chat_template(val, &t)) return TN_EXIT_USAGE;
+            cfg.chat_template = (int)t;
         } else if (!strcmp(a, "--host")) {
-            NEED_VAL();
+            TN_CLI_NEED_VAL();
             cfg.host = val;
         } else if (!strcmp(a, "--port")) {
             INT_FLAG(0, 65535, cfg.port);
@@ -77,31 +79,31 @@ int cmd_serve(int argc, char **argv) {
         } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
             INT_FLAG(1, 1024, cfg.n_threads);
         } else if (!strcmp(a, "--api-key")) {
-            NEED_VAL();
+            TN_CLI_NEED_VAL();
             cfg.api_key = val;
         } else if (!strcmp(a, "--alias")) {
-            NEED_VAL();
+            TN_CLI_NEED_VAL();
             cfg.alias = val;
         } else if (!strcmp(a, "--metrics")) {
             cfg.metrics = true;
         } else if (!strcmp(a, "--max-queue")) {
             INT_FLAG(0, 1 << 20, cfg.max_queue);
         } else if (!strcmp(a, "--ttft-slo")) {
-            NEED_VAL();
+            TN_CLI_NEED_VAL();
             if (!tn_cli_parse_f32(val, 0.0f, 3.6e6f, &f)) return tn_cli_usage_error("--ttft-slo: '%s' is not milliseconds", val);
             cfg.ttft_slo_ms = f;
         } else if (!strcmp(a, "--tpot-slo")) {
-            NEED_VAL();
+            TN_CLI_NEED_VAL();
             if (!tn_cli_parse_f32(val, 0.0f, 3.6e6f, &f)) return tn_cli_usage_error("--tpot-slo: '%s' is not milliseconds", val);
             cfg.tpot_slo_ms = f;
         } else if (!strcmp(a, "--drain-timeout")) {
-            NEED_VAL();
+            TN_CLI_NEED_VAL();
             if (!tn_cli_parse_f32(val, 0.0f, 86400.0f, &f)) return tn_cli_usage_error("--drain-timeout: '%s' is not seconds", val);
             cfg.drain_timeout_s = f;
         } else if (!strcmp(a, "--timeout")) {
             INT_FLAG(1, 86400, cfg.conn_timeout_s);
         } else if (!strcmp(a, "--debug-step-delay")) { /* testing: slow every engine step down */
-            NEED_VAL();
+            TN_CLI_NEED_VAL();
             if (!tn_cli_parse_f32(val, 0.0f, 10000.0f, &f)) return tn_cli_usage_error("--debug-step-delay: '%s' is not milliseconds", val);
             cfg.step_delay_ms = f;
         } else if (!strcmp(a, "--debug-fail-alloc")) { /* testing: X-Tern-Fail-Alloc: N fails an allocation */
@@ -115,7 +117,6 @@ int cmd_serve(int argc, char **argv) {
             return tn_cli_usage_error("unknown option '%s'", a);
         }
 #undef INT_FLAG
-#undef NEED_VAL
     }
     char default_path[4096];
     if (!cfg.model_path) {
