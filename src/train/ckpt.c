@@ -39,20 +39,30 @@ tern_status tn_tmodel_export(const tn_tmodel *m, const tn_vocab_data *voc, const
     void **qbufs = tn_calloc((size_t)m->n_tensors, sizeof *qbufs);
     if (!qbufs) { tn_gguf_writer_free(w); return tn_err(TERN_ERR_NOMEM, "train: export"); }
     const tn_train_cfg *c = &m->cfg;
+    const tn_arch_desc *a = m->hp.family;
+    const uint32_t hd = (uint32_t)m->hp.head_dim;
+    char key[128];
+#define KEY(sfx) (snprintf(key, sizeof key, "%s." sfx, a->name), key)
 #define T(x) do { if ((s = (x))) goto done; } while (0)
-    T(tn_gguf_set_str(w, "general.architecture", "llama"));
+    T(tn_gguf_set_str(w, "general.architecture", a->name));
     T(tn_gguf_set_str(w, "general.name", name ? name : "tern-trained"));
     T(tn_gguf_set_u32(w, "general.file_type", mtype == TN_Q8_0 ? 7 : 0));
-    T(tn_gguf_set_u32(w, "llama.vocab_size", (uint32_t)c->n_vocab));
-    T(tn_gguf_set_u32(w, "llama.context_length", (uint32_t)c->n_ctx));
-    T(tn_gguf_set_u32(w, "llama.embedding_length", (uint32_t)c->n_embd));
-    T(tn_gguf_set_u32(w, "llama.block_count", (uint32_t)c->n_layer));
-    T(tn_gguf_set_u32(w, "llama.feed_forward_length", (uint32_t)c->n_ff));
-    T(tn_gguf_set_u32(w, "llama.attention.head_count", (uint32_t)c->n_head));
-    T(tn_gguf_set_u32(w, "llama.attention.head_count_kv", (uint32_t)c->n_head_kv));
-    T(tn_gguf_set_u32(w, "llama.rope.dimension_count", (uint32_t)(c->n_embd / c->n_head)));
-    T(tn_gguf_set_f32(w, "llama.attention.layer_norm_rms_epsilon", c->rms_eps));
-    T(tn_gguf_set_f32(w, "llama.rope.freq_base", c->rope_base));
+    T(tn_gguf_set_u32(w, KEY("vocab_size"), (uint32_t)c->n_vocab));
+    T(tn_gguf_set_u32(w, KEY("context_length"), (uint32_t)c->n_ctx));
+    T(tn_gguf_set_u32(w, KEY("embedding_length"), (uint32_t)c->n_embd));
+    T(tn_gguf_set_u32(w, KEY("block_count"), (uint32_t)c->n_layer));
+    T(tn_gguf_set_u32(w, KEY("feed_forward_length"), (uint32_t)c->n_ff));
+    T(tn_gguf_set_u32(w, KEY("attention.head_count"), (uint32_t)c->n_head));
+    T(tn_gguf_set_u32(w, KEY("attention.head_count_kv"), (uint32_t)c->n_head_kv));
+    /* the keys the family's converter writes; key_length whenever head_dim is not n_embd / n_head */
+    if (a->head_dim_keys || (int64_t)hd * c->n_head != c->n_embd) {
+        T(tn_gguf_set_u32(w, KEY("attention.key_length"), hd));
+        T(tn_gguf_set_u32(w, KEY("attention.value_length"), hd));
+    }
+    if (a->rope_dim_key) T(tn_gguf_set_u32(w, KEY("rope.dimension_count"), hd));
+    T(tn_gguf_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), c->rms_eps));
+    T(tn_gguf_set_f32(w, KEY("rope.freq_base"), c->rope_base));
+#undef KEY
     T(tn_vocab_data_write(voc, w));
     for (int i = 0; i < m->n_tensors; i++) {
         const tn_tparam *t = &m->t[i];
@@ -191,6 +201,9 @@ tern_status tn_ckpt_save(const tn_tmodel *m, const tn_train_state *st, const cha
     T(tn_gguf_set_arr(w, "tern.train.config", TN_GGUF_I32, cf, 7));
     float cff[2] = {c->rms_eps, c->rope_base};
     T(tn_gguf_set_arr(w, "tern.train.config_f", TN_GGUF_F32, cff, 2));
+    /* the family and head_dim (absent in checkpoints before them: llama, n_embd / n_head) */
+    T(tn_gguf_set_str(w, "tern.train.arch", m->hp.family->name));
+    T(tn_gguf_set_u32(w, "tern.train.head_dim", (uint32_t)m->hp.head_dim));
     if (st->step) {
         T(tn_gguf_set_arr(w, "tern.train.loss", TN_GGUF_F32, st->loss, (uint64_t)st->step));
         T(tn_gguf_set_arr(w, "tern.train.lr", TN_GGUF_F32, st->lr, (uint64_t)st->step));
@@ -272,6 +285,18 @@ tern_status tn_ckpt_load(tn_tmodel *m, tn_train_state *st, const char *dir, bool
     T(get_u64(g, "tern.train.seed", &seed));
     T(get_u64(g, "tern.train.vocab_hash", &vh));
     T(get_u64(g, "tern.train.n_params", &np));
+    {
+        tn_gguf_str an = {5, "llama"};
+        uint32_t hd = (uint32_t)(m->cfg.n_embd / m->cfg.n_head);
+        T(tn_gguf_get_str(g, "tern.train.arch", false, &an));
+        T(tn_gguf_get_u32(g, "tern.train.head_dim", false, &hd));
+        if (!tn_gguf_str_eq(an, m->hp.family->name) || hd != (uint32_t)m->hp.head_dim) {
+            s = tn_err(TERN_ERR_INVALID_ARG, "train: checkpoint %s was made for architecture %.*s with head_dim %u; this run "
+                       "is %s with head_dim %d (use the same --arch / --head-dim or another --ckpt-dir)", path,
+                       (int)TN_MIN(an.len, 64), an.data, hd, m->hp.family->name, m->hp.head_dim);
+            goto done;
+        }
+    }
     const tn_gguf_kv *cf, *cff;
     T(tn_gguf_get_arr(g, "tern.train.config", true, TN_GGUF_I32, &cf));
     T(tn_gguf_get_arr(g, "tern.train.config_f", true, TN_GGUF_F32, &cff));

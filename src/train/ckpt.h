@@ -2,11 +2,11 @@
  * ckpt.h — training checkpoints (robustness.md §3.2).
  *
  * A checkpoint is a GGUF file <dir>/ckpt-<step>.gguf holding the flat params and both AdamW
- * moments as three f32 tensors, plus the step, the data cursor, the seed, the config, the
- * vocabulary hash and the loss history under tern.train.* keys. It is written atomically
- * (temp + fsync + rename); then the manifest <dir>/latest (text: file name, size, 64-bit hash of
- * the file) is written the same way. The manifest is the commit point: a checkpoint it does not
- * name, or whose size/hash does not match, is never loaded. Once the new manifest is durable the
+ * moments as three f32 tensors, plus the step, the data cursor, the seed, the config (with the
+ * family and head_dim), the vocabulary hash and the loss history under tern.train.* keys. It is
+ * written atomically (temp + fsync + rename); then the manifest <dir>/latest (text: file name,
+ * size, 64-bit hash of the file) is written the same way. The manifest is the commit point: a
+ * checkpoint it does not name, or whose size/hash does not match, is never loaded. Once the new manifest is durable the
  * directory keeps the new and the previous checkpoint (older ones are deleted) and loses temp
  * files left by writers that died (kill -9 during a save).
  */

@@ -205,6 +205,15 @@ tern_status tn_train_run(tn_train_opts *o) {
         if ((s = tern_model_load(o->init, &mp, &init))) goto done;
         if ((s = tn_vocab_data_from_gguf(init->gguf, &voc))) goto done;
         const tn_hparams *h = &init->hp;
+        if (!tn_train_arch_ok(h->family)) {
+            char names[128];
+            tn_train_arch_names(names, sizeof names);
+            s = tn_err(TERN_ERR_UNSUPPORTED, "train: --init %s is of architecture %s, which training does not run (it "
+                       "trains %s)", o->init, h->family ? h->family->name : "?", names);
+            goto done;
+        }
+        cfg.arch = h->family;
+        cfg.head_dim = h->head_dim;
         cfg.n_embd = h->n_embd; cfg.n_layer = h->n_layer; cfg.n_head = h->n_head; cfg.n_head_kv = h->n_head_kv;
         cfg.n_ff = h->n_ff; cfg.rms_eps = h->rms_eps; cfg.rope_base = h->rope_freq_base;
         if (!cfg.n_ctx || cfg.n_ctx > h->n_ctx_train) cfg.n_ctx = h->n_ctx_train;
@@ -250,9 +259,9 @@ tern_status tn_train_run(tn_train_opts *o) {
     note(o, "data: %.2f MB of text, %llu tokens (%.2f bytes/token), %lld training and %lld validation windows of %d",
          total / 1e6, (unsigned long long)n_tok, (double)total / (double)n_tok, (long long)data.n_train,
          (long long)data.n_val, cfg.n_ctx);
-    note(o, "model: %.2fM parameters, n_embd %d, %d layers, %d/%d heads, n_ff %d, vocab %d, ctx %d; %d threads",
-         m->n_params / 1e6, cfg.n_embd, cfg.n_layer, cfg.n_head, cfg.n_head_kv, cfg.n_ff, cfg.n_vocab, cfg.n_ctx,
-         o->n_threads);
+    note(o, "model: %s, %.2fM parameters, n_embd %d, %d layers, %d/%d heads of %d, n_ff %d, vocab %d, ctx %d; %d threads",
+         m->hp.family->name, m->n_params / 1e6, cfg.n_embd, cfg.n_layer, cfg.n_head, cfg.n_head_kv, m->hp.head_dim,
+         cfg.n_ff, cfg.n_vocab, cfg.n_ctx, o->n_threads);
     /* 5. weights: checkpoint, init model or random */
     st.seed = o->seed;
     st.vocab_hash = tn_vocab_data_hash(voc);

@@ -27,7 +27,8 @@ typedef struct tn_train_opts {
     const char *tokenizer;    /* GGUF with a llama (SPM) vocabulary, or NULL      */
     int32_t vocab_size;       /* when learning the vocabulary from the data       */
     const char *init;         /* GGUF model to fine-tune, or NULL                 */
-    tn_train_cfg cfg;         /* ignored with init (taken from the model), except n_ctx */
+    tn_train_cfg cfg;         /* ignored with init (taken from the model: family, shape,
+                               * rms_eps, rope_base), except n_ctx                     */
     int batch, steps, warmup;
     tn_adamw opt;
     float min_lr_frac;

@@ -2,7 +2,8 @@
  * tmodel.c — the training model: sizes tables, flat buffers, forward storing activations,
  * backward as the forward mirrored. See train.h.
  *
- * Shapes: N = B*T tokens, C = n_embd, KV = n_head_kv*head_dim, F = n_ff, V = n_vocab, H = n_head.
+ * Shapes: N = B*T tokens, C = n_embd, Q = n_head*head_dim, KV = n_head_kv*head_dim, F = n_ff,
+ * V = n_vocab, H = n_head.
  * Row-major activations [N][C]; a linear layer with weight W[m][k] (GGUF ne = [k, m]) is
  * out[N][m] = in[N][k] * W^T, so its backward is dW[m][k] += dout^T * in and din = dout * W.
  * Everything that is not a GEMM is split over the pool by rows (or by (b, kv head) for attention)
@@ -20,16 +21,55 @@
 #include "train/rng.h"
 #include "train/train.h"
 
-/* ---- sizes tables ------------------------------------------------------------------------ */
+/* ---- families and sizes tables ------------------------------------------------------------ */
+
+const tn_arch_desc *tn_train_arch(const tn_train_cfg *c) { return c->arch ? c->arch : tn_arch_find("llama", 5); }
+
+/* The roles the training block has a forward and a backward for. */
+static bool role_trainable(int r) {
+    switch (r) {
+    case TN_ROLE_ATTN_POST_NORM:
+    case TN_ROLE_FFN_POST_NORM:
+    case TN_ROLE_ROPE_FREQS: return false;
+    default: return r >= 0 && r < TN_ROLE_COUNT;
+    }
+}
+
+bool tn_train_arch_ok(const tn_arch_desc *a) {
+    if (!a || a->ffn != TN_FFN_SWIGLU || a->nope_step > 0 || a->embd_scale || a->synth_swa) return false;
+    for (int r = 0; r < TN_ROLE_COUNT; r++)
+        if (a->need[r] == TN_NEED_REQ && !role_trainable(r)) return false;
+    return true;
+}
+
+void tn_train_arch_names(char *buf, size_t cap) {
+    size_t n = 0;
+    if (cap) buf[0] = 0;
+    for (size_t i = 0; i < tn_arch_count() && n < cap; i++) {
+        const tn_arch_desc *a = tn_arch_at(i);
+        if (!tn_train_arch_ok(a)) continue;
+        int k = snprintf(buf + n, cap - n, "%s%s", n ? ", " : "", a->name);
+        if (k < 0) break;
+        n += (size_t)k;
+    }
+}
+
+static int32_t cfg_head_dim(const tn_train_cfg *c) { return c->head_dim > 0 ? c->head_dim : c->n_embd / c->n_head; }
 
 tern_status tn_train_cfg_check(const tn_train_cfg *c) {
 #define CHK(cond, ...) do { if (!(cond)) return tn_err(TERN_ERR_INVALID_ARG, "train: " __VA_ARGS__); } while (0)
+    const tn_arch_desc *a = tn_train_arch(c);
+    char names[128];
+    tn_train_arch_names(names, sizeof names);
+    CHK(tn_train_arch_ok(a), "architecture %s cannot be trained (training runs %s)", a ? a->name : "?", names);
     CHK(c->n_vocab >= 4 && c->n_vocab <= (1 << 24), "n_vocab %d out of range", c->n_vocab);
     CHK(c->n_ctx >= 2 && c->n_ctx <= 65536, "ctx %d out of range [2, 65536]", c->n_ctx);
     CHK(c->n_embd >= 2 && c->n_embd <= 65536, "n_embd %d out of range", c->n_embd);
     CHK(c->n_layer >= 1 && c->n_layer <= 1024, "n_layer %d out of range", c->n_layer);
-    CHK(c->n_head >= 1 && c->n_embd % c->n_head == 0, "n_head %d must divide n_embd %d", c->n_head, c->n_embd);
-    CHK((c->n_embd / c->n_head) % 2 == 0, "head_dim %d (n_embd/n_head) must be even for RoPE", c->n_embd / c->n_head);
+    CHK(c->head_dim >= 0 && c->head_dim <= 4096, "head_dim %d out of range [0 (n_embd/n_head), 4096]", c->head_dim);
+    CHK(c->n_head >= 1 && (c->head_dim > 0 || c->n_embd % c->n_head == 0), "n_head %d must divide n_embd %d", c->n_head, c->n_embd);
+    CHK(cfg_head_dim(c) % 2 == 0, "head_dim %d must be even for RoPE", cfg_head_dim(c));
+    CHK((int64_t)c->n_head * cfg_head_dim(c) <= 65536, "n_head * head_dim %lld out of range", (long long)c->n_head * cfg_head_dim(c));
     CHK(c->n_head_kv >= 1 && c->n_head % c->n_head_kv == 0, "n_head_kv %d must divide n_head %d", c->n_head_kv, c->n_head);
     CHK(c->n_ff >= 1 && c->n_ff <= (1 << 20), "n_ff %d out of range", c->n_ff);
     CHK(c->rms_eps > 0 && c->rope_base > 0, "rms_eps and rope_base must be positive");
@@ -38,9 +78,10 @@ tern_status tn_train_cfg_check(const tn_train_cfg *c) {
 }
 
 static void fill_hparams(const tn_train_cfg *c, tn_hparams *hp) {
+    const tn_arch_desc *a = tn_train_arch(c);
     memset(hp, 0, sizeof *hp);
-    hp->arch = TN_ARCH_LLAMA;
-    hp->family = tn_arch_find("llama", 5);
+    hp->arch = a->id;
+    hp->family = a;
     hp->n_vocab = c->n_vocab;
     hp->n_ctx_train = c->n_ctx;
     hp->n_embd = c->n_embd;
@@ -48,70 +89,83 @@ static void fill_hparams(const tn_train_cfg *c, tn_hparams *hp) {
     hp->n_head = c->n_head;
     hp->n_head_kv = c->n_head_kv;
     hp->n_ff = c->n_ff;
-    hp->head_dim = c->n_embd / c->n_head;
+    hp->head_dim = cfg_head_dim(c);
     hp->n_rot = hp->head_dim;
     hp->rms_eps = c->rms_eps;
     hp->rope_freq_base = c->rope_base;
     hp->rope_freq_scale = 1.0f;
-    hp->rope_mode = TN_ROPE_NORM;
+    hp->rope_mode = a->rope;
+    hp->ffn = a->ffn;
 }
 
-/* The roles of the training block (a llama block), in the sizes table's per-layer order (TN_TP_*). */
-static const tn_role tn_tp_roles[TN_TP_PER_LAYER] = {
-    TN_ROLE_ATTN_NORM, TN_ROLE_ATTN_Q,   TN_ROLE_ATTN_K,  TN_ROLE_ATTN_V,    TN_ROLE_ATTN_OUT,
-    TN_ROLE_FFN_NORM,  TN_ROLE_FFN_GATE, TN_ROLE_FFN_UP, TN_ROLE_FFN_DOWN};
+/* The per-layer roles of the training block: the family's required ones, in the registry's order
+ * (llama: attn_norm, attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate, ffn_up, ffn_down). */
+static int layer_roles(const tn_arch_desc *a, tn_role *out) {
+    int n = 0;
+    for (int r = 0; r < TN_ROLE_N_LAYER; r++)
+        if (a->need[r] == TN_NEED_REQ) out[n++] = (tn_role)r;
+    return n;
+}
 
-/* The sizes table: names and shapes from the registry (model/arch/), the llama family's roles. */
+/* The sizes table: token_embd, the layers' roles, output_norm, output (always untied); names and
+ * shapes from the registry (model/arch/). Returns the number of tensors. */
 static int build_table(const tn_train_cfg *c, tn_tparam *t, size_t *n_params) {
     tn_hparams hp;
     fill_hparams(c, &hp);
-    hp.n_vocab = c->n_vocab;
+    tn_role lr[TN_ROLE_N_LAYER];
+    const int nl = layer_roles(hp.family, lr);
     int i = 0;
     size_t off = 0;
-    const int n_roles = 3 + c->n_layer * TN_TP_PER_LAYER;
-    for (int j = 0; j < n_roles; j++) {
-        const int l = j == 0 || j == n_roles - 2 || j == n_roles - 1 ? -1 : (j - 1) / TN_TP_PER_LAYER;
-        const tn_role r = j == 0 ? TN_ROLE_TOKEN_EMBD : j == n_roles - 2 ? TN_ROLE_OUTPUT_NORM
-                          : j == n_roles - 1 ? TN_ROLE_OUTPUT : tn_tp_roles[(j - 1) % TN_TP_PER_LAYER];
-        const tn_role_info *ri = &tn_roles[r];
-        const int64_t k = tn_dim_value(&hp, ri->ne0), mrows = tn_dim_value(&hp, ri->ne1);
-        if (t) {
-            tn_role_tensor_name(r, l, t[i].name, sizeof t[i].name);
-            t[i].n_dims = ri->ne1 == TN_DIM_1 ? 1 : 2;
-            t[i].ne[0] = k, t[i].ne[1] = mrows, t[i].off = off;
-            t[i].n = (size_t)k * (size_t)mrows;
-            t[i].decay = ri->matrix; /* weight decay on matrices, not on norm weights */
+    for (int l = -1; l <= c->n_layer; l++) {
+        const int n = l < 0 ? 1 : l < c->n_layer ? nl : 2;
+        for (int j = 0; j < n; j++, i++) {
+            const tn_role r = l < 0 ? TN_ROLE_TOKEN_EMBD : l < c->n_layer ? lr[j] : j ? TN_ROLE_OUTPUT : TN_ROLE_OUTPUT_NORM;
+            const tn_role_info *ri = &tn_roles[r];
+            const int64_t k = tn_dim_value(&hp, ri->ne0), mrows = tn_dim_value(&hp, ri->ne1);
+            if (t) {
+                tn_role_tensor_name(r, l, t[i].name, sizeof t[i].name);
+                t[i].role = r;
+                t[i].n_dims = ri->ne1 == TN_DIM_1 ? 1 : 2;
+                t[i].ne[0] = k, t[i].ne[1] = mrows, t[i].off = off;
+                t[i].n = (size_t)k * (size_t)mrows;
+                t[i].decay = ri->matrix; /* weight decay on matrices, not on norm weights or biases */
+            }
+            off += (size_t)k * (size_t)mrows;
+            off = (off + 15) & ~(size_t)15; /* 64-byte aligned views */
         }
-        off += (size_t)k * (size_t)mrows;
-        off = (off + 15) & ~(size_t)15; /* 64-byte aligned views */
-        i++;
     }
     *n_params = off;
     return i;
 }
 
-/* Activation sizes table: per layer, then the head, then backward scratch. */
+/* Activation sizes table: per layer, then the head, then backward scratch. Q = n_head*head_dim.
+ * qn, kn (q, k before their per-head RMSNorm) and dqn, dkn exist only with q/k norms. */
 typedef struct act_layout {
-    size_t x_in, xn1, q, k, v, att, y, x_mid, xn2, g, u, h; /* per-layer offsets from layer base */
+    size_t x_in, xn1, qn, kn, q, k, v, att, y, x_mid, xn2, g, u, h; /* per-layer offsets from layer base */
     size_t per_layer;
-    size_t x_fin, xf, logits;                                  /* after the layers               */
-    size_t dres, dxn, dq, dk, dv, dy, dh, dg, du, datt, dw;    /* scratch                        */
+    size_t x_fin, xf, logits;                                        /* after the layers               */
+    size_t dres, dxn, dq, dk, dv, dqn, dkn, dy, dh, dg, du, datt, dw; /* scratch                        */
     size_t total;
 } act_layout;
 
 static void plan_acts(const tn_train_cfg *c, int B, int T, int nth, act_layout *a) {
-    const size_t N = (size_t)B * T, C = (size_t)c->n_embd, H = (size_t)c->n_head;
-    const size_t KV = (size_t)c->n_head_kv * (C / H), F = (size_t)c->n_ff, V = (size_t)c->n_vocab;
+    tn_hparams hp;
+    fill_hparams(c, &hp);
+    const tn_arch_desc *ad = hp.family;
+    const bool q_norm = ad->need[TN_ROLE_ATTN_Q_NORM] == TN_NEED_REQ, k_norm = ad->need[TN_ROLE_ATTN_K_NORM] == TN_NEED_REQ;
+    const size_t N = (size_t)B * T, C = (size_t)c->n_embd, H = (size_t)c->n_head, hd = (size_t)hp.head_dim;
+    const size_t Q = H * hd, KV = (size_t)c->n_head_kv * hd, F = (size_t)c->n_ff, V = (size_t)c->n_vocab;
     size_t o = 0;
 #define A(field, n) do { a->field = o; o += ((size_t)(n) + 15) & ~(size_t)15; } while (0)
-    A(x_in, N * C); A(xn1, N * C); A(q, N * C); A(k, N * KV); A(v, N * KV);
-    A(att, (size_t)B * H * T * T); A(y, N * C); A(x_mid, N * C); A(xn2, N * C);
+    A(x_in, N * C); A(xn1, N * C); A(qn, q_norm ? N * Q : 0); A(kn, k_norm ? N * KV : 0); A(q, N * Q); A(k, N * KV);
+    A(v, N * KV); A(att, (size_t)B * H * T * T); A(y, N * Q); A(x_mid, N * C); A(xn2, N * C);
     A(g, N * F); A(u, N * F); A(h, N * F);
     a->per_layer = o;
     o = a->per_layer * (size_t)c->n_layer;
     A(x_fin, N * C); A(xf, N * C); A(logits, N * V);
-    A(dres, N * C); A(dxn, N * C); A(dq, N * C); A(dk, N * KV); A(dv, N * KV); A(dy, N * C);
-    A(dh, N * F); A(dg, N * F); A(du, N * F); A(datt, (size_t)nth * T); A(dw, (size_t)nth * C);
+    A(dres, N * C); A(dxn, N * C); A(dq, N * Q); A(dk, N * KV); A(dv, N * KV);
+    A(dqn, q_norm ? N * Q : 0); A(dkn, k_norm ? N * KV : 0); A(dy, N * Q);
+    A(dh, N * F); A(dg, N * F); A(du, N * F); A(datt, (size_t)nth * T); A(dw, (size_t)nth * (C > hd ? C : hd));
 #undef A
     a->total = o;
 }
@@ -122,7 +176,7 @@ void tn_tmodel_mem(const tn_train_cfg *c, int B, int T, int n_threads, size_t *p
     act_layout a;
     plan_acts(c, B, T, n_threads, &a);
     *param_bytes = np * 4 * sizeof(float);
-    *act_bytes = a.total * sizeof(float) + (size_t)T * c->n_embd / c->n_head * sizeof(float) +
+    *act_bytes = a.total * sizeof(float) + (size_t)T * cfg_head_dim(c) * sizeof(float) +
                  (size_t)B * T * (2 * sizeof(int32_t) + sizeof(float));
 }
 
@@ -158,6 +212,12 @@ tern_status tn_tmodel_create(const tn_train_cfg *c, int n_threads, tn_tmodel **o
     m->t = tn_calloc((size_t)m->n_tensors, sizeof *m->t);
     if (!m->t) { s = tn_err(TERN_ERR_NOMEM, "train: sizes table"); goto fail; }
     build_table(c, m->t, &m->n_params);
+    {
+        tn_role lr[TN_ROLE_N_LAYER];
+        m->per_layer = layer_roles(m->hp.family, lr);
+        memset(m->slot, -1, sizeof m->slot);
+        for (int j = 0; j < m->per_layer; j++) m->slot[lr[j]] = (int8_t)j;
+    }
     size_t bytes = m->n_params * 4 * sizeof(float);
     if ((s = check_fits(bytes, "parameters, gradients and AdamW moments"))) goto fail;
     m->params = tn_malloc_aligned(bytes, 64);
@@ -195,8 +255,9 @@ void tn_tmodel_init_random(tn_tmodel *m, uint64_t seed) {
     for (int i = 0; i < m->n_tensors; i++) {
         float *p = tn_tp(m, m->params, i);
         const tn_tparam *t = &m->t[i];
-        if (t->n_dims == 1) {
-            for (size_t j = 0; j < t->n; j++) p[j] = 1.0f;
+        if (t->n_dims == 1) { /* norm weights 1, biases 0 */
+            const bool bias = t->role == TN_ROLE_ATTN_Q_B || t->role == TN_ROLE_ATTN_K_B || t->role == TN_ROLE_ATTN_V_B;
+            for (size_t j = 0; j < t->n; j++) p[j] = bias ? 0.0f : 1.0f;
             continue;
         }
         float sd = (strstr(t->name, "attn_output") || strstr(t->name, "ffn_down")) ? std_res : std;
@@ -206,43 +267,38 @@ void tn_tmodel_init_random(tn_tmodel *m, uint64_t seed) {
 
 tern_status tn_tmodel_init_from(tn_tmodel *m, const tern_model *src) {
     const tn_hparams *h = &src->hp;
-    if (h->arch != TN_ARCH_LLAMA)
-        return tn_err(TERN_ERR_UNSUPPORTED, "train: --init model is of architecture %s; training runs the llama block only",
-                      h->family ? h->family->name : "?");
-    if (h->n_embd != m->cfg.n_embd || h->n_layer != m->cfg.n_layer ||
-        h->n_head != m->cfg.n_head || h->n_head_kv != m->cfg.n_head_kv || h->n_ff != m->cfg.n_ff ||
-        h->n_vocab != m->cfg.n_vocab || h->n_rot != h->head_dim || h->head_dim != m->cfg.n_embd / m->cfg.n_head)
-        return tn_err(TERN_ERR_UNSUPPORTED, "train: --init model does not match the training shape (llama, n_embd %d, "
-                      "%d layers, %d/%d heads, n_ff %d, vocab %d, full RoPE)", m->cfg.n_embd, m->cfg.n_layer,
-                      m->cfg.n_head, m->cfg.n_head_kv, m->cfg.n_ff, m->cfg.n_vocab);
-    if (h->rope_mode != TN_ROPE_NORM || h->rope_freq_scale != 1.0f || src->rope_freqs.data)
+    const tn_arch_desc *a = m->hp.family;
+    if (h->family != a)
+        return tn_err(TERN_ERR_UNSUPPORTED, "train: --init model is of architecture %s; this training model is %s",
+                      h->family ? h->family->name : "?", a->name);
+    if (h->n_embd != m->cfg.n_embd || h->n_layer != m->cfg.n_layer || h->n_head != m->cfg.n_head ||
+        h->n_head_kv != m->cfg.n_head_kv || h->n_ff != m->cfg.n_ff || h->n_vocab != m->cfg.n_vocab ||
+        h->head_dim != m->hp.head_dim || h->n_rot != h->head_dim)
+        return tn_err(TERN_ERR_UNSUPPORTED, "train: --init model does not match the training shape (%s, n_embd %d, "
+                      "%d layers, %d/%d heads of %d, n_ff %d, vocab %d, full RoPE)", a->name, m->cfg.n_embd, m->cfg.n_layer,
+                      m->cfg.n_head, m->cfg.n_head_kv, m->hp.head_dim, m->cfg.n_ff, m->cfg.n_vocab);
+    if (h->rope_mode != a->rope || h->rope_freq_scale != 1.0f || src->rope_freqs.data)
         return tn_err(TERN_ERR_UNSUPPORTED, "train: --init model uses RoPE scaling, which training does not support");
-    const tn_tensor *ts[4096];
-    int n = 0;
-    ts[n++] = &src->tok_embd;
-    for (int l = 0; l < h->n_layer; l++) {
-        const tn_tensor *w = src->layers[l].w;
-        for (int r = 0; r < TN_ROLE_N_LAYER; r++) /* the training block: the llama roles only */
-            if (w[r].data && (r == TN_ROLE_ATTN_Q_B || r == TN_ROLE_ATTN_K_B || r == TN_ROLE_ATTN_V_B ||
-                              r == TN_ROLE_ATTN_Q_NORM || r == TN_ROLE_ATTN_K_NORM || r == TN_ROLE_ATTN_POST_NORM ||
-                              r == TN_ROLE_FFN_POST_NORM))
-                return tn_err(TERN_ERR_UNSUPPORTED, "train: --init model has tensor '%s', which training does not support",
-                              w[r].name);
-        for (int j = 0; j < TN_TP_PER_LAYER; j++) {
-            if (n >= 4094) return tn_err(TERN_ERR_UNSUPPORTED, "train: too many layers for --init");
-            ts[n++] = &w[tn_tp_roles[j]];
-        }
-    }
-    ts[n++] = &src->output_norm;
-    ts[n++] = &src->output; /* == tok_embd when tied: untied afterwards */
-    for (int i = 0; i < n; i++) {
+    if (h->n_swa > 0 || h->logit_softcap > 0 || h->embd_scale > 0 || h->nope_step > 0)
+        return tn_err(TERN_ERR_UNSUPPORTED, "train: --init model uses sliding-window attention, soft-capping, embedding "
+                      "scaling or NoPE layers, which training does not support");
+    for (int l = 0; l < h->n_layer; l++)
+        for (int r = 0; r < TN_ROLE_N_LAYER; r++) /* the training block: the family's required roles */
+            if (src->layers[l].w[r].data && m->slot[r] < 0)
+                return tn_err(TERN_ERR_UNSUPPORTED, "train: --init model has tensor '%s', which training of %s does not "
+                              "support (it trains the family's required tensors)", src->layers[l].w[r].name, a->name);
+    const int head = tn_tp_head(m);
+    for (int i = 0; i < m->n_tensors; i++) {
         const tn_tparam *t = &m->t[i];
+        /* output == tok_embd when tied: untied afterwards */
+        const tn_tensor *st = i == 0 ? &src->tok_embd : i == head ? &src->output_norm : i == head + 1 ? &src->output
+                            : &src->layers[(i - 1) / m->per_layer].w[t->role];
         float *p = tn_tp(m, m->params, i);
         int64_t rows = t->n_dims == 1 ? 1 : t->ne[1];
-        if (ts[i]->ne[0] != t->ne[0] || (t->n_dims == 2 && ts[i]->ne[1] != rows))
+        if (!st->data || st->ne[0] != t->ne[0] || (t->n_dims == 2 && st->ne[1] != rows))
             return tn_err(TERN_ERR_FORMAT, "train: --init tensor for '%s' has shape [%lld, %lld], expected [%lld, %lld]",
-                          t->name, (long long)ts[i]->ne[0], (long long)ts[i]->ne[1], (long long)t->ne[0], (long long)rows);
-        for (int64_t r = 0; r < rows; r++) tn_tensor_get_row(ts[i], r, p + r * t->ne[0]);
+                          t->name, (long long)st->ne[0], (long long)st->ne[1], (long long)t->ne[0], (long long)rows);
+        for (int64_t r = 0; r < rows; r++) tn_tensor_get_row(st, r, p + r * t->ne[0]);
     }
     return TERN_OK;
 }
@@ -354,10 +410,10 @@ typedef struct task {
     bool grad;
 } task;
 
-enum { OP_RMSNORM, OP_RMSNORM_BWD, OP_ROPE, OP_ROPE_BWD, OP_SWIGLU, OP_SWIGLU_BWD, OP_ATTN, OP_CE };
+enum { OP_RMSNORM, OP_RMSNORM_BWD, OP_ROPE, OP_ROPE_BWD, OP_SWIGLU, OP_SWIGLU_BWD, OP_ATTN, OP_CE, OP_BIAS, OP_BIAS_BWD };
 
 static void attn_fwd_one(tn_tmodel *m, const task *tk, int64_t b, int64_t kvh) {
-    const int64_t T = m->T, C = m->cfg.n_embd, H = m->cfg.n_head, hd = m->hp.head_dim;
+    const int64_t T = m->T, H = m->cfg.n_head, hd = m->hp.head_dim, C = H * hd; /* C: q and y rows */
     const int64_t KV = m->cfg.n_head_kv * hd, grp = H / m->cfg.n_head_kv;
     const float *q = tk->x, *k = tk->x2, *v = tk->x3;
     float *att = tk->y2, *y = tk->y;
@@ -390,7 +446,7 @@ static void attn_fwd_one(tn_tmodel *m, const task *tk, int64_t b, int64_t kvh) {
 
 /* x=q x2=k x3=v x(w)=att, y=dy in, outputs y2=dq y3=dk dw=dv */
 static void attn_bwd_one(tn_tmodel *m, const task *tk, int64_t b, int64_t kvh, float *datt) {
-    const int64_t T = m->T, C = m->cfg.n_embd, H = m->cfg.n_head, hd = m->hp.head_dim;
+    const int64_t T = m->T, H = m->cfg.n_head, hd = m->hp.head_dim, C = H * hd; /* C: q and y rows */
     const int64_t KV = m->cfg.n_head_kv * hd, grp = H / m->cfg.n_head_kv;
     const float *q = tk->x, *k = tk->x2, *v = tk->x3, *att = tk->w, *dy = tk->y;
     float *dq = tk->y2, *dk = tk->y3, *dv = tk->dw;
@@ -453,13 +509,13 @@ static void task_fn(void *arg, int ith, int nth) {
         break;
     }
     case OP_ROPE:
-    case OP_ROPE_BWD: { /* y = q rows [n][C], y2 = k rows [n][KV] */
+    case OP_ROPE_BWD: { /* y = q rows [n][Q], y2 = k rows [n][KV]; the backward rotates back */
         const float sign = tk->op == OP_ROPE ? 1.0f : -1.0f;
-        const int64_t KV = (int64_t)m->cfg.n_head_kv * m->hp.head_dim;
+        const int64_t KV = (int64_t)m->cfg.n_head_kv * m->hp.head_dim, Q = tn_hp_q_dim(&m->hp);
         tn_split(tk->n, ith, nth, 1, &r0, &r1);
         for (int64_t i = r0; i < r1; i++) {
             const float *cs = m->rope_cs + (i % T) * m->hp.n_rot;
-            tn_op_rope(&m->hp, tk->y + i * m->cfg.n_embd, m->cfg.n_head, cs, sign);
+            tn_op_rope(&m->hp, tk->y + i * Q, m->cfg.n_head, cs, sign);
             tn_op_rope(&m->hp, tk->y2 + i * KV, m->cfg.n_head_kv, cs, sign);
         }
         break;
@@ -508,6 +564,16 @@ static void task_fn(void *arg, int ith, int nth) {
         }
         break;
     }
+    case OP_BIAS: /* y [n][d] += w per row */
+        tn_split(tk->n, ith, nth, 1, &r0, &r1);
+        for (int64_t i = r0; i < r1; i++)
+            for (int64_t j = 0; j < tk->d; j++) tk->y[i * tk->d + j] += tk->w[j];
+        break;
+    case OP_BIAS_BWD: /* dw[j] += sum over rows of x[i][j]: columns split, rows in order (any thread count) */
+        tn_split(tk->d, ith, nth, 16, &r0, &r1);
+        for (int64_t i = 0; i < tk->n; i++)
+            for (int64_t j = r0; j < r1; j++) tk->dw[j] += tk->x[i * tk->d + j];
+        break;
     }
 }
 
@@ -542,7 +608,7 @@ tern_status tn_tmodel_forward(tn_tmodel *m, const int32_t *tokens, const int32_t
     if (!m->acts) return tn_err(TERN_ERR_STATE, "train: forward before tn_tmodel_plan");
     const act_layout a = layout_of(m);
     const int64_t N = (int64_t)m->B * m->T, C = m->cfg.n_embd, F = m->cfg.n_ff, V = m->cfg.n_vocab;
-    const int64_t KV = (int64_t)m->cfg.n_head_kv * m->hp.head_dim;
+    const int64_t hd = m->hp.head_dim, Q = tn_hp_q_dim(&m->hp), KV = (int64_t)m->cfg.n_head_kv * hd;
     for (int64_t i = 0; i < N; i++) {
         if (tokens[i] < 0 || tokens[i] >= V || (targets && (targets[i] < 0 || targets[i] >= V)))
             return tn_err(TERN_ERR_INVALID_ARG, "train: token id out of range [0, %lld) at %lld", (long long)V, (long long)i);
@@ -550,6 +616,9 @@ tern_status tn_tmodel_forward(tn_tmodel *m, const int32_t *tokens, const int32_t
         if (targets) m->targets[i] = targets[i];
     }
     float *P = m->params;
+    /* the block's optional steps (the family's roles): q/k/v biases, per-head q/k RMSNorm */
+    const bool qb = m->slot[TN_ROLE_ATTN_Q_B] >= 0, kb = m->slot[TN_ROLE_ATTN_K_B] >= 0, vb = m->slot[TN_ROLE_ATTN_V_B] >= 0;
+    const bool qn = m->slot[TN_ROLE_ATTN_Q_NORM] >= 0, kn = m->slot[TN_ROLE_ATTN_K_NORM] >= 0;
     /* x = token_embd[tokens]                                   [N][C] */
     float *x = m->acts + a.x_in;
     const float *emb = tn_tp(m, P, 0);
@@ -558,30 +627,40 @@ tern_status tn_tmodel_forward(tn_tmodel *m, const int32_t *tokens, const int32_t
         float *A = m->acts + a.per_layer * (size_t)l;
         float *x_in = A + a.x_in, *xn1 = A + a.xn1, *q = A + a.q, *k = A + a.k, *v = A + a.v, *att = A + a.att;
         float *y = A + a.y, *x_mid = A + a.x_mid, *xn2 = A + a.xn2, *g = A + a.g, *u = A + a.u, *h = A + a.h;
+        float *q0 = qn ? A + a.qn : q, *k0 = kn ? A + a.kn : k; /* the projections, before a q/k norm */
         float *x_out = l + 1 < m->cfg.n_layer ? m->acts + a.per_layer * (size_t)(l + 1) + a.x_in : m->acts + a.x_fin;
+#define PW(r) tn_tp(m, P, tn_tp_role(m, l, r))
         /* xn1 = rmsnorm(x_in) * attn_norm                        [N][C] */
-        run(m, &(task){.op = OP_RMSNORM, .x = x_in, .y = xn1, .w = tn_tp(m, P, tn_tp_layer(l, TN_TP_ATTN_NORM)), .n = N, .d = C});
-        /* q [N][C], k, v [N][KV]; RoPE on q, k                                              */
-        lin_fwd(xn1, tn_tp(m, P, tn_tp_layer(l, TN_TP_WQ)), q, N, C, C, 0.0f);
-        lin_fwd(xn1, tn_tp(m, P, tn_tp_layer(l, TN_TP_WK)), k, N, C, KV, 0.0f);
-        lin_fwd(xn1, tn_tp(m, P, tn_tp_layer(l, TN_TP_WV)), v, N, C, KV, 0.0f);
+        run(m, &(task){.op = OP_RMSNORM, .x = x_in, .y = xn1, .w = PW(TN_ROLE_ATTN_NORM), .n = N, .d = C});
+        /* q0 [N][Q], k0, v [N][KV] (+ biases)                                                 */
+        lin_fwd(xn1, PW(TN_ROLE_ATTN_Q), q0, N, C, Q, 0.0f);
+        lin_fwd(xn1, PW(TN_ROLE_ATTN_K), k0, N, C, KV, 0.0f);
+        lin_fwd(xn1, PW(TN_ROLE_ATTN_V), v, N, C, KV, 0.0f);
+        if (qb) run(m, &(task){.op = OP_BIAS, .y = q0, .w = PW(TN_ROLE_ATTN_Q_B), .n = N, .d = Q});
+        if (kb) run(m, &(task){.op = OP_BIAS, .y = k0, .w = PW(TN_ROLE_ATTN_K_B), .n = N, .d = KV});
+        if (vb) run(m, &(task){.op = OP_BIAS, .y = v, .w = PW(TN_ROLE_ATTN_V_B), .n = N, .d = KV});
+        /* q = rmsnorm(q0 per head) * attn_q_norm, k likewise     [N*H][hd] rows              */
+        if (qn) run(m, &(task){.op = OP_RMSNORM, .x = q0, .y = q, .w = PW(TN_ROLE_ATTN_Q_NORM), .n = N * m->cfg.n_head, .d = hd});
+        if (kn) run(m, &(task){.op = OP_RMSNORM, .x = k0, .y = k, .w = PW(TN_ROLE_ATTN_K_NORM), .n = N * m->cfg.n_head_kv, .d = hd});
+        /* RoPE on q, k (the family's mode: adjacent pairs or halves)                          */
         run(m, &(task){.op = OP_ROPE, .y = q, .y2 = k, .n = N});
-        /* causal GQA attention: att [B][H][T][T] probabilities, y [N][C]                    */
+        /* causal GQA attention: att [B][H][T][T] probabilities, y [N][Q]                    */
         run(m, &(task){.op = OP_ATTN, .x = q, .x2 = k, .x3 = v, .y = y, .y2 = att});
         /* x_mid = x_in + y * Wo^T                                                            */
         memcpy(x_mid, x_in, (size_t)(N * C) * sizeof(float));
-        lin_fwd(y, tn_tp(m, P, tn_tp_layer(l, TN_TP_WO)), x_mid, N, C, C, 1.0f);
+        lin_fwd(y, PW(TN_ROLE_ATTN_OUT), x_mid, N, Q, C, 1.0f);
         /* xn2 = rmsnorm(x_mid) * ffn_norm; g, u [N][F]; h = silu(g) * u; x_out = x_mid + h Wd^T */
-        run(m, &(task){.op = OP_RMSNORM, .x = x_mid, .y = xn2, .w = tn_tp(m, P, tn_tp_layer(l, TN_TP_FFN_NORM)), .n = N, .d = C});
-        lin_fwd(xn2, tn_tp(m, P, tn_tp_layer(l, TN_TP_GATE)), g, N, C, F, 0.0f);
-        lin_fwd(xn2, tn_tp(m, P, tn_tp_layer(l, TN_TP_UP)), u, N, C, F, 0.0f);
+        run(m, &(task){.op = OP_RMSNORM, .x = x_mid, .y = xn2, .w = PW(TN_ROLE_FFN_NORM), .n = N, .d = C});
+        lin_fwd(xn2, PW(TN_ROLE_FFN_GATE), g, N, C, F, 0.0f);
+        lin_fwd(xn2, PW(TN_ROLE_FFN_UP), u, N, C, F, 0.0f);
         run(m, &(task){.op = OP_SWIGLU, .x = g, .x2 = u, .y = h, .n = N, .d = F});
         memcpy(x_out, x_mid, (size_t)(N * C) * sizeof(float));
-        lin_fwd(h, tn_tp(m, P, tn_tp_layer(l, TN_TP_DOWN)), x_out, N, F, C, 1.0f);
+        lin_fwd(h, PW(TN_ROLE_FFN_DOWN), x_out, N, F, C, 1.0f);
+#undef PW
     }
     /* xf = rmsnorm(x_fin) * output_norm; logits = xf * output^T   [N][V] */
     float *xf = m->acts + a.xf, *logits = m->acts + a.logits;
-    const int on = tn_tp_layer(m->cfg.n_layer, 0);
+    const int on = tn_tp_head(m);
     run(m, &(task){.op = OP_RMSNORM, .x = m->acts + a.x_fin, .y = xf, .w = tn_tp(m, P, on), .n = N, .d = C});
     lin_fwd(xf, tn_tp(m, P, on + 1), logits, N, C, V, 0.0f);
     if (targets) {
@@ -610,39 +689,58 @@ static void reduce_dw(tn_tmodel *m, const float *parts, float *grad, int64_t d) 
 void tn_tmodel_backward(tn_tmodel *m) {
     const act_layout a = layout_of(m);
     const int64_t N = (int64_t)m->B * m->T, C = m->cfg.n_embd, F = m->cfg.n_ff, V = m->cfg.n_vocab;
-    const int64_t KV = (int64_t)m->cfg.n_head_kv * m->hp.head_dim;
+    const int64_t hd = m->hp.head_dim, Q = tn_hp_q_dim(&m->hp), KV = (int64_t)m->cfg.n_head_kv * hd;
     float *P = m->params, *G = m->grads, *S = m->acts;
     float *dres = S + a.dres, *dxn = S + a.dxn, *dq = S + a.dq, *dk = S + a.dk, *dv = S + a.dv, *dy = S + a.dy;
     float *dh = S + a.dh, *dg = S + a.dg, *du = S + a.du, *dwp = S + a.dw;
+    const bool qb = m->slot[TN_ROLE_ATTN_Q_B] >= 0, kb = m->slot[TN_ROLE_ATTN_K_B] >= 0, vb = m->slot[TN_ROLE_ATTN_V_B] >= 0;
+    const bool qn = m->slot[TN_ROLE_ATTN_Q_NORM] >= 0, kn = m->slot[TN_ROLE_ATTN_K_NORM] >= 0;
+    float *dq0 = qn ? S + a.dqn : dq, *dk0 = kn ? S + a.dkn : dk; /* gradients of the projections */
     /* head: dlogits (in logits) → d output, dxf → output_norm → dres */
-    const int on = tn_tp_layer(m->cfg.n_layer, 0);
+    const int on = tn_tp_head(m);
     lin_bwd(S + a.xf, tn_tp(m, P, on + 1), S + a.logits, tn_tp(m, G, on + 1), dxn, N, C, V, 0.0f);
     memset(dres, 0, (size_t)(N * C) * sizeof(float));
     run(m, &(task){.op = OP_RMSNORM_BWD, .x = S + a.x_fin, .w = tn_tp(m, P, on), .x2 = dxn, .y = dres, .dw = dwp, .n = N, .d = C});
     reduce_dw(m, dwp, tn_tp(m, G, on), C);
     for (int l = m->cfg.n_layer - 1; l >= 0; l--) {
         float *A = S + a.per_layer * (size_t)l;
-#define PW(j) tn_tp(m, P, tn_tp_layer(l, j))
-#define GW(j) tn_tp(m, G, tn_tp_layer(l, j))
+#define PW(r) tn_tp(m, P, tn_tp_role(m, l, r))
+#define GW(r) tn_tp(m, G, tn_tp_role(m, l, r))
         /* FFN: x_out = x_mid + h Wd^T */
-        lin_bwd(A + a.h, PW(TN_TP_DOWN), dres, GW(TN_TP_DOWN), dh, N, F, C, 0.0f);
+        lin_bwd(A + a.h, PW(TN_ROLE_FFN_DOWN), dres, GW(TN_ROLE_FFN_DOWN), dh, N, F, C, 0.0f);
         run(m, &(task){.op = OP_SWIGLU_BWD, .x = A + a.g, .x2 = A + a.u, .x3 = dh, .y = dg, .y2 = du, .n = N, .d = F});
-        lin_bwd(A + a.xn2, PW(TN_TP_GATE), dg, GW(TN_TP_GATE), dxn, N, C, F, 0.0f);
-        lin_bwd(A + a.xn2, PW(TN_TP_UP), du, GW(TN_TP_UP), dxn, N, C, F, 1.0f);
-        run(m, &(task){.op = OP_RMSNORM_BWD, .x = A + a.x_mid, .w = PW(TN_TP_FFN_NORM), .x2 = dxn, .y = dres, .dw = dwp, .n = N, .d = C});
-        reduce_dw(m, dwp, GW(TN_TP_FFN_NORM), C);
+        lin_bwd(A + a.xn2, PW(TN_ROLE_FFN_GATE), dg, GW(TN_ROLE_FFN_GATE), dxn, N, C, F, 0.0f);
+        lin_bwd(A + a.xn2, PW(TN_ROLE_FFN_UP), du, GW(TN_ROLE_FFN_UP), dxn, N, C, F, 1.0f);
+        run(m, &(task){.op = OP_RMSNORM_BWD, .x = A + a.x_mid, .w = PW(TN_ROLE_FFN_NORM), .x2 = dxn, .y = dres, .dw = dwp, .n = N, .d = C});
+        reduce_dw(m, dwp, GW(TN_ROLE_FFN_NORM), C);
         /* attention: x_mid = x_in + y Wo^T */
-        lin_bwd(A + a.y, PW(TN_TP_WO), dres, GW(TN_TP_WO), dy, N, C, C, 0.0f);
+        lin_bwd(A + a.y, PW(TN_ROLE_ATTN_OUT), dres, GW(TN_ROLE_ATTN_OUT), dy, N, Q, C, 0.0f);
         attn_bwd_task at = {.tk = {.m = m, .x = A + a.q, .x2 = A + a.k, .x3 = A + a.v, .w = A + a.att, .y = dy,
                                    .y2 = dq, .y3 = dk, .dw = dv},
                             .datt = S + a.datt};
         tn_pool_run(m->pool, attn_bwd_fn, &at);
         run(m, &(task){.op = OP_ROPE_BWD, .y = dq, .y2 = dk, .n = N});
-        lin_bwd(A + a.xn1, PW(TN_TP_WQ), dq, GW(TN_TP_WQ), dxn, N, C, C, 0.0f);
-        lin_bwd(A + a.xn1, PW(TN_TP_WK), dk, GW(TN_TP_WK), dxn, N, C, KV, 1.0f);
-        lin_bwd(A + a.xn1, PW(TN_TP_WV), dv, GW(TN_TP_WV), dxn, N, C, KV, 1.0f);
-        run(m, &(task){.op = OP_RMSNORM_BWD, .x = A + a.x_in, .w = PW(TN_TP_ATTN_NORM), .x2 = dxn, .y = dres, .dw = dwp, .n = N, .d = C});
-        reduce_dw(m, dwp, GW(TN_TP_ATTN_NORM), C);
+        /* per-head q/k RMSNorm: dq0 = d(q0), weight gradients */
+        if (qn) {
+            memset(dq0, 0, (size_t)(N * Q) * sizeof(float));
+            run(m, &(task){.op = OP_RMSNORM_BWD, .x = A + a.qn, .w = PW(TN_ROLE_ATTN_Q_NORM), .x2 = dq, .y = dq0, .dw = dwp,
+                           .n = N * m->cfg.n_head, .d = hd});
+            reduce_dw(m, dwp, GW(TN_ROLE_ATTN_Q_NORM), hd);
+        }
+        if (kn) {
+            memset(dk0, 0, (size_t)(N * KV) * sizeof(float));
+            run(m, &(task){.op = OP_RMSNORM_BWD, .x = A + a.kn, .w = PW(TN_ROLE_ATTN_K_NORM), .x2 = dk, .y = dk0, .dw = dwp,
+                           .n = N * m->cfg.n_head_kv, .d = hd});
+            reduce_dw(m, dwp, GW(TN_ROLE_ATTN_K_NORM), hd);
+        }
+        if (qb) run(m, &(task){.op = OP_BIAS_BWD, .x = dq0, .dw = GW(TN_ROLE_ATTN_Q_B), .n = N, .d = Q});
+        if (kb) run(m, &(task){.op = OP_BIAS_BWD, .x = dk0, .dw = GW(TN_ROLE_ATTN_K_B), .n = N, .d = KV});
+        if (vb) run(m, &(task){.op = OP_BIAS_BWD, .x = dv, .dw = GW(TN_ROLE_ATTN_V_B), .n = N, .d = KV});
+        lin_bwd(A + a.xn1, PW(TN_ROLE_ATTN_Q), dq0, GW(TN_ROLE_ATTN_Q), dxn, N, C, Q, 0.0f);
+        lin_bwd(A + a.xn1, PW(TN_ROLE_ATTN_K), dk0, GW(TN_ROLE_ATTN_K), dxn, N, C, KV, 1.0f);
+        lin_bwd(A + a.xn1, PW(TN_ROLE_ATTN_V), dv, GW(TN_ROLE_ATTN_V), dxn, N, C, KV, 1.0f);
+        run(m, &(task){.op = OP_RMSNORM_BWD, .x = A + a.x_in, .w = PW(TN_ROLE_ATTN_NORM), .x2 = dxn, .y = dres, .dw = dwp, .n = N, .d = C});
+        reduce_dw(m, dwp, GW(TN_ROLE_ATTN_NORM), C);
 #undef PW
 #undef GW
     }

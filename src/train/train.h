@@ -1,8 +1,11 @@
 /*
- * train.h — training a Llama-architecture model on CPU (llm.c train_gpt2.c shape).
+ * train.h — training llama, qwen2 and qwen3 models on CPU (llm.c train_gpt2.c shape).
  *
- * A sizes table of parameter tensors (GGUF names and orientation: a matrix ne = [k, m] holds m
- * rows of k) lays out four flat f32 buffers with identical layouts: params, grads and the two
+ * The family comes from the registry (model/arch/): the sizes table holds the roles the family
+ * requires (plus an untied output), with the registry's names and shapes (GGUF orientation: a
+ * matrix ne = [k, m] holds m rows of k); the block's optional steps follow the roles present
+ * (q/k/v biases, per-head q/k RMSNorm) and the descriptor's RoPE mode (adjacent pairs or halves).
+ * The table lays out four flat f32 buffers with identical layouts: params, grads and the two
  * AdamW moments. Activations for a (B, T) batch come from a second sizes table and one
  * allocation. The forward calls the same per-row ops as inference (model/ops.h: RMSNorm, RoPE,
  * SwiGLU) and stores what backward needs; backward is the forward mirrored. Matmuls go to
@@ -23,26 +26,27 @@
 typedef struct tn_train_cfg {
     int32_t n_vocab, n_ctx, n_embd, n_layer, n_head, n_head_kv, n_ff;
     float rms_eps, rope_base;
+    int32_t head_dim;            /* 0: n_embd / n_head; query rows are n_head * head_dim   */
+    const tn_arch_desc *arch;    /* the family (registry entry); NULL: llama                */
 } tn_train_cfg;
 
 /* One parameter tensor: its GGUF name and shape, its offset (floats) in every flat buffer. */
 typedef struct tn_tparam {
     char name[64];
+    tn_role role;
     int n_dims;
     int64_t ne[2];   /* ne[0] = row length */
     size_t off, n;
-    bool decay;      /* weight decay applies (matrices), not to norm weights */
+    bool decay;      /* weight decay applies (matrices), not to norm weights or biases */
 } tn_tparam;
-
-/* Per-layer tensor order in the sizes table. */
-enum { TN_TP_ATTN_NORM, TN_TP_WQ, TN_TP_WK, TN_TP_WV, TN_TP_WO, TN_TP_FFN_NORM, TN_TP_GATE, TN_TP_UP,
-       TN_TP_DOWN, TN_TP_PER_LAYER };
 
 typedef struct tn_tmodel {
     tn_train_cfg cfg;
     tn_hparams hp;           /* the same hyperparameters struct inference uses         */
     int n_tensors;
-    tn_tparam *t;            /* [0] token_embd, 1 + l*9 + j layers, then output_norm, output */
+    tn_tparam *t;            /* [0] token_embd, 1 + l*per_layer + j layers, then output_norm, output */
+    int per_layer;           /* tensors per layer: the family's required per-layer roles  */
+    int8_t slot[TN_ROLE_N_LAYER]; /* role -> position within a layer, -1 if not trained  */
     size_t n_params;
     float *params, *grads, *m, *v; /* one allocation, four equal views              */
     /* activations (tn_tmodel_plan) */
@@ -58,9 +62,20 @@ typedef struct tn_tmodel {
 
 /* Flat-buffer view of tensor i. */
 static inline float *tn_tp(const tn_tmodel *m, float *buf, int i) { return buf + m->t[i].off; }
-static inline int tn_tp_layer(int l, int j) { return 1 + l * TN_TP_PER_LAYER + j; }
+/* Index of layer l's tensor of role r (which the family must have: m->slot[r] >= 0). */
+static inline int tn_tp_role(const tn_tmodel *m, int l, tn_role r) { return 1 + l * m->per_layer + m->slot[r]; }
+/* Index of output_norm (output follows it). */
+static inline int tn_tp_head(const tn_tmodel *m) { return 1 + m->cfg.n_layer * m->per_layer; }
 
-/* Validates cfg (head counts dividing, even head_dim, ...; INVALID_ARG naming the field). */
+/* The family of c (llama when c->arch is NULL). */
+const tn_arch_desc *tn_train_arch(const tn_train_cfg *c);
+/* Whether training runs family a's block: SwiGLU, RoPE on every layer, no embedding scale or
+ * sliding window, and every role it requires is one the trainer has a backward for. */
+bool tn_train_arch_ok(const tn_arch_desc *a);
+/* "llama, qwen2, qwen3": the families tn_train_arch_ok accepts, into buf (for messages). */
+void tn_train_arch_names(char *buf, size_t cap);
+/* Validates cfg (a trainable family, head counts dividing, even head_dim, ...; INVALID_ARG
+ * naming the field). */
 tern_status tn_train_cfg_check(const tn_train_cfg *c);
 /* Bytes that params+grads+moments and the (B, T) activations need. */
 void tn_tmodel_mem(const tn_train_cfg *c, int B, int T, int n_threads, size_t *param_bytes, size_t *act_bytes);
@@ -69,9 +84,10 @@ void tn_tmodel_mem(const tn_train_cfg *c, int B, int T, int n_threads, size_t *p
 tern_status tn_tmodel_create(const tn_train_cfg *c, int n_threads, tn_tmodel **out);
 void tn_tmodel_free(tn_tmodel *m);
 /* Random init from seed: matrices N(0, 0.02) (attn_output, ffn_down scaled by 1/sqrt(2 n_layer)),
- * norm weights 1. */
+ * norm weights 1, biases 0. */
 void tn_tmodel_init_random(tn_tmodel *m, uint64_t seed);
-/* Copies weights from a loaded GGUF model (any tensor type, dequantized) of the same shape. */
+/* Copies weights from a loaded GGUF model (any tensor type, dequantized) of the same family and
+ * shape; UNSUPPORTED naming what differs (family, a dimension, RoPE scaling, an extra tensor). */
 tern_status tn_tmodel_init_from(tn_tmodel *m, const tern_model *src);
 /* Plans and allocates the activations for batches of B sequences of T tokens (once). */
 tern_status tn_tmodel_plan(tn_tmodel *m, int B, int T);
@@ -100,8 +116,8 @@ float tn_lr_at(int64_t step, int64_t warmup, int64_t total, float lr, float min_
 
 /* ---- GGUF export / checkpoints (ckpt.c) ----------------------------------------------------- */
 typedef struct tn_vocab_data tn_vocab_data; /* train/bpe.h */
-/* Writes the weights as a llama GGUF (f32, or q8_0 for matrices with mtype == TN_Q8_0) with the
- * vocabulary's tokenizer metadata. Atomic. */
+/* Writes the weights as a GGUF of the model's family (its general.architecture and keys; f32, or
+ * q8_0 for matrices with mtype == TN_Q8_0) with the vocabulary's tokenizer metadata. Atomic. */
 tern_status tn_tmodel_export(const tn_tmodel *m, const tn_vocab_data *voc, const char *name, tn_dtype mtype,
                              const char *path);
 

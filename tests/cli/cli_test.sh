@@ -101,8 +101,8 @@ perl -0777 -pe 's/llama\./qwen3./g; s/(general\.architecture.{12})llama/${1}qwen
 expect 65 "llama file relabelled qwen3" -- "$TERN" generate -m "$TMP/relabel.gguf" -p hi -n 1
 expect_one_err "missing tensor 'blk.0.attn_q_norm.weight' (qwen3 expects shape \[16\])" "relabelled file: the missing q norm named"
 expect 65 "info of the relabelled file" -- "$TERN" info "$TMP/relabel.gguf"
-expect 65 "train --init from a qwen3 file" -- "$TERN" train --data "$TMP/text.txt" --init "$TMP/q3.gguf" -o "$TMP/tr.gguf" --steps 1
-expect_one_err "architecture qwen3; training runs the llama block only" "train --init qwen3: says why"
+expect 65 "train --init from a gemma3 file" -- "$TERN" train --data "$TMP/text.txt" --init "$TMP/g3.gguf" -o "$TMP/tr.gguf" --steps 1
+expect_one_err "architecture gemma3, which training does not run (it trains llama, qwen2, qwen3)" "train --init gemma3: says why"
 
 # generation: greedy is deterministic; sampled output repeats with the same seed
 expect 0 "greedy generation" -- "$TERN" generate -m "$MODEL" -p "once upon a time" -n 16 --temp 0 -t 2

@@ -2,7 +2,9 @@
 # train_cli_test.sh TERN TMPDIR [part] — `tern train` / `tern tokenizer-train` through the real
 # binary. Parts: bad (bad input: clear error, non-zero exit, nothing written or lost),
 # resume (kill -9 at random moments, resume, bit-identical to an uninterrupted run),
-# generate (the output runs in `tern generate`). Default: all.
+# generate (the output runs in `tern generate`), arch (--arch qwen2/qwen3: loss goes down, the
+# output is of that family and generates; --init from `tern synth --arch qwen3`; families and
+# flags training refuses). Default: all.
 set -u
 TERN=${1:?tern binary}
 TMP=${2:?tmp dir}/train-cli.$$
@@ -111,5 +113,60 @@ if [ "$PART" = all ] || [ "$PART" = generate ]; then
   # fine-tune from it (--init)
   "$TERN" train --data "$corpus" --init "$TMP/g.gguf" --ctx 32 --batch 4 --steps 3 -o "$TMP/ft.gguf" 2>"$TMP/err" \
     && ok "fine-tune with --init" || bad "--init: $(tail -1 "$TMP/err")"
+fi
+if [ "$PART" = all ] || [ "$PART" = arch ]; then
+  # loss_drop CSV: first and last training loss from <out>.loss.csv, and whether it went down
+  loss_drop() { awk -F, 'NR == 2 { a = $2 } NR > 1 { b = $2 } END { printf "%s -> %s", a, b; exit !(b < a - 0.5) }' "$1"; }
+  for fam in qwen3 qwen2; do
+    # the block tern info reads back from the file: qwen3 with query rows 4 x 32 = 128 over n_embd
+    # 64 (as Qwen3's shapes) and its q/k norms, qwen2 with its biases; both RoPE on halves
+    extra=(); blk="block: qwen2 \| heads 4 / kv 2 of 16 \(q rows 64\).*rope neox.*qkv bias"
+    [ $fam = qwen3 ] && extra=(--head-dim 32) && blk="block: qwen3 \| heads 4 / kv 2 of 32 \(q rows 128\).*rope neox.*q/k norm"
+    "$TERN" "${TRAIN[@]}" --arch $fam "${extra[@]}" --data "$corpus" --steps 30 --lr 3e-3 --ckpt-dir "$TMP/ck-$fam" \
+      -o "$TMP/$fam.gguf" 2>"$TMP/err" || bad "--arch $fam: $(tail -1 "$TMP/err")"
+    grep -q "model: $fam," "$TMP/err" && ok "--arch $fam: $(grep -o "model: $fam,[^;]*" "$TMP/err")" || bad "no '$fam' model line"
+    d=$(loss_drop "$TMP/$fam.loss.csv") && ok "--arch $fam: training loss goes down over 30 steps: $d" \
+      || bad "--arch $fam: loss did not go down: $d"
+    "$TERN" info "$TMP/$fam.gguf" >"$TMP/info" 2>&1 && grep -Eq "$blk" "$TMP/info" \
+      && ok "tern info: the output is a $fam model: $(grep -E "$blk" "$TMP/info")" || bad "tern info $fam: $(tail -2 "$TMP/info")"
+    out=$("$TERN" generate -m "$TMP/$fam.gguf" -p "And the" -n 12 --temp 0 -s 1 2>"$TMP/err") && [ -n "$out" ] \
+      && ok "tern generate runs the trained $fam model: $(echo "$out" | head -c 80)" || bad "generate $fam: $(tail -1 "$TMP/err")"
+  done
+  # qwen3 resume: killed -9 once its first checkpoint is committed, resumed: the same file as the
+  # uninterrupted run above (the checkpoint holds the q/k-norm weights and their moments too)
+  Q3=("${TRAIN[@]}" --arch qwen3 --head-dim 32 --data "$corpus" --steps 30 --lr 3e-3)
+  "$TERN" "${Q3[@]}" --ckpt-dir "$TMP/ck-q3b" --ckpt-every 3 -o "$TMP/q3b.gguf" >/dev/null 2>&1 &
+  pid=$!
+  for i in $(seq 1 400); do [ -e "$TMP/ck-q3b/latest" ] && break; sleep 0.02; done
+  kill -9 $pid 2>/dev/null && killed="killed at $(sed -n 's/^step //p' "$TMP/ck-q3b/latest" 2>/dev/null)" || killed="finished before the kill"
+  wait $pid 2>/dev/null
+  "$TERN" "${Q3[@]}" --ckpt-dir "$TMP/ck-q3b" --ckpt-every 3 --resume -o "$TMP/q3b.gguf" 2>"$TMP/err" || bad "qwen3 resume: $(tail -1 "$TMP/err")"
+  cmp -s "$TMP/qwen3.gguf" "$TMP/q3b.gguf" && ok "qwen3 $killed and resumed: output bit-identical to the uninterrupted run" \
+    || bad "qwen3 resumed output differs from the uninterrupted run ($killed)"
+  # resume checks the family: another --arch on the same checkpoints is refused by name
+  expect 64 "made for architecture qwen3 with head_dim 32; this run is llama" -- "$TERN" "${TRAIN[@]}" --data "$corpus" \
+    --steps 31 --ckpt-dir "$TMP/ck-qwen3" --resume -o "$TMP/r.gguf"
+  # fine-tune a trained qwen3 (--init reads the family and head_dim from the file)
+  "$TERN" train --data "$corpus" --init "$TMP/qwen3.gguf" --ctx 32 --batch 4 --steps 3 -o "$TMP/ft3.gguf" 2>"$TMP/err" \
+    && grep -q "model: qwen3,.*heads of 32" "$TMP/err" && ok "--init a trained qwen3: $(grep -o 'model: qwen3,[^;]*' "$TMP/err")" \
+    || bad "--init qwen3: $(tail -1 "$TMP/err")"
+  # --init from `tern synth --arch qwen3 --preset tiny` (head_dim 32 over n_embd 64), then generate
+  "$TERN" synth --arch qwen3 --preset tiny --type f16 -o "$TMP/s3.gguf" 2>/dev/null || bad "synth qwen3"
+  "$TERN" train --data "$corpus" --init "$TMP/s3.gguf" --ctx 32 --batch 4 --steps 3 -o "$TMP/fs3.gguf" 2>"$TMP/err" \
+    && grep -q "fine-tuning .*s3.gguf (qwen3" "$TMP/err" && ok "--init a synth qwen3: $(grep -o 'model: qwen3,[^;]*' "$TMP/err")" \
+    || bad "--init synth qwen3: $(tail -1 "$TMP/err")"
+  out=$("$TERN" generate -m "$TMP/fs3.gguf" -p "a" -n 8 --temp 0 -s 1 2>"$TMP/err") \
+    && ok "tern generate runs the fine-tuned synth qwen3" || bad "generate fine-tuned synth qwen3: $(tail -1 "$TMP/err")"
+  # families training does not run, unknown ones, and flags that contradict each other
+  "$TERN" synth --arch gemma3 --preset tiny --type f32 -o "$TMP/g3.gguf" 2>/dev/null || bad "synth gemma3"
+  expect 65 "is of architecture gemma3, which training does not run \(it trains llama, qwen2, qwen3\)" -- \
+    "$TERN" train --data "$corpus" --init "$TMP/g3.gguf" --ctx 32 --steps 2 -o "$TMP/o.gguf"
+  expect 64 "cannot train architecture 'gemma3' \(training runs llama, qwen2, qwen3\)" -- \
+    "$TERN" "${TRAIN[@]}" --arch gemma3 --data "$corpus" --steps 2 -o "$TMP/o.gguf"
+  expect 64 "unknown architecture 'mamba' \(training runs llama, qwen2, qwen3\)" -- \
+    "$TERN" "${TRAIN[@]}" --arch mamba --data "$corpus" --steps 2 -o "$TMP/o.gguf"
+  expect 64 "train: --arch and --init" -- "$TERN" train --arch qwen3 --init "$TMP/s3.gguf" --data "$corpus" --steps 2 -o "$TMP/o.gguf"
+  expect 64 "head_dim 7 must be even" -- "$TERN" "${TRAIN[@]}" --arch qwen3 --head-dim 7 --data "$corpus" --steps 2 -o "$TMP/o.gguf"
+  [ -e "$TMP/o.gguf" ] && bad "an output was written by a refused run" || ok "no output left by refused runs"
 fi
 exit $fail

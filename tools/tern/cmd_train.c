@@ -1,6 +1,7 @@
 /*
- * cmd_train.c — `tern train`: train a Llama-architecture model from text (src/train/run.h) and
- * write it as GGUF; progress on stderr (one redrawn line on a TTY, periodic lines otherwise).
+ * cmd_train.c — `tern train`: train a model of a trainable family (llama, qwen2, qwen3: the
+ * registry's descriptors, src/train/) from text (src/train/run.h) and write it as GGUF; progress
+ * on stderr (one redrawn line on a TTY, periodic lines otherwise).
  */
 #include <math.h>
 #include <signal.h>
@@ -20,15 +21,20 @@ static void on_sig(int sig) {
 }
 
 static void train_usage(FILE *f) {
+    char names[128];
+    tn_train_arch_names(names, sizeof names);
     fprintf(f,
             "usage: tern train --data FILE... -o model.gguf [options]\n"
             "  --data FILE...          UTF-8 training text (paragraphs = blank-line separated)\n"
             "  -o, --output FILE       output GGUF (loss curve: <out>.loss.csv and <out>.loss.svg)\n"
             "  --tokenizer FILE        vocabulary from `tern tokenizer-train` (default: learn one, --vocab)\n"
             "  --vocab N               vocabulary size when learning it (default 4096)\n"
-            "  --init FILE             fine-tune this llama GGUF (its shape and vocabulary)\n"
+            "  --arch NAME             model family: %s (default llama; rms_eps and rope base\n"
+            "                          are the family's defaults)\n"
+            "  --init FILE             fine-tune this GGUF (its family, shape and vocabulary)\n"
             "  --preset NAME           tiny | small | base | 15m (dimensions; explicit flags override)\n"
             "  --n-embd N --n-layer N --n-head N --n-head-kv N --n-ff N --ctx N\n"
+            "  --head-dim N            per-head width (default n_embd / n_head; query rows n_head * N)\n"
             "  --steps N               optimizer steps (default 1000)\n"
             "  --batch N               sequences per step (default 8)\n"
             "  --lr X                  peak learning rate (default 1e-3)\n"
@@ -46,7 +52,8 @@ static void train_usage(FILE *f) {
             "  --resume                continue from --ckpt-dir\n"
             "  --out-type T            f32 (default) or q8_0\n"
             "  --name S                general.name of the output\n"
-            "  --log-every N           progress line every N steps when stderr is not a TTY (default steps/50)\n");
+            "  --log-every N           progress line every N steps when stderr is not a TTY (default steps/50)\n",
+            names);
 }
 
 typedef struct prog_ctx {
@@ -86,12 +93,20 @@ static void on_note(const char *msg, void *user) {
 }
 
 static bool preset(const char *name, tn_train_cfg *c) {
-    if (!strcmp(name, "tiny")) *c = (tn_train_cfg){0, 64, 64, 2, 4, 2, 256, 1e-5f, 10000.0f};
-    else if (!strcmp(name, "small")) *c = (tn_train_cfg){0, 256, 256, 4, 8, 4, 768, 1e-5f, 10000.0f};
-    else if (!strcmp(name, "base")) *c = (tn_train_cfg){0, 512, 512, 8, 8, 4, 1536, 1e-5f, 10000.0f};
-    else if (!strcmp(name, "15m")) *c = (tn_train_cfg){0, 256, 288, 6, 6, 6, 768, 1e-5f, 10000.0f};
-    else return false;
-    return true;
+    /* dimensions only: the family (and its rms_eps and rope base) is --arch's */
+    static const struct { const char *name; int32_t ctx, embd, layer, head, head_kv, ff; } P[] = {
+        {"tiny", 64, 64, 2, 4, 2, 256},
+        {"small", 256, 256, 4, 8, 4, 768},
+        {"base", 512, 512, 8, 8, 4, 1536},
+        {"15m", 256, 288, 6, 6, 6, 768},
+    };
+    for (size_t i = 0; i < sizeof P / sizeof P[0]; i++)
+        if (!strcmp(name, P[i].name)) {
+            *c = (tn_train_cfg){.n_ctx = P[i].ctx, .n_embd = P[i].embd, .n_layer = P[i].layer, .n_head = P[i].head,
+                                .n_head_kv = P[i].head_kv, .n_ff = P[i].ff, .rms_eps = 1e-5f, .rope_base = 10000.0f};
+            return true;
+        }
+    return false;
 }
 
 int cmd_train(int argc, char **argv) {
@@ -102,7 +117,8 @@ int cmd_train(int argc, char **argv) {
     int n_data = 0, log_every = 0;
     int64_t v;
     float f;
-    int64_t ov[6] = {-1, -1, -1, -1, -1, -1}; /* embd layer head head_kv ff ctx */
+    int64_t ov[7] = {-1, -1, -1, -1, -1, -1, -1}; /* embd layer head head_kv ff ctx head_dim */
+    const tn_arch_desc *arch = NULL;
     int rc = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -133,6 +149,17 @@ int cmd_train(int argc, char **argv) {
         else if (!strcmp(a, "--tokenizer")) { NEED(); o.tokenizer = val; }
         else if (!strcmp(a, "--vocab")) INT(o.vocab_size, 260, 1 << 20);
         else if (!strcmp(a, "--init")) { NEED(); o.init = val; }
+        else if (!strcmp(a, "--arch")) {
+            NEED();
+            arch = tn_arch_find(val, strlen(val));
+            if (!tn_train_arch_ok(arch)) {
+                char names[128];
+                tn_train_arch_names(names, sizeof names);
+                rc = tn_cli_usage_error("--arch: %s '%s' (training runs %s)", arch ? "cannot train architecture" : "unknown architecture",
+                                        val, names);
+                goto out;
+            }
+        }
         else if (!strcmp(a, "--preset")) {
             NEED();
             if (!preset(val, &o.cfg)) { rc = tn_cli_usage_error("--preset: unknown '%s' (tiny, small, base, 15m)", val); goto out; }
@@ -142,6 +169,7 @@ int cmd_train(int argc, char **argv) {
         else if (!strcmp(a, "--n-head-kv")) INT(ov[3], 1, 4096);
         else if (!strcmp(a, "--n-ff")) INT(ov[4], 1, 1 << 20);
         else if (!strcmp(a, "--ctx")) INT(ov[5], 2, 65536);
+        else if (!strcmp(a, "--head-dim")) INT(ov[6], 2, 4096);
         else if (!strcmp(a, "--steps")) INT(o.steps, 1, 100000000);
         else if (!strcmp(a, "--batch")) INT(o.batch, 1, 1 << 20);
         else if (!strcmp(a, "--lr")) FLT(o.opt.lr, 0.0f, 10.0f);
@@ -182,6 +210,13 @@ int cmd_train(int argc, char **argv) {
     else if (ov[2] > 0 && o.cfg.n_head % o.cfg.n_head_kv) o.cfg.n_head_kv = o.cfg.n_head;
     if (ov[4] > 0) o.cfg.n_ff = (int32_t)ov[4];
     if (ov[5] > 0) o.cfg.n_ctx = (int32_t)ov[5];
+    if (ov[6] > 0) o.cfg.head_dim = (int32_t)ov[6];
+    if (arch && o.init) { rc = tn_cli_usage_error("train: --arch and --init: the family comes from the --init file"); goto out; }
+    if (arch) { /* the family's own defaults (qwen3: rms_eps 1e-6, rope base 1e6) */
+        o.cfg.arch = arch;
+        o.cfg.rms_eps = arch->rms_eps;
+        o.cfg.rope_base = arch->rope_base;
+    }
     o.data = data;
     o.n_data = n_data;
     prog_ctx pc = {.tty = isatty(2), .log_every = log_every ? log_every : (o.steps >= 50 ? o.steps / 50 : 1), .last_val = NAN};
