@@ -50,8 +50,13 @@ static void tn_attend(tern_ctx *c, int ith, int32_t il, const int32_t *blocks, i
         }
     }
     const float scale = hp->attn_scale > 0 ? hp->attn_scale : 1.0f / sqrtf((float)hd);
-    c->kt->attn(hd, T, nh, nh == 1 ? 1 : rep, q, K + head, V + head, kv_dim, blocks, TN_KV_BLOCK, scale, acc16, out,
-                c->scores + (size_t)ith * c->scores_stride);
+    float *scratch = c->scores + (size_t)ith * c->scores_stride;
+    if (hp->attn_softcap > 0) /* gemma2: scores soft-capped before the softmax */
+        c->kt->attn_softcap(hd, T, nh, nh == 1 ? 1 : rep, q, K + head, V + head, kv_dim, blocks, TN_KV_BLOCK, scale,
+                            hp->attn_softcap, acc16, out, scratch);
+    else
+        c->kt->attn(hd, T, nh, nh == 1 ? 1 : rep, q, K + head, V + head, kv_dim, blocks, TN_KV_BLOCK, scale, acc16, out,
+                    scratch);
 }
 
 /* g = gelu(g) * u, GELU in its tanh form (ggml's gelu, Gemma's gelu_pytorch_tanh). */
@@ -203,9 +208,9 @@ void tn_blk_embed(tn_thr *T, int32_t l0) {
             for (int32_t i = 0; i < d; i++) c->x[t * d + i] *= hp->embd_scale;
     }
     for (int64_t t = T->t0; t < T->t1; t++) tn_op_rope_cache(hp, m->rope_freqs.data, T->b->pos[t], c->rope_cs + t * hp->n_rot);
-    if (c->rope_cs_swa) { /* sliding-window layers: their own base, no scaling */
+    if (c->rope_cs_swa) { /* sliding-window layers: their own base and scale */
         tn_hparams hs = *hp;
-        hs.rope_freq_base = hp->rope_base_swa, hs.rope_freq_scale = 1.0f;
+        hs.rope_freq_base = hp->rope_base_swa, hs.rope_freq_scale = hp->rope_scale_swa;
         for (int64_t t = T->t0; t < T->t1; t++)
             tn_op_rope_cache(&hs, m->rope_freqs.data, T->b->pos[t], c->rope_cs_swa + t * hp->n_rot);
     }

@@ -18,8 +18,8 @@
 
 #define TN_MAX_LAYERS 4096
 
-static tern_status tn_get_dim(const tn_gguf *g, const char *arch, const char *suffix, bool required, int64_t lo,
-                              int64_t hi, int32_t *out) {
+tern_status tn_model_key_dim(const tn_gguf *g, const char *arch, const char *suffix, bool required, int64_t lo, int64_t hi,
+                             int32_t *out) {
     char key[128];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
     if (!required && !tn_gguf_find(g, key)) return TERN_OK; /* absent: *out keeps its default */
@@ -33,7 +33,7 @@ static tern_status tn_get_dim(const tn_gguf *g, const char *arch, const char *su
     return TERN_OK;
 }
 
-static tern_status tn_get_float(const tn_gguf *g, const char *arch, const char *suffix, float *out) {
+tern_status tn_model_key_float(const tn_gguf *g, const char *arch, const char *suffix, float *out) {
     char key[128];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
     tern_status s = tn_gguf_get_f32(g, key, false, out);
@@ -111,19 +111,19 @@ static tern_status tn_load_hparams(const tn_gguf *g, tn_hparams *hp) {
     hp->family = ad;
     hp->rope_mode = ad->rope;
     hp->nope_step = ad->nope_step;
-    if ((s = tn_get_dim(g, an, "context_length", true, 1, 1 << 24, &hp->n_ctx_train))) return s;
-    if ((s = tn_get_dim(g, an, "embedding_length", true, 1, 1 << 20, &hp->n_embd))) return s;
-    if ((s = tn_get_dim(g, an, "block_count", true, 1, TN_MAX_LAYERS, &hp->n_layer))) return s;
-    if ((s = tn_get_dim(g, an, "feed_forward_length", true, 1, 1 << 22, &hp->n_ff))) return s;
-    if ((s = tn_get_dim(g, an, "attention.head_count", true, 1, 1 << 14, &hp->n_head))) return s;
+    if ((s = tn_model_key_dim(g, an, "context_length", true, 1, 1 << 24, &hp->n_ctx_train))) return s;
+    if ((s = tn_model_key_dim(g, an, "embedding_length", true, 1, 1 << 20, &hp->n_embd))) return s;
+    if ((s = tn_model_key_dim(g, an, "block_count", true, 1, TN_MAX_LAYERS, &hp->n_layer))) return s;
+    if ((s = tn_model_key_dim(g, an, "feed_forward_length", true, 1, 1 << 22, &hp->n_ff))) return s;
+    if ((s = tn_model_key_dim(g, an, "attention.head_count", true, 1, 1 << 14, &hp->n_head))) return s;
     hp->n_head_kv = hp->n_head;
-    if ((s = tn_get_dim(g, an, "attention.head_count_kv", false, 1, 1 << 14, &hp->n_head_kv))) return s;
+    if ((s = tn_model_key_dim(g, an, "attention.head_count_kv", false, 1, 1 << 14, &hp->n_head_kv))) return s;
     if (hp->n_head % hp->n_head_kv)
         return tn_err(TERN_ERR_FORMAT, "model: %s.attention.head_count %d is not a multiple of %s.attention.head_count_kv %d",
                       an, hp->n_head, an, hp->n_head_kv);
     /* head size: attention.key_length, else n_embd / n_head (which must then divide) */
     hp->head_dim = 0;
-    if ((s = tn_get_dim(g, an, "attention.key_length", false, 1, 1 << 16, &hp->head_dim))) return s;
+    if ((s = tn_model_key_dim(g, an, "attention.key_length", false, 1, 1 << 16, &hp->head_dim))) return s;
     if (!hp->head_dim) {
         if (hp->n_embd % hp->n_head)
             return tn_err(TERN_ERR_FORMAT, "model: %s.embedding_length %d is not a multiple of %s.attention.head_count %d", an,
@@ -134,21 +134,21 @@ static tern_status tn_load_hparams(const tn_gguf *g, tn_hparams *hp) {
         return tn_err(TERN_ERR_FORMAT, "model: %s.attention.head_count %d x key_length %d is too large", an, hp->n_head,
                       hp->head_dim);
     int32_t val_len = hp->head_dim;
-    if ((s = tn_get_dim(g, an, "attention.value_length", false, 1, 1 << 16, &val_len))) return s;
+    if ((s = tn_model_key_dim(g, an, "attention.value_length", false, 1, 1 << 16, &val_len))) return s;
     if (val_len != hp->head_dim)
         return tn_err(TERN_ERR_UNSUPPORTED, "model: %s.attention.value_length %d differs from key_length %d", an, val_len,
                       hp->head_dim);
     hp->n_rot = hp->head_dim;
-    if ((s = tn_get_dim(g, an, "rope.dimension_count", false, 2, 1 << 16, &hp->n_rot))) return s;
+    if ((s = tn_model_key_dim(g, an, "rope.dimension_count", false, 2, 1 << 16, &hp->n_rot))) return s;
     if (hp->n_rot > hp->head_dim || hp->n_rot % 2)
         return tn_err(TERN_ERR_FORMAT, "model: %s.rope.dimension_count %d must be even and <= head size %d", an, hp->n_rot,
                       hp->head_dim);
     hp->rms_eps = ad->rms_eps;
-    if ((s = tn_get_float(g, an, "attention.layer_norm_rms_epsilon", &hp->rms_eps))) return s;
+    if ((s = tn_model_key_float(g, an, "attention.layer_norm_rms_epsilon", &hp->rms_eps))) return s;
     if (!(hp->rms_eps > 0 && hp->rms_eps < 1))
         return tn_err(TERN_ERR_FORMAT, "model: %s.attention.layer_norm_rms_epsilon %g outside (0, 1)", an, hp->rms_eps);
     hp->rope_freq_base = ad->rope_base;
-    if ((s = tn_get_float(g, an, "rope.freq_base", &hp->rope_freq_base))) return s;
+    if ((s = tn_model_key_float(g, an, "rope.freq_base", &hp->rope_freq_base))) return s;
     if (!(hp->rope_freq_base > 0)) return tn_err(TERN_ERR_FORMAT, "model: %s.rope.freq_base must be > 0", an);
     hp->rope_freq_scale = 1.0f;
     char key[128];
@@ -156,14 +156,14 @@ static tern_status tn_load_hparams(const tn_gguf *g, tn_hparams *hp) {
     tn_gguf_str st = {0, NULL};
     if ((s = tn_gguf_get_str(g, key, false, &st))) return s;
     float factor = 0.0f;
-    if ((s = tn_get_float(g, an, "rope.scaling.factor", &factor))) return s;
+    if ((s = tn_model_key_float(g, an, "rope.scaling.factor", &factor))) return s;
     if (st.data && !tn_gguf_str_eq(st, "none") && !tn_gguf_str_eq(st, "linear") && !tn_gguf_str_eq(st, "llama3"))
         return tn_err(TERN_ERR_UNSUPPORTED, "model: rope scaling type '%.*s' is not supported (none, linear, llama3)",
                       (int)TN_MIN(st.len, 32), st.data);
     if (st.data && tn_gguf_str_eq(st, "linear") && factor > 0) hp->rope_freq_scale = 1.0f / factor;
     /* Legacy key: rope.scale_linear */
     float lin = 0.0f;
-    if ((s = tn_get_float(g, an, "rope.scale_linear", &lin))) return s;
+    if ((s = tn_model_key_float(g, an, "rope.scale_linear", &lin))) return s;
     if (lin > 0) hp->rope_freq_scale = 1.0f / lin;
     hp->ffn = ad->ffn;
     hp->embd_scale = ad->embd_scale ? sqrtf((float)hp->n_embd) : 0.0f;

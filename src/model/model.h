@@ -37,8 +37,10 @@ typedef struct tn_hparams {
     float attn_scale;     /* scores = attn_scale * q.k (1 / sqrt(head_dim) by default)   */
     int32_t n_swa;        /* > 0: local layers attend to their last n_swa positions      */
     int32_t swa_period;   /* layer il is local when il % swa_period < swa_period - 1     */
-    float rope_base_swa;  /* local layers' rope.freq_base (their frequency scale is 1)   */
+    float rope_base_swa;  /* local layers' rope.freq_base                                */
+    float rope_scale_swa; /* local layers' frequency scale (gemma3: 1; gemma2: the file's) */
     float logit_softcap;  /* > 0: logits = cap * tanh(logits / cap)                      */
+    float attn_softcap;   /* > 0: attention scores = cap * tanh(scores / cap) (gemma2)   */
 } tn_hparams;
 
 /* A weight view: type, shape (ne[0] = row length) and bytes in the mapped file. */
@@ -87,6 +89,13 @@ struct tern_model {
 /* Loads and validates hyperparameters and every tensor's presence, type and shape; errors name
  * the key or tensor (robustness.md G25..G28). */
 tern_status tn_model_load_gguf(tn_gguf *g, tern_model **out);
+
+/* Key "<arch>.<suffix>" as an integer in lo..hi into *out (absent and not required: *out keeps its
+ * default); out of range or of the wrong type: TERN_ERR_FORMAT naming the key and the value. */
+tern_status tn_model_key_dim(const tn_gguf *g, const char *arch, const char *suffix, bool required, int64_t lo, int64_t hi,
+                             int32_t *out);
+/* Optional key "<arch>.<suffix>" as a finite float into *out (absent: *out keeps its default). */
+tern_status tn_model_key_float(const tn_gguf *g, const char *arch, const char *suffix, float *out);
 
 /* Moves q4_0, q8_0 and symmetric tq4 weight matrices into the *_r16 layouts and tq1 matrices into
  * the *_l32 layouts (quant/repack.h; rows a multiple of the layout's group; not a tied output)

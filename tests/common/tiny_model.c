@@ -107,6 +107,10 @@ tern_status tiny_model_write(const char *path, const tiny_cfg *c) {
         snprintf(key, sizeof key, "%s.final_logit_softcapping", a);
         tn_gguf_set_f32(w, key, c->softcap);
     }
+    if (c->attn_softcap > 0) {
+        snprintf(key, sizeof key, "%s.attn_logit_softcapping", a);
+        tn_gguf_set_f32(w, key, c->attn_softcap);
+    }
 #undef U32
     snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", a);
     tn_gguf_set_f32(w, key, 1e-5f);
@@ -145,7 +149,7 @@ tern_status tiny_model_write(const char *path, const tiny_cfg *c) {
     tn_gguf_set_u32(w, "tokenizer.ggml.unknown_token_id", 0);
     size_t k = 0;
     const int64_t hd = c->head_dim ? c->head_dim : c->n_embd / c->n_head, kv = hd * c->n_head_kv, qd = hd * c->n_head;
-    const bool qwen3 = !strcmp(a, "qwen3"), gemma3 = !strcmp(a, "gemma3");
+    const bool qwen3 = !strcmp(a, "qwen3"), gemma3 = !strcmp(a, "gemma3"), gemma = gemma3 || !strcmp(a, "gemma2");
 #define ADD(nm, a0, a1, ty_, kd)                                                          \
     do {                                                                                  \
         f.ne0[k] = (a0), f.ne1[k] = (a1), f.ty[k] = (ty_), f.kind[k] = (kd);              \
@@ -171,12 +175,12 @@ tern_status tiny_model_write(const char *path, const tiny_cfg *c) {
             L("attn_k_norm.weight", hd, 1, TN_F32, 'n');
             L("attn_q_norm.weight", hd, 1, TN_F32, 'n');
         }
-        if (gemma3) { L("post_attention_norm.weight", c->n_embd, 1, TN_F32, 'n'); } /* {n_embd} */
+        if (gemma) { L("post_attention_norm.weight", c->n_embd, 1, TN_F32, 'n'); } /* {n_embd}; gemma2.cpp too */
         L("ffn_norm.weight", c->n_embd, 1, TN_F32, 'n');
         L("ffn_gate.weight", c->n_embd, c->n_ff, c->wtype, 'w');
         L("ffn_up.weight", c->n_embd, c->n_ff, c->wtype, 'w');
         L("ffn_down.weight", c->n_ff, c->n_embd, c->wtype, 'w');
-        if (gemma3) { L("post_ffw_norm.weight", c->n_embd, 1, TN_F32, 'n'); } /* {n_embd} */
+        if (gemma) { L("post_ffw_norm.weight", c->n_embd, 1, TN_F32, 'n'); } /* {n_embd} */
 #undef L
     }
     ADD("output_norm.weight", c->n_embd, 1, TN_F32, 'n');

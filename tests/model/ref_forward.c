@@ -112,7 +112,7 @@ void ref_step(ref_model *r, int32_t token, double *logits, double *layers) {
     double *o = malloc((size_t)d * sizeof *o), *g = malloc((size_t)ff * sizeof *g), *u = malloc((size_t)ff * sizeof *u);
     double *sc = malloc((size_t)r->n_ctx * sizeof *sc);
     const int32_t pos = r->pos;
-    const bool gemma = hp->arch == TN_ARCH_GEMMA3;
+    const bool gemma2 = hp->arch == TN_ARCH_GEMMA2, gemma = hp->arch == TN_ARCH_GEMMA3 || gemma2;
     for (int64_t i = 0; i < d; i++) x[i] = r->emb.w[(int64_t)token * d + i] * (gemma ? sqrt((double)d) : 1.0);
     for (int32_t l = 0; l < hp->n_layer; l++) {
         const tn_tensor *w = r->m->layers[l].w;
@@ -128,7 +128,7 @@ void ref_step(ref_model *r, int32_t token, double *logits, double *layers) {
             for (int64_t i = 0; i < kvd; i++) v[i] += ((const float *)w[TN_ROLE_ATTN_V_B].data)[i];
         /* qwen3: every head of q and of k RMS-normalized over its head_dim values (Qwen3Attention's
          * q_norm / k_norm), then rotated */
-        if (hp->arch == TN_ARCH_QWEN3 || gemma) {
+        if (hp->arch == TN_ARCH_QWEN3 || hp->arch == TN_ARCH_GEMMA3) {
             for (int32_t h = 0; h < hp->n_head; h++) rmsnorm(q + h * hd, w[TN_ROLE_ATTN_Q_NORM].data, q + h * hd, hd, hp->rms_eps);
             for (int32_t h = 0; h < hp->n_head_kv; h++) rmsnorm(k + h * hd, w[TN_ROLE_ATTN_K_NORM].data, k + h * hd, hd, hp->rms_eps);
         }
@@ -136,14 +136,20 @@ void ref_step(ref_model *r, int32_t token, double *logits, double *layers) {
         const bool nope = hp->arch == TN_ARCH_SMOLLM3 && l % 4 == 3;
         /* gemma3: local (sliding-window) layers are all but every swa_period-th, RoPE base 10000
          * (or rope.freq_base_swa) without scaling; global layers the file's base and scaling */
-        const bool local = gemma && hp->n_swa > 0 && l % hp->swa_period != hp->swa_period - 1;
-        const double base = local ? hp->rope_base_swa : hp->rope_freq_base, fscale = local ? 1.0 : hp->rope_freq_scale;
+        /* gemma2: the even layers are local (Gemma 2 alternates local and global attention, first
+         * local), one RoPE for all */
+        const bool local = gemma2 ? hp->n_swa > 0 && l % 2 == 0
+                                  : gemma && hp->n_swa > 0 && l % hp->swa_period != hp->swa_period - 1;
+        const double base = local && !gemma2 ? hp->rope_base_swa : hp->rope_freq_base;
+        const double fscale = local && !gemma2 ? 1.0 : hp->rope_freq_scale;
         if (!nope) {
             rope(hp, base, fscale, r->m->rope_freqs.data, q, hp->n_head, pos);
             rope(hp, base, fscale, r->m->rope_freqs.data, k, hp->n_head_kv, pos);
         }
-        /* scores: q.k / sqrt(head_dim); gemma3 27B (62 layers): / sqrt(n_embd / n_head) */
-        const double qscale = gemma && hp->n_layer == 62 ? 1.0 / sqrt((double)(d / hp->n_head)) : 1.0 / sqrt((double)hd);
+        /* scores: q.k / sqrt(head_dim); gemma3 27B (62 layers), gemma2 27B (46): / sqrt(n_embd / n_head);
+         * gemma2 soft-caps them: cap * tanh(s / cap) */
+        const bool big = (gemma2 && hp->n_layer == 46) || (gemma && !gemma2 && hp->n_layer == 62);
+        const double qscale = big ? 1.0 / sqrt((double)(d / hp->n_head)) : 1.0 / sqrt((double)hd);
         const int32_t t_first = local && pos >= hp->n_swa ? pos - hp->n_swa + 1 : 0; /* the window: n_swa positions */
         double *K = r->kc + ((size_t)l * r->n_ctx) * kvd, *V = r->vc + ((size_t)l * r->n_ctx) * kvd;
         memcpy(K + (size_t)pos * kvd, k, (size_t)kvd * sizeof *k);
@@ -155,6 +161,7 @@ void ref_step(ref_model *r, int32_t token, double *logits, double *layers) {
                 double s = 0;
                 for (int64_t i = 0; i < hd; i++) s += q[h * hd + i] * K[(size_t)t * kvd + kh * hd + i];
                 sc[t] = s * qscale;
+                if (gemma2) sc[t] = hp->attn_softcap * tanh(sc[t] / hp->attn_softcap);
                 if (sc[t] > mx) mx = sc[t];
             }
             for (int32_t t = t_first; t <= pos; t++) sum += (sc[t] = exp(sc[t] - mx));

@@ -234,6 +234,28 @@ static void test_gemma3(void **state) {
     run_cfg(cfg, 2);
 }
 
+/* gemma2: embeddings * sqrt(n_embd), post norms, no q/k norms, GeGLU, one RoPE base; 4 layers
+ * alternating local (0, 2: window 4) and global (1, 3), so the 15 positions of a run outgrow the
+ * window; attention scores soft-capped at 1 and logits at 3 (bounds both reach: q.k / sqrt(hd)
+ * of these weights is O(1)); the output is the embedding table (gemma2 has no output.weight).
+ * F32 weights, f16 and two block types, 1-3 threads (prefill of 9 tokens, then 6 one-token steps);
+ * and the caps at llama.cpp's defaults (50, 30: absent keys). */
+static void test_gemma2(void **state) {
+    (void)state;
+    tiny_cfg cfg;
+    tiny_cfg_default(&cfg);
+    cfg.arch = "gemma2";
+    cfg.n_layer = 4, cfg.head_dim = 128, cfg.n_swa = 4, cfg.tied = true;
+    cfg.attn_softcap = 1.0f, cfg.softcap = 3.0f;
+    const tn_dtype types[] = {TN_F32, TN_F16, TN_Q8_0, TN_Q4_K};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        cfg.wtype = types[i], cfg.out_type = types[i] == TN_F32 || types[i] == TN_F16 ? types[i] : TN_Q8_0;
+        run_cfg(cfg, (int)(i % 3) + 1);
+    }
+    cfg.attn_softcap = 0, cfg.softcap = 0, cfg.wtype = TN_Q8_0;
+    run_cfg(cfg, 2);
+}
+
 /* Paged caches (tern serve): a sliding-window layer gathers its window from the block table; one
  * token at a time over a permuted table (window 20 over blocks of 16: unaligned starts) gives the
  * contiguous cache's logits bit for bit, 40 positions. */
@@ -406,6 +428,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_qwen3),
         cmocka_unit_test(test_smollm3),
         cmocka_unit_test(test_gemma3),
+        cmocka_unit_test(test_gemma2),
         cmocka_unit_test(test_gemma3_paged_window),
         cmocka_unit_test(test_head_groups),
         cmocka_unit_test(test_batch_equivalence),

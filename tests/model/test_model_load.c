@@ -30,6 +30,8 @@ typedef struct {
     const char *set_key;        /* set to set_u32 (or set_str if set_str != NULL) */
     uint32_t set_u32;
     const char *set_str;
+    bool set_is_f32;            /* set to set_f32 instead */
+    float set_f32;
     const char *drop_tensor;
     const char *reshape_tensor; /* swap ne0/ne1 (transposed) */
     const char *add_tensor;     /* an extra f32 vector of add_len elements */
@@ -47,7 +49,8 @@ static void write_mutant(const mutation *mu, const char *out) {
         assert_int_equal(tn_gguf_set_kv(w, &g->kv[i]), TERN_OK);
     }
     if (mu->set_key) {
-        if (mu->set_str) tn_gguf_set_str(w, mu->set_key, mu->set_str);
+        if (mu->set_is_f32) tn_gguf_set_f32(w, mu->set_key, mu->set_f32);
+        else if (mu->set_str) tn_gguf_set_str(w, mu->set_key, mu->set_str);
         else tn_gguf_set_u32(w, mu->set_key, mu->set_u32);
     }
     for (uint64_t i = 0; i < g->n_tensors; i++) {
@@ -160,6 +163,37 @@ static void test_family_tensor_sets(void **state) {
     expect_fail(&(mutation){.src = q3, .add_tensor = "blk.0.post_ffw_norm.weight", .add_len = 256}, TERN_ERR_FORMAT,
                 "architecture qwen3 has no post_ffw_norm.weight");
     unlink(g3);
+    /* gemma2: its tensor set (post norms, no q/k norms, no output.weight) and its keys in range */
+    char g2[512];
+    gc.arch = "gemma2", gc.tied = true, gc.n_layer = 2, gc.attn_softcap = 2.0f;
+    tiny_tmp_path(g2, sizeof g2, "loadg2");
+    assert_int_equal(tiny_model_write(g2, &gc), TERN_OK);
+    assert_int_equal(tern_model_load(g2, NULL, &m), TERN_OK);
+    assert_int_equal(m->hp.n_swa, 4);
+    assert_int_equal(m->hp.swa_period, 2);
+    assert_true(m->hp.attn_softcap == 2.0f && m->hp.logit_softcap == 30.0f); /* the file's; llama.cpp's default */
+    assert_true(tn_hp_layer_swa(&m->hp, 0) && !tn_hp_layer_swa(&m->hp, 1));
+    assert_ptr_equal(m->output.data, m->tok_embd.data);
+    tern_model_free(m);
+    expect_fail(&(mutation){.src = g2, .drop_tensor = "blk.1.post_attention_norm.weight"}, TERN_ERR_FORMAT,
+                "missing tensor 'blk.1.post_attention_norm.weight' (gemma2 expects shape [256])");
+    expect_fail(&(mutation){.src = g2, .reshape_tensor = "blk.0.ffn_down.weight"}, TERN_ERR_FORMAT,
+                "tensor 'blk.0.ffn_down.weight' has shape [256, 512], expected [512, 256] (gemma2)");
+    expect_fail(&(mutation){.src = g2, .add_tensor = "blk.0.attn_q_norm.weight", .add_len = 128}, TERN_ERR_FORMAT,
+                "unexpected tensor 'blk.0.attn_q_norm.weight' (shape [128]): architecture gemma2 has no attn_q_norm.weight");
+    expect_fail(&(mutation){.src = g2, .add_tensor = "output.weight", .add_len = 256}, TERN_ERR_FORMAT,
+                "architecture gemma2 has no output.weight");
+    expect_fail(&(mutation){.src = g2, .set_key = "gemma2.attn_logit_softcapping", .set_is_f32 = true, .set_f32 = -1.0f},
+                TERN_ERR_FORMAT, "key 'gemma2.attn_logit_softcapping' = -1 must be a number > 0");
+    expect_fail(&(mutation){.src = g2, .set_key = "gemma2.final_logit_softcapping", .set_is_f32 = true, .set_f32 = NAN},
+                TERN_ERR_FORMAT, "key 'gemma2.final_logit_softcapping' is not a finite number");
+    expect_fail(&(mutation){.src = g2, .set_key = "gemma2.final_logit_softcapping", .set_is_f32 = true, .set_f32 = 0.0f},
+                TERN_ERR_FORMAT, "key 'gemma2.final_logit_softcapping' = 0 must be a number > 0");
+    expect_fail(&(mutation){.src = g2, .set_key = "gemma2.attention.sliding_window", .set_u32 = 0}, TERN_ERR_FORMAT,
+                "key 'gemma2.attention.sliding_window' = 0 is outside 1..16777216");
+    expect_fail(&(mutation){.src = g2, .set_key = "gemma2.attention.sliding_window", .set_u32 = 0x80000000u}, TERN_ERR_FORMAT,
+                "key 'gemma2.attention.sliding_window' = 2147483648 is outside");
+    unlink(g2);
     /* a llama file can have the optional biases (llama.cpp's loader allows them) */
     char out[512];
     tiny_tmp_path(out, sizeof out, "llbias");

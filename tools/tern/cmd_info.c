@@ -166,6 +166,7 @@ int cmd_info(int argc, char **argv) {
         printf("sliding window: %d positions on layers il %% %d < %d (rope base %g), the others global\n", hp->n_swa,
                hp->swa_period, hp->swa_period - 1, hp->rope_base_swa);
     if (hp->nope_step > 0) printf("no RoPE on layers il with (il + 1) %% %d == 0\n", hp->nope_step);
+    if (hp->attn_softcap > 0) printf("attention score soft-capping at %g\n", hp->attn_softcap);
     if (hp->logit_softcap > 0) printf("final logit soft-capping at %g\n", hp->logit_softcap);
     tern_model_free(m);
     return 0;

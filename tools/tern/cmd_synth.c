@@ -29,6 +29,9 @@ static const synth_preset presets[] = {
     /* gemma3: Gemma-3-1B's shapes (1 kv head, head_dim 256, window 512); tiny: 7 layers, layer 5
      * global, window 4 (desc synth_swa) */
     {"1b", "gemma3", 1152, 26, 4, 1, 6912, 32000, 2048, 256},
+    /* gemma2: Gemma-2-2B's shapes (8 heads of 256 over 4 kv heads, window 512 here); tiny: the
+     * llama row below, layer 0 local (window 4), layer 1 global */
+    {"1b", "gemma2", 2304, 26, 8, 4, 9216, 32000, 2048, 256},
     {"tiny", "gemma3", 64, 7, 4, 2, 256, 512, 128, 32},
     /* smollm3: 4 layers, so that layer 3 is a NoPE layer */
     {"tiny", "smollm3", 64, 4, 4, 2, 256, 512, 128, 0},
@@ -145,6 +148,7 @@ int cmd_synth(int argc, char **argv) {
     tn_gguf_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), ad->rms_eps);
     tn_gguf_set_f32(w, KEY("rope.freq_base"), ad->rope_base);
 #undef KEY
+    if (ad->synth_keys) ad->synth_keys(w, &hp); /* the family's own (soft-caps, LongRoPE, ...) */
     tn_gguf_set_u32(w, "general.file_type", wt == TN_F32 ? 0 : wt == TN_F16 ? 1 : wt == TN_Q8_0 ? 7 : wt == TN_Q4_0 ? 2 : 1024);
     tn_gguf_set_u32(w, "general.quantization_version", 2);
     /* vocabulary */
@@ -191,7 +195,9 @@ int cmd_synth(int argc, char **argv) {
         const int r0 = l < 0 ? 0 : l < P->n_layer ? 0 : 1, r1 = l < 0 ? 1 : l < P->n_layer ? TN_ROLE_N_LAYER : 3;
         for (int j = r0; j < r1; j++) {
             const tn_role r = l >= 0 && l < P->n_layer ? (tn_role)j : globals[j];
-            if (l >= 0 && l < P->n_layer && ad->need[r] != TN_NEED_REQ) continue;
+            /* per layer the required roles; of the model-wide ones every one the family has (a
+             * separate output where it may have one; gemma2 has none) */
+            if (ad->need[r] == TN_NEED_NO || (l >= 0 && l < P->n_layer && ad->need[r] != TN_NEED_REQ)) continue;
             char n[96];
             tn_role_tensor_name(r, (int32_t)l, n, sizeof n);
             const tn_role_info *ri = &tn_roles[r];

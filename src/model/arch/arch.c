@@ -31,10 +31,10 @@ const tn_role_info tn_roles[TN_ROLE_COUNT] = {
     [TN_ROLE_ROPE_FREQS] = {"rope_freqs.weight", TN_DIM_ROT_HALF, TN_DIM_1, false},
 };
 
-extern const tn_arch_desc tn_arch_llama, tn_arch_qwen2, tn_arch_qwen3, tn_arch_smollm3, tn_arch_gemma3;
+extern const tn_arch_desc tn_arch_llama, tn_arch_qwen2, tn_arch_qwen3, tn_arch_smollm3, tn_arch_gemma2, tn_arch_gemma3;
 
 static const tn_arch_desc *const tn_all_archs[] = {&tn_arch_llama, &tn_arch_qwen2, &tn_arch_qwen3, &tn_arch_smollm3,
-                                                   &tn_arch_gemma3};
+                                                   &tn_arch_gemma2, &tn_arch_gemma3};
 
 size_t tn_arch_count(void) { return TN_ARRAY_LEN(tn_all_archs); }
 const tn_arch_desc *tn_arch_at(size_t i) { return i < TN_ARRAY_LEN(tn_all_archs) ? tn_all_archs[i] : NULL; }

@@ -15,7 +15,14 @@
 
 struct tn_hparams;
 
-typedef enum tn_arch { TN_ARCH_LLAMA = 0, TN_ARCH_QWEN2, TN_ARCH_QWEN3, TN_ARCH_SMOLLM3, TN_ARCH_GEMMA3 } tn_arch;
+typedef enum tn_arch {
+    TN_ARCH_LLAMA = 0,
+    TN_ARCH_QWEN2,
+    TN_ARCH_QWEN3,
+    TN_ARCH_SMOLLM3,
+    TN_ARCH_GEMMA3,
+    TN_ARCH_GEMMA2,
+} tn_arch;
 typedef enum tn_rope_mode { TN_ROPE_NORM = 0, TN_ROPE_NEOX } tn_rope_mode;
 typedef enum tn_ffn_kind { TN_FFN_SWIGLU = 0, TN_FFN_GEGLU } tn_ffn_kind; /* silu(gate) * up, gelu_tanh(gate) * up */
 
@@ -92,6 +99,8 @@ typedef struct tn_arch_desc {
     uint8_t need[TN_ROLE_COUNT];/* tn_need of every role                                        */
     /* The family's own keys and checks, after the common ones (NULL: none). Errors name the key. */
     tern_status (*load_hparams)(const tn_gguf *g, struct tn_hparams *hp);
+    /* tern synth: the family's own metadata keys (NULL: none), for the hyperparameters hp. */
+    void (*synth_keys)(tn_gguf_writer *w, const struct tn_hparams *hp);
 } tn_arch_desc;
 
 /* The family with GGUF architecture name (name, len), or NULL. */
