@@ -207,12 +207,12 @@ void tn_blk_embed(tn_thr *T, int32_t l0) {
         if (!l0 && hp->embd_scale > 0) /* gemma: x * sqrt(n_embd) */
             for (int32_t i = 0; i < d; i++) c->x[t * d + i] *= hp->embd_scale;
     }
-    for (int64_t t = T->t0; t < T->t1; t++) tn_op_rope_cache(hp, m->rope_freqs.data, T->b->pos[t], c->rope_cs + t * hp->n_rot);
+    for (int64_t t = T->t0; t < T->t1; t++) tn_op_rope_cache(hp, c->rope_ff, T->b->pos[t], c->rope_cs + t * hp->n_rot);
     if (c->rope_cs_swa) { /* sliding-window layers: their own base and scale */
         tn_hparams hs = *hp;
         hs.rope_freq_base = hp->rope_base_swa, hs.rope_freq_scale = hp->rope_scale_swa;
         for (int64_t t = T->t0; t < T->t1; t++)
-            tn_op_rope_cache(&hs, m->rope_freqs.data, T->b->pos[t], c->rope_cs_swa + t * hp->n_rot);
+            tn_op_rope_cache(&hs, c->rope_ff, T->b->pos[t], c->rope_cs_swa + t * hp->n_rot);
     }
     const tn_span wq_pf = l0 < hp->n_layer ? tn_next_span(T, &m->layers[l0].w[TN_ROLE_ATTN_Q]) : (tn_span){NULL, 0};
     tn_pool_barrier_pf(c->pool, wq_pf.p, wq_pf.n);

@@ -41,6 +41,10 @@ typedef struct tn_hparams {
     float rope_scale_swa; /* local layers' frequency scale (gemma3: 1; gemma2: the file's) */
     float logit_softcap;  /* > 0: logits = cap * tanh(logits / cap)                      */
     float attn_softcap;   /* > 0: attention scores = cap * tanh(scores / cap) (gemma2)   */
+    int32_t n_ctx_orig;   /* rope.scaling.original_context_length (default n_ctx_train):
+                           * LongRoPE uses the long factors in a context longer than it   */
+    float rope_attn_factor; /* rope.scaling.attn_factor: rotated dims of q and k scaled by it
+                             * (ggml's rope mscale; 1 by default)                            */
 } tn_hparams;
 
 /* A weight view: type, shape (ne[0] = row length) and bytes in the mapped file. */
@@ -77,6 +81,8 @@ struct tern_model {
     tn_vocab *vocab;
     tn_tensor tok_embd, output_norm, output; /* output == tok_embd when tied */
     tn_tensor rope_freqs;                    /* Llama 3.1 frequency factors, optional */
+    tn_tensor rope_long, rope_short;         /* LongRoPE factors (phi3), optional; a context
+                                              * picks one set (tn_model_rope_factors)   */
     tn_layer *layers;
     uint64_t n_params;
     uint64_t weight_bytes;
@@ -103,6 +109,11 @@ tern_status tn_model_key_float(const tn_gguf *g, const char *arch, const char *s
  * tied output) is copied as it is, so that all of them sit in one buffer of 2 MiB pages
  * (TERN_HUGEPAGES=0: 4 KiB). The file pages of moved tensors are released from the mapping. */
 tern_status tn_model_repack(tern_model *m);
+
+/* The RoPE frequency factors (n_rot / 2 floats, or NULL) a context of n_ctx positions uses:
+ * rope_freqs, else LongRoPE's long set when n_ctx > n_ctx_orig and its short set otherwise
+ * (llama.cpp's llama_model::get_rope_factors). */
+const float *tn_model_rope_factors(const tern_model *m, int32_t n_ctx);
 
 /* Row `row` of a weight matrix as floats (k = ne[0]); used for embedding lookup. */
 void tn_tensor_get_row(const tn_tensor *t, int64_t row, float *out);

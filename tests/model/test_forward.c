@@ -1,7 +1,7 @@
 /*
  * test_forward.c — tern's forward pass against the independent double-precision reference
  * (ref_forward.c) on tiny random models of every supported weight type, llama, qwen2 and qwen3
- * (head_dim from key_length, wider than n_embd / n_head), tied and separate output; per-layer
+ * (head_dim from key_length, wider than n_embd / n_head), smollm3, gemma2/3, phi3, tied and separate output; per-layer
  * residual streams and logits. Also: batched prefill equals token-by-token decoding; context-full
  * and bad-token errors. With file arguments (test_forward FILE...): the same comparison on each
  * file, e.g. one `tern synth --arch NAME` wrote from the registry.
@@ -256,6 +256,29 @@ static void test_gemma2(void **state) {
     run_cfg(cfg, 2);
 }
 
+/* phi3: q, k, v from one attn_qkv matrix and gate, up from one ffn_up (2 n_ff rows, gate first),
+ * both split by the reference itself from the file's bytes; partial rotary (48 of 64 dims, neox);
+ * LongRoPE: the contexts of run_model (32 positions) are above an original context of 16 (the
+ * long factors) and within one of 64 (the short ones), the rotated dims scaled by an attention
+ * factor of 1.2 (scores 1.44x sharper: errors ~1.3x llama's); 4 heads over 2 kv heads, 2 layers; F32,
+ * F16, Q8_0 and Q4_0 weights, 1-3 threads,
+ * prefill and one-token steps; tied and separate output. */
+static void test_phi3(void **state) {
+    (void)state;
+    tiny_cfg cfg;
+    tiny_cfg_default(&cfg);
+    cfg.arch = "phi3";
+    cfg.n_rot = 48, cfg.rope_attn_factor = 1.2f; /* 2 layers: the bounds' budget (see the top) */
+    const tn_dtype types[] = {TN_F32, TN_F16, TN_Q8_0, TN_Q4_0};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+        for (int orig = 16; orig <= 64; orig *= 4) {
+            cfg.wtype = types[i], cfg.n_ctx_orig = orig;
+            run_cfg(cfg, (int)(i % 3) + 1);
+        }
+    cfg.wtype = TN_Q8_0, cfg.out_type = TN_Q8_0, cfg.tied = true, cfg.n_rot = 0, cfg.rope_attn_factor = 0;
+    run_cfg(cfg, 2); /* full rotary, no attention factor, the output tied */
+}
+
 /* Paged caches (tern serve): a sliding-window layer gathers its window from the block table; one
  * token at a time over a permuted table (window 20 over blocks of 16: unaligned starts) gives the
  * contiguous cache's logits bit for bit, 40 positions. */
@@ -429,6 +452,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_smollm3),
         cmocka_unit_test(test_gemma3),
         cmocka_unit_test(test_gemma2),
+        cmocka_unit_test(test_phi3),
         cmocka_unit_test(test_gemma3_paged_window),
         cmocka_unit_test(test_head_groups),
         cmocka_unit_test(test_batch_equivalence),

@@ -38,7 +38,7 @@ static tern_status gemma2_hparams(const tn_gguf *g, tn_hparams *hp) {
 }
 
 /* tern synth: Gemma 2's soft-caps (the window is synth_swa's). */
-static void gemma2_synth(tn_gguf_writer *w, const tn_hparams *hp) {
+static void gemma2_synth(tn_gguf_writer *w, tn_hparams *hp) {
     (void)hp;
     tn_gguf_set_f32(w, "gemma2.attn_logit_softcapping", 50.0f);
     tn_gguf_set_f32(w, "gemma2.final_logit_softcapping", 30.0f);
