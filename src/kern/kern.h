@@ -55,6 +55,14 @@ typedef void (*tn_attn_fn)(int64_t hd, int64_t T, int64_t nh, int64_t rep, const
                            const uint16_t *V, int64_t ldkv, const int32_t *blocks, int64_t block_rows, float scale,
                            bool acc16, float *out, float *scratch);
 
+/* tn_attn_fn with soft-capped scores (gemma2's attn_logit_softcapping, cap > 0), in ggml's order:
+ *   s_t = cap * tanh((scale / cap) * (q · K_t))
+ * One implementation, the scalar reference (a family's per-layer choice; llama's path does not
+ * pay for it). */
+typedef void (*tn_attn_softcap_fn)(int64_t hd, int64_t T, int64_t nh, int64_t rep, const float *q, const uint16_t *K,
+                                   const uint16_t *V, int64_t ldkv, const int32_t *blocks, int64_t block_rows,
+                                   float scale, float cap, bool acc16, float *out, float *scratch);
+
 /* Row of position t in a (possibly paged) cache; see tn_attn_fn. */
 static inline int64_t tn_kv_row(const int32_t *blocks, int64_t block_rows, int64_t t) {
     return blocks ? (int64_t)blocks[t / block_rows] * block_rows + t % block_rows : t;
@@ -79,6 +87,7 @@ typedef struct tn_kern_table {
     tn_kern_slot slot[TN_DTYPE_SLOT_COUNT];
     tn_attn_fn attn;
     tn_isa attn_isa;
+    tn_attn_softcap_fn attn_softcap;
     tn_swiglu_fn swiglu;
     tn_isa swiglu_isa;
     tn_geglu_fn geglu;

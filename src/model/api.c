@@ -181,6 +181,7 @@ tern_status tern_ctx_create(const tern_model *m, const tern_ctx_params *pp, tern
     c->n_threads = p.n_threads;
     c->logits_all = p.logits_all;
     c->kt = tn_kern();
+    c->rope_ff = tn_model_rope_factors(m, c->n_ctx); /* LongRoPE: long or short by this context's size */
     c->kv_blocks = (int32_t)kv_blocks;
     c->kv_rows = kv_rows;
     c->kv_ring = kv_ring;

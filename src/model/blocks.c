@@ -25,8 +25,8 @@ static void tn_rmsnorm_rows(const float *x, float *y, const float *w, int64_t d,
 
 /* Attention of a token at position pos of a sequence (block table blocks) for query heads
  * h0 .. h0 + nh - 1: nh == 1, or a multiple of the heads per kv head starting on a kv head. On a
- * sliding-window layer only the last n_swa positions: of a contiguous cache in place, of a paged
- * one gathered first into the thread's window buffer. */
+ * sliding-window layer only the last n_swa positions: of a contiguous cache in place (of its ring
+ * unless the window wraps), else gathered first into the thread's window buffer. */
 static void tn_attend(tern_ctx *c, int ith, int32_t il, const int32_t *blocks, int32_t pos, const float *q, int32_t h0,
                       int32_t nh, bool acc16, float *out) {
     const tn_hparams *hp = &c->hp;
@@ -50,8 +50,13 @@ static void tn_attend(tern_ctx *c, int ith, int32_t il, const int32_t *blocks, i
         }
     }
     const float scale = hp->attn_scale > 0 ? hp->attn_scale : 1.0f / sqrtf((float)hd);
-    c->kt->attn(hd, T, nh, nh == 1 ? 1 : rep, q, K + head, V + head, kv_dim, blocks, TN_KV_BLOCK, scale, acc16, out,
-                c->scores + (size_t)ith * c->scores_stride);
+    float *scratch = c->scores + (size_t)ith * c->scores_stride;
+    if (hp->attn_softcap > 0) /* gemma2: scores soft-capped before the softmax */
+        c->kt->attn_softcap(hd, T, nh, nh == 1 ? 1 : rep, q, K + head, V + head, kv_dim, blocks, TN_KV_BLOCK, scale,
+                            hp->attn_softcap, acc16, out, scratch);
+    else
+        c->kt->attn(hd, T, nh, nh == 1 ? 1 : rep, q, K + head, V + head, kv_dim, blocks, TN_KV_BLOCK, scale, acc16, out,
+                    scratch);
 }
 
 /* Query heads per attention call: whole kv groups, up to 4 heads (or one group), as long as every
@@ -194,12 +199,12 @@ void tn_blk_embed(tn_thr *T, int32_t l0) {
         if (!l0 && hp->embd_scale > 0) /* gemma: x * sqrt(n_embd) */
             for (int32_t i = 0; i < d; i++) c->x[t * d + i] *= hp->embd_scale;
     }
-    for (int64_t t = T->t0; t < T->t1; t++) tn_op_rope_cache(hp, m->rope_freqs.data, T->b->pos[t], c->rope_cs + t * hp->n_rot);
-    if (c->rope_cs_swa) { /* sliding-window layers: their own base, no scaling */
+    for (int64_t t = T->t0; t < T->t1; t++) tn_op_rope_cache(hp, c->rope_ff, T->b->pos[t], c->rope_cs + t * hp->n_rot);
+    if (c->rope_cs_swa) { /* sliding-window layers: their own base and scale */
         tn_hparams hs = *hp;
-        hs.rope_freq_base = hp->rope_base_swa, hs.rope_freq_scale = 1.0f;
+        hs.rope_freq_base = hp->rope_base_swa, hs.rope_freq_scale = hp->rope_scale_swa;
         for (int64_t t = T->t0; t < T->t1; t++)
-            tn_op_rope_cache(&hs, m->rope_freqs.data, T->b->pos[t], c->rope_cs_swa + t * hp->n_rot);
+            tn_op_rope_cache(&hs, c->rope_ff, T->b->pos[t], c->rope_cs_swa + t * hp->n_rot);
     }
     const tn_span wq_pf = l0 < hp->n_layer ? tn_next_span(T, &m->layers[l0].w[TN_ROLE_ATTN_Q]) : (tn_span){NULL, 0};
     tn_pool_barrier_pf(c->pool, wq_pf.p, wq_pf.n);

@@ -69,6 +69,7 @@ struct tern_ctx {
     float *hb;      /* [n_batch][n_ff]     gate                                               */
     float *hb2;     /* [n_batch][n_ff]     up                                                 */
     float *tmp;     /* [n_batch][max(n_embd, ...)] sub-layer output before the residual add  */
+    const float *rope_ff; /* RoPE frequency factors of this context (tn_model_rope_factors), or NULL */
     float *rope_cs; /* [n_batch][n_rot]    cos, sin pairs per token                          */
     float *rope_cs_swa; /* [n_batch][n_rot] the same for sliding-window layers (NULL: none) */
     tn_fp16 *swa_kv;    /* [n_threads][2][n_swa][kv_dim] a paged window gathered (NULL: none) */

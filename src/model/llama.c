@@ -18,8 +18,8 @@
 
 #define TN_MAX_LAYERS 4096
 
-static tern_status tn_get_dim(const tn_gguf *g, const char *arch, const char *suffix, bool required, int64_t lo,
-                              int64_t hi, int32_t *out) {
+tern_status tn_model_key_dim(const tn_gguf *g, const char *arch, const char *suffix, bool required, int64_t lo, int64_t hi,
+                             int32_t *out) {
     char key[128];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
     if (!required && !tn_gguf_find(g, key)) return TERN_OK; /* absent: *out keeps its default */
@@ -33,7 +33,7 @@ static tern_status tn_get_dim(const tn_gguf *g, const char *arch, const char *su
     return TERN_OK;
 }
 
-static tern_status tn_get_float(const tn_gguf *g, const char *arch, const char *suffix, float *out) {
+tern_status tn_model_key_float(const tn_gguf *g, const char *arch, const char *suffix, float *out) {
     char key[128];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
     tern_status s = tn_gguf_get_f32(g, key, false, out);
@@ -91,6 +91,45 @@ static tern_status tn_bind(const tn_gguf *g, const tn_hparams *hp, tn_role r, in
     return TERN_OK;
 }
 
+/* Rows [r0, r0 + rows) of matrix t as a matrix of its own: a view into the same bytes (rows are
+ * contiguous), named by what it is (no file tensor has that name, so tern quantize's probes, which
+ * swap views by file name, leave slices alone). */
+static tn_tensor tn_rows_view(const tn_tensor *t, int64_t r0, int64_t rows, const char *name) {
+    const size_t rb = tn_dtype_row_size(t->type, t->ne[0]);
+    tn_tensor v = *t;
+    v.ne[1] = rows;
+    v.data = (const uint8_t *)t->data + (size_t)r0 * rb;
+    v.nbytes = (size_t)rows * rb;
+    v.name = name;
+    return v;
+}
+
+/* Fused matrices as the separate ones the blocks multiply, without copying: attn_qkv's rows are
+ * q | k | v (llama.cpp's build_qkv splits it at these offsets), a gate_up_fused ffn_up's are
+ * gate | up (ggml_swiglu: silu of the first half times the second). The fused view is dropped:
+ * only its slices are matmul inputs (the repacker moves each slice on its own). */
+static void tn_bind_fused(const tn_hparams *hp, tn_layer *L) {
+    tn_tensor *w = L->w;
+    if (w[TN_ROLE_ATTN_QKV].data) {
+        const tn_tensor f = w[TN_ROLE_ATTN_QKV];
+        const int64_t qd = tn_hp_q_dim(hp), kv = (int64_t)hp->n_head_kv * hp->head_dim;
+        w[TN_ROLE_ATTN_Q] = tn_rows_view(&f, 0, qd, "attn_qkv.weight (q rows)");
+        w[TN_ROLE_ATTN_K] = tn_rows_view(&f, qd, kv, "attn_qkv.weight (k rows)");
+        w[TN_ROLE_ATTN_V] = tn_rows_view(&f, qd + kv, kv, "attn_qkv.weight (v rows)");
+        memset(&w[TN_ROLE_ATTN_QKV], 0, sizeof w[TN_ROLE_ATTN_QKV]);
+    }
+    if (hp->family->gate_up_fused && w[TN_ROLE_FFN_UP].data) {
+        const tn_tensor f = w[TN_ROLE_FFN_UP];
+        w[TN_ROLE_FFN_GATE] = tn_rows_view(&f, 0, hp->n_ff, "ffn_up.weight (gate rows)");
+        w[TN_ROLE_FFN_UP] = tn_rows_view(&f, hp->n_ff, hp->n_ff, "ffn_up.weight (up rows)");
+    }
+}
+
+const float *tn_model_rope_factors(const tern_model *m, int32_t n_ctx) {
+    if (m->rope_freqs.data) return m->rope_freqs.data;
+    return n_ctx > m->hp.n_ctx_orig ? m->rope_long.data : m->rope_short.data;
+}
+
 /* The hyperparameters every family shares (under "<arch>."), with the family's defaults, then the
  * family's own keys (desc->load_hparams). */
 static tern_status tn_load_hparams(const tn_gguf *g, tn_hparams *hp) {
@@ -111,19 +150,19 @@ static tern_status tn_load_hparams(const tn_gguf *g, tn_hparams *hp) {
     hp->family = ad;
     hp->rope_mode = ad->rope;
     hp->nope_step = ad->nope_step;
-    if ((s = tn_get_dim(g, an, "context_length", true, 1, 1 << 24, &hp->n_ctx_train))) return s;
-    if ((s = tn_get_dim(g, an, "embedding_length", true, 1, 1 << 20, &hp->n_embd))) return s;
-    if ((s = tn_get_dim(g, an, "block_count", true, 1, TN_MAX_LAYERS, &hp->n_layer))) return s;
-    if ((s = tn_get_dim(g, an, "feed_forward_length", true, 1, 1 << 22, &hp->n_ff))) return s;
-    if ((s = tn_get_dim(g, an, "attention.head_count", true, 1, 1 << 14, &hp->n_head))) return s;
+    if ((s = tn_model_key_dim(g, an, "context_length", true, 1, 1 << 24, &hp->n_ctx_train))) return s;
+    if ((s = tn_model_key_dim(g, an, "embedding_length", true, 1, 1 << 20, &hp->n_embd))) return s;
+    if ((s = tn_model_key_dim(g, an, "block_count", true, 1, TN_MAX_LAYERS, &hp->n_layer))) return s;
+    if ((s = tn_model_key_dim(g, an, "feed_forward_length", true, 1, 1 << 22, &hp->n_ff))) return s;
+    if ((s = tn_model_key_dim(g, an, "attention.head_count", true, 1, 1 << 14, &hp->n_head))) return s;
     hp->n_head_kv = hp->n_head;
-    if ((s = tn_get_dim(g, an, "attention.head_count_kv", false, 1, 1 << 14, &hp->n_head_kv))) return s;
+    if ((s = tn_model_key_dim(g, an, "attention.head_count_kv", false, 1, 1 << 14, &hp->n_head_kv))) return s;
     if (hp->n_head % hp->n_head_kv)
         return tn_err(TERN_ERR_FORMAT, "model: %s.attention.head_count %d is not a multiple of %s.attention.head_count_kv %d",
                       an, hp->n_head, an, hp->n_head_kv);
     /* head size: attention.key_length, else n_embd / n_head (which must then divide) */
     hp->head_dim = 0;
-    if ((s = tn_get_dim(g, an, "attention.key_length", false, 1, 1 << 16, &hp->head_dim))) return s;
+    if ((s = tn_model_key_dim(g, an, "attention.key_length", false, 1, 1 << 16, &hp->head_dim))) return s;
     if (!hp->head_dim) {
         if (hp->n_embd % hp->n_head)
             return tn_err(TERN_ERR_FORMAT, "model: %s.embedding_length %d is not a multiple of %s.attention.head_count %d", an,
@@ -134,21 +173,21 @@ static tern_status tn_load_hparams(const tn_gguf *g, tn_hparams *hp) {
         return tn_err(TERN_ERR_FORMAT, "model: %s.attention.head_count %d x key_length %d is too large", an, hp->n_head,
                       hp->head_dim);
     int32_t val_len = hp->head_dim;
-    if ((s = tn_get_dim(g, an, "attention.value_length", false, 1, 1 << 16, &val_len))) return s;
+    if ((s = tn_model_key_dim(g, an, "attention.value_length", false, 1, 1 << 16, &val_len))) return s;
     if (val_len != hp->head_dim)
         return tn_err(TERN_ERR_UNSUPPORTED, "model: %s.attention.value_length %d differs from key_length %d", an, val_len,
                       hp->head_dim);
     hp->n_rot = hp->head_dim;
-    if ((s = tn_get_dim(g, an, "rope.dimension_count", false, 2, 1 << 16, &hp->n_rot))) return s;
+    if ((s = tn_model_key_dim(g, an, "rope.dimension_count", false, 2, 1 << 16, &hp->n_rot))) return s;
     if (hp->n_rot > hp->head_dim || hp->n_rot % 2)
         return tn_err(TERN_ERR_FORMAT, "model: %s.rope.dimension_count %d must be even and <= head size %d", an, hp->n_rot,
                       hp->head_dim);
     hp->rms_eps = ad->rms_eps;
-    if ((s = tn_get_float(g, an, "attention.layer_norm_rms_epsilon", &hp->rms_eps))) return s;
+    if ((s = tn_model_key_float(g, an, "attention.layer_norm_rms_epsilon", &hp->rms_eps))) return s;
     if (!(hp->rms_eps > 0 && hp->rms_eps < 1))
         return tn_err(TERN_ERR_FORMAT, "model: %s.attention.layer_norm_rms_epsilon %g outside (0, 1)", an, hp->rms_eps);
     hp->rope_freq_base = ad->rope_base;
-    if ((s = tn_get_float(g, an, "rope.freq_base", &hp->rope_freq_base))) return s;
+    if ((s = tn_model_key_float(g, an, "rope.freq_base", &hp->rope_freq_base))) return s;
     if (!(hp->rope_freq_base > 0)) return tn_err(TERN_ERR_FORMAT, "model: %s.rope.freq_base must be > 0", an);
     hp->rope_freq_scale = 1.0f;
     char key[128];
@@ -156,15 +195,24 @@ static tern_status tn_load_hparams(const tn_gguf *g, tn_hparams *hp) {
     tn_gguf_str st = {0, NULL};
     if ((s = tn_gguf_get_str(g, key, false, &st))) return s;
     float factor = 0.0f;
-    if ((s = tn_get_float(g, an, "rope.scaling.factor", &factor))) return s;
+    if ((s = tn_model_key_float(g, an, "rope.scaling.factor", &factor))) return s;
     if (st.data && !tn_gguf_str_eq(st, "none") && !tn_gguf_str_eq(st, "linear") && !tn_gguf_str_eq(st, "llama3"))
         return tn_err(TERN_ERR_UNSUPPORTED, "model: rope scaling type '%.*s' is not supported (none, linear, llama3)",
                       (int)TN_MIN(st.len, 32), st.data);
     if (st.data && tn_gguf_str_eq(st, "linear") && factor > 0) hp->rope_freq_scale = 1.0f / factor;
     /* Legacy key: rope.scale_linear */
     float lin = 0.0f;
-    if ((s = tn_get_float(g, an, "rope.scale_linear", &lin))) return s;
+    if ((s = tn_model_key_float(g, an, "rope.scale_linear", &lin))) return s;
     if (lin > 0) hp->rope_freq_scale = 1.0f / lin;
+    /* LongRoPE's switch point and the rotation's attention factor (llama.cpp reads both for every
+     * family; the converters write them for phi3) */
+    hp->n_ctx_orig = hp->n_ctx_train;
+    if ((s = tn_model_key_dim(g, an, "rope.scaling.original_context_length", false, 1, 1 << 24, &hp->n_ctx_orig))) return s;
+    hp->rope_attn_factor = 1.0f;
+    if ((s = tn_model_key_float(g, an, "rope.scaling.attn_factor", &hp->rope_attn_factor))) return s;
+    if (!(hp->rope_attn_factor > 0))
+        return tn_err(TERN_ERR_FORMAT, "model: key '%s.rope.scaling.attn_factor' = %g must be a number > 0", an,
+                      (double)hp->rope_attn_factor);
     hp->ffn = ad->ffn;
     hp->embd_scale = ad->embd_scale ? sqrtf((float)hp->n_embd) : 0.0f;
     hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
@@ -224,14 +272,18 @@ tern_status tn_model_load_gguf(tn_gguf *g, tern_model **out) {
     if ((s = tn_bind(g, hp, TN_ROLE_OUTPUT, -1, need[TN_ROLE_OUTPUT], &m->output))) goto fail;
     if (!m->output.data) m->output = m->tok_embd; /* tied embeddings */
     if ((s = tn_bind(g, hp, TN_ROLE_ROPE_FREQS, -1, need[TN_ROLE_ROPE_FREQS], &m->rope_freqs))) goto fail;
+    if ((s = tn_bind(g, hp, TN_ROLE_ROPE_FACTORS_LONG, -1, need[TN_ROLE_ROPE_FACTORS_LONG], &m->rope_long))) goto fail;
+    if ((s = tn_bind(g, hp, TN_ROLE_ROPE_FACTORS_SHORT, -1, need[TN_ROLE_ROPE_FACTORS_SHORT], &m->rope_short))) goto fail;
     m->layers = tn_calloc((size_t)hp->n_layer, sizeof *m->layers);
     if (!m->layers) {
         s = tn_err(TERN_ERR_NOMEM, "model: out of memory");
         goto fail;
     }
-    for (int32_t il = 0; il < hp->n_layer; il++)
+    for (int32_t il = 0; il < hp->n_layer; il++) {
         for (int r = 0; r < TN_ROLE_N_LAYER; r++)
             if ((s = tn_bind(g, hp, (tn_role)r, il, need[r], &m->layers[il].w[r]))) goto fail;
+        tn_bind_fused(hp, &m->layers[il]);
+    }
     if ((s = tn_check_extra(g, hp))) goto fail;
     for (uint64_t i = 0; i < g->n_tensors; i++) {
         const tn_gguf_tensor *t = &g->tensors[i];

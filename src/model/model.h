@@ -37,8 +37,14 @@ typedef struct tn_hparams {
     float attn_scale;     /* scores = attn_scale * q.k (1 / sqrt(head_dim) by default)   */
     int32_t n_swa;        /* > 0: local layers attend to their last n_swa positions      */
     int32_t swa_period;   /* layer il is local when il % swa_period < swa_period - 1     */
-    float rope_base_swa;  /* local layers' rope.freq_base (their frequency scale is 1)   */
+    float rope_base_swa;  /* local layers' rope.freq_base                                */
+    float rope_scale_swa; /* local layers' frequency scale (gemma3: 1; gemma2: the file's) */
     float logit_softcap;  /* > 0: logits = cap * tanh(logits / cap)                      */
+    float attn_softcap;   /* > 0: attention scores = cap * tanh(scores / cap) (gemma2)   */
+    int32_t n_ctx_orig;   /* rope.scaling.original_context_length (default n_ctx_train):
+                           * LongRoPE uses the long factors in a context longer than it   */
+    float rope_attn_factor; /* rope.scaling.attn_factor: rotated dims of q and k scaled by it
+                             * (ggml's rope mscale; 1 by default)                            */
 } tn_hparams;
 
 /* A weight view: type, shape (ne[0] = row length) and bytes in the mapped file. */
@@ -75,6 +81,8 @@ struct tern_model {
     tn_vocab *vocab;
     tn_tensor tok_embd, output_norm, output; /* output == tok_embd when tied */
     tn_tensor rope_freqs;                    /* Llama 3.1 frequency factors, optional */
+    tn_tensor rope_long, rope_short;         /* LongRoPE factors (phi3), optional; a context
+                                              * picks one set (tn_model_rope_factors)   */
     tn_layer *layers;
     uint64_t n_params;
     uint64_t weight_bytes;
@@ -88,12 +96,24 @@ struct tern_model {
  * the key or tensor (robustness.md G25..G28). */
 tern_status tn_model_load_gguf(tn_gguf *g, tern_model **out);
 
+/* Key "<arch>.<suffix>" as an integer in lo..hi into *out (absent and not required: *out keeps its
+ * default); out of range or of the wrong type: TERN_ERR_FORMAT naming the key and the value. */
+tern_status tn_model_key_dim(const tn_gguf *g, const char *arch, const char *suffix, bool required, int64_t lo, int64_t hi,
+                             int32_t *out);
+/* Optional key "<arch>.<suffix>" as a finite float into *out (absent: *out keeps its default). */
+tern_status tn_model_key_float(const tn_gguf *g, const char *arch, const char *suffix, float *out);
+
 /* Moves q4_0, q8_0 and symmetric tq4 weight matrices into the *_r16 layouts and tq1 matrices into
  * the *_l32 layouts (quant/repack.h; rows a multiple of the layout's group; not a tied output)
  * where the kernel table has a SIMD kernel for them; from a mapped file, every other matrix (not a
  * tied output) is copied as it is, so that all of them sit in one buffer of 2 MiB pages
  * (TERN_HUGEPAGES=0: 4 KiB). The file pages of moved tensors are released from the mapping. */
 tern_status tn_model_repack(tern_model *m);
+
+/* The RoPE frequency factors (n_rot / 2 floats, or NULL) a context of n_ctx positions uses:
+ * rope_freqs, else LongRoPE's long set when n_ctx > n_ctx_orig and its short set otherwise
+ * (llama.cpp's llama_model::get_rope_factors). */
+const float *tn_model_rope_factors(const tern_model *m, int32_t n_ctx);
 
 /* Row `row` of a weight matrix as floats (k = ne[0]); used for embedding lookup. */
 void tn_tensor_get_row(const tn_tensor *t, int64_t row, float *out);

@@ -21,12 +21,13 @@ void tn_op_rmsnorm(const float *x, float *y, const float *w, int64_t d, float ep
 
 void tn_op_rope_cache(const tn_hparams *hp, const float *ff, int64_t pos, float *cs) {
     const float theta_scale = powf(hp->rope_freq_base, -2.0f / (float)hp->n_rot);
+    const float ms = hp->rope_attn_factor > 0 ? hp->rope_attn_factor : 1.0f; /* ggml's mscale */
     float theta = (float)pos;
     for (int32_t i0 = 0; i0 < hp->n_rot; i0 += 2) {
         const float f = ff ? ff[i0 / 2] : 1.0f;
         const float th = hp->rope_freq_scale * (theta / f);
-        cs[i0] = cosf(th);
-        cs[i0 + 1] = sinf(th);
+        cs[i0] = cosf(th) * ms;
+        cs[i0 + 1] = sinf(th) * ms;
         theta *= theta_scale;
     }
 }

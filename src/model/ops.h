@@ -10,8 +10,9 @@
 
 /* y = x / sqrt(mean(x^2) + eps) * w   (one row of d; y may alias x). */
 void tn_op_rmsnorm(const float *x, float *y, const float *w, int64_t d, float eps);
-/* cos/sin pairs for position pos: cs[2i] = cos(theta_i), cs[2i+1] = sin(theta_i), i < n_rot/2,
- * theta_i = freq_scale * pos * base^(-2i/n_rot) / freq_factor_i  (ggml_rope_cache_init). */
+/* cos/sin pairs for position pos: cs[2i] = m cos(theta_i), cs[2i+1] = m sin(theta_i), i < n_rot/2,
+ * theta_i = freq_scale * pos * base^(-2i/n_rot) / freq_factor_i, m = rope_attn_factor (1 when 0)
+ * (ggml_rope_cache_init with its mscale). */
 void tn_op_rope_cache(const tn_hparams *hp, const float *freq_factors, int64_t pos, float *cs);
 /* Rotates the first n_rot dims of each of n_heads heads (head_dim apart) in place; sign = +1
  * forward, -1 applies the inverse rotation (the backward pass of RoPE). */

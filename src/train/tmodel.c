@@ -27,16 +27,17 @@ const tn_arch_desc *tn_train_arch(const tn_train_cfg *c) { return c->arch ? c->a
 
 /* The roles the training block has a forward and a backward for. */
 static bool role_trainable(int r) {
-    switch (r) {
-    case TN_ROLE_ATTN_POST_NORM:
-    case TN_ROLE_FFN_POST_NORM:
-    case TN_ROLE_ROPE_FREQS: return false;
-    default: return r >= 0 && r < TN_ROLE_COUNT;
+    switch (r) { /* the roles the training block has a forward and a backward for */
+    case TN_ROLE_ATTN_NORM: case TN_ROLE_ATTN_Q: case TN_ROLE_ATTN_K: case TN_ROLE_ATTN_V: case TN_ROLE_ATTN_OUT:
+    case TN_ROLE_ATTN_Q_B: case TN_ROLE_ATTN_K_B: case TN_ROLE_ATTN_V_B: case TN_ROLE_ATTN_Q_NORM:
+    case TN_ROLE_ATTN_K_NORM: case TN_ROLE_FFN_NORM: case TN_ROLE_FFN_GATE: case TN_ROLE_FFN_UP:
+    case TN_ROLE_FFN_DOWN: case TN_ROLE_TOKEN_EMBD: case TN_ROLE_OUTPUT_NORM: case TN_ROLE_OUTPUT: return true;
+    default: return false; /* post norms, rope factors, fused q|k|v, and any role added later */
     }
 }
 
 bool tn_train_arch_ok(const tn_arch_desc *a) {
-    if (!a || a->ffn != TN_FFN_SWIGLU || a->nope_step > 0 || a->embd_scale || a->synth_swa) return false;
+    if (!a || a->ffn != TN_FFN_SWIGLU || a->nope_step > 0 || a->embd_scale || a->synth_swa || a->gate_up_fused) return false;
     for (int r = 0; r < TN_ROLE_COUNT; r++)
         if (a->need[r] == TN_NEED_REQ && !role_trainable(r)) return false;
     return true;

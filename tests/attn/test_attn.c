@@ -5,7 +5,8 @@
  * against the scalar reference (same rounding points; only the q·k summation order differs, so
  * 1e-5 in f32 mode and 2 f16 ulps of the accumulator in f16 mode). Sizes: head sizes 8 (tail
  * path), 16, 64, 128, 80; T = 1, 2, 17, 64, 257; per call 1..8 query heads over 1..4 kv heads
- * (grouped-query attention, rep query heads per kv head), every head checked on its own.
+ * (grouped-query attention, rep query heads per kv head), every head checked on its own. The
+ * soft-capped variant (gemma2) against the direct computation with the cap.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -22,14 +23,16 @@ static float frand(uint64_t *s) {
     return (float)((*s >> 40) & 0xFFFFFF) / 16777216.0f * 2.0f - 1.0f;
 }
 
-/* softmax(q . K) V in double for one head whose K / V rows are ld halves apart */
-static void direct(int64_t hd, int64_t T, const float *q, const uint16_t *K, const uint16_t *V, int64_t ld, float scale,
-                   double *out) {
+/* softmax(q . K) V in double for one head whose K / V rows are ld halves apart; cap > 0: scores
+ * soft-capped, cap * tanh(s / cap) */
+static void direct_cap(int64_t hd, int64_t T, const float *q, const uint16_t *K, const uint16_t *V, int64_t ld,
+                       float scale, double cap, double *out) {
     double *s = malloc((size_t)T * sizeof *s), mx = -1e300, sum = 0;
     for (int64_t t = 0; t < T; t++) {
         double d = 0;
         for (int64_t i = 0; i < hd; i++) d += (double)q[i] * tn_fp16_to_fp32(K[t * ld + i]);
         s[t] = d * scale;
+        if (cap > 0) s[t] = cap * tanh(s[t] / cap);
         if (s[t] > mx) mx = s[t];
     }
     for (int64_t t = 0; t < T; t++) sum += (s[t] = exp(s[t] - mx));
@@ -39,6 +42,11 @@ static void direct(int64_t hd, int64_t T, const float *q, const uint16_t *K, con
         out[i] = a;
     }
     free(s);
+}
+
+static void direct(int64_t hd, int64_t T, const float *q, const uint16_t *K, const uint16_t *V, int64_t ld, float scale,
+                   double *out) {
+    direct_cap(hd, T, q, K, V, ld, scale, 0.0, out);
 }
 
 static void test_attn(void **state) {
@@ -118,7 +126,55 @@ static void test_attn_paged(void **state) {
     free(K), free(V), free(Kp), free(Vp);
 }
 
+/* Soft-capped scores (gemma2), the one (scalar) kernel of every table, against the direct
+ * computation with the caps applied: caps 0.5 and 4 over scores up to ~4 (q of 4 * U(-1, 1),
+ * scale 1 / sqrt(hd) * 4), so tanh saturates on some keys and not others; the same bounds as the
+ * plain kernel. A cap far above the scores gives the plain kernel's output within 1e-4 (scores reach
+ * ~15 here, and scale / cap * cap is rounded). */
+static void test_attn_softcap(void **state) {
+    (void)state;
+    const int64_t hds[] = {64, 128, 80}, Ts[] = {1, 17, 257};
+    uint64_t seed = 5;
+    for (int isa = 0; isa < TN_ISA_COUNT; isa++) {
+        const tn_kern_table *kt = tn_kern_at((tn_isa)isa);
+        if (!kt) continue;
+        assert_non_null(kt->attn_softcap);
+        for (size_t a = 0; a < 3; a++)
+            for (size_t b = 0; b < 3; b++) {
+                const int64_t hd = hds[a], T = Ts[b], nh = 4, rep = 2, ld = 2 * hd;
+                float *q = malloc((size_t)(nh * hd) * 4), *o = malloc((size_t)(nh * hd) * 4);
+                float *o2 = malloc((size_t)(nh * hd) * 4), *scr = malloc((size_t)(nh * hd) * 8);
+                uint16_t *K = malloc((size_t)(T * ld) * 2), *V = malloc((size_t)(T * ld) * 2);
+                double *want = malloc((size_t)(nh * hd) * 8);
+                for (int64_t i = 0; i < nh * hd; i++) q[i] = 4.0f * frand(&seed);
+                for (int64_t i = 0; i < T * ld; i++) K[i] = tn_fp32_to_fp16(frand(&seed)), V[i] = tn_fp32_to_fp16(frand(&seed));
+                const float scale = 4.0f / sqrtf((float)hd), caps[] = {0.5f, 4.0f};
+                for (int c = 0; c < 2; c++) {
+                    for (int64_t j = 0; j < nh; j++)
+                        direct_cap(hd, T, q + j * hd, K + (j / rep) * hd, V + (j / rep) * hd, ld, scale, caps[c], want + j * hd);
+                    for (int acc16 = 0; acc16 <= 1; acc16++) {
+                        kt->attn_softcap(hd, T, nh, rep, q, K, V, ld, NULL, 0, scale, caps[c], acc16, o, scr);
+                        for (int64_t i = 0; i < nh * hd; i++) {
+                            double tol = acc16 ? ldexp(sqrt((double)T + 1), -10) : 1e-5 * (fabs(want[i]) + 0.05);
+                            if (fabs(o[i] - want[i]) > tol)
+                                fail_msg("%s softcap %g hd=%lld T=%lld acc16=%d [%lld]: %g vs %g", tn_isa_name((tn_isa)isa),
+                                         caps[c], (long long)hd, (long long)T, acc16, (long long)i, o[i], want[i]);
+                        }
+                    }
+                }
+                kt->attn_softcap(hd, T, nh, rep, q, K, V, ld, NULL, 0, scale, 1e6f, false, o, scr);
+                kt->attn(hd, T, nh, rep, q, K, V, ld, NULL, 0, scale, false, o2, scr);
+                for (int64_t i = 0; i < nh * hd; i++)
+                    if (fabs(o[i] - o2[i]) > 1e-4 * (fabs(o2[i]) + 0.05)) /* scale / cap * cap: float rounding */
+                        fail_msg("%s cap 1e6 hd=%lld T=%lld [%lld]: %g vs plain %g", tn_isa_name((tn_isa)isa), (long long)hd,
+                                 (long long)T, (long long)i, o[i], o2[i]);
+                free(q), free(o), free(o2), free(scr), free(K), free(V), free(want);
+            }
+    }
+}
+
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_attn), cmocka_unit_test(test_attn_paged)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_attn), cmocka_unit_test(test_attn_paged),
+                                       cmocka_unit_test(test_attn_softcap)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -95,6 +95,21 @@ expect 0 "synth gemma3" -- "$TERN" synth --arch gemma3 --preset tiny --type q4_0
 expect 0 "generate gemma3 past its window" -- "$TERN" generate -m "$TMP/g3.gguf" -p "once upon a time" -n 12 --temp 0 -t 2
 expect 0 "info gemma3" -- "$TERN" info "$TMP/g3.gguf"
 grep -q "sliding window: 4 positions" "$TMP/out" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL: tern info lacks gemma3's window"; }
+expect 0 "synth gemma2" -- "$TERN" synth --arch gemma2 --preset tiny --type q8_0 -o "$TMP/g2.gguf"
+expect 0 "generate gemma2 past its window" -- "$TERN" generate -m "$TMP/g2.gguf" -p "once upon a time" -n 12 --temp 0 -t 2
+expect 0 "info gemma2" -- "$TERN" info "$TMP/g2.gguf"
+grep -q "sliding window: 4 positions on layers il % 2 < 1" "$TMP/out" && grep -q "attention score soft-capping at 50" "$TMP/out" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL: tern info lacks gemma2's window or caps"; }
+# gemma2's attention cap 50.0f (00 00 48 42 after the key and its f32 type) made -50: exit 65 naming the key
+perl -0777 -pe 's/(attn_logit_softcapping\x06\x00\x00\x00)\x00\x00\x48\x42/${1}\x00\x00\x48\xc2/s' "$TMP/g2.gguf" > "$TMP/g2neg.gguf"
+expect 65 "gemma2 with a negative attention cap" -- "$TERN" generate -m "$TMP/g2neg.gguf" -p hi -n 1
+expect_one_err "key 'gemma2.attn_logit_softcapping' = -50 must be a number > 0" "negative cap: the key named"
+expect 0 "synth phi3" -- "$TERN" synth --arch phi3 --preset tiny --type q4_0 -o "$TMP/p3.gguf"
+expect 0 "generate phi3 (long factors: context 128 > 32)" -- "$TERN" generate -m "$TMP/p3.gguf" -p "once upon a time" -n 8 --temp 0 -t 2
+expect 0 "generate phi3 (short factors: context 32)" -- "$TERN" generate -m "$TMP/p3.gguf" -p "once upon a time" -n 8 --temp 0 -t 2 -c 32
+expect 0 "info phi3" -- "$TERN" info "$TMP/p3.gguf"
+grep -q "rope neox, 12 dims" "$TMP/out" && grep -q "LongRoPE: long factors in a context > 32 positions" "$TMP/out" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL: tern info lacks phi3's partial rotary or LongRoPE"; }
+expect 0 "info --arch phi3" -- "$TERN" info --arch phi3
+grep -q "blk.N.attn_qkv.weight *required" "$TMP/out" && grep -q "2\*n_ff (gate|up)" "$TMP/out" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL: tern info --arch phi3 lacks its fused tensors"; }
 expect 64 "synth unknown arch" -- "$TERN" synth --arch gptx --preset tiny -o "$TMP/x.gguf"
 expect_err "qwen3" "synth unknown arch lists the families"
 perl -0777 -pe 's/llama\./qwen3./g; s/(general\.architecture.{12})llama/${1}qwen3/s' "$MODEL" > "$TMP/relabel.gguf"

@@ -65,7 +65,9 @@ static tern_status tiny_fill(void *user, size_t idx, void *dst, size_t nbytes) {
     for (int64_t r = 0; r < ne1; r++) {
         for (int64_t i = 0; i < ne0; i++) {
             float z = tiny_normal(&st);
-            row[i] = f->kind[idx] == 'n' ? 1.0f + 0.1f * z : f->kind[idx] == 'b' ? 0.1f * z : z * sc;
+            /* 'r': RoPE frequency factors, > 0 and varied (0.5 .. ~4) */
+            row[i] = f->kind[idx] == 'n' ? 1.0f + 0.1f * z : f->kind[idx] == 'b' ? 0.1f * z
+                   : f->kind[idx] == 'r' ? 0.5f + fabsf(z) * 1.2f : z * sc;
         }
         if (tn_tq_is(f->ty[idx])) { /* tern's any-bit types: their reference quantizer */
             tn_tq_params p;
@@ -107,6 +109,16 @@ tern_status tiny_model_write(const char *path, const tiny_cfg *c) {
         snprintf(key, sizeof key, "%s.final_logit_softcapping", a);
         tn_gguf_set_f32(w, key, c->softcap);
     }
+    if (c->n_rot) U32("rope.dimension_count", c->n_rot);
+    if (c->n_ctx_orig) U32("rope.scaling.original_context_length", c->n_ctx_orig);
+    if (c->rope_attn_factor > 0) {
+        snprintf(key, sizeof key, "%s.rope.scaling.attn_factor", a);
+        tn_gguf_set_f32(w, key, c->rope_attn_factor);
+    }
+    if (c->attn_softcap > 0) {
+        snprintf(key, sizeof key, "%s.attn_logit_softcapping", a);
+        tn_gguf_set_f32(w, key, c->attn_softcap);
+    }
 #undef U32
     snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", a);
     tn_gguf_set_f32(w, key, 1e-5f);
@@ -145,7 +157,7 @@ tern_status tiny_model_write(const char *path, const tiny_cfg *c) {
     tn_gguf_set_u32(w, "tokenizer.ggml.unknown_token_id", 0);
     size_t k = 0;
     const int64_t hd = c->head_dim ? c->head_dim : c->n_embd / c->n_head, kv = hd * c->n_head_kv, qd = hd * c->n_head;
-    const bool qwen3 = !strcmp(a, "qwen3"), gemma3 = !strcmp(a, "gemma3");
+    const bool qwen3 = !strcmp(a, "qwen3"), gemma3 = !strcmp(a, "gemma3"), gemma = gemma3 || !strcmp(a, "gemma2");
 #define ADD(nm, a0, a1, ty_, kd)                                                          \
     do {                                                                                  \
         f.ne0[k] = (a0), f.ne1[k] = (a1), f.ty[k] = (ty_), f.kind[k] = (kd);              \
@@ -153,14 +165,19 @@ tern_status tiny_model_write(const char *path, const tiny_cfg *c) {
         if ((s = tn_gguf_add_tensor(w, nm, (ty_), (a1) == 1 ? 1 : 2, ne_, NULL))) goto done; \
         k++;                                                                              \
     } while (0)
+    const bool phi3 = !strcmp(a, "phi3");
     ADD("token_embd.weight", c->n_embd, nv, c->out_type, 'w');
     for (int64_t l = 0; l < c->n_layer && k + 16 < 512; l++) {
         char n[64];
 #define L(sfx, a0, a1, ty_, kd) snprintf(n, sizeof n, "blk.%lld." sfx, (long long)l); ADD(n, a0, a1, ty_, kd)
         L("attn_norm.weight", c->n_embd, 1, TN_F32, 'n');
-        L("attn_q.weight", c->n_embd, qd, c->wtype, 'w');
-        L("attn_k.weight", c->n_embd, kv, c->wtype, 'w');
-        L("attn_v.weight", c->n_embd, kv, c->wtype, 'w');
+        if (phi3) { /* llama.cpp src/models/phi3.cpp: {n_embd, n_embd + 2 n_embd_gqa} */
+            L("attn_qkv.weight", c->n_embd, qd + 2 * kv, c->wtype, 'w');
+        } else {
+            L("attn_q.weight", c->n_embd, qd, c->wtype, 'w');
+            L("attn_k.weight", c->n_embd, kv, c->wtype, 'w');
+            L("attn_v.weight", c->n_embd, kv, c->wtype, 'w');
+        }
         if (!strcmp(a, "qwen2")) {
             L("attn_q.bias", qd, 1, TN_F32, 'b');
             L("attn_k.bias", kv, 1, TN_F32, 'b');
@@ -171,16 +188,25 @@ tern_status tiny_model_write(const char *path, const tiny_cfg *c) {
             L("attn_k_norm.weight", hd, 1, TN_F32, 'n');
             L("attn_q_norm.weight", hd, 1, TN_F32, 'n');
         }
-        if (gemma3) { L("post_attention_norm.weight", c->n_embd, 1, TN_F32, 'n'); } /* {n_embd} */
+        if (gemma) { L("post_attention_norm.weight", c->n_embd, 1, TN_F32, 'n'); } /* {n_embd}; gemma2.cpp too */
         L("ffn_norm.weight", c->n_embd, 1, TN_F32, 'n');
-        L("ffn_gate.weight", c->n_embd, c->n_ff, c->wtype, 'w');
-        L("ffn_up.weight", c->n_embd, c->n_ff, c->wtype, 'w');
+        if (phi3) { /* {n_embd, 2 n_ff}: gate then up */
+            L("ffn_up.weight", c->n_embd, 2 * c->n_ff, c->wtype, 'w');
+        } else {
+            L("ffn_gate.weight", c->n_embd, c->n_ff, c->wtype, 'w');
+            L("ffn_up.weight", c->n_embd, c->n_ff, c->wtype, 'w');
+        }
         L("ffn_down.weight", c->n_ff, c->n_embd, c->wtype, 'w');
-        if (gemma3) { L("post_ffw_norm.weight", c->n_embd, 1, TN_F32, 'n'); } /* {n_embd} */
+        if (gemma) { L("post_ffw_norm.weight", c->n_embd, 1, TN_F32, 'n'); } /* {n_embd} */
 #undef L
     }
     ADD("output_norm.weight", c->n_embd, 1, TN_F32, 'n');
     if (!c->tied) ADD("output.weight", c->n_embd, nv, c->out_type, 'w');
+    if (phi3) { /* {n_rot / 2} each (llama.cpp names them without a layer) */
+        const int64_t nr = c->n_rot ? c->n_rot : hd;
+        ADD("rope_factors_long.weight", nr / 2, 1, TN_F32, 'r');
+        ADD("rope_factors_short.weight", nr / 2, 1, TN_F32, 'r');
+    }
 #undef ADD
     s = tn_gguf_write(w, path, tiny_fill, &f);
 done:

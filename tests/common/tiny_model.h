@@ -13,11 +13,16 @@
 #include "tensor/dtype.h"
 
 typedef struct tiny_cfg {
-    const char *arch;     /* "llama", "qwen2", "qwen3", "smollm3" (llama's tensors) or "gemma3" */
+    const char *arch;     /* "llama", "qwen2", "qwen3", "smollm3" (llama's tensors), "gemma2", "gemma3"
+                           * or "phi3" (fused attn_qkv and gate|up ffn_up, LongRoPE factors)  */
     int64_t n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx;
     int64_t head_dim;     /* 0: n_embd / n_head; else written as attention.key_length / value_length */
-    int64_t n_swa;        /* gemma3: attention.sliding_window (0: not written)                        */
-    float softcap;        /* gemma3: final_logit_softcapping (0: not written)                        */
+    int64_t n_swa;        /* gemma: attention.sliding_window (0: not written)                         */
+    float softcap;        /* gemma: final_logit_softcapping (0: not written)                         */
+    float attn_softcap;   /* gemma2: attn_logit_softcapping (0: not written)                         */
+    int64_t n_rot;        /* rope.dimension_count (0: not written; phi3 partial rotary)              */
+    int64_t n_ctx_orig;   /* phi3: rope.scaling.original_context_length (0: not written)             */
+    float rope_attn_factor; /* phi3: rope.scaling.attn_factor (0: not written)                       */
     tn_dtype wtype;       /* type of the matrices (norms/biases stay f32)  */
     tn_dtype out_type;    /* type of output.weight and token_embd          */
     bool tied;            /* no output.weight                              */

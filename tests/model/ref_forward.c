@@ -2,9 +2,11 @@
  * ref_forward.c — see ref_forward.h.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kern/kern.h"
 #include "quant/quant.h"
 #include "ref_forward.h"
 
@@ -20,6 +22,8 @@ struct ref_model {
     ref_mat emb, out;
     ref_mat *wq, *wk, *wv, *wo, *wg, *wu, *wd;
     double *kc, *vc; /* [layer][pos][kv_dim] */
+    const float *ff; /* RoPE frequency factors (llama 3.1's rope_freqs; phi3: LongRoPE's choice) */
+    double mscale;   /* phi3: rope.scaling.attn_factor on the rotated dims                       */
 };
 
 static ref_mat ref_deq(const tn_tensor *t) {
@@ -30,11 +34,50 @@ static ref_mat ref_deq(const tn_tensor *t) {
     return r;
 }
 
+/* Rows r0 .. r0 + rows - 1 of file tensor `name` (a fused matrix), dequantized from the file's
+ * bytes with the type's plain row converter: the split is the reference's own, not the loader's. */
+static ref_mat ref_deq_file_rows(const tern_model *m, const char *name, int64_t r0, int64_t rows) {
+    const tn_gguf_tensor *gt = tn_gguf_find_tensor(m->gguf, name);
+    ref_mat r = {NULL, rows, gt ? gt->ne[0] : 0};
+    if (!gt) return r;
+    r.w = malloc((size_t)(r.rows * r.cols) * sizeof(float));
+    const size_t rb = tn_dtype_row_size(gt->type, gt->ne[0]);
+    for (int64_t i = 0; i < rows; i++)
+        tn_kern()->slot[gt->type].to_float((const uint8_t *)gt->data + (size_t)(r0 + i) * rb, r.w + i * r.cols, r.cols);
+    return r;
+}
+
+/* phi3: q | k | v rows of attn_qkv, gate | up rows of ffn_up (llama.cpp build_qkv / ggml_swiglu);
+ * LongRoPE's factor set for a context of n_ctx and its attention factor, read from the file. */
+static void ref_phi3(ref_model *r, int32_t l) {
+    const tn_hparams *hp = &r->hp;
+    const int64_t qd = (int64_t)hp->n_head * hp->head_dim, kvd = (int64_t)hp->n_head_kv * hp->head_dim;
+    char n[64];
+    snprintf(n, sizeof n, "blk.%d.attn_qkv.weight", (int)l);
+    r->wq[l] = ref_deq_file_rows(r->m, n, 0, qd);
+    r->wk[l] = ref_deq_file_rows(r->m, n, qd, kvd);
+    r->wv[l] = ref_deq_file_rows(r->m, n, qd + kvd, kvd);
+    snprintf(n, sizeof n, "blk.%d.ffn_up.weight", (int)l);
+    r->wg[l] = ref_deq_file_rows(r->m, n, 0, hp->n_ff);
+    r->wu[l] = ref_deq_file_rows(r->m, n, hp->n_ff, hp->n_ff);
+    if (l) return;
+    int64_t orig = 0;
+    float af = 1.0f;
+    if (tn_gguf_get_i64(r->m->gguf, "phi3.rope.scaling.original_context_length", false, &orig) || !orig)
+        tn_gguf_get_i64(r->m->gguf, "phi3.context_length", true, &orig);
+    tn_gguf_get_f32(r->m->gguf, "phi3.rope.scaling.attn_factor", false, &af);
+    const tn_gguf_tensor *f = tn_gguf_find_tensor(r->m->gguf, r->n_ctx > orig ? "rope_factors_long.weight" : "rope_factors_short.weight");
+    r->ff = f ? (const float *)f->data : NULL;
+    r->mscale = af;
+}
+
 ref_model *ref_create(const tern_model *m, int32_t n_ctx) {
     ref_model *r = calloc(1, sizeof *r);
     r->m = m;
     r->hp = m->hp;
     r->n_ctx = n_ctx;
+    r->ff = m->rope_freqs.data;
+    r->mscale = 1.0;
     int32_t nl = r->hp.n_layer;
     r->emb = ref_deq(&m->tok_embd);
     r->out = ref_deq(&m->output);
@@ -42,12 +85,16 @@ ref_model *ref_create(const tern_model *m, int32_t n_ctx) {
     for (size_t i = 0; i < 7; i++) *all[i] = calloc((size_t)nl, sizeof(ref_mat));
     for (int32_t l = 0; l < nl; l++) {
         const tn_tensor *w = m->layers[l].w;
-        r->wq[l] = ref_deq(&w[TN_ROLE_ATTN_Q]);
-        r->wk[l] = ref_deq(&w[TN_ROLE_ATTN_K]);
-        r->wv[l] = ref_deq(&w[TN_ROLE_ATTN_V]);
+        if (r->hp.arch == TN_ARCH_PHI3) {
+            ref_phi3(r, l);
+        } else {
+            r->wq[l] = ref_deq(&w[TN_ROLE_ATTN_Q]);
+            r->wk[l] = ref_deq(&w[TN_ROLE_ATTN_K]);
+            r->wv[l] = ref_deq(&w[TN_ROLE_ATTN_V]);
+            r->wg[l] = ref_deq(&w[TN_ROLE_FFN_GATE]);
+            r->wu[l] = ref_deq(&w[TN_ROLE_FFN_UP]);
+        }
         r->wo[l] = ref_deq(&w[TN_ROLE_ATTN_OUT]);
-        r->wg[l] = ref_deq(&w[TN_ROLE_FFN_GATE]);
-        r->wu[l] = ref_deq(&w[TN_ROLE_FFN_UP]);
         r->wd[l] = ref_deq(&w[TN_ROLE_FFN_DOWN]);
     }
     size_t kvn = (size_t)nl * (size_t)n_ctx * (size_t)(r->hp.n_head_kv * r->hp.head_dim);
@@ -85,7 +132,10 @@ static void rmsnorm(const double *x, const float *w, double *y, int64_t n, doubl
     for (int64_t i = 0; i < n; i++) y[i] = x[i] * sc * w[i];
 }
 
-static void rope(const tn_hparams *hp, double base, double fscale, const float *ff, double *v, int32_t n_heads, int32_t pos) {
+/* Rotates the first n_rot dims of each head (the rest untouched: partial rotary), by angles
+ * pos * fscale * base^(-2i/n_rot) / ff[i], the rotated values times mscale. */
+static void rope(const tn_hparams *hp, double base, double fscale, const float *ff, double mscale, double *v, int32_t n_heads,
+                 int32_t pos) {
     for (int32_t h = 0; h < n_heads; h++) {
         double *x = v + (int64_t)h * hp->head_dim;
         for (int32_t i = 0; i < hp->n_rot / 2; i++) {
@@ -97,8 +147,8 @@ static void rope(const tn_hparams *hp, double base, double fscale, const float *
             int32_t a = adjacent ? 2 * i : i;
             int32_t b = adjacent ? 2 * i + 1 : i + hp->n_rot / 2;
             double x0 = x[a], x1 = x[b];
-            x[a] = x0 * co - x1 * si;
-            x[b] = x0 * si + x1 * co;
+            x[a] = (x0 * co - x1 * si) * mscale;
+            x[b] = (x0 * si + x1 * co) * mscale;
         }
     }
 }
@@ -112,7 +162,7 @@ void ref_step(ref_model *r, int32_t token, double *logits, double *layers) {
     double *o = malloc((size_t)d * sizeof *o), *g = malloc((size_t)ff * sizeof *g), *u = malloc((size_t)ff * sizeof *u);
     double *sc = malloc((size_t)r->n_ctx * sizeof *sc);
     const int32_t pos = r->pos;
-    const bool gemma = hp->arch == TN_ARCH_GEMMA3;
+    const bool gemma2 = hp->arch == TN_ARCH_GEMMA2, gemma = hp->arch == TN_ARCH_GEMMA3 || gemma2;
     for (int64_t i = 0; i < d; i++) x[i] = r->emb.w[(int64_t)token * d + i] * (gemma ? sqrt((double)d) : 1.0);
     for (int32_t l = 0; l < hp->n_layer; l++) {
         const tn_tensor *w = r->m->layers[l].w;
@@ -128,7 +178,7 @@ void ref_step(ref_model *r, int32_t token, double *logits, double *layers) {
             for (int64_t i = 0; i < kvd; i++) v[i] += ((const float *)w[TN_ROLE_ATTN_V_B].data)[i];
         /* qwen3: every head of q and of k RMS-normalized over its head_dim values (Qwen3Attention's
          * q_norm / k_norm), then rotated */
-        if (hp->arch == TN_ARCH_QWEN3 || gemma) {
+        if (hp->arch == TN_ARCH_QWEN3 || hp->arch == TN_ARCH_GEMMA3) {
             for (int32_t h = 0; h < hp->n_head; h++) rmsnorm(q + h * hd, w[TN_ROLE_ATTN_Q_NORM].data, q + h * hd, hd, hp->rms_eps);
             for (int32_t h = 0; h < hp->n_head_kv; h++) rmsnorm(k + h * hd, w[TN_ROLE_ATTN_K_NORM].data, k + h * hd, hd, hp->rms_eps);
         }
@@ -136,14 +186,20 @@ void ref_step(ref_model *r, int32_t token, double *logits, double *layers) {
         const bool nope = hp->arch == TN_ARCH_SMOLLM3 && l % 4 == 3;
         /* gemma3: local (sliding-window) layers are all but every swa_period-th, RoPE base 10000
          * (or rope.freq_base_swa) without scaling; global layers the file's base and scaling */
-        const bool local = gemma && hp->n_swa > 0 && l % hp->swa_period != hp->swa_period - 1;
-        const double base = local ? hp->rope_base_swa : hp->rope_freq_base, fscale = local ? 1.0 : hp->rope_freq_scale;
+        /* gemma2: the even layers are local (Gemma 2 alternates local and global attention, first
+         * local), one RoPE for all */
+        const bool local = gemma2 ? hp->n_swa > 0 && l % 2 == 0
+                                  : gemma && hp->n_swa > 0 && l % hp->swa_period != hp->swa_period - 1;
+        const double base = local && !gemma2 ? hp->rope_base_swa : hp->rope_freq_base;
+        const double fscale = local && !gemma2 ? 1.0 : hp->rope_freq_scale;
         if (!nope) {
-            rope(hp, base, fscale, r->m->rope_freqs.data, q, hp->n_head, pos);
-            rope(hp, base, fscale, r->m->rope_freqs.data, k, hp->n_head_kv, pos);
+            rope(hp, base, fscale, r->ff, r->mscale, q, hp->n_head, pos);
+            rope(hp, base, fscale, r->ff, r->mscale, k, hp->n_head_kv, pos);
         }
-        /* scores: q.k / sqrt(head_dim); gemma3 27B (62 layers): / sqrt(n_embd / n_head) */
-        const double qscale = gemma && hp->n_layer == 62 ? 1.0 / sqrt((double)(d / hp->n_head)) : 1.0 / sqrt((double)hd);
+        /* scores: q.k / sqrt(head_dim); gemma3 27B (62 layers), gemma2 27B (46): / sqrt(n_embd / n_head);
+         * gemma2 soft-caps them: cap * tanh(s / cap) */
+        const bool big = (gemma2 && hp->n_layer == 46) || (gemma && !gemma2 && hp->n_layer == 62);
+        const double qscale = big ? 1.0 / sqrt((double)(d / hp->n_head)) : 1.0 / sqrt((double)hd);
         const int32_t t_first = local && pos >= hp->n_swa ? pos - hp->n_swa + 1 : 0; /* the window: n_swa positions */
         double *K = r->kc + ((size_t)l * r->n_ctx) * kvd, *V = r->vc + ((size_t)l * r->n_ctx) * kvd;
         memcpy(K + (size_t)pos * kvd, k, (size_t)kvd * sizeof *k);
@@ -155,6 +211,7 @@ void ref_step(ref_model *r, int32_t token, double *logits, double *layers) {
                 double s = 0;
                 for (int64_t i = 0; i < hd; i++) s += q[h * hd + i] * K[(size_t)t * kvd + kh * hd + i];
                 sc[t] = s * qscale;
+                if (gemma2) sc[t] = hp->attn_softcap * tanh(sc[t] / hp->attn_softcap);
                 if (sc[t] > mx) mx = sc[t];
             }
             for (int32_t t = t_first; t <= pos; t++) sum += (sc[t] = exp(sc[t] - mx));

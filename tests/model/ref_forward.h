@@ -1,5 +1,5 @@
 /*
- * ref_forward.h — an independent, plain double-precision llama/qwen2/qwen3 forward pass for tests:
+ * ref_forward.h — an independent, plain double-precision forward pass of every family for tests:
  * weights dequantized once to float, no activation quantization, no f16 KV cache, textbook
  * formulas (RoPE angles computed directly as pos * base^(-2i/n_rot)). It shares no code with
  * src/model/forward.c beyond reading the weights.

@@ -1,7 +1,7 @@
 /*
  * test_forward.c — tern's forward pass against the independent double-precision reference
  * (ref_forward.c) on tiny random models of every supported weight type, llama, qwen2 and qwen3
- * (head_dim from key_length, wider than n_embd / n_head), tied and separate output; per-layer
+ * (head_dim from key_length, wider than n_embd / n_head), smollm3, gemma2/3, phi3, tied and separate output; per-layer
  * residual streams and logits. Also: batched prefill equals token-by-token decoding; context-full
  * and bad-token errors. With file arguments (test_forward FILE...): the same comparison on each
  * file, e.g. one `tern synth --arch NAME` wrote from the registry.
@@ -234,6 +234,51 @@ static void test_gemma3(void **state) {
     run_cfg(cfg, 2);
 }
 
+/* gemma2: embeddings * sqrt(n_embd), post norms, no q/k norms, GeGLU, one RoPE base; 4 layers
+ * alternating local (0, 2: window 4) and global (1, 3), so the 15 positions of a run outgrow the
+ * window; attention scores soft-capped at 1 and logits at 3 (bounds both reach: q.k / sqrt(hd)
+ * of these weights is O(1)); the output is the embedding table (gemma2 has no output.weight).
+ * F32 weights, f16 and two block types, 1-3 threads (prefill of 9 tokens, then 6 one-token steps);
+ * and the caps at llama.cpp's defaults (50, 30: absent keys). */
+static void test_gemma2(void **state) {
+    (void)state;
+    tiny_cfg cfg;
+    tiny_cfg_default(&cfg);
+    cfg.arch = "gemma2";
+    cfg.n_layer = 4, cfg.head_dim = 128, cfg.n_swa = 4, cfg.tied = true;
+    cfg.attn_softcap = 1.0f, cfg.softcap = 3.0f;
+    const tn_dtype types[] = {TN_F32, TN_F16, TN_Q8_0, TN_Q4_K};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        cfg.wtype = types[i], cfg.out_type = types[i] == TN_F32 || types[i] == TN_F16 ? types[i] : TN_Q8_0;
+        run_cfg(cfg, (int)(i % 3) + 1);
+    }
+    cfg.attn_softcap = 0, cfg.softcap = 0, cfg.wtype = TN_Q8_0;
+    run_cfg(cfg, 2);
+}
+
+/* phi3: q, k, v from one attn_qkv matrix and gate, up from one ffn_up (2 n_ff rows, gate first),
+ * both split by the reference itself from the file's bytes; partial rotary (48 of 64 dims, neox);
+ * LongRoPE: the contexts of run_model (32 positions) are above an original context of 16 (the
+ * long factors) and within one of 64 (the short ones), the rotated dims scaled by an attention
+ * factor of 1.2 (scores 1.44x sharper: errors ~1.3x llama's); 4 heads over 2 kv heads, 2 layers; F32,
+ * F16, Q8_0 and Q4_0 weights, 1-3 threads,
+ * prefill and one-token steps; tied and separate output. */
+static void test_phi3(void **state) {
+    (void)state;
+    tiny_cfg cfg;
+    tiny_cfg_default(&cfg);
+    cfg.arch = "phi3";
+    cfg.n_rot = 48, cfg.rope_attn_factor = 1.2f; /* 2 layers: the bounds' budget (see the top) */
+    const tn_dtype types[] = {TN_F32, TN_F16, TN_Q8_0, TN_Q4_0};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+        for (int orig = 16; orig <= 64; orig *= 4) {
+            cfg.wtype = types[i], cfg.n_ctx_orig = orig;
+            run_cfg(cfg, (int)(i % 3) + 1);
+        }
+    cfg.wtype = TN_Q8_0, cfg.out_type = TN_Q8_0, cfg.tied = true, cfg.n_rot = 0, cfg.rope_attn_factor = 0;
+    run_cfg(cfg, 2); /* full rotary, no attention factor, the output tied */
+}
+
 /* A 7-layer gemma3 tiny model (head_dim 128, Q8_0) with sliding window n_swa, loaded. */
 static tern_model *load_gemma3_q8(int32_t n_swa, const char *tag) {
     tiny_cfg cfg;
@@ -459,6 +504,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_qwen3),
         cmocka_unit_test(test_smollm3),
         cmocka_unit_test(test_gemma3),
+        cmocka_unit_test(test_gemma2),
+        cmocka_unit_test(test_phi3),
         cmocka_unit_test(test_gemma3_paged_window),
         cmocka_unit_test(test_gemma3_ring),
         cmocka_unit_test(test_head_groups),

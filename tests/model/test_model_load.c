@@ -30,6 +30,8 @@ typedef struct {
     const char *set_key;        /* set to set_u32 (or set_str if set_str != NULL) */
     uint32_t set_u32;
     const char *set_str;
+    bool set_is_f32;            /* set to set_f32 instead */
+    float set_f32;
     const char *drop_tensor;
     const char *reshape_tensor; /* swap ne0/ne1 (transposed) */
     const char *add_tensor;     /* an extra f32 vector of add_len elements */
@@ -47,7 +49,8 @@ static void write_mutant(const mutation *mu, const char *out) {
         assert_int_equal(tn_gguf_set_kv(w, &g->kv[i]), TERN_OK);
     }
     if (mu->set_key) {
-        if (mu->set_str) tn_gguf_set_str(w, mu->set_key, mu->set_str);
+        if (mu->set_is_f32) tn_gguf_set_f32(w, mu->set_key, mu->set_f32);
+        else if (mu->set_str) tn_gguf_set_str(w, mu->set_key, mu->set_str);
         else tn_gguf_set_u32(w, mu->set_key, mu->set_u32);
     }
     for (uint64_t i = 0; i < g->n_tensors; i++) {
@@ -160,6 +163,99 @@ static void test_family_tensor_sets(void **state) {
     expect_fail(&(mutation){.src = q3, .add_tensor = "blk.0.post_ffw_norm.weight", .add_len = 256}, TERN_ERR_FORMAT,
                 "architecture qwen3 has no post_ffw_norm.weight");
     unlink(g3);
+    /* gemma2: its tensor set (post norms, no q/k norms, no output.weight) and its keys in range */
+    char g2[512];
+    gc.arch = "gemma2", gc.tied = true, gc.n_layer = 2, gc.attn_softcap = 2.0f;
+    tiny_tmp_path(g2, sizeof g2, "loadg2");
+    assert_int_equal(tiny_model_write(g2, &gc), TERN_OK);
+    assert_int_equal(tern_model_load(g2, NULL, &m), TERN_OK);
+    assert_int_equal(m->hp.n_swa, 4);
+    assert_int_equal(m->hp.swa_period, 2);
+    assert_true(m->hp.attn_softcap == 2.0f && m->hp.logit_softcap == 30.0f); /* the file's; llama.cpp's default */
+    assert_true(tn_hp_layer_swa(&m->hp, 0) && !tn_hp_layer_swa(&m->hp, 1));
+    assert_ptr_equal(m->output.data, m->tok_embd.data);
+    tern_model_free(m);
+    expect_fail(&(mutation){.src = g2, .drop_tensor = "blk.1.post_attention_norm.weight"}, TERN_ERR_FORMAT,
+                "missing tensor 'blk.1.post_attention_norm.weight' (gemma2 expects shape [256])");
+    expect_fail(&(mutation){.src = g2, .reshape_tensor = "blk.0.ffn_down.weight"}, TERN_ERR_FORMAT,
+                "tensor 'blk.0.ffn_down.weight' has shape [256, 512], expected [512, 256] (gemma2)");
+    expect_fail(&(mutation){.src = g2, .add_tensor = "blk.0.attn_q_norm.weight", .add_len = 128}, TERN_ERR_FORMAT,
+                "unexpected tensor 'blk.0.attn_q_norm.weight' (shape [128]): architecture gemma2 has no attn_q_norm.weight");
+    expect_fail(&(mutation){.src = g2, .add_tensor = "output.weight", .add_len = 256}, TERN_ERR_FORMAT,
+                "architecture gemma2 has no output.weight");
+    expect_fail(&(mutation){.src = g2, .set_key = "gemma2.attn_logit_softcapping", .set_is_f32 = true, .set_f32 = -1.0f},
+                TERN_ERR_FORMAT, "key 'gemma2.attn_logit_softcapping' = -1 must be a number > 0");
+    expect_fail(&(mutation){.src = g2, .set_key = "gemma2.final_logit_softcapping", .set_is_f32 = true, .set_f32 = NAN},
+                TERN_ERR_FORMAT, "key 'gemma2.final_logit_softcapping' is not a finite number");
+    expect_fail(&(mutation){.src = g2, .set_key = "gemma2.final_logit_softcapping", .set_is_f32 = true, .set_f32 = 0.0f},
+                TERN_ERR_FORMAT, "key 'gemma2.final_logit_softcapping' = 0 must be a number > 0");
+    expect_fail(&(mutation){.src = g2, .set_key = "gemma2.attention.sliding_window", .set_u32 = 0}, TERN_ERR_FORMAT,
+                "key 'gemma2.attention.sliding_window' = 0 is outside 1..16777216");
+    expect_fail(&(mutation){.src = g2, .set_key = "gemma2.attention.sliding_window", .set_u32 = 0x80000000u}, TERN_ERR_FORMAT,
+                "key 'gemma2.attention.sliding_window' = 2147483648 is outside");
+    unlink(g2);
+    /* phi3: fused attn_qkv and gate|up ffn_up bound as row slices of the file's bytes; LongRoPE
+     * factors picked by the context; defects named */
+    char p3[512];
+    tiny_cfg pc;
+    tiny_cfg_default(&pc);
+    pc.arch = "phi3", pc.n_rot = 48, pc.n_ctx_orig = 32, pc.rope_attn_factor = 1.5f;
+    tiny_tmp_path(p3, sizeof p3, "loadp3");
+    assert_int_equal(tiny_model_write(p3, &pc), TERN_OK);
+    tern_model_params nr;
+    tern_model_params_init(&nr);
+    nr.repack = false; /* the views as bound, in the file mapping */
+    assert_int_equal(tern_model_load(p3, &nr, &m), TERN_OK);
+    {
+        const tn_gguf_tensor *qkv = tn_gguf_find_tensor(m->gguf, "blk.1.attn_qkv.weight");
+        const tn_gguf_tensor *up = tn_gguf_find_tensor(m->gguf, "blk.1.ffn_up.weight");
+        const tn_tensor *w = m->layers[1].w;
+        const size_t rb = 256 * sizeof(float); /* f32 rows of n_embd */
+        assert_non_null(qkv);
+        assert_non_null(up);
+        /* q: rows 0..255, k: 256..383, v: 384..511 (2 kv heads of 64); gate then up, 512 rows each */
+        assert_ptr_equal(w[TN_ROLE_ATTN_Q].data, qkv->data);
+        assert_ptr_equal(w[TN_ROLE_ATTN_K].data, (const uint8_t *)qkv->data + 256 * rb);
+        assert_ptr_equal(w[TN_ROLE_ATTN_V].data, (const uint8_t *)qkv->data + 384 * rb);
+        assert_int_equal(w[TN_ROLE_ATTN_K].ne[1], 128);
+        assert_null(w[TN_ROLE_ATTN_QKV].data);
+        assert_ptr_equal(w[TN_ROLE_FFN_GATE].data, up->data);
+        assert_ptr_equal(w[TN_ROLE_FFN_UP].data, (const uint8_t *)up->data + 512 * rb);
+        assert_int_equal(w[TN_ROLE_FFN_UP].ne[1], 512);
+        assert_int_equal(m->hp.n_rot, 48);
+        assert_int_equal(m->hp.n_ctx_orig, 32);
+        assert_true(m->hp.rope_attn_factor == 1.5f);
+        assert_ptr_equal(tn_model_rope_factors(m, 32), m->rope_short.data);
+        assert_ptr_equal(tn_model_rope_factors(m, 33), m->rope_long.data);
+        assert_non_null(m->rope_long.data);
+    }
+    tern_model_free(m);
+    expect_fail(&(mutation){.src = p3, .drop_tensor = "blk.0.attn_qkv.weight"}, TERN_ERR_FORMAT,
+                "missing tensor 'blk.0.attn_qkv.weight' (phi3 expects shape [256, 512])");
+    expect_fail(&(mutation){.src = p3, .reshape_tensor = "blk.1.ffn_up.weight"}, TERN_ERR_FORMAT,
+                "tensor 'blk.1.ffn_up.weight' has shape [1024, 256], expected [256, 1024] (phi3)");
+    expect_fail(&(mutation){.src = p3, .add_tensor = "blk.0.ffn_gate.weight", .add_len = 256}, TERN_ERR_FORMAT,
+                "unexpected tensor 'blk.0.ffn_gate.weight' (shape [256]): architecture phi3 has no ffn_gate.weight");
+    expect_fail(&(mutation){.src = p3, .add_tensor = "blk.0.attn_q.weight", .add_len = 256}, TERN_ERR_FORMAT,
+                "architecture phi3 has no attn_q.weight");
+    expect_fail(&(mutation){.src = p3, .drop_tensor = "rope_factors_long.weight", .add_tensor = "rope_factors_long.weight",
+                            .add_len = 32},
+                TERN_ERR_FORMAT, "tensor 'rope_factors_long.weight' has shape [32], expected [24] (phi3)");
+    expect_fail(&(mutation){.src = p3, .set_key = "phi3.rope.scaling.attn_factor", .set_is_f32 = true, .set_f32 = -2.0f},
+                TERN_ERR_FORMAT, "key 'phi3.rope.scaling.attn_factor' = -2 must be a number > 0");
+    expect_fail(&(mutation){.src = p3, .set_key = "phi3.rope.scaling.original_context_length", .set_u32 = 0},
+                TERN_ERR_FORMAT, "key 'phi3.rope.scaling.original_context_length' = 0 is outside 1..16777216");
+    expect_fail(&(mutation){.src = p3, .set_key = "phi3.attention.sliding_window", .set_u32 = 0x80000000u},
+                TERN_ERR_FORMAT, "key 'phi3.attention.sliding_window' = 2147483648 is outside 0..16777216");
+    /* Phi-3-mini-4k's window (2047) loads and is not applied, as in llama.cpp */
+    char p3w[512];
+    tiny_tmp_path(p3w, sizeof p3w, "loadp3w");
+    write_mutant(&(mutation){.src = p3, .set_key = "phi3.attention.sliding_window", .set_u32 = 2047}, p3w);
+    assert_int_equal(tern_model_load(p3w, NULL, &m), TERN_OK);
+    assert_int_equal(m->hp.n_swa, 0);
+    tern_model_free(m);
+    unlink(p3w);
+    unlink(p3);
     /* a llama file can have the optional biases (llama.cpp's loader allows them) */
     char out[512];
     tiny_tmp_path(out, sizeof out, "llbias");
@@ -179,9 +275,15 @@ static void test_registry(void **state) {
     for (size_t i = 0; i < tn_arch_count(); i++) {
         const tn_arch_desc *a = tn_arch_at(i);
         assert_ptr_equal(tn_arch_find(a->name, strlen(a->name)), a);
-        const tn_role must[] = {TN_ROLE_ATTN_NORM, TN_ROLE_ATTN_Q, TN_ROLE_ATTN_K, TN_ROLE_ATTN_V, TN_ROLE_ATTN_OUT,
-                                TN_ROLE_FFN_DOWN, TN_ROLE_TOKEN_EMBD, TN_ROLE_OUTPUT_NORM};
+        const tn_role must[] = {TN_ROLE_ATTN_NORM, TN_ROLE_ATTN_OUT, TN_ROLE_FFN_UP, TN_ROLE_FFN_DOWN, TN_ROLE_TOKEN_EMBD,
+                                TN_ROLE_OUTPUT_NORM};
         for (size_t j = 0; j < sizeof must / sizeof must[0]; j++) assert_int_equal(a->need[must[j]], TN_NEED_REQ);
+        /* q, k, v: three matrices or one fused (its slices bound to them); gate: its own or in ffn_up */
+        const bool fused_qkv = a->need[TN_ROLE_ATTN_QKV] == TN_NEED_REQ;
+        assert_int_equal(a->need[TN_ROLE_ATTN_Q], fused_qkv ? TN_NEED_NO : TN_NEED_REQ);
+        assert_int_equal(a->need[TN_ROLE_ATTN_K], fused_qkv ? TN_NEED_NO : TN_NEED_REQ);
+        assert_int_equal(a->need[TN_ROLE_ATTN_V], fused_qkv ? TN_NEED_NO : TN_NEED_REQ);
+        assert_int_equal(a->need[TN_ROLE_FFN_GATE], a->gate_up_fused ? TN_NEED_NO : TN_NEED_REQ);
     }
     assert_null(tn_arch_find("llam", 4));
     for (int r = 0; r < TN_ROLE_COUNT; r++) {
@@ -266,9 +368,10 @@ static float *decode_logits(tern_model *m, const tern_token *toks, int n, int nv
 /* A model of type wt loaded three ways: mapped + repack, read + repack (in place), mapped, no
  * repack: the matrices in wt's load-time layout (when the SIMD kernels exist), every row reading
  * back as the file's, and the logits of the three within float rounding */
-static void repack_load_modes(tn_dtype wt, int64_t n_embd) {
+static void repack_load_modes(const char *arch, tn_dtype wt, int64_t n_embd) {
     tiny_cfg cfg;
     tiny_cfg_default(&cfg);
+    cfg.arch = arch;
     cfg.wtype = wt;
     cfg.out_type = wt; /* an untied output is repacked too */
     cfg.n_embd = n_embd, cfg.n_ff = 2 * n_embd;
@@ -324,10 +427,11 @@ static void repack_load_modes(tn_dtype wt, int64_t n_embd) {
 
 static void test_repack_load_modes(void **state) {
     (void)state;
-    repack_load_modes(TN_Q4_0, 256);                    /* q4_0_r16 */
+    repack_load_modes("llama", TN_Q4_0, 256);           /* q4_0_r16 */
+    repack_load_modes("phi3", TN_Q4_0, 256);            /* the row slices of fused q|k|v, gate|up each */
     const tn_tq_params p5 = {5, 64, true}, p3 = {3, 32, false};
-    repack_load_modes((tn_dtype)tn_tq_dtype(&p5), 512); /* tq5g64a_c16: whole super-steps */
-    repack_load_modes((tn_dtype)tn_tq_dtype(&p3), 640); /* tq3g32_c16: and a tail of 4 blocks */
+    repack_load_modes("llama", (tn_dtype)tn_tq_dtype(&p5), 512); /* tq5g64a_c16: whole super-steps */
+    repack_load_modes("llama", (tn_dtype)tn_tq_dtype(&p3), 640); /* tq3g32_c16: and a tail of 4 blocks */
 }
 
 /* matrices of types with no interleaved layout (k-quants here) move out of a mapped file as they

@@ -20,8 +20,9 @@ static int print_arch(const char *name) {
         tn_arch_names(names, sizeof names);
         return tn_cli_usage_error("unknown architecture '%s' (%s)", name, names);
     }
-    static const char *const dims[] = {"1", "n_embd", "n_head*head_dim", "n_head_kv*head_dim", "head_dim", "n_ff", "n_vocab",
-                                       "n_rot/2"};
+    static const char *const dims[] = {"1",       "n_embd",  "n_head*head_dim", "n_head_kv*head_dim", "head_dim",
+                                       "n_ff",    "n_vocab", "n_rot/2",         "(n_head+2*n_head_kv)*head_dim",
+                                       "n_ff"};
     printf("architecture %s: rope %s, ffn %s, defaults rms eps %g, rope base %g\n", a->name,
            a->rope == TN_ROPE_NEOX ? "neox (halves)" : "norm (adjacent pairs)", a->ffn == TN_FFN_GEGLU ? "geglu" : "swiglu",
            a->rms_eps, a->rope_base);
@@ -31,8 +32,9 @@ static int print_arch(const char *name) {
         const tn_role_info *ri = &tn_roles[r];
         char n[96], shape[64];
         snprintf(n, sizeof n, "%s%s", r < TN_ROLE_N_LAYER ? "blk.N." : "", ri->name);
+        const char *ne1 = ri->ne1 == TN_DIM_FF_UP && a->gate_up_fused ? "2*n_ff (gate|up)" : dims[ri->ne1];
         if (ri->ne1 == TN_DIM_1) snprintf(shape, sizeof shape, "[%s]", dims[ri->ne0]);
-        else snprintf(shape, sizeof shape, "[%s, %s]", dims[ri->ne0], dims[ri->ne1]);
+        else snprintf(shape, sizeof shape, "[%s, %s]", dims[ri->ne0], ne1);
         printf("  %-34s %-8s %-32s %s\n", n, a->need[r] == TN_NEED_REQ ? "required" : "optional", shape,
                ri->matrix ? "any matrix type" : "f32");
     }
@@ -166,6 +168,10 @@ int cmd_info(int argc, char **argv) {
         printf("sliding window: %d positions on layers il %% %d < %d (rope base %g), the others global\n", hp->n_swa,
                hp->swa_period, hp->swa_period - 1, hp->rope_base_swa);
     if (hp->nope_step > 0) printf("no RoPE on layers il with (il + 1) %% %d == 0\n", hp->nope_step);
+    if (m->rope_long.data || m->rope_short.data)
+        printf("LongRoPE: long factors in a context > %d positions, short ones within; rotated dims scaled by %g\n",
+               hp->n_ctx_orig, hp->rope_attn_factor);
+    if (hp->attn_softcap > 0) printf("attention score soft-capping at %g\n", hp->attn_softcap);
     if (hp->logit_softcap > 0) printf("final logit soft-capping at %g\n", hp->logit_softcap);
     tern_model_free(m);
     return 0;

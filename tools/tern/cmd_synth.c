@@ -3,7 +3,8 @@
  * tensor set, shapes and metadata keys from the registry, model/arch/) with random weights and
  * realistic shapes (e.g. a 1B-class model), in any type tern can quantize to, so benchmarks need
  * no downloads. The vocabulary is SentencePiece-style: <unk> <s> </s>, 256 byte tokens, then
- * filler pieces. Weights ~ N(0, 0.02) (norms = 1), deterministic from --seed.
+ * filler pieces. Weights ~ N(0, 0.02) (norms = 1, LongRoPE factors rising from 1), deterministic
+ * from --seed.
  */
 #include <math.h>
 #include <stdio.h>
@@ -29,6 +30,9 @@ static const synth_preset presets[] = {
     /* gemma3: Gemma-3-1B's shapes (1 kv head, head_dim 256, window 512); tiny: 7 layers, layer 5
      * global, window 4 (desc synth_swa) */
     {"1b", "gemma3", 1152, 26, 4, 1, 6912, 32000, 2048, 256},
+    /* gemma2: Gemma-2-2B's shapes (8 heads of 256 over 4 kv heads, window 512 here); tiny: the
+     * llama row below, layer 0 local (window 4), layer 1 global */
+    {"1b", "gemma2", 2304, 26, 8, 4, 9216, 32000, 2048, 256},
     {"tiny", "gemma3", 64, 7, 4, 2, 256, 512, 128, 32},
     /* smollm3: 4 layers, so that layer 3 is a NoPE layer */
     {"tiny", "smollm3", 64, 4, 4, 2, 256, 512, 128, 0},
@@ -64,10 +68,14 @@ static tern_status synth_fill(void *user, size_t idx, void *dst, size_t nbytes) 
     if (rb * (size_t)ne1 != nbytes) return TERN_ERR_INTERNAL;
     uint64_t st = s->seed * 1000003u + idx;
     const bool norm = strstr(s->names[idx], "norm") != NULL;
+    /* LongRoPE factors: > 0, rising over the frequencies (short 1..1.5, long 1..8, the shapes of
+     * Phi-3's sets) so the two sets give different rotations */
+    const float factor_top = strstr(s->names[idx], "rope_factors_long") ? 8.0f
+                           : strstr(s->names[idx], "rope_factors_short") ? 1.5f : 0.0f;
     for (int64_t r = 0; r < ne1; r++) {
         for (int64_t i = 0; i < ne0; i++) {
-            if (norm) {
-                s->row[i] = 1.0f;
+            if (norm || factor_top > 0) {
+                s->row[i] = norm ? 1.0f : 1.0f + (factor_top - 1.0f) * (float)i / (float)(ne0 > 1 ? ne0 - 1 : 1);
                 continue;
             }
             uint64_t a = sm64(&st);
@@ -124,11 +132,13 @@ int cmd_synth(int argc, char **argv) {
     hp.n_embd = (int32_t)P->n_embd, hp.n_layer = (int32_t)P->n_layer, hp.n_head = (int32_t)P->n_head;
     hp.n_head_kv = (int32_t)P->n_head_kv, hp.n_ff = (int32_t)P->n_ff, hp.n_vocab = (int32_t)P->n_vocab;
     hp.head_dim = (int32_t)(P->head_dim ? P->head_dim : P->n_embd / P->n_head), hp.n_rot = hp.head_dim;
+    hp.n_ctx_train = (int32_t)P->n_ctx;
     tn_gguf_set_str(w, "general.architecture", ad->name);
     char name[64], key[128];
     snprintf(name, sizeof name, "tern-synth-%s", P->name);
     tn_gguf_set_str(w, "general.name", name);
 #define KEY(sfx) (snprintf(key, sizeof key, "%s." sfx, ad->name), key)
+    if (ad->synth_keys) ad->synth_keys(w, &hp); /* the family's own (soft-caps, LongRoPE, partial rotary) */
     tn_gguf_set_u32(w, KEY("context_length"), (uint32_t)P->n_ctx);
     tn_gguf_set_u32(w, KEY("embedding_length"), (uint32_t)P->n_embd);
     tn_gguf_set_u32(w, KEY("block_count"), (uint32_t)P->n_layer);
@@ -153,7 +163,7 @@ int cmd_synth(int argc, char **argv) {
     float *scores = calloc((size_t)nv, sizeof *scores);
     int32_t *ttype = calloc((size_t)nv, sizeof *ttype);
     synth_ctx sc = {(uint64_t)seed, wt, NULL, NULL, NULL, NULL, NULL, 0};
-    size_t nt = (size_t)(3 + TN_ROLE_N_LAYER * P->n_layer);
+    size_t nt = (size_t)(5 + TN_ROLE_N_LAYER * P->n_layer);
     sc.names = calloc(nt, sizeof *sc.names);
     sc.ne0 = calloc(nt, sizeof *sc.ne0);
     sc.ne1 = calloc(nt, sizeof *sc.ne1);
@@ -186,12 +196,15 @@ int cmd_synth(int argc, char **argv) {
     tn_gguf_set_u32(w, "tokenizer.ggml.unknown_token_id", 0);
     /* tensors: the family's required roles (registry order: the order of llama.cpp's files) */
     size_t k = 0;
-    const tn_role globals[3] = {TN_ROLE_TOKEN_EMBD, TN_ROLE_OUTPUT_NORM, TN_ROLE_OUTPUT};
+    const tn_role globals[5] = {TN_ROLE_TOKEN_EMBD, TN_ROLE_OUTPUT_NORM, TN_ROLE_OUTPUT, TN_ROLE_ROPE_FACTORS_LONG,
+                                TN_ROLE_ROPE_FACTORS_SHORT};
     for (int64_t l = -1; l <= P->n_layer; l++) {
-        const int r0 = l < 0 ? 0 : l < P->n_layer ? 0 : 1, r1 = l < 0 ? 1 : l < P->n_layer ? TN_ROLE_N_LAYER : 3;
+        const int r0 = l < 0 ? 0 : l < P->n_layer ? 0 : 1, r1 = l < 0 ? 1 : l < P->n_layer ? TN_ROLE_N_LAYER : 5;
         for (int j = r0; j < r1; j++) {
             const tn_role r = l >= 0 && l < P->n_layer ? (tn_role)j : globals[j];
-            if (l >= 0 && l < P->n_layer && ad->need[r] != TN_NEED_REQ) continue;
+            /* per layer the required roles; of the model-wide ones every one the family has (a
+             * separate output where it may have one; gemma2 has none) */
+            if (ad->need[r] == TN_NEED_NO || (l >= 0 && l < P->n_layer && ad->need[r] != TN_NEED_REQ)) continue;
             char n[96];
             tn_role_tensor_name(r, (int32_t)l, n, sizeof n);
             const tn_role_info *ri = &tn_roles[r];

@@ -1,15 +1,16 @@
 /*
  * attn.c (scalar) — the reference attention kernel (contract in kern.h) and SwiGLU: one query head at a time, online
- * softmax, ggml's flash-attention arithmetic step by step (expf, fmaf, f16 rounding points).
+ * softmax, ggml's flash-attention arithmetic step by step (expf, fmaf, f16 rounding points); the same with
+ * soft-capped scores (gemma2), which only this reference implements.
  */
 #include <math.h>
 
 #include "core/fp16.h"
 #include "kern/kern.h"
 
-/* One head. */
-void tn_k_attn1_f16__scalar(int64_t hd, int64_t T, const float *q, const uint16_t *K, const uint16_t *V, int64_t ldkv,
-                            const int32_t *blocks, int64_t block_rows, float scale, bool acc16, float *out,
+/* One head; cap > 0: scores soft-capped as ggml does (scale divided by cap, then cap * tanh). */
+static inline void tn_attn1(int64_t hd, int64_t T, const float *q, const uint16_t *K, const uint16_t *V, int64_t ldkv,
+                            const int32_t *blocks, int64_t block_rows, float scale, float cap, bool acc16, float *out,
                             float *scratch) {
     float *qv = scratch;       /* q as used in the dot products (f16-rounded with acc16) */
     float *acc = scratch + hd; /* V accumulator (values kept f16-representable with acc16) */
@@ -24,6 +25,7 @@ void tn_k_attn1_f16__scalar(int64_t hd, int64_t T, const float *q, const uint16_
         float s = 0.0f;
         for (int64_t i = 0; i < hd; i++) s += tn_fp16_to_fp32(k[i]) * qv[i];
         s *= scale;
+        if (cap > 0) s = cap * tanhf(s);
         float ms = 1.0f, vs = 1.0f;
         if (s > M) { /* new maximum: rescale what was accumulated */
             const float Mold = M;
@@ -46,12 +48,26 @@ void tn_k_attn1_f16__scalar(int64_t hd, int64_t T, const float *q, const uint16_
     for (int64_t i = 0; i < hd; i++) out[i] = acc[i] * inv;
 }
 
+void tn_k_attn1_f16__scalar(int64_t hd, int64_t T, const float *q, const uint16_t *K, const uint16_t *V, int64_t ldkv,
+                            const int32_t *blocks, int64_t block_rows, float scale, bool acc16, float *out,
+                            float *scratch) {
+    tn_attn1(hd, T, q, K, V, ldkv, blocks, block_rows, scale, 0.0f, acc16, out, scratch);
+}
+
 void tn_k_attn_f16__scalar(int64_t hd, int64_t T, int64_t nh, int64_t rep, const float *q, const uint16_t *K,
                            const uint16_t *V, int64_t ldkv, const int32_t *blocks, int64_t block_rows, float scale,
                            bool acc16, float *out, float *scratch) {
     for (int64_t j = 0; j < nh; j++)
-        tn_k_attn1_f16__scalar(hd, T, q + j * hd, K + (j / rep) * hd, V + (j / rep) * hd, ldkv, blocks, block_rows, scale,
-                               acc16, out + j * hd, scratch + 2 * hd * j);
+        tn_attn1(hd, T, q + j * hd, K + (j / rep) * hd, V + (j / rep) * hd, ldkv, blocks, block_rows, scale, 0.0f, acc16,
+                 out + j * hd, scratch + 2 * hd * j);
+}
+
+void tn_k_attn_softcap_f16__scalar(int64_t hd, int64_t T, int64_t nh, int64_t rep, const float *q, const uint16_t *K,
+                                   const uint16_t *V, int64_t ldkv, const int32_t *blocks, int64_t block_rows,
+                                   float scale, float cap, bool acc16, float *out, float *scratch) {
+    for (int64_t j = 0; j < nh; j++)
+        tn_attn1(hd, T, q + j * hd, K + (j / rep) * hd, V + (j / rep) * hd, ldkv, blocks, block_rows, scale / cap, cap,
+                 acc16, out + j * hd, scratch + 2 * hd * j);
 }
 
 void tn_k_swiglu__scalar(float *g, const float *u, int64_t n) {
@@ -68,6 +84,7 @@ void tn_k_geglu__scalar(float *g, const float *u, int64_t n) {
 void tn_kern_register_attn_scalar(tn_kern_table *t) {
     t->attn = tn_k_attn_f16__scalar;
     t->attn_isa = TN_ISA_SCALAR;
+    t->attn_softcap = tn_k_attn_softcap_f16__scalar;
     t->swiglu = tn_k_swiglu__scalar;
     t->swiglu_isa = TN_ISA_SCALAR;
     t->geglu = tn_k_geglu__scalar;

@@ -13,6 +13,7 @@ const tn_role_info tn_roles[TN_ROLE_COUNT] = {
     [TN_ROLE_ATTN_Q] = {"attn_q.weight", TN_DIM_EMBD, TN_DIM_Q, true},
     [TN_ROLE_ATTN_K] = {"attn_k.weight", TN_DIM_EMBD, TN_DIM_KV, true},
     [TN_ROLE_ATTN_V] = {"attn_v.weight", TN_DIM_EMBD, TN_DIM_KV, true},
+    [TN_ROLE_ATTN_QKV] = {"attn_qkv.weight", TN_DIM_EMBD, TN_DIM_QKV, true},
     [TN_ROLE_ATTN_OUT] = {"attn_output.weight", TN_DIM_Q, TN_DIM_EMBD, true},
     [TN_ROLE_ATTN_Q_B] = {"attn_q.bias", TN_DIM_Q, TN_DIM_1, false},
     [TN_ROLE_ATTN_K_B] = {"attn_k.bias", TN_DIM_KV, TN_DIM_1, false},
@@ -22,19 +23,22 @@ const tn_role_info tn_roles[TN_ROLE_COUNT] = {
     [TN_ROLE_ATTN_POST_NORM] = {"post_attention_norm.weight", TN_DIM_EMBD, TN_DIM_1, false},
     [TN_ROLE_FFN_NORM] = {"ffn_norm.weight", TN_DIM_EMBD, TN_DIM_1, false},
     [TN_ROLE_FFN_GATE] = {"ffn_gate.weight", TN_DIM_EMBD, TN_DIM_FF, true},
-    [TN_ROLE_FFN_UP] = {"ffn_up.weight", TN_DIM_EMBD, TN_DIM_FF, true},
+    [TN_ROLE_FFN_UP] = {"ffn_up.weight", TN_DIM_EMBD, TN_DIM_FF_UP, true},
     [TN_ROLE_FFN_DOWN] = {"ffn_down.weight", TN_DIM_FF, TN_DIM_EMBD, true},
     [TN_ROLE_FFN_POST_NORM] = {"post_ffw_norm.weight", TN_DIM_EMBD, TN_DIM_1, false},
     [TN_ROLE_TOKEN_EMBD] = {"token_embd.weight", TN_DIM_EMBD, TN_DIM_VOCAB, true},
     [TN_ROLE_OUTPUT_NORM] = {"output_norm.weight", TN_DIM_EMBD, TN_DIM_1, false},
     [TN_ROLE_OUTPUT] = {"output.weight", TN_DIM_EMBD, TN_DIM_VOCAB, true},
     [TN_ROLE_ROPE_FREQS] = {"rope_freqs.weight", TN_DIM_ROT_HALF, TN_DIM_1, false},
+    [TN_ROLE_ROPE_FACTORS_LONG] = {"rope_factors_long.weight", TN_DIM_ROT_HALF, TN_DIM_1, false},
+    [TN_ROLE_ROPE_FACTORS_SHORT] = {"rope_factors_short.weight", TN_DIM_ROT_HALF, TN_DIM_1, false},
 };
 
-extern const tn_arch_desc tn_arch_llama, tn_arch_qwen2, tn_arch_qwen3, tn_arch_smollm3, tn_arch_gemma3;
+extern const tn_arch_desc tn_arch_llama, tn_arch_qwen2, tn_arch_qwen3, tn_arch_smollm3, tn_arch_gemma2, tn_arch_gemma3,
+    tn_arch_phi3;
 
 static const tn_arch_desc *const tn_all_archs[] = {&tn_arch_llama, &tn_arch_qwen2, &tn_arch_qwen3, &tn_arch_smollm3,
-                                                   &tn_arch_gemma3};
+                                                   &tn_arch_gemma2, &tn_arch_gemma3, &tn_arch_phi3};
 
 size_t tn_arch_count(void) { return TN_ARRAY_LEN(tn_all_archs); }
 const tn_arch_desc *tn_arch_at(size_t i) { return i < TN_ARRAY_LEN(tn_all_archs) ? tn_all_archs[i] : NULL; }
@@ -65,6 +69,8 @@ int64_t tn_dim_value(const tn_hparams *hp, tn_dim d) {
     case TN_DIM_FF: return hp->n_ff;
     case TN_DIM_VOCAB: return hp->n_vocab;
     case TN_DIM_ROT_HALF: return hp->n_rot / 2;
+    case TN_DIM_QKV: return (int64_t)(hp->n_head + 2 * hp->n_head_kv) * hp->head_dim;
+    case TN_DIM_FF_UP: return hp->family && hp->family->gate_up_fused ? 2 * (int64_t)hp->n_ff : hp->n_ff;
     }
     return 0;
 }

@@ -15,7 +15,15 @@
 
 struct tn_hparams;
 
-typedef enum tn_arch { TN_ARCH_LLAMA = 0, TN_ARCH_QWEN2, TN_ARCH_QWEN3, TN_ARCH_SMOLLM3, TN_ARCH_GEMMA3 } tn_arch;
+typedef enum tn_arch {
+    TN_ARCH_LLAMA = 0,
+    TN_ARCH_QWEN2,
+    TN_ARCH_QWEN3,
+    TN_ARCH_SMOLLM3,
+    TN_ARCH_GEMMA3,
+    TN_ARCH_GEMMA2,
+    TN_ARCH_PHI3,
+} tn_arch;
 typedef enum tn_rope_mode { TN_ROPE_NORM = 0, TN_ROPE_NEOX } tn_rope_mode;
 typedef enum tn_ffn_kind { TN_FFN_SWIGLU = 0, TN_FFN_GEGLU } tn_ffn_kind; /* silu(gate) * up, gelu_tanh(gate) * up */
 
@@ -25,6 +33,8 @@ typedef enum tn_role {
     TN_ROLE_ATTN_Q,
     TN_ROLE_ATTN_K,
     TN_ROLE_ATTN_V,
+    TN_ROLE_ATTN_QKV, /* q|k|v rows in one matrix (phi3); the loader binds ATTN_Q/K/V to its row
+                       * slices and leaves this role's view empty */
     TN_ROLE_ATTN_OUT,
     TN_ROLE_ATTN_Q_B,
     TN_ROLE_ATTN_K_B,
@@ -42,6 +52,8 @@ typedef enum tn_role {
     TN_ROLE_OUTPUT_NORM,
     TN_ROLE_OUTPUT,
     TN_ROLE_ROPE_FREQS,
+    TN_ROLE_ROPE_FACTORS_LONG,  /* LongRoPE (phi3): frequency factors past the original context */
+    TN_ROLE_ROPE_FACTORS_SHORT, /* ... and within it                                            */
     TN_ROLE_COUNT
 } tn_role;
 
@@ -55,6 +67,8 @@ typedef enum tn_dim {
     TN_DIM_FF,       /* n_ff                                           */
     TN_DIM_VOCAB,    /* n_vocab                                        */
     TN_DIM_ROT_HALF, /* n_rot / 2 (RoPE frequency factors)             */
+    TN_DIM_QKV,      /* n_head * head_dim + 2 n_head_kv * head_dim: fused q|k|v rows */
+    TN_DIM_FF_UP,    /* ffn_up's rows: n_ff, or 2 n_ff (gate|up) in a gate_up_fused family */
 } tn_dim;
 
 typedef struct tn_role_info {
@@ -89,9 +103,14 @@ typedef struct tn_arch_desc {
     int32_t nope_step;          /* > 0: layers il with (il + 1) % nope_step == 0 skip RoPE      */
     bool embd_scale;            /* token embeddings scaled by sqrt(n_embd) (gemma)              */
     int32_t synth_swa;          /* tern synth: attention.sliding_window it writes (0: none)    */
+    bool gate_up_fused;         /* ffn_up holds gate then up rows (2 n_ff), no ffn_gate (phi3); the
+                                 * loader binds FFN_GATE and FFN_UP to its two row halves      */
     uint8_t need[TN_ROLE_COUNT];/* tn_need of every role                                        */
     /* The family's own keys and checks, after the common ones (NULL: none). Errors name the key. */
     tern_status (*load_hparams)(const tn_gguf *g, struct tn_hparams *hp);
+    /* tern synth: the family's own metadata keys (NULL: none), written before the common ones;
+     * it may adjust hp (n_rot: partial rotary), from which the common keys and shapes follow. */
+    void (*synth_keys)(tn_gguf_writer *w, struct tn_hparams *hp);
 } tn_arch_desc;
 
 /* The family with GGUF architecture name (name, len), or NULL. */

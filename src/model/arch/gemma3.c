@@ -15,7 +15,8 @@
 static tern_status gemma3_hparams(const tn_gguf *g, tn_hparams *hp) {
     int64_t v = 0;
     tern_status s;
-    hp->n_swa = 0, hp->swa_period = 6, hp->rope_base_swa = 10000.0f, hp->logit_softcap = 0.0f;
+    hp->n_swa = 0, hp->swa_period = 6, hp->rope_base_swa = 10000.0f, hp->rope_scale_swa = 1.0f;
+    hp->logit_softcap = 0.0f;
     if (tn_gguf_find(g, "gemma3.attention.sliding_window")) {
         if ((s = tn_gguf_get_i64(g, "gemma3.attention.sliding_window", true, &v))) return s;
         if (v < 0 || v > (1 << 24))
