@@ -56,6 +56,9 @@ void tn_serve_config_init(tn_serve_config *c) {
     c->conn_timeout_s = 30;
     c->max_body = 4u << 20;
     c->n_gpu_layers = -1;
+    c->draft_min = 1;
+    c->draft_max = 8;
+    c->spec_ngram_n = 3;
 }
 
 /* ---- responses ------------------------------------------------------------------------------- */
