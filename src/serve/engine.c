@@ -41,6 +41,14 @@
  *      still open: streams send their headers only once the request starts.
  *   6. KV: a request is admitted only when the blocks for prompt + max_tokens (minus blocks
  *      found in the prefix cache) can be reserved, so running sequences never run out of blocks.
+ *   7. Speculation (--spec ngram). After the plan, each decoding sequence with n-gram drafts may
+ *      add k draft rows after its current token (tn_sched_spec: expected tokens per predicted
+ *      second, its live acceptance rate, the step's caps and TPOT limit). All its rows want
+ *      logits and are sampled in order through the one per-token path (on_token); a draft is kept
+ *      while the pick equals it, the first differing pick ends its step. n_done advances by the
+ *      current token at once and by the kept drafts after sampling, so rejected positions (K/V
+ *      written, not counted) are overwritten later and never published. k <= what the sequence
+ *      may still emit - 1, so rows stay inside the blocks reserved for prompt + max_tokens.
  * TERN_SERVE_TRACE=FILE writes one line per step (shape, predicted and actual time, load
  * factor) and one per finished sequence (its mean gap in decode-only and in mixed steps).
  * Invariant: a sequence's tokens [0, n_done) have K/V in the blocks of its table; blocks below
