@@ -64,6 +64,7 @@
 
 #include "core/base.h"
 #include "cuda/cuda.h"
+#include "model/blocks.h"
 #include "model/ctx.h"
 #include "model/ops.h"
 #include "model/spec.h"
@@ -1143,7 +1144,9 @@ tern_status tn_engine_create(const tern_model *m, const tn_serve_config *cfg, tn
                        cfg->draft_min, cfg->draft_max, TN_MIN(e->ctx->n_logits_cap, e->n_batch));
             goto fail;
         }
-        e->spec = (tn_spec_cfg){cfg->draft_min, kmax, cfg->spec_fixed};
+        /* drafts never take a step across the row count where attention switches to f32 sums:
+         * every row's logits would change (lossless means what plain decoding gives) */
+        e->spec = (tn_spec_cfg){cfg->draft_min, kmax, cfg->spec_fixed, TN_ATTN_F32_ROWS};
         met->spec = true;
     }
     measure_cost(e);

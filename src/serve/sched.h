@@ -103,6 +103,8 @@ typedef struct tn_spec_cfg {
     int32_t kmin, kmax;          /* --draft-min, --draft-max: fewer than kmin drafts are not tried */
     bool fixed;                  /* every sequence verifies min(kmax, drafts) (if >= kmin) as   */
                                  /* long as rows and logit rows allow: no cost model            */
+    int32_t rows_cap;            /* > 0: draft rows never take a step of fewer rows to this many */
+                                 /* (the forward pass's numerics change there: TN_ATTN_F32_ROWS) */
 } tn_spec_cfg;
 
 typedef struct tn_spec_seq {     /* a running sequence's side of speculation (parallel to tn_sseq) */
@@ -119,7 +121,8 @@ double tn_spec_expected(double a, int32_t k);
 double tn_spec_acc_update(double a, int32_t drafted, int32_t accepted);
 /* Chooses sp[i].k for a step planned by tn_sched_plan (q[i].chunk and *shape set): 0 for every
  * sequence not decoding in it, else a length in {0} u [kmin, min(kmax, drafts)]. *shape grows by
- * the draft rows (each wants logits). Returns the step's predicted seconds. */
+ * the draft rows (each wants logits), within n_batch, n_logits_cap and rows_cap. Returns the
+ * step's predicted seconds. */
 double tn_sched_spec(const tn_sched *s, const tn_sseq *q, tn_spec_seq *sp, int n, const tn_spec_cfg *cfg, tn_shape *shape);
 
 /* ---- admission and TTFT prediction ------------------------------------------------------------ */

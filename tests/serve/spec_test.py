@@ -140,9 +140,10 @@ def sampled(srv):
     return out
 
 
-# -b 32: steps of more rows may round differently from `tern generate`'s one-row steps, with or
-# without --spec (seen with 8 concurrent 13-token prompts and 40 tokens each, no --spec: 3 of 48
-# texts differ at the default -b 512, none of 120 at -b 32); this test is about speculation
+# -b 32: a step of 64 rows or more sums attention in f32 (TN_ATTN_F32_ROWS), so 8 prompts
+# prefilled together round differently from `tern generate`'s one-prompt prefill, with or without
+# --spec (no --spec, default -b 512: 3 of 48 texts differed); speculation itself never takes a
+# step across 64 rows (tn_spec_cfg.rows_cap, test_serve_sched)
 B32 = ["-b", "32"]
 plain = Server(tern, model, os.path.join(tmp, "plain"), "-np", "8", *B32)
 try:

@@ -339,7 +339,7 @@ static void test_spec_expected(void **state) {
 static void test_spec_batch1(void **state) {
     (void)state;
     tn_sched s = spec_sched(0);
-    tn_spec_cfg cfg = {1, 8, false};
+    tn_spec_cfg cfg = {1, 8, false, 0};
     int32_t k[64];
     /* high acceptance at batch 1: rows are nearly free, the longest length is best */
     double a = 0.9;
@@ -365,7 +365,7 @@ static void test_spec_batch1(void **state) {
     spec_run(&s, 1, &a, 8, &cfg, k);
     assert_int_equal(k[0], 0);
     /* fewer drafts than --draft-min: none tried */
-    tn_spec_cfg cmin = {4, 8, false};
+    tn_spec_cfg cmin = {4, 8, false, 0};
     a = 0.9;
     spec_run(&s, 1, &a, 3, &cmin, k);
     assert_int_equal(k[0], 0);
@@ -376,7 +376,7 @@ static void test_spec_batch1(void **state) {
 static void test_spec_batch_fills(void **state) {
     (void)state;
     tn_sched s = spec_sched(0);
-    tn_spec_cfg cfg = {1, 8, false};
+    tn_spec_cfg cfg = {1, 8, false, 0};
     double acc[64];
     int32_t k[64];
     for (int i = 0; i < 64; i++) acc[i] = 0.9;
@@ -413,16 +413,34 @@ static void test_spec_batch_fills(void **state) {
     assert_int_equal(spec_run(&s, 4, acc, 8, &cfg, k), 8);
     /* a fixed length ignores the cost model (not the caps) */
     s.n_logits_cap = 512;
-    tn_spec_cfg fixed = {1, 4, true};
+    tn_spec_cfg fixed = {1, 4, true, 0};
     assert_int_equal(spec_run(&s, 48, acc, 8, &fixed, k), 48 * 5);
     assert_int_equal(k[47], 4);
+    /* rows_cap 64: drafts never take a step of fewer rows to 64 (3 x 17 rows fit, a 4th 17 not) */
+    tn_spec_cfg cap = {1, 16, true, 64};
+    assert_int_equal(spec_run(&s, 4, acc, 16, &cap, k), 3 * 17 + 1);
+    assert_int_equal(k[3], 0);
+    cap.fixed = false;
+    s.cost = (tn_cost){2, {1, 513}, {10 * MS, 10.5 * MS}, 0, 0}; /* rows nearly free: the adaptive length fills up to the cap */
+    assert_int_equal(spec_run(&s, 4, acc, 16, &cap, k), 63);
+    /* a step that has 64 rows already (a prefill chunk) may take drafts beyond */
+    s = spec_sched(0);
+    tn_sseq q[2] = {decoding(100, 64, 0), prefilling(0, 100)};
+    tn_spec_seq sp[2] = {{8, 0.9, -1}, {0, 0.5, -1}};
+    tn_shape sh;
+    tn_sched_plan(&s, q, 2, &sh);
+    assert_int_equal(sh.rows, 101);
+    tn_sched_spec(&s, q, sp, 2, &(tn_spec_cfg){1, 8, true, 64}, &sh);
+    assert_int_equal(sp[0].k, 8);
+    assert_int_equal(sp[1].k, 0);
+    assert_int_equal(sh.rows, 109);
 }
 
 static void test_spec_tpot(void **state) {
     (void)state;
     /* TPOT 10.55 ms: 10 ms + 0.25 ms per draft row fits 2 drafts (10.5 ms), not 3 (10.75) */
     tn_sched s = spec_sched(10.55);
-    tn_spec_cfg cfg = {1, 8, false};
+    tn_spec_cfg cfg = {1, 8, false, 0};
     double a = 0.9;
     int32_t k[1];
     spec_run(&s, 1, &a, 8, &cfg, k);
