@@ -924,8 +924,11 @@ static void step(tn_engine *e) {
         if (dj < s->spec) {
             if (t == s->draft[dj]) s->spec_acc++;
             else s->spec_stop = true;
-        } else if (dj == 0 && s->n_draft > 0 && !e->spec.fixed) {
-            s->acc = tn_spec_acc_update(s->acc, 1, t == s->draft[0]); /* drafts not verified: was the first right? */
+        } else if (dj < s->n_draft && !e->spec.fixed) {
+            /* the row after the verified drafts (all kept, or none verified): would the next draft
+             * have been kept? One more observation of the rate, free, so a rate that fell to
+             * "not worth verifying" can recover */
+            s->acc = tn_spec_acc_update(s->acc, 1, t == s->draft[dj]);
         }
         on_token(e, s, t, want ? e->lp_tmp : NULL, now);
     }
