@@ -835,6 +835,10 @@ int tn_serve_run(const tn_serve_config *cfg) {
     int port = di ? di->port : cfg->port;
     fprintf(stderr, "tern serve: model %s (%s), chat template %s, %d parallel, ctx %d per sequence\n", S->model_id,
             tern_model_desc(S->model), tn_chat_name(S->env.tmpl), cfg->n_parallel, S->env.n_ctx_seq);
+    if (cfg->spec_ngram)
+        fprintf(stderr, "tern serve: speculative decoding: n-gram drafts (n-grams of 1..%d tokens), %s%d..%d drafts per step\n",
+                cfg->spec_ngram_n, cfg->spec_fixed ? "fixed length, " : "length chosen per step, ", cfg->draft_min,
+                cfg->draft_max);
     fprintf(stderr, "tern serve: listening on http://%s:%d\n", cfg->host, port);
     fflush(stderr);
 
