@@ -179,7 +179,7 @@ int32_t tn_blk_begin(tn_thr *T, tern_ctx *c, const tn_batch *b, const int32_t *c
     /* attention: units of G query heads (tn_attn_unit), this thread's units p0 .. p1 - 1; like
      * llama.cpp, batches of >= 64 tokens with head sizes a multiple of 16 use f32 accumulation,
      * everything else the f16 path */
-    T->acc16 = T->n < 64 || hp->head_dim % 16 != 0;
+    T->acc16 = T->n < TN_ATTN_F32_ROWS || hp->head_dim % 16 != 0;
     T->G = tn_attn_unit(hp, T->n, nth);
     tn_split((int64_t)T->n * (hp->n_head / T->G), ith, nth, 1, &T->p0, &T->p1);
     if (T->own && ith == 0) /* the tail counters of tn_matmul_share, before the first barrier */

@@ -15,6 +15,11 @@
 #include "model/ctx.h"
 
 /* One thread's view of one pass: the batch, its share of the tokens, and the one-token mode. */
+/* Batches of at least this many rows accumulate attention in f32 (head sizes a multiple of 16),
+ * smaller ones in f16: a row's result depends on which side of it its batch is (tern serve keeps
+ * speculative rows from taking a step across it). */
+#define TN_ATTN_F32_ROWS 64
+
 typedef struct tn_thr {
     tern_ctx *c;
     const tn_batch *b;
@@ -35,7 +40,7 @@ typedef struct tn_thr {
     /* attention in units of G query heads; this thread's units p0 .. p1 - 1 */
     int32_t G;
     int64_t p0, p1;
-    bool acc16;                   /* f16 accumulation (small batches, as llama.cpp)                */
+    bool acc16;                   /* f16 accumulation (batches under TN_ATTN_F32_ROWS, as llama.cpp) */
 } tn_thr;
 
 /* Sets up thread ith's view; returns the first layer to run (c->start_layer, or 0). */

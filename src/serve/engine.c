@@ -41,6 +41,14 @@
  *      still open: streams send their headers only once the request starts.
  *   6. KV: a request is admitted only when the blocks for prompt + max_tokens (minus blocks
  *      found in the prefix cache) can be reserved, so running sequences never run out of blocks.
+ *   7. Speculation (--spec ngram). After the plan, each decoding sequence with n-gram drafts may
+ *      add k draft rows after its current token (tn_sched_spec: expected tokens per predicted
+ *      second, its live acceptance rate, the step's caps and TPOT limit). All its rows want
+ *      logits and are sampled in order through the one per-token path (on_token); a draft is kept
+ *      while the pick equals it, the first differing pick ends its step. n_done advances by the
+ *      current token at once and by the kept drafts after sampling, so rejected positions (K/V
+ *      written, not counted) are overwritten later and never published. k <= what the sequence
+ *      may still emit - 1, so rows stay inside the blocks reserved for prompt + max_tokens.
  * TERN_SERVE_TRACE=FILE writes one line per step (shape, predicted and actual time, load
  * factor) and one per finished sequence (its mean gap in decode-only and in mixed steps).
  * Invariant: a sequence's tokens [0, n_done) have K/V in the blocks of its table; blocks below
@@ -56,8 +64,10 @@
 
 #include "core/base.h"
 #include "cuda/cuda.h"
+#include "model/blocks.h"
 #include "model/ctx.h"
 #include "model/ops.h"
+#include "model/spec.h"
 #include "serve/kv.h"
 #include "serve/sched.h"
 #include "serve/serve.h"
@@ -188,6 +198,13 @@ typedef struct tn_seq {
     int32_t chunk;         /* tokens of this sequence in the current batch                    */
     double tr_gap[2];      /* trace: time between its tokens in decode-only / mixed steps      */
     int32_t tr_n[2];
+    /* speculative decoding (--spec ngram) */
+    tern_token draft[TN_SPEC_KMAX]; /* this step's n-gram drafts after its current token          */
+    int32_t n_draft;       /* drafts found                                                     */
+    int32_t spec;          /* of them verified in this step (rows after the current token)     */
+    int32_t spec_acc;      /* of those kept so far in this step                                */
+    bool spec_stop;        /* a pick differed from its draft: the rest of its rows are dropped  */
+    double acc;            /* acceptance rate (tn_spec_acc_update)                              */
 } tn_seq;
 
 struct tn_engine {
@@ -212,6 +229,9 @@ struct tn_engine {
                                                 * position of a prompt row whose logits only give
                                                 * the next prompt token's logprob (else -1)     */
     int8_t *b_logits;
+    int32_t *b_dj;                  /* per logit row of a decoding sequence: 0 for its current
+                                     * token, j for its j-th draft                             */
+    tn_spec_cfg spec;               /* --spec ngram (kmax 0: off)                              */
     const int32_t **tables;
     float *lrow;                    /* [n_vocab] logits after logit_bias and penalties         */
     int32_t *pcount;                /* [n_vocab] zero between uses: token counts for penalties  */
@@ -223,6 +243,7 @@ struct tn_engine {
     int32_t last_dec;               /* decoding rows of the last step                         */
     double last_limit;              /* its time limit (tn_sched_limit)                        */
     tn_sseq *plan;                  /* [np + 1] the running sequences as the policy sees them */
+    tn_spec_seq *plan_spec;         /* [np + 1] their drafts and chosen lengths (--spec)       */
     int *plan_seq;                  /* [np + 1] their indices in seqs                         */
     FILE *trace;                    /* TERN_SERVE_TRACE                                       */
     double t_start;
@@ -656,6 +677,8 @@ static void admit(tn_engine *e) {
         s->lp_sum = 0;
         s->n_lp_sum = 0;
         s->t_first = s->t_last = 0;
+        s->acc = TN_SPEC_ACC_START;
+        s->n_draft = s->spec = 0;
         e->n_active++;
         bool first = r->n_admitted == 0;
         r->n_admitted++;
@@ -712,6 +735,49 @@ static bool ensure_blocks(tn_engine *e, tn_seq *s, int32_t last_pos) {
     return true;
 }
 
+/* Publishes the sequence's full blocks below n_done in the prefix cache (only computed, kept
+ * positions: never a rejected draft). */
+static void publish_blocks(tn_engine *e, tn_seq *s) {
+    while ((s->n_pub + 1) * TN_KVB <= s->n_done) {
+        int32_t j = s->n_pub;
+        tn_kv_publish(&e->kv, s->table[j], j ? s->table[j - 1] : -1, s->pub_hash, s->toks + j * TN_KVB);
+        s->pub_hash = tn_kv_hash(s->pub_hash, s->toks + j * TN_KVB);
+        s->n_pub++;
+    }
+}
+
+/* Speculative decoding: n-gram drafts for the decoding sequences of the plan and the length each
+ * verifies (tn_sched_spec); sets seqs[].spec. A sequence drafts at most what it may still emit
+ * minus one (its max_tokens and context), so its rows never pass the KV blocks reserved for
+ * prompt + max_tokens. */
+static void plan_spec(tn_engine *e, int n_plan, tn_shape *shape) {
+    for (int j = 0; j < n_plan; j++) {
+        tn_seq *s = &e->seqs[e->plan_seq[j]];
+        s->n_draft = s->spec = s->spec_acc = 0;
+        s->spec_stop = false;
+        const tn_sseq *q = &e->plan[j];
+        tn_spec_seq *sp = &e->plan_spec[j];
+        sp->drafts = 0;
+        sp->acc = s->acc;
+        if (q->chunk != 1 || s->n_done < s->n_prompt || s->n_toks - s->n_done != 1) continue;
+        int32_t room = s->r->p.max_tokens - s->n_gen - 1, ctx = e->n_ctx_seq - s->n_toks - 1;
+        if (room > ctx) room = ctx;
+        if (room > e->spec.kmax) room = e->spec.kmax;
+        if (room <= 0) continue;
+        s->n_draft = tn_spec_ngram(s->toks, s->n_toks, 1, e->cfg.spec_ngram_n, room, s->draft);
+        sp->drafts = s->n_draft;
+    }
+    tn_sched_spec(&e->sch, e->plan, e->plan_spec, n_plan, &e->spec, shape);
+    lock_met(e);
+    for (int j = 0; j < n_plan; j++) {
+        tn_seq *s = &e->seqs[e->plan_seq[j]];
+        s->spec = e->plan_spec[j].k;
+        if (e->plan[j].chunk == 1 && s->n_done >= s->n_prompt) tn_metrics_spec_len(e->met, s->spec);
+        e->met->spec_drafted += (uint64_t)s->spec;
+    }
+    unlock_met(e);
+}
+
 /* OpenAI's presence / frequency penalties over the tokens generated so far (not the prompt):
  * logit[t] -= frequency_penalty * count[t] + presence_penalty * (count[t] > 0), on e->lrow. */
 static void apply_penalties(tn_engine *e, const tn_seq *s) {
@@ -758,7 +824,9 @@ static void step(tn_engine *e) {
     /* the plan (sched.c): a row for every decoding sequence, prefill chunks oldest first sized
      * to keep the decoding sequences on their TPOT schedule */
     int n_plan = running_state(e, tn_srv_now(), e->plan, e->plan_seq);
-    tn_sched_plan(&e->sch, e->plan, n_plan, NULL);
+    tn_shape planned;
+    tn_sched_plan(&e->sch, e->plan, n_plan, &planned);
+    if (e->spec.kmax > 0) plan_spec(e, n_plan, &planned);
     e->last_limit = tn_sched_limit(&e->sch, e->plan, n_plan);
     int64_t keys = 0;
     for (int j = 0; j < n_plan; j++) {
@@ -768,24 +836,27 @@ static void step(tn_engine *e) {
         if (c == 0) continue;
         bool dec = s->n_done >= s->n_prompt;
         if (dec && s->n_toks - s->n_done != 1) continue;
+        if (dec) c += s->spec; /* its current token, then its drafts: logits on every row */
         if (!ensure_blocks(e, s, s->n_done + c - 1)) {
             seq_finish(e, s, NULL, 500, "KV cache exhausted");
             continue;
         }
         bool last = dec || s->n_done + c == s->n_toks, all = !dec && wants_plp(s); /* logits: see b_lpos */
         for (int32_t k = 0; k < c; k++) {
-            e->b_tok[n] = s->toks[s->n_done + k];
+            bool sp = dec && k > 0; /* a draft row */
+            e->b_tok[n] = sp ? s->draft[k - 1] : s->toks[s->n_done + k];
             e->b_seq[n] = i;
             e->b_pos[n] = s->n_done + k;
-            e->b_logits[n] = (int8_t)(all || (last && k == c - 1));
+            e->b_logits[n] = (int8_t)(all || dec || (last && k == c - 1));
             if (e->b_logits[n]) {
                 e->b_owner[nl] = i;
-                e->b_lpos[nl++] = last && k == c - 1 ? -1 : s->n_done + k;
+                e->b_dj[nl] = dec ? k : 0;
+                e->b_lpos[nl++] = dec || (last && k == c - 1) ? -1 : s->n_done + k;
             }
             n++;
         }
         s->chunk = c;
-        n_dec += dec;
+        n_dec += dec ? c : 0; /* its drafts too */
         keys += tn_chunk_keys(s->n_done, c);
     }
     if (n == 0) return;
@@ -813,14 +884,9 @@ static void step(tn_engine *e) {
     for (int i = 0; i < e->np; i++) {
         tn_seq *s = &e->seqs[i];
         if (!s->active || !s->chunk) continue;
-        s->n_done += s->chunk;
+        s->n_done += s->chunk - s->spec; /* drafts count once verified (below) */
         if (s->n_done >= s->n_prompt) s->r->prompt_ready = true;
-        while ((s->n_pub + 1) * TN_KVB <= s->n_done) {
-            int32_t j = s->n_pub;
-            tn_kv_publish(&e->kv, s->table[j], j ? s->table[j - 1] : -1, s->pub_hash, s->toks + j * TN_KVB);
-            s->pub_hash = tn_kv_hash(s->pub_hash, s->toks + j * TN_KVB);
-            s->n_pub++;
-        }
+        publish_blocks(e, s);
     }
     for (int k = 0; k < nl && k < e->ctx->n_logits; k++) {
         tn_seq *s = &e->seqs[e->b_owner[k]];
@@ -848,11 +914,40 @@ static void step(tn_engine *e) {
             pthread_cond_broadcast(&s->r->cv);
             pthread_mutex_unlock(&s->r->mu);
         }
+        /* a drafted row counts while every pick before it equalled its draft: the sampler sees
+         * the rows in order with the history one-token decoding would give it */
+        const int32_t dj = e->b_dj[k];
+        if (dj > 0 && s->spec_stop) continue;
         tern_token t = tern_sampler_sample(s->smp, lg);
         bool want = p->logprobs || p->n_return < p->n; /* best_of ranks candidates by mean logprob */
         if (want) logprobs_of(raw, e->n_vocab, t, p->logprobs ? p->top_logprobs : 0, e->lp_tmp);
+        if (dj < s->spec) {
+            if (t == s->draft[dj]) s->spec_acc++;
+            else s->spec_stop = true;
+        } else if (dj < s->n_draft && !e->spec.fixed) {
+            /* the row after the verified drafts (all kept, or none verified): would the next draft
+             * have been kept? One more observation of the rate, free, so a rate that fell to
+             * "not worth verifying" can recover */
+            s->acc = tn_spec_acc_update(s->acc, 1, t == s->draft[dj]);
+        }
         on_token(e, s, t, want ? e->lp_tmp : NULL, now);
     }
+    if (e->spec.kmax <= 0) return;
+    /* the kept drafts' K/V count now; the rejected rows' blocks are simply overwritten later */
+    uint64_t acc = 0;
+    for (int i = 0; i < e->np; i++) {
+        tn_seq *s = &e->seqs[i];
+        if (!s->chunk || !s->spec) continue;
+        acc += (uint64_t)s->spec_acc;
+        if (!s->active) continue; /* finished inside its run: its blocks are gone */
+        s->n_done += s->spec_acc;
+        s->acc = tn_spec_acc_update(s->acc, s->spec, s->spec_acc);
+        publish_blocks(e, s);
+        s->spec = 0;
+    }
+    lock_met(e);
+    e->met->spec_accepted += acc;
+    unlock_met(e);
 }
 
 static void *engine_main(void *arg) {
@@ -1016,19 +1111,21 @@ tern_status tn_engine_create(const tern_model *m, const tn_serve_config *cfg, tn
     e->b_owner = tn_calloc((size_t)e->n_batch, sizeof *e->b_owner);
     e->b_lpos = tn_calloc((size_t)e->n_batch, sizeof *e->b_lpos);
     e->b_logits = tn_calloc((size_t)e->n_batch, sizeof *e->b_logits);
+    e->b_dj = tn_calloc((size_t)e->n_batch, sizeof *e->b_dj);
     e->tables = tn_calloc((size_t)e->np, sizeof *e->tables);
     e->lrow = tn_malloc((size_t)e->n_vocab * sizeof *e->lrow);
     e->pcount = tn_calloc((size_t)e->n_vocab, sizeof *e->pcount);
     size_t nq = (size_t)e->qcap + (size_t)e->np + 1;
     e->plan = tn_calloc((size_t)e->np + 1, sizeof *e->plan);
     e->plan_seq = tn_calloc((size_t)e->np + 1, sizeof *e->plan_seq);
+    e->plan_spec = tn_calloc((size_t)e->np + 1, sizeof *e->plan_spec);
     e->snap = tn_calloc((size_t)e->np + 1, sizeof *e->snap);
     e->snap_idx = tn_calloc((size_t)e->np + 1, sizeof *e->snap_idx);
     e->qsim = tn_calloc(nq, sizeof *e->qsim);
     e->qord = tn_calloc(nq, sizeof *e->qord);
     e->qttft = tn_calloc(nq, sizeof *e->qttft);
-    if (!e->q || !e->seqs || !e->b_tok || !e->b_seq || !e->b_pos || !e->b_owner || !e->b_lpos || !e->b_logits || !e->tables || !e->lrow ||
-        !e->pcount || !e->plan || !e->plan_seq || !e->snap || !e->snap_idx || !e->qsim || !e->qord || !e->qttft) {
+    if (!e->q || !e->seqs || !e->b_tok || !e->b_seq || !e->b_pos || !e->b_owner || !e->b_lpos || !e->b_logits || !e->b_dj || !e->tables || !e->lrow ||
+        !e->pcount || !e->plan || !e->plan_seq || !e->plan_spec || !e->snap || !e->snap_idx || !e->qsim || !e->qord || !e->qttft) {
         s = tn_err(TERN_ERR_NOMEM, "serve: engine buffers");
         goto fail;
     }
@@ -1041,6 +1138,20 @@ tern_status tn_engine_create(const tern_model *m, const tn_serve_config *cfg, tn
         }
     }
     met->kv_blocks = e->kv.n_blocks;
+    if (cfg->spec_ngram) { /* a sequence's run (current token + drafts) wants a logit row each */
+        int32_t kmax = cfg->draft_max < TN_SPEC_KMAX ? cfg->draft_max : TN_SPEC_KMAX;
+        if (kmax > e->ctx->n_logits_cap - 1) kmax = e->ctx->n_logits_cap - 1;
+        if (kmax > e->n_batch - 1) kmax = e->n_batch - 1;
+        if (kmax < 1 || cfg->draft_min > kmax) {
+            s = tn_err(TERN_ERR_INVALID_ARG, "--spec ngram: --draft-min %d / --draft-max %d do not fit a step of %d rows with logits",
+                       cfg->draft_min, cfg->draft_max, TN_MIN(e->ctx->n_logits_cap, e->n_batch));
+            goto fail;
+        }
+        /* drafts never take a step across the row count where attention switches to f32 sums:
+         * every row's logits would change (lossless means what plain decoding gives) */
+        e->spec = (tn_spec_cfg){cfg->draft_min, kmax, cfg->spec_fixed, TN_ATTN_F32_ROWS};
+        met->spec = true;
+    }
     measure_cost(e);
     /* the testing-only pause after every step is part of every step's time: the scheduler plans
      * with it instead of learning it through the load factor (whose clamp, 50x, a 5 ms pause on
@@ -1117,11 +1228,13 @@ void tn_engine_destroy(tn_engine *e) {
     tn_free(e->b_owner);
     tn_free(e->b_lpos);
     tn_free(e->b_logits);
+    tn_free(e->b_dj);
     tn_free(e->tables);
     tn_free(e->lrow);
     tn_free(e->pcount);
     tn_free(e->plan);
     tn_free(e->plan_seq);
+    tn_free(e->plan_spec);
     tn_free(e->snap);
     tn_free(e->snap_idx);
     tn_free(e->qsim);

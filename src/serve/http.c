@@ -57,6 +57,9 @@ void tn_serve_config_init(tn_serve_config *c) {
     c->max_body = 4u << 20;
     c->n_gpu_layers = -1;
     c->chat_template = -1;
+    c->draft_min = 1;
+    c->draft_max = 8;
+    c->spec_ngram_n = 3;
 }
 
 /* ---- responses ------------------------------------------------------------------------------- */
@@ -824,6 +827,10 @@ int tn_serve_run(const tn_serve_config *cfg) {
     int port = di ? di->port : cfg->port;
     fprintf(stderr, "tern serve: model %s (%s), chat template %s, %d parallel, ctx %d per sequence\n", S->model_id,
             tern_model_desc(S->model), tern_chat_template_name(S->env.tmpl), cfg->n_parallel, S->env.n_ctx_seq);
+    if (cfg->spec_ngram)
+        fprintf(stderr, "tern serve: speculative decoding: n-gram drafts (n-grams of 1..%d tokens), %s%d..%d drafts per step\n",
+                cfg->spec_ngram_n, cfg->spec_fixed ? "fixed length, " : "length chosen per step, ", cfg->draft_min,
+                cfg->draft_max);
     fprintf(stderr, "tern serve: listening on http://%s:%d\n", cfg->host, port);
     fflush(stderr);
 

@@ -26,6 +26,15 @@ void tn_hist_add(tn_hist *h, double v) {
         if (v <= tn_bounds[i]) h->b[i]++;
 }
 
+static const int32_t tn_spec_len_bounds[TN_SPEC_LEN_N] = {0, 1, 2, 4, 8, 16, 32};
+
+void tn_metrics_spec_len(tn_metrics *m, int32_t k) {
+    m->spec_len_sum += (uint64_t)k;
+    m->spec_len[TN_SPEC_LEN_N]++;
+    for (int i = 0; i < TN_SPEC_LEN_N; i++)
+        if (k <= tn_spec_len_bounds[i]) m->spec_len[i]++;
+}
+
 static void hist(tn_buf *b, const char *name, const char *help, const tn_hist *h) {
     tn_buf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
     for (int i = 0; i < TN_HIST_N; i++) tn_buf_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, tn_bounds[i], (unsigned long long)h->b[i]);
@@ -75,6 +84,19 @@ char *tn_metrics_render(tn_metrics *m, const char *model_id, const double cost[3
     hist(&b, "tern_inter_token_latency_seconds", "Time between output tokens.", &m->itl);
     hist(&b, "tern_e2e_request_latency_seconds", "End-to-end request latency.", &m->e2e);
     hist(&b, "tern_request_queue_time_seconds", "Time waiting in the queue.", &m->queue);
+    if (m->spec) {
+        CTR("tern_spec_drafted_total", "Draft tokens verified by speculative decoding.", m->spec_drafted);
+        CTR("tern_spec_accepted_total", "Draft tokens kept (equal to the token the sampler picked).", m->spec_accepted);
+        GAUGE("tern_spec_acceptance_ratio", "Accepted / drafted tokens since start (0 before any draft).", "%.6f",
+              m->spec_drafted ? (double)m->spec_accepted / (double)m->spec_drafted : 0.0);
+        const char *n = "tern_spec_length";
+        tn_buf_printf(&b, "# HELP %s Speculation length chosen per decoding sequence and step (0: none).\n# TYPE %s histogram\n", n, n);
+        for (int i = 0; i < TN_SPEC_LEN_N; i++)
+            tn_buf_printf(&b, "%s_bucket{le=\"%d\"} %llu\n", n, tn_spec_len_bounds[i], (unsigned long long)m->spec_len[i]);
+        tn_buf_printf(&b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %llu\n%s_count %llu\n", n,
+                      (unsigned long long)m->spec_len[TN_SPEC_LEN_N], n, (unsigned long long)m->spec_len_sum, n,
+                      (unsigned long long)m->spec_len[TN_SPEC_LEN_N]);
+    }
     pthread_mutex_unlock(&m->mu);
     return tn_buf_take(&b, NULL);
 }

@@ -98,6 +98,100 @@ double tn_sched_plan(const tn_sched *s, tn_sseq *q, int n, tn_shape *shape) {
     return tn_cost_step(&s->cost, &sh);
 }
 
+/* ---- speculative decoding ------------------------------------------------------------------------ */
+double tn_spec_expected(double a, int32_t k) {
+    if (k <= 0) return 1;
+    if (a >= 1) return k + 1;
+    if (a <= 0) return 1;
+    return (1 - pow(a, k + 1)) / (1 - a);
+}
+
+double tn_spec_acc_update(double a, int32_t drafted, int32_t accepted) {
+    for (int32_t j = 0; j < accepted; j++) a += TN_SPEC_ACC_ALPHA * (1 - a);
+    if (accepted < drafted) a -= TN_SPEC_ACC_ALPHA * a;
+    return a;
+}
+
+/* One more draft row for a sequence on shape sh: false when rows or logit rows run out. */
+static bool spec_grow(const tn_sched *s, const tn_sseq *q, const tn_spec_seq *p, tn_shape *sh, int32_t max_rows) {
+    if (sh->rows + 1 > max_rows || sh->logits + 1 > s->n_logits_cap) return false;
+    sh->rows++;
+    sh->logits++;
+    sh->keys += q->pos + p->k + 2; /* draft j sits at pos + 1 + j */
+    return true;
+}
+
+static bool spec_decoding(const tn_sseq *q) { return decoding(q) && q->chunk == 1; }
+
+/* The decoding sequence whose next draft is the most likely to be kept, -1 if none can grow. */
+static int spec_best(const tn_sseq *q, const tn_spec_seq *sp, int n, const tn_spec_cfg *cfg) {
+    int best = -1;
+    double g = -1;
+    for (int i = 0; i < n; i++) {
+        int32_t lim = sp[i].drafts < cfg->kmax ? sp[i].drafts : cfg->kmax;
+        if (!spec_decoding(&q[i]) || sp[i].k >= lim) continue;
+        double gi = pow(sp[i].acc, sp[i].k + 1);
+        if (gi > g) g = gi, best = i;
+    }
+    return best;
+}
+
+/* Adds up to m draft rows in the greedy order within the caps and the time limit; with
+ * ratio_best, records in *m_best the count after which expected tokens / time was highest. */
+static void spec_add(const tn_sched *s, const tn_sseq *q, tn_spec_seq *sp, int n, const tn_spec_cfg *cfg, tn_shape *sh, int m,
+                     int32_t max_rows, double lim, double *ratio_best, int *m_best) {
+    double f = s->f_plan > 0 ? s->f_plan : 1, tok = 0;
+    for (int i = 0; i < n; i++) tok += spec_decoding(&q[i]);
+    for (int added = 0; added < m; added++) {
+        int i = spec_best(q, sp, n, cfg);
+        if (i < 0) break;
+        tn_shape t = *sh;
+        if (!spec_grow(s, &q[i], &sp[i], &t, max_rows)) break;
+        double dt = tn_cost_step(&s->cost, &t);
+        if (!isinf(lim) && f * dt > lim) break;
+        tok += pow(sp[i].acc, sp[i].k + 1);
+        sp[i].k++;
+        *sh = t;
+        if (ratio_best && dt > 0 && tok / dt > *ratio_best * (1 + 1e-9)) *ratio_best = tok / dt, *m_best = added + 1;
+    }
+}
+
+double tn_sched_spec(const tn_sched *s, const tn_sseq *q, tn_spec_seq *sp, int n, const tn_spec_cfg *cfg, tn_shape *shape) {
+    for (int i = 0; i < n; i++) sp[i].k = 0;
+    tn_shape sh = *shape;
+    int32_t kmin = cfg->kmin > 1 ? cfg->kmin : 1, max_rows = s->n_batch;
+    if (cfg->rows_cap > 0 && sh.rows < cfg->rows_cap && max_rows > cfg->rows_cap - 1) max_rows = cfg->rows_cap - 1;
+    if (cfg->fixed) {
+        for (int i = 0; i < n; i++) {
+            int32_t want = sp[i].drafts < cfg->kmax ? sp[i].drafts : cfg->kmax;
+            if (!spec_decoding(&q[i]) || want < kmin) continue;
+            if (sh.rows + want > max_rows || sh.logits + want > s->n_logits_cap) continue;
+            while (sp[i].k < want) spec_grow(s, &q[i], &sp[i], &sh, max_rows), sp[i].k++;
+        }
+    } else {
+        /* the greedy order once to find the best number of rows, then again up to it */
+        double lim = tn_sched_limit(s, q, n), t0 = tn_cost_step(&s->cost, &sh), best = 0;
+        int m_best = 0;
+        for (int i = 0; i < n; i++) best += spec_decoding(&q[i]);
+        if (best == 0 || !(t0 > 0)) return t0;
+        best /= t0;
+        tn_shape tmp = sh;
+        spec_add(s, q, sp, n, cfg, &tmp, 1 << 30, max_rows, lim, &best, &m_best);
+        for (int i = 0; i < n; i++) sp[i].k = 0;
+        spec_add(s, q, sp, n, cfg, &sh, m_best, max_rows, lim, NULL, NULL);
+        /* lengths under kmin are not tried: their rows go */
+        for (int i = 0; i < n; i++)
+            if (sp[i].k > 0 && sp[i].k < kmin) {
+                sh.rows -= sp[i].k;
+                sh.logits -= sp[i].k;
+                sh.keys -= tn_chunk_keys(q[i].pos + 1, sp[i].k);
+                sp[i].k = 0;
+            }
+    }
+    *shape = sh;
+    return tn_cost_step(&s->cost, &sh);
+}
+
 /* ---- admission and TTFT prediction ------------------------------------------------------------ */
 bool tn_sched_starts(const tn_sched *s, tn_sseq *q, int n, const tn_sreq_sim *r) {
     q[n] = (tn_sseq){0, r->prompt > 0 ? r->prompt : 1, r->left, 0, 0, false};

@@ -85,6 +85,46 @@ double tn_sched_limit(const tn_sched *s, const tn_sseq *q, int n);
  * seconds at an unloaded machine (0 for an empty step); *shape gets its shape. */
 double tn_sched_plan(const tn_sched *s, tn_sseq *q, int n, tn_shape *shape);
 
+/* ---- speculative decoding: the speculation length per sequence and step ---------------------- */
+/* After "The Synergy of Speculative Decoding and Batching in Serving Large Language Models": a
+ * decoding sequence verifying k drafts with per-token acceptance rate a emits
+ * (1 - a^(k+1)) / (1 - a) tokens in expectation (k + 1 at a = 1), and its k rows make the whole
+ * step slower by what the cost model says. tn_sched_spec adds draft rows one at a time, each
+ * to the sequence whose next draft is the most likely to be kept (a^(k+1)), while the step's
+ * rows, logit rows and time stay within n_batch, n_logits_cap and tn_sched_limit (the TPOT
+ * objective), and keeps the number of rows that maximises expected tokens / predicted time.
+ * Rows are nearly free while a step is memory-bound (few rows): k grows with the acceptance
+ * rate; once rows cost their share (a full batch, compute-bound) a draft row that yields a < 1
+ * tokens costs more than it gives and k falls to 0. */
+#define TN_SPEC_KMAX 32          /* most drafts per sequence and step                            */
+#define TN_SPEC_ACC_ALPHA 0.2    /* weight of one verified draft in the acceptance rate          */
+#define TN_SPEC_ACC_START 0.5    /* acceptance rate of a new sequence                            */
+typedef struct tn_spec_cfg {
+    int32_t kmin, kmax;          /* --draft-min, --draft-max: fewer than kmin drafts are not tried */
+    bool fixed;                  /* every sequence verifies min(kmax, drafts) (if >= kmin) as   */
+                                 /* long as rows and logit rows allow: no cost model            */
+    int32_t rows_cap;            /* > 0: draft rows never take a step of fewer rows to this many */
+                                 /* (the forward pass's numerics change there: TN_ATTN_F32_ROWS) */
+} tn_spec_cfg;
+
+typedef struct tn_spec_seq {     /* a running sequence's side of speculation (parallel to tn_sseq) */
+    int32_t drafts;              /* in: drafted tokens it could verify                          */
+    double acc;                  /* in: its acceptance rate (tn_spec_acc_update)                */
+    int32_t k;                   /* out: drafts it verifies in this step                        */
+} tn_spec_seq;
+
+/* Expected tokens emitted by one verification of k drafts at acceptance rate a. */
+double tn_spec_expected(double a, int32_t k);
+/* The acceptance rate after verifying `drafted` drafts of which the first `accepted` were kept:
+ * an exponentially weighted mean (TN_SPEC_ACC_ALPHA) over the verified positions: each kept
+ * draft counts 1, the first rejected one 0 (the drafts behind it are not tested). */
+double tn_spec_acc_update(double a, int32_t drafted, int32_t accepted);
+/* Chooses sp[i].k for a step planned by tn_sched_plan (q[i].chunk and *shape set): 0 for every
+ * sequence not decoding in it, else a length in {0} u [kmin, min(kmax, drafts)]. *shape grows by
+ * the draft rows (each wants logits), within n_batch, n_logits_cap and rows_cap. Returns the
+ * step's predicted seconds. */
+double tn_sched_spec(const tn_sched *s, const tn_sseq *q, tn_spec_seq *sp, int n, const tn_spec_cfg *cfg, tn_shape *shape);
+
 /* ---- admission and TTFT prediction ------------------------------------------------------------ */
 typedef struct tn_sreq_sim {
     int32_t prompt, left;       /* prompt tokens to compute, tokens to generate                  */

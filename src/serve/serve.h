@@ -44,6 +44,11 @@ typedef struct tn_serve_config {
                            /* allocation after the request arrives fails (tn_alloc_fail_at)      */
     bool quiet;
     int chat_template;     /* a tern_chat_template; -1 (default): the model's (tern_chat_template_detect) */
+    /* speculative decoding (engine.c): --spec ngram verifies n-gram drafts of each sequence's text */
+    bool spec_ngram;
+    int32_t draft_min, draft_max; /* drafts per sequence and step; fewer than draft_min: none  */
+    int32_t spec_ngram_n;  /* longest n-gram matched (--spec-ngram)                            */
+    bool spec_fixed;       /* every step drafts draft_max where found (no cost model)           */
 } tn_serve_config;
 
 void tn_serve_config_init(tn_serve_config *c);
@@ -211,6 +216,7 @@ json_t *tn_resp_usage_chunk(const char *model_id, const tn_sreq *r);
 
 /* ---- metrics ---------------------------------------------------------------------------------- */
 #define TN_HIST_N 14
+#define TN_SPEC_LEN_N 7 /* buckets of the chosen speculation length: 0 1 2 4 8 16 32 */
 typedef struct tn_hist {
     double sum;
     uint64_t count, b[TN_HIST_N];
@@ -227,10 +233,15 @@ typedef struct tn_metrics {
     double kv_usage;
     int32_t kv_blocks, kv_used, kv_reserved;
     double load_mean, load_sd;     /* step time actual / predicted (the scheduler's load factor) */
+    bool spec;                     /* speculative decoding on: its metrics are rendered          */
+    uint64_t spec_drafted, spec_accepted; /* draft tokens verified, and kept                     */
+    uint64_t spec_len[TN_SPEC_LEN_N + 1]; /* chosen lengths: count with k <= tn_spec_len_bounds[i], then all */
+    uint64_t spec_len_sum;
 } tn_metrics;
 
 void tn_metrics_init(tn_metrics *m);
 void tn_hist_add(tn_hist *h, double v);
+void tn_metrics_spec_len(tn_metrics *m, int32_t k); /* one chosen speculation length (caller holds mu) */
 /* Prometheus text exposition (malloc'd). */
 char *tn_metrics_render(tn_metrics *m, const char *model_id, const double cost[3]);
 

@@ -287,6 +287,171 @@ static void test_accept(void **state) {
     assert_true(tn_sched_accept(&s, q, 1, 1, r2, 2, 0, 2.2, ttft, &mine));
 }
 
+/* ---- speculative decoding: the length per sequence and step -------------------------------------- */
+/* Memory-bound up to 16 rows (10 ms + 0.2 ms per row), then compute-bound (1 ms per row); 0.05 ms
+ * per extra logit row: a draft row costs 0.25 ms at batch 1, 1.05 ms in a full batch. */
+static tn_sched spec_sched(double tpot_ms) {
+    tn_sched s = {{3, {1, 16, 64}, {10 * MS, 13 * MS, 61 * MS}, 0.05 * MS, 0}, 1.0, 1.0, tpot_ms * MS, 2 * tpot_ms * MS, 512, 64};
+    return s;
+}
+
+/* The step time by hand (no tn_cost_*): rows r, logit rows r (every decoding row wants them). */
+static double spec_time_ref(int32_t r) {
+    double t = r <= 16 ? 10 + 0.2 * (r - 1) : 13 + (r - 16);
+    return (t + 0.05 * (r - 1)) * MS;
+}
+
+/* Expected tokens by the sum 1 + a + .. + a^k (not the closed form under test). */
+static double spec_expected_ref(double a, int32_t k) {
+    double e = 0, p = 1;
+    for (int32_t j = 0; j <= k; j++) e += p, p *= a;
+    return e;
+}
+
+/* n decoding sequences (short contexts: attention is free here) with acceptance acc and d drafts. */
+static int32_t spec_run(const tn_sched *s, int n, const double *acc, int32_t d, const tn_spec_cfg *cfg, int32_t *k) {
+    tn_sseq q[64];
+    tn_spec_seq sp[64];
+    for (int i = 0; i < n; i++) q[i] = decoding(100, 64, 0), sp[i] = (tn_spec_seq){d, acc[i], -1};
+    tn_shape sh;
+    tn_sched_plan(s, q, n, &sh);
+    tn_sched_spec(s, q, sp, n, cfg, &sh);
+    int32_t rows = 0;
+    for (int i = 0; i < n; i++) k[i] = sp[i].k, rows += 1 + sp[i].k;
+    assert_int_equal(sh.rows, rows);
+    assert_int_equal(sh.logits, rows);
+    return rows;
+}
+
+static void test_spec_expected(void **state) {
+    (void)state;
+    assert_float_equal(tn_spec_expected(0.5, 3), 1 + 0.5 + 0.25 + 0.125, 1e-12);
+    assert_float_equal(tn_spec_expected(0.9, 0), 1, 1e-12);
+    assert_float_equal(tn_spec_expected(1.0, 5), 6, 1e-12);
+    assert_float_equal(tn_spec_expected(0.0, 5), 1, 1e-12);
+    for (int32_t k = 0; k <= 8; k++) assert_float_equal(tn_spec_expected(0.7, k), spec_expected_ref(0.7, k), 1e-12);
+    /* acceptance: 0.5, one kept (0.5 + 0.2 x 0.5 = 0.6), then the first rejected (0.6 x 0.8) */
+    assert_float_equal(tn_spec_acc_update(0.5, 3, 1), 0.48, 1e-12);
+    assert_float_equal(tn_spec_acc_update(0.5, 2, 2), 0.68, 1e-12); /* 0.6, 0.68: all kept */
+    assert_float_equal(tn_spec_acc_update(0.5, 1, 0), 0.4, 1e-12);
+}
+
+static void test_spec_batch1(void **state) {
+    (void)state;
+    tn_sched s = spec_sched(0);
+    tn_spec_cfg cfg = {1, 8, false, 0};
+    int32_t k[64];
+    /* high acceptance at batch 1: rows are nearly free, the longest length is best */
+    double a = 0.9;
+    spec_run(&s, 1, &a, 8, &cfg, k);
+    int32_t kbest = 0;
+    for (int32_t j = 1; j <= 8; j++)
+        if (spec_expected_ref(a, j) / spec_time_ref(1 + j) > spec_expected_ref(a, kbest) / spec_time_ref(1 + kbest)) kbest = j;
+    assert_int_equal(kbest, 8);
+    assert_int_equal(k[0], kbest);
+    /* fewer drafts found than kmax: all of them */
+    spec_run(&s, 1, &a, 3, &cfg, k);
+    assert_int_equal(k[0], 3);
+    /* the exhaustive optimum at middling acceptance */
+    for (double aa = 0.05; aa < 1; aa += 0.05) {
+        spec_run(&s, 1, &aa, 8, &cfg, k);
+        kbest = 0;
+        for (int32_t j = 1; j <= 8; j++)
+            if (spec_expected_ref(aa, j) / spec_time_ref(1 + j) > spec_expected_ref(aa, kbest) / spec_time_ref(1 + kbest)) kbest = j;
+        assert_int_equal(k[0], kbest);
+    }
+    /* low acceptance: a draft kept 2% of the time is worth less than its 2.5% of the step */
+    a = 0.02;
+    spec_run(&s, 1, &a, 8, &cfg, k);
+    assert_int_equal(k[0], 0);
+    /* fewer drafts than --draft-min: none tried */
+    tn_spec_cfg cmin = {4, 8, false, 0};
+    a = 0.9;
+    spec_run(&s, 1, &a, 3, &cmin, k);
+    assert_int_equal(k[0], 0);
+    spec_run(&s, 1, &a, 5, &cmin, k);
+    assert_int_equal(k[0], 5);
+}
+
+static void test_spec_batch_fills(void **state) {
+    (void)state;
+    tn_sched s = spec_sched(0);
+    tn_spec_cfg cfg = {1, 8, false, 0};
+    double acc[64];
+    int32_t k[64];
+    for (int i = 0; i < 64; i++) acc[i] = 0.9;
+    /* compute-bound: 48 rows cost 47.35 ms for 48 tokens; a draft row adds 1.05 ms for 0.9 */
+    int32_t rows = spec_run(&s, 48, acc, 8, &cfg, k);
+    assert_int_equal(rows, 48);
+    /* the length per sequence falls as the batch fills: 8 at batch 1, 0 from 16 on */
+    int32_t prev = 1 << 30;
+    for (int n = 1; n <= 32; n *= 2) {
+        int32_t total = spec_run(&s, n, acc, 8, &cfg, k) - n, kmax = 0;
+        for (int i = 0; i < n; i++) kmax = k[i] > kmax ? k[i] : kmax;
+        print_message("batch %d: %d drafts, longest %d\n", n, total, kmax);
+        assert_true(kmax <= prev);
+        if (n == 1) assert_int_equal(kmax, 8);
+        if (n >= 16) assert_int_equal(kmax, 0);
+        prev = kmax;
+    }
+    /* batch 2, one sequence that copies (0.9) and one that does not (0.3): the exhaustive best
+     * expected tokens per second, within 1% */
+    acc[0] = 0.9, acc[1] = 0.3;
+    spec_run(&s, 2, acc, 8, &cfg, k);
+    double best = 0;
+    for (int32_t a = 0; a <= 8; a++)
+        for (int32_t b = 0; b <= 8; b++) {
+            double r = (spec_expected_ref(0.9, a) + spec_expected_ref(0.3, b)) / spec_time_ref(2 + a + b);
+            if (r > best) best = r;
+        }
+    double got = (spec_expected_ref(0.9, k[0]) + spec_expected_ref(0.3, k[1])) / spec_time_ref(2 + k[0] + k[1]);
+    assert_true(got >= 0.99 * best);
+    assert_true(k[0] >= k[1]);
+    /* the logit-row cap: 4 sequences, 8 logit rows, so 4 drafts in all */
+    for (int i = 0; i < 4; i++) acc[i] = 0.9;
+    s.n_logits_cap = 8;
+    assert_int_equal(spec_run(&s, 4, acc, 8, &cfg, k), 8);
+    /* a fixed length ignores the cost model (not the caps) */
+    s.n_logits_cap = 512;
+    tn_spec_cfg fixed = {1, 4, true, 0};
+    assert_int_equal(spec_run(&s, 48, acc, 8, &fixed, k), 48 * 5);
+    assert_int_equal(k[47], 4);
+    /* rows_cap 64: drafts never take a step of fewer rows to 64 (3 x 17 rows fit, a 4th 17 not) */
+    tn_spec_cfg cap = {1, 16, true, 64};
+    assert_int_equal(spec_run(&s, 4, acc, 16, &cap, k), 3 * 17 + 1);
+    assert_int_equal(k[3], 0);
+    cap.fixed = false;
+    s.cost = (tn_cost){2, {1, 513}, {10 * MS, 10.5 * MS}, 0, 0}; /* rows nearly free: the adaptive length fills up to the cap */
+    assert_int_equal(spec_run(&s, 4, acc, 16, &cap, k), 63);
+    /* a step that has 64 rows already (a prefill chunk) may take drafts beyond */
+    s = spec_sched(0);
+    tn_sseq q[2] = {decoding(100, 64, 0), prefilling(0, 100)};
+    tn_spec_seq sp[2] = {{8, 0.9, -1}, {0, 0.5, -1}};
+    tn_shape sh;
+    tn_sched_plan(&s, q, 2, &sh);
+    assert_int_equal(sh.rows, 101);
+    tn_sched_spec(&s, q, sp, 2, &(tn_spec_cfg){1, 8, true, 64}, &sh);
+    assert_int_equal(sp[0].k, 8);
+    assert_int_equal(sp[1].k, 0);
+    assert_int_equal(sh.rows, 109);
+}
+
+static void test_spec_tpot(void **state) {
+    (void)state;
+    /* TPOT 10.55 ms: 10 ms + 0.25 ms per draft row fits 2 drafts (10.5 ms), not 3 (10.75) */
+    tn_sched s = spec_sched(10.55);
+    tn_spec_cfg cfg = {1, 8, false, 0};
+    double a = 0.9;
+    int32_t k[1];
+    spec_run(&s, 1, &a, 8, &cfg, k);
+    assert_int_equal(k[0], 2);
+    assert_true(spec_time_ref(1 + k[0]) <= 10.55 * MS);
+    /* planned with a load margin of 1.02: 10.25 x 1.02 = 10.455 fits, 10.5 x 1.02 = 10.71 does not */
+    s.f_plan = 1.02;
+    spec_run(&s, 1, &a, 8, &cfg, k);
+    assert_int_equal(k[0], 1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cost_interpolation), cmocka_unit_test(test_load_factor),
@@ -295,6 +460,8 @@ int main(void) {
         cmocka_unit_test(test_plan_attention_cost), cmocka_unit_test(test_starts),
         cmocka_unit_test(test_simulate),           cmocka_unit_test(test_simulate_tpot_chunks),
         cmocka_unit_test(test_first_late),         cmocka_unit_test(test_accept),
+        cmocka_unit_test(test_spec_expected),      cmocka_unit_test(test_spec_batch1),
+        cmocka_unit_test(test_spec_batch_fills),   cmocka_unit_test(test_spec_tpot),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -31,6 +31,13 @@ static void serve_usage(FILE *f) {
             "      --device cpu|cuda   run the model on the CPU (default) or an NVIDIA GPU; -ngl N: layers on the GPU\n"
             "      --chat-template NAME chat template of /v1/chat/completions (default: the model's):\n"
             "                          chatml, llama2, llama3, qwen3, gemma, phi3, phi4\n"
+            "      --spec ngram        speculative decoding: each step verifies n-gram drafts of every sequence's\n"
+            "                          prompt + output (prompt lookup); the same output, faster when it copies\n"
+            "      --draft-max N       at most N drafts per sequence and step (default 8, 1..32); the length is\n"
+            "                          chosen per step from the cost model and each sequence's acceptance rate\n"
+            "      --draft-min N       fewer drafts are not tried (default 1)\n"
+            "      --spec-ngram N      longest n-gram matched (default 3, 1..64)\n"
+            "      --spec-fixed K      always verify K drafts where found (no cost model; for comparison)\n"
             "      --no-repack         keep q4_0/q8_0/tq4/tq1 weights in the file layout (no interleaved copy)\n");
 }
 
@@ -42,6 +49,8 @@ int cmd_serve(int argc, char **argv) {
     int64_t v;
     float f;
     int dv;
+    int32_t spec_fixed = 0;
+    bool draft_max_set = false, draft_min_set = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -108,6 +117,20 @@ int cmd_serve(int argc, char **argv) {
             cfg.step_delay_ms = f;
         } else if (!strcmp(a, "--debug-fail-alloc")) { /* testing: X-Tern-Fail-Alloc: N fails an allocation */
             cfg.debug_fail_alloc = true;
+        } else if (!strcmp(a, "--spec")) {
+            TN_CLI_NEED_VAL();
+            if (!strcmp(val, "ngram")) cfg.spec_ngram = true;
+            else if (strcmp(val, "none")) return tn_cli_usage_error("--spec: '%s' is not ngram or none", val);
+        } else if (!strcmp(a, "--draft-max")) {
+            INT_FLAG(1, 32, cfg.draft_max);
+            draft_max_set = true;
+        } else if (!strcmp(a, "--draft-min")) {
+            INT_FLAG(0, 32, cfg.draft_min);
+            draft_min_set = true;
+        } else if (!strcmp(a, "--spec-ngram")) {
+            INT_FLAG(1, 64, cfg.spec_ngram_n);
+        } else if (!strcmp(a, "--spec-fixed")) {
+            INT_FLAG(1, 32, spec_fixed);
         } else if (!strcmp(a, "--max-body")) {
             INT_FLAG(1024, (int64_t)1 << 30, cfg.max_body);
         } else if ((dv = tn_cli_device_flag(argc, argv, &i, &cfg.device, &cfg.n_gpu_layers)) != 0) {
@@ -118,6 +141,18 @@ int cmd_serve(int argc, char **argv) {
         }
 #undef INT_FLAG
     }
+    if (spec_fixed > 0) {
+        if (draft_max_set && cfg.draft_max != spec_fixed)
+            return tn_cli_usage_error("--spec-fixed %d contradicts --draft-max %d", spec_fixed, cfg.draft_max);
+        cfg.draft_max = spec_fixed;
+        cfg.spec_fixed = true;
+    } else if (draft_min_set && cfg.draft_min == cfg.draft_max) {
+        cfg.spec_fixed = true; /* --draft-max K --draft-min K: a fixed length */
+    }
+    if (cfg.draft_min > cfg.draft_max)
+        return tn_cli_usage_error("--draft-min %d is more than --draft-max %d", cfg.draft_min, cfg.draft_max);
+    if (!cfg.spec_ngram && (spec_fixed > 0 || draft_max_set || draft_min_set))
+        return tn_cli_usage_error("--draft-max / --spec-fixed need --spec ngram");
     char default_path[4096];
     if (!cfg.model_path) {
         if (!tn_cli_default_model(default_path, sizeof default_path)) {
