@@ -61,7 +61,9 @@ for fam in $FAMILIES; do
           rm -f "$WORK/llama-$type.gguf"
         fi
       fi
-      "$TERN" generate -m "$f" -p "$PROMPT" -n "$STEPS" --temp 0 --ignore-eos -t "$THREADS" --no-display-prompt \
+      # the context: the steps and a short prompt, as small as the driver's (prompt + steps + 1), so
+      # both engines pick the same LongRoPE factor set (phi3: long above original_context_length)
+      "$TERN" generate -m "$f" -p "$PROMPT" -n "$STEPS" -c $((STEPS + 33)) --temp 0 --ignore-eos -t "$THREADS" --no-display-prompt \
         --dump-margins "$WORK/tern.txt" >/dev/null 2>"$WORK/tern.err" || { echo "peer_greedy: tern failed on $f:" >&2; cat "$WORK/tern.err" >&2; exit 1; }
       ids=$(sed -n 's/^prompt //p' "$WORK/tern.txt")
       if ! "$DRIVER" "$f" "$STEPS" "$ids" "$PROMPT" "$THREADS" >"$WORK/llama.txt" 2>"$WORK/llama.err"; then
