@@ -41,5 +41,25 @@ expect 66 "--draft missing file" --draft "$TMP/none.gguf"
 "$TERN" synth -o "$TMP/other.gguf" --preset tiny --type q8_0 >/dev/null 2>&1
 expect 65 "--draft of another vocabulary" --draft "$TMP/other.gguf"
 grep -q "vocabulary" "$TMP/err" && ok "the vocabulary error says so" || bad "no vocabulary in: $(head -1 "$TMP/err")"
+# tern bench --spec / --draft: both runs give the same tokens; the counts hold together; the model
+# as its own draft has its drafts accepted; the prompt file is read; bad flags are refused
+printf '%s\n' "$P" >"$TMP/prompt.txt"
+for v in "--spec ngram" "--draft $MODEL --draft-max 4"; do
+  # shellcheck disable=SC2086
+  if "$TERN" bench -m "$MODEL" $v --spec-prompt "$TMP/prompt.txt" -n 48 -r 1 -t 1 -o json >"$TMP/bench.json" 2>"$TMP/bench.err"; then
+    python3 - "$TMP/bench.json" "$v" <<'PY' && ok "bench $v: same tokens, counts consistent" || bad "bench $v: $(cat "$TMP/bench.json" | head -3)"
+import json, sys
+r = json.load(open(sys.argv[1]))[0]
+assert r["same_tokens"] is True, "the speculative run gave other tokens"
+assert 0 <= r["accepted"] <= r["drafted"] and r["passes"] >= 1
+# tokens emitted per pass: accepted + 1 each; 1 warm-up + 1 repetition of 48 tokens
+assert abs(r["tokens_per_pass"] - (r["accepted"] + r["passes"]) / r["passes"]) < 1e-3
+assert r["plain_ts"] > 0 and r["spec_ts"] > 0 and abs(r["speedup"] - r["spec_ts"] / r["plain_ts"]) < 1e-3
+if "--draft" in sys.argv[2]: assert r["acceptance"] >= 0.9, r["acceptance"]
+PY
+  else bad "bench $v: exit $?: $(head -2 "$TMP/bench.err")"; fi
+done
+"$TERN" bench -m "$MODEL" --spec-prompt "$TMP/prompt.txt" >/dev/null 2>"$TMP/err"; [ $? = 64 ] && ok "bench --spec-prompt without --spec: 64" || bad "bench --spec-prompt without --spec"
+"$TERN" bench -m "$MODEL" --spec ngram --spec-prompt "$TMP/none.txt" >/dev/null 2>"$TMP/err"; [ $? = 66 ] && ok "bench --spec-prompt missing file: 66" || bad "bench --spec-prompt missing file: $(head -1 "$TMP/err")"
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

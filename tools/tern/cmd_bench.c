@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "cli_spec.h"
 #include "core/cpu.h"
 #include "fmt/gguf.h"
 #include "kern/peak.h"
@@ -386,18 +387,170 @@ static int bench_gpu(const char *path, const bench_opts *o, bool roofline, bool 
     return TN_EXIT_OK;
 }
 
+/* A built-in prompt for --spec: a passage, then the request to repeat it (the copying that n-gram
+ * drafting is for; --spec-prompt FILE gives another). */
+static const char spec_default_prompt[] =
+    "Lily had a little red ball. She liked to play with it in the park every day. One day the ball "
+    "rolled into the pond, and a big duck swam to it and pushed it back to her. Lily said thank you "
+    "to the duck, and they played together until the sun went down.\n\nTell the story again:\n"
+    "Lily had a little red ball.";
+
+typedef struct {
+    double ts[2][64]; /* tokens/s per repetition: plain, speculative */
+    int64_t steps, drafted, accepted;
+    int32_t first_diff; /* first token where the two runs differ (-1: none) */
+} spec_result;
+
+/* n_gen tokens after the prompt, greedy, one token per pass (spec == NULL) or with speculation;
+ * out gets the tokens; returns seconds (< 0 on an error, printed). */
+static double spec_run_once(tern_ctx *c, tern_sampler *smp, tn_cli_spec *spec, const tern_token *prompt, int32_t np,
+                            int32_t n_gen, tern_token *out) {
+    tern_ctx_truncate(c, 0);
+    tern_status s = tern_decode(c, prompt, np);
+    if (s) return tn_cli_fail(s, "prompt processing"), -1.0;
+    const double t0 = tn_cli_now();
+    int32_t n = 0;
+    tern_token emit[64];
+    int32_t n_emit = 1;
+    emit[0] = tern_sampler_sample(smp, tern_get_logits(c, -1));
+    if (spec) {
+        tn_cli_spec_reset(spec);
+        memcpy(spec->hist, prompt, sizeof *prompt * (size_t)np);
+        spec->n_hist = np;
+    }
+    for (;;) {
+        for (int32_t j = 0; j < n_emit && n < n_gen; j++) {
+            out[n++] = emit[j];
+            if (spec) spec->hist[spec->n_hist++] = emit[j];
+        }
+        if (n >= n_gen) break;
+        if (spec) {
+            s = tn_cli_spec_step(spec, c, smp, (int32_t)TN_MIN(spec->kmax, (int64_t)(n_gen - n)), emit, &n_emit);
+        } else {
+            s = tern_decode(c, &out[n - 1], 1);
+            if (!s) emit[0] = tern_sampler_sample(smp, tern_get_logits(c, -1)), n_emit = 1;
+        }
+        if (s) return tn_cli_fail(s, "decoding"), -1.0;
+    }
+    return tn_cli_now() - t0;
+}
+
+/* tern bench --spec ngram | --draft FILE: greedy decoding of -n tokens after a prompt with and
+ * without speculation, alternating, -r repetitions each after one warm-up of each: tokens/s,
+ * accepted drafts per verification pass, the acceptance rate and the speedup; and whether both
+ * runs gave the same tokens (they should: exact-match verification). */
+static int bench_spec(const char *path, const bench_opts *o, tn_cli_spec *spec, const char *prompt_file, bool json) {
+    char *text = NULL;
+    size_t len = 0;
+    tern_status s;
+    if (prompt_file && (s = tn_cli_read_file(prompt_file, &text, &len))) return tn_cli_fail(s, "reading --spec-prompt");
+    const char *ptxt = text ? text : spec_default_prompt;
+    if (!text) len = strlen(spec_default_prompt);
+    tern_model *m = NULL;
+    tern_ctx *c = NULL;
+    tern_sampler *smp = NULL;
+    tern_token *prompt = NULL, *out[2] = {NULL, NULL};
+    int32_t np = 0, rc = TN_EXIT_OK;
+    spec_result R;
+    memset(&R, 0, sizeof R);
+    R.first_diff = -1;
+    const int32_t n_gen = (int32_t)(o->n_gen > 0 ? o->n_gen : 128), reps = (int32_t)TN_MIN(o->reps, 64);
+    tern_model_params mp;
+    tern_model_params_init(&mp);
+    mp.repack = !o->no_repack;
+    if ((s = tern_model_load(path, &mp, &m))) {
+        rc = tn_cli_fail(s, "loading the model");
+        goto out;
+    }
+    if ((s = tn_cli_tokenize(m, ptxt, len, true, false, &prompt, &np))) {
+        rc = tn_cli_fail(s, "tokenizing the prompt");
+        goto out;
+    }
+    tern_ctx_params cp;
+    tern_ctx_params_init(&cp);
+    cp.n_ctx = np + n_gen + (int32_t)spec->kmax + 2;
+    cp.n_batch = (int32_t)TN_MAX(o->n_batch, spec->kmax + 1);
+    if (o->threads) cp.n_threads = (int32_t)o->threads;
+    tern_sampler_params sp;
+    tern_sampler_params_init(&sp);
+    sp.temp = 0.0f;
+    if ((s = tern_ctx_create(m, &cp, &c)) || (s = tern_sampler_create(m, &sp, &smp))) {
+        rc = tn_cli_fail(s, "creating the context");
+        goto out;
+    }
+    if ((rc = tn_cli_spec_open(spec, m, &cp, cp.n_ctx)) != TN_EXIT_OK) goto out;
+    out[0] = malloc(sizeof(tern_token) * (size_t)n_gen), out[1] = malloc(sizeof(tern_token) * (size_t)n_gen);
+    if (!out[0] || !out[1]) {
+        rc = tn_cli_fail(TERN_ERR_NOMEM, "bench --spec");
+        goto out;
+    }
+    for (int32_t r = -1; r < reps; r++) { /* r = -1: warm-up of both */
+        const int64_t d0 = spec->drafted, a0 = spec->accepted, st0 = spec->steps;
+        for (int mode = 0; mode < 2; mode++) {
+            const double t = spec_run_once(c, smp, mode ? spec : NULL, prompt, np, n_gen, out[mode]);
+            if (t < 0) {
+                rc = TN_EXIT_SOFTWARE;
+                goto out;
+            }
+            if (r >= 0) R.ts[mode][r] = n_gen / (t > 0 ? t : 1e-9);
+        }
+        if (r < 0) spec->drafted = d0, spec->accepted = a0, spec->steps = st0;
+        for (int32_t i = 0; i < n_gen && R.first_diff < 0; i++)
+            if (out[0][i] != out[1][i]) R.first_diff = i;
+        fprintf(stderr, "\rtern bench: spec rep %d/%d   ", r + 1, reps);
+    }
+    fprintf(stderr, "\n");
+    double mean[2], sd[2];
+    for (int mode = 0; mode < 2; mode++) stats(R.ts[mode], reps, &mean[mode], &sd[mode]);
+    const double per_pass = spec->steps ? (double)(spec->accepted + spec->steps) / (double)spec->steps : 0;
+    const double rate = spec->drafted ? (double)spec->accepted / (double)spec->drafted : 0;
+    const char *how = spec->ngram && spec->draft_path ? "ngram+draft" : spec->ngram ? "ngram" : "draft";
+    if (json) {
+        printf("[\n  {\"model_filename\": \"%s\", \"n_prompt\": %d, \"n_gen\": %d, \"spec\": \"%s\", \"draft_max\": %lld, "
+               "\"plain_ts\": %.6f, \"plain_stddev_ts\": %.6f, \"spec_ts\": %.6f, \"spec_stddev_ts\": %.6f, \"speedup\": %.4f, "
+               "\"passes\": %lld, \"drafted\": %lld, \"accepted\": %lld, \"tokens_per_pass\": %.4f, \"acceptance\": %.4f, "
+               "\"same_tokens\": %s}\n]\n",
+               path, np, n_gen, how, (long long)spec->kmax, mean[0], sd[0], mean[1], sd[1], mean[1] / mean[0],
+               (long long)spec->steps, (long long)spec->drafted, (long long)spec->accepted, per_pass, rate,
+               R.first_diff < 0 ? "true" : "false");
+    } else {
+        printf("| model | test | speculation | t/s | speedup | tokens per pass | drafts accepted |\n|---|---|---|---:|---:|---:|---:|\n");
+        printf("| %s | tg%d after %d | none | %.2f ± %.2f | 1.00x | 1.00 | - |\n", path, n_gen, np, mean[0], sd[0]);
+        printf("| %s | tg%d after %d | %s (<= %lld) | %.2f ± %.2f | %.2fx | %.2f | %.1f%% |\n", path, n_gen, np, how,
+               (long long)spec->kmax, mean[1], sd[1], mean[1] / mean[0], per_pass, 100.0 * rate);
+        printf("\ngreedy, %d repetitions of each alternating (after one warm-up of each); tokens per pass = "
+               "tokens emitted per verification pass (accepted drafts + 1)%s\n",
+               reps, R.first_diff < 0 ? "; both runs gave the same tokens" : "");
+    }
+    if (R.first_diff >= 0)
+        fprintf(stderr, "tern bench: warning: speculation gave another token at %d (a near-tie rounded differently in the batched pass)\n",
+                R.first_diff);
+out:
+    free(out[0]), free(out[1]);
+    free(prompt);
+    free(text);
+    tern_sampler_free(smp);
+    tern_ctx_free(c);
+    tern_model_free(m);
+    return rc;
+}
+
 int cmd_bench(int argc, char **argv) {
     const char *model_path = NULL, *fmt = "md";
     bench_opts o = {512, 128, 5, 0, 512, false, TERN_DEVICE_CPU, -1};
     int dv;
     bool roofline = true, sweep = false, sweep_asym = true, np_set = false;
     int64_t group = 64;
+    tn_cli_spec spec;
+    tn_cli_spec_init(&spec);
+    const char *spec_prompt = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: tern bench -m model.gguf [-p 512] [-n 128] [-r 5] [-t N] [-b 512] [-o md|json] [--no-roofline]\n"
                    "       [--no-repack] [--device cpu|cuda] [-ngl N]\n"
                    "       tern bench --sweep-bits -m model-f16.gguf [--group 64] [--sym] [-n 128] [-p 0] ...\n"
+                   "       tern bench -m model.gguf --spec ngram | --draft small.gguf [--draft-max 8] [--spec-prompt FILE] [-n 128] [-r 5]\n"
                    "  -p N  prompt tokens (pp test; 0 = skip)   -n N  generated tokens (tg test; 0 = skip)\n"
                    "  -r N  repetitions                           -o    output format\n"
                    "  --no-repack   keep q4_0/q8_0/tq4/tq1 weights in the file layout (default: interleaved at load)\n"
@@ -426,6 +579,11 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--no-repack")) o.no_repack = true;
         else if (!strcmp(a, "--sweep-bits")) sweep = true;
         else if (!strcmp(a, "--sym")) sweep_asym = false;
+        else if (!strcmp(a, "--spec-prompt") && val) spec_prompt = argv[++i];
+        else if ((dv = tn_cli_spec_flag(argc, argv, &i, &spec)) != 0) {
+            if (dv < 0) return TN_EXIT_USAGE;
+            continue;
+        }
         else if ((dv = tn_cli_device_flag(argc, argv, &i, &o.device, &o.ngl)) != 0) {
             if (dv < 0) return TN_EXIT_USAGE;
             continue;
@@ -446,6 +604,13 @@ int cmd_bench(int argc, char **argv) {
         if (in_rc != TN_EXIT_OK) return in_rc;
     }
     if (sweep && o.device == TERN_DEVICE_CUDA) return tn_cli_usage_error("--sweep-bits runs on the CPU; drop --device cuda");
+    if (tn_cli_spec_on(&spec) || spec_prompt) {
+        if (!tn_cli_spec_on(&spec)) return tn_cli_usage_error("--spec-prompt needs --spec ngram or --draft FILE");
+        if (sweep || o.device == TERN_DEVICE_CUDA) return tn_cli_usage_error("--spec / --draft bench the CPU decode alone");
+        const int src = bench_spec(model_path, &o, &spec, spec_prompt, !strcmp(fmt, "json"));
+        tn_cli_spec_free(&spec);
+        return src;
+    }
     if (o.device == TERN_DEVICE_CUDA) return bench_gpu(model_path, &o, roofline, !strcmp(fmt, "json"));
     if (roofline) measure_peaks(nt, &pk);
     if (sweep) return sweep_bits(model_path, &o, roofline ? &pk : NULL, (int)group, sweep_asym, !strcmp(fmt, "json"));

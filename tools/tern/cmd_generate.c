@@ -11,7 +11,7 @@
 
 #include "cli.h"
 #include "core/file.h"
-#include "model/spec.h"
+#include "cli_spec.h"
 
 static volatile sig_atomic_t tn_interrupted;
 static void on_sigint(int sig) {
@@ -90,57 +90,6 @@ static void dump_line(tn_wfile *w, const char *fmt, ...) {
     if (k > 0) tn_wfile_write(w, line, (size_t)TN_MIN(k, (int)sizeof line - 1));
 }
 
-/* Speculative state of a run (--spec ngram, --draft). */
-typedef struct {
-    bool ngram;
-    int32_t kmax, kmin, ngram_n;
-    tn_spec_draft dm; /* dm.c == NULL: no draft model */
-    tern_token *hist;
-    int32_t n_hist;
-    int64_t drafted, accepted, steps;
-} spec_run;
-
-/* Loads the draft model and its context, refusing one whose vocabulary differs from the
- * target's (a token's text compared one by one). Returns an exit code. */
-static int spec_load_draft(const char *path, const tern_model *target, const tern_ctx_params *cp, tern_model **dm,
-                           tern_ctx **dc) {
-    tern_model_params mp;
-    tern_model_params_init(&mp);
-    tern_status s = tern_model_load(path, &mp, dm);
-    if (s) return tn_cli_fail(s, "loading the draft model");
-    const int32_t nv = tern_model_n_vocab(target);
-    if (tern_model_n_vocab(*dm) != nv) {
-        fprintf(stderr, "tern: error: draft model %s: its vocabulary has %d tokens, the model's %d\n", path,
-                tern_model_n_vocab(*dm), nv);
-        return TN_EXIT_DATAERR;
-    }
-    char a[256], b[256];
-    for (tern_token t = 0; t < nv; t++) {
-        const int32_t la = tern_token_to_piece(target, t, a, sizeof a, true), lb = tern_token_to_piece(*dm, t, b, sizeof b, true);
-        if (la != lb || (la > 0 && memcmp(a, b, (size_t)la) != 0)) {
-            fprintf(stderr, "tern: error: draft model %s: token %d is '%.*s' there and '%.*s' in the model: not the same vocabulary\n",
-                    path, (int)t, lb > 0 ? (int)lb : 0, b, la > 0 ? (int)la : 0, a);
-            return TN_EXIT_DATAERR;
-        }
-    }
-    tern_ctx_params dp = *cp;
-    dp.device = TERN_DEVICE_CPU;
-    if ((s = tern_ctx_create(*dm, &dp, dc))) return tn_cli_fail(s, "creating the draft model's context");
-    return TN_EXIT_OK;
-}
-
-/* The drafts of one step after hist (whose last token is the current one): n-grams first, then
- * the draft model; fewer than kmin count as none. Returns the number (0: a plain step), -1 on an
- * error of the draft model. */
-static int32_t spec_draft(spec_run *sr, int32_t kmax, tern_token *draft) {
-    if (kmax < 1) return 0;
-    int32_t k = sr->ngram ? tn_spec_ngram(sr->hist, sr->n_hist, 1, sr->ngram_n, kmax, draft) : 0;
-    if (k >= sr->kmin && k > 0) return k;
-    if (!sr->dm.c) return 0;
-    k = tn_spec_draft_model(&sr->dm, sr->hist, sr->n_hist, kmax, draft);
-    return k < 0 ? -1 : k >= sr->kmin ? k : 0;
-}
-
 int cmd_generate(int argc, char **argv) {
     const char *prompt = NULL, *prompt_file = NULL;
     int64_t n_predict = 128, seed = -1;
@@ -148,9 +97,9 @@ int cmd_generate(int argc, char **argv) {
     tn_cli_run run;
     tn_cli_run_init(&run);
     int dv;
-    bool spec_ngram = false;
-    const char *draft_path = NULL, *dump_path = NULL;
-    int64_t draft_max = 8, draft_min = 1, spec_n = 3;
+    const char *dump_path = NULL;
+    tn_cli_spec sr;
+    tn_cli_spec_init(&sr);
     tern_sampler_params sp;
     tern_sampler_params_init(&sp);
     for (int i = 1; i < argc; i++) {
@@ -179,22 +128,8 @@ int cmd_generate(int argc, char **argv) {
             dump_path = val;
         } else if ((dv = tn_cli_run_flag(argc, argv, &i, &run)) != 0) {
             if (dv < 0) return TN_EXIT_USAGE;
-        } else if (!strcmp(a, "--spec")) {
-            TN_CLI_NEED_VAL();
-            if (!strcmp(val, "ngram")) spec_ngram = true;
-            else if (strcmp(val, "none")) return tn_cli_usage_error("--spec: '%s' is not ngram or none", val);
-        } else if (!strcmp(a, "--draft") || !strcmp(a, "-md") || !strcmp(a, "--model-draft")) {
-            TN_CLI_NEED_VAL();
-            draft_path = val;
-        } else if (!strcmp(a, "--draft-max")) {
-            TN_CLI_NEED_VAL();
-            if (!tn_cli_parse_i64(val, 1, 32, &draft_max)) return tn_cli_usage_error("--draft-max: '%s' is not a number in 1..32", val);
-        } else if (!strcmp(a, "--draft-min")) {
-            TN_CLI_NEED_VAL();
-            if (!tn_cli_parse_i64(val, 0, 32, &draft_min)) return tn_cli_usage_error("--draft-min: '%s' is not a number in 0..32", val);
-        } else if (!strcmp(a, "--spec-ngram")) {
-            TN_CLI_NEED_VAL();
-            if (!tn_cli_parse_i64(val, 1, 64, &spec_n)) return tn_cli_usage_error("--spec-ngram: '%s' is not a number in 1..64", val);
+        } else if ((dv = tn_cli_spec_flag(argc, argv, &i, &sr)) != 0) {
+            if (dv < 0) return TN_EXIT_USAGE;
         } else {
             gen_usage(stderr);
             return tn_cli_usage_error("unknown option '%s'", a);
@@ -202,7 +137,7 @@ int cmd_generate(int argc, char **argv) {
     }
     if (prompt && prompt_file) return tn_cli_usage_error("give either -p or -f, not both");
     if (dump_path && sp.temp != 0.0f) return tn_cli_usage_error("--dump-margins needs --temp 0 (greedy decoding)");
-    if (dump_path && (spec_ngram || draft_path)) return tn_cli_usage_error("--dump-margins does not combine with --spec or --draft");
+    if (dump_path && tn_cli_spec_on(&sr)) return tn_cli_usage_error("--dump-margins does not combine with --spec or --draft");
     {
         const char *ins[] = {run.model_path, prompt_file};
         int rc_out = dump_path ? tn_cli_check_output("--dump-margins", dump_path, ins, 2) : TN_EXIT_OK;
@@ -223,9 +158,6 @@ int cmd_generate(int argc, char **argv) {
     tern_ctx *c = NULL;
     tern_sampler *smp = NULL;
     tern_token *toks = NULL;
-    tern_model *dm = NULL; /* --draft */
-    spec_run sr;
-    memset(&sr, 0, sizeof sr);
     tn_wfile dw = {0};
     bool dw_open = false;
     tern_status s = TERN_OK;
@@ -238,13 +170,9 @@ int cmd_generate(int argc, char **argv) {
         rc = tn_cli_fail(s, "creating the sampler");
         goto done;
     }
-    sr.ngram = spec_ngram;
-    sr.kmax = (int32_t)draft_max;
-    sr.kmin = (int32_t)draft_min;
-    sr.ngram_n = (int32_t)spec_n;
-    if (draft_path && (rc = spec_load_draft(draft_path, m, &cp, &dm, &sr.dm.c)) != TN_EXIT_OK) goto done;
-    if ((spec_ngram || draft_path) && draft_max + 1 > tern_ctx_n_ctx(c)) {
-        rc = tn_cli_usage_error("--draft-max %lld needs a context of more than %lld tokens", (long long)draft_max, (long long)draft_max);
+    if (tn_cli_spec_on(&sr) && (rc = tn_cli_spec_open(&sr, m, &cp, tern_ctx_n_ctx(c))) != TN_EXIT_OK) goto done;
+    if (tn_cli_spec_on(&sr) && sr.kmax + 1 > tern_ctx_n_ctx(c)) {
+        rc = tn_cli_usage_error("--draft-max %lld needs a context of more than %lld tokens", (long long)sr.kmax, (long long)sr.kmax);
         goto done;
     }
     size_t plen = strlen(prompt);
@@ -302,7 +230,7 @@ int cmd_generate(int argc, char **argv) {
     double t_prompt = tn_cli_now() - t0;
     int64_t n_gen = 0;
     double t1 = tn_cli_now();
-    if (!spec_ngram && !draft_path) {
+    if (!tn_cli_spec_on(&sr)) {
         while ((n_predict < 0 || n_gen < n_predict) && !tn_interrupted) {
             const float *lg = tern_get_logits(c, -1);
             tern_token t = tern_sampler_sample(smp, lg);
@@ -324,14 +252,9 @@ int cmd_generate(int argc, char **argv) {
             }
         }
     } else { /* speculative: the same tokens, several per verification pass where the drafts hold */
-        sr.hist = malloc(sizeof *sr.hist * (size_t)n_ctx_real + sizeof *sr.hist);
-        if (!sr.hist) {
-            rc = TN_EXIT_OSERR;
-            goto done;
-        }
         memcpy(sr.hist, toks, sizeof *toks * (size_t)n_prompt);
         sr.n_hist = n_prompt;
-        tern_token emit[40], draft[40];
+        tern_token emit[64];
         int32_t n_emit = 1;
         emit[0] = tern_sampler_sample(smp, tern_get_logits(c, -1));
         bool stop = false;
@@ -351,22 +274,13 @@ int cmd_generate(int argc, char **argv) {
             }
             if (stop || (n_predict >= 0 && n_gen >= n_predict) || tern_ctx_n_past(c) >= n_ctx_real) break;
             /* room: the current token and the drafts must fit; no more drafts than tokens still wanted */
-            int32_t kmax = TN_MIN(sr.kmax, n_ctx_real - tern_ctx_n_past(c) - 1);
+            int32_t kmax = (int32_t)TN_MIN(sr.kmax, n_ctx_real - tern_ctx_n_past(c) - 1);
             if (n_predict >= 0) kmax = (int32_t)TN_MIN((int64_t)kmax, n_predict - n_gen);
-            const int32_t kd = spec_draft(&sr, kmax, draft);
-            if (kd < 0) {
-                rc = tn_cli_fail(TERN_ERR_INTERNAL, "drafting");
-                goto done;
-            }
-            if ((s = tn_spec_verify(c, smp, sr.hist[sr.n_hist - 1], draft, kd, emit, &n_emit))) {
+            /* emit: the accepted drafts, then the sampler's own next token (printed next round) */
+            if ((s = tn_cli_spec_step(&sr, c, smp, kmax, emit, &n_emit))) {
                 rc = tn_cli_fail(s, "decoding");
                 goto done;
             }
-            /* emit: the accepted drafts, then the sampler's own next token (printed next round) */
-            if (sr.dm.c) tn_spec_draft_accept(&sr.dm, n_emit - 1);
-            sr.drafted += kd;
-            sr.accepted += n_emit - 1;
-            sr.steps++;
         }
     }
     double t_gen = tn_cli_now() - t1;
@@ -387,9 +301,7 @@ int cmd_generate(int argc, char **argv) {
     }
 done:
     if (dw_open) tn_wfile_abort(&dw);
-    free(sr.hist);
-    tern_ctx_free(sr.dm.c);
-    tern_model_free(dm);
+    tn_cli_spec_free(&sr);
     free(toks);
     free(file_text);
     tern_sampler_free(smp);
