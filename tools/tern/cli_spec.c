@@ -32,7 +32,7 @@ int tn_cli_spec_flag(int argc, char **argv, int *i, tn_cli_spec *sr) {
         tn_cli_usage_error("--spec: '%s' is not ngram or none", val);
         return -1;
     }
-    const int64_t lo = num == &sr->kmax ? 1 : num == &sr->kmin ? 0 : 1, hi = num == &sr->ngram_n ? 64 : 32;
+    const int64_t lo = num == &sr->kmin ? 0 : 1, hi = num == &sr->ngram_n ? 64 : 32;
     if (!tn_cli_parse_i64(val, lo, hi, num)) {
         tn_cli_usage_error("%s: '%s' is not a number in %lld..%lld", a, val, (long long)lo, (long long)hi);
         return -1;
