@@ -813,7 +813,7 @@ tern_status tn_cuda_forward_batch(tern_ctx *c, const tn_batch *b, const int32_t 
             const float *sx = c->start_x;
             c->start_layer = g->n_layers;
             c->start_x = g->h_x;
-            tn_forward_batch_cpu(c, b, tables);
+            tn_forward_batch_cpu(c, b, tables, NULL);
             c->start_layer = sl;
             c->start_x = sx;
         }

@@ -142,7 +142,7 @@ static void *tn_ctx_alloc(tern_ctx *c, size_t bytes, bool *ok) {
     return p;
 }
 
-tern_status tern_ctx_create(const tern_model *m, const tern_ctx_params *pp, tern_ctx **out) {
+static tern_status tn_ctx_create_impl(const tern_model *m, const tern_ctx_params *pp, int32_t swa_blocks, tern_ctx **out) {
     if (!out) return tn_err(TERN_ERR_INVALID_ARG, "tern_ctx_create: out is NULL");
     *out = NULL;
     if (!m) return tn_err(TERN_ERR_INVALID_ARG, "tern_ctx_create: model is NULL");
@@ -163,8 +163,10 @@ tern_status tern_ctx_create(const tern_model *m, const tern_ctx_params *pp, tern
      * it. Size check before allocating: rows * kv_dim * 2 (K,V) * 2 bytes */
     const int64_t kv_blocks = (T + TN_KV_BLOCK - 1) / TN_KV_BLOCK, kv_rows = kv_blocks * TN_KV_BLOCK;
     int64_t kv_ring = 0, kv_layer_rows = 0;
-    if (hp->n_swa > 0 && !p.swa_full && p.device == TERN_DEVICE_CPU)
+    if (hp->n_swa > 0 && !p.swa_full && p.device == TERN_DEVICE_CPU && swa_blocks <= 0)
         kv_ring = TN_PAD((int64_t)hp->n_swa + nb, TN_KV_BLOCK);
+    if (hp->n_swa <= 0 || p.device != TERN_DEVICE_CPU || swa_blocks >= kv_blocks) swa_blocks = 0;
+    if (swa_blocks > 0) kv_ring = (int64_t)swa_blocks * TN_KV_BLOCK; /* the local layers' rows (paged) */
     if (kv_ring >= kv_rows) kv_ring = 0;
     for (int32_t il = 0; il < hp->n_layer; il++) kv_layer_rows += kv_ring && tn_hp_layer_swa(hp, il) ? kv_ring : kv_rows;
     uint64_t kv_elems, kv_bytes;
@@ -184,7 +186,8 @@ tern_status tern_ctx_create(const tern_model *m, const tern_ctx_params *pp, tern
     c->rope_ff = tn_model_rope_factors(m, c->n_ctx); /* LongRoPE: long or short by this context's size */
     c->kv_blocks = (int32_t)kv_blocks;
     c->kv_rows = kv_rows;
-    c->kv_ring = kv_ring;
+    c->kv_ring = swa_blocks > 0 ? 0 : kv_ring;
+    c->kv_swa_blocks = swa_blocks > 0 ? swa_blocks : 0;
     c->kv_bytes = kv_bytes;
     bool ok = true;
     c->kv_off = tn_ctx_alloc(c, (size_t)hp->n_layer * sizeof(int64_t), &ok);
@@ -260,6 +263,18 @@ tern_status tern_ctx_create(const tern_model *m, const tern_ctx_params *pp, tern
     }
     *out = c;
     return TERN_OK;
+}
+
+tern_status tern_ctx_create(const tern_model *m, const tern_ctx_params *p, tern_ctx **out) {
+    return tn_ctx_create_impl(m, p, 0, out);
+}
+
+tern_status tn_ctx_create_paged(const tern_model *m, const tern_ctx_params *pp, int32_t swa_blocks, tern_ctx **out) {
+    tern_ctx_params p;
+    tern_ctx_params_init(&p);
+    if (pp) memcpy(&p, pp, TN_MIN(sizeof p, pp->struct_size ? pp->struct_size : sizeof p));
+    p.swa_full = true; /* without a pool of their own, sliding-window layers keep every position */
+    return tn_ctx_create_impl(m, &p, swa_blocks, out);
 }
 
 void tern_ctx_free(tern_ctx *c) {

@@ -132,8 +132,9 @@ static void tn_mm(tern_ctx *c, int ith, int nth, bool own, atomic_int *next, tn_
 
 /* Token t's query heads h0 .. h0 + nh - 1 and kv heads k0 .. k0 + nk - 1: biases, per-head q/k
  * RMSNorm (qwen3), RoPE, and the k, v rows appended to the cache. */
-static void tn_prepare_qkv(tern_ctx *c, const tn_layer *L, const float *rope_cs, const tn_thr *f, int64_t t, int32_t h0,
-                           int32_t nh, int32_t k0, int32_t nk, tn_fp16 *Kc, tn_fp16 *Vc, int64_t ring) {
+static void tn_prepare_qkv(tern_ctx *c, const tn_layer *L, const float *rope_cs, const tn_thr *f,
+                           const int32_t *const *tables, int64_t t, int32_t h0, int32_t nh, int32_t k0, int32_t nk,
+                           tn_fp16 *Kc, tn_fp16 *Vc, int64_t ring) {
     const tn_hparams *hp = &c->hp;
     const tn_batch *b = f->b;
     const int32_t hd = hp->head_dim, kv_dim = hp->n_head_kv * hd;
@@ -151,7 +152,7 @@ static void tn_prepare_qkv(tern_ctx *c, const tn_layer *L, const float *rope_cs,
         tn_op_rope(hp, qt, nh, cs, 1.0f);
         tn_op_rope(hp, kt_, nk, cs, 1.0f);
     }
-    const int64_t row = ring ? b->pos[t] % ring : tn_kv_row(f->tables ? f->tables[b->seq[t]] : NULL, TN_KV_BLOCK, b->pos[t]);
+    const int64_t row = ring ? b->pos[t] % ring : tn_kv_row(tables ? tables[b->seq[t]] : NULL, TN_KV_BLOCK, b->pos[t]);
     c->kt->slot[TN_F16].from_float(kt_, Kc + row * kv_dim + (int64_t)k0 * hd, kn);
     c->kt->slot[TN_F16].from_float(vt, Vc + row * kv_dim + (int64_t)k0 * hd, kn);
 }
@@ -163,12 +164,13 @@ static tn_span tn_next_span(const tn_thr *T, const tn_tensor *W) {
     return tn_share_span(T->own, W, W->ne[1], W->ne[0], T->ith, T->nth);
 }
 
-int32_t tn_blk_begin(tn_thr *T, tern_ctx *c, const tn_batch *b, const int32_t *const *tables, int32_t n_out,
-                     const int32_t *out_rows, int ith, int nth) {
+int32_t tn_blk_begin(tn_thr *T, tern_ctx *c, const tn_batch *b, const int32_t *const *tables,
+                     const int32_t *const *swa_tables, int32_t n_out, const int32_t *out_rows, int ith, int nth) {
     const tn_hparams *hp = &c->hp;
     const int32_t d = hp->n_embd;
     memset(T, 0, sizeof *T);
     T->c = c, T->b = b, T->tables = tables, T->n_out = n_out, T->out_rows = out_rows, T->ith = ith, T->nth = nth;
+    T->swa_tables = c->kv_swa_blocks ? swa_tables : NULL;
     T->n = b->n;
     tn_split(T->n, ith, nth, 1, &T->t0, &T->t1);
     T->own = T->n == 1 && nth > 1;
@@ -257,6 +259,8 @@ void tn_blk_attention(tn_thr *T, const tn_layer *L, int32_t il) {
     tn_fp16 *Kc = c->k_cache + c->kv_off[il];
     tn_fp16 *Vc = c->v_cache + c->kv_off[il];
     const int64_t ring = tn_hp_layer_swa(hp, il) ? c->kv_ring : 0; /* > 0: K/V row = position % ring */
+    /* a paged cache: the sliding-window layers' rows are in blocks of their own pool */
+    const int32_t *const *tables = T->swa_tables && tn_hp_layer_swa(hp, il) ? T->swa_tables : T->tables;
     const tn_span wo_pf = tn_next_span(T, &L->w[TN_ROLE_ATTN_OUT]);
     const float *rope_cs = !tn_hp_layer_rope(hp, il) ? NULL : tn_hp_layer_swa(hp, il) ? c->rope_cs_swa : c->rope_cs;
     /* one token in whole kv groups: a thread's units need only its own heads' RoPE and cache
@@ -264,10 +268,11 @@ void tn_blk_attention(tn_thr *T, const tn_layer *L, int32_t il) {
     if (T->own && G > 1) {
         for (int64_t p = p0; p < p1; p++) {
             const int32_t h0 = (int32_t)(p % nu) * G, k0 = h0 / rep, nk = G / rep;
-            tn_prepare_qkv(c, L, rope_cs, T, 0, h0, G, k0, nk, Kc, Vc, ring);
+            tn_prepare_qkv(c, L, rope_cs, T, tables, 0, h0, G, k0, nk, Kc, Vc, ring);
         }
     } else {
-        for (int64_t t = T->t0; t < T->t1; t++) tn_prepare_qkv(c, L, rope_cs, T, t, 0, hp->n_head, 0, hp->n_head_kv, Kc, Vc, ring);
+        for (int64_t t = T->t0; t < T->t1; t++)
+            tn_prepare_qkv(c, L, rope_cs, T, tables, t, 0, hp->n_head, 0, hp->n_head_kv, Kc, Vc, ring);
         tn_pool_barrier(c->pool);
     }
     /* attention over (token, query-head group) units; one token: attention reads little memory,
@@ -282,7 +287,7 @@ void tn_blk_attention(tn_thr *T, const tn_layer *L, int32_t il) {
             const size_t a = pf_n * (size_t)(p - p0) / (size_t)(p1 - p0), e = pf_n * (size_t)(p + 1 - p0) / (size_t)(p1 - p0);
             for (size_t o = a & ~(size_t)63; o < e; o += 64) __builtin_prefetch(pf + o, 0, 2); /* prefetcht1: into L2 */
         }
-        tn_attend(c, T->ith, il, T->tables ? T->tables[b->seq[t]] : NULL, b->pos[t], c->q + (int64_t)t * qd + (int64_t)h0 * hd,
+        tn_attend(c, T->ith, il, tables ? tables[b->seq[t]] : NULL, b->pos[t], c->q + (int64_t)t * qd + (int64_t)h0 * hd,
                   h0, G, T->acc16, c->att + (int64_t)t * qd + (int64_t)h0 * hd);
     }
     tn_pool_barrier_pf(c->pool, pf ? NULL : wo_pf.p, wo_pf.n); /* unless attending prefetched it */

@@ -24,6 +24,7 @@ typedef struct tn_thr {
     tern_ctx *c;
     const tn_batch *b;
     const int32_t *const *tables; /* per sequence block table, NULL = contiguous cache            */
+    const int32_t *const *swa_tables; /* sliding-window layers' own (c->kv_swa_blocks), else NULL  */
     int32_t n_out;                /* tokens that want logits, at batch rows out_rows[]            */
     const int32_t *out_rows;
     int ith, nth;
@@ -44,8 +45,8 @@ typedef struct tn_thr {
 } tn_thr;
 
 /* Sets up thread ith's view; returns the first layer to run (c->start_layer, or 0). */
-int32_t tn_blk_begin(tn_thr *T, tern_ctx *c, const tn_batch *b, const int32_t *const *tables, int32_t n_out,
-                     const int32_t *out_rows, int ith, int nth);
+int32_t tn_blk_begin(tn_thr *T, tern_ctx *c, const tn_batch *b, const int32_t *const *tables,
+                     const int32_t *const *swa_tables, int32_t n_out, const int32_t *out_rows, int ith, int nth);
 /* x[t] = tok_embd[tok[t]] (gemma: times sqrt(n_embd); or the given stream entering layer l0),
  * and each token's RoPE tables (global, and sliding-window layers' own). */
 void tn_blk_embed(tn_thr *T, int32_t l0);

@@ -55,6 +55,9 @@ struct tern_ctx {
     int64_t kv_ring;            /* > 0: sliding-window layers keep kv_ring rows, position p
                                    at row p % kv_ring (window + batch; contiguous cache only) */
     int64_t *kv_off;            /* [n_layer] element offset of each layer in k/v_cache       */
+    int32_t kv_swa_blocks;      /* > 0: a paged cache (tern serve) whose sliding-window layers
+                                   keep their own pool of kv_swa_blocks blocks, addressed by the
+                                   swa_tables of tn_forward_batch (tn_ctx_create_paged)        */
     uint64_t kv_bytes;          /* of k_cache and v_cache together                           */
     int32_t kv_blocks;
     int32_t *b_seq, *b_pos, *out_rows; /* [n_batch] batch bookkeeping                         */
@@ -115,10 +118,19 @@ void tn_forward(tern_ctx *c, const tern_token *toks, int32_t n);
  * must have a block in tables[seq] (each table covers positions 0..pos); K/V of each token go to
  * its row. Logits of the flagged tokens land in c->logits rows in batch order (c->n_logits).
  * Caller's duty: n <= n_batch, flagged tokens <= n_logits_cap, tokens in vocabulary, and no two
- * tokens writing the same row. tables == NULL means one contiguous sequence. */
-void tn_forward_batch(tern_ctx *c, const tn_batch *b, const int32_t *const *tables);
+ * tokens writing the same row. tables == NULL means one contiguous sequence. On a context with
+ * kv_swa_blocks, the sliding-window layers read and write through swa_tables[seq] instead (blocks
+ * of their own pool; each table must cover the window n_swa - 1 positions before a token up to
+ * it: blocks further back may be gone); else swa_tables is ignored (NULL). */
+void tn_forward_batch(tern_ctx *c, const tn_batch *b, const int32_t *const *tables, const int32_t *const *swa_tables);
 /* The same pass on the CPU alone, whatever the context's device (the CUDA backend runs the layers
  * it does not hold through it). */
-void tn_forward_batch_cpu(tern_ctx *c, const tn_batch *b, const int32_t *const *tables);
+void tn_forward_batch_cpu(tern_ctx *c, const tn_batch *b, const int32_t *const *tables, const int32_t *const *swa_tables);
+
+/* tern_ctx_create for a paged cache (tern serve) on a model with sliding-window layers: those
+ * layers get a pool of swa_blocks blocks of their own (their windows, not whole sequences), the
+ * global layers kv_blocks as usual. swa_blocks <= 0, or not smaller than kv_blocks, or a model
+ * without sliding-window layers: the same as tern_ctx_create with swa_full. */
+tern_status tn_ctx_create_paged(const tern_model *m, const tern_ctx_params *p, int32_t swa_blocks, tern_ctx **out);
 
 #endif

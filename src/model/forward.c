@@ -13,6 +13,7 @@ typedef struct {
     tern_ctx *c;
     const tn_batch *b;
     const int32_t *const *tables; /* per sequence block table, NULL = contiguous cache */
+    const int32_t *const *swa_tables; /* sliding-window layers' (c->kv_swa_blocks), else NULL */
     int32_t n_out;                /* tokens that want logits                            */
     int32_t *out_rows;            /* their batch indices                                */
 } tn_fwd;
@@ -23,7 +24,7 @@ static void tn_forward_task(void *vp, int ith, int nth) {
     const tern_model *m = c->model;
     const int32_t n_layer = c->hp.n_layer;
     tn_thr T;
-    const int32_t l0 = tn_blk_begin(&T, c, f->b, f->tables, f->n_out, f->out_rows, ith, nth);
+    const int32_t l0 = tn_blk_begin(&T, c, f->b, f->tables, f->swa_tables, f->n_out, f->out_rows, ith, nth);
 
     tn_blk_embed(&T, l0); /* x = tok_embd[tok] (gemma: * sqrt(n_embd))    x [n][n_embd] */
     for (int32_t il = l0; il < n_layer; il++) {
@@ -48,28 +49,30 @@ static void tn_forward_task(void *vp, int ith, int nth) {
     tn_blk_logits(&T); /* logits = output (rmsnorm(x) * output_norm)      [n_out][n_vocab] */
 }
 
-void tn_forward_batch_cpu(tern_ctx *c, const tn_batch *b, const int32_t *const *tables) {
-    if (tables && c->kv_ring) { /* a paged cache needs every layer's rows: create it with swa_full */
+void tn_forward_batch_cpu(tern_ctx *c, const tn_batch *b, const int32_t *const *tables, const int32_t *const *swa_tables) {
+    /* a ring is for one contiguous sequence; a pool of window blocks needs their tables */
+    if ((tables && c->kv_ring) || (c->kv_swa_blocks && (!tables || !swa_tables))) {
         if (!c->dev_status)
-            c->dev_status = tn_err(TERN_ERR_INTERNAL, "forward: a paged batch on a context whose sliding-window layers keep a ring");
+            c->dev_status = tn_err(TERN_ERR_INTERNAL, "forward: %s", c->kv_ring ? "a paged batch on a context whose sliding-window layers keep a ring"
+                                                                                  : "a paged sliding-window cache without its block tables");
         c->n_logits = 0;
         return;
     }
-    tn_fwd f = {c, b, tables, 0, c->out_rows};
+    tn_fwd f = {c, b, tables, swa_tables, 0, c->out_rows};
     for (int32_t t = 0; t < b->n; t++)
         if (b->logits[t]) c->out_rows[f.n_out++] = t;
     tn_pool_run(c->pool, tn_forward_task, &f);
     c->n_logits = f.n_out;
 }
 
-void tn_forward_batch(tern_ctx *c, const tn_batch *b, const int32_t *const *tables) {
+void tn_forward_batch(tern_ctx *c, const tn_batch *b, const int32_t *const *tables, const int32_t *const *swa_tables) {
     if (c->cuda) {
         tern_status s = tn_cuda_forward_batch(c, b, tables);
         if (s && !c->dev_status) c->dev_status = s;
         if (s) c->n_logits = 0;
         return;
     }
-    tn_forward_batch_cpu(c, b, tables);
+    tn_forward_batch_cpu(c, b, tables, swa_tables);
 }
 
 void tn_forward(tern_ctx *c, const tern_token *toks, int32_t n) {
@@ -80,6 +83,6 @@ void tn_forward(tern_ctx *c, const tern_token *toks, int32_t n) {
         c->b_logits[t] = (int8_t)(c->logits_all || t == n - 1);
     }
     tn_batch b = {n, toks, c->b_seq, c->b_pos, c->b_logits};
-    tn_forward_batch(c, &b, NULL);
+    tn_forward_batch(c, &b, NULL, NULL);
     c->n_past += n;
 }

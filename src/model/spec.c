@@ -46,7 +46,7 @@ tern_status tn_spec_verify(tern_ctx *c, tern_sampler *smp, tern_token cur, const
         c->b_logits[i] = 1;
     }
     tn_batch b = {n, toks, c->b_seq, c->b_pos, c->b_logits};
-    tn_forward_batch(c, &b, NULL);
+    tn_forward_batch(c, &b, NULL, NULL);
     if (c->dev_status) {
         tern_status s = c->dev_status;
         c->dev_status = TERN_OK;

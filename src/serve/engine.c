@@ -41,6 +41,8 @@
  *      still open: streams send their headers only once the request starts.
  *   6. KV: a request is admitted only when the blocks for prompt + max_tokens (minus blocks
  *      found in the prefix cache) can be reserved, so running sequences never run out of blocks.
+ *      Sliding-window layers (Gemma 2/3) hold only each sequence's window, in blocks of a pool of
+ *      their own (kv_swa; swa_* functions), committed per sequence at admission.
  *   7. Speculation (--spec ngram). After the plan, each decoding sequence with n-gram drafts may
  *      add k draft rows after its current token (tn_sched_spec: expected tokens per predicted
  *      second, its live acceptance rate, the step's caps and TPOT limit). All its rows want
@@ -186,6 +188,9 @@ typedef struct tn_seq {
     tern_token *toks;      /* [n_ctx_seq] prompt then generated                              */
     int32_t n_toks, n_prompt, n_done, n_gen;
     int32_t *table, n_table, n_resv;
+    /* sliding-window layers with a pool of their own (e->kv_swa): swa_table[j] for the blocks
+     * swa_lo .. swa_hi - 1 of the window, -1 below; swa_need blocks committed (e->swa_commit) */
+    int32_t *swa_table, swa_lo, swa_hi, swa_need;
     int32_t n_pub;
     uint64_t pub_hash;
     tern_sampler *smp;
@@ -211,6 +216,14 @@ struct tn_engine {
     const tern_model *m;
     tern_ctx *ctx;
     tn_kv kv;
+    /* sliding-window layers (Gemma 2/3) on their own pool: each sequence holds only the blocks of
+     * its window (at most swa_w); admission commits swa_w per sequence against the pool's size,
+     * so a sequence's next window block always exists (free or an evictable cached one). Its
+     * full blocks are published in kv_swa too (parent: the global block of the same positions),
+     * so a prefix hit also finds the window before its end. kv_swa.n_blocks == 0: not used. */
+    tn_kv kv_swa;
+    int32_t swa_w, swa_commit, n_swa;
+    uint64_t *hbuf;                 /* [max_blocks_seq + 1] chained hashes of a prompt's blocks */
     tn_serve_config cfg;
     tn_metrics *met;
     int32_t n_ctx_seq, np, n_batch, n_vocab, max_blocks_seq;
@@ -233,6 +246,7 @@ struct tn_engine {
                                      * token, j for its j-th draft                             */
     tn_spec_cfg spec;               /* --spec ngram (kmax 0: off)                              */
     const int32_t **tables;
+    const int32_t **swa_tables;     /* NULL unless kv_swa is used                               */
     float *lrow;                    /* [n_vocab] logits after logit_bias and penalties         */
     int32_t *pcount;                /* [n_vocab] zero between uses: token counts for penalties  */
     tn_lp lp_tmp[1 + TN_SRV_MAX_TOP_LOGPROBS];
@@ -311,6 +325,57 @@ static void req_fail_locked(tn_sreq *r, int status, const char *msg) {
 }
 
 /* Ends one choice: reason "stop"/"length", or NULL when cancelled or failed (err_status set). */
+/* ---- sliding-window layers' blocks (e->kv_swa) ------------------------------------------------- */
+/* The first block a query at position pos reads on a sliding-window layer. */
+static int32_t swa_first_block(const tn_engine *e, int32_t pos) {
+    const int32_t p = pos - e->n_swa + 1;
+    return p > 0 ? p / TN_KVB : 0;
+}
+
+/* Gives back the sequence's window blocks below block j_end. */
+static void swa_release(tn_engine *e, tn_seq *s, int32_t j_end) {
+    for (; s->swa_lo < j_end && s->swa_lo < s->swa_hi; s->swa_lo++) {
+        tn_kv_release(&e->kv_swa, s->swa_table[s->swa_lo]);
+        s->swa_table[s->swa_lo] = -1;
+    }
+}
+
+/* Window blocks up to position last_pos (the committed swa_need guarantees them). */
+static bool swa_ensure(tn_engine *e, tn_seq *s, int32_t last_pos) {
+    if (!e->kv_swa.n_blocks) return true;
+    while (s->swa_hi * TN_KVB <= last_pos) {
+        if (s->swa_hi >= e->max_blocks_seq) return false;
+        const int32_t id = tn_kv_alloc(&e->kv_swa, false);
+        if (id < 0) return false;
+        s->swa_table[s->swa_hi++] = id;
+    }
+    return true;
+}
+
+/* A prefix hit of *hits blocks (s->table, chained hashes e->hbuf) needs, on the sliding-window
+ * layers, the window before its end: those blocks from kv_swa. A missing one shortens the hit to
+ * end at it (the global blocks past it are given back) and the window is looked up again. */
+static void swa_lookup_window(tn_engine *e, tn_seq *s, const tern_token *prompt, int32_t *hits) {
+    int32_t J = *hits;
+    s->swa_lo = s->swa_hi = 0;
+    while (J > 0) {
+        const int32_t lo = swa_first_block(e, J * TN_KVB);
+        int32_t j = lo;
+        for (; j < J; j++) {
+            const int32_t id = tn_kv_lookup(&e->kv_swa, s->table[j], e->hbuf[j], prompt + j * TN_KVB);
+            if (id < 0) break;
+            s->swa_table[j] = id;
+        }
+        if (j == J) {
+            s->swa_lo = lo, s->swa_hi = J;
+            break;
+        }
+        for (int32_t i = lo; i < j; i++) tn_kv_release(&e->kv_swa, s->swa_table[i]);
+        while (J > j) tn_kv_release(&e->kv, s->table[--J]);
+    }
+    *hits = J;
+}
+
 static void seq_finish(tn_engine *e, tn_seq *s, const char *reason, int err_status, const char *err_msg) {
     tn_sreq *r = s->r;
     tn_choice *c = &r->ch[s->ci];
@@ -341,6 +406,9 @@ static void seq_finish(tn_engine *e, tn_seq *s, const char *reason, int err_stat
     for (int32_t j = 0; j < s->n_table; j++) tn_kv_release(&e->kv, s->table[j]);
     tn_kv_unreserve(&e->kv, s->n_resv);
     s->n_table = s->n_resv = 0;
+    swa_release(e, s, s->swa_hi);
+    e->swa_commit -= s->swa_need;
+    s->swa_lo = s->swa_hi = s->swa_need = 0;
     tern_sampler_free(s->smp);
     s->smp = NULL;
     s->active = false;
@@ -637,21 +705,33 @@ static void admit(tn_engine *e) {
             if (id < 0) break;
             s->table[hits++] = id;
             h = tn_kv_hash(h, p->prompt + (hits - 1) * TN_KVB);
+            e->hbuf[hits] = h;
+        }
+        if (e->kv_swa.n_blocks) { /* the window before the hit's end, on the sliding-window layers */
+            swa_lookup_window(e, s, p->prompt, &hits);
+            h = e->hbuf[hits];
         }
         int32_t total = p->n_prompt + p->max_tokens;
         if (total > e->n_ctx_seq) total = e->n_ctx_seq;
         int32_t need = blocks_for(total) - hits;
         if (need < 0) need = 0;
-        if (!tn_kv_reserve(&e->kv, need)) {
+        const int32_t swa_need = e->kv_swa.n_blocks ? TN_MIN(e->swa_w, blocks_for(total)) : 0;
+        if (e->swa_commit + swa_need > e->kv_swa.n_blocks || !tn_kv_reserve(&e->kv, need)) {
             for (int32_t j = 0; j < hits; j++) tn_kv_release(&e->kv, s->table[j]);
+            swa_release(e, s, s->swa_hi);
             break; /* wait for blocks */
         }
+        e->swa_commit += swa_need;
+        s->swa_need = swa_need;
         tern_sampler_params sp = p->sp;
         if (r->n_admitted > 0) sp.seed = choice_seed(r->base_seed, r->n_admitted);
         tern_status st = tern_sampler_create(e->m, &sp, &s->smp);
         if (st) {
             for (int32_t j = 0; j < hits; j++) tn_kv_release(&e->kv, s->table[j]);
             tn_kv_unreserve(&e->kv, need);
+            swa_release(e, s, s->swa_hi);
+            e->swa_commit -= swa_need;
+            s->swa_lo = s->swa_hi = s->swa_need = 0;
             pthread_mutex_lock(&r->mu);
             if (st == TERN_ERR_NOMEM) req_fail_locked(r, 500, "out of memory for the sampler");
             else tn_http_err_set(&r->err, 400, "invalid_request_error", NULL, "sampler: %s", tern_last_error());
@@ -719,6 +799,7 @@ static void snapshot(tn_engine *e) {
     e->met->kv_usage = (double)tn_kv_used(&e->kv) / e->kv.n_blocks;
     e->met->kv_used = tn_kv_used(&e->kv);
     e->met->kv_reserved = e->kv.n_reserved;
+    e->met->kv_swa_used = e->kv_swa.n_blocks ? tn_kv_used(&e->kv_swa) : 0;
     e->met->load_mean = e->load.mean;
     e->met->load_sd = tn_load_sd(&e->load);
     unlock_met(e);
@@ -741,9 +822,12 @@ static void publish_blocks(tn_engine *e, tn_seq *s) {
     while ((s->n_pub + 1) * TN_KVB <= s->n_done) {
         int32_t j = s->n_pub;
         tn_kv_publish(&e->kv, s->table[j], j ? s->table[j - 1] : -1, s->pub_hash, s->toks + j * TN_KVB);
+        if (j >= s->swa_lo && j < s->swa_hi) /* its window block: under the global block's id and hash */
+            tn_kv_publish(&e->kv_swa, s->swa_table[j], s->table[j], s->pub_hash, s->toks + j * TN_KVB);
         s->pub_hash = tn_kv_hash(s->pub_hash, s->toks + j * TN_KVB);
         s->n_pub++;
     }
+    swa_release(e, s, swa_first_block(e, s->n_done)); /* behind every window from now on */
 }
 
 /* Speculative decoding: n-gram drafts for the decoding sequences of the plan and the length each
@@ -837,7 +921,7 @@ static void step(tn_engine *e) {
         bool dec = s->n_done >= s->n_prompt;
         if (dec && s->n_toks - s->n_done != 1) continue;
         if (dec) c += s->spec; /* its current token, then its drafts: logits on every row */
-        if (!ensure_blocks(e, s, s->n_done + c - 1)) {
+        if (!ensure_blocks(e, s, s->n_done + c - 1) || !swa_ensure(e, s, s->n_done + c - 1)) {
             seq_finish(e, s, NULL, 500, "KV cache exhausted");
             continue;
         }
@@ -865,7 +949,7 @@ static void step(tn_engine *e) {
     e->last_pred = tn_cost_step(&e->sch.cost, &e->last_shape);
     for (int i = 0; i < e->np; i++) e->tables[i] = e->seqs[i].table;
     tn_batch b = {n, e->b_tok, e->b_seq, e->b_pos, e->b_logits};
-    tn_forward_batch(e->ctx, &b, e->tables);
+    tn_forward_batch(e->ctx, &b, e->tables, e->swa_tables);
     if (e->ctx->dev_status) { /* the GPU failed the pass: its sequences end with a 500, nothing is sampled */
         e->ctx->dev_status = TERN_OK;
         char msg[256];
@@ -992,7 +1076,7 @@ static void *engine_main(void *arg) {
 static double timed_forward(tn_engine *e, int32_t n) {
     tn_batch b = {n, e->b_tok, e->b_seq, e->b_pos, e->b_logits};
     double t0 = tn_srv_now();
-    tn_forward_batch(e->ctx, &b, e->tables);
+    tn_forward_batch(e->ctx, &b, e->tables, e->swa_tables);
     return tn_srv_now() - t0;
 }
 
@@ -1029,6 +1113,9 @@ static void measure_cost(tn_engine *e) {
     e->seqs[0].n_table = 0;
     ensure_blocks(e, &e->seqs[0], D + K);
     e->tables[0] = e->seqs[0].table;
+    /* window blocks: any rows of the pool will do for timing (nothing else runs yet, a batch's
+     * rows stay apart: its blocks are fewer than the pool's) */
+    for (int32_t j = 0; e->kv_swa.n_blocks && j < e->seqs[0].n_table; j++) e->seqs[0].swa_table[j] = j % e->kv_swa.n_blocks;
     int n = 0;
     double pts[TN_COST_NPTS], t_l1 = 1e30, t_ll = 1e30, t_k = 1e30;
     for (int32_t r = 1; r <= P && n < TN_COST_NPTS; r *= 2) c->rows[n] = r, pts[n++] = 1e30;
@@ -1090,18 +1177,35 @@ tern_status tn_engine_create(const tern_model *m, const tn_serve_config *cfg, tn
     tern_ctx_params_init(&cp);
     cp.n_ctx = (int32_t)total;
     cp.n_batch = cfg->n_batch > 0 ? cfg->n_batch : 512;
-    cp.swa_full = true; /* paged blocks are shared by every layer (and by the prefix cache) */
     if (cp.n_batch < e->np) cp.n_batch = e->np;
     if (cfg->n_threads > 0) cp.n_threads = cfg->n_threads;
     cp.device = cfg->device;
     cp.n_gpu_layers = cfg->n_gpu_layers;
-    tern_status s = tern_ctx_create(m, &cp, &e->ctx);
+    /* sliding-window layers: a pool of window blocks, twice what every sequence's window needs
+     * at once (the rest keeps recent window blocks for prefix hits) -- unless --swa-full, the
+     * GPU, or a pool no smaller than the global one */
+    e->n_swa = m->hp.n_swa;
+    int32_t swa_blocks = 0;
+    if (e->n_swa > 0 && !cfg->swa_full && cfg->device == TERN_DEVICE_CPU) {
+        e->swa_w = (cp.n_batch + e->n_swa - 2) / TN_KVB + 2; /* blocks one step's window can span */
+        swa_blocks = (int32_t)TN_MIN((int64_t)2 * e->np * e->swa_w, INT32_MAX / 2);
+    }
+    tern_status s = tn_ctx_create_paged(m, &cp, swa_blocks, &e->ctx);
     if (s) goto fail;
     /* a request's tokens must not depend on what else is in its batch: on the GPU too */
     tn_cuda_set_batch_invariant(e->ctx->cuda, true);
     e->n_batch = e->ctx->n_batch;
     if (e->np > e->ctx->n_logits_cap) e->np = e->ctx->n_logits_cap;
     if ((s = tn_kv_init(&e->kv, e->ctx->kv_blocks))) goto fail;
+    if (e->ctx->kv_swa_blocks > 0 && (s = tn_kv_init(&e->kv_swa, e->ctx->kv_swa_blocks))) goto fail;
+    if (!cfg->quiet) {
+        fprintf(stderr, "tern serve: KV cache %.2f MiB: %d blocks of %d positions", (double)tern_ctx_kv_bytes(e->ctx) / 1048576.0,
+                e->kv.n_blocks, TN_KVB);
+        if (e->kv_swa.n_blocks)
+            fprintf(stderr, " (global layers); sliding-window layers: %d blocks, up to %d per sequence (--swa-full: %d)",
+                    e->kv_swa.n_blocks, e->swa_w, e->kv.n_blocks);
+        fputc('\n', stderr);
+    }
     e->qcap = cfg->max_queue > 0 ? cfg->max_queue : 0;
     e->q = tn_calloc((size_t)e->qcap + (size_t)e->np + 1, sizeof *e->q);
     e->seqs = tn_calloc((size_t)e->np, sizeof *e->seqs);
@@ -1113,6 +1217,8 @@ tern_status tn_engine_create(const tern_model *m, const tn_serve_config *cfg, tn
     e->b_logits = tn_calloc((size_t)e->n_batch, sizeof *e->b_logits);
     e->b_dj = tn_calloc((size_t)e->n_batch, sizeof *e->b_dj);
     e->tables = tn_calloc((size_t)e->np, sizeof *e->tables);
+    e->hbuf = tn_calloc((size_t)e->max_blocks_seq + 1, sizeof *e->hbuf);
+    if (e->kv_swa.n_blocks) e->swa_tables = tn_calloc((size_t)e->np, sizeof *e->swa_tables);
     e->lrow = tn_malloc((size_t)e->n_vocab * sizeof *e->lrow);
     e->pcount = tn_calloc((size_t)e->n_vocab, sizeof *e->pcount);
     size_t nq = (size_t)e->qcap + (size_t)e->np + 1;
@@ -1124,7 +1230,8 @@ tern_status tn_engine_create(const tern_model *m, const tn_serve_config *cfg, tn
     e->qsim = tn_calloc(nq, sizeof *e->qsim);
     e->qord = tn_calloc(nq, sizeof *e->qord);
     e->qttft = tn_calloc(nq, sizeof *e->qttft);
-    if (!e->q || !e->seqs || !e->b_tok || !e->b_seq || !e->b_pos || !e->b_owner || !e->b_lpos || !e->b_logits || !e->b_dj || !e->tables || !e->lrow ||
+    if (!e->q || !e->seqs || !e->b_tok || !e->b_seq || !e->b_pos || !e->b_owner || !e->b_lpos || !e->b_logits || !e->b_dj || !e->tables || !e->hbuf ||
+        (e->kv_swa.n_blocks && !e->swa_tables) || !e->lrow ||
         !e->pcount || !e->plan || !e->plan_seq || !e->plan_spec || !e->snap || !e->snap_idx || !e->qsim || !e->qord || !e->qttft) {
         s = tn_err(TERN_ERR_NOMEM, "serve: engine buffers");
         goto fail;
@@ -1132,12 +1239,15 @@ tern_status tn_engine_create(const tern_model *m, const tn_serve_config *cfg, tn
     for (int i = 0; i < e->np; i++) {
         e->seqs[i].toks = tn_malloc((size_t)e->n_ctx_seq * sizeof(tern_token));
         e->seqs[i].table = tn_malloc((size_t)e->max_blocks_seq * sizeof(int32_t));
-        if (!e->seqs[i].toks || !e->seqs[i].table) {
+        e->seqs[i].swa_table = tn_malloc((size_t)e->max_blocks_seq * sizeof(int32_t));
+        if (!e->seqs[i].toks || !e->seqs[i].table || !e->seqs[i].swa_table) {
             s = tn_err(TERN_ERR_NOMEM, "serve: sequence buffers");
             goto fail;
         }
     }
+    for (int i = 0; e->swa_tables && i < e->np; i++) e->swa_tables[i] = e->seqs[i].swa_table;
     met->kv_blocks = e->kv.n_blocks;
+    met->kv_swa_blocks = e->kv_swa.n_blocks;
     if (cfg->spec_ngram) { /* a sequence's run (current token + drafts) wants a logit row each */
         int32_t kmax = cfg->draft_max < TN_SPEC_KMAX ? cfg->draft_max : TN_SPEC_KMAX;
         if (kmax > e->ctx->n_logits_cap - 1) kmax = e->ctx->n_logits_cap - 1;
@@ -1217,6 +1327,7 @@ void tn_engine_destroy(tn_engine *e) {
             if (s->active) seq_finish(e, s, NULL, 503, "server shutting down");
             tn_free(s->toks);
             tn_free(s->table);
+            tn_free(s->swa_table);
             tn_free(s->gen);
         }
     }
@@ -1230,6 +1341,8 @@ void tn_engine_destroy(tn_engine *e) {
     tn_free(e->b_logits);
     tn_free(e->b_dj);
     tn_free(e->tables);
+    tn_free(e->swa_tables);
+    tn_free(e->hbuf);
     tn_free(e->lrow);
     tn_free(e->pcount);
     tn_free(e->plan);
@@ -1241,6 +1354,7 @@ void tn_engine_destroy(tn_engine *e) {
     tn_free(e->qord);
     tn_free(e->qttft);
     tn_kv_free(&e->kv);
+    tn_kv_free(&e->kv_swa);
     if (e->trace) fclose(e->trace);
     tern_ctx_free(e->ctx);
     tn_free(e);

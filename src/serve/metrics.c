@@ -75,6 +75,10 @@ char *tn_metrics_render(tn_metrics *m, const char *model_id, const double cost[3
     GAUGE("tern_kv_blocks_used", "KV blocks held by running sequences (0 when idle).", "%d", m->kv_used);
     GAUGE("tern_kv_blocks_reserved", "KV blocks promised to admitted sequences, not yet taken (0 when idle).", "%d",
           m->kv_reserved);
+    if (m->kv_swa_blocks) {
+        GAUGE("tern_kv_swa_cache_blocks", "Window blocks of the sliding-window layers (their own pool).", "%d", m->kv_swa_blocks);
+        GAUGE("tern_kv_swa_blocks_used", "Window blocks held by running sequences (0 when idle).", "%d", m->kv_swa_used);
+    }
     GAUGE("tern_cost_step_base_seconds", "Cost model: fixed time per engine step.", "%.6g", cost[0]);
     GAUGE("tern_cost_decode_seconds", "Cost model: time per decoded sequence in a step.", "%.6g", cost[1]);
     GAUGE("tern_cost_prefill_token_seconds", "Cost model: time per prefill token in a step.", "%.6g", cost[2]);

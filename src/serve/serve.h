@@ -37,6 +37,8 @@ typedef struct tn_serve_config {
     int conn_timeout_s;
     size_t max_body;       /* request body cap (bytes)                                        */
     bool no_repack;        /* keep the file's weight layouts (tern_model_params.repack)        */
+    bool swa_full;         /* sliding-window layers keep every position (--swa-full); default:
+                            * a pool of window blocks of their own (engine.c)                  */
     int32_t device;        /* TERN_DEVICE_CPU | TERN_DEVICE_CUDA (--device)                     */
     int32_t n_gpu_layers;  /* -ngl: layers on the GPU (-1 all)                                 */
     double step_delay_ms;  /* testing only: sleep after each engine step (makes races visible) */
@@ -232,6 +234,7 @@ typedef struct tn_metrics {
     int running, waiting;
     double kv_usage;
     int32_t kv_blocks, kv_used, kv_reserved;
+    int32_t kv_swa_blocks, kv_swa_used; /* sliding-window layers' pool (0 blocks: none)        */
     double load_mean, load_sd;     /* step time actual / predicted (the scheduler's load factor) */
     bool spec;                     /* speculative decoding on: its metrics are rendered          */
     uint64_t spec_drafted, spec_accepted; /* draft tokens verified, and kept                     */

@@ -404,9 +404,9 @@ static void test_paged_batch(void **state) {
         for (int32_t i = 0; i < a; i++, n++) tok[n] = (tern_token)(5 + (i * 31 + round) % 370), seq[n] = 0, pos[n] = p0++, lg[n] = i == a - 1;
         for (int32_t i = 0; i < b2; i++, n++) tok[n] = (tern_token)(9 + (i * 17 + round) % 370), seq[n] = 1, pos[n] = p1++, lg[n] = i == b2 - 1;
         tn_batch bt = {n, tok, seq, pos, lg};
-        tn_forward_batch(g, &bt, tables);
+        tn_forward_batch(g, &bt, tables, NULL);
         assert_int_equal(g->dev_status, TERN_OK);
-        tn_forward_batch(c, &bt, tables);
+        tn_forward_batch(c, &bt, tables, NULL);
         assert_int_equal(g->n_logits, 2);
         assert_int_equal(c->n_logits, 2);
         const double e0 = rel_err_f(c->logits, g->logits, nv), e1 = rel_err_f(c->logits + nv, g->logits + nv, nv);

@@ -314,7 +314,7 @@ static void test_gemma3_paged_window(void **state) {
         const int32_t seq = 0;
         const int8_t want = 1;
         const tn_batch b = {1, &tok, &seq, &pos, &want};
-        tn_forward_batch(p, &b, tables);
+        tn_forward_batch(p, &b, tables, NULL);
         assert_int_equal(p->n_logits, 1);
         if (memcmp(tern_get_logits(a, -1), p->logits, sizeof(float) * (size_t)nv))
             fail_msg("position %d: the paged cache's logits differ from the contiguous cache's", pos);

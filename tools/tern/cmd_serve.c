@@ -38,7 +38,9 @@ static void serve_usage(FILE *f) {
             "      --draft-min N       fewer drafts are not tried (default 1)\n"
             "      --spec-ngram N      longest n-gram matched (default 3, 1..64)\n"
             "      --spec-fixed K      always verify K drafts where found (no cost model; for comparison)\n"
-            "      --no-repack         keep q4_0/q8_0/tq4/tq1 weights in the file layout (no interleaved copy)\n");
+            "      --no-repack         keep q4_0/q8_0/tq4/tq1 weights in the file layout (no interleaved copy)\n"
+            "      --swa-full          sliding-window layers (Gemma 2/3) keep every position in the paged cache\n"
+            "                          (default: each sequence's window, in a block pool of their own)\n");
 }
 
 int cmd_serve(int argc, char **argv) {
@@ -69,6 +71,8 @@ int cmd_serve(int argc, char **argv) {
             cfg.model_path = val;
         } else if (!strcmp(a, "--no-repack")) {
             cfg.no_repack = true;
+        } else if (!strcmp(a, "--swa-full")) {
+            cfg.swa_full = true;
         } else if (!strcmp(a, "--chat-template")) {
             TN_CLI_NEED_VAL();
             tern_chat_template t;
