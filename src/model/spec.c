@@ -66,11 +66,26 @@ tern_status tn_spec_verify(tern_ctx *c, tern_sampler *smp, tern_token cur, const
     return TERN_OK;
 }
 
-static int32_t argmax(const float *l, int32_t n) {
+int32_t tn_spec_argmax(const float *l, int32_t n) {
     int32_t b = 0;
     for (int32_t i = 1; i < n; i++)
         if (l[i] > l[b]) b = i;
     return b;
+}
+
+tern_status tn_spec_vocab_check(const tern_model *target, const tern_model *draft) {
+    const int32_t nv = tern_model_n_vocab(target);
+    if (tern_model_n_vocab(draft) != nv)
+        return tn_err(TERN_ERR_FORMAT, "its vocabulary has %d tokens, the model's %d", tern_model_n_vocab(draft), nv);
+    char a[256], b[256];
+    for (tern_token t = 0; t < nv; t++) {
+        const int32_t la = tern_token_to_piece(target, t, a, sizeof a, true);
+        const int32_t lb = tern_token_to_piece(draft, t, b, sizeof b, true);
+        if (la != lb || (la > 0 && memcmp(a, b, (size_t)la) != 0))
+            return tn_err(TERN_ERR_FORMAT, "token %d is '%.*s' there and '%.*s' in the model: not the same vocabulary", (int)t,
+                          lb > 0 ? (int)lb : 0, b, la > 0 ? (int)la : 0, a);
+    }
+    return TERN_OK;
 }
 
 int32_t tn_spec_draft_model(tn_spec_draft *d, const tern_token *hist, int32_t n, int32_t k, tern_token *out) {
@@ -87,7 +102,7 @@ int32_t tn_spec_draft_model(tn_spec_draft *d, const tern_token *hist, int32_t n,
     d->n_fed = n;
     d->n_extra = 0;
     for (int32_t j = 0; j < k; j++) {
-        out[j] = argmax(tern_get_logits(c, -1), c->hp.n_vocab);
+        out[j] = tn_spec_argmax(tern_get_logits(c, -1), c->hp.n_vocab);
         if (j + 1 == k) break;
         if (tern_decode(c, &out[j], 1)) return -1;
         d->n_extra++;

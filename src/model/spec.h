@@ -38,6 +38,11 @@ typedef struct tn_spec_draft {
     int32_t n_fed;    /* tokens of hist in its cache                                  */
     int32_t n_extra;  /* of its own drafts in its cache after the last step           */
 } tn_spec_draft;
+/* The first index of the largest logit (a greedy draft's pick). */
+int32_t tn_spec_argmax(const float *l, int32_t n);
+/* TERN_OK when draft has target's vocabulary (each token's text compared), else TERN_ERR_FORMAT
+ * saying where they differ. */
+tern_status tn_spec_vocab_check(const tern_model *target, const tern_model *draft);
 int32_t tn_spec_draft_model(tn_spec_draft *d, const tern_token *hist, int32_t n, int32_t k, tern_token *out);
 void tn_spec_draft_accept(tn_spec_draft *d, int32_t n_accepted);
 

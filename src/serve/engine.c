@@ -209,6 +209,7 @@ typedef struct tn_seq {
     int32_t spec;          /* of them verified in this step (rows after the current token)     */
     int32_t spec_acc;      /* of those kept so far in this step                                */
     bool spec_stop;        /* a pick differed from its draft: the rest of its rows are dropped  */
+    int32_t dn;            /* --draft: its positions [0, dn) are in the draft model's cache     */
     double acc;            /* acceptance rate (tn_spec_acc_update)                              */
 } tn_seq;
 
@@ -244,7 +245,11 @@ struct tn_engine {
     int8_t *b_logits;
     int32_t *b_dj;                  /* per logit row of a decoding sequence: 0 for its current
                                      * token, j for its j-th draft                             */
-    tn_spec_cfg spec;               /* --spec ngram (kmax 0: off)                              */
+    tn_spec_cfg spec;               /* --spec ngram or --draft (kmax 0: off)                   */
+    /* --draft: the draft model's context, paged like ctx with the same block tables (its cache
+     * has a row for every position of ctx's); d_time: this step's draft passes, in seconds */
+    tern_ctx *dctx;
+    double d_time;
     const int32_t **tables;
     const int32_t **swa_tables;     /* NULL unless kv_swa is used                               */
     float *lrow;                    /* [n_vocab] logits after logit_bias and penalties         */
@@ -746,7 +751,7 @@ static void admit(tn_engine *e) {
         s->ci = r->n_admitted;
         s->active = true;
         s->n_toks = s->n_prompt = p->n_prompt;
-        s->n_done = hits * TN_KVB;
+        s->n_done = s->dn = hits * TN_KVB;
         s->n_gen = 0;
         s->n_table = hits;
         s->n_resv = need;
@@ -830,6 +835,89 @@ static void publish_blocks(tn_engine *e, tn_seq *s) {
     swa_release(e, s, swa_first_block(e, s->n_done)); /* behind every window from now on */
 }
 
+/* ---- the draft model (--draft) ------------------------------------------------------------------ */
+/* One pass of the draft model over rows b_* [0, n) (its logits land in dctx). */
+static void draft_forward(tn_engine *e, int32_t n) {
+    for (int i = 0; i < e->np; i++) e->tables[i] = e->seqs[i].table;
+    tn_batch b = {n, e->b_tok, e->b_seq, e->b_pos, e->b_logits};
+    tn_forward_batch(e->dctx, &b, e->tables, NULL);
+}
+
+/* The drafts of this step's plan: every decoding sequence verifying spec > 0 drafts gets them
+ * from the draft model, greedily, one batched pass per draft (all such sequences together). The
+ * first pass also feeds the positions the draft model has not seen ([dn, n_done], ending with
+ * the current token). A failed pass leaves the sequence without drafts. */
+static void draft_run(tn_engine *e, int n_plan) {
+    const double t0 = tn_srv_now();
+    int32_t kmax = 0;
+    for (int j = 0; j < n_plan; j++) {
+        tn_seq *s = &e->seqs[e->plan_seq[j]];
+        if (s->spec > 0 && !ensure_blocks(e, s, s->n_done + s->spec)) s->spec = 0;
+        if (s->spec > kmax) kmax = s->spec;
+    }
+    for (int32_t pass = 0; pass < kmax; pass++) {
+        int32_t n = 0, nl = 0;
+        for (int j = 0; j < n_plan; j++) {
+            const int i = e->plan_seq[j];
+            tn_seq *s = &e->seqs[i];
+            if (s->spec <= pass) continue;
+            const int32_t from = pass ? s->n_done + pass : s->dn;
+            if (n + (s->n_done + pass - from + 1) > e->dctx->n_batch || nl >= e->dctx->n_logits_cap) {
+                s->spec = pass; /* no room in this pass: fewer drafts */
+                continue;
+            }
+            for (int32_t pos = from; pos <= s->n_done + pass; pos++) {
+                e->b_tok[n] = pass ? s->draft[pass - 1] : s->toks[pos];
+                e->b_seq[n] = i;
+                e->b_pos[n] = pos;
+                e->b_logits[n++] = pos == s->n_done + pass;
+            }
+            e->b_owner[nl++] = i;
+        }
+        if (!n) break;
+        draft_forward(e, n);
+        if (e->dctx->dev_status || e->dctx->n_logits != nl) { /* no drafts this step */
+            e->dctx->dev_status = TERN_OK;
+            for (int j = 0; j < n_plan; j++) e->seqs[e->plan_seq[j]].spec = 0;
+            break;
+        }
+        for (int k = 0; k < nl; k++) {
+            tn_seq *s = &e->seqs[e->b_owner[k]];
+            s->draft[pass] = tn_spec_argmax(e->dctx->logits + (size_t)k * e->n_vocab, e->n_vocab);
+            if (pass == 0) s->dn = s->n_done + 1;
+        }
+    }
+    for (int j = 0; j < n_plan; j++) {
+        tn_seq *s = &e->seqs[e->plan_seq[j]];
+        s->n_draft = s->spec;
+    }
+    e->d_time += tn_srv_now() - t0;
+}
+
+/* After a step: the draft model catches up on the positions it has not seen (prompt chunks,
+ * sequences that did not draft, an accepted last draft), so its cache covers [0, n_done) of every
+ * sequence before the next step or a prefix-cache hit on its blocks. */
+static void draft_catch_up(tn_engine *e) {
+    const double t0 = tn_srv_now();
+    int32_t n = 0;
+    for (int i = 0; i < e->np; i++) {
+        tn_seq *s = &e->seqs[i];
+        for (; s->active && s->dn < s->n_done; s->dn++) {
+            if (n == e->dctx->n_batch) {
+                draft_forward(e, n);
+                n = 0;
+            }
+            e->b_tok[n] = s->toks[s->dn];
+            e->b_seq[n] = i;
+            e->b_pos[n] = s->dn;
+            e->b_logits[n++] = 0;
+        }
+    }
+    if (n) draft_forward(e, n);
+    e->dctx->dev_status = TERN_OK; /* a failed pass costs only draft quality: the target verifies */
+    e->d_time += tn_srv_now() - t0;
+}
+
 /* Speculative decoding: n-gram drafts for the decoding sequences of the plan and the length each
  * verifies (tn_sched_spec); sets seqs[].spec. A sequence drafts at most what it may still emit
  * minus one (its max_tokens and context), so its rows never pass the KV blocks reserved for
@@ -848,14 +936,16 @@ static void plan_spec(tn_engine *e, int n_plan, tn_shape *shape) {
         if (room > ctx) room = ctx;
         if (room > e->spec.kmax) room = e->spec.kmax;
         if (room <= 0) continue;
-        s->n_draft = tn_spec_ngram(s->toks, s->n_toks, 1, e->cfg.spec_ngram_n, room, s->draft);
-        sp->drafts = s->n_draft;
+        /* a draft model drafts once the lengths are chosen (below): its drafts cost passes */
+        s->n_draft = e->dctx ? 0 : tn_spec_ngram(s->toks, s->n_toks, 1, e->cfg.spec_ngram_n, room, s->draft);
+        sp->drafts = e->dctx ? room : s->n_draft;
     }
     tn_sched_spec(&e->sch, e->plan, e->plan_spec, n_plan, &e->spec, shape);
+    for (int j = 0; j < n_plan; j++) e->seqs[e->plan_seq[j]].spec = e->plan_spec[j].k;
+    if (e->dctx) draft_run(e, n_plan); /* may draft fewer */
     lock_met(e);
     for (int j = 0; j < n_plan; j++) {
         tn_seq *s = &e->seqs[e->plan_seq[j]];
-        s->spec = e->plan_spec[j].k;
         if (e->plan[j].chunk == 1 && s->n_done >= s->n_prompt) tn_metrics_spec_len(e->met, s->spec);
         e->met->spec_drafted += (uint64_t)s->spec;
     }
@@ -1025,6 +1115,7 @@ static void step(tn_engine *e) {
         acc += (uint64_t)s->spec_acc;
         if (!s->active) continue; /* finished inside its run: its blocks are gone */
         s->n_done += s->spec_acc;
+        if (e->dctx) s->dn += TN_MIN(s->spec_acc, s->spec - 1); /* the drafts it was fed and were kept */
         s->acc = tn_spec_acc_update(s->acc, s->spec, s->spec_acc);
         publish_blocks(e, s);
         s->spec = 0;
@@ -1032,6 +1123,7 @@ static void step(tn_engine *e) {
     lock_met(e);
     e->met->spec_accepted += acc;
     unlock_met(e);
+    if (e->dctx) draft_catch_up(e);
 }
 
 static void *engine_main(void *arg) {
@@ -1062,7 +1154,9 @@ static void *engine_main(void *arg) {
             struct timespec ts = {(time_t)(e->cfg.step_delay_ms / 1e3), (long)(fmod(e->cfg.step_delay_ms, 1e3) * 1e6)};
             nanosleep(&ts, NULL);
         }
-        e->last_actual = tn_srv_now() - t0;
+        /* the draft model's passes are left out: the cost model predicts the target's step */
+        e->last_actual = tn_srv_now() - t0 - e->d_time;
+        e->d_time = 0;
         if (e->trace && e->last_pred > 0)
             fprintf(e->trace, "%.4f %d %d %d %lld %.2f %.2f %.3f %.3f %.2f\n", t0 - e->t_start, e->last_dec,
                     e->last_shape.rows - e->last_dec, e->last_shape.logits, (long long)e->last_shape.keys,
@@ -1248,12 +1342,23 @@ tern_status tn_engine_create(const tern_model *m, const tn_serve_config *cfg, tn
     for (int i = 0; e->swa_tables && i < e->np; i++) e->swa_tables[i] = e->seqs[i].swa_table;
     met->kv_blocks = e->kv.n_blocks;
     met->kv_swa_blocks = e->kv_swa.n_blocks;
-    if (cfg->spec_ngram) { /* a sequence's run (current token + drafts) wants a logit row each */
+    if (cfg->draft_model) { /* the draft model: paged on the same block tables (same n_ctx: same blocks) */
+        tern_ctx_params dcp = cp;
+        dcp.device = TERN_DEVICE_CPU;
+        dcp.n_batch = e->n_batch;
+        if ((s = tn_ctx_create_paged(cfg->draft_model, &dcp, 0, &e->dctx))) goto fail;
+        if (e->dctx->kv_blocks != e->ctx->kv_blocks || e->dctx->n_logits_cap < e->np) {
+            s = tn_err(TERN_ERR_INTERNAL, "--draft: its cache has %d blocks and %d logit rows (the model's %d, %d sequences)",
+                       e->dctx->kv_blocks, e->dctx->n_logits_cap, e->ctx->kv_blocks, e->np);
+            goto fail;
+        }
+    }
+    if (cfg->spec_ngram || cfg->draft_model) { /* a sequence's run (current token + drafts) wants a logit row each */
         int32_t kmax = cfg->draft_max < TN_SPEC_KMAX ? cfg->draft_max : TN_SPEC_KMAX;
         if (kmax > e->ctx->n_logits_cap - 1) kmax = e->ctx->n_logits_cap - 1;
         if (kmax > e->n_batch - 1) kmax = e->n_batch - 1;
         if (kmax < 1 || cfg->draft_min > kmax) {
-            s = tn_err(TERN_ERR_INVALID_ARG, "--spec ngram: --draft-min %d / --draft-max %d do not fit a step of %d rows with logits",
+            s = tn_err(TERN_ERR_INVALID_ARG, "speculative decoding: --draft-min %d / --draft-max %d do not fit a step of %d rows with logits",
                        cfg->draft_min, cfg->draft_max, TN_MIN(e->ctx->n_logits_cap, e->n_batch));
             goto fail;
         }
@@ -1355,6 +1460,7 @@ void tn_engine_destroy(tn_engine *e) {
     tn_free(e->qttft);
     tn_kv_free(&e->kv);
     tn_kv_free(&e->kv_swa);
+    tern_ctx_free(e->dctx);
     if (e->trace) fclose(e->trace);
     tern_ctx_free(e->ctx);
     tn_free(e);

@@ -21,11 +21,13 @@
 #include <unistd.h>
 
 #include "core/base.h"
+#include "model/spec.h"
 #include "serve/serve.h"
 
 typedef struct tn_server {
     tn_serve_config cfg;
     tern_model *model;
+    tern_model *draft; /* --draft (NULL: none) */
     tn_engine *eng;
     tn_metrics met;
     tn_req_env env;
@@ -793,10 +795,26 @@ int tn_serve_run(const tn_serve_config *cfg) {
         char *dot = strrchr(S->model_id, '.');
         if (dot && !strcmp(dot, ".gguf")) *dot = 0;
     }
+    if (cfg->draft_path) { /* the draft model: on the CPU, checked against the model's vocabulary */
+        tern_model_params dmp;
+        tern_model_params_init(&dmp);
+        if ((s = tern_model_load(cfg->draft_path, &dmp, &S->draft))) {
+            fprintf(stderr, "tern: error: loading the draft model: %s\n", tern_last_error());
+            rc = s == TERN_ERR_NOT_FOUND || s == TERN_ERR_IO ? 66 : s == TERN_ERR_NOMEM ? 71 : 65;
+            goto done;
+        }
+        if ((s = tn_spec_vocab_check(S->model, S->draft))) {
+            fprintf(stderr, "tern: error: draft model %s: %s\n", cfg->draft_path, tern_last_error());
+            rc = 65;
+            goto done;
+        }
+    }
     S->env.tmpl = cfg->chat_template >= 0 ? (tern_chat_template)cfg->chat_template : tern_chat_template_detect(S->model);
     S->env.model = S->model;
     S->env.n_vocab = tern_model_n_vocab(S->model);
-    if ((s = tn_engine_create(S->model, cfg, &S->met, &S->eng))) {
+    tn_serve_config ecfg = *cfg;
+    ecfg.draft_model = S->draft;
+    if ((s = tn_engine_create(S->model, &ecfg, &S->met, &S->eng))) {
         fprintf(stderr, "tern: error: starting the engine: %s\n", tern_last_error());
         rc = s == TERN_ERR_NOMEM ? 71 : 64;
         goto done;
@@ -827,6 +845,10 @@ int tn_serve_run(const tn_serve_config *cfg) {
     int port = di ? di->port : cfg->port;
     fprintf(stderr, "tern serve: model %s (%s), chat template %s, %d parallel, ctx %d per sequence\n", S->model_id,
             tern_model_desc(S->model), tern_chat_template_name(S->env.tmpl), cfg->n_parallel, S->env.n_ctx_seq);
+    if (cfg->draft_path)
+        fprintf(stderr, "tern serve: speculative decoding: draft model %s (%s), %s%d..%d drafts per step\n", cfg->draft_path,
+                tern_model_desc(S->draft), cfg->spec_fixed ? "fixed length, " : "length chosen per step, ", cfg->draft_min,
+                cfg->draft_max);
     if (cfg->spec_ngram)
         fprintf(stderr, "tern serve: speculative decoding: n-gram drafts (n-grams of 1..%d tokens), %s%d..%d drafts per step\n",
                 cfg->spec_ngram_n, cfg->spec_fixed ? "fixed length, " : "length chosen per step, ", cfg->draft_min,
@@ -876,6 +898,7 @@ done:
     if (d) MHD_stop_daemon(d);
     tn_engine_destroy(S->eng);
     tern_model_free(S->model);
+    tern_model_free(S->draft);
     pthread_mutex_destroy(&S->met.mu);
     tn_free(S);
     return rc;

@@ -51,6 +51,9 @@ typedef struct tn_serve_config {
     int32_t draft_min, draft_max; /* drafts per sequence and step; fewer than draft_min: none  */
     int32_t spec_ngram_n;  /* longest n-gram matched (--spec-ngram)                            */
     bool spec_fixed;       /* every step drafts draft_max where found (no cost model)           */
+    const char *draft_path; /* --draft FILE: a draft model with the same vocabulary (tn_serve_run
+                            * loads it into draft_model, which the engine drafts with greedily) */
+    const tern_model *draft_model;
 } tn_serve_config;
 
 void tn_serve_config_init(tn_serve_config *c);

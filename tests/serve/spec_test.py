@@ -1,16 +1,17 @@
 #!/usr/bin/env python3
-"""spec_test.py TERN MODEL TMP — tern serve --spec ngram gives the text it gives without
-speculation:
+"""spec_test.py TERN MODEL TMP — tern serve --spec ngram and --draft MODEL give the text it gives
+without speculation:
   - greedy: every prompt (some copy-heavy, so drafts are accepted) equals `tern generate --temp 0`
     one at a time, sent alone and 4 / 8 at once, streamed and not, with the adaptive length and
-    with fixed lengths (--spec-fixed 4, --draft-max 8 --draft-min 8);
+    with fixed lengths (--spec-fixed 4, --draft-max 8 --draft-min 8); with a draft model: the
+    model itself (every draft kept) and its q4_0 requantization (some rejected);
   - max_tokens and stop strings landing inside an accepted run: the text is the reference's
     prefix (up to the stop string / of max_tokens tokens);
   - seeded sampling (temperature, top_p), penalties, logit_bias and logprobs: the same answer as a
     server without --spec (the sampler sees the rows in order, as one-token decoding);
   - /metrics: drafted >= accepted > 0, acceptance ratio = accepted / drafted, a length histogram
     whose count is the decoding rows; no KV block held at the end, clean exit;
-  - bad flags exit 64 with one message."""
+  - bad flags exit 64 with one message; a missing draft model 66, one of another vocabulary 65."""
 import os, re, subprocess, sys, threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -38,12 +39,24 @@ def generate(p, n):
 
 
 # bad flags: one message, exit 64
-for args, what in ((["--spec", "bogus"], "--spec"), (["--draft-max", "4"], "need --spec"),
+for args, what in ((["--spec", "bogus"], "--spec"), (["--draft-max", "4"], "need --spec ngram or --draft"),
                    (["--spec", "ngram", "--draft-max", "0"], "--draft-max"),
                    (["--spec", "ngram", "--draft-min", "5", "--draft-max", "3"], "--draft-min"),
                    (["--spec", "ngram", "--spec-fixed", "4", "--draft-max", "6"], "contradicts")):
     r = subprocess.run([tern, "serve", "-m", model, "--port", "0", *args], capture_output=True, timeout=60)
     check(r.returncode == 64 and what.encode() in r.stderr, f"serve {' '.join(args)}: exit {r.returncode}, says {what!r}")
+
+# draft models: the model requantized to q4_0 (same vocabulary, other weights); a small synthetic
+# model with 4096 tokens (another vocabulary)
+os.makedirs(tmp, exist_ok=True)
+DRAFT_Q4, OTHER_VOCAB = os.path.join(tmp, "draft-q4_0.gguf"), os.path.join(tmp, "other-vocab.gguf")
+subprocess.run([tern, "quantize", "--allow-requantize", model, DRAFT_Q4, "q4_0"], check=True, capture_output=True, timeout=120)
+subprocess.run([tern, "synth", "-o", OTHER_VOCAB, "--preset", "small", "--type", "q4_0"], check=True, capture_output=True, timeout=300)
+for args, rc, what in ((["--spec", "ngram", "--draft", model], 64, "choose one"),
+                       (["--draft", os.path.join(tmp, "missing.gguf")], 66, "draft model"),
+                       (["--draft", OTHER_VOCAB], 65, "vocabulary")):
+    r = subprocess.run([tern, "serve", "-m", model, "--port", "0", *args], capture_output=True, timeout=60)
+    check(r.returncode == rc and what.encode() in r.stderr, f"serve {' '.join(args[:2])}: exit {r.returncode}, says {what!r}")
 
 ref = {p: generate(p, N) for p in PROMPTS}
 ref_short = {(p, n): generate(p, n) for p in PROMPTS[1:5] for n in (3, 7, 13)}
@@ -152,7 +165,8 @@ finally:
     check(plain.stop() == 0, "server without --spec: clean exit")
 
 for name, args in (("adaptive", ["--spec", "ngram"]), ("fixed 4", ["--spec", "ngram", "--spec-fixed", "4"]),
-                   ("draft-min = draft-max = 8", ["--spec", "ngram", "--draft-max", "8", "--draft-min", "8"])):
+                   ("draft-min = draft-max = 8", ["--spec", "ngram", "--draft-max", "8", "--draft-min", "8"]),
+                   ("draft self", ["--draft", model]), ("draft-q4_0 fixed 4", ["--draft", DRAFT_Q4, "--spec-fixed", "4"])):
     # the step pause makes a step's rows nearly free in the cost model, so the adaptive length speculates
     srv = Server(tern, model, os.path.join(tmp, name.split()[0]), "-np", "8", "--metrics", "--debug-step-delay", "1", *B32, *args)
     try:

@@ -49,21 +49,9 @@ int tn_cli_spec_open(tn_cli_spec *sr, const tern_model *target, const tern_ctx_p
     const char *path = sr->draft_path;
     tern_status s = tern_model_load(path, &mp, &sr->dmodel);
     if (s) return tn_cli_fail(s, "loading the draft model");
-    const int32_t nv = tern_model_n_vocab(target);
-    if (tern_model_n_vocab(sr->dmodel) != nv) {
-        fprintf(stderr, "tern: error: draft model %s: its vocabulary has %d tokens, the model's %d\n", path,
-                tern_model_n_vocab(sr->dmodel), nv);
+    if (tn_spec_vocab_check(target, sr->dmodel)) {
+        fprintf(stderr, "tern: error: draft model %s: %s\n", path, tern_last_error());
         return TN_EXIT_DATAERR;
-    }
-    char a[256], b[256];
-    for (tern_token t = 0; t < nv; t++) {
-        const int32_t la = tern_token_to_piece(target, t, a, sizeof a, true);
-        const int32_t lb = tern_token_to_piece(sr->dmodel, t, b, sizeof b, true);
-        if (la != lb || (la > 0 && memcmp(a, b, (size_t)la) != 0)) {
-            fprintf(stderr, "tern: error: draft model %s: token %d is '%.*s' there and '%.*s' in the model: not the same vocabulary\n",
-                    path, (int)t, lb > 0 ? (int)lb : 0, b, la > 0 ? (int)la : 0, a);
-            return TN_EXIT_DATAERR;
-        }
     }
     tern_ctx_params dp = *cp;
     dp.device = TERN_DEVICE_CPU;

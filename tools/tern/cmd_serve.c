@@ -38,6 +38,8 @@ static void serve_usage(FILE *f) {
             "      --draft-min N       fewer drafts are not tried (default 1)\n"
             "      --spec-ngram N      longest n-gram matched (default 3, 1..64)\n"
             "      --spec-fixed K      always verify K drafts where found (no cost model; for comparison)\n"
+            "  -md, --draft FILE       speculative decoding with a small draft model of the same vocabulary: it\n"
+            "                          drafts greedily, batched over the sequences (--draft-max default 4)\n"
             "      --no-repack         keep q4_0/q8_0/tq4/tq1 weights in the file layout (no interleaved copy)\n"
             "      --swa-full          sliding-window layers (Gemma 2/3) keep every position in the paged cache\n"
             "                          (default: each sequence's window, in a block pool of their own)\n");
@@ -131,6 +133,9 @@ int cmd_serve(int argc, char **argv) {
         } else if (!strcmp(a, "--draft-min")) {
             INT_FLAG(0, 32, cfg.draft_min);
             draft_min_set = true;
+        } else if (!strcmp(a, "--draft") || !strcmp(a, "-md") || !strcmp(a, "--model-draft")) {
+            TN_CLI_NEED_VAL();
+            cfg.draft_path = val;
         } else if (!strcmp(a, "--spec-ngram")) {
             INT_FLAG(1, 64, cfg.spec_ngram_n);
         } else if (!strcmp(a, "--spec-fixed")) {
@@ -155,8 +160,10 @@ int cmd_serve(int argc, char **argv) {
     }
     if (cfg.draft_min > cfg.draft_max)
         return tn_cli_usage_error("--draft-min %d is more than --draft-max %d", cfg.draft_min, cfg.draft_max);
-    if (!cfg.spec_ngram && (spec_fixed > 0 || draft_max_set || draft_min_set))
-        return tn_cli_usage_error("--draft-max / --spec-fixed need --spec ngram");
+    if (cfg.spec_ngram && cfg.draft_path) return tn_cli_usage_error("--spec ngram and --draft: choose one drafter");
+    if (!cfg.spec_ngram && !cfg.draft_path && (spec_fixed > 0 || draft_max_set || draft_min_set))
+        return tn_cli_usage_error("--draft-max / --draft-min / --spec-fixed need --spec ngram or --draft");
+    if (cfg.draft_path && !draft_max_set && spec_fixed == 0) cfg.draft_max = 4; /* a model's drafts cost passes */
     char default_path[4096];
     if (!cfg.model_path) {
         if (!tn_cli_default_model(default_path, sizeof default_path)) {
