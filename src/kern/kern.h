@@ -57,8 +57,8 @@ typedef void (*tn_attn_fn)(int64_t hd, int64_t T, int64_t nh, int64_t rep, const
 
 /* tn_attn_fn with soft-capped scores (gemma2's attn_logit_softcapping, cap > 0), in ggml's order:
  *   s_t = cap * tanh((scale / cap) * (q · K_t))
- * One implementation, the scalar reference (a family's per-layer choice; llama's path does not
- * pay for it). */
+ * The scalar reference and AVX-512 (the plain kernel's, with tanh on each 16 scores); AVX2 tables
+ * keep the reference (a family's per-layer choice; llama's path does not pay for it). */
 typedef void (*tn_attn_softcap_fn)(int64_t hd, int64_t T, int64_t nh, int64_t rep, const float *q, const uint16_t *K,
                                    const uint16_t *V, int64_t ldkv, const int32_t *blocks, int64_t block_rows,
                                    float scale, float cap, bool acc16, float *out, float *scratch);

@@ -94,7 +94,7 @@ static void test_attn(void **state) {
 }
 
 /* A paged cache (blocks of 4 rows placed in reverse order) gives exactly the contiguous result,
- * for one head and for four query heads over two kv heads. */
+ * for one head and for four query heads over two kv heads, soft-capped or not. */
 static void test_attn_paged(void **state) {
     (void)state;
     const int64_t hd = 64, T = 37, B = 4, nblk = (T + B - 1) / B, ld = 2 * hd;
@@ -121,12 +121,15 @@ static void test_attn_paged(void **state) {
                 kt->attn(hd, T, nh, 2, q, K, V, ld, NULL, 0, 0.125f, acc16, o1, scr);
                 kt->attn(hd, T, nh, 2, q, Kp, Vp, ld, blocks, B, 0.125f, acc16, o2, scr);
                 assert_memory_equal(o1, o2, (size_t)(nh * hd) * sizeof(float));
+                kt->attn_softcap(hd, T, nh, 2, q, K, V, ld, NULL, 0, 0.125f, 0.5f, acc16, o1, scr); /* gemma2's */
+                kt->attn_softcap(hd, T, nh, 2, q, Kp, Vp, ld, blocks, B, 0.125f, 0.5f, acc16, o2, scr);
+                assert_memory_equal(o1, o2, (size_t)(nh * hd) * sizeof(float));
             }
     }
     free(K), free(V), free(Kp), free(Vp);
 }
 
-/* Soft-capped scores (gemma2), the one (scalar) kernel of every table, against the direct
+/* Soft-capped scores (gemma2), every table's kernel (the scalar reference, AVX-512's), against the direct
  * computation with the caps applied: caps 0.5 and 4 over scores up to ~4 (q of 4 * U(-1, 1),
  * scale 1 / sqrt(hd) * 4), so tanh saturates on some keys and not others; the same bounds as the
  * plain kernel. A cap far above the scores gives the plain kernel's output within 1e-4 (scores reach

@@ -8,7 +8,8 @@
  * are computed first (16 dot products summed by one transposing tree), their exponents (the
  * reference's, from the running maximum) go through one vector exp (tn_exp512, within a few ulp
  * of libm's expf; the reference calls expf per key), then the keys are accumulated in order.
- * Heads whose size is not a multiple of 16 use the reference.
+ * Heads whose size is not a multiple of 16 use the reference. The soft-capped variant (gemma2)
+ * is the same kernel with cap * tanh applied to each 16 scores (tn_tanh512).
  * One core, 16 heads of 64 over 256 keys, f16 accumulator: 18.5 -> 7.8 ns per key and head.
  */
 #include <immintrin.h>
@@ -20,6 +21,9 @@
 void tn_k_attn1_f16__scalar(int64_t hd, int64_t T, const float *q, const uint16_t *K, const uint16_t *V, int64_t ldkv,
                             const int32_t *blocks, int64_t block_rows, float scale, bool acc16, float *out,
                             float *scratch);
+void tn_k_attn_softcap_f16__scalar(int64_t hd, int64_t T, int64_t nh, int64_t rep, const float *q, const uint16_t *K,
+                                   const uint16_t *V, int64_t ldkv, const int32_t *blocks, int64_t block_rows,
+                                   float scale, float cap, bool acc16, float *out, float *scratch);
 
 #define W 16
 #define LOADH(P) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(P)))
@@ -45,6 +49,24 @@ static inline __m512 tn_exp512(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
+/* tanh(x) for 16 lanes, within a few 1e-7 relative: |x| >= 0.2: (1 - e) / (1 + e) with e =
+ * exp(-2 |x|) (tn_exp512; 1 - e >= 0.33, so no cancellation), sign restored; below: its odd
+ * Taylor series to x^9 (the next term is < 1e-9 relative there). The reference calls tanhf. */
+static inline __m512 tn_tanh512(__m512 x) {
+    const __m512 ax = _mm512_abs_ps(x), x2 = _mm512_mul_ps(x, x);
+    const __m512 e = tn_exp512(_mm512_mul_ps(ax, _mm512_set1_ps(-2.0f)));
+    __m512 t = _mm512_div_ps(_mm512_sub_ps(_mm512_set1_ps(1.0f), e), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+    t = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(t), _mm512_and_si512(_mm512_castps_si512(x),
+                                                                                      _mm512_set1_epi32((int)0x80000000))));
+    __m512 p = _mm512_set1_ps(62.0f / 2835.0f); /* x (1 - x^2/3 + 2x^4/15 - 17x^6/315 + 62x^8/2835) */
+    p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(-17.0f / 315.0f));
+    p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(2.0f / 15.0f));
+    p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(-1.0f / 3.0f));
+    p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(1.0f));
+    const __mmask16 small = _mm512_cmp_ps_mask(ax, _mm512_set1_ps(0.2f), _CMP_LT_OQ);
+    return _mm512_mask_mul_ps(t, small, p, x);
+}
+
 /* Lane i = the sum of the 16 lanes of v[i]: a transposing tree of 15 adds (a horizontal sum per
  * vector costs about four times as much on Zen 4). */
 static inline __m512 tn_sum16(const __m512 *v) {
@@ -63,12 +85,13 @@ static inline __m512 tn_sum16(const __m512 *v) {
  * the scores of every head, then per head the reference's exponents (from the running maximum:
  * a new maximum rescales by exp(Mold - M), else the key weighs exp(s - M)) through one vector
  * exp, then the keys accumulated in order; with acc16 every update is rounded to f16 in the
- * register, the reference's rounding points. */
+ * register, the reference's rounding points. cap > 0: the scores soft-capped, cap * tanh(s) (scale
+ * already divided by cap, as the reference does); the plain kernel passes 0 and pays nothing. */
 static inline __attribute__((always_inline)) void tn_attn_heads(const int NB, const int H, const bool shared, int64_t T,
                                                                 const float *qr, const uint16_t *const *Kh,
                                                                 const uint16_t *const *Vh, int64_t ldkv,
                                                                 const int32_t *blocks, int64_t block_rows, float scale,
-                                                                bool acc16, float *out) {
+                                                                float cap, bool acc16, float *out) {
     __m512 acc[16];
     float M[4], S[4];
     for (int i = 0; i < H * NB; i++) acc[i] = _mm512_setzero_ps();
@@ -97,7 +120,9 @@ static inline __attribute__((always_inline)) void tn_attn_heads(const int NB, co
                 }
             }
             _Alignas(64) float r[W];
-            _mm512_store_ps(r, _mm512_mul_ps(tn_sum16(dv), _mm512_set1_ps(scale)));
+            __m512 sv = _mm512_mul_ps(tn_sum16(dv), _mm512_set1_ps(scale));
+            if (cap > 0) sv = _mm512_mul_ps(_mm512_set1_ps(cap), tn_tanh512(sv));
+            _mm512_store_ps(r, sv);
             for (int u = 0; u < W / H && i0 + u < nt; u++)
                 for (int h = 0; h < H; h++) sc[h][i0 + u] = r[u * H + h];
         }
@@ -148,10 +173,18 @@ static inline __attribute__((always_inline)) void tn_attn_heads(const int NB, co
     }
 }
 
-/* Heads in groups of up to 4 (64-wide heads) or 2 (128-wide); other sizes one at a time. */
-static void tn_k_attn_f16__avx512(int64_t hd, int64_t T, int64_t nh, int64_t rep, const float *q, const uint16_t *K,
-                                  const uint16_t *V, int64_t ldkv, const int32_t *blocks, int64_t block_rows, float scale,
-                                  bool acc16, float *out, float *scratch) {
+/* Heads in groups of up to 4 (64-wide heads) or 2 (128-wide); other sizes one at a time (the
+ * reference). cap > 0: soft-capped scores. */
+static inline __attribute__((always_inline)) void tn_attn_drive(int64_t hd, int64_t T, int64_t nh, int64_t rep,
+                                                                const float *q, const uint16_t *K, const uint16_t *V,
+                                                                int64_t ldkv, const int32_t *blocks, int64_t block_rows,
+                                                                float scale, float cap, bool acc16, float *out,
+                                                                float *scratch) {
+    if ((hd % W || hd > 256) && cap > 0) {
+        tn_k_attn_softcap_f16__scalar(hd, T, nh, rep, q, K, V, ldkv, blocks, block_rows, scale, cap, acc16, out, scratch);
+        return;
+    }
+    if (cap > 0) scale /= cap;
     if (hd % W || hd > 256) {
         for (int64_t j = 0; j < nh; j++)
             tn_k_attn1_f16__scalar(hd, T, q + j * hd, K + (j / rep) * hd, V + (j / rep) * hd, ldkv, blocks, block_rows,
@@ -173,7 +206,7 @@ static void tn_k_attn_f16__avx512(int64_t hd, int64_t T, int64_t nh, int64_t rep
         }
         const bool shared = Kh[0] == Kh[H - 1];
         float *o = out + j0 * hd;
-#define TN_ATTN_CALL(NB_, H_, SH_) tn_attn_heads(NB_, H_, SH_, T, qr, Kh, Vh, ldkv, blocks, block_rows, scale, acc16, o)
+#define TN_ATTN_CALL(NB_, H_, SH_) tn_attn_heads(NB_, H_, SH_, T, qr, Kh, Vh, ldkv, blocks, block_rows, scale, cap, acc16, o)
         if (nb == 4 && H == 4 && shared) TN_ATTN_CALL(4, 4, true);
         else if (nb == 4 && H == 4) TN_ATTN_CALL(4, 4, false);
         else if (nb == 4 && H == 2 && shared) TN_ATTN_CALL(4, 2, true);
@@ -186,6 +219,19 @@ static void tn_k_attn_f16__avx512(int64_t hd, int64_t T, int64_t nh, int64_t rep
 #undef TN_ATTN_CALL
         j0 += H;
     }
+}
+
+static void tn_k_attn_f16__avx512(int64_t hd, int64_t T, int64_t nh, int64_t rep, const float *q, const uint16_t *K,
+                                  const uint16_t *V, int64_t ldkv, const int32_t *blocks, int64_t block_rows, float scale,
+                                  bool acc16, float *out, float *scratch) {
+    tn_attn_drive(hd, T, nh, rep, q, K, V, ldkv, blocks, block_rows, scale, 0.0f, acc16, out, scratch);
+}
+
+static void tn_k_attn_softcap_f16__avx512(int64_t hd, int64_t T, int64_t nh, int64_t rep, const float *q,
+                                          const uint16_t *K, const uint16_t *V, int64_t ldkv, const int32_t *blocks,
+                                          int64_t block_rows, float scale, float cap, bool acc16, float *out,
+                                          float *scratch) {
+    tn_attn_drive(hd, T, nh, rep, q, K, V, ldkv, blocks, block_rows, scale, cap, acc16, out, scratch);
 }
 
 /* SwiGLU (kern.h tn_swiglu_fn): the reference's operations in its order, with tn_exp512. */
@@ -226,6 +272,7 @@ static void tn_k_geglu__avx512(float *g, const float *u, int64_t n) {
 void tn_kern_register_attn_avx512(tn_kern_table *t) {
     t->attn = tn_k_attn_f16__avx512;
     t->attn_isa = TN_ISA_AVX512;
+    t->attn_softcap = tn_k_attn_softcap_f16__avx512;
     t->swiglu = tn_k_swiglu__avx512;
     t->swiglu_isa = TN_ISA_AVX512;
     t->geglu = tn_k_geglu__avx512;

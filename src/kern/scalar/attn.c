@@ -1,7 +1,7 @@
 /*
  * attn.c (scalar) — the reference attention kernel (contract in kern.h) and SwiGLU: one query head at a time, online
  * softmax, ggml's flash-attention arithmetic step by step (expf, fmaf, f16 rounding points); the same with
- * soft-capped scores (gemma2), which only this reference implements.
+ * soft-capped scores (gemma2), the reference of avx512/attn.c's soft-capped kernel.
  */
 #include <math.h>
 
