@@ -14,8 +14,6 @@
  * minus its nested spans, so the op kinds add up to the traced time.
  * Does not trace train (its loop has no spans yet) and profiles one command per process.
  */
-#include <errno.h>
-#include <fcntl.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +21,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "core/file.h"
 #include "kern/peak.h"
 #include "profile.h"
 #include "tensor/dtype.h"
@@ -106,14 +105,14 @@ typedef struct {
 } prof_sum;
 
 static prof_group *prof_group_of(prof_sum *S, const char *name, int32_t il, int kind) {
-    size_t h = ((size_t)(uintptr_t)name * 31u + (size_t)(il + 1) * 0x9E3779B1u) & (PROF_GROUPS - 1);
+    size_t h = ((size_t)(uintptr_t)name * 31u + (size_t)(il + 1) * 0x9E3779B1u + (size_t)kind) & (PROF_GROUPS - 1);
     for (size_t k = 0; k < PROF_GROUPS; k++, h = (h + 1) & (PROF_GROUPS - 1)) {
         prof_group *g = &S->groups[h];
         if (!g->name) {
             g->name = name, g->il = il, g->kind = kind;
             return g;
         }
-        if (g->name == name && g->il == il) return g;
+        if (g->name == name && g->il == il && g->kind == kind) return g;
     }
     return NULL; /* full: left out of the top 10 (still counted by kind) */
 }
@@ -282,7 +281,8 @@ static void prof_summary_text(FILE *f, json_t *j) {
                     json_real_value(json_object_get(v, "roofline_pct")));
         }
         json_t *pk = json_object_get(j, "peaks");
-        fprintf(f, "  peaks: read %.1f GB/s, f32 FMA %.1f GFLOP/s, int8 dot %.1f GOP/s\n",
+        if (json_real_value(json_object_get(pk, "read_gb_s")) <= 0) fprintf(f, "  (peaks not measured: no roofline %%)\n");
+        else fprintf(f, "  peaks: read %.1f GB/s, f32 FMA %.1f GFLOP/s, int8 dot %.1f GOP/s\n",
                 json_real_value(json_object_get(pk, "read_gb_s")), json_real_value(json_object_get(pk, "fma_gflop_s")),
                 json_real_value(json_object_get(pk, "int8_gop_s")));
     }
@@ -485,58 +485,36 @@ static void prof_write_events(FILE *f, const prof_sum *S, int pid, const char *w
     fprintf(f, "\n]");
 }
 
-/* A temp file next to path (*tmp: its malloc'd name), or -1 after printing why (*tmp NULL). */
-static int prof_mktemp(const char *path, const char *what, char **tmp) {
-    const size_t n = strlen(path) + 16;
-    *tmp = malloc(n);
-    if (!*tmp) {
-        fprintf(stderr, "tern: error: profile: out of memory\n");
-        return -1;
-    }
-    snprintf(*tmp, n, "%s.tmp.XXXXXX", path);
-    const int fd = mkstemp(*tmp);
-    if (fd < 0) {
-        fprintf(stderr, "tern: error: profile: cannot write %s '%s': %s\n", what, path, strerror(errno));
-        free(*tmp);
-        *tmp = NULL;
-    }
-    return fd;
-}
-
-/* Writes path atomically: a temp file next to it, renamed over it when complete. Returns 0 or
- * prints the error and returns 74 (nothing left behind). body(f, user) writes the content. */
+/* Writes path atomically (core/file.h: a temp file renamed over it when complete). Returns 0, or
+ * prints the error and returns its exit code (nothing left behind). body(f, user) writes. */
 static int prof_write_atomic(const char *path, void (*body)(FILE *, void *), void *user, const char *what) {
-    char *tmp;
-    const int fd = prof_mktemp(path, what, &tmp);
-    if (fd < 0) return TN_EXIT_IOERR;
-    FILE *f = fdopen(fd, "w");
-    bool ok = f != NULL;
-    int err = errno;
-    if (f) {
-        body(f, user);
-        ok = !ferror(f) && fflush(f) == 0 && fsync(fd) == 0;
-        err = errno;
-        ok &= fclose(f) == 0;
-    } else {
-        close(fd);
+    tn_wfile w;
+    tern_status s = tn_wfile_open(path, &w);
+    if (s) {
+        fprintf(stderr, "tern: error: profile: cannot write %s '%s': %s\n", what, path, tern_last_error());
+        return TN_EXIT_IOERR;
     }
-    if (ok && rename(tmp, path) != 0) ok = false, err = errno;
-    if (!ok) {
-        unlink(tmp);
-        fprintf(stderr, "tern: error: profile: writing %s '%s' failed: %s\n", what, path, strerror(err ? err : EIO));
+    body(w.f, user);
+    if (ferror(w.f)) {
+        tn_wfile_abort(&w);
+        fprintf(stderr, "tern: error: profile: writing %s '%s' failed\n", what, path);
+        return TN_EXIT_IOERR;
     }
-    free(tmp);
-    return ok ? TN_EXIT_OK : TN_EXIT_IOERR;
+    if ((s = tn_wfile_commit(&w))) {
+        fprintf(stderr, "tern: error: profile: %s: %s\n", what, tern_last_error());
+        return TN_EXIT_IOERR;
+    }
+    return TN_EXIT_OK;
 }
 
 /* Fails early (before the command runs) when the output cannot be created where asked. */
 static int prof_check_writable(const char *path, const char *what) {
-    char *tmp;
-    const int fd = prof_mktemp(path, what, &tmp);
-    if (fd < 0) return TN_EXIT_IOERR;
-    close(fd);
-    unlink(tmp);
-    free(tmp);
+    tn_wfile w;
+    if (tn_wfile_open(path, &w)) {
+        fprintf(stderr, "tern: error: profile: cannot write %s '%s': %s\n", what, path, tern_last_error());
+        return TN_EXIT_IOERR;
+    }
+    tn_wfile_abort(&w);
     return TN_EXIT_OK;
 }
 
