@@ -1329,6 +1329,7 @@ bool tn_engine_submit(tn_engine *e, tn_sreq *r, tn_http_err *err, int *retry_aft
     r->state = TN_SREQ_QUEUED;
     pthread_mutex_unlock(&r->mu);
     r->in_queue = true;
+    if (TN_TRACE_ON()) tn_trace_thread_name("http", 0); /* the thread's name in a trace */
     TN_TRACE_ASYNC(TN_PH_ASYNC_BEGIN, "request", r);
     TN_TRACE_ASYNC(TN_PH_ASYNC_BEGIN, "queue", r);
     e->q[e->qn++] = r;

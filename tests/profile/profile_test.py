@@ -12,8 +12,13 @@ unwritable -o exits 74 with no file (or temp file) left, a failing subcommand wr
 
 usage: profile_test.py TERN MODEL TMPDIR
 """
+import http.client
 import json
 import os
+import re
+import signal
+import threading
+import time
 import shutil
 import subprocess
 import sys
@@ -183,8 +188,70 @@ def main():
     t2 = os.path.join(TMP, "t2.json")
     rc, out, err = run("profile", "-o", t2, "--", "generate", "-m", os.path.join(TMP, "missing.gguf"), "-p", "hi")
     check(rc == 66 and not os.path.exists(t2) and "no trace written" in err, "failing command: its exit code, no trace (got %d)" % rc)
+    check_serve()
     leftovers = [f for f in os.listdir(TMP) if ".tmp." in f]
     check(not leftovers, "no temp files left (%s)" % leftovers)
+
+
+def check_serve():
+    """tern profile -- serve: 3 overlapping requests, then SIGINT: each request an async track
+    (request > queue, prefill, decode) balanced per id, engine steps with their shape."""
+    trace = os.path.join(TMP, "serve.json")
+    log = open(os.path.join(TMP, "serve.log"), "w+")
+    p = subprocess.Popen([TERN, "profile", "-o", trace, "--no-roofline", "--", "serve", "-m", MODEL, "--port", "0", "-t", "2",
+                          "-np", "2"], stdout=log, stderr=log)
+    port = None
+    for _ in range(600):
+        log.seek(0)
+        m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", log.read())
+        if m:
+            port = int(m.group(1))
+            break
+        if p.poll() is not None:
+            break
+        time.sleep(0.1)
+    check(port, "profiled server starts")
+    if not port:
+        p.kill()
+        return
+    codes = []
+
+    def one(i):
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        c.request("POST", "/v1/completions", json.dumps({"prompt": "once upon a time %d" % i, "max_tokens": 6}),
+                  {"Content-Type": "application/json"})
+        codes.append(c.getresponse().status)
+
+    th = [threading.Thread(target=one, args=(i,)) for i in range(3)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join()
+    check(codes == [200] * 3, "3 requests answered (%s)" % codes)
+    p.send_signal(signal.SIGINT)
+    try:
+        rc = p.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        rc = -1
+    check(rc == 0, "profiled server exits 0 on SIGINT and writes the trace (got %d)" % rc)
+    if rc != 0:
+        return
+    with open(trace) as f:
+        ev = json.load(f)["traceEvents"]
+    spans_of(ev)  # nesting checks as for generate
+    tracks = {}
+    for e in ev:
+        if e["ph"] in "be":
+            check(e["cat"] == "request" and "id" in e, "async events carry cat request and an id")
+            tracks.setdefault(e["id"], []).append((e["ph"], e["name"]))
+    check(len(tracks) == 3, "one async track per request (%d)" % len(tracks))
+    for i, t in tracks.items():
+        for name in ("request", "queue", "prefill", "decode"):
+            check(t.count(("b", name)) == 1 and t.count(("e", name)) == 1, "request %s: one %s begin and end (%s)" % (i, name, t))
+    steps = [e for e in ev if e["ph"] == "E" and e["cat"] == "step"]
+    check(steps and all({"rows", "logits", "decode_rows"} <= set(e["args"]) for e in steps), "steps carry their shape")
+    check(any(e["ph"] == "C" and e["name"] == "kv_blocks_used" for e in ev), "counter kv_blocks_used")
 
 
 try:

@@ -378,6 +378,76 @@ typedef struct {
     int n;
 } prof_req;
 
+typedef struct {
+    const tn_trace_ev *e;
+    int tid;
+} prof_aev;
+
+static int prof_aev_cmp(const void *a, const void *b) {
+    const prof_aev *x = a, *y = b;
+    if (x->e->ts != y->e->ts) return x->e->ts < y->e->ts ? -1 : 1;
+    return x->tid != y->tid ? (x->tid < y->tid ? -1 : 1) : (x->e < y->e ? -1 : x->e > y->e);
+}
+
+/* The served requests' async events of every thread (a request begins on an HTTP thread and ends
+ * on the engine's), in time order: an end closes what is still open of its request. */
+static void prof_write_async(FILE *f, bool *first, const prof_sum *S, int pid, int64_t n_async, uint64_t t_end) {
+    prof_aev *A = malloc((size_t)(n_async ? n_async : 1) * sizeof *A);
+    prof_req *reqs = NULL;
+    int n_req = 0, cap_req = 0;
+    if (!A) return;
+    int64_t n = 0;
+    for (int i = 0; i < S->n_th; i++)
+        for (int64_t j = 0; j < S->th[i].n && n < n_async; j++)
+            if (S->th[i].ev[j].ph == TN_PH_ASYNC_BEGIN || S->th[i].ev[j].ph == TN_PH_ASYNC_END)
+                A[n++] = (prof_aev){&S->th[i].ev[j], S->th[i].tid};
+    qsort(A, (size_t)n, sizeof *A, prof_aev_cmp);
+    const char *cat = tn_trace_kind_name(TN_TK_REQUEST);
+    for (int64_t x = 0; x < n; x++) {
+        const tn_trace_ev *e = A[x].e;
+        const int tid = A[x].tid;
+        int r = 0;
+        while (r < n_req && reqs[r].id != e->a[0]) r++;
+        if (r == n_req) {
+            if (e->ph == TN_PH_ASYNC_END) continue;
+            if (n_req == cap_req) {
+                prof_req *nr = realloc(reqs, (size_t)(cap_req = cap_req ? 2 * cap_req : 16) * sizeof *nr);
+                if (!nr) break;
+                reqs = nr;
+            }
+            reqs[n_req++] = (prof_req){e->a[0], {0}, 0};
+        }
+        prof_req *q = &reqs[r];
+        const bool whole = !strcmp(e->name, "request");
+        if (e->ph == TN_PH_ASYNC_END && whole) /* close what is still open of this request */
+            while (q->n > 0) {
+                prof_ev_head(f, first, q->open[--q->n], cat, 'e', pid, tid, e->ts, S->t_origin);
+                fprintf(f, ",\"id\":\"0x%llx\"}", (unsigned long long)e->a[0]);
+            }
+        if (e->ph == TN_PH_ASYNC_BEGIN && !whole && q->n < 4) q->open[q->n++] = e->name;
+        if (e->ph == TN_PH_ASYNC_END && !whole) {
+            int k = q->n - 1;
+            while (k >= 0 && strcmp(q->open[k], e->name)) k--;
+            if (k < 0) continue; /* not open: nothing to end */
+            memmove(&q->open[k], &q->open[k + 1], (size_t)(q->n - k - 1) * sizeof q->open[0]);
+            q->n--;
+        }
+        prof_ev_head(f, first, e->name, cat, (char)e->ph, pid, tid, e->ts, S->t_origin);
+        fprintf(f, ",\"id\":\"0x%llx\"}", (unsigned long long)e->a[0]);
+        if (e->ph == TN_PH_ASYNC_END && whole) reqs[r] = reqs[--n_req];
+    }
+    for (int r = 0; r < n_req; r++) { /* requests still running at the end */
+        while (reqs[r].n > 0) {
+            prof_ev_head(f, first, reqs[r].open[--reqs[r].n], cat, 'e', pid, 0, t_end, S->t_origin);
+            fprintf(f, ",\"id\":\"0x%llx\"}", (unsigned long long)reqs[r].id);
+        }
+        prof_ev_head(f, first, "request", cat, 'e', pid, 0, t_end, S->t_origin);
+        fprintf(f, ",\"id\":\"0x%llx\"}", (unsigned long long)reqs[r].id);
+    }
+    free(reqs);
+    free(A);
+}
+
 static void prof_write_events(FILE *f, const prof_sum *S, int pid, const char *what) {
     bool first = true;
     fprintf(f, "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[");
@@ -386,8 +456,7 @@ static void prof_write_events(FILE *f, const prof_sum *S, int pid, const char *w
     fprintf(f, "}}");
     first = false;
     uint64_t t_end = S->t_origin;
-    prof_req *reqs = NULL;
-    int n_req = 0, cap_req = 0;
+    int64_t n_async = 0;
     for (int i = 0; i < S->n_th; i++) {
         const tn_trace_thread *th = &S->th[i];
         fprintf(f, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":", pid, th->tid);
@@ -430,38 +499,7 @@ static void prof_write_events(FILE *f, const prof_sum *S, int pid, const char *w
                 fprintf(f, ",\"s\":\"t\"}");
                 break;
             case TN_PH_ASYNC_BEGIN:
-            case TN_PH_ASYNC_END: {
-                int r = 0;
-                while (r < n_req && reqs[r].id != e->a[0]) r++;
-                if (r == n_req) {
-                    if (e->ph == TN_PH_ASYNC_END) break;
-                    if (n_req == cap_req) {
-                        prof_req *nr = realloc(reqs, (size_t)(cap_req = cap_req ? 2 * cap_req : 16) * sizeof *nr);
-                        if (!nr) break;
-                        reqs = nr;
-                    }
-                    reqs[n_req++] = (prof_req){e->a[0], {0}, 0};
-                }
-                prof_req *q = &reqs[r];
-                const bool whole = !strcmp(e->name, "request");
-                if (e->ph == TN_PH_ASYNC_END && whole) /* close what is still open of this request */
-                    while (q->n > 0) {
-                        prof_ev_head(f, &first, q->open[--q->n], cat, 'e', pid, th->tid, e->ts, S->t_origin);
-                        fprintf(f, ",\"id\":\"0x%llx\"}", (unsigned long long)e->a[0]);
-                    }
-                if (e->ph == TN_PH_ASYNC_BEGIN && !whole && q->n < 4) q->open[q->n++] = e->name;
-                if (e->ph == TN_PH_ASYNC_END && !whole) {
-                    int k = q->n - 1;
-                    while (k >= 0 && strcmp(q->open[k], e->name)) k--;
-                    if (k < 0) break; /* not open: nothing to end */
-                    memmove(&q->open[k], &q->open[k + 1], (size_t)(q->n - k - 1) * sizeof q->open[0]);
-                    q->n--;
-                }
-                prof_ev_head(f, &first, e->name, cat, (char)e->ph, pid, th->tid, e->ts, S->t_origin);
-                fprintf(f, ",\"id\":\"0x%llx\"}", (unsigned long long)e->a[0]);
-                if (e->ph == TN_PH_ASYNC_END && whole) reqs[r] = reqs[--n_req];
-                break;
-            }
+            case TN_PH_ASYNC_END: n_async++; break; /* written below, all threads' in time order */
             default: break;
             }
         }
@@ -473,15 +511,7 @@ static void prof_write_events(FILE *f, const prof_sum *S, int pid, const char *w
             fputc('}', f);
         }
     }
-    for (int r = 0; r < n_req; r++) { /* requests still running at the end */
-        while (reqs[r].n > 0) {
-            prof_ev_head(f, &first, reqs[r].open[--reqs[r].n], "request", 'e', pid, 0, t_end, S->t_origin);
-            fprintf(f, ",\"id\":\"0x%llx\"}", (unsigned long long)reqs[r].id);
-        }
-        prof_ev_head(f, &first, "request", "request", 'e', pid, 0, t_end, S->t_origin);
-        fprintf(f, ",\"id\":\"0x%llx\"}", (unsigned long long)reqs[r].id);
-    }
-    free(reqs);
+    prof_write_async(f, &first, S, pid, n_async, t_end);
     fprintf(f, "\n]");
 }
 
