@@ -1,15 +1,25 @@
 /*
- * trace.c — see trace.h. A registry of per-thread buffers under one mutex (taken once per thread
+ * trace.c — see trace.h. Timestamps: on x86 CPUs with an invariant TSC, events record raw TSC
+ * ticks (RDTSC costs about half a clock_gettime) and tn_trace_stop converts them to CLOCK_MONOTONIC
+ * nanoseconds with the rate measured between start and stop; elsewhere clock_gettime directly.
+ * A registry of per-thread buffers under one mutex (taken once per thread
  * per run, at its first event); a run generation tells a thread that its cached buffer belongs to
  * an earlier run. Appending is a bounds check, a clock read and a store: no locks, no atomics
  * beyond the flag.
  */
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 
 #include "core/trace.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#include <x86intrin.h>
+#define TN_TRACE_HAVE_TSC 1
+#endif
 
 #define TN_TRACE_MAX_THREADS 256
 
@@ -27,6 +37,8 @@ static tn_trace_thread tn_trace_pub[TN_TRACE_MAX_THREADS]; /* snapshot handed ou
 static int tn_trace_nbuf;
 static int64_t tn_trace_cap = TN_TRACE_DEFAULT_EVENTS;
 static atomic_uint tn_trace_gen = 1; /* bumped by start: cached buffers of older runs are stale */
+static bool tn_trace_tsc;            /* this run's events hold TSC ticks until stop converts them */
+static uint64_t tn_trace_tsc0, tn_trace_ns0; /* the TSC and the clock at start */
 
 static _Thread_local tn_trace_buf *tn_tl_buf;
 static _Thread_local unsigned tn_tl_gen;
@@ -42,10 +54,27 @@ static const char *const tn_trace_kinds[TN_TK_COUNT] = {
 
 const char *tn_trace_kind_name(int kind) { return kind >= 0 && kind < TN_TK_COUNT ? tn_trace_kinds[kind] : "other"; }
 
-uint64_t tn_trace_now(void) {
+uint64_t tn_trace_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* An invariant TSC (CPUID 0x80000007 EDX bit 8): constant rate, running in every C-state. */
+static bool tn_trace_tsc_ok(void) {
+#ifdef TN_TRACE_HAVE_TSC
+    unsigned a, b, c, d;
+    return __get_cpuid(0x80000007, &a, &b, &c, &d) && (d & (1u << 8));
+#else
+    return false;
+#endif
+}
+
+uint64_t tn_trace_now(void) {
+#ifdef TN_TRACE_HAVE_TSC
+    if (tn_trace_tsc) return __rdtsc();
+#endif
+    return tn_trace_ns();
 }
 
 void tn_trace_thread_name(const char *fmt, int n) {
@@ -57,13 +86,32 @@ tern_status tn_trace_start(int64_t max_events) {
     tn_trace_reset();
     pthread_mutex_lock(&tn_trace_mu);
     tn_trace_cap = max_events > 0 ? max_events : TN_TRACE_DEFAULT_EVENTS;
+    tn_trace_tsc = tn_trace_tsc_ok();
+    tn_trace_ns0 = tn_trace_ns();
+    tn_trace_tsc0 = tn_trace_now();
     atomic_fetch_add(&tn_trace_gen, 1);
     pthread_mutex_unlock(&tn_trace_mu);
     atomic_store(&tn_trace_flag, true);
     return TERN_OK;
 }
 
-void tn_trace_stop(void) { atomic_store(&tn_trace_flag, false); }
+void tn_trace_stop(void) {
+    if (!atomic_exchange(&tn_trace_flag, false)) return;
+    if (!tn_trace_tsc) return;
+    /* ticks -> ns at the rate of this run (start .. stop: long enough for a precise ratio) */
+    pthread_mutex_lock(&tn_trace_mu);
+    const uint64_t ns1 = tn_trace_ns(), t1 = tn_trace_now();
+    const double ns_per_tick = t1 > tn_trace_tsc0 ? (double)(ns1 - tn_trace_ns0) / (double)(t1 - tn_trace_tsc0) : 1.0;
+    for (int i = 0; i < tn_trace_nbuf; i++) {
+        tn_trace_buf *b = tn_trace_bufs[i];
+        for (int64_t k = 0; k < b->pub.n; k++) {
+            const int64_t dt = (int64_t)(b->ev[k].ts - tn_trace_tsc0); /* a thread's TSC may lag start's a little */
+            b->ev[k].ts = (uint64_t)((int64_t)tn_trace_ns0 + llround((double)dt * ns_per_tick));
+        }
+    }
+    tn_trace_tsc = false;
+    pthread_mutex_unlock(&tn_trace_mu);
+}
 
 void tn_trace_reset(void) {
     pthread_mutex_lock(&tn_trace_mu);

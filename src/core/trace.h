@@ -101,7 +101,10 @@ int tn_trace_threads(const tn_trace_thread **out);
  * thread-local copy), so threads call it when they start, traced or not. */
 void tn_trace_thread_name(const char *fmt, int n);
 
+/* An event timestamp for tn_trace_rec (raw TSC ticks while a run records them; converted to
+ * CLOCK_MONOTONIC ns by tn_trace_stop): not for measuring durations — tn_trace_ns is. */
 uint64_t tn_trace_now(void);
+uint64_t tn_trace_ns(void); /* CLOCK_MONOTONIC in ns */
 /* Records one event at ts (0: now). Callers check TN_TRACE_ON() first. */
 void tn_trace_rec(uint8_t ph, uint8_t kind, const char *name, int32_t il, uint64_t ts, int64_t a0, int64_t a1,
                   int64_t a2, int64_t a3);

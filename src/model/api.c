@@ -299,7 +299,7 @@ tern_status tern_decode(tern_ctx *c, const tern_token *toks, int32_t n) {
             return tn_err(TERN_ERR_INVALID_ARG, "tern_decode: token %d at index %d outside vocabulary 0..%d", toks[i], i,
                           c->hp.n_vocab - 1);
     const char *phase = n == 1 ? "decode" : "prefill"; /* trace: the phase span, tokens/s as a counter */
-    const uint64_t t0 = TN_TRACE_ON() ? tn_trace_now() : 0;
+    const uint64_t t0 = TN_TRACE_ON() ? tn_trace_ns() : 0;
     TN_SPAN_B(TN_TK_PHASE, phase, -1, n, 0, 0, 0);
     for (int32_t i = 0; i < n; i += c->n_batch) {
         tn_forward(c, toks + i, TN_MIN(c->n_batch, n - i));
@@ -312,7 +312,7 @@ tern_status tern_decode(tern_ctx *c, const tern_token *toks, int32_t n) {
         }
     }
     TN_SPAN_E(TN_TK_PHASE, phase, -1, 0, 0);
-    if (t0) TN_TRACE_COUNTER(n == 1 ? "decode_tokens_per_s" : "prefill_tokens_per_s", n * 1e9 / (double)(tn_trace_now() - t0 + 1));
+    if (t0) TN_TRACE_COUNTER(n == 1 ? "decode_tokens_per_s" : "prefill_tokens_per_s", n * 1e9 / (double)(tn_trace_ns() - t0 + 1));
     return TERN_OK;
 }
 
