@@ -121,6 +121,10 @@ static const char *tn_mm_name(const tern_ctx *c, const atomic_int *next) {
     const int64_t i = next - c->mm_next;
     return i >= (int64_t)TN_MM_PER_LAYER * c->hp.n_layer ? "output" : names[i % TN_MM_PER_LAYER];
 }
+static int32_t tn_mm_layer(const tern_ctx *c, const atomic_int *next) { /* -1: the output */
+    const int64_t i = next - c->mm_next;
+    return i >= (int64_t)TN_MM_PER_LAYER * c->hp.n_layer ? -1 : (int32_t)(i / TN_MM_PER_LAYER);
+}
 
 /* y = W xq (m rows of k) and, if res, res += y on the same rows. Batches: the static split of
  * tn_matmul_compute_task. One token (own): tn_matmul_share's ranges (a static share, then tail
@@ -128,22 +132,21 @@ static const char *tn_mm_name(const tern_ctx *c, const atomic_int *next) {
 static void tn_mm(tern_ctx *c, int ith, int nth, bool own, atomic_int *next, tn_dtype wt, const void *w, int64_t m,
                   int64_t k, const void *xq, int64_t n, float *y, int64_t ldy, float *res) {
     int64_t r0, r1, rows = 0; /* rows: this thread's, for the trace */
-    const int32_t il = next - c->mm_next < (int64_t)TN_MM_PER_LAYER * c->hp.n_layer ? (int32_t)((next - c->mm_next) / TN_MM_PER_LAYER) : -1;
-    TN_SPAN_B(TN_TK_MATMUL, tn_mm_name(c, next), il, wt, m, k, n);
+    TN_SPAN_B(TN_TK_MATMUL, tn_mm_name(c, next), tn_mm_layer(c, next), wt, m, k, n);
     if (!own) {
         tn_matmul_compute_task(ith, nth, c->kt, wt, w, m, k, xq, n, y, ldy);
         tn_matmul_rows(m, ith, nth, &r0, &r1);
         if (res) tn_residual_add(res, y, m, (int32_t)n, r0, r1);
-        rows = r1 - r0;
-    } else {
-        int step = 0;
-        while (tn_matmul_share(next, m, ith, nth, &step, &r0, &r1)) {
-            tn_matmul_range(c->kt, wt, w, k, xq, 1, y, ldy, r0, r1);
-            if (res) tn_residual_add(res, y, m, 1, r0, r1);
-            rows += r1 - r0;
-        }
+        TN_SPAN_E(TN_TK_MATMUL, tn_mm_name(c, next), tn_mm_layer(c, next), r1 - r0, (r1 - r0) * (int64_t)tn_dtype_row_size(wt, k));
+        return;
     }
-    TN_SPAN_E(TN_TK_MATMUL, tn_mm_name(c, next), il, rows, rows * (int64_t)tn_dtype_row_size(wt, k));
+    int step = 0;
+    while (tn_matmul_share(next, m, ith, nth, &step, &r0, &r1)) {
+        tn_matmul_range(c->kt, wt, w, k, xq, 1, y, ldy, r0, r1);
+        if (res) tn_residual_add(res, y, m, 1, r0, r1);
+        rows += r1 - r0;
+    }
+    TN_SPAN_E(TN_TK_MATMUL, tn_mm_name(c, next), tn_mm_layer(c, next), rows, rows * (int64_t)tn_dtype_row_size(wt, k));
 }
 
 /* Token t's query heads h0 .. h0 + nh - 1 and kv heads k0 .. k0 + nk - 1: biases, per-head q/k
