@@ -5,7 +5,8 @@ Runs `tern profile -o t.json -- generate -m TINY ... -n 8` on 2 threads and chec
 trace with the json module only: every B has its E on the same tid (names match), spans of a
 thread do not overlap unless nested, timestamps per thread never go back, every tid is named,
 each forward pass contains embed, every layer in order and output, and those add up to the
-forward span within 1% (the gaps are accounted); the summary's self time per op kind equals the
+forward span within 1% (the gaps are accounted); each decode span lasts what clock_gettime
+measured around the same call within 5%; the summary's self time per op kind equals the
 self times recomputed here from the events within 1%. Then: --summary-only writes no trace,
 --json prints the summary, --svg writes a timeline, bad flags exit 64 naming the problem, an
 unwritable -o exits 74 with no file (or temp file) left, a failing subcommand writes nothing.
@@ -129,6 +130,16 @@ def main():
     phases = [s["name"] for sp in per_tid.values() for s in sp if s["cat"] == "phase"]
     check("prefill" in phases and phases.count("decode") >= 6, "phases: a prefill and the decodes (%s)" % phases[:4])
     check(any(e["ph"] == "C" and e["name"] == "batch_rows" for e in events), "counter batch_rows")
+    # an independent clock around the same region: tern_decode measures each call with
+    # clock_gettime (the decode_tokens_per_s counter) while the spans' timestamps are TSC ticks
+    # converted at the end; each decode phase span must last what that counter says within 5%
+    decs = sorted((s["t0"], s["t1"]) for sp in per_tid.values() for s in sp if s["cat"] == "phase" and s["name"] == "decode")
+    rates = sorted((float(e["ts"]), e["args"]["value"]) for e in events if e["ph"] == "C" and e["name"] == "decode_tokens_per_s")
+    check(len(decs) == len(rates) and decs, "a tokens/s counter per decode (%d, %d)" % (len(decs), len(rates)))
+    for (t0, t1), (ts, v) in zip(decs, rates):
+        clock_us = 1e6 / v
+        check(ts >= t1 - 1e-6 and abs((t1 - t0) - clock_us) <= 0.05 * clock_us + 2.0,
+              "decode span %.1f us vs clock_gettime %.1f us around it" % (t1 - t0, clock_us))
     # the summary's self time per kind = the self times recomputed from the events (within 1%)
     summ = doc["tern_profile"]
     mine = {}
