@@ -170,6 +170,21 @@ def main():
         check("matmul" in j["kinds"] and j["peaks"]["read_gb_s"] == 0, "--json prints the summary (no peaks with --no-roofline)")
     except (ValueError, IndexError, KeyError) as ex:
         check(False, "--json output is JSON: %s" % ex)
+    # a buffer that fills: recording stops on that thread, the summary counts the loss, the trace
+    # still nests (open spans closed at the thread's last event, marked truncated)
+    td = os.path.join(TMP, "drop.json")
+    rc, out, err = run("profile", "--max-events", "200", "-o", td, "--no-roofline", "--", "generate", "-m", MODEL, "-p", "hi",
+                       "-n", "4", "-t", "2")
+    check(rc == 0 and "events were dropped" in err, "a full buffer: exit 0 and a note (got %d)" % rc)
+    if rc == 0:
+        with open(td) as f:
+            d = json.load(f)
+        check(d["tern_profile"]["dropped_events"] > 0, "dropped events counted")
+        check(all(sum(1 for e in d["traceEvents"] if e["tid"] == t["tid"] and e["ph"] in "BEC"
+                   and not e.get("args", {}).get("truncated")) <= 200 for t in d["tern_profile"]["threads"]),
+              "at most --max-events per thread")
+        spans_of(d["traceEvents"])
+        check(any(e.get("args", {}).get("truncated") for e in d["traceEvents"]), "open spans closed as truncated")
     # bench: a prefill and decodes
     rc, out, err = run("profile", "--summary-only", "--json", "--no-roofline", "--", "bench", "-m", MODEL, "-p", "16", "-n", "4",
                        "-r", "1", "-t", "2", "--no-roofline")
