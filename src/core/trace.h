@@ -132,6 +132,10 @@ const char *tn_trace_kind_name(int kind);
     do {                                                                                    \
         if (TN_TRACE_ON()) tn_trace_rec((ph), TN_TK_REQUEST, (name), -1, 0, (int64_t)(id), 0, 0, 0); \
     } while (0)
+#define TN_TRACE_INSTANT(kind, name, il)                                                    \
+    do {                                                                                    \
+        if (TN_TRACE_ON()) tn_trace_rec(TN_PH_INSTANT, (kind), (name), (il), 0, 0, 0, 0, 0); \
+    } while (0)
 #define TN_TRACE_COUNTER(name, v)                                                           \
     do {                                                                                    \
         if (TN_TRACE_ON()) tn_trace_counter((name), (v));                                   \

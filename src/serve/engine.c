@@ -846,6 +846,7 @@ static void step(tn_engine *e) {
         if (dec && s->n_toks - s->n_done != 1) continue;
         if (dec) c += s->spec; /* its current token, then its drafts: logits on every row */
         if (!ensure_blocks(e, s, s->n_done + c - 1)) {
+            TN_TRACE_INSTANT(TN_TK_STEP, "kv_cache_exhausted", -1);
             seq_finish(e, s, NULL, 500, "KV cache exhausted");
             continue;
         }

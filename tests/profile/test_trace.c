@@ -32,12 +32,13 @@ static void test_records_in_order(void **state) {
     TN_TRACE_COUNTER("rows", 2.5);
     TN_SPAN_E(TN_TK_MATMUL, "attn_q", 3, 128, 4096);
     TN_SPAN_NEXT(TN_TK_LAYER, "layer", 0, TN_TK_LAYER, "layer", 1);
+    TN_TRACE_INSTANT(TN_TK_STEP, "kv_cache_exhausted", -1);
     tn_trace_stop();
     TN_SPAN_B(TN_TK_NORM, "after stop", -1, 0, 0, 0, 0); /* not recorded */
     const tn_trace_thread *th;
     assert_int_equal(tn_trace_threads(&th), 1);
     assert_string_equal(th[0].name, "main 7");
-    assert_int_equal(th[0].n, 5);
+    assert_int_equal(th[0].n, 6);
     assert_int_equal(th[0].dropped, 0);
     const tn_trace_ev *e = th[0].ev;
     assert_int_equal(e[0].ph, 'B');
@@ -50,10 +51,12 @@ static void test_records_in_order(void **state) {
     assert_true(e[1].d[0] == 2.5);
     assert_int_equal(e[2].ph, 'E');
     assert_int_equal(e[2].a[1], 4096);
-    for (int i = 1; i < 5; i++) assert_true(e[i].ts >= e[i - 1].ts); /* monotonic */
+    for (int i = 1; i < 6; i++) assert_true(e[i].ts >= e[i - 1].ts); /* monotonic */
     assert_int_equal(e[3].ph, 'E');
     assert_int_equal(e[4].ph, 'B');
     assert_true(e[3].ts == e[4].ts); /* back to back: one instant */
+    assert_int_equal(e[5].ph, 'i');
+    assert_string_equal(e[5].name, "kv_cache_exhausted");
     tn_trace_reset();
     assert_int_equal(tn_trace_threads(&th), 0);
 }
