@@ -7,6 +7,7 @@
 #include <stdatomic.h>
 
 #include "core/pool.h"
+#include "core/trace.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #define TN_PAUSE() __builtin_ia32_pause()
@@ -45,6 +46,7 @@ static void *tn_worker_main(void *vp) {
     tn_worker *w = vp;
     tn_pool *p = w->pool;
     unsigned seen = 0; /* gen starts at 0; a task announced before this thread ran is still seen */
+    tn_trace_thread_name("pool %d", w->ith);
     for (;;) {
         unsigned g;
         int spins = 0;
@@ -127,19 +129,23 @@ void tn_pool_run(tn_pool *p, tn_task_fn fn, void *arg) {
     atomic_store(&p->pending, p->n - 1);
     tn_pool_announce(p);
     fn(arg, 0, p->n);
+    TN_SPAN_B(TN_TK_BARRIER, "pool_join", -1, 0, 0, 0, 0); /* the caller waits for the workers */
     int spins = 0;
     while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) {
         if (++spins < TN_SPIN_ITERS) TN_PAUSE();
         else sched_yield();
     }
+    TN_SPAN_E(TN_TK_BARRIER, "pool_join", -1, 0, 0);
 }
 
 void tn_pool_barrier_pf(tn_pool *p, const void *pf, size_t n) {
     if (!p || p->n == 1) return;
+    TN_SPAN_B(TN_TK_BARRIER, "barrier", -1, 0, 0, 0, 0); /* idle time, visible per thread */
     unsigned sense = atomic_load(&p->barrier_sense);
     if (atomic_fetch_add(&p->barrier_count, 1) == p->n - 1) {
         atomic_store(&p->barrier_count, 0);
         atomic_store_explicit(&p->barrier_sense, sense + 1, memory_order_release);
+        TN_SPAN_E(TN_TK_BARRIER, "barrier", -1, 0, 0);
         return;
     }
     const char *b = pf;
@@ -157,6 +163,7 @@ void tn_pool_barrier_pf(tn_pool *p, const void *pf, size_t n) {
             sched_yield();
         }
     }
+    TN_SPAN_E(TN_TK_BARRIER, "barrier", -1, 0, 0);
 }
 
 void tn_pool_barrier(tn_pool *p) { tn_pool_barrier_pf(p, NULL, 0); }

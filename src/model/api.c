@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/trace.h"
 #include "cuda/cuda.h"
 #include "kern/matmul.h"
 #include "model/ctx.h"
@@ -312,15 +313,21 @@ tern_status tern_decode(tern_ctx *c, const tern_token *toks, int32_t n) {
         if (toks[i] < 0 || toks[i] >= c->hp.n_vocab)
             return tn_err(TERN_ERR_INVALID_ARG, "tern_decode: token %d at index %d outside vocabulary 0..%d", toks[i], i,
                           c->hp.n_vocab - 1);
+    const char *phase = n == 1 ? "decode" : "prefill"; /* trace: the phase span, tokens/s as a counter */
+    const uint64_t t0 = TN_TRACE_ON() ? tn_trace_ns() : 0;
+    TN_SPAN_B(TN_TK_PHASE, phase, -1, n, 0, 0, 0);
     for (int32_t i = 0; i < n; i += c->n_batch) {
         tn_forward(c, toks + i, TN_MIN(c->n_batch, n - i));
         if (c->dev_status) {
             tern_status s = c->dev_status;
             c->dev_status = TERN_OK;
             c->n_past -= TN_MIN(c->n_batch, n - i);
+            TN_SPAN_E(TN_TK_PHASE, phase, -1, 0, 0);
             return s;
         }
     }
+    TN_SPAN_E(TN_TK_PHASE, phase, -1, 0, 0);
+    if (t0) TN_TRACE_COUNTER(n == 1 ? "decode_tokens_per_s" : "prefill_tokens_per_s", n * 1e9 / (double)(tn_trace_ns() - t0 + 1));
     return TERN_OK;
 }
 

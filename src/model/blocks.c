@@ -14,6 +14,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "core/trace.h"
 #include "kern/matmul.h"
 #include "model/blocks.h"
 #include "model/ops.h"
@@ -103,12 +104,26 @@ static void tn_residual_add(float *x, const float *tmp, int64_t d, int32_t n, in
  * for it anyway). */
 static const void *tn_act(tern_ctx *c, int ith, int nth, bool own, void *xq_own, tn_dtype wt, const float *x,
                           int64_t ldx, int64_t k, int64_t n) {
+    TN_SPAN_B(TN_TK_QUANT, "quantize", -1, wt, k, n, 0);
     if (!own) {
         tn_matmul_quantize_task(c->pool, ith, nth, c->kt, wt, x, ldx, k, n, c->xq);
+        TN_SPAN_E(TN_TK_QUANT, "quantize", -1, 0, 0);
         return c->xq;
     }
     c->kt->slot[tn_dtype_get(wt)->vec_dot_type].from_float(x, xq_own, k);
+    TN_SPAN_E(TN_TK_QUANT, "quantize", -1, 0, 0);
     return xq_own;
+}
+
+/* The trace's name of the matmul whose tail counter is next (its slot in c->mm_next). */
+static const char *tn_mm_name(const tern_ctx *c, const atomic_int *next) {
+    static const char *const names[TN_MM_PER_LAYER] = {"attn_q", "attn_k", "attn_v", "attn_out", "ffn_gate_up", "ffn_down"};
+    const int64_t i = next - c->mm_next;
+    return i >= (int64_t)TN_MM_PER_LAYER * c->hp.n_layer ? "output" : names[i % TN_MM_PER_LAYER];
+}
+static int32_t tn_mm_layer(const tern_ctx *c, const atomic_int *next) { /* -1: the output */
+    const int64_t i = next - c->mm_next;
+    return i >= (int64_t)TN_MM_PER_LAYER * c->hp.n_layer ? -1 : (int32_t)(i / TN_MM_PER_LAYER);
 }
 
 /* y = W xq (m rows of k) and, if res, res += y on the same rows. Batches: the static split of
@@ -116,18 +131,22 @@ static const void *tn_act(tern_ctx *c, int ith, int nth, bool own, void *xq_own,
  * chunks claimed from *next), so a thread that is ahead takes more. */
 static void tn_mm(tern_ctx *c, int ith, int nth, bool own, atomic_int *next, tn_dtype wt, const void *w, int64_t m,
                   int64_t k, const void *xq, int64_t n, float *y, int64_t ldy, float *res) {
-    int64_t r0, r1;
+    int64_t r0, r1, rows = 0; /* rows: this thread's, for the trace */
+    TN_SPAN_B(TN_TK_MATMUL, tn_mm_name(c, next), tn_mm_layer(c, next), wt, m, k, n);
     if (!own) {
         tn_matmul_compute_task(ith, nth, c->kt, wt, w, m, k, xq, n, y, ldy);
         tn_matmul_rows(m, ith, nth, &r0, &r1);
         if (res) tn_residual_add(res, y, m, (int32_t)n, r0, r1);
+        TN_SPAN_E(TN_TK_MATMUL, tn_mm_name(c, next), tn_mm_layer(c, next), r1 - r0, (r1 - r0) * (int64_t)tn_dtype_row_size(wt, k));
         return;
     }
     int step = 0;
     while (tn_matmul_share(next, m, ith, nth, &step, &r0, &r1)) {
         tn_matmul_range(c->kt, wt, w, k, xq, 1, y, ldy, r0, r1);
         if (res) tn_residual_add(res, y, m, 1, r0, r1);
+        rows += r1 - r0;
     }
+    TN_SPAN_E(TN_TK_MATMUL, tn_mm_name(c, next), tn_mm_layer(c, next), rows, rows * (int64_t)tn_dtype_row_size(wt, k));
 }
 
 /* Token t's query heads h0 .. h0 + nh - 1 and kv heads k0 .. k0 + nk - 1: biases, per-head q/k
@@ -142,6 +161,7 @@ static void tn_prepare_qkv(tern_ctx *c, const tn_layer *L, const float *rope_cs,
     float *qt = c->q + t * qd + (int64_t)h0 * hd, *kt_ = c->kv + t * 2 * kv_dim + (int64_t)k0 * hd, *vt = kt_ + kv_dim;
     const int64_t qn = (int64_t)nh * hd, kn = (int64_t)nk * hd;
     const tn_tensor *w = L->w;
+    TN_SPAN_B(TN_TK_ROPE, "rope_kv_store", -1, nh, nk, 0, 0);
     if (w[TN_ROLE_ATTN_Q_B].data) tn_add_bias_range(qt, (const float *)w[TN_ROLE_ATTN_Q_B].data + (int64_t)h0 * hd, qn);
     if (w[TN_ROLE_ATTN_K_B].data) tn_add_bias_range(kt_, (const float *)w[TN_ROLE_ATTN_K_B].data + (int64_t)k0 * hd, kn);
     if (w[TN_ROLE_ATTN_V_B].data) tn_add_bias_range(vt, (const float *)w[TN_ROLE_ATTN_V_B].data + (int64_t)k0 * hd, kn);
@@ -155,6 +175,7 @@ static void tn_prepare_qkv(tern_ctx *c, const tn_layer *L, const float *rope_cs,
     const int64_t row = ring ? b->pos[t] % ring : tn_kv_row(tables ? tables[b->seq[t]] : NULL, TN_KV_BLOCK, b->pos[t]);
     c->kt->slot[TN_F16].from_float(kt_, Kc + row * kv_dim + (int64_t)k0 * hd, kn);
     c->kt->slot[TN_F16].from_float(vt, Vc + row * kv_dim + (int64_t)k0 * hd, kn);
+    TN_SPAN_E(TN_TK_ROPE, "rope_kv_store", -1, 0, 0);
 }
 
 /* The prefetch span of the pass's next matmul W for this thread (none for NULL, or for the output
@@ -215,9 +236,11 @@ void tn_blk_embed(tn_thr *T, int32_t l0) {
 void tn_blk_norm(tn_thr *T, const tn_tensor *w, int32_t il, tn_obs_site site) {
     tern_ctx *c = T->c;
     const int32_t d = c->hp.n_embd;
+    TN_SPAN_B(TN_TK_NORM, site == TN_OBS_FFN_IN ? "ffn_norm" : "attn_norm", il, T->n1 - T->n0, d, 0, 0);
     tn_rmsnorm_rows(c->x, T->xb, w->data, d, c->hp.rms_eps, T->n0, T->n1);
     if (!T->own) tn_pool_barrier(c->pool);
     if (c->observe && T->ith == 0) c->observe(c->observe_user, il, site, c->xb, T->n, d);
+    TN_SPAN_E(TN_TK_NORM, site == TN_OBS_FFN_IN ? "ffn_norm" : "attn_norm", il, 0, 0);
 }
 
 void tn_blk_qkv(tn_thr *T, const tn_layer *L, int32_t il) {
@@ -263,6 +286,7 @@ void tn_blk_attention(tn_thr *T, const tn_layer *L, int32_t il) {
     const int32_t *const *tables = T->swa_tables && tn_hp_layer_swa(hp, il) ? T->swa_tables : T->tables;
     const tn_span wo_pf = tn_next_span(T, &L->w[TN_ROLE_ATTN_OUT]);
     const float *rope_cs = !tn_hp_layer_rope(hp, il) ? NULL : tn_hp_layer_swa(hp, il) ? c->rope_cs_swa : c->rope_cs;
+    TN_SPAN_B(TN_TK_ATTENTION, "attention", il, p1 - p0, G, 0, 0);
     /* one token in whole kv groups: a thread's units need only its own heads' RoPE and cache
      * rows, so it prepares them itself and no barrier separates that from the attention */
     if (T->own && G > 1) {
@@ -291,6 +315,7 @@ void tn_blk_attention(tn_thr *T, const tn_layer *L, int32_t il) {
                   h0, G, T->acc16, c->att + (int64_t)t * qd + (int64_t)h0 * hd);
     }
     tn_pool_barrier_pf(c->pool, pf ? NULL : wo_pf.p, wo_pf.n); /* unless attending prefetched it */
+    TN_SPAN_E(TN_TK_ATTENTION, "attention", il, 0, 0);
 }
 
 void tn_blk_glu(tn_thr *T, const tn_layer *L, int32_t il) {
@@ -300,7 +325,8 @@ void tn_blk_glu(tn_thr *T, const tn_layer *L, int32_t il) {
     const bool own = T->own;
     const int32_t d = c->hp.n_embd, n_ff = c->hp.n_ff;
     const tn_tensor *const Wg = &L->w[TN_ROLE_FFN_GATE], *const Wu = &L->w[TN_ROLE_FFN_UP];
-    int64_t r0, r1;
+    int64_t r0, r1, rows = 0; /* rows: this thread's, for the trace */
+    TN_SPAN_B(TN_TK_MATMUL, "ffn_gate_up", il, Wg->type, 2 * (int64_t)n_ff, d, n);
     const void *xq = tn_act(c, ith, nth, own, T->xq_own, Wg->type, T->xb, d, d, n);
     const bool same_vt = tn_dtype_get(Wu->type)->vec_dot_type == tn_dtype_get(Wg->type)->vec_dot_type;
     const bool geglu = c->hp.ffn == TN_FFN_GEGLU;
@@ -311,6 +337,7 @@ void tn_blk_glu(tn_thr *T, const tn_layer *L, int32_t il) {
             tn_matmul_range(kt, Wu->type, Wu->data, d, xq, 1, c->hb2, n_ff, r0, r1);
             if (geglu) kt->geglu(c->hb + r0, c->hb2 + r0, r1 - r0);
             else kt->swiglu(c->hb + r0, c->hb2 + r0, r1 - r0);
+            rows += r1 - r0;
         }
     } else {
         tn_matmul_compute_task(ith, nth, kt, Wg->type, Wg->data, n_ff, d, xq, n, c->hb, n_ff);
@@ -321,6 +348,7 @@ void tn_blk_glu(tn_thr *T, const tn_layer *L, int32_t il) {
         tn_matmul_compute_task(ith, nth, kt, Wu->type, Wu->data, n_ff, d, xq, n, c->hb2, n_ff);
         /* SwiGLU on this thread's rows (the rows it just computed for both matrices) */
         tn_matmul_rows(n_ff, ith, nth, &r0, &r1);
+        rows = r1 - r0;
         for (int32_t j = 0; j < n; j++) {
             if (geglu) kt->geglu(c->hb + (int64_t)j * n_ff + r0, c->hb2 + (int64_t)j * n_ff + r0, r1 - r0);
             else kt->swiglu(c->hb + (int64_t)j * n_ff + r0, c->hb2 + (int64_t)j * n_ff + r0, r1 - r0);
@@ -328,6 +356,8 @@ void tn_blk_glu(tn_thr *T, const tn_layer *L, int32_t il) {
     }
     const tn_span down_pf = tn_next_span(T, &L->w[TN_ROLE_FFN_DOWN]);
     tn_pool_barrier_pf(c->pool, down_pf.p, down_pf.n);
+    TN_SPAN_E(TN_TK_MATMUL, "ffn_gate_up", il, 2 * rows,
+              rows * (int64_t)(tn_dtype_row_size(Wg->type, d) + tn_dtype_row_size(Wu->type, d)));
 }
 
 void tn_blk_proj_add(tn_thr *T, const tn_tensor *W, const float *in, int32_t il, int slot, tn_obs_site site,

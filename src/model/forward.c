@@ -6,6 +6,7 @@
  * (q/k/v biases, per-head q/k RMSNorm) and the family (no RoPE on smollm3's NoPE layers); query
  * rows are n_head * head_dim long.
  */
+#include "core/trace.h"
 #include "cuda/cuda.h"
 #include "model/blocks.h"
 
@@ -24,10 +25,15 @@ static void tn_forward_task(void *vp, int ith, int nth) {
     const tern_model *m = c->model;
     const int32_t n_layer = c->hp.n_layer;
     tn_thr T;
+    /* trace: forward > embed, layer 0, 1, ..., output, back to back (each ends where the next begins) */
+    TN_SPAN_B(TN_TK_FORWARD, "forward", -1, f->b->n, f->n_out, 0, 0);
+    TN_SPAN_B(TN_TK_EMBED, "embed", -1, 0, 0, 0, 0);
     const int32_t l0 = tn_blk_begin(&T, c, f->b, f->tables, f->swa_tables, f->n_out, f->out_rows, ith, nth);
 
     tn_blk_embed(&T, l0); /* x = tok_embd[tok] (gemma: * sqrt(n_embd))    x [n][n_embd] */
     for (int32_t il = l0; il < n_layer; il++) {
+        if (il == l0) TN_SPAN_NEXT(TN_TK_EMBED, "embed", -1, TN_TK_LAYER, "layer", il);
+        else TN_SPAN_NEXT(TN_TK_LAYER, "layer", il - 1, TN_TK_LAYER, "layer", il);
         const tn_layer *L = &m->layers[il];
         const tn_tensor *w = L->w;
         /* attention: x += Wo attention(q, k, v) */
@@ -46,7 +52,11 @@ static void tn_forward_task(void *vp, int ith, int nth) {
                         next);                                      /* x += Wdown hb (gemma: post-normed) */
         tn_blk_layer_end(&T, il);
     }
+    if (n_layer > l0) TN_SPAN_NEXT(TN_TK_LAYER, "layer", n_layer - 1, TN_TK_OUTPUT, "output", -1);
+    else TN_SPAN_NEXT(TN_TK_EMBED, "embed", -1, TN_TK_OUTPUT, "output", -1);
     tn_blk_logits(&T); /* logits = output (rmsnorm(x) * output_norm)      [n_out][n_vocab] */
+    TN_SPAN_E(TN_TK_OUTPUT, "output", -1, 0, 0);
+    TN_SPAN_E(TN_TK_FORWARD, "forward", -1, 0, 0);
 }
 
 void tn_forward_batch_cpu(tern_ctx *c, const tn_batch *b, const int32_t *const *tables, const int32_t *const *swa_tables) {
@@ -61,6 +71,7 @@ void tn_forward_batch_cpu(tern_ctx *c, const tn_batch *b, const int32_t *const *
     tn_fwd f = {c, b, tables, swa_tables, 0, c->out_rows};
     for (int32_t t = 0; t < b->n; t++)
         if (b->logits[t]) c->out_rows[f.n_out++] = t;
+    TN_TRACE_COUNTER("batch_rows", b->n);
     tn_pool_run(c->pool, tn_forward_task, &f);
     c->n_logits = f.n_out;
 }

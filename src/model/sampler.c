@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "core/base.h"
+#include "core/trace.h"
 #include "model/model.h"
 
 typedef struct {
@@ -141,7 +142,17 @@ static void tn_top_k(tn_cand *c, int32_t n, int32_t k) {
     }
 }
 
+static tern_token tn_sample(tern_sampler *s, const float *logits);
+
+/* The sampling span around the sampler (trace.h). */
 tern_token tern_sampler_sample(tern_sampler *s, const float *logits) {
+    TN_SPAN_B(TN_TK_SAMPLE, "sample", -1, s->n_vocab, 0, 0, 0);
+    const tern_token t = tn_sample(s, logits);
+    TN_SPAN_E(TN_TK_SAMPLE, "sample", -1, t, 0);
+    return t;
+}
+
+static tern_token tn_sample(tern_sampler *s, const float *logits) {
     const int32_t nv = s->n_vocab;
     tn_cand *c = s->cand;
     for (int32_t i = 0; i < nv; i++) c[i] = (tn_cand){i, logits[i], 0.0f};

@@ -65,6 +65,7 @@
 #include <time.h>
 
 #include "core/base.h"
+#include "core/trace.h"
 #include "cuda/cuda.h"
 #include "model/blocks.h"
 #include "model/ctx.h"
@@ -292,6 +293,7 @@ static void unlock_met(tn_engine *e) { pthread_mutex_unlock(&e->met->mu); }
 /* The request is over (no choice running, none left to admit): wake its connection, count it. */
 static void req_done(tn_engine *e, tn_sreq *r) {
     double now = tn_srv_now();
+    TN_TRACE_ASYNC(TN_PH_ASYNC_END, "request", r); /* the profile closes its open queue/prefill/decode */
     pthread_mutex_lock(&r->mu);
     r->t_done = now;
     r->state = TN_SREQ_DONE;
@@ -479,7 +481,11 @@ static void on_token(tn_engine *e, tn_seq *s, tern_token t, const tn_lp *lp, dou
         fprintf(e->trace, "# first %s ttft_ms %.0f predicted_ms %.0f\n", r->id, (now - r->t_arrival) * 1e3, r->ttft_pred * 1e3);
     else if (s->t_last > 0) tn_hist_add(&e->met->itl, now - s->t_last);
     unlock_met(e);
-    if (r->t_first == 0) r->t_first = now;
+    if (r->t_first == 0) { /* trace: the request's prefill ends, its decode begins */
+        TN_TRACE_ASYNC(TN_PH_ASYNC_END, "prefill", r);
+        TN_TRACE_ASYNC(TN_PH_ASYNC_BEGIN, "decode", r);
+        r->t_first = now;
+    }
     if (s->t_first == 0) s->t_first = now;
     if (s->t_last > 0) {
         int k = e->last_shape.rows > e->last_dec;
@@ -771,6 +777,8 @@ static void admit(tn_engine *e) {
         pthread_mutex_lock(&r->mu);
         r->refs++; /* the sequence's */
         if (first) {
+            TN_TRACE_ASYNC(TN_PH_ASYNC_END, "queue", r);
+            TN_TRACE_ASYNC(TN_PH_ASYNC_BEGIN, "prefill", r);
             r->t_admit = now;
             r->state = TN_SREQ_RUNNING;
             r->n_cached = hits * TN_KVB;
@@ -1012,6 +1020,7 @@ static void step(tn_engine *e) {
         if (dec && s->n_toks - s->n_done != 1) continue;
         if (dec) c += s->spec; /* its current token, then its drafts: logits on every row */
         if (!ensure_blocks(e, s, s->n_done + c - 1) || !swa_ensure(e, s, s->n_done + c - 1)) {
+            TN_TRACE_INSTANT(TN_TK_STEP, "kv_cache_exhausted", -1);
             seq_finish(e, s, NULL, 500, "KV cache exhausted");
             continue;
         }
@@ -1128,6 +1137,7 @@ static void step(tn_engine *e) {
 
 static void *engine_main(void *arg) {
     tn_engine *e = arg;
+    tn_trace_thread_name("engine", 0);
     for (;;) {
         pthread_mutex_lock(&e->mu);
         while (!e->stop && e->n_active == 0 && e->qn == 0) {
@@ -1149,7 +1159,12 @@ static void *engine_main(void *arg) {
             continue;
         }
         double t0 = tn_srv_now();
+        TN_SPAN_B(TN_TK_STEP, "step", -1, 0, 0, 0, 0);
         step(e);
+        if (TN_TRACE_ON()) { /* the step's shape: rows, logits rows, decoding rows; KV blocks in use */
+            tn_trace_rec(TN_PH_END, TN_TK_STEP, "step", -1, 0, e->last_shape.rows, e->last_shape.logits, e->last_dec, 0);
+            tn_trace_counter("kv_blocks_used", tn_kv_used(&e->kv));
+        }
         if (e->cfg.step_delay_ms > 0) {
             struct timespec ts = {(time_t)(e->cfg.step_delay_ms / 1e3), (long)(fmod(e->cfg.step_delay_ms, 1e3) * 1e6)};
             nanosleep(&ts, NULL);
@@ -1535,6 +1550,9 @@ bool tn_engine_submit(tn_engine *e, tn_sreq *r, tn_http_err *err, int *retry_aft
     r->state = TN_SREQ_QUEUED;
     pthread_mutex_unlock(&r->mu);
     r->in_queue = true;
+    if (TN_TRACE_ON()) tn_trace_thread_name("http", 0); /* the thread's name in a trace */
+    TN_TRACE_ASYNC(TN_PH_ASYNC_BEGIN, "request", r);
+    TN_TRACE_ASYNC(TN_PH_ASYNC_BEGIN, "queue", r);
     e->q[e->qn++] = r;
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);

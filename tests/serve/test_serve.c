@@ -215,8 +215,8 @@ static void test_req_alloc_failures(void **state) {
     if (!g_model) skip();
     tn_json_alloc_init();
     const char *bodies[] = {
-        "{\"messages\":[{\"role\":\"system\",\"content\":\"be brief\"},{\"role\":\"user\",\"content\":[{\"type\":\"text\","
-        "\"text\":\"hello\"}]}],\"stop\":[\"a\",\"bc\"],\"logit_bias\":{\"5\":-100,\"6\":3},\"n\":2,\"logprobs\":true}",
+        ("{\"messages\":[{\"role\":\"system\",\"content\":\"be brief\"},{\"role\":\"user\",\"content\":[{\"type\":\"text\","
+         "\"text\":\"hello\"}]}],\"stop\":[\"a\",\"bc\"],\"logit_bias\":{\"5\":-100,\"6\":3},\"n\":2,\"logprobs\":true}"),
         "{\"prompt\":\"once upon a time\",\"max_tokens\":4,\"stop\":\"x\"}", "{\"prompt\":[1,2,3,4]}"};
     for (size_t b = 0; b < sizeof bodies / sizeof bodies[0]; b++) {
         int failed = 0;

@@ -11,15 +11,6 @@
 #include "kern/avx2/kernels.h"
 #include "kern/avx2/simd.h"
 
-/* roundf on 8 lanes: trunc, then one step away from zero when the exact fraction is >= 0.5. */
-TN_INLINE __m256 tn_roundf8(__m256 v) {
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-    const __m256 frac = _mm256_andnot_ps(sign, _mm256_sub_ps(v, t)); /* v - trunc(v) is exact */
-    const __m256 step = _mm256_or_ps(_mm256_and_ps(v, sign), _mm256_set1_ps(1.0f));
-    return _mm256_add_ps(t, _mm256_and_ps(_mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_GE_OQ), step));
-}
-
 /* 32 int32 lanes (already in int8 range) -> 32 int8 in order. */
 TN_INLINE __m256i tn_pack32(__m256i a, __m256i b, __m256i c, __m256i d) {
     const __m256i ab = _mm256_packs_epi32(a, b), cd = _mm256_packs_epi32(c, d);

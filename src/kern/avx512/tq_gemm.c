@@ -291,12 +291,15 @@ tn_c16_put_fn tn_tq_c16_put_avx512(int ti) {
  * dots the registers with the column prepared as for prefill (tq_prep_col: register r, lane c =
  * codes 4r..4r+3 of chunk c), so the dword lanes are the chunks' exact sums with no folding; prefill
  * stores the registers and per-chunk d, m as its unpacked rows and runs the same micro-kernel. */
-#pragma GCC push_options
-#pragma GCC target("gfni") /* registered only when the CPU has GFNI (tq.c) */
+/* Registered only when the CPU has GFNI (tq.c): these functions alone are compiled for it, by a
+ * target attribute both gcc and clang take (the kernels TQ_KERNELS defines too: TQ_TARGET). */
+#define TQ_GFNI TQ_INLINE __attribute__((target("gfni")))
+#undef TQ_TARGET
+#define TQ_TARGET __attribute__((target("gfni")))
 
 /* Field f (width w) of every byte of V moved to bits sh .. sh + w - 1, the other bits 0: an AND
  * when it is already there, else one GF2P8AFFINEQB (output bit o = parity(row 7 - o & x)). */
-TQ_INLINE __m512i tq_c16_field(const int w, const int f, const int sh, __m512i V) {
+TQ_GFNI __m512i tq_c16_field(const int w, const int f, const int sh, __m512i V) {
     if (w == 8) return V;
     if (f == 0 && sh == 0) return _mm512_and_si512(V, _mm512_set1_epi8((char)((1 << w) - 1)));
     uint64_t A = 0;
@@ -306,7 +309,7 @@ TQ_INLINE __m512i tq_c16_field(const int w, const int f, const int sh, __m512i V
 
 /* Register r of the c16 super-step whose planes start at p (after the headers; quant/repack.h):
  * each plane's field of r moved into its bit position, ORed (one VPTERNLOG for three planes). */
-TQ_INLINE __m512i tq_c16_codes(const int B, const uint8_t *p, int r) {
+TQ_GFNI __m512i tq_c16_codes(const int B, const uint8_t *p, int r) {
     const int W0 = TQ_W0(B), W1 = TQ_W1(B), W2 = TQ_W2(B);
     const __m512i R = tq_c16_field(W0, r % (8 / W0), 0, _mm512_loadu_si512(p + 64 * (r / (8 / W0))));
     if (!W1) return R;
@@ -317,7 +320,7 @@ TQ_INLINE __m512i tq_c16_codes(const int B, const uint8_t *p, int r) {
 }
 
 /* d (and m) of every chunk lane from a super-step's headers H (fp16, block order). */
-TQ_INLINE void tq_c16_dm(const int G, const int ASYM, __m512i H, __m512 *D, __m512 *M) {
+TQ_GFNI void tq_c16_dm(const int G, const int ASYM, __m512i H, __m512 *D, __m512 *M) {
     const int CPB = G / 32;
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512i blk = CPB == 1 ? lane : _mm512_srli_epi32(lane, CPB == 2 ? 1 : CPB == 4 ? 2 : 3);
@@ -339,7 +342,7 @@ TQ_INLINE void tq_c16_dm(const int G, const int ASYM, __m512i H, __m512 *D, __m5
 
 /* R (1 or 2) c16 rows, far apart (two streams), over nsup super-steps against a column prepared
  * by tq_prep_col; pf: prefetch distance in bytes (into L2, as tq_gemv.c). */
-TQ_INLINE void tq_c16_rows(const int B, const int G, const int ASYM, const int R, const uint8_t *const *rows,
+TQ_GFNI void tq_c16_rows(const int B, const int G, const int ASYM, const int R, const uint8_t *const *rows,
                            const uint8_t *xs, int64_t nsup, size_t pf, float *out) {
     const int HB = 512 / G * (ASYM ? 4 : 2), SUPB = HB + 64 * B;
     const __mmask64 hm = HB >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << HB) - 1;
@@ -373,7 +376,7 @@ TQ_INLINE void tq_c16_rows(const int B, const int G, const int ASYM, const int R
 }
 
 /* c16 row -> nsup super-steps of decoded codes and per-chunk d, m (tq_unpack_row's format). */
-TQ_INLINE void tq_c16_unpack_row(const int B, const int G, const int ASYM, const uint8_t *row, int64_t nsup, uint8_t *out) {
+TQ_GFNI void tq_c16_unpack_row(const int B, const int G, const int ASYM, const uint8_t *row, int64_t nsup, uint8_t *out) {
     const int HB = 512 / G * (ASYM ? 4 : 2), SUPB = HB + 64 * B;
     const __mmask64 hm = HB >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << HB) - 1;
     for (int64_t s = 0; s < nsup; s++, out += TQ_SUPB, row += SUPB) {
@@ -388,7 +391,7 @@ TQ_INLINE void tq_c16_unpack_row(const int B, const int G, const int ASYM, const
 /* The c16 tile product: decode (n == 1) streams two rows at a time against the column prepared
  * once (kept per thread like tq_gemv.c's, colcache.h); prefill is tq_gemm's with the c16 row
  * unpacking. The blocks after the last whole super-step are in the file's bytes (the tail dot). */
-TQ_INLINE void tq_gemm_c16(const int B, const int G, const int ASYM, int64_t k, int64_t m, int64_t n, const void *w,
+TQ_GFNI void tq_gemm_c16(const int B, const int G, const int ASYM, int64_t k, int64_t m, int64_t n, const void *w,
                            size_t w_rb, const void *x, size_t x_rb, float *y, int64_t ldy) {
     const tn_tq_params tp = {B, G, ASYM};
     const tn_tq_plan *Pl = tn_tq_plan_get(TQ_INDEX(B, G, ASYM));
@@ -448,4 +451,5 @@ TQ_INLINE void tq_gemm_c16(const int B, const int G, const int ASYM, int64_t k, 
 #define TQ_PFX tq_gemm_c16_k
 #define TQ_BODY tq_gemm_c16
 TQ_KERNELS(tn_tq_gemm_c16_avx512)
-#pragma GCC pop_options
+#undef TQ_TARGET
+#define TQ_TARGET

@@ -28,7 +28,8 @@
 #include "kern/tq_list.inc"
 #include "quant/tq.h"
 
-#pragma GCC target("gfni") /* GF2P8AFFINEQB: used only when the CPU has it (tq.c checks) */
+/* GF2P8AFFINEQB: the whole file is built with -mgfni (CMakeLists.txt) and used only when the CPU
+ * has it (tq.c checks). */
 
 #define TQ_STACK 24576 /* activation scratch on the stack up to this size, else the heap */
 #define TQ_PF_MIN 4096 /* software prefetch: at least this far ahead in the matrix (bytes) */

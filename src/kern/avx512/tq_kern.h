@@ -31,8 +31,11 @@
  * Define TQ_PFX and TQ_BODY, then write TQ_KERNELS(lookup) once (needs kern/tq_list.inc). */
 #define TQ_CAT4_(p, b, g, a) p##_##b##_##g##_##a
 #define TQ_CAT4(p, b, g, a) TQ_CAT4_(p, b, g, a)
+#ifndef TQ_TARGET
+#define TQ_TARGET /* a file may define it as a target attribute its kernels need (tq_gemm.c: gfni) */
+#endif
 #define TQ_KDEF(b, g, a)                                                                                            \
-    static void TQ_CAT4(TQ_PFX, b, g, a)(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x, \
+    static TQ_TARGET void TQ_CAT4(TQ_PFX, b, g, a)(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x, \
                                          size_t x_rb, float *y, int64_t ldy) {                                      \
         TQ_BODY(b, g, a, k, m, n, w, w_rb, x, x_rb, y, ldy);                                                        \
     }
