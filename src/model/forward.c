@@ -34,10 +34,17 @@ static void tn_forward_task(void *vp, int ith, int nth) {
         tn_blk_qkv(&T, L, il);                                      /* q, k, v = Wq xb, Wk xb, Wv xb  */
         tn_blk_attention(&T, L, il);                                /* att = softmax(q K^T / sqrt(hd)) V,
                                                                      * q, k: bias, q/k norm, rope    */
+        const bool moe = tn_layer_moe(L);
         tn_blk_proj_add(&T, &w[TN_ROLE_ATTN_OUT], c->att, il, 3, TN_OBS_ATTN_OUT, &w[TN_ROLE_ATTN_POST_NORM],
-                        &w[TN_ROLE_FFN_GATE]);                      /* x += Wo att  (gemma: post-normed) */
+                        &w[moe ? TN_ROLE_FFN_GATE_INP : TN_ROLE_FFN_GATE]); /* x += Wo att  (gemma: post-normed) */
         /* feed-forward: x += Wdown (act(Wgate xb) * Wup xb) */
         tn_blk_norm(&T, &w[TN_ROLE_FFN_NORM], il, TN_OBS_FFN_IN);   /* xb = rmsnorm(x) * ffn_norm    */
+        if (moe) {                                                  /* x += sum over the top-k experts e
+                                                                     * of weight_e * FFN_e(xb)       */
+            tn_blk_moe(&T, L, il);
+            tn_blk_layer_end(&T, il);
+            continue;
+        }
         tn_blk_glu(&T, L, il);                                      /* hb = act(Wgate xb) * Wup xb,
                                                                      * act: silu, gemma gelu_tanh    */
         const tn_tensor *next = il + 1 < n_layer ? &m->layers[il + 1].w[TN_ROLE_ATTN_Q] : &m->output;

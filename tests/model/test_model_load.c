@@ -275,15 +275,32 @@ static void test_registry(void **state) {
     for (size_t i = 0; i < tn_arch_count(); i++) {
         const tn_arch_desc *a = tn_arch_at(i);
         assert_ptr_equal(tn_arch_find(a->name, strlen(a->name)), a);
-        const tn_role must[] = {TN_ROLE_ATTN_NORM, TN_ROLE_ATTN_OUT, TN_ROLE_FFN_UP, TN_ROLE_FFN_DOWN, TN_ROLE_TOKEN_EMBD,
-                                TN_ROLE_OUTPUT_NORM};
+        /* the need of a dense model of the family, and of one with experts (where it may have them) */
+        tn_hparams dense, moe;
+        memset(&dense, 0, sizeof dense);
+        dense.family = a;
+        moe = dense;
+        moe.n_expert = 8;
+        const bool may_moe = a->need[TN_ROLE_FFN_GATE_INP] != TN_NEED_NO, always_moe = a->need[TN_ROLE_FFN_GATE_INP] == TN_NEED_REQ;
+        const tn_role must[] = {TN_ROLE_ATTN_NORM, TN_ROLE_ATTN_OUT, TN_ROLE_TOKEN_EMBD, TN_ROLE_OUTPUT_NORM};
         for (size_t j = 0; j < sizeof must / sizeof must[0]; j++) assert_int_equal(a->need[must[j]], TN_NEED_REQ);
+        /* a feed-forward: dense (up and down) or experts (router, gate, up, down), never both */
+        const tn_role dense_ffn[] = {TN_ROLE_FFN_UP, TN_ROLE_FFN_DOWN};
+        const tn_role moe_ffn[] = {TN_ROLE_FFN_GATE_INP, TN_ROLE_FFN_GATE_EXPS, TN_ROLE_FFN_UP_EXPS, TN_ROLE_FFN_DOWN_EXPS};
+        for (size_t j = 0; j < 2; j++) {
+            if (!always_moe) assert_int_equal(tn_arch_need(&dense, dense_ffn[j]), TN_NEED_REQ);
+            if (may_moe) assert_int_equal(tn_arch_need(&moe, dense_ffn[j]), TN_NEED_NO);
+        }
+        for (size_t j = 0; j < 4; j++) {
+            if (!always_moe) assert_int_equal(tn_arch_need(&dense, moe_ffn[j]), TN_NEED_NO);
+            assert_int_equal(tn_arch_need(&moe, moe_ffn[j]), may_moe ? TN_NEED_REQ : TN_NEED_NO);
+        }
         /* q, k, v: three matrices or one fused (its slices bound to them); gate: its own or in ffn_up */
         const bool fused_qkv = a->need[TN_ROLE_ATTN_QKV] == TN_NEED_REQ;
         assert_int_equal(a->need[TN_ROLE_ATTN_Q], fused_qkv ? TN_NEED_NO : TN_NEED_REQ);
         assert_int_equal(a->need[TN_ROLE_ATTN_K], fused_qkv ? TN_NEED_NO : TN_NEED_REQ);
         assert_int_equal(a->need[TN_ROLE_ATTN_V], fused_qkv ? TN_NEED_NO : TN_NEED_REQ);
-        assert_int_equal(a->need[TN_ROLE_FFN_GATE], a->gate_up_fused ? TN_NEED_NO : TN_NEED_REQ);
+        if (!always_moe) assert_int_equal(tn_arch_need(&dense, TN_ROLE_FFN_GATE), a->gate_up_fused ? TN_NEED_NO : TN_NEED_REQ);
     }
     assert_null(tn_arch_find("llam", 4));
     for (int r = 0; r < TN_ROLE_COUNT; r++) {
