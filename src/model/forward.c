@@ -1,10 +1,10 @@
 /*
- * forward.c — the forward pass of the llama-style families (llama, qwen2, qwen3, smollm3:
+ * forward.c — the forward pass of the llama-style families (llama, qwen2, qwen3, smollm3, MoE ones:
  * model/arch/) for a batch of tokens (prefill or one-token decode), as a recipe of blocks
  * (blocks.h), in the manner of llama2.c's forward(). Every thread of the pool runs the recipe; the
  * blocks share the work and synchronize underneath. Optional steps follow the layer's tensors
- * (q/k/v biases, per-head q/k RMSNorm) and the family (no RoPE on smollm3's NoPE layers); query
- * rows are n_head * head_dim long.
+ * (q/k/v biases, per-head q/k RMSNorm, a router: the MoE block instead of the gated FFN) and the
+ * family (no RoPE on smollm3's NoPE layers); query rows are n_head * head_dim long.
  */
 #include "cuda/cuda.h"
 #include "model/blocks.h"
