@@ -90,7 +90,7 @@ static void run_model(tern_model *m, const char *arch, tn_dtype wt, tn_dtype ot,
     assert_int_equal(tern_decode(c, prompt, np), TERN_OK);
     for (int32_t i = 0; i < np; i++) ref_step(r, prompt[i], rl, NULL);
     double e = rel_err(rl, tern_get_logits(c, -1), nv), tol = tol_for(wt == TN_F32 ? ot : wt);
-    if (e > tol) fail_msg("%s %s/%s tied=%d t=%d: prefill logits rel err %.3g > %.3g", arch, tn_dtype_name(wt), tn_dtype_name(ot), tied, threads, e, tol);
+    if (e > tol) fail_msg("%s %s/%s tied=%d t=%d: prefill logits rel err %.3g > %.3g (closest routing %.3g)", arch, tn_dtype_name(wt), tn_dtype_name(ot), tied, threads, e, tol, ref_min_route_gap(r));
     /* decode steps: per-layer residual streams and logits */
     double worst = e;
     tern_token t = 261;
