@@ -15,7 +15,8 @@
 # Env: TERN (default build/tern), WORK (where the files go; default a temp dir removed at exit),
 #      TYPES (default "F32 F16 Q8_0 Q4_K_M"), PRESETS (default "tiny"; e.g. "tiny small"),
 #      SRC (F32: the type `tern synth` writes, the others are quantized from it; F16 for 1b files),
-#      STEPS (64), THREADS (1), PROMPT ("once upon a time"). Files already in WORK are reused.
+#      STEPS (64), THREADS (1), PROMPT ("once upon a time"), SYNTH_ARGS (more `tern synth` flags, e.g.
+#      "--experts 8 --top-k 2" for Mixtral-style llama files). Files already in WORK are reused.
 #
 # Verdict. Both engines read the same weights, so weight quantization is no difference between
 # them; what differs is how activations are rounded on the way into each type's dot products and
@@ -50,7 +51,7 @@ printf '|---|---|---|---|---|---:|---:|---|---:|---:|---|\n'
 for fam in $FAMILIES; do
   for preset in $PRESETS; do
     src=$WORK/$fam-$preset-$SRC.gguf
-    [ -s "$src" ] || "$TERN" synth --arch "$fam" --preset "$preset" --type "${SRC,,}" -o "$src" 2>/dev/null
+    [ -s "$src" ] || "$TERN" synth --arch "$fam" --preset "$preset" --type "${SRC,,}" ${SYNTH_ARGS:-} -o "$src" 2>/dev/null
     for type in $TYPES; do
       f=$WORK/$fam-$preset-$type.gguf same=-
       if [ "$type" != "$SRC" ]; then

@@ -207,8 +207,19 @@ static tern_status tn_ctx_create_impl(const tern_model *m, const tern_ctx_params
     c->q = tn_ctx_alloc(c, (size_t)(nb * qd) * sizeof(float), &ok);
     c->kv = tn_ctx_alloc(c, (size_t)(nb * 2 * kv_dim) * sizeof(float), &ok);
     c->att = tn_ctx_alloc(c, (size_t)(nb * qd) * sizeof(float), &ok);
-    c->hb = tn_ctx_alloc(c, (size_t)(nb * hp->n_ff) * sizeof(float), &ok);
-    c->hb2 = tn_ctx_alloc(c, (size_t)(nb * hp->n_ff) * sizeof(float), &ok);
+    /* MoE: every token's n_expert_used routed rows, each n_ff_exp wide */
+    const int64_t ne = hp->n_expert > 0 ? nb * hp->n_expert_used : 0, hbw = TN_MAX(nb * hp->n_ff, ne * hp->n_ff_exp);
+    c->hb = tn_ctx_alloc(c, (size_t)hbw * sizeof(float), &ok);
+    c->hb2 = tn_ctx_alloc(c, (size_t)hbw * sizeof(float), &ok);
+    if (ne) {
+        c->moe_logits = tn_ctx_alloc(c, (size_t)(nb * hp->n_expert) * sizeof(float), &ok);
+        c->moe_sel = tn_ctx_alloc(c, (size_t)ne * sizeof(int32_t), &ok);
+        c->moe_w = tn_ctx_alloc(c, (size_t)ne * sizeof(float), &ok);
+        c->moe_off = tn_ctx_alloc(c, (size_t)(hp->n_expert + 1) * sizeof(int32_t), &ok);
+        c->moe_tok = tn_ctx_alloc(c, (size_t)ne * sizeof(int32_t), &ok);
+        c->moe_row = tn_ctx_alloc(c, (size_t)ne * sizeof(int32_t), &ok);
+        c->moe_x = tn_ctx_alloc(c, (size_t)(ne * d) * sizeof(float), &ok);
+    }
     c->tmp = tn_ctx_alloc(c, (size_t)(nb * d) * sizeof(float), &ok);
     c->rope_cs = tn_ctx_alloc(c, (size_t)(nb * hp->n_rot) * sizeof(float), &ok);
     if (hp->n_swa > 0) { /* sliding-window layers: their rope table, the window of a paged cache */
@@ -222,7 +233,7 @@ static tern_status tn_ctx_create_impl(const tern_model *m, const tern_ctx_params
         for (int r = 0; r < TN_ROLE_N_LAYER; r++) {
             const tn_tensor *w = &m->layers[il].w[r];
             if (!tn_roles[r].matrix || !w->data) continue;
-            xq = TN_MAX(xq, tn_matmul_xq_size(w->type, w->ne[0], nb));
+            xq = TN_MAX(xq, tn_matmul_xq_size(w->type, w->ne[0], tn_roles[r].ne2 == TN_DIM_EXPERT ? TN_MAX(ne, nb) : nb));
             xq1 = TN_MAX(xq1, tn_matmul_xq_size(w->type, w->ne[0], 1));
         }
     c->xq = tn_ctx_alloc(c, xq, &ok);
@@ -283,7 +294,7 @@ void tern_ctx_free(tern_ctx *c) {
     tn_cuda_ctx_free(c->cuda);
     tn_pool_free(c->pool);
     void *bufs[] = {c->kv_off, c->k_cache, c->v_cache, c->x, c->xb, c->q, c->kv, c->att, c->hb, c->hb2,
-                    c->tmp, c->rope_cs, c->rope_cs_swa, c->swa_kv, c->xq, c->pxb, c->pxq, c->mm_next, c->scores, c->logits, c->b_seq, c->b_pos, c->out_rows,
+                    c->moe_logits, c->moe_sel, c->moe_w, c->moe_off, c->moe_tok, c->moe_row, c->moe_x, c->tmp, c->rope_cs, c->rope_cs_swa, c->swa_kv, c->xq, c->pxb, c->pxq, c->mm_next, c->scores, c->logits, c->b_seq, c->b_pos, c->out_rows,
                     c->b_logits};
     for (size_t i = 0; i < TN_ARRAY_LEN(bufs); i++) tn_free_aligned(bufs[i]);
     tn_free(c);

@@ -165,8 +165,10 @@ static void tn_prepare_qkv(tern_ctx *c, const tn_layer *L, const float *rope_cs,
     if (w[TN_ROLE_ATTN_Q_B].data) tn_add_bias_range(qt, (const float *)w[TN_ROLE_ATTN_Q_B].data + (int64_t)h0 * hd, qn);
     if (w[TN_ROLE_ATTN_K_B].data) tn_add_bias_range(kt_, (const float *)w[TN_ROLE_ATTN_K_B].data + (int64_t)k0 * hd, kn);
     if (w[TN_ROLE_ATTN_V_B].data) tn_add_bias_range(vt, (const float *)w[TN_ROLE_ATTN_V_B].data + (int64_t)k0 * hd, kn);
-    if (w[TN_ROLE_ATTN_Q_NORM].data) tn_rmsnorm_rows(qt, qt, w[TN_ROLE_ATTN_Q_NORM].data, hd, hp->rms_eps, 0, nh);
-    if (w[TN_ROLE_ATTN_K_NORM].data) tn_rmsnorm_rows(kt_, kt_, w[TN_ROLE_ATTN_K_NORM].data, hd, hp->rms_eps, 0, nk);
+    /* per head (qwen3), or over the whole q and k rows (olmoe: called with every head) */
+    const int64_t qnl = hp->family->qk_norm_full ? qn : hd, knl = hp->family->qk_norm_full ? kn : hd;
+    if (w[TN_ROLE_ATTN_Q_NORM].data) tn_rmsnorm_rows(qt, qt, w[TN_ROLE_ATTN_Q_NORM].data, qnl, hp->rms_eps, 0, qn / qnl);
+    if (w[TN_ROLE_ATTN_K_NORM].data) tn_rmsnorm_rows(kt_, kt_, w[TN_ROLE_ATTN_K_NORM].data, knl, hp->rms_eps, 0, kn / knl);
     if (rope_cs) { /* the layer's table (local layers: their own base); none on NoPE layers */
         const float *cs = rope_cs + t * hp->n_rot;
         tn_op_rope(hp, qt, nh, cs, 1.0f);
@@ -289,7 +291,7 @@ void tn_blk_attention(tn_thr *T, const tn_layer *L, int32_t il) {
     TN_SPAN_B(TN_TK_ATTENTION, "attention", il, p1 - p0, G, 0, 0);
     /* one token in whole kv groups: a thread's units need only its own heads' RoPE and cache
      * rows, so it prepares them itself and no barrier separates that from the attention */
-    if (T->own && G > 1) {
+    if (T->own && G > 1 && !hp->family->qk_norm_full) {
         for (int64_t p = p0; p < p1; p++) {
             const int32_t h0 = (int32_t)(p % nu) * G, k0 = h0 / rep, nk = G / rep;
             tn_prepare_qkv(c, L, rope_cs, T, tables, 0, h0, G, k0, nk, Kc, Vc, ring);
@@ -358,6 +360,126 @@ void tn_blk_glu(tn_thr *T, const tn_layer *L, int32_t il) {
     tn_pool_barrier_pf(c->pool, down_pf.p, down_pf.n);
     TN_SPAN_E(TN_TK_MATMUL, "ffn_gate_up", il, 2 * rows,
               rows * (int64_t)(tn_dtype_row_size(Wg->type, d) + tn_dtype_row_size(Wu->type, d)));
+}
+
+/* One token's routing from its router logits p[n_expert] (overwritten with the softmax, as
+ * ggml_soft_max computes it: exp(l - max) summed in double, times 1 / sum): the k most probable
+ * experts into sel (best first; equal probabilities: the lower index first, as llama.cpp's
+ * argsort orders up to 16 experts) and their weights into w (divided by their sum, clamped below
+ * at 2^-14 as llama.cpp does, when renorm). */
+static void tn_moe_route(float *p, int32_t ne, int32_t k, bool renorm, int32_t *sel, float *w) {
+    float mx = -INFINITY;
+    for (int32_t e = 0; e < ne; e++) mx = p[e] > mx ? p[e] : mx;
+    double sum = 0;
+    for (int32_t e = 0; e < ne; e++) sum += (double)(p[e] = expf(p[e] - mx));
+    const float inv = (float)(1.0 / sum);
+    for (int32_t e = 0; e < ne; e++) p[e] *= inv;
+    for (int32_t j = 0; j < k; j++) {
+        int32_t best = -1;
+        for (int32_t e = 0; e < ne; e++) {
+            bool taken = false;
+            for (int32_t i = 0; i < j && !taken; i++) taken = sel[i] == e;
+            if (!taken && (best < 0 || p[e] > p[best])) best = e;
+        }
+        sel[j] = best;
+        w[j] = p[best];
+    }
+    if (!renorm) return;
+    double ws = 0;
+    for (int32_t j = 0; j < k; j++) ws += (double)w[j];
+    const float s = TN_MAX((float)ws, 6.103515625e-5f);
+    for (int32_t j = 0; j < k; j++) w[j] /= s;
+}
+
+void tn_blk_moe(tn_thr *T, const tn_layer *L, int32_t il) {
+    (void)il;
+    tern_ctx *c = T->c;
+    const tn_kern_table *kt = c->kt;
+    const tn_hparams *hp = &c->hp;
+    tn_pool *pool = c->pool;
+    const int ith = T->ith, nth = T->nth;
+    const int32_t n = T->n, d = hp->n_embd, ne = hp->n_expert, k = hp->n_expert_used, ff = hp->n_ff_exp;
+    const int64_t R = (int64_t)n * k; /* routed rows */
+    const tn_tensor *Wr = &L->w[TN_ROLE_FFN_GATE_INP], *Wg = &L->w[TN_ROLE_FFN_GATE_EXPS];
+    const tn_tensor *Wu = &L->w[TN_ROLE_FFN_UP_EXPS], *Wd = &L->w[TN_ROLE_FFN_DOWN_EXPS];
+    /* one token: every thread normed it for itself; from here on all read thread 0's row in xb */
+    if (T->own) tn_pool_barrier(pool);
+    /* router logits [n][n_expert] = Wr xb, then each token's routing (its thread's tokens) */
+    const void *xq = tn_act(c, ith, nth, false, NULL, Wr->type, c->xb, d, d, n);
+    tn_matmul_compute_task(ith, nth, kt, Wr->type, Wr->data, ne, d, xq, n, c->moe_logits, ne);
+    tn_pool_barrier(pool);
+    for (int64_t t = T->t0; t < T->t1; t++)
+        tn_moe_route(c->moe_logits + t * ne, ne, k, hp->family->moe_renorm, c->moe_sel + t * k, c->moe_w + t * k);
+    tn_pool_barrier(pool);
+    /* the routed rows grouped by expert (a counting sort, tokens in batch order within an
+     * expert): expert e's rows are moe_off[e] .. moe_off[e + 1] - 1 */
+    if (ith == 0) {
+        int32_t *off = c->moe_off;
+        memset(off, 0, sizeof(int32_t) * (size_t)(ne + 1));
+        for (int64_t r = 0; r < R; r++) off[c->moe_sel[r] + 1]++;
+        for (int32_t e = 0; e < ne; e++) off[e + 1] += off[e];
+        for (int64_t r = 0; r < R; r++) { /* moe_row as the cursor of each expert, then the row */
+            const int32_t e = c->moe_sel[r], g = off[e]++;
+            c->moe_tok[g] = (int32_t)(r / k), c->moe_row[r] = g;
+        }
+        for (int32_t e = ne; e > 0; e--) off[e] = off[e - 1]; /* the cursors ended at the next start */
+        off[0] = 0;
+    }
+    tn_pool_barrier(pool);
+    const int32_t *off = c->moe_off;
+    /* each routed row's normed input, gathered and quantized for the gate experts' type */
+    const tn_dtype gvt = tn_dtype_get(Wg->type)->vec_dot_type, uvt = tn_dtype_get(Wu->type)->vec_dot_type;
+    const size_t xrb_g = tn_dtype_row_size(gvt, d), xrb_u = tn_dtype_row_size(uvt, d);
+    int64_t r0, r1;
+    tn_split(R, ith, nth, 1, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) kt->slot[gvt].from_float(c->xb + (int64_t)c->moe_tok[r] * d, (uint8_t *)c->xq + (size_t)r * xrb_g, d);
+    tn_pool_barrier(pool);
+    /* hb = Wgate_e x, hb2 = Wup_e x over each expert's rows; each thread its share of the rows */
+    for (int32_t e = 0; e < ne; e++) {
+        if (off[e + 1] == off[e]) continue;
+        const tn_tensor g = tn_expert_view(Wg, e);
+        tn_matmul_compute_task(ith, nth, kt, Wg->type, g.data, ff, d, (const uint8_t *)c->xq + (size_t)off[e] * xrb_g,
+                               off[e + 1] - off[e], c->hb + (int64_t)off[e] * ff, ff);
+    }
+    if (uvt != gvt) { /* the up experts read another activation type: quantize again */
+        tn_pool_barrier(pool);
+        for (int64_t r = r0; r < r1; r++)
+            kt->slot[uvt].from_float(c->xb + (int64_t)c->moe_tok[r] * d, (uint8_t *)c->xq + (size_t)r * xrb_u, d);
+        tn_pool_barrier(pool);
+    }
+    for (int32_t e = 0; e < ne; e++) {
+        if (off[e + 1] == off[e]) continue;
+        const tn_tensor u = tn_expert_view(Wu, e);
+        tn_matmul_compute_task(ith, nth, kt, Wu->type, u.data, ff, d, (const uint8_t *)c->xq + (size_t)off[e] * xrb_u,
+                               off[e + 1] - off[e], c->hb2 + (int64_t)off[e] * ff, ff);
+    }
+    /* SwiGLU on the rows this thread computed (the same rows of every expert) */
+    int64_t f0, f1;
+    tn_matmul_rows(ff, ith, nth, &f0, &f1);
+    for (int64_t r = 0; r < R && f1 > f0; r++) kt->swiglu(c->hb + r * ff + f0, c->hb2 + r * ff + f0, f1 - f0);
+    tn_pool_barrier(pool);
+    /* moe_x = Wdown_e hb per expert */
+    xq = tn_act(c, ith, nth, false, NULL, Wd->type, c->hb, ff, ff, R);
+    const size_t xrb_d = tn_dtype_row_size(tn_dtype_get(Wd->type)->vec_dot_type, ff);
+    for (int32_t e = 0; e < ne; e++) {
+        if (off[e + 1] == off[e]) continue;
+        const tn_tensor dn = tn_expert_view(Wd, e);
+        tn_matmul_compute_task(ith, nth, kt, Wd->type, dn.data, d, ff, (const uint8_t *)xq + (size_t)off[e] * xrb_d,
+                               off[e + 1] - off[e], c->moe_x + (int64_t)off[e] * d, d);
+    }
+    tn_pool_barrier(pool);
+    /* x[t] += sum_j w[t][j] * out[row(t, j)]: the slots in order, whatever the grouping */
+    for (int64_t t = T->t0; t < T->t1; t++) {
+        const int32_t *row = c->moe_row + t * k;
+        const float *w = c->moe_w + t * k;
+        float *xt = c->x + t * d;
+        for (int32_t i = 0; i < d; i++) {
+            float acc = w[0] * c->moe_x[(int64_t)row[0] * d + i];
+            for (int32_t j = 1; j < k; j++) acc += w[j] * c->moe_x[(int64_t)row[j] * d + i];
+            xt[i] += acc;
+        }
+    }
+    tn_pool_barrier(pool);
 }
 
 void tn_blk_proj_add(tn_thr *T, const tn_tensor *W, const float *in, int32_t il, int slot, tn_obs_site site,

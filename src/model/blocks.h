@@ -59,6 +59,14 @@ void tn_blk_qkv(tn_thr *T, const tn_layer *L, int32_t il);
 void tn_blk_attention(tn_thr *T, const tn_layer *L, int32_t il);
 /* hb = silu(Wgate xb) * (Wup xb)  (gemma: gelu_tanh(Wgate xb) * (Wup xb)). */
 void tn_blk_glu(tn_thr *T, const tn_layer *L, int32_t il);
+/* Mixture of experts (the layer has a router): per token, softmax of the router logits, the
+ * n_expert_used most probable experts (ties: the lower expert index first), their probabilities
+ * as weights (divided by their sum where the family renormalises); then dropless grouped
+ * execution: the batch's routed rows grouped by expert, each chosen expert's gate, up and down
+ * (2-D slices of the 3-D matrices) multiplied once over its rows by the dense kernels, and per
+ * token x += sum over its slots, in slot order, of weight * expert output. A token's arithmetic
+ * does not depend on the rest of the batch. */
+void tn_blk_moe(tn_thr *T, const tn_layer *L, int32_t il);
 /* x += W in, or x += rmsnorm(W in) * post when post has data (gemma's post norms); in:
  * [n][W->ne[0]], the observer sees it as site; slot numbers the matmul within the layer
  * (tail-chunk counters). At the closing barrier the start of this thread's share of next (the

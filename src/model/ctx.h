@@ -69,8 +69,18 @@ struct tern_ctx {
     float *q;       /* [n_batch][n_head * head_dim]  queries                                 */
     float *kv;      /* [n_batch][2 * kv_dim]  k then v per token                              */
     float *att;     /* [n_batch][n_head * head_dim]  attention output                        */
-    float *hb;      /* [n_batch][n_ff]     gate                                               */
-    float *hb2;     /* [n_batch][n_ff]     up                                                 */
+    float *hb;      /* [n_batch][n_ff]     gate (MoE: [n_batch * n_expert_used][n_ff_exp])       */
+    float *hb2;     /* [n_batch][n_ff]     up   (likewise)                                        */
+    /* mixture of experts (NULL in a dense model): the routing of a batch and its rows grouped by
+     * expert (blocks.c tn_blk_moe); a "routed row" is one (token, slot) pair, n * n_expert_used
+     * of them                                                                                   */
+    float *moe_logits;   /* [n_batch][n_expert]   router logits, then softmax probabilities       */
+    int32_t *moe_sel;    /* [n_batch][n_expert_used] chosen experts, best first                   */
+    float *moe_w;        /* [n_batch][n_expert_used] their weights                                */
+    int32_t *moe_off;    /* [n_expert + 1] first grouped row of each expert                       */
+    int32_t *moe_tok;    /* [n_batch * n_expert_used] token of grouped row r                      */
+    int32_t *moe_row;    /* [n_batch][n_expert_used] grouped row of (token, slot)                  */
+    float *moe_x;        /* [n_batch * n_expert_used][n_embd] gathered inputs, then expert outputs */
     float *tmp;     /* [n_batch][max(n_embd, ...)] sub-layer output before the residual add  */
     const float *rope_ff; /* RoPE frequency factors of this context (tn_model_rope_factors), or NULL */
     float *rope_cs; /* [n_batch][n_rot]    cos, sin pairs per token                          */

@@ -1,10 +1,10 @@
 /*
- * forward.c — the forward pass of the llama-style families (llama, qwen2, qwen3, smollm3:
+ * forward.c — the forward pass of the llama-style families (llama, qwen2, qwen3, smollm3, MoE ones:
  * model/arch/) for a batch of tokens (prefill or one-token decode), as a recipe of blocks
  * (blocks.h), in the manner of llama2.c's forward(). Every thread of the pool runs the recipe; the
  * blocks share the work and synchronize underneath. Optional steps follow the layer's tensors
- * (q/k/v biases, per-head q/k RMSNorm) and the family (no RoPE on smollm3's NoPE layers); query
- * rows are n_head * head_dim long.
+ * (q/k/v biases, per-head q/k RMSNorm, a router: the MoE block instead of the gated FFN) and the
+ * family (no RoPE on smollm3's NoPE layers); query rows are n_head * head_dim long.
  */
 #include "core/trace.h"
 #include "cuda/cuda.h"
@@ -41,10 +41,17 @@ static void tn_forward_task(void *vp, int ith, int nth) {
         tn_blk_qkv(&T, L, il);                                      /* q, k, v = Wq xb, Wk xb, Wv xb  */
         tn_blk_attention(&T, L, il);                                /* att = softmax(q K^T / sqrt(hd)) V,
                                                                      * q, k: bias, q/k norm, rope    */
+        const bool moe = tn_layer_moe(L);
         tn_blk_proj_add(&T, &w[TN_ROLE_ATTN_OUT], c->att, il, 3, TN_OBS_ATTN_OUT, &w[TN_ROLE_ATTN_POST_NORM],
-                        &w[TN_ROLE_FFN_GATE]);                      /* x += Wo att  (gemma: post-normed) */
+                        &w[moe ? TN_ROLE_FFN_GATE_INP : TN_ROLE_FFN_GATE]); /* x += Wo att  (gemma: post-normed) */
         /* feed-forward: x += Wdown (act(Wgate xb) * Wup xb) */
         tn_blk_norm(&T, &w[TN_ROLE_FFN_NORM], il, TN_OBS_FFN_IN);   /* xb = rmsnorm(x) * ffn_norm    */
+        if (moe) {                                                  /* x += sum over the top-k experts e
+                                                                     * of weight_e * FFN_e(xb)       */
+            tn_blk_moe(&T, L, il);
+            tn_blk_layer_end(&T, il);
+            continue;
+        }
         tn_blk_glu(&T, L, il);                                      /* hb = act(Wgate xb) * Wup xb,
                                                                      * act: silu, gemma gelu_tanh    */
         const tn_tensor *next = il + 1 < n_layer ? &m->layers[il + 1].w[TN_ROLE_ATTN_Q] : &m->output;

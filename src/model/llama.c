@@ -57,8 +57,8 @@ static tern_status tn_bind(const tn_gguf *g, const tn_hparams *hp, tn_role r, in
     char name[96];
     tn_role_tensor_name(r, il, name, sizeof name);
     const tn_role_info *ri = &tn_roles[r];
-    const int n_dims = ri->ne1 == TN_DIM_1 ? 1 : 2;
-    const int64_t want[2] = {tn_dim_value(hp, ri->ne0), tn_dim_value(hp, ri->ne1)};
+    const int n_dims = ri->ne2 != TN_DIM_1 ? 3 : ri->ne1 == TN_DIM_1 ? 1 : 2;
+    const int64_t want[3] = {tn_dim_value(hp, ri->ne0), tn_dim_value(hp, ri->ne1), tn_dim_value(hp, ri->ne2)};
     char ws[64];
     tn_shape_str(ws, sizeof ws, n_dims, want);
     const tn_gguf_tensor *gt = tn_gguf_find_tensor(g, name);
@@ -66,10 +66,13 @@ static tern_status tn_bind(const tn_gguf *g, const tn_hparams *hp, tn_role r, in
         if (need == TN_NEED_OPT) return TERN_OK;
         return tn_err(TERN_ERR_FORMAT, "model: missing tensor '%s' (%s expects shape %s)", name, hp->family->name, ws);
     }
-    bool ok = gt->ne[0] == want[0] && gt->ne[1] == want[1] && gt->ne[2] == 1 && gt->ne[3] == 1;
+    bool ok = gt->ne[0] == want[0] && gt->ne[1] == want[1] && gt->ne[2] == want[2] && gt->ne[3] == 1;
     if (!ok) {
         char fs[96];
         tn_shape_str(fs, sizeof fs, (int)TN_MAX(gt->n_dims, 1), gt->ne);
+        if (ri->ne2 == TN_DIM_EXPERT && gt->ne[0] == want[0] && gt->ne[1] == want[1] && gt->ne[3] == 1)
+            return tn_err(TERN_ERR_FORMAT, "model: tensor '%s' has shape %s: %lld experts, but %s.expert_count is %d", name,
+                          fs, (long long)gt->ne[2], hp->family->name, hp->n_expert);
         return tn_err(TERN_ERR_FORMAT, "model: tensor '%s' has shape %s, expected %s (%s)", name, fs, ws, hp->family->name);
     }
     const tn_dtype_traits *tr = tn_dtype_get(gt->type);
@@ -84,7 +87,8 @@ static tern_status tn_bind(const tn_gguf *g, const tn_hparams *hp, tn_role r, in
     t->type = (tn_dtype)gt->type;
     t->ne[0] = gt->ne[0];
     t->ne[1] = gt->ne[1];
-    t->ne[2] = t->ne[3] = 1;
+    t->ne[2] = gt->ne[2]; /* n_expert for the experts' matrices (tn_expert_view), else 1 */
+    t->ne[3] = 1;
     t->data = gt->data;
     t->nbytes = gt->nbytes;
     t->name = gt->name;
@@ -213,6 +217,22 @@ static tern_status tn_load_hparams(const tn_gguf *g, tn_hparams *hp) {
     if (!(hp->rope_attn_factor > 0))
         return tn_err(TERN_ERR_FORMAT, "model: key '%s.rope.scaling.attn_factor' = %g must be a number > 0", an,
                       (double)hp->rope_attn_factor);
+    /* mixture of experts (llama.cpp reads these for every family; LLAMA_MAX_EXPERTS is 512) */
+    if ((s = tn_model_key_dim(g, an, "expert_count", false, 0, 512, &hp->n_expert))) return s;
+    if (hp->n_expert > 0 && ad->need[TN_ROLE_FFN_GATE_INP] == TN_NEED_NO)
+        return tn_err(TERN_ERR_UNSUPPORTED, "model: %s.expert_count is %d, but tern runs architecture %s without experts", an,
+                      hp->n_expert, an);
+    if (hp->n_expert <= 0 && ad->need[TN_ROLE_FFN_GATE_INP] == TN_NEED_REQ)
+        return tn_err(TERN_ERR_FORMAT, "model: %s needs %s.expert_count > 0 (a mixture-of-experts family)", an, an);
+    if ((s = tn_model_key_dim(g, an, "expert_used_count", hp->n_expert > 0, 0, 512, &hp->n_expert_used))) return s;
+    if (hp->n_expert > 0 && (hp->n_expert_used < 1 || hp->n_expert_used > hp->n_expert))
+        return tn_err(TERN_ERR_FORMAT, "model: %s.expert_used_count %d must be in 1..%s.expert_count %d (top-k of the experts)",
+                      an, hp->n_expert_used, an, hp->n_expert);
+    hp->n_ff_exp = hp->n_ff;
+    if (hp->arch == TN_ARCH_QWEN3MOE && hp->n_expert_used > 0) hp->n_ff_exp = hp->n_ff / hp->n_expert_used; /* llama.cpp's default */
+    if ((s = tn_model_key_dim(g, an, "expert_feed_forward_length", false, 1, 1 << 22, &hp->n_ff_exp))) return s;
+    if (hp->n_expert > 0 && hp->n_ff_exp < 1)
+        return tn_err(TERN_ERR_FORMAT, "model: %s.feed_forward_length %d gives experts of no rows", an, hp->n_ff);
     hp->ffn = ad->ffn;
     hp->embd_scale = ad->embd_scale ? sqrtf((float)hp->n_embd) : 0.0f;
     hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
@@ -250,9 +270,13 @@ static tern_status tn_check_extra(const tn_gguf *g, const tn_hparams *hp) {
         }
         if (il >= hp->n_layer)
             return tn_err(TERN_ERR_FORMAT, "model: tensor '%s' exists but %s.block_count is %d", t->name, an, (int)hp->n_layer);
-        if (hp->family->need[r] == TN_NEED_NO)
+        if (tn_arch_need(hp, r) == TN_NEED_NO) {
+            if (hp->family->need[r] != TN_NEED_NO) /* dense roles in a MoE file, or experts in a dense one */
+                return tn_err(TERN_ERR_FORMAT, "model: unexpected tensor '%s' (shape %s): %s.expert_count is %d", t->name, fs,
+                              an, hp->n_expert);
             return tn_err(TERN_ERR_FORMAT, "model: unexpected tensor '%s' (shape %s): architecture %s has no %s", t->name, fs,
                           an, tn_roles[r].name);
+        }
     }
     return TERN_OK;
 }
@@ -264,16 +288,15 @@ tern_status tn_model_load_gguf(tn_gguf *g, tern_model **out) {
     tern_status s = tn_load_hparams(g, &m->hp);
     if (s) goto fail;
     tn_hparams *hp = &m->hp;
-    const uint8_t *need = hp->family->need;
     if ((s = tn_vocab_load(g, &m->vocab))) goto fail;
     hp->n_vocab = tn_vocab_n(m->vocab);
     if ((s = tn_bind(g, hp, TN_ROLE_TOKEN_EMBD, -1, TN_NEED_REQ, &m->tok_embd))) goto fail;
     if ((s = tn_bind(g, hp, TN_ROLE_OUTPUT_NORM, -1, TN_NEED_REQ, &m->output_norm))) goto fail;
-    if ((s = tn_bind(g, hp, TN_ROLE_OUTPUT, -1, need[TN_ROLE_OUTPUT], &m->output))) goto fail;
+    if ((s = tn_bind(g, hp, TN_ROLE_OUTPUT, -1, tn_arch_need(hp, TN_ROLE_OUTPUT), &m->output))) goto fail;
     if (!m->output.data) m->output = m->tok_embd; /* tied embeddings */
-    if ((s = tn_bind(g, hp, TN_ROLE_ROPE_FREQS, -1, need[TN_ROLE_ROPE_FREQS], &m->rope_freqs))) goto fail;
-    if ((s = tn_bind(g, hp, TN_ROLE_ROPE_FACTORS_LONG, -1, need[TN_ROLE_ROPE_FACTORS_LONG], &m->rope_long))) goto fail;
-    if ((s = tn_bind(g, hp, TN_ROLE_ROPE_FACTORS_SHORT, -1, need[TN_ROLE_ROPE_FACTORS_SHORT], &m->rope_short))) goto fail;
+    if ((s = tn_bind(g, hp, TN_ROLE_ROPE_FREQS, -1, tn_arch_need(hp, TN_ROLE_ROPE_FREQS), &m->rope_freqs))) goto fail;
+    if ((s = tn_bind(g, hp, TN_ROLE_ROPE_FACTORS_LONG, -1, tn_arch_need(hp, TN_ROLE_ROPE_FACTORS_LONG), &m->rope_long))) goto fail;
+    if ((s = tn_bind(g, hp, TN_ROLE_ROPE_FACTORS_SHORT, -1, tn_arch_need(hp, TN_ROLE_ROPE_FACTORS_SHORT), &m->rope_short))) goto fail;
     m->layers = tn_calloc((size_t)hp->n_layer, sizeof *m->layers);
     if (!m->layers) {
         s = tn_err(TERN_ERR_NOMEM, "model: out of memory");
@@ -281,13 +304,19 @@ tern_status tn_model_load_gguf(tn_gguf *g, tern_model **out) {
     }
     for (int32_t il = 0; il < hp->n_layer; il++) {
         for (int r = 0; r < TN_ROLE_N_LAYER; r++)
-            if ((s = tn_bind(g, hp, (tn_role)r, il, need[r], &m->layers[il].w[r]))) goto fail;
+            if ((s = tn_bind(g, hp, (tn_role)r, il, tn_arch_need(hp, (tn_role)r), &m->layers[il].w[r]))) goto fail;
         tn_bind_fused(hp, &m->layers[il]);
     }
     if ((s = tn_check_extra(g, hp))) goto fail;
     for (uint64_t i = 0; i < g->n_tensors; i++) {
         const tn_gguf_tensor *t = &g->tensors[i];
-        m->n_params += (uint64_t)(t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3]);
+        const uint64_t ne = (uint64_t)(t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3]);
+        int32_t il;
+        tn_role r;
+        /* a token reads n_expert_used of an expert matrix's n_expert slices */
+        const bool exps = tn_role_parse(t->name, &il, &r) && tn_roles[r].ne2 == TN_DIM_EXPERT;
+        m->n_params += ne;
+        m->n_params_active += exps ? ne / (uint64_t)t->ne[2] * (uint64_t)hp->n_expert_used : ne;
         m->weight_bytes += t->nbytes;
     }
     m->gguf = g;
@@ -318,8 +347,8 @@ static int tn_matmul_views(tern_model *m, int64_t i, bool tied, tn_tensor *v[TN_
     }
     tn_layer *L = &m->layers[i];
     int n = 0;
-    for (int r = 0; r < TN_ROLE_N_LAYER; r++)
-        if (tn_roles[r].matrix && L->w[r].data) v[n++] = &L->w[r];
+    for (int r = 0; r < TN_ROLE_N_LAYER; r++) /* experts stay mapped: a token reads few of them */
+        if (tn_roles[r].matrix && L->w[r].data && tn_roles[r].ne2 == TN_DIM_1) v[n++] = &L->w[r];
     return n;
 }
 

@@ -45,6 +45,10 @@ typedef struct tn_hparams {
                            * LongRoPE uses the long factors in a context longer than it   */
     float rope_attn_factor; /* rope.scaling.attn_factor: rotated dims of q and k scaled by it
                              * (ggml's rope mscale; 1 by default)                            */
+    int32_t n_expert;     /* expert_count: > 0 in a mixture-of-experts model (0: dense)    */
+    int32_t n_expert_used;/* expert_used_count: experts each token is routed to (top-k)   */
+    int32_t n_ff_exp;     /* an expert's hidden rows (qwen3moe: expert_feed_forward_length;
+                           * else n_ff)                                                  */
 } tn_hparams;
 
 /* A weight view: type, shape (ne[0] = row length) and bytes in the mapped file. */
@@ -61,6 +65,19 @@ typedef struct tn_tensor {
 typedef struct tn_layer {
     tn_tensor w[TN_ROLE_N_LAYER];
 } tn_layer;
+
+/* Whether layer L routes its feed-forward through experts (it has a router). */
+static inline bool tn_layer_moe(const tn_layer *L) { return L->w[TN_ROLE_FFN_GATE_INP].data != NULL; }
+
+/* Expert e of a 3-D expert matrix t as a 2-D matrix (a view of the same bytes). */
+static inline tn_tensor tn_expert_view(const tn_tensor *t, int64_t e) {
+    const size_t bytes = t->nbytes / (size_t)(t->ne[2] > 0 ? t->ne[2] : 1);
+    tn_tensor v = *t;
+    v.ne[2] = 1;
+    v.data = (const uint8_t *)t->data + (size_t)e * bytes;
+    v.nbytes = bytes;
+    return v;
+}
 
 /* Whether layer il rotates q and k. */
 static inline bool tn_hp_layer_rope(const tn_hparams *hp, int32_t il) {
@@ -85,6 +102,7 @@ struct tern_model {
                                               * picks one set (tn_model_rope_factors)   */
     tn_layer *layers;
     uint64_t n_params;
+    uint64_t n_params_active; /* read per token: n_params less the experts a token is not routed to */
     uint64_t weight_bytes;
     char desc[128];
     char *path;

@@ -36,10 +36,20 @@ static bool role_trainable(int r) {
     }
 }
 
+/* The need of role r in the family's dense model (no experts: the trainer has no MoE block; a
+ * family that is always a mixture, need[FFN_GATE_INP] required, is not trainable). */
+static tn_need dense_need(const tn_arch_desc *a, tn_role r) {
+    tn_hparams hp;
+    memset(&hp, 0, sizeof hp);
+    hp.family = a;
+    return tn_arch_need(&hp, r);
+}
+
 bool tn_train_arch_ok(const tn_arch_desc *a) {
     if (!a || a->ffn != TN_FFN_SWIGLU || a->nope_step > 0 || a->embd_scale || a->synth_swa || a->gate_up_fused) return false;
+    if (a->need[TN_ROLE_FFN_GATE_INP] == TN_NEED_REQ) return false;
     for (int r = 0; r < TN_ROLE_COUNT; r++)
-        if (a->need[r] == TN_NEED_REQ && !role_trainable(r)) return false;
+        if (dense_need(a, (tn_role)r) == TN_NEED_REQ && !role_trainable(r)) return false;
     return true;
 }
 
@@ -104,7 +114,7 @@ static void fill_hparams(const tn_train_cfg *c, tn_hparams *hp) {
 static int layer_roles(const tn_arch_desc *a, tn_role *out) {
     int n = 0;
     for (int r = 0; r < TN_ROLE_N_LAYER; r++)
-        if (a->need[r] == TN_NEED_REQ) out[n++] = (tn_role)r;
+        if (dense_need(a, (tn_role)r) == TN_NEED_REQ) out[n++] = (tn_role)r;
     return n;
 }
 

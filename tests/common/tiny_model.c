@@ -105,6 +105,11 @@ tern_status tiny_model_write(const char *path, const tiny_cfg *c) {
         U32("attention.value_length", c->head_dim);
     }
     if (c->n_swa) U32("attention.sliding_window", c->n_swa);
+    if (c->n_expert) {
+        U32("expert_count", c->n_expert);
+        U32("expert_used_count", c->n_expert_used);
+        if (c->n_ff_exp) U32("expert_feed_forward_length", c->n_ff_exp);
+    }
     if (c->softcap > 0) {
         snprintf(key, sizeof key, "%s.final_logit_softcapping", a);
         tn_gguf_set_f32(w, key, c->softcap);
@@ -157,12 +162,21 @@ tern_status tiny_model_write(const char *path, const tiny_cfg *c) {
     tn_gguf_set_u32(w, "tokenizer.ggml.unknown_token_id", 0);
     size_t k = 0;
     const int64_t hd = c->head_dim ? c->head_dim : c->n_embd / c->n_head, kv = hd * c->n_head_kv, qd = hd * c->n_head;
-    const bool qwen3 = !strcmp(a, "qwen3"), gemma3 = !strcmp(a, "gemma3"), gemma = gemma3 || !strcmp(a, "gemma2");
+    const bool olmoe = !strcmp(a, "olmoe"), moe = c->n_expert > 0;
+    const int64_t ffx = c->n_ff_exp ? c->n_ff_exp : c->n_ff, nx = c->n_expert;
+    const bool qwen3 = !strcmp(a, "qwen3") || !strcmp(a, "qwen3moe"), gemma3 = !strcmp(a, "gemma3"), gemma = gemma3 || !strcmp(a, "gemma2");
 #define ADD(nm, a0, a1, ty_, kd)                                                          \
     do {                                                                                  \
         f.ne0[k] = (a0), f.ne1[k] = (a1), f.ty[k] = (ty_), f.kind[k] = (kd);              \
         int64_t ne_[2] = {(a0), (a1)};                                                    \
         if ((s = tn_gguf_add_tensor(w, nm, (ty_), (a1) == 1 ? 1 : 2, ne_, NULL))) goto done; \
+        k++;                                                                              \
+    } while (0)
+#define ADD3(nm, a0, a1, a2, ty_)                                                         \
+    do {                                                                                  \
+        f.ne0[k] = (a0), f.ne1[k] = (a1) * (a2), f.ty[k] = (ty_), f.kind[k] = 'w';        \
+        int64_t ne_[3] = {(a0), (a1), (a2)};                                              \
+        if ((s = tn_gguf_add_tensor(w, nm, (ty_), 3, ne_, NULL))) goto done;              \
         k++;                                                                              \
     } while (0)
     const bool phi3 = !strcmp(a, "phi3");
@@ -184,19 +198,29 @@ tern_status tiny_model_write(const char *path, const tiny_cfg *c) {
             L("attn_v.bias", kv, 1, TN_F32, 'b');
         }
         L("attn_output.weight", qd, c->n_embd, c->wtype, 'w');
-        if (qwen3 || gemma3) { /* llama.cpp src/models/qwen3.cpp, gemma3.cpp: {n_embd_head_k} each */
+        if (qwen3 || gemma3) { /* llama.cpp src/models/qwen3.cpp, qwen3moe.cpp, gemma3.cpp: {n_embd_head_k} each */
             L("attn_k_norm.weight", hd, 1, TN_F32, 'n');
             L("attn_q_norm.weight", hd, 1, TN_F32, 'n');
         }
+        if (olmoe) { /* src/models/olmoe.cpp: the whole q and k rows ({n_embd} there: n_head_kv = n_head) */
+            L("attn_q_norm.weight", qd, 1, TN_F32, 'n');
+            L("attn_k_norm.weight", kv, 1, TN_F32, 'n');
+        }
         if (gemma) { L("post_attention_norm.weight", c->n_embd, 1, TN_F32, 'n'); } /* {n_embd}; gemma2.cpp too */
         L("ffn_norm.weight", c->n_embd, 1, TN_F32, 'n');
-        if (phi3) { /* {n_embd, 2 n_ff}: gate then up */
+        if (moe) { /* qwen3moe.cpp, olmoe.cpp, llama.cpp: {n_embd, n_expert}, {n_embd, n_ff_exp, n_expert},
+                    * {n_ff_exp, n_embd, n_expert}, {n_embd, n_ff_exp, n_expert}; the router f32 */
+            L("ffn_gate_inp.weight", c->n_embd, nx, TN_F32, 'w');
+            snprintf(n, sizeof n, "blk.%lld.ffn_gate_exps.weight", (long long)l); ADD3(n, c->n_embd, ffx, nx, c->wtype);
+            snprintf(n, sizeof n, "blk.%lld.ffn_down_exps.weight", (long long)l); ADD3(n, ffx, c->n_embd, nx, c->wtype);
+            snprintf(n, sizeof n, "blk.%lld.ffn_up_exps.weight", (long long)l); ADD3(n, c->n_embd, ffx, nx, c->wtype);
+        } else if (phi3) { /* {n_embd, 2 n_ff}: gate then up */
             L("ffn_up.weight", c->n_embd, 2 * c->n_ff, c->wtype, 'w');
         } else {
             L("ffn_gate.weight", c->n_embd, c->n_ff, c->wtype, 'w');
             L("ffn_up.weight", c->n_embd, c->n_ff, c->wtype, 'w');
         }
-        L("ffn_down.weight", c->n_ff, c->n_embd, c->wtype, 'w');
+        if (!moe) { L("ffn_down.weight", c->n_ff, c->n_embd, c->wtype, 'w'); }
         if (gemma) { L("post_ffw_norm.weight", c->n_embd, 1, TN_F32, 'n'); } /* {n_embd} */
 #undef L
     }
@@ -208,6 +232,7 @@ tern_status tiny_model_write(const char *path, const tiny_cfg *c) {
         ADD("rope_factors_short.weight", nr / 2, 1, TN_F32, 'r');
     }
 #undef ADD
+#undef ADD3
     s = tn_gguf_write(w, path, tiny_fill, &f);
 done:
     for (int64_t i = 0; toks && i < nv; i++) free(toks[i]);

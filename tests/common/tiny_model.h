@@ -2,7 +2,7 @@
  * Tensor sets are written out here by hand from llama.cpp's model code (src/models/<arch>.cpp), not
  * read from tern's registry, so the loader's registry is checked against an independent list.
  *
- * tiny_model.h — writes small random-weight llama/qwen2/qwen3 GGUF files for tests (no downloads):
+ * tiny_model.h — writes small random-weight GGUF files of every family (MoE ones included) for tests (no downloads):
  * a SentencePiece-style vocabulary (<unk> <s> </s>, 256 byte tokens, then word pieces) and
  * weights ~ N(0, scale) quantized to the requested type with tern's reference quantizers.
  */
@@ -23,6 +23,9 @@ typedef struct tiny_cfg {
     int64_t n_rot;        /* rope.dimension_count (0: not written; phi3 partial rotary)              */
     int64_t n_ctx_orig;   /* phi3: rope.scaling.original_context_length (0: not written)             */
     float rope_attn_factor; /* phi3: rope.scaling.attn_factor (0: not written)                       */
+    int64_t n_expert, n_expert_used; /* > 0: experts instead of ffn_gate/up/down on every layer
+                           * ("qwen3moe", "olmoe", or "llama" as Mixtral); the router stays f32 */
+    int64_t n_ff_exp;     /* qwen3moe: expert_feed_forward_length (experts' rows; else n_ff)  */
     tn_dtype wtype;       /* type of the matrices (norms/biases stay f32)  */
     tn_dtype out_type;    /* type of output.weight and token_embd          */
     bool tied;            /* no output.weight                              */

@@ -21,6 +21,10 @@ struct ref_model {
     int32_t n_ctx, pos;
     ref_mat emb, out;
     ref_mat *wq, *wk, *wv, *wo, *wg, *wu, *wd;
+    /* mixture of experts: router [n_expert rows], experts as n_expert * rows stacked (expert e's
+     * rows from e * rows); rows NULL in a dense model */
+    ref_mat *wr, *xg, *xu, *xd;
+    double min_gap;  /* smallest probability gap between the k-th and (k+1)-th expert seen */
     double *kc, *vc; /* [layer][pos][kv_dim] */
     const float *ff; /* RoPE frequency factors (llama 3.1's rope_freqs; phi3: LongRoPE's choice) */
     double mscale;   /* phi3: rope.scaling.attn_factor on the rotated dims                       */
@@ -45,6 +49,12 @@ static ref_mat ref_deq_file_rows(const tern_model *m, const char *name, int64_t 
     for (int64_t i = 0; i < rows; i++)
         tn_kern()->slot[gt->type].to_float((const uint8_t *)gt->data + (size_t)(r0 + i) * rb, r.w + i * r.cols, r.cols);
     return r;
+}
+
+/* 3-D file tensor `name` ([ne0, ne1, ne2]) as ne1 * ne2 rows of ne0, from the file's bytes. */
+static ref_mat ref_deq_file_3d(const tern_model *m, const char *name) {
+    const tn_gguf_tensor *gt = tn_gguf_find_tensor(m->gguf, name);
+    return gt ? ref_deq_file_rows(m, name, 0, gt->ne[1] * gt->ne[2]) : (ref_mat){NULL, 0, 0};
 }
 
 /* phi3: q | k | v rows of attn_qkv, gate | up rows of ffn_up (llama.cpp build_qkv / ggml_swiglu);
@@ -81,21 +91,36 @@ ref_model *ref_create(const tern_model *m, int32_t n_ctx) {
     int32_t nl = r->hp.n_layer;
     r->emb = ref_deq(&m->tok_embd);
     r->out = ref_deq(&m->output);
-    ref_mat **all[] = {&r->wq, &r->wk, &r->wv, &r->wo, &r->wg, &r->wu, &r->wd};
-    for (size_t i = 0; i < 7; i++) *all[i] = calloc((size_t)nl, sizeof(ref_mat));
+    ref_mat **all[] = {&r->wq, &r->wk, &r->wv, &r->wo, &r->wg, &r->wu, &r->wd, &r->wr, &r->xg, &r->xu, &r->xd};
+    for (size_t i = 0; i < 11; i++) *all[i] = calloc((size_t)nl, sizeof(ref_mat));
+    r->min_gap = INFINITY;
     for (int32_t l = 0; l < nl; l++) {
         const tn_tensor *w = m->layers[l].w;
+        char n[64];
+        snprintf(n, sizeof n, "blk.%d.ffn_gate_inp.weight", (int)l);
+        if (tn_gguf_find_tensor(m->gguf, n)) { /* experts, read from the file by llama.cpp's names */
+            const tn_gguf_tensor *gt = tn_gguf_find_tensor(m->gguf, n);
+            r->wr[l] = ref_deq_file_rows(m, n, 0, gt->ne[1]);
+            snprintf(n, sizeof n, "blk.%d.ffn_gate_exps.weight", (int)l);
+            r->xg[l] = ref_deq_file_3d(m, n);
+            snprintf(n, sizeof n, "blk.%d.ffn_up_exps.weight", (int)l);
+            r->xu[l] = ref_deq_file_3d(m, n);
+            snprintf(n, sizeof n, "blk.%d.ffn_down_exps.weight", (int)l);
+            r->xd[l] = ref_deq_file_3d(m, n);
+        }
         if (r->hp.arch == TN_ARCH_PHI3) {
             ref_phi3(r, l);
         } else {
             r->wq[l] = ref_deq(&w[TN_ROLE_ATTN_Q]);
             r->wk[l] = ref_deq(&w[TN_ROLE_ATTN_K]);
             r->wv[l] = ref_deq(&w[TN_ROLE_ATTN_V]);
-            r->wg[l] = ref_deq(&w[TN_ROLE_FFN_GATE]);
-            r->wu[l] = ref_deq(&w[TN_ROLE_FFN_UP]);
+            if (!r->wr[l].w) {
+                r->wg[l] = ref_deq(&w[TN_ROLE_FFN_GATE]);
+                r->wu[l] = ref_deq(&w[TN_ROLE_FFN_UP]);
+            }
         }
         r->wo[l] = ref_deq(&w[TN_ROLE_ATTN_OUT]);
-        r->wd[l] = ref_deq(&w[TN_ROLE_FFN_DOWN]);
+        if (!r->wr[l].w) r->wd[l] = ref_deq(&w[TN_ROLE_FFN_DOWN]);
     }
     size_t kvn = (size_t)nl * (size_t)n_ctx * (size_t)(r->hp.n_head_kv * r->hp.head_dim);
     r->kc = calloc(kvn, sizeof(double));
@@ -107,8 +132,8 @@ void ref_free(ref_model *r) {
     if (!r) return;
     free(r->emb.w);
     free(r->out.w);
-    ref_mat *all[] = {r->wq, r->wk, r->wv, r->wo, r->wg, r->wu, r->wd};
-    for (size_t i = 0; i < 7; i++) {
+    ref_mat *all[] = {r->wq, r->wk, r->wv, r->wo, r->wg, r->wu, r->wd, r->wr, r->xg, r->xu, r->xd};
+    for (size_t i = 0; i < 11; i++) {
         for (int32_t l = 0; l < r->hp.n_layer; l++) free(all[i][l].w);
         free(all[i]);
     }
@@ -130,6 +155,59 @@ static void rmsnorm(const double *x, const float *w, double *y, int64_t n, doubl
     for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
     double sc = 1.0 / sqrt(ss / (double)n + eps);
     for (int64_t i = 0; i < n; i++) y[i] = x[i] * sc * w[i];
+}
+
+double ref_min_route_gap(const ref_model *r) { return r->min_gap; }
+
+/* Rows e * rows .. (e + 1) * rows - 1 of a stacked expert matrix times x. */
+static void matvec_expert(const ref_mat *W, int64_t e, int64_t rows, const double *x, double *y) {
+    ref_mat v = {W->w + e * rows * W->cols, rows, W->cols};
+    matvec(&v, x, y);
+}
+
+/* The mixture-of-experts FFN of layer l on the normed row xb into out[d] (llama.cpp's
+ * build_moe_ffn for softmax gating): p = softmax(router xb); the k largest p (equal ones: lower
+ * index first); weights p, divided by their sum in qwen3moe and Mixtral-style llama (norm_w) but
+ * not in olmoe; out = sum_j w_j * down_j(silu(gate_j xb) * up_j xb). */
+static void ref_moe(ref_model *r, int32_t l, const double *xb, double *out) {
+    const tn_hparams *hp = &r->hp;
+    const int64_t d = hp->n_embd, nx = r->wr[l].rows, k = hp->n_expert_used, ff = r->xg[l].rows / nx;
+    double *p = malloc((size_t)nx * sizeof *p), *g = malloc((size_t)ff * sizeof *g), *u = malloc((size_t)ff * sizeof *u);
+    double *y = malloc((size_t)d * sizeof *y), mx = -INFINITY, sum = 0;
+    int64_t *sel = malloc((size_t)k * sizeof *sel);
+    matvec(&r->wr[l], xb, p);
+    for (int64_t e = 0; e < nx; e++) mx = p[e] > mx ? p[e] : mx;
+    for (int64_t e = 0; e < nx; e++) sum += (p[e] = exp(p[e] - mx));
+    for (int64_t e = 0; e < nx; e++) p[e] /= sum;
+    double wsum = 0;
+    for (int64_t j = 0; j < k; j++) { /* the j-th largest: the largest not yet taken */
+        int64_t best = -1;
+        for (int64_t e = 0; e < nx; e++) {
+            bool taken = false;
+            for (int64_t i = 0; i < j; i++) taken = taken || sel[i] == e;
+            if (!taken && (best < 0 || p[e] > p[best])) best = e;
+        }
+        sel[j] = best;
+        wsum += p[best];
+    }
+    double next = -1; /* the (k+1)-th: how close the routing came to another choice */
+    for (int64_t e = 0; e < nx; e++) {
+        bool taken = false;
+        for (int64_t i = 0; i < k; i++) taken = taken || sel[i] == e;
+        if (!taken && p[e] > next) next = p[e];
+    }
+    if (next >= 0 && p[sel[k - 1]] - next < r->min_gap) r->min_gap = p[sel[k - 1]] - next;
+    const bool renorm = hp->arch == TN_ARCH_QWEN3MOE || hp->arch == TN_ARCH_LLAMA;
+    for (int64_t i = 0; i < d; i++) out[i] = 0;
+    for (int64_t j = 0; j < k; j++) {
+        matvec_expert(&r->xg[l], sel[j], ff, xb, g);
+        matvec_expert(&r->xu[l], sel[j], ff, xb, u);
+        for (int64_t i = 0; i < ff; i++) g[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
+        matvec_expert(&r->xd[l], sel[j], d, g, y);
+        const double wj = renorm ? p[sel[j]] / wsum : p[sel[j]];
+        for (int64_t i = 0; i < d; i++) out[i] += wj * y[i];
+    }
+    free(p), free(g), free(u), free(y), free(sel);
 }
 
 /* Rotates the first n_rot dims of each head (the rest untouched: partial rotary), by angles
@@ -178,7 +256,12 @@ void ref_step(ref_model *r, int32_t token, double *logits, double *layers) {
             for (int64_t i = 0; i < kvd; i++) v[i] += ((const float *)w[TN_ROLE_ATTN_V_B].data)[i];
         /* qwen3: every head of q and of k RMS-normalized over its head_dim values (Qwen3Attention's
          * q_norm / k_norm), then rotated */
-        if (hp->arch == TN_ARCH_QWEN3 || hp->arch == TN_ARCH_GEMMA3) {
+        /* olmoe: the whole q row and the whole k row normalized (OlmoeAttention's q_norm / k_norm) */
+        if (hp->arch == TN_ARCH_OLMOE) {
+            rmsnorm(q, w[TN_ROLE_ATTN_Q_NORM].data, q, qd, hp->rms_eps);
+            rmsnorm(k, w[TN_ROLE_ATTN_K_NORM].data, k, kvd, hp->rms_eps);
+        }
+        if (hp->arch == TN_ARCH_QWEN3 || hp->arch == TN_ARCH_QWEN3MOE || hp->arch == TN_ARCH_GEMMA3) {
             for (int32_t h = 0; h < hp->n_head; h++) rmsnorm(q + h * hd, w[TN_ROLE_ATTN_Q_NORM].data, q + h * hd, hd, hp->rms_eps);
             for (int32_t h = 0; h < hp->n_head_kv; h++) rmsnorm(k + h * hd, w[TN_ROLE_ATTN_K_NORM].data, k + h * hd, hd, hp->rms_eps);
         }
@@ -225,6 +308,12 @@ void ref_step(ref_model *r, int32_t token, double *logits, double *layers) {
         if (gemma) rmsnorm(o, w[TN_ROLE_ATTN_POST_NORM].data, o, d, hp->rms_eps); /* post-attention norm */
         for (int64_t i = 0; i < d; i++) x[i] += o[i];
         rmsnorm(x, w[TN_ROLE_FFN_NORM].data, xb, d, hp->rms_eps);
+        if (r->wr[l].w) { /* experts */
+            ref_moe(r, l, xb, o);
+            for (int64_t i = 0; i < d; i++) x[i] += o[i];
+            if (layers) memcpy(layers + (size_t)l * d, x, (size_t)d * sizeof *x);
+            continue;
+        }
         matvec(&r->wg[l], xb, g);
         matvec(&r->wu[l], xb, u);
         for (int64_t i = 0; i < ff; i++) /* SwiGLU; gemma: GeGLU with GELU's tanh approximation */

@@ -17,5 +17,9 @@ void ref_free(ref_model *r);
  * residual stream after each layer (layers[il * n_embd ...], il < n_layer) and the final normed
  * vector at il = n_layer. */
 void ref_step(ref_model *r, int32_t token, double *logits, double *layers);
+/* Mixture of experts: the smallest gap seen so far between the k-th and the (k+1)-th largest
+ * router probability of a token (INFINITY in a dense model). A gap within the forward's rounding
+ * lets tern and the reference route differently, both correctly. */
+double ref_min_route_gap(const ref_model *r);
 
 #endif

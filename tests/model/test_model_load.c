@@ -34,6 +34,7 @@ typedef struct {
     float set_f32;
     const char *drop_tensor;
     const char *reshape_tensor; /* swap ne0/ne1 (transposed) */
+    const char *halve_experts;  /* a 3-D tensor written with half its experts (ne2 / 2)    */
     const char *add_tensor;     /* an extra f32 vector of add_len elements */
     int64_t add_len;
     const char *src;            /* the file mutated (NULL: the tiny llama base) */
@@ -61,6 +62,7 @@ static void write_mutant(const mutation *mu, const char *out) {
             ne[0] = t->ne[1];
             ne[1] = t->ne[0];
         }
+        if (mu->halve_experts && !strcmp(t->name, mu->halve_experts)) ne[2] = t->ne[2] / 2;
         assert_int_equal(tn_gguf_add_tensor(w, t->name, t->type, t->n_dims, ne, t->data), TERN_OK);
     }
     float extra[1024] = {0};
@@ -100,6 +102,57 @@ static void test_defects(void **state) {
     expect_fail(&(mutation){.drop_tensor = "blk.1.attn_k.weight"}, TERN_ERR_FORMAT, "blk.1.attn_k.weight");
     expect_fail(&(mutation){.reshape_tensor = "blk.0.ffn_down.weight"}, TERN_ERR_FORMAT, "blk.0.ffn_down.weight");
     expect_fail(&(mutation){.set_key = "llama.embedding_length", .set_u32 = 128}, TERN_ERR_FORMAT, "token_embd.weight");
+}
+
+/* Mixture-of-experts files (a tiny qwen3moe: 8 experts, top 2; a tiny llama): a top-k above the
+ * expert count, an expert count outside 1..512, an expert tensor with another number of experts,
+ * a transposed router, a router missing, expert rows other than expert_feed_forward_length, a
+ * dense llama file declaring experts, a Mixtral-style one declaring none or with a dense tensor: one error naming the key or tensor (and both shapes). */
+static void test_moe_defects(void **state) {
+    (void)state;
+    tiny_cfg cfg;
+    tiny_cfg_default(&cfg);
+    cfg.arch = "qwen3moe", cfg.n_expert = 8, cfg.n_expert_used = 2, cfg.n_ff_exp = 256;
+    char src[512];
+    tiny_tmp_path(src, sizeof src, "moe-base");
+    assert_int_equal(tiny_model_write(src, &cfg), TERN_OK);
+    tern_model *m = NULL;
+    assert_int_equal(tern_model_load(src, NULL, &m), TERN_OK);
+    assert_int_equal(m->hp.n_expert, 8);
+    assert_int_equal(m->hp.n_expert_used, 2);
+    assert_int_equal(m->hp.n_ff_exp, 256);
+    assert_int_equal(m->layers[1].w[TN_ROLE_FFN_DOWN_EXPS].ne[2], 8);
+    tern_model_free(m);
+    expect_fail(&(mutation){.src = src, .set_key = "qwen3moe.expert_used_count", .set_u32 = 9}, TERN_ERR_FORMAT,
+                "qwen3moe.expert_used_count 9 must be in 1..qwen3moe.expert_count 8");
+    expect_fail(&(mutation){.src = src, .set_key = "qwen3moe.expert_used_count", .set_u32 = 0}, TERN_ERR_FORMAT,
+                "expert_used_count 0");
+    expect_fail(&(mutation){.src = src, .set_key = "qwen3moe.expert_count", .set_u32 = 1000}, TERN_ERR_FORMAT,
+                "'qwen3moe.expert_count' = 1000 is outside 0..512");
+    expect_fail(&(mutation){.src = src, .drop_key = "qwen3moe.expert_count"}, TERN_ERR_FORMAT,
+                "qwen3moe needs qwen3moe.expert_count > 0");
+    expect_fail(&(mutation){.src = src, .halve_experts = "blk.1.ffn_up_exps.weight"}, TERN_ERR_FORMAT,
+                "tensor 'blk.1.ffn_up_exps.weight' has shape [256, 256, 4]: 4 experts, but qwen3moe.expert_count is 8");
+    expect_fail(&(mutation){.src = src, .reshape_tensor = "blk.0.ffn_gate_inp.weight"}, TERN_ERR_FORMAT,
+                "tensor 'blk.0.ffn_gate_inp.weight' has shape [8, 256], expected [256, 8]");
+    expect_fail(&(mutation){.src = src, .drop_tensor = "blk.1.ffn_gate_inp.weight"}, TERN_ERR_FORMAT,
+                "missing tensor 'blk.1.ffn_gate_inp.weight'");
+    expect_fail(&(mutation){.src = src, .set_key = "qwen3moe.expert_feed_forward_length", .set_u32 = 128}, TERN_ERR_FORMAT,
+                "blk.0.ffn_gate_exps.weight");
+    /* a dense llama declaring experts; a gemma3 (no experts in tern) declaring them */
+    expect_fail(&(mutation){.set_key = "llama.expert_count", .set_u32 = 8}, TERN_ERR_FORMAT, "llama.expert_used_count");
+    unlink(src);
+    cfg.arch = "llama", cfg.n_ff = 256, cfg.n_ff_exp = 0;
+    assert_int_equal(tiny_model_write(src, &cfg), TERN_OK);
+    assert_int_equal(tern_model_load(src, NULL, &m), TERN_OK); /* Mixtral-style */
+    assert_null(m->layers[0].w[TN_ROLE_FFN_GATE].data);
+    assert_int_equal(m->layers[0].w[TN_ROLE_FFN_GATE_EXPS].ne[1], 256);
+    tern_model_free(m);
+    expect_fail(&(mutation){.src = src, .drop_key = "llama.expert_count"}, TERN_ERR_FORMAT,
+                "missing tensor 'blk.0.ffn_gate.weight'");
+    expect_fail(&(mutation){.src = src, .add_tensor = "blk.1.ffn_down.weight", .add_len = 16}, TERN_ERR_FORMAT,
+                "unexpected tensor 'blk.1.ffn_down.weight' (shape [16]): llama.expert_count is 8");
+    unlink(src);
 }
 
 /* The registry's tensor sets: a qwen3 file (tiny_model.c's list, written from llama.cpp's
@@ -275,15 +328,32 @@ static void test_registry(void **state) {
     for (size_t i = 0; i < tn_arch_count(); i++) {
         const tn_arch_desc *a = tn_arch_at(i);
         assert_ptr_equal(tn_arch_find(a->name, strlen(a->name)), a);
-        const tn_role must[] = {TN_ROLE_ATTN_NORM, TN_ROLE_ATTN_OUT, TN_ROLE_FFN_UP, TN_ROLE_FFN_DOWN, TN_ROLE_TOKEN_EMBD,
-                                TN_ROLE_OUTPUT_NORM};
+        /* the need of a dense model of the family, and of one with experts (where it may have them) */
+        tn_hparams dense, moe;
+        memset(&dense, 0, sizeof dense);
+        dense.family = a;
+        moe = dense;
+        moe.n_expert = 8;
+        const bool may_moe = a->need[TN_ROLE_FFN_GATE_INP] != TN_NEED_NO, always_moe = a->need[TN_ROLE_FFN_GATE_INP] == TN_NEED_REQ;
+        const tn_role must[] = {TN_ROLE_ATTN_NORM, TN_ROLE_ATTN_OUT, TN_ROLE_TOKEN_EMBD, TN_ROLE_OUTPUT_NORM};
         for (size_t j = 0; j < sizeof must / sizeof must[0]; j++) assert_int_equal(a->need[must[j]], TN_NEED_REQ);
+        /* a feed-forward: dense (up and down) or experts (router, gate, up, down), never both */
+        const tn_role dense_ffn[] = {TN_ROLE_FFN_UP, TN_ROLE_FFN_DOWN};
+        const tn_role moe_ffn[] = {TN_ROLE_FFN_GATE_INP, TN_ROLE_FFN_GATE_EXPS, TN_ROLE_FFN_UP_EXPS, TN_ROLE_FFN_DOWN_EXPS};
+        for (size_t j = 0; j < 2; j++) {
+            if (!always_moe) assert_int_equal(tn_arch_need(&dense, dense_ffn[j]), TN_NEED_REQ);
+            if (may_moe) assert_int_equal(tn_arch_need(&moe, dense_ffn[j]), TN_NEED_NO);
+        }
+        for (size_t j = 0; j < 4; j++) {
+            if (!always_moe) assert_int_equal(tn_arch_need(&dense, moe_ffn[j]), TN_NEED_NO);
+            assert_int_equal(tn_arch_need(&moe, moe_ffn[j]), may_moe ? TN_NEED_REQ : TN_NEED_NO);
+        }
         /* q, k, v: three matrices or one fused (its slices bound to them); gate: its own or in ffn_up */
         const bool fused_qkv = a->need[TN_ROLE_ATTN_QKV] == TN_NEED_REQ;
         assert_int_equal(a->need[TN_ROLE_ATTN_Q], fused_qkv ? TN_NEED_NO : TN_NEED_REQ);
         assert_int_equal(a->need[TN_ROLE_ATTN_K], fused_qkv ? TN_NEED_NO : TN_NEED_REQ);
         assert_int_equal(a->need[TN_ROLE_ATTN_V], fused_qkv ? TN_NEED_NO : TN_NEED_REQ);
-        assert_int_equal(a->need[TN_ROLE_FFN_GATE], a->gate_up_fused ? TN_NEED_NO : TN_NEED_REQ);
+        if (!always_moe) assert_int_equal(tn_arch_need(&dense, TN_ROLE_FFN_GATE), a->gate_up_fused ? TN_NEED_NO : TN_NEED_REQ);
     }
     assert_null(tn_arch_find("llam", 4));
     for (int r = 0; r < TN_ROLE_COUNT; r++) {
@@ -506,6 +576,7 @@ int main(void) {
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defects),
+        cmocka_unit_test(test_moe_defects),
         cmocka_unit_test(test_family_tensor_sets),
         cmocka_unit_test(test_registry),
         cmocka_unit_test(test_tied_output_loads),

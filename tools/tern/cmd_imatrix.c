@@ -122,6 +122,12 @@ int cmd_imatrix(int argc, char **argv) {
         rc = TN_EXIT_DATAERR;
         goto out;
     }
+    if (m->hp.n_expert > 0) { /* the MoE block reports no activations per expert yet */
+        fprintf(stderr, "tern: error: imatrix: %s has %d experts per layer; per-expert statistics are not implemented yet "
+                "(quantize MoE files without --imatrix)\n", m->hp.family->name, m->hp.n_expert);
+        rc = TN_EXIT_DATAERR;
+        goto out;
+    }
     int64_t n_chunk = n_tok / n_ctx;
     if (max_chunks > 0 && n_chunk > max_chunks) n_chunk = max_chunks;
     const tn_hparams *hp = &m->hp;

@@ -20,9 +20,11 @@ static int print_arch(const char *name) {
         tn_arch_names(names, sizeof names);
         return tn_cli_usage_error("unknown architecture '%s' (%s)", name, names);
     }
-    static const char *const dims[] = {"1",       "n_embd",  "n_head*head_dim", "n_head_kv*head_dim", "head_dim",
+    const char *const dims[] = {"1",       "n_embd",  "n_head*head_dim", "n_head_kv*head_dim", "head_dim",
                                        "n_ff",    "n_vocab", "n_rot/2",         "(n_head+2*n_head_kv)*head_dim",
-                                       "n_ff"};
+                                       "n_ff",    "n_expert", "n_ff_exp",
+                                       a->qk_norm_full ? "n_head*head_dim" : "head_dim",
+                                       a->qk_norm_full ? "n_head_kv*head_dim" : "head_dim"};
     printf("architecture %s: rope %s, ffn %s, defaults rms eps %g, rope base %g\n", a->name,
            a->rope == TN_ROPE_NEOX ? "neox (halves)" : "norm (adjacent pairs)", a->ffn == TN_FFN_GEGLU ? "geglu" : "swiglu",
            a->rms_eps, a->rope_base);
@@ -33,7 +35,8 @@ static int print_arch(const char *name) {
         char n[96], shape[64];
         snprintf(n, sizeof n, "%s%s", r < TN_ROLE_N_LAYER ? "blk.N." : "", ri->name);
         const char *ne1 = ri->ne1 == TN_DIM_FF_UP && a->gate_up_fused ? "2*n_ff (gate|up)" : dims[ri->ne1];
-        if (ri->ne1 == TN_DIM_1) snprintf(shape, sizeof shape, "[%s]", dims[ri->ne0]);
+        if (ri->ne2 != TN_DIM_1) snprintf(shape, sizeof shape, "[%s, %s, %s]", dims[ri->ne0], ne1, dims[ri->ne2]);
+        else if (ri->ne1 == TN_DIM_1) snprintf(shape, sizeof shape, "[%s]", dims[ri->ne0]);
         else snprintf(shape, sizeof shape, "[%s, %s]", dims[ri->ne0], ne1);
         printf("  %-34s %-8s %-32s %s\n", n, a->need[r] == TN_NEED_REQ ? "required" : "optional", shape,
                ri->matrix ? "any matrix type" : "f32");
@@ -171,6 +174,11 @@ int cmd_info(int argc, char **argv) {
     if (m->rope_long.data || m->rope_short.data)
         printf("LongRoPE: long factors in a context > %d positions, short ones within; rotated dims scaled by %g\n",
                hp->n_ctx_orig, hp->rope_attn_factor);
+    if (hp->n_expert > 0) /* parameters a token reads: all but the experts it is not routed to */
+        printf("experts: %d, %d used per token (top-k, softmax router, weights %s) | expert n_ff %d | parameters %.4g M, "
+               "active per token %.4g M\n",
+               hp->n_expert, hp->n_expert_used, hp->family->moe_renorm ? "renormalised to sum 1" : "not renormalised",
+               hp->n_ff_exp, (double)m->n_params / 1e6, (double)m->n_params_active / 1e6);
     if (hp->attn_softcap > 0) printf("attention score soft-capping at %g\n", hp->attn_softcap);
     if (hp->logit_softcap > 0) printf("final logit soft-capping at %g\n", hp->logit_softcap);
     tern_model_free(m);

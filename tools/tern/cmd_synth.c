@@ -20,26 +20,35 @@
 typedef struct {
     const char *name, *arch; /* arch NULL: any family without a row of its own */
     int64_t n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx, head_dim; /* head_dim 0: n_embd / n_head */
+    int64_t n_expert, n_expert_used, n_ff_exp; /* mixture of experts (0: dense); n_ff_exp 0: n_ff */
 } synth_preset;
 
 static const synth_preset presets[] = {
+    /* qwen3moe: Qwen3-30B-A3B's shapes (48 layers, 32 q heads of 128 over 4 kv heads, 128 experts
+     * of 768 rows, top 8; a 32000 vocabulary here); tiny: 8 experts, top 2 */
+    {"30b-a3b", "qwen3moe", 2048, 48, 32, 4, 6144, 32000, 4096, 128, 128, 8, 768},
+    {"tiny", "qwen3moe", 64, 2, 4, 2, 256, 512, 128, 32, 8, 2, 128},
+    /* olmoe: OLMoE-1B-7B's shapes (16 layers, 16 heads, 64 experts of 1024 rows, top 8; a 32000
+     * vocabulary here) */
+    {"1b", "olmoe", 2048, 16, 16, 16, 1024, 32000, 4096, 0, 64, 8, 0},
+    {"tiny", "olmoe", 64, 2, 4, 4, 128, 512, 128, 0, 8, 2, 0},
     /* qwen3: head_dim 128 as in every Qwen3 (and != n_embd / n_head below 1b, as in Qwen3-0.6B) */
-    {"1b", "qwen3", 2048, 16, 16, 8, 8192, 32000, 2048, 128},
-    {"small", "qwen3", 512, 8, 8, 4, 1536, 4096, 1024, 128},
-    {"tiny", "qwen3", 64, 2, 4, 2, 256, 512, 128, 32},
+    {"1b", "qwen3", 2048, 16, 16, 8, 8192, 32000, 2048, 128, 0, 0, 0},
+    {"small", "qwen3", 512, 8, 8, 4, 1536, 4096, 1024, 128, 0, 0, 0},
+    {"tiny", "qwen3", 64, 2, 4, 2, 256, 512, 128, 32, 0, 0, 0},
     /* gemma3: Gemma-3-1B's shapes (1 kv head, head_dim 256, window 512); tiny: 7 layers, layer 5
      * global, window 4 (desc synth_swa) */
-    {"1b", "gemma3", 1152, 26, 4, 1, 6912, 32000, 2048, 256},
+    {"1b", "gemma3", 1152, 26, 4, 1, 6912, 32000, 2048, 256, 0, 0, 0},
     /* gemma2: Gemma-2-2B's shapes (8 heads of 256 over 4 kv heads, window 512 here); tiny: the
      * llama row below, layer 0 local (window 4), layer 1 global */
-    {"1b", "gemma2", 2304, 26, 8, 4, 9216, 32000, 2048, 256},
-    {"tiny", "gemma3", 64, 7, 4, 2, 256, 512, 128, 32},
+    {"1b", "gemma2", 2304, 26, 8, 4, 9216, 32000, 2048, 256, 0, 0, 0},
+    {"tiny", "gemma3", 64, 7, 4, 2, 256, 512, 128, 32, 0, 0, 0},
     /* smollm3: 4 layers, so that layer 3 is a NoPE layer */
-    {"tiny", "smollm3", 64, 4, 4, 2, 256, 512, 128, 0},
-    {"1b", NULL, 2048, 16, 32, 8, 8192, 32000, 2048, 0},   /* Llama-3.2-1B-like shapes, Llama-2 vocab */
-    {"tinyllama", NULL, 2048, 22, 32, 4, 5632, 32000, 2048, 0},
-    {"small", NULL, 512, 8, 8, 4, 1536, 4096, 1024, 0},
-    {"tiny", NULL, 64, 2, 4, 2, 256, 512, 128, 0},
+    {"tiny", "smollm3", 64, 4, 4, 2, 256, 512, 128, 0, 0, 0, 0},
+    {"1b", NULL, 2048, 16, 32, 8, 8192, 32000, 2048, 0, 0, 0, 0},   /* Llama-3.2-1B-like shapes, Llama-2 vocab */
+    {"tinyllama", NULL, 2048, 22, 32, 4, 5632, 32000, 2048, 0, 0, 0, 0},
+    {"small", NULL, 512, 8, 8, 4, 1536, 4096, 1024, 0, 0, 0, 0},
+    {"tiny", NULL, 64, 2, 4, 2, 256, 512, 128, 0, 0, 0, 0},
 };
 
 typedef struct {
@@ -90,20 +99,28 @@ static tern_status synth_fill(void *user, size_t idx, void *dst, size_t nbytes) 
 
 int cmd_synth(int argc, char **argv) {
     const char *out = NULL, *preset = "1b", *type_name = "f16", *arch = "llama";
-    int64_t seed = 1;
+    int64_t seed = 1, experts = -1, top_k = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             char names[256];
             tn_arch_names(names, sizeof names);
-            printf("usage: tern synth -o out.gguf [--arch NAME] [--preset 1b|tinyllama|small|tiny] [--type f32|f16|bf16|q8_0|q4_0|...] [--seed N]\n"
-                   "  --arch NAME   model family (default llama): %s\n", names);
+            printf("usage: tern synth -o out.gguf [--arch NAME] [--preset 1b|tinyllama|small|tiny|30b-a3b] [--type f32|f16|bf16|q8_0|q4_0|...] [--seed N]\n"
+                   "                [--experts N --top-k K]\n"
+                   "  --arch NAME   model family (default llama): %s\n"
+                   "  --preset      qwen3moe: 30b-a3b (Qwen3-30B-A3B's shapes), tiny; olmoe: 1b (OLMoE-1B-7B's), tiny\n"
+                   "  --experts N   llama: a Mixtral-style file, N experts of n_ff rows per layer (2..512)\n"
+                   "  --top-k K     experts per token (1..N; default 2); also overrides a MoE preset's\n", names);
             return 0;
         } else if (!strcmp(a, "-o") && val) out = argv[++i];
         else if (!strcmp(a, "--preset") && val) preset = argv[++i];
         else if (!strcmp(a, "--arch") && val) arch = argv[++i];
         else if (!strcmp(a, "--type") && val) type_name = argv[++i];
-        else if (!strcmp(a, "--seed") && val) {
+        else if (!strcmp(a, "--experts") && val) {
+            if (!tn_cli_parse_i64(argv[++i], 2, 512, &experts)) return tn_cli_usage_error("--experts: a number in 2..512");
+        } else if (!strcmp(a, "--top-k") && val) {
+            if (!tn_cli_parse_i64(argv[++i], 1, 512, &top_k)) return tn_cli_usage_error("--top-k: a number in 1..512");
+        } else if (!strcmp(a, "--seed") && val) {
             if (!tn_cli_parse_i64(argv[++i], 0, INT64_MAX, &seed)) return tn_cli_usage_error("--seed: not a number");
         } else return tn_cli_usage_error("unknown option or missing value '%s'", a);
     }
@@ -117,7 +134,15 @@ int cmd_synth(int argc, char **argv) {
     const synth_preset *P = NULL;
     for (size_t i = 0; i < sizeof presets / sizeof presets[0] && !P; i++)
         if (!strcmp(presets[i].name, preset) && (!presets[i].arch || !strcmp(presets[i].arch, ad->name))) P = &presets[i];
-    if (!P) return tn_cli_usage_error("unknown preset '%s' (1b, tinyllama, small, tiny)", preset);
+    if (!P) return tn_cli_usage_error("unknown preset '%s' for %s (1b, tinyllama, small, tiny; qwen3moe: 30b-a3b, tiny; olmoe: 1b, tiny)",
+                                      preset, ad->name);
+    const bool may_moe = ad->need[TN_ROLE_FFN_GATE_INP] != TN_NEED_NO, always_moe = ad->need[TN_ROLE_FFN_GATE_INP] == TN_NEED_REQ;
+    if (experts > 0 && (!may_moe || always_moe))
+        return tn_cli_usage_error("--experts: only for llama (Mixtral-style); %s's presets set their experts", ad->name);
+    int64_t n_expert = experts > 0 ? experts : P->n_expert, n_used = top_k > 0 ? top_k : experts > 0 ? 2 : P->n_expert_used;
+    if (top_k > 0 && !n_expert) return tn_cli_usage_error("--top-k: %s preset '%s' has no experts (llama: with --experts)", ad->name, P->name);
+    if (n_expert && n_used > n_expert)
+        return tn_cli_usage_error("--top-k %lld is above the %lld experts", (long long)n_used, (long long)n_expert);
     tn_dtype wt;
     if (!tn_dtype_from_name(type_name, &wt) || !tn_dtype_get(wt)->supported)
         return tn_cli_usage_error("unknown or unsupported --type '%s'", type_name);
@@ -133,6 +158,8 @@ int cmd_synth(int argc, char **argv) {
     hp.n_head_kv = (int32_t)P->n_head_kv, hp.n_ff = (int32_t)P->n_ff, hp.n_vocab = (int32_t)P->n_vocab;
     hp.head_dim = (int32_t)(P->head_dim ? P->head_dim : P->n_embd / P->n_head), hp.n_rot = hp.head_dim;
     hp.n_ctx_train = (int32_t)P->n_ctx;
+    hp.n_expert = (int32_t)n_expert, hp.n_expert_used = (int32_t)n_used;
+    hp.n_ff_exp = (int32_t)(P->n_ff_exp ? P->n_ff_exp : P->n_ff);
     tn_gguf_set_str(w, "general.architecture", ad->name);
     char name[64], key[128];
     snprintf(name, sizeof name, "tern-synth-%s", P->name);
@@ -152,6 +179,10 @@ int cmd_synth(int argc, char **argv) {
     if (ad->rope_dim_key) tn_gguf_set_u32(w, KEY("rope.dimension_count"), (uint32_t)hp.n_rot);
     if (ad->synth_swa) /* Gemma 3's window (512) at 1b; a few positions in the small presets */
         tn_gguf_set_u32(w, KEY("attention.sliding_window"), (uint32_t)(P->n_layer >= 16 ? 512 : ad->synth_swa));
+    if (n_expert) {
+        tn_gguf_set_u32(w, KEY("expert_count"), (uint32_t)n_expert);
+        tn_gguf_set_u32(w, KEY("expert_used_count"), (uint32_t)n_used);
+    }
     tn_gguf_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), ad->rms_eps);
     tn_gguf_set_f32(w, KEY("rope.freq_base"), ad->rope_base);
 #undef KEY
@@ -204,17 +235,19 @@ int cmd_synth(int argc, char **argv) {
             const tn_role r = l >= 0 && l < P->n_layer ? (tn_role)j : globals[j];
             /* per layer the required roles; of the model-wide ones every one the family has (a
              * separate output where it may have one; gemma2 has none) */
-            if (ad->need[r] == TN_NEED_NO || (l >= 0 && l < P->n_layer && ad->need[r] != TN_NEED_REQ)) continue;
+            const tn_need nd = tn_arch_need(&hp, r);
+            if (nd == TN_NEED_NO || (l >= 0 && l < P->n_layer && nd != TN_NEED_REQ)) continue;
             char n[96];
             tn_role_tensor_name(r, (int32_t)l, n, sizeof n);
             const tn_role_info *ri = &tn_roles[r];
             sc.names[k] = strdup(n);
             sc.ne0[k] = tn_dim_value(&hp, ri->ne0);
-            sc.ne1[k] = tn_dim_value(&hp, ri->ne1);
-            sc.types[k] = ri->matrix ? wt : TN_F32;
-            const int64_t ne[2] = {sc.ne0[k], sc.ne1[k]};
+            const int64_t ne[3] = {sc.ne0[k], tn_dim_value(&hp, ri->ne1), tn_dim_value(&hp, ri->ne2)};
+            sc.ne1[k] = ne[1] * ne[2]; /* experts: n_expert matrices one after the other */
+            /* the router stays f32, as llama.cpp's converters and llama-quantize keep it */
+            sc.types[k] = ri->matrix && r != TN_ROLE_FFN_GATE_INP ? wt : TN_F32;
             if (!sc.names[k]) s = TERN_ERR_NOMEM;
-            else s = tn_gguf_add_tensor(w, n, sc.types[k], ri->ne1 == TN_DIM_1 ? 1 : 2, ne, NULL);
+            else s = tn_gguf_add_tensor(w, n, sc.types[k], ri->ne2 != TN_DIM_1 ? 3 : ri->ne1 == TN_DIM_1 ? 1 : 2, ne, NULL);
             if (s) goto fail;
             k++;
         }

@@ -18,14 +18,18 @@ const tn_role_info tn_roles[TN_ROLE_COUNT] = {
     [TN_ROLE_ATTN_Q_B] = {"attn_q.bias", TN_DIM_Q, TN_DIM_1, false},
     [TN_ROLE_ATTN_K_B] = {"attn_k.bias", TN_DIM_KV, TN_DIM_1, false},
     [TN_ROLE_ATTN_V_B] = {"attn_v.bias", TN_DIM_KV, TN_DIM_1, false},
-    [TN_ROLE_ATTN_Q_NORM] = {"attn_q_norm.weight", TN_DIM_HEAD, TN_DIM_1, false},
-    [TN_ROLE_ATTN_K_NORM] = {"attn_k_norm.weight", TN_DIM_HEAD, TN_DIM_1, false},
+    [TN_ROLE_ATTN_Q_NORM] = {"attn_q_norm.weight", TN_DIM_Q_NORM, TN_DIM_1, false},
+    [TN_ROLE_ATTN_K_NORM] = {"attn_k_norm.weight", TN_DIM_K_NORM, TN_DIM_1, false},
     [TN_ROLE_ATTN_POST_NORM] = {"post_attention_norm.weight", TN_DIM_EMBD, TN_DIM_1, false},
     [TN_ROLE_FFN_NORM] = {"ffn_norm.weight", TN_DIM_EMBD, TN_DIM_1, false},
     [TN_ROLE_FFN_GATE] = {"ffn_gate.weight", TN_DIM_EMBD, TN_DIM_FF, true},
     [TN_ROLE_FFN_UP] = {"ffn_up.weight", TN_DIM_EMBD, TN_DIM_FF_UP, true},
     [TN_ROLE_FFN_DOWN] = {"ffn_down.weight", TN_DIM_FF, TN_DIM_EMBD, true},
     [TN_ROLE_FFN_POST_NORM] = {"post_ffw_norm.weight", TN_DIM_EMBD, TN_DIM_1, false},
+    [TN_ROLE_FFN_GATE_INP] = {"ffn_gate_inp.weight", TN_DIM_EMBD, TN_DIM_EXPERT, true},
+    [TN_ROLE_FFN_GATE_EXPS] = {"ffn_gate_exps.weight", TN_DIM_EMBD, TN_DIM_FF_EXP, true, TN_DIM_EXPERT},
+    [TN_ROLE_FFN_UP_EXPS] = {"ffn_up_exps.weight", TN_DIM_EMBD, TN_DIM_FF_EXP, true, TN_DIM_EXPERT},
+    [TN_ROLE_FFN_DOWN_EXPS] = {"ffn_down_exps.weight", TN_DIM_FF_EXP, TN_DIM_EMBD, true, TN_DIM_EXPERT},
     [TN_ROLE_TOKEN_EMBD] = {"token_embd.weight", TN_DIM_EMBD, TN_DIM_VOCAB, true},
     [TN_ROLE_OUTPUT_NORM] = {"output_norm.weight", TN_DIM_EMBD, TN_DIM_1, false},
     [TN_ROLE_OUTPUT] = {"output.weight", TN_DIM_EMBD, TN_DIM_VOCAB, true},
@@ -35,10 +39,11 @@ const tn_role_info tn_roles[TN_ROLE_COUNT] = {
 };
 
 extern const tn_arch_desc tn_arch_llama, tn_arch_qwen2, tn_arch_qwen3, tn_arch_smollm3, tn_arch_gemma2, tn_arch_gemma3,
-    tn_arch_phi3;
+    tn_arch_phi3, tn_arch_qwen3moe, tn_arch_olmoe;
 
 static const tn_arch_desc *const tn_all_archs[] = {&tn_arch_llama, &tn_arch_qwen2, &tn_arch_qwen3, &tn_arch_smollm3,
-                                                   &tn_arch_gemma2, &tn_arch_gemma3, &tn_arch_phi3};
+                                                   &tn_arch_gemma2, &tn_arch_gemma3, &tn_arch_phi3,
+                                                   &tn_arch_qwen3moe, &tn_arch_olmoe};
 
 size_t tn_arch_count(void) { return TN_ARRAY_LEN(tn_all_archs); }
 const tn_arch_desc *tn_arch_at(size_t i) { return i < TN_ARRAY_LEN(tn_all_archs) ? tn_all_archs[i] : NULL; }
@@ -71,8 +76,22 @@ int64_t tn_dim_value(const tn_hparams *hp, tn_dim d) {
     case TN_DIM_ROT_HALF: return hp->n_rot / 2;
     case TN_DIM_QKV: return (int64_t)(hp->n_head + 2 * hp->n_head_kv) * hp->head_dim;
     case TN_DIM_FF_UP: return hp->family && hp->family->gate_up_fused ? 2 * (int64_t)hp->n_ff : hp->n_ff;
+    case TN_DIM_EXPERT: return hp->n_expert;
+    case TN_DIM_FF_EXP: return hp->n_ff_exp;
+    case TN_DIM_Q_NORM: return hp->family && hp->family->qk_norm_full ? (int64_t)hp->n_head * hp->head_dim : hp->head_dim;
+    case TN_DIM_K_NORM: return hp->family && hp->family->qk_norm_full ? (int64_t)hp->n_head_kv * hp->head_dim : hp->head_dim;
     }
     return 0;
+}
+
+tn_need tn_arch_need(const tn_hparams *hp, tn_role r) {
+    const uint8_t *need = hp->family->need;
+    if (need[TN_ROLE_FFN_GATE_INP] == TN_NEED_NO) return (tn_need)need[r];
+    const bool dense = r == TN_ROLE_FFN_GATE || r == TN_ROLE_FFN_UP || r == TN_ROLE_FFN_DOWN;
+    if (TN_MOE_ROLE(r)) return hp->n_expert > 0 ? TN_NEED_REQ : TN_NEED_NO;
+    if (dense && hp->n_expert > 0) return TN_NEED_NO;
+    if (dense && need[r] == TN_NEED_OPT) return TN_NEED_REQ; /* a family that may have experts */
+    return (tn_need)need[r];
 }
 
 void tn_role_tensor_name(tn_role r, int32_t il, char *buf, size_t cap) {

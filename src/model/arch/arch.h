@@ -23,6 +23,8 @@ typedef enum tn_arch {
     TN_ARCH_GEMMA3,
     TN_ARCH_GEMMA2,
     TN_ARCH_PHI3,
+    TN_ARCH_QWEN3MOE,
+    TN_ARCH_OLMOE,
 } tn_arch;
 typedef enum tn_rope_mode { TN_ROPE_NORM = 0, TN_ROPE_NEOX } tn_rope_mode;
 typedef enum tn_ffn_kind { TN_FFN_SWIGLU = 0, TN_FFN_GEGLU } tn_ffn_kind; /* silu(gate) * up, gelu_tanh(gate) * up */
@@ -47,6 +49,12 @@ typedef enum tn_role {
     TN_ROLE_FFN_UP,
     TN_ROLE_FFN_DOWN,
     TN_ROLE_FFN_POST_NORM,
+    /* Mixture of experts: the router and the experts' matrices, 3-D ([.., .., n_expert]: expert e
+     * is the 2-D slice at data + e * ne1 * row_size(ne0)); a layer has these or FFN_GATE/UP/DOWN */
+    TN_ROLE_FFN_GATE_INP,
+    TN_ROLE_FFN_GATE_EXPS,
+    TN_ROLE_FFN_UP_EXPS,
+    TN_ROLE_FFN_DOWN_EXPS,
     TN_ROLE_N_LAYER, /* number of per-layer roles */
     TN_ROLE_TOKEN_EMBD = TN_ROLE_N_LAYER,
     TN_ROLE_OUTPUT_NORM,
@@ -69,12 +77,17 @@ typedef enum tn_dim {
     TN_DIM_ROT_HALF, /* n_rot / 2 (RoPE frequency factors)             */
     TN_DIM_QKV,      /* n_head * head_dim + 2 n_head_kv * head_dim: fused q|k|v rows */
     TN_DIM_FF_UP,    /* ffn_up's rows: n_ff, or 2 n_ff (gate|up) in a gate_up_fused family */
+    TN_DIM_EXPERT,   /* n_expert (expert_count)                        */
+    TN_DIM_FF_EXP,   /* n_ff_exp: an expert's hidden rows              */
+    TN_DIM_Q_NORM,   /* attn_q_norm's length: head_dim, or n_head * head_dim (qk_norm_full) */
+    TN_DIM_K_NORM,   /* attn_k_norm's length: head_dim, or n_head_kv * head_dim (qk_norm_full) */
 } tn_dim;
 
 typedef struct tn_role_info {
     const char *name; /* llama.cpp's name ("attn_q.weight"; per-layer roles get "blk.%d." first) */
     tn_dim ne0, ne1;
     bool matrix;      /* a weight the matmuls read (any type with a matrix kernel); else an f32 vector */
+    tn_dim ne2;       /* TN_DIM_1, or TN_DIM_EXPERT for the experts' 3-D matrices */
 } tn_role_info;
 
 extern const tn_role_info tn_roles[TN_ROLE_COUNT];
@@ -85,11 +98,17 @@ typedef enum tn_need { TN_NEED_NO = 0, TN_NEED_OPT, TN_NEED_REQ } tn_need;
  * layer has the tensor; the loader makes the file's tensors match need[] exactly. */
 /* The roles every family requires (the llama block's matrices and norms, embeddings, final norm):
  * the first entries of a descriptor's need table; the family adds its own after. */
-#define TN_NEED_CORE                                                                                  \
+#define TN_NEED_CORE_ATTN                                                                                   \
     [TN_ROLE_ATTN_NORM] = TN_NEED_REQ, [TN_ROLE_ATTN_Q] = TN_NEED_REQ, [TN_ROLE_ATTN_K] = TN_NEED_REQ,     \
     [TN_ROLE_ATTN_V] = TN_NEED_REQ, [TN_ROLE_ATTN_OUT] = TN_NEED_REQ, [TN_ROLE_FFN_NORM] = TN_NEED_REQ,   \
-    [TN_ROLE_FFN_GATE] = TN_NEED_REQ, [TN_ROLE_FFN_UP] = TN_NEED_REQ, [TN_ROLE_FFN_DOWN] = TN_NEED_REQ,   \
     [TN_ROLE_TOKEN_EMBD] = TN_NEED_REQ, [TN_ROLE_OUTPUT_NORM] = TN_NEED_REQ
+#define TN_NEED_CORE                                                                                  \
+    TN_NEED_CORE_ATTN, [TN_ROLE_FFN_GATE] = TN_NEED_REQ, [TN_ROLE_FFN_UP] = TN_NEED_REQ,                   \
+    [TN_ROLE_FFN_DOWN] = TN_NEED_REQ
+/* A mixture-of-experts feed-forward on every layer: router and the three expert matrices. */
+#define TN_NEED_MOE                                                                                   \
+    [TN_ROLE_FFN_GATE_INP] = TN_NEED_REQ, [TN_ROLE_FFN_GATE_EXPS] = TN_NEED_REQ,                          \
+    [TN_ROLE_FFN_UP_EXPS] = TN_NEED_REQ, [TN_ROLE_FFN_DOWN_EXPS] = TN_NEED_REQ
 
 typedef struct tn_arch_desc {
     const char *name;           /* general.architecture                                        */
@@ -105,13 +124,26 @@ typedef struct tn_arch_desc {
     int32_t synth_swa;          /* tern synth: attention.sliding_window it writes (0: none)    */
     bool gate_up_fused;         /* ffn_up holds gate then up rows (2 n_ff), no ffn_gate (phi3); the
                                  * loader binds FFN_GATE and FFN_UP to its two row halves      */
-    uint8_t need[TN_ROLE_COUNT];/* tn_need of every role                                        */
+    bool qk_norm_full;          /* attn_q_norm / attn_k_norm normalise the whole q / k row (olmoe),
+                                 * not each head                                                */
+    bool moe_renorm;            /* the top-k routing weights divided by their sum (llama.cpp's
+                                 * norm_w: qwen3moe, Mixtral) or used as they are (olmoe)       */
+    uint8_t need[TN_ROLE_COUNT];/* tn_need of every role; a family with the MoE roles and the
+                                 * dense FFN ones both TN_NEED_OPT (llama) takes one set or the
+                                 * other by expert_count (tn_arch_need)                         */
     /* The family's own keys and checks, after the common ones (NULL: none). Errors name the key. */
     tern_status (*load_hparams)(const tn_gguf *g, struct tn_hparams *hp);
     /* tern synth: the family's own metadata keys (NULL: none), written before the common ones;
      * it may adjust hp (n_rot: partial rotary), from which the common keys and shapes follow. */
     void (*synth_keys)(tn_gguf_writer *w, struct tn_hparams *hp);
 } tn_arch_desc;
+
+/* The need of role r in a model of hyperparameters hp: the family's table, where a family that
+ * may have experts (need[FFN_GATE_INP] != NO) requires the MoE roles and none of the dense FFN
+ * ones when hp->n_expert > 0, and the dense ones and no MoE role otherwise. */
+tn_need tn_arch_need(const struct tn_hparams *hp, tn_role r);
+/* The roles of a MoE layer's feed-forward block (router, gate, up, down experts). */
+#define TN_MOE_ROLE(r) ((r) >= TN_ROLE_FFN_GATE_INP && (r) <= TN_ROLE_FFN_DOWN_EXPS)
 
 /* The family with GGUF architecture name (name, len), or NULL. */
 const tn_arch_desc *tn_arch_find(const char *name, size_t len);
