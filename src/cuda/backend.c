@@ -274,7 +274,8 @@ static tern_status upload_weight(tn_cuda_ctx *g, const tn_tensor *t, tn_cw *w) {
                           t->name, tn_dtype_name(t->type));
         return tn_err(TERN_ERR_UNSUPPORTED,
                       "cuda: tensor '%s' has type %s, which the CUDA backend does not run (F32, F16, BF16, Q8_0, Q4_0, Q4_1, "
-                      "Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, tq1..tq8)",
+                      "Q5_0, Q5_1, Q4_K, Q5_K, Q6_K and tern's tq<b>g<G>; not yet the i-quants, mxfp4 or ggml's tq1_0 / "
+                      "tq2_0: run them on the CPU)",
                       t->name, tn_dtype_name(t->type));
     }
     if ((tn_cw_is_code(w->kind) && k % tp.group != 0) || ((w->kind == TN_CW_Q4_K || w->kind == TN_CW_Q5_K || w->kind == TN_CW_Q6_K) && k % 256 != 0))

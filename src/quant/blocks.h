@@ -11,6 +11,7 @@
 
 #include <assert.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "core/fp16.h"
 
@@ -65,5 +66,51 @@ static_assert(sizeof(block_q6_K) == 2 + QK_K / 16 + 3 * QK_K / 4, "block_q6_K si
 /* Activation format for k-quants: float scale, int8 quants, sums of each 16 quants.       */
 typedef struct { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; } block_q8_K;
 static_assert(sizeof(block_q8_K) == 4 + QK_K + QK_K / 16 * 2, "block_q8_K size");
+
+/* ---- non-linear and lookup-table types: 4-bit indices into a 16-entry value table ------------ */
+#define QK4_NL 32
+#define QK_MXFP4 32
+
+/* The value tables (format constants of ggml-common.h). IQ4_NL's levels are non-uniform, denser
+ * near zero; MXFP4's are the OCP e2m1 values doubled (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their
+ * negatives times 2), so a block's scale is 2^(e-128), half its e8m0 exponent's value. */
+extern const int8_t tn_kvalues_iq4nl[16];
+extern const int8_t tn_kvalues_mxfp4[16];
+
+/* d times the table value of each 4-bit index; element j < 16 in the low nibble of qs[j],
+ * element j >= 16 in the high nibble of qs[j-16] (q4_0's order).                        4.5 bpw */
+typedef struct { tn_fp16 d; uint8_t qs[QK4_NL / 2]; } block_iq4_nl;
+static_assert(sizeof(block_iq4_nl) == 2 + QK4_NL / 2, "block_iq4_nl size");
+
+/* 8 sub-blocks of 32 (each laid out as one iq4_nl block's qs), sub-block scale
+ * d * (ls - 32) with the 6-bit ls split: low 4 bits in scales_l (sub-block 2i low nibble, 2i+1
+ * high nibble), high 2 bits in scales_h (bits 2i, 2i+1 for sub-block i).             4.25 bpw */
+typedef struct { tn_fp16 d; uint16_t scales_h; uint8_t scales_l[QK_K / 64]; uint8_t qs[QK_K / 2]; } block_iq4_xs;
+static_assert(sizeof(block_iq4_xs) == 2 + 2 + QK_K / 64 + QK_K / 2, "block_iq4_xs size");
+
+/* OCP microscaling FP4: e8m0 shared exponent e (value 2^(e-127); 0 and 1 are 2^-127 and 2^-126
+ * as denormal floats) and 4-bit e2m1 codes in q4_0's nibble order.                  4.25 bpw */
+typedef struct { uint8_t e; uint8_t qs[QK_MXFP4 / 2]; } block_mxfp4;
+static_assert(sizeof(block_mxfp4) == 1 + QK_MXFP4 / 2, "block_mxfp4 size");
+
+/* ggml's ternary types (BitNet b1.58, TriLM): values d * {-1, 0, 1}. Not tern's tq<b>g<G> types
+ * (quant/tq.h), whose names only look alike.
+ * tq1_0: 5 trits per byte in qs (240 values, as a base-3 fraction of 256: byte = ceil(n * 256 /
+ * 243)), 4 per byte in qh (16 values), then d.                                       1.6875 bpw
+ * tq2_0: 2-bit codes c (value c - 1), 4 per byte, 32-byte groups (byte m of a 32-byte group holds
+ * elements m, m+32, m+64, m+96 of its 128 in bits 0-1, 2-3, 4-5, 6-7), then d.      2.0625 bpw */
+typedef struct { uint8_t qs[(QK_K - 4 * QK_K / 64) / 5]; uint8_t qh[QK_K / 64]; tn_fp16 d; } block_tq1_0;
+static_assert(sizeof(block_tq1_0) == 2 + QK_K / 64 + (QK_K - 4 * QK_K / 64) / 5, "block_tq1_0 size");
+typedef struct { uint8_t qs[QK_K / 4]; tn_fp16 d; } block_tq2_0;
+static_assert(sizeof(block_tq2_0) == 2 + QK_K / 4, "block_tq2_0 size");
+
+/* 2^(e-128) as a float (e8m0's value halved, for the doubled mxfp4 table), bit-exact with ggml's
+ * ggml_e8m0_to_fp32_half: e < 2 are the denormals 2^-128 and 2^-127. */
+static inline float tn_e8m0_to_fp32_half(uint8_t e) {
+    const uint32_t bits = e < 2 ? UINT32_C(0x00200000) << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
 
 #endif

@@ -1,6 +1,7 @@
 /*
  * mix.c — llama.cpp's per-tensor quantization type selection (see mix.h), restricted to the
- * file types tern can write (legacy, k-quants, f16/bf16/f32; no IQ types) plus tern's any-bit
+ * file types tern can write (legacy, k-quants, IQ4_NL/IQ4_XS, TQ1_0/TQ2_0, MXFP4_MOE,
+ * f16/bf16/f32; not the 1-3 bit i-quants) plus tern's any-bit
  * types. Each branch mirrors a branch of llama_tensor_get_type_impl at 34af94cd9, in the same
  * order, so a reader can diff the two.
  */
@@ -27,6 +28,9 @@ static const struct {
     {"Q3_K_L", TN_FTYPE_MOSTLY_Q3_K_L, TN_Q3_K}, {"Q4_K_S", TN_FTYPE_MOSTLY_Q4_K_S, TN_Q4_K},
     {"Q4_K_M", TN_FTYPE_MOSTLY_Q4_K_M, TN_Q4_K}, {"Q5_K_S", TN_FTYPE_MOSTLY_Q5_K_S, TN_Q5_K},
     {"Q5_K_M", TN_FTYPE_MOSTLY_Q5_K_M, TN_Q5_K}, {"Q6_K", TN_FTYPE_MOSTLY_Q6_K, TN_Q6_K},
+    {"IQ4_NL", TN_FTYPE_MOSTLY_IQ4_NL, TN_IQ4_NL}, {"IQ4_XS", TN_FTYPE_MOSTLY_IQ4_XS, TN_IQ4_XS},
+    {"TQ1_0", TN_FTYPE_MOSTLY_TQ1_0, TN_TQ1_0}, {"TQ2_0", TN_FTYPE_MOSTLY_TQ2_0, TN_TQ2_0},
+    {"MXFP4_MOE", TN_FTYPE_MOSTLY_MXFP4_MOE, TN_MXFP4},
 };
 
 bool tn_ftype_from_name(const char *name, tn_ftype *out) {
@@ -39,6 +43,8 @@ bool tn_ftype_from_name(const char *name, tn_ftype *out) {
     if (!strcasecmp(name, "Q3_K")) return (*out = TN_FTYPE_MOSTLY_Q3_K_M), true;
     if (!strcasecmp(name, "Q4_K")) return (*out = TN_FTYPE_MOSTLY_Q4_K_M), true;
     if (!strcasecmp(name, "Q5_K")) return (*out = TN_FTYPE_MOSTLY_Q5_K_M), true;
+    /* the tensor type's name for the file type llama-quantize calls MXFP4_MOE */
+    if (!strcasecmp(name, "MXFP4")) return (*out = TN_FTYPE_MOSTLY_MXFP4_MOE), true;
     return false;
 }
 
@@ -155,7 +161,10 @@ static uint32_t fallback(const tn_qmix_tensor *t, uint32_t target, bool *fell) {
     uint32_t r;
     switch (target) {
     case TN_Q2_K:
-    case TN_Q3_K: r = TN_Q4_0; break;
+    case TN_Q3_K:
+    case TN_TQ1_0:
+    case TN_TQ2_0: r = TN_Q4_0; break;
+    case TN_IQ4_XS: r = TN_IQ4_NL; break;
     case TN_Q4_K: r = TN_Q5_0; break;
     case TN_Q5_K: r = TN_Q5_1; break;
     case TN_Q6_K: r = TN_Q8_0; break;
@@ -210,13 +219,17 @@ static uint32_t type_impl(state *qs, const tn_qmix_model *m, const tn_qmix_opts 
         } else {
             const int64_t nx = t->ne[0];
             const int64_t qk_k = blck(new_type);
-            if (falcon || nx % qk_k != 0) new_type = TN_Q8_0;
+            if (ftype == TN_FTYPE_MOSTLY_MXFP4_MOE || falcon || nx % qk_k != 0) new_type = TN_Q8_0;
             else if (new_type != TN_Q8_0) new_type = TN_Q6_K;
             if (tq && new_type == TN_Q6_K && nx % 256 != 0) new_type = TN_Q8_0;
         }
+    } else if (ftype == TN_FTYPE_MOSTLY_MXFP4_MOE) {
+        /* expert tensors (3-D) mxfp4, every other tensor q8_0; no counters advance */
+        new_type = t->ne[2] > 1 ? TN_MXFP4 : TN_Q8_0;
     } else if (c == CAT_TOKEN_EMBD) {
         if (o->token_embd_type >= 0) new_type = (uint32_t)o->token_embd_type;
         else if (tq) new_type = tq_more(new_type, 2); /* embeddings: higher precision */
+        else if (ftype == TN_FTYPE_MOSTLY_TQ1_0 || ftype == TN_FTYPE_MOSTLY_TQ2_0) new_type = TN_Q4_K;
     } else if (is_attn_v(c)) {
         if (tq) {
             if (use_more_bits(qs->i_attention_wv, qs->n_attention_wv)) new_type = tq_more(new_type, 1);
@@ -227,6 +240,8 @@ static uint32_t type_impl(state *qs, const tn_qmix_model *m, const tn_qmix_opts 
         } else if (ftype == TN_FTYPE_MOSTLY_Q3_K_M) {
             new_type = qs->i_attention_wv < 2 ? TN_Q5_K : TN_Q4_K;
         } else if (ftype == TN_FTYPE_MOSTLY_Q3_K_L) {
+            new_type = TN_Q5_K;
+        } else if ((ftype == TN_FTYPE_MOSTLY_IQ4_NL || ftype == TN_FTYPE_MOSTLY_IQ4_XS) && n_gqa >= 4) {
             new_type = TN_Q5_K;
         } else if ((ftype == TN_FTYPE_MOSTLY_Q4_K_M || ftype == TN_FTYPE_MOSTLY_Q5_K_M) &&
                    use_more_bits(qs->i_attention_wv, qs->n_attention_wv)) {
@@ -265,6 +280,9 @@ static uint32_t type_impl(state *qs, const tn_qmix_model *m, const tn_qmix_opts 
             } else if (use_more_bits(i_layer, n_layer)) {
                 new_type = TN_Q6_K;
             }
+        } else if (i_layer < n_layer / 8 && (ftype == TN_FTYPE_MOSTLY_IQ4_NL || ftype == TN_FTYPE_MOSTLY_IQ4_XS) &&
+                   !o->has_imatrix) {
+            new_type = TN_Q5_K;
         } else if (ftype == TN_FTYPE_MOSTLY_Q5_K_M && use_more_bits(i_layer, n_layer)) {
             new_type = TN_Q6_K;
         } else if (ftype == TN_FTYPE_MOSTLY_Q4_K_S && !falcon && i_layer < n_layer / 8) {
@@ -279,7 +297,8 @@ static uint32_t type_impl(state *qs, const tn_qmix_model *m, const tn_qmix_opts 
             if (m->n_expert == 8) {
                 if (ftype == TN_FTYPE_MOSTLY_Q2_K || ftype == TN_FTYPE_MOSTLY_Q3_K_S ||
                     ftype == TN_FTYPE_MOSTLY_Q3_K_M || ftype == TN_FTYPE_MOSTLY_Q4_K_S ||
-                    ftype == TN_FTYPE_MOSTLY_Q4_K_M)
+                    ftype == TN_FTYPE_MOSTLY_Q4_K_M || ftype == TN_FTYPE_MOSTLY_IQ4_NL ||
+                    ftype == TN_FTYPE_MOSTLY_IQ4_XS)
                     new_type = TN_Q5_K;
             } else {
                 if (ftype == TN_FTYPE_MOSTLY_Q2_K) new_type = TN_Q3_K;

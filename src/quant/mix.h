@@ -8,8 +8,13 @@
  *   - output.weight (and token_embd.weight when embeddings are tied) gets q6_K, or q8_0 when
  *     ne0 is not a multiple of the target's block (or the target is q8_0);
  *   - the *_K_M/_S/_L mixes raise attn_v / ffn_down / attn_output on "use_more_bits" layers;
+ *   - IQ4_NL / IQ4_XS raise attn_v to q5_K when n_head / n_head_kv >= 4, and the first eighth
+ *     of ffn_down to q5_K without an imatrix; TQ1_0 / TQ2_0 give token_embd q4_K; MXFP4_MOE
+ *     puts expert tensors in mxfp4 and everything else in q8_0 (a dense model: all q8_0 —
+ *     --pure gives mxfp4 everywhere);
  *   - shapes whose ne0 is not a multiple of the block fall back (q4_K -> q5_0, q6_K -> q8_0,
- *     q2_K/q3_K -> q4_0, q5_K -> q5_1; f16 if even the fallback does not fit).
+ *     q2_K/q3_K/tq1_0/tq2_0 -> q4_0, q5_K -> q5_1, iq4_xs -> iq4_nl; f16 if even the fallback
+ *     does not fit).
  *
  * The counters (i_attention_wv, i_ffn_down, ...) advance in the order tensors are visited, so
  * the caller must visit them in llama.cpp's order: tn_qmix_sort (non-layer tensors first, then
@@ -41,7 +46,12 @@ typedef enum tn_ftype {
     TN_FTYPE_MOSTLY_Q5_K_M = 17,
     TN_FTYPE_MOSTLY_Q6_K = 18,
     TN_FTYPE_MOSTLY_Q2_K_S = 21,
+    TN_FTYPE_MOSTLY_IQ4_NL = 25,
+    TN_FTYPE_MOSTLY_IQ4_XS = 30,
     TN_FTYPE_MOSTLY_BF16 = 32,
+    TN_FTYPE_MOSTLY_TQ1_0 = 36,
+    TN_FTYPE_MOSTLY_TQ2_0 = 37,
+    TN_FTYPE_MOSTLY_MXFP4_MOE = 38, /* expert (3-D) tensors mxfp4, the rest q8_0 */
     /* tern any-bit files: file_type is not a llama.cpp value; tern writes this one. */
     TN_FTYPE_TERN = 1024,
 } tn_ftype;

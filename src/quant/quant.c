@@ -47,6 +47,11 @@ bool tn_quantize_row_ref(tn_dtype t, const float *x, void *y, int64_t k) {
     case TN_Q5_K: tn_quantize_row_q5_K_ref(x, y, k); return true;
     case TN_Q6_K: tn_quantize_row_q6_K_ref(x, y, k); return true;
     case TN_Q8_K: tn_quantize_row_q8_K_ref(x, y, k); return true;
+    case TN_IQ4_NL: tn_quantize_row_iq4_nl_ref(x, y, k); return true;
+    case TN_IQ4_XS: tn_quantize_row_iq4_xs_ref(x, y, k); return true;
+    case TN_MXFP4: tn_quantize_row_mxfp4_ref(x, y, k); return true;
+    case TN_TQ1_0: tn_quantize_row_tq1_0_ref(x, y, k); return true;
+    case TN_TQ2_0: tn_quantize_row_tq2_0_ref(x, y, k); return true;
     default: return false;
     }
 }
@@ -73,6 +78,11 @@ bool tn_dequantize_row(tn_dtype t, const void *x, float *y, int64_t k) {
     case TN_Q5_K: tn_dequantize_row_q5_K(x, y, k); return true;
     case TN_Q6_K: tn_dequantize_row_q6_K(x, y, k); return true;
     case TN_Q8_K: tn_dequantize_row_q8_K(x, y, k); return true;
+    case TN_IQ4_NL: tn_dequantize_row_iq4_nl(x, y, k); return true;
+    case TN_IQ4_XS: tn_dequantize_row_iq4_xs(x, y, k); return true;
+    case TN_MXFP4: tn_dequantize_row_mxfp4(x, y, k); return true;
+    case TN_TQ1_0: tn_dequantize_row_tq1_0(x, y, k); return true;
+    case TN_TQ2_0: tn_dequantize_row_tq2_0(x, y, k); return true;
     default: return false;
     }
 }

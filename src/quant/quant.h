@@ -42,6 +42,25 @@ void tn_dequantize_row_q5_K(const block_q5_K *x, float *y, int64_t k);
 void tn_dequantize_row_q6_K(const block_q6_K *x, float *y, int64_t k);
 void tn_dequantize_row_q8_K(const block_q8_K *x, float *y, int64_t k);
 
+/* Lookup-table and ternary types (quant_iq.c). The *_ref quantizers are ggml's quantize_row_*_ref;
+ * tn_quantize_iq4_nl / tn_quantize_iq4_xs are ggml's quantize_iq4_nl / quantize_iq4_xs (what
+ * llama-quantize writes, with importance weights qw[k] or NULL), which for iq4_nl searches more
+ * scales than its _ref. */
+void tn_quantize_row_iq4_nl_ref(const float *x, block_iq4_nl *y, int64_t k);
+void tn_quantize_row_iq4_xs_ref(const float *x, block_iq4_xs *y, int64_t k);
+void tn_quantize_row_mxfp4_ref(const float *x, block_mxfp4 *y, int64_t k);
+void tn_quantize_row_tq1_0_ref(const float *x, block_tq1_0 *y, int64_t k);
+void tn_quantize_row_tq2_0_ref(const float *x, block_tq2_0 *y, int64_t k);
+void tn_quantize_iq4_nl(const float *x, block_iq4_nl *y, int64_t k, const float *qw);
+void tn_quantize_iq4_xs(const float *x, block_iq4_xs *y, int64_t k, const float *qw);
+void tn_dequantize_row_iq4_nl(const block_iq4_nl *x, float *y, int64_t k);
+void tn_dequantize_row_iq4_xs(const block_iq4_xs *x, float *y, int64_t k);
+void tn_dequantize_row_mxfp4(const block_mxfp4 *x, float *y, int64_t k);
+void tn_dequantize_row_tq1_0(const block_tq1_0 *x, float *y, int64_t k);
+void tn_dequantize_row_tq2_0(const block_tq2_0 *x, float *y, int64_t k);
+/* The 256 trits (0, 1, 2 for -1, 0, +1) of a tq1_0 block in element order. */
+void tn_tq1_0_trits(const block_tq1_0 *b, uint8_t t[QK_K]);
+
 /* Type-generic entry points (F32, F16, BF16 and every type above). Return false for a type
  * without a reference (y untouched). */
 bool tn_quantize_row_ref(tn_dtype t, const float *x, void *y, int64_t k);
@@ -50,7 +69,8 @@ bool tn_dequantize_row(tn_dtype t, const void *x, float *y, int64_t k);
 /* One row of k floats (the whole row: legacy types weigh by the row's mean square) quantized with
  * the importance imat[k] of its columns, bit-exact with ggml's quantize_row_<t>_impl (what
  * llama-quantize --imatrix writes) for q2_K..q6_K, q4_0, q4_1, q5_0, q5_1; other types, and
- * imat == NULL, use tn_quantize_row_ref. quant_iw.c. */
+ * imat == NULL, use tn_quantize_row_ref — except iq4_nl / iq4_xs, which take ggml's file
+ * quantizer (tn_quantize_iq4_*) with or without imat, as llama-quantize does. quant_iw.c. */
 bool tn_quantize_row_imat(tn_dtype t, const float *x, void *y, int64_t k, const float *imat);
 
 /* Quantizes nrows rows of n_per_row floats; returns bytes written (0 on unsupported type). */

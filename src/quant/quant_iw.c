@@ -317,6 +317,9 @@ static void q5_1_iw(const float *x, block_q5_1 *y, int64_t k, const float *qw) {
 }
 
 bool tn_quantize_row_imat(tn_dtype t, const float *x, void *y, int64_t k, const float *imat) {
+    /* llama-quantize writes the iq4 types with ggml's file quantizer, importance or not */
+    if (t == TN_IQ4_NL && k % QK4_NL == 0) return tn_quantize_iq4_nl(x, y, k, imat), true;
+    if (t == TN_IQ4_XS && k % QK_K == 0) return tn_quantize_iq4_xs(x, y, k, imat), true;
     if (!imat) return tn_quantize_row_ref(t, x, y, k);
     const int64_t bs = tn_dtype_get(t) ? tn_dtype_get(t)->blck_size : 0;
     if (bs <= 0 || k % bs) return false;

@@ -24,6 +24,12 @@ static const tn_dtype_traits tn_traits[TN_DTYPE_GGML_COUNT] = {
     [TN_Q5_K] = {"q5_K", QK_K, sizeof(block_q5_K), true, true, TN_Q8_K},
     [TN_Q6_K] = {"q6_K", QK_K, sizeof(block_q6_K), true, true, TN_Q8_K},
     [TN_Q8_K] = {"q8_K", QK_K, sizeof(block_q8_K), true, false, TN_Q8_K},
+    /* lookup-table types (16-entry tables) and ggml's ternary types */
+    [TN_IQ4_NL] = {"iq4_nl", QK4_NL, sizeof(block_iq4_nl), true, true, TN_Q8_0},
+    [TN_IQ4_XS] = {"iq4_xs", QK_K, sizeof(block_iq4_xs), true, true, TN_Q8_K},
+    [TN_MXFP4] = {"mxfp4", QK_MXFP4, sizeof(block_mxfp4), true, true, TN_Q8_0},
+    [TN_TQ1_0] = {"tq1_0", QK_K, sizeof(block_tq1_0), true, true, TN_Q8_K},
+    [TN_TQ2_0] = {"tq2_0", QK_K, sizeof(block_tq2_0), true, true, TN_Q8_K},
     [TN_I8] = {"i8", 1, 1, false, false, TN_I8},
     [TN_I16] = {"i16", 1, 2, false, false, TN_I16},
     [TN_I32] = {"i32", 1, 4, false, false, TN_I32},
@@ -32,16 +38,11 @@ static const tn_dtype_traits tn_traits[TN_DTYPE_GGML_COUNT] = {
     [17] = {"iq2_xs", 256, 74, true, false, 0},
     [18] = {"iq3_xxs", 256, 98, true, false, 0},
     [19] = {"iq1_s", 256, 50, true, false, 0},
-    [20] = {"iq4_nl", 32, 18, true, false, 0},
     [21] = {"iq3_s", 256, 110, true, false, 0},
     [22] = {"iq2_s", 256, 82, true, false, 0},
-    [23] = {"iq4_xs", 256, 136, true, false, 0},
     [27] = {"i64", 1, 8, false, false, 0},
     [28] = {"f64", 1, 8, false, false, 0},
     [29] = {"iq1_m", 256, 56, true, false, 0},
-    [34] = {"tq1_0", 256, 54, true, false, 0},
-    [35] = {"tq2_0", 256, 66, true, false, 0},
-    [39] = {"mxfp4", 32, 17, true, false, 0},
 };
 
 /* tern any-bit types (src/quant/tq.h): id TN_DTYPE_TERN_BASE + (bits-1)*8 + log2(G/32)*2 + asym;

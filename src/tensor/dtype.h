@@ -26,10 +26,15 @@ typedef enum tn_dtype {
     TN_Q5_K = 13,
     TN_Q6_K = 14,
     TN_Q8_K = 15,
+    TN_IQ4_NL = 20,
+    TN_IQ4_XS = 23,
     TN_I8 = 24,
     TN_I16 = 25,
     TN_I32 = 26,
     TN_BF16 = 30,
+    TN_TQ1_0 = 34, /* ggml's ternary types, not tern's tq<b>g<G> (ids from TN_DTYPE_TERN_BASE) */
+    TN_TQ2_0 = 35,
+    TN_MXFP4 = 39,
     TN_DTYPE_GGML_COUNT = 43, /* ids below this are ggml's namespace */
     TN_DTYPE_TERN_BASE = 1024, /* tern-only types: 1024 + ... (any-bit quant, quant/tq.h)    */
     TN_DTYPE_TQ_COUNT = 64,    /* tq<b>g<G>[a]: ids 1024 .. 1087                              */

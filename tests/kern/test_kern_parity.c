@@ -13,7 +13,8 @@
  *
  * Weight rows come from two sources: the reference quantizer on random floats (realistic
  * scales) and random bytes with the fp16 scale fields made finite (every code pattern,
- * including q8_0's -128 and q6_K's -128 scales). Activations always come from the scalar
+ * including q8_0's -128 and q6_K's -128 scales; tq2_0's unused code 3; mxfp4's denormal
+ * exponents 0 and 1). Activations always come from the scalar
  * from_float of the weight type's vec_dot_type, as in the engine.
  *
  * Tolerance (dot products): both sides sum the same exact terms (integer block sums times float
@@ -67,7 +68,8 @@ static const tn_isa isas[] = {TN_ISA_AVX2, TN_ISA_AVX512};
 
 /* Weight types with a vec_dot (the table's other slots are activation-only). */
 static const tn_dtype wtypes[] = {TN_F32, TN_F16,  TN_BF16, TN_Q4_0, TN_Q4_1, TN_Q5_0, TN_Q5_1,
-                                  TN_Q8_0, TN_Q2_K, TN_Q3_K, TN_Q4_K, TN_Q5_K, TN_Q6_K};
+                                  TN_Q8_0, TN_Q2_K, TN_Q3_K, TN_Q4_K, TN_Q5_K, TN_Q6_K,
+                                  TN_IQ4_NL, TN_IQ4_XS, TN_MXFP4, TN_TQ1_0, TN_TQ2_0};
 
 /* Byte offsets of the fp16 scale fields inside one block (-1 ends the list). */
 static void fp16_fields(tn_dtype t, int off[3]) {
@@ -83,6 +85,10 @@ static void fp16_fields(tn_dtype t, int off[3]) {
     case TN_Q4_K: off[0] = offsetof(block_q4_K, d), off[1] = offsetof(block_q4_K, dmin); break;
     case TN_Q5_K: off[0] = offsetof(block_q5_K, d), off[1] = offsetof(block_q5_K, dmin); break;
     case TN_Q6_K: off[0] = offsetof(block_q6_K, d); break;
+    case TN_IQ4_NL: off[0] = offsetof(block_iq4_nl, d); break;
+    case TN_IQ4_XS: off[0] = offsetof(block_iq4_xs, d); break;
+    case TN_TQ1_0: off[0] = offsetof(block_tq1_0, d); break;
+    case TN_TQ2_0: off[0] = offsetof(block_tq2_0, d); break;
     default: break;
     }
 }
@@ -114,6 +120,12 @@ static void make_weight_row(tn_dtype t, int64_t k, void *row, int raw) {
             for (int f = 0; f < 3 && off[f] >= 0; f++) {
                 const tn_fp16 h = tn_fp32_to_fp16(rng_uniform() * 0.05f);
                 memcpy(b + (size_t)blk * tr->type_size + off[f], &h, 2);
+            }
+        /* mxfp4's e8m0 exponent: scales 2^-20 .. 2^-1 (2^-128 and 2^-127 denormals included) */
+        if (t == TN_MXFP4)
+            for (int64_t blk = 0; blk < k / tr->blck_size; blk++) {
+                const uint8_t e = blk % 7 == 3 ? (uint8_t)(blk % 2) : (uint8_t)(108 + rng_u64() % 20);
+                b[(size_t)blk * tr->type_size + offsetof(block_mxfp4, e)] = e;
             }
     }
 }
@@ -365,7 +377,7 @@ static void test_from_float(void **state) {
 static void test_to_float(void **state) {
     (void)state;
     static const tn_dtype types[] = {TN_F16, TN_BF16, TN_Q4_0, TN_Q4_1, TN_Q5_0, TN_Q5_1, TN_Q8_0,
-                                     TN_Q2_K, TN_Q3_K, TN_Q4_K, TN_Q5_K, TN_Q6_K, TN_Q8_K};
+                                     TN_Q2_K, TN_Q3_K, TN_Q4_K, TN_Q5_K, TN_Q6_K, TN_Q8_K, TN_IQ4_NL};
     for (size_t a = 0; a < sizeof isas / sizeof isas[0]; a++) {
         const tn_kern_table *opt = tn_kern_at(isas[a]), *ref = tn_kern_at(TN_ISA_SCALAR);
         if (!opt) continue;

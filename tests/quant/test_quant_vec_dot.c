@@ -24,7 +24,8 @@
 #include "quant_data.h"
 
 static const tn_dtype weight_types[] = {TN_F32,  TN_F16,  TN_BF16, TN_Q4_0, TN_Q4_1, TN_Q5_0, TN_Q5_1,
-                                        TN_Q8_0, TN_Q2_K, TN_Q3_K, TN_Q4_K, TN_Q5_K, TN_Q6_K};
+                                        TN_Q8_0, TN_Q2_K, TN_Q3_K, TN_Q4_K, TN_Q5_K, TN_Q6_K,
+                                        TN_IQ4_NL, TN_IQ4_XS, TN_MXFP4, TN_TQ1_0, TN_TQ2_0};
 static const tn_dtype act_types[] = {TN_F32, TN_F16, TN_BF16, TN_Q8_0, TN_Q8_1, TN_Q8_K};
 
 static const tn_kern_table *scalar_table(void) {

@@ -593,8 +593,10 @@ out:
 static void usage(void) {
     printf("usage: tern quantize [options] in.gguf out.gguf TYPE [threads]\n"
            "  TYPE: Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q2_K_S Q3_K_S Q3_K_M Q3_K_L Q4_K_S Q4_K_M Q5_K_S Q5_K_M Q6_K\n"
-           "        F16 BF16 F32 (llama.cpp mixes, byte-identical to llama-quantize), or\n"
-           "        tq<b>[g<G>][a|s]: tern any-bit, b in 1..8, G in 32/64/128/256 (tq3 = tq3g64a)\n"
+           "        IQ4_NL IQ4_XS TQ1_0 TQ2_0 MXFP4_MOE (= MXFP4; a dense model's mix is all Q8_0, --pure gives\n"
+           "        MXFP4 everywhere) F16 BF16 F32 (llama.cpp mixes, byte-identical to llama-quantize), or\n"
+           "        tq<b>[g<G>][a|s]: tern any-bit, b in 1..8, G in 32/64/128/256 (tq3 = tq3g64a; not ggml's\n"
+           "        ternary TQ1_0 / TQ2_0)\n"
            "  -t, --threads N               threads (default: all cores)\n"
            "  --pure                        every quantizable tensor gets TYPE (no mix)\n"
            "  --leave-output-tensor         keep output.weight as it is\n"

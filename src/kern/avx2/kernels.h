@@ -17,7 +17,8 @@
 /* weight x activation pairs: (wtype, atype) */
 #define TN_AVX2_DOT_PAIRS(X)                                                                                           \
     X(f32, f32) X(f16, f16) X(bf16, bf16) X(q4_0, q8_0) X(q5_0, q8_0) X(q8_0, q8_0) X(q4_1, q8_1) X(q5_1, q8_1)       \
-        X(q2_K, q8_K) X(q3_K, q8_K) X(q4_K, q8_K) X(q5_K, q8_K) X(q6_K, q8_K)
+        X(q2_K, q8_K) X(q3_K, q8_K) X(q4_K, q8_K) X(q5_K, q8_K) X(q6_K, q8_K) X(iq4_nl, q8_0)      \
+        X(iq4_xs, q8_K) X(mxfp4, q8_0) X(tq1_0, q8_K) X(tq2_0, q8_K)
 
 #define TN_DECL_PAIR_AVX2(wt, at) TN_DECL_VEC_DOT(tn_k_vec_dot_##wt##_##at##__avx2) TN_DECL_GEMM(tn_k_gemm_##wt##_##at##__avx2)
 TN_AVX2_DOT_PAIRS(TN_DECL_PAIR_AVX2)
@@ -29,7 +30,7 @@ TN_DECL_FROM(tn_k_from_float_f16__avx2)
 TN_DECL_FROM(tn_k_from_float_bf16__avx2)
 TN_DECL_TO(tn_k_to_float_f16__avx2)
 TN_DECL_TO(tn_k_to_float_bf16__avx2)
-#define TN_AVX2_DEQUANT(X) X(q4_0) X(q5_0) X(q8_0) X(q4_1) X(q5_1) X(q2_K) X(q3_K) X(q4_K) X(q5_K) X(q6_K) X(q8_K)
+#define TN_AVX2_DEQUANT(X) X(q4_0) X(q5_0) X(q8_0) X(q4_1) X(q5_1) X(q2_K) X(q3_K) X(q4_K) X(q5_K) X(q6_K) X(q8_K) X(iq4_nl)
 #define TN_DECL_DEQUANT_AVX2(t) TN_DECL_TO(tn_k_to_float_##t##__avx2)
 TN_AVX2_DEQUANT(TN_DECL_DEQUANT_AVX2)
 

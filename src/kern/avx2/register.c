@@ -36,6 +36,11 @@ void tn_kern_register_avx2(tn_kern_table *t) {
     TN_SET_DOT(TN_Q4_K, q4_K, q8_K);
     TN_SET_DOT(TN_Q5_K, q5_K, q8_K);
     TN_SET_DOT(TN_Q6_K, q6_K, q8_K);
+    TN_SET_DOT(TN_IQ4_NL, iq4_nl, q8_0);
+    TN_SET_DOT(TN_IQ4_XS, iq4_xs, q8_K);
+    TN_SET_DOT(TN_MXFP4, mxfp4, q8_0);
+    TN_SET_DOT(TN_TQ1_0, tq1_0, q8_K);
+    TN_SET_DOT(TN_TQ2_0, tq2_0, q8_K);
 
     TN_SET_FROM(TN_Q8_0, q8_0);
     TN_SET_FROM(TN_Q8_1, q8_1);
@@ -55,4 +60,5 @@ void tn_kern_register_avx2(tn_kern_table *t) {
     TN_SET_TO(TN_Q5_K, q5_K);
     TN_SET_TO(TN_Q6_K, q6_K);
     TN_SET_TO(TN_Q8_K, q8_K);
+    TN_SET_TO(TN_IQ4_NL, iq4_nl);
 }

@@ -17,7 +17,8 @@
 /* weight x activation pairs: (wtype, atype) */
 #define TN_AVX512_DOT_PAIRS(X)                                                                                           \
     X(f32, f32) X(bf16, bf16) X(q4_0, q8_0) X(q5_0, q8_0) X(q8_0, q8_0) X(q4_1, q8_1) X(q5_1, q8_1)       \
-        X(q2_K, q8_K) X(q3_K, q8_K) X(q4_K, q8_K) X(q5_K, q8_K) X(q6_K, q8_K)
+        X(q2_K, q8_K) X(q3_K, q8_K) X(q4_K, q8_K) X(q5_K, q8_K) X(q6_K, q8_K) X(iq4_nl, q8_0)      \
+        X(iq4_xs, q8_K) X(mxfp4, q8_0) X(tq1_0, q8_K) X(tq2_0, q8_K)
 
 #define TN_DECL_PAIR_AVX512(wt, at) TN_DECL_VEC_DOT(tn_k_vec_dot_##wt##_##at##__avx512) TN_DECL_GEMM(tn_k_gemm_##wt##_##at##__avx512)
 TN_AVX512_DOT_PAIRS(TN_DECL_PAIR_AVX512)

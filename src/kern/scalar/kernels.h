@@ -24,6 +24,11 @@ void tn_k_vec_dot_q3_K_q8_K__scalar(int64_t k, float *s, const void *w, const vo
 void tn_k_vec_dot_q4_K_q8_K__scalar(int64_t k, float *s, const void *w, const void *x);
 void tn_k_vec_dot_q5_K_q8_K__scalar(int64_t k, float *s, const void *w, const void *x);
 void tn_k_vec_dot_q6_K_q8_K__scalar(int64_t k, float *s, const void *w, const void *x);
+void tn_k_vec_dot_iq4_nl_q8_0__scalar(int64_t k, float *s, const void *w, const void *x);
+void tn_k_vec_dot_mxfp4_q8_0__scalar(int64_t k, float *s, const void *w, const void *x);
+void tn_k_vec_dot_iq4_xs_q8_K__scalar(int64_t k, float *s, const void *w, const void *x);
+void tn_k_vec_dot_tq1_0_q8_K__scalar(int64_t k, float *s, const void *w, const void *x);
+void tn_k_vec_dot_tq2_0_q8_K__scalar(int64_t k, float *s, const void *w, const void *x);
 void tn_k_vec_dot_f16_f16__scalar(int64_t k, float *s, const void *w, const void *x);
 void tn_k_vec_dot_bf16_bf16__scalar(int64_t k, float *s, const void *w, const void *x);
 void tn_k_vec_dot_f32_f32__scalar(int64_t k, float *s, const void *w, const void *x);

@@ -29,6 +29,11 @@ TN_SCALAR_GEMM(q3_K_q8_K)
 TN_SCALAR_GEMM(q4_K_q8_K)
 TN_SCALAR_GEMM(q5_K_q8_K)
 TN_SCALAR_GEMM(q6_K_q8_K)
+TN_SCALAR_GEMM(iq4_nl_q8_0)
+TN_SCALAR_GEMM(mxfp4_q8_0)
+TN_SCALAR_GEMM(iq4_xs_q8_K)
+TN_SCALAR_GEMM(tq1_0_q8_K)
+TN_SCALAR_GEMM(tq2_0_q8_K)
 TN_SCALAR_GEMM(f16_f16)
 TN_SCALAR_GEMM(bf16_bf16)
 TN_SCALAR_GEMM(f32_f32)
@@ -61,6 +66,11 @@ TN_SCALAR_ROW(q4_K, TN_Q4_K)
 TN_SCALAR_ROW(q5_K, TN_Q5_K)
 TN_SCALAR_ROW(q6_K, TN_Q6_K)
 TN_SCALAR_ROW(q8_K, TN_Q8_K)
+TN_SCALAR_ROW(iq4_nl, TN_IQ4_NL)
+TN_SCALAR_ROW(iq4_xs, TN_IQ4_XS)
+TN_SCALAR_ROW(mxfp4, TN_MXFP4)
+TN_SCALAR_ROW(tq1_0, TN_TQ1_0)
+TN_SCALAR_ROW(tq2_0, TN_TQ2_0)
 
 /* One slot, all four entries marked scalar; vec_dot/gemm may be NULL (activation-only types). */
 static void tn_set(tn_kern_table *t, tn_dtype type, tn_vec_dot_fn dot, tn_gemm_fn gemm, tn_from_float_fn from,
@@ -97,6 +107,12 @@ void tn_kern_register_scalar(tn_kern_table *t) {
     TN_WEIGHT(TN_Q5_K, q5_K, q5_K_q8_K);
     TN_WEIGHT(TN_Q6_K, q6_K, q6_K_q8_K);
     TN_ACT_ONLY(TN_Q8_K, q8_K);
+    /* 16-entry lookup tables (iq4_nl, mxfp4 x q8_0; iq4_xs x q8_K) and ggml's ternary types. */
+    TN_WEIGHT(TN_IQ4_NL, iq4_nl, iq4_nl_q8_0);
+    TN_WEIGHT(TN_MXFP4, mxfp4, mxfp4_q8_0);
+    TN_WEIGHT(TN_IQ4_XS, iq4_xs, iq4_xs_q8_K);
+    TN_WEIGHT(TN_TQ1_0, tq1_0, tq1_0_q8_K);
+    TN_WEIGHT(TN_TQ2_0, tq2_0, tq2_0_q8_K);
     /* Load-time layouts (quant/repack.h): a tile product only. */
     tn_set(t, TN_Q4_0_R16, NULL, tn_k_gemm_q4_0_r16_q8_0__scalar, NULL, NULL);
     tn_set(t, TN_TQ4G32_R16, NULL, tn_k_gemm_tq4g32_r16_q8_0__scalar, NULL, NULL);
