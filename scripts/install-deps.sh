@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages tern needs to build and test. Idempotent; run as root.
+# Installs the Debian 12 packages that building and running tern need (compiler, CMake,
+# pkg-config and the four libraries CMakeLists.txt requires), plus any package names given as
+# arguments (scripts/install-test-deps.sh passes the test-only ones). Idempotent; uses sudo when
+# not run as root.
 set -euo pipefail
-PKGS=(build-essential cmake pkg-config git libcmocka-dev libpcre2-dev libjansson-dev libmicrohttpd-dev
-      libopenblas-dev clang-14 libclang-rt-14-dev curl
-      bible-kjv python3-torch)  # bible-kjv: default-model corpus; python3-torch: training golden (scripts/)
+PKGS=(build-essential cmake pkg-config git libpcre2-dev libjansson-dev libmicrohttpd-dev libopenblas-dev
+      "$@")
 missing=()
 for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -10,7 +10,7 @@
 #                  the llama.cpp rows are skipped); built outside this repository
 #   WORK           scratch folder (default build/quant-quality)
 #
-# Data (needs Debian's bible-kjv, installed by scripts/install-deps.sh):
+# Data (needs Debian's bible-kjv, installed by scripts/install-test-deps.sh):
 #   - base: the shipped model is q8_0; it is dequantized to F16 (tern quantize ... F16), so "f16
 #     base" means the q8_0 model in f16, not the trainer's f32 weights;
 #   - evaluation: the KJV verses that lie wholly inside the trainer's validation windows (every
