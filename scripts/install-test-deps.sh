@@ -6,7 +6,7 @@
 #   python3-torch            training golden test (tests/train/test_golden.c vs scripts/train_golden.py)
 #   bible-kjv                train_default_model_short (the default model's corpus, scripts/make-kjv-corpus.sh)
 #   clang-14, libclang-rt-14-dev   CI's clang build (.ci/run) and fuzzing (TERN_FUZZ)
-#   nodejs, npm              serve_openai_npm (the official openai npm client)
+#   (serve_openai_npm also runs the openai npm client where node and npm are installed; skipped without)
 set -euo pipefail
 exec bash "$(dirname "$0")/install-deps.sh" libcmocka-dev python3 curl python3-torch bible-kjv \
-     clang-14 libclang-rt-14-dev nodejs npm
+     clang-14 libclang-rt-14-dev
