@@ -392,7 +392,6 @@ static void tn_moe_route(float *p, int32_t ne, int32_t k, bool renorm, int32_t *
 }
 
 void tn_blk_moe(tn_thr *T, const tn_layer *L, int32_t il) {
-    (void)il;
     tern_ctx *c = T->c;
     const tn_kern_table *kt = c->kt;
     const tn_hparams *hp = &c->hp;
@@ -424,6 +423,12 @@ void tn_blk_moe(tn_thr *T, const tn_layer *L, int32_t il) {
         }
         for (int32_t e = ne; e > 0; e--) off[e] = off[e - 1]; /* the cursors ended at the next start */
         off[0] = 0;
+        if (c->moe_count) { /* usage (tern bench): this batch's rows per expert, experts run */
+            uint64_t *cnt = c->moe_count + (int64_t)il * ne;
+            int32_t used = 0;
+            for (int32_t e = 0; e < ne; e++) cnt[e] += (uint64_t)(off[e + 1] - off[e]), used += off[e + 1] > off[e];
+            c->moe_touched[il] += (uint64_t)used, c->moe_passes[il]++, c->moe_tokens[il] += (uint64_t)n;
+        }
     }
     tn_pool_barrier(pool);
     const int32_t *off = c->moe_off;
