@@ -122,6 +122,11 @@ struct tern_ctx {
      * must only read). NULL (the default) costs one predictable branch per group. */
     void (*observe)(void *user, int32_t il, tn_obs_site site, const float *x, int32_t n, int32_t ne0);
     void *observe_user;
+    /* The same for the experts of a MoE layer (tn_blk_moe, thread 0): per expert e with routed
+     * rows, its n input rows x[rows[i]][ne0] (rows NULL: x[0..n)) — TN_OBS_FFN_IN: the normed
+     * tokens routed to e (gate and up), TN_OBS_FFN_DOWN: e's silu(gate) * up rows. */
+    void (*observe_moe)(void *user, int32_t il, tn_obs_site site, int32_t e, const float *x, const int32_t *rows,
+                        int32_t n, int32_t ne0);
     /* device = TERN_DEVICE_CUDA: the GPU side (src/cuda/cuda.h), which runs tn_forward_batch;
      * dev_status: the first error a forward pass on it met (tern_decode returns it) */
     struct tn_cuda_ctx *cuda;

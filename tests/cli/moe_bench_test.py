@@ -24,9 +24,10 @@ import json
 import os
 import re
 import shutil
-import struct
-import subprocess
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from tern_testlib import read_gguf, run_tern  # noqa: E402
 
 TERN, TMP = sys.argv[1], os.path.join(sys.argv[2], "moe_bench.%d" % os.getpid())
 P, N, R = 16, 8, 1
@@ -40,54 +41,6 @@ def check(ok, what):
     if not ok:
         failures.append(what)
         print("FAIL: " + what)
-
-
-def read_gguf(path):
-    """Returns (kv dict, [(name, shape, type)])."""
-    with open(path, "rb") as f:
-        data = f.read()
-    pos = 0
-
-    def take(fmt):
-        nonlocal pos
-        v = struct.unpack_from("<" + fmt, data, pos)
-        pos += struct.calcsize("<" + fmt)
-        return v[0]
-
-    def string():
-        nonlocal pos
-        n = take("Q")
-        s = data[pos:pos + n].decode("utf-8", "replace")
-        pos += n
-        return s
-
-    scalar = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-
-    def value(t):
-        if t == 8:
-            return string()
-        if t == 9:
-            et, n = take("I"), take("Q")
-            return [value(et) for _ in range(n)]
-        return take(scalar[t])
-
-    assert data[:4] == b"GGUF", path
-    pos = 4
-    take("I")
-    n_tensors, n_kv = take("Q"), take("Q")
-    kv = {}
-    for _ in range(n_kv):
-        k = string()
-        kv[k] = value(take("I"))
-    tensors = []
-    for _ in range(n_tensors):
-        name = string()
-        nd = take("I")
-        shape = [take("Q") for _ in range(nd)]
-        t = take("I")
-        take("Q")
-        tensors.append((name, shape, t))
-    return kv, tensors
 
 
 def nbytes(shape, t):
@@ -119,10 +72,7 @@ def expected(path):
 
 
 def run(args):
-    p = subprocess.run([TERN] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600)
-    if p.returncode != 0:
-        raise SystemExit("FAIL: tern %s exited %d: %s" % (" ".join(args), p.returncode, p.stderr[-2000:]))
-    return p.stdout
+    return run_tern(TERN, args)[0]
 
 
 def moe_case(label, synth_args):
