@@ -219,6 +219,12 @@ static tern_status tn_ctx_create_impl(const tern_model *m, const tern_ctx_params
         c->moe_tok = tn_ctx_alloc(c, (size_t)ne * sizeof(int32_t), &ok);
         c->moe_row = tn_ctx_alloc(c, (size_t)ne * sizeof(int32_t), &ok);
         c->moe_x = tn_ctx_alloc(c, (size_t)(ne * d) * sizeof(float), &ok);
+        const size_t nl = (size_t)hp->n_layer;
+        c->moe_count = tn_ctx_alloc(c, nl * (size_t)hp->n_expert * sizeof(uint64_t), &ok);
+        c->moe_touched = tn_ctx_alloc(c, nl * sizeof(uint64_t), &ok);
+        c->moe_passes = tn_ctx_alloc(c, nl * sizeof(uint64_t), &ok);
+        c->moe_tokens = tn_ctx_alloc(c, nl * sizeof(uint64_t), &ok);
+        if (ok) tn_ctx_moe_usage_reset(c);
     }
     c->tmp = tn_ctx_alloc(c, (size_t)(nb * d) * sizeof(float), &ok);
     c->rope_cs = tn_ctx_alloc(c, (size_t)(nb * hp->n_rot) * sizeof(float), &ok);
@@ -294,7 +300,7 @@ void tern_ctx_free(tern_ctx *c) {
     tn_cuda_ctx_free(c->cuda);
     tn_pool_free(c->pool);
     void *bufs[] = {c->kv_off, c->k_cache, c->v_cache, c->x, c->xb, c->q, c->kv, c->att, c->hb, c->hb2,
-                    c->moe_logits, c->moe_sel, c->moe_w, c->moe_off, c->moe_tok, c->moe_row, c->moe_x, c->tmp, c->rope_cs, c->rope_cs_swa, c->swa_kv, c->xq, c->pxb, c->pxq, c->mm_next, c->scores, c->logits, c->b_seq, c->b_pos, c->out_rows,
+                    c->moe_logits, c->moe_sel, c->moe_w, c->moe_off, c->moe_tok, c->moe_row, c->moe_x, c->moe_count, c->moe_touched, c->moe_passes, c->moe_tokens, c->tmp, c->rope_cs, c->rope_cs_swa, c->swa_kv, c->xq, c->pxb, c->pxq, c->mm_next, c->scores, c->logits, c->b_seq, c->b_pos, c->out_rows,
                     c->b_logits};
     for (size_t i = 0; i < TN_ARRAY_LEN(bufs); i++) tn_free_aligned(bufs[i]);
     tn_free(c);

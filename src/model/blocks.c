@@ -392,7 +392,6 @@ static void tn_moe_route(float *p, int32_t ne, int32_t k, bool renorm, int32_t *
 }
 
 void tn_blk_moe(tn_thr *T, const tn_layer *L, int32_t il) {
-    (void)il;
     tern_ctx *c = T->c;
     const tn_kern_table *kt = c->kt;
     const tn_hparams *hp = &c->hp;
@@ -424,9 +423,19 @@ void tn_blk_moe(tn_thr *T, const tn_layer *L, int32_t il) {
         }
         for (int32_t e = ne; e > 0; e--) off[e] = off[e - 1]; /* the cursors ended at the next start */
         off[0] = 0;
+        if (c->moe_count) { /* usage (tern bench): this batch's rows per expert, experts run */
+            uint64_t *cnt = c->moe_count + (int64_t)il * ne;
+            int32_t used = 0;
+            for (int32_t e = 0; e < ne; e++) cnt[e] += (uint64_t)(off[e + 1] - off[e]), used += off[e + 1] > off[e];
+            c->moe_touched[il] += (uint64_t)used, c->moe_passes[il]++, c->moe_tokens[il] += (uint64_t)n;
+        }
     }
     tn_pool_barrier(pool);
     const int32_t *off = c->moe_off;
+    if (c->observe_moe && ith == 0)
+        for (int32_t e = 0; e < ne; e++)
+            if (off[e + 1] > off[e])
+                c->observe_moe(c->observe_user, il, TN_OBS_FFN_IN, e, c->xb, c->moe_tok + off[e], off[e + 1] - off[e], d);
     /* each routed row's normed input, gathered and quantized for the gate experts' type */
     const tn_dtype gvt = tn_dtype_get(Wg->type)->vec_dot_type, uvt = tn_dtype_get(Wu->type)->vec_dot_type;
     const size_t xrb_g = tn_dtype_row_size(gvt, d), xrb_u = tn_dtype_row_size(uvt, d);
@@ -459,6 +468,10 @@ void tn_blk_moe(tn_thr *T, const tn_layer *L, int32_t il) {
     for (int64_t r = 0; r < R && f1 > f0; r++) kt->swiglu(c->hb + r * ff + f0, c->hb2 + r * ff + f0, f1 - f0);
     tn_pool_barrier(pool);
     /* moe_x = Wdown_e hb per expert */
+    if (c->observe_moe && ith == 0)
+        for (int32_t e = 0; e < ne; e++)
+            if (off[e + 1] > off[e])
+                c->observe_moe(c->observe_user, il, TN_OBS_FFN_DOWN, e, c->hb + (int64_t)off[e] * ff, NULL, off[e + 1] - off[e], ff);
     xq = tn_act(c, ith, nth, false, NULL, Wd->type, c->hb, ff, ff, R);
     const size_t xrb_d = tn_dtype_row_size(tn_dtype_get(Wd->type)->vec_dot_type, ff);
     for (int32_t e = 0; e < ne; e++) {

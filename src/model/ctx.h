@@ -9,6 +9,7 @@
 #define TN_MODEL_CTX_H
 
 #include <stdatomic.h>
+#include <string.h>
 
 #include "core/fp16.h"
 #include "core/pool.h"
@@ -81,6 +82,13 @@ struct tern_ctx {
     int32_t *moe_tok;    /* [n_batch * n_expert_used] token of grouped row r                      */
     int32_t *moe_row;    /* [n_batch][n_expert_used] grouped row of (token, slot)                  */
     float *moe_x;        /* [n_batch * n_expert_used][n_embd] gathered inputs, then expert outputs */
+    /* expert usage since the context was created (tern bench; NULL in a dense model): counted by
+     * thread 0 while it groups a batch's routed rows (tn_blk_moe, between its existing barriers:
+     * no atomics), on the CPU path only. A reader zeroes or snapshots them between passes. */
+    uint64_t *moe_count;   /* [n_layer][n_expert] routed rows each expert received           */
+    uint64_t *moe_touched; /* [n_layer] distinct experts run per pass, summed over passes     */
+    uint64_t *moe_passes;  /* [n_layer] passes through the layer's experts                    */
+    uint64_t *moe_tokens;  /* [n_layer] tokens routed through the layer                       */
     float *tmp;     /* [n_batch][max(n_embd, ...)] sub-layer output before the residual add  */
     const float *rope_ff; /* RoPE frequency factors of this context (tn_model_rope_factors), or NULL */
     float *rope_cs; /* [n_batch][n_rot]    cos, sin pairs per token                          */
@@ -114,11 +122,26 @@ struct tern_ctx {
      * must only read). NULL (the default) costs one predictable branch per group. */
     void (*observe)(void *user, int32_t il, tn_obs_site site, const float *x, int32_t n, int32_t ne0);
     void *observe_user;
+    /* The same for the experts of a MoE layer (tn_blk_moe, thread 0): per expert e with routed
+     * rows, its n input rows x[rows[i]][ne0] (rows NULL: x[0..n)) — TN_OBS_FFN_IN: the normed
+     * tokens routed to e (gate and up), TN_OBS_FFN_DOWN: e's silu(gate) * up rows. */
+    void (*observe_moe)(void *user, int32_t il, tn_obs_site site, int32_t e, const float *x, const int32_t *rows,
+                        int32_t n, int32_t ne0);
     /* device = TERN_DEVICE_CUDA: the GPU side (src/cuda/cuda.h), which runs tn_forward_batch;
      * dev_status: the first error a forward pass on it met (tern_decode returns it) */
     struct tn_cuda_ctx *cuda;
     tern_status dev_status;
 };
+
+/* Zeroes the expert usage counters (no-op in a dense model). */
+static inline void tn_ctx_moe_usage_reset(tern_ctx *c) {
+    if (!c->moe_count) return;
+    const size_t nl = (size_t)c->hp.n_layer;
+    memset(c->moe_count, 0, nl * (size_t)c->hp.n_expert * sizeof(uint64_t));
+    memset(c->moe_touched, 0, nl * sizeof(uint64_t));
+    memset(c->moe_passes, 0, nl * sizeof(uint64_t));
+    memset(c->moe_tokens, 0, nl * sizeof(uint64_t));
+}
 
 /* One forward pass over n tokens at positions n_past..; writes KV and logits (last token, or
  * every token if logits_all). n <= n_batch and n_past + n <= n_ctx are the caller's duty. */

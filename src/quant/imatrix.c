@@ -126,8 +126,8 @@ void tn_imatrix_meta(const tn_imatrix *m, uint32_t *chunk_count, uint32_t *chunk
 }
 
 tern_status tn_imatrix_save(const char *path, size_t n, const char *const *names, const int64_t *ne0,
-                            const float *const *sums, const float *counts, const char *dataset, uint32_t chunk_count,
-                            uint32_t chunk_size) {
+                            const int64_t *n_mat, const float *const *sums, const float *const *counts, const char *dataset,
+                            uint32_t chunk_count, uint32_t chunk_size) {
     tn_gguf_writer *w = NULL;
     size_t *ord = tn_malloc((n + 1) * sizeof *ord);
     if (!ord) return tn_err(TERN_ERR_NOMEM, "imatrix %s: out of memory", path);
@@ -149,15 +149,17 @@ tern_status tn_imatrix_save(const char *path, size_t n, const char *const *names
     for (size_t k = 0; k < n; k++) {
         const size_t i = ord[k];
         char nm[TN_GGUF_MAX_NAME + 1];
-        int64_t ne[1] = {ne0[i]};
+        /* experts (n_mat > 1): in_sum2 [ne0][n_mat] and counts [1][n_mat], as llama-imatrix */
+        const int64_t nm_i = n_mat ? n_mat[i] : 1;
+        const uint32_t nd = nm_i > 1 ? 2 : 1;
+        int64_t ne[2] = {ne0[i], nm_i}, cne[2] = {1, nm_i};
         if (snprintf(nm, sizeof nm, "%s.in_sum2", names[i]) >= (int)sizeof nm) {
             s = tn_err(TERN_ERR_INVALID_ARG, "imatrix %s: weight name '%s' is too long for GGUF", path, names[i]);
             goto out;
         }
-        if ((s = tn_gguf_add_tensor(w, nm, 0, 1, ne, sums[i]))) goto out;
-        int64_t one[1] = {1};
+        if ((s = tn_gguf_add_tensor(w, nm, 0, nd, ne, sums[i]))) goto out;
         snprintf(nm, sizeof nm, "%s.counts", names[i]);
-        if ((s = tn_gguf_add_tensor(w, nm, 0, 1, one, &counts[i]))) goto out;
+        if ((s = tn_gguf_add_tensor(w, nm, 0, nd, cne, counts[i]))) goto out;
     }
     s = tn_gguf_write(w, path, NULL, NULL);
 out:
@@ -170,8 +172,9 @@ out:
 
 typedef struct {
     char name[TN_GGUF_MAX_NAME + 1];
-    int64_t ne0, count;
-    double *sum;
+    int64_t ne0, n_mat; /* n_mat matrices (experts) of ne0 columns                    */
+    int64_t *count;     /* [n_mat] rows summed per matrix                              */
+    double *sum;        /* [n_mat][ne0]                                                */
 } acc_entry;
 
 struct tn_imatrix_acc {
@@ -188,22 +191,26 @@ tern_status tn_imatrix_acc_create(tn_imatrix_acc **out) {
 
 void tn_imatrix_acc_free(tn_imatrix_acc *a) {
     if (!a) return;
-    for (size_t i = 0; i < a->n; i++) tn_free(a->e[i].sum);
+    for (size_t i = 0; i < a->n; i++) tn_free(a->e[i].sum), tn_free(a->e[i].count);
     tn_free(a->e);
     tn_free(a->scratch);
     tn_free(a);
 }
 
 tern_status tn_imatrix_acc_entry(tn_imatrix_acc *a, const char *name, int64_t ne0, size_t *idx) {
+    return tn_imatrix_acc_entry_mat(a, name, ne0, 1, idx);
+}
+
+tern_status tn_imatrix_acc_entry_mat(tn_imatrix_acc *a, const char *name, int64_t ne0, int64_t n_mat, size_t *idx) {
     for (size_t i = 0; i < a->n; i++)
         if (!strcmp(a->e[i].name, name)) {
-            if (a->e[i].ne0 != ne0)
+            if (a->e[i].ne0 != ne0 || a->e[i].n_mat != n_mat)
                 return tn_err(TERN_ERR_INVALID_ARG, "imatrix: '%s' has %lld columns, now %lld", name,
                               (long long)a->e[i].ne0, (long long)ne0);
             *idx = i;
             return TERN_OK;
         }
-    if (strlen(name) + 8 > TN_GGUF_MAX_NAME || ne0 <= 0)
+    if (strlen(name) + 8 > TN_GGUF_MAX_NAME || ne0 <= 0 || n_mat <= 0)
         return tn_err(TERN_ERR_INVALID_ARG, "imatrix: bad entry '%s' (%lld columns)", name, (long long)ne0);
     if (a->n == a->cap) {
         size_t nc = a->cap ? 2 * a->cap : 64;
@@ -215,15 +222,26 @@ tern_status tn_imatrix_acc_entry(tn_imatrix_acc *a, const char *name, int64_t ne
     acc_entry *e = &a->e[a->n];
     memset(e, 0, sizeof *e);
     snprintf(e->name, sizeof e->name, "%s", name);
-    e->ne0 = ne0;
-    if (!(e->sum = tn_calloc((size_t)ne0, sizeof *e->sum))) return tn_err(TERN_ERR_NOMEM, "imatrix: out of memory");
+    e->ne0 = ne0, e->n_mat = n_mat;
+    e->sum = tn_calloc((size_t)(ne0 * n_mat), sizeof *e->sum);
+    e->count = tn_calloc((size_t)n_mat, sizeof *e->count);
+    if (!e->sum || !e->count) {
+        tn_free(e->sum), tn_free(e->count);
+        return tn_err(TERN_ERR_NOMEM, "imatrix: out of memory");
+    }
     *idx = a->n++;
     return TERN_OK;
 }
 
 tern_status tn_imatrix_acc_add(tn_imatrix_acc *a, const size_t *idx, size_t n_idx, const float *x, int64_t n, int64_t ne0) {
+    return tn_imatrix_acc_add_rows(a, idx, n_idx, 0, x, NULL, n, ne0);
+}
+
+tern_status tn_imatrix_acc_add_rows(tn_imatrix_acc *a, const size_t *idx, size_t n_idx, int64_t mat, const float *x,
+                                    const int32_t *rows, int64_t n, int64_t ne0) {
     for (size_t k = 0; k < n_idx; k++)
-        if (idx[k] >= a->n || a->e[idx[k]].ne0 != ne0) return tn_err(TERN_ERR_INVALID_ARG, "imatrix: bad entry index");
+        if (idx[k] >= a->n || a->e[idx[k]].ne0 != ne0 || mat < 0 || mat >= a->e[idx[k]].n_mat)
+            return tn_err(TERN_ERR_INVALID_ARG, "imatrix: bad entry index");
     if (a->scratch_n < ne0) {
         double *s = tn_realloc(a->scratch, (size_t)ne0 * sizeof *s);
         if (!s) return tn_err(TERN_ERR_NOMEM, "imatrix: out of memory");
@@ -233,7 +251,7 @@ tern_status tn_imatrix_acc_add(tn_imatrix_acc *a, const size_t *idx, size_t n_id
     double *sq = a->scratch;
     memset(sq, 0, (size_t)ne0 * sizeof *sq);
     for (int64_t r = 0; r < n; r++) {
-        const float *xr = x + r * ne0;
+        const float *xr = x + (rows ? rows[r] : r) * ne0;
         for (int64_t j = 0; j < ne0; j++) sq[j] += (double)xr[j] * xr[j];
     }
     for (int64_t j = 0; j < ne0; j++)
@@ -242,8 +260,8 @@ tern_status tn_imatrix_acc_add(tn_imatrix_acc *a, const size_t *idx, size_t n_id
                           n_idx ? a->e[idx[0]].name : "?");
     for (size_t k = 0; k < n_idx; k++) {
         acc_entry *e = &a->e[idx[k]];
-        for (int64_t j = 0; j < ne0; j++) e->sum[j] += sq[j];
-        e->count += n;
+        for (int64_t j = 0; j < ne0; j++) e->sum[mat * ne0 + j] += sq[j];
+        e->count[mat] += n;
     }
     return TERN_OK;
 }
@@ -251,7 +269,7 @@ tern_status tn_imatrix_acc_add(tn_imatrix_acc *a, const size_t *idx, size_t n_id
 const double *tn_imatrix_acc_get(const tn_imatrix_acc *a, size_t i, int64_t *ne0, int64_t *count) {
     if (i >= a->n) return NULL;
     if (ne0) *ne0 = a->e[i].ne0;
-    if (count) *count = a->e[i].count;
+    if (count) *count = a->e[i].count[0];
     return a->e[i].sum;
 }
 
@@ -261,26 +279,33 @@ tern_status tn_imatrix_acc_save(const tn_imatrix_acc *a, const char *path, const
     const char **names = tn_calloc(n + 1, sizeof *names);
     int64_t *ne0 = tn_calloc(n + 1, sizeof *ne0);
     float **sums = tn_calloc(n + 1, sizeof *sums);
-    float *counts = tn_calloc(n + 1, sizeof *counts);
+    float **counts = tn_calloc(n + 1, sizeof *counts);
+    int64_t *n_mat = tn_calloc(n + 1, sizeof *n_mat);
     tern_status s = TERN_OK;
-    if (!names || !ne0 || !sums || !counts) {
+    if (!names || !ne0 || !sums || !counts || !n_mat) {
         s = tn_err(TERN_ERR_NOMEM, "imatrix: out of memory");
         goto out;
     }
     for (size_t i = 0; i < n; i++) {
         names[i] = a->e[i].name;
-        ne0[i] = a->e[i].ne0;
-        counts[i] = (float)a->e[i].count;
-        if (!(sums[i] = tn_malloc((size_t)ne0[i] * sizeof(float)))) {
+        ne0[i] = a->e[i].ne0, n_mat[i] = a->e[i].n_mat;
+        sums[i] = tn_malloc((size_t)(ne0[i] * n_mat[i]) * sizeof(float));
+        counts[i] = tn_malloc((size_t)n_mat[i] * sizeof(float));
+        if (!sums[i] || !counts[i]) {
             s = tn_err(TERN_ERR_NOMEM, "imatrix: out of memory");
             goto out;
         }
-        for (int64_t j = 0; j < ne0[i]; j++) sums[i][j] = (float)a->e[i].sum[j];
+        for (int64_t j = 0; j < ne0[i] * n_mat[i]; j++) sums[i][j] = (float)a->e[i].sum[j];
+        for (int64_t j = 0; j < n_mat[i]; j++) counts[i][j] = (float)a->e[i].count[j];
     }
-    s = tn_imatrix_save(path, n, names, ne0, (const float *const *)sums, counts, dataset, chunk_count, chunk_size);
+    s = tn_imatrix_save(path, n, names, ne0, n_mat, (const float *const *)sums, (const float *const *)counts, dataset,
+                        chunk_count, chunk_size);
 out:
     if (sums)
         for (size_t i = 0; i < n; i++) tn_free(sums[i]);
+    if (counts)
+        for (size_t i = 0; i < n; i++) tn_free(counts[i]);
+    tn_free(n_mat);
     tn_free(names);
     tn_free(ne0);
     tn_free(sums);

@@ -5,7 +5,9 @@
  *   general.type = "imatrix"; imatrix.datasets (string array), imatrix.chunk_count (u32),
  *   imatrix.chunk_size (u32) — llama-quantize refuses a GGUF imatrix without all three;
  *   per weight W, in strcmp order of W: tensor "<W>.in_sum2" f32 [ne0] (sum over activation
- *   rows of x_i^2) and "<W>.counts" f32 [1] (number of rows summed).
+ *   rows of x_i^2) and "<W>.counts" f32 [1] (number of rows summed); for a 3-D expert tensor
+ *   (*_exps) "<W>.in_sum2" [ne0][n_expert] and "<W>.counts" [1][n_expert], per expert the rows
+ *   routed to it. Loaded, such an entry has ne0 * n_expert values (expert e's at e * ne0).
  * The importance of column i is in_sum2[i] / counts (counts rounded to an integer first, as
  * llama-quantize does; a zero count gives importance 1).
  *
@@ -31,11 +33,11 @@ const char *tn_imatrix_name(const tn_imatrix *m, size_t i, int64_t *ne0);
  * lives as long as m). */
 void tn_imatrix_meta(const tn_imatrix *m, uint32_t *chunk_count, uint32_t *chunk_size, const char **dataset);
 
-/* Writes entries (names[i], sums[i][ne0[i]], counts[i]) as an imatrix GGUF (atomic), in name
- * order, with llama-imatrix's metadata. */
+/* Writes entries (names[i], sums[i][n_mat[i]][ne0[i]], counts[i][n_mat[i]]; n_mat NULL: one
+ * matrix each) as an imatrix GGUF (atomic), in name order, with llama-imatrix's metadata. */
 tern_status tn_imatrix_save(const char *path, size_t n, const char *const *names, const int64_t *ne0,
-                            const float *const *sums, const float *counts, const char *dataset, uint32_t chunk_count,
-                            uint32_t chunk_size);
+                            const int64_t *n_mat, const float *const *sums, const float *const *counts, const char *dataset,
+                            uint32_t chunk_count, uint32_t chunk_size);
 
 /* ---- accumulation (tern imatrix) ----------------------------------------------------------- */
 typedef struct tn_imatrix_acc tn_imatrix_acc;
@@ -45,10 +47,17 @@ void tn_imatrix_acc_free(tn_imatrix_acc *a);
 /* Index of entry `name` (ne0 columns), created empty if new. INVALID_ARG if it exists with
  * another ne0 or the name is too long for GGUF. */
 tern_status tn_imatrix_acc_entry(tn_imatrix_acc *a, const char *name, int64_t ne0, size_t *idx);
+/* The same for n_mat matrices of ne0 columns (an expert tensor: n_expert), each with its own
+ * sums and row count. */
+tern_status tn_imatrix_acc_entry_mat(tn_imatrix_acc *a, const char *name, int64_t ne0, int64_t n_mat, size_t *idx);
 /* Adds the squares of n rows x[n][ne0] to the entries idx[0..n_idx) (weights sharing one input)
  * and counts n rows for each. FORMAT if a value is not finite (nothing is added then). */
 tern_status tn_imatrix_acc_add(tn_imatrix_acc *a, const size_t *idx, size_t n_idx, const float *x, int64_t n, int64_t ne0);
-/* Entry i's sums (ne0 doubles) and row count; NULL past the end. */
+/* The same into matrix mat of the entries, over rows x[rows[0..n)] (rows NULL: x[0..n)). */
+tern_status tn_imatrix_acc_add_rows(tn_imatrix_acc *a, const size_t *idx, size_t n_idx, int64_t mat, const float *x,
+                                    const int32_t *rows, int64_t n, int64_t ne0);
+/* Entry i's sums (ne0 doubles; n_mat x ne0 for experts) and row count (of its first matrix);
+ * NULL past the end. */
 const double *tn_imatrix_acc_get(const tn_imatrix_acc *a, size_t i, int64_t *ne0, int64_t *count);
 tern_status tn_imatrix_acc_save(const tn_imatrix_acc *a, const char *path, const char *dataset, uint32_t chunk_count,
                                 uint32_t chunk_size);

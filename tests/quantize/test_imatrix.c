@@ -132,6 +132,54 @@ static double rel_l2(const double *ref, const float *got, int64_t n) {
     return sqrt(num / den);
 }
 
+/* Expert entries: per matrix sums over the rows routed to it (gathered by index), a count per
+ * matrix, written as [ne0][n_mat] / [1][n_mat] and loaded back as sum / count per expert
+ * (hand-computed values; an expert without rows gets importance 1). */
+static void test_acc_experts(void **st) {
+    (void)st;
+    tn_imatrix_acc *a;
+    assert_int_equal(tn_imatrix_acc_create(&a), TERN_OK);
+    size_t idx;
+    assert_int_equal(tn_imatrix_acc_entry_mat(a, "blk.0.ffn_up_exps.weight", 2, 3, &idx), TERN_OK);
+    size_t again;
+    assert_int_equal(tn_imatrix_acc_entry_mat(a, "blk.0.ffn_up_exps.weight", 2, 4, &again), TERN_ERR_INVALID_ARG);
+    const float x[4][2] = {{1, 2}, {3, -1}, {0.5f, 0}, {-2, 2}};
+    const int32_t rows0[2] = {0, 3}, rows2[1] = {1};
+    assert_int_equal(tn_imatrix_acc_add_rows(a, &idx, 1, 0, &x[0][0], rows0, 2, 2), TERN_OK); /* 1+4, 4+4 */
+    assert_int_equal(tn_imatrix_acc_add_rows(a, &idx, 1, 2, &x[0][0], rows2, 1, 2), TERN_OK); /* 9, 1 */
+    assert_int_equal(tn_imatrix_acc_add_rows(a, &idx, 1, 2, &x[2][0], NULL, 1, 2), TERN_OK);  /* 0.25, 0 */
+    assert_int_equal(tn_imatrix_acc_add_rows(a, &idx, 1, 3, &x[0][0], NULL, 1, 2), TERN_ERR_INVALID_ARG);
+    int64_t ne0, cnt;
+    const double *s = tn_imatrix_acc_get(a, idx, &ne0, &cnt);
+    assert_int_equal(ne0, 2);
+    assert_int_equal(cnt, 2);
+    assert_true(s[0] == 5 && s[1] == 8 && s[2] == 0 && s[3] == 0 && s[4] == 9.25 && s[5] == 1);
+    char path[512];
+    tiny_tmp_path(path, sizeof path, "imatrix-exps");
+    assert_int_equal(tn_imatrix_acc_save(a, path, "calib.txt", 1, 64), TERN_OK);
+    tn_imatrix_acc_free(a);
+    tn_gguf *g;
+    assert_int_equal(tn_gguf_open(path, false, &g), TERN_OK);
+    const tn_gguf_tensor *t = tn_gguf_find_tensor(g, "blk.0.ffn_up_exps.weight.in_sum2");
+    const tn_gguf_tensor *c = tn_gguf_find_tensor(g, "blk.0.ffn_up_exps.weight.counts");
+    assert_non_null(t);
+    assert_non_null(c);
+    assert_true(t->n_dims == 2 && t->ne[0] == 2 && t->ne[1] == 3);
+    assert_true(c->n_dims == 2 && c->ne[0] == 1 && c->ne[1] == 3);
+    float cv[3];
+    memcpy(cv, c->data, sizeof cv);
+    assert_true(cv[0] == 2 && cv[1] == 0 && cv[2] == 2);
+    tn_gguf_free(g);
+    tn_imatrix *m;
+    assert_int_equal(tn_imatrix_load(path, &m), TERN_OK);
+    assert_null(tn_imatrix_find(m, "blk.0.ffn_up_exps.weight", 2));
+    const float *imp = tn_imatrix_find(m, "blk.0.ffn_up_exps.weight", 6);
+    assert_non_null(imp);
+    assert_true(imp[0] == 2.5f && imp[1] == 4 && imp[2] == 1 && imp[3] == 1 && imp[4] == 4.625f && imp[5] == 0.5f);
+    tn_imatrix_free(m);
+    remove(path);
+}
+
 static void test_cli_vs_reference(void **st) {
     (void)st;
     const char *tern = getenv("TERN_BIN");
@@ -246,6 +294,7 @@ static void test_cli_vs_reference(void **st) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_acc_save_load),
+        cmocka_unit_test(test_acc_experts),
         cmocka_unit_test(test_cli_vs_reference),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

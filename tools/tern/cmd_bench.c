@@ -10,6 +10,11 @@
  * seconds — a best-of-several probe picks the moments nothing else read), pp against the compute peak
  * of its weights (int8 dot for quantized weights, f32 FMA otherwise; 2 x matrix parameters per
  * token).
+ * Mixture-of-experts files: a token reads the dense weights and its experts' slices only, so the
+ * bytes per token are those (the distinct experts run per decoded token, from the context's
+ * usage counters, model/ctx.h) and pp's ops count the parameters a token is routed through; the
+ * output adds every weight's bytes, the tg roofline in tokens/s and how often each expert was
+ * selected during the bench.
  *
  * `--sweep-bits` takes an f16/f32 model, quantizes it to tq1..tq8 (g64a by default) one at a
  * time into a temporary directory (removed afterwards) and benches each: tokens/s, bytes/token,
@@ -30,6 +35,7 @@
 #include "fmt/gguf.h"
 #include "kern/peak.h"
 #include "cuda/cuda.h"
+#include "model/ctx.h"
 #include "model/model.h"
 #include "quant/tq.h"
 
@@ -61,6 +67,17 @@ typedef struct {
     double size, params, tok_bytes, mat_ops; /* bytes of weights, parameters, bytes/token, ops/token */
     bool quantized;                          /* matrices in a quantized type: int8 peak applies */
     int threads;
+    /* mixture of experts (n_expert > 0): a decoded token reads the dense weights and, per layer,
+     * the slices of the experts it is routed to. tok_bytes is then the measured active bytes (the
+     * distinct experts run per decoded token, counted in tn_blk_moe), or the static estimate
+     * (n_expert_used of n_expert) when no decode was counted (-n 0, --device cuda). */
+    double all_bytes;      /* every weight a token could read: dense + all experts            */
+    double exp_bytes;      /* of the expert matrices (the *_exps tensors)                    */
+    double static_bytes;   /* dense + n_expert_used / n_expert of the experts                */
+    double measured_bytes; /* dense + the experts' slices actually run per decoded token (0: none) */
+    int32_t n_layer, n_expert, n_expert_used;
+    uint64_t *usage;        /* [n_layer][n_expert] routed rows per expert over the whole bench (malloc) */
+    uint64_t usage_tokens;  /* tokens routed through each layer over the whole bench           */
 } model_info;
 
 typedef struct {
@@ -89,6 +106,79 @@ static void measure_peaks(int threads, peaks *pk) {
     pk->bwn = threads == 1 ? pk->bw1 : tn_peak_read_gbs(threads, BENCH_BW_BYTES, 5);
     pk->fma = tn_peak_fma_gflops(threads);
     pk->dot = tn_peak_dot_gops(threads);
+}
+
+/* The MoE fields of mi from the model (after tok_bytes): expert bytes and the static estimate of
+ * a decoded token's reads; tok_bytes becomes that estimate. A dense model: no experts. */
+static void moe_bytes(const tern_model *m, model_info *mi) {
+    mi->all_bytes = mi->static_bytes = mi->tok_bytes;
+    mi->exp_bytes = mi->measured_bytes = 0;
+    mi->n_layer = m->hp.n_layer, mi->n_expert = m->hp.n_expert, mi->n_expert_used = m->hp.n_expert_used;
+    mi->usage = NULL, mi->usage_tokens = 0;
+    if (mi->n_expert <= 0) return;
+    for (int32_t il = 0; il < m->hp.n_layer; il++)
+        for (int r = 0; r < TN_ROLE_N_LAYER; r++)
+            if (tn_roles[r].ne2 == TN_DIM_EXPERT) mi->exp_bytes += (double)m->layers[il].w[r].nbytes;
+    mi->static_bytes = mi->all_bytes - mi->exp_bytes + mi->exp_bytes * mi->n_expert_used / mi->n_expert;
+    mi->tok_bytes = mi->static_bytes;
+}
+
+/* Expert usage over the bench (mi->usage): each (layer, expert)'s share of its layer's routed
+ * rows, min / max over all of them, and how many received none. false: no usage counted. */
+static bool usage_stats(const model_info *mi, double *lo, double *hi, int64_t *never, uint64_t *rows) {
+    if (!mi->usage || !mi->usage_tokens) return false;
+    const double per_layer = (double)mi->usage_tokens * mi->n_expert_used;
+    *lo = INFINITY, *hi = 0, *never = 0, *rows = 0;
+    for (int64_t i = 0; i < (int64_t)mi->n_layer * mi->n_expert; i++) {
+        const double sh = (double)mi->usage[i] / per_layer;
+        *lo = sh < *lo ? sh : *lo, *hi = sh > *hi ? sh : *hi;
+        *never += mi->usage[i] == 0, *rows += mi->usage[i];
+    }
+    return true;
+}
+
+/* MoE: the JSON members (after a ", ") of the bytes a decoded token reads, the tg roofline in
+ * tokens/s at bw GB/s (0: not measured) and the expert usage; nothing for a dense model. */
+static void print_moe_json(const model_info *mi, double bw) {
+    if (mi->n_expert <= 0) return;
+    printf(", \"n_expert\": %d, \"n_expert_used\": %d, \"bytes_per_token_all\": %.0f, \"expert_bytes\": %.0f, "
+           "\"bytes_per_token_active_static\": %.0f, \"bytes_per_token_active_measured\": %.0f, \"roofline_tg_ts\": %.3f",
+           mi->n_expert, mi->n_expert_used, mi->all_bytes, mi->exp_bytes, mi->static_bytes, mi->measured_bytes,
+           bw > 0 ? bw * 1e9 / mi->tok_bytes : 0.0);
+    double lo, hi;
+    int64_t never;
+    uint64_t rows;
+    if (!usage_stats(mi, &lo, &hi, &never, &rows)) return;
+    printf(", \"expert_usage\": {\"tokens\": %llu, \"routed_rows\": %llu, \"min_share\": %.6f, \"max_share\": %.6f, "
+           "\"uniform_share\": %.6f, \"never_used\": %lld, \"per_layer\": [",
+           (unsigned long long)mi->usage_tokens, (unsigned long long)rows, lo, hi, 1.0 / mi->n_expert, (long long)never);
+    for (int32_t il = 0; il < mi->n_layer; il++) {
+        printf("%s[", il ? ", " : "");
+        for (int32_t e = 0; e < mi->n_expert; e++)
+            printf("%s%llu", e ? ", " : "", (unsigned long long)mi->usage[(int64_t)il * mi->n_expert + e]);
+        printf("]");
+    }
+    printf("]}");
+}
+
+/* MoE: the markdown lines of the same; nothing for a dense model. */
+static void print_moe_md(const model_info *mi, double bw) {
+    if (mi->n_expert <= 0) return;
+    printf("\nexperts: %d, %d per token; a decoded token reads %.2f MiB of the %.2f MiB it could (dense %.2f MiB + experts "
+           "%.2f of %.2f MiB: %s)", mi->n_expert, mi->n_expert_used, mi->tok_bytes / 1048576.0, mi->all_bytes / 1048576.0,
+           (mi->all_bytes - mi->exp_bytes) / 1048576.0, (mi->tok_bytes - mi->all_bytes + mi->exp_bytes) / 1048576.0,
+           mi->exp_bytes / 1048576.0,
+           mi->measured_bytes > 0 ? "the distinct experts run per decoded token, counted" : "n_expert_used / n_expert, not counted");
+    if (bw > 0) printf("; tg roofline at %.1f GB/s: %.1f t/s (all weights: %.1f t/s)", bw, bw * 1e9 / mi->tok_bytes, bw * 1e9 / mi->all_bytes);
+    printf("\n");
+    double lo, hi;
+    int64_t never;
+    uint64_t rows;
+    if (usage_stats(mi, &lo, &hi, &never, &rows))
+        printf("expert usage over the bench's %llu tokens (%llu routed rows): each (layer, expert)'s share of its layer's rows "
+               "%.2f%% .. %.2f%% (uniform %.2f%%), %lld of %lld never selected\n",
+               (unsigned long long)mi->usage_tokens, (unsigned long long)rows, 100.0 * lo, 100.0 * hi, 100.0 / mi->n_expert,
+               (long long)never, (long long)mi->n_layer * mi->n_expert);
 }
 
 /* Loads path, runs pp and tg (whichever is > 0), fills rows (up to 2) and mi. */
@@ -140,14 +230,30 @@ static int bench_model(const char *path, const bench_opts *o, const peaks *pk, b
     /* bytes a generated token reads: every weight but the embedding table (one row of it), which
      * is read in full only when the output projection is tied to it */
     mi->tok_bytes = mi->size - (tied ? 0.0 : (double)m->tok_embd.nbytes);
-    /* matrix work per token: 2 ops per parameter of every matrix but the embedding lookup */
+    moe_bytes(m, mi);
+    double *slice = NULL; /* [n_layer] bytes of one expert's slices of every *_exps matrix */
+    uint64_t *touched0 = NULL, *tokens0 = NULL; /* the counters when the tg test starts */
+    if (mi->n_expert > 0) {
+        slice = calloc((size_t)mi->n_layer, sizeof *slice);
+        touched0 = calloc((size_t)mi->n_layer, sizeof *touched0), tokens0 = calloc((size_t)mi->n_layer, sizeof *tokens0);
+        mi->usage = calloc((size_t)mi->n_layer * (size_t)mi->n_expert, sizeof *mi->usage);
+        if (!slice || !touched0 || !tokens0 || !mi->usage) s = TERN_ERR_NOMEM;
+        for (int32_t il = 0; !s && il < mi->n_layer; il++)
+            for (int r = 0; r < TN_ROLE_N_LAYER; r++)
+                if (tn_roles[r].ne2 == TN_DIM_EXPERT) slice[il] += (double)m->layers[il].w[r].nbytes / mi->n_expert;
+        tn_ctx_moe_usage_reset(c);
+    }
+    /* matrix work per token: 2 ops per parameter of every matrix but the embedding lookup (MoE:
+     * of the parameters a token is routed through, as tern info counts them) */
     const double embd_params = (double)m->tok_embd.ne[0] * (double)m->tok_embd.ne[1];
-    mi->mat_ops = 2.0 * (mi->params - (tied ? 0.0 : embd_params));
-    const tn_dtype_traits *wt = m->hp.n_layer > 0 ? tn_dtype_get(m->layers[0].w[TN_ROLE_FFN_UP].type) : NULL;
+    mi->mat_ops = 2.0 * ((mi->n_expert > 0 ? (double)m->n_params_active : mi->params) - (tied ? 0.0 : embd_params));
+    const tn_dtype_traits *wt = m->hp.n_layer > 0 ? tn_dtype_get(m->layers[0].w[mi->n_expert > 0 ? TN_ROLE_FFN_UP_EXPS : TN_ROLE_FFN_UP].type) : NULL;
     mi->quantized = wt && wt->is_quantized;
-    for (int test = 0; test < 2; test++) {
+    for (int test = 0; test < 2 && !s; test++) {
         const int64_t n = test == 0 ? o->n_prompt : o->n_gen;
         if (n == 0) continue;
+        if (test == 1 && c->moe_count)
+            for (int32_t il = 0; il < mi->n_layer; il++) touched0[il] = c->moe_touched[il], tokens0[il] = c->moe_tokens[il];
         for (int64_t r = -1; r < o->reps && !s; r++) { /* r = -1 is the warm-up */
             tern_ctx_truncate(c, 0);
             double t0 = tn_cli_now(), dt = 0;
@@ -178,6 +284,15 @@ static int bench_model(const char *path, const bench_opts *o, const peaks *pk, b
                     (long long)o->reps, (double)n / dt);
         }
         if (s) break;
+        if (test == 1 && c->moe_count) { /* the experts run per decoded token, from the counters */
+            double b = mi->all_bytes - mi->exp_bytes;
+            int32_t counted = 0; /* none on a GPU's layers: the static estimate stays */
+            for (int32_t il = 0; il < mi->n_layer; il++) {
+                const uint64_t nt = c->moe_tokens[il] - tokens0[il];
+                if (nt) b += slice[il] * (double)(c->moe_touched[il] - touched0[il]) / (double)nt, counted++;
+            }
+            if (counted == mi->n_layer) mi->measured_bytes = mi->tok_bytes = b;
+        }
         bench_row *row = &rows[(*nrows)++];
         snprintf(row->test, sizeof row->test, "%s%lld", test ? "tg" : "pp", (long long)n);
         row->n_prompt = test ? 0 : (int)n;
@@ -202,6 +317,12 @@ static int bench_model(const char *path, const bench_opts *o, const peaks *pk, b
         }
     }
     fprintf(stderr, "\n");
+    if (c->moe_count && mi->usage) {
+        memcpy(mi->usage, c->moe_count, sizeof(uint64_t) * (size_t)mi->n_layer * (size_t)mi->n_expert);
+        mi->usage_tokens = c->moe_tokens[0];
+    }
+    free(slice), free(touched0), free(tokens0);
+    if (s) free(mi->usage), mi->usage = NULL;
     free(toks), free(tv), free(bw), tn_read_probe_free(probe);
     tern_ctx_free(c);
     tern_model_free(m);
@@ -282,6 +403,7 @@ static int sweep_bits(const char *path, const bench_opts *o, const peaks *pk, in
         char *qargv[] = {"quantize", "-t", thr, (char *)path, out, W->type, NULL};
         rc = cmd_quantize(6, qargv);
         if (rc == TN_EXIT_OK) rc = bench_model(out, o, pk, W->rows, &W->nrows, &W->mi);
+        if (rc == TN_EXIT_OK) free(W->mi.usage), W->mi.usage = NULL; /* the sweep reports bytes, not usage */
         unlink(out);
         if (rc == TN_EXIT_OK) nw++;
     }
@@ -351,6 +473,7 @@ static int bench_gpu(const char *path, const bench_opts *o, bool roofline, bool 
     model_info mi;
     const int rc = bench_model(path, o, NULL, rows, &nrows, &mi);
     if (rc != TN_EXIT_OK) return rc;
+    free(mi.usage), mi.usage = NULL; /* not counted on the GPU */
     if (roofline) gp.copy_gbs = 0.5 * (gp.copy_gbs + tn_cuda_peak_copy_gbs(bw_bytes, 10));
     for (int i = 0; i < nrows; i++) {
         bench_row *R = &rows[i];
@@ -630,9 +753,11 @@ int cmd_bench(int argc, char **argv) {
                    rows[i].mean, rows[i].sd, mi.tok_bytes, rows[i].n_gen ? "gbs" : "gops", rows[i].rate, rows[i].pct_roof,
                    rows[i].bw_during);
             print_peaks_json(&pk);
+            print_moe_json(&mi, rows[i].bw_during > 0 ? rows[i].bw_during : pk.bwn);
             printf("}%s\n", i + 1 < nrows ? "," : "");
         }
         printf("]\n");
+        free(mi.usage);
         return TN_EXIT_OK;
     }
     printf("| model                          |       size |     params | backend    | threads |            test |                  t/s |     GB/s | roofline |\n");
@@ -649,6 +774,8 @@ int cmd_bench(int argc, char **argv) {
     printf("\ntg: GB/s of weights read (%.1f MiB per token), roofline = that / read bandwidth measured during each "
            "repetition (mean of read passes interleaved with the decode: %.1f GB/s); pp (*): GOP/s of matrix work, roofline = that / %s peak\n",
            mi.tok_bytes / 1048576.0, during, mi.quantized ? "int8 dot" : "f32 FMA");
+    print_moe_md(&mi, during > 0 ? during : pk.bwn);
     if (roofline) print_peaks_md(&pk);
+    free(mi.usage);
     return TN_EXIT_OK;
 }

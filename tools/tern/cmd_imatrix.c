@@ -5,7 +5,9 @@
  * observer in the forward pass (model/ctx.h) sees the f32 input rows of every matmul: for each
  * weight of the blk.* layers (and output.weight with --process-output) it sums x_i^2 per input
  * column and counts the rows. wq/wk/wv share one input, as do w_gate/w_up, so each gets the same
- * sums. Like llama-imatrix, matmuls over fewer than 16 rows are not collected.
+ * sums. Like llama-imatrix, matmuls over fewer than 16 rows are not collected. Mixture of experts:
+ * the router is collected like a dense weight, and each *_exps tensor per expert (the rows routed
+ * to it, however few; llama-imatrix's in_sum2 [ne0][n_expert] and counts [1][n_expert]).
  *
  * The result is llama.cpp's GGUF imatrix format (src/quant/imatrix.h): llama-quantize --imatrix
  * accepts it, and tern quantize --imatrix accepts llama-imatrix's. Written atomically at the end;
@@ -35,6 +37,8 @@ typedef struct {
     int32_t n_layer;
     size_t (*idx)[5][3]; /* [n_layer + 1][site][<= 3 weights] */
     uint8_t (*nidx)[5];
+    size_t (*xidx)[2][2]; /* MoE: [n_layer][in, down][<= 2 expert tensors] (NULL: dense) */
+    uint8_t (*nxidx)[2];
     tern_status err;
 } obs_state;
 
@@ -43,6 +47,25 @@ static void observe(void *user, int32_t il, tn_obs_site site, const float *x, in
     if (o->err || n < 16 || il < 0 || il > o->n_layer || (int)site < 0 || (int)site >= 5) return;
     const uint8_t k = o->nidx[il][site];
     if (k) o->err = tn_imatrix_acc_add(o->acc, o->idx[il][site], k, x, n, ne0);
+}
+
+/* Experts (tn_blk_moe): every routed row counts, per expert, as llama-imatrix collects its
+ * indirect products (no 16-row minimum). */
+static void observe_moe(void *user, int32_t il, tn_obs_site site, int32_t e, const float *x, const int32_t *rows,
+                        int32_t n, int32_t ne0) {
+    obs_state *o = user;
+    const int si = site == TN_OBS_FFN_DOWN;
+    if (o->err || !o->xidx || il < 0 || il >= o->n_layer || (site != TN_OBS_FFN_IN && !si)) return;
+    const uint8_t k = o->nxidx[il][si];
+    if (k) o->err = tn_imatrix_acc_add_rows(o->acc, o->xidx[il][si], k, e, x, rows, n, ne0);
+}
+
+static tern_status add_expert_entry(obs_state *o, int32_t il, int si, const tn_tensor *w) {
+    if (!w->data || !w->name) return TERN_OK;
+    uint8_t *k = &o->nxidx[il][si];
+    tern_status s = tn_imatrix_acc_entry_mat(o->acc, w->name, w->ne[0], w->ne[2], &o->xidx[il][si][*k]);
+    if (!s) (*k)++;
+    return s;
 }
 
 static tern_status add_entry(obs_state *o, int32_t il, tn_obs_site site, const tn_tensor *w) {
@@ -122,12 +145,6 @@ int cmd_imatrix(int argc, char **argv) {
         rc = TN_EXIT_DATAERR;
         goto out;
     }
-    if (m->hp.n_expert > 0) { /* the MoE block reports no activations per expert yet */
-        fprintf(stderr, "tern: error: imatrix: %s has %d experts per layer; per-expert statistics are not implemented yet "
-                "(quantize MoE files without --imatrix)\n", m->hp.family->name, m->hp.n_expert);
-        rc = TN_EXIT_DATAERR;
-        goto out;
-    }
     int64_t n_chunk = n_tok / n_ctx;
     if (max_chunks > 0 && n_chunk > max_chunks) n_chunk = max_chunks;
     const tn_hparams *hp = &m->hp;
@@ -140,6 +157,11 @@ int cmd_imatrix(int argc, char **argv) {
     o.idx = calloc((size_t)hp->n_layer + 1, sizeof *o.idx);
     o.nidx = calloc((size_t)hp->n_layer + 1, sizeof *o.nidx);
     if (!o.idx || !o.nidx) { rc = TN_EXIT_OSERR; goto out; }
+    if (hp->n_expert > 0) {
+        o.xidx = calloc((size_t)hp->n_layer, sizeof *o.xidx);
+        o.nxidx = calloc((size_t)hp->n_layer, sizeof *o.nxidx);
+        if (!o.xidx || !o.nxidx) { rc = TN_EXIT_OSERR; goto out; }
+    }
     if ((s = tn_imatrix_acc_create(&o.acc))) { rc = tn_cli_fail(s, "imatrix"); goto out; }
     for (int32_t il = 0; il < hp->n_layer && !s; il++) {
         const tn_tensor *w = m->layers[il].w;
@@ -150,6 +172,10 @@ int cmd_imatrix(int argc, char **argv) {
         if (!s) s = add_entry(&o, il, TN_OBS_FFN_IN, &w[TN_ROLE_FFN_GATE]);
         if (!s) s = add_entry(&o, il, TN_OBS_FFN_IN, &w[TN_ROLE_FFN_UP]);
         if (!s) s = add_entry(&o, il, TN_OBS_FFN_DOWN, &w[TN_ROLE_FFN_DOWN]);
+        if (!s) s = add_entry(&o, il, TN_OBS_FFN_IN, &w[TN_ROLE_FFN_GATE_INP]); /* MoE: the router */
+        if (!s && o.xidx) s = add_expert_entry(&o, il, 0, &w[TN_ROLE_FFN_GATE_EXPS]);
+        if (!s && o.xidx) s = add_expert_entry(&o, il, 0, &w[TN_ROLE_FFN_UP_EXPS]);
+        if (!s && o.xidx) s = add_expert_entry(&o, il, 1, &w[TN_ROLE_FFN_DOWN_EXPS]);
     }
     /* llama-imatrix only names output.weight (a tied output is token_embd: not collected) */
     if (!s && process_output && m->output.name && !strcmp(m->output.name, "output.weight"))
@@ -164,6 +190,7 @@ int cmd_imatrix(int argc, char **argv) {
     if (threads > 0) cp.n_threads = (int32_t)threads;
     if ((s = tern_ctx_create(m, &cp, &c))) { rc = tn_cli_fail(s, "creating the context"); goto out; }
     c->observe = observe;
+    c->observe_moe = observe_moe;
     c->observe_user = &o;
 
     chunk = malloc(sizeof *chunk * (size_t)n_ctx);
@@ -174,6 +201,7 @@ int cmd_imatrix(int argc, char **argv) {
     size_t n_w = 0;
     for (int32_t il = 0; il <= hp->n_layer; il++)
         for (int k = 0; k < 5; k++) n_w += o.nidx[il][k];
+    for (int32_t il = 0; o.xidx && il < hp->n_layer; il++) n_w += (size_t)o.nxidx[il][0] + o.nxidx[il][1];
     fprintf(stderr, "imatrix: %s: %d tokens, %lld chunks of %lld, %zu weights\n", text_path, n_tok, (long long)n_chunk,
             (long long)n_ctx, n_w);
     signal(SIGINT, on_sigint);
@@ -211,11 +239,19 @@ int cmd_imatrix(int argc, char **argv) {
         goto out;
     }
     fprintf(stderr, "imatrix: wrote %s (%lld chunks of %lld tokens)\n", out_path, (long long)done, (long long)n_ctx);
+    for (int32_t il = 0; c->moe_count && il < hp->n_layer; il++) { /* the context's own routing counters */
+        fprintf(stderr, "imatrix: expert usage blk.%d:", il);
+        for (int32_t e = 0; e < hp->n_expert; e++)
+            fprintf(stderr, " %llu", (unsigned long long)c->moe_count[(int64_t)il * hp->n_expert + e]);
+        fprintf(stderr, "\n");
+    }
 out:
     free(chunk);
     tn_imatrix_acc_free(o.acc);
     free(o.idx);
     free(o.nidx);
+    free(o.xidx);
+    free(o.nxidx);
     free(toks);
     free(text);
     tern_ctx_free(c);

@@ -89,6 +89,7 @@ typedef struct {
     int64_t task_rows, task_ne0;
     uint32_t task_type;
     const float *task_imat;
+    int64_t task_mat_rows; /* > 0: task_imat holds one row of ne0 per matrix of this many rows (experts) */
 } qctx;
 
 static void fmt_shape(const tn_gguf_tensor *t, char *buf, size_t cap) {
@@ -130,12 +131,13 @@ static void quant_task(void *arg, int ith, int nth) {
     for (int64_t r = r0; r < r1; r++) {
         const float *x = q->task_x + r * q->task_ne0;
         uint8_t *y = q->task_y + (size_t)r * rb;
+        const float *imat = q->task_imat && q->task_mat_rows ? q->task_imat + r / q->task_mat_rows * q->task_ne0 : q->task_imat;
         if (tn_tq_is(q->task_type)) {
             tn_tq_params p;
             tn_tq_params_of(q->task_type, &p);
-            tn_kern()->tq_quantize(&p, x, y, q->task_ne0, q->task_imat);
+            tn_kern()->tq_quantize(&p, x, y, q->task_ne0, imat);
         } else {
-            tn_quantize_row_imat((tn_dtype)q->task_type, x, y, q->task_ne0, q->task_imat);
+            tn_quantize_row_imat((tn_dtype)q->task_type, x, y, q->task_ne0, imat);
         }
     }
 }
@@ -173,7 +175,11 @@ static tern_status fill(void *user, size_t idx, void *dst, size_t nbytes) {
     q->task_rows = nel / t->ne[0];
     q->task_type = c->type;
     q->task_imat = NULL;
-    if (q->imat) {
+    q->task_mat_rows = 0;
+    if (q->imat && t->n_dims == 3 && t->ne[2] > 1) { /* experts: one importance row per expert */
+        q->task_imat = tn_imatrix_find(q->imat, t->name, t->ne[0] * t->ne[2]);
+        q->task_mat_rows = t->ne[1];
+    } else if (q->imat) {
         q->task_imat = tn_imatrix_find(q->imat, t->name, t->ne[0]);
     }
     tn_pool_run(q->pool, quant_task, q);
