@@ -208,7 +208,7 @@ static tern_status tn_ctx_create_impl(const tern_model *m, const tern_ctx_params
     c->kv = tn_ctx_alloc(c, (size_t)(nb * 2 * kv_dim) * sizeof(float), &ok);
     c->att = tn_ctx_alloc(c, (size_t)(nb * qd) * sizeof(float), &ok);
     /* MoE: every token's n_expert_used routed rows, each n_ff_exp wide */
-    const int64_t ne = hp->n_expert > 0 ? nb * hp->n_expert_used : 0, hbw = TN_MAX(nb * hp->n_ff, ne * hp->n_ff_exp);
+    const int64_t ne = hp->n_expert > 0 ? nb * hp->n_expert_used : 0, hbw = TN_MAX(nb * TN_MAX(hp->n_ff, hp->n_ff_shexp), ne * hp->n_ff_exp);
     c->hb = tn_ctx_alloc(c, (size_t)hbw * sizeof(float), &ok);
     c->hb2 = tn_ctx_alloc(c, (size_t)hbw * sizeof(float), &ok);
     if (ne) {

@@ -320,13 +320,14 @@ void tn_blk_attention(tn_thr *T, const tn_layer *L, int32_t il) {
     TN_SPAN_E(TN_TK_ATTENTION, "attention", il, 0, 0);
 }
 
-void tn_blk_glu(tn_thr *T, const tn_layer *L, int32_t il) {
+/* hb = act(Wg xb) * (Wu xb) over n_ff rows; prefetches the start of this thread's share of down
+ * (the next matmul) at the closing barrier. */
+static void tn_glu(tn_thr *T, const tn_tensor *Wg, const tn_tensor *Wu, int32_t n_ff, const tn_tensor *down, int32_t il) {
     tern_ctx *c = T->c;
     const tn_kern_table *kt = c->kt;
     const int ith = T->ith, nth = T->nth, n = T->n;
     const bool own = T->own;
-    const int32_t d = c->hp.n_embd, n_ff = c->hp.n_ff;
-    const tn_tensor *const Wg = &L->w[TN_ROLE_FFN_GATE], *const Wu = &L->w[TN_ROLE_FFN_UP];
+    const int32_t d = c->hp.n_embd;
     int64_t r0, r1, rows = 0; /* rows: this thread's, for the trace */
     TN_SPAN_B(TN_TK_MATMUL, "ffn_gate_up", il, Wg->type, 2 * (int64_t)n_ff, d, n);
     const void *xq = tn_act(c, ith, nth, own, T->xq_own, Wg->type, T->xb, d, d, n);
@@ -356,10 +357,42 @@ void tn_blk_glu(tn_thr *T, const tn_layer *L, int32_t il) {
             else kt->swiglu(c->hb + (int64_t)j * n_ff + r0, c->hb2 + (int64_t)j * n_ff + r0, r1 - r0);
         }
     }
-    const tn_span down_pf = tn_next_span(T, &L->w[TN_ROLE_FFN_DOWN]);
+    const tn_span down_pf = tn_next_span(T, down);
     tn_pool_barrier_pf(c->pool, down_pf.p, down_pf.n);
     TN_SPAN_E(TN_TK_MATMUL, "ffn_gate_up", il, 2 * rows,
               rows * (int64_t)(tn_dtype_row_size(Wg->type, d) + tn_dtype_row_size(Wu->type, d)));
+}
+
+void tn_blk_glu(tn_thr *T, const tn_layer *L, int32_t il) {
+    tn_glu(T, &L->w[TN_ROLE_FFN_GATE], &L->w[TN_ROLE_FFN_UP], T->c->hp.n_ff, &L->w[TN_ROLE_FFN_DOWN], il);
+}
+
+void tn_blk_shexp(tn_thr *T, const tn_layer *L, int32_t il, const tn_tensor *next) {
+    tern_ctx *c = T->c;
+    const int32_t d = c->hp.n_embd, ff = c->hp.n_ff_shexp;
+    const tn_tensor *Wd = &L->w[TN_ROLE_FFN_DOWN_SHEXP], *gate = &L->w[TN_ROLE_FFN_GATE_INP_SHEXP];
+    /* hb = silu(Wgate_sh xb) * (Wup_sh xb): the dense block's path (the routed experts left xb,
+     * and in one-token mode every thread's own normed row, as they were) */
+    tn_glu(T, &L->w[TN_ROLE_FFN_GATE_SHEXP], &L->w[TN_ROLE_FFN_UP_SHEXP], ff, Wd, il);
+    if (c->observe && T->ith == 0) c->observe(c->observe_user, il, TN_OBS_FFN_DOWN, c->hb, T->n, ff);
+    const void *xq = tn_act(c, T->ith, T->nth, T->own, T->xq_own, Wd->type, c->hb, ff, ff, T->n);
+    tn_mm(c, T->ith, T->nth, T->own, c->mm_next + TN_MM_PER_LAYER * il + 5, Wd->type, Wd->data, d, ff, xq, T->n, c->tmp, d,
+          NULL);
+    tn_pool_barrier(c->pool);
+    /* x += sigmoid(gate . xb) * out (llama.cpp multiplies the expert's output, not its input,
+     * by the gate); no gate vector: x += out */
+    for (int64_t t = T->t0; t < T->t1; t++) {
+        float g = 1.0f;
+        if (gate->data) {
+            const float *gw = gate->data, *xb = c->xb + t * d;
+            double dot = 0;
+            for (int32_t i = 0; i < d; i++) dot += (double)gw[i] * xb[i];
+            g = (float)(1.0 / (1.0 + exp(-dot)));
+        }
+        for (int32_t i = 0; i < d; i++) c->x[t * d + i] += g * c->tmp[t * d + i];
+    }
+    const tn_span pf = tn_next_span(T, next);
+    tn_pool_barrier_pf(c->pool, pf.p, pf.n);
 }
 
 /* One token's routing from its router logits p[n_expert] (overwritten with the softmax, as

@@ -67,6 +67,10 @@ void tn_blk_glu(tn_thr *T, const tn_layer *L, int32_t il);
  * token x += sum over its slots, in slot order, of weight * expert output. A token's arithmetic
  * does not depend on the rest of the batch. */
 void tn_blk_moe(tn_thr *T, const tn_layer *L, int32_t il);
+/* A layer's shared expert (tn_layer_shexp): hb = silu(Wgate_sh xb) * (Wup_sh xb), then per token
+ * x += g * Wdown_sh hb with g = sigmoid(ffn_gate_inp_shexp . xb) (1 without the gate vector).
+ * Reads xb as tn_blk_moe left it. At the closing barrier this thread's share of next is prefetched. */
+void tn_blk_shexp(tn_thr *T, const tn_layer *L, int32_t il, const tn_tensor *next);
 /* x += W in, or x += rmsnorm(W in) * post when post has data (gemma's post norms); in:
  * [n][W->ne[0]], the observer sees it as site; slot numbers the matmul within the layer
  * (tail-chunk counters). At the closing barrier the start of this thread's share of next (the

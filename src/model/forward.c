@@ -49,6 +49,8 @@ static void tn_forward_task(void *vp, int ith, int nth) {
         if (moe) {                                                  /* x += sum over the top-k experts e
                                                                      * of weight_e * FFN_e(xb)       */
             tn_blk_moe(&T, L, il);
+            if (tn_layer_shexp(L))                                  /* x += g * shared expert(xb)     */
+                tn_blk_shexp(&T, L, il, il + 1 < n_layer ? &m->layers[il + 1].w[TN_ROLE_ATTN_Q] : &m->output);
             tn_blk_layer_end(&T, il);
             continue;
         }

@@ -229,10 +229,12 @@ static tern_status tn_load_hparams(const tn_gguf *g, tn_hparams *hp) {
         return tn_err(TERN_ERR_FORMAT, "model: %s.expert_used_count %d must be in 1..%s.expert_count %d (top-k of the experts)",
                       an, hp->n_expert_used, an, hp->n_expert);
     hp->n_ff_exp = hp->n_ff;
-    if (hp->arch == TN_ARCH_QWEN3MOE && hp->n_expert_used > 0) hp->n_ff_exp = hp->n_ff / hp->n_expert_used; /* llama.cpp's default */
+    if ((hp->arch == TN_ARCH_QWEN3MOE || hp->arch == TN_ARCH_QWEN2MOE) && hp->n_expert_used > 0) hp->n_ff_exp = hp->n_ff / hp->n_expert_used; /* llama.cpp's default */
     if ((s = tn_model_key_dim(g, an, "expert_feed_forward_length", false, 1, 1 << 22, &hp->n_ff_exp))) return s;
     if (hp->n_expert > 0 && hp->n_ff_exp < 1)
         return tn_err(TERN_ERR_FORMAT, "model: %s.feed_forward_length %d gives experts of no rows", an, hp->n_ff);
+    hp->n_ff_shexp = hp->n_ff; /* llama.cpp's default */
+    if ((s = tn_model_key_dim(g, an, "expert_shared_feed_forward_length", false, 1, 1 << 22, &hp->n_ff_shexp))) return s;
     hp->ffn = ad->ffn;
     hp->embd_scale = ad->embd_scale ? sqrtf((float)hp->n_embd) : 0.0f;
     hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);

@@ -49,6 +49,8 @@ typedef struct tn_hparams {
     int32_t n_expert_used;/* expert_used_count: experts each token is routed to (top-k)   */
     int32_t n_ff_exp;     /* an expert's hidden rows (qwen3moe: expert_feed_forward_length;
                            * else n_ff)                                                  */
+    int32_t n_ff_shexp;   /* the shared expert's hidden rows (qwen2moe:
+                           * expert_shared_feed_forward_length, else n_ff)               */
 } tn_hparams;
 
 /* A weight view: type, shape (ne[0] = row length) and bytes in the mapped file. */
@@ -68,6 +70,8 @@ typedef struct tn_layer {
 
 /* Whether layer L routes its feed-forward through experts (it has a router). */
 static inline bool tn_layer_moe(const tn_layer *L) { return L->w[TN_ROLE_FFN_GATE_INP].data != NULL; }
+/* Whether layer L has a shared expert beside its routed ones. */
+static inline bool tn_layer_shexp(const tn_layer *L) { return L->w[TN_ROLE_FFN_UP_SHEXP].data != NULL; }
 
 /* Expert e of a 3-D expert matrix t as a 2-D matrix (a view of the same bytes). */
 static inline tn_tensor tn_expert_view(const tn_tensor *t, int64_t e) {

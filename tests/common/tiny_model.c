@@ -109,6 +109,7 @@ tern_status tiny_model_write(const char *path, const tiny_cfg *c) {
         U32("expert_count", c->n_expert);
         U32("expert_used_count", c->n_expert_used);
         if (c->n_ff_exp) U32("expert_feed_forward_length", c->n_ff_exp);
+        if (c->n_ff_shexp) U32("expert_shared_feed_forward_length", c->n_ff_shexp);
     }
     if (c->softcap > 0) {
         snprintf(key, sizeof key, "%s.final_logit_softcapping", a);
@@ -192,7 +193,7 @@ tern_status tiny_model_write(const char *path, const tiny_cfg *c) {
             L("attn_k.weight", c->n_embd, kv, c->wtype, 'w');
             L("attn_v.weight", c->n_embd, kv, c->wtype, 'w');
         }
-        if (!strcmp(a, "qwen2")) {
+        if (!strcmp(a, "qwen2") || !strcmp(a, "qwen2moe")) {
             L("attn_q.bias", qd, 1, TN_F32, 'b');
             L("attn_k.bias", kv, 1, TN_F32, 'b');
             L("attn_v.bias", kv, 1, TN_F32, 'b');
@@ -214,6 +215,14 @@ tern_status tiny_model_write(const char *path, const tiny_cfg *c) {
             snprintf(n, sizeof n, "blk.%lld.ffn_gate_exps.weight", (long long)l); ADD3(n, c->n_embd, ffx, nx, c->wtype);
             snprintf(n, sizeof n, "blk.%lld.ffn_down_exps.weight", (long long)l); ADD3(n, ffx, c->n_embd, nx, c->wtype);
             snprintf(n, sizeof n, "blk.%lld.ffn_up_exps.weight", (long long)l); ADD3(n, c->n_embd, ffx, nx, c->wtype);
+            if (!strcmp(a, "qwen2moe")) { /* qwen2moe.cpp: {n_embd}, {n_embd, n_ff_shexp}, {n_ff_shexp, n_embd},
+                                           * {n_embd, n_ff_shexp} */
+                const int64_t ffs = c->n_ff_shexp ? c->n_ff_shexp : c->n_ff;
+                L("ffn_gate_inp_shexp.weight", c->n_embd, 1, TN_F32, 'w');
+                L("ffn_gate_shexp.weight", c->n_embd, ffs, c->wtype, 'w');
+                L("ffn_down_shexp.weight", ffs, c->n_embd, c->wtype, 'w');
+                L("ffn_up_shexp.weight", c->n_embd, ffs, c->wtype, 'w');
+            }
         } else if (phi3) { /* {n_embd, 2 n_ff}: gate then up */
             L("ffn_up.weight", c->n_embd, 2 * c->n_ff, c->wtype, 'w');
         } else {

@@ -24,6 +24,9 @@ struct ref_model {
     /* mixture of experts: router [n_expert rows], experts as n_expert * rows stacked (expert e's
      * rows from e * rows); rows NULL in a dense model */
     ref_mat *wr, *xg, *xu, *xd;
+    /* a shared expert (qwen2moe): gate, up, down rows (NULL: none) and its f32 gate vector */
+    ref_mat *sg, *su, *sd;
+    const float **sgate;
     double min_gap;  /* smallest probability gap between the k-th and (k+1)-th expert seen */
     double *kc, *vc; /* [layer][pos][kv_dim] */
     const float *ff; /* RoPE frequency factors (llama 3.1's rope_freqs; phi3: LongRoPE's choice) */
@@ -91,8 +94,10 @@ ref_model *ref_create(const tern_model *m, int32_t n_ctx) {
     int32_t nl = r->hp.n_layer;
     r->emb = ref_deq(&m->tok_embd);
     r->out = ref_deq(&m->output);
-    ref_mat **all[] = {&r->wq, &r->wk, &r->wv, &r->wo, &r->wg, &r->wu, &r->wd, &r->wr, &r->xg, &r->xu, &r->xd};
-    for (size_t i = 0; i < 11; i++) *all[i] = calloc((size_t)nl, sizeof(ref_mat));
+    ref_mat **all[] = {&r->wq, &r->wk, &r->wv, &r->wo, &r->wg, &r->wu, &r->wd, &r->wr, &r->xg, &r->xu, &r->xd,
+                       &r->sg, &r->su, &r->sd};
+    for (size_t i = 0; i < 14; i++) *all[i] = calloc((size_t)nl, sizeof(ref_mat));
+    r->sgate = calloc((size_t)nl, sizeof *r->sgate);
     r->min_gap = INFINITY;
     for (int32_t l = 0; l < nl; l++) {
         const tn_tensor *w = m->layers[l].w;
@@ -107,6 +112,18 @@ ref_model *ref_create(const tern_model *m, int32_t n_ctx) {
             r->xu[l] = ref_deq_file_3d(m, n);
             snprintf(n, sizeof n, "blk.%d.ffn_down_exps.weight", (int)l);
             r->xd[l] = ref_deq_file_3d(m, n);
+            snprintf(n, sizeof n, "blk.%d.ffn_gate_shexp.weight", (int)l);
+            const tn_gguf_tensor *sh = tn_gguf_find_tensor(m->gguf, n);
+            if (sh) { /* the shared expert, by llama.cpp's names */
+                r->sg[l] = ref_deq_file_rows(m, n, 0, sh->ne[1]);
+                snprintf(n, sizeof n, "blk.%d.ffn_up_shexp.weight", (int)l);
+                r->su[l] = ref_deq_file_rows(m, n, 0, sh->ne[1]);
+                snprintf(n, sizeof n, "blk.%d.ffn_down_shexp.weight", (int)l);
+                r->sd[l] = ref_deq_file_rows(m, n, 0, (int64_t)m->hp.n_embd);
+                snprintf(n, sizeof n, "blk.%d.ffn_gate_inp_shexp.weight", (int)l);
+                const tn_gguf_tensor *gv = tn_gguf_find_tensor(m->gguf, n);
+                r->sgate[l] = gv && gv->type == TN_F32 ? (const float *)gv->data : NULL;
+            }
         }
         if (r->hp.arch == TN_ARCH_PHI3) {
             ref_phi3(r, l);
@@ -132,11 +149,12 @@ void ref_free(ref_model *r) {
     if (!r) return;
     free(r->emb.w);
     free(r->out.w);
-    ref_mat *all[] = {r->wq, r->wk, r->wv, r->wo, r->wg, r->wu, r->wd, r->wr, r->xg, r->xu, r->xd};
-    for (size_t i = 0; i < 11; i++) {
+    ref_mat *all[] = {r->wq, r->wk, r->wv, r->wo, r->wg, r->wu, r->wd, r->wr, r->xg, r->xu, r->xd, r->sg, r->su, r->sd};
+    for (size_t i = 0; i < 14; i++) {
         for (int32_t l = 0; l < r->hp.n_layer; l++) free(all[i][l].w);
         free(all[i]);
     }
+    free(r->sgate);
     free(r->kc);
     free(r->vc);
     free(r);
@@ -197,6 +215,7 @@ static void ref_moe(ref_model *r, int32_t l, const double *xb, double *out) {
         if (!taken && p[e] > next) next = p[e];
     }
     if (next >= 0 && p[sel[k - 1]] - next < r->min_gap) r->min_gap = p[sel[k - 1]] - next;
+    /* qwen2moe and olmoe use the probabilities as they are */
     const bool renorm = hp->arch == TN_ARCH_QWEN3MOE || hp->arch == TN_ARCH_LLAMA;
     for (int64_t i = 0; i < d; i++) out[i] = 0;
     for (int64_t j = 0; j < k; j++) {
@@ -208,6 +227,22 @@ static void ref_moe(ref_model *r, int32_t l, const double *xb, double *out) {
         for (int64_t i = 0; i < d; i++) out[i] += wj * y[i];
     }
     free(p), free(g), free(u), free(y), free(sel);
+    if (!r->sg[l].w) return;
+    /* qwen2moe's shared expert: out += sigmoid(gate . xb) * down(silu(gate_sh xb) * up_sh xb) */
+    const int64_t fs = r->sg[l].rows;
+    g = malloc((size_t)fs * sizeof *g), u = malloc((size_t)fs * sizeof *u), y = malloc((size_t)d * sizeof *y);
+    matvec(&r->sg[l], xb, g);
+    matvec(&r->su[l], xb, u);
+    for (int64_t i = 0; i < fs; i++) g[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
+    matvec(&r->sd[l], g, y);
+    double gs = 1.0;
+    if (r->sgate[l]) {
+        double dot = 0;
+        for (int64_t i = 0; i < d; i++) dot += (double)r->sgate[l][i] * xb[i];
+        gs = 1.0 / (1.0 + exp(-dot));
+    }
+    for (int64_t i = 0; i < d; i++) out[i] += gs * y[i];
+    free(g), free(u), free(y);
 }
 
 /* Rotates the first n_rot dims of each head (the rest untouched: partial rotary), by angles

@@ -153,6 +153,25 @@ static void test_moe_defects(void **state) {
     expect_fail(&(mutation){.src = src, .add_tensor = "blk.1.ffn_down.weight", .add_len = 16}, TERN_ERR_FORMAT,
                 "unexpected tensor 'blk.1.ffn_down.weight' (shape [16]): llama.expert_count is 8");
     unlink(src);
+    /* qwen2moe: its shared expert's rows from expert_shared_feed_forward_length; a shared-expert
+     * tensor missing or of other rows, a shared expert in a family without one */
+    cfg.arch = "qwen2moe", cfg.n_ff = 256, cfg.n_ff_exp = 128, cfg.n_ff_shexp = 320;
+    assert_int_equal(tiny_model_write(src, &cfg), TERN_OK);
+    assert_int_equal(tern_model_load(src, NULL, &m), TERN_OK);
+    assert_int_equal(m->hp.n_ff_shexp, 320);
+    assert_int_equal(m->layers[1].w[TN_ROLE_FFN_DOWN_SHEXP].ne[0], 320);
+    assert_non_null(m->layers[1].w[TN_ROLE_FFN_GATE_INP_SHEXP].data);
+    tern_model_free(m);
+    expect_fail(&(mutation){.src = src, .drop_tensor = "blk.1.ffn_up_shexp.weight"}, TERN_ERR_FORMAT,
+                "missing tensor 'blk.1.ffn_up_shexp.weight'");
+    expect_fail(&(mutation){.src = src, .drop_key = "qwen2moe.expert_shared_feed_forward_length"}, TERN_ERR_FORMAT,
+                "tensor 'blk.0.ffn_gate_shexp.weight' has shape [256, 320], expected [256, 256]");
+    unlink(src);
+    cfg.arch = "qwen3moe", cfg.n_ff_shexp = 0;
+    assert_int_equal(tiny_model_write(src, &cfg), TERN_OK);
+    expect_fail(&(mutation){.src = src, .add_tensor = "blk.0.ffn_gate_inp_shexp.weight", .add_len = 256}, TERN_ERR_FORMAT,
+                "unexpected tensor 'blk.0.ffn_gate_inp_shexp.weight' (shape [256]): architecture qwen3moe has no");
+    unlink(src);
 }
 
 /* The registry's tensor sets: a qwen3 file (tiny_model.c's list, written from llama.cpp's

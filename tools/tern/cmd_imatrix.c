@@ -35,7 +35,7 @@ static void on_sigint(int sig) {
 typedef struct {
     tn_imatrix_acc *acc;
     int32_t n_layer;
-    size_t (*idx)[5][3]; /* [n_layer + 1][site][<= 3 weights] */
+    size_t (*idx)[5][4]; /* [n_layer + 1][site][<= 4 weights] */
     uint8_t (*nidx)[5];
     size_t (*xidx)[2][2]; /* MoE: [n_layer][in, down][<= 2 expert tensors] (NULL: dense) */
     uint8_t (*nxidx)[2];
@@ -176,6 +176,12 @@ int cmd_imatrix(int argc, char **argv) {
         if (!s && o.xidx) s = add_expert_entry(&o, il, 0, &w[TN_ROLE_FFN_GATE_EXPS]);
         if (!s && o.xidx) s = add_expert_entry(&o, il, 0, &w[TN_ROLE_FFN_UP_EXPS]);
         if (!s && o.xidx) s = add_expert_entry(&o, il, 1, &w[TN_ROLE_FFN_DOWN_EXPS]);
+        /* a shared expert (qwen2moe): dense weights on the same inputs; its gate vector is a
+         * one-row product llama-imatrix collects too */
+        if (!s) s = add_entry(&o, il, TN_OBS_FFN_IN, &w[TN_ROLE_FFN_GATE_INP_SHEXP]);
+        if (!s) s = add_entry(&o, il, TN_OBS_FFN_IN, &w[TN_ROLE_FFN_GATE_SHEXP]);
+        if (!s) s = add_entry(&o, il, TN_OBS_FFN_IN, &w[TN_ROLE_FFN_UP_SHEXP]);
+        if (!s) s = add_entry(&o, il, TN_OBS_FFN_DOWN, &w[TN_ROLE_FFN_DOWN_SHEXP]);
     }
     /* llama-imatrix only names output.weight (a tied output is token_embd: not collected) */
     if (!s && process_output && m->output.name && !strcmp(m->output.name, "output.weight"))

@@ -21,34 +21,40 @@ typedef struct {
     const char *name, *arch; /* arch NULL: any family without a row of its own */
     int64_t n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx, head_dim; /* head_dim 0: n_embd / n_head */
     int64_t n_expert, n_expert_used, n_ff_exp; /* mixture of experts (0: dense); n_ff_exp 0: n_ff */
+    int64_t n_ff_shexp;                        /* qwen2moe: the shared expert's rows (0: n_ff) */
 } synth_preset;
 
 static const synth_preset presets[] = {
     /* qwen3moe: Qwen3-30B-A3B's shapes (48 layers, 32 q heads of 128 over 4 kv heads, 128 experts
      * of 768 rows, top 8; a 32000 vocabulary here); tiny: 8 experts, top 2 */
-    {"30b-a3b", "qwen3moe", 2048, 48, 32, 4, 6144, 32000, 4096, 128, 128, 8, 768},
-    {"tiny", "qwen3moe", 64, 2, 4, 2, 256, 512, 128, 32, 8, 2, 128},
+    {"30b-a3b", "qwen3moe", 2048, 48, 32, 4, 6144, 32000, 4096, 128, 128, 8, 768, 0},
+    {"tiny", "qwen3moe", 64, 2, 4, 2, 256, 512, 128, 32, 8, 2, 128, 0},
+    /* qwen2moe: Qwen1.5-MoE-A2.7B's shapes (24 layers, 16 heads of 128, 60 experts of 1408 rows,
+     * top 4, a shared expert of 5632 rows; a 32000 vocabulary here); tiny: 8 experts of 128, top
+     * 2, a shared expert of 192 */
+    {"a2.7b", "qwen2moe", 2048, 24, 16, 16, 5632, 32000, 8192, 0, 60, 4, 1408, 5632},
+    {"tiny", "qwen2moe", 64, 2, 4, 2, 256, 512, 128, 0, 8, 2, 128, 192},
     /* olmoe: OLMoE-1B-7B's shapes (16 layers, 16 heads, 64 experts of 1024 rows, top 8; a 32000
      * vocabulary here) */
-    {"1b", "olmoe", 2048, 16, 16, 16, 1024, 32000, 4096, 0, 64, 8, 0},
-    {"tiny", "olmoe", 64, 2, 4, 4, 128, 512, 128, 0, 8, 2, 0},
+    {"1b", "olmoe", 2048, 16, 16, 16, 1024, 32000, 4096, 0, 64, 8, 0, 0},
+    {"tiny", "olmoe", 64, 2, 4, 4, 128, 512, 128, 0, 8, 2, 0, 0},
     /* qwen3: head_dim 128 as in every Qwen3 (and != n_embd / n_head below 1b, as in Qwen3-0.6B) */
-    {"1b", "qwen3", 2048, 16, 16, 8, 8192, 32000, 2048, 128, 0, 0, 0},
-    {"small", "qwen3", 512, 8, 8, 4, 1536, 4096, 1024, 128, 0, 0, 0},
-    {"tiny", "qwen3", 64, 2, 4, 2, 256, 512, 128, 32, 0, 0, 0},
+    {"1b", "qwen3", 2048, 16, 16, 8, 8192, 32000, 2048, 128, 0, 0, 0, 0},
+    {"small", "qwen3", 512, 8, 8, 4, 1536, 4096, 1024, 128, 0, 0, 0, 0},
+    {"tiny", "qwen3", 64, 2, 4, 2, 256, 512, 128, 32, 0, 0, 0, 0},
     /* gemma3: Gemma-3-1B's shapes (1 kv head, head_dim 256, window 512); tiny: 7 layers, layer 5
      * global, window 4 (desc synth_swa) */
-    {"1b", "gemma3", 1152, 26, 4, 1, 6912, 32000, 2048, 256, 0, 0, 0},
+    {"1b", "gemma3", 1152, 26, 4, 1, 6912, 32000, 2048, 256, 0, 0, 0, 0},
     /* gemma2: Gemma-2-2B's shapes (8 heads of 256 over 4 kv heads, window 512 here); tiny: the
      * llama row below, layer 0 local (window 4), layer 1 global */
-    {"1b", "gemma2", 2304, 26, 8, 4, 9216, 32000, 2048, 256, 0, 0, 0},
-    {"tiny", "gemma3", 64, 7, 4, 2, 256, 512, 128, 32, 0, 0, 0},
+    {"1b", "gemma2", 2304, 26, 8, 4, 9216, 32000, 2048, 256, 0, 0, 0, 0},
+    {"tiny", "gemma3", 64, 7, 4, 2, 256, 512, 128, 32, 0, 0, 0, 0},
     /* smollm3: 4 layers, so that layer 3 is a NoPE layer */
-    {"tiny", "smollm3", 64, 4, 4, 2, 256, 512, 128, 0, 0, 0, 0},
-    {"1b", NULL, 2048, 16, 32, 8, 8192, 32000, 2048, 0, 0, 0, 0},   /* Llama-3.2-1B-like shapes, Llama-2 vocab */
-    {"tinyllama", NULL, 2048, 22, 32, 4, 5632, 32000, 2048, 0, 0, 0, 0},
-    {"small", NULL, 512, 8, 8, 4, 1536, 4096, 1024, 0, 0, 0, 0},
-    {"tiny", NULL, 64, 2, 4, 2, 256, 512, 128, 0, 0, 0, 0},
+    {"tiny", "smollm3", 64, 4, 4, 2, 256, 512, 128, 0, 0, 0, 0, 0},
+    {"1b", NULL, 2048, 16, 32, 8, 8192, 32000, 2048, 0, 0, 0, 0, 0},   /* Llama-3.2-1B-like shapes, Llama-2 vocab */
+    {"tinyllama", NULL, 2048, 22, 32, 4, 5632, 32000, 2048, 0, 0, 0, 0, 0},
+    {"small", NULL, 512, 8, 8, 4, 1536, 4096, 1024, 0, 0, 0, 0, 0},
+    {"tiny", NULL, 64, 2, 4, 2, 256, 512, 128, 0, 0, 0, 0, 0},
 };
 
 typedef struct {
@@ -108,7 +114,8 @@ int cmd_synth(int argc, char **argv) {
             printf("usage: tern synth -o out.gguf [--arch NAME] [--preset 1b|tinyllama|small|tiny|30b-a3b] [--type f32|f16|bf16|q8_0|q4_0|...] [--seed N]\n"
                    "                [--experts N --top-k K]\n"
                    "  --arch NAME   model family (default llama): %s\n"
-                   "  --preset      qwen3moe: 30b-a3b (Qwen3-30B-A3B's shapes), tiny; olmoe: 1b (OLMoE-1B-7B's), tiny\n"
+                   "  --preset      qwen3moe: 30b-a3b (Qwen3-30B-A3B's shapes), tiny; qwen2moe: a2.7b (Qwen1.5-MoE-A2.7B's),\n"
+                   "                tiny; olmoe: 1b (OLMoE-1B-7B's), tiny\n"
                    "  --experts N   llama: a Mixtral-style file, N experts of n_ff rows per layer (2..512)\n"
                    "  --top-k K     experts per token (1..N; default 2); also overrides a MoE preset's\n", names);
             return 0;
@@ -134,7 +141,7 @@ int cmd_synth(int argc, char **argv) {
     const synth_preset *P = NULL;
     for (size_t i = 0; i < sizeof presets / sizeof presets[0] && !P; i++)
         if (!strcmp(presets[i].name, preset) && (!presets[i].arch || !strcmp(presets[i].arch, ad->name))) P = &presets[i];
-    if (!P) return tn_cli_usage_error("unknown preset '%s' for %s (1b, tinyllama, small, tiny; qwen3moe: 30b-a3b, tiny; olmoe: 1b, tiny)",
+    if (!P) return tn_cli_usage_error("unknown preset '%s' for %s (1b, tinyllama, small, tiny; qwen3moe: 30b-a3b, tiny; qwen2moe: a2.7b, tiny; olmoe: 1b, tiny)",
                                       preset, ad->name);
     const bool may_moe = ad->need[TN_ROLE_FFN_GATE_INP] != TN_NEED_NO, always_moe = ad->need[TN_ROLE_FFN_GATE_INP] == TN_NEED_REQ;
     if (experts > 0 && (!may_moe || always_moe))
@@ -160,6 +167,7 @@ int cmd_synth(int argc, char **argv) {
     hp.n_ctx_train = (int32_t)P->n_ctx;
     hp.n_expert = (int32_t)n_expert, hp.n_expert_used = (int32_t)n_used;
     hp.n_ff_exp = (int32_t)(P->n_ff_exp ? P->n_ff_exp : P->n_ff);
+    hp.n_ff_shexp = (int32_t)(P->n_ff_shexp ? P->n_ff_shexp : P->n_ff);
     tn_gguf_set_str(w, "general.architecture", ad->name);
     char name[64], key[128];
     snprintf(name, sizeof name, "tern-synth-%s", P->name);
@@ -199,7 +207,8 @@ int cmd_synth(int argc, char **argv) {
     sc.ne0 = calloc(nt, sizeof *sc.ne0);
     sc.ne1 = calloc(nt, sizeof *sc.ne1);
     sc.types = calloc(nt, sizeof *sc.types);
-    sc.row = malloc((size_t)TN_MAX(TN_MAX(P->n_ff, P->n_embd), (int64_t)hp.n_head * hp.head_dim) * sizeof(float) + 64);
+    sc.row = malloc((size_t)TN_MAX(TN_MAX(TN_MAX(P->n_ff, P->n_embd), (int64_t)hp.n_head * hp.head_dim),
+                                    TN_MAX(hp.n_ff_exp, hp.n_ff_shexp)) * sizeof(float) + 64);
     if (!toks || !scores || !ttype || !sc.names || !sc.ne0 || !sc.ne1 || !sc.types || !sc.row) {
         s = TERN_ERR_NOMEM;
         fprintf(stderr, "tern: error: out of memory\n");

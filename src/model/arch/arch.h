@@ -25,6 +25,7 @@ typedef enum tn_arch {
     TN_ARCH_PHI3,
     TN_ARCH_QWEN3MOE,
     TN_ARCH_OLMOE,
+    TN_ARCH_QWEN2MOE,
 } tn_arch;
 typedef enum tn_rope_mode { TN_ROPE_NORM = 0, TN_ROPE_NEOX } tn_rope_mode;
 typedef enum tn_ffn_kind { TN_FFN_SWIGLU = 0, TN_FFN_GEGLU } tn_ffn_kind; /* silu(gate) * up, gelu_tanh(gate) * up */
@@ -55,6 +56,12 @@ typedef enum tn_role {
     TN_ROLE_FFN_GATE_EXPS,
     TN_ROLE_FFN_UP_EXPS,
     TN_ROLE_FFN_DOWN_EXPS,
+    /* A shared expert (qwen2moe): a dense SwiGLU every token runs beside its routed experts, its
+     * output scaled by sigmoid(ffn_gate_inp_shexp . xb) where the layer has that gate vector */
+    TN_ROLE_FFN_GATE_INP_SHEXP,
+    TN_ROLE_FFN_GATE_SHEXP,
+    TN_ROLE_FFN_UP_SHEXP,
+    TN_ROLE_FFN_DOWN_SHEXP,
     TN_ROLE_N_LAYER, /* number of per-layer roles */
     TN_ROLE_TOKEN_EMBD = TN_ROLE_N_LAYER,
     TN_ROLE_OUTPUT_NORM,
@@ -81,6 +88,7 @@ typedef enum tn_dim {
     TN_DIM_FF_EXP,   /* n_ff_exp: an expert's hidden rows              */
     TN_DIM_Q_NORM,   /* attn_q_norm's length: head_dim, or n_head * head_dim (qk_norm_full) */
     TN_DIM_K_NORM,   /* attn_k_norm's length: head_dim, or n_head_kv * head_dim (qk_norm_full) */
+    TN_DIM_FF_SHEXP, /* n_ff_shexp: the shared expert's hidden rows    */
 } tn_dim;
 
 typedef struct tn_role_info {
