@@ -28,6 +28,30 @@ static void tn_rmsnorm_rows(const float *x, float *y, const float *w, int64_t d,
  * h0 .. h0 + nh - 1: nh == 1, or a multiple of the heads per kv head starting on a kv head. On a
  * sliding-window layer only the last n_swa positions: of a contiguous cache in place (of its ring
  * unless the window wraps), else gathered first into the thread's window buffer. */
+/* gpt-oss's attention sinks: head h's softmax has one more logit, sinks[h], in its denominator,
+ * which scales the head's output by S / (S + exp(sinks[h] - M)) = 1 / (1 + exp(sinks[h] - L)) with
+ * L = log sum_t exp(s_t) (ggml_soft_max's sinks, its flash attention's S). L is recomputed here
+ * from the same scores (a second pass over the heads' K rows, in double), so every attention
+ * kernel serves sink layers unchanged. */
+static void tn_attend_sinks(int32_t hd, int64_t T, int32_t nh, int32_t h0, int32_t rep, const float *q, const tn_fp16 *K,
+                            int32_t kv_dim, const int32_t *blocks, float scale, const float *sinks, float *out) {
+    for (int32_t j = 0; j < nh; j++) {
+        const float *qj = q + (int64_t)j * hd;
+        const int64_t kh = (int64_t)((h0 + j) / rep) * hd;
+        double mx = -INFINITY, sum = 0; /* an online log-sum-exp */
+        for (int64_t t = 0; t < T; t++) {
+            const tn_fp16 *kr = K + tn_kv_row(blocks, TN_KV_BLOCK, t) * kv_dim + kh;
+            double dot = 0;
+            for (int32_t i = 0; i < hd; i++) dot += (double)qj[i] * tn_fp16_to_fp32(kr[i]);
+            const double sc = dot * scale;
+            if (sc > mx) sum = sum * exp(mx - sc) + 1.0, mx = sc;
+            else sum += exp(sc - mx);
+        }
+        const double f = 1.0 / (1.0 + exp((double)sinks[h0 + j] - (mx + log(sum))));
+        for (int32_t i = 0; i < hd; i++) out[(int64_t)j * hd + i] *= (float)f;
+    }
+}
+
 static void tn_attend(tern_ctx *c, int ith, int32_t il, const int32_t *blocks, int32_t pos, const float *q, int32_t h0,
                       int32_t nh, bool acc16, float *out) {
     const tn_hparams *hp = &c->hp;
@@ -58,6 +82,8 @@ static void tn_attend(tern_ctx *c, int ith, int32_t il, const int32_t *blocks, i
     else
         c->kt->attn(hd, T, nh, nh == 1 ? 1 : rep, q, K + head, V + head, kv_dim, blocks, TN_KV_BLOCK, scale, acc16, out,
                     scratch);
+    const float *sinks = c->model->layers[il].w[TN_ROLE_ATTN_SINKS].data;
+    if (sinks) tn_attend_sinks(hd, T, nh, h0, rep, q, K, kv_dim, blocks, scale, sinks, out);
 }
 
 /* Query heads per attention call: whole kv groups, up to 4 heads (or one group), as long as every
@@ -395,6 +421,21 @@ void tn_blk_shexp(tn_thr *T, const tn_layer *L, int32_t il, const tn_tensor *nex
     tn_pool_barrier_pf(c->pool, pf.p, pf.n);
 }
 
+static void tn_moe_renorm(float *w, int32_t k);
+
+/* The indices of the k largest of p[ne] into sel, best first; equal values: the lower index first. */
+static void tn_moe_topk(const float *p, int32_t ne, int32_t k, int32_t *sel) {
+    for (int32_t j = 0; j < k; j++) {
+        int32_t best = -1;
+        for (int32_t e = 0; e < ne; e++) {
+            bool taken = false;
+            for (int32_t i = 0; i < j && !taken; i++) taken = sel[i] == e;
+            if (!taken && (best < 0 || p[e] > p[best])) best = e;
+        }
+        sel[j] = best;
+    }
+}
+
 /* One token's routing from its router logits p[n_expert] (overwritten with the softmax, as
  * ggml_soft_max computes it: exp(l - max) summed in double, times 1 / sum): the k most probable
  * experts into sel (best first; equal probabilities: the lower index first, as llama.cpp's
@@ -407,17 +448,25 @@ static void tn_moe_route(float *p, int32_t ne, int32_t k, bool renorm, int32_t *
     for (int32_t e = 0; e < ne; e++) sum += (double)(p[e] = expf(p[e] - mx));
     const float inv = (float)(1.0 / sum);
     for (int32_t e = 0; e < ne; e++) p[e] *= inv;
-    for (int32_t j = 0; j < k; j++) {
-        int32_t best = -1;
-        for (int32_t e = 0; e < ne; e++) {
-            bool taken = false;
-            for (int32_t i = 0; i < j && !taken; i++) taken = sel[i] == e;
-            if (!taken && (best < 0 || p[e] > p[best])) best = e;
-        }
-        sel[j] = best;
-        w[j] = p[best];
-    }
-    if (!renorm) return;
+    tn_moe_topk(p, ne, k, sel);
+    for (int32_t j = 0; j < k; j++) w[j] = p[sel[j]];
+    if (renorm) tn_moe_renorm(w, k);
+}
+
+/* The k largest logits p[ne] into sel (best first; equal ones: the lower index first) and the
+ * softmax of just those into w (llama.cpp's SOFTMAX_WEIGHT gating: gpt-oss). */
+static void tn_moe_route_topk_softmax(const float *p, int32_t ne, int32_t k, bool renorm, int32_t *sel, float *w) {
+    tn_moe_topk(p, ne, k, sel);
+    const float mx = p[sel[0]];
+    double sum = 0;
+    for (int32_t j = 0; j < k; j++) sum += (double)(w[j] = expf(p[sel[j]] - mx));
+    const float inv = (float)(1.0 / sum);
+    for (int32_t j = 0; j < k; j++) w[j] *= inv;
+    if (renorm) tn_moe_renorm(w, k);
+}
+
+/* w[k] divided by its sum, clamped below at 2^-14 as llama.cpp does (norm_w). */
+static void tn_moe_renorm(float *w, int32_t k) {
     double ws = 0;
     for (int32_t j = 0; j < k; j++) ws += (double)w[j];
     const float s = TN_MAX((float)ws, 6.103515625e-5f);
@@ -440,8 +489,15 @@ void tn_blk_moe(tn_thr *T, const tn_layer *L, int32_t il) {
     const void *xq = tn_act(c, ith, nth, false, NULL, Wr->type, c->xb, d, d, n);
     tn_matmul_compute_task(ith, nth, kt, Wr->type, Wr->data, ne, d, xq, n, c->moe_logits, ne);
     tn_pool_barrier(pool);
-    for (int64_t t = T->t0; t < T->t1; t++)
-        tn_moe_route(c->moe_logits + t * ne, ne, k, hp->family->moe_renorm, c->moe_sel + t * k, c->moe_w + t * k);
+    const float *rb = L->w[TN_ROLE_FFN_GATE_INP_B].data; /* gpt-oss: the router's bias */
+    for (int64_t t = T->t0; t < T->t1; t++) {
+        float *lg = c->moe_logits + t * ne;
+        if (rb)
+            for (int32_t e = 0; e < ne; e++) lg[e] += rb[e];
+        if (hp->family->moe_gating == TN_MOE_SOFTMAX_WEIGHT)
+            tn_moe_route_topk_softmax(lg, ne, k, hp->family->moe_renorm, c->moe_sel + t * k, c->moe_w + t * k);
+        else tn_moe_route(lg, ne, k, hp->family->moe_renorm, c->moe_sel + t * k, c->moe_w + t * k);
+    }
     tn_pool_barrier(pool);
     /* the routed rows grouped by expert (a counting sort, tokens in batch order within an
      * expert): expert e's rows are moe_off[e] .. moe_off[e + 1] - 1 */
@@ -495,10 +551,22 @@ void tn_blk_moe(tn_thr *T, const tn_layer *L, int32_t il) {
         tn_matmul_compute_task(ith, nth, kt, Wu->type, u.data, ff, d, (const uint8_t *)c->xq + (size_t)off[e] * xrb_u,
                                off[e + 1] - off[e], c->hb2 + (int64_t)off[e] * ff, ff);
     }
-    /* SwiGLU on the rows this thread computed (the same rows of every expert) */
+    /* SwiGLU on the rows this thread computed (the same rows of every expert); gpt-oss: the
+     * experts' gate and up biases first, then its clamped SwiGLU */
     int64_t f0, f1;
     tn_matmul_rows(ff, ith, nth, &f0, &f1);
-    for (int64_t r = 0; r < R && f1 > f0; r++) kt->swiglu(c->hb + r * ff + f0, c->hb2 + r * ff + f0, f1 - f0);
+    const float *gb = L->w[TN_ROLE_FFN_GATE_EXPS_B].data, *ub = L->w[TN_ROLE_FFN_UP_EXPS_B].data;
+    const bool oai = hp->ffn == TN_FFN_SWIGLU_OAI;
+    for (int32_t e = 0; e < ne && f1 > f0; e++)
+      for (int64_t r = off[e]; r < off[e + 1]; r++) { /* expert e's rows */
+        float *g = c->hb + r * ff, *u = c->hb2 + r * ff;
+        if (gb)
+            for (int64_t i = f0; i < f1; i++) g[i] += gb[e * ff + i];
+        if (ub)
+            for (int64_t i = f0; i < f1; i++) u[i] += ub[e * ff + i];
+        if (oai) tn_op_swiglu_oai(g + f0, u + f0, f1 - f0);
+        else kt->swiglu(g + f0, u + f0, f1 - f0);
+      }
     tn_pool_barrier(pool);
     /* moe_x = Wdown_e hb per expert */
     if (c->observe_moe && ith == 0)
@@ -514,11 +582,19 @@ void tn_blk_moe(tn_thr *T, const tn_layer *L, int32_t il) {
                                off[e + 1] - off[e], c->moe_x + (int64_t)off[e] * d, d);
     }
     tn_pool_barrier(pool);
-    /* x[t] += sum_j w[t][j] * out[row(t, j)]: the slots in order, whatever the grouping */
+    /* x[t] += sum_j w[t][j] * (out[row(t, j)] + down bias of its expert): the slots in order,
+     * whatever the grouping */
+    const float *db = L->w[TN_ROLE_FFN_DOWN_EXPS_B].data;
     for (int64_t t = T->t0; t < T->t1; t++) {
-        const int32_t *row = c->moe_row + t * k;
+        const int32_t *row = c->moe_row + t * k, *sel = c->moe_sel + t * k;
         const float *w = c->moe_w + t * k;
         float *xt = c->x + t * d;
+        if (db) { /* the bias added to each expert's output before it is weighted, as ggml_add_id */
+            for (int32_t j = 0; j < k; j++) {
+                float *o = c->moe_x + (int64_t)row[j] * d;
+                for (int32_t i = 0; i < d; i++) o[i] += db[(int64_t)sel[j] * d + i];
+            }
+        }
         for (int32_t i = 0; i < d; i++) {
             float acc = w[0] * c->moe_x[(int64_t)row[0] * d + i];
             for (int32_t j = 1; j < k; j++) acc += w[j] * c->moe_x[(int64_t)row[j] * d + i];
@@ -546,6 +622,14 @@ void tn_blk_proj_add(tn_thr *T, const tn_tensor *W, const float *in, int32_t il,
     }
     const tn_span pf = tn_next_span(T, next);
     tn_pool_barrier_pf(c->pool, pf.p, pf.n);
+}
+
+void tn_blk_bias_add(tn_thr *T, const float *b) {
+    tern_ctx *c = T->c;
+    const int32_t d = c->hp.n_embd;
+    for (int64_t t = T->t0; t < T->t1; t++)
+        for (int32_t i = 0; i < d; i++) c->x[t * d + i] += b[i];
+    tn_pool_barrier(c->pool);
 }
 
 void tn_blk_layer_end(tn_thr *T, int32_t il) {

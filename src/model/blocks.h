@@ -77,6 +77,8 @@ void tn_blk_shexp(tn_thr *T, const tn_layer *L, int32_t il, const tn_tensor *nex
  * pass's next matmul; NULL: none) is prefetched. */
 void tn_blk_proj_add(tn_thr *T, const tn_tensor *W, const float *in, int32_t il, int slot, tn_obs_site site,
                      const tn_tensor *post, const tn_tensor *next);
+/* x[t] += b (n_embd floats) for every token (gpt-oss: the attention output's bias). */
+void tn_blk_bias_add(tn_thr *T, const float *b);
 /* End of layer il: the test hook (c->debug_layer) sees x. */
 void tn_blk_layer_end(tn_thr *T, int32_t il);
 /* logits of the tokens that asked for them = output(rmsnorm(x) * output_norm), soft-capped if the

@@ -44,6 +44,7 @@ static void tn_forward_task(void *vp, int ith, int nth) {
         const bool moe = tn_layer_moe(L);
         tn_blk_proj_add(&T, &w[TN_ROLE_ATTN_OUT], c->att, il, 3, TN_OBS_ATTN_OUT, &w[TN_ROLE_ATTN_POST_NORM],
                         &w[moe ? TN_ROLE_FFN_GATE_INP : TN_ROLE_FFN_GATE]); /* x += Wo att  (gemma: post-normed) */
+        if (w[TN_ROLE_ATTN_OUT_B].data) tn_blk_bias_add(&T, w[TN_ROLE_ATTN_OUT_B].data); /* gpt-oss: x += bo */
         /* feed-forward: x += Wdown (act(Wgate xb) * Wup xb) */
         tn_blk_norm(&T, &w[TN_ROLE_FFN_NORM], il, TN_OBS_FFN_IN);   /* xb = rmsnorm(x) * ffn_norm    */
         if (moe) {                                                  /* x += sum over the top-k experts e

@@ -122,6 +122,10 @@ static void tn_bind_fused(const tn_hparams *hp, tn_layer *L) {
         w[TN_ROLE_ATTN_V] = tn_rows_view(&f, qd + kv, kv, "attn_qkv.weight (v rows)");
         memset(&w[TN_ROLE_ATTN_QKV], 0, sizeof w[TN_ROLE_ATTN_QKV]);
     }
+    if (hp->family->post_attn_norm_ffn) { /* gpt-oss: post_attention_norm normalizes the FFN's input */
+        w[TN_ROLE_FFN_NORM] = w[TN_ROLE_ATTN_POST_NORM];
+        memset(&w[TN_ROLE_ATTN_POST_NORM], 0, sizeof w[TN_ROLE_ATTN_POST_NORM]);
+    }
     if (hp->family->gate_up_fused && w[TN_ROLE_FFN_UP].data) {
         const tn_tensor f = w[TN_ROLE_FFN_UP];
         w[TN_ROLE_FFN_GATE] = tn_rows_view(&f, 0, hp->n_ff, "ffn_up.weight (gate rows)");
@@ -200,10 +204,11 @@ static tern_status tn_load_hparams(const tn_gguf *g, tn_hparams *hp) {
     if ((s = tn_gguf_get_str(g, key, false, &st))) return s;
     float factor = 0.0f;
     if ((s = tn_model_key_float(g, an, "rope.scaling.factor", &factor))) return s;
-    if (st.data && !tn_gguf_str_eq(st, "none") && !tn_gguf_str_eq(st, "linear") && !tn_gguf_str_eq(st, "llama3"))
-        return tn_err(TERN_ERR_UNSUPPORTED, "model: rope scaling type '%.*s' is not supported (none, linear, llama3)",
+    const bool yarn = st.data && tn_gguf_str_eq(st, "yarn");
+    if (st.data && !tn_gguf_str_eq(st, "none") && !tn_gguf_str_eq(st, "linear") && !tn_gguf_str_eq(st, "llama3") && !yarn)
+        return tn_err(TERN_ERR_UNSUPPORTED, "model: rope scaling type '%.*s' is not supported (none, linear, llama3, yarn)",
                       (int)TN_MIN(st.len, 32), st.data);
-    if (st.data && tn_gguf_str_eq(st, "linear") && factor > 0) hp->rope_freq_scale = 1.0f / factor;
+    if (st.data && (tn_gguf_str_eq(st, "linear") || yarn) && factor > 0) hp->rope_freq_scale = 1.0f / factor;
     /* Legacy key: rope.scale_linear */
     float lin = 0.0f;
     if ((s = tn_model_key_float(g, an, "rope.scale_linear", &lin))) return s;
@@ -217,6 +222,26 @@ static tern_status tn_load_hparams(const tn_gguf *g, tn_hparams *hp) {
     if (!(hp->rope_attn_factor > 0))
         return tn_err(TERN_ERR_FORMAT, "model: key '%s.rope.scaling.attn_factor' = %g must be a number > 0", an,
                       (double)hp->rope_attn_factor);
+    /* YaRN (llama.cpp's defaults: ext_factor 1 for a yarn file, beta_fast 32, beta_slow 1; the
+     * attention factor get_mscale(factor) / (1 + 0.1 ln factor), which the rotation's own
+     * 1 + 0.1 ln factor then restores — llama-context.cpp, ggml's rope_yarn) */
+    hp->yarn_ext_factor = 0.0f, hp->yarn_beta_fast = 32.0f, hp->yarn_beta_slow = 1.0f;
+    if (yarn && hp->rope_freq_scale < 1.0f) {
+        float log_mul = 0.0f;
+        hp->yarn_ext_factor = 1.0f;
+        if ((s = tn_model_key_float(g, an, "rope.scaling.yarn_ext_factor", &hp->yarn_ext_factor))) return s;
+        if ((s = tn_model_key_float(g, an, "rope.scaling.yarn_beta_fast", &hp->yarn_beta_fast))) return s;
+        if ((s = tn_model_key_float(g, an, "rope.scaling.yarn_beta_slow", &hp->yarn_beta_slow))) return s;
+        if ((s = tn_model_key_float(g, an, "rope.scaling.yarn_log_multiplier", &log_mul))) return s;
+        if (!(hp->yarn_ext_factor >= 0 && hp->yarn_ext_factor <= 1) || !(hp->yarn_beta_fast > 0) || !(hp->yarn_beta_slow > 0))
+            return tn_err(TERN_ERR_FORMAT, "model: %s.rope.scaling.yarn_*: ext_factor %g must be in 0..1, betas %g, %g > 0", an,
+                          (double)hp->yarn_ext_factor, (double)hp->yarn_beta_fast, (double)hp->yarn_beta_slow);
+        const float f = 1.0f / hp->rope_freq_scale;
+        const float ms1 = 0.1f * logf(f) + 1.0f, msl = 0.1f * log_mul * logf(f) + 1.0f;
+        float yaf = log_mul != 0.0f ? ms1 / msl : ms1;
+        if (hp->yarn_ext_factor != 0.0f) yaf *= 1.0f / (1.0f + 0.1f * logf(f));
+        hp->rope_attn_factor *= yaf;
+    }
     /* mixture of experts (llama.cpp reads these for every family; LLAMA_MAX_EXPERTS is 512) */
     if ((s = tn_model_key_dim(g, an, "expert_count", false, 0, 512, &hp->n_expert))) return s;
     if (hp->n_expert > 0 && ad->need[TN_ROLE_FFN_GATE_INP] == TN_NEED_NO)

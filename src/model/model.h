@@ -45,6 +45,8 @@ typedef struct tn_hparams {
                            * LongRoPE uses the long factors in a context longer than it   */
     float rope_attn_factor; /* rope.scaling.attn_factor: rotated dims of q and k scaled by it
                              * (ggml's rope mscale; 1 by default)                            */
+    float yarn_ext_factor;/* > 0: YaRN (rope.scaling.type yarn): the extrapolation mix    */
+    float yarn_beta_fast, yarn_beta_slow; /* YaRN's correction range (32, 1)              */
     int32_t n_expert;     /* expert_count: > 0 in a mixture-of-experts model (0: dense)    */
     int32_t n_expert_used;/* expert_used_count: experts each token is routed to (top-k)   */
     int32_t n_ff_exp;     /* an expert's hidden rows (qwen3moe: expert_feed_forward_length;

@@ -116,6 +116,12 @@ tern_status tiny_model_write(const char *path, const tiny_cfg *c) {
         tn_gguf_set_f32(w, key, c->softcap);
     }
     if (c->n_rot) U32("rope.dimension_count", c->n_rot);
+    if (c->yarn_factor > 0) {
+        snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+        tn_gguf_set_str(w, key, "yarn");
+        snprintf(key, sizeof key, "%s.rope.scaling.factor", a);
+        tn_gguf_set_f32(w, key, c->yarn_factor);
+    }
     if (c->n_ctx_orig) U32("rope.scaling.original_context_length", c->n_ctx_orig);
     if (c->rope_attn_factor > 0) {
         snprintf(key, sizeof key, "%s.rope.scaling.attn_factor", a);
@@ -193,7 +199,8 @@ tern_status tiny_model_write(const char *path, const tiny_cfg *c) {
             L("attn_k.weight", c->n_embd, kv, c->wtype, 'w');
             L("attn_v.weight", c->n_embd, kv, c->wtype, 'w');
         }
-        if (!strcmp(a, "qwen2") || !strcmp(a, "qwen2moe")) {
+        const bool gpt_oss = !strcmp(a, "gpt-oss");
+        if (!strcmp(a, "qwen2") || !strcmp(a, "qwen2moe") || gpt_oss) {
             L("attn_q.bias", qd, 1, TN_F32, 'b');
             L("attn_k.bias", kv, 1, TN_F32, 'b');
             L("attn_v.bias", kv, 1, TN_F32, 'b');
@@ -207,14 +214,26 @@ tern_status tiny_model_write(const char *path, const tiny_cfg *c) {
             L("attn_q_norm.weight", qd, 1, TN_F32, 'n');
             L("attn_k_norm.weight", kv, 1, TN_F32, 'n');
         }
-        if (gemma) { L("post_attention_norm.weight", c->n_embd, 1, TN_F32, 'n'); } /* {n_embd}; gemma2.cpp too */
-        L("ffn_norm.weight", c->n_embd, 1, TN_F32, 'n');
+        if (gemma || gpt_oss) { L("post_attention_norm.weight", c->n_embd, 1, TN_F32, 'n'); } /* {n_embd}; gemma2.cpp,
+                                                                  * openai-moe.cpp (the FFN's input norm there) */
+        if (gpt_oss) { /* openai-moe.cpp: {n_head} sinks, {n_embd} output bias */
+            L("attn_sinks.weight", c->n_head, 1, TN_F32, 'b');
+            L("attn_output.bias", c->n_embd, 1, TN_F32, 'b');
+        } else {
+            L("ffn_norm.weight", c->n_embd, 1, TN_F32, 'n');
+        }
         if (moe) { /* qwen3moe.cpp, olmoe.cpp, llama.cpp: {n_embd, n_expert}, {n_embd, n_ff_exp, n_expert},
                     * {n_ff_exp, n_embd, n_expert}, {n_embd, n_ff_exp, n_expert}; the router f32 */
             L("ffn_gate_inp.weight", c->n_embd, nx, TN_F32, 'w');
             snprintf(n, sizeof n, "blk.%lld.ffn_gate_exps.weight", (long long)l); ADD3(n, c->n_embd, ffx, nx, c->wtype);
             snprintf(n, sizeof n, "blk.%lld.ffn_down_exps.weight", (long long)l); ADD3(n, ffx, c->n_embd, nx, c->wtype);
             snprintf(n, sizeof n, "blk.%lld.ffn_up_exps.weight", (long long)l); ADD3(n, c->n_embd, ffx, nx, c->wtype);
+            if (gpt_oss) { /* {n_expert}, {n_ff_exp, n_expert}, {n_embd, n_expert}, {n_ff_exp, n_expert} */
+                L("ffn_gate_inp.bias", nx, 1, TN_F32, 'b');
+                L("ffn_gate_exps.bias", ffx, nx, TN_F32, 'b');
+                L("ffn_down_exps.bias", c->n_embd, nx, TN_F32, 'b');
+                L("ffn_up_exps.bias", ffx, nx, TN_F32, 'b');
+            }
             if (!strcmp(a, "qwen2moe")) { /* qwen2moe.cpp: {n_embd}, {n_embd, n_ff_shexp}, {n_ff_shexp, n_embd},
                                            * {n_embd, n_ff_shexp} */
                 const int64_t ffs = c->n_ff_shexp ? c->n_ff_shexp : c->n_ff;

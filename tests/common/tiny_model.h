@@ -24,11 +24,13 @@ typedef struct tiny_cfg {
     int64_t n_ctx_orig;   /* phi3: rope.scaling.original_context_length (0: not written)             */
     float rope_attn_factor; /* phi3: rope.scaling.attn_factor (0: not written)                       */
     int64_t n_expert, n_expert_used; /* > 0: experts instead of ffn_gate/up/down on every layer
-                           * ("qwen3moe", "qwen2moe" with a shared expert, "olmoe", or "llama" as
-                           * Mixtral); the router stays f32 */
+                           * ("qwen3moe", "qwen2moe" with a shared expert, "olmoe", "gpt-oss" with
+                           * sinks and biases, or "llama" as Mixtral); the router stays f32 */
     int64_t n_ff_exp;     /* qwen3moe: expert_feed_forward_length (experts' rows; else n_ff)  */
     int64_t n_ff_shexp;   /* qwen2moe: expert_shared_feed_forward_length (the shared expert's rows;
                            * 0: not written, n_ff)                                            */
+    float yarn_factor;    /* > 0: rope.scaling.type yarn with this factor (gpt-oss; original context
+                           * from n_ctx_orig)                                                 */
     tn_dtype wtype;       /* type of the matrices (norms/biases stay f32)  */
     tn_dtype out_type;    /* type of output.weight and token_embd          */
     bool tied;            /* no output.weight                              */

@@ -27,6 +27,11 @@ struct ref_model {
     /* a shared expert (qwen2moe): gate, up, down rows (NULL: none) and its f32 gate vector */
     ref_mat *sg, *su, *sd;
     const float **sgate;
+    /* gpt-oss, read from the file by llama.cpp's names: sinks [n_head], attention output bias,
+     * the FFN's input norm (post_attention_norm), router bias, expert biases (NULL: none) */
+    const float **sinks, **bo, **fnorm, **rbias, **gbias, **ubias, **dbias;
+    double yarn_lo, yarn_hi; /* YaRN's ramp (yarn true): dims below lo keep the unscaled angle */
+    bool yarn;
     double min_gap;  /* smallest probability gap between the k-th and (k+1)-th expert seen */
     double *kc, *vc; /* [layer][pos][kv_dim] */
     const float *ff; /* RoPE frequency factors (llama 3.1's rope_freqs; phi3: LongRoPE's choice) */
@@ -98,6 +103,31 @@ ref_model *ref_create(const tern_model *m, int32_t n_ctx) {
                        &r->sg, &r->su, &r->sd};
     for (size_t i = 0; i < 14; i++) *all[i] = calloc((size_t)nl, sizeof(ref_mat));
     r->sgate = calloc((size_t)nl, sizeof *r->sgate);
+    const float ***gv[] = {&r->sinks, &r->bo, &r->fnorm, &r->rbias, &r->gbias, &r->ubias, &r->dbias};
+    static const char *const gvn[] = {"attn_sinks.weight", "attn_output.bias", "post_attention_norm.weight",
+                                      "ffn_gate_inp.bias", "ffn_gate_exps.bias", "ffn_up_exps.bias", "ffn_down_exps.bias"};
+    const bool gpt_oss = r->hp.arch == TN_ARCH_GPT_OSS;
+    for (size_t i = 0; i < 7; i++) {
+        *gv[i] = calloc((size_t)nl, sizeof(float *));
+        for (int32_t l = 0; gpt_oss && l < nl; l++) {
+            char n[96];
+            snprintf(n, sizeof n, "blk.%d.%s", (int)l, gvn[i]);
+            const tn_gguf_tensor *t = tn_gguf_find_tensor(m->gguf, n);
+            (*gv[i])[l] = t && t->type == TN_F32 ? (const float *)t->data : NULL;
+        }
+    }
+    /* YaRN (gpt-oss files): rope.scaling.factor s over original_context_length L0; dim pair i
+     * keeps its unscaled angle where i is below the dim at which a frequency turns beta_fast (32)
+     * times over L0, the interpolated one (angle / s) above where it turns beta_slow (1) times, a
+     * linear ramp between; cos and sin are scaled by 1 + 0.1 ln s (the YaRN paper's sqrt(1/t)) */
+    if (gpt_oss) {
+        const tn_hparams *hp = &r->hp;
+        const double s_ = 1.0 / hp->rope_freq_scale, L0 = hp->n_ctx_orig, b = hp->rope_freq_base;
+        const double lo = floor(hp->n_rot * log(L0 / (32.0 * 2 * 3.14159265358979323846)) / (2 * log(b)));
+        const double hi = ceil(hp->n_rot * log(L0 / (1.0 * 2 * 3.14159265358979323846)) / (2 * log(b)));
+        r->yarn = s_ > 1, r->yarn_lo = lo > 0 ? lo : 0, r->yarn_hi = hi < hp->n_rot - 1 ? hi : hp->n_rot - 1;
+        r->mscale = 1.0 + 0.1 * log(s_);
+    }
     r->min_gap = INFINITY;
     for (int32_t l = 0; l < nl; l++) {
         const tn_tensor *w = m->layers[l].w;
@@ -155,6 +185,8 @@ void ref_free(ref_model *r) {
         free(all[i]);
     }
     free(r->sgate);
+    const float **gv[] = {r->sinks, r->bo, r->fnorm, r->rbias, r->gbias, r->ubias, r->dbias};
+    for (size_t i = 0; i < 7; i++) free(gv[i]);
     free(r->kc);
     free(r->vc);
     free(r);
@@ -194,9 +226,14 @@ static void ref_moe(ref_model *r, int32_t l, const double *xb, double *out) {
     double *y = malloc((size_t)d * sizeof *y), mx = -INFINITY, sum = 0;
     int64_t *sel = malloc((size_t)k * sizeof *sel);
     matvec(&r->wr[l], xb, p);
-    for (int64_t e = 0; e < nx; e++) mx = p[e] > mx ? p[e] : mx;
-    for (int64_t e = 0; e < nx; e++) sum += (p[e] = exp(p[e] - mx));
-    for (int64_t e = 0; e < nx; e++) p[e] /= sum;
+    const bool gpt_oss = hp->arch == TN_ARCH_GPT_OSS;
+    if (r->rbias[l])
+        for (int64_t e = 0; e < nx; e++) p[e] += r->rbias[l][e];
+    if (!gpt_oss) { /* softmax over every expert; gpt-oss selects on the logits */
+        for (int64_t e = 0; e < nx; e++) mx = p[e] > mx ? p[e] : mx;
+        for (int64_t e = 0; e < nx; e++) sum += (p[e] = exp(p[e] - mx));
+        for (int64_t e = 0; e < nx; e++) p[e] /= sum;
+    }
     double wsum = 0;
     for (int64_t j = 0; j < k; j++) { /* the j-th largest: the largest not yet taken */
         int64_t best = -1;
@@ -217,15 +254,35 @@ static void ref_moe(ref_model *r, int32_t l, const double *xb, double *out) {
     if (next >= 0 && p[sel[k - 1]] - next < r->min_gap) r->min_gap = p[sel[k - 1]] - next;
     /* qwen2moe and olmoe use the probabilities as they are */
     const bool renorm = hp->arch == TN_ARCH_QWEN3MOE || hp->arch == TN_ARCH_LLAMA;
+    double *sw = malloc((size_t)k * sizeof *sw); /* gpt-oss: softmax over the k selected logits */
+    if (gpt_oss) {
+        double smx = -INFINITY, ssum = 0;
+        for (int64_t j = 0; j < k; j++) smx = p[sel[j]] > smx ? p[sel[j]] : smx;
+        for (int64_t j = 0; j < k; j++) ssum += (sw[j] = exp(p[sel[j]] - smx));
+        for (int64_t j = 0; j < k; j++) sw[j] /= ssum;
+    }
     for (int64_t i = 0; i < d; i++) out[i] = 0;
     for (int64_t j = 0; j < k; j++) {
-        matvec_expert(&r->xg[l], sel[j], ff, xb, g);
-        matvec_expert(&r->xu[l], sel[j], ff, xb, u);
-        for (int64_t i = 0; i < ff; i++) g[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
-        matvec_expert(&r->xd[l], sel[j], d, g, y);
-        const double wj = renorm ? p[sel[j]] / wsum : p[sel[j]];
+        const int64_t e = sel[j];
+        matvec_expert(&r->xg[l], e, ff, xb, g);
+        matvec_expert(&r->xu[l], e, ff, xb, u);
+        if (gpt_oss) { /* biases, then SwiGLU with gate <= 7, up in [-7, 7], sigmoid(1.702 gate), up + 1 */
+            for (int64_t i = 0; i < ff; i++) {
+                double gi = g[i] + (r->gbias[l] ? r->gbias[l][e * ff + i] : 0), ui = u[i] + (r->ubias[l] ? r->ubias[l][e * ff + i] : 0);
+                gi = gi < 7.0 ? gi : 7.0;
+                ui = ui < -7.0 ? -7.0 : ui > 7.0 ? 7.0 : ui;
+                g[i] = gi / (1.0 + exp(-1.702 * gi)) * (ui + 1.0);
+            }
+        } else {
+            for (int64_t i = 0; i < ff; i++) g[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
+        }
+        matvec_expert(&r->xd[l], e, d, g, y);
+        if (r->dbias[l])
+            for (int64_t i = 0; i < d; i++) y[i] += r->dbias[l][e * d + i];
+        const double wj = gpt_oss ? sw[j] : renorm ? p[e] / wsum : p[e];
         for (int64_t i = 0; i < d; i++) out[i] += wj * y[i];
     }
+    free(sw);
     free(p), free(g), free(u), free(y), free(sel);
     if (!r->sg[l].w) return;
     /* qwen2moe's shared expert: out += sigmoid(gate . xb) * down(silu(gate_sh xb) * up_sh xb) */
@@ -247,12 +304,17 @@ static void ref_moe(ref_model *r, int32_t l, const double *xb, double *out) {
 
 /* Rotates the first n_rot dims of each head (the rest untouched: partial rotary), by angles
  * pos * fscale * base^(-2i/n_rot) / ff[i], the rotated values times mscale. */
-static void rope(const tn_hparams *hp, double base, double fscale, const float *ff, double mscale, double *v, int32_t n_heads,
-                 int32_t pos) {
+static void rope(const ref_model *r, const tn_hparams *hp, double base, double fscale, const float *ff, double mscale, double *v,
+                 int32_t n_heads, int32_t pos) {
     for (int32_t h = 0; h < n_heads; h++) {
         double *x = v + (int64_t)h * hp->head_dim;
         for (int32_t i = 0; i < hp->n_rot / 2; i++) {
             double freq = pow(base, -2.0 * i / hp->n_rot) * fscale / (ff ? ff[i] : 1.0);
+            if (r->yarn) { /* the ramp's share of the unscaled frequency */
+                const double y = (i - r->yarn_lo) / (r->yarn_hi - r->yarn_lo > 0.001 ? r->yarn_hi - r->yarn_lo : 0.001);
+                const double mix = 1.0 - (y < 0 ? 0 : y > 1 ? 1 : y);
+                freq = freq * (1 - mix) + (freq / fscale) * mix;
+            }
             double ang = pos * freq, co = cos(ang), si = sin(ang);
             /* llama and smollm3 (their converter permutes HF's q/k rows) rotate adjacent pairs;
              * qwen2/qwen3 rotate halves */
@@ -306,13 +368,15 @@ void ref_step(ref_model *r, int32_t token, double *logits, double *layers) {
          * (or rope.freq_base_swa) without scaling; global layers the file's base and scaling */
         /* gemma2: the even layers are local (Gemma 2 alternates local and global attention, first
          * local), one RoPE for all */
-        const bool local = gemma2 ? hp->n_swa > 0 && l % 2 == 0
+        /* gpt-oss: the even layers are local (sliding_window_pattern 2), with the same RoPE */
+        const bool gpt_oss = hp->arch == TN_ARCH_GPT_OSS;
+        const bool local = gemma2 || gpt_oss ? hp->n_swa > 0 && l % 2 == 0
                                   : gemma && hp->n_swa > 0 && l % hp->swa_period != hp->swa_period - 1;
-        const double base = local && !gemma2 ? hp->rope_base_swa : hp->rope_freq_base;
-        const double fscale = local && !gemma2 ? 1.0 : hp->rope_freq_scale;
+        const double base = local && !gemma2 && !gpt_oss ? hp->rope_base_swa : hp->rope_freq_base;
+        const double fscale = local && !gemma2 && !gpt_oss ? 1.0 : hp->rope_freq_scale;
         if (!nope) {
-            rope(hp, base, fscale, r->ff, r->mscale, q, hp->n_head, pos);
-            rope(hp, base, fscale, r->ff, r->mscale, k, hp->n_head_kv, pos);
+            rope(r, hp, base, fscale, r->ff, r->mscale, q, hp->n_head, pos);
+            rope(r, hp, base, fscale, r->ff, r->mscale, k, hp->n_head_kv, pos);
         }
         /* scores: q.k / sqrt(head_dim); gemma3 27B (62 layers), gemma2 27B (46): / sqrt(n_embd / n_head);
          * gemma2 soft-caps them: cap * tanh(s / cap) */
@@ -332,7 +396,11 @@ void ref_step(ref_model *r, int32_t token, double *logits, double *layers) {
                 if (gemma2) sc[t] = hp->attn_softcap * tanh(sc[t] / hp->attn_softcap);
                 if (sc[t] > mx) mx = sc[t];
             }
+            /* gpt-oss: the head's sink is one more logit in the softmax, with no value */
+            const double sink = r->sinks[l] ? r->sinks[l][h] : -INFINITY;
+            if (sink > mx) mx = sink;
             for (int32_t t = t_first; t <= pos; t++) sum += (sc[t] = exp(sc[t] - mx));
+            if (r->sinks[l]) sum += exp(sink - mx);
             for (int64_t i = 0; i < hd; i++) {
                 double acc = 0;
                 for (int32_t t = t_first; t <= pos; t++) acc += sc[t] / sum * V[(size_t)t * kvd + kh * hd + i];
@@ -340,9 +408,12 @@ void ref_step(ref_model *r, int32_t token, double *logits, double *layers) {
             }
         }
         matvec(&r->wo[l], att, o);
+        if (r->bo[l])
+            for (int64_t i = 0; i < d; i++) o[i] += r->bo[l][i];
         if (gemma) rmsnorm(o, w[TN_ROLE_ATTN_POST_NORM].data, o, d, hp->rms_eps); /* post-attention norm */
         for (int64_t i = 0; i < d; i++) x[i] += o[i];
-        rmsnorm(x, w[TN_ROLE_FFN_NORM].data, xb, d, hp->rms_eps);
+        /* gpt-oss: post_attention_norm (from the file) is the FFN's input norm */
+        rmsnorm(x, r->fnorm[l] ? r->fnorm[l] : (const float *)w[TN_ROLE_FFN_NORM].data, xb, d, hp->rms_eps);
         if (r->wr[l].w) { /* experts */
             ref_moe(r, l, xb, o);
             for (int64_t i = 0; i < d; i++) x[i] += o[i];

@@ -296,6 +296,9 @@ static tiny_cfg moe_cfg(const char *arch, tn_dtype wt) {
     if (!strcmp(arch, "qwen3moe")) cfg.n_ff_exp = 256, cfg.head_dim = 128;
     else cfg.n_ff = 256;
     if (!strcmp(arch, "qwen2moe")) cfg.n_ff_exp = 128, cfg.n_ff_shexp = 320; /* experts of 128, a shared expert of 320 */
+    if (!strcmp(arch, "gpt-oss")) /* top 4 of 8 experts of 128, heads of 64, a window of 4 on the even layers, YaRN
+                                   * (factor 32 over 16 positions) */
+        cfg.n_ff_exp = 128, cfg.n_expert_used = 4, cfg.head_dim = 64, cfg.n_swa = 4, cfg.n_ctx_orig = 16, cfg.yarn_factor = 32;
     if (!strcmp(arch, "olmoe")) cfg.n_head_kv = cfg.n_head; /* OLMoE's shape: no GQA */
     return cfg;
 }
@@ -303,24 +306,26 @@ static tiny_cfg moe_cfg(const char *arch, tn_dtype wt) {
 /* Mixture of experts against the reference (its own routing: softmax, top-k, renormalised for
  * qwen3moe and Mixtral-style llama, not for olmoe; experts read from the file's 3-D tensors):
  * qwen3moe (per-head q/k norms, head_dim 128), olmoe (q/k norms over whole rows), llama with
- * experts, qwen2moe (q/k/v biases, probabilities not renormalised, a gated shared expert); F32, Q8_0 and Q4_K experts, 1-3 threads, a 9-token prefill and one-token decode steps. */
+ * experts, qwen2moe (q/k/v biases, probabilities not renormalised, a gated shared expert), gpt-oss
+ * (attention sinks, biases everywhere, softmax over the top-k logits, clamped SwiGLU, YaRN, a
+ * sliding window on even layers); F32, Q8_0 and Q4_K experts, 1-3 threads, a 9-token prefill and one-token decode steps. */
 static void test_moe(void **state) {
     (void)state;
-    const char *archs[] = {"qwen3moe", "olmoe", "llama", "qwen2moe"};
+    const char *archs[] = {"qwen3moe", "olmoe", "llama", "qwen2moe", "gpt-oss"};
     const tn_dtype types[] = {TN_F32, TN_Q8_0};
-    for (size_t a = 0; a < 4; a++)
+    for (size_t a = 0; a < 5; a++)
         for (size_t i = 0; i < 2; i++) run_cfg(moe_cfg(archs[a], types[i]), (int)((a + i) % 3) + 1);
 }
 
 /* Dropless routing is per token: a prompt's logits from a batch where another sequence's tokens
  * are interleaved with it (so every expert's group of rows differs) equal, bit for bit, those of
- * the prompt in a batch alone; on qwen3moe, olmoe and qwen2moe, F32 and Q8_0, 1 and 2 threads. */
+ * the prompt in a batch alone; on qwen3moe, olmoe, qwen2moe and gpt-oss, F32 and Q8_0, 1 and 2 threads. */
 static void test_moe_mixed_batch(void **state) {
     (void)state;
-    const char *archs[] = {"qwen3moe", "olmoe", "qwen2moe"};
+    const char *archs[] = {"qwen3moe", "olmoe", "qwen2moe", "gpt-oss"};
     const tn_dtype types[] = {TN_F32, TN_Q8_0};
-    for (int v = 0; v < 6; v++) {
-        tiny_cfg cfg = moe_cfg(archs[v % 3], types[v / 3]);
+    for (int v = 0; v < 8; v++) {
+        tiny_cfg cfg = moe_cfg(archs[v % 4], types[v / 4]);
         char path[512];
         tiny_tmp_path(path, sizeof path, "moemix");
         assert_int_equal(tiny_model_write(path, &cfg), TERN_OK);
@@ -359,8 +364,8 @@ static void test_moe_mixed_batch(void **state) {
             tn_forward_batch(b, &bb, tables, NULL);
             assert_int_equal(b->n_logits, 1);
             if (memcmp(a->logits, b->logits, sizeof(float) * (size_t)m->hp.n_vocab))
-                fail_msg("%s %s threads %d: a prompt's logits in a mixed batch differ from the prompt alone", archs[v % 3],
-                         tn_dtype_name(types[v / 3]), threads);
+                fail_msg("%s %s threads %d: a prompt's logits in a mixed batch differ from the prompt alone", archs[v % 4],
+                         tn_dtype_name(types[v / 4]), threads);
             tern_ctx_free(a);
             tern_ctx_free(b);
         }
@@ -371,13 +376,13 @@ static void test_moe_mixed_batch(void **state) {
 /* Prefill of 12 tokens in one batch (grouped experts, the batched kernels) against 12 one-token
  * decodes (each thread norming the token itself, only the chosen experts read): the logits of
  * every position agree within 1e-4 relative (the dense families' batch-equivalence bound), on
- * qwen3moe, olmoe, Mixtral-style llama and qwen2moe, F32 and Q8_0, 2 threads. */
+ * qwen3moe, olmoe, Mixtral-style llama, qwen2moe and gpt-oss, F32 and Q8_0, 2 threads. */
 static void test_moe_prefill_vs_decode(void **state) {
     (void)state;
-    const char *archs[] = {"qwen3moe", "olmoe", "llama", "qwen2moe"};
+    const char *archs[] = {"qwen3moe", "olmoe", "llama", "qwen2moe", "gpt-oss"};
     const tn_dtype types[] = {TN_F32, TN_Q8_0};
-    for (int v = 0; v < 8; v++) {
-        tiny_cfg cfg = moe_cfg(archs[v % 4], types[v / 4]);
+    for (int v = 0; v < 10; v++) {
+        tiny_cfg cfg = moe_cfg(archs[v % 5], types[v / 5]);
         char path[512];
         tiny_tmp_path(path, sizeof path, "moepd");
         assert_int_equal(tiny_model_write(path, &cfg), TERN_OK);
@@ -402,10 +407,10 @@ static void test_moe_prefill_vs_decode(void **state) {
             for (int32_t j = 0; j < nv; j++) num += (la[j] - lb[j]) * (la[j] - lb[j]), den += (double)lb[j] * lb[j];
             const double e = sqrt(num / den);
             worst = e > worst ? e : worst;
-            if (e > 1e-4) fail_msg("%s %s: position %d: prefill vs one-token decode rel err %.3g > 1e-4", archs[v % 4],
-                                   tn_dtype_name(types[v / 4]), i, e);
+            if (e > 1e-4) fail_msg("%s %s: position %d: prefill vs one-token decode rel err %.3g > 1e-4", archs[v % 5],
+                                   tn_dtype_name(types[v / 5]), i, e);
         }
-        printf("  %-8s %-5s prefill vs 12 decodes: worst rel err %.2e\n", archs[v % 4], tn_dtype_name(types[v / 4]), worst);
+        printf("  %-8s %-5s prefill vs 12 decodes: worst rel err %.2e\n", archs[v % 5], tn_dtype_name(types[v / 5]), worst);
         tern_ctx_free(a);
         tern_ctx_free(b);
         tern_model_free(m);

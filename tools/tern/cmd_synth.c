@@ -34,6 +34,11 @@ static const synth_preset presets[] = {
      * 2, a shared expert of 192 */
     {"a2.7b", "qwen2moe", 2048, 24, 16, 16, 5632, 32000, 8192, 0, 60, 4, 1408, 5632},
     {"tiny", "qwen2moe", 64, 2, 4, 2, 256, 512, 128, 0, 8, 2, 128, 192},
+    /* gpt-oss: gpt-oss-20b's shapes (24 layers, 64 q heads of 64 over 8 kv heads, 32 experts of 2880
+     * rows, top 4, window 128; a 32000 vocabulary and a 4096 context here); tiny: 8 experts of 64,
+     * top 4, heads of 32 (q rows 128 over n_embd 64) */
+    {"20b", "gpt-oss", 2880, 24, 64, 8, 2880, 32000, 4096, 64, 32, 4, 2880, 0},
+    {"tiny", "gpt-oss", 64, 2, 4, 2, 128, 512, 128, 32, 8, 4, 64, 0},
     /* olmoe: OLMoE-1B-7B's shapes (16 layers, 16 heads, 64 experts of 1024 rows, top 8; a 32000
      * vocabulary here) */
     {"1b", "olmoe", 2048, 16, 16, 16, 1024, 32000, 4096, 0, 64, 8, 0, 0},
@@ -115,7 +120,7 @@ int cmd_synth(int argc, char **argv) {
                    "                [--experts N --top-k K]\n"
                    "  --arch NAME   model family (default llama): %s\n"
                    "  --preset      qwen3moe: 30b-a3b (Qwen3-30B-A3B's shapes), tiny; qwen2moe: a2.7b (Qwen1.5-MoE-A2.7B's),\n"
-                   "                tiny; olmoe: 1b (OLMoE-1B-7B's), tiny\n"
+                   "                tiny; gpt-oss: 20b, tiny; olmoe: 1b (OLMoE-1B-7B's), tiny\n"
                    "  --experts N   llama: a Mixtral-style file, N experts of n_ff rows per layer (2..512)\n"
                    "  --top-k K     experts per token (1..N; default 2); also overrides a MoE preset's\n", names);
             return 0;
@@ -141,7 +146,7 @@ int cmd_synth(int argc, char **argv) {
     const synth_preset *P = NULL;
     for (size_t i = 0; i < sizeof presets / sizeof presets[0] && !P; i++)
         if (!strcmp(presets[i].name, preset) && (!presets[i].arch || !strcmp(presets[i].arch, ad->name))) P = &presets[i];
-    if (!P) return tn_cli_usage_error("unknown preset '%s' for %s (1b, tinyllama, small, tiny; qwen3moe: 30b-a3b, tiny; qwen2moe: a2.7b, tiny; olmoe: 1b, tiny)",
+    if (!P) return tn_cli_usage_error("unknown preset '%s' for %s (1b, tinyllama, small, tiny; qwen3moe: 30b-a3b, tiny; qwen2moe: a2.7b, tiny; gpt-oss: 20b, tiny; olmoe: 1b, tiny)",
                                       preset, ad->name);
     const bool may_moe = ad->need[TN_ROLE_FFN_GATE_INP] != TN_NEED_NO, always_moe = ad->need[TN_ROLE_FFN_GATE_INP] == TN_NEED_REQ;
     if (experts > 0 && (!may_moe || always_moe))
@@ -186,7 +191,8 @@ int cmd_synth(int argc, char **argv) {
     }
     if (ad->rope_dim_key) tn_gguf_set_u32(w, KEY("rope.dimension_count"), (uint32_t)hp.n_rot);
     if (ad->synth_swa) /* Gemma 3's window (512) at 1b; a few positions in the small presets */
-        tn_gguf_set_u32(w, KEY("attention.sliding_window"), (uint32_t)(P->n_layer >= 16 ? 512 : ad->synth_swa));
+        tn_gguf_set_u32(w, KEY("attention.sliding_window"),
+                        (uint32_t)(P->n_layer < 16 ? ad->synth_swa : ad->id == TN_ARCH_GPT_OSS ? 128 : 512));
     if (n_expert) {
         tn_gguf_set_u32(w, KEY("expert_count"), (uint32_t)n_expert);
         tn_gguf_set_u32(w, KEY("expert_used_count"), (uint32_t)n_used);

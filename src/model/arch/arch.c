@@ -34,6 +34,12 @@ const tn_role_info tn_roles[TN_ROLE_COUNT] = {
     [TN_ROLE_FFN_GATE_SHEXP] = {"ffn_gate_shexp.weight", TN_DIM_EMBD, TN_DIM_FF_SHEXP, true},
     [TN_ROLE_FFN_UP_SHEXP] = {"ffn_up_shexp.weight", TN_DIM_EMBD, TN_DIM_FF_SHEXP, true},
     [TN_ROLE_FFN_DOWN_SHEXP] = {"ffn_down_shexp.weight", TN_DIM_FF_SHEXP, TN_DIM_EMBD, true},
+    [TN_ROLE_ATTN_SINKS] = {"attn_sinks.weight", TN_DIM_HEADS, TN_DIM_1, false},
+    [TN_ROLE_ATTN_OUT_B] = {"attn_output.bias", TN_DIM_EMBD, TN_DIM_1, false},
+    [TN_ROLE_FFN_GATE_INP_B] = {"ffn_gate_inp.bias", TN_DIM_EXPERT, TN_DIM_1, false},
+    [TN_ROLE_FFN_GATE_EXPS_B] = {"ffn_gate_exps.bias", TN_DIM_FF_EXP, TN_DIM_EXPERT, false},
+    [TN_ROLE_FFN_UP_EXPS_B] = {"ffn_up_exps.bias", TN_DIM_FF_EXP, TN_DIM_EXPERT, false},
+    [TN_ROLE_FFN_DOWN_EXPS_B] = {"ffn_down_exps.bias", TN_DIM_EMBD, TN_DIM_EXPERT, false},
     [TN_ROLE_TOKEN_EMBD] = {"token_embd.weight", TN_DIM_EMBD, TN_DIM_VOCAB, true},
     [TN_ROLE_OUTPUT_NORM] = {"output_norm.weight", TN_DIM_EMBD, TN_DIM_1, false},
     [TN_ROLE_OUTPUT] = {"output.weight", TN_DIM_EMBD, TN_DIM_VOCAB, true},
@@ -43,11 +49,12 @@ const tn_role_info tn_roles[TN_ROLE_COUNT] = {
 };
 
 extern const tn_arch_desc tn_arch_llama, tn_arch_qwen2, tn_arch_qwen3, tn_arch_smollm3, tn_arch_gemma2, tn_arch_gemma3,
-    tn_arch_phi3, tn_arch_qwen3moe, tn_arch_olmoe, tn_arch_qwen2moe;
+    tn_arch_phi3, tn_arch_qwen3moe, tn_arch_olmoe, tn_arch_qwen2moe, tn_arch_gpt_oss;
 
 static const tn_arch_desc *const tn_all_archs[] = {&tn_arch_llama, &tn_arch_qwen2, &tn_arch_qwen3, &tn_arch_smollm3,
                                                    &tn_arch_gemma2, &tn_arch_gemma3, &tn_arch_phi3,
-                                                   &tn_arch_qwen3moe, &tn_arch_olmoe, &tn_arch_qwen2moe};
+                                                   &tn_arch_qwen3moe, &tn_arch_olmoe, &tn_arch_qwen2moe,
+                                                   &tn_arch_gpt_oss};
 
 size_t tn_arch_count(void) { return TN_ARRAY_LEN(tn_all_archs); }
 const tn_arch_desc *tn_arch_at(size_t i) { return i < TN_ARRAY_LEN(tn_all_archs) ? tn_all_archs[i] : NULL; }
@@ -83,6 +90,7 @@ int64_t tn_dim_value(const tn_hparams *hp, tn_dim d) {
     case TN_DIM_EXPERT: return hp->n_expert;
     case TN_DIM_FF_EXP: return hp->n_ff_exp;
     case TN_DIM_FF_SHEXP: return hp->n_ff_shexp;
+    case TN_DIM_HEADS: return hp->n_head;
     case TN_DIM_Q_NORM: return hp->family && hp->family->qk_norm_full ? (int64_t)hp->n_head * hp->head_dim : hp->head_dim;
     case TN_DIM_K_NORM: return hp->family && hp->family->qk_norm_full ? (int64_t)hp->n_head_kv * hp->head_dim : hp->head_dim;
     }

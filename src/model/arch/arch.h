@@ -26,9 +26,15 @@ typedef enum tn_arch {
     TN_ARCH_QWEN3MOE,
     TN_ARCH_OLMOE,
     TN_ARCH_QWEN2MOE,
+    TN_ARCH_GPT_OSS,
 } tn_arch;
 typedef enum tn_rope_mode { TN_ROPE_NORM = 0, TN_ROPE_NEOX } tn_rope_mode;
-typedef enum tn_ffn_kind { TN_FFN_SWIGLU = 0, TN_FFN_GEGLU } tn_ffn_kind; /* silu(gate) * up, gelu_tanh(gate) * up */
+/* silu(gate) * up, gelu_tanh(gate) * up; gpt-oss's clamped SwiGLU: g = min(gate, 7),
+ * u = clamp(up, -7, 7), g * sigmoid(1.702 g) * (u + 1) (ggml_swiglu_oai) */
+typedef enum tn_ffn_kind { TN_FFN_SWIGLU = 0, TN_FFN_GEGLU, TN_FFN_SWIGLU_OAI } tn_ffn_kind;
+/* How a router's logits become the experts and their weights: softmax over all experts, then the
+ * top k (weights: their probabilities); or (gpt-oss) the top k logits, then a softmax over them. */
+typedef enum tn_moe_gating { TN_MOE_SOFTMAX = 0, TN_MOE_SOFTMAX_WEIGHT } tn_moe_gating;
 
 /* Tensor roles. Per-layer roles come first ("blk.%d." + name); the model-wide ones after. */
 typedef enum tn_role {
@@ -62,6 +68,14 @@ typedef enum tn_role {
     TN_ROLE_FFN_GATE_SHEXP,
     TN_ROLE_FFN_UP_SHEXP,
     TN_ROLE_FFN_DOWN_SHEXP,
+    /* gpt-oss: attention sinks (one logit per query head, in the softmax's denominator), the
+     * attention output's bias, the router's and the experts' biases ([rows, n_expert]) */
+    TN_ROLE_ATTN_SINKS,
+    TN_ROLE_ATTN_OUT_B,
+    TN_ROLE_FFN_GATE_INP_B,
+    TN_ROLE_FFN_GATE_EXPS_B,
+    TN_ROLE_FFN_UP_EXPS_B,
+    TN_ROLE_FFN_DOWN_EXPS_B,
     TN_ROLE_N_LAYER, /* number of per-layer roles */
     TN_ROLE_TOKEN_EMBD = TN_ROLE_N_LAYER,
     TN_ROLE_OUTPUT_NORM,
@@ -89,6 +103,7 @@ typedef enum tn_dim {
     TN_DIM_Q_NORM,   /* attn_q_norm's length: head_dim, or n_head * head_dim (qk_norm_full) */
     TN_DIM_K_NORM,   /* attn_k_norm's length: head_dim, or n_head_kv * head_dim (qk_norm_full) */
     TN_DIM_FF_SHEXP, /* n_ff_shexp: the shared expert's hidden rows    */
+    TN_DIM_HEADS,    /* n_head (attention sinks)                       */
 } tn_dim;
 
 typedef struct tn_role_info {
@@ -136,6 +151,9 @@ typedef struct tn_arch_desc {
                                  * not each head                                                */
     bool moe_renorm;            /* the top-k routing weights divided by their sum (llama.cpp's
                                  * norm_w: qwen3moe, Mixtral) or used as they are (olmoe)       */
+    tn_moe_gating moe_gating;   /* how the router's logits choose and weigh experts             */
+    bool post_attn_norm_ffn;    /* post_attention_norm is the FFN's input norm (gpt-oss: no
+                                 * ffn_norm; the loader binds it to FFN_NORM)                   */
     uint8_t need[TN_ROLE_COUNT];/* tn_need of every role; a family with the MoE roles and the
                                  * dense FFN ones both TN_NEED_OPT (llama) takes one set or the
                                  * other by expert_count (tn_arch_need)                         */
