@@ -190,6 +190,7 @@ typedef enum tern_chat_template {
     TERN_CHAT_GEMMA,      /* <start_of_turn>user\n...<end_of_turn>\n<start_of_turn>model\n             */
     TERN_CHAT_PHI3,       /* <|user|>\n...<|end|>\n<|assistant|>\n                                     */
     TERN_CHAT_PHI4,       /* <|im_start|>user<|im_sep|>...<|im_end|>                                   */
+    TERN_CHAT_GPT_OSS,    /* harmony: <|start|>user<|message|>...<|end|><|start|>assistant (gpt-oss)    */
     TERN_CHAT_N_TEMPLATES
 } tern_chat_template;
 

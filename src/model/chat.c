@@ -23,6 +23,7 @@
 static const char *const tn_chat_names[TERN_CHAT_N_TEMPLATES] = {
     [TERN_CHAT_CHATML] = "chatml", [TERN_CHAT_LLAMA2] = "llama2", [TERN_CHAT_LLAMA3] = "llama3", [TERN_CHAT_QWEN3] = "qwen3",
     [TERN_CHAT_GEMMA] = "gemma",   [TERN_CHAT_PHI3] = "phi3",     [TERN_CHAT_PHI4] = "phi4",
+    [TERN_CHAT_GPT_OSS] = "gpt-oss",
 };
 
 const char *tern_chat_template_name(tern_chat_template t) {
@@ -35,14 +36,15 @@ tern_status tern_chat_template_from_name(const char *name, tern_chat_template *o
             *out = (tern_chat_template)t;
             return TERN_OK;
         }
-    return tn_err(TERN_ERR_INVALID_ARG, "chat: unknown template '%s' (known: chatml, llama2, llama3, qwen3, gemma, phi3, phi4)",
+    return tn_err(TERN_ERR_INVALID_ARG, "chat: unknown template '%s' (known: chatml, llama2, llama3, qwen3, gemma, phi3, phi4, gpt-oss)",
                   name ? name : "(null)");
 }
 
 const char *const *tern_chat_template_stops(tern_chat_template t) {
     static const char *const im_end[] = {"<|im_end|>", NULL}, *const eot_id[] = {"<|eot_id|>", NULL},
                              *const eot[] = {"<end_of_turn>", NULL}, *const end[] = {"<|end|>", NULL},
-                             *const eos[] = {"</s>", NULL}, *const none[] = {NULL};
+                             *const eos[] = {"</s>", NULL}, *const none[] = {NULL},
+                             *const harmony[] = {"<|return|>", "<|call|>", NULL};
     switch (t) {
     case TERN_CHAT_CHATML:
     case TERN_CHAT_QWEN3:
@@ -51,6 +53,7 @@ const char *const *tern_chat_template_stops(tern_chat_template t) {
     case TERN_CHAT_GEMMA: return eot;
     case TERN_CHAT_PHI3: return end;
     case TERN_CHAT_LLAMA2: return eos;
+    case TERN_CHAT_GPT_OSS: return harmony;
     default: return none;
     }
 }
@@ -102,6 +105,7 @@ static bool has_tok(const tn_vocab *v, const char *text) { return v && tn_vocab_
 tern_chat_template tn_chat_detect(const char *jinja, size_t len, const tn_vocab *v, const char *arch) {
     const bool qwen3_arch = arch && !strcmp(arch, "qwen3");
     if (jinja && len) {
+        if (has(jinja, len, "<|start|>") && has(jinja, len, "<|channel|>")) return TERN_CHAT_GPT_OSS;
         if (has(jinja, len, "<|im_start|>")) {
             if (has(jinja, len, "<|im_sep|>")) return TERN_CHAT_PHI4;
             /* Qwen3's template reads message.reasoning_content and splits answers at </think> */
@@ -112,6 +116,7 @@ tern_chat_template tn_chat_detect(const char *jinja, size_t len, const tn_vocab 
         if (has(jinja, len, "<start_of_turn>")) return TERN_CHAT_GEMMA;
         if (has(jinja, len, "<|start_header_id|>") && has(jinja, len, "<|end_header_id|>")) return TERN_CHAT_LLAMA3;
     }
+    if (has_tok(v, "<|start|>") && has_tok(v, "<|channel|>")) return TERN_CHAT_GPT_OSS;
     if (has_tok(v, "<|im_sep|>")) return TERN_CHAT_PHI4;
     if (has_tok(v, "<|im_start|>")) return qwen3_arch ? TERN_CHAT_QWEN3 : TERN_CHAT_CHATML;
     if (has_tok(v, "<start_of_turn>")) return TERN_CHAT_GEMMA;
@@ -120,6 +125,7 @@ tern_chat_template tn_chat_detect(const char *jinja, size_t len, const tn_vocab 
     if (qwen3_arch) return TERN_CHAT_QWEN3;
     if (arch && !strncmp(arch, "gemma", 5)) return TERN_CHAT_GEMMA;
     if (arch && !strcmp(arch, "phi3")) return TERN_CHAT_PHI3;
+    if (arch && !strcmp(arch, "gpt-oss")) return TERN_CHAT_GPT_OSS;
     return TERN_CHAT_CHATML;
 }
 
@@ -254,6 +260,52 @@ static void render_phi(tn_chat_out *o, const tern_chat_msg *msgs, size_t n, bool
     if (add_assistant) puts_(o, phi4 ? "<|im_start|>assistant<|im_sep|>" : "<|assistant|>\n");
 }
 
+/* OpenAI's harmony format (gpt-oss's template): the model's system message (identity, knowledge
+ * cutoff, reasoning effort, channels; no current date, so that a rendering is reproducible), a
+ * system or developer message as the developer's "# Instructions", user turns, earlier answers in
+ * the final channel — an answer that still holds the model's raw channels keeps only the text after
+ * its last "<|channel|>final<|message|>", up to an "<|end|>" or "<|return|>" — and, for the reply,
+ * "<|start|>assistant" (the model then opens its analysis channel, then its final one, and ends with
+ * <|return|>, or <|call|> for a tool call). */
+static void render_harmony(tn_chat_out *o, const tern_chat_msg *msgs, size_t n, bool add_assistant) {
+    puts_(o, "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
+             "Knowledge cutoff: 2024-06\n\nReasoning: medium\n\n"
+             "# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|>");
+    static const char fin[] = "<|channel|>final<|message|>";
+    for (size_t i = 0; i < n; i++) {
+        const tern_chat_msg *m = &msgs[i];
+        const char *c = m->content;
+        size_t len = m->len;
+        if (is_system(m)) {
+            puts_(o, "<|start|>developer<|message|># Instructions\n\n");
+            put(o, c, len);
+            puts_(o, "<|end|>");
+        } else if (role_is(m, "assistant")) {
+            for (size_t k = len; k >= sizeof fin - 1; k--)
+                if (!memcmp(c + k - (sizeof fin - 1), fin, sizeof fin - 1)) {
+                    c += k, len -= k;
+                    break;
+                }
+            for (size_t k = 0; k + 7 <= len; k++)
+                if (!memcmp(c + k, "<|end|>", 7) || (k + 10 <= len && !memcmp(c + k, "<|return|>", 10))) {
+                    len = k;
+                    break;
+                }
+            puts_(o, "<|start|>assistant");
+            puts_(o, fin);
+            put(o, c, len);
+            puts_(o, "<|end|>");
+        } else {
+            puts_(o, "<|start|>");
+            puts_(o, m->role);
+            puts_(o, "<|message|>");
+            put(o, c, len);
+            puts_(o, "<|end|>");
+        }
+    }
+    if (add_assistant) puts_(o, "<|start|>assistant");
+}
+
 tern_status tern_chat_apply(tern_chat_template t, const tern_chat_msg *msgs, size_t n, bool add_assistant, char *buf,
                             size_t cap, size_t *len) {
     if (len) *len = 0;
@@ -271,6 +323,7 @@ tern_status tern_chat_apply(tern_chat_template t, const tern_chat_msg *msgs, siz
     case TERN_CHAT_GEMMA: render_gemma(&o, msgs, n, add_assistant); break;
     case TERN_CHAT_PHI3: render_phi(&o, msgs, n, add_assistant, false); break;
     case TERN_CHAT_PHI4: render_phi(&o, msgs, n, add_assistant, true); break;
+    case TERN_CHAT_GPT_OSS: render_harmony(&o, msgs, n, add_assistant); break;
     default: break;
     }
     *len = o.len;

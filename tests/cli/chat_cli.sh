@@ -102,7 +102,7 @@ expect 64 "chat: -n not a number" chat -m "$MODEL" -n many
 expect 64 "chat: --temp nan" chat -m "$MODEL" --temp nan
 expect 64 "chat: -sys without a value" chat -m "$MODEL" -sys
 expect 64 "chat: unknown --chat-template" chat -m "$MODEL" --chat-template vicuna
-grep -q "unknown template 'vicuna' (known: chatml, llama2, llama3, qwen3, gemma, phi3, phi4)" "$TMP/err" && ok "the names are listed" || bad "names: $(cat "$TMP/err")"
+grep -q "unknown template 'vicuna' (known: chatml, llama2, llama3, qwen3, gemma, phi3, phi4, gpt-oss)" "$TMP/err" && ok "the names are listed" || bad "names: $(cat "$TMP/err")"
 expect 64 "serve: unknown --chat-template" serve -m "$MODEL" --chat-template vicuna
 grep -q "known: chatml" "$TMP/err" && ok "serve lists the names" || bad "serve names: $(cat "$TMP/err")"
 expect 66 "chat: missing model" chat -m "$TMP/none.gguf"

@@ -121,6 +121,29 @@ static void t_phi(void **st) {
            "<|im_start|>assistant<|im_sep|>");
 }
 
+/* gpt-oss (harmony, written from OpenAI's harmony format and gpt-oss's chat_template.jinja): the
+ * model's system message, the system message as developer instructions, final-channel answers; an
+ * answer with raw channels keeps its final text only. */
+static void t_gpt_oss(void **st) {
+    (void)st;
+    static const char sysmsg[] = "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
+                                 "Knowledge cutoff: 2024-06\n\nReasoning: medium\n\n"
+                                 "# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|>";
+    char want[1024];
+    snprintf(want, sizeof want, "%s%s", sysmsg,
+             "<|start|>developer<|message|># Instructions\n\nYou are terse.<|end|>"
+             "<|start|>user<|message|>Hi<|end|>"
+             "<|start|>assistant<|channel|>final<|message|>Hello.<|end|>"
+             "<|start|>user<|message|>Bye<|end|>"
+             "<|start|>assistant");
+    expect(TERN_CHAT_GPT_OSS, conv, 4, true, want);
+    const char raw[] = "<|channel|>analysis<|message|>Greet back.<|end|><|start|>assistant<|channel|>final<|message|>Hello.<|return|>";
+    const tern_chat_msg m[] = {{"user", "Hi", 2}, {"assistant", raw, sizeof raw - 1}};
+    snprintf(want, sizeof want, "%s%s", sysmsg,
+             "<|start|>user<|message|>Hi<|end|><|start|>assistant<|channel|>final<|message|>Hello.<|end|>");
+    expect(TERN_CHAT_GPT_OSS, m, 2, false, want);
+}
+
 static void t_buffer_contract(void **st) {
     (void)st;
     const char *want = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n";
@@ -147,7 +170,7 @@ static void t_buffer_contract(void **st) {
 
 static void t_names_and_stops(void **st) {
     (void)st;
-    static const char *const names[] = {"chatml", "llama2", "llama3", "qwen3", "gemma", "phi3", "phi4"};
+    static const char *const names[] = {"chatml", "llama2", "llama3", "qwen3", "gemma", "phi3", "phi4", "gpt-oss"};
     assert_int_equal(sizeof names / sizeof *names, TERN_CHAT_N_TEMPLATES);
     for (int t = 0; t < TERN_CHAT_N_TEMPLATES; t++) {
         tern_chat_template back = TERN_CHAT_N_TEMPLATES;
@@ -168,7 +191,11 @@ static void t_names_and_stops(void **st) {
     assert_string_equal(tern_chat_template_stops(TERN_CHAT_GEMMA)[0], "<end_of_turn>");
     assert_string_equal(tern_chat_template_stops(TERN_CHAT_PHI3)[0], "<|end|>");
     assert_string_equal(tern_chat_template_stops(TERN_CHAT_LLAMA2)[0], "</s>");
-    for (int k = 0; k < TERN_CHAT_N_TEMPLATES; k++) assert_null(tern_chat_template_stops((tern_chat_template)k)[1]);
+    assert_string_equal(tern_chat_template_stops(TERN_CHAT_GPT_OSS)[0], "<|return|>");
+    assert_string_equal(tern_chat_template_stops(TERN_CHAT_GPT_OSS)[1], "<|call|>");
+    assert_null(tern_chat_template_stops(TERN_CHAT_GPT_OSS)[2]);
+    for (int k = 0; k < TERN_CHAT_N_TEMPLATES; k++)
+        if (k != TERN_CHAT_GPT_OSS) assert_null(tern_chat_template_stops((tern_chat_template)k)[1]);
 }
 
 #define DETECT(jinja, arch) tn_chat_detect(jinja, strlen(jinja), NULL, arch)
@@ -186,6 +213,8 @@ static void t_detect_jinja(void **st) {
     assert_int_equal(DETECT("{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}", NULL),
                      TERN_CHAT_LLAMA3);
     assert_int_equal(DETECT("{{ bos_token + '[INST] ' + message['content'] + ' [/INST]' }}", NULL), TERN_CHAT_LLAMA2);
+    assert_int_equal(DETECT("{{- '<|start|>' + message.role + '<|channel|>' + 'final<|message|>' }}", NULL), TERN_CHAT_GPT_OSS);
+    assert_int_equal(tn_chat_detect(NULL, 0, NULL, "gpt-oss"), TERN_CHAT_GPT_OSS);
     /* nothing recognised: the architecture, else chatml */
     assert_int_equal(DETECT("{{ messages }}", NULL), TERN_CHAT_CHATML);
     assert_int_equal(DETECT("{{ messages }}", "gemma3"), TERN_CHAT_GEMMA);
@@ -250,6 +279,7 @@ static void t_detect_tokens(void **st) {
         {{"<|user|>", "<|assistant|>", "<|end|>"}, 3, "llama", TERN_CHAT_PHI3},
         {{"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"}, 3, "llama", TERN_CHAT_LLAMA3},
         {{"<|eot_id|>"}, 1, "llama", TERN_CHAT_CHATML},
+        {{"<|start|>", "<|channel|>", "<|return|>"}, 3, "llama", TERN_CHAT_GPT_OSS},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         tn_vocab *v = vocab_with(cases[i].toks, cases[i].n);
@@ -314,7 +344,7 @@ static void t_stop_text(void **st) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(t_chatml),          cmocka_unit_test(t_llama2),        cmocka_unit_test(t_llama3),
-        cmocka_unit_test(t_qwen3),           cmocka_unit_test(t_gemma),         cmocka_unit_test(t_phi),
+        cmocka_unit_test(t_qwen3),           cmocka_unit_test(t_gemma),         cmocka_unit_test(t_phi), cmocka_unit_test(t_gpt_oss),
         cmocka_unit_test(t_buffer_contract), cmocka_unit_test(t_names_and_stops), cmocka_unit_test(t_detect_jinja),
         cmocka_unit_test(t_detect_tokens),   cmocka_unit_test(t_stop_tokens),   cmocka_unit_test(t_stop_text),
     };

@@ -30,7 +30,7 @@ static void chat_usage(FILE *f) {
             "usage: tern chat [-m model.gguf] [-sys TEXT] [options]\n"
             "  -m, --model FILE        GGUF model (default: tern's built-in default model)\n"
             "  -sys, --system-prompt TEXT  system message that opens the conversation\n"
-            "      --chat-template NAME  chat template (default: the model's): chatml, llama2, llama3, qwen3, gemma, phi3, phi4\n"
+            "      --chat-template NAME  chat template (default: the model's): chatml, llama2, llama3, qwen3, gemma, phi3, phi4, gpt-oss\n"
             "  -n, --n-predict N       most tokens per answer (default -1: until the end of the turn or a full context)\n"
             "  -c, --ctx-size N        context size (default: the model's, capped at 4096)\n"
             "  -t, --threads N         threads (default: number of CPUs)\n"

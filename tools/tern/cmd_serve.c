@@ -30,7 +30,7 @@ static void serve_usage(FILE *f) {
             "      --max-body BYTES    largest request body (default 4194304); larger gets 413\n"
             "      --device cpu|cuda   run the model on the CPU (default) or an NVIDIA GPU; -ngl N: layers on the GPU\n"
             "      --chat-template NAME chat template of /v1/chat/completions (default: the model's):\n"
-            "                          chatml, llama2, llama3, qwen3, gemma, phi3, phi4\n"
+            "                          chatml, llama2, llama3, qwen3, gemma, phi3, phi4, gpt-oss\n"
             "      --spec ngram        speculative decoding: each step verifies n-gram drafts of every sequence's\n"
             "                          prompt + output (prompt lookup); the same output, faster when it copies\n"
             "      --draft-max N       at most N drafts per sequence and step (default 8, 1..32); the length is\n"
