@@ -9,6 +9,7 @@
 #include "cuda/cuda.h"
 #include "kern/matmul.h"
 #include "model/ctx.h"
+#include "model/lora.h"
 
 void tern_model_params_init(tern_model_params *p) {
     memset(p, 0, sizeof *p);
@@ -297,6 +298,7 @@ tern_status tn_ctx_create_paged(const tern_model *m, const tern_ctx_params *pp, 
 
 void tern_ctx_free(tern_ctx *c) {
     if (!c) return;
+    tn_lora_ctx_clear(c);
     tn_cuda_ctx_free(c->cuda);
     tn_pool_free(c->pool);
     void *bufs[] = {c->kv_off, c->k_cache, c->v_cache, c->x, c->xb, c->q, c->kv, c->att, c->hb, c->hb2,
