@@ -158,6 +158,10 @@ static void merged_write(const char *base_path, const char *out, const adapter *
     tn_gguf_free(g);
 }
 
+/* run time vs merged weights: the same sums in another order (B (A x) against (W + s B A) x),
+ * through K and V cached in f16 (a 1-ulp f16 flip is 5e-4 relative) */
+#define TOL 1e-3
+
 #define N_PROMPT 6
 #define N_DECODE 3
 #define N_ROWS (N_PROMPT + N_DECODE)
@@ -221,20 +225,18 @@ static int run_cmd(const char *cmd) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-static void test_arch(const char *arch) {
-    printf("== %s\n", arch);
-    tiny_cfg cfg;
-    tiny_cfg_default(&cfg);
-    cfg.arch = arch;
-    cfg.n_embd = 128, cfg.n_ff = 256;
+/* Everything above on the model cfg describes; a quantized base (full = false): (a) only. */
+static void test_arch(tiny_cfg cfg, const char *tag, bool full) {
+    const char *arch = cfg.arch;
+    printf("== %s (%s)\n", arch, tag);
     char base[512], ad1p[512], ad2p[512], merged[512], exported[512], bad[512];
     char stem[64];
-    snprintf(stem, sizeof stem, "lora-base-%s", arch), tiny_tmp_path(base, sizeof base, stem);
-    snprintf(stem, sizeof stem, "lora-a1-%s", arch), tiny_tmp_path(ad1p, sizeof ad1p, stem);
-    snprintf(stem, sizeof stem, "lora-a2-%s", arch), tiny_tmp_path(ad2p, sizeof ad2p, stem);
-    snprintf(stem, sizeof stem, "lora-merged-%s", arch), tiny_tmp_path(merged, sizeof merged, stem);
-    snprintf(stem, sizeof stem, "lora-export-%s", arch), tiny_tmp_path(exported, sizeof exported, stem);
-    snprintf(stem, sizeof stem, "lora-bad-%s", arch), tiny_tmp_path(bad, sizeof bad, stem);
+    snprintf(stem, sizeof stem, "lora-base-%s", tag), tiny_tmp_path(base, sizeof base, stem);
+    snprintf(stem, sizeof stem, "lora-a1-%s", tag), tiny_tmp_path(ad1p, sizeof ad1p, stem);
+    snprintf(stem, sizeof stem, "lora-a2-%s", tag), tiny_tmp_path(ad2p, sizeof ad2p, stem);
+    snprintf(stem, sizeof stem, "lora-merged-%s", tag), tiny_tmp_path(merged, sizeof merged, stem);
+    snprintf(stem, sizeof stem, "lora-export-%s", tag), tiny_tmp_path(exported, sizeof exported, stem);
+    snprintf(stem, sizeof stem, "lora-bad-%s", tag), tiny_tmp_path(bad, sizeof bad, stem);
     CHECK(tiny_model_write(base, &cfg) == TERN_OK, "tiny model");
     tn_gguf *g;
     CHECK(!tn_gguf_open(base, true, &g), "open base");
@@ -257,10 +259,18 @@ static void test_arch(const char *arch) {
         /* and a real adapter does change them */
         const float s1 = 1.0f;
         float *lc = run_logits(base, l1, &s1, 1, th);
-        CHECK(rel_diff(lc, lb, n) > 1e-3, "(a) the adapter at scale 1 changes nothing (%g)", rel_diff(lc, lb, n));
+        /* the adapter's effect, far above the tolerances below */
+        CHECK(rel_diff(lc, lb, n) > 20 * TOL, "(a) the adapter at scale 1 changes little (%g)", rel_diff(lc, lb, n));
+        if (th == 1) printf("  (a) the adapter at scale 1 moves the logits by %.3g (max rel)\n", rel_diff(lc, lb, n));
         free(la), free(lb), free(lc);
     }
     printf("  (a) scale 0 == base exactly, 1 and 2 threads\n");
+    const char *rm[] = {base, ad1p, ad2p, merged, exported, bad};
+    if (!full) {
+        adapter_free(&ad[0]), adapter_free(&ad[1]);
+        for (size_t i = 0; i < sizeof rm / sizeof *rm; i++) remove(rm[i]);
+        return;
+    }
 
     /* (b) run time == merged by this test; two adapters, scales 0.7 and -1.3 */
     const float scales[2] = {0.7f, -1.3f};
@@ -271,7 +281,7 @@ static void test_arch(const char *arch) {
         float *lr = run_logits(base, l2, scales, 2, th);
         const double e = rel_diff(lr, lm, n);
         printf("  (b) run time vs merged, %d thread(s): max rel diff %.3g\n", th, e);
-        CHECK(e < 2e-4, "(b) run-time adapters differ from the merged model by %g", e);
+        CHECK(e < TOL, "(b) run-time adapters differ from the merged model by %g", e);
         free(lr);
     }
     free(lm);
@@ -287,7 +297,7 @@ static void test_arch(const char *arch) {
         float *lr = run_logits(base, l2, scales, 2, 2);
         const double e = rel_diff(le, lr, n);
         printf("  (c) export-lora (f32) vs run time: max rel diff %.3g\n", e);
-        CHECK(e < 2e-4, "(c) export-lora's model differs from the run-time adapters by %g", e);
+        CHECK(e < TOL, "(c) export-lora's model differs from the run-time adapters by %g", e);
         free(le), free(lr);
         /* an output type: q8_0 merged tensors, within q8_0's error */
         snprintf(cmd, sizeof cmd, "%s export-lora -m %s --lora %s:%g --lora %s:%g -o %s --type q8_0", bin, base, ad1p,
@@ -345,7 +355,6 @@ static void test_arch(const char *arch) {
     }
     expect_bad(base, base, TERN_ERR_FORMAT, "general.type is missing"); /* a model file */
     adapter_free(&ad[0]), adapter_free(&ad[1]);
-    const char *rm[] = {base, ad1p, ad2p, merged, exported, bad};
     for (size_t i = 0; i < sizeof rm / sizeof *rm; i++) remove(rm[i]);
 }
 
@@ -370,8 +379,23 @@ static int make_files(const char *dir) {
 
 int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "--make")) return make_files(argv[2]);
-    test_arch("llama");
-    test_arch("phi3");
+    tiny_cfg cfg;
+    tiny_cfg_default(&cfg);
+    cfg.n_embd = 128, cfg.n_ff = 256;
+    test_arch(cfg, "llama", true);
+    cfg.arch = "phi3"; /* fused attn_qkv and gate|up ffn_up: B's rows split per slice */
+    test_arch(cfg, "phi3", true);
+    tiny_cfg_default(&cfg);
+    cfg.arch = "qwen3", cfg.head_dim = 128; /* q rows n_head * head_dim = 512 over n_embd 256 */
+    test_arch(cfg, "qwen3", true);
+    tiny_cfg_default(&cfg); /* gemma3: post norms (the adapter's term before them), GeGLU, window 4 */
+    cfg.arch = "gemma3", cfg.n_layer = 7, cfg.head_dim = 128, cfg.n_swa = 4, cfg.rope_base = 1e6f;
+    test_arch(cfg, "gemma3", true);
+    tiny_cfg_default(&cfg); /* quantized, repacked bases: the adapter path leaves them untouched at scale 0 */
+    cfg.wtype = TN_Q8_0;
+    test_arch(cfg, "llama-q8_0", false);
+    cfg.wtype = TN_Q4_0, cfg.arch = "qwen3";
+    test_arch(cfg, "qwen3-q4_0", false);
     printf("test_lora: all passed\n");
     return 0;
 }
