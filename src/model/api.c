@@ -47,6 +47,11 @@ tern_status tern_model_load(const char *path, const tern_model_params *pp, tern_
         tn_gguf_free(g);
         return tn_err_prefix(s, "%s", path);
     }
+    const tn_gguf_kv *gt = tn_gguf_find(g, "general.type"); /* llama.cpp's adapters say "adapter" */
+    if (gt && gt->type == TN_GGUF_STRING && tn_gguf_str_eq(gt->v.str, "adapter")) {
+        tn_gguf_free(g);
+        return tn_err(TERN_ERR_FORMAT, "%s: general.type is 'adapter': a LoRA adapter, not a model (give it with --lora)", path);
+    }
     tern_model *m = NULL;
     if ((s = tn_model_load_gguf(g, &m))) {
         tn_gguf_free(g);

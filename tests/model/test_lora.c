@@ -354,6 +354,11 @@ static void test_arch(tiny_cfg cfg, const char *tag, bool full) {
         expect_bad(base, bad, bads[i].want, bads[i].needle);
     }
     expect_bad(base, base, TERN_ERR_FORMAT, "general.type is missing"); /* a model file */
+    tern_model_params mp; /* and an adapter given as the model */
+    tern_model_params_init(&mp);
+    tern_model *am = NULL;
+    CHECK(tern_model_load(ad1p, &mp, &am) == TERN_ERR_FORMAT && !am, "an adapter loaded as a model");
+    CHECK(strstr(tern_last_error(), "a LoRA adapter, not a model"), "message: %s", tern_last_error());
     adapter_free(&ad[0]), adapter_free(&ad[1]);
     for (size_t i = 0; i < sizeof rm / sizeof *rm; i++) remove(rm[i]);
 }

@@ -214,6 +214,9 @@ static int bench_model(const char *path, const bench_opts *o, const peaks *pk, b
             tern_ctx_free(c), tern_model_free(m);
             return lrc;
         }
+        char desc[1024];
+        tn_cli_lora_desc(&lora, desc, sizeof desc);
+        fprintf(stderr, "tern bench: with adapters%s\n", desc);
     }
     const int32_t nv = tern_model_n_vocab(m);
     const int64_t nmax = o->n_prompt > o->n_gen ? o->n_prompt : o->n_gen;
