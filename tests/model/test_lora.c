@@ -363,11 +363,14 @@ static void test_arch(tiny_cfg cfg, const char *tag, bool full) {
     for (size_t i = 0; i < sizeof rm / sizeof *rm; i++) remove(rm[i]);
 }
 
-/* --make DIR: writes DIR/base.gguf (tiny llama, f32) and DIR/adapter.gguf (rank 8, alpha 16) for
- * the peer comparison (lora_peer.sh) and exits. */
-static int make_files(const char *dir) {
+/* --make DIR [ARCH]: writes DIR/base.gguf (tiny, f32; llama by default) and DIR/adapter.gguf
+ * (rank 8, alpha 16) for the peer comparison (lora_peer.sh) and exits. */
+static int make_files(const char *dir, const char *arch) {
     tiny_cfg cfg;
     tiny_cfg_default(&cfg);
+    cfg.arch = arch;
+    if (!strcmp(arch, "qwen3")) cfg.head_dim = 128;
+    if (!strcmp(arch, "gemma3")) cfg.n_layer = 7, cfg.head_dim = 128, cfg.n_swa = 4, cfg.rope_base = 1e6f;
     char base[512], adp[512];
     snprintf(base, sizeof base, "%s/base.gguf", dir);
     snprintf(adp, sizeof adp, "%s/adapter.gguf", dir);
@@ -377,13 +380,13 @@ static int make_files(const char *dir) {
     adapter ad;
     adapter_make(&ad, g, 8, 16.0f, 0.05f);
     tn_gguf_free(g);
-    adapter_write(&ad, adp, "llama", F_NONE);
+    adapter_write(&ad, adp, arch, F_NONE);
     adapter_free(&ad);
     return 0;
 }
 
 int main(int argc, char **argv) {
-    if (argc == 3 && !strcmp(argv[1], "--make")) return make_files(argv[2]);
+    if ((argc == 3 || argc == 4) && !strcmp(argv[1], "--make")) return make_files(argv[2], argc == 4 ? argv[3] : "llama");
     tiny_cfg cfg;
     tiny_cfg_default(&cfg);
     cfg.n_embd = 128, cfg.n_ff = 256;
