@@ -156,6 +156,25 @@ TERN_API tern_status tern_decode(tern_ctx *c, const tern_token *toks, int32_t n)
  * i-th token of that call (i < n). NULL if unavailable. */
 TERN_API const float *tern_get_logits(const tern_ctx *c, int32_t i);
 
+/* ---- LoRA adapters ---------------------------------------------------------------------------
+ * llama.cpp's GGUF LoRA adapters (general.type "adapter", adapter.type "lora", tensors
+ * "<base tensor>.lora_a" [n_in, r] / ".lora_b" [r, n_out], f32, f16, bf16 or q8_0 ...). An
+ * adapted matmul computes W x + scale * alpha / r * B (A x) (scale alone without alpha), on the
+ * CPU, for attention q/k/v/o (and a fused qkv), ffn gate/up/down and the output matrix. */
+typedef struct tern_lora tern_lora;
+/* Loads an adapter and checks it against model m: general.type, adapter.type, the architecture,
+ * every base tensor present with matching n_in / n_out, ranks of a and b equal; TERN_ERR_FORMAT
+ * (or UNSUPPORTED for tensors tern cannot adapt, e.g. embeddings or experts) naming the tensor.
+ * The adapter keeps its weights as f32 and refers to m: free it before m. */
+TERN_API tern_status tern_lora_load(const tern_model *m, const char *path, tern_lora **out);
+TERN_API void tern_lora_free(tern_lora *a);
+TERN_API int32_t tern_lora_n_tensors(const tern_lora *a); /* adapted matmuls (fused slices count each) */
+TERN_API float tern_lora_alpha(const tern_lora *a);       /* adapter.lora.alpha, 0 if absent         */
+/* Applies adapters a[0..n) with scales[i] to every following tern_decode of c (replacing what was
+ * set before; n = 0 removes them). The adapters must stay alive while set. A CUDA context:
+ * TERN_ERR_UNSUPPORTED. Scale 0 gives exactly the base model's logits. */
+TERN_API tern_status tern_ctx_set_lora(tern_ctx *c, tern_lora *const *a, const float *scales, int32_t n);
+
 /* ---- sampling -------------------------------------------------------------------------------- */
 typedef struct tern_sampler_params {
     uint32_t struct_size;

@@ -9,6 +9,7 @@
 #include "cuda/cuda.h"
 #include "kern/matmul.h"
 #include "model/ctx.h"
+#include "model/lora.h"
 
 void tern_model_params_init(tern_model_params *p) {
     memset(p, 0, sizeof *p);
@@ -45,6 +46,11 @@ tern_status tern_model_load(const char *path, const tern_model_params *pp, tern_
     if (p.check_tensors && (s = tn_check_tensors(g))) {
         tn_gguf_free(g);
         return tn_err_prefix(s, "%s", path);
+    }
+    const tn_gguf_kv *gt = tn_gguf_find(g, "general.type"); /* llama.cpp's adapters say "adapter" */
+    if (gt && gt->type == TN_GGUF_STRING && tn_gguf_str_eq(gt->v.str, "adapter")) {
+        tn_gguf_free(g);
+        return tn_err(TERN_ERR_FORMAT, "%s: general.type is 'adapter': a LoRA adapter, not a model (give it with --lora)", path);
     }
     tern_model *m = NULL;
     if ((s = tn_model_load_gguf(g, &m))) {
@@ -297,6 +303,7 @@ tern_status tn_ctx_create_paged(const tern_model *m, const tern_ctx_params *pp, 
 
 void tern_ctx_free(tern_ctx *c) {
     if (!c) return;
+    tn_lora_ctx_clear(c);
     tn_cuda_ctx_free(c->cuda);
     tn_pool_free(c->pool);
     void *bufs[] = {c->kv_off, c->k_cache, c->v_cache, c->x, c->xb, c->q, c->kv, c->att, c->hb, c->hb2,

@@ -17,6 +17,7 @@
 #include "core/trace.h"
 #include "kern/matmul.h"
 #include "model/blocks.h"
+#include "model/lora.h"
 #include "model/ops.h"
 
 /* y = x / rms(x) * w  for rows [r0, r1) */
@@ -152,16 +153,18 @@ static int32_t tn_mm_layer(const tern_ctx *c, const atomic_int *next) { /* -1: t
     return i >= (int64_t)TN_MM_PER_LAYER * c->hp.n_layer ? -1 : (int32_t)(i / TN_MM_PER_LAYER);
 }
 
-/* y = W xq (m rows of k) and, if res, res += y on the same rows. Batches: the static split of
- * tn_matmul_compute_task. One token (own): tn_matmul_share's ranges (a static share, then tail
- * chunks claimed from *next), so a thread that is ahead takes more. */
+/* y = W xq (m rows of k), plus the adapters' terms on those rows when lo has a site, and, if res,
+ * res += y on the same rows. Batches: the static split of tn_matmul_compute_task. One token
+ * (own): tn_matmul_share's ranges (a static share, then tail chunks claimed from *next), so a
+ * thread that is ahead takes more. */
 static void tn_mm(tern_ctx *c, int ith, int nth, bool own, atomic_int *next, tn_dtype wt, const void *w, int64_t m,
-                  int64_t k, const void *xq, int64_t n, float *y, int64_t ldy, float *res) {
+                  int64_t k, const void *xq, int64_t n, float *y, int64_t ldy, float *res, const tn_lora_op *lo) {
     int64_t r0, r1, rows = 0; /* rows: this thread's, for the trace */
     TN_SPAN_B(TN_TK_MATMUL, tn_mm_name(c, next), tn_mm_layer(c, next), wt, m, k, n);
     if (!own) {
         tn_matmul_compute_task(ith, nth, c->kt, wt, w, m, k, xq, n, y, ldy);
         tn_matmul_rows(m, ith, nth, &r0, &r1);
+        if (lo && lo->site) tn_lora_add(c, lo, y, ldy, n, r0, r1);
         if (res) tn_residual_add(res, y, m, (int32_t)n, r0, r1);
         TN_SPAN_E(TN_TK_MATMUL, tn_mm_name(c, next), tn_mm_layer(c, next), r1 - r0, (r1 - r0) * (int64_t)tn_dtype_row_size(wt, k));
         return;
@@ -169,10 +172,35 @@ static void tn_mm(tern_ctx *c, int ith, int nth, bool own, atomic_int *next, tn_
     int step = 0;
     while (tn_matmul_share(next, m, ith, nth, &step, &r0, &r1)) {
         tn_matmul_range(c->kt, wt, w, k, xq, 1, y, ldy, r0, r1);
+        if (lo && lo->site) tn_lora_add(c, lo, y, ldy, 1, r0, r1);
         if (res) tn_residual_add(res, y, m, 1, r0, r1);
         rows += r1 - r0;
     }
     TN_SPAN_E(TN_TK_MATMUL, tn_mm_name(c, next), tn_mm_layer(c, next), rows, rows * (int64_t)tn_dtype_row_size(wt, k));
+}
+
+/* The adapters of sites slots[0 .. ns) of layer il (n_layer: the output) on input x [n][ldx]:
+ * their A x rows into ops[i] (site NULL: no pairs there). own (every thread holds the input, one
+ * token): each thread computes all of them into its own rows, no barrier; else each thread its
+ * share of the tokens, then a barrier. Called only when the context has adapters. */
+static void tn_lora_pre(const tn_thr *T, int32_t il, const int *slots, int ns, const float *x, int64_t ldx, int32_t n,
+                        bool own, tn_lora_op *ops) {
+    tern_ctx *c = T->c;
+    const int64_t rm = c->lora_r_max;
+    bool any = false;
+    for (int i = 0; i < ns; i++) {
+        ops[i].site = tn_lora_at(c, il, slots[i]);
+        ops[i].t = own ? c->lora_t + c->lora_own_off + ((int64_t)T->ith * TN_LORA_PER_LAYER + slots[i]) * rm
+                       : c->lora_t + (int64_t)slots[i] * c->n_batch * rm;
+        ops[i].ld = rm;
+        any |= ops[i].site != NULL;
+    }
+    if (!any) return;
+    int64_t j0 = 0, j1 = n;
+    if (!own) tn_split(n, T->ith, T->nth, 1, &j0, &j1);
+    for (int i = 0; i < ns; i++)
+        if (ops[i].site) tn_lora_ax(c, ops[i].site, x, ldx, j0, j1, (float *)ops[i].t, rm);
+    if (!own) tn_pool_barrier(c->pool);
 }
 
 /* Token t's query heads h0 .. h0 + nh - 1 and kv heads k0 .. k0 + nk - 1: biases, per-head q/k
@@ -280,20 +308,22 @@ void tn_blk_qkv(tn_thr *T, const tn_layer *L, int32_t il) {
     const tn_tensor *const Wq = &L->w[TN_ROLE_ATTN_Q], *const Wk = &L->w[TN_ROLE_ATTN_K], *const Wv = &L->w[TN_ROLE_ATTN_V];
     float *xb = T->xb;
     void *xq_own = T->xq_own;
+    tn_lora_op lo[3] = {{0}};
+    if (c->lora_sites) tn_lora_pre(T, il, (const int[]){TN_LORA_Q, TN_LORA_K, TN_LORA_V}, 3, xb, d, n, own, lo);
     /* xb quantized once when the types agree */
     const void *xq = tn_act(c, ith, nth, own, xq_own, Wq->type, xb, d, d, n);
     atomic_int *next = c->mm_next + TN_MM_PER_LAYER * il;
-    tn_mm(c, ith, nth, own, next, Wq->type, Wq->data, qd, d, xq, n, c->q, qd, NULL);
+    tn_mm(c, ith, nth, own, next, Wq->type, Wq->data, qd, d, xq, n, c->q, qd, NULL, &lo[0]);
     if (tn_dtype_get(Wk->type)->vec_dot_type != tn_dtype_get(Wq->type)->vec_dot_type) {
         if (!own) tn_pool_barrier(pool);
         xq = tn_act(c, ith, nth, own, xq_own, Wk->type, xb, d, d, n);
     }
-    tn_mm(c, ith, nth, own, next + 1, Wk->type, Wk->data, kv_dim, d, xq, n, c->kv, 2 * kv_dim, NULL);
+    tn_mm(c, ith, nth, own, next + 1, Wk->type, Wk->data, kv_dim, d, xq, n, c->kv, 2 * kv_dim, NULL, &lo[1]);
     if (tn_dtype_get(Wv->type)->vec_dot_type != tn_dtype_get(Wk->type)->vec_dot_type) {
         if (!own) tn_pool_barrier(pool);
         xq = tn_act(c, ith, nth, own, xq_own, Wv->type, xb, d, d, n);
     }
-    tn_mm(c, ith, nth, own, next + 2, Wv->type, Wv->data, kv_dim, d, xq, n, c->kv + kv_dim, 2 * kv_dim, NULL);
+    tn_mm(c, ith, nth, own, next + 2, Wv->type, Wv->data, kv_dim, d, xq, n, c->kv + kv_dim, 2 * kv_dim, NULL, &lo[2]);
     /* one token: the start of this thread's share of Wo, prefetched while it waits here and
      * (the rest) while it attends — attention reads little memory */
     const tn_span wo_pf = tn_next_span(T, &L->w[TN_ROLE_ATTN_OUT]);
@@ -356,6 +386,8 @@ static void tn_glu(tn_thr *T, const tn_tensor *Wg, const tn_tensor *Wu, int32_t 
     const int32_t d = c->hp.n_embd;
     int64_t r0, r1, rows = 0; /* rows: this thread's, for the trace */
     TN_SPAN_B(TN_TK_MATMUL, "ffn_gate_up", il, Wg->type, 2 * (int64_t)n_ff, d, n);
+    tn_lora_op lo[2] = {{0}};
+    if (c->lora_sites) tn_lora_pre(T, il, (const int[]){TN_LORA_GATE, TN_LORA_UP}, 2, T->xb, d, n, own, lo);
     const void *xq = tn_act(c, ith, nth, own, T->xq_own, Wg->type, T->xb, d, d, n);
     const bool same_vt = tn_dtype_get(Wu->type)->vec_dot_type == tn_dtype_get(Wg->type)->vec_dot_type;
     const bool geglu = c->hp.ffn == TN_FFN_GEGLU;
@@ -364,6 +396,8 @@ static void tn_glu(tn_thr *T, const tn_tensor *Wg, const tn_tensor *Wu, int32_t 
         while (tn_matmul_share(c->mm_next + TN_MM_PER_LAYER * il + 4, n_ff, ith, nth, &step, &r0, &r1)) {
             tn_matmul_range(kt, Wg->type, Wg->data, d, xq, 1, c->hb, n_ff, r0, r1);
             tn_matmul_range(kt, Wu->type, Wu->data, d, xq, 1, c->hb2, n_ff, r0, r1);
+            if (lo[0].site) tn_lora_add(c, &lo[0], c->hb, n_ff, 1, r0, r1);
+            if (lo[1].site) tn_lora_add(c, &lo[1], c->hb2, n_ff, 1, r0, r1);
             if (geglu) kt->geglu(c->hb + r0, c->hb2 + r0, r1 - r0);
             else kt->swiglu(c->hb + r0, c->hb2 + r0, r1 - r0);
             rows += r1 - r0;
@@ -378,6 +412,8 @@ static void tn_glu(tn_thr *T, const tn_tensor *Wg, const tn_tensor *Wu, int32_t 
         /* SwiGLU on this thread's rows (the rows it just computed for both matrices) */
         tn_matmul_rows(n_ff, ith, nth, &r0, &r1);
         rows = r1 - r0;
+        if (lo[0].site) tn_lora_add(c, &lo[0], c->hb, n_ff, n, r0, r1);
+        if (lo[1].site) tn_lora_add(c, &lo[1], c->hb2, n_ff, n, r0, r1);
         for (int32_t j = 0; j < n; j++) {
             if (geglu) kt->geglu(c->hb + (int64_t)j * n_ff + r0, c->hb2 + (int64_t)j * n_ff + r0, r1 - r0);
             else kt->swiglu(c->hb + (int64_t)j * n_ff + r0, c->hb2 + (int64_t)j * n_ff + r0, r1 - r0);
@@ -609,10 +645,12 @@ void tn_blk_proj_add(tn_thr *T, const tn_tensor *W, const float *in, int32_t il,
     tern_ctx *c = T->c;
     const int64_t k = W->ne[0], m = W->ne[1], d = c->hp.n_embd;
     if (c->observe && T->ith == 0) c->observe(c->observe_user, il, site, in, T->n, (int32_t)k);
+    tn_lora_op lo = {0};
+    if (c->lora_sites) tn_lora_pre(T, il, (const int[]){slot == 3 ? TN_LORA_O : TN_LORA_DOWN}, 1, in, k, T->n, T->own, &lo);
     const void *xq = tn_act(c, T->ith, T->nth, T->own, T->xq_own, W->type, in, k, k, T->n);
     /* without a post norm each thread adds its own rows of W in to x as it computes them */
     tn_mm(c, T->ith, T->nth, T->own, c->mm_next + TN_MM_PER_LAYER * il + slot, W->type, W->data, m, k, xq, T->n, c->tmp, d,
-          post && post->data ? NULL : c->x);
+          post && post->data ? NULL : c->x, &lo);
     if (post && post->data) { /* x += rmsnorm(W in) * post: whole rows, after every thread's share */
         tn_pool_barrier(c->pool);
         for (int64_t t = T->t0; t < T->t1; t++) {
@@ -659,9 +697,11 @@ void tn_blk_logits(tn_thr *T) {
     if (c->debug_layer && ith == 0) c->debug_layer(c->debug_user, hp->n_layer, c->xb, nl, d);
     if (nl == 0) return;
     if (c->observe && ith == 0) c->observe(c->observe_user, hp->n_layer, TN_OBS_OUTPUT, c->xb, nl, d);
+    tn_lora_op lo = {0};
+    if (c->lora_sites) tn_lora_pre(T, hp->n_layer, (const int[]){0}, 1, own_out ? T->xb_own : c->xb, d, nl, own_out, &lo);
     const void *xq = tn_act(c, ith, nth, own_out, T->xq_own, m->output.type, own_out ? T->xb_own : c->xb, d, d, nl);
     tn_mm(c, ith, nth, own_out && T->own, c->mm_next + TN_MM_PER_LAYER * hp->n_layer, m->output.type, m->output.data,
-          hp->n_vocab, d, xq, nl, c->logits, hp->n_vocab, NULL);
+          hp->n_vocab, d, xq, nl, c->logits, hp->n_vocab, NULL, &lo);
     if (hp->logit_softcap > 0) { /* logits = cap * tanh(logits / cap), on this thread's rows */
         tn_pool_barrier(c->pool);
         const float cap = hp->logit_softcap;

@@ -131,6 +131,13 @@ struct tern_ctx {
      * dev_status: the first error a forward pass on it met (tern_decode returns it) */
     struct tn_cuda_ctx *cuda;
     tern_status dev_status;
+    /* LoRA adapters (model/lora.h; tern_ctx_set_lora), CPU only: the pairs of each matmul site
+     * [(n_layer + 1) * TN_LORA_PER_LAYER] (NULL: no adapters, the blocks skip them), and the A x
+     * rows: [slots][n_batch][lora_r_max] shared, then from lora_own_off per thread [slots][r_max] */
+    struct tn_lora_site *lora_sites;
+    struct tn_lora_use *lora_uses;
+    float *lora_t;
+    int64_t lora_r_max, lora_own_off;
 };
 
 /* Zeroes the expert usage counters (no-op in a dense model). */

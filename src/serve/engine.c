@@ -1301,6 +1301,7 @@ tern_status tn_engine_create(const tern_model *m, const tn_serve_config *cfg, tn
     }
     tern_status s = tn_ctx_create_paged(m, &cp, swa_blocks, &e->ctx);
     if (s) goto fail;
+    if (cfg->n_lora > 0 && (s = tern_ctx_set_lora(e->ctx, cfg->lora, cfg->lora_scales, cfg->n_lora))) goto fail;
     /* a request's tokens must not depend on what else is in its batch: on the GPU too */
     tn_cuda_set_batch_invariant(e->ctx->cuda, true);
     e->n_batch = e->ctx->n_batch;

@@ -28,6 +28,7 @@ typedef struct tn_server {
     tn_serve_config cfg;
     tern_model *model;
     tern_model *draft; /* --draft (NULL: none) */
+    tern_lora **lora;  /* --lora: cfg.n_lora adapters (NULL: none) */
     tn_engine *eng;
     tn_metrics met;
     tn_req_env env;
@@ -809,14 +810,28 @@ int tn_serve_run(const tn_serve_config *cfg) {
             goto done;
         }
     }
+    if (cfg->n_lora > 0) { /* the adapters, checked against the model */
+        if (!(S->lora = tn_calloc((size_t)cfg->n_lora, sizeof *S->lora))) {
+            fprintf(stderr, "tern: error: out of memory\n");
+            rc = 71;
+            goto done;
+        }
+        for (int32_t i = 0; i < cfg->n_lora; i++)
+            if ((s = tern_lora_load(S->model, cfg->lora_paths[i], &S->lora[i]))) {
+                fprintf(stderr, "tern: error: loading the LoRA adapter: %s\n", tern_last_error());
+                rc = s == TERN_ERR_NOT_FOUND || s == TERN_ERR_IO ? 66 : s == TERN_ERR_NOMEM ? 71 : 65;
+                goto done;
+            }
+    }
     S->env.tmpl = cfg->chat_template >= 0 ? (tern_chat_template)cfg->chat_template : tern_chat_template_detect(S->model);
     S->env.model = S->model;
     S->env.n_vocab = tern_model_n_vocab(S->model);
     tn_serve_config ecfg = *cfg;
     ecfg.draft_model = S->draft;
+    ecfg.lora = S->lora;
     if ((s = tn_engine_create(S->model, &ecfg, &S->met, &S->eng))) {
         fprintf(stderr, "tern: error: starting the engine: %s\n", tern_last_error());
-        rc = s == TERN_ERR_NOMEM ? 71 : 64;
+        rc = s == TERN_ERR_NOMEM ? 71 : s == TERN_ERR_UNSUPPORTED ? 65 : 64;
         goto done;
     }
     S->env.n_ctx_seq = tn_engine_n_ctx_seq(S->eng);
@@ -897,6 +912,8 @@ int tn_serve_run(const tn_serve_config *cfg) {
 done:
     if (d) MHD_stop_daemon(d);
     tn_engine_destroy(S->eng);
+    for (int32_t i = 0; S->lora && i < cfg->n_lora; i++) tern_lora_free(S->lora[i]);
+    tn_free(S->lora);
     tern_model_free(S->model);
     tern_model_free(S->draft);
     pthread_mutex_destroy(&S->met.mu);

@@ -54,6 +54,12 @@ typedef struct tn_serve_config {
     const char *draft_path; /* --draft FILE: a draft model with the same vocabulary (tn_serve_run
                             * loads it into draft_model, which the engine drafts with greedily) */
     const tern_model *draft_model;
+    /* LoRA adapters (--lora): n_lora files with their scales, loaded by tn_serve_run into lora,
+     * which the engine sets on its context (CPU only) */
+    int32_t n_lora;
+    const char *const *lora_paths;
+    const float *lora_scales;
+    tern_lora *const *lora;
 } tn_serve_config;
 
 void tn_serve_config_init(tn_serve_config *c);

@@ -1,6 +1,7 @@
 /*
  * cli.c — exit-code mapping, error printing and strict flag parsing shared by subcommands.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -252,8 +253,79 @@ void tn_cli_run_init(tn_cli_run *r) {
     r->n_gpu_layers = -1;
 }
 
+int tn_cli_lora_flag(int argc, char **argv, int *i, tn_cli_lora *l) {
+    const char *a = argv[*i], *val = *i + 1 < argc ? argv[*i + 1] : NULL;
+    const bool scaled = !strcmp(a, "--lora-scaled");
+    if (!scaled && strcmp(a, "--lora")) return 0;
+    if (!val || (scaled && *i + 2 >= argc)) {
+        tn_cli_usage_error("%s needs %s", a, scaled ? "a file and a scale" : "a file (FILE or FILE:SCALE)");
+        return -1;
+    }
+    if (l->n == TN_CLI_MAX_LORA) {
+        tn_cli_usage_error("%s: at most %d adapters", a, TN_CLI_MAX_LORA);
+        return -1;
+    }
+    float scale = 1.0f;
+    char *path = strdup(val);
+    if (!path) {
+        fprintf(stderr, "tern: error: out of memory\n");
+        return -1;
+    }
+    const char *sv = scaled ? argv[*i + 2] : NULL;
+    char *colon = strrchr(path, ':');
+    if (!scaled && colon && colon[1] && (isdigit((unsigned char)colon[1]) || strchr("-+.", colon[1]))) {
+        *colon = 0; /* FILE:SCALE (a path with a colon and no scale after it stays whole) */
+        sv = colon + 1;
+    }
+    if (sv && !tn_cli_parse_f32(sv, -1000.0f, 1000.0f, &scale)) {
+        tn_cli_usage_error("%s: scale '%s' is not a number in -1000..1000", a, sv);
+        free(path);
+        return -1;
+    }
+    if (!*path) {
+        tn_cli_usage_error("%s: empty file name", a);
+        free(path);
+        return -1;
+    }
+    l->path[l->n] = path, l->scale[l->n] = scale, l->a[l->n] = NULL, l->n++;
+    *i += scaled ? 2 : 1;
+    return 1;
+}
+
+int tn_cli_lora_open(tn_cli_lora *l, const tern_model *m, tern_ctx *c) {
+    if (!l->n) return TN_EXIT_OK;
+    for (int i = 0; i < l->n; i++) {
+        if (l->a[i]) continue;
+        tern_status s = tern_lora_load(m, l->path[i], &l->a[i]);
+        if (s) return tn_cli_fail(s, "loading the LoRA adapter");
+    }
+    tern_status s = tern_ctx_set_lora(c, l->a, l->scale, l->n);
+    if (s) return tn_cli_fail(s, "applying the LoRA adapters");
+    return TN_EXIT_OK;
+}
+
+void tn_cli_lora_free(tn_cli_lora *l) {
+    for (int i = 0; i < l->n; i++) {
+        tern_lora_free(l->a[i]);
+        free(l->path[i]);
+    }
+    memset(l, 0, sizeof *l);
+}
+
+void tn_cli_lora_desc(const tn_cli_lora *l, char *buf, size_t cap) {
+    size_t o = 0;
+    buf[0] = 0;
+    for (int i = 0; i < l->n && o < cap; i++) {
+        const int w = snprintf(buf + o, cap - o, "%s%s x%g%s", i ? ", " : " (LoRA: ", l->path[i], (double)l->scale[i], i + 1 == l->n ? ")" : "");
+        if (w < 0) break;
+        o += (size_t)w;
+    }
+}
+
 int tn_cli_run_flag(int argc, char **argv, int *i, tn_cli_run *r) {
     const char *a = argv[*i], *val = *i + 1 < argc ? argv[*i + 1] : NULL;
+    const int lv = tn_cli_lora_flag(argc, argv, i, &r->lora);
+    if (lv) return lv;
     if (!strcmp(a, "--no-mmap")) return r->use_mmap = false, 1;
     if (!strcmp(a, "--no-repack")) return r->repack = false, 1;
     if (!strcmp(a, "--swa-full")) return r->swa_full = true, 1;
@@ -310,5 +382,14 @@ int tn_cli_run_open(tn_cli_run *r, tern_model **m, tern_ctx **c) {
         *m = NULL;
         return rc;
     }
-    return TN_EXIT_OK;
+    const int rc = tn_cli_lora_open(&r->lora, *m, *c);
+    if (rc != TN_EXIT_OK) {
+        tn_cli_lora_free(&r->lora);
+        tern_ctx_free(*c);
+        tern_model_free(*m);
+        *c = NULL, *m = NULL;
+    }
+    return rc;
 }
+
+void tn_cli_run_close(tn_cli_run *r) { tn_cli_lora_free(&r->lora); }

@@ -70,6 +70,26 @@ tern_status tn_cli_tokenize(const tern_model *m, const char *text, size_t len, b
  * --top-k, --top-p, --min-p, --repeat-penalty, --repeat-last-n (into *sp). Same contract as
  * tn_cli_device_flag: 1 consumed, 0 not one of them, -1 after printing a usage error. */
 int tn_cli_sampling_flag(int argc, char **argv, int *i, tern_sampler_params *sp, int64_t *seed);
+/* LoRA adapters of a run: --lora FILE[:SCALE] (repeatable; scale 1 by default) and llama.cpp's
+ * --lora-scaled FILE SCALE. */
+#define TN_CLI_MAX_LORA 16
+typedef struct tn_cli_lora {
+    int n;
+    char *path[TN_CLI_MAX_LORA]; /* malloc'd */
+    float scale[TN_CLI_MAX_LORA];
+    tern_lora *a[TN_CLI_MAX_LORA];
+} tn_cli_lora;
+/* --lora / --lora-scaled at argv[*i]: same contract as tn_cli_device_flag (1 consumed, 0 not one of
+ * them, -1 after printing a usage error). */
+int tn_cli_lora_flag(int argc, char **argv, int *i, tn_cli_lora *l);
+/* Loads the adapters against m and sets them on c (nothing to do without any). Returns an exit
+ * code (errors printed: a bad adapter 65, a missing file 66, a CUDA context 65). */
+int tn_cli_lora_open(tn_cli_lora *l, const tern_model *m, tern_ctx *c);
+/* Frees the adapters and paths (after the last decode of the contexts using them). */
+void tn_cli_lora_free(tn_cli_lora *l);
+/* " (LoRA: FILE xSCALE, ...)" for logs, or "" without adapters. */
+void tn_cli_lora_desc(const tn_cli_lora *l, char *buf, size_t cap);
+
 /* What generate and chat share: the model and its context. */
 typedef struct tn_cli_run {
     const char *model_path;      /* -m; NULL: tern's default model                                  */
@@ -79,16 +99,19 @@ typedef struct tn_cli_run {
     int32_t device, n_gpu_layers;/* --device, -ngl                                                  */
     double t_load;               /* seconds tn_cli_run_open spent loading the model                 */
     tern_ctx_params cp;          /* as the context was created                                      */
+    tn_cli_lora lora;            /* --lora, --lora-scaled: set on the context by tn_cli_run_open    */
     char default_path[4096];
 } tn_cli_run;
 void tn_cli_run_init(tn_cli_run *r);
-/* -m, -c, -t, -b, --no-mmap, --no-repack, --swa-full, --device, -ngl at argv[*i]: same contract as
+/* -m, -c, -t, -b, --no-mmap, --no-repack, --swa-full, --device, -ngl, --lora, --lora-scaled at argv[*i]: same contract as
  * tn_cli_device_flag (1 consumed, 0 not one of them, -1 after printing a usage error). */
 int tn_cli_run_flag(int argc, char **argv, int *i, tn_cli_run *r);
 /* Loads the model (the default one without -m) and creates its context: n_ctx the model's capped
  * at 4096 unless -c, one thread for models under 32 MiB unless -t. Returns an exit code (errors
  * printed); on failure *m and *c stay NULL. */
 int tn_cli_run_open(tn_cli_run *r, tern_model **m, tern_ctx **c);
+/* Frees what tn_cli_run_open kept besides the model and context (the adapters). */
+void tn_cli_run_close(tn_cli_run *r);
 /* --chat-template NAME: true with *out set, or false after printing a usage error that lists the
  * known names (exit 64). */
 bool tn_cli_chat_template(const char *name, tern_chat_template *out);

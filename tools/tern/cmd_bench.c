@@ -84,6 +84,7 @@ typedef struct {
     int64_t n_prompt, n_gen, reps, threads, n_batch;
     bool no_repack;
     int32_t device, ngl; /* --device cuda: the GPU's peaks replace the CPU's (gpu_peaks) */
+    const tn_cli_lora *lora; /* --lora: adapters applied in the plain CPU bench (paths, scales)     */
 } bench_opts;
 
 /* --device cuda: the card's copy bandwidth (read + write, own kernel) and fp16 cuBLAS peak */
@@ -203,6 +204,20 @@ static int bench_model(const char *path, const bench_opts *o, const peaks *pk, b
         tern_model_free(m);
         return tn_cli_fail(s, "creating the context");
     }
+    tn_cli_lora lora = {0}; /* this model's adapters (the paths stay the caller's) */
+    if (o->lora && o->lora->n) {
+        lora = *o->lora;
+        memset(lora.a, 0, sizeof lora.a);
+        const int lrc = tn_cli_lora_open(&lora, m, c);
+        if (lrc != TN_EXIT_OK) {
+            for (int i = 0; i < lora.n; i++) tern_lora_free(lora.a[i]);
+            tern_ctx_free(c), tern_model_free(m);
+            return lrc;
+        }
+        char desc[1024];
+        tn_cli_lora_desc(&lora, desc, sizeof desc);
+        fprintf(stderr, "tern bench: with adapters%s\n", desc);
+    }
     const int32_t nv = tern_model_n_vocab(m);
     const int64_t nmax = o->n_prompt > o->n_gen ? o->n_prompt : o->n_gen;
     tern_token *toks = malloc((size_t)(nmax + 1) * sizeof *toks);
@@ -214,6 +229,7 @@ static int bench_model(const char *path, const bench_opts *o, const peaks *pk, b
                 BENCH_BW_NEAR_BYTES >> 20);
     if (!toks || !tv || !bw) {
         free(toks), free(tv), free(bw), tn_read_probe_free(probe);
+        for (int i = 0; i < lora.n; i++) tern_lora_free(lora.a[i]);
         tern_ctx_free(c), tern_model_free(m);
         return tn_cli_fail(TERN_ERR_NOMEM, "benchmark buffers");
     }
@@ -324,6 +340,7 @@ static int bench_model(const char *path, const bench_opts *o, const peaks *pk, b
     free(slice), free(touched0), free(tokens0);
     if (s) free(mi->usage), mi->usage = NULL;
     free(toks), free(tv), free(bw), tn_read_probe_free(probe);
+    for (int i = 0; i < lora.n; i++) tern_lora_free(lora.a[i]);
     tern_ctx_free(c);
     tern_model_free(m);
     return s ? tn_cli_fail(s, "benchmark") : TN_EXIT_OK;
@@ -660,7 +677,9 @@ out:
 
 int cmd_bench(int argc, char **argv) {
     const char *model_path = NULL, *fmt = "md";
-    bench_opts o = {512, 128, 5, 0, 512, false, TERN_DEVICE_CPU, -1};
+    bench_opts o = {512, 128, 5, 0, 512, false, TERN_DEVICE_CPU, -1, NULL};
+    tn_cli_lora lora = {0};
+    o.lora = &lora;
     int dv;
     bool roofline = true, sweep = false, sweep_asym = true, np_set = false;
     int64_t group = 64;
@@ -671,12 +690,13 @@ int cmd_bench(int argc, char **argv) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: tern bench -m model.gguf [-p 512] [-n 128] [-r 5] [-t N] [-b 512] [-o md|json] [--no-roofline]\n"
-                   "       [--no-repack] [--device cpu|cuda] [-ngl N]\n"
+                   "       [--no-repack] [--device cpu|cuda] [-ngl N] [--lora FILE[:S]]...\n"
                    "       tern bench --sweep-bits -m model-f16.gguf [--group 64] [--sym] [-n 128] [-p 0] ...\n"
                    "       tern bench -m model.gguf --spec ngram | --draft small.gguf [--draft-max 8] [--spec-prompt FILE] [-n 128] [-r 5]\n"
                    "  -p N  prompt tokens (pp test; 0 = skip)   -n N  generated tokens (tg test; 0 = skip)\n"
                    "  -r N  repetitions                           -o    output format\n"
                    "  --no-repack   keep q4_0/q8_0/tq4/tq1 weights in the file layout (default: interleaved at load)\n"
+                   "  --lora FILE[:S]  bench with a LoRA adapter applied (scale S, default 1; repeatable; --lora-scaled FILE S)\n"
                    "  --sweep-bits  quantize an f16/f32 model to tq1..tq8 (g<group>, asymmetric unless --sym) in a\n"
                    "                temporary directory and bench each width (pp skipped unless -p is given)\n");
             return 0;
@@ -710,6 +730,9 @@ int cmd_bench(int argc, char **argv) {
         else if ((dv = tn_cli_device_flag(argc, argv, &i, &o.device, &o.ngl)) != 0) {
             if (dv < 0) return TN_EXIT_USAGE;
             continue;
+        } else if ((dv = tn_cli_lora_flag(argc, argv, &i, &lora)) != 0) {
+            if (dv < 0) return TN_EXIT_USAGE;
+            continue;
         } else return tn_cli_usage_error("unknown option or missing value '%s'", a);
         if (!strcmp(a, "-p")) np_set = true;
     }
@@ -734,6 +757,8 @@ int cmd_bench(int argc, char **argv) {
         tn_cli_spec_free(&spec);
         return src;
     }
+    if (lora.n && (sweep || o.device == TERN_DEVICE_CUDA || tn_cli_spec_on(&spec)))
+        return tn_cli_usage_error("--lora applies to the plain CPU bench (not --sweep-bits, --spec, --draft or --device cuda)");
     if (o.device == TERN_DEVICE_CUDA) return bench_gpu(model_path, &o, roofline, !strcmp(fmt, "json"));
     if (roofline) measure_peaks(nt, &pk);
     if (sweep) return sweep_bits(model_path, &o, roofline ? &pk : NULL, (int)group, sweep_asym, !strcmp(fmt, "json"));
@@ -742,6 +767,7 @@ int cmd_bench(int argc, char **argv) {
     int nrows = 0;
     model_info mi;
     const int rc = bench_model(model_path, &o, roofline ? &pk : NULL, rows, &nrows, &mi);
+    tn_cli_lora_free(&lora);
     if (rc != TN_EXIT_OK) return rc;
     if (!strcmp(fmt, "json")) {
         printf("[\n");

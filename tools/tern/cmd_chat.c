@@ -44,6 +44,8 @@ static void chat_usage(FILE *f) {
             "      --repeat-last-n N   tokens the penalty looks back over (default 64)\n"
             "      --no-mmap           read the model into memory instead of mapping it\n"
             "      --no-repack         keep q4_0/q8_0/tq4/tq1 weights in the file layout\n"
+            "      --lora FILE[:S]     apply a LoRA adapter (llama.cpp GGUF) with scale S (default 1); repeatable;\n"
+            "                          --lora-scaled FILE S does the same\n"
             "      --device cpu|cuda   run on the CPU (default) or an NVIDIA GPU; -ngl N: layers on the GPU\n"
             "In the conversation: a line ending in '\\' continues on the next line; /reset clears the\n"
             "conversation, /exit (or Ctrl-D) quits; Ctrl-C stops an answer, at the prompt it quits.\n");
@@ -407,5 +409,6 @@ done:
     tern_sampler_free(st.smp);
     tern_ctx_free(st.c);
     tern_model_free(m);
+    tn_cli_run_close(&run);
     return rc;
 }

@@ -45,6 +45,8 @@ static void gen_usage(FILE *f) {
             "      --spec-ngram N      longest n-gram matched (default 3)\n"
             "  -ngl, --n-gpu-layers N  with --device cuda: the first N layers on the GPU, the rest on the CPU (-1: all)\n"
             "      --no-repack         keep q4_0/q8_0/tq4/tq1 weights in the file layout (no interleaved copy)\n"
+            "      --lora FILE[:S]     apply a LoRA adapter (llama.cpp GGUF) with scale S (default 1); repeatable;\n"
+            "                          --lora-scaled FILE S does the same\n"
             "      --swa-full          sliding-window layers keep every position (default: their window plus a batch)\n"
             "      --no-display-prompt do not echo the prompt\n"
             "      --dump-margins FILE with --temp 0: write the prompt's token ids, then per generated token its id and\n"
@@ -307,5 +309,6 @@ done:
     tern_sampler_free(smp);
     tern_ctx_free(c);
     tern_model_free(m);
+    tn_cli_run_close(&run);
     return rc;
 }

@@ -39,7 +39,8 @@ static void usage(void) {
            "  --chunks N                score at most N chunks (default: all)\n"
            "  --kl-divergence-base F    save the scored logits (f16) to F for later comparisons\n"
            "  --kl-divergence           compare against the logits in --kl-divergence-base F\n"
-           "  --device cpu|cuda         run on the CPU (default) or an NVIDIA GPU; -ngl N: layers on the GPU\n");
+           "  --device cpu|cuda         run on the CPU (default) or an NVIDIA GPU; -ngl N: layers on the GPU\n"
+           "  --lora FILE[:S]           apply a LoRA adapter with scale S (default 1); repeatable; also --lora-scaled FILE S\n");
 }
 
 int cmd_perplexity(int argc, char **argv) {
@@ -47,6 +48,7 @@ int cmd_perplexity(int argc, char **argv) {
     int64_t n_ctx = 512, threads = 0, max_chunks = -1;
     bool kld_mode = false;
     int32_t device = TERN_DEVICE_CPU, ngl = -1;
+    tn_cli_lora lora = {0};
     int dv;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -68,13 +70,14 @@ int cmd_perplexity(int argc, char **argv) {
             kld_path = argv[++i];
         } else if (!strcmp(a, "--kl-divergence")) {
             kld_mode = true;
-        } else if ((dv = tn_cli_device_flag(argc, argv, &i, &device, &ngl)) != 0) {
-            if (dv < 0) return TN_EXIT_USAGE;
+        } else if ((dv = tn_cli_device_flag(argc, argv, &i, &device, &ngl)) != 0 ||
+                   (dv = tn_cli_lora_flag(argc, argv, &i, &lora)) != 0) {
+            if (dv < 0) return tn_cli_lora_free(&lora), TN_EXIT_USAGE;
         } else {
             return tn_cli_usage_error("unknown argument '%s' (see tern perplexity --help)", a);
         }
     }
-    if (!model_path) return tn_cli_usage_error("missing -m model.gguf");
+    if (!model_path) return tn_cli_lora_free(&lora), tn_cli_usage_error("missing -m model.gguf");
     if (!text_path && !kld_mode) return tn_cli_usage_error("missing -f text.txt");
     if (kld_mode && !kld_path) return tn_cli_usage_error("--kl-divergence needs --kl-divergence-base FILE");
     if (kld_path && !kld_mode) {
@@ -186,6 +189,7 @@ int cmd_perplexity(int argc, char **argv) {
     if (threads > 0) cp.n_threads = (int32_t)threads;
     s = tern_ctx_create(m, &cp, &c);
     if (s) { rc = tn_cli_fail(s, "creating the context"); goto out; }
+    if ((rc = tn_cli_lora_open(&lora, m, c)) != TN_EXIT_OK) goto out;
 
     row16 = malloc(sizeof *row16 * (size_t)n_vocab);
     base = malloc(sizeof *base * (size_t)n_vocab);
@@ -287,6 +291,7 @@ out:
     free(toks);
     free(text);
     tern_ctx_free(c);
+    tn_cli_lora_free(&lora);
     tern_model_free(m);
     return rc;
 }

@@ -38,6 +38,8 @@ static void serve_usage(FILE *f) {
             "      --draft-min N       fewer drafts are not tried (default 1)\n"
             "      --spec-ngram N      longest n-gram matched (default 3, 1..64)\n"
             "      --spec-fixed K      always verify K drafts where found (no cost model; for comparison)\n"
+            "      --lora FILE[:S]     apply a LoRA adapter (llama.cpp GGUF) with scale S (default 1) to every request;\n"
+            "                          repeatable; --lora-scaled FILE S does the same (CPU only)\n"
             "  -md, --draft FILE       speculative decoding with a small draft model of the same vocabulary: it\n"
             "                          drafts greedily, batched over the sequences (--draft-max default 4)\n"
             "      --no-repack         keep q4_0/q8_0/tq4/tq1 weights in the file layout (no interleaved copy)\n"
@@ -55,6 +57,7 @@ int cmd_serve(int argc, char **argv) {
     int dv;
     int32_t spec_fixed = 0;
     bool draft_max_set = false, draft_min_set = false;
+    tn_cli_lora lora = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -142,7 +145,8 @@ int cmd_serve(int argc, char **argv) {
             INT_FLAG(1, 32, spec_fixed);
         } else if (!strcmp(a, "--max-body")) {
             INT_FLAG(1024, (int64_t)1 << 30, cfg.max_body);
-        } else if ((dv = tn_cli_device_flag(argc, argv, &i, &cfg.device, &cfg.n_gpu_layers)) != 0) {
+        } else if ((dv = tn_cli_device_flag(argc, argv, &i, &cfg.device, &cfg.n_gpu_layers)) != 0 ||
+                   (dv = tn_cli_lora_flag(argc, argv, &i, &lora)) != 0) {
             if (dv < 0) return TN_EXIT_USAGE;
         } else {
             serve_usage(stderr);
@@ -172,5 +176,10 @@ int cmd_serve(int argc, char **argv) {
         }
         cfg.model_path = default_path;
     }
-    return tn_serve_run(&cfg);
+    cfg.n_lora = lora.n;
+    cfg.lora_paths = (const char *const *)lora.path;
+    cfg.lora_scales = lora.scale;
+    const int rc = tn_serve_run(&cfg);
+    tn_cli_lora_free(&lora);
+    return rc;
 }
