@@ -439,7 +439,7 @@ void tn_blk_shexp(tn_thr *T, const tn_layer *L, int32_t il, const tn_tensor *nex
     if (c->observe && T->ith == 0) c->observe(c->observe_user, il, TN_OBS_FFN_DOWN, c->hb, T->n, ff);
     const void *xq = tn_act(c, T->ith, T->nth, T->own, T->xq_own, Wd->type, c->hb, ff, ff, T->n);
     tn_mm(c, T->ith, T->nth, T->own, c->mm_next + TN_MM_PER_LAYER * il + 5, Wd->type, Wd->data, d, ff, xq, T->n, c->tmp, d,
-          NULL);
+          NULL, NULL); /* no adapter targets a shared expert (tn_lora refuses its tensors) */
     tn_pool_barrier(c->pool);
     /* x += sigmoid(gate . xb) * out (llama.cpp multiplies the expert's output, not its input,
      * by the gate); no gate vector: x += out */

@@ -76,7 +76,8 @@ static int tn_lora_sites_of(const tern_model *m, const char *path, const char *n
     }
     if (r == TN_ROLE_OUTPUT && il < 0) return slot[0] = 0, row0[0] = 0, rows[0] = -1, 1;
     const char *what = r == TN_ROLE_TOKEN_EMBD ? "token embeddings"
-                       : TN_MOE_ROLE(r)        ? "mixture-of-experts routers and experts"
+                       : TN_MOE_ROLE(r) || (r >= TN_ROLE_FFN_GATE_INP_SHEXP && r <= TN_ROLE_FFN_DOWN_SHEXP)
+                           ? "mixture-of-experts routers, experts and shared experts"
                                                : "norms, biases and other vectors";
     tn_err(TERN_ERR_UNSUPPORTED,
            "lora: %s: tensor '%s': tern applies adapters to attn_q/k/v/qkv/output, ffn_gate/up/down and output, not to %s",
