@@ -1,6 +1,7 @@
 /*
  * dist.c — distributed training on MPI. See dist.h.
  */
+#include <math.h>
 #include <string.h>
 
 #include "train/dist.h"
@@ -17,6 +18,9 @@ struct tn_dist {
     size_t n;            /* n_params                                                   */
     float *anchor, *mom; /* [n] diloco/noloco: parameters at the last outer step, momentum */
     float *buf, *rbuf;   /* [n + 1] what is exchanged (+ the loss), what a peer sent   */
+    uint8_t *cbuf, *gbuf;/* --compress int8: this rank's message, all ranks' (allgather) */
+    size_t csize;        /* bytes of one compressed message                             */
+    int64_t n_exch;      /* exchanges done (stochastic rounding stream)                 */
     int64_t n_outer;     /* outer steps done                                            */
     uint64_t bytes;      /* passed to MPI calls                                         */
 };
@@ -58,6 +62,24 @@ void tn_sgd_step(tn_tmodel *m, const tn_adamw *o, float lr, float clip_scale) {
             p[i] -= lr * (g[i] * clip_scale);
         }
     }
+}
+
+void tn_dist_q8(const float *x, size_t n, uint64_t *rng, int8_t *q, float *scales) {
+    for (size_t b0 = 0, bi = 0; b0 < n; b0 += TN_DIST_QBLOCK, bi++) {
+        const size_t b1 = TN_MIN(n, b0 + TN_DIST_QBLOCK);
+        float amax = 0.0f;
+        for (size_t i = b0; i < b1; i++) amax = fmaxf(amax, fabsf(x[i]));
+        const float sc = amax / 127.0f, inv = sc > 0.0f ? 1.0f / sc : 0.0f;
+        scales[bi] = sc;
+        for (size_t i = b0; i < b1; i++) {
+            float v = floorf(x[i] * inv + (float)(tn_rng_next(rng) >> 40) * 0x1.0p-24f);
+            q[i] = (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : v);
+        }
+    }
+}
+
+void tn_dist_dq8_add(const int8_t *q, const float *scales, size_t n, float *acc) {
+    for (size_t i = 0; i < n; i++) acc[i] += (float)q[i] * scales[i / TN_DIST_QBLOCK];
 }
 
 /* The outer Nesterov step on the averaged outer gradient in d->buf[0..n). */
@@ -104,6 +126,9 @@ tern_status tn_dist_open(const tn_dist_opts *o, uint64_t seed, tn_dist **out) {
     *out = NULL;
     if (o->method == TN_DIST_NONE) return TERN_OK;
     if (o->outer_every < 1) return tn_err(TERN_ERR_INVALID_ARG, "train: --outer-every must be at least 1");
+    if (o->compress && o->method == TN_DIST_NOLOCO)
+        return tn_err(TERN_ERR_INVALID_ARG, "train: --compress int8 applies to --dist dp and diloco (noloco exchanges "
+                      "parameters, not changes)");
     int init = 0;
     MPI_Initialized(&init);
     if (!init) {
@@ -121,7 +146,36 @@ tern_status tn_dist_open(const tn_dist_opts *o, uint64_t seed, tn_dist **out) {
     return TERN_OK;
 }
 
+/* --compress int8: buf[0..n] → message [scales][int8][loss f32] */
+static void pack_q8(tn_dist *d) {
+    const size_t nb = (d->n + TN_DIST_QBLOCK - 1) / TN_DIST_QBLOCK;
+    uint64_t rng = d->seed ^ (UINT64_C(0x9E3779B97F4A7C15) * (uint64_t)(d->n_exch + 1)) ^ ((uint64_t)d->rank << 48);
+    float *scales = (float *)(void *)d->cbuf;
+    tn_dist_q8(d->buf, d->n, &rng, (int8_t *)(d->cbuf + nb * sizeof(float)), scales);
+    memcpy(d->cbuf + nb * sizeof(float) + d->n, &d->buf[d->n], sizeof(float));
+}
+
+static tern_status allgather_q8(tn_dist *d) {
+    const size_t nb = (d->n + TN_DIST_QBLOCK - 1) / TN_DIST_QBLOCK;
+    pack_q8(d);
+    int rc = MPI_Allgather(d->cbuf, (int)d->csize, MPI_BYTE, d->gbuf, (int)d->csize, MPI_BYTE, MPI_COMM_WORLD);
+    d->bytes += d->csize;
+    d->n_exch++;
+    if (rc != MPI_SUCCESS) return mpi_err(rc, "MPI_Allgather");
+    memset(d->buf, 0, (d->n + 1) * sizeof(float));
+    for (int r = 0; r < d->size; r++) { /* rank order: the same sum on every rank */
+        const uint8_t *msg = d->gbuf + (size_t)r * d->csize;
+        float loss;
+        tn_dist_dq8_add((const int8_t *)(msg + nb * sizeof(float)), (const float *)(const void *)msg, d->n, d->buf);
+        memcpy(&loss, msg + nb * sizeof(float) + d->n, sizeof(float));
+        d->buf[d->n] += loss;
+    }
+    for (size_t i = 0; i <= d->n; i++) d->buf[i] /= (float)d->size;
+    return TERN_OK;
+}
+
 static tern_status allreduce_buf(tn_dist *d) {
+    if (d->o.compress == TN_COMPRESS_INT8) return allgather_q8(d);
     const int cnt = (int)(d->n + 1);
     int rc = MPI_Allreduce(MPI_IN_PLACE, d->buf, cnt, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     d->bytes += (uint64_t)cnt * sizeof(float);
@@ -146,6 +200,8 @@ void tn_dist_close(tn_dist *d, bool ok) {
     tn_free(d->mom);
     tn_free(d->buf);
     tn_free(d->rbuf);
+    tn_free(d->cbuf);
+    tn_free(d->gbuf);
     tn_free(d);
     int fin = 0;
     MPI_Finalized(&fin);
@@ -185,8 +241,18 @@ void tn_dist_abort(int code) { (void)code; }
 tern_status tn_dist_begin(tn_dist *d, const tn_tmodel *m) {
     if (!d) return TERN_OK;
     d->n = m->n_params;
+    if (d->n >= (size_t)INT32_MAX)
+        return tn_err(TERN_ERR_UNSUPPORTED, "train: --dist: %zu parameters exceed one MPI message (2^31 - 1 values)", d->n);
     d->buf = tn_malloc((d->n + 1) * sizeof(float));
     if (!d->buf) return tn_err(TERN_ERR_NOMEM, "train: --dist exchange buffer (%zu floats)", d->n + 1);
+    if (d->o.compress == TN_COMPRESS_INT8) {
+        d->csize = (d->n + TN_DIST_QBLOCK - 1) / TN_DIST_QBLOCK * sizeof(float) + d->n + sizeof(float);
+        d->cbuf = tn_malloc(d->csize);
+        d->gbuf = tn_malloc(d->csize * (size_t)d->size);
+        if (!d->cbuf || !d->gbuf)
+            return tn_err(TERN_ERR_NOMEM, "train: --compress int8 buffers (%d x %zu bytes)", d->size + 1, d->csize);
+        if (d->csize > (size_t)INT32_MAX) return tn_err(TERN_ERR_UNSUPPORTED, "train: --compress int8: %zu-byte messages", d->csize);
+    }
     if (d->o.method == TN_DIST_DP) return TERN_OK;
     d->anchor = tn_malloc(d->n * sizeof(float));
     d->mom = tn_calloc(d->n, sizeof(float));

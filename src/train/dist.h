@@ -21,6 +21,13 @@
  *           is d = anchor - (params + params_peer) / 2, then the same Nesterov step. On 2 ranks
  *           (the peer is always the other rank) it equals diloco.
  *
+ * --compress int8 (dp, diloco): the vector is sent as int8 in blocks of TN_DIST_QBLOCK values
+ * with one f32 scale per block (max |x| / 127) and stochastic rounding (floor(x/scale + u), u
+ * uniform from (seed, exchange, rank): unbiased and reproducible), plus the loss as f32; the ranks
+ * MPI_Allgather these and every rank averages the dequantized vectors in rank order, so all ranks
+ * apply the same update. Bytes per exchange: 4*ceil(n/TN_DIST_QBLOCK) + n + 4 instead of 4(n + 1).
+ * noloco exchanges parameters, which int8 would blur: it refuses --compress.
+ *
  * Bytes communicated are counted as what is passed to MPI calls (count x datatype size of each
  * send buffer), per rank. Without MPI at build time (TERN_HAVE_MPI undefined) tn_dist_open fails
  * with a clear UNSUPPORTED error. Nothing here prints.
@@ -32,13 +39,17 @@
 
 typedef enum tn_dist_method { TN_DIST_NONE = 0, TN_DIST_DP, TN_DIST_DILOCO, TN_DIST_NOLOCO } tn_dist_method;
 typedef enum tn_optim { TN_OPTIM_ADAMW = 0, TN_OPTIM_SGD } tn_optim;
+typedef enum tn_dist_compress { TN_COMPRESS_NONE = 0, TN_COMPRESS_INT8 } tn_dist_compress;
 
 typedef struct tn_dist_opts {
     tn_dist_method method;
     int outer_every;        /* H (diloco, noloco); default 100                            */
     float outer_lr;         /* default 0.7                                                */
     float outer_momentum;   /* Nesterov momentum, default 0.9                             */
+    tn_dist_compress compress; /* int8: dp and diloco exchange int8 + per-block scales    */
 } tn_dist_opts;
+
+#define TN_DIST_QBLOCK 256
 
 typedef struct tn_dist tn_dist;
 
@@ -72,6 +83,11 @@ void tn_dist_close(tn_dist *d, bool ok);
 void tn_dist_abort(int code);
 
 /* Plain SGD with the trainer's decoupled weight decay: p -= lr*wd*p (matrices), p -= lr*clip*g. */
+/* Quantizes x[0..n) to q (int8) and scales[ceil(n/TN_DIST_QBLOCK)] with stochastic rounding
+ * drawn from *rng; and back. Exposed for tests. */
+void tn_dist_q8(const float *x, size_t n, uint64_t *rng, int8_t *q, float *scales);
+void tn_dist_dq8_add(const int8_t *q, const float *scales, size_t n, float *acc);
+
 void tn_sgd_step(tn_tmodel *m, const tn_adamw *o, float lr, float clip_scale);
 
 #endif

@@ -10,6 +10,8 @@
 #   kill   kill -9 of rank 1 mid-run: the job exits non-zero naming the killed rank, the last
 #          checkpoint loads, and resuming it in ONE process (batch 4) ends within tolerance of an
 #          uninterrupted single-process run (the checkpoint holds the global data position).
+#   compress  --compress int8: measured bytes == int8 + per-256 scales computed here; dp int8
+#          follows dp within 0.01 but not bit for bit; noloco refuses it.
 #   bad    bad --dist flags: exit 64 with a message naming the flag.
 # Exit 77 (skip) when mpirun is absent or tern was built without MPI.
 set -u
@@ -99,6 +101,28 @@ if [ "$PART" = bytes ]; then
   }
 fi
 
+if [ "$PART" = compress ]; then
+  # --compress int8: measured bytes == 4*ceil(n/256) scales + n int8 + 4 (loss) per exchange, with
+  # n computed here; training follows the uncompressed run closely (loss within 0.01 each step)
+  # but not bit for bit (the exchange really is quantized)
+  B=(--n-layer 1 --ctx 16 --batch 2 --steps 20)
+  run cf mpi "${B[@]}" --dist dp && run cq mpi "${B[@]}" --dist dp --compress int8 &&
+  run cdq mpi "${B[@]}" --dist diloco --outer-every 5 --compress int8 && {
+    P=$((2 * 340 * 64 + 3 * 64 + 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 256))
+    M=$((4 * ((P + 255) / 256) + P + 4))
+    get() { sed -n 's/.*communicated \([0-9]*\) bytes per rank.*/\1/p' "$TMP/$1.log"; }
+    [ "$(get cq)" = $((20 * M)) ] && ok "dp int8 measured $(get cq) bytes == 20 x $M (uncompressed $(get cf))" ||
+      bad "dp int8 measured '$(get cq)' bytes, want $((20 * M))"
+    [ "$(get cdq)" = $((4 * M)) ] && ok "diloco int8 (H=5) measured $(get cdq) bytes == 4 x $M" ||
+      bad "diloco int8 measured '$(get cdq)' bytes, want $((4 * M))"
+    same cf cq 0.01 "" "dp int8 follows dp (loose tolerance)"
+    same cf cq 1e-6 --differ "dp int8 is not bit-identical to dp (the exchange is quantized)"
+  }
+  expect_nol=$("${MPI[@]}" "$TERN" "${TRAIN[@]}" --steps 2 --dist noloco --compress int8 -o "$TMP/o.gguf" 2>&1)
+  echo "$expect_nol" | grep -q "compress int8 applies to --dist dp and diloco" && ok "noloco refuses --compress int8" ||
+    bad "noloco --compress: $(echo "$expect_nol" | head -2)"
+fi
+
 if [ "$PART" = kill ]; then
   K=(--n-layer 1 --ctx 16 --batch 4 --steps 60 --ckpt-every 5)
   run ref "${K[@]}" --ckpt-dir "$TMP/ckref"
@@ -135,6 +159,8 @@ if [ "$PART" = bad ]; then
   expect 64 "--dist: unknown method 'ring'" "${TRAIN[@]}" --steps 2 --dist ring -o "$TMP/o.gguf"
   expect 64 "--outer-every applies to --dist diloco or noloco" "${TRAIN[@]}" --steps 2 --dist dp --outer-every 5 -o "$TMP/o.gguf"
   expect 64 "--outer-lr: 'x' is not a number" "${TRAIN[@]}" --steps 2 --dist diloco --outer-lr x -o "$TMP/o.gguf"
+  expect 64 "--compress needs --dist" "${TRAIN[@]}" --steps 2 --compress int8 -o "$TMP/o.gguf"
+  expect 64 "--compress: 'fp4'" "${TRAIN[@]}" --steps 2 --dist dp --compress fp4 -o "$TMP/o.gguf"
   expect 64 "--optim: 'lion'" "${TRAIN[@]}" --steps 2 --optim lion -o "$TMP/o.gguf"
 fi
 
