@@ -307,9 +307,10 @@ tern_status tn_train_run(tn_train_opts *o) {
     int64_t first_step = st.step;
     while (st.step < o->steps) {
         if (o->stop && *o->stop) {
-            if (o->ckpt_dir && st.step > first_step && !rank && !outer && (s = tn_ckpt_save(m, &st, o->ckpt_dir))) goto done;
+            const bool save = o->ckpt_dir && st.step > first_step && !rank && !outer;
+            if (save && (s = tn_ckpt_save(m, &st, o->ckpt_dir))) goto done;
             s = tn_err(TERN_ERR_ABORTED, "train: interrupted at step %lld%s", (long long)st.step,
-                       o->ckpt_dir ? " (checkpoint written; --resume continues)" : "");
+                       save ? " (checkpoint written; --resume continues)" : "");
             goto done;
         }
         tn_data_next(&data, o->batch * n_ranks, tok, tgt);

@@ -161,6 +161,13 @@ if [ "$PART" = bad ]; then
   expect 64 "--outer-lr: 'x' is not a number" "${TRAIN[@]}" --steps 2 --dist diloco --outer-lr x -o "$TMP/o.gguf"
   expect 64 "--compress needs --dist" "${TRAIN[@]}" --steps 2 --compress int8 -o "$TMP/o.gguf"
   expect 64 "--compress: 'fp4'" "${TRAIN[@]}" --steps 2 --dist dp --compress fp4 -o "$TMP/o.gguf"
+  # only rank 0 checks --ckpt-dir: it fails, rank 1 must not be left waiting in MPI_Allreduce
+  "$TERN" "${TRAIN[@]}" --steps 2 --ckpt-dir "$TMP/ck" -o "$TMP/c.gguf" 2>/dev/null
+  timeout 60 "${MPI[@]}" "$TERN" "${TRAIN[@]}" --steps 50 --batch 2 --dist dp --ckpt-dir "$TMP/ck" -o "$TMP/c2.gguf" >"$TMP/err" 2>&1
+  rc=$?
+  [ "$rc" -eq 64 ] && grep -q "error (rank 0 of 2): train: .* holds checkpoints" "$TMP/err" &&
+    ok "rank 0 fails alone: job exits 64 ($(grep -m1 'rank 0 of 2' "$TMP/err" | cut -c1-80)...)" ||
+    bad "rank 0 failing alone -> exit $rc: $(head -3 "$TMP/err")"
   expect 64 "--optim: 'lion'" "${TRAIN[@]}" --steps 2 --optim lion -o "$TMP/o.gguf"
 fi
 
