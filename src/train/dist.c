@@ -194,6 +194,15 @@ static tern_status sendrecv_buf(tn_dist *d, int peer) {
     return TERN_OK;
 }
 
+tern_status tn_dist_allreduce_mean(tn_dist *d, float *x, int n) {
+    if (!d) return TERN_OK;
+    int rc = MPI_Allreduce(MPI_IN_PLACE, x, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    d->bytes += (uint64_t)n * sizeof(float);
+    if (rc != MPI_SUCCESS) return mpi_err(rc, "MPI_Allreduce");
+    for (int i = 0; i < n; i++) x[i] /= (float)d->size;
+    return TERN_OK;
+}
+
 void tn_dist_close(tn_dist *d, bool ok) {
     if (!d) return;
     tn_free(d->anchor);
@@ -230,6 +239,10 @@ tern_status tn_dist_open(const tn_dist_opts *o, uint64_t seed, tn_dist **out) {
 }
 static tern_status allreduce_buf(tn_dist *d) { (void)d; return tn_err(TERN_ERR_UNSUPPORTED, "train: no MPI"); }
 static tern_status sendrecv_buf(tn_dist *d, int peer) { (void)d; (void)peer; return tn_err(TERN_ERR_UNSUPPORTED, "train: no MPI"); }
+tern_status tn_dist_allreduce_mean(tn_dist *d, float *x, int n) {
+    (void)x; (void)n;
+    return d ? tn_err(TERN_ERR_UNSUPPORTED, "train: no MPI") : TERN_OK;
+}
 void tn_dist_close(tn_dist *d, bool ok) {
     (void)ok;
     if (d) tn_free(d);

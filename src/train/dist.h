@@ -74,6 +74,8 @@ tern_status tn_dist_grads(tn_dist *d, tn_tmodel *m, double *loss);
  * a multiple of H or `last`; *synced tells whether it ran, and then *loss becomes the mean over
  * the ranks that exchanged. No-op for dp. */
 tern_status tn_dist_outer(tn_dist *d, tn_tmodel *m, int64_t step, bool last, double *loss, bool *synced);
+/* Averages x[0..n) over the ranks (MPI_Allreduce sum / N, counted); no-op for d NULL. */
+tern_status tn_dist_allreduce_mean(tn_dist *d, float *x, int n);
 /* Bytes this rank passed to MPI calls so far. */
 uint64_t tn_dist_bytes(const tn_dist *d);
 /* Frees d; with ok, finalizes MPI. After a failure MPI is left up for tn_dist_abort. */

@@ -33,6 +33,7 @@ void tn_train_opts_default(tn_train_opts *o) {
     o->ckpt_every = 0;
     o->out_type = TN_F32;
     tn_dist_opts_default(&o->dist);
+    o->zo = (tn_zo_opts){.on = false, .eps = 1e-3f, .samples = 1};
 }
 
 static void note(const tn_train_opts *o, const char *fmt, ...) TN_PRINTF(2, 3);
@@ -176,6 +177,8 @@ tern_status tn_train_run(tn_train_opts *o) {
     if (o->steps < 1 || o->batch < 1) return tn_err(TERN_ERR_INVALID_ARG, "train: --steps and --batch must be positive");
     if (o->ckpt_dir && o->ckpt_every < 1) o->ckpt_every = TN_MAX(1, o->steps / 10);
     if (o->resume && !o->ckpt_dir) return tn_err(TERN_ERR_INVALID_ARG, "train: --resume needs --ckpt-dir");
+    if (o->zo.on && (o->dist.method == TN_DIST_DILOCO || o->dist.method == TN_DIST_NOLOCO))
+        return tn_err(TERN_ERR_INVALID_ARG, "train: --zo runs alone or with --dist dp (ranks average the projected gradient)");
     /* --dist: MPI up first; only rank 0 reports, writes checkpoints and outputs (dist.h) */
     if ((s = tn_dist_open(&o->dist, o->seed, &dist))) return s;
     const int rank = tn_dist_rank(dist), n_ranks = tn_dist_size(dist);
@@ -315,16 +318,21 @@ tern_status tn_train_run(tn_train_opts *o) {
         }
         tn_data_next(&data, o->batch * n_ranks, tok, tgt);
         tn_dist_shard(dist, o->batch, cfg.n_ctx, tok, tgt);
-        if ((s = tn_tmodel_forward(m, tok, tgt, &loss))) goto done;
-        if (!isfinite(loss)) { s = tn_err(TERN_ERR_INTERNAL, "train: loss is %f at step %lld (diverged; lower --lr)", loss, (long long)st.step); goto done; }
-        tn_tmodel_zero_grad(m);
-        tn_tmodel_backward(m);
-        if ((s = tn_dist_grads(dist, m, &loss))) goto done;
-        double gn = tn_grad_norm(m);
-        float clip = o->opt.grad_clip > 0 && gn > o->opt.grad_clip ? (float)(o->opt.grad_clip / (gn + 1e-6)) : 1.0f;
         float lr = tn_lr_at(st.step, warmup, o->steps, o->opt.lr, o->min_lr_frac);
-        if (o->optim == TN_OPTIM_SGD) tn_sgd_step(m, &o->opt, lr, clip);
-        else tn_adamw_step(m, &o->opt, lr, st.step + 1, clip);
+        double gn = NAN;
+        if (o->zo.on) { /* zo.h: forward passes only */
+            if ((s = tn_zo_step(m, dist, &o->zo, o->seed, st.step, tok, tgt, lr, &loss))) goto done;
+        } else if ((s = tn_tmodel_forward(m, tok, tgt, &loss))) goto done;
+        if (!isfinite(loss)) { s = tn_err(TERN_ERR_INTERNAL, "train: loss is %f at step %lld (diverged; lower --lr)", loss, (long long)st.step); goto done; }
+        if (!o->zo.on) {
+            tn_tmodel_zero_grad(m);
+            tn_tmodel_backward(m);
+            if ((s = tn_dist_grads(dist, m, &loss))) goto done;
+            gn = tn_grad_norm(m);
+            float clip = o->opt.grad_clip > 0 && gn > o->opt.grad_clip ? (float)(o->opt.grad_clip / (gn + 1e-6)) : 1.0f;
+            if (o->optim == TN_OPTIM_SGD) tn_sgd_step(m, &o->opt, lr, clip);
+            else tn_adamw_step(m, &o->opt, lr, st.step + 1, clip);
+        }
         bool synced;
         if ((s = tn_dist_outer(dist, m, st.step + 1, st.step + 1 == o->steps, &loss, &synced))) goto done;
         if ((s = tn_train_state_push(&st, (float)loss, lr))) goto done;

@@ -12,6 +12,7 @@
 #include <signal.h>
 
 #include "train/dist.h"
+#include "train/zo.h"
 #include "train/train.h"
 
 typedef struct tn_train_progress {
@@ -35,6 +36,7 @@ typedef struct tn_train_opts {
     tn_adamw opt;
     tn_optim optim;           /* AdamW (default) or SGD                            */
     tn_dist_opts dist;        /* --dist (dist.h); method TN_DIST_NONE: one process */
+    tn_zo_opts zo;            /* --zo: SPSA steps instead of backward + optimizer  */
     float min_lr_frac;
     uint64_t seed;
     int n_threads;

@@ -12,6 +12,7 @@
 #          uninterrupted single-process run (the checkpoint holds the global data position).
 #   compress  --compress int8: measured bytes == int8 + per-256 scales computed here; dp int8
 #          follows dp within 0.01 but not bit for bit; noloco refuses it.
+#   zo     --zo: 1 rank == single process bit for bit, 2 ranks x B == 1 x 2B, bytes per step.
 #   bad    bad --dist flags: exit 64 with a message naming the flag.
 # Exit 77 (skip) when mpirun is absent or tern was built without MPI.
 set -u
@@ -123,6 +124,23 @@ if [ "$PART" = compress ]; then
     bad "noloco --compress: $(echo "$expect_nol" | head -2)"
 fi
 
+if [ "$PART" = zo ]; then
+  # --zo (SPSA): 1 rank under mpirun == single process bit for bit; 2 ranks x batch 2 == 1 x batch 4
+  # (the same perturbations from the shared seed, the projected gradients averaged); bytes ==
+  # steps x 4 x (samples + 1), and the weights did move
+  Z=(--n-layer 1 --ctx 16 --steps 6 --zo --zo-samples 2 --lr 1e-3)
+  run zs "${Z[@]}" --batch 4 && run zh "${Z[@]}" --batch 2 &&
+  run z1 "${Z[@]}" --batch 4 --dist dp --seed 1234 && run z2 mpi "${Z[@]}" --batch 2 --dist dp && {
+    cmp -s "$TMP/zs.gguf" "$TMP/z1.gguf" && ok "zo: a 1-rank --dist dp run is bit-identical to the single-process run" ||
+      bad "zo: 1-rank output differs from the single-process one"
+    same zs z2 $TOL "" "zo 2 ranks x batch 2 == 1 process x batch 4"
+    same zs zh $TOL --differ "control: zo with batch 2 differs from batch 4"
+    n=$(sed -n 's/.*communicated \([0-9]*\) bytes per rank.*/\1/p' "$TMP/z2.log")
+    [ "$n" = $((6 * 4 * 3)) ] && ok "zo measured $n bytes in 6 steps == 6 x 4 x (2 samples + 1)" || bad "zo measured '$n' bytes, want 72"
+  }
+  run zinit --n-layer 1 --ctx 16 --steps 1 --lr 0 --batch 4 && same zinit zs 1e-6 --differ "zo weights moved from the init"
+fi
+
 if [ "$PART" = kill ]; then
   K=(--n-layer 1 --ctx 16 --batch 4 --steps 60 --ckpt-every 5)
   run ref "${K[@]}" --ckpt-dir "$TMP/ckref"
@@ -168,6 +186,8 @@ if [ "$PART" = bad ]; then
   [ "$rc" -eq 64 ] && grep -q "error (rank 0 of 2): train: .* holds checkpoints" "$TMP/err" &&
     ok "rank 0 fails alone: job exits 64 ($(grep -m1 'rank 0 of 2' "$TMP/err" | cut -c1-80)...)" ||
     bad "rank 0 failing alone -> exit $rc: $(head -3 "$TMP/err")"
+  expect 64 "--zo-eps needs --zo" "${TRAIN[@]}" --steps 2 --zo-eps 0.01 -o "$TMP/o.gguf"
+  expect 64 "--zo runs alone or with --dist dp" "${TRAIN[@]}" --steps 2 --zo --dist diloco -o "$TMP/o.gguf"
   expect 64 "--optim: 'lion'" "${TRAIN[@]}" --steps 2 --optim lion -o "$TMP/o.gguf"
 fi
 

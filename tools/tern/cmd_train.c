@@ -61,6 +61,10 @@ static void train_usage(FILE *f) {
             "  --outer-every H         inner steps per outer step (diloco, noloco; default 100)\n"
             "  --outer-lr X            outer learning rate (default 0.7)\n"
             "  --outer-momentum X      outer Nesterov momentum (default 0.9)\n"
+            "  --zo                    zeroth-order (SPSA) steps: forward passes only, no backward;\n"
+            "                          under --dist dp ranks exchange one value per sample per step\n"
+            "  --zo-eps X              perturbation scale (default 1e-3)\n"
+            "  --zo-samples N          perturbations per step (default 1)\n"
             "  --compress int8|none    dp, diloco: send int8 with a scale per 256 values, stochastic\n"
             "                          rounding (~3.9x fewer bytes); default none\n",
             names);
@@ -141,6 +145,7 @@ int cmd_train(int argc, char **argv) {
     int n_data = 0, log_every = 0;
     const char *outer_flag = NULL;
     bool compress_flag = false;
+    const char *zo_flag = NULL;
     int64_t v;
     float f;
     int64_t ov[7] = {-1, -1, -1, -1, -1, -1, -1}; /* embd layer head head_kv ff ctx head_dim */
@@ -233,12 +238,16 @@ int cmd_train(int argc, char **argv) {
             else if (!strcmp(val, "none")) o.dist.compress = TN_COMPRESS_NONE;
             else { rc = tn_cli_usage_error("--compress: '%s' (int8 or none)", val); goto out; }
             compress_flag = true;
-        } else if (!strcmp(a, "--outer-every")) { INT(o.dist.outer_every, 1, 100000000); outer_flag = a; }
+        } else if (!strcmp(a, "--zo")) o.zo.on = true;
+        else if (!strcmp(a, "--zo-eps")) { FLT(o.zo.eps, 1e-8f, 1.0f); zo_flag = a; }
+        else if (!strcmp(a, "--zo-samples")) { INT(o.zo.samples, 1, 64); zo_flag = a; }
+        else if (!strcmp(a, "--outer-every")) { INT(o.dist.outer_every, 1, 100000000); outer_flag = a; }
         else if (!strcmp(a, "--outer-lr")) { FLT(o.dist.outer_lr, 0.0f, 10.0f); outer_flag = a; }
         else if (!strcmp(a, "--outer-momentum")) { FLT(o.dist.outer_momentum, 0.0f, 0.99999f); outer_flag = a; }
         else { rc = tn_cli_usage_error("train: unknown option '%s' (see tern train --help)", a); goto out; }
     }
     if (!n_data) { rc = tn_cli_usage_error("train: --data FILE... is required"); goto out; }
+    if (zo_flag && !o.zo.on) { rc = tn_cli_usage_error("train: %s needs --zo", zo_flag); goto out; }
     if (compress_flag && o.dist.method == TN_DIST_NONE) { rc = tn_cli_usage_error("train: --compress needs --dist"); goto out; }
     if (outer_flag && o.dist.method != TN_DIST_DILOCO && o.dist.method != TN_DIST_NOLOCO) {
         rc = tn_cli_usage_error("train: %s applies to --dist diloco or noloco", outer_flag);
