@@ -341,7 +341,7 @@ tern_status tn_train_run(tn_train_opts *o) {
         st.pos = data.pos;
         tokens_done += (double)N * n_ranks;
         double vl = NAN;
-        if (st.step % val_every == 0 || st.step == o->steps) {
+        if (!rank && (st.step % val_every == 0 || st.step == o->steps)) { /* rank 0 reports */
             vl = eval_val(m, &data, val_batches, tok, tgt, &s);
             if (s) goto done;
             if ((s = tn_train_state_push_val(&st, (int32_t)st.step, (float)vl))) goto done;
