@@ -32,6 +32,8 @@ void tn_train_opts_default(tn_train_opts *o) {
     o->val_batches = 4;
     o->ckpt_every = 0;
     o->out_type = TN_F32;
+    tn_dist_opts_default(&o->dist);
+    o->zo = (tn_zo_opts){.on = false, .eps = 1e-3f, .samples = 1};
 }
 
 static void note(const tn_train_opts *o, const char *fmt, ...) TN_PRINTF(2, 3);
@@ -169,18 +171,32 @@ tern_status tn_train_run(tn_train_opts *o) {
     int32_t *tok = NULL, *tgt = NULL;
     char *shard = NULL;
     bool shard_tmp = false;
+    tn_dist *dist = NULL;
     if (!o->out) return tn_err(TERN_ERR_INVALID_ARG, "train: no output path (-o)");
     if (o->n_data < 1) return tn_err(TERN_ERR_INVALID_ARG, "train: no training data (--data FILE...)");
     if (o->steps < 1 || o->batch < 1) return tn_err(TERN_ERR_INVALID_ARG, "train: --steps and --batch must be positive");
     if (o->ckpt_dir && o->ckpt_every < 1) o->ckpt_every = TN_MAX(1, o->steps / 10);
     if (o->resume && !o->ckpt_dir) return tn_err(TERN_ERR_INVALID_ARG, "train: --resume needs --ckpt-dir");
+    if (o->zo.on && (o->dist.method == TN_DIST_DILOCO || o->dist.method == TN_DIST_NOLOCO))
+        return tn_err(TERN_ERR_INVALID_ARG, "train: --zo runs alone or with --dist dp (ranks average the projected gradient)");
+    /* --dist: MPI up first; only rank 0 reports, writes checkpoints and outputs (dist.h) */
+    if ((s = tn_dist_open(&o->dist, o->seed, &dist))) return s;
+    const int rank = tn_dist_rank(dist), n_ranks = tn_dist_size(dist);
+    const bool outer = o->dist.method == TN_DIST_DILOCO || o->dist.method == TN_DIST_NOLOCO;
+    o->dist_rank = rank;
+    o->dist_size = n_ranks;
+    if (rank) { o->note = NULL; o->progress = NULL; }
+    if (outer && o->ckpt_dir) /* checkpoints at outer steps, where every rank's parameters agree */
+        o->ckpt_every = (o->ckpt_every + o->dist.outer_every - 1) / o->dist.outer_every * o->dist.outer_every;
     /* refuse to clobber checkpoints of another run */
-    if (o->ckpt_dir && !o->resume) {
+    if (o->ckpt_dir && !o->resume && !rank) {
         char mp[4096];
         snprintf(mp, sizeof mp, "%s/latest", o->ckpt_dir);
-        if (access(mp, F_OK) == 0)
-            return tn_err(TERN_ERR_INVALID_ARG, "train: %s holds checkpoints; pass --resume to continue them or use another "
-                          "--ckpt-dir", o->ckpt_dir);
+        if (access(mp, F_OK) == 0) {
+            s = tn_err(TERN_ERR_INVALID_ARG, "train: %s holds checkpoints; pass --resume to continue them or use another "
+                       "--ckpt-dir", o->ckpt_dir);
+            goto done;
+        }
     }
     /* 1. text */
     maps = tn_calloc((size_t)o->n_data, sizeof *maps);
@@ -246,9 +262,11 @@ tern_status tn_train_run(tn_train_opts *o) {
         }
         size_t n = strlen(o->ckpt_dir) + 32;
         shard = tn_malloc(n);
-        if (shard) snprintf(shard, n, "%s/train.tokens", o->ckpt_dir);
+        if (shard) snprintf(shard, n, rank ? "%s/train.r%d.tokens" : "%s/train.tokens", o->ckpt_dir, rank);
     } else {
-        shard = path_with(o->out, ".tokens.tmp");
+        char sfx[48];
+        snprintf(sfx, sizeof sfx, rank ? ".tokens.r%d.tmp" : ".tokens.tmp", rank);
+        shard = path_with(o->out, sfx);
         shard_tmp = true;
     }
     if (!shard) { s = tn_err(TERN_ERR_NOMEM, "train: paths"); goto done; }
@@ -278,9 +296,12 @@ tern_status tn_train_run(tn_train_opts *o) {
         else tn_tmodel_init_random(m, o->seed);
     }
     if (init) { tern_model_free(init); init = NULL; }
+    if ((s = tn_dist_begin(dist, m))) goto done;
+    if (dist) note(o, "--dist %s on %d ranks: batch %d per rank (global %d)%s", tn_dist_name(o->dist.method), n_ranks,
+                   o->batch, o->batch * n_ranks, outer ? ", outer step every --outer-every steps" : "");
     const size_t N = (size_t)o->batch * cfg.n_ctx;
-    tok = tn_malloc(N * sizeof *tok);
-    tgt = tn_malloc(N * sizeof *tgt);
+    tok = tn_malloc(N * (size_t)n_ranks * sizeof *tok); /* the global batch; this rank keeps its rows */
+    tgt = tn_malloc(N * (size_t)n_ranks * sizeof *tgt);
     if (!tok || !tgt) { s = tn_err(TERN_ERR_NOMEM, "train: batch"); goto done; }
     const int warmup = o->warmup >= 0 ? o->warmup : TN_MIN(100, o->steps / 10);
     const int val_every = o->val_every > 0 ? o->val_every : TN_MAX(1, o->steps / 20);
@@ -289,38 +310,50 @@ tern_status tn_train_run(tn_train_opts *o) {
     int64_t first_step = st.step;
     while (st.step < o->steps) {
         if (o->stop && *o->stop) {
-            if (o->ckpt_dir && st.step > first_step && (s = tn_ckpt_save(m, &st, o->ckpt_dir))) goto done;
+            const bool save = o->ckpt_dir && st.step > first_step && !rank && !outer;
+            if (save && (s = tn_ckpt_save(m, &st, o->ckpt_dir))) goto done;
             s = tn_err(TERN_ERR_ABORTED, "train: interrupted at step %lld%s", (long long)st.step,
-                       o->ckpt_dir ? " (checkpoint written; --resume continues)" : "");
+                       save ? " (checkpoint written; --resume continues)" : "");
             goto done;
         }
-        tn_data_next(&data, o->batch, tok, tgt);
-        if ((s = tn_tmodel_forward(m, tok, tgt, &loss))) goto done;
-        if (!isfinite(loss)) { s = tn_err(TERN_ERR_INTERNAL, "train: loss is %f at step %lld (diverged; lower --lr)", loss, (long long)st.step); goto done; }
-        tn_tmodel_zero_grad(m);
-        tn_tmodel_backward(m);
-        double gn = tn_grad_norm(m);
-        float clip = o->opt.grad_clip > 0 && gn > o->opt.grad_clip ? (float)(o->opt.grad_clip / (gn + 1e-6)) : 1.0f;
+        tn_data_next(&data, o->batch * n_ranks, tok, tgt);
+        tn_dist_shard(dist, o->batch, cfg.n_ctx, tok, tgt);
         float lr = tn_lr_at(st.step, warmup, o->steps, o->opt.lr, o->min_lr_frac);
-        tn_adamw_step(m, &o->opt, lr, st.step + 1, clip);
+        double gn = NAN;
+        if (o->zo.on) { /* zo.h: forward passes only */
+            if ((s = tn_zo_step(m, dist, &o->zo, o->seed, st.step, tok, tgt, lr, &loss))) goto done;
+        } else if ((s = tn_tmodel_forward(m, tok, tgt, &loss))) goto done;
+        if (!isfinite(loss)) { s = tn_err(TERN_ERR_INTERNAL, "train: loss is %f at step %lld (diverged; lower --lr)", loss, (long long)st.step); goto done; }
+        if (!o->zo.on) {
+            tn_tmodel_zero_grad(m);
+            tn_tmodel_backward(m);
+            if ((s = tn_dist_grads(dist, m, &loss))) goto done;
+            gn = tn_grad_norm(m);
+            float clip = o->opt.grad_clip > 0 && gn > o->opt.grad_clip ? (float)(o->opt.grad_clip / (gn + 1e-6)) : 1.0f;
+            if (o->optim == TN_OPTIM_SGD) tn_sgd_step(m, &o->opt, lr, clip);
+            else tn_adamw_step(m, &o->opt, lr, st.step + 1, clip);
+        }
+        bool synced;
+        if ((s = tn_dist_outer(dist, m, st.step + 1, st.step + 1 == o->steps, &loss, &synced))) goto done;
         if ((s = tn_train_state_push(&st, (float)loss, lr))) goto done;
         st.step++;
         st.epoch = data.epoch;
         st.pos = data.pos;
-        tokens_done += (double)N;
+        tokens_done += (double)N * n_ranks;
         double vl = NAN;
-        if (st.step % val_every == 0 || st.step == o->steps) {
+        if (!rank && (st.step % val_every == 0 || st.step == o->steps)) { /* rank 0 reports */
             vl = eval_val(m, &data, val_batches, tok, tgt, &s);
             if (s) goto done;
             if ((s = tn_train_state_push_val(&st, (int32_t)st.step, (float)vl))) goto done;
         }
-        if (o->ckpt_dir && (st.step % o->ckpt_every == 0 || st.step == o->steps) && (s = tn_ckpt_save(m, &st, o->ckpt_dir)))
+        if (o->ckpt_dir && !rank && (st.step % o->ckpt_every == 0 || st.step == o->steps) &&
+            (s = tn_ckpt_save(m, &st, o->ckpt_dir)))
             goto done;
         if (o->progress) {
             double el = tn_time_s() - t0;
             tn_train_progress p = {.step = st.step, .steps = o->steps, .loss = loss, .val_loss = vl, .lr = lr,
                                    .tok_per_s = tokens_done / el, .eta_s = el / (double)(st.step - first_step) * (double)(o->steps - st.step),
-                                   .grad_norm = gn, .final = st.step == o->steps};
+                                   .grad_norm = gn, .comm_bytes = tn_dist_bytes(dist), .final = st.step == o->steps};
             o->progress(&p, o->user);
         }
     }
@@ -328,10 +361,12 @@ tern_status tn_train_run(tn_train_opts *o) {
     o->final_loss = st.step ? st.loss[st.step - 1] : NAN;
     o->final_val_loss = st.n_val ? st.val_loss[st.n_val - 1] : NAN;
     o->weights_hash = tn_hash64(m->params, m->n_params * sizeof(float), 0);
+    o->comm_bytes = tn_dist_bytes(dist);
     /* 6. outputs */
-    if ((s = tn_tmodel_export(m, voc, o->name, o->out_type, o->out))) goto done;
-    if ((s = write_curves(&st, o->out))) goto done;
+    if (!rank && (s = tn_tmodel_export(m, voc, o->name, o->out_type, o->out))) goto done;
+    if (!rank && (s = write_curves(&st, o->out))) goto done;
 done:
+    tn_dist_close(dist, s == TERN_OK);
     if (shard && shard_tmp) unlink(shard);
     tn_free(shard);
     tn_free(tok);

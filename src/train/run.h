@@ -11,6 +11,8 @@
 
 #include <signal.h>
 
+#include "train/dist.h"
+#include "train/zo.h"
 #include "train/train.h"
 
 typedef struct tn_train_progress {
@@ -18,6 +20,7 @@ typedef struct tn_train_progress {
     double loss, val_loss;   /* val_loss NaN when not evaluated at this step      */
     float lr;
     double tok_per_s, eta_s, grad_norm;
+    uint64_t comm_bytes;     /* --dist: bytes this rank passed to MPI so far          */
     bool final;
 } tn_train_progress;
 
@@ -31,6 +34,9 @@ typedef struct tn_train_opts {
                                * rms_eps, rope_base), except n_ctx                     */
     int batch, steps, warmup;
     tn_adamw opt;
+    tn_optim optim;           /* AdamW (default) or SGD                            */
+    tn_dist_opts dist;        /* --dist (dist.h); method TN_DIST_NONE: one process */
+    tn_zo_opts zo;            /* --zo: SPSA steps instead of backward + optimizer  */
     float min_lr_frac;
     uint64_t seed;
     int n_threads;
@@ -49,6 +55,8 @@ typedef struct tn_train_opts {
     double final_loss, final_val_loss, tok_per_s;
     uint64_t weights_hash;    /* tn_hash64 of the final f32 params                */
     size_t planned_bytes;
+    uint64_t comm_bytes;      /* --dist: bytes this rank passed to MPI            */
+    int dist_rank, dist_size; /* --dist: this rank, the number of ranks (else 0, 1) */
 } tn_train_opts;
 
 void tn_train_opts_default(tn_train_opts *o);

@@ -27,10 +27,8 @@ expect() {
 
 # a small deterministic corpus
 corpus="$TMP/corpus.txt"
-for i in $(seq 1 2500); do
-  echo "And the $((i % 7)) men went up to the city of $((i % 13)), and they saw $((i % 5)) sheep by the water."
-  [ $((i % 10)) -eq 0 ] && echo
-done >"$corpus"
+. "$(dirname "$0")/corpus.sh"
+test_corpus "$corpus"
 "$TERN" tokenizer-train --vocab 340 -o "$TMP/tok.gguf" "$corpus" 2>"$TMP/err" || { cat "$TMP/err"; exit 1; }
 TRAIN=(train --tokenizer "$TMP/tok.gguf" --preset tiny --ctx 32 --batch 4 -t 2 --log-every 1000)
 

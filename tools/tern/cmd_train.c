@@ -52,12 +52,26 @@ static void train_usage(FILE *f) {
             "  --resume                continue from --ckpt-dir\n"
             "  --out-type T            f32 (default) or q8_0\n"
             "  --name S                general.name of the output\n"
-            "  --log-every N           progress line every N steps when stderr is not a TTY (default steps/50)\n",
+            "  --log-every N           progress line every N steps when stderr is not a TTY (default steps/50)\n"
+            "  --optim NAME            adamw (default) or sgd (plain SGD, same lr schedule, clip and decay)\n"
+            "distributed (under mpirun -np N; docs/distributed.md):\n"
+            "  --dist METHOD           dp (gradients all-reduced every step), diloco (parameter change\n"
+            "                          all-reduced every H steps, outer Nesterov step) or noloco (one\n"
+            "                          random peer per outer step, no collectives); --batch is per rank\n"
+            "  --outer-every H         inner steps per outer step (diloco, noloco; default 100)\n"
+            "  --outer-lr X            outer learning rate (default 0.7)\n"
+            "  --outer-momentum X      outer Nesterov momentum (default 0.9)\n"
+            "  --zo                    zeroth-order (SPSA) steps: forward passes only, no backward;\n"
+            "                          under --dist dp ranks exchange one value per sample per step\n"
+            "  --zo-eps X              perturbation scale (default 1e-3)\n"
+            "  --zo-samples N          perturbations per step (default 1)\n"
+            "  --compress int8|none    dp, diloco: send int8 with a scale per 256 values, stochastic\n"
+            "                          rounding (~3.9x fewer bytes); default none\n",
             names);
 }
 
 typedef struct prog_ctx {
-    bool tty;
+    bool tty, dist;
     int log_every;
     double last_val;
 } prog_ctx;
@@ -69,20 +83,34 @@ static void fmt_eta(double s, char *buf, size_t cap) {
     else snprintf(buf, cap, "%ldm%02lds", t / 60, t % 60);
 }
 
+/* " 12.3 KiB" style */
+static void fmt_bytes(double b, char *buf, size_t cap) {
+    static const char *const U[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (b >= 1024 && u < 4) { b /= 1024; u++; }
+    snprintf(buf, cap, u ? "%.1f %s" : "%.0f %s", b, U[u]);
+}
+
 static void on_progress(const tn_train_progress *p, void *user) {
     prog_ctx *c = user;
+    char comm[64] = "";
+    if (c->dist) {
+        char b[32];
+        fmt_bytes((double)p->comm_bytes / (double)(p->step > 0 ? p->step : 1), b, sizeof b);
+        snprintf(comm, sizeof comm, "  comm %s/step", b);
+    }
     if (!isnan(p->val_loss)) c->last_val = p->val_loss;
     char eta[32];
     fmt_eta(p->eta_s, eta, sizeof eta);
     char val[48] = "val -";
     if (!isnan(c->last_val)) snprintf(val, sizeof val, "val %.4f (ppl %.1f)", c->last_val, exp(c->last_val));
     if (c->tty) {
-        fprintf(stderr, "\r\033[Kstep %lld/%lld  loss %.4f  %s  lr %.2e  %.0f tok/s  ETA %s", (long long)p->step,
-                (long long)p->steps, p->loss, val, p->lr, p->tok_per_s, eta);
+        fprintf(stderr, "\r\033[Kstep %lld/%lld  loss %.4f  %s  lr %.2e  %.0f tok/s%s  ETA %s", (long long)p->step,
+                (long long)p->steps, p->loss, val, p->lr, p->tok_per_s, comm, eta);
         if (p->final) fputc('\n', stderr);
     } else if (p->step % c->log_every == 0 || p->final || !isnan(p->val_loss)) {
-        fprintf(stderr, "step %lld/%lld  loss %.4f  %s  lr %.2e  gnorm %.2f  %.0f tok/s  ETA %s\n", (long long)p->step,
-                (long long)p->steps, p->loss, val, p->lr, p->grad_norm, p->tok_per_s, eta);
+        fprintf(stderr, "step %lld/%lld  loss %.4f  %s  lr %.2e  gnorm %.2f  %.0f tok/s%s  ETA %s\n", (long long)p->step,
+                (long long)p->steps, p->loss, val, p->lr, p->grad_norm, p->tok_per_s, comm, eta);
     }
     fflush(stderr);
 }
@@ -115,6 +143,9 @@ int cmd_train(int argc, char **argv) {
     const char **data = calloc((size_t)argc, sizeof *data);
     if (!data) return tn_cli_fail(TERN_ERR_NOMEM, "train");
     int n_data = 0, log_every = 0;
+    const char *outer_flag = NULL;
+    bool compress_flag = false;
+    const char *zo_flag = NULL;
     int64_t v;
     float f;
     int64_t ov[7] = {-1, -1, -1, -1, -1, -1, -1}; /* embd layer head head_kv ff ctx head_dim */
@@ -193,9 +224,35 @@ int cmd_train(int argc, char **argv) {
             else { rc = tn_cli_usage_error("--out-type: '%s' (f32 or q8_0)", val); goto out; }
         } else if (!strcmp(a, "--name")) { NEED(); o.name = val; }
         else if (!strcmp(a, "--log-every")) INT(log_every, 1, 100000000);
+        else if (!strcmp(a, "--optim")) {
+            NEED();
+            if (!strcmp(val, "adamw")) o.optim = TN_OPTIM_ADAMW;
+            else if (!strcmp(val, "sgd")) o.optim = TN_OPTIM_SGD;
+            else { rc = tn_cli_usage_error("--optim: '%s' (adamw or sgd)", val); goto out; }
+        } else if (!strcmp(a, "--dist")) {
+            NEED();
+            if (!tn_dist_parse(val, &o.dist.method)) { rc = tn_cli_usage_error("--dist: unknown method '%s' (dp, diloco or noloco)", val); goto out; }
+        } else if (!strcmp(a, "--compress")) {
+            NEED();
+            if (!strcmp(val, "int8")) o.dist.compress = TN_COMPRESS_INT8;
+            else if (!strcmp(val, "none")) o.dist.compress = TN_COMPRESS_NONE;
+            else { rc = tn_cli_usage_error("--compress: '%s' (int8 or none)", val); goto out; }
+            compress_flag = true;
+        } else if (!strcmp(a, "--zo")) o.zo.on = true;
+        else if (!strcmp(a, "--zo-eps")) { FLT(o.zo.eps, 1e-8f, 1.0f); zo_flag = a; }
+        else if (!strcmp(a, "--zo-samples")) { INT(o.zo.samples, 1, 64); zo_flag = a; }
+        else if (!strcmp(a, "--outer-every")) { INT(o.dist.outer_every, 1, 100000000); outer_flag = a; }
+        else if (!strcmp(a, "--outer-lr")) { FLT(o.dist.outer_lr, 0.0f, 10.0f); outer_flag = a; }
+        else if (!strcmp(a, "--outer-momentum")) { FLT(o.dist.outer_momentum, 0.0f, 0.99999f); outer_flag = a; }
         else { rc = tn_cli_usage_error("train: unknown option '%s' (see tern train --help)", a); goto out; }
     }
     if (!n_data) { rc = tn_cli_usage_error("train: --data FILE... is required"); goto out; }
+    if (zo_flag && !o.zo.on) { rc = tn_cli_usage_error("train: %s needs --zo", zo_flag); goto out; }
+    if (compress_flag && o.dist.method == TN_DIST_NONE) { rc = tn_cli_usage_error("train: --compress needs --dist"); goto out; }
+    if (outer_flag && o.dist.method != TN_DIST_DILOCO && o.dist.method != TN_DIST_NOLOCO) {
+        rc = tn_cli_usage_error("train: %s applies to --dist diloco or noloco", outer_flag);
+        goto out;
+    }
     if (!o.out) { rc = tn_cli_usage_error("train: -o FILE is required"); goto out; }
     {
         const char *const inputs[] = {o.tokenizer, o.init};
@@ -219,7 +276,7 @@ int cmd_train(int argc, char **argv) {
     }
     o.data = data;
     o.n_data = n_data;
-    prog_ctx pc = {.tty = isatty(2), .log_every = log_every ? log_every : (o.steps >= 50 ? o.steps / 50 : 1), .last_val = NAN};
+    prog_ctx pc = {.tty = isatty(2), .dist = o.dist.method != TN_DIST_NONE, .log_every = log_every ? log_every : (o.steps >= 50 ? o.steps / 50 : 1), .last_val = NAN};
     o.progress = on_progress;
     o.note = on_note;
     o.user = &pc;
@@ -230,15 +287,26 @@ int cmd_train(int argc, char **argv) {
     tern_status s = tn_train_run(&o);
     if (s) {
         if (pc.tty) fputc('\n', stderr);
-        fprintf(stderr, "tern: error: %s\n", tern_last_error()); /* messages start with "train:" */
+        if (o.dist_size > 1) fprintf(stderr, "tern: error (rank %d of %d): %s\n", o.dist_rank, o.dist_size, tern_last_error());
+        else fprintf(stderr, "tern: error: %s\n", tern_last_error()); /* messages start with "train:" */
         rc = tn_cli_exit_code(s);
+        fflush(stderr);
+        tn_dist_abort(rc); /* under mpirun: stop the other ranks rather than leave them waiting */
         goto out;
     }
+    if (o.dist_rank) goto out; /* rank 0 reports */
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     fprintf(stderr, "tern train: done in %.1f s: final loss %.4f, val loss %.4f (perplexity %.2f), %.0f tokens/s, "
             "planned %.1f MiB, peak RSS %.1f MiB\n", tn_cli_now() - t0, o.final_loss, o.final_val_loss,
             exp(o.final_val_loss), o.tok_per_s, o.planned_bytes / 1048576.0, ru.ru_maxrss / 1024.0);
+    if (pc.dist) {
+        char b[32], t[32];
+        fmt_bytes((double)o.comm_bytes / (double)o.steps, b, sizeof b);
+        fmt_bytes((double)o.comm_bytes, t, sizeof t);
+        fprintf(stderr, "tern train: --dist %s on %d ranks: communicated %llu bytes per rank (%s), %s per step\n",
+                tn_dist_name(o.dist.method), o.dist_size, (unsigned long long)o.comm_bytes, t, b);
+    }
     fprintf(stderr, "tern train: wrote %s (weights hash %016llx) and its .loss.csv / .loss.svg\n", o.out,
             (unsigned long long)o.weights_hash);
 out:

@@ -1,0 +1,95 @@
+/*
+ * dist.h — distributed training on MPI (Open MPI's mpirun): data parallel, DiLoCo and NoLoCo.
+ *
+ * Every rank runs the whole trainer (run.c) on the same seed: same vocabulary, same init, same
+ * data cursor. Each step the trainer draws the global batch of B*N windows and keeps batch items
+ * r, r+N, r+2N, ... (tn_dist_shard), so the ranks see disjoint data and the cursor (a checkpoint's
+ * data position) is the same on every rank. What is exchanged is always one vector of
+ * n_params + 1 floats (the last slot carries the step's loss, so rank 0 logs the mean over ranks):
+ *
+ *   dp      every step, the gradients: MPI_Allreduce (sum, then / N) before clipping and the
+ *           optimizer step, so 2 ranks x batch B == 1 process x batch 2B up to summation order.
+ *   diloco  H inner optimizer steps on the local shard; then the parameter change since the last
+ *           outer step (the outer gradient, anchor - params) is all-reduced and averaged and an
+ *           outer Nesterov SGD step is applied to the anchor:
+ *               v = mu v + d;  anchor -= lr_out (d + mu v);  params = anchor.
+ *           With H = 1, lr_out = 1, mu = 0 and an inner optimizer linear in the gradient (SGD),
+ *           this equals dp.
+ *   noloco  no collectives: at every outer step rank r exchanges its parameters with ONE peer
+ *           (MPI_Sendrecv), paired by a random permutation of the ranks drawn from (seed, outer
+ *           step) — the same on every rank; with an odd N one rank sits out. The outer gradient
+ *           is d = anchor - (params + params_peer) / 2, then the same Nesterov step. On 2 ranks
+ *           (the peer is always the other rank) it equals diloco.
+ *
+ * --compress int8 (dp, diloco): the vector is sent as int8 in blocks of TN_DIST_QBLOCK values
+ * with one f32 scale per block (max |x| / 127) and stochastic rounding (floor(x/scale + u), u
+ * uniform from (seed, exchange, rank): unbiased and reproducible), plus the loss as f32; the ranks
+ * MPI_Allgather these and every rank averages the dequantized vectors in rank order, so all ranks
+ * apply the same update. Bytes per exchange: 4*ceil(n/TN_DIST_QBLOCK) + n + 4 instead of 4(n + 1).
+ * noloco exchanges parameters, which int8 would blur: it refuses --compress.
+ *
+ * Bytes communicated are counted as what is passed to MPI calls (count x datatype size of each
+ * send buffer), per rank. Without MPI at build time (TERN_HAVE_MPI undefined) tn_dist_open fails
+ * with a clear UNSUPPORTED error. Nothing here prints.
+ */
+#ifndef TN_TRAIN_DIST_H
+#define TN_TRAIN_DIST_H
+
+#include "train/train.h"
+
+typedef enum tn_dist_method { TN_DIST_NONE = 0, TN_DIST_DP, TN_DIST_DILOCO, TN_DIST_NOLOCO } tn_dist_method;
+typedef enum tn_optim { TN_OPTIM_ADAMW = 0, TN_OPTIM_SGD } tn_optim;
+typedef enum tn_dist_compress { TN_COMPRESS_NONE = 0, TN_COMPRESS_INT8 } tn_dist_compress;
+
+typedef struct tn_dist_opts {
+    tn_dist_method method;
+    int outer_every;        /* H (diloco, noloco); default 100                            */
+    float outer_lr;         /* default 0.7                                                */
+    float outer_momentum;   /* Nesterov momentum, default 0.9                             */
+    tn_dist_compress compress; /* int8: dp and diloco exchange int8 + per-block scales    */
+} tn_dist_opts;
+
+#define TN_DIST_QBLOCK 256
+
+typedef struct tn_dist tn_dist;
+
+void tn_dist_opts_default(tn_dist_opts *o);
+/* "dp" | "diloco" | "noloco" → method; false if unknown. */
+bool tn_dist_parse(const char *name, tn_dist_method *out);
+const char *tn_dist_name(tn_dist_method m);
+
+/* Initializes MPI (once per process) and the communicator state. */
+tern_status tn_dist_open(const tn_dist_opts *o, uint64_t seed, tn_dist **out);
+/* Allocates the exchange buffers for m and records the starting parameters as the anchor (call
+ * after the weights are initialized or loaded). */
+tern_status tn_dist_begin(tn_dist *d, const tn_tmodel *m);
+/* NULL-safe: rank 0 / size 1 without distribution. */
+int tn_dist_rank(const tn_dist *d);
+int tn_dist_size(const tn_dist *d);
+/* Keeps this rank's rows (r, r+N, ...) of a global batch of B*N rows of T tokens, in place. */
+void tn_dist_shard(const tn_dist *d, int B, int T, int32_t *tok, int32_t *tgt);
+/* dp: all-reduces grads and *loss (mean over ranks). No-op for the others. */
+tern_status tn_dist_grads(tn_dist *d, tn_tmodel *m, double *loss);
+/* After the inner optimizer step `step` (1-based): diloco/noloco run the outer step when step is
+ * a multiple of H or `last`; *synced tells whether it ran, and then *loss becomes the mean over
+ * the ranks that exchanged. No-op for dp. */
+tern_status tn_dist_outer(tn_dist *d, tn_tmodel *m, int64_t step, bool last, double *loss, bool *synced);
+/* Averages x[0..n) over the ranks (MPI_Allreduce sum / N, counted); no-op for d NULL. */
+tern_status tn_dist_allreduce_mean(tn_dist *d, float *x, int n);
+/* Bytes this rank passed to MPI calls so far. */
+uint64_t tn_dist_bytes(const tn_dist *d);
+/* Frees d; with ok, finalizes MPI. After a failure MPI is left up for tn_dist_abort. */
+void tn_dist_close(tn_dist *d, bool ok);
+/* When MPI runs with more than one rank and was not finalized: MPI_Abort(code), so a rank that
+ * failed stops the whole job instead of leaving the others waiting. No-op otherwise. */
+void tn_dist_abort(int code);
+
+/* Plain SGD with the trainer's decoupled weight decay: p -= lr*wd*p (matrices), p -= lr*clip*g. */
+/* Quantizes x[0..n) to q (int8) and scales[ceil(n/TN_DIST_QBLOCK)] with stochastic rounding
+ * drawn from *rng; and back. Exposed for tests. */
+void tn_dist_q8(const float *x, size_t n, uint64_t *rng, int8_t *q, float *scales);
+void tn_dist_dq8_add(const int8_t *q, const float *scales, size_t n, float *acc);
+
+void tn_sgd_step(tn_tmodel *m, const tn_adamw *o, float lr, float clip_scale);
+
+#endif

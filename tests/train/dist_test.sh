@@ -1,0 +1,194 @@
+#!/usr/bin/env bash
+# dist_test.sh TERN TMPDIR PART — `tern train --dist` under `mpirun -np 2 --oversubscribe`.
+# Parts:
+#   dp     2 ranks x batch 2 == 1 process x batch 4: every training loss and final weight within
+#          fp32 summation-order tolerance; a 1 x batch 2 run (one rank's share) is NOT within it.
+#   outer  diloco with H=1, outer lr 1, momentum 0 (inner SGD, no clip) == dp; noloco on 2 ranks
+#          == diloco (H=3, outer lr 0.7, momentum 0.9); diloco with outer lr 0.5 differs from dp.
+#   bytes  bytes passed to MPI, measured, == steps/H x 4 x (n_params + 1) with n_params computed
+#          here from the shapes; diloco and noloco at H=100 send >= 100x less per step than dp.
+#   kill   kill -9 of rank 1 mid-run: the job exits non-zero naming the killed rank, the last
+#          checkpoint loads, and resuming it in ONE process (batch 4) ends within tolerance of an
+#          uninterrupted single-process run (the checkpoint holds the global data position).
+#   compress  --compress int8: measured bytes == int8 + per-256 scales computed here; dp int8
+#          follows dp within 0.01 but not bit for bit; noloco refuses it.
+#   zo     --zo: 1 rank == single process bit for bit, 2 ranks x B == 1 x 2B, bytes per step.
+#   bad    bad --dist flags: exit 64 with a message naming the flag.
+# Exit 77 (skip) when mpirun is absent or tern was built without MPI.
+set -u
+TERN=${1:?tern binary}
+TMP=${2:?tmp dir}/train-dist.$$
+PART=${3:?part}
+HERE=$(cd "$(dirname "$0")" && pwd)
+command -v mpirun >/dev/null || { echo "SKIP: mpirun not found (apt-get install openmpi-bin libopenmpi-dev)"; exit 77; }
+command -v python3 >/dev/null || { echo "SKIP: python3 not found (the weight comparison reads GGUF in python)"; exit 77; }
+mkdir -p "$TMP"
+trap 'rm -rf "$TMP"' EXIT
+fail=0
+ok() { echo "ok   $*"; }
+bad() { echo "FAIL $*"; fail=1; }
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+MPI=(mpirun -np 2 --oversubscribe --bind-to none)
+
+corpus="$TMP/corpus.txt"
+. "$HERE/corpus.sh"
+test_corpus "$corpus"
+"$TERN" tokenizer-train --vocab 340 -o "$TMP/tok.gguf" "$corpus" 2>"$TMP/err" || { cat "$TMP/err"; exit 1; }
+TRAIN=(train --data "$corpus" --tokenizer "$TMP/tok.gguf" --preset tiny --ctx 32 -t 1 --log-every 1000)
+if "$TERN" "${TRAIN[@]}" --steps 1 --batch 1 --dist dp -o "$TMP/probe.gguf" 2>"$TMP/err"; then :; else
+  grep -q "built without MPI" "$TMP/err" && { echo "SKIP: $(cat "$TMP/err")"; exit 77; }
+  echo "FAIL: a one-rank --dist dp run: $(tail -2 "$TMP/err")"; exit 1
+fi
+
+# run NAME args...: tern train into $TMP/NAME.gguf (mpirun when the first arg is "mpi")
+run() {
+  local name=$1; shift
+  local pre=()
+  if [ "$1" = mpi ]; then pre=("${MPI[@]}"); shift; fi
+  if ! timeout 120 "${pre[@]}" "$TERN" "${TRAIN[@]}" "$@" -o "$TMP/$name.gguf" >"$TMP/$name.log" 2>&1; then
+    bad "$name: $(grep -m3 -E 'error|noticed' "$TMP/$name.log")"
+    return 1
+  fi
+}
+# same A B TOL [--differ] message
+same() {
+  local out
+  if out=$(python3 "$HERE/dist_compare.py" "$TMP/$1.gguf" "$TMP/$2.gguf" "$3" ${4:-}); then ok "$5: $out"
+  else bad "$5: $out"; fi
+}
+TOL=2e-4
+
+if [ "$PART" = dp ]; then
+  run single --steps 8 --batch 4 && run dp mpi --steps 8 --batch 2 --dist dp && run half --steps 8 --batch 2 &&
+  same single dp $TOL "" "dp 2 ranks x batch 2 == 1 process x batch 4" &&
+  same single half $TOL --differ "control: 1 process x batch 2 differs from batch 4"
+  grep -q "communicated" "$TMP/dp.log" && [ "$(grep -c 'comm .*/step' "$TMP/dp.log")" -ge 1 ] &&
+    ok "progress and summary show bytes communicated" || bad "no bytes in the progress/summary: $(tail -3 "$TMP/dp.log")"
+  [ -e "$TMP/dp.gguf" ] && ! ls "$TMP"/dp.tokens* >/dev/null 2>&1 && ok "one output, no temp shard left" || bad "outputs: $(ls "$TMP")"
+fi
+
+if [ "$PART" = outer ]; then
+  S=(--steps 8 --batch 2 --optim sgd --clip 0 --lr 0.5)
+  run dps mpi "${S[@]}" --dist dp && run dil1 mpi "${S[@]}" --dist diloco --outer-every 1 --outer-lr 1 --outer-momentum 0 &&
+  run dil1h mpi "${S[@]}" --dist diloco --outer-every 1 --outer-lr 0.5 --outer-momentum 0 &&
+  same dps dil1 $TOL "" "diloco H=1, outer lr 1, momentum 0 == dp (SGD inner)" &&
+  same dps dil1h $TOL --differ "control: diloco with outer lr 0.5 differs from dp"
+  run dil3 mpi --steps 8 --batch 2 --dist diloco --outer-every 3 --outer-lr 0.7 --outer-momentum 0.9 &&
+  run nol3 mpi --steps 8 --batch 2 --dist noloco --outer-every 3 --outer-lr 0.7 --outer-momentum 0.9 &&
+  run dil4 mpi --steps 8 --batch 2 --dist diloco --outer-every 4 --outer-lr 0.7 --outer-momentum 0.9 &&
+  same dil3 nol3 $TOL "" "noloco on 2 ranks == diloco (H=3, outer lr 0.7, momentum 0.9)" &&
+  same dil3 dil4 $TOL --differ "control: diloco H=4 differs from H=3"
+fi
+
+if [ "$PART" = bytes ]; then
+  # a smaller model: 1 layer, ctx 16, batch 1 per rank
+  B=(--n-layer 1 --ctx 16 --batch 1)
+  run bdp mpi "${B[@]}" --steps 10 --dist dp && run bdil mpi "${B[@]}" --steps 200 --dist diloco --outer-every 100 &&
+  run bnol mpi "${B[@]}" --steps 200 --dist noloco --outer-every 100 && {
+    # n_params of tiny (n_embd 64, 4 heads / 2 kv heads of 16, n_ff 256), 1 layer, vocab 340:
+    # token_embd + output 2*340*64, norms 3*64, q,o 2*64*64, k,v 2*64*32, gate,up,down 3*64*256
+    P=$((2 * 340 * 64 + 3 * 64 + 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 256))
+    get() { sed -n 's/.*communicated \([0-9]*\) bytes per rank.*/\1/p' "$TMP/$1.log"; }
+    dp=$(get bdp); dil=$(get bdil); nol=$(get bnol)
+    [ "$dp" = $((10 * 4 * (P + 1))) ] && ok "dp measured $dp bytes in 10 steps == 10 x 4 x (n_params $P + 1)" ||
+      bad "dp measured '$dp' bytes, want $((10 * 4 * (P + 1)))"
+    [ "$dil" = $((2 * 4 * (P + 1))) ] && ok "diloco measured $dil bytes in 200 steps == 2 outer steps x 4 x (n_params + 1)" ||
+      bad "diloco measured '$dil' bytes, want $((2 * 4 * (P + 1)))"
+    # per step: dp/10 >= 100 x dil/200  <=>  20 dp >= 100 dil
+    [ $((20 * dp)) -ge $((100 * dil)) ] && ok "diloco H=100: $((dil / 200)) B/step vs dp $((dp / 10)) B/step (>= 100x less)" ||
+      bad "diloco sends $dil/200 vs dp $dp/10 per step"
+    [ -n "$nol" ] && [ $((20 * dp)) -ge $((100 * nol)) ] && ok "noloco H=100: $((nol / 200)) B/step (>= 100x less than dp)" ||
+      bad "noloco sends '$nol'/200 per step"
+  }
+fi
+
+if [ "$PART" = compress ]; then
+  # --compress int8: measured bytes == 4*ceil(n/256) scales + n int8 + 4 (loss) per exchange, with
+  # n computed here; training follows the uncompressed run closely (loss within 0.01 each step)
+  # but not bit for bit (the exchange really is quantized)
+  B=(--n-layer 1 --ctx 16 --batch 2 --steps 20)
+  run cf mpi "${B[@]}" --dist dp && run cq mpi "${B[@]}" --dist dp --compress int8 &&
+  run cdq mpi "${B[@]}" --dist diloco --outer-every 5 --compress int8 && {
+    P=$((2 * 340 * 64 + 3 * 64 + 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 256))
+    M=$((4 * ((P + 255) / 256) + P + 4))
+    get() { sed -n 's/.*communicated \([0-9]*\) bytes per rank.*/\1/p' "$TMP/$1.log"; }
+    [ "$(get cq)" = $((20 * M)) ] && ok "dp int8 measured $(get cq) bytes == 20 x $M (uncompressed $(get cf))" ||
+      bad "dp int8 measured '$(get cq)' bytes, want $((20 * M))"
+    [ "$(get cdq)" = $((4 * M)) ] && ok "diloco int8 (H=5) measured $(get cdq) bytes == 4 x $M" ||
+      bad "diloco int8 measured '$(get cdq)' bytes, want $((4 * M))"
+    same cf cq 0.01 "" "dp int8 follows dp (loose tolerance)"
+    same cf cq 1e-6 --differ "dp int8 is not bit-identical to dp (the exchange is quantized)"
+  }
+  expect_nol=$("${MPI[@]}" "$TERN" "${TRAIN[@]}" --steps 2 --dist noloco --compress int8 -o "$TMP/o.gguf" 2>&1)
+  echo "$expect_nol" | grep -q "compress int8 applies to --dist dp and diloco" && ok "noloco refuses --compress int8" ||
+    bad "noloco --compress: $(echo "$expect_nol" | head -2)"
+fi
+
+if [ "$PART" = zo ]; then
+  # --zo (SPSA): 1 rank under mpirun == single process bit for bit; 2 ranks x batch 2 == 1 x batch 4
+  # (the same perturbations from the shared seed, the projected gradients averaged); bytes ==
+  # steps x 4 x (samples + 1), and the weights did move
+  Z=(--n-layer 1 --ctx 16 --steps 6 --zo --zo-samples 2 --lr 1e-3)
+  run zs "${Z[@]}" --batch 4 && run zh "${Z[@]}" --batch 2 &&
+  run z1 "${Z[@]}" --batch 4 --dist dp --seed 1234 && run z2 mpi "${Z[@]}" --batch 2 --dist dp && {
+    cmp -s "$TMP/zs.gguf" "$TMP/z1.gguf" && ok "zo: a 1-rank --dist dp run is bit-identical to the single-process run" ||
+      bad "zo: 1-rank output differs from the single-process one"
+    same zs z2 $TOL "" "zo 2 ranks x batch 2 == 1 process x batch 4"
+    same zs zh $TOL --differ "control: zo with batch 2 differs from batch 4"
+    n=$(sed -n 's/.*communicated \([0-9]*\) bytes per rank.*/\1/p' "$TMP/z2.log")
+    [ "$n" = $((6 * 4 * 3)) ] && ok "zo measured $n bytes in 6 steps == 6 x 4 x (2 samples + 1)" || bad "zo measured '$n' bytes, want 72"
+  }
+  run zinit --n-layer 1 --ctx 16 --steps 1 --lr 0 --batch 4 && same zinit zs 1e-6 --differ "zo weights moved from the init"
+fi
+
+if [ "$PART" = kill ]; then
+  K=(--n-layer 1 --ctx 16 --batch 4 --steps 60 --ckpt-every 5)
+  run ref "${K[@]}" --ckpt-dir "$TMP/ckref"
+  "${MPI[@]}" "$TERN" "${TRAIN[@]}" --n-layer 1 --ctx 16 --batch 2 --steps 60 --ckpt-every 5 --ckpt-dir "$TMP/ck" \
+    --dist dp -o "$TMP/k.gguf" >"$TMP/k.log" 2>&1 &
+  mpid=$!
+  for _ in $(seq 1 3000); do [ -e "$TMP/ck/latest" ] && break; sleep 0.01; done
+  victim=""
+  for c in $(pgrep -P "$mpid"); do
+    tr '\0' '\n' <"/proc/$c/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1' && victim=$c
+  done
+  if [ -z "$victim" ]; then bad "rank 1 not found among mpirun's children ($(pgrep -P "$mpid" | tr '\n' ' '))"; kill "$mpid"; wait "$mpid"
+  else
+    kill -9 "$victim"
+    timeout 60 tail --pid="$mpid" -f /dev/null
+    wait "$mpid"; rc=$?
+    [ "$rc" -ne 0 ] && ok "job exits $rc after kill -9 of rank 1" || bad "job exited 0 after kill -9 of rank 1"
+    grep -Eiq "signal 9|killed" "$TMP/k.log" && ok "message: $(grep -Ei -m1 'signal 9|killed' "$TMP/k.log" | sed 's/^ *//')" ||
+      bad "no message naming the killed rank: $(tail -5 "$TMP/k.log")"
+    [ ! -e "$TMP/k.gguf" ] && ok "no output from the killed job" || bad "the killed job left an output"
+    run resumed "${K[@]}" --ckpt-dir "$TMP/ck" --resume &&
+      grep -q "resumed from .* at step [1-9]" "$TMP/resumed.log" && ok "$(grep -m1 'resumed from' "$TMP/resumed.log")" &&
+      same ref resumed $TOL "" "2-rank dp killed, resumed in 1 process == uninterrupted 1 process"
+  fi
+fi
+
+if [ "$PART" = bad ]; then
+  expect() {
+    local code=$1 re=$2; shift 2
+    "$TERN" "$@" >/dev/null 2>"$TMP/err"; local rc=$?
+    [ "$rc" -eq "$code" ] && grep -Eq -- "$re" "$TMP/err" && ok "exit $code: $(head -1 "$TMP/err")" ||
+      bad "$* -> exit $rc (want $code /$re/): $(head -2 "$TMP/err")"
+  }
+  expect 64 "--dist: unknown method 'ring'" "${TRAIN[@]}" --steps 2 --dist ring -o "$TMP/o.gguf"
+  expect 64 "--outer-every applies to --dist diloco or noloco" "${TRAIN[@]}" --steps 2 --dist dp --outer-every 5 -o "$TMP/o.gguf"
+  expect 64 "--outer-lr: 'x' is not a number" "${TRAIN[@]}" --steps 2 --dist diloco --outer-lr x -o "$TMP/o.gguf"
+  expect 64 "--compress needs --dist" "${TRAIN[@]}" --steps 2 --compress int8 -o "$TMP/o.gguf"
+  expect 64 "--compress: 'fp4'" "${TRAIN[@]}" --steps 2 --dist dp --compress fp4 -o "$TMP/o.gguf"
+  # only rank 0 checks --ckpt-dir: it fails, rank 1 must not be left waiting in MPI_Allreduce
+  "$TERN" "${TRAIN[@]}" --steps 2 --ckpt-dir "$TMP/ck" -o "$TMP/c.gguf" 2>/dev/null
+  timeout 60 "${MPI[@]}" "$TERN" "${TRAIN[@]}" --steps 50 --batch 2 --dist dp --ckpt-dir "$TMP/ck" -o "$TMP/c2.gguf" >"$TMP/err" 2>&1
+  rc=$?
+  [ "$rc" -eq 64 ] && grep -q "error (rank 0 of 2): train: .* holds checkpoints" "$TMP/err" &&
+    ok "rank 0 fails alone: job exits 64 ($(grep -m1 'rank 0 of 2' "$TMP/err" | cut -c1-80)...)" ||
+    bad "rank 0 failing alone -> exit $rc: $(head -3 "$TMP/err")"
+  expect 64 "--zo-eps needs --zo" "${TRAIN[@]}" --steps 2 --zo-eps 0.01 -o "$TMP/o.gguf"
+  expect 64 "--zo runs alone or with --dist dp" "${TRAIN[@]}" --steps 2 --zo --dist diloco -o "$TMP/o.gguf"
+  expect 64 "--optim: 'lion'" "${TRAIN[@]}" --steps 2 --optim lion -o "$TMP/o.gguf"
+fi
+
+exit $fail

@@ -1,0 +1,109 @@
+/*
+ * test_dist.c — the pieces of --dist that need no MPI: int8 quantization of what is exchanged
+ * (dist.h) against its definition computed here (block max / 127 scales; every value within one
+ * scale step of its input, rounded to one of the two neighbouring levels; unbiased: the mean over
+ * many roundings converges to the input; reproducible from the seed), the rank-strided batch
+ * shard (rows r, r+N, ... of the global batch) and plain SGD against hand-computed updates.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "train/dist.h"
+
+#define N 1000 /* 3 full blocks and a partial one */
+
+static void test_q8_levels(void **state) {
+    (void)state;
+    float x[N], sc[(N + TN_DIST_QBLOCK - 1) / TN_DIST_QBLOCK];
+    int8_t q[N], q2[N];
+    for (int i = 0; i < N; i++) x[i] = (float)sin(i * 0.37) * (1 + i / 300) * 1e-3f;
+    x[5] = 0.0f;
+    uint64_t rng = 42, rng2 = 42;
+    tn_dist_q8(x, N, &rng, q, sc);
+    tn_dist_q8(x, N, &rng2, q2, sc);
+    assert_memory_equal(q, q2, sizeof q); /* the same seed rounds the same way */
+    for (int b = 0; b * TN_DIST_QBLOCK < N; b++) {
+        double amax = 0;
+        for (int i = b * TN_DIST_QBLOCK; i < N && i < (b + 1) * TN_DIST_QBLOCK; i++) amax = fmax(amax, fabs(x[i]));
+        assert_float_equal(sc[b], amax / 127.0, amax * 1e-6);
+        for (int i = b * TN_DIST_QBLOCK; i < N && i < (b + 1) * TN_DIST_QBLOCK; i++) {
+            const double v = x[i] / (amax / 127.0);
+            assert_true(q[i] == (int)floor(v) || q[i] == (int)ceil(v) || fabs(v - q[i]) < 1e-4);
+        }
+    }
+    assert_int_equal(q[5], 0);
+    float acc[N] = {0};
+    tn_dist_dq8_add(q, sc, N, acc);
+    for (int i = 0; i < N; i++) assert_true(fabsf(acc[i] - x[i]) <= sc[i / TN_DIST_QBLOCK] * 1.0001f);
+}
+
+static void test_q8_unbiased(void **state) {
+    (void)state;
+    enum { M = 8, R = 4000 };
+    float x[M] = {0.3f, -0.77f, 1.0f, 0.001f, -0.5f, 0.251f, -1.0f, 0.6666f}, sc[1];
+    int8_t q[M];
+    double mean[M] = {0};
+    uint64_t rng = 7;
+    for (int r = 0; r < R; r++) {
+        tn_dist_q8(x, M, &rng, q, sc);
+        for (int i = 0; i < M; i++) mean[i] += q[i] * (double)sc[0] / R;
+    }
+    /* one level is 1/127; the mean of R Bernoulli roundings is within ~4 sigma = 4 * 0.5/127/sqrt(R) */
+    for (int i = 0; i < M; i++) assert_true(fabs(mean[i] - x[i]) < 4 * 0.5 / 127 / sqrt((double)R));
+}
+
+static void test_shard(void **state) {
+    (void)state;
+    tn_dist_opts o;
+    tn_dist_opts_default(&o);
+    assert_true(tn_dist_parse("diloco", &o.method));
+    assert_false(tn_dist_parse("ring", &o.method));
+    /* without distribution (NULL) rank 0 of 1 and the batch is left alone */
+    int32_t tok[12], tgt[12];
+    for (int i = 0; i < 12; i++) tok[i] = i, tgt[i] = 100 + i;
+    tn_dist_shard(NULL, 6, 2, tok, tgt);
+    assert_int_equal(tok[11], 11);
+    assert_int_equal(tn_dist_rank(NULL), 0);
+    assert_int_equal(tn_dist_size(NULL), 1);
+}
+
+static void test_sgd(void **state) {
+    (void)state;
+    tn_train_cfg c = {.n_vocab = 16, .n_ctx = 4, .n_embd = 8, .n_layer = 1, .n_head = 2, .n_head_kv = 1, .n_ff = 16,
+                      .rms_eps = 1e-5f, .rope_base = 10000.0f};
+    tn_tmodel *m;
+    assert_int_equal(tn_tmodel_create(&c, 1, &m), TERN_OK);
+    tn_tmodel_init_random(m, 3);
+    float *p0 = malloc(m->n_params * sizeof(float));
+    memcpy(p0, m->params, m->n_params * sizeof(float));
+    for (size_t i = 0; i < m->n_params; i++) m->grads[i] = (float)((i % 7) - 3) * 0.01f;
+    tn_adamw o;
+    tn_adamw_default(&o);
+    o.weight_decay = 0.1f;
+    tn_sgd_step(m, &o, 0.5f, 0.25f);
+    for (int t = 0; t < m->n_tensors; t++)
+        for (size_t i = m->t[t].off; i < m->t[t].off + m->t[t].n; i++) {
+            double p = p0[i];
+            if (m->t[t].decay) p -= 0.5 * 0.1 * p;
+            p -= 0.5 * 0.25 * m->grads[i];
+            assert_float_equal(m->params[i], p, 1e-6 * (1 + fabs(p)));
+        }
+    free(p0);
+    tn_tmodel_free(m);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_q8_levels),
+        cmocka_unit_test(test_q8_unbiased),
+        cmocka_unit_test(test_shard),
+        cmocka_unit_test(test_sgd),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
