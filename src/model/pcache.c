@@ -119,52 +119,70 @@ static void put_planes(const uint16_t *z, size_t n, uint8_t *out) {
     for (size_t i = 0; i < n; i++) out[i] = (uint8_t)z[i], out[n + i] = (uint8_t)(z[i] >> 8);
 }
 
+/* Bits the byte planes of z[0..n) would take under an order-0 entropy coder (zstd's literals are
+ * Huffman-coded): how the encoder picks between deltas and raw values for a plane. */
+static double plane_bits(const uint16_t *z, size_t n) {
+    uint32_t hl[256] = {0}, hh[256] = {0};
+    for (size_t i = 0; i < n; i++) hl[z[i] & 0xFF]++, hh[z[i] >> 8]++;
+    double bits = 0;
+    for (int k = 0; k < 256; k++) {
+        if (hl[k]) bits -= hl[k] * log2((double)hl[k] / (double)n);
+        if (hh[k]) bits -= hh[k] * log2((double)hh[k] / (double)n);
+    }
+    return bits;
+}
+
+/* mode byte: bit 0 = quantized (per-channel f16 steps follow), bit 1 = raw values (no deltas) */
+#define TN_PC_MODE_Q 1
+#define TN_PC_MODE_RAW 2
+
 size_t tn_pc_plane_encode(tn_pc_quality q, int32_t il, int32_t n_layer, const tn_fp16 *x, int64_t kv_dim, uint8_t *out) {
     const size_t n = (size_t)TN_PC_NTOK * (size_t)kv_dim;
-    uint16_t *z = (uint16_t *)tn_malloc(n * sizeof *z);
+    uint16_t *zd = (uint16_t *)tn_malloc(2 * n * sizeof *zd), *zr = zd + n; /* deltas, raw */
     bool finite = true;
     for (size_t i = 0; i < n && q != TN_PC_LOSSLESS; i++) finite &= (x[i] & 0x7C00) != 0x7C00;
-    if (!z) return 0;
-    size_t o = 0;
-    if (q == TN_PC_LOSSLESS || !finite) {
-        out[o++] = 0; /* mode 0: order codes differenced along tokens */
-        for (int64_t ch = 0; ch < kv_dim; ch++) {
-            int32_t prev = 0;
-            for (int t = 0; t < TN_PC_NTOK; t++) {
-                const int32_t v = f16_order(x[(size_t)t * kv_dim + ch]);
-                z[(size_t)t * kv_dim + ch] = zigzag16((int16_t)(uint16_t)(v - prev)); /* mod 2^16 */
-                prev = v;
-            }
-        }
-    } else {
-        out[o++] = 1; /* mode 1: per-channel f16 steps, then quantized integers differenced */
-        const int32_t bins = tn_pc_bins(q, il, n_layer);
-        for (int64_t ch = 0; ch < kv_dim; ch++) {
+    if (!zd) return 0;
+    const bool quant = q != TN_PC_LOSSLESS && finite; /* a non-finite value: the plane goes lossless */
+    size_t o = 1;
+    const int32_t bins = quant ? tn_pc_bins(q, il, n_layer) : 0;
+    for (int64_t ch = 0; ch < kv_dim; ch++) {
+        float s = 0;
+        if (quant) { /* step: maxabs / bins rounded up to an f16, so |c| <= bins */
             float mx = 0;
             for (int t = 0; t < TN_PC_NTOK; t++) mx = fmaxf(mx, fabsf(tn_fp16_to_fp32(x[(size_t)t * kv_dim + ch])));
             const float want = mx / (float)bins;
             tn_fp16 hs = tn_fp32_to_fp16(want);
-            if (tn_fp16_to_fp32(hs) < want) hs++; /* round the step up: |c| <= bins */
-            const float s = tn_fp16_to_fp32(hs);
+            if (tn_fp16_to_fp32(hs) < want) hs++;
+            s = tn_fp16_to_fp32(hs);
             out[o + 2 * (size_t)ch] = (uint8_t)hs, out[o + 2 * (size_t)ch + 1] = (uint8_t)(hs >> 8);
-            int32_t prev = 0;
-            for (int t = 0; t < TN_PC_NTOK; t++) {
-                const int32_t cq = s > 0 ? (int32_t)lrintf(tn_fp16_to_fp32(x[(size_t)t * kv_dim + ch]) / s) : 0;
-                z[(size_t)t * kv_dim + ch] = zigzag16(cq - prev);
-                prev = cq;
-            }
         }
-        o += 2 * (size_t)kv_dim;
+        int32_t prev = 0;
+        for (int t = 0; t < TN_PC_NTOK; t++) {
+            const size_t i = (size_t)t * kv_dim + ch;
+            int32_t v;
+            if (quant) {
+                v = s > 0 ? (int32_t)lrintf(tn_fp16_to_fp32(x[i]) / s) : 0;
+                zr[i] = zigzag16(v);
+            } else {
+                v = f16_order(x[i]);
+                zr[i] = x[i];
+            }
+            zd[i] = zigzag16((int16_t)(uint16_t)(v - prev)); /* lossless: mod 2^16 */
+            prev = v;
+        }
     }
-    put_planes(z, n, out + o);
-    tn_free(z);
+    if (quant) o += 2 * (size_t)kv_dim;
+    const bool raw = plane_bits(zr, n) < plane_bits(zd, n);
+    out[0] = (uint8_t)((quant ? TN_PC_MODE_Q : 0) | (raw ? TN_PC_MODE_RAW : 0));
+    put_planes(raw ? zr : zd, n, out + o);
+    tn_free(zd);
     return o + 2 * n;
 }
 
 tern_status tn_pc_plane_decode(const uint8_t *in, size_t n_in, int64_t kv_dim, tn_fp16 *x, size_t *used) {
     const size_t n = (size_t)TN_PC_NTOK * (size_t)kv_dim;
-    if (n_in < 1 || in[0] > 1) return tn_err(TERN_ERR_FORMAT, "prompt cache: plane mode %d unknown", n_in ? in[0] : -1);
-    const bool q = in[0] == 1;
+    if (n_in < 1 || in[0] > 3) return tn_err(TERN_ERR_FORMAT, "prompt cache: plane mode %d unknown", n_in ? in[0] : -1);
+    const bool q = in[0] & TN_PC_MODE_Q, raw = in[0] & TN_PC_MODE_RAW;
     const size_t need = 1 + (q ? 2 * (size_t)kv_dim : 0) + 2 * n;
     if (n_in < need) return tn_err(TERN_ERR_FORMAT, "prompt cache: plane needs %zu bytes, %zu left", need, n_in);
     const uint8_t *steps = in + 1, *lo = in + 1 + (q ? 2 * (size_t)kv_dim : 0), *hi = lo + n;
@@ -174,13 +192,15 @@ tern_status tn_pc_plane_decode(const uint8_t *in, size_t n_in, int64_t kv_dim, t
         int32_t acc = 0;
         for (int t = 0; t < TN_PC_NTOK; t++) {
             const size_t i = (size_t)t * kv_dim + ch;
-            const int32_t d = unzigzag16((uint16_t)(lo[i] | hi[i] << 8));
+            const uint16_t z = (uint16_t)(lo[i] | hi[i] << 8);
             if (q) {
-                acc += d;
+                acc = raw ? unzigzag16(z) : acc + unzigzag16(z);
                 if (acc < -32768 || acc > 32767) return tn_err(TERN_ERR_FORMAT, "prompt cache: quantized value out of range");
                 x[i] = tn_fp32_to_fp16((float)acc * s);
+            } else if (raw) {
+                x[i] = z;
             } else {
-                acc = (uint16_t)(acc + d);
+                acc = (uint16_t)(acc + unzigzag16(z));
                 x[i] = f16_unorder((uint16_t)acc);
             }
         }

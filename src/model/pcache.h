@@ -10,9 +10,11 @@
  *
  * Codec (CacheGen's idea, per layer and per channel over the block's 16 tokens): values are
  * turned into integers, differenced between neighbouring tokens, zigzagged and split into a low-
- * and a high-byte plane, then the whole block goes through zstd.
- *  - lossless: the integer is the f16 bit pattern mapped to an order-preserving code; decoding
- *    gives the same bits.
+ * and a high-byte plane, then the whole block goes through zstd. Per plane (one layer's K or V)
+ * the encoder keeps the deltas or the raw values, whichever has the smaller byte entropy (on
+ * small models neighbouring tokens' K/V are often less alike than CacheGen found on large ones).
+ *  - lossless: the integer is the f16 bit pattern mapped to an order-preserving code (raw: the
+ *    f16 bits); decoding gives the same bits.
  *  - high / medium (lossy): per channel a step s = maxabs / bins rounded up to an f16, integers
  *    c = round(x / s); decoded x' = f16(c * s), so |x - x'| <= s / 2 plus f16 rounding of x'.
  *    bins (tn_pc_bins) is 127 (high) or 15 (medium) and doubles on the first third of the layers

@@ -237,7 +237,7 @@ int cmd_generate(int argc, char **argv) {
         goto done;
     }
     double t_prompt = tn_cli_now() - t0;
-    tn_cli_pcache_store(&pcf, c, toks, n_prompt, n_prompt - n_cached, tn_cli_now() - t_cached);
+    const double t_computed = tn_cli_now() - t_cached; /* the prefill alone: the cost model's speed */
     int64_t n_gen = 0;
     double t1 = tn_cli_now();
     if (!tn_cli_spec_on(&sr)) {
@@ -294,6 +294,9 @@ int cmd_generate(int argc, char **argv) {
         }
     }
     double t_gen = tn_cli_now() - t1;
+    /* the prompt's blocks go to disk after the answer (positions < n_prompt are unchanged), so
+     * storing never delays the first token */
+    tn_cli_pcache_store(&pcf, c, toks, n_prompt, n_prompt - n_cached, t_computed);
     flush_utf8(out, &out_len, true);
     printf("\n");
     fflush(stdout);
