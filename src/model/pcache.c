@@ -335,6 +335,7 @@ tern_status tn_pcache_open(const tern_model *m, const char *dir, uint64_t max_by
     *out = NULL;
 #ifndef TERN_HAVE_ZSTD
     (void)m, (void)dir, (void)max_bytes, (void)q;
+    (void)mkdir_p, (void)scan_dir, (void)quality_name, (void)put32, (void)put64, (void)hash_bytes; /* used with zstd */
     return tn_err(TERN_ERR_UNSUPPORTED, "prompt cache: this tern was built without libzstd (install libzstd-dev and rebuild)");
 #else
     if (!m || !dir || !*dir || q > TN_PC_MEDIUM) return tn_err(TERN_ERR_INVALID_ARG, "prompt cache: invalid arguments");
@@ -459,6 +460,43 @@ static tern_status unpack_block(tn_pcache *pc, tern_ctx *c, int32_t bi, size_t r
     return TERN_OK;
 }
 
+/* Reads block bi of a chain (h, h2: the hashes up to and including it; toks its tokens) into
+ * cache block dst of c. NOT_FOUND when absent (silent); a bad file is counted, warned about
+ * and FORMAT. *file_n: its size. */
+static tern_status load_one(tn_pcache *pc, tern_ctx *c, int32_t bi, uint64_t h, uint64_t h2, const tern_token *tk, int32_t dst,
+                            uint64_t *file_n) {
+    char *path = block_path(pc, h);
+    if (!path) return TERN_ERR_NOMEM;
+    size_t raw_n = 0;
+    tern_status s = read_block(pc, path, (uint32_t)bi, h, h2, tk, &raw_n, file_n);
+    if (!s) s = unpack_block(pc, c, dst, raw_n);
+    if (s && s != TERN_ERR_NOT_FOUND) {
+        tn_log(TERN_LOG_WARN, "prompt cache: skipping %s: %s (recomputing from position %d)", path, tern_last_error(),
+               bi * TN_PC_NTOK);
+        pc->st.blocks_skipped++;
+    }
+    if (!s) {
+        (void)utimensat(AT_FDCWD, path, NULL, 0); /* LRU: used now */
+        pc->st.blocks_loaded++;
+        pc->st.bytes_loaded += *file_n;
+    }
+    tn_free(path);
+    return s;
+}
+
+tern_status tn_pcache_load_block(tn_pcache *pc, tern_ctx *c, int32_t bi, tn_pc_chain chain, const tern_token *toks, int32_t dst) {
+    uint64_t file_n = 0;
+    const double t0 = now_s();
+    tern_status s = load_one(pc, c, bi, chain.h, chain.h2, toks, dst, &file_n);
+    pc->st.load_s += now_s() - t0;
+    return s;
+}
+
+void tn_pc_chain_next(tn_pc_chain *ch, const tern_token *toks) {
+    ch->h = tn_tok_hash(0, ch->h, toks);
+    ch->h2 = tn_tok_hash(1, ch->h2, toks);
+}
+
 tern_status tn_pcache_load(tn_pcache *pc, tern_ctx *c, const tern_token *hist, int32_t n, double prefill_tok_s,
                            int32_t *n_loaded) {
     *n_loaded = 0;
@@ -467,34 +505,17 @@ tern_status tn_pcache_load(tn_pcache *pc, tern_ctx *c, const tern_token *hist, i
     if (s) return s;
     if (c->n_past % TN_PC_NTOK || n <= c->n_past) return TERN_OK;
     const int32_t b0 = c->n_past / TN_PC_NTOK, b_end = TN_MIN(n - 1, c->n_ctx) / TN_PC_NTOK; /* leave one token */
-    uint64_t h = 0, h2 = 0;
-    for (int32_t b = 0; b < b0; b++) h = tn_tok_hash(0, h, hist + b * TN_PC_NTOK), h2 = tn_tok_hash(1, h2, hist + b * TN_PC_NTOK);
+    tn_pc_chain ch = {0, 0};
+    for (int32_t b = 0; b < b0; b++) tn_pc_chain_next(&ch, hist + b * TN_PC_NTOK);
     const double t0 = now_s();
     for (int32_t b = b0; b < b_end; b++) {
         const tern_token *tk = hist + (size_t)b * TN_PC_NTOK;
-        h = tn_tok_hash(0, h, tk), h2 = tn_tok_hash(1, h2, tk);
-        char *path = block_path(pc, h);
-        if (!path) return TERN_ERR_NOMEM;
+        tn_pc_chain_next(&ch, tk);
         const double tb = now_s();
-        size_t raw_n = 0;
         uint64_t file_n = 0;
-        s = read_block(pc, path, (uint32_t)b, h, h2, tk, &raw_n, &file_n);
-        if (!s) s = unpack_block(pc, c, b, raw_n);
-        if (s) {
-            if (s != TERN_ERR_NOT_FOUND) {
-                tn_log(TERN_LOG_WARN, "prompt cache: skipping %s: %s (recomputing from position %d)", path, tern_last_error(),
-                       b * TN_PC_NTOK);
-                pc->st.blocks_skipped++;
-            }
-            tn_free(path);
-            break;
-        }
-        (void)utimensat(AT_FDCWD, path, NULL, 0); /* LRU: used now */
-        tn_free(path);
+        if (load_one(pc, c, b, ch.h, ch.h2, tk, b, &file_n)) break;
         c->n_past = (b + 1) * TN_PC_NTOK;
         c->n_logits = 0;
-        pc->st.blocks_loaded++;
-        pc->st.bytes_loaded += file_n;
         *n_loaded += TN_PC_NTOK;
         if (b == b0) { /* cost model: this block's load time per token against prefill's */
             const double load_tok = (now_s() - tb) / TN_PC_NTOK, comp_tok = prefill_tok_s > 0 ? 1.0 / prefill_tok_s : 0;
@@ -510,6 +531,7 @@ tern_status tn_pcache_load(tn_pcache *pc, tern_ctx *c, const tern_token *hist, i
     return TERN_OK;
 }
 
+#ifdef TERN_HAVE_ZSTD
 /* Writes one file atomically; returns 0 or an errno. TERN_PCACHE_TEST_PAUSE_MS (tests): sleep
  * with half of the temp file written (a kill -9 leaves it). */
 static int write_atomic(tn_pcache *pc, const char *path, const uint8_t *data, size_t n) {
@@ -539,71 +561,93 @@ static int write_atomic(tn_pcache *pc, const char *path, const uint8_t *data, si
     return err;
 }
 
+/* Writes block bi (chain hashes h, h2, tokens tk) from cache block src of c unless its file
+ * exists. true when a file was written. */
+static bool store_one(tn_pcache *pc, const tern_ctx *c, int32_t bi, uint64_t h, uint64_t h2, const tern_token *tk, int32_t src) {
+    if (pc->st.store_off) return false;
+    char *path = block_path(pc, h);
+    if (!path) return false;
+    if (!access(path, F_OK)) { /* on disk already (a bad one ages out through the LRU bound) */
+        tn_free(path);
+        return false;
+    }
+    size_t raw = 0;
+    for (int32_t il = 0; il < pc->n_layer; il++)
+        for (int kv = 0; kv < 2; kv++) {
+            const tn_fp16 *x = (kv ? c->v_cache : c->k_cache) + c->kv_off[il] + (int64_t)src * TN_PC_NTOK * pc->kv_dim;
+            const size_t k = tn_pc_plane_encode(pc->q, il, pc->n_layer, x, pc->kv_dim, pc->raw + raw);
+            if (!k) { /* out of memory: this block is not stored */
+                tn_free(path);
+                return false;
+            }
+            raw += k;
+        }
+    uint8_t *f = pc->file;
+    size_t comp = ZSTD_compress(f + TN_PC_HDR, pc->file_cap - TN_PC_HDR - 4, pc->raw, raw, TN_PC_ZLEVEL);
+    if (ZSTD_isError(comp)) {
+        tn_log(TERN_LOG_WARN, "prompt cache: zstd: %s (block not stored)", ZSTD_getErrorName(comp));
+        tn_free(path);
+        return false;
+    }
+    memcpy(f, TN_PC_MAGIC, 4);
+    put32(f + 4, TN_PC_VERSION);
+    put64(f + 8, pc->fp);
+    put32(f + 16, TN_PC_ROW_F16);
+    put32(f + 20, (uint32_t)pc->q);
+    put32(f + 24, (uint32_t)pc->n_layer);
+    put32(f + 28, (uint32_t)pc->kv_dim);
+    put32(f + 32, TN_PC_NTOK);
+    put32(f + 36, (uint32_t)bi);
+    put64(f + 40, h);
+    put64(f + 48, h2);
+    put64(f + 56, raw);
+    put64(f + 64, comp);
+    for (int t = 0; t < TN_PC_NTOK; t++) put32(f + 72 + 4 * t, (uint32_t)tk[t]);
+    const size_t fn = TN_PC_HDR + comp;
+    put32(f + fn, crc32_ieee(f, fn));
+    const int err = write_atomic(pc, path, f, fn + 4);
+    bool ok = false;
+    if (err == ENOSPC || err == EDQUOT) {
+        tn_log(TERN_LOG_WARN, "prompt cache: %s: %s; no more blocks are stored in this run", pc->sub, strerror(err));
+        pc->st.store_off = true;
+    } else if (err) {
+        if (!pc->warned_io) tn_log(TERN_LOG_WARN, "prompt cache: writing %s: %s (block not stored)", path, strerror(err));
+        pc->warned_io = true;
+    } else {
+        pc->st.blocks_stored++;
+        pc->st.bytes_stored += fn + 4;
+        pc->total += fn + 4;
+        ok = true;
+    }
+    tn_free(path);
+    return ok;
+}
+#endif
+
+tern_status tn_pcache_store_block(tn_pcache *pc, const tern_ctx *c, int32_t bi, tn_pc_chain chain, const tern_token *toks,
+                                  int32_t src) {
+#ifdef TERN_HAVE_ZSTD
+    const double t0 = now_s();
+    if (store_one(pc, c, bi, chain.h, chain.h2, toks, src) && pc->max_bytes && pc->total > pc->max_bytes) scan_dir(pc, true);
+    pc->st.store_s += now_s() - t0;
+#else
+    (void)pc, (void)c, (void)bi, (void)chain, (void)toks, (void)src;
+#endif
+    return TERN_OK;
+}
+
 tern_status tn_pcache_store(tn_pcache *pc, const tern_ctx *c, const tern_token *hist, int32_t n) {
     tern_status s = tn_pcache_usable(pc, c);
     if (s) return s;
 #ifdef TERN_HAVE_ZSTD
     const int32_t nb = TN_MIN(n, c->n_past) / TN_PC_NTOK;
     const double t0 = now_s();
-    uint64_t h = 0, h2 = 0;
+    tn_pc_chain ch = {0, 0};
     bool wrote = false;
     for (int32_t b = 0; b < nb && !pc->st.store_off; b++) {
         const tern_token *tk = hist + (size_t)b * TN_PC_NTOK;
-        h = tn_tok_hash(0, h, tk), h2 = tn_tok_hash(1, h2, tk);
-        char *path = block_path(pc, h);
-        if (!path) return TERN_ERR_NOMEM;
-        if (!access(path, F_OK)) { /* on disk already (possibly bad: a load replaces nothing; eviction ages it out) */
-            tn_free(path);
-            continue;
-        }
-        size_t raw = 0;
-        for (int32_t il = 0; il < pc->n_layer; il++)
-            for (int kv = 0; kv < 2; kv++) {
-                const tn_fp16 *src = (kv ? c->v_cache : c->k_cache) + c->kv_off[il] + (int64_t)b * TN_PC_NTOK * pc->kv_dim;
-                const size_t k = tn_pc_plane_encode(pc->q, il, pc->n_layer, src, pc->kv_dim, pc->raw + raw);
-                if (!k) { /* out of memory: this block is not stored */
-                    tn_free(path);
-                    return TERN_OK;
-                }
-                raw += k;
-            }
-        uint8_t *f = pc->file;
-        size_t comp = ZSTD_compress(f + TN_PC_HDR, pc->file_cap - TN_PC_HDR - 4, pc->raw, raw, TN_PC_ZLEVEL);
-        if (ZSTD_isError(comp)) {
-            tn_log(TERN_LOG_WARN, "prompt cache: zstd: %s (block not stored)", ZSTD_getErrorName(comp));
-            tn_free(path);
-            continue;
-        }
-        memcpy(f, TN_PC_MAGIC, 4);
-        put32(f + 4, TN_PC_VERSION);
-        put64(f + 8, pc->fp);
-        put32(f + 16, TN_PC_ROW_F16);
-        put32(f + 20, (uint32_t)pc->q);
-        put32(f + 24, (uint32_t)pc->n_layer);
-        put32(f + 28, (uint32_t)pc->kv_dim);
-        put32(f + 32, TN_PC_NTOK);
-        put32(f + 36, (uint32_t)b);
-        put64(f + 40, h);
-        put64(f + 48, h2);
-        put64(f + 56, raw);
-        put64(f + 64, comp);
-        for (int t = 0; t < TN_PC_NTOK; t++) put32(f + 72 + 4 * t, (uint32_t)tk[t]);
-        const size_t fn = TN_PC_HDR + comp;
-        put32(f + fn, crc32_ieee(f, fn));
-        const int err = write_atomic(pc, path, f, fn + 4);
-        if (err == ENOSPC || err == EDQUOT) {
-            tn_log(TERN_LOG_WARN, "prompt cache: %s: %s; no more blocks are stored in this run", pc->sub, strerror(err));
-            pc->st.store_off = true;
-        } else if (err) {
-            if (!pc->warned_io) tn_log(TERN_LOG_WARN, "prompt cache: writing %s: %s (block not stored)", path, strerror(err));
-            pc->warned_io = true;
-        } else {
-            pc->st.blocks_stored++;
-            pc->st.bytes_stored += fn + 4;
-            pc->total += fn + 4;
-            wrote = true;
-        }
-        tn_free(path);
+        tn_pc_chain_next(&ch, tk);
+        wrote |= store_one(pc, c, b, ch.h, ch.h2, tk, b);
     }
     if (wrote && pc->max_bytes && pc->total > pc->max_bytes) scan_dir(pc, true);
     pc->st.store_s += now_s() - t0;

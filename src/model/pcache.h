@@ -93,6 +93,17 @@ tern_status tn_pcache_load(tn_pcache *pc, tern_ctx *c, const tern_token *hist, i
 /* Stores every whole block of hist[0..min(n, n_past)) that is not on disk yet. Failures are
  * warnings (storing is never fatal): returns TERN_OK unless the arguments are wrong. */
 tern_status tn_pcache_store(tn_pcache *pc, const tern_ctx *c, const tern_token *hist, int32_t n);
+/* A paged cache (tern serve): the chain of hashes up to and including a block, advanced block by
+ * block from {0, 0}; loading block bi of a prompt into cache block dst (NOT_FOUND: absent, FORMAT:
+ * bad, warned and counted) and storing block bi from cache block src (unless on disk; failures
+ * are warnings). The caller has checked tn_pcache_usable. */
+typedef struct tn_pc_chain {
+    uint64_t h, h2;
+} tn_pc_chain;
+void tn_pc_chain_next(tn_pc_chain *ch, const tern_token *toks);
+tern_status tn_pcache_load_block(tn_pcache *pc, tern_ctx *c, int32_t bi, tn_pc_chain chain, const tern_token *toks, int32_t dst);
+tern_status tn_pcache_store_block(tn_pcache *pc, const tern_ctx *c, int32_t bi, tn_pc_chain chain, const tern_token *toks,
+                                  int32_t src);
 /* Prefill speed remembered in the model subdirectory by tn_pcache_note_prefill (0: none yet). */
 double tn_pcache_prefill_speed(const tn_pcache *pc);
 void tn_pcache_note_prefill(tn_pcache *pc, int32_t n_tokens, double seconds);

@@ -51,6 +51,8 @@ static void log_to_stderr(tern_log_level lvl, const char *msg, void *user) {
     if (lvl >= TERN_LOG_WARN) fprintf(stderr, "tern: warning: %s\n", msg);
 }
 
+void tn_cli_pcache_log_on(void) { tern_set_log(log_to_stderr, NULL); }
+
 int tn_cli_pcache_open(tn_cli_pcache *p, const tern_model *m, const tern_ctx *c) {
     if (!p->dir) return TN_EXIT_OK;
     tern_set_log(log_to_stderr, NULL);

@@ -25,6 +25,8 @@ void tn_cli_pcache_init(tn_cli_pcache *p);
 /* --prompt-cache, --prompt-cache-max-gb, --prompt-cache-quality, -v/--verbose at argv[*i]:
  * 1 consumed, 0 not one of them, -1 after a usage error (exit 64). */
 int tn_cli_pcache_flag(int argc, char **argv, int *i, tn_cli_pcache *p);
+/* Library warnings (a skipped block file, a full disk) to stderr as "tern: warning: ...". */
+void tn_cli_pcache_log_on(void);
 /* Lines for a usage text. */
 void tn_cli_pcache_usage(FILE *f);
 /* Opens the cache for m and c when --prompt-cache was given; returns an exit code (errors
