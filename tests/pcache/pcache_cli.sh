@@ -25,6 +25,8 @@ gen() { "$TERN" generate -m "$MODEL" -p "$PROMPT" -n 24 --temp 0 -t 1 --no-displ
 blocks() { find "$1" -name '*.tpc' | wc -l; }
 loaded() { sed -n 's/.*prompt cache: \([0-9]*\) blocks loaded.*/\1/p' "$1"; }
 
+gen -n 1 --prompt-cache "$D/probe" >/dev/null 2>"$D/probe.err"
+if [ $? == 64 ] && grep -q "without libzstd" "$D/probe.err"; then echo "SKIP: this tern was built without libzstd (no prompt cache)"; exit 77; fi
 ref=$(gen 2>"$D/ref.err") || fail "no-cache run"
 [ -n "$ref" ] || fail "empty reference output"
 

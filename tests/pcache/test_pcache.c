@@ -8,8 +8,9 @@
  *  - cache on a tiny random model: blocks stored after a prefill load into a fresh context with
  *    the same K/V bits (lossless), and the logits after the loaded prefix equal those of a context
  *    that computed the same prefix itself; a second store writes nothing new; damaged files
- *    (truncated, a flipped bit, another model's, an old format version) are skipped with the
- *    blocks before them still loaded.
+ *    (truncated, a flipped bit, another model's, an old format version, and with a valid CRC: a
+ *    wrong token id, garbage payload, a wrong raw size) are skipped with the blocks before them
+ *    still loaded.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -149,6 +150,20 @@ static void load_expect(tern_model *m, const tern_token *toks, int32_t n, int32_
     tn_pcache_free(pc);
 }
 
+/* CRC-32 (IEEE, reflected, bit by bit): written here, not taken from pcache.c */
+static uint32_t crc32_bits(const uint8_t *p, size_t n) {
+    uint32_t c = 0xFFFFFFFFu;
+    for (size_t i = 0; i < n; i++) {
+        c ^= p[i];
+        for (int k = 0; k < 8; k++) c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1)));
+    }
+    return ~c;
+}
+static void fix_crc(uint8_t *b, size_t n) {
+    const uint32_t c = crc32_bits(b, n - 4);
+    for (int i = 0; i < 4; i++) b[n - 4 + i] = (uint8_t)(c >> 8 * i);
+}
+
 static char *block_file(tn_pcache *pc, const tern_token *toks, int32_t b) {
     uint64_t h = 0;
     for (int32_t i = 0; i <= b; i++) h = tn_tok_hash(0, h, toks + 16 * i);
@@ -206,12 +221,15 @@ static void test_cache_model(void **st) {
     uint8_t *good = malloc((size_t)sb.st_size), *bad = malloc((size_t)sb.st_size);
     assert_int_equal(fread(good, 1, (size_t)sb.st_size, f), (size_t)sb.st_size);
     fclose(f);
-    for (int kind = 0; kind < 4; kind++) {
+    for (int kind = 0; kind < 7; kind++) {
         size_t n = (size_t)sb.st_size;
         memcpy(bad, good, n);
         if (kind == 0) n -= 7;                           /* truncated */
         if (kind == 1) bad[n / 2] ^= 0x10;               /* one bit flipped in the payload */
         if (kind == 2) bad[4] = 0;                       /* an old format version (0) */
+        if (kind == 4) bad[72] ^= 1, fix_crc(bad, n);    /* a token id differs (CRC made valid) */
+        if (kind == 5) bad[n - 40] ^= 0x5A, fix_crc(bad, n); /* payload garbage with a valid CRC */
+        if (kind == 6) bad[56] ^= 0x20, fix_crc(bad, n); /* raw size in the header wrong, valid CRC */
         f = fopen(p1, "wb");
         assert_non_null(f);
         assert_int_equal(fwrite(bad, 1, n, f), n);
