@@ -723,7 +723,9 @@ static void admit(tn_engine *e) {
         }
         const int32_t mem_hits = hits;
         tn_pc_chain chain = {0, 0};
-        if (e->pc) { /* the disk cache: further blocks into fresh blocks of the cache */
+        /* the disk cache: further blocks into fresh blocks of the cache (not with a draft model:
+         * its own KV of those blocks would be missing; drafts would still be verified, but poor) */
+        if (e->pc && !e->dctx) {
             for (int32_t j = 0; j < hits; j++) tn_pc_chain_next(&chain, p->prompt + j * TN_KVB);
             const tn_pc_chain mem_chain = chain;
             while ((hits + 1) * TN_KVB <= p->n_prompt - 1 && !(r->plp && r->n_admitted == 0) && tn_kv_available(&e->kv) > 0) {
