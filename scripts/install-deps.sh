@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages that building and running tern need (compiler, CMake,
-# pkg-config and the four libraries CMakeLists.txt requires), plus any package names given as
+# pkg-config and the libraries CMakeLists.txt requires, and libzstd-dev for the prompt cache), plus any package names given as
 # arguments (scripts/install-test-deps.sh passes the test-only ones). Idempotent; uses sudo when
 # not run as root.
 set -euo pipefail
-PKGS=(build-essential cmake pkg-config git libpcre2-dev libjansson-dev libmicrohttpd-dev libopenblas-dev
+PKGS=(build-essential cmake pkg-config git libpcre2-dev libjansson-dev libmicrohttpd-dev libopenblas-dev libzstd-dev
       "$@")
 missing=()
 for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

@@ -70,6 +70,7 @@
 #include "model/blocks.h"
 #include "model/ctx.h"
 #include "model/ops.h"
+#include "model/pcache.h"
 #include "model/spec.h"
 #include "serve/kv.h"
 #include "serve/sched.h"
@@ -194,6 +195,7 @@ typedef struct tn_seq {
     int32_t *swa_table, swa_lo, swa_hi, swa_need;
     int32_t n_pub;
     uint64_t pub_hash;
+    tn_pc_chain pc_chain;  /* --prompt-cache: the disk chain after n_pub blocks                */
     tern_sampler *smp;
     double lp_sum;         /* log-probabilities of the sampled tokens (best_of)               */
     int32_t n_lp_sum;
@@ -226,6 +228,7 @@ struct tn_engine {
     tn_kv kv_swa;
     int32_t swa_w, swa_commit, n_swa;
     uint64_t *hbuf;                 /* [max_blocks_seq + 1] chained hashes of a prompt's blocks */
+    tn_pcache *pc;                  /* --prompt-cache: blocks on disk (NULL: off)               */
     tn_serve_config cfg;
     tn_metrics *met;
     int32_t n_ctx_seq, np, n_batch, n_vocab, max_blocks_seq;
@@ -718,6 +721,29 @@ static void admit(tn_engine *e) {
             h = tn_kv_hash(h, p->prompt + (hits - 1) * TN_KVB);
             e->hbuf[hits] = h;
         }
+        const int32_t mem_hits = hits;
+        tn_pc_chain chain = {0, 0};
+        /* the disk cache: further blocks into fresh blocks of the cache (not with a draft model:
+         * its own KV of those blocks would be missing; drafts would still be verified, but poor) */
+        if (e->pc && !e->dctx) {
+            for (int32_t j = 0; j < hits; j++) tn_pc_chain_next(&chain, p->prompt + j * TN_KVB);
+            const tn_pc_chain mem_chain = chain;
+            while ((hits + 1) * TN_KVB <= p->n_prompt - 1 && !(r->plp && r->n_admitted == 0) && tn_kv_available(&e->kv) > 0) {
+                tn_pc_chain next = chain;
+                tn_pc_chain_next(&next, p->prompt + hits * TN_KVB);
+                const int32_t id = tn_kv_alloc(&e->kv, false);
+                if (id < 0) break;
+                if (tn_pcache_load_block(e->pc, e->ctx, hits, next, p->prompt + hits * TN_KVB, id)) {
+                    tn_kv_release(&e->kv, id); /* unhashed: back to the free list */
+                    break;
+                }
+                s->table[hits++] = id;
+                h = tn_kv_hash(h, p->prompt + (hits - 1) * TN_KVB);
+                e->hbuf[hits] = h;
+                chain = next;
+            }
+            chain = mem_chain; /* publishing (memory and disk) restarts after the memory hits */
+        }
         if (e->kv_swa.n_blocks) { /* the window before the hit's end, on the sliding-window layers */
             swa_lookup_window(e, s, p->prompt, &hits);
             h = e->hbuf[hits];
@@ -761,8 +787,9 @@ static void admit(tn_engine *e) {
         s->n_gen = 0;
         s->n_table = hits;
         s->n_resv = need;
-        s->n_pub = hits;
-        s->pub_hash = h;
+        s->n_pub = mem_hits; /* blocks loaded from disk are published in memory as they are passed */
+        s->pub_hash = mem_hits ? e->hbuf[mem_hits] : 0;
+        s->pc_chain = chain;
         s->gen_len = s->emitted = 0;
         s->n_chars = 0;
         s->lp_sum = 0;
@@ -838,6 +865,10 @@ static void publish_blocks(tn_engine *e, tn_seq *s) {
         if (j >= s->swa_lo && j < s->swa_hi) /* its window block: under the global block's id and hash */
             tn_kv_publish(&e->kv_swa, s->swa_table[j], s->table[j], s->pub_hash, s->toks + j * TN_KVB);
         s->pub_hash = tn_kv_hash(s->pub_hash, s->toks + j * TN_KVB);
+        if (e->pc) { /* a prompt block: to disk too (a file already there is not rewritten) */
+            tn_pc_chain_next(&s->pc_chain, s->toks + j * TN_KVB);
+            if ((j + 1) * TN_KVB <= s->n_prompt) tn_pcache_store_block(e->pc, e->ctx, j, s->pc_chain, s->toks + j * TN_KVB, s->table[j]);
+        }
         s->n_pub++;
     }
     swa_release(e, s, swa_first_block(e, s->n_done)); /* behind every window from now on */
@@ -1308,6 +1339,12 @@ tern_status tn_engine_create(const tern_model *m, const tn_serve_config *cfg, tn
     if (e->np > e->ctx->n_logits_cap) e->np = e->ctx->n_logits_cap;
     if ((s = tn_kv_init(&e->kv, e->ctx->kv_blocks))) goto fail;
     if (e->ctx->kv_swa_blocks > 0 && (s = tn_kv_init(&e->kv_swa, e->ctx->kv_swa_blocks))) goto fail;
+    if (cfg->prompt_cache_dir) {
+        if ((s = tn_pcache_open(m, cfg->prompt_cache_dir, cfg->prompt_cache_max_bytes, (tn_pc_quality)cfg->prompt_cache_quality,
+                                &e->pc)))
+            goto fail;
+        if ((s = tn_pcache_usable(e->pc, e->ctx))) goto fail;
+    }
     if (!cfg->quiet) {
         fprintf(stderr, "tern serve: KV cache %.2f MiB: %d blocks of %d positions", (double)tern_ctx_kv_bytes(e->ctx) / 1048576.0,
                 e->kv.n_blocks, TN_KVB);
@@ -1477,6 +1514,7 @@ void tn_engine_destroy(tn_engine *e) {
     tn_kv_free(&e->kv);
     tn_kv_free(&e->kv_swa);
     tern_ctx_free(e->dctx);
+    tn_pcache_free(e->pc);
     if (e->trace) fclose(e->trace);
     tern_ctx_free(e->ctx);
     tn_free(e);

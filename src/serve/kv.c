@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/base.h"
+#include "model/pcache.h"
 
 static void lru_unlink(tn_kv *kv, int32_t id) {
     tn_kvb_meta *m = &kv->b[id];
@@ -120,17 +121,7 @@ void tn_kv_release(tn_kv *kv, int32_t id) {
     }
 }
 
-uint64_t tn_kv_hash(uint64_t parent_hash, const tern_token *toks) {
-    uint64_t h = parent_hash ^ UINT64_C(0x9E3779B97F4A7C15);
-    for (int i = 0; i < TN_KVB; i++) { /* splitmix-style mixing per token */
-        h ^= (uint64_t)(uint32_t)toks[i];
-        h *= UINT64_C(0xBF58476D1CE4E5B9);
-        h ^= h >> 31;
-        h *= UINT64_C(0x94D049BB133111EB);
-        h ^= h >> 29;
-    }
-    return h;
-}
+uint64_t tn_kv_hash(uint64_t parent_hash, const tern_token *toks) { return tn_tok_hash(0, parent_hash, toks); }
 
 int32_t tn_kv_lookup(tn_kv *kv, int32_t parent, uint64_t parent_hash, const tern_token *toks) {
     uint64_t h = tn_kv_hash(parent_hash, toks);

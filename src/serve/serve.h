@@ -60,6 +60,11 @@ typedef struct tn_serve_config {
     const char *const *lora_paths;
     const float *lora_scales;
     tern_lora *const *lora;
+    /* --prompt-cache DIR (model/pcache.h): prompt blocks the prefix cache misses are looked up on
+     * disk and loaded into fresh blocks; computed prompt blocks are stored (NULL: off) */
+    const char *prompt_cache_dir;
+    uint64_t prompt_cache_max_bytes; /* --prompt-cache-max-gb (0: unbounded)                   */
+    int prompt_cache_quality;        /* a tn_pc_quality                                       */
 } tn_serve_config;
 
 void tn_serve_config_init(tn_serve_config *c);

@@ -18,6 +18,7 @@
 
 #include "cli.h"
 #include "model/chat.h"
+#include "cli_pcache.h"
 
 static volatile sig_atomic_t tn_chat_sigint;
 static void on_sigint(int sig) {
@@ -49,6 +50,7 @@ static void chat_usage(FILE *f) {
             "      --device cpu|cuda   run on the CPU (default) or an NVIDIA GPU; -ngl N: layers on the GPU\n"
             "In the conversation: a line ending in '\\' continues on the next line; /reset clears the\n"
             "conversation, /exit (or Ctrl-D) quits; Ctrl-C stops an answer, at the prompt it quits.\n");
+    tn_cli_pcache_usage(f);
 }
 
 typedef struct {
@@ -71,6 +73,7 @@ typedef struct {
     tern_token *cached;       /* the tokens in the KV cache, in order                            */
     int32_t n_cached, n_ctx;
     int64_t n_predict;
+    tn_cli_pcache pcf;        /* --prompt-cache: blocks loaded before a prefill, stored after a turn */
 } chat_state;
 
 static bool push_turn(chat_state *st, const char *role, const char *text, size_t len) {
@@ -120,6 +123,10 @@ static tern_status sync_cache(chat_state *st, const tern_token *toks, int32_t n,
     p = tern_ctx_n_past(st->c); /* less when sliding-window layers lost the window (0) */
     st->n_cached = p;
     for (int32_t i = p; i < n; i++) tern_sampler_accept(st->smp, toks[i]);
+    const int32_t loaded = tn_cli_pcache_load(&st->pcf, st->c, toks, n); /* whole blocks from the disk cache */
+    memcpy(st->cached + p, toks + p, (size_t)loaded * sizeof *toks);
+    p += loaded;
+    st->n_cached = p;
     if ((s = tern_decode(st->c, toks + p, n - p))) return s;
     memcpy(st->cached + p, toks + p, (size_t)(n - p) * sizeof *toks);
     st->n_cached = n;
@@ -257,6 +264,9 @@ int cmd_chat(int argc, char **argv) {
     int dv;
     tern_sampler_params sp;
     tern_sampler_params_init(&sp);
+    chat_state st;
+    memset(&st, 0, sizeof st);
+    tn_cli_pcache_init(&st.pcf);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -273,15 +283,13 @@ int cmd_chat(int argc, char **argv) {
             TN_CLI_NEED_VAL();
             if (!tn_cli_parse_i64(val, -1, 1 << 24, &n_predict)) return tn_cli_usage_error("%s: '%s' is not a number in -1..16777216", a, val);
         } else if ((dv = tn_cli_sampling_flag(argc, argv, &i, &sp, &seed)) != 0 ||
-                   (dv = tn_cli_run_flag(argc, argv, &i, &run)) != 0) {
+                   (dv = tn_cli_run_flag(argc, argv, &i, &run)) != 0 || (dv = tn_cli_pcache_flag(argc, argv, &i, &st.pcf)) != 0) {
             if (dv < 0) return TN_EXIT_USAGE;
         } else {
             chat_usage(stderr);
             return tn_cli_usage_error("unknown option '%s'", a);
         }
     }
-    chat_state st;
-    memset(&st, 0, sizeof st);
     if (tmpl_name && !tn_cli_chat_template(tmpl_name, &st.tmpl)) return TN_EXIT_USAGE;
     sp.seed = seed < 0 ? TERN_SEED_RANDOM : (uint64_t)seed;
 
@@ -293,6 +301,7 @@ int cmd_chat(int argc, char **argv) {
     if (!tmpl_name) st.tmpl = tern_chat_template_detect(m);
     st.stops = tern_chat_template_stops(st.tmpl);
     st.n_stop_tok = tern_chat_stop_tokens(m, st.tmpl, st.stop_tok, 4);
+    if ((rc = tn_cli_pcache_open(&st.pcf, m, st.c)) != TN_EXIT_OK) goto done;
     if ((s = tern_sampler_create(m, &sp, &st.smp))) {
         rc = tn_cli_fail(s, "creating the sampler");
         goto done;
@@ -382,6 +391,7 @@ int cmd_chat(int argc, char **argv) {
         answer_end end;
         s = answer(&st, &text, &text_len, &n_gen, &end);
         double t2 = tn_cli_now();
+        tn_cli_pcache_store(&st.pcf, st.c, st.cached, st.n_cached, 0, 0); /* the turn's new whole blocks */
         if (s) {
             free(text);
             rc = tn_cli_fail(s, "decoding");
@@ -403,6 +413,7 @@ int cmd_chat(int argc, char **argv) {
                 reused, n - reused, (t1 - t0) * 1e3, (long long)n_gen, (t2 - t1) * 1e3, n_gen / (t2 - t1 > 0 ? t2 - t1 : 1e-9));
     }
 done:
+    tn_cli_pcache_close(&st.pcf);
     for (size_t i = 0; i < st.n_turns; i++) free(st.turns[i].text);
     free(st.turns);
     free(st.cached);

@@ -12,6 +12,7 @@
 #include "cli.h"
 #include "core/file.h"
 #include "cli_spec.h"
+#include "cli_pcache.h"
 
 static volatile sig_atomic_t tn_interrupted;
 static void on_sigint(int sig) {
@@ -51,6 +52,7 @@ static void gen_usage(FILE *f) {
             "      --no-display-prompt do not echo the prompt\n"
             "      --dump-margins FILE with --temp 0: write the prompt's token ids, then per generated token its id and\n"
             "                          the margin top-1 minus top-2 and the RMS of the logits it was chosen from\n");
+    tn_cli_pcache_usage(f);
 }
 
 /* Writes pending bytes up to the last complete UTF-8 sequence; keeps the rest for later. */
@@ -102,6 +104,8 @@ int cmd_generate(int argc, char **argv) {
     const char *dump_path = NULL;
     tn_cli_spec sr;
     tn_cli_spec_init(&sr);
+    tn_cli_pcache pcf;
+    tn_cli_pcache_init(&pcf);
     tern_sampler_params sp;
     tern_sampler_params_init(&sp);
     for (int i = 1; i < argc; i++) {
@@ -131,6 +135,8 @@ int cmd_generate(int argc, char **argv) {
         } else if ((dv = tn_cli_run_flag(argc, argv, &i, &run)) != 0) {
             if (dv < 0) return TN_EXIT_USAGE;
         } else if ((dv = tn_cli_spec_flag(argc, argv, &i, &sr)) != 0) {
+            if (dv < 0) return TN_EXIT_USAGE;
+        } else if ((dv = tn_cli_pcache_flag(argc, argv, &i, &pcf)) != 0) {
             if (dv < 0) return TN_EXIT_USAGE;
         } else {
             gen_usage(stderr);
@@ -168,6 +174,7 @@ int cmd_generate(int argc, char **argv) {
     const char *model_path = run.model_path;
     const double t_load = run.t_load;
     const int32_t device = run.device;
+    if ((rc = tn_cli_pcache_open(&pcf, m, c)) != TN_EXIT_OK) goto done;
     if ((s = tern_sampler_create(m, &sp, &smp))) {
         rc = tn_cli_fail(s, "creating the sampler");
         goto done;
@@ -225,11 +232,14 @@ int cmd_generate(int argc, char **argv) {
     }
     for (int32_t i = 0; i < n_prompt; i++) tern_sampler_accept(smp, toks[i]);
     double t0 = tn_cli_now();
-    if ((s = tern_decode(c, toks, n_prompt))) {
+    const int32_t n_cached = tn_cli_pcache_load(&pcf, c, toks, n_prompt); /* whole blocks, never the last token */
+    const double t_cached = tn_cli_now();
+    if ((s = tern_decode(c, toks + n_cached, n_prompt - n_cached))) {
         rc = tn_cli_fail(s, "prompt processing");
         goto done;
     }
     double t_prompt = tn_cli_now() - t0;
+    const double t_computed = tn_cli_now() - t_cached; /* the prefill alone: the cost model's speed */
     int64_t n_gen = 0;
     double t1 = tn_cli_now();
     if (!tn_cli_spec_on(&sr)) {
@@ -286,6 +296,9 @@ int cmd_generate(int argc, char **argv) {
         }
     }
     double t_gen = tn_cli_now() - t1;
+    /* the prompt's blocks go to disk after the answer (positions < n_prompt are unchanged), so
+     * storing never delays the first token */
+    tn_cli_pcache_store(&pcf, c, toks, n_prompt, n_prompt - n_cached, t_computed);
     flush_utf8(out, &out_len, true);
     printf("\n");
     fflush(stdout);
@@ -302,6 +315,7 @@ int cmd_generate(int argc, char **argv) {
         if ((s = tn_wfile_commit(&dw))) rc = tn_cli_fail(s, "--dump-margins");
     }
 done:
+    tn_cli_pcache_close(&pcf);
     if (dw_open) tn_wfile_abort(&dw);
     tn_cli_spec_free(&sr);
     free(toks);

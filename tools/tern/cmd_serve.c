@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "cli_pcache.h"
 #include "serve/serve.h"
 
 static void serve_usage(FILE *f) {
@@ -45,6 +46,7 @@ static void serve_usage(FILE *f) {
             "      --no-repack         keep q4_0/q8_0/tq4/tq1 weights in the file layout (no interleaved copy)\n"
             "      --swa-full          sliding-window layers (Gemma 2/3) keep every position in the paged cache\n"
             "                          (default: each sequence's window, in a block pool of their own)\n");
+    tn_cli_pcache_usage(f);
 }
 
 int cmd_serve(int argc, char **argv) {
@@ -58,6 +60,8 @@ int cmd_serve(int argc, char **argv) {
     int32_t spec_fixed = 0;
     bool draft_max_set = false, draft_min_set = false;
     tn_cli_lora lora = {0};
+    tn_cli_pcache pcf; /* --prompt-cache flags (the engine opens the cache) */
+    tn_cli_pcache_init(&pcf);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -148,6 +152,11 @@ int cmd_serve(int argc, char **argv) {
         } else if ((dv = tn_cli_device_flag(argc, argv, &i, &cfg.device, &cfg.n_gpu_layers)) != 0 ||
                    (dv = tn_cli_lora_flag(argc, argv, &i, &lora)) != 0) {
             if (dv < 0) return TN_EXIT_USAGE;
+        } else if ((dv = tn_cli_pcache_flag(argc, argv, &i, &pcf)) != 0) {
+            if (dv < 0) return TN_EXIT_USAGE;
+            cfg.prompt_cache_dir = pcf.dir;
+            cfg.prompt_cache_max_bytes = (uint64_t)((double)pcf.max_gb * 1e9);
+            cfg.prompt_cache_quality = (int)pcf.quality;
         } else {
             serve_usage(stderr);
             return tn_cli_usage_error("unknown option '%s'", a);
@@ -179,6 +188,7 @@ int cmd_serve(int argc, char **argv) {
     cfg.n_lora = lora.n;
     cfg.lora_paths = (const char *const *)lora.path;
     cfg.lora_scales = lora.scale;
+    if (cfg.prompt_cache_dir) tn_cli_pcache_log_on(); /* skipped files and a full disk: warnings in the log */
     const int rc = tn_serve_run(&cfg);
     tn_cli_lora_free(&lora);
     return rc;

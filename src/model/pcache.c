@@ -1,0 +1,683 @@
+/*
+ * pcache.c — the prompt cache on disk (pcache.h): the plane codec, block files (write atomically,
+ * verify on read), the directory (fingerprint subdirectory, LRU bound, full-disk stop) and the
+ * load/store entry points on a contiguous context. It never trusts a file: every field is checked
+ * before a byte reaches the KV cache, and a bad file only costs its recomputation.
+ *
+ * File header (little-endian), TN_PC_HDR bytes, then the payload and a CRC-32 trailer:
+ *     0 "TNPC"   4 u32 version   8 u64 fingerprint   16 u32 row type   20 u32 quality
+ *    24 u32 n_layer   28 u32 kv_dim   32 u32 n_tok (16)   36 u32 block index
+ *    40 u64 chain hash (the file's name)   48 u64 second prefix hash (another seed)
+ *    56 u64 raw size   64 u64 payload size   72 i32 tokens[16]
+ *   136 payload (zstd frame of the planes: layer 0 K, layer 0 V, layer 1 K, ...)
+ *   end u32 CRC-32 (IEEE) of every byte before it
+ */
+#include "model/pcache.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/base.h"
+#include "core/file.h"
+#include "model/ctx.h"
+#include "model/model.h"
+#include "fmt/gguf.h"
+
+#ifdef TERN_HAVE_ZSTD
+#include <zstd.h>
+#endif
+
+#define TN_PC_HDR 136
+#define TN_PC_MAGIC "TNPC"
+#define TN_PC_ZLEVEL 3
+
+_Static_assert(TN_PC_NTOK == TN_KV_BLOCK, "a cache block is a KV block");
+
+/* ---- hashes ------------------------------------------------------------------------------ */
+
+uint64_t tn_tok_hash(uint64_t seed, uint64_t parent_hash, const tern_token *toks) {
+    uint64_t h = parent_hash ^ UINT64_C(0x9E3779B97F4A7C15) ^ (seed * UINT64_C(0xD6E8FEB86659FD93));
+    for (int i = 0; i < TN_PC_NTOK; i++) { /* splitmix-style mixing per token */
+        h ^= (uint64_t)(uint32_t)toks[i];
+        h *= UINT64_C(0xBF58476D1CE4E5B9);
+        h ^= h >> 31;
+        h *= UINT64_C(0x94D049BB133111EB);
+        h ^= h >> 29;
+    }
+    return h;
+}
+
+static uint64_t mix64(uint64_t h) {
+    h ^= h >> 33;
+    h *= UINT64_C(0xFF51AFD7ED558CCD);
+    h ^= h >> 33;
+    h *= UINT64_C(0xC4CEB9FE1A85EC53);
+    h ^= h >> 33;
+    return h;
+}
+
+/* 64-bit hash of a byte range, four independent lanes (the model fingerprint reads every byte). */
+static uint64_t hash_bytes(const uint8_t *p, size_t n, uint64_t seed) {
+    uint64_t h[4] = {seed ^ 1, seed ^ UINT64_C(0x9E3779B97F4A7C15), seed ^ 3, seed ^ UINT64_C(0x94D049BB133111EB)};
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32)
+        for (int l = 0; l < 4; l++) {
+            uint64_t w;
+            memcpy(&w, p + i + 8 * l, 8);
+            h[l] = (h[l] ^ w) * UINT64_C(0x9FB21C651E98DF25);
+            h[l] ^= h[l] >> 29;
+        }
+    uint64_t r = mix64(h[0]) ^ mix64(h[1] + 1) ^ mix64(h[2] + 2) ^ mix64(h[3] + 3) ^ (uint64_t)n;
+    for (; i < n; i++) r = mix64(r ^ p[i]);
+    return mix64(r);
+}
+
+static uint32_t crc_table[256];
+static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
+static void crc_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = c & 1 ? UINT32_C(0xEDB88320) ^ (c >> 1) : c >> 1;
+        crc_table[i] = c;
+    }
+}
+static uint32_t crc32_ieee(const uint8_t *p, size_t n) {
+    pthread_once(&crc_once, crc_init);
+    uint32_t c = UINT32_C(0xFFFFFFFF);
+    for (size_t i = 0; i < n; i++) c = crc_table[(c ^ p[i]) & 0xFF] ^ (c >> 8);
+    return c ^ UINT32_C(0xFFFFFFFF);
+}
+
+/* ---- plane codec ------------------------------------------------------------------------ */
+
+int32_t tn_pc_bins(tn_pc_quality q, int32_t il, int32_t n_layer) {
+    if (q == TN_PC_LOSSLESS) return 0;
+    const int32_t base = q == TN_PC_HIGH ? 127 : 15;
+    return il < (n_layer + 2) / 3 ? 2 * base + 1 : base; /* first third: finer */
+}
+
+size_t tn_pc_plane_max(int64_t kv_dim) { return 1 + (size_t)kv_dim * 2 + (size_t)TN_PC_NTOK * (size_t)kv_dim * 2; }
+
+static uint16_t zigzag16(int32_t d) { return (uint16_t)(((uint32_t)d << 1) ^ (uint32_t)(d < 0 ? -1 : 0)); }
+static int32_t unzigzag16(uint16_t z) { return (int32_t)(z >> 1) ^ -(int32_t)(z & 1); }
+/* f16 bits -> a code whose integer order is the numbers' order (and back) */
+static uint16_t f16_order(uint16_t h) { return h & 0x8000 ? (uint16_t)~h : (uint16_t)(h | 0x8000); }
+static uint16_t f16_unorder(uint16_t o) { return o & 0x8000 ? (uint16_t)(o & 0x7FFF) : (uint16_t)~o; }
+
+/* the zigzagged integers z[16][kv_dim] as a low-byte plane and a high-byte plane */
+static void put_planes(const uint16_t *z, size_t n, uint8_t *out) {
+    for (size_t i = 0; i < n; i++) out[i] = (uint8_t)z[i], out[n + i] = (uint8_t)(z[i] >> 8);
+}
+
+/* Bits the byte planes of z[0..n) would take under an order-0 entropy coder (zstd's literals are
+ * Huffman-coded): how the encoder picks between deltas and raw values for a plane. */
+static double plane_bits(const uint16_t *z, size_t n) {
+    uint32_t hl[256] = {0}, hh[256] = {0};
+    for (size_t i = 0; i < n; i++) hl[z[i] & 0xFF]++, hh[z[i] >> 8]++;
+    double bits = 0;
+    for (int k = 0; k < 256; k++) {
+        if (hl[k]) bits -= hl[k] * log2((double)hl[k] / (double)n);
+        if (hh[k]) bits -= hh[k] * log2((double)hh[k] / (double)n);
+    }
+    return bits;
+}
+
+/* mode byte: bit 0 = quantized (per-channel f16 steps follow), bit 1 = raw values (no deltas) */
+#define TN_PC_MODE_Q 1
+#define TN_PC_MODE_RAW 2
+
+size_t tn_pc_plane_encode(tn_pc_quality q, int32_t il, int32_t n_layer, const tn_fp16 *x, int64_t kv_dim, uint8_t *out) {
+    const size_t n = (size_t)TN_PC_NTOK * (size_t)kv_dim;
+    uint16_t *zd = (uint16_t *)tn_malloc(2 * n * sizeof *zd), *zr = zd + n; /* deltas, raw */
+    bool finite = true;
+    for (size_t i = 0; i < n && q != TN_PC_LOSSLESS; i++) finite &= (x[i] & 0x7C00) != 0x7C00;
+    if (!zd) return 0;
+    const bool quant = q != TN_PC_LOSSLESS && finite; /* a non-finite value: the plane goes lossless */
+    size_t o = 1;
+    const int32_t bins = quant ? tn_pc_bins(q, il, n_layer) : 0;
+    for (int64_t ch = 0; ch < kv_dim; ch++) {
+        float s = 0;
+        if (quant) { /* step: maxabs / bins rounded up to an f16, so |c| <= bins */
+            float mx = 0;
+            for (int t = 0; t < TN_PC_NTOK; t++) mx = fmaxf(mx, fabsf(tn_fp16_to_fp32(x[(size_t)t * kv_dim + ch])));
+            const float want = mx / (float)bins;
+            tn_fp16 hs = tn_fp32_to_fp16(want);
+            if (tn_fp16_to_fp32(hs) < want) hs++;
+            s = tn_fp16_to_fp32(hs);
+            out[o + 2 * (size_t)ch] = (uint8_t)hs, out[o + 2 * (size_t)ch + 1] = (uint8_t)(hs >> 8);
+        }
+        int32_t prev = 0;
+        for (int t = 0; t < TN_PC_NTOK; t++) {
+            const size_t i = (size_t)t * kv_dim + ch;
+            int32_t v;
+            if (quant) {
+                v = s > 0 ? (int32_t)lrintf(tn_fp16_to_fp32(x[i]) / s) : 0;
+                zr[i] = zigzag16(v);
+            } else {
+                v = f16_order(x[i]);
+                zr[i] = x[i];
+            }
+            zd[i] = zigzag16((int16_t)(uint16_t)(v - prev)); /* lossless: mod 2^16 */
+            prev = v;
+        }
+    }
+    if (quant) o += 2 * (size_t)kv_dim;
+    const bool raw = plane_bits(zr, n) < plane_bits(zd, n);
+    out[0] = (uint8_t)((quant ? TN_PC_MODE_Q : 0) | (raw ? TN_PC_MODE_RAW : 0));
+    put_planes(raw ? zr : zd, n, out + o);
+    tn_free(zd);
+    return o + 2 * n;
+}
+
+tern_status tn_pc_plane_decode(const uint8_t *in, size_t n_in, int64_t kv_dim, tn_fp16 *x, size_t *used) {
+    const size_t n = (size_t)TN_PC_NTOK * (size_t)kv_dim;
+    if (n_in < 1 || in[0] > 3) return tn_err(TERN_ERR_FORMAT, "prompt cache: plane mode %d unknown", n_in ? in[0] : -1);
+    const bool q = in[0] & TN_PC_MODE_Q, raw = in[0] & TN_PC_MODE_RAW;
+    const size_t need = 1 + (q ? 2 * (size_t)kv_dim : 0) + 2 * n;
+    if (n_in < need) return tn_err(TERN_ERR_FORMAT, "prompt cache: plane needs %zu bytes, %zu left", need, n_in);
+    const uint8_t *steps = in + 1, *lo = in + 1 + (q ? 2 * (size_t)kv_dim : 0), *hi = lo + n;
+    for (int64_t ch = 0; ch < kv_dim; ch++) {
+        const float s = q ? tn_fp16_to_fp32((tn_fp16)(steps[2 * ch] | steps[2 * ch + 1] << 8)) : 0;
+        if (q && !(s >= 0 && s < 65536)) return tn_err(TERN_ERR_FORMAT, "prompt cache: step of channel %lld not finite", (long long)ch);
+        int32_t acc = 0;
+        for (int t = 0; t < TN_PC_NTOK; t++) {
+            const size_t i = (size_t)t * kv_dim + ch;
+            const uint16_t z = (uint16_t)(lo[i] | hi[i] << 8);
+            if (q) {
+                acc = raw ? unzigzag16(z) : acc + unzigzag16(z);
+                if (acc < -32768 || acc > 32767) return tn_err(TERN_ERR_FORMAT, "prompt cache: quantized value out of range");
+                x[i] = tn_fp32_to_fp16((float)acc * s);
+            } else if (raw) {
+                x[i] = z;
+            } else {
+                acc = (uint16_t)(acc + unzigzag16(z));
+                x[i] = f16_unorder((uint16_t)acc);
+            }
+        }
+    }
+    *used = need;
+    return TERN_OK;
+}
+
+/* ---- the cache -------------------------------------------------------------------------- */
+
+struct tn_pcache {
+    char *dir, *sub;
+    uint64_t fp, max_bytes, total;
+    tn_pc_quality q;
+    int32_t n_layer;
+    int64_t kv_dim;
+    size_t raw_cap, file_cap;
+    uint8_t *raw, *file; /* [raw_cap] planes, [file_cap] one file */
+    tn_fp16 *plane;      /* [16][kv_dim] */
+    unsigned tmp_seq;
+    bool warned_io;
+    char decision[256];
+    tn_pcache_stats st;
+};
+
+static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> 8 * i); }
+static void put64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> 8 * i); }
+static uint32_t get32(const uint8_t *p) { uint32_t v = 0; for (int i = 3; i >= 0; i--) v = v << 8 | p[i]; return v; }
+static uint64_t get64(const uint8_t *p) { uint64_t v = 0; for (int i = 7; i >= 0; i--) v = v << 8 | p[i]; return v; }
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static const char *quality_name(tn_pc_quality q) { return q == TN_PC_LOSSLESS ? "lossless" : q == TN_PC_HIGH ? "high" : "medium"; }
+
+static char *str_printf(const char *fmt, ...) TN_PRINTF(1, 2);
+static char *str_printf(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    char *s = n >= 0 ? tn_malloc((size_t)n + 1) : NULL;
+    if (!s) return NULL;
+    va_start(ap, fmt);
+    vsnprintf(s, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+static bool has_suffix(const char *s, const char *suf) {
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && !strcmp(s + a - b, suf);
+}
+
+typedef struct pc_file {
+    char *path;
+    time_t mtime;
+    uint64_t size;
+} pc_file;
+
+static int by_mtime(const void *a, const void *b) {
+    const pc_file *x = a, *y = b;
+    return x->mtime < y->mtime ? -1 : x->mtime > y->mtime;
+}
+
+/* Every block file under dir/<subdir>/ (all models): sizes summed into pc->total; with evict,
+ * the oldest are removed until the total is within 90% of max_bytes. Temp files older than an
+ * hour (a writer killed mid-write) are removed. */
+static void scan_dir(tn_pcache *pc, bool evict) {
+    pc_file *v = NULL;
+    size_t nv = 0, cap = 0;
+    uint64_t total = 0;
+    const time_t now = time(NULL);
+    DIR *d = opendir(pc->dir);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        char *sub = str_printf("%s/%s", pc->dir, e->d_name);
+        DIR *ds = sub ? opendir(sub) : NULL;
+        struct dirent *f;
+        while (ds && (f = readdir(ds))) {
+            const bool blk = has_suffix(f->d_name, ".tpc"), tmp = strstr(f->d_name, ".tpc.tmp.") != NULL;
+            if (!blk && !tmp) continue;
+            char *p = str_printf("%s/%s", sub, f->d_name);
+            struct stat sb;
+            if (!p || stat(p, &sb) || !S_ISREG(sb.st_mode)) {
+                tn_free(p);
+                continue;
+            }
+            if (tmp) {
+                if (now - sb.st_mtime > 3600) (void)unlink(p);
+                tn_free(p);
+                continue;
+            }
+            total += (uint64_t)sb.st_size;
+            if (evict && nv == cap) {
+                pc_file *g = tn_realloc(v, (cap = cap ? 2 * cap : 256) * sizeof *v);
+                if (!g) evict = false;
+                else v = g;
+            }
+            if (evict) v[nv++] = (pc_file){p, sb.st_mtime, (uint64_t)sb.st_size};
+            else tn_free(p);
+        }
+        if (ds) closedir(ds);
+        tn_free(sub);
+    }
+    if (d) closedir(d);
+    if (evict && pc->max_bytes && total > pc->max_bytes) {
+        qsort(v, nv, sizeof *v, by_mtime);
+        const uint64_t goal = pc->max_bytes / 10 * 9;
+        for (size_t i = 0; i < nv && total > goal; i++)
+            if (!unlink(v[i].path)) total -= v[i].size, pc->st.blocks_evicted++;
+    }
+    for (size_t i = 0; i < nv; i++) tn_free(v[i].path);
+    tn_free(v);
+    pc->total = total;
+}
+
+static tern_status mkdir_p(const char *path) {
+    if (!mkdir(path, 0755) || errno == EEXIST) {
+        struct stat sb;
+        if (!stat(path, &sb) && S_ISDIR(sb.st_mode)) return TERN_OK;
+        return tn_err(TERN_ERR_IO, "prompt cache: '%s' is not a directory", path);
+    }
+    return tn_err(TERN_ERR_IO, "prompt cache: cannot create directory '%s': %s", path, strerror(errno));
+}
+
+tern_status tn_pcache_open(const tern_model *m, const char *dir, uint64_t max_bytes, tn_pc_quality q, tn_pcache **out) {
+    *out = NULL;
+#ifndef TERN_HAVE_ZSTD
+    (void)m, (void)dir, (void)max_bytes, (void)q;
+    (void)mkdir_p, (void)scan_dir, (void)quality_name, (void)put32, (void)put64, (void)hash_bytes; /* used with zstd */
+    return tn_err(TERN_ERR_UNSUPPORTED, "prompt cache: this tern was built without libzstd (install libzstd-dev and rebuild)");
+#else
+    if (!m || !dir || !*dir || q > TN_PC_MEDIUM) return tn_err(TERN_ERR_INVALID_ARG, "prompt cache: invalid arguments");
+    tern_status s = mkdir_p(dir);
+    if (s) return s;
+    tn_pcache *pc = tn_calloc(1, sizeof *pc);
+    if (!pc) return TERN_ERR_NOMEM;
+    pc->q = q;
+    pc->max_bytes = max_bytes;
+    pc->n_layer = m->hp.n_layer;
+    pc->kv_dim = (int64_t)m->hp.n_head_kv * m->hp.head_dim;
+    /* fingerprint: the GGUF's bytes (metadata, shapes, tensor data), the KV row type, the codec,
+     * the format version */
+    uint64_t fp = hash_bytes(m->gguf->base, m->gguf->size, TN_PC_VERSION);
+    fp = mix64(fp ^ ((uint64_t)TN_PC_ROW_F16 << 32 | (uint64_t)q << 16 | TN_PC_VERSION));
+    pc->fp = fp;
+    pc->st.f16_bytes_per_token = 2 * 2 * (uint64_t)pc->n_layer * (uint64_t)pc->kv_dim;
+    pc->raw_cap = 2 * (size_t)pc->n_layer * tn_pc_plane_max(pc->kv_dim);
+    pc->file_cap = TN_PC_HDR + ZSTD_compressBound(pc->raw_cap) + 4;
+    pc->dir = str_printf("%s", dir);
+    pc->sub = str_printf("%s/%016llx-f16-%s-v%d", dir, (unsigned long long)fp, quality_name(q), TN_PC_VERSION);
+    pc->raw = tn_malloc(pc->raw_cap);
+    pc->file = tn_malloc(pc->file_cap);
+    pc->plane = tn_malloc((size_t)TN_PC_NTOK * (size_t)pc->kv_dim * sizeof(tn_fp16));
+    if (!pc->dir || !pc->sub || !pc->raw || !pc->file || !pc->plane) {
+        tn_pcache_free(pc);
+        return TERN_ERR_NOMEM;
+    }
+    if ((s = mkdir_p(pc->sub))) {
+        tn_pcache_free(pc);
+        return s;
+    }
+    scan_dir(pc, max_bytes > 0);
+    *out = pc;
+    return TERN_OK;
+#endif
+}
+
+void tn_pcache_free(tn_pcache *pc) {
+    if (!pc) return;
+    tn_free(pc->dir);
+    tn_free(pc->sub);
+    tn_free(pc->raw);
+    tn_free(pc->file);
+    tn_free(pc->plane);
+    tn_free(pc);
+}
+
+const char *tn_pcache_subdir(const tn_pcache *pc) { return pc->sub; }
+const char *tn_pcache_decision(const tn_pcache *pc) { return pc->decision; }
+const tn_pcache_stats *tn_pcache_get_stats(const tn_pcache *pc) { return &pc->st; }
+
+tern_status tn_pcache_usable(const tn_pcache *pc, const tern_ctx *c) {
+    if (c->cuda) return tn_err(TERN_ERR_UNSUPPORTED, "prompt cache: works on the CPU device only (the KV cache is on the GPU)");
+    if (c->kv_ring) return tn_err(TERN_ERR_UNSUPPORTED, "prompt cache: sliding-window layers keep a ring (use --swa-full)");
+    if (c->kv_swa_blocks) return tn_err(TERN_ERR_UNSUPPORTED, "prompt cache: a paged context with a window pool is not supported");
+    /* the cache's fingerprint is the model's: a context whose KV an adapter changes would share files */
+    if (c->lora_sites) return tn_err(TERN_ERR_UNSUPPORTED, "prompt cache: not with LoRA adapters (--lora) yet");
+    if (c->hp.n_layer != pc->n_layer || (int64_t)c->hp.n_head_kv * c->hp.head_dim != pc->kv_dim)
+        return tn_err(TERN_ERR_INVALID_ARG, "prompt cache: the context is of another model");
+    return TERN_OK;
+}
+
+/* name of block file with chain hash h */
+static char *block_path(const tn_pcache *pc, uint64_t h) { return str_printf("%s/%016llx.tpc", pc->sub, (unsigned long long)h); }
+
+/* Reads and checks one file; on success the planes are in pc->raw (*raw_n bytes). A missing file
+ * is NOT_FOUND (silent); anything else is FORMAT with the reason in the last error. */
+static tern_status read_block(tn_pcache *pc, const char *path, uint32_t bi, uint64_t h, uint64_t h2, const tern_token *toks,
+                              size_t *raw_n, uint64_t *file_n) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return TERN_ERR_NOT_FOUND;
+    struct stat sb;
+    tern_status s = TERN_OK;
+    if (fstat(fd, &sb) || !S_ISREG(sb.st_mode)) s = tn_err(TERN_ERR_FORMAT, "not a regular file");
+    else if ((uint64_t)sb.st_size < TN_PC_HDR + 4 || (uint64_t)sb.st_size > pc->file_cap)
+        s = tn_err(TERN_ERR_FORMAT, "size %lld outside %d..%zu", (long long)sb.st_size, TN_PC_HDR + 4, pc->file_cap);
+    size_t n = s ? 0 : (size_t)sb.st_size, got = 0;
+    while (!s && got < n) {
+        ssize_t r = read(fd, pc->file + got, n - got);
+        if (r <= 0) s = tn_err(TERN_ERR_FORMAT, "read failed at byte %zu of %zu", got, n);
+        else got += (size_t)r;
+    }
+    close(fd);
+    if (s) return s;
+    const uint8_t *b = pc->file;
+    const uint64_t raw = get64(b + 56), comp = get64(b + 64);
+    if (memcmp(b, TN_PC_MAGIC, 4)) return tn_err(TERN_ERR_FORMAT, "bad magic");
+    if (get32(b + 4) != TN_PC_VERSION) return tn_err(TERN_ERR_FORMAT, "format version %u (this tern reads %d)", get32(b + 4), TN_PC_VERSION);
+    if (comp != n - TN_PC_HDR - 4) return tn_err(TERN_ERR_FORMAT, "payload of %llu bytes in a file of %zu (truncated?)", (unsigned long long)comp, n);
+    if (get32(b + n - 4) != crc32_ieee(b, n - 4)) return tn_err(TERN_ERR_FORMAT, "CRC-32 mismatch");
+    if (get64(b + 8) != pc->fp) return tn_err(TERN_ERR_FORMAT, "fingerprint %016llx is another model's", (unsigned long long)get64(b + 8));
+    if (get32(b + 16) != TN_PC_ROW_F16 || get32(b + 20) != (uint32_t)pc->q || get32(b + 24) != (uint32_t)pc->n_layer ||
+        get32(b + 28) != (uint32_t)pc->kv_dim || get32(b + 32) != TN_PC_NTOK)
+        return tn_err(TERN_ERR_FORMAT, "row type, quality or dimensions differ");
+    if (get32(b + 36) != bi || get64(b + 40) != h || get64(b + 48) != h2) return tn_err(TERN_ERR_FORMAT, "block index or prefix hashes differ");
+    for (int t = 0; t < TN_PC_NTOK; t++)
+        if ((tern_token)get32(b + 72 + 4 * t) != toks[t]) return tn_err(TERN_ERR_FORMAT, "token %d differs", t);
+    if (raw > pc->raw_cap) return tn_err(TERN_ERR_FORMAT, "raw size %llu > %zu", (unsigned long long)raw, pc->raw_cap);
+#ifdef TERN_HAVE_ZSTD
+    size_t r = ZSTD_decompress(pc->raw, pc->raw_cap, b + TN_PC_HDR, (size_t)comp);
+    if (ZSTD_isError(r)) return tn_err(TERN_ERR_FORMAT, "zstd: %s", ZSTD_getErrorName(r));
+    if (r != raw) return tn_err(TERN_ERR_FORMAT, "payload decompressed to %zu bytes, header says %llu", r, (unsigned long long)raw);
+#endif
+    *raw_n = (size_t)raw;
+    *file_n = n;
+    return TERN_OK;
+}
+
+/* Decodes pc->raw into rows bi*16.. of every layer of c. */
+static tern_status unpack_block(tn_pcache *pc, tern_ctx *c, int32_t bi, size_t raw_n) {
+    size_t off = 0;
+    const size_t pb = (size_t)TN_PC_NTOK * (size_t)pc->kv_dim;
+    for (int32_t il = 0; il < pc->n_layer; il++)
+        for (int kv = 0; kv < 2; kv++) {
+            size_t used;
+            tern_status s = tn_pc_plane_decode(pc->raw + off, raw_n - off, pc->kv_dim, pc->plane, &used);
+            if (s) return s;
+            off += used;
+            tn_fp16 *dst = (kv ? c->v_cache : c->k_cache) + c->kv_off[il] + (int64_t)bi * TN_PC_NTOK * pc->kv_dim;
+            memcpy(dst, pc->plane, pb * sizeof(tn_fp16));
+        }
+    if (off != raw_n) return tn_err(TERN_ERR_FORMAT, "%zu bytes after the last plane", raw_n - off);
+    return TERN_OK;
+}
+
+/* Reads block bi of a chain (h, h2: the hashes up to and including it; toks its tokens) into
+ * cache block dst of c. NOT_FOUND when absent (silent); a bad file is counted, warned about
+ * and FORMAT. *file_n: its size. */
+static tern_status load_one(tn_pcache *pc, tern_ctx *c, int32_t bi, uint64_t h, uint64_t h2, const tern_token *tk, int32_t dst,
+                            uint64_t *file_n) {
+    char *path = block_path(pc, h);
+    if (!path) return TERN_ERR_NOMEM;
+    size_t raw_n = 0;
+    tern_status s = read_block(pc, path, (uint32_t)bi, h, h2, tk, &raw_n, file_n);
+    if (!s) s = unpack_block(pc, c, dst, raw_n);
+    if (s && s != TERN_ERR_NOT_FOUND) {
+        tn_log(TERN_LOG_WARN, "prompt cache: skipping %s: %s (recomputing from position %d)", path, tern_last_error(),
+               bi * TN_PC_NTOK);
+        pc->st.blocks_skipped++;
+    }
+    if (!s) {
+        (void)utimensat(AT_FDCWD, path, NULL, 0); /* LRU: used now */
+        pc->st.blocks_loaded++;
+        pc->st.bytes_loaded += *file_n;
+    }
+    tn_free(path);
+    return s;
+}
+
+tern_status tn_pcache_load_block(tn_pcache *pc, tern_ctx *c, int32_t bi, tn_pc_chain chain, const tern_token *toks, int32_t dst) {
+    uint64_t file_n = 0;
+    const double t0 = now_s();
+    tern_status s = load_one(pc, c, bi, chain.h, chain.h2, toks, dst, &file_n);
+    pc->st.load_s += now_s() - t0;
+    return s;
+}
+
+void tn_pc_chain_next(tn_pc_chain *ch, const tern_token *toks) {
+    ch->h = tn_tok_hash(0, ch->h, toks);
+    ch->h2 = tn_tok_hash(1, ch->h2, toks);
+}
+
+tern_status tn_pcache_load(tn_pcache *pc, tern_ctx *c, const tern_token *hist, int32_t n, double prefill_tok_s,
+                           int32_t *n_loaded) {
+    *n_loaded = 0;
+    pc->decision[0] = 0;
+    tern_status s = tn_pcache_usable(pc, c);
+    if (s) return s;
+    if (c->n_past % TN_PC_NTOK || n <= c->n_past) return TERN_OK;
+    const int32_t b0 = c->n_past / TN_PC_NTOK, b_end = TN_MIN(n - 1, c->n_ctx) / TN_PC_NTOK; /* leave one token */
+    tn_pc_chain ch = {0, 0};
+    for (int32_t b = 0; b < b0; b++) tn_pc_chain_next(&ch, hist + b * TN_PC_NTOK);
+    const double t0 = now_s();
+    for (int32_t b = b0; b < b_end; b++) {
+        const tern_token *tk = hist + (size_t)b * TN_PC_NTOK;
+        tn_pc_chain_next(&ch, tk);
+        const double tb = now_s();
+        uint64_t file_n = 0;
+        if (load_one(pc, c, b, ch.h, ch.h2, tk, b, &file_n)) break;
+        c->n_past = (b + 1) * TN_PC_NTOK;
+        c->n_logits = 0;
+        *n_loaded += TN_PC_NTOK;
+        if (b == b0) { /* cost model: this block's load time per token against prefill's */
+            const double load_tok = (now_s() - tb) / TN_PC_NTOK, comp_tok = prefill_tok_s > 0 ? 1.0 / prefill_tok_s : 0;
+            const bool go = !(comp_tok > 0 && load_tok > comp_tok);
+            snprintf(pc->decision, sizeof pc->decision,
+                     "prompt cache: load %.3f ms/token (%llu bytes/block) vs prefill %s%.3f ms/token: %s", load_tok * 1e3,
+                     (unsigned long long)file_n, comp_tok > 0 ? "" : "unknown, assumed ", comp_tok * 1e3,
+                     go ? "loading cached blocks" : "recomputing (cheaper)");
+            if (!go) break;
+        }
+    }
+    pc->st.load_s += now_s() - t0;
+    return TERN_OK;
+}
+
+#ifdef TERN_HAVE_ZSTD
+/* Writes one file atomically; returns 0 or an errno. TERN_PCACHE_TEST_PAUSE_MS (tests): sleep
+ * with half of the temp file written (a kill -9 leaves it). */
+static int write_atomic(tn_pcache *pc, const char *path, const uint8_t *data, size_t n) {
+    char *tmp = str_printf("%s.tmp.%ld.%u", path, (long)getpid(), pc->tmp_seq++);
+    if (!tmp) return ENOMEM;
+    int err = 0, fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) err = errno;
+    const char *pause = getenv("TERN_PCACHE_TEST_PAUSE_MS");
+    for (size_t w = 0; !err && w < n;) {
+        size_t part = n - w;
+        if (pause && w == 0) part = n / 2;
+        ssize_t r = write(fd, data + w, part);
+        if (r < 0) err = errno;
+        else if (r == 0) err = EIO;
+        else w += (size_t)r;
+        if (pause && w == n / 2 && !err) usleep((useconds_t)atoi(pause) * 1000u), pause = NULL;
+    }
+    if (!err && fsync(fd)) err = errno;
+    if (fd >= 0 && close(fd) && !err) err = errno;
+    if (!err && rename(tmp, path)) err = errno;
+    if (err) (void)unlink(tmp);
+    else {
+        int dfd = open(pc->sub, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd >= 0) (void)fsync(dfd), close(dfd);
+    }
+    tn_free(tmp);
+    return err;
+}
+
+/* Writes block bi (chain hashes h, h2, tokens tk) from cache block src of c unless its file
+ * exists. true when a file was written. */
+static bool store_one(tn_pcache *pc, const tern_ctx *c, int32_t bi, uint64_t h, uint64_t h2, const tern_token *tk, int32_t src) {
+    if (pc->st.store_off) return false;
+    char *path = block_path(pc, h);
+    if (!path) return false;
+    if (!access(path, F_OK)) { /* on disk already (a bad one ages out through the LRU bound) */
+        tn_free(path);
+        return false;
+    }
+    size_t raw = 0;
+    for (int32_t il = 0; il < pc->n_layer; il++)
+        for (int kv = 0; kv < 2; kv++) {
+            const tn_fp16 *x = (kv ? c->v_cache : c->k_cache) + c->kv_off[il] + (int64_t)src * TN_PC_NTOK * pc->kv_dim;
+            const size_t k = tn_pc_plane_encode(pc->q, il, pc->n_layer, x, pc->kv_dim, pc->raw + raw);
+            if (!k) { /* out of memory: this block is not stored */
+                tn_free(path);
+                return false;
+            }
+            raw += k;
+        }
+    uint8_t *f = pc->file;
+    size_t comp = ZSTD_compress(f + TN_PC_HDR, pc->file_cap - TN_PC_HDR - 4, pc->raw, raw, TN_PC_ZLEVEL);
+    if (ZSTD_isError(comp)) {
+        tn_log(TERN_LOG_WARN, "prompt cache: zstd: %s (block not stored)", ZSTD_getErrorName(comp));
+        tn_free(path);
+        return false;
+    }
+    memcpy(f, TN_PC_MAGIC, 4);
+    put32(f + 4, TN_PC_VERSION);
+    put64(f + 8, pc->fp);
+    put32(f + 16, TN_PC_ROW_F16);
+    put32(f + 20, (uint32_t)pc->q);
+    put32(f + 24, (uint32_t)pc->n_layer);
+    put32(f + 28, (uint32_t)pc->kv_dim);
+    put32(f + 32, TN_PC_NTOK);
+    put32(f + 36, (uint32_t)bi);
+    put64(f + 40, h);
+    put64(f + 48, h2);
+    put64(f + 56, raw);
+    put64(f + 64, comp);
+    for (int t = 0; t < TN_PC_NTOK; t++) put32(f + 72 + 4 * t, (uint32_t)tk[t]);
+    const size_t fn = TN_PC_HDR + comp;
+    put32(f + fn, crc32_ieee(f, fn));
+    const int err = write_atomic(pc, path, f, fn + 4);
+    bool ok = false;
+    if (err == ENOSPC || err == EDQUOT) {
+        tn_log(TERN_LOG_WARN, "prompt cache: %s: %s; no more blocks are stored in this run", pc->sub, strerror(err));
+        pc->st.store_off = true;
+    } else if (err) {
+        if (!pc->warned_io) tn_log(TERN_LOG_WARN, "prompt cache: writing %s: %s (block not stored)", path, strerror(err));
+        pc->warned_io = true;
+    } else {
+        pc->st.blocks_stored++;
+        pc->st.bytes_stored += fn + 4;
+        pc->total += fn + 4;
+        ok = true;
+    }
+    tn_free(path);
+    return ok;
+}
+#endif
+
+tern_status tn_pcache_store_block(tn_pcache *pc, const tern_ctx *c, int32_t bi, tn_pc_chain chain, const tern_token *toks,
+                                  int32_t src) {
+#ifdef TERN_HAVE_ZSTD
+    const double t0 = now_s();
+    if (store_one(pc, c, bi, chain.h, chain.h2, toks, src) && pc->max_bytes && pc->total > pc->max_bytes) scan_dir(pc, true);
+    pc->st.store_s += now_s() - t0;
+#else
+    (void)pc, (void)c, (void)bi, (void)chain, (void)toks, (void)src;
+#endif
+    return TERN_OK;
+}
+
+tern_status tn_pcache_store(tn_pcache *pc, const tern_ctx *c, const tern_token *hist, int32_t n) {
+    tern_status s = tn_pcache_usable(pc, c);
+    if (s) return s;
+#ifdef TERN_HAVE_ZSTD
+    const int32_t nb = TN_MIN(n, c->n_past) / TN_PC_NTOK;
+    const double t0 = now_s();
+    tn_pc_chain ch = {0, 0};
+    bool wrote = false;
+    for (int32_t b = 0; b < nb && !pc->st.store_off; b++) {
+        const tern_token *tk = hist + (size_t)b * TN_PC_NTOK;
+        tn_pc_chain_next(&ch, tk);
+        wrote |= store_one(pc, c, b, ch.h, ch.h2, tk, b);
+    }
+    if (wrote && pc->max_bytes && pc->total > pc->max_bytes) scan_dir(pc, true);
+    pc->st.store_s += now_s() - t0;
+#else
+    (void)hist, (void)n;
+#endif
+    return TERN_OK;
+}
+
+double tn_pcache_prefill_speed(const tn_pcache *pc) {
+    char *p = str_printf("%s/prefill-speed", pc->sub);
+    FILE *f = p ? fopen(p, "r") : NULL;
+    double v = 0;
+    if (f && fscanf(f, "%lf", &v) != 1) v = 0;
+    if (f) fclose(f);
+    tn_free(p);
+    return isfinite(v) && v > 0 ? v : 0;
+}
+
+void tn_pcache_note_prefill(tn_pcache *pc, int32_t n_tokens, double seconds) {
+    if (n_tokens < TN_PC_NTOK || !(seconds > 0) || pc->st.store_off) return;
+    char *p = str_printf("%s/prefill-speed", pc->sub);
+    tn_wfile w;
+    if (p && !tn_wfile_open(p, &w)) {
+        char line[64];
+        int k = snprintf(line, sizeof line, "%.3f\n", n_tokens / seconds);
+        tn_wfile_write(&w, line, (size_t)k);
+        (void)tn_wfile_commit(&w);
+    }
+    tn_free(p);
+}

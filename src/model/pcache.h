@@ -1,0 +1,114 @@
+/*
+ * pcache.h — the prompt cache on disk: KV blocks of TN_KV_BLOCK (16) positions, every layer's K
+ * and V, compressed and stored one file per block, so that a later run (or a restarted program)
+ * loads a prompt prefix it has seen instead of recomputing it.
+ *
+ * Key: the chained hash of the block's tokens and every earlier block's (tn_tok_hash, the hash the
+ * serve prefix cache chains) in a directory named after the model fingerprint (a hash of the
+ * GGUF's bytes: metadata, shapes and tensor data, mixed with the KV row type, the codec and the
+ * format version), so other models, cache types and formats never collide.
+ *
+ * Codec (CacheGen's idea, per layer and per channel over the block's 16 tokens): values are
+ * turned into integers, differenced between neighbouring tokens, zigzagged and split into a low-
+ * and a high-byte plane, then the whole block goes through zstd. Per plane (one layer's K or V)
+ * the encoder keeps the deltas or the raw values, whichever has the smaller byte entropy (on
+ * small models neighbouring tokens' K/V are often less alike than CacheGen found on large ones).
+ *  - lossless: the integer is the f16 bit pattern mapped to an order-preserving code (raw: the
+ *    f16 bits); decoding gives the same bits.
+ *  - high / medium (lossy): per channel a step s = maxabs / bins rounded up to an f16, integers
+ *    c = round(x / s); decoded x' = f16(c * s), so |x - x'| <= s / 2 plus f16 rounding of x'.
+ *    bins (tn_pc_bins) is 127 (high) or 15 (medium) and doubles on the first third of the layers
+ *    (their errors travel through more of the network). A plane holding a non-finite value is
+ *    stored losslessly.
+ *
+ * File (little-endian): header (TN_PC_HDR bytes, see pcache.c), the block's 16 token ids, the
+ * zstd payload, a CRC-32 of everything before it. Files are written to a temp name and renamed
+ * (fsync'd); a reader verifies size, CRC, magic, version, fingerprint, dimensions, both prefix
+ * hashes and the tokens before using a file; anything wrong is skipped with a warning (tn_log)
+ * and the tokens are recomputed. The directory is bounded (max_bytes, LRU by mtime: a load
+ * touches its files). A full disk (ENOSPC, EDQUOT) turns storing off with one warning.
+ *
+ * Works on a contiguous CPU context without a sliding-window ring (tern generate, tern chat);
+ * tn_pcache_usable says why not otherwise. Built without libzstd (TERN_HAVE_ZSTD undefined),
+ * tn_pcache_open returns TERN_ERR_UNSUPPORTED. Not thread-safe: one tn_pcache per thread; several
+ * processes may share a directory (each file is written whole by rename).
+ */
+#ifndef TN_MODEL_PCACHE_H
+#define TN_MODEL_PCACHE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/fp16.h"
+#include "tern/tern.h"
+
+#define TN_PC_VERSION 1
+#define TN_PC_ROW_F16 1 /* KV row type of the stored block: f16 rows (the only one so far)     */
+#define TN_PC_NTOK 16   /* == TN_KV_BLOCK                                                     */
+
+typedef enum tn_pc_quality { TN_PC_LOSSLESS = 0, TN_PC_HIGH = 1, TN_PC_MEDIUM = 2 } tn_pc_quality;
+
+/* Chained hash of one block of 16 tokens under a parent hash (0 for the first block); seed
+ * selects one of independent chains (the serve prefix cache and the file key use seed 0). */
+uint64_t tn_tok_hash(uint64_t seed, uint64_t parent_hash, const tern_token *toks);
+
+/* ---- codec of one plane: [16][kv_dim] f16 values (one layer's K or V of a block) ---------- */
+/* Quantization bins of layer il for a lossy quality (0 for lossless). */
+int32_t tn_pc_bins(tn_pc_quality q, int32_t il, int32_t n_layer);
+/* Largest encoded size of a plane. */
+size_t tn_pc_plane_max(int64_t kv_dim);
+/* Encodes x[16][kv_dim] into out (tn_pc_plane_max bytes of room); returns the bytes written. */
+size_t tn_pc_plane_encode(tn_pc_quality q, int32_t il, int32_t n_layer, const tn_fp16 *x, int64_t kv_dim, uint8_t *out);
+/* Decodes a plane from in[0..n) into x[16][kv_dim]; *used gets the bytes read. FORMAT when the
+ * bytes are not a plane of this size. */
+tern_status tn_pc_plane_decode(const uint8_t *in, size_t n, int64_t kv_dim, tn_fp16 *x, size_t *used);
+
+/* ---- the cache -------------------------------------------------------------------------- */
+typedef struct tn_pcache tn_pcache;
+
+typedef struct tn_pcache_stats {
+    int64_t blocks_loaded, blocks_stored, blocks_skipped; /* skipped: files found bad       */
+    int64_t blocks_evicted;
+    uint64_t bytes_loaded, bytes_stored;                  /* on disk (file sizes)          */
+    double load_s, store_s;                               /* time spent reading / writing  */
+    bool store_off;                                       /* a full disk stopped storing    */
+    uint64_t f16_bytes_per_token;                         /* K and V of every layer in f16   */
+} tn_pcache_stats;
+
+/* Opens (creates) dir and the model's subdirectory; max_bytes 0 = unbounded. Hashes the model's
+ * GGUF (its bytes are read once). Statuses: UNSUPPORTED (built without zstd), IO (dir). */
+tern_status tn_pcache_open(const tern_model *m, const char *dir, uint64_t max_bytes, tn_pc_quality q, tn_pcache **out);
+void tn_pcache_free(tn_pcache *pc);
+/* The model subdirectory (for messages and tests). */
+const char *tn_pcache_subdir(const tn_pcache *pc);
+/* TERN_OK when c can use the cache, else UNSUPPORTED naming the reason. */
+tern_status tn_pcache_usable(const tn_pcache *pc, const tern_ctx *c);
+/* Loads cached blocks of hist[0..n) into c, starting at the block at c's n_past (which must be
+ * a multiple of 16; otherwise nothing is loaded), up to the last whole block that leaves at
+ * least one token of hist to compute (its logits are needed). Stops at the first missing or bad
+ * block, or when the cost model says recomputing the rest is cheaper (prefill_tok_s: measured
+ * prefill speed, 0 = unknown: load). Advances c's n_past; *n_loaded = tokens loaded. */
+tern_status tn_pcache_load(tn_pcache *pc, tern_ctx *c, const tern_token *hist, int32_t n, double prefill_tok_s,
+                           int32_t *n_loaded);
+/* Stores every whole block of hist[0..min(n, n_past)) that is not on disk yet. Failures are
+ * warnings (storing is never fatal): returns TERN_OK unless the arguments are wrong. */
+tern_status tn_pcache_store(tn_pcache *pc, const tern_ctx *c, const tern_token *hist, int32_t n);
+/* A paged cache (tern serve): the chain of hashes up to and including a block, advanced block by
+ * block from {0, 0}; loading block bi of a prompt into cache block dst (NOT_FOUND: absent, FORMAT:
+ * bad, warned and counted) and storing block bi from cache block src (unless on disk; failures
+ * are warnings). The caller has checked tn_pcache_usable. */
+typedef struct tn_pc_chain {
+    uint64_t h, h2;
+} tn_pc_chain;
+void tn_pc_chain_next(tn_pc_chain *ch, const tern_token *toks);
+tern_status tn_pcache_load_block(tn_pcache *pc, tern_ctx *c, int32_t bi, tn_pc_chain chain, const tern_token *toks, int32_t dst);
+tern_status tn_pcache_store_block(tn_pcache *pc, const tern_ctx *c, int32_t bi, tn_pc_chain chain, const tern_token *toks,
+                                  int32_t src);
+/* Prefill speed remembered in the model subdirectory by tn_pcache_note_prefill (0: none yet). */
+double tn_pcache_prefill_speed(const tn_pcache *pc);
+void tn_pcache_note_prefill(tn_pcache *pc, int32_t n_tokens, double seconds);
+/* A line about the last load decision (cost model), for -v. */
+const char *tn_pcache_decision(const tn_pcache *pc);
+const tn_pcache_stats *tn_pcache_get_stats(const tn_pcache *pc);
+
+#endif
