@@ -84,6 +84,7 @@ typedef struct {
     int64_t n_prompt, n_gen, reps, threads, n_batch;
     bool no_repack;
     int32_t device, ngl; /* --device cuda: the GPU's peaks replace the CPU's (gpu_peaks) */
+    int32_t type_k, type_v; /* -ctk, -ctv (0: f16) */
 } bench_opts;
 
 /* --device cuda: the card's copy bandwidth (read + write, own kernel) and fp16 cuBLAS peak */
@@ -198,6 +199,7 @@ static int bench_model(const char *path, const bench_opts *o, const peaks *pk, b
     cp.n_batch = (int32_t)o->n_batch;
     cp.device = o->device;
     cp.n_gpu_layers = o->ngl;
+    cp.type_k = o->type_k, cp.type_v = o->type_v;
     tern_ctx *c = NULL;
     if ((s = tern_ctx_create(m, &cp, &c))) {
         tern_model_free(m);
@@ -594,6 +596,7 @@ static int bench_spec(const char *path, const bench_opts *o, tn_cli_spec *spec, 
     cp.n_ctx = np + n_gen + (int32_t)spec->kmax + 2;
     cp.n_batch = (int32_t)TN_MAX(o->n_batch, spec->kmax + 1);
     if (o->threads) cp.n_threads = (int32_t)o->threads;
+    cp.type_k = o->type_k, cp.type_v = o->type_v;
     tern_sampler_params sp;
     tern_sampler_params_init(&sp);
     sp.temp = 0.0f;
@@ -671,12 +674,13 @@ int cmd_bench(int argc, char **argv) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: tern bench -m model.gguf [-p 512] [-n 128] [-r 5] [-t N] [-b 512] [-o md|json] [--no-roofline]\n"
-                   "       [--no-repack] [--device cpu|cuda] [-ngl N]\n"
+                   "       [--no-repack] [--device cpu|cuda] [-ngl N] [-ctk T] [-ctv T]\n"
                    "       tern bench --sweep-bits -m model-f16.gguf [--group 64] [--sym] [-n 128] [-p 0] ...\n"
                    "       tern bench -m model.gguf --spec ngram | --draft small.gguf [--draft-max 8] [--spec-prompt FILE] [-n 128] [-r 5]\n"
                    "  -p N  prompt tokens (pp test; 0 = skip)   -n N  generated tokens (tg test; 0 = skip)\n"
                    "  -r N  repetitions                           -o    output format\n"
                    "  --no-repack   keep q4_0/q8_0/tq4/tq1 weights in the file layout (default: interleaved at load)\n"
+                   TN_CLI_CACHE_TYPE_HELP
                    "  --sweep-bits  quantize an f16/f32 model to tq1..tq8 (g<group>, asymmetric unless --sym) in a\n"
                    "                temporary directory and bench each width (pp skipped unless -p is given)\n");
             return 0;
@@ -707,7 +711,8 @@ int cmd_bench(int argc, char **argv) {
             if (dv < 0) return TN_EXIT_USAGE;
             continue;
         }
-        else if ((dv = tn_cli_device_flag(argc, argv, &i, &o.device, &o.ngl)) != 0) {
+        else if ((dv = tn_cli_device_flag(argc, argv, &i, &o.device, &o.ngl)) != 0 ||
+                 (dv = tn_cli_cache_type_flag(argc, argv, &i, &o.type_k, &o.type_v)) != 0) {
             if (dv < 0) return TN_EXIT_USAGE;
             continue;
         } else return tn_cli_usage_error("unknown option or missing value '%s'", a);

@@ -45,6 +45,7 @@ static void chat_usage(FILE *f) {
             "      --no-mmap           read the model into memory instead of mapping it\n"
             "      --no-repack         keep q4_0/q8_0/tq4/tq1 weights in the file layout\n"
             "      --device cpu|cuda   run on the CPU (default) or an NVIDIA GPU; -ngl N: layers on the GPU\n"
+            TN_CLI_CACHE_TYPE_HELP
             "In the conversation: a line ending in '\\' continues on the next line; /reset clears the\n"
             "conversation, /exit (or Ctrl-D) quits; Ctrl-C stops an answer, at the prompt it quits.\n");
 }
