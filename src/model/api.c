@@ -168,10 +168,10 @@ static tern_status tn_ctx_create_impl(const tern_model *m, const tern_ctx_params
         if (!tname) return tn_err(TERN_ERR_INVALID_ARG, "KV cache type of %s: %d is not f16, q8_0 or q4_0", kv, types[i]);
         const tn_dtype_traits *tr = tn_dtype_get((uint32_t)types[i]);
         if (hp->head_dim % tr->blck_size)
-            return tn_err(TERN_ERR_INVALID_ARG, "a %s cache of %s needs a head size that is a multiple of %lld; this model's is %d",
-                          tname, kv, (long long)tr->blck_size, hp->head_dim);
+            return tn_err(TERN_ERR_INVALID_ARG, "%s cache type %s needs a head size that is a multiple of %lld; this model's is %d",
+                          kv, tname, (long long)tr->blck_size, hp->head_dim);
         if (types[i] != TERN_KV_F16 && p.device != TERN_DEVICE_CPU)
-            return tn_err(TERN_ERR_UNSUPPORTED, "a %s cache of %s runs on the CPU only (the CUDA backend keeps f16 K/V)", tname, kv);
+            return tn_err(TERN_ERR_UNSUPPORTED, "%s cache type %s runs on the CPU only (the CUDA backend keeps f16 K/V)", kv, tname);
         rb[i] = (size_t)(kv_dim / tr->blck_size) * tr->type_size;
     }
     /* KV cache: kv_rows per global layer; a sliding-window layer keeps a ring of its window plus

@@ -42,7 +42,7 @@ for arch in ("qwen3", "gemma3"):
         for p in PROMPTS:
             ref[p], err = generate(model, p, ct)
         check(f"K {ct}, V {ct}" in err, f"{arch} {ct}: generate reports the cache types ({err.strip().splitlines()[0]})")
-        srv = Server(tern, model, os.path.join(tmp, f"{arch}-{ct}"), "-np", "4", "-b", "16", "-c", "1024",
+        srv = Server(tern, model, os.path.join(tmp, f"{arch}-{ct}"), "-np", "4", "-b", "16", "-c", "1024", "--metrics",
                      "-ctk", ct, "--cache-type-v", ct)
         try:
             for rnd in ("cold", "prefix-cached"):
@@ -61,11 +61,11 @@ for arch in ("qwen3", "gemma3"):
         log = open(os.path.join(tmp, f"{arch}-{ct}", "serve.log")).read()
         check(f"(K {ct}, V {ct})" in log, f"{arch} {ct}: serve reports the cache types")
 
-# KV bytes (-c 64: 64 rows a layer): f16 rows 2 bytes a value, q8_0 34 bytes per 32, q4_0 18 per 32
+# KV bytes (-c 32768, ~16 MiB in f16, printed to 0.1 MiB): f16 rows 2 bytes a value, q8_0 34 bytes per 32, q4_0 18 per 32
 model = os.path.join(tmp, "qwen3.gguf")
 mib = {}
 for ct in ("f16", "q8_0", "q4_0"):
-    r = run(["generate", "-m", model, "-p", "hi", "-n", "1", "-c", "64", "-t", "1", "-ctk", ct, "-ctv", ct])
+    r = run(["generate", "-m", model, "-p", "hi", "-n", "1", "-c", "32768", "-t", "1", "-ctk", ct, "-ctv", ct])
     m = re.search(r"KV ([0-9.]+) MiB", r.stderr.decode())
     mib[ct] = float(m.group(1)) if m else -1
 check(abs(mib["q8_0"] / mib["f16"] - 34 / 64) < 0.02 and abs(mib["q4_0"] / mib["f16"] - 18 / 64) < 0.02,
