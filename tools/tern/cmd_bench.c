@@ -663,7 +663,7 @@ out:
 
 int cmd_bench(int argc, char **argv) {
     const char *model_path = NULL, *fmt = "md";
-    bench_opts o = {512, 128, 5, 0, 512, false, TERN_DEVICE_CPU, -1};
+    bench_opts o = {512, 128, 5, 0, 512, false, TERN_DEVICE_CPU, -1, 0, 0};
     int dv;
     bool roofline = true, sweep = false, sweep_asym = true, np_set = false;
     int64_t group = 64;
