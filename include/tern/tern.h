@@ -130,9 +130,19 @@ typedef struct tern_ctx_params {
     bool swa_full;       /* sliding-window layers (Gemma 2/3) keep every position, as global layers
                             do; false (default): only their window plus one batch, as a ring, so
                             the cache grows with the global layers only (see tern_ctx_truncate) */
+    int32_t type_k;      /* element type of the cached K rows: TERN_KV_F16 (0 also means f16, the
+                            default), TERN_KV_Q8_0 or TERN_KV_Q4_0 (ggml's block layouts, 32 values a
+                            block: the model's head size must be a multiple of 32); CPU only      */
+    int32_t type_v;      /* the same for the cached V rows                                        */
 } tern_ctx_params;
 
 enum { TERN_DEVICE_CPU = 0, TERN_DEVICE_CUDA = 1 };
+/* KV cache types (tern_ctx_params type_k / type_v): ggml's type ids. */
+enum { TERN_KV_F16 = 1, TERN_KV_Q4_0 = 2, TERN_KV_Q8_0 = 8 };
+/* "f16", "q8_0" or "q4_0" for a KV cache type, NULL for any other value. */
+TERN_API const char *tern_kv_type_name(int32_t type);
+/* The KV cache type called name ("f16", "q8_0", "q4_0", any case); -1 if none. */
+TERN_API int32_t tern_kv_type_from_name(const char *name);
 
 TERN_API void tern_ctx_params_init(tern_ctx_params *p);
 TERN_API tern_status tern_ctx_create(const tern_model *m, const tern_ctx_params *p, tern_ctx **out);
@@ -140,6 +150,9 @@ TERN_API void tern_ctx_free(tern_ctx *c);
 TERN_API int32_t tern_ctx_n_ctx(const tern_ctx *c);
 /* Bytes of the context's KV cache (K and V of every layer, host memory). */
 TERN_API uint64_t tern_ctx_kv_bytes(const tern_ctx *c);
+/* The context's KV cache types (TERN_KV_*), as created. */
+TERN_API int32_t tern_ctx_type_k(const tern_ctx *c);
+TERN_API int32_t tern_ctx_type_v(const tern_ctx *c);
 /* Number of tokens currently in the KV cache (the next position). */
 TERN_API int32_t tern_ctx_n_past(const tern_ctx *c);
 /* Drops KV entries at positions >= n_past (0 clears). On a model with sliding-window layers and

@@ -399,6 +399,9 @@ static int64_t ints_needed(const tern_ctx *c, int64_t tbl) { return 4 * (int64_t
 
 tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
     *out = NULL;
+    if (c->type_k != TN_F16 || c->type_v != TN_F16) /* its kernels read f16 K/V rows only */
+        return tn_err(TERN_ERR_UNSUPPORTED, "cuda: the KV cache must be f16 (K %s, V %s asked): use the CPU for quantized caches",
+                      tn_dtype_name((uint32_t)c->type_k), tn_dtype_name((uint32_t)c->type_v));
     const char *why = NULL;
     if (tn_cuda_device_count(&why) < 1) return tn_err(TERN_ERR_UNSUPPORTED, "cuda: no usable device (%s)", why);
     const tern_model *m = c->model;

@@ -63,6 +63,20 @@ typedef void (*tn_attn_softcap_fn)(int64_t hd, int64_t T, int64_t nh, int64_t re
                                    const uint16_t *V, int64_t ldkv, const int32_t *blocks, int64_t block_rows,
                                    float scale, float cap, bool acc16, float *out, float *scratch);
 
+/* tn_attn_fn over a cache whose K rows are of type tk and V rows of type tv (each TN_F16, TN_Q8_0
+ * or TN_Q4_0; hd % 32 == 0 for the quantized ones), k_rb / v_rb bytes apart; K and V point at the
+ * first kv head's first block, kv head g is hd values (whole blocks) further. The quantized rows
+ * are read directly, in llama.cpp's flash-attention arithmetic for such caches:
+ *   K quantized: q is quantized to q8_0 (the table's q8_0 activation quantizer, ggml's from_float
+ *     of the vec_dot type) and s_t = scale * vec_dot(K_t, q8(q)) (q4_0 x q8_0 or q8_0 x q8_0);
+ *     K f16: as tn_attn_fn (q rounded to f16 with acc16);
+ *   V quantized: the V accumulator is f32 whatever acc16 (acc += v_t * w, v_t dequantized);
+ *     V f16: as tn_attn_fn (f16 accumulator with acc16).
+ * cap > 0 soft-caps the scores as tn_attn_softcap_fn does; cap == 0: none. scratch as tn_attn_fn. */
+typedef void (*tn_attn_q_fn)(int64_t hd, int64_t T, int64_t nh, int64_t rep, const float *q, int32_t tk,
+                             const void *K, size_t k_rb, int32_t tv, const void *V, size_t v_rb, const int32_t *blocks,
+                             int64_t block_rows, float scale, float cap, bool acc16, float *out, float *scratch);
+
 /* Row of position t in a (possibly paged) cache; see tn_attn_fn. */
 static inline int64_t tn_kv_row(const int32_t *blocks, int64_t block_rows, int64_t t) {
     return blocks ? (int64_t)blocks[t / block_rows] * block_rows + t % block_rows : t;
@@ -88,6 +102,8 @@ typedef struct tn_kern_table {
     tn_attn_fn attn;
     tn_isa attn_isa;
     tn_attn_softcap_fn attn_softcap;
+    tn_attn_q_fn attn_q; /* a quantized KV cache (either of K, V not f16) */
+    tn_isa attn_q_isa;
     tn_swiglu_fn swiglu;
     tn_isa swiglu_isa;
     tn_geglu_fn geglu;
@@ -111,6 +127,8 @@ void tn_kern_register_avx512(tn_kern_table *t);
 void tn_kern_register_attn_scalar(tn_kern_table *t);
 void tn_kern_register_attn_avx2(tn_kern_table *t);
 void tn_kern_register_attn_avx512(tn_kern_table *t);
+/* Attention over a quantized KV cache (src/kern/avx512/attn_q.c); AVX2 keeps the reference. */
+void tn_kern_register_attn_q_avx512(tn_kern_table *t);
 
 /* tern any-bit (tq) kernels (src/kern/<isa>/tq.c); called after the ISA's main filler. */
 void tn_kern_register_tq_scalar(tn_kern_table *t);

@@ -31,6 +31,7 @@ static void tn_kern_build(void) {
         if (lvl >= TN_ISA_AVX512) {
             tn_kern_register_avx512(t);
             tn_kern_register_attn_avx512(t);
+            tn_kern_register_attn_q_avx512(t);
             tn_kern_register_tq_avx512(t);
             tn_kern_register_gemv_avx512(t);
             tn_kern_register_repack_avx512(t);

@@ -4,6 +4,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "core/trace.h"
 #include "cuda/cuda.h"
@@ -165,9 +166,23 @@ static tern_status tn_ctx_create_impl(const tern_model *m, const tern_ctx_params
 
     const int64_t d = hp->n_embd, kv_dim = (int64_t)hp->n_head_kv * hp->head_dim, nb = p.n_batch, T = p.n_ctx;
     const int64_t qd = tn_hp_q_dim(hp); /* query and attention-output rows */
+    /* KV cache types: f16 (0: the default), q8_0 or q4_0, whose 32-value blocks must not cross a head */
+    const int32_t types[2] = {p.type_k ? p.type_k : TERN_KV_F16, p.type_v ? p.type_v : TERN_KV_F16};
+    size_t rb[2];
+    for (int i = 0; i < 2; i++) {
+        const char *kv = i ? "V" : "K", *tname = tern_kv_type_name(types[i]);
+        if (!tname) return tn_err(TERN_ERR_INVALID_ARG, "KV cache type of %s: %d is not f16, q8_0 or q4_0", kv, types[i]);
+        const tn_dtype_traits *tr = tn_dtype_get((uint32_t)types[i]);
+        if (hp->head_dim % tr->blck_size)
+            return tn_err(TERN_ERR_INVALID_ARG, "%s cache type %s needs a head size that is a multiple of %lld; this model's is %d",
+                          kv, tname, (long long)tr->blck_size, hp->head_dim);
+        if (types[i] != TERN_KV_F16 && p.device != TERN_DEVICE_CPU)
+            return tn_err(TERN_ERR_UNSUPPORTED, "%s cache type %s runs on the CPU only (the CUDA backend keeps f16 K/V)", kv, tname);
+        rb[i] = (size_t)(kv_dim / tr->blck_size) * tr->type_size;
+    }
     /* KV cache: kv_rows per global layer; a sliding-window layer keeps a ring of its window plus
      * one batch (a batch writes all its rows before attending) unless swa_full or the GPU runs
-     * it. Size check before allocating: rows * kv_dim * 2 (K,V) * 2 bytes */
+     * it. Size check before allocating: rows * (K row bytes + V row bytes) */
     const int64_t kv_blocks = (T + TN_KV_BLOCK - 1) / TN_KV_BLOCK, kv_rows = kv_blocks * TN_KV_BLOCK;
     int64_t kv_ring = 0, kv_layer_rows = 0;
     if (hp->n_swa > 0 && !p.swa_full && p.device == TERN_DEVICE_CPU && swa_blocks <= 0)
@@ -176,9 +191,8 @@ static tern_status tn_ctx_create_impl(const tern_model *m, const tern_ctx_params
     if (swa_blocks > 0) kv_ring = (int64_t)swa_blocks * TN_KV_BLOCK; /* the local layers' rows (paged) */
     if (kv_ring >= kv_rows) kv_ring = 0;
     for (int32_t il = 0; il < hp->n_layer; il++) kv_layer_rows += kv_ring && tn_hp_layer_swa(hp, il) ? kv_ring : kv_rows;
-    uint64_t kv_elems, kv_bytes;
-    if (!tn_mul_ok((uint64_t)kv_layer_rows, (uint64_t)kv_dim, &kv_elems) || !tn_mul_ok(kv_elems, 4, &kv_bytes) ||
-        kv_bytes > ((uint64_t)1 << 40))
+    uint64_t kv_bytes;
+    if (!tn_mul_ok((uint64_t)kv_layer_rows, (uint64_t)(rb[0] + rb[1]), &kv_bytes) || kv_bytes > ((uint64_t)1 << 40))
         return tn_err(TERN_ERR_NOMEM, "KV cache for n_ctx %d would need more than 1 TiB", p.n_ctx);
 
     tern_ctx *c = tn_calloc(1, sizeof *c);
@@ -196,17 +210,19 @@ static tern_status tn_ctx_create_impl(const tern_model *m, const tern_ctx_params
     c->kv_ring = swa_blocks > 0 ? 0 : kv_ring;
     c->kv_swa_blocks = swa_blocks > 0 ? swa_blocks : 0;
     c->kv_bytes = kv_bytes;
+    c->type_k = types[0], c->type_v = types[1];
+    c->k_rb = rb[0], c->v_rb = rb[1];
     bool ok = true;
     c->kv_off = tn_ctx_alloc(c, (size_t)hp->n_layer * sizeof(int64_t), &ok);
     for (int64_t il = 0, off = 0; ok && il < hp->n_layer; il++) {
         c->kv_off[il] = off;
-        off += (kv_ring && tn_hp_layer_swa(hp, (int32_t)il) ? kv_ring : kv_rows) * kv_dim;
+        off += kv_ring && tn_hp_layer_swa(hp, (int32_t)il) ? kv_ring : kv_rows;
     }
-    c->k_cache = tn_ctx_alloc(c, kv_elems * sizeof(tn_fp16), &ok);
-    c->v_cache = tn_ctx_alloc(c, kv_elems * sizeof(tn_fp16), &ok);
-    if (ok) { /* zeroed so attention over the cache never reads uninitialised halves */
-        memset(c->k_cache, 0, kv_elems * sizeof(tn_fp16));
-        memset(c->v_cache, 0, kv_elems * sizeof(tn_fp16));
+    c->k_cache = tn_ctx_alloc(c, (size_t)kv_layer_rows * rb[0], &ok);
+    c->v_cache = tn_ctx_alloc(c, (size_t)kv_layer_rows * rb[1], &ok);
+    if (ok) { /* zeroed so attention over the cache never reads uninitialised rows */
+        memset(c->k_cache, 0, (size_t)kv_layer_rows * rb[0]);
+        memset(c->v_cache, 0, (size_t)kv_layer_rows * rb[1]);
     }
     c->x = tn_ctx_alloc(c, (size_t)(nb * d) * sizeof(float), &ok);
     c->xb = tn_ctx_alloc(c, (size_t)(nb * d) * sizeof(float), &ok);
@@ -236,7 +252,7 @@ static tern_status tn_ctx_create_impl(const tern_model *m, const tern_ctx_params
     c->rope_cs = tn_ctx_alloc(c, (size_t)(nb * hp->n_rot) * sizeof(float), &ok);
     if (hp->n_swa > 0) { /* sliding-window layers: their rope table, the window of a paged cache */
         c->rope_cs_swa = tn_ctx_alloc(c, (size_t)(nb * hp->n_rot) * sizeof(float), &ok);
-        c->swa_kv = tn_ctx_alloc(c, (size_t)p.n_threads * 2 * (size_t)TN_MIN(hp->n_swa, T) * (size_t)kv_dim * sizeof(tn_fp16), &ok);
+        c->swa_kv = tn_ctx_alloc(c, (size_t)p.n_threads * (size_t)TN_MIN(hp->n_swa, T) * (rb[0] + rb[1]), &ok);
     }
     /* widest activation row set over every matrix the model multiplies (its row length ne[0]);
      * xq1: the per-thread copies of one token's normed and quantized activations (forward.c) */
@@ -315,6 +331,19 @@ void tern_ctx_free(tern_ctx *c) {
 
 int32_t tern_ctx_n_ctx(const tern_ctx *c) { return c->n_ctx; }
 uint64_t tern_ctx_kv_bytes(const tern_ctx *c) { return c->kv_bytes; }
+int32_t tern_ctx_type_k(const tern_ctx *c) { return c->type_k; }
+int32_t tern_ctx_type_v(const tern_ctx *c) { return c->type_v; }
+
+const char *tern_kv_type_name(int32_t type) {
+    return type == TERN_KV_F16 ? "f16" : type == TERN_KV_Q8_0 ? "q8_0" : type == TERN_KV_Q4_0 ? "q4_0" : NULL;
+}
+
+int32_t tern_kv_type_from_name(const char *name) {
+    static const int32_t types[] = {TERN_KV_F16, TERN_KV_Q8_0, TERN_KV_Q4_0};
+    for (size_t i = 0; name && i < sizeof types / sizeof *types; i++)
+        if (!strcasecmp(name, tern_kv_type_name(types[i]))) return types[i];
+    return -1;
+}
 int32_t tern_ctx_n_past(const tern_ctx *c) { return c->n_past; }
 
 tern_status tern_ctx_truncate(tern_ctx *c, int32_t n_past) {

@@ -19,6 +19,7 @@
 #include "model/blocks.h"
 #include "model/lora.h"
 #include "model/ops.h"
+#include "quant/quant.h"
 
 /* y = x / rms(x) * w  for rows [r0, r1) */
 static void tn_rmsnorm_rows(const float *x, float *y, const float *w, int64_t d, float eps, int64_t r0, int64_t r1) {
@@ -34,16 +35,18 @@ static void tn_rmsnorm_rows(const float *x, float *y, const float *w, int64_t d,
  * L = log sum_t exp(s_t) (ggml_soft_max's sinks, its flash attention's S). L is recomputed here
  * from the same scores (a second pass over the heads' K rows, in double), so every attention
  * kernel serves sink layers unchanged. */
-static void tn_attend_sinks(int32_t hd, int64_t T, int32_t nh, int32_t h0, int32_t rep, const float *q, const tn_fp16 *K,
-                            int32_t kv_dim, const int32_t *blocks, float scale, const float *sinks, float *out) {
+static void tn_attend_sinks(const tern_ctx *c, int32_t hd, int64_t T, int32_t nh, int32_t h0, int32_t rep, const float *q,
+                            const uint8_t *K, size_t k_rb, const int32_t *blocks, float scale, const float *sinks, float *out,
+                            float *kr) {
+    const tn_dtype_traits *tk = tn_dtype_get((uint32_t)c->type_k); /* kr: one K head as floats (any cache type) */
     for (int32_t j = 0; j < nh; j++) {
         const float *qj = q + (int64_t)j * hd;
-        const int64_t kh = (int64_t)((h0 + j) / rep) * hd;
+        const size_t kh = (size_t)((h0 + j) / rep) * (size_t)hd / (size_t)tk->blck_size * tk->type_size;
         double mx = -INFINITY, sum = 0; /* an online log-sum-exp */
         for (int64_t t = 0; t < T; t++) {
-            const tn_fp16 *kr = K + tn_kv_row(blocks, TN_KV_BLOCK, t) * kv_dim + kh;
+            c->kt->slot[c->type_k].to_float(K + (size_t)tn_kv_row(blocks, TN_KV_BLOCK, t) * k_rb + kh, kr, hd);
             double dot = 0;
-            for (int32_t i = 0; i < hd; i++) dot += (double)qj[i] * tn_fp16_to_fp32(kr[i]);
+            for (int32_t i = 0; i < hd; i++) dot += (double)qj[i] * kr[i];
             const double sc = dot * scale;
             if (sc > mx) sum = sum * exp(mx - sc) + 1.0, mx = sc;
             else sum += exp(sc - mx);
@@ -56,35 +59,44 @@ static void tn_attend_sinks(int32_t hd, int64_t T, int32_t nh, int32_t h0, int32
 static void tn_attend(tern_ctx *c, int ith, int32_t il, const int32_t *blocks, int32_t pos, const float *q, int32_t h0,
                       int32_t nh, bool acc16, float *out) {
     const tn_hparams *hp = &c->hp;
-    const int32_t hd = hp->head_dim, kv_dim = hp->n_head_kv * hd, rep = hp->n_head / hp->n_head_kv;
-    const size_t head = (size_t)(h0 / rep) * hd;
-    const tn_fp16 *K = c->k_cache + c->kv_off[il], *V = c->v_cache + c->kv_off[il];
+    const int32_t hd = hp->head_dim, rep = hp->n_head / hp->n_head_kv;
+    const size_t k_rb = c->k_rb, v_rb = c->v_rb;
+    /* byte offset of the first kv head in a row: its first value's block (head_dim % block == 0) */
+    const tn_dtype_traits *tk = tn_dtype_get((uint32_t)c->type_k), *tv = tn_dtype_get((uint32_t)c->type_v);
+    const size_t kh = (size_t)((h0 / rep) * hd / tk->blck_size) * tk->type_size;
+    const size_t vh = (size_t)((h0 / rep) * hd / tv->blck_size) * tv->type_size;
+    const uint8_t *K = c->k_cache + (size_t)c->kv_off[il] * k_rb, *V = c->v_cache + (size_t)c->kv_off[il] * v_rb;
     int64_t T = (int64_t)pos + 1;
     if (tn_hp_layer_swa(hp, il) && T > hp->n_swa) {
         const int64_t start = T - hp->n_swa, ring = c->kv_ring;
         T = hp->n_swa;
         if (!blocks && (!ring || start % ring + T <= ring)) { /* in place (a ring: not wrapped) */
-            K += (ring ? start % ring : start) * kv_dim, V += (ring ? start % ring : start) * kv_dim;
+            K += (size_t)(ring ? start % ring : start) * k_rb, V += (size_t)(ring ? start % ring : start) * v_rb;
         } else {
-            tn_fp16 *Kw = c->swa_kv + (size_t)ith * 2 * (size_t)T * (size_t)kv_dim, *Vw = Kw + (size_t)T * (size_t)kv_dim;
+            uint8_t *Kw = c->swa_kv + (size_t)ith * (size_t)T * (k_rb + v_rb), *Vw = Kw + (size_t)T * k_rb;
             for (int64_t t = 0; t < T; t++) {
                 const int64_t row = blocks ? tn_kv_row(blocks, TN_KV_BLOCK, start + t) : (start + t) % ring;
-                memcpy(Kw + t * kv_dim, K + row * kv_dim, sizeof(tn_fp16) * (size_t)kv_dim);
-                memcpy(Vw + t * kv_dim, V + row * kv_dim, sizeof(tn_fp16) * (size_t)kv_dim);
+                memcpy(Kw + (size_t)t * k_rb, K + (size_t)row * k_rb, k_rb);
+                memcpy(Vw + (size_t)t * v_rb, V + (size_t)row * v_rb, v_rb);
             }
             K = Kw, V = Vw, blocks = NULL;
         }
     }
     const float scale = hp->attn_scale > 0 ? hp->attn_scale : 1.0f / sqrtf((float)hd);
     float *scratch = c->scores + (size_t)ith * c->scores_stride;
-    if (hp->attn_softcap > 0) /* gemma2: scores soft-capped before the softmax */
-        c->kt->attn_softcap(hd, T, nh, nh == 1 ? 1 : rep, q, K + head, V + head, kv_dim, blocks, TN_KV_BLOCK, scale,
-                            hp->attn_softcap, acc16, out, scratch);
+    const int64_t r = nh == 1 ? 1 : rep;
+    if (c->type_k != TN_F16 || c->type_v != TN_F16) /* a quantized cache: its kernel, soft cap included */
+        c->kt->attn_q(hd, T, nh, r, q, c->type_k, K + kh, k_rb, c->type_v, V + vh, v_rb, blocks, TN_KV_BLOCK, scale,
+                      hp->attn_softcap, acc16, out, scratch);
+    else if (hp->attn_softcap > 0) /* gemma2: scores soft-capped before the softmax */
+        c->kt->attn_softcap(hd, T, nh, r, q, (const uint16_t *)(K + kh), (const uint16_t *)(V + vh), k_rb / 2, blocks,
+                            TN_KV_BLOCK, scale, hp->attn_softcap, acc16, out, scratch);
     else
-        c->kt->attn(hd, T, nh, nh == 1 ? 1 : rep, q, K + head, V + head, kv_dim, blocks, TN_KV_BLOCK, scale, acc16, out,
-                    scratch);
+        c->kt->attn(hd, T, nh, r, q, (const uint16_t *)(K + kh), (const uint16_t *)(V + vh), k_rb / 2, blocks, TN_KV_BLOCK,
+                    scale, acc16, out, scratch);
     const float *sinks = c->model->layers[il].w[TN_ROLE_ATTN_SINKS].data;
-    if (sinks) tn_attend_sinks(hd, T, nh, h0, rep, q, K, kv_dim, blocks, scale, sinks, out);
+    if (sinks) tn_attend_sinks(c, hd, T, nh, h0, rep, q, K, k_rb, blocks, scale, sinks, out, scratch); /* the kernel's
+                                                                                   * scratch: 2 hd nh floats, free now */
 }
 
 /* Query heads per attention call: whole kv groups, up to 4 heads (or one group), as long as every
@@ -205,9 +217,18 @@ static void tn_lora_pre(const tn_thr *T, int32_t il, const int *slots, int ns, c
 
 /* Token t's query heads h0 .. h0 + nh - 1 and kv heads k0 .. k0 + nk - 1: biases, per-head q/k
  * RMSNorm (qwen3), RoPE, and the k, v rows appended to the cache. */
+/* Stores n values x as elements e0 .. e0 + n - 1 of a cache row of the given type (e0 and n whole
+ * blocks: head_dim % 32 == 0 for the quantized types): f16 through the table's converter, q8_0 /
+ * q4_0 with the reference quantizers (ggml's quantize_row_*_ref bytes). */
+static void tn_kv_store(int32_t type, const float *x, uint8_t *row, int64_t e0, int64_t n, const tn_kern_table *kt) {
+    if (type == TN_Q8_0) tn_quantize_row_q8_0_ref(x, (block_q8_0 *)row + e0 / QK8_0, n);
+    else if (type == TN_Q4_0) tn_quantize_row_q4_0_ref(x, (block_q4_0 *)row + e0 / QK4_0, n);
+    else kt->slot[TN_F16].from_float(x, (tn_fp16 *)row + e0, n);
+}
+
 static void tn_prepare_qkv(tern_ctx *c, const tn_layer *L, const float *rope_cs, const tn_thr *f,
                            const int32_t *const *tables, int64_t t, int32_t h0, int32_t nh, int32_t k0, int32_t nk,
-                           tn_fp16 *Kc, tn_fp16 *Vc, int64_t ring) {
+                           uint8_t *Kc, uint8_t *Vc, int64_t ring) {
     const tn_hparams *hp = &c->hp;
     const tn_batch *b = f->b;
     const int32_t hd = hp->head_dim, kv_dim = hp->n_head_kv * hd;
@@ -229,8 +250,8 @@ static void tn_prepare_qkv(tern_ctx *c, const tn_layer *L, const float *rope_cs,
         tn_op_rope(hp, kt_, nk, cs, 1.0f);
     }
     const int64_t row = ring ? b->pos[t] % ring : tn_kv_row(tables ? tables[b->seq[t]] : NULL, TN_KV_BLOCK, b->pos[t]);
-    c->kt->slot[TN_F16].from_float(kt_, Kc + row * kv_dim + (int64_t)k0 * hd, kn);
-    c->kt->slot[TN_F16].from_float(vt, Vc + row * kv_dim + (int64_t)k0 * hd, kn);
+    tn_kv_store(c->type_k, kt_, Kc + (size_t)row * c->k_rb, (int64_t)k0 * hd, kn, c->kt);
+    tn_kv_store(c->type_v, vt, Vc + (size_t)row * c->v_rb, (int64_t)k0 * hd, kn, c->kt);
     TN_SPAN_E(TN_TK_ROPE, "rope_kv_store", -1, 0, 0);
 }
 
@@ -337,8 +358,8 @@ void tn_blk_attention(tn_thr *T, const tn_layer *L, int32_t il) {
     const int32_t hd = hp->head_dim, qd = (int32_t)tn_hp_q_dim(hp);
     const int32_t G = T->G, nu = hp->n_head / G, rep = hp->n_head / hp->n_head_kv;
     const int64_t p0 = T->p0, p1 = T->p1;
-    tn_fp16 *Kc = c->k_cache + c->kv_off[il];
-    tn_fp16 *Vc = c->v_cache + c->kv_off[il];
+    uint8_t *Kc = c->k_cache + (size_t)c->kv_off[il] * c->k_rb;
+    uint8_t *Vc = c->v_cache + (size_t)c->kv_off[il] * c->v_rb;
     const int64_t ring = tn_hp_layer_swa(hp, il) ? c->kv_ring : 0; /* > 0: K/V row = position % ring */
     /* a paged cache: the sliding-window layers' rows are in blocks of their own pool */
     const int32_t *const *tables = T->swa_tables && tn_hp_layer_swa(hp, il) ? T->swa_tables : T->tables;

@@ -2,8 +2,11 @@
  * ctx.h — inference context: KV cache, planned scratch buffers, thread pool. Everything a
  * decode step touches is allocated at creation, so decoding allocates nothing.
  *
- * KV cache layout per layer (f16, like llama.cpp's default cache type):
- *   K, V: [n_ctx][n_head_kv * head_dim]      one row per position (head h at h*head_dim)
+ * KV cache layout per layer (f16 by default, like llama.cpp's default cache type; or q8_0 / q4_0,
+ * tern_ctx_params type_k / type_v, llama.cpp's --cache-type-k/-v):
+ *   K, V: [n_ctx][n_head_kv * head_dim]      one row per position (head h at h*head_dim); a row
+ *                                            of type_k is k_rb bytes (ggml's blocks of 32 values
+ *                                            for q8_0 / q4_0, so head_dim % 32 == 0 there)
  */
 #ifndef TN_MODEL_CTX_H
 #define TN_MODEL_CTX_H
@@ -51,11 +54,13 @@ struct tern_ctx {
     const tn_kern_table *kt;
     int32_t n_past;
 
-    tn_fp16 *k_cache, *v_cache; /* per layer (at kv_off[il]) [rows][kv_dim] each              */
+    uint8_t *k_cache, *v_cache; /* per layer (at row kv_off[il]) [rows][kv_dim] each, rows of  */
+    int32_t type_k, type_v;     /* TN_F16, TN_Q8_0 or TN_Q4_0                                  */
+    size_t k_rb, v_rb;          /* bytes of one K / V row (kv_dim values of type_k / type_v)   */
     int64_t kv_rows;            /* rows per layer = kv_blocks * TN_KV_BLOCK >= n_ctx         */
     int64_t kv_ring;            /* > 0: sliding-window layers keep kv_ring rows, position p
                                    at row p % kv_ring (window + batch; contiguous cache only) */
-    int64_t *kv_off;            /* [n_layer] element offset of each layer in k/v_cache       */
+    int64_t *kv_off;            /* [n_layer] first row of each layer in k/v_cache            */
     int32_t kv_swa_blocks;      /* > 0: a paged cache (tern serve) whose sliding-window layers
                                    keep their own pool of kv_swa_blocks blocks, addressed by the
                                    swa_tables of tn_forward_batch (tn_ctx_create_paged)        */
@@ -93,7 +98,7 @@ struct tern_ctx {
     const float *rope_ff; /* RoPE frequency factors of this context (tn_model_rope_factors), or NULL */
     float *rope_cs; /* [n_batch][n_rot]    cos, sin pairs per token                          */
     float *rope_cs_swa; /* [n_batch][n_rot] the same for sliding-window layers (NULL: none) */
-    tn_fp16 *swa_kv;    /* [n_threads][2][n_swa][kv_dim] a paged window gathered (NULL: none) */
+    uint8_t *swa_kv;    /* [n_threads] n_swa K rows then n_swa V rows: a paged window gathered (NULL: none) */
     void *xq;       /* activations quantized for the widest matmul                           */
     /* one-token batches: threads 1..n_threads-1 norm and quantize the token for themselves (no
      * barrier between a norm, its quantization and the matmul; thread 0 uses xb and xq) */

@@ -394,6 +394,8 @@ tern_status tn_pcache_usable(const tn_pcache *pc, const tern_ctx *c) {
     if (c->kv_swa_blocks) return tn_err(TERN_ERR_UNSUPPORTED, "prompt cache: a paged context with a window pool is not supported");
     /* the cache's fingerprint is the model's: a context whose KV an adapter changes would share files */
     if (c->lora_sites) return tn_err(TERN_ERR_UNSUPPORTED, "prompt cache: not with LoRA adapters (--lora) yet");
+    if (c->type_k != TN_F16 || c->type_v != TN_F16)
+        return tn_err(TERN_ERR_UNSUPPORTED, "prompt cache: stores f16 KV rows only (not with -ctk/-ctv q8_0 or q4_0 yet)");
     if (c->hp.n_layer != pc->n_layer || (int64_t)c->hp.n_head_kv * c->hp.head_dim != pc->kv_dim)
         return tn_err(TERN_ERR_INVALID_ARG, "prompt cache: the context is of another model");
     return TERN_OK;
@@ -455,7 +457,7 @@ static tern_status unpack_block(tn_pcache *pc, tern_ctx *c, int32_t bi, size_t r
             tern_status s = tn_pc_plane_decode(pc->raw + off, raw_n - off, pc->kv_dim, pc->plane, &used);
             if (s) return s;
             off += used;
-            tn_fp16 *dst = (kv ? c->v_cache : c->k_cache) + c->kv_off[il] + (int64_t)bi * TN_PC_NTOK * pc->kv_dim;
+            tn_fp16 *dst = (tn_fp16 *)(kv ? c->v_cache : c->k_cache) + c->kv_off[il] * pc->kv_dim + (int64_t)bi * TN_PC_NTOK * pc->kv_dim;
             memcpy(dst, pc->plane, pb * sizeof(tn_fp16));
         }
     if (off != raw_n) return tn_err(TERN_ERR_FORMAT, "%zu bytes after the last plane", raw_n - off);
@@ -576,7 +578,7 @@ static bool store_one(tn_pcache *pc, const tern_ctx *c, int32_t bi, uint64_t h, 
     size_t raw = 0;
     for (int32_t il = 0; il < pc->n_layer; il++)
         for (int kv = 0; kv < 2; kv++) {
-            const tn_fp16 *x = (kv ? c->v_cache : c->k_cache) + c->kv_off[il] + (int64_t)src * TN_PC_NTOK * pc->kv_dim;
+            const tn_fp16 *x = (const tn_fp16 *)(kv ? c->v_cache : c->k_cache) + c->kv_off[il] * pc->kv_dim + (int64_t)src * TN_PC_NTOK * pc->kv_dim;
             const size_t k = tn_pc_plane_encode(pc->q, il, pc->n_layer, x, pc->kv_dim, pc->raw + raw);
             if (!k) { /* out of memory: this block is not stored */
                 tn_free(path);

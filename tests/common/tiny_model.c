@@ -28,6 +28,15 @@ void tiny_cfg_default(tiny_cfg *c) {
     c->seed = 7;
 }
 
+struct tern_model *tiny_model_load(const tiny_cfg *c, const char *tag) {
+    char path[512];
+    tiny_tmp_path(path, sizeof path, tag);
+    tern_model *m = NULL;
+    if (tiny_model_write(path, c) == TERN_OK) tern_model_load(path, NULL, &m);
+    unlink(path);
+    return m;
+}
+
 void tiny_tmp_path(char *buf, size_t cap, const char *stem) {
     const char *d = getenv("TERN_TEST_TMP");
     snprintf(buf, cap, "%s/%s.%ld.gguf", d && *d ? d : "/tmp", stem, (long)getpid());

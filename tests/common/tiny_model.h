@@ -43,5 +43,8 @@ void tiny_cfg_default(tiny_cfg *c);
 tern_status tiny_model_write(const char *path, const tiny_cfg *c);
 /* A temp path under $TERN_TEST_TMP (or /tmp) unique to this process: "<dir>/<stem>.<pid>.gguf". */
 void tiny_tmp_path(char *buf, size_t cap, const char *stem);
+/* Writes c to a temp file (stem tag), loads it with default parameters and removes the file; NULL
+ * (tern_last_error says why) on failure. */
+struct tern_model *tiny_model_load(const tiny_cfg *c, const char *tag);
 
 #endif

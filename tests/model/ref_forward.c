@@ -36,7 +36,26 @@ struct ref_model {
     double *kc, *vc; /* [layer][pos][kv_dim] */
     const float *ff; /* RoPE frequency factors (llama 3.1's rope_freqs; phi3: LongRoPE's choice) */
     double mscale;   /* phi3: rope.scaling.attn_factor on the rotated dims                       */
+    int32_t type_k, type_v; /* ref_set_kv_types: 0 / f16 none, else K / V rows rounded through it  */
 };
+
+/* x[0..n) through a q8_0 / q4_0 row (quant.h's reference quantizer, then its dequantizer); other
+ * types: unchanged. act: q8_0 as the activation quantizer rounds (the query of a quantized K). */
+static void ref_round(int32_t type, bool act, double *x, int64_t n) {
+    if (type != TN_Q8_0 && type != TN_Q4_0) return;
+    float *f = malloc((size_t)n * sizeof *f);
+    void *b = malloc((size_t)(n / 32) * sizeof(block_q8_0));
+    for (int64_t i = 0; i < n; i++) f[i] = (float)x[i];
+    if (type == TN_Q4_0) tn_quantize_row_q4_0_ref(f, b, n), tn_dequantize_row_q4_0(b, f, n);
+    else if (act) tn_quantize_row_q8_0_act(f, b, n), tn_dequantize_row_q8_0(b, f, n);
+    else tn_quantize_row_q8_0_ref(f, b, n), tn_dequantize_row_q8_0(b, f, n);
+    for (int64_t i = 0; i < n; i++) x[i] = f[i];
+    free(f), free(b);
+}
+
+void ref_set_kv_types(ref_model *r, int32_t type_k, int32_t type_v) {
+    r->type_k = type_k, r->type_v = type_v;
+}
 
 static ref_mat ref_deq(const tn_tensor *t) {
     ref_mat r = {NULL, t->ne[1], t->ne[0]};
@@ -384,6 +403,11 @@ void ref_step(ref_model *r, int32_t token, double *logits, double *layers) {
         const double qscale = big ? 1.0 / sqrt((double)(d / hp->n_head)) : 1.0 / sqrt((double)hd);
         const int32_t t_first = local && pos >= hp->n_swa ? pos - hp->n_swa + 1 : 0; /* the window: n_swa positions */
         double *K = r->kc + ((size_t)l * r->n_ctx) * kvd, *V = r->vc + ((size_t)l * r->n_ctx) * kvd;
+        if (r->type_k == TN_Q8_0 || r->type_k == TN_Q4_0) { /* ref_set_kv_types: each head's K and q rounded */
+            for (int32_t h = 0; h < hp->n_head_kv; h++) ref_round(r->type_k, false, k + h * hd, hd);
+            for (int32_t h = 0; h < hp->n_head; h++) ref_round(TN_Q8_0, true, q + h * hd, hd);
+        }
+        for (int32_t h = 0; h < hp->n_head_kv; h++) ref_round(r->type_v, false, v + h * hd, hd);
         memcpy(K + (size_t)pos * kvd, k, (size_t)kvd * sizeof *k);
         memcpy(V + (size_t)pos * kvd, v, (size_t)kvd * sizeof *v);
         for (int32_t h = 0; h < hp->n_head; h++) {

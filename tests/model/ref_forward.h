@@ -21,5 +21,9 @@ void ref_step(ref_model *r, int32_t token, double *logits, double *layers);
  * router probability of a token (INFINITY in a dense model). A gap within the forward's rounding
  * lets tern and the reference route differently, both correctly. */
 double ref_min_route_gap(const ref_model *r);
+/* A quantized KV cache's rounding (llama.cpp's flash attention over such a cache): each head of K
+ * (type_k) and V (type_v) rounded through a q8_0 / q4_0 row before it is stored, and with a quantized
+ * K each head of q through the q8_0 activation quantizer. f16 / 0: no rounding (the default). */
+void ref_set_kv_types(ref_model *r, int32_t type_k, int32_t type_v);
 
 #endif

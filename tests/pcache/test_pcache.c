@@ -131,8 +131,8 @@ static tern_ctx *new_ctx(tern_model *m) {
 static void kv_equal(const tern_ctx *a, const tern_ctx *b, int32_t rows) {
     const int64_t kvd = (int64_t)a->hp.n_head_kv * a->hp.head_dim;
     for (int32_t il = 0; il < a->hp.n_layer; il++) {
-        assert_memory_equal(a->k_cache + a->kv_off[il], b->k_cache + b->kv_off[il], (size_t)rows * kvd * 2);
-        assert_memory_equal(a->v_cache + a->kv_off[il], b->v_cache + b->kv_off[il], (size_t)rows * kvd * 2);
+        assert_memory_equal(a->k_cache + (size_t)a->kv_off[il] * a->k_rb, b->k_cache + (size_t)b->kv_off[il] * b->k_rb, (size_t)rows * kvd * 2);
+        assert_memory_equal(a->v_cache + (size_t)a->kv_off[il] * a->v_rb, b->v_cache + (size_t)b->kv_off[il] * b->v_rb, (size_t)rows * kvd * 2);
     }
 }
 

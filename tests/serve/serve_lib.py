@@ -27,6 +27,22 @@ def finish():
     sys.exit(1 if FAILS else 0)
 
 
+def complete_all(url, prompts, max_tokens):
+    """Greedy /v1/completions texts of prompts, all requests sent at once (one thread each)."""
+    import threading, urllib.request
+    res = [None] * len(prompts)
+
+    def one(i, p):
+        body = json.dumps({"prompt": p, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}).encode()
+        req = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
+        res[i] = json.load(urllib.request.urlopen(req, timeout=120))["choices"][0]["text"]
+
+    ths = [threading.Thread(target=one, args=(i, p)) for i, p in enumerate(prompts)]
+    for t in ths: t.start()
+    for t in ths: t.join()
+    return res
+
+
 class Server:
     def __init__(self, tern, model, tmp, *args, env=None):
         os.makedirs(tmp, exist_ok=True)

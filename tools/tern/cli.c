@@ -245,6 +245,24 @@ int tn_cli_sampling_flag(int argc, char **argv, int *i, tern_sampler_params *sp,
     return 1;
 }
 
+int tn_cli_cache_type_flag(int argc, char **argv, int *i, int32_t *type_k, int32_t *type_v) {
+    const char *a = argv[*i], *val = *i + 1 < argc ? argv[*i + 1] : NULL;
+    const bool is_k = !strcmp(a, "-ctk") || !strcmp(a, "--cache-type-k");
+    if (!is_k && strcmp(a, "-ctv") && strcmp(a, "--cache-type-v")) return 0;
+    if (!val) {
+        tn_cli_usage_error("%s needs a value (f16, q8_0 or q4_0)", a);
+        return -1;
+    }
+    (*i)++;
+    const int32_t t = tern_kv_type_from_name(val);
+    if (t < 0) {
+        tn_cli_usage_error("%s: '%s' is not a KV cache type (f16, q8_0 or q4_0)", a, val);
+        return -1;
+    }
+    *(is_k ? type_k : type_v) = t;
+    return 1;
+}
+
 void tn_cli_run_init(tn_cli_run *r) {
     memset(r, 0, sizeof *r);
     r->n_batch = 512;
@@ -329,6 +347,8 @@ int tn_cli_run_flag(int argc, char **argv, int *i, tn_cli_run *r) {
     if (!strcmp(a, "--no-mmap")) return r->use_mmap = false, 1;
     if (!strcmp(a, "--no-repack")) return r->repack = false, 1;
     if (!strcmp(a, "--swa-full")) return r->swa_full = true, 1;
+    const int ct = tn_cli_cache_type_flag(argc, argv, i, &r->type_k, &r->type_v);
+    if (ct) return ct;
     const bool is_m = !strcmp(a, "-m") || !strcmp(a, "--model"), is_c = !strcmp(a, "-c") || !strcmp(a, "--ctx-size");
     const bool is_t = !strcmp(a, "-t") || !strcmp(a, "--threads"), is_b = !strcmp(a, "-b") || !strcmp(a, "--batch-size");
     if (!is_m && !is_c && !is_t && !is_b) return tn_cli_device_flag(argc, argv, i, &r->device, &r->n_gpu_layers);
@@ -372,6 +392,7 @@ int tn_cli_run_open(tn_cli_run *r, tern_model **m, tern_ctx **c) {
     r->cp.device = r->device;
     r->cp.n_gpu_layers = r->n_gpu_layers;
     r->cp.swa_full = r->swa_full;
+    r->cp.type_k = r->type_k, r->cp.type_v = r->type_v;
     if (r->n_threads) r->cp.n_threads = (int32_t)r->n_threads;
     /* A model of a few MiB decodes a token in well under a millisecond: synchronising threads
      * costs more than it saves (and far more on a busy machine), so small models default to one. */

@@ -62,6 +62,12 @@ double tn_cli_now(void);
 /* --device cpu|cuda and -ngl/--n-gpu-layers N at argv[*i]: returns 1 when consumed (advancing *i
  * past the value), 0 when argv[*i] is neither, -1 after printing a usage error (exit 64). */
 int tn_cli_device_flag(int argc, char **argv, int *i, int32_t *device, int32_t *n_gpu_layers);
+/* --cache-type-k/-ctk T and --cache-type-v/-ctv T (T: f16, q8_0, q4_0) at argv[*i], into *type_k /
+ * *type_v (TERN_KV_*). Same contract as tn_cli_device_flag. */
+int tn_cli_cache_type_flag(int argc, char **argv, int *i, int32_t *type_k, int32_t *type_v);
+#define TN_CLI_CACHE_TYPE_HELP                                                                                          \
+    "  -ctk, --cache-type-k T  K cache type: f16 (default), q8_0, q4_0 (llama.cpp's; head size a multiple of 32)\n" \
+    "  -ctv, --cache-type-v T  V cache type: f16 (default), q8_0, q4_0\n"
 /* Tokenizes text into a malloc'd array (*out, *n_out), growing it when byte fallback needs more
  * tokens than bytes. On failure *out is NULL and the status says why (NOMEM for the array). */
 tern_status tn_cli_tokenize(const tern_model *m, const char *text, size_t len, bool add_special, bool parse_special,
@@ -96,6 +102,7 @@ typedef struct tn_cli_run {
     int64_t n_ctx, n_threads, n_batch; /* -c (0: the model's, capped at 4096), -t (0: default), -b */
     bool use_mmap, repack;       /* --no-mmap, --no-repack                                          */
     bool swa_full;               /* --swa-full: sliding-window layers keep every position           */
+    int32_t type_k, type_v;      /* -ctk, -ctv (TERN_KV_*; 0: f16)                                  */
     int32_t device, n_gpu_layers;/* --device, -ngl                                                  */
     double t_load;               /* seconds tn_cli_run_open spent loading the model                 */
     tern_ctx_params cp;          /* as the context was created                                      */
@@ -103,7 +110,7 @@ typedef struct tn_cli_run {
     char default_path[4096];
 } tn_cli_run;
 void tn_cli_run_init(tn_cli_run *r);
-/* -m, -c, -t, -b, --no-mmap, --no-repack, --swa-full, --device, -ngl, --lora, --lora-scaled at argv[*i]: same contract as
+/* -m, -c, -t, -b, --no-mmap, --no-repack, --swa-full, -ctk, -ctv, --device, -ngl, --lora, --lora-scaled at argv[*i]: same contract as
  * tn_cli_device_flag (1 consumed, 0 not one of them, -1 after printing a usage error). */
 int tn_cli_run_flag(int argc, char **argv, int *i, tn_cli_run *r);
 /* Loads the model (the default one without -m) and creates its context: n_ctx the model's capped

@@ -85,6 +85,7 @@ typedef struct {
     bool no_repack;
     int32_t device, ngl; /* --device cuda: the GPU's peaks replace the CPU's (gpu_peaks) */
     const tn_cli_lora *lora; /* --lora: adapters applied in the plain CPU bench (paths, scales)     */
+    int32_t type_k, type_v; /* -ctk, -ctv (0: f16) */
 } bench_opts;
 
 /* --device cuda: the card's copy bandwidth (read + write, own kernel) and fp16 cuBLAS peak */
@@ -199,6 +200,7 @@ static int bench_model(const char *path, const bench_opts *o, const peaks *pk, b
     cp.n_batch = (int32_t)o->n_batch;
     cp.device = o->device;
     cp.n_gpu_layers = o->ngl;
+    cp.type_k = o->type_k, cp.type_v = o->type_v;
     tern_ctx *c = NULL;
     if ((s = tern_ctx_create(m, &cp, &c))) {
         tern_model_free(m);
@@ -611,6 +613,7 @@ static int bench_spec(const char *path, const bench_opts *o, tn_cli_spec *spec, 
     cp.n_ctx = np + n_gen + (int32_t)spec->kmax + 2;
     cp.n_batch = (int32_t)TN_MAX(o->n_batch, spec->kmax + 1);
     if (o->threads) cp.n_threads = (int32_t)o->threads;
+    cp.type_k = o->type_k, cp.type_v = o->type_v;
     tern_sampler_params sp;
     tern_sampler_params_init(&sp);
     sp.temp = 0.0f;
@@ -677,7 +680,7 @@ out:
 
 int cmd_bench(int argc, char **argv) {
     const char *model_path = NULL, *fmt = "md";
-    bench_opts o = {512, 128, 5, 0, 512, false, TERN_DEVICE_CPU, -1, NULL};
+    bench_opts o = {512, 128, 5, 0, 512, false, TERN_DEVICE_CPU, -1, NULL, 0, 0};
     tn_cli_lora lora = {0};
     o.lora = &lora;
     int dv;
@@ -690,13 +693,14 @@ int cmd_bench(int argc, char **argv) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: tern bench -m model.gguf [-p 512] [-n 128] [-r 5] [-t N] [-b 512] [-o md|json] [--no-roofline]\n"
-                   "       [--no-repack] [--device cpu|cuda] [-ngl N] [--lora FILE[:S]]...\n"
+                   "       [--no-repack] [--device cpu|cuda] [-ngl N] [--lora FILE[:S]]... [-ctk T] [-ctv T]\n"
                    "       tern bench --sweep-bits -m model-f16.gguf [--group 64] [--sym] [-n 128] [-p 0] ...\n"
                    "       tern bench -m model.gguf --spec ngram | --draft small.gguf [--draft-max 8] [--spec-prompt FILE] [-n 128] [-r 5]\n"
                    "  -p N  prompt tokens (pp test; 0 = skip)   -n N  generated tokens (tg test; 0 = skip)\n"
                    "  -r N  repetitions                           -o    output format\n"
                    "  --no-repack   keep q4_0/q8_0/tq4/tq1 weights in the file layout (default: interleaved at load)\n"
                    "  --lora FILE[:S]  bench with a LoRA adapter applied (scale S, default 1; repeatable; --lora-scaled FILE S)\n"
+                   TN_CLI_CACHE_TYPE_HELP
                    "  --sweep-bits  quantize an f16/f32 model to tq1..tq8 (g<group>, asymmetric unless --sym) in a\n"
                    "                temporary directory and bench each width (pp skipped unless -p is given)\n");
             return 0;
@@ -727,7 +731,8 @@ int cmd_bench(int argc, char **argv) {
             if (dv < 0) return TN_EXIT_USAGE;
             continue;
         }
-        else if ((dv = tn_cli_device_flag(argc, argv, &i, &o.device, &o.ngl)) != 0) {
+        else if ((dv = tn_cli_device_flag(argc, argv, &i, &o.device, &o.ngl)) != 0 ||
+                 (dv = tn_cli_cache_type_flag(argc, argv, &i, &o.type_k, &o.type_v)) != 0) {
             if (dv < 0) return TN_EXIT_USAGE;
             continue;
         } else if ((dv = tn_cli_lora_flag(argc, argv, &i, &lora)) != 0) {

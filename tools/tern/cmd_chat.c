@@ -48,6 +48,7 @@ static void chat_usage(FILE *f) {
             "      --lora FILE[:S]     apply a LoRA adapter (llama.cpp GGUF) with scale S (default 1); repeatable;\n"
             "                          --lora-scaled FILE S does the same\n"
             "      --device cpu|cuda   run on the CPU (default) or an NVIDIA GPU; -ngl N: layers on the GPU\n"
+            TN_CLI_CACHE_TYPE_HELP
             "In the conversation: a line ending in '\\' continues on the next line; /reset clears the\n"
             "conversation, /exit (or Ctrl-D) quits; Ctrl-C stops an answer, at the prompt it quits.\n");
     tn_cli_pcache_usage(f);

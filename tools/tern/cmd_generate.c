@@ -49,6 +49,7 @@ static void gen_usage(FILE *f) {
             "      --lora FILE[:S]     apply a LoRA adapter (llama.cpp GGUF) with scale S (default 1); repeatable;\n"
             "                          --lora-scaled FILE S does the same\n"
             "      --swa-full          sliding-window layers keep every position (default: their window plus a batch)\n"
+            TN_CLI_CACHE_TYPE_HELP
             "      --no-display-prompt do not echo the prompt\n"
             "      --dump-margins FILE with --temp 0: write the prompt's token ids, then per generated token its id and\n"
             "                          the margin top-1 minus top-2 and the RMS of the logits it was chosen from\n");
@@ -208,9 +209,10 @@ int cmd_generate(int argc, char **argv) {
         rc = TN_EXIT_USAGE;
         goto done;
     }
-    fprintf(stderr, "tern: model %s (%s), %s, %d threads, ctx %d (KV %.1f MiB), seed %llu\n", model_path,
+    fprintf(stderr, "tern: model %s (%s), %s, %d threads, ctx %d (KV %.1f MiB, K %s, V %s), seed %llu\n", model_path,
             tern_model_desc(m), device == TERN_DEVICE_CUDA ? "device cuda" : "device cpu", cp.n_threads, n_ctx_real,
-            (double)tern_ctx_kv_bytes(c) / 1048576.0, (unsigned long long)tern_sampler_seed(smp));
+            (double)tern_ctx_kv_bytes(c) / 1048576.0, tern_kv_type_name(tern_ctx_type_k(c)),
+            tern_kv_type_name(tern_ctx_type_v(c)), (unsigned long long)tern_sampler_seed(smp));
     if (dump_path) {
         if ((s = tn_wfile_open(dump_path, &dw))) {
             rc = tn_cli_fail(s, "--dump-margins");

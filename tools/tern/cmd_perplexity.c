@@ -40,14 +40,15 @@ static void usage(void) {
            "  --kl-divergence-base F    save the scored logits (f16) to F for later comparisons\n"
            "  --kl-divergence           compare against the logits in --kl-divergence-base F\n"
            "  --device cpu|cuda         run on the CPU (default) or an NVIDIA GPU; -ngl N: layers on the GPU\n"
-           "  --lora FILE[:S]           apply a LoRA adapter with scale S (default 1); repeatable; also --lora-scaled FILE S\n");
+           "  --lora FILE[:S]           apply a LoRA adapter with scale S (default 1); repeatable; also --lora-scaled FILE S\n"
+           TN_CLI_CACHE_TYPE_HELP);
 }
 
 int cmd_perplexity(int argc, char **argv) {
     const char *model_path = NULL, *text_path = NULL, *kld_path = NULL;
     int64_t n_ctx = 512, threads = 0, max_chunks = -1;
     bool kld_mode = false;
-    int32_t device = TERN_DEVICE_CPU, ngl = -1;
+    int32_t device = TERN_DEVICE_CPU, ngl = -1, type_k = 0, type_v = 0;
     tn_cli_lora lora = {0};
     int dv;
     for (int i = 1; i < argc; i++) {
@@ -71,7 +72,8 @@ int cmd_perplexity(int argc, char **argv) {
         } else if (!strcmp(a, "--kl-divergence")) {
             kld_mode = true;
         } else if ((dv = tn_cli_device_flag(argc, argv, &i, &device, &ngl)) != 0 ||
-                   (dv = tn_cli_lora_flag(argc, argv, &i, &lora)) != 0) {
+                   (dv = tn_cli_lora_flag(argc, argv, &i, &lora)) != 0 ||
+                   (dv = tn_cli_cache_type_flag(argc, argv, &i, &type_k, &type_v)) != 0) {
             if (dv < 0) return tn_cli_lora_free(&lora), TN_EXIT_USAGE;
         } else {
             return tn_cli_usage_error("unknown argument '%s' (see tern perplexity --help)", a);
@@ -186,6 +188,7 @@ int cmd_perplexity(int argc, char **argv) {
     cp.logits_all = true;
     cp.device = device;
     cp.n_gpu_layers = ngl;
+    cp.type_k = type_k, cp.type_v = type_v;
     if (threads > 0) cp.n_threads = (int32_t)threads;
     s = tern_ctx_create(m, &cp, &c);
     if (s) { rc = tn_cli_fail(s, "creating the context"); goto out; }

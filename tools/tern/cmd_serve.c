@@ -45,7 +45,8 @@ static void serve_usage(FILE *f) {
             "                          drafts greedily, batched over the sequences (--draft-max default 4)\n"
             "      --no-repack         keep q4_0/q8_0/tq4/tq1 weights in the file layout (no interleaved copy)\n"
             "      --swa-full          sliding-window layers (Gemma 2/3) keep every position in the paged cache\n"
-            "                          (default: each sequence's window, in a block pool of their own)\n");
+            "                          (default: each sequence's window, in a block pool of their own)\n"
+            TN_CLI_CACHE_TYPE_HELP);
     tn_cli_pcache_usage(f);
 }
 
@@ -150,7 +151,8 @@ int cmd_serve(int argc, char **argv) {
         } else if (!strcmp(a, "--max-body")) {
             INT_FLAG(1024, (int64_t)1 << 30, cfg.max_body);
         } else if ((dv = tn_cli_device_flag(argc, argv, &i, &cfg.device, &cfg.n_gpu_layers)) != 0 ||
-                   (dv = tn_cli_lora_flag(argc, argv, &i, &lora)) != 0) {
+                   (dv = tn_cli_lora_flag(argc, argv, &i, &lora)) != 0 ||
+                   (dv = tn_cli_cache_type_flag(argc, argv, &i, &cfg.type_k, &cfg.type_v)) != 0) {
             if (dv < 0) return TN_EXIT_USAGE;
         } else if ((dv = tn_cli_pcache_flag(argc, argv, &i, &pcf)) != 0) {
             if (dv < 0) return TN_EXIT_USAGE;

@@ -1,51 +1,28 @@
 /*
  * attn.c (scalar) — the reference attention kernel (contract in kern.h) and SwiGLU: one query head at a time, online
  * softmax, ggml's flash-attention arithmetic step by step (expf, fmaf, f16 rounding points); the same with
- * soft-capped scores (gemma2), the reference of avx512/attn.c's soft-capped kernel.
+ * soft-capped scores (gemma2), the reference of avx512/attn.c's soft-capped kernel; and over a quantized KV cache
+ * (q8_0 / q4_0 rows read in place), the reference of the attn_q kernels.
  */
 #include <math.h>
 
 #include "core/fp16.h"
 #include "kern/kern.h"
+#include "quant/quant.h"
 
-/* One head; cap > 0: scores soft-capped as ggml does (scale divided by cap, then cap * tanh). */
+void tn_k_vec_dot_q4_0_q8_0__scalar(int64_t k, float *s, const void *w, const void *x);
+void tn_k_vec_dot_q8_0_q8_0__scalar(int64_t k, float *s, const void *w, const void *x);
+
+static void tn_attn1_q(int64_t hd, int64_t T, const float *q, int32_t tk, const uint8_t *K, size_t k_rb, int32_t tv,
+                       const uint8_t *V, size_t v_rb, const int32_t *blocks, int64_t block_rows, float scale, float cap,
+                       bool acc16, float *out, float *scratch);
+
+/* One head of an f16 cache (rows ldkv halves apart); cap > 0: scores soft-capped as ggml does. */
 static inline void tn_attn1(int64_t hd, int64_t T, const float *q, const uint16_t *K, const uint16_t *V, int64_t ldkv,
                             const int32_t *blocks, int64_t block_rows, float scale, float cap, bool acc16, float *out,
                             float *scratch) {
-    float *qv = scratch;       /* q as used in the dot products (f16-rounded with acc16) */
-    float *acc = scratch + hd; /* V accumulator (values kept f16-representable with acc16) */
-    for (int64_t i = 0; i < hd; i++) {
-        qv[i] = acc16 ? tn_fp16_to_fp32(tn_fp32_to_fp16(q[i])) : q[i];
-        acc[i] = 0.0f;
-    }
-    float M = -INFINITY, S = 0.0f;
-    for (int64_t t = 0; t < T; t++) {
-        const int64_t row = tn_kv_row(blocks, block_rows, t);
-        const uint16_t *k = K + row * ldkv, *v = V + row * ldkv;
-        float s = 0.0f;
-        for (int64_t i = 0; i < hd; i++) s += tn_fp16_to_fp32(k[i]) * qv[i];
-        s *= scale;
-        if (cap > 0) s = cap * tanhf(s);
-        float ms = 1.0f, vs = 1.0f;
-        if (s > M) { /* new maximum: rescale what was accumulated */
-            const float Mold = M;
-            M = s;
-            ms = expf(Mold - M);
-            for (int64_t i = 0; i < hd; i++) {
-                acc[i] *= ms;
-                if (acc16) acc[i] = tn_fp16_to_fp32(tn_fp32_to_fp16(acc[i]));
-            }
-        } else {
-            vs = expf(s - M);
-        }
-        for (int64_t i = 0; i < hd; i++) {
-            acc[i] = fmaf(tn_fp16_to_fp32(v[i]), vs, acc[i]);
-            if (acc16) acc[i] = tn_fp16_to_fp32(tn_fp32_to_fp16(acc[i]));
-        }
-        S = S * ms + vs;
-    }
-    const float inv = S == 0.0f ? 0.0f : 1.0f / S;
-    for (int64_t i = 0; i < hd; i++) out[i] = acc[i] * inv;
+    tn_attn1_q(hd, T, q, TN_F16, (const uint8_t *)K, (size_t)ldkv * 2, TN_F16, (const uint8_t *)V, (size_t)ldkv * 2, blocks,
+               block_rows, scale, cap, acc16, out, scratch);
 }
 
 void tn_k_attn1_f16__scalar(int64_t hd, int64_t T, const float *q, const uint16_t *K, const uint16_t *V, int64_t ldkv,
@@ -70,6 +47,83 @@ void tn_k_attn_softcap_f16__scalar(int64_t hd, int64_t T, int64_t nh, int64_t re
                  acc16, out + j * hd, scratch + 2 * hd * j);
 }
 
+/* Dequantizes the hd values of a K / V row of type t starting at p (whole blocks). */
+static void tn_kv_row_to_f32(int32_t t, const void *p, float *y, int64_t hd) {
+    if (t == TN_Q8_0) tn_dequantize_row_q8_0(p, y, hd);
+    else if (t == TN_Q4_0) tn_dequantize_row_q4_0(p, y, hd);
+    else
+        for (int64_t i = 0; i < hd; i++) y[i] = tn_fp16_to_fp32(((const uint16_t *)p)[i]);
+}
+
+/* One head (contract: kern.h tn_attn_q_fn; f16 K and V: tn_attn_fn's arithmetic step by step: the dot
+ * product summed in order, the f16 accumulator rounded after every scale and update). scratch: 2 * hd
+ * floats; the V row is converted 32 values at a time on the stack. */
+static void tn_attn1_q(int64_t hd, int64_t T, const float *q, int32_t tk, const uint8_t *K, size_t k_rb, int32_t tv,
+                       const uint8_t *V, size_t v_rb, const int32_t *blocks, int64_t block_rows, float scale, float cap,
+                       bool acc16, float *out, float *scratch) {
+    float *qv = scratch;       /* K f16: q as used in the dot products; K quantized: q as q8_0 blocks */
+    float *acc = scratch + hd; /* V accumulator (f16-representable with acc16 and f16 V) */
+    const bool vacc16 = acc16 && tv == TN_F16;
+    if (tk == TN_F16)
+        for (int64_t i = 0; i < hd; i++) qv[i] = acc16 ? tn_fp16_to_fp32(tn_fp32_to_fp16(q[i])) : q[i];
+    else
+        tn_quantize_row_q8_0_act(q, (block_q8_0 *)qv, hd); /* hd / 32 * 34 bytes <= hd floats */
+    for (int64_t i = 0; i < hd; i++) acc[i] = 0.0f;
+    float M = -INFINITY, S = 0.0f;
+    for (int64_t t = 0; t < T; t++) {
+        const int64_t row = tn_kv_row(blocks, block_rows, t);
+        const uint8_t *k = K + (size_t)row * k_rb, *v = V + (size_t)row * v_rb;
+        float s = 0.0f;
+        if (tk == TN_Q8_0) tn_k_vec_dot_q8_0_q8_0__scalar(hd, &s, k, qv);
+        else if (tk == TN_Q4_0) tn_k_vec_dot_q4_0_q8_0__scalar(hd, &s, k, qv);
+        else
+            for (int64_t i = 0; i < hd; i++) s += tn_fp16_to_fp32(((const uint16_t *)k)[i]) * qv[i];
+        s *= scale;
+        if (cap > 0) s = cap * tanhf(s);
+        float ms = 1.0f, vs = 1.0f;
+        if (s > M) { /* new maximum: rescale what was accumulated */
+            const float Mold = M;
+            M = s;
+            ms = expf(Mold - M);
+            for (int64_t i = 0; i < hd; i++) {
+                acc[i] *= ms;
+                if (vacc16) acc[i] = tn_fp16_to_fp32(tn_fp32_to_fp16(acc[i]));
+            }
+        } else {
+            vs = expf(s - M);
+        }
+        for (int64_t i0 = 0; i0 < hd; i0 += 32) {
+            float vb[32];
+            const size_t off = tv == TN_Q8_0 ? (size_t)(i0 / 32) * sizeof(block_q8_0)
+                             : tv == TN_Q4_0 ? (size_t)(i0 / 32) * sizeof(block_q4_0) : (size_t)i0 * 2;
+            const int64_t n = hd - i0 < 32 ? hd - i0 : 32; /* f16 V may have a tail */
+            tn_kv_row_to_f32(tv, v + off, vb, n);
+            for (int64_t i = 0; i < n; i++) {
+                acc[i0 + i] = fmaf(vb[i], vs, acc[i0 + i]);
+                if (vacc16) acc[i0 + i] = tn_fp16_to_fp32(tn_fp32_to_fp16(acc[i0 + i]));
+            }
+        }
+        S = S * ms + vs;
+    }
+    const float inv = S == 0.0f ? 0.0f : 1.0f / S;
+    for (int64_t i = 0; i < hd; i++) out[i] = acc[i] * inv;
+}
+
+/* Byte offset of kv head g (hd values of type t each) in a row. */
+static inline size_t tn_kv_head_off(int32_t t, int64_t hd, int64_t g) {
+    return t == TN_Q8_0 ? (size_t)(g * hd / 32) * sizeof(block_q8_0)
+         : t == TN_Q4_0 ? (size_t)(g * hd / 32) * sizeof(block_q4_0) : (size_t)(g * hd) * 2;
+}
+
+void tn_k_attn_q__scalar(int64_t hd, int64_t T, int64_t nh, int64_t rep, const float *q, int32_t tk, const void *K,
+                         size_t k_rb, int32_t tv, const void *V, size_t v_rb, const int32_t *blocks, int64_t block_rows,
+                         float scale, float cap, bool acc16, float *out, float *scratch) {
+    for (int64_t j = 0; j < nh; j++)
+        tn_attn1_q(hd, T, q + j * hd, tk, (const uint8_t *)K + tn_kv_head_off(tk, hd, j / rep), k_rb, tv,
+                   (const uint8_t *)V + tn_kv_head_off(tv, hd, j / rep), v_rb, blocks, block_rows,
+                   cap > 0 ? scale / cap : scale, cap, acc16, out + j * hd, scratch + 2 * hd * j);
+}
+
 void tn_k_swiglu__scalar(float *g, const float *u, int64_t n) {
     for (int64_t i = 0; i < n; i++) g[i] = (g[i] / (1.0f + expf(-g[i]))) * u[i];
 }
@@ -85,6 +139,8 @@ void tn_kern_register_attn_scalar(tn_kern_table *t) {
     t->attn = tn_k_attn_f16__scalar;
     t->attn_isa = TN_ISA_SCALAR;
     t->attn_softcap = tn_k_attn_softcap_f16__scalar;
+    t->attn_q = tn_k_attn_q__scalar;
+    t->attn_q_isa = TN_ISA_SCALAR;
     t->swiglu = tn_k_swiglu__scalar;
     t->swiglu_isa = TN_ISA_SCALAR;
     t->geglu = tn_k_geglu__scalar;

@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""kvq_test.py TERN TMP — a quantized KV cache (-ctk / -ctv q8_0, q4_0) through the command line:
+  - tern serve with the cache type (paged blocks, 4 concurrent requests, prompts in several prefill
+    chunks, then the same prompts again as prefix-cache hits) gives the greedy text of
+    `tern generate --temp 0` with the same cache type one prompt at a time (its contiguous cache:
+    an independent path), on the tiny qwen3 (head size 32) and gemma3 (sliding-window pool) models;
+  - the KV memory line of generate and serve names the types, with the bytes of the q8_0 / q4_0 rows;
+  - bad values of -ctk / --cache-type-k / -ctv / --cache-type-v in generate, chat, bench, perplexity
+    and serve exit 64 naming the flag; a model whose head size is not a multiple of 32 (the tiny
+    llama's 16) is refused with a message saying so; tern bench runs with the flags."""
+import os, re, subprocess, sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve_lib import Server, check, complete_all, finish
+
+tern, tmp = sys.argv[1:3]
+os.makedirs(tmp, exist_ok=True)
+N = 16
+BASE = "the little dog ran to the park and saw a big red ball under the old tree "
+PROMPTS = [BASE + "then it", BASE + "and the cat", "zebra stripes are black and white and", "a b c d e f g h i j k l m n o p",
+           "hello", BASE + BASE[:20], "once upon a time in a land far away there lived a", BASE[:40]]
+
+
+def run(args, timeout=120):
+    return subprocess.run([tern, *args], capture_output=True, timeout=timeout)
+
+
+def generate(model, p, ct):
+    r = run(["generate", "-m", model, "-p", p, "-n", str(N), "--temp", "0", "-t", "1", "-b", "16", "--ignore-eos",
+             "--no-display-prompt", "-ctk", ct, "-ctv", ct])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.endswith(b"\n")
+    return r.stdout[:-1].decode("utf-8", "replace"), r.stderr.decode()
+
+
+for arch in ("qwen3", "gemma3"):
+    model = os.path.join(tmp, f"{arch}.gguf")
+    subprocess.run([tern, "synth", "-o", model, "--arch", arch, "--preset", "tiny", "--type", "q8_0"], check=True,
+                   capture_output=True, timeout=120)
+    for ct in ("q8_0", "q4_0"):
+        ref, err = {}, ""
+        for p in PROMPTS:
+            ref[p], err = generate(model, p, ct)
+        check(f"K {ct}, V {ct}" in err, f"{arch} {ct}: generate reports the cache types ({err.strip().splitlines()[0]})")
+        srv = Server(tern, model, os.path.join(tmp, f"{arch}-{ct}"), "-np", "4", "-b", "16", "-c", "1024", "--metrics",
+                     "-ctk", ct, "--cache-type-v", ct)
+        try:
+            for rnd in ("cold", "prefix-cached"):
+                bad = 0
+                for start in range(0, len(PROMPTS), 4):
+                    group = PROMPTS[start:start + 4]
+                    for p, r in zip(group, complete_all(srv.url, group, N)):
+                        if r != ref[p]:
+                            bad += 1
+                            print(f"  {arch} {ct} {rnd}: {p!r}: serve {r!r} != generate {ref[p]!r}")
+                check(bad == 0, f"{arch} {ct} {rnd}: {len(PROMPTS)} prompts, 4 at a time, equal tern generate -ctk {ct} -ctv {ct}")
+            srv.end_clean()
+        finally:
+            if srv.proc.poll() is None:
+                srv.kill()
+        log = open(os.path.join(tmp, f"{arch}-{ct}", "serve.log")).read()
+        check(f"(K {ct}, V {ct})" in log, f"{arch} {ct}: serve reports the cache types")
+
+# KV bytes (-c 32768, ~16 MiB in f16, printed to 0.1 MiB): f16 rows 2 bytes a value, q8_0 34 bytes per 32, q4_0 18 per 32
+model = os.path.join(tmp, "qwen3.gguf")
+mib = {}
+for ct in ("f16", "q8_0", "q4_0"):
+    r = run(["generate", "-m", model, "-p", "hi", "-n", "1", "-c", "32768", "-t", "1", "-ctk", ct, "-ctv", ct])
+    m = re.search(r"KV ([0-9.]+) MiB", r.stderr.decode())
+    mib[ct] = float(m.group(1)) if m else -1
+check(abs(mib["q8_0"] / mib["f16"] - 34 / 64) < 0.02 and abs(mib["q4_0"] / mib["f16"] - 18 / 64) < 0.02,
+      f"KV MiB f16 {mib['f16']}, q8_0 {mib['q8_0']} (34/64 of f16), q4_0 {mib['q4_0']} (18/64)")
+
+# bad values exit 64 naming the flag
+data = os.path.join(tmp, "text.txt")
+open(data, "w").write(" ".join(PROMPTS) * 20)
+for cmd in (["generate", "-m", model, "-p", "hi"], ["chat", "-m", model], ["bench", "-m", model, "-p", "8", "-n", "2"],
+            ["perplexity", "-m", model, "-f", data], ["serve", "-m", model, "--port", "0"]):
+    for flag, val in (("-ctk", "q4_1"), ("--cache-type-v", "f32"), ("-ctv", None)):
+        r = run(cmd + ([flag, val] if val else [flag]), timeout=30)
+        e = r.stderr.decode()
+        check(r.returncode == 64 and flag in e, f"{cmd[0]} {flag} {val}: exit {r.returncode}, '{e.strip().splitlines()[-1] if e.strip() else ''}'")
+r = run(["bench", "-m", model, "-p", "8", "-n", "4", "-r", "1", "-t", "1", "-ctk", "q8_0", "-ctv", "q4_0", "--no-roofline"])
+check(r.returncode == 0, f"bench -ctk q8_0 -ctv q4_0 runs (exit {r.returncode})")
+# head size 16 (the tiny llama): refused with a message naming it; f16 works
+odd = os.path.join(tmp, "llama16.gguf")
+subprocess.run([tern, "synth", "-o", odd, "--preset", "tiny", "--type", "q8_0"], check=True, capture_output=True, timeout=120)
+r = run(["generate", "-m", odd, "-p", "hi", "-n", "2", "-ctk", "q8_0"])
+e = r.stderr.decode()
+check(r.returncode != 0 and "multiple of 32" in e and "16" in e,
+      f"head size 16 with -ctk q8_0: exit {r.returncode}, '{e.strip().splitlines()[-1] if e.strip() else ''}'")
+check(run(["generate", "-m", odd, "-p", "hi", "-n", "2", "-ctk", "f16"]).returncode == 0, "head size 16 with -ctk f16 runs")
+finish()
