@@ -88,6 +88,35 @@ done:
     return s;
 }
 
+/* ---- LoRA adapter (llama.cpp's GGUF LoRA format) ----------------------------------------------- */
+tern_status tn_lora_export(const tn_tmodel *m, const char *name, const char *path) {
+    if (!m->base || !m->n_lora) return tn_err(TERN_ERR_STATE, "train: not a LoRA model: no adapter to write");
+    tn_gguf_writer *w;
+    tern_status s = tn_gguf_writer_create(&w);
+    if (s) return s;
+#define T(x) do { if ((s = (x))) goto done; } while (0)
+    T(tn_gguf_set_str(w, "general.architecture", m->hp.family->name));
+    T(tn_gguf_set_str(w, "general.type", "adapter"));
+    T(tn_gguf_set_str(w, "general.name", name ? name : "tern-lora"));
+    T(tn_gguf_set_str(w, "adapter.type", "lora"));
+    T(tn_gguf_set_f32(w, "adapter.lora.alpha", m->lora_alpha));
+    T(tn_gguf_set_u32(w, "tern.lora.rank", (uint32_t)m->lora_rank));
+    for (int i = 0; i < m->n_tensors; i++) {
+        const tn_tparam *t = &m->t[i];
+        if (!t->base || !t->lora) continue;
+        for (int j = 0; j < 2; j++) { /* lora_a ne [k, rank], lora_b ne [rank, m] */
+            const tn_tparam *a = &m->t[t->lora + j];
+            int64_t ne[2] = {a->ne[0], a->ne[1]};
+            T(tn_gguf_add_tensor(w, a->name, TN_F32, 2, ne, m->params + a->off));
+        }
+    }
+    T(tn_gguf_write(w, path, NULL, NULL));
+#undef T
+done:
+    tn_gguf_writer_free(w);
+    return s;
+}
+
 /* ---- state ---------------------------------------------------------------------------------- */
 void tn_train_state_free(tn_train_state *s) {
     tn_free(s->loss); tn_free(s->lr); tn_free(s->val_step); tn_free(s->val_loss);

@@ -204,19 +204,7 @@ tern_status tn_train_run(tn_train_opts *o) {
         mp.repack = false; /* only its weights are read, as rows */
         if ((s = tern_model_load(o->init, &mp, &init))) goto done;
         if ((s = tn_vocab_data_from_gguf(init->gguf, &voc))) goto done;
-        const tn_hparams *h = &init->hp;
-        if (!tn_train_arch_ok(h->family)) {
-            char names[128];
-            tn_train_arch_names(names, sizeof names);
-            s = tn_err(TERN_ERR_UNSUPPORTED, "train: --init %s is of architecture %s, which training does not run (it "
-                       "trains %s)", o->init, h->family ? h->family->name : "?", names);
-            goto done;
-        }
-        cfg.arch = h->family;
-        cfg.head_dim = h->head_dim;
-        cfg.n_embd = h->n_embd; cfg.n_layer = h->n_layer; cfg.n_head = h->n_head; cfg.n_head_kv = h->n_head_kv;
-        cfg.n_ff = h->n_ff; cfg.rms_eps = h->rms_eps; cfg.rope_base = h->rope_freq_base;
-        if (!cfg.n_ctx || cfg.n_ctx > h->n_ctx_train) cfg.n_ctx = h->n_ctx_train;
+        if ((s = tn_train_cfg_from(init, o->cfg.n_ctx, &cfg))) { tn_err_prefix(s, "--init %s", o->init); goto done; }
         note(o, "fine-tuning %s (%s)", o->init, init->desc);
     } else if (o->tokenizer) {
         tn_gguf *g;

@@ -28,12 +28,16 @@ typedef struct ref_ctx {
     size_t over_i;
     double over_v;
     bool use_over;
+    /* optional: added to element j of tensor t (a LoRA test adds scale * (B A)[j] in double) */
+    double (*extra)(const struct ref_ctx *r, int t, size_t j);
+    void *user;
 } ref_ctx;
 
 static inline double ref_p(const ref_ctx *r, int t, size_t j) {
     size_t i = r->m->t[t].off + j;
-    if (r->use_over && i == r->over_i) return r->over_v;
-    return (double)r->P[i];
+    const double e = r->extra ? r->extra(r, t, j) : 0.0;
+    if (r->use_over && i == r->over_i) return r->over_v + e;
+    return (double)r->P[i] + e;
 }
 
 /* Index of the tensor named by fmt (layer l), or -1 when the model has none. */
