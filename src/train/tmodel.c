@@ -817,9 +817,9 @@ static void task_fn(void *arg, int ith, int nth) {
         for (int64_t p = r0; p < r1; p++) attn_fwd_one(m, tk, p / nkv, p % nkv);
         break;
     }
-    case OP_CE: { /* y = logits [n][V] → probs / dlogits; row_loss */
+    case OP_CE: { /* y = logits [n][V] → probs / dlogits; row_loss; d = targets not masked (-1) */
         const int64_t V = m->cfg.n_vocab;
-        const float inv_n = 1.0f / (float)tk->n;
+        const float inv_n = 1.0f / (float)(tk->d > 0 ? tk->d : 1);
         tn_split(tk->n, ith, nth, 1, &r0, &r1);
         for (int64_t i = r0; i < r1; i++) {
             float *l = tk->y + i * V;
@@ -828,6 +828,11 @@ static void task_fn(void *arg, int ith, int nth) {
             double sum = 0.0;
             for (int64_t j = 0; j < V; j++) sum += (double)expf(l[j] - mx);
             const int32_t tg = tk->targets[i];
+            if (tg < 0) { /* masked: no loss, no gradient */
+                m->row_loss[i] = 0.0f;
+                if (tk->grad) memset(l, 0, (size_t)V * sizeof(float));
+                continue;
+            }
             m->row_loss[i] = (float)(log(sum) + (double)mx - (double)l[tg]);
             if (tk->grad) {
                 const float inv = (float)(1.0 / sum);
@@ -883,8 +888,9 @@ tern_status tn_tmodel_forward(tn_tmodel *m, const int32_t *tokens, const int32_t
     const int64_t N = (int64_t)m->B * m->T, C = m->cfg.n_embd, F = m->cfg.n_ff, V = m->cfg.n_vocab;
     const int64_t hd = m->hp.head_dim, Q = tn_hp_q_dim(&m->hp), KV = (int64_t)m->cfg.n_head_kv * hd;
     for (int64_t i = 0; i < N; i++) {
-        if (tokens[i] < 0 || tokens[i] >= V || (targets && (targets[i] < 0 || targets[i] >= V)))
-            return tn_err(TERN_ERR_INVALID_ARG, "train: token id out of range [0, %lld) at %lld", (long long)V, (long long)i);
+        if (tokens[i] < 0 || tokens[i] >= V || (targets && (targets[i] < -1 || targets[i] >= V)))
+            return tn_err(TERN_ERR_INVALID_ARG, "train: token id out of range [0, %lld) at %lld (targets: -1 = masked)",
+                          (long long)V, (long long)i);
         m->tokens[i] = tokens[i];
         if (targets) m->targets[i] = targets[i];
     }
@@ -944,10 +950,12 @@ tern_status tn_tmodel_forward(tn_tmodel *m, const int32_t *tokens, const int32_t
     lin_fwd_w(m, on + 1, xf, logits, N, C, V, 0.0f);
     if (targets) {
         /* cross-entropy fused with softmax; logits become dlogits = (p - onehot) / N */
-        run(m, &(task){.op = OP_CE, .y = logits, .targets = m->targets, .n = N, .grad = true});
+        int64_t n_valid = 0;
+        for (int64_t i = 0; i < N; i++) n_valid += m->targets[i] >= 0;
+        run(m, &(task){.op = OP_CE, .y = logits, .targets = m->targets, .n = N, .d = n_valid, .grad = true});
         double sum = 0.0;
         for (int64_t i = 0; i < N; i++) sum += (double)m->row_loss[i];
-        if (loss) *loss = sum / (double)N;
+        if (loss) *loss = n_valid ? sum / (double)n_valid : 0.0;
     }
     return TERN_OK;
 }

@@ -128,7 +128,8 @@ tern_status tn_tmodel_init_from(tn_tmodel *m, const tern_model *src);
 /* Plans and allocates the activations for batches of B sequences of T tokens (once). */
 tern_status tn_tmodel_plan(tn_tmodel *m, int B, int T);
 
-/* Forward over m->tokens; if targets != NULL computes the mean cross-entropy into *loss.
+/* Forward over m->tokens; if targets != NULL computes the mean cross-entropy into *loss over the
+ * targets that are not -1 (masked: no loss, no gradient; 0 when all are).
  * Logits stay in the activations (tn_tmodel_logits) unless backward follows. */
 tern_status tn_tmodel_forward(tn_tmodel *m, const int32_t *tokens, const int32_t *targets, double *loss);
 /* Logits row i (after a forward). */
