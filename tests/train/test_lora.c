@@ -8,7 +8,7 @@
  * scale = alpha / rank is computed here from the test's own alpha and rank. So it checks the
  * frozen tiled forward/backward (x W^T, dY W a tile of rows at a time), the adapter's forward and
  * the gradients of A and B by central differences. The LoRA model is run with tile_rows 3
- * (ragged tiles) and 2 threads.
+ * (ragged tiles) and 2 threads; three targets are masked (-1), as a chat's prompt tokens.
  * Tolerances as test_grad.c: |analytic - numeric| <= 2e-3 * max(|numeric|, 1e-2) + 2e-5.
  */
 #include <setjmp.h>
@@ -111,6 +111,7 @@ static void check_grads(const char *arch, tn_dtype wt, uint32_t targets) {
             for (size_t j = 0; j < lm->t[i].n; j++) lm->params[lm->t[i].off + j] = (float)(0.2 * tn_rng_normal(&rng));
     int32_t tok[64], tgt[64];
     random_batch(B * T, S.cfg.n_vocab, 21, tok, tgt);
+    tgt[0] = tgt[3] = tgt[T + 1] = -1; /* masked targets (a chat's prompt): no loss, no gradient */
     double loss;
     assert_int_equal(tn_tmodel_forward(lm, tok, tgt, &loss), TERN_OK);
     lora_ref u = {.lm = lm, .scale = (double)alpha / rank};
