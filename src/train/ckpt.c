@@ -197,6 +197,16 @@ static void prune(const char *dir, const char *keep_name, const char *keep_prev_
     closedir(d);
 }
 
+/* The LoRA layout of m as text ("" for full training): a checkpoint resumes only the same one. */
+static void lora_desc(const tn_tmodel *m, char *buf, size_t cap) {
+    buf[0] = 0;
+    if (!m->base) return;
+    uint32_t targets = 0;
+    for (int i = 0; i < m->n_tensors; i++)
+        if (m->t[i].base && m->t[i].lora) targets |= 1u << m->t[i].role;
+    snprintf(buf, cap, "rank %d, alpha %g, targets 0x%x", m->lora_rank, (double)m->lora_alpha, targets);
+}
+
 tern_status tn_ckpt_save(const tn_tmodel *m, const tn_train_state *st, const char *dir) {
     if (mkdir(dir, 0777) && errno != EEXIST) return tn_err(TERN_ERR_IO, "train: cannot create checkpoint dir %s: %s", dir, strerror(errno));
     char name[64], path[4096], mpath[4096], prev[4096] = "";
@@ -233,6 +243,9 @@ tern_status tn_ckpt_save(const tn_tmodel *m, const tn_train_state *st, const cha
     /* the family and head_dim (absent in checkpoints before them: llama, n_embd / n_head) */
     T(tn_gguf_set_str(w, "tern.train.arch", m->hp.family->name));
     T(tn_gguf_set_u32(w, "tern.train.head_dim", (uint32_t)m->hp.head_dim));
+    char ld[96];
+    lora_desc(m, ld, sizeof ld);
+    if (ld[0]) T(tn_gguf_set_str(w, "tern.train.lora", ld));
     if (st->step) {
         T(tn_gguf_set_arr(w, "tern.train.loss", TN_GGUF_F32, st->loss, (uint64_t)st->step));
         T(tn_gguf_set_arr(w, "tern.train.lr", TN_GGUF_F32, st->lr, (uint64_t)st->step));
@@ -323,6 +336,18 @@ tern_status tn_ckpt_load(tn_tmodel *m, tn_train_state *st, const char *dir, bool
             s = tn_err(TERN_ERR_INVALID_ARG, "train: checkpoint %s was made for architecture %.*s with head_dim %u; this run "
                        "is %s with head_dim %d (use the same --arch / --head-dim or another --ckpt-dir)", path,
                        (int)TN_MIN(an.len, 64), an.data, hd, m->hp.family->name, m->hp.head_dim);
+            goto done;
+        }
+    }
+    {
+        char ld[96];
+        lora_desc(m, ld, sizeof ld);
+        tn_gguf_str have = {0, ""};
+        T(tn_gguf_get_str(g, "tern.train.lora", false, &have));
+        if (!tn_gguf_str_eq(have, ld)) {
+            s = tn_err(TERN_ERR_INVALID_ARG, "train: checkpoint %s holds %s%.*s; this run %s%s (use the same LoRA flags or "
+                       "another --ckpt-dir)", path, have.len ? "a LoRA adapter of " : "full training", (int)TN_MIN(have.len, 96),
+                       have.data, ld[0] ? "trains a LoRA adapter of " : "is full training", ld);
             goto done;
         }
     }

@@ -6,7 +6,8 @@
 #  - plain text works; --lora-targets restricts the tensors;
 #  - bad input: malformed JSONL named by file:line (exit 65, nothing written), a chat without an
 #    assistant turn, --skip-bad-lines, bad flags (exit 64);
-#  - SIGINT mid-run writes the adapter so far; --ckpt-dir + --resume continues to the last step.
+#  - SIGINT mid-run writes the adapter so far; --ckpt-dir + --resume continues to the last step;
+#    resuming with another rank is refused.
 set -u
 TERN=${1:?tern binary}
 TMP=${2:?tmp dir}/finetune-cli.$$
@@ -80,4 +81,6 @@ step=$(grep -o 'interrupted at step [0-9]*' "$TMP/err" | grep -o '[0-9]*$')
 "$TERN" "${FT[@]}" --data "$chats" --steps $((step + 3)) --ckpt-dir "$TMP/ck" --resume -o "$TMP/c.gguf" 2>"$TMP/err" \
   && grep -q "resumed from .* at step $step" "$TMP/err" && grep -q "step $((step + 3))/$((step + 3))" "$TMP/err" \
   && ok "--resume from step $step to $((step + 3))" || bad "--resume: $(tail -2 "$TMP/err")"
+expect 64 "holds a LoRA adapter of rank 4, alpha 8, targets .*; this run trains a LoRA adapter of rank 2" -- \
+  "$TERN" "${FT[@]}" --data "$chats" --lora-rank 2 --steps $((step + 6)) --ckpt-dir "$TMP/ck" --resume -o "$TMP/c.gguf"
 exit $fail
