@@ -31,6 +31,7 @@ uint64_t tn_hash64(const void *p, size_t n, uint64_t h) {
 tern_status tn_tmodel_export(const tn_tmodel *m, const tn_vocab_data *voc, const char *name, tn_dtype mtype,
                              const char *path) {
     if (mtype != TN_F32 && mtype != TN_Q8_0) return tn_err(TERN_ERR_UNSUPPORTED, "train: export type must be f32 or q8_0");
+    if (m->base) return tn_err(TERN_ERR_STATE, "train: a LoRA model holds no full weights; write its adapter (tn_lora_export)");
     if (voc->n != m->cfg.n_vocab)
         return tn_err(TERN_ERR_INVALID_ARG, "train: vocabulary has %d tokens, model %d", voc->n, m->cfg.n_vocab);
     tn_gguf_writer *w;
