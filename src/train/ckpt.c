@@ -31,6 +31,7 @@ uint64_t tn_hash64(const void *p, size_t n, uint64_t h) {
 tern_status tn_tmodel_export(const tn_tmodel *m, const tn_vocab_data *voc, const char *name, tn_dtype mtype,
                              const char *path) {
     if (mtype != TN_F32 && mtype != TN_Q8_0) return tn_err(TERN_ERR_UNSUPPORTED, "train: export type must be f32 or q8_0");
+    if (m->base) return tn_err(TERN_ERR_STATE, "train: a LoRA model holds no full weights; write its adapter (tn_lora_export)");
     if (voc->n != m->cfg.n_vocab)
         return tn_err(TERN_ERR_INVALID_ARG, "train: vocabulary has %d tokens, model %d", voc->n, m->cfg.n_vocab);
     tn_gguf_writer *w;
@@ -84,6 +85,35 @@ tern_status tn_tmodel_export(const tn_tmodel *m, const tn_vocab_data *voc, const
 done:
     for (int i = 0; i < m->n_tensors; i++) tn_free(qbufs[i]);
     tn_free(qbufs);
+    tn_gguf_writer_free(w);
+    return s;
+}
+
+/* ---- LoRA adapter (llama.cpp's GGUF LoRA format) ----------------------------------------------- */
+tern_status tn_lora_export(const tn_tmodel *m, const char *name, const char *path) {
+    if (!m->base || !m->n_lora) return tn_err(TERN_ERR_STATE, "train: not a LoRA model: no adapter to write");
+    tn_gguf_writer *w;
+    tern_status s = tn_gguf_writer_create(&w);
+    if (s) return s;
+#define T(x) do { if ((s = (x))) goto done; } while (0)
+    T(tn_gguf_set_str(w, "general.architecture", m->hp.family->name));
+    T(tn_gguf_set_str(w, "general.type", "adapter"));
+    T(tn_gguf_set_str(w, "general.name", name ? name : "tern-lora"));
+    T(tn_gguf_set_str(w, "adapter.type", "lora"));
+    T(tn_gguf_set_f32(w, "adapter.lora.alpha", m->lora_alpha));
+    T(tn_gguf_set_u32(w, "tern.lora.rank", (uint32_t)m->lora_rank));
+    for (int i = 0; i < m->n_tensors; i++) {
+        const tn_tparam *t = &m->t[i];
+        if (!t->base || !t->lora) continue;
+        for (int j = 0; j < 2; j++) { /* lora_a ne [k, rank], lora_b ne [rank, m] */
+            const tn_tparam *a = &m->t[t->lora + j];
+            int64_t ne[2] = {a->ne[0], a->ne[1]};
+            T(tn_gguf_add_tensor(w, a->name, TN_F32, 2, ne, m->params + a->off));
+        }
+    }
+    T(tn_gguf_write(w, path, NULL, NULL));
+#undef T
+done:
     tn_gguf_writer_free(w);
     return s;
 }
@@ -168,6 +198,16 @@ static void prune(const char *dir, const char *keep_name, const char *keep_prev_
     closedir(d);
 }
 
+/* The LoRA layout of m as text ("" for full training): a checkpoint resumes only the same one. */
+static void lora_desc(const tn_tmodel *m, char *buf, size_t cap) {
+    buf[0] = 0;
+    if (!m->base) return;
+    uint32_t targets = 0;
+    for (int i = 0; i < m->n_tensors; i++)
+        if (m->t[i].base && m->t[i].lora) targets |= 1u << m->t[i].role;
+    snprintf(buf, cap, "rank %d, alpha %g, targets 0x%x", m->lora_rank, (double)m->lora_alpha, targets);
+}
+
 tern_status tn_ckpt_save(const tn_tmodel *m, const tn_train_state *st, const char *dir) {
     if (mkdir(dir, 0777) && errno != EEXIST) return tn_err(TERN_ERR_IO, "train: cannot create checkpoint dir %s: %s", dir, strerror(errno));
     char name[64], path[4096], mpath[4096], prev[4096] = "";
@@ -204,6 +244,9 @@ tern_status tn_ckpt_save(const tn_tmodel *m, const tn_train_state *st, const cha
     /* the family and head_dim (absent in checkpoints before them: llama, n_embd / n_head) */
     T(tn_gguf_set_str(w, "tern.train.arch", m->hp.family->name));
     T(tn_gguf_set_u32(w, "tern.train.head_dim", (uint32_t)m->hp.head_dim));
+    char ld[96];
+    lora_desc(m, ld, sizeof ld);
+    if (ld[0]) T(tn_gguf_set_str(w, "tern.train.lora", ld));
     if (st->step) {
         T(tn_gguf_set_arr(w, "tern.train.loss", TN_GGUF_F32, st->loss, (uint64_t)st->step));
         T(tn_gguf_set_arr(w, "tern.train.lr", TN_GGUF_F32, st->lr, (uint64_t)st->step));
@@ -294,6 +337,18 @@ tern_status tn_ckpt_load(tn_tmodel *m, tn_train_state *st, const char *dir, bool
             s = tn_err(TERN_ERR_INVALID_ARG, "train: checkpoint %s was made for architecture %.*s with head_dim %u; this run "
                        "is %s with head_dim %d (use the same --arch / --head-dim or another --ckpt-dir)", path,
                        (int)TN_MIN(an.len, 64), an.data, hd, m->hp.family->name, m->hp.head_dim);
+            goto done;
+        }
+    }
+    {
+        char ld[96];
+        lora_desc(m, ld, sizeof ld);
+        tn_gguf_str have = {0, ""};
+        T(tn_gguf_get_str(g, "tern.train.lora", false, &have));
+        if (!tn_gguf_str_eq(have, ld)) {
+            s = tn_err(TERN_ERR_INVALID_ARG, "train: checkpoint %s holds %s%.*s; this run %s%s (use the same LoRA flags or "
+                       "another --ckpt-dir)", path, have.len ? "a LoRA adapter of " : "full training", (int)TN_MIN(have.len, 96),
+                       have.data, ld[0] ? "trains a LoRA adapter of " : "is full training", ld);
             goto done;
         }
     }

@@ -1,6 +1,7 @@
 /*
  * data.c — token shards and batches. See data.h.
  */
+#include <math.h>
 #include <string.h>
 
 #include "train/data.h"
@@ -92,6 +93,22 @@ static void make_perm(tn_data *d) {
     }
 }
 
+/* Window tables for nw windows: every period-th held out for validation (the last one when there
+ * are fewer than period; none when period is 0), the rest shuffled per epoch. */
+static tern_status split_windows(tn_data *d, int64_t nw, int64_t period) {
+    d->train_w = tn_malloc((size_t)nw * sizeof *d->train_w);
+    d->val_w = tn_malloc((size_t)nw * sizeof *d->val_w);
+    d->perm = tn_malloc((size_t)nw * sizeof *d->perm);
+    if (!d->train_w || !d->val_w || !d->perm) return tn_err(TERN_ERR_NOMEM, "train: window tables");
+    for (int64_t w = 0; w < nw; w++) {
+        const bool val = period && (nw >= period ? w % period == period - 1 : w == nw - 1);
+        if (val) d->val_w[d->n_val++] = w;
+        else d->train_w[d->n_train++] = w;
+    }
+    make_perm(d);
+    return TERN_OK;
+}
+
 tern_status tn_data_open(const char *path, const tn_vocab_data *v, int T, uint64_t seed, tn_data *d) {
     memset(d, 0, sizeof *d);
     tern_status s = tn_map_open(path, true, &d->map);
@@ -124,16 +141,7 @@ tern_status tn_data_open(const char *path, const tn_vocab_data *v, int T, uint64
                    "(two windows: one to train on, one held out)", (unsigned long long)n, T, 2 * T + 1);
         goto fail;
     }
-    d->train_w = tn_malloc((size_t)nw * sizeof *d->train_w);
-    d->val_w = tn_malloc((size_t)nw * sizeof *d->val_w);
-    d->perm = tn_malloc((size_t)nw * sizeof *d->perm);
-    if (!d->train_w || !d->val_w || !d->perm) { s = tn_err(TERN_ERR_NOMEM, "train: window tables"); goto fail; }
-    for (int64_t w = 0; w < nw; w++) {
-        bool val = nw >= 20 ? (w % 20 == 19) : (w == nw - 1);
-        if (val) d->val_w[d->n_val++] = w;
-        else d->train_w[d->n_train++] = w;
-    }
-    make_perm(d);
+    if ((s = split_windows(d, nw, 20))) goto fail;
     return TERN_OK;
 fail:
     tn_data_close(d);
@@ -142,6 +150,8 @@ fail:
 
 void tn_data_close(tn_data *d) {
     tn_map_close(&d->map);
+    tn_free(d->own_tok);
+    tn_free(d->keep);
     tn_free(d->train_w);
     tn_free(d->val_w);
     tn_free(d->perm);
@@ -159,9 +169,35 @@ tern_status tn_data_seek(tn_data *d, int64_t epoch, int64_t pos) {
 }
 
 static void window(const tn_data *d, int64_t w, int32_t *tokens, int32_t *targets) {
-    const int32_t *src = d->tok + w * d->T;
+    const int64_t stride = d->keep ? d->T + 1 : d->T;
+    const int32_t *src = d->tok + w * stride;
     memcpy(tokens, src, (size_t)d->T * sizeof *tokens);
     memcpy(targets, src + 1, (size_t)d->T * sizeof *targets);
+    if (d->keep)
+        for (int i = 0; i < d->T; i++)
+            if (!d->keep[w * stride + 1 + i]) targets[i] = -1;
+}
+
+tern_status tn_data_from_samples(int32_t *tok, uint8_t *keep, int64_t n, int T, double val_frac, uint64_t seed, tn_data *d) {
+    memset(d, 0, sizeof *d);
+    d->own_tok = tok;
+    d->tok = tok;
+    d->keep = keep;
+    d->n_tok = (uint64_t)n * (uint64_t)(T + 1);
+    d->T = T;
+    d->seed = seed;
+    tern_status s = TERN_OK;
+    const int64_t period = val_frac > 0 ? TN_MAX((int64_t)2, (int64_t)llround(1.0 / val_frac)) : 0;
+    if (n < (period ? 2 : 1)) {
+        s = tn_err(TERN_ERR_FORMAT, "train: the data holds %lld sample%s of up to %d tokens; training%s needs at least %d",
+                   (long long)n, n == 1 ? "" : "s", T + 1, period ? " with a validation split" : "", period ? 2 : 1);
+        goto fail;
+    }
+    if ((s = split_windows(d, n, period))) goto fail;
+    return TERN_OK;
+fail:
+    tn_data_close(d);
+    return s;
 }
 
 tern_status tn_data_next(tn_data *d, int B, int32_t *tokens, int32_t *targets) {

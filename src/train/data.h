@@ -23,6 +23,10 @@
 typedef struct tn_data {
     tn_map map;
     const int32_t *tok;
+    /* in-memory samples (tn_data_from_samples): window w is tok[w*(T+1) .. w*(T+1)+T], a target
+     * masked (-1) where keep[...] == 0; owned */
+    int32_t *own_tok;
+    uint8_t *keep;
     uint64_t n_tok;
     int T;
     uint64_t seed;
@@ -40,6 +44,10 @@ tern_status tn_data_open(const char *shard_path, const tn_vocab_data *v, int T, 
 void tn_data_close(tn_data *d);
 /* Next B training windows → tokens/targets [B*T]; advances the cursor. */
 tern_status tn_data_next(tn_data *d, int B, int32_t *tokens, int32_t *targets);
+/* Takes n samples of T+1 tokens (tok, and keep: 0 where a target is not trained; both tn_malloc'd,
+ * owned by d from the call on, even on failure) as windows; val_frac of them (every
+ * round(1/val_frac)-th; at least one when val_frac > 0) held out for validation. */
+tern_status tn_data_from_samples(int32_t *tok, uint8_t *keep, int64_t n, int T, double val_frac, uint64_t seed, tn_data *d);
 /* Sets the cursor (from a checkpoint). */
 tern_status tn_data_seek(tn_data *d, int64_t epoch, int64_t pos);
 /* Validation batch i of B windows (cycling if fewer); returns false past n_batches. */

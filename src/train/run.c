@@ -14,6 +14,7 @@
 #include "train/bpe.h"
 #include "train/ckpt.h"
 #include "train/data.h"
+#include "train/ftdata.h"
 #include "train/run.h"
 
 void tn_train_opts_default(tn_train_opts *o) {
@@ -174,7 +175,9 @@ tern_status tn_train_run(tn_train_opts *o) {
     tn_dist *dist = NULL;
     if (!o->out) return tn_err(TERN_ERR_INVALID_ARG, "train: no output path (-o)");
     if (o->n_data < 1) return tn_err(TERN_ERR_INVALID_ARG, "train: no training data (--data FILE...)");
-    if (o->steps < 1 || o->batch < 1) return tn_err(TERN_ERR_INVALID_ARG, "train: --steps and --batch must be positive");
+    const bool lora = o->lora.rank > 0;
+    if (lora && !o->init) return tn_err(TERN_ERR_INVALID_ARG, "train: LoRA needs a base model (-m)");
+    if ((o->steps < 1 && !(o->epochs > 0)) || o->batch < 1) return tn_err(TERN_ERR_INVALID_ARG, "train: --steps and --batch must be positive");
     if (o->ckpt_dir && o->ckpt_every < 1) o->ckpt_every = TN_MAX(1, o->steps / 10);
     if (o->resume && !o->ckpt_dir) return tn_err(TERN_ERR_INVALID_ARG, "train: --resume needs --ckpt-dir");
     if (o->zo.on && (o->dist.method == TN_DIST_DILOCO || o->dist.method == TN_DIST_NOLOCO))
@@ -204,14 +207,14 @@ tern_status tn_train_run(tn_train_opts *o) {
     lens = tn_calloc((size_t)o->n_data, sizeof *lens);
     if (!maps || !texts || !lens) { s = tn_err(TERN_ERR_NOMEM, "train: data list"); goto done; }
     size_t total = 0;
-    for (int i = 0; i < o->n_data; i++) {
+    for (int i = 0; i < o->n_data && !lora; i++) { /* LoRA data: train/ftdata.c reads the files */
         if ((s = tn_map_open(o->data[i], true, &maps[i]))) goto done;
         texts[i] = (const char *)maps[i].data;
         lens[i] = maps[i].size;
         total += lens[i];
         if ((s = tn_utf8_check(texts[i], lens[i], o->data[i]))) goto done;
     }
-    if (!total) { s = tn_err(TERN_ERR_FORMAT, "train: the training data is empty (%s%s)", o->data[0], o->n_data > 1 ? ", ..." : ""); goto done; }
+    if (!total && !lora) { s = tn_err(TERN_ERR_FORMAT, "train: the training data is empty (%s%s)", o->data[0], o->n_data > 1 ? ", ..." : ""); goto done; }
     /* 2. vocabulary and config */
     tn_train_cfg cfg = o->cfg;
     if (o->init) {
@@ -219,21 +222,9 @@ tern_status tn_train_run(tn_train_opts *o) {
         tern_model_params_init(&mp);
         mp.repack = false; /* only its weights are read, as rows */
         if ((s = tern_model_load(o->init, &mp, &init))) goto done;
-        if ((s = tn_vocab_data_from_gguf(init->gguf, &voc))) goto done;
-        const tn_hparams *h = &init->hp;
-        if (!tn_train_arch_ok(h->family)) {
-            char names[128];
-            tn_train_arch_names(names, sizeof names);
-            s = tn_err(TERN_ERR_UNSUPPORTED, "train: --init %s is of architecture %s, which training does not run (it "
-                       "trains %s)", o->init, h->family ? h->family->name : "?", names);
-            goto done;
-        }
-        cfg.arch = h->family;
-        cfg.head_dim = h->head_dim;
-        cfg.n_embd = h->n_embd; cfg.n_layer = h->n_layer; cfg.n_head = h->n_head; cfg.n_head_kv = h->n_head_kv;
-        cfg.n_ff = h->n_ff; cfg.rms_eps = h->rms_eps; cfg.rope_base = h->rope_freq_base;
-        if (!cfg.n_ctx || cfg.n_ctx > h->n_ctx_train) cfg.n_ctx = h->n_ctx_train;
-        note(o, "fine-tuning %s (%s)", o->init, init->desc);
+        if (!lora && (s = tn_vocab_data_from_gguf(init->gguf, &voc))) goto done;
+        if ((s = tn_train_cfg_from(init, o->cfg.n_ctx, &cfg))) { tn_err_prefix(s, "--init %s", o->init); goto done; }
+        note(o, "fine-tuning %s (%s)%s", o->init, init->desc, lora ? " with LoRA; the base stays frozen in its file's types" : "");
     } else if (o->tokenizer) {
         tn_gguf *g;
         if ((s = tn_gguf_open(o->tokenizer, true, &g))) goto done;
@@ -244,15 +235,27 @@ tern_status tn_train_run(tn_train_opts *o) {
         note(o, "learning a %d-token vocabulary from the data", o->vocab_size);
         if ((s = tn_bpe_train(texts, lens, o->n_data, o->vocab_size, &voc))) goto done;
     }
-    cfg.n_vocab = voc->n;
+    if (voc) cfg.n_vocab = voc->n;
     if ((s = tn_train_cfg_check(&cfg))) goto done;
     /* 3. memory plan: say what is needed before touching data */
     size_t pb, ab;
     tn_tmodel_mem(&cfg, o->batch, cfg.n_ctx, o->n_threads, &pb, &ab);
+    if (lora) {
+        if ((s = tn_tmodel_create_lora(&cfg, init, &o->lora, o->n_threads, &m))) goto done;
+        pb = m->n_params * 4 * sizeof(float);
+        const size_t scratch = ((size_t)2 * o->batch * cfg.n_ctx * m->lora_rank +
+                                (size_t)m->tile_rows * (size_t)TN_MAX(TN_MAX(cfg.n_embd, cfg.n_ff), m->hp.head_dim * cfg.n_head)) * sizeof(float);
+        ab += scratch;
+        note(o, "memory plan: base %.1f MiB mapped (read, never copied to f32); %.1f MiB adapter (%d matrices, rank %d, "
+             "alpha %g) + norms, gradients and AdamW; %.1f MiB activations and tiles (batch %d x ctx %d)",
+             init->weight_bytes / 1048576.0, pb / 1048576.0, m->n_lora, m->lora_rank, (double)m->lora_alpha, ab / 1048576.0,
+             o->batch, cfg.n_ctx);
+    } else {
+        note(o, "memory plan: %.1f MiB parameters+gradients+AdamW, %.1f MiB activations (batch %d x ctx %d)", pb / 1048576.0,
+             ab / 1048576.0, o->batch, cfg.n_ctx);
+        if ((s = tn_tmodel_create(&cfg, o->n_threads, &m))) goto done;
+    }
     o->planned_bytes = pb + ab;
-    note(o, "memory plan: %.1f MiB parameters+gradients+AdamW, %.1f MiB activations (batch %d x ctx %d)", pb / 1048576.0,
-         ab / 1048576.0, o->batch, cfg.n_ctx);
-    if ((s = tn_tmodel_create(&cfg, o->n_threads, &m))) goto done;
     if ((s = tn_tmodel_plan(m, o->batch, cfg.n_ctx))) goto done;
     /* 4. data */
     if (o->ckpt_dir) {
@@ -270,19 +273,39 @@ tern_status tn_train_run(tn_train_opts *o) {
         shard_tmp = true;
     }
     if (!shard) { s = tn_err(TERN_ERR_NOMEM, "train: paths"); goto done; }
-    uint64_t n_tok;
-    if ((s = tn_shard_build(texts, lens, o->n_data, voc, shard, &n_tok))) goto done;
-    if ((s = tn_data_open(shard, voc, cfg.n_ctx, o->seed, &data))) goto done;
-    data_open = true;
-    note(o, "data: %.2f MB of text, %llu tokens (%.2f bytes/token), %lld training and %lld validation windows of %d",
-         total / 1e6, (unsigned long long)n_tok, (double)total / (double)n_tok, (long long)data.n_train,
-         (long long)data.n_val, cfg.n_ctx);
+    if (lora) {
+        int32_t *stok;
+        uint8_t *skeep;
+        int64_t ns;
+        tn_ft_stats fs;
+        if ((s = tn_ft_samples(init, o->data, o->n_data, cfg.n_ctx, o->skip_bad_lines, o->note, o->user, &stok, &skeep, &ns, &fs)))
+            goto done;
+        if ((s = tn_data_from_samples(stok, skeep, ns, cfg.n_ctx, o->val_split, o->seed, &data))) goto done;
+        data_open = true;
+        note(o, "data: %lld chats (%lld cut to %d tokens, %lld lines skipped), %lld text windows; %lld tokens, %lld trained "
+             "targets; %lld training and %lld validation samples", (long long)fs.n_chats, (long long)fs.n_cut, cfg.n_ctx + 1,
+             (long long)fs.n_skipped, (long long)fs.n_text_windows, (long long)fs.n_tokens, (long long)fs.n_trained,
+             (long long)data.n_train, (long long)data.n_val);
+    } else {
+        uint64_t n_tok;
+        if ((s = tn_shard_build(texts, lens, o->n_data, voc, shard, &n_tok))) goto done;
+        if ((s = tn_data_open(shard, voc, cfg.n_ctx, o->seed, &data))) goto done;
+        data_open = true;
+        note(o, "data: %.2f MB of text, %llu tokens (%.2f bytes/token), %lld training and %lld validation windows of %d",
+             total / 1e6, (unsigned long long)n_tok, (double)total / (double)n_tok, (long long)data.n_train,
+             (long long)data.n_val, cfg.n_ctx);
+    }
+    if (o->epochs > 0) {
+        const double st_ = ceil(o->epochs * (double)data.n_train / (double)o->batch);
+        o->steps = st_ > 1e8 ? 100000000 : st_ < 1 ? 1 : (int)st_;
+        if (o->ckpt_dir && o->ckpt_every < 1) o->ckpt_every = TN_MAX(1, o->steps / 10);
+    }
     note(o, "model: %s, %.2fM parameters, n_embd %d, %d layers, %d/%d heads of %d, n_ff %d, vocab %d, ctx %d; %d threads",
          m->hp.family->name, m->n_params / 1e6, cfg.n_embd, cfg.n_layer, cfg.n_head, cfg.n_head_kv, m->hp.head_dim,
          cfg.n_ff, cfg.n_vocab, cfg.n_ctx, o->n_threads);
     /* 5. weights: checkpoint, init model or random */
     st.seed = o->seed;
-    st.vocab_hash = tn_vocab_data_hash(voc);
+    st.vocab_hash = voc ? tn_vocab_data_hash(voc) : (uint64_t)init->hp.n_vocab;
     bool found = false;
     if (o->resume && (s = tn_ckpt_load(m, &st, o->ckpt_dir, &found))) goto done;
     if (found) {
@@ -292,10 +315,15 @@ tern_status tn_train_run(tn_train_opts *o) {
         note(o, "resumed from %s at step %lld", o->ckpt_dir, (long long)st.step);
     } else {
         if (o->resume) note(o, "no checkpoint in %s yet: starting from step 0", o->ckpt_dir);
-        if (init) { if ((s = tn_tmodel_init_from(m, init))) goto done; }
+        if (lora) { /* tn_tmodel_create_lora initialized the adapter (lora_b = 0: the base) */ }
+        else if (init) { if ((s = tn_tmodel_init_from(m, init))) goto done; }
         else tn_tmodel_init_random(m, o->seed);
     }
-    if (init) { tern_model_free(init); init = NULL; }
+    if (init && !lora) { tern_model_free(init); init = NULL; } /* LoRA reads the base to the end */
+    if (lora && dist) {
+        s = tn_err(TERN_ERR_UNSUPPORTED, "train: --dist with LoRA fine-tuning is not supported yet (one process)");
+        goto done;
+    }
     if ((s = tn_dist_begin(dist, m))) goto done;
     if (dist) note(o, "--dist %s on %d ranks: batch %d per rank (global %d)%s", tn_dist_name(o->dist.method), n_ranks,
                    o->batch, o->batch * n_ranks, outer ? ", outer step every --outer-every steps" : "");
@@ -312,7 +340,9 @@ tern_status tn_train_run(tn_train_opts *o) {
         if (o->stop && *o->stop) {
             const bool save = o->ckpt_dir && st.step > first_step && !rank && !outer;
             if (save && (s = tn_ckpt_save(m, &st, o->ckpt_dir))) goto done;
-            s = tn_err(TERN_ERR_ABORTED, "train: interrupted at step %lld%s", (long long)st.step,
+            if (lora && st.step > 0 && (s = tn_lora_export(m, o->name, o->out))) goto done;
+            s = tn_err(TERN_ERR_ABORTED, "train: interrupted at step %lld%s%s", (long long)st.step,
+                       lora && st.step > 0 ? " (the adapter so far is written)" : "",
                        save ? " (checkpoint written; --resume continues)" : "");
             goto done;
         }
@@ -341,7 +371,7 @@ tern_status tn_train_run(tn_train_opts *o) {
         st.pos = data.pos;
         tokens_done += (double)N * n_ranks;
         double vl = NAN;
-        if (!rank && (st.step % val_every == 0 || st.step == o->steps)) { /* rank 0 reports */
+        if (!rank && data.n_val && (st.step % val_every == 0 || st.step == o->steps)) { /* rank 0 reports */
             vl = eval_val(m, &data, val_batches, tok, tgt, &s);
             if (s) goto done;
             if ((s = tn_train_state_push_val(&st, (int32_t)st.step, (float)vl))) goto done;
@@ -363,8 +393,12 @@ tern_status tn_train_run(tn_train_opts *o) {
     o->weights_hash = tn_hash64(m->params, m->n_params * sizeof(float), 0);
     o->comm_bytes = tn_dist_bytes(dist);
     /* 6. outputs */
-    if (!rank && (s = tn_tmodel_export(m, voc, o->name, o->out_type, o->out))) goto done;
-    if (!rank && (s = write_curves(&st, o->out))) goto done;
+    if (!rank) {
+        if (lora) s = tn_lora_export(m, o->name, o->out);
+        else s = tn_tmodel_export(m, voc, o->name, o->out_type, o->out);
+        if (s) goto done;
+        if ((s = write_curves(&st, o->out))) goto done;
+    }
 done:
     tn_dist_close(dist, s == TERN_OK);
     if (shard && shard_tmp) unlink(shard);

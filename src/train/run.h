@@ -46,6 +46,13 @@ typedef struct tn_train_opts {
     bool resume;
     const char *out;
     const char *name;
+    /* LoRA fine-tuning (`tern finetune`): lora.rank > 0 trains an adapter over init (the base,
+     * frozen in its file's type); data are JSONL chats or plain text (train/ftdata.h), tokenized
+     * with the base's tokenizer; out is the adapter (written also when stopped). */
+    tn_lora_cfg lora;
+    bool skip_bad_lines;
+    double val_split;         /* LoRA: fraction held out (0: none)                       */
+    double epochs;            /* > 0: steps = ceil(epochs * training samples / batch)      */
     tn_dtype out_type;        /* TN_F32 or TN_Q8_0                                */
     volatile sig_atomic_t *stop;
     void (*progress)(const tn_train_progress *p, void *user);

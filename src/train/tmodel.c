@@ -88,6 +88,24 @@ tern_status tn_train_cfg_check(const tn_train_cfg *c) {
     return TERN_OK;
 }
 
+tern_status tn_train_cfg_from(const tern_model *src, int32_t n_ctx, tn_train_cfg *c) {
+    const tn_hparams *h = &src->hp;
+    if (!tn_train_arch_ok(h->family)) {
+        char names[128];
+        tn_train_arch_names(names, sizeof names);
+        return tn_err(TERN_ERR_UNSUPPORTED, "train: the model is of architecture %s, which training does not run (it "
+                      "trains %s)", h->family ? h->family->name : "?", names);
+    }
+    memset(c, 0, sizeof *c);
+    c->arch = h->family;
+    c->head_dim = h->head_dim;
+    c->n_vocab = h->n_vocab;
+    c->n_embd = h->n_embd; c->n_layer = h->n_layer; c->n_head = h->n_head; c->n_head_kv = h->n_head_kv;
+    c->n_ff = h->n_ff; c->rms_eps = h->rms_eps; c->rope_base = h->rope_freq_base;
+    c->n_ctx = n_ctx > 0 && n_ctx <= h->n_ctx_train ? n_ctx : h->n_ctx_train;
+    return TERN_OK;
+}
+
 static void fill_hparams(const tn_train_cfg *c, tn_hparams *hp) {
     const tn_arch_desc *a = tn_train_arch(c);
     memset(hp, 0, sizeof *hp);
@@ -210,7 +228,12 @@ static tern_status check_fits(size_t need, const char *what) {
     return TERN_OK;
 }
 
-tern_status tn_tmodel_create(const tn_train_cfg *c, int n_threads, tn_tmodel **out) {
+static tern_status lora_layout(tn_tmodel *m, const tern_model *base, const tn_lora_cfg *lc);
+static void lora_init(tn_tmodel *m, uint64_t seed);
+
+/* Full training (base NULL) or LoRA over base. */
+static tern_status create_impl(const tn_train_cfg *c, int n_threads, const tern_model *base, const tn_lora_cfg *lc,
+                               tn_tmodel **out) {
     *out = NULL;
     tern_status s = tn_train_cfg_check(c);
     if (s) return s;
@@ -220,7 +243,9 @@ tern_status tn_tmodel_create(const tn_train_cfg *c, int n_threads, tn_tmodel **o
     m->cfg = *c;
     fill_hparams(c, &m->hp);
     m->n_tensors = build_table(c, NULL, &m->n_params);
-    m->t = tn_calloc((size_t)m->n_tensors, sizeof *m->t);
+    /* LoRA: room for a lora_a and a lora_b per layer and target role */
+    const size_t cap = (size_t)m->n_tensors + (base ? 2 * (size_t)c->n_layer * TN_ROLE_N_LAYER : 0);
+    m->t = tn_calloc(cap, sizeof *m->t);
     if (!m->t) { s = tn_err(TERN_ERR_NOMEM, "train: sizes table"); goto fail; }
     build_table(c, m->t, &m->n_params);
     {
@@ -229,8 +254,9 @@ tern_status tn_tmodel_create(const tn_train_cfg *c, int n_threads, tn_tmodel **o
         memset(m->slot, -1, sizeof m->slot);
         for (int j = 0; j < m->per_layer; j++) m->slot[lr[j]] = (int8_t)j;
     }
+    if (base && (s = lora_layout(m, base, lc))) goto fail;
     size_t bytes = m->n_params * 4 * sizeof(float);
-    if ((s = check_fits(bytes, "parameters, gradients and AdamW moments"))) goto fail;
+    if ((s = check_fits(bytes, base ? "adapter, norm weights, gradients and AdamW moments" : "parameters, gradients and AdamW moments"))) goto fail;
     m->params = tn_malloc_aligned(bytes, 64);
     if (!m->params) {
         s = tn_err(TERN_ERR_NOMEM, "train: parameters, gradients and AdamW moments need %.1f MiB; allocation failed",
@@ -244,6 +270,7 @@ tern_status tn_tmodel_create(const tn_train_cfg *c, int n_threads, tn_tmodel **o
     m->n_threads = n_threads;
     if ((s = tn_pool_create(n_threads, &m->pool))) goto fail;
     openblas_set_num_threads(1); /* parallelism comes from the pool (gemm_fn) */
+    if (base) lora_init(m, lc->seed);
     *out = m;
     return TERN_OK;
 fail:
@@ -251,11 +278,23 @@ fail:
     return s;
 }
 
+tern_status tn_tmodel_create(const tn_train_cfg *c, int n_threads, tn_tmodel **out) {
+    return create_impl(c, n_threads, NULL, NULL, out);
+}
+
+tern_status tn_tmodel_create_lora(const tn_train_cfg *c, const tern_model *base, const tn_lora_cfg *lc, int n_threads,
+                                  tn_tmodel **out) {
+    *out = NULL;
+    if (!base || !lc) return tn_err(TERN_ERR_INVALID_ARG, "train: LoRA needs a base model and a LoRA config");
+    return create_impl(c, n_threads, base, lc, out);
+}
+
 void tn_tmodel_free(tn_tmodel *m) {
     if (!m) return;
     if (m->pool) tn_pool_free(m->pool);
     tn_free_aligned(m->params);
     tn_free_aligned(m->acts);
+    tn_free_aligned(m->wtile);
     tn_free(m->t);
     tn_free(m);
 }
@@ -276,40 +315,168 @@ void tn_tmodel_init_random(tn_tmodel *m, uint64_t seed) {
     }
 }
 
-tern_status tn_tmodel_init_from(tn_tmodel *m, const tern_model *src) {
+/* The source model's tensor for table entry i (output is tok_embd's view when tied). */
+static const tn_tensor *source_tensor(const tn_tmodel *m, const tern_model *src, int i) {
+    const int head = tn_tp_head(m);
+    return i == 0 ? &src->tok_embd : i == head ? &src->output_norm : i == head + 1 ? &src->output
+                  : &src->layers[(i - 1) / m->per_layer].w[m->t[i].role];
+}
+
+/* Whether src has m's family, shape and RoPE and no tensor the training block lacks; what names
+ * src in messages ("--init model", "base model"). */
+static tern_status check_source(const tn_tmodel *m, const tern_model *src, const char *what) {
     const tn_hparams *h = &src->hp;
     const tn_arch_desc *a = m->hp.family;
     if (h->family != a)
-        return tn_err(TERN_ERR_UNSUPPORTED, "train: --init model is of architecture %s; this training model is %s",
+        return tn_err(TERN_ERR_UNSUPPORTED, "train: %s is of architecture %s; this training model is %s", what,
                       h->family ? h->family->name : "?", a->name);
     if (h->n_embd != m->cfg.n_embd || h->n_layer != m->cfg.n_layer || h->n_head != m->cfg.n_head ||
         h->n_head_kv != m->cfg.n_head_kv || h->n_ff != m->cfg.n_ff || h->n_vocab != m->cfg.n_vocab ||
         h->head_dim != m->hp.head_dim || h->n_rot != h->head_dim)
-        return tn_err(TERN_ERR_UNSUPPORTED, "train: --init model does not match the training shape (%s, n_embd %d, "
-                      "%d layers, %d/%d heads of %d, n_ff %d, vocab %d, full RoPE)", a->name, m->cfg.n_embd, m->cfg.n_layer,
+        return tn_err(TERN_ERR_UNSUPPORTED, "train: %s does not match the training shape (%s, n_embd %d, "
+                      "%d layers, %d/%d heads of %d, n_ff %d, vocab %d, full RoPE)", what, a->name, m->cfg.n_embd, m->cfg.n_layer,
                       m->cfg.n_head, m->cfg.n_head_kv, m->hp.head_dim, m->cfg.n_ff, m->cfg.n_vocab);
     if (h->rope_mode != a->rope || h->rope_freq_scale != 1.0f || src->rope_freqs.data)
-        return tn_err(TERN_ERR_UNSUPPORTED, "train: --init model uses RoPE scaling, which training does not support");
+        return tn_err(TERN_ERR_UNSUPPORTED, "train: %s uses RoPE scaling, which training does not support", what);
     if (h->n_swa > 0 || h->logit_softcap > 0 || h->embd_scale > 0 || h->nope_step > 0)
-        return tn_err(TERN_ERR_UNSUPPORTED, "train: --init model uses sliding-window attention, soft-capping, embedding "
-                      "scaling or NoPE layers, which training does not support");
+        return tn_err(TERN_ERR_UNSUPPORTED, "train: %s uses sliding-window attention, soft-capping, embedding "
+                      "scaling or NoPE layers, which training does not support", what);
     for (int l = 0; l < h->n_layer; l++)
         for (int r = 0; r < TN_ROLE_N_LAYER; r++) /* the training block: the family's required roles */
             if (src->layers[l].w[r].data && m->slot[r] < 0)
-                return tn_err(TERN_ERR_UNSUPPORTED, "train: --init model has tensor '%s', which training of %s does not "
-                              "support (it trains the family's required tensors)", src->layers[l].w[r].name, a->name);
+                return tn_err(TERN_ERR_UNSUPPORTED, "train: %s has tensor '%s', which training of %s does not "
+                              "support (it trains the family's required tensors)", what, src->layers[l].w[r].name, a->name);
     const int head = tn_tp_head(m);
+    for (int i = 0; i < head + 2; i++) {
+        const tn_tparam *t = &m->t[i];
+        const tn_tensor *st = source_tensor(m, src, i);
+        if (!st->data || st->ne[0] != t->ne[0] || (t->n_dims == 2 && st->ne[1] != t->ne[1]))
+            return tn_err(TERN_ERR_FORMAT, "train: %s tensor for '%s' has shape [%lld, %lld], expected [%lld, %lld]", what,
+                          t->name, (long long)st->ne[0], (long long)st->ne[1], (long long)t->ne[0],
+                          (long long)(t->n_dims == 1 ? 1 : t->ne[1]));
+    }
+    return TERN_OK;
+}
+
+/* ---- LoRA layout ---------------------------------------------------------------------------- */
+
+static const struct { const char *name; tn_role role; } lora_targets[] = {
+    {"q", TN_ROLE_ATTN_Q}, {"k", TN_ROLE_ATTN_K}, {"v", TN_ROLE_ATTN_V}, {"o", TN_ROLE_ATTN_OUT},
+    {"gate", TN_ROLE_FFN_GATE}, {"up", TN_ROLE_FFN_UP}, {"down", TN_ROLE_FFN_DOWN},
+};
+#define N_LORA_TARGETS (sizeof lora_targets / sizeof lora_targets[0])
+
+static uint32_t lora_default_targets(void) {
+    uint32_t b = 0;
+    for (size_t i = 0; i < N_LORA_TARGETS; i++) b |= 1u << lora_targets[i].role;
+    return b;
+}
+
+bool tn_lora_parse_targets(const char *s, uint32_t *bits, char *bad, size_t cap) {
+    *bits = 0;
+    while (*s) {
+        size_t n = strcspn(s, ",");
+        size_t i = 0;
+        while (i < N_LORA_TARGETS && (strlen(lora_targets[i].name) != n || strncmp(s, lora_targets[i].name, n))) i++;
+        if (i == N_LORA_TARGETS) {
+            if (cap) snprintf(bad, cap, "%.*s", (int)(n < 64 ? n : 64), s);
+            return false;
+        }
+        *bits |= 1u << lora_targets[i].role;
+        s += n;
+        if (*s == ',') s++;
+    }
+    if (!*bits && cap) snprintf(bad, cap, "(empty)");
+    return *bits != 0;
+}
+
+static size_t align16(size_t n) { return (n + 15) & ~(size_t)15; }
+
+/* Rewrites the sizes table for LoRA over base: matrices frozen in the base (no storage), norm
+ * weights and biases kept (frozen), then lora_a, lora_b per adapted matrix (trained). */
+static tern_status lora_layout(tn_tmodel *m, const tern_model *base, const tn_lora_cfg *lc) {
+    tern_status s = check_source(m, base, "base model");
+    if (s) return s;
+    const uint32_t targets = lc->targets ? lc->targets : lora_default_targets();
+    if (targets & ~lora_default_targets())
+        return tn_err(TERN_ERR_INVALID_ARG, "train: LoRA targets must be among q, k, v, o, gate, up, down");
+    if (lc->rank < 1 || lc->rank > 65536) return tn_err(TERN_ERR_INVALID_ARG, "train: LoRA rank %d out of range [1, 65536]", lc->rank);
+    if (!(lc->alpha >= 0.0f) || !isfinite(lc->alpha)) return tn_err(TERN_ERR_INVALID_ARG, "train: LoRA alpha %g must be >= 0", (double)lc->alpha);
+    const int64_t r = lc->rank;
+    const int nb = m->n_tensors, head = tn_tp_head(m);
+    int n = nb;
+    size_t off = 0;
+    int64_t max_k = 0;
+    for (int i = 0; i < nb; i++) {
+        tn_tparam *t = &m->t[i];
+        t->frozen = true;
+        if (t->n_dims == 1) { /* norm weights, biases: small, copied as f32 */
+            t->off = off;
+            off += align16(t->n);
+            continue;
+        }
+        t->base = source_tensor(m, base, i);
+        t->n = 0;
+        t->off = 0;
+        if (t->ne[0] > max_k) max_k = t->ne[0];
+        if (i == 0 || i >= head || !(targets & (1u << t->role))) continue;
+        if (r > t->ne[0] || r > t->ne[1])
+            return tn_err(TERN_ERR_INVALID_ARG, "train: LoRA rank %d exceeds %s's dimensions [%lld, %lld]", lc->rank, t->name,
+                          (long long)t->ne[0], (long long)t->ne[1]);
+        t->lora = n;
+        char bn[sizeof t->name];
+        memcpy(bn, t->name, sizeof bn);
+        for (int j = 0; j < 2; j++, n++) {
+            tn_tparam *a = &m->t[n];
+            if (snprintf(a->name, sizeof a->name, "%s.lora_%c", bn, j ? 'b' : 'a') >= (int)sizeof a->name)
+                return tn_err(TERN_ERR_INTERNAL, "train: tensor name %s too long", t->name);
+            a->role = t->role;
+            a->n_dims = 2;
+            a->ne[0] = j ? r : t->ne[0]; /* lora_a [rank][k], lora_b [m][rank] */
+            a->ne[1] = j ? t->ne[1] : r;
+            a->n = (size_t)(a->ne[0] * a->ne[1]);
+            a->off = off;
+            off += align16(a->n);
+        }
+        m->n_lora++;
+    }
+    if (!m->n_lora) return tn_err(TERN_ERR_INVALID_ARG, "train: no matrix of the model is a LoRA target");
+    m->n_tensors = n;
+    m->n_params = off;
+    m->base = base;
+    m->lora_rank = lc->rank;
+    m->lora_alpha = lc->alpha > 0 ? lc->alpha : (float)lc->rank;
+    m->lora_scale = m->lora_alpha / (float)lc->rank;
+    /* a tile of about 4 MiB of dequantized rows */
+    m->tile_rows = TN_MAX((int64_t)16, ((int64_t)1 << 20) / TN_MAX(max_k, (int64_t)1));
+    return TERN_OK;
+}
+
+/* Norm weights and biases from the base; lora_a ~ U(-1/sqrt(k), 1/sqrt(k)) (kaiming-uniform with
+ * a = sqrt(5), as PEFT), lora_b = 0, so the adapted model starts as the base. */
+static void lora_init(tn_tmodel *m, uint64_t seed) {
+    uint64_t rng = seed ^ UINT64_C(0x6C6F72612D696E69); /* "lora-ini" */
     for (int i = 0; i < m->n_tensors; i++) {
         const tn_tparam *t = &m->t[i];
-        /* output == tok_embd when tied: untied afterwards */
-        const tn_tensor *st = i == 0 ? &src->tok_embd : i == head ? &src->output_norm : i == head + 1 ? &src->output
-                            : &src->layers[(i - 1) / m->per_layer].w[t->role];
         float *p = tn_tp(m, m->params, i);
-        int64_t rows = t->n_dims == 1 ? 1 : t->ne[1];
-        if (!st->data || st->ne[0] != t->ne[0] || (t->n_dims == 2 && st->ne[1] != rows))
-            return tn_err(TERN_ERR_FORMAT, "train: --init tensor for '%s' has shape [%lld, %lld], expected [%lld, %lld]",
-                          t->name, (long long)st->ne[0], (long long)st->ne[1], (long long)t->ne[0], (long long)rows);
-        for (int64_t r = 0; r < rows; r++) tn_tensor_get_row(st, r, p + r * t->ne[0]);
+        if (t->base && t->lora) { /* its lora_a */
+            float *a = tn_tp(m, m->params, t->lora);
+            const double bound = 1.0 / sqrt((double)t->ne[0]);
+            for (size_t j = 0; j < m->t[t->lora].n; j++) a[j] = (float)((2.0 * tn_rng_unif(&rng) - 1.0) * bound);
+        } else if (t->frozen && t->n_dims == 1) {
+            tn_tensor_get_row(source_tensor(m, m->base, i), 0, p);
+        }
+    }
+}
+
+tern_status tn_tmodel_init_from(tn_tmodel *m, const tern_model *src) {
+    tern_status s = check_source(m, src, "--init model");
+    if (s) return s;
+    for (int i = 0; i < tn_tp_head(m) + 2; i++) {
+        const tn_tparam *t = &m->t[i];
+        float *p = tn_tp(m, m->params, i);
+        const int64_t rows = t->n_dims == 1 ? 1 : t->ne[1];
+        for (int64_t r = 0; r < rows; r++) tn_tensor_get_row(source_tensor(m, src, i), r, p + r * t->ne[0]);
     }
     return TERN_OK;
 }
@@ -337,6 +504,19 @@ tern_status tn_tmodel_plan(tn_tmodel *m, int B, int T) {
     m->targets = m->tokens + (size_t)B * T;
     m->row_loss = (float *)(m->targets + (size_t)B * T);
     for (int t = 0; t < T; t++) tn_op_rope_cache(&m->hp, NULL, t, m->rope_cs + (size_t)t * m->hp.n_rot);
+    if (m->base) { /* LoRA scratch: u, du [B*T][rank], the dequantized tile [tile_rows][max k] */
+        int64_t max_k = 1;
+        for (int i = 0; i < m->n_tensors; i++)
+            if (m->t[i].base && m->t[i].ne[0] > max_k) max_k = m->t[i].ne[0];
+        if (m->tile_rows < 1) m->tile_rows = 1;
+        const size_t nu = align16((size_t)B * T * (size_t)m->lora_rank);
+        bytes = (2 * nu + (size_t)m->tile_rows * (size_t)max_k) * sizeof(float);
+        m->wtile = tn_malloc_aligned(bytes, 64);
+        if (!m->wtile) return tn_err(TERN_ERR_NOMEM, "train: LoRA scratch needs %.1f MiB; allocation failed", bytes / 1048576.0);
+        memset(m->wtile, 0, bytes);
+        m->lora_u = m->wtile + (size_t)m->tile_rows * (size_t)max_k;
+        m->lora_du = m->lora_u + nu;
+    }
     return TERN_OK;
 }
 
@@ -393,8 +573,90 @@ static void lin_bwd_p(tn_pool *p, const float *in, const float *W, const float *
         tn_pool_run(p, gemm_fn, &h);
     }
 }
-#define lin_fwd(...) lin_fwd_p(m->pool, __VA_ARGS__)
-#define lin_bwd(...) lin_bwd_p(m->pool, __VA_ARGS__)
+
+/* ---- LoRA: frozen base matrices, dequantized a tile of rows at a time ---------------------- */
+
+typedef struct tile_task {
+    const tn_tensor *w;  /* deq: rows r0 .. r0+tr of w into tile */
+    float *tile;
+    int kind;            /* 0: deq, 1: out[:, r0:r0+tr] = in tile^T (+beta), 2: din (+)= dout[:, r0:r0+tr] tile */
+    const float *a;
+    float *c;
+    int64_t N, k, mr, r0, tr;
+    float beta;
+} tile_task;
+
+static void tile_fn(void *arg, int ith, int nth) {
+    const tile_task *g = arg;
+    int64_t i0, i1;
+    if (g->kind == 0) {
+        tn_split(g->tr, ith, nth, 1, &i0, &i1);
+        for (int64_t i = i0; i < i1; i++) tn_tensor_get_row(g->w, g->r0 + i, g->tile + i * g->k);
+        return;
+    }
+    tn_split(g->N, ith, nth, 4, &i0, &i1);
+    if (i1 <= i0) return;
+    if (g->kind == 1)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(i1 - i0), (int)g->tr, (int)g->k, 1.0f, g->a + i0 * g->k,
+                    (int)g->k, g->tile, (int)g->k, g->beta, g->c + i0 * g->mr + g->r0, (int)g->mr);
+    else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(i1 - i0), (int)g->k, (int)g->tr, 1.0f,
+                    g->a + i0 * g->mr + g->r0, (int)g->mr, g->tile, (int)g->k, g->beta, g->c + i0 * g->k, (int)g->k);
+}
+
+/* out[N][mr] (= or +=) in[N][k] W^T, or (transposed) din[N][k] (= or +=) dout[N][mr] W, W frozen
+ * in its file type: per tile of rows, the threads dequantize it, then each multiplies its rows. */
+static void frozen_mul(tn_tmodel *m, const tn_tensor *w, bool transposed, const float *in, float *out, int64_t N, int64_t k,
+                       int64_t mr, float beta) {
+    for (int64_t r0 = 0; r0 < mr; r0 += m->tile_rows) {
+        const int64_t tr = TN_MIN(m->tile_rows, mr - r0);
+        tile_task d = {.w = w, .tile = m->wtile, .kind = 0, .k = k, .r0 = r0, .tr = tr};
+        tn_pool_run(m->pool, tile_fn, &d);
+        tile_task g = {.tile = m->wtile, .kind = transposed ? 2 : 1, .a = in, .c = out, .N = N, .k = k, .mr = mr,
+                       .r0 = r0, .tr = tr, .beta = transposed && r0 > 0 ? 1.0f : beta};
+        tn_pool_run(m->pool, tile_fn, &g);
+    }
+}
+
+static void scale_rows(float *x, size_t n, float s) {
+    for (size_t i = 0; i < n; i++) x[i] *= s;
+}
+
+/* out[N][mr] (= or +=) in[N][k] W^T for table entry i: a dense parameter, or a frozen base
+ * matrix plus its adapter: out += (s in A^T) B^T. */
+static void lin_fwd_w(tn_tmodel *m, int i, const float *in, float *out, int64_t N, int64_t k, int64_t mr, float beta) {
+    const tn_tparam *t = &m->t[i];
+    if (!t->base) { lin_fwd_p(m->pool, in, m->params + t->off, out, N, k, mr, beta); return; }
+    frozen_mul(m, t->base, false, in, out, N, k, mr, beta);
+    if (!t->lora) return;
+    const int64_t r = m->lora_rank;
+    const float *A = m->params + m->t[t->lora].off, *B = m->params + m->t[t->lora + 1].off;
+    lin_fwd_p(m->pool, in, A, m->lora_u, N, k, r, 0.0f);        /* u = in A^T      [N][r] */
+    scale_rows(m->lora_u, (size_t)(N * r), m->lora_scale);
+    lin_fwd_p(m->pool, m->lora_u, B, out, N, r, mr, 1.0f);      /* out += (s u) B^T      */
+}
+
+/* Backward of lin_fwd_w: dW (dense) or dA, dB (adapter; the base gets none) and din (= or +=). */
+static void lin_bwd_w(tn_tmodel *m, int i, const float *in, const float *dout, float *din, int64_t N, int64_t k, int64_t mr,
+                      float beta_in) {
+    const tn_tparam *t = &m->t[i];
+    if (!t->base) {
+        lin_bwd_p(m->pool, in, m->params + t->off, dout, m->grads + t->off, din, N, k, mr, beta_in);
+        return;
+    }
+    frozen_mul(m, t->base, true, dout, din, N, k, mr, beta_in);
+    if (!t->lora) return;
+    const int64_t r = m->lora_rank;
+    const tn_tparam *ta = &m->t[t->lora], *tb = &m->t[t->lora + 1];
+    float *u = m->lora_u, *du = m->lora_du;
+    lin_fwd_p(m->pool, in, m->params + ta->off, u, N, k, r, 0.0f); /* u = in A^T, recomputed */
+    scale_rows(u, (size_t)(N * r), m->lora_scale);
+    /* dB += dout^T (s u); du = dout B */
+    lin_bwd_p(m->pool, u, m->params + tb->off, dout, m->grads + tb->off, du, N, r, mr, 0.0f);
+    scale_rows(du, (size_t)(N * r), m->lora_scale);
+    /* dA += (s du)^T in; din += (s du) A */
+    lin_bwd_p(m->pool, in, m->params + ta->off, du, m->grads + ta->off, din, N, k, r, 1.0f);
+}
 
 /* 8 independent partial sums so the compiler vectorizes (order fixed: deterministic). */
 static inline float dot(const float *a, const float *b, int64_t n) {
@@ -555,9 +817,9 @@ static void task_fn(void *arg, int ith, int nth) {
         for (int64_t p = r0; p < r1; p++) attn_fwd_one(m, tk, p / nkv, p % nkv);
         break;
     }
-    case OP_CE: { /* y = logits [n][V] → probs / dlogits; row_loss */
+    case OP_CE: { /* y = logits [n][V] → probs / dlogits; row_loss; d = targets not masked (-1) */
         const int64_t V = m->cfg.n_vocab;
-        const float inv_n = 1.0f / (float)tk->n;
+        const float inv_n = 1.0f / (float)(tk->d > 0 ? tk->d : 1);
         tn_split(tk->n, ith, nth, 1, &r0, &r1);
         for (int64_t i = r0; i < r1; i++) {
             float *l = tk->y + i * V;
@@ -566,6 +828,11 @@ static void task_fn(void *arg, int ith, int nth) {
             double sum = 0.0;
             for (int64_t j = 0; j < V; j++) sum += (double)expf(l[j] - mx);
             const int32_t tg = tk->targets[i];
+            if (tg < 0) { /* masked: no loss, no gradient */
+                m->row_loss[i] = 0.0f;
+                if (tk->grad) memset(l, 0, (size_t)V * sizeof(float));
+                continue;
+            }
             m->row_loss[i] = (float)(log(sum) + (double)mx - (double)l[tg]);
             if (tk->grad) {
                 const float inv = (float)(1.0 / sum);
@@ -621,8 +888,9 @@ tern_status tn_tmodel_forward(tn_tmodel *m, const int32_t *tokens, const int32_t
     const int64_t N = (int64_t)m->B * m->T, C = m->cfg.n_embd, F = m->cfg.n_ff, V = m->cfg.n_vocab;
     const int64_t hd = m->hp.head_dim, Q = tn_hp_q_dim(&m->hp), KV = (int64_t)m->cfg.n_head_kv * hd;
     for (int64_t i = 0; i < N; i++) {
-        if (tokens[i] < 0 || tokens[i] >= V || (targets && (targets[i] < 0 || targets[i] >= V)))
-            return tn_err(TERN_ERR_INVALID_ARG, "train: token id out of range [0, %lld) at %lld", (long long)V, (long long)i);
+        if (tokens[i] < 0 || tokens[i] >= V || (targets && (targets[i] < -1 || targets[i] >= V)))
+            return tn_err(TERN_ERR_INVALID_ARG, "train: token id out of range [0, %lld) at %lld (targets: -1 = masked)",
+                          (long long)V, (long long)i);
         m->tokens[i] = tokens[i];
         if (targets) m->targets[i] = targets[i];
     }
@@ -632,8 +900,12 @@ tern_status tn_tmodel_forward(tn_tmodel *m, const int32_t *tokens, const int32_t
     const bool qn = m->slot[TN_ROLE_ATTN_Q_NORM] >= 0, kn = m->slot[TN_ROLE_ATTN_K_NORM] >= 0;
     /* x = token_embd[tokens]                                   [N][C] */
     float *x = m->acts + a.x_in;
-    const float *emb = tn_tp(m, P, 0);
-    for (int64_t i = 0; i < N; i++) memcpy(x + i * C, emb + (int64_t)m->tokens[i] * C, (size_t)C * sizeof(float));
+    if (m->t[0].base) {
+        for (int64_t i = 0; i < N; i++) tn_tensor_get_row(m->t[0].base, m->tokens[i], x + i * C);
+    } else {
+        const float *emb = tn_tp(m, P, 0);
+        for (int64_t i = 0; i < N; i++) memcpy(x + i * C, emb + (int64_t)m->tokens[i] * C, (size_t)C * sizeof(float));
+    }
     for (int l = 0; l < m->cfg.n_layer; l++) {
         float *A = m->acts + a.per_layer * (size_t)l;
         float *x_in = A + a.x_in, *xn1 = A + a.xn1, *q = A + a.q, *k = A + a.k, *v = A + a.v, *att = A + a.att;
@@ -641,12 +913,13 @@ tern_status tn_tmodel_forward(tn_tmodel *m, const int32_t *tokens, const int32_t
         float *q0 = qn ? A + a.qn : q, *k0 = kn ? A + a.kn : k; /* the projections, before a q/k norm */
         float *x_out = l + 1 < m->cfg.n_layer ? m->acts + a.per_layer * (size_t)(l + 1) + a.x_in : m->acts + a.x_fin;
 #define PW(r) tn_tp(m, P, tn_tp_role(m, l, r))
+#define LIN(r, ...) lin_fwd_w(m, tn_tp_role(m, l, r), __VA_ARGS__)
         /* xn1 = rmsnorm(x_in) * attn_norm                        [N][C] */
         run(m, &(task){.op = OP_RMSNORM, .x = x_in, .y = xn1, .w = PW(TN_ROLE_ATTN_NORM), .n = N, .d = C});
         /* q0 [N][Q], k0, v [N][KV] (+ biases)                                                 */
-        lin_fwd(xn1, PW(TN_ROLE_ATTN_Q), q0, N, C, Q, 0.0f);
-        lin_fwd(xn1, PW(TN_ROLE_ATTN_K), k0, N, C, KV, 0.0f);
-        lin_fwd(xn1, PW(TN_ROLE_ATTN_V), v, N, C, KV, 0.0f);
+        LIN(TN_ROLE_ATTN_Q, xn1, q0, N, C, Q, 0.0f);
+        LIN(TN_ROLE_ATTN_K, xn1, k0, N, C, KV, 0.0f);
+        LIN(TN_ROLE_ATTN_V, xn1, v, N, C, KV, 0.0f);
         if (qb) run(m, &(task){.op = OP_BIAS, .y = q0, .w = PW(TN_ROLE_ATTN_Q_B), .n = N, .d = Q});
         if (kb) run(m, &(task){.op = OP_BIAS, .y = k0, .w = PW(TN_ROLE_ATTN_K_B), .n = N, .d = KV});
         if (vb) run(m, &(task){.op = OP_BIAS, .y = v, .w = PW(TN_ROLE_ATTN_V_B), .n = N, .d = KV});
@@ -659,27 +932,30 @@ tern_status tn_tmodel_forward(tn_tmodel *m, const int32_t *tokens, const int32_t
         run(m, &(task){.op = OP_ATTN, .x = q, .x2 = k, .x3 = v, .y = y, .y2 = att});
         /* x_mid = x_in + y * Wo^T                                                            */
         memcpy(x_mid, x_in, (size_t)(N * C) * sizeof(float));
-        lin_fwd(y, PW(TN_ROLE_ATTN_OUT), x_mid, N, Q, C, 1.0f);
+        LIN(TN_ROLE_ATTN_OUT, y, x_mid, N, Q, C, 1.0f);
         /* xn2 = rmsnorm(x_mid) * ffn_norm; g, u [N][F]; h = silu(g) * u; x_out = x_mid + h Wd^T */
         run(m, &(task){.op = OP_RMSNORM, .x = x_mid, .y = xn2, .w = PW(TN_ROLE_FFN_NORM), .n = N, .d = C});
-        lin_fwd(xn2, PW(TN_ROLE_FFN_GATE), g, N, C, F, 0.0f);
-        lin_fwd(xn2, PW(TN_ROLE_FFN_UP), u, N, C, F, 0.0f);
+        LIN(TN_ROLE_FFN_GATE, xn2, g, N, C, F, 0.0f);
+        LIN(TN_ROLE_FFN_UP, xn2, u, N, C, F, 0.0f);
         run(m, &(task){.op = OP_SWIGLU, .x = g, .x2 = u, .y = h, .n = N, .d = F});
         memcpy(x_out, x_mid, (size_t)(N * C) * sizeof(float));
-        lin_fwd(h, PW(TN_ROLE_FFN_DOWN), x_out, N, F, C, 1.0f);
+        LIN(TN_ROLE_FFN_DOWN, h, x_out, N, F, C, 1.0f);
 #undef PW
+#undef LIN
     }
     /* xf = rmsnorm(x_fin) * output_norm; logits = xf * output^T   [N][V] */
     float *xf = m->acts + a.xf, *logits = m->acts + a.logits;
     const int on = tn_tp_head(m);
     run(m, &(task){.op = OP_RMSNORM, .x = m->acts + a.x_fin, .y = xf, .w = tn_tp(m, P, on), .n = N, .d = C});
-    lin_fwd(xf, tn_tp(m, P, on + 1), logits, N, C, V, 0.0f);
+    lin_fwd_w(m, on + 1, xf, logits, N, C, V, 0.0f);
     if (targets) {
         /* cross-entropy fused with softmax; logits become dlogits = (p - onehot) / N */
-        run(m, &(task){.op = OP_CE, .y = logits, .targets = m->targets, .n = N, .grad = true});
+        int64_t n_valid = 0;
+        for (int64_t i = 0; i < N; i++) n_valid += m->targets[i] >= 0;
+        run(m, &(task){.op = OP_CE, .y = logits, .targets = m->targets, .n = N, .d = n_valid, .grad = true});
         double sum = 0.0;
         for (int64_t i = 0; i < N; i++) sum += (double)m->row_loss[i];
-        if (loss) *loss = sum / (double)N;
+        if (loss) *loss = n_valid ? sum / (double)n_valid : 0.0;
     }
     return TERN_OK;
 }
@@ -709,7 +985,7 @@ void tn_tmodel_backward(tn_tmodel *m) {
     float *dq0 = qn ? S + a.dqn : dq, *dk0 = kn ? S + a.dkn : dk; /* gradients of the projections */
     /* head: dlogits (in logits) → d output, dxf → output_norm → dres */
     const int on = tn_tp_head(m);
-    lin_bwd(S + a.xf, tn_tp(m, P, on + 1), S + a.logits, tn_tp(m, G, on + 1), dxn, N, C, V, 0.0f);
+    lin_bwd_w(m, on + 1, S + a.xf, S + a.logits, dxn, N, C, V, 0.0f);
     memset(dres, 0, (size_t)(N * C) * sizeof(float));
     run(m, &(task){.op = OP_RMSNORM_BWD, .x = S + a.x_fin, .w = tn_tp(m, P, on), .x2 = dxn, .y = dres, .dw = dwp, .n = N, .d = C});
     reduce_dw(m, dwp, tn_tp(m, G, on), C);
@@ -717,15 +993,16 @@ void tn_tmodel_backward(tn_tmodel *m) {
         float *A = S + a.per_layer * (size_t)l;
 #define PW(r) tn_tp(m, P, tn_tp_role(m, l, r))
 #define GW(r) tn_tp(m, G, tn_tp_role(m, l, r))
+#define LINB(r, in, dout, din, ...) lin_bwd_w(m, tn_tp_role(m, l, r), in, dout, din, __VA_ARGS__)
         /* FFN: x_out = x_mid + h Wd^T */
-        lin_bwd(A + a.h, PW(TN_ROLE_FFN_DOWN), dres, GW(TN_ROLE_FFN_DOWN), dh, N, F, C, 0.0f);
+        LINB(TN_ROLE_FFN_DOWN, A + a.h, dres, dh, N, F, C, 0.0f);
         run(m, &(task){.op = OP_SWIGLU_BWD, .x = A + a.g, .x2 = A + a.u, .x3 = dh, .y = dg, .y2 = du, .n = N, .d = F});
-        lin_bwd(A + a.xn2, PW(TN_ROLE_FFN_GATE), dg, GW(TN_ROLE_FFN_GATE), dxn, N, C, F, 0.0f);
-        lin_bwd(A + a.xn2, PW(TN_ROLE_FFN_UP), du, GW(TN_ROLE_FFN_UP), dxn, N, C, F, 1.0f);
+        LINB(TN_ROLE_FFN_GATE, A + a.xn2, dg, dxn, N, C, F, 0.0f);
+        LINB(TN_ROLE_FFN_UP, A + a.xn2, du, dxn, N, C, F, 1.0f);
         run(m, &(task){.op = OP_RMSNORM_BWD, .x = A + a.x_mid, .w = PW(TN_ROLE_FFN_NORM), .x2 = dxn, .y = dres, .dw = dwp, .n = N, .d = C});
         reduce_dw(m, dwp, GW(TN_ROLE_FFN_NORM), C);
         /* attention: x_mid = x_in + y Wo^T */
-        lin_bwd(A + a.y, PW(TN_ROLE_ATTN_OUT), dres, GW(TN_ROLE_ATTN_OUT), dy, N, Q, C, 0.0f);
+        LINB(TN_ROLE_ATTN_OUT, A + a.y, dres, dy, N, Q, C, 0.0f);
         attn_bwd_task at = {.tk = {.m = m, .x = A + a.q, .x2 = A + a.k, .x3 = A + a.v, .w = A + a.att, .y = dy,
                                    .y2 = dq, .y3 = dk, .dw = dv},
                             .datt = S + a.datt};
@@ -747,15 +1024,17 @@ void tn_tmodel_backward(tn_tmodel *m) {
         if (qb) run(m, &(task){.op = OP_BIAS_BWD, .x = dq0, .dw = GW(TN_ROLE_ATTN_Q_B), .n = N, .d = Q});
         if (kb) run(m, &(task){.op = OP_BIAS_BWD, .x = dk0, .dw = GW(TN_ROLE_ATTN_K_B), .n = N, .d = KV});
         if (vb) run(m, &(task){.op = OP_BIAS_BWD, .x = dv, .dw = GW(TN_ROLE_ATTN_V_B), .n = N, .d = KV});
-        lin_bwd(A + a.xn1, PW(TN_ROLE_ATTN_Q), dq0, GW(TN_ROLE_ATTN_Q), dxn, N, C, Q, 0.0f);
-        lin_bwd(A + a.xn1, PW(TN_ROLE_ATTN_K), dk0, GW(TN_ROLE_ATTN_K), dxn, N, C, KV, 1.0f);
-        lin_bwd(A + a.xn1, PW(TN_ROLE_ATTN_V), dv, GW(TN_ROLE_ATTN_V), dxn, N, C, KV, 1.0f);
+        LINB(TN_ROLE_ATTN_Q, A + a.xn1, dq0, dxn, N, C, Q, 0.0f);
+        LINB(TN_ROLE_ATTN_K, A + a.xn1, dk0, dxn, N, C, KV, 1.0f);
+        LINB(TN_ROLE_ATTN_V, A + a.xn1, dv, dxn, N, C, KV, 1.0f);
         run(m, &(task){.op = OP_RMSNORM_BWD, .x = A + a.x_in, .w = PW(TN_ROLE_ATTN_NORM), .x2 = dxn, .y = dres, .dw = dwp, .n = N, .d = C});
         reduce_dw(m, dwp, GW(TN_ROLE_ATTN_NORM), C);
 #undef PW
 #undef GW
+#undef LINB
     }
     /* embedding: scatter-add rows in token order (sequential: deterministic) */
+    if (m->t[0].frozen) return;
     float *de = tn_tp(m, G, 0);
     for (int64_t i = 0; i < N; i++) axpy(de + (int64_t)m->tokens[i] * C, 1.0f, dres + i * C, C);
 }
@@ -773,7 +1052,15 @@ void tn_adamw_default(tn_adamw *o) {
 
 double tn_grad_norm(const tn_tmodel *m) {
     double s = 0.0;
-    for (size_t i = 0; i < m->n_params; i++) s += (double)m->grads[i] * (double)m->grads[i];
+    if (!m->base) {
+        for (size_t i = 0; i < m->n_params; i++) s += (double)m->grads[i] * (double)m->grads[i];
+        return sqrt(s);
+    }
+    for (int ti = 0; ti < m->n_tensors; ti++) /* LoRA: the trained tensors only */
+        for (size_t i = 0; !m->t[ti].frozen && i < m->t[ti].n; i++) {
+            const double g = m->grads[m->t[ti].off + i];
+            s += g * g;
+        }
     return sqrt(s);
 }
 
@@ -798,6 +1085,7 @@ static void adam_fn(void *arg, int ith, int nth) {
     const tn_adamw *o = a->o;
     for (int ti = 0; ti < m->n_tensors; ti++) {
         const tn_tparam *t = &m->t[ti];
+        if (t->frozen) continue;
         int64_t r0, r1;
         tn_split((int64_t)t->n, ith, nth, 16, &r0, &r1);
         const float wd = t->decay ? o->weight_decay : 0.0f;

@@ -38,6 +38,9 @@ typedef struct tn_tparam {
     int64_t ne[2];   /* ne[0] = row length */
     size_t off, n;
     bool decay;      /* weight decay applies (matrices), not to norm weights or biases */
+    bool frozen;     /* LoRA: not trained (AdamW and the gradient norm skip it)                */
+    const tn_tensor *base; /* LoRA: the frozen matrix in the base file (n == 0: not in params) */
+    int lora;        /* LoRA: index of this matrix's lora_a (lora_b follows), 0 if none       */
 } tn_tparam;
 
 typedef struct tn_tmodel {
@@ -58,6 +61,14 @@ typedef struct tn_tmodel {
     float *row_loss;         /* [B*T]                                                  */
     tn_pool *pool;
     int n_threads;
+    /* LoRA (tn_tmodel_create_lora): the base stays in its file's type and is dequantized a tile
+     * of tile_rows rows at a time in forward (x W^T) and backward (dY W); W' = W + scale B A. */
+    const tern_model *base;  /* borrowed; NULL for full training                         */
+    int lora_rank, n_lora;   /* rank; number of adapted matrices                          */
+    float lora_alpha, lora_scale; /* scale = alpha / rank                                 */
+    int64_t tile_rows;
+    float *lora_u, *lora_du; /* [B*T][rank] scratch (tn_tmodel_plan)                      */
+    float *wtile;            /* [tile_rows][max k] dequantized base rows                  */
 } tn_tmodel;
 
 /* Flat-buffer view of tensor i. */
@@ -74,6 +85,9 @@ const tn_arch_desc *tn_train_arch(const tn_train_cfg *c);
 bool tn_train_arch_ok(const tn_arch_desc *a);
 /* "llama, qwen2, qwen3": the families tn_train_arch_ok accepts, into buf (for messages). */
 void tn_train_arch_names(char *buf, size_t cap);
+/* The training config of a loaded model: its family, shape, rms_eps, RoPE base; n_ctx capped at
+ * its training context (0: that context). UNSUPPORTED when training does not run its family. */
+tern_status tn_train_cfg_from(const tern_model *src, int32_t n_ctx, tn_train_cfg *c);
 /* Validates cfg (a trainable family, head counts dividing, even head_dim, ...; INVALID_ARG
  * naming the field). */
 tern_status tn_train_cfg_check(const tn_train_cfg *c);
@@ -83,6 +97,28 @@ void tn_tmodel_mem(const tn_train_cfg *c, int B, int T, int n_threads, size_t *p
  * OpenBLAS thread count to n_threads. Fails with NOMEM naming how much it needed. */
 tern_status tn_tmodel_create(const tn_train_cfg *c, int n_threads, tn_tmodel **out);
 void tn_tmodel_free(tn_tmodel *m);
+/* ---- LoRA (QLoRA) ------------------------------------------------------------------------ */
+/* Adapted matrices: one bit per role (1u << TN_ROLE_ATTN_Q, ...). */
+typedef struct tn_lora_cfg {
+    int rank;
+    float alpha;             /* scale = alpha / rank; 0: alpha = rank                     */
+    uint32_t targets;        /* bits of tn_role; 0: q, k, v, o, gate, up, down            */
+    uint64_t seed;           /* lora_a init                                              */
+} tn_lora_cfg;
+/* Parses "q,k,v,o,gate,up,down" (any subset, comma-separated) into role bits; false on an unknown
+ * name (written into bad, cap bytes). */
+bool tn_lora_parse_targets(const char *s, uint32_t *bits, char *bad, size_t cap);
+/* Creates a LoRA model over base (borrowed: it must outlive the model; load it with repack off):
+ * the base's shape and family (as tn_tmodel_init_from checks), its matrices frozen in their file
+ * type, its norm weights and biases copied (frozen), and per layer and target role a lora_a
+ * [rank][k] ~ U(-1/sqrt(k), 1/sqrt(k)) and lora_b [m][rank] = 0 — the only trained tensors. */
+tern_status tn_tmodel_create_lora(const tn_train_cfg *c, const tern_model *base, const tn_lora_cfg *lc, int n_threads,
+                                  tn_tmodel **out);
+/* Writes the adapter as llama.cpp's GGUF LoRA adapter: general.type "adapter", adapter.type "lora",
+ * adapter.lora.alpha, general.architecture the base's; tensors "<base name>.lora_a" ne [k, rank]
+ * and ".lora_b" ne [rank, m], f32. Atomic. */
+tern_status tn_lora_export(const tn_tmodel *m, const char *name, const char *path);
+
 /* Random init from seed: matrices N(0, 0.02) (attn_output, ffn_down scaled by 1/sqrt(2 n_layer)),
  * norm weights 1, biases 0. */
 void tn_tmodel_init_random(tn_tmodel *m, uint64_t seed);
@@ -92,7 +128,8 @@ tern_status tn_tmodel_init_from(tn_tmodel *m, const tern_model *src);
 /* Plans and allocates the activations for batches of B sequences of T tokens (once). */
 tern_status tn_tmodel_plan(tn_tmodel *m, int B, int T);
 
-/* Forward over m->tokens; if targets != NULL computes the mean cross-entropy into *loss.
+/* Forward over m->tokens; if targets != NULL computes the mean cross-entropy into *loss over the
+ * targets that are not -1 (masked: no loss, no gradient; 0 when all are).
  * Logits stay in the activations (tn_tmodel_logits) unless backward follows. */
 tern_status tn_tmodel_forward(tn_tmodel *m, const int32_t *tokens, const int32_t *targets, double *loss);
 /* Logits row i (after a forward). */

@@ -11,6 +11,7 @@
  * Biases and the per-head q/k RMSNorm apply where the model has those tensors; RoPE rotates
  * adjacent pairs (llama: the converter permutes q/k rows) or halves (qwen2, qwen3: "neox").
  * head_dim is the config's (n_embd / n_head when 0); query rows are n_head * head_dim.
+ * The loss is the mean over the targets that are not -1 (masked).
  */
 #ifndef TN_TESTS_REF_TRAIN_H
 #define TN_TESTS_REF_TRAIN_H
@@ -28,12 +29,16 @@ typedef struct ref_ctx {
     size_t over_i;
     double over_v;
     bool use_over;
+    /* optional: added to element j of tensor t (a LoRA test adds scale * (B A)[j] in double) */
+    double (*extra)(const struct ref_ctx *r, int t, size_t j);
+    void *user;
 } ref_ctx;
 
 static inline double ref_p(const ref_ctx *r, int t, size_t j) {
     size_t i = r->m->t[t].off + j;
-    if (r->use_over && i == r->over_i) return r->over_v;
-    return (double)r->P[i];
+    const double e = r->extra ? r->extra(r, t, j) : 0.0;
+    if (r->use_over && i == r->over_i) return r->over_v + e;
+    return (double)r->P[i] + e;
 }
 
 /* Index of the tensor named by fmt (layer l), or -1 when the model has none. */
@@ -147,14 +152,17 @@ static double ref_loss(const ref_ctx *r, const int32_t *tok, const int32_t *tgt,
     for (int n = 0; n < N; n++) ref_rmsnorm(r, x + (size_t)n * C, xn + (size_t)n * C, ref_find(r, "output_norm.weight", 0), C, c->rms_eps);
     ref_lin(r, xn, lg, ref_find(r, "output.weight", 0), -1, N, C, V);
     double loss = 0;
+    int n_valid = 0; /* targets of -1 are masked: no loss, not counted */
     for (int n = 0; n < N; n++) {
+        if (tgt[n] < 0) continue;
+        n_valid++;
         double mx = -1e300, sum = 0;
         for (int j = 0; j < V; j++) mx = fmax(mx, lg[(size_t)n * V + j]);
         for (int j = 0; j < V; j++) sum += exp(lg[(size_t)n * V + j] - mx);
         loss += log(sum) + mx - lg[(size_t)n * V + tgt[n]];
     }
     free(x); free(xn); free(q); free(k); free(v); free(y); free(o); free(g); free(u); free(lg); free(att); free(hv);
-    return loss / N;
+    return n_valid ? loss / n_valid : 0.0;
 }
 
 #endif

@@ -120,6 +120,26 @@ static void on_note(const char *msg, void *user) {
     fprintf(stderr, "tern train: %s\n", msg);
 }
 
+/* Runs o with progress on stderr and SIGINT/SIGTERM stopping it; the exit code (0: done). */
+static int run_cli(tn_train_opts *o, int log_every) {
+    prog_ctx pc = {.tty = isatty(2), .dist = o->dist.method != TN_DIST_NONE, .log_every = log_every, .last_val = NAN};
+    o->progress = on_progress;
+    o->note = on_note;
+    o->user = &pc;
+    o->stop = &tn_train_stop;
+    signal(SIGINT, on_sig);
+    signal(SIGTERM, on_sig);
+    tern_status s = tn_train_run(o);
+    if (!s) return 0;
+    if (pc.tty) fputc('\n', stderr);
+    if (o->dist_size > 1) fprintf(stderr, "tern: error (rank %d of %d): %s\n", o->dist_rank, o->dist_size, tern_last_error());
+    else fprintf(stderr, "tern: error: %s\n", tern_last_error()); /* messages start with "train:" */
+    const int rc = tn_cli_exit_code(s);
+    fflush(stderr);
+    tn_dist_abort(rc); /* under mpirun: stop the other ranks rather than leave them waiting */
+    return rc;
+}
+
 static bool preset(const char *name, tn_train_cfg *c) {
     /* dimensions only: the family (and its rms_eps and rope base) is --arch's */
     static const struct { const char *name; int32_t ctx, embd, layer, head, head_kv, ff; } P[] = {
@@ -276,31 +296,15 @@ int cmd_train(int argc, char **argv) {
     }
     o.data = data;
     o.n_data = n_data;
-    prog_ctx pc = {.tty = isatty(2), .dist = o.dist.method != TN_DIST_NONE, .log_every = log_every ? log_every : (o.steps >= 50 ? o.steps / 50 : 1), .last_val = NAN};
-    o.progress = on_progress;
-    o.note = on_note;
-    o.user = &pc;
-    o.stop = &tn_train_stop;
-    signal(SIGINT, on_sig);
-    signal(SIGTERM, on_sig);
     double t0 = tn_cli_now();
-    tern_status s = tn_train_run(&o);
-    if (s) {
-        if (pc.tty) fputc('\n', stderr);
-        if (o.dist_size > 1) fprintf(stderr, "tern: error (rank %d of %d): %s\n", o.dist_rank, o.dist_size, tern_last_error());
-        else fprintf(stderr, "tern: error: %s\n", tern_last_error()); /* messages start with "train:" */
-        rc = tn_cli_exit_code(s);
-        fflush(stderr);
-        tn_dist_abort(rc); /* under mpirun: stop the other ranks rather than leave them waiting */
-        goto out;
-    }
+    if ((rc = run_cli(&o, log_every ? log_every : (o.steps >= 50 ? o.steps / 50 : 1)))) goto out;
     if (o.dist_rank) goto out; /* rank 0 reports */
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     fprintf(stderr, "tern train: done in %.1f s: final loss %.4f, val loss %.4f (perplexity %.2f), %.0f tokens/s, "
             "planned %.1f MiB, peak RSS %.1f MiB\n", tn_cli_now() - t0, o.final_loss, o.final_val_loss,
             exp(o.final_val_loss), o.tok_per_s, o.planned_bytes / 1048576.0, ru.ru_maxrss / 1024.0);
-    if (pc.dist) {
+    if (o.dist.method != TN_DIST_NONE) {
         char b[32], t[32];
         fmt_bytes((double)o.comm_bytes / (double)o.steps, b, sizeof b);
         fmt_bytes((double)o.comm_bytes, t, sizeof t);
@@ -309,6 +313,118 @@ int cmd_train(int argc, char **argv) {
     }
     fprintf(stderr, "tern train: wrote %s (weights hash %016llx) and its .loss.csv / .loss.svg\n", o.out,
             (unsigned long long)o.weights_hash);
+out:
+    free(data);
+    return rc;
+}
+
+/* ---- tern finetune ---------------------------------------------------------------------------- */
+
+static void finetune_usage(FILE *f) {
+    fprintf(f,
+            "usage: tern finetune -m base.gguf --data FILE... -o adapter.gguf [options]\n"
+            "  LoRA (QLoRA): the base's matrices stay frozen in their file types (F16, Q8_0, Q4_0, Q4_K, tq...),\n"
+            "  dequantized a tile of rows at a time; only the adapter (lora_a, lora_b), its gradients and AdamW\n"
+            "  moments are trained. The output is a GGUF LoRA adapter in llama.cpp's format (--lora FILE).\n"
+            "  -m, --model FILE        base model (llama, qwen2, qwen3 families)\n"
+            "  --data FILE...          *.jsonl: one chat per line {\"messages\":[{\"role\":..,\"content\":..}]}, rendered\n"
+            "                          with the model's chat template, loss on assistant turns only;\n"
+            "                          other files: plain text (paragraphs at blank lines), loss on every token\n"
+            "  -o, --output FILE       the adapter GGUF (loss curve: <out>.loss.csv and <out>.loss.svg)\n"
+            "  --lora-rank N           adapter rank (default 16)\n"
+            "  --lora-alpha X          scale = alpha / rank (default 2 * rank)\n"
+            "  --lora-targets LIST     matrices to adapt: q,k,v,o,gate,up,down (default all)\n"
+            "  --epochs X              passes over the training samples (default 1; --steps overrides)\n"
+            "  --steps N               optimizer steps\n"
+            "  --batch N               sequences per step (default 4)\n"
+            "  --ctx N                 tokens per sequence (default min(512, the model's context))\n"
+            "  --lr X                  peak learning rate (default 2e-4)\n"
+            "  --val-split X           fraction of samples held out for validation loss (default 0.05; 0 = none)\n"
+            "  --skip-bad-lines        skip malformed JSONL lines and chats without an assistant turn (noted)\n"
+            "  --warmup N --min-lr-frac X --wd X (default 0) --clip X --seed N -t N --val-every N --val-batches N\n"
+            "  --ckpt-dir DIR --ckpt-every N --resume  checkpoints (atomic) and resuming, as tern train\n"
+            "  --name S --log-every N\n"
+            "  Ctrl-C stops and writes the adapter trained so far.\n");
+}
+
+int cmd_finetune(int argc, char **argv) {
+    tn_train_opts o;
+    tn_train_opts_default(&o);
+    o.lora = (tn_lora_cfg){.rank = 16, .alpha = 0.0f, .targets = 0, .seed = 1234};
+    o.batch = 4;
+    o.steps = 0;
+    o.epochs = 1.0;
+    o.opt.lr = 2e-4f;
+    o.opt.weight_decay = 0.0f;
+    o.val_split = 0.05;
+    o.cfg.n_ctx = 512;
+    const char **data = calloc((size_t)argc, sizeof *data);
+    if (!data) return tn_cli_fail(TERN_ERR_NOMEM, "finetune");
+    int n_data = 0, log_every = 0;
+    int64_t v;
+    float f;
+    int rc = 0;
+    bool alpha_set = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { finetune_usage(stdout); goto out; }
+        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { NEED(); o.init = val; }
+        else if (!strcmp(a, "--data")) {
+            NEED();
+            data[n_data++] = val;
+            while (i + 1 < argc && argv[i + 1][0] != '-') data[n_data++] = argv[++i];
+        } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) { NEED(); o.out = val; }
+        else if (!strcmp(a, "--lora-rank")) INT(o.lora.rank, 1, 65536);
+        else if (!strcmp(a, "--lora-alpha")) { FLT(o.lora.alpha, 1e-6f, 1e6f); alpha_set = true; }
+        else if (!strcmp(a, "--lora-targets")) {
+            NEED();
+            char bad[80];
+            if (!tn_lora_parse_targets(val, &o.lora.targets, bad, sizeof bad)) {
+                rc = tn_cli_usage_error("--lora-targets: unknown target '%s' (q, k, v, o, gate, up, down, comma-separated)", bad);
+                goto out;
+            }
+        } else if (!strcmp(a, "--epochs")) { FLT(f, 1e-6f, 1e6f); o.epochs = f; }
+        else if (!strcmp(a, "--steps")) { INT(o.steps, 1, 100000000); o.epochs = 0; }
+        else if (!strcmp(a, "--batch")) INT(o.batch, 1, 1 << 20);
+        else if (!strcmp(a, "--ctx")) INT(o.cfg.n_ctx, 2, 65536);
+        else if (!strcmp(a, "--lr")) FLT(o.opt.lr, 0.0f, 10.0f);
+        else if (!strcmp(a, "--val-split")) { FLT(f, 0.0f, 0.5f); o.val_split = f; }
+        else if (!strcmp(a, "--skip-bad-lines")) o.skip_bad_lines = true;
+        else if (!strcmp(a, "--min-lr-frac")) FLT(o.min_lr_frac, 0.0f, 1.0f);
+        else if (!strcmp(a, "--warmup")) INT(o.warmup, 0, 100000000);
+        else if (!strcmp(a, "--wd")) FLT(o.opt.weight_decay, 0.0f, 10.0f);
+        else if (!strcmp(a, "--clip")) FLT(o.opt.grad_clip, 0.0f, 1e9f);
+        else if (!strcmp(a, "--seed")) { INT(o.seed, 0, INT64_MAX); o.lora.seed = o.seed; }
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) INT(o.n_threads, 1, 1024);
+        else if (!strcmp(a, "--val-every")) INT(o.val_every, 1, 100000000);
+        else if (!strcmp(a, "--val-batches")) INT(o.val_batches, 1, 100000);
+        else if (!strcmp(a, "--ckpt-dir")) { NEED(); o.ckpt_dir = val; }
+        else if (!strcmp(a, "--ckpt-every")) INT(o.ckpt_every, 1, 100000000);
+        else if (!strcmp(a, "--resume")) o.resume = true;
+        else if (!strcmp(a, "--name")) { NEED(); o.name = val; }
+        else if (!strcmp(a, "--log-every")) INT(log_every, 1, 100000000);
+        else { rc = tn_cli_usage_error("finetune: unknown option '%s' (see tern finetune --help)", a); goto out; }
+    }
+    if (!o.init) { rc = tn_cli_usage_error("finetune: -m base.gguf is required"); goto out; }
+    if (!n_data) { rc = tn_cli_usage_error("finetune: --data FILE... is required"); goto out; }
+    if (!o.out) { rc = tn_cli_usage_error("finetune: -o adapter.gguf is required"); goto out; }
+    {
+        const char *const inputs[] = {o.init};
+        if ((rc = tn_cli_check_output("-o", o.out, inputs, 1)) != TN_EXIT_OK ||
+            (rc = tn_cli_check_output("-o", o.out, data, n_data)) != TN_EXIT_OK)
+            goto out;
+    }
+    if (!alpha_set) o.lora.alpha = 2.0f * (float)o.lora.rank;
+    o.data = data;
+    o.n_data = n_data;
+    double t0 = tn_cli_now();
+    if ((rc = run_cli(&o, log_every ? log_every : 10))) goto out;
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    fprintf(stderr, "tern finetune: done in %.1f s: %d steps, final loss %.4f, val loss %.4f, %.0f tokens/s, peak RSS %.1f MiB\n",
+            tn_cli_now() - t0, o.steps, o.final_loss, o.final_val_loss, o.tok_per_s, ru.ru_maxrss / 1024.0);
+    fprintf(stderr, "tern finetune: wrote the adapter %s (use: --lora %s) and its .loss.csv / .loss.svg\n", o.out, o.out);
 out:
     free(data);
     return rc;
