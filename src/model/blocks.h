@@ -6,6 +6,9 @@
  * recipe (forward.c) calls them in order on every thread; every block returns when its results
  * are visible to all threads (it ends with a barrier), except where noted.
  *
+ * A context with LoRA adapters (model/lora.h) adds each adapted matmul's s * B (A x) to its output
+ * rows before anything reads them (residual add, SwiGLU, post norm); without, one NULL check.
+ *
  * Buffers (ctx.h): x [n][n_embd] residual stream, xb [n][n_embd] normed input, q [n][q_dim],
  * kv [n][2 kv_dim], att [n][q_dim], hb / hb2 [n][n_ff]; q_dim = n_head * head_dim.
  */
