@@ -98,8 +98,8 @@ echo "ok: two writers"
 
 # kill -9 in the middle of a write: a temp file only; the next run ignores it
 TERN_PCACHE_TEST_PAUSE_MS=20000 gen --prompt-cache "$D/k" >/dev/null 2>&1 & pk=$!
-for _ in $(seq 200); do [ -n "$(find "$D/k" -name '*.tmp.*' 2>/dev/null)" ] && break; sleep 0.05; done
-[ -n "$(find "$D/k" -name '*.tmp.*' 2>/dev/null)" ] || { kill -9 $pk; fail "no temp file appeared"; }
+for _ in $(seq 200); do [ -n "$(find "$D/k" -name '*.tpc.tmp.*' 2>/dev/null)" ] && break; sleep 0.05; done
+[ -n "$(find "$D/k" -name '*.tpc.tmp.*' 2>/dev/null)" ] || { kill -9 $pk; fail "no temp file appeared"; }
 kill -9 $pk; wait $pk 2>/dev/null
 [ "$(blocks "$D/k")" == 0 ] || fail "kill -9 left a block file"
 out=$(gen --prompt-cache "$D/k" 2>"$D/k.err") || fail "after kill -9"
