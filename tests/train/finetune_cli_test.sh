@@ -13,17 +13,7 @@ TERN=${1:?tern binary}
 TMP=${2:?tmp dir}/finetune-cli.$$
 mkdir -p "$TMP"
 trap 'rm -rf "$TMP"' EXIT
-fail=0
-ok() { echo "ok   $*"; }
-bad() { echo "FAIL $*"; fail=1; }
-expect() {
-  local code=$1 re=$2; shift 3
-  "$@" >"$TMP/out" 2>"$TMP/err"
-  local rc=$?
-  if [ "$rc" -ne "$code" ]; then bad "$* -> exit $rc (want $code): $(tail -2 "$TMP/err")"; return; fi
-  if ! grep -Eq -- "$re" "$TMP/err"; then bad "$* -> stderr lacks /$re/: $(tail -2 "$TMP/err")"; return; fi
-  ok "exit $code /$re/: $(grep -E -- "$re" "$TMP/err" | head -1)"
-}
+. "$(dirname "$0")/cli_lib.sh"
 
 "$TERN" synth --arch qwen3 --preset tiny --type q4_0 -o "$TMP/base.gguf" 2>"$TMP/err" || { cat "$TMP/err"; exit 1; }
 chats="$TMP/chat.jsonl"

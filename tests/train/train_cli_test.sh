@@ -11,19 +11,7 @@ TMP=${2:?tmp dir}/train-cli.$$
 PART=${3:-all}
 mkdir -p "$TMP"
 trap 'rm -rf "$TMP"' EXIT
-fail=0
-ok() { echo "ok   $*"; }
-bad() { echo "FAIL $*"; fail=1; }
-
-# expect CODE REGEX -- cmd...: exit code and a stderr line matching REGEX
-expect() {
-  local code=$1 re=$2; shift 3
-  "$@" >"$TMP/out" 2>"$TMP/err"
-  local rc=$?
-  if [ "$rc" -ne "$code" ]; then bad "$* -> exit $rc (want $code): $(tail -2 "$TMP/err")"; return; fi
-  if ! grep -Eq "$re" "$TMP/err"; then bad "$* -> stderr lacks /$re/: $(tail -2 "$TMP/err")"; return; fi
-  ok "exit $code /$re/: $(grep -E "$re" "$TMP/err" | head -1)"
-}
+. "$(dirname "$0")/cli_lib.sh"
 
 # a small deterministic corpus
 corpus="$TMP/corpus.txt"
