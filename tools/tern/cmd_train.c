@@ -157,12 +157,54 @@ static bool preset(const char *name, tn_train_cfg *c) {
     return false;
 }
 
+/* The flags tern train and tern finetune share (the run, optimizer schedule, checkpoints, log):
+ * 1 when argv[*i] is one (its value consumed), 0 when not, -1 after printing a usage error. */
+static int shared_flag(int argc, char **argv, int *i, tn_train_opts *o, int *log_every) {
+    const char *a = argv[*i], *val = *i + 1 < argc ? argv[*i + 1] : NULL;
+    int64_t v = 0, lo = 0, hi = 0;
+    float f = 0, flo = 0, fhi = 0;
+    bool is_int = false, is_flt = false;
+    if (!strcmp(a, "--resume")) return o->resume = true, 1;
+    if (!strcmp(a, "--batch")) is_int = true, lo = 1, hi = 1 << 20;
+    else if (!strcmp(a, "--warmup")) is_int = true, lo = 0, hi = 100000000;
+    else if (!strcmp(a, "--seed")) is_int = true, lo = 0, hi = INT64_MAX;
+    else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) is_int = true, lo = 1, hi = 1024;
+    else if (!strcmp(a, "--val-every") || !strcmp(a, "--ckpt-every") || !strcmp(a, "--log-every")) is_int = true, lo = 1, hi = 100000000;
+    else if (!strcmp(a, "--val-batches")) is_int = true, lo = 1, hi = 100000;
+    else if (!strcmp(a, "--lr") || !strcmp(a, "--wd")) is_flt = true, flo = 0.0f, fhi = 10.0f;
+    else if (!strcmp(a, "--min-lr-frac")) is_flt = true, flo = 0.0f, fhi = 1.0f;
+    else if (!strcmp(a, "--clip")) is_flt = true, flo = 0.0f, fhi = 1e9f;
+    else if (strcmp(a, "--ckpt-dir") && strcmp(a, "--name")) return 0;
+    if (!val) return tn_cli_usage_error("%s needs a value", a), -1;
+    ++*i;
+    if (is_int && !tn_cli_parse_i64(val, lo, hi, &v))
+        return tn_cli_usage_error("%s: '%s' is not an integer in [%lld, %lld]", a, val, (long long)lo, (long long)hi), -1;
+    if (is_flt && !tn_cli_parse_f32(val, flo, fhi, &f))
+        return tn_cli_usage_error("%s: '%s' is not a number in [%g, %g]", a, val, (double)flo, (double)fhi), -1;
+    const int32_t n = (int32_t)v;
+    if (!strcmp(a, "--ckpt-dir")) o->ckpt_dir = val;
+    else if (!strcmp(a, "--name")) o->name = val;
+    else if (!strcmp(a, "--batch")) o->batch = n;
+    else if (!strcmp(a, "--warmup")) o->warmup = n;
+    else if (!strcmp(a, "--seed")) o->seed = (uint64_t)v;
+    else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) o->n_threads = n;
+    else if (!strcmp(a, "--val-every")) o->val_every = n;
+    else if (!strcmp(a, "--ckpt-every")) o->ckpt_every = n;
+    else if (!strcmp(a, "--log-every")) *log_every = n;
+    else if (!strcmp(a, "--val-batches")) o->val_batches = n;
+    else if (!strcmp(a, "--lr")) o->opt.lr = f;
+    else if (!strcmp(a, "--wd")) o->opt.weight_decay = f;
+    else if (!strcmp(a, "--min-lr-frac")) o->min_lr_frac = f;
+    else if (!strcmp(a, "--clip")) o->opt.grad_clip = f;
+    return 1;
+}
+
 int cmd_train(int argc, char **argv) {
     tn_train_opts o;
     tn_train_opts_default(&o);
     const char **data = calloc((size_t)argc, sizeof *data);
     if (!data) return tn_cli_fail(TERN_ERR_NOMEM, "train");
-    int n_data = 0, log_every = 0;
+    int n_data = 0, log_every = 0, sf;
     const char *outer_flag = NULL;
     bool compress_flag = false;
     const char *zo_flag = NULL;
@@ -222,28 +264,14 @@ int cmd_train(int argc, char **argv) {
         else if (!strcmp(a, "--ctx")) INT(ov[5], 2, 65536);
         else if (!strcmp(a, "--head-dim")) INT(ov[6], 2, 4096);
         else if (!strcmp(a, "--steps")) INT(o.steps, 1, 100000000);
-        else if (!strcmp(a, "--batch")) INT(o.batch, 1, 1 << 20);
-        else if (!strcmp(a, "--lr")) FLT(o.opt.lr, 0.0f, 10.0f);
-        else if (!strcmp(a, "--min-lr-frac")) FLT(o.min_lr_frac, 0.0f, 1.0f);
-        else if (!strcmp(a, "--warmup")) INT(o.warmup, 0, 100000000);
-        else if (!strcmp(a, "--wd")) FLT(o.opt.weight_decay, 0.0f, 10.0f);
         else if (!strcmp(a, "--beta1")) FLT(o.opt.beta1, 0.0f, 0.99999f);
         else if (!strcmp(a, "--beta2")) FLT(o.opt.beta2, 0.0f, 0.99999f);
-        else if (!strcmp(a, "--clip")) FLT(o.opt.grad_clip, 0.0f, 1e9f);
-        else if (!strcmp(a, "--seed")) INT(o.seed, 0, INT64_MAX);
-        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) INT(o.n_threads, 1, 1024);
-        else if (!strcmp(a, "--val-every")) INT(o.val_every, 1, 100000000);
-        else if (!strcmp(a, "--val-batches")) INT(o.val_batches, 1, 100000);
-        else if (!strcmp(a, "--ckpt-dir")) { NEED(); o.ckpt_dir = val; }
-        else if (!strcmp(a, "--ckpt-every")) INT(o.ckpt_every, 1, 100000000);
-        else if (!strcmp(a, "--resume")) o.resume = true;
         else if (!strcmp(a, "--out-type")) {
             NEED();
             if (!strcmp(val, "f32")) o.out_type = TN_F32;
             else if (!strcmp(val, "q8_0")) o.out_type = TN_Q8_0;
             else { rc = tn_cli_usage_error("--out-type: '%s' (f32 or q8_0)", val); goto out; }
-        } else if (!strcmp(a, "--name")) { NEED(); o.name = val; }
-        else if (!strcmp(a, "--log-every")) INT(log_every, 1, 100000000);
+        }
         else if (!strcmp(a, "--optim")) {
             NEED();
             if (!strcmp(val, "adamw")) o.optim = TN_OPTIM_ADAMW;
@@ -264,7 +292,9 @@ int cmd_train(int argc, char **argv) {
         else if (!strcmp(a, "--outer-every")) { INT(o.dist.outer_every, 1, 100000000); outer_flag = a; }
         else if (!strcmp(a, "--outer-lr")) { FLT(o.dist.outer_lr, 0.0f, 10.0f); outer_flag = a; }
         else if (!strcmp(a, "--outer-momentum")) { FLT(o.dist.outer_momentum, 0.0f, 0.99999f); outer_flag = a; }
-        else { rc = tn_cli_usage_error("train: unknown option '%s' (see tern train --help)", a); goto out; }
+        else if ((sf = shared_flag(argc, argv, &i, &o, &log_every)) != 0) {
+            if (sf < 0) { rc = TN_EXIT_USAGE; goto out; }
+        } else { rc = tn_cli_usage_error("train: unknown option '%s' (see tern train --help)", a); goto out; }
     }
     if (!n_data) { rc = tn_cli_usage_error("train: --data FILE... is required"); goto out; }
     if (zo_flag && !o.zo.on) { rc = tn_cli_usage_error("train: %s needs --zo", zo_flag); goto out; }
@@ -360,7 +390,7 @@ int cmd_finetune(int argc, char **argv) {
     o.cfg.n_ctx = 512;
     const char **data = calloc((size_t)argc, sizeof *data);
     if (!data) return tn_cli_fail(TERN_ERR_NOMEM, "finetune");
-    int n_data = 0, log_every = 0;
+    int n_data = 0, log_every = 0, sf;
     int64_t v;
     float f;
     int rc = 0;
@@ -386,25 +416,13 @@ int cmd_finetune(int argc, char **argv) {
             }
         } else if (!strcmp(a, "--epochs")) { FLT(f, 1e-6f, 1e6f); o.epochs = f; }
         else if (!strcmp(a, "--steps")) { INT(o.steps, 1, 100000000); o.epochs = 0; }
-        else if (!strcmp(a, "--batch")) INT(o.batch, 1, 1 << 20);
         else if (!strcmp(a, "--ctx")) INT(o.cfg.n_ctx, 2, 65536);
-        else if (!strcmp(a, "--lr")) FLT(o.opt.lr, 0.0f, 10.0f);
         else if (!strcmp(a, "--val-split")) { FLT(f, 0.0f, 0.5f); o.val_split = f; }
         else if (!strcmp(a, "--skip-bad-lines")) o.skip_bad_lines = true;
-        else if (!strcmp(a, "--min-lr-frac")) FLT(o.min_lr_frac, 0.0f, 1.0f);
-        else if (!strcmp(a, "--warmup")) INT(o.warmup, 0, 100000000);
-        else if (!strcmp(a, "--wd")) FLT(o.opt.weight_decay, 0.0f, 10.0f);
-        else if (!strcmp(a, "--clip")) FLT(o.opt.grad_clip, 0.0f, 1e9f);
         else if (!strcmp(a, "--seed")) { INT(o.seed, 0, INT64_MAX); o.lora.seed = o.seed; }
-        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) INT(o.n_threads, 1, 1024);
-        else if (!strcmp(a, "--val-every")) INT(o.val_every, 1, 100000000);
-        else if (!strcmp(a, "--val-batches")) INT(o.val_batches, 1, 100000);
-        else if (!strcmp(a, "--ckpt-dir")) { NEED(); o.ckpt_dir = val; }
-        else if (!strcmp(a, "--ckpt-every")) INT(o.ckpt_every, 1, 100000000);
-        else if (!strcmp(a, "--resume")) o.resume = true;
-        else if (!strcmp(a, "--name")) { NEED(); o.name = val; }
-        else if (!strcmp(a, "--log-every")) INT(log_every, 1, 100000000);
-        else { rc = tn_cli_usage_error("finetune: unknown option '%s' (see tern finetune --help)", a); goto out; }
+        else if ((sf = shared_flag(argc, argv, &i, &o, &log_every)) != 0) {
+            if (sf < 0) { rc = TN_EXIT_USAGE; goto out; }
+        } else { rc = tn_cli_usage_error("finetune: unknown option '%s' (see tern finetune --help)", a); goto out; }
     }
     if (!o.init) { rc = tn_cli_usage_error("finetune: -m base.gguf is required"); goto out; }
     if (!n_data) { rc = tn_cli_usage_error("finetune: --data FILE... is required"); goto out; }
