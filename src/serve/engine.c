@@ -254,6 +254,7 @@ struct tn_engine {
      * has a row for every position of ctx's); d_time: this step's draft passes, in seconds */
     tern_ctx *dctx;
     double d_time;
+    tn_cost d_cost;                 /* --draft: the draft model's step cost (measured at start)  */
     const int32_t **tables;
     const int32_t **swa_tables;     /* NULL unless kv_swa is used                               */
     float *lrow;                    /* [n_vocab] logits after logit_bias and penalties         */
@@ -1200,7 +1201,8 @@ static void *engine_main(void *arg) {
             struct timespec ts = {(time_t)(e->cfg.step_delay_ms / 1e3), (long)(fmod(e->cfg.step_delay_ms, 1e3) * 1e6)};
             nanosleep(&ts, NULL);
         }
-        /* the draft model's passes are left out: the cost model predicts the target's step */
+        /* the draft model's passes are left out: the load factor corrects the target's step
+         * prediction (the plan predicts the draft passes with the same factor) */
         e->last_actual = tn_srv_now() - t0 - e->d_time;
         e->d_time = 0;
         if (e->trace && e->last_pred > 0)
@@ -1213,36 +1215,35 @@ static void *engine_main(void *arg) {
 }
 
 /* ---- start-up cost model ---------------------------------------------------------------------- */
-static double timed_forward(tn_engine *e, int32_t n) {
+static double timed_forward(tn_engine *e, tern_ctx *ctx, int32_t n) {
     tn_batch b = {n, e->b_tok, e->b_seq, e->b_pos, e->b_logits};
     double t0 = tn_srv_now();
-    tn_forward_batch(e->ctx, &b, e->tables, e->swa_tables);
+    tn_forward_batch(ctx, &b, e->tables, ctx == e->ctx ? e->swa_tables : NULL);
     return tn_srv_now() - t0;
 }
 
 /* A prefill-like batch: n rows of sequence 0 at positions pos.., logits for the last row only
  * or for all; the fastest of the timings so far is kept in *best. */
-static void time_rows(tn_engine *e, int32_t n, int32_t pos, bool all_logits, double *best) {
+static void time_rows(tn_engine *e, tern_ctx *ctx, int32_t n, int32_t pos, bool all_logits, double *best) {
     for (int32_t k = 0; k < n; k++) {
         e->b_tok[k] = (k * 7 + 1) % e->n_vocab;
         e->b_seq[k] = 0;
         e->b_pos[k] = pos + k;
         e->b_logits[k] = all_logits || k == n - 1;
     }
-    double t = timed_forward(e, n);
+    double t = timed_forward(e, ctx, n);
     if (t < *best) *best = t;
 }
 
-/* The step cost model (sched.h) from real forward passes, fastest of 3: batches of 1, 2, 4 ..
- * 128 rows (one logit row, short context), L rows each wanting logits, and K rows after D
- * positions of context. */
-static void measure_cost(tn_engine *e) {
-    tn_cost *c = &e->sch.cost;
+/* The step cost model (sched.h) of ctx's model (the served one, or the draft model: it is paged
+ * on the same blocks) from real forward passes, fastest of 3: batches of 1, 2, 4 .. 128 rows (one
+ * logit row, short context), L rows each wanting logits, and K rows after D positions of context. */
+static void measure_cost(tn_engine *e, tern_ctx *ctx, tn_cost *c, const char *what) {
     int32_t P = e->n_batch < 128 ? e->n_batch : 128;
     if (P > e->n_ctx_seq - 1) P = e->n_ctx_seq - 1;
     int32_t L = e->np >= 2 ? e->np : 8, K = 32;
     if (L > P) L = P;
-    if (L > e->ctx->n_logits_cap) L = e->ctx->n_logits_cap;
+    if (L > ctx->n_logits_cap) L = ctx->n_logits_cap;
     if (K > P) K = P;
     int32_t D = e->n_ctx_seq - K - 1;
     if (D > 2048) D = 2048;
@@ -1260,13 +1261,13 @@ static void measure_cost(tn_engine *e) {
     double pts[TN_COST_NPTS], t_l1 = 1e30, t_ll = 1e30, t_k = 1e30;
     for (int32_t r = 1; r <= P && n < TN_COST_NPTS; r *= 2) c->rows[n] = r, pts[n++] = 1e30;
     if (c->rows[n - 1] < P && n < TN_COST_NPTS) c->rows[n] = P, pts[n++] = 1e30;
-    time_rows(e, 1, 0, false, &t_k); /* warm-up */
+    time_rows(e, ctx, 1, 0, false, &t_k); /* warm-up */
     t_k = 1e30;
     for (int rep = 0; rep < 3; rep++) {
-        for (int i = 0; i < n; i++) time_rows(e, c->rows[i], 0, false, &pts[i]);
-        time_rows(e, L, 0, false, &t_l1);
-        time_rows(e, L, 0, true, &t_ll);
-        time_rows(e, K, D, false, &t_k);
+        for (int i = 0; i < n; i++) time_rows(e, ctx, c->rows[i], 0, false, &pts[i]);
+        time_rows(e, ctx, L, 0, false, &t_l1);
+        time_rows(e, ctx, L, 0, true, &t_ll);
+        time_rows(e, ctx, K, D, false, &t_k);
     }
     for (int32_t j = 0; j < e->seqs[0].n_table; j++) tn_kv_release(&e->kv, e->seqs[0].table[j]);
     e->seqs[0].n_table = 0;
@@ -1289,9 +1290,9 @@ static void measure_cost(tn_engine *e) {
             k += snprintf(buf + k, sizeof buf - (size_t)k, "%s%d:%.3g", i ? " " : "", c->rows[i], c->t[i] * 1e3);
         double t1 = tn_cost_rows(c, 1), tn = tn_cost_rows(c, e->np) + c->logit * (e->np - 1);
         fprintf(stderr,
-                "tern serve: cost model: step ms by rows %s; + %.2f ms per logit row, + %.3f ms per 1k attention keys "
+                "tern serve: %s: step ms by rows %s; + %.2f ms per logit row, + %.3f ms per 1k attention keys "
                 "(decode: batch 1 %.1f tok/s, batch %d %.1f tok/s)\n",
-                buf, c->logit * 1e3, c->key * 1e6, 1.0 / t1, e->np, e->np / tn);
+                what, buf, c->logit * 1e3, c->key * 1e6, 1.0 / t1, e->np, e->np / tn);
     }
 }
 
@@ -1419,10 +1420,14 @@ tern_status tn_engine_create(const tern_model *m, const tn_serve_config *cfg, tn
         }
         /* drafts never take a step across the row count where attention switches to f32 sums:
          * every row's logits would change (lossless means what plain decoding gives) */
-        e->spec = (tn_spec_cfg){cfg->draft_min, kmax, cfg->spec_fixed, TN_ATTN_F32_ROWS};
+        e->spec = (tn_spec_cfg){cfg->draft_min, kmax, cfg->spec_fixed, TN_ATTN_F32_ROWS, NULL};
         met->spec = true;
     }
-    measure_cost(e);
+    measure_cost(e, e->ctx, &e->sch.cost, "cost model");
+    if (e->dctx) { /* its passes are part of a speculating step's time (tn_sched_spec) */
+        measure_cost(e, e->dctx, &e->d_cost, "draft model's cost model");
+        e->spec.draft = &e->d_cost;
+    }
     /* the testing-only pause after every step is part of every step's time: the scheduler plans
      * with it instead of learning it through the load factor (whose clamp, 50x, a 5 ms pause on
      * a model whose steps take microseconds would exceed) */

@@ -123,6 +123,21 @@ static bool spec_grow(const tn_sched *s, const tn_sseq *q, const tn_spec_seq *p,
 
 static bool spec_decoding(const tn_sseq *q) { return decoding(q) && q->chunk == 1; }
 
+double tn_spec_draft_cost(const tn_spec_cfg *cfg, const tn_sseq *q, const tn_spec_seq *sp, int n) {
+    if (!cfg->draft) return 0;
+    int32_t kmax = 0;
+    for (int i = 0; i < n; i++)
+        if (sp[i].k > kmax) kmax = sp[i].k;
+    double t = 0;
+    for (int32_t p = 1; p <= kmax; p++) {
+        tn_shape sh = {0, 0, 0};
+        for (int i = 0; i < n; i++)
+            if (sp[i].k >= p) sh.rows++, sh.logits++, sh.keys += q[i].pos + p;
+        t += tn_cost_step(cfg->draft, &sh);
+    }
+    return t;
+}
+
 /* The decoding sequence whose next draft is the most likely to be kept, -1 if none can grow. */
 static int spec_best(const tn_sseq *q, const tn_spec_seq *sp, int n, const tn_spec_cfg *cfg) {
     int best = -1;
@@ -147,10 +162,13 @@ static void spec_add(const tn_sched *s, const tn_sseq *q, tn_spec_seq *sp, int n
         if (i < 0) break;
         tn_shape t = *sh;
         if (!spec_grow(s, &q[i], &sp[i], &t, max_rows)) break;
-        double dt = tn_cost_step(&s->cost, &t);
-        if (!isinf(lim) && f * dt > lim) break;
-        tok += pow(sp[i].acc, sp[i].k + 1);
         sp[i].k++;
+        double dt = tn_cost_step(&s->cost, &t) + tn_spec_draft_cost(cfg, q, sp, n);
+        if (!isinf(lim) && f * dt > lim) {
+            sp[i].k--;
+            break;
+        }
+        tok += pow(sp[i].acc, sp[i].k);
         *sh = t;
         if (ratio_best && dt > 0 && tok / dt > *ratio_best * (1 + 1e-9)) *ratio_best = tok / dt, *m_best = added + 1;
     }
@@ -189,7 +207,7 @@ double tn_sched_spec(const tn_sched *s, const tn_sseq *q, tn_spec_seq *sp, int n
             }
     }
     *shape = sh;
-    return tn_cost_step(&s->cost, &sh);
+    return tn_cost_step(&s->cost, &sh) + tn_spec_draft_cost(cfg, q, sp, n);
 }
 
 /* ---- admission and TTFT prediction ------------------------------------------------------------ */

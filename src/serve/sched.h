@@ -105,6 +105,9 @@ typedef struct tn_spec_cfg {
                                  /* long as rows and logit rows allow: no cost model            */
     int32_t rows_cap;            /* > 0: draft rows never take a step of fewer rows to this many */
                                  /* (the forward pass's numerics change there: TN_ATTN_F32_ROWS) */
+    const tn_cost *draft;        /* --draft: the draft model's step cost (NULL: n-gram drafts,  */
+                                 /* free): drafting k tokens takes k batched passes of it, pass */
+                                 /* p over the sequences verifying >= p drafts (tn_spec_draft_cost) */
 } tn_spec_cfg;
 
 typedef struct tn_spec_seq {     /* a running sequence's side of speculation (parallel to tn_sseq) */
@@ -119,10 +122,16 @@ double tn_spec_expected(double a, int32_t k);
  * an exponentially weighted mean (TN_SPEC_ACC_ALPHA) over the verified positions: each kept
  * draft counts 1, the first rejected one 0 (the drafts behind it are not tested). */
 double tn_spec_acc_update(double a, int32_t drafted, int32_t accepted);
+/* Seconds of the draft model's passes for the lengths sp[i].k: pass p (1..max k) runs one row
+ * for each sequence with k >= p, each wanting logits and attending to pos + p keys. 0 without a
+ * draft model. */
+double tn_spec_draft_cost(const tn_spec_cfg *cfg, const tn_sseq *q, const tn_spec_seq *sp, int n);
 /* Chooses sp[i].k for a step planned by tn_sched_plan (q[i].chunk and *shape set): 0 for every
  * sequence not decoding in it, else a length in {0} u [kmin, min(kmax, drafts)]. *shape grows by
- * the draft rows (each wants logits), within n_batch, n_logits_cap and rows_cap. Returns the
- * step's predicted seconds. */
+ * the draft rows (each wants logits), within n_batch, n_logits_cap and rows_cap. The time a
+ * choice costs is the target's step plus, with a draft model, its passes (tn_spec_draft_cost),
+ * so a slow draft model drafts less, or not at all. Returns the step's predicted seconds, the
+ * draft passes included. */
 double tn_sched_spec(const tn_sched *s, const tn_sseq *q, tn_spec_seq *sp, int n, const tn_spec_cfg *cfg, tn_shape *shape);
 
 /* ---- admission and TTFT prediction ------------------------------------------------------------ */

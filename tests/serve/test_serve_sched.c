@@ -339,7 +339,7 @@ static void test_spec_expected(void **state) {
 static void test_spec_batch1(void **state) {
     (void)state;
     tn_sched s = spec_sched(0);
-    tn_spec_cfg cfg = {1, 8, false, 0};
+    tn_spec_cfg cfg = {1, 8, false, 0, NULL};
     int32_t k[64];
     /* high acceptance at batch 1: rows are nearly free, the longest length is best */
     double a = 0.9;
@@ -365,7 +365,7 @@ static void test_spec_batch1(void **state) {
     spec_run(&s, 1, &a, 8, &cfg, k);
     assert_int_equal(k[0], 0);
     /* fewer drafts than --draft-min: none tried */
-    tn_spec_cfg cmin = {4, 8, false, 0};
+    tn_spec_cfg cmin = {4, 8, false, 0, NULL};
     a = 0.9;
     spec_run(&s, 1, &a, 3, &cmin, k);
     assert_int_equal(k[0], 0);
@@ -373,10 +373,69 @@ static void test_spec_batch1(void **state) {
     assert_int_equal(k[0], 5);
 }
 
+/* A draft model: drafting k tokens costs k passes of it, pass p over the sequences verifying >= p. */
+static tn_cost draft_cost(double scale) { /* spec_sched's shape times scale */
+    return (tn_cost){3, {1, 16, 64}, {10 * scale * MS, 13 * scale * MS, 61 * scale * MS}, 0.05 * scale * MS, 0};
+}
+
+static double draft_time_ref(double scale, int32_t r) { return spec_time_ref(r) * scale; }
+
+static void test_spec_draft_model(void **state) {
+    (void)state;
+    tn_sched s = spec_sched(0);
+    int32_t k[64];
+    /* the passes' time by hand: lengths 3, 1, 0 -> a pass of 2 rows, then two of 1 */
+    tn_cost d = draft_cost(0.1);
+    tn_spec_cfg cfg = {1, 8, false, 0, &d};
+    tn_sseq q[3] = {decoding(100, 64, 0), decoding(100, 64, 0), decoding(100, 64, 0)};
+    tn_spec_seq sp[3] = {{8, 0.5, 3}, {8, 0.5, 1}, {8, 0.5, 0}};
+    assert_float_equal(tn_spec_draft_cost(&cfg, q, sp, 3), draft_time_ref(0.1, 2) + 2 * draft_time_ref(0.1, 1), 1e-12);
+    tn_spec_cfg ngram = {1, 8, false, 0, NULL};
+    assert_float_equal(tn_spec_draft_cost(&ngram, q, sp, 3), 0, 0);
+    /* batch 1: the length maximising expected tokens / (the target's step + k draft passes),
+     * exhaustively, for a draft model 10x and 2x cheaper than the target, and one as slow */
+    const double scales[] = {0.1, 0.5, 1.0};
+    for (int si = 0; si < 3; si++) {
+        d = draft_cost(scales[si]);
+        for (double a = 0.05; a < 1; a += 0.05) {
+            spec_run(&s, 1, &a, 8, &cfg, k);
+            int32_t kbest = 0;
+            double rbest = 1 / spec_time_ref(1);
+            for (int32_t j = 1; j <= 8; j++) {
+                double r = spec_expected_ref(a, j) / (spec_time_ref(1 + j) + j * draft_time_ref(scales[si], 1));
+                if (r > rbest) rbest = r, kbest = j;
+            }
+            assert_int_equal(k[0], kbest);
+        }
+    }
+    /* a draft model as slow as the target never pays at acceptance 0.5 (1.5 tokens for 2x the
+     * time), where free n-gram drafts do */
+    d = draft_cost(1.0);
+    double a = 0.5;
+    spec_run(&s, 1, &a, 8, &cfg, k);
+    assert_int_equal(k[0], 0);
+    spec_run(&s, 1, &a, 8, &ngram, k);
+    assert_true(k[0] > 0);
+    /* a cheap draft model at high acceptance drafts less than free drafts would */
+    d = draft_cost(0.1);
+    a = 0.8;
+    int32_t kd[64];
+    spec_run(&s, 1, &a, 8, &cfg, kd);
+    spec_run(&s, 1, &a, 8, &ngram, k);
+    assert_true(kd[0] > 0 && kd[0] <= k[0]);
+    /* the predicted time includes the passes */
+    tn_sseq q1 = decoding(100, 64, 0);
+    tn_spec_seq sp1 = {8, 0.9, -1};
+    tn_shape sh;
+    tn_sched_plan(&s, &q1, 1, &sh);
+    double t = tn_sched_spec(&s, &q1, &sp1, 1, &cfg, &sh);
+    assert_float_equal(t, spec_time_ref(1 + sp1.k) + sp1.k * draft_time_ref(0.1, 1), 1e-9);
+}
+
 static void test_spec_batch_fills(void **state) {
     (void)state;
     tn_sched s = spec_sched(0);
-    tn_spec_cfg cfg = {1, 8, false, 0};
+    tn_spec_cfg cfg = {1, 8, false, 0, NULL};
     double acc[64];
     int32_t k[64];
     for (int i = 0; i < 64; i++) acc[i] = 0.9;
@@ -413,11 +472,11 @@ static void test_spec_batch_fills(void **state) {
     assert_int_equal(spec_run(&s, 4, acc, 8, &cfg, k), 8);
     /* a fixed length ignores the cost model (not the caps) */
     s.n_logits_cap = 512;
-    tn_spec_cfg fixed = {1, 4, true, 0};
+    tn_spec_cfg fixed = {1, 4, true, 0, NULL};
     assert_int_equal(spec_run(&s, 48, acc, 8, &fixed, k), 48 * 5);
     assert_int_equal(k[47], 4);
     /* rows_cap 64: drafts never take a step of fewer rows to 64 (3 x 17 rows fit, a 4th 17 not) */
-    tn_spec_cfg cap = {1, 16, true, 64};
+    tn_spec_cfg cap = {1, 16, true, 64, NULL};
     assert_int_equal(spec_run(&s, 4, acc, 16, &cap, k), 3 * 17 + 1);
     assert_int_equal(k[3], 0);
     cap.fixed = false;
@@ -430,7 +489,7 @@ static void test_spec_batch_fills(void **state) {
     tn_shape sh;
     tn_sched_plan(&s, q, 2, &sh);
     assert_int_equal(sh.rows, 101);
-    tn_sched_spec(&s, q, sp, 2, &(tn_spec_cfg){1, 8, true, 64}, &sh);
+    tn_sched_spec(&s, q, sp, 2, &(tn_spec_cfg){1, 8, true, 64, NULL}, &sh);
     assert_int_equal(sp[0].k, 8);
     assert_int_equal(sp[1].k, 0);
     assert_int_equal(sh.rows, 109);
@@ -440,7 +499,7 @@ static void test_spec_tpot(void **state) {
     (void)state;
     /* TPOT 10.55 ms: 10 ms + 0.25 ms per draft row fits 2 drafts (10.5 ms), not 3 (10.75) */
     tn_sched s = spec_sched(10.55);
-    tn_spec_cfg cfg = {1, 8, false, 0};
+    tn_spec_cfg cfg = {1, 8, false, 0, NULL};
     double a = 0.9;
     int32_t k[1];
     spec_run(&s, 1, &a, 8, &cfg, k);
@@ -461,6 +520,7 @@ int main(void) {
         cmocka_unit_test(test_simulate),           cmocka_unit_test(test_simulate_tpot_chunks),
         cmocka_unit_test(test_first_late),         cmocka_unit_test(test_accept),
         cmocka_unit_test(test_spec_expected),      cmocka_unit_test(test_spec_batch1),
+        cmocka_unit_test(test_spec_draft_model),
         cmocka_unit_test(test_spec_batch_fills),   cmocka_unit_test(test_spec_tpot),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
