@@ -20,7 +20,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_golden import SplitMix, rmsnorm, rope  # noqa: E402  (the same RMSNorm / adjacent-pair RoPE)
+import train_golden  # noqa: E402
+from train_golden import SplitMix, lr_at, rmsnorm, rope  # noqa: E402  (RMSNorm, adjacent-pair RoPE, the schedule)
 
 CFG = dict(n_vocab=270, n_embd=32, n_layer=2, n_head=4, n_head_kv=2, n_ff=64, eps=1e-5, rope_base=10000.0, seed=5)
 RANK, ALPHA, LORA_SEED = 4, 8.0, 3
@@ -135,13 +136,6 @@ def forward(W, L, c, tok, tgt):
     return torch.nn.functional.cross_entropy(logits.view(-1, c["n_vocab"]), tgt.view(-1))
 
 
-def lr_at(step):
-    if step < WARMUP:
-        return LR * (step + 1) / WARMUP
-    p = min(1.0, (step - WARMUP) / (STEPS - WARMUP))
-    return LR * (MIN_FRAC + (1 - MIN_FRAC) * 0.5 * (1 + math.cos(math.pi * p)))
-
-
 def run(wtype, dtype):
     c = CFG
     W = {k: torch.tensor(v, dtype=dtype) for k, v in base_weights(c, wtype).items()}  # frozen
@@ -166,6 +160,8 @@ def run(wtype, dtype):
 
 
 def main():
+    # lr_at is train_golden's warmup + cosine: the same constants
+    assert (train_golden.LR, train_golden.WARMUP, train_golden.STEPS, train_golden.MIN_FRAC) == (LR, WARMUP, STEPS, MIN_FRAC)
     out = sys.argv[1] if len(sys.argv) > 1 else "tests/golden/lora_tiny.txt"
     torch.manual_seed(0)
     torch.set_num_threads(1)
