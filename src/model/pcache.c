@@ -29,6 +29,7 @@
 
 #include "core/base.h"
 #include "core/file.h"
+#include "core/rc.h"
 #include "model/ctx.h"
 #include "model/model.h"
 #include "fmt/gguf.h"
@@ -100,10 +101,9 @@ static uint32_t crc32_ieee(const uint8_t *p, size_t n) {
 
 /* ---- plane codec ------------------------------------------------------------------------ */
 
-int32_t tn_pc_bins(tn_pc_quality q, int32_t il, int32_t n_layer) {
-    if (q == TN_PC_LOSSLESS) return 0;
-    const int32_t base = q == TN_PC_HIGH ? 127 : 15;
-    return il < (n_layer + 2) / 3 ? 2 * base + 1 : base; /* first third: finer */
+float tn_pc_div(tn_pc_quality q, int32_t il, int32_t n_layer) {
+    (void)il, (void)n_layer; /* every layer alike: finer early layers cost more than they gave (docs) */
+    return q == TN_PC_LOSSLESS ? 0 : q == TN_PC_HIGH ? TN_PC_DIV_HIGH : TN_PC_DIV_MEDIUM;
 }
 
 size_t tn_pc_plane_max(int64_t kv_dim) { return 1 + (size_t)kv_dim * 2 + (size_t)TN_PC_NTOK * (size_t)kv_dim * 2; }
@@ -120,7 +120,7 @@ static void put_planes(const uint16_t *z, size_t n, uint8_t *out) {
 }
 
 /* Bits the byte planes of z[0..n) would take under an order-0 entropy coder (zstd's literals are
- * Huffman-coded): how the encoder picks between deltas and raw values for a plane. */
+ * Huffman-coded): how the lossless encoder picks between deltas and raw values for a plane. */
 static double plane_bits(const uint16_t *z, size_t n) {
     uint32_t hl[256] = {0}, hh[256] = {0};
     for (size_t i = 0; i < n; i++) hl[z[i] & 0xFF]++, hh[z[i] >> 8]++;
@@ -132,76 +132,202 @@ static double plane_bits(const uint16_t *z, size_t n) {
     return bits;
 }
 
-/* mode byte: bit 0 = quantized (per-channel f16 steps follow), bit 1 = raw values (no deltas) */
-#define TN_PC_MODE_Q 1
+/* mode byte: bit 1 = raw values (no deltas between neighbouring tokens); bit 2 = lossy: one step
+ * for the plane, the integers range-coded (bit 0, per-channel f16 steps, was format 1's lossy
+ * mode: no longer written or read) */
 #define TN_PC_MODE_RAW 2
+#define TN_PC_MODE_RC 4
+#define TN_PC_RC_HDR 5 /* mode, coded bytes (u32) */
+/* TN_PC_NCTX integer models: the first token's; then by |previous value|: 0, 1, larger */
 
-size_t tn_pc_plane_encode(tn_pc_quality q, int32_t il, int32_t n_layer, const tn_fp16 *x, int64_t kv_dim, uint8_t *out) {
-    const size_t n = (size_t)TN_PC_NTOK * (size_t)kv_dim;
-    uint16_t *zd = (uint16_t *)tn_malloc(2 * n * sizeof *zd), *zr = zd + n; /* deltas, raw */
-    bool finite = true;
-    for (size_t i = 0; i < n && q != TN_PC_LOSSLESS; i++) finite &= (x[i] & 0x7C00) != 0x7C00;
-    if (!zd) return 0;
-    const bool quant = q != TN_PC_LOSSLESS && finite; /* a non-finite value: the plane goes lossless */
-    size_t o = 1;
-    const int32_t bins = quant ? tn_pc_bins(q, il, n_layer) : 0;
+void tn_pc_models_init(tn_pc_models *m) {
+    for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 2; b++)
+            for (int k = 0; k <= TN_PC_NCTX; k++) tn_rc_int_model_init(&m->m[a][b][k]);
+}
+
+/* The model of token t's value in a channel, from the previous value coded there. */
+static int rc_ctx(int t, int32_t prev) { return t == 0 ? 0 : prev == 0 ? 1 : (prev == 1 || prev == -1) ? 2 : 3; }
+
+/* Per-channel steps on a grid of eighth-octaves: step(e) = 2^(e / 8), exactly (ldexpf of one of 8
+ * float constants), so encoder and decoder agree on every machine. */
+#define TN_PC_E_MIN (-320)
+#define TN_PC_E_MAX 160
+static float step_of(int32_t e) {
+    static const float frac[8] = {1.0f, 1.0905077327f, 1.1892071150f, 1.2968395547f, 1.4142135624f, 1.5422108254f, 1.6817928305f, 1.8340080864f};
+    const int32_t q = e >= 0 ? e / 8 : -((-e + 7) / 8);
+    return ldexpf(frac[e - 8 * q], q);
+}
+/* The grid step at or just under s > 0. */
+static int32_t step_index(float s) {
+    int32_t e = (int32_t)floorf(8.0f * log2f(s));
+    if (e < TN_PC_E_MIN) e = TN_PC_E_MIN;
+    if (e > TN_PC_E_MAX) e = TN_PC_E_MAX;
+    while (e > TN_PC_E_MIN && step_of(e) > s) e--;
+    while (e < TN_PC_E_MAX && step_of(e + 1) <= s) e++;
+    return e;
+}
+
+/* Range-codes the channels' step indices (each as the change from the previous channel's) and
+ * then c[16][kv_dim] channel by channel (deltas between neighbouring tokens unless raw) into
+ * out[0..cap); returns the bytes, 0 when they do not fit. mod: TN_PC_NCTX value models + 1 for
+ * the steps. */
+static size_t rc_plane(const int32_t *e_ch, const int32_t *c, int64_t kv_dim, bool raw, tn_rc_int_model *mod, uint8_t *out, size_t cap) {
+    tn_rc_enc e;
+    tn_rc_enc_init(&e, out, cap);
+    for (int64_t ch = 0; ch < kv_dim; ch++) tn_rc_enc_int(&e, &mod[TN_PC_NCTX], e_ch[ch] - (ch ? e_ch[ch - 1] : 0));
     for (int64_t ch = 0; ch < kv_dim; ch++) {
-        float s = 0;
-        if (quant) { /* step: maxabs / bins rounded up to an f16, so |c| <= bins */
-            float mx = 0;
-            for (int t = 0; t < TN_PC_NTOK; t++) mx = fmaxf(mx, fabsf(tn_fp16_to_fp32(x[(size_t)t * kv_dim + ch])));
-            const float want = mx / (float)bins;
-            tn_fp16 hs = tn_fp32_to_fp16(want);
-            if (tn_fp16_to_fp32(hs) < want) hs++;
-            s = tn_fp16_to_fp32(hs);
-            out[o + 2 * (size_t)ch] = (uint8_t)hs, out[o + 2 * (size_t)ch + 1] = (uint8_t)(hs >> 8);
-        }
-        int32_t prev = 0;
+        int32_t prev = 0, sym = 0;
         for (int t = 0; t < TN_PC_NTOK; t++) {
-            const size_t i = (size_t)t * kv_dim + ch;
-            int32_t v;
-            if (quant) {
-                v = s > 0 ? (int32_t)lrintf(tn_fp16_to_fp32(x[i]) / s) : 0;
-                zr[i] = zigzag16(v);
-            } else {
-                v = f16_order(x[i]);
-                zr[i] = x[i];
-            }
-            zd[i] = zigzag16((int16_t)(uint16_t)(v - prev)); /* lossless: mod 2^16 */
+            const int32_t v = c[(size_t)t * kv_dim + ch];
+            const int k = rc_ctx(t, sym);
+            sym = raw ? v : v - prev;
+            tn_rc_enc_int(&e, &mod[k], sym);
             prev = v;
         }
     }
-    if (quant) o += 2 * (size_t)kv_dim;
-    const bool raw = plane_bits(zr, n) < plane_bits(zd, n);
-    out[0] = (uint8_t)((quant ? TN_PC_MODE_Q : 0) | (raw ? TN_PC_MODE_RAW : 0));
-    put_planes(raw ? zr : zd, n, out + o);
-    tn_free(zd);
-    return o + 2 * n;
+    return tn_rc_enc_finish(&e);
 }
 
-tern_status tn_pc_plane_decode(const uint8_t *in, size_t n_in, int64_t kv_dim, tn_fp16 *x, size_t *used) {
+static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> 8 * i); }
+static uint32_t get32(const uint8_t *p) { uint32_t v = 0; for (int i = 3; i >= 0; i--) v = v << 8 | p[i]; return v; }
+
+/* Lossy: s = rms(plane) / tn_pc_div, c = round(x / s), range-coded with deltas or raw values,
+ * whichever is smaller. 0 when the coded plane would not fit (the caller stores it losslessly). */
+/* Lossy: per channel a step s = min(rms(plane) / div, rms(channel) / div_ch) on the grid (at or
+ * under it), c = round(x / s), range-coded with deltas or raw values, whichever is smaller. 0
+ * when the coded plane would not fit (the caller stores it losslessly). */
+static size_t encode_lossy(float div, float div_ch, tn_rc_int_model (*mod)[TN_PC_NCTX + 1], const tn_fp16 *x, int64_t kv_dim,
+                           uint8_t *out, size_t cap) {
     const size_t n = (size_t)TN_PC_NTOK * (size_t)kv_dim;
-    if (n_in < 1 || in[0] > 3) return tn_err(TERN_ERR_FORMAT, "prompt cache: plane mode %d unknown", n_in ? in[0] : -1);
-    const bool q = in[0] & TN_PC_MODE_Q, raw = in[0] & TN_PC_MODE_RAW;
-    const size_t need = 1 + (q ? 2 * (size_t)kv_dim : 0) + 2 * n;
-    if (n_in < need) return tn_err(TERN_ERR_FORMAT, "prompt cache: plane needs %zu bytes, %zu left", need, n_in);
-    const uint8_t *steps = in + 1, *lo = in + 1 + (q ? 2 * (size_t)kv_dim : 0), *hi = lo + n;
+    int32_t *c = (int32_t *)tn_malloc((n + (size_t)kv_dim) * sizeof *c), *e_ch = c ? c + n : NULL;
+    uint8_t *alt = (uint8_t *)tn_malloc(cap);
+    size_t r = 0;
+    if (c && alt && cap > TN_PC_RC_HDR) {
+        double ss = 0;
+        for (size_t i = 0; i < n; i++) {
+            const double v = tn_fp16_to_fp32(x[i]);
+            ss += v * v;
+        }
+        const double s_plane = div > 0 ? sqrt(ss / (double)n) / div : INFINITY;
+        for (int64_t ch = 0; ch < kv_dim; ch++) {
+            double sc = 0;
+            for (int t = 0; t < TN_PC_NTOK; t++) {
+                const double v = tn_fp16_to_fp32(x[(size_t)t * kv_dim + ch]);
+                sc += v * v;
+            }
+            const double want = fmin(s_plane, div_ch > 0 ? sqrt(sc / TN_PC_NTOK) / div_ch : INFINITY);
+            e_ch[ch] = want > 0 ? step_index((float)want) : ch ? e_ch[ch - 1] : 0; /* all zero: any step */
+            const float s = step_of(e_ch[ch]);
+            for (int t = 0; t < TN_PC_NTOK; t++) {
+                const size_t i = (size_t)t * kv_dim + ch;
+                c[i] = want > 0 ? (int32_t)lrintf(tn_fp16_to_fp32(x[i]) / s) : 0;
+            }
+        }
+        tn_rc_int_model md[TN_PC_NCTX + 1], mr[TN_PC_NCTX + 1]; /* trial copies: the chosen one's are kept */
+        memcpy(md, mod[0], sizeof md);
+        memcpy(mr, mod[1], sizeof mr);
+        const size_t nd = rc_plane(e_ch, c, kv_dim, false, md, out + TN_PC_RC_HDR, cap - TN_PC_RC_HDR);
+        const size_t nr = rc_plane(e_ch, c, kv_dim, true, mr, alt, cap - TN_PC_RC_HDR);
+        const bool raw = nr && (!nd || nr < nd);
+        const size_t m = raw ? nr : nd;
+        if (m) {
+            memcpy(mod[raw], raw ? mr : md, sizeof md);
+            if (raw) memcpy(out + TN_PC_RC_HDR, alt, m);
+            out[0] = (uint8_t)(TN_PC_MODE_RC | (raw ? TN_PC_MODE_RAW : 0));
+            put32(out + 1, (uint32_t)m);
+            r = TN_PC_RC_HDR + m;
+        }
+    }
+    tn_free(c);
+    tn_free(alt);
+    return r;
+}
+
+size_t tn_pc_plane_encode(tn_pc_quality q, int32_t il, int32_t n_layer, int kv, tn_pc_models *mod, const tn_fp16 *x,
+                          int64_t kv_dim, uint8_t *out) {
+    const size_t n = (size_t)TN_PC_NTOK * (size_t)kv_dim;
+    bool finite = true;
+    for (size_t i = 0; i < n && q != TN_PC_LOSSLESS; i++) finite &= (x[i] & 0x7C00) != 0x7C00;
+    if (q != TN_PC_LOSSLESS && finite) { /* a non-finite value: the plane goes lossless */
+        const float dc = q == TN_PC_HIGH ? TN_PC_DIVCH_HIGH : TN_PC_DIVCH_MEDIUM;
+        const size_t r = encode_lossy(tn_pc_div(q, il, n_layer), dc, mod->m[kv != 0], x, kv_dim, out, tn_pc_plane_max(kv_dim));
+        if (r) return r;
+    }
+    uint16_t *zd = (uint16_t *)tn_malloc(2 * n * sizeof *zd), *zr = zd + n; /* deltas, raw */
+    if (!zd) return 0;
     for (int64_t ch = 0; ch < kv_dim; ch++) {
-        const float s = q ? tn_fp16_to_fp32((tn_fp16)(steps[2 * ch] | steps[2 * ch + 1] << 8)) : 0;
-        if (q && !(s >= 0 && s < 65536)) return tn_err(TERN_ERR_FORMAT, "prompt cache: step of channel %lld not finite", (long long)ch);
-        int32_t acc = 0;
+        int32_t prev = 0;
+        for (int t = 0; t < TN_PC_NTOK; t++) {
+            const size_t i = (size_t)t * kv_dim + ch;
+            const int32_t v = f16_order(x[i]);
+            zr[i] = x[i];
+            zd[i] = zigzag16((int16_t)(uint16_t)(v - prev)); /* mod 2^16 */
+            prev = v;
+        }
+    }
+    const bool raw = plane_bits(zr, n) < plane_bits(zd, n);
+    out[0] = (uint8_t)(raw ? TN_PC_MODE_RAW : 0);
+    put_planes(raw ? zr : zd, n, out + 1);
+    tn_free(zd);
+    return 1 + 2 * n;
+}
+
+static tern_status decode_lossy(const uint8_t *in, size_t n_in, int64_t kv_dim, tn_rc_int_model (*mods)[TN_PC_NCTX + 1],
+                               int32_t *e_ch, tn_fp16 *x, size_t *used) {
+    if (n_in < TN_PC_RC_HDR) return tn_err(TERN_ERR_FORMAT, "prompt cache: plane header needs %d bytes, %zu left", TN_PC_RC_HDR, n_in);
+    const bool raw = in[0] & TN_PC_MODE_RAW;
+    const uint32_t m = get32(in + 1);
+    if (m > n_in - TN_PC_RC_HDR) return tn_err(TERN_ERR_FORMAT, "prompt cache: plane needs %u coded bytes, %zu left", m, n_in - TN_PC_RC_HDR);
+    tn_rc_int_model *mod = mods[raw];
+    tn_rc_dec d;
+    tn_rc_dec_init(&d, in + TN_PC_RC_HDR, m);
+    bool ok = true;
+    for (int64_t ch = 0; ch < kv_dim && ok; ch++) {
+        e_ch[ch] = (ch ? e_ch[ch - 1] : 0) + tn_rc_dec_int(&d, &mod[TN_PC_NCTX], &ok);
+        if (e_ch[ch] < TN_PC_E_MIN || e_ch[ch] > TN_PC_E_MAX) ok = false;
+    }
+    for (int64_t ch = 0; ch < kv_dim && ok; ch++) {
+        const float s = step_of(e_ch[ch]);
+        int32_t v = 0, sym = 0;
+        for (int t = 0; t < TN_PC_NTOK && ok; t++) {
+            sym = tn_rc_dec_int(&d, &mod[rc_ctx(t, sym)], &ok);
+            v = raw ? sym : v + sym;
+            if (v < -(1 << 24) || v > (1 << 24)) ok = false;
+            x[(size_t)t * kv_dim + ch] = tn_fp32_to_fp16((float)v * s);
+        }
+    }
+    if (!ok || tn_rc_dec_overrun(&d)) return tn_err(TERN_ERR_FORMAT, "prompt cache: plane's coded values are corrupt");
+    *used = TN_PC_RC_HDR + m;
+    return TERN_OK;
+}
+
+tern_status tn_pc_plane_decode(const uint8_t *in, size_t n_in, int64_t kv_dim, int kv, tn_pc_models *mod, tn_fp16 *x,
+                               size_t *used) {
+    const size_t n = (size_t)TN_PC_NTOK * (size_t)kv_dim;
+    if (n_in < 1 || (in[0] & ~(TN_PC_MODE_RAW | TN_PC_MODE_RC)))
+        return tn_err(TERN_ERR_FORMAT, "prompt cache: plane mode %d unknown", n_in ? in[0] : -1);
+    if (in[0] & TN_PC_MODE_RC) {
+        int32_t *e_ch = (int32_t *)tn_malloc((size_t)kv_dim * sizeof *e_ch);
+        if (!e_ch) return tn_err(TERN_ERR_NOMEM, "prompt cache: out of memory");
+        const tern_status st = decode_lossy(in, n_in, kv_dim, mod->m[kv != 0], e_ch, x, used);
+        tn_free(e_ch);
+        return st;
+    }
+    const bool raw = in[0] & TN_PC_MODE_RAW;
+    const size_t need = 1 + 2 * n;
+    if (n_in < need) return tn_err(TERN_ERR_FORMAT, "prompt cache: plane needs %zu bytes, %zu left", need, n_in);
+    const uint8_t *lo = in + 1, *hi = lo + n;
+    for (int64_t ch = 0; ch < kv_dim; ch++) {
+        uint16_t acc = 0;
         for (int t = 0; t < TN_PC_NTOK; t++) {
             const size_t i = (size_t)t * kv_dim + ch;
             const uint16_t z = (uint16_t)(lo[i] | hi[i] << 8);
-            if (q) {
-                acc = raw ? unzigzag16(z) : acc + unzigzag16(z);
-                if (acc < -32768 || acc > 32767) return tn_err(TERN_ERR_FORMAT, "prompt cache: quantized value out of range");
-                x[i] = tn_fp32_to_fp16((float)acc * s);
-            } else if (raw) {
+            if (raw) {
                 x[i] = z;
             } else {
                 acc = (uint16_t)(acc + unzigzag16(z));
-                x[i] = f16_unorder((uint16_t)acc);
+                x[i] = f16_unorder(acc);
             }
         }
     }
@@ -220,15 +346,14 @@ struct tn_pcache {
     size_t raw_cap, file_cap;
     uint8_t *raw, *file; /* [raw_cap] planes, [file_cap] one file */
     tn_fp16 *plane;      /* [16][kv_dim] */
+    tn_pc_models mod;    /* the range coder's models within one block */
     unsigned tmp_seq;
     bool warned_io;
     char decision[256];
     tn_pcache_stats st;
 };
 
-static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> 8 * i); }
 static void put64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> 8 * i); }
-static uint32_t get32(const uint8_t *p) { uint32_t v = 0; for (int i = 3; i >= 0; i--) v = v << 8 | p[i]; return v; }
 static uint64_t get64(const uint8_t *p) { uint64_t v = 0; for (int i = 7; i >= 0; i--) v = v << 8 | p[i]; return v; }
 
 static double now_s(void) {
@@ -451,10 +576,11 @@ static tern_status read_block(tn_pcache *pc, const char *path, uint32_t bi, uint
 static tern_status unpack_block(tn_pcache *pc, tern_ctx *c, int32_t bi, size_t raw_n) {
     size_t off = 0;
     const size_t pb = (size_t)TN_PC_NTOK * (size_t)pc->kv_dim;
+    tn_pc_models_init(&pc->mod);
     for (int32_t il = 0; il < pc->n_layer; il++)
         for (int kv = 0; kv < 2; kv++) {
             size_t used;
-            tern_status s = tn_pc_plane_decode(pc->raw + off, raw_n - off, pc->kv_dim, pc->plane, &used);
+            tern_status s = tn_pc_plane_decode(pc->raw + off, raw_n - off, pc->kv_dim, kv, &pc->mod, pc->plane, &used);
             if (s) return s;
             off += used;
             tn_fp16 *dst = (tn_fp16 *)(kv ? c->v_cache : c->k_cache) + c->kv_off[il] * pc->kv_dim + (int64_t)bi * TN_PC_NTOK * pc->kv_dim;
@@ -576,10 +702,11 @@ static bool store_one(tn_pcache *pc, const tern_ctx *c, int32_t bi, uint64_t h, 
         return false;
     }
     size_t raw = 0;
+    tn_pc_models_init(&pc->mod);
     for (int32_t il = 0; il < pc->n_layer; il++)
         for (int kv = 0; kv < 2; kv++) {
             const tn_fp16 *x = (const tn_fp16 *)(kv ? c->v_cache : c->k_cache) + c->kv_off[il] * pc->kv_dim + (int64_t)src * TN_PC_NTOK * pc->kv_dim;
-            const size_t k = tn_pc_plane_encode(pc->q, il, pc->n_layer, x, pc->kv_dim, pc->raw + raw);
+            const size_t k = tn_pc_plane_encode(pc->q, il, pc->n_layer, kv, &pc->mod, x, pc->kv_dim, pc->raw + raw);
             if (!k) { /* out of memory: this block is not stored */
                 tn_free(path);
                 return false;

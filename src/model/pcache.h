@@ -8,19 +8,24 @@
  * GGUF's bytes: metadata, shapes and tensor data, mixed with the KV row type, the codec and the
  * format version), so other models, cache types and formats never collide.
  *
- * Codec (CacheGen's idea, per layer and per channel over the block's 16 tokens): values are
- * turned into integers, differenced between neighbouring tokens, zigzagged and split into a low-
- * and a high-byte plane, then the whole block goes through zstd. Per plane (one layer's K or V)
- * the encoder keeps the deltas or the raw values, whichever has the smaller byte entropy (on
- * small models neighbouring tokens' K/V are often less alike than CacheGen found on large ones).
- *  - lossless: the integer is the f16 bit pattern mapped to an order-preserving code (raw: the
- *    f16 bits); decoding gives the same bits.
- *  - high / medium (lossy): per channel a step s = maxabs / bins rounded up to an f16, integers
- *    c = round(x / s); decoded x' = f16(c * s), so |x - x'| <= s / 2 plus f16 rounding of x'.
- *    bins (tn_pc_bins) is 127 (high) or 15 (medium) and doubles on the first third of the layers
- *    (their errors travel through more of the network). A plane holding a non-finite value is
- *    stored losslessly.
- *
+ * Codec (CacheGen's idea, per layer over the block's 16 tokens; one plane = one layer's K or V):
+ *  - lossless: values as f16 bit patterns mapped to an order-preserving code, differenced between
+ *    neighbouring tokens in each channel (or kept raw, whichever has the smaller byte entropy),
+ *    zigzagged, split into a low- and a high-byte plane; the block goes through zstd. Decoding
+ *    gives the same bits.
+ *  - high / medium (lossy): per channel a step s = min(rms(plane) / div, rms(channel) / div_ch),
+ *    on a grid of eighth-octaves at or under it, integers c = round(x / s) (decoded
+ *    x' = f16(c * s): |x - x'| <= s / 2 plus f16 rounding of x'). The plane term gives every
+ *    channel the same absolute error (what q.k and the attention-weighted sum of V see, so the
+ *    bits go where the values are large); the channel term keeps small channels from being
+ *    rounded to zero. The channels' step indices (as changes from channel to channel) and then
+ *    the integers, channel by channel, as deltas between neighbouring tokens or raw (whichever
+ *    codes smaller), go through an adaptive binary range coder (core/rc.h): zero flag, sign and
+ *    Elias-gamma magnitude, with models chosen by the previous value's size and carried from plane
+ *    to plane of a block (tn_pc_models). div / div_ch: TN_PC_DIV_* / TN_PC_DIVCH_*, the same on
+ *    every layer (finer steps on the first third, as CacheGen does, cost more bytes than they
+ *    saved in KL divergence on the models measured). A plane holding a non-finite value, or one
+ *    that codes larger than losslessly, is stored losslessly.
  * File (little-endian): header (TN_PC_HDR bytes, see pcache.c), the block's 16 token ids, the
  * zstd payload, a CRC-32 of everything before it. Files are written to a temp name and renamed
  * (fsync'd); a reader verifies size, CRC, magic, version, fingerprint, dimensions, both prefix
@@ -40,9 +45,10 @@
 #include <stdint.h>
 
 #include "core/fp16.h"
+#include "core/rc.h"
 #include "tern/tern.h"
 
-#define TN_PC_VERSION 1
+#define TN_PC_VERSION 2 /* 2: lossy planes range-coded with one step per plane */
 #define TN_PC_ROW_F16 1 /* KV row type of the stored block: f16 rows (the only one so far)     */
 #define TN_PC_NTOK 16   /* == TN_KV_BLOCK                                                     */
 
@@ -53,15 +59,33 @@ typedef enum tn_pc_quality { TN_PC_LOSSLESS = 0, TN_PC_HIGH = 1, TN_PC_MEDIUM = 
 uint64_t tn_tok_hash(uint64_t seed, uint64_t parent_hash, const tern_token *toks);
 
 /* ---- codec of one plane: [16][kv_dim] f16 values (one layer's K or V of a block) ---------- */
-/* Quantization bins of layer il for a lossy quality (0 for lossless). */
-int32_t tn_pc_bins(tn_pc_quality q, int32_t il, int32_t n_layer);
+/* Steps per RMS of a lossy quality: the plane's (tn_pc_div, layer il; 0 for lossless) and the
+ * channel's. Chosen with bench/pcache_quality (docs/prompt-cache.md): high at the KL divergence
+ * of the q8_0 cache type, medium well under q4_0's. */
+#define TN_PC_DIV_HIGH 12.0f
+#define TN_PC_DIV_MEDIUM 1.0f
+#define TN_PC_DIVCH_HIGH 8.0f
+#define TN_PC_DIVCH_MEDIUM 2.0f
+float tn_pc_div(tn_pc_quality q, int32_t il, int32_t n_layer);
 /* Largest encoded size of a plane. */
 size_t tn_pc_plane_max(int64_t kv_dim);
-/* Encodes x[16][kv_dim] into out (tn_pc_plane_max bytes of room); returns the bytes written. */
-size_t tn_pc_plane_encode(tn_pc_quality q, int32_t il, int32_t n_layer, const tn_fp16 *x, int64_t kv_dim, uint8_t *out);
+/* The range coder's adaptive integer models, carried from plane to plane of one block (K planes
+ * in one set, V planes in another, deltas and raw values apart), so a block's later layers code
+ * with what its earlier ones taught; initialised per block, used in the same plane order by the
+ * encoder and the decoder. */
+#define TN_PC_NCTX 4
+typedef struct tn_pc_models {
+    tn_rc_int_model m[2][2][TN_PC_NCTX + 1]; /* [K, V][deltas, raw][context; the steps' model] */
+} tn_pc_models;
+void tn_pc_models_init(tn_pc_models *m);
+/* Encodes x[16][kv_dim], the K (kv 0) or V (kv 1) plane of layer il, into out
+ * (tn_pc_plane_max bytes of room), updating mod; returns the bytes written (0: out of memory). */
+size_t tn_pc_plane_encode(tn_pc_quality q, int32_t il, int32_t n_layer, int kv, tn_pc_models *mod, const tn_fp16 *x,
+                          int64_t kv_dim, uint8_t *out);
 /* Decodes a plane from in[0..n) into x[16][kv_dim]; *used gets the bytes read. FORMAT when the
  * bytes are not a plane of this size. */
-tern_status tn_pc_plane_decode(const uint8_t *in, size_t n, int64_t kv_dim, tn_fp16 *x, size_t *used);
+tern_status tn_pc_plane_decode(const uint8_t *in, size_t n, int64_t kv_dim, int kv, tn_pc_models *mod, tn_fp16 *x,
+                               size_t *used);
 
 /* ---- the cache -------------------------------------------------------------------------- */
 typedef struct tn_pcache tn_pcache;

@@ -1,0 +1,171 @@
+/*
+ * pcache_quality — what the disk prompt cache's lossy qualities cost in accuracy and what they
+ * save in bytes, measured through the cache itself: a prefix of P tokens is computed, stored
+ * with `--prompt-cache-quality Q` (tn_pcache_store), loaded into a fresh context
+ * (tn_pcache_load) and the next N tokens of the text are run on top of it (teacher-forced). Their
+ * next-token distributions are compared with those of the same tokens computed without the cache
+ * (KL divergence, top-1 agreement), and the bytes on disk per token with the f16 KV's.
+ *
+ * Averaged over W windows of the text (window w starts at token w * (P + N)). The in-memory cache
+ * types q8_0 and q4_0 (-ctk/-ctv) are measured the same way for comparison (their bytes are
+ * those of the KV in memory, per token).
+ *
+ * usage: pcache_quality MODEL TEXT [P=64] [N=64] [W=8] [THREADS=2]
+ * Not a test: no thresholds; docs/prompt-cache.md reports its output.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "model/pcache.h"
+#include "tern/tern.h"
+
+static char *slurp(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long sz = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)sz + 1);
+    if (b && fread(b, 1, (size_t)sz, f) != (size_t)sz) free(b), b = NULL;
+    fclose(f);
+    if (b) b[sz] = 0, *n = (size_t)sz;
+    return b;
+}
+
+static int die(const char *what) {
+    fprintf(stderr, "pcache_quality: %s: %s\n", what, tern_last_error());
+    return 1;
+}
+
+/* A context with room for the prefix and the tokens after it, logits for every row. */
+static tern_ctx *make_ctx(const tern_model *m, int32_t n_ctx, int threads, int32_t kv_type) {
+    tern_ctx_params cp;
+    tern_ctx_params_init(&cp);
+    cp.n_ctx = n_ctx;
+    cp.n_threads = threads;
+    cp.logits_all = true;
+    cp.type_k = cp.type_v = kv_type;
+    tern_ctx *c = NULL;
+    return tern_ctx_create(m, &cp, &c) ? NULL : c;
+}
+
+/* softmax of logits (double) into p */
+static void softmax(const float *l, int32_t nv, double *p) {
+    double mx = -INFINITY, s = 0;
+    for (int32_t j = 0; j < nv; j++) mx = fmax(mx, l[j]);
+    for (int32_t j = 0; j < nv; j++) s += p[j] = exp((double)l[j] - mx);
+    for (int32_t j = 0; j < nv; j++) p[j] /= s;
+}
+
+typedef struct { double kl_sum, kl_max; int64_t agree, n; } score;
+
+/* Scores the logits of c's last decode (n rows) against the reference rows. */
+static void compare(const tern_ctx *c, const float *ref, int32_t n, int32_t nv, double *p, double *q, score *sc) {
+    for (int32_t i = 0; i < n; i++) {
+        const float *l = tern_get_logits(c, i), *r = ref + (size_t)i * nv;
+        softmax(r, nv, p);
+        softmax(l, nv, q);
+        double kl = 0;
+        int32_t ar = 0, al = 0;
+        for (int32_t j = 0; j < nv; j++) {
+            if (p[j] > 0) kl += p[j] * (log(p[j]) - log(fmax(q[j], 1e-300)));
+            if (r[j] > r[ar]) ar = j;
+            if (l[j] > l[al]) al = j;
+        }
+        sc->kl_sum += kl, sc->kl_max = fmax(sc->kl_max, kl), sc->agree += ar == al, sc->n++;
+    }
+}
+
+static void row(const char *name, double bpt, double f16_bpt, const score *sc) {
+    printf("| %s | %.0f | %.2fx smaller | %.2e | %.2e | %.1f%% |\n", name, bpt, f16_bpt / bpt, sc->kl_sum / (double)sc->n,
+           sc->kl_max, 100.0 * (double)sc->agree / (double)sc->n);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: %s MODEL TEXT [P=64] [N=64] [W=8] [THREADS=2]\n", argv[0]);
+        return 64;
+    }
+    const int32_t P = argc > 3 ? atoi(argv[3]) / 16 * 16 : 64, N = argc > 4 ? atoi(argv[4]) : 64, W = argc > 5 ? atoi(argv[5]) : 8;
+    const int threads = argc > 6 ? atoi(argv[6]) : 2;
+    if (P < 16 || N < 1 || W < 1) return fprintf(stderr, "pcache_quality: P >= 16, N >= 1, W >= 1\n"), 64;
+    tern_model_params mp;
+    tern_model_params_init(&mp);
+    tern_model *m;
+    if (tern_model_load(argv[1], &mp, &m)) return die(argv[1]);
+    size_t len;
+    char *text = slurp(argv[2], &len);
+    if (!text) return fprintf(stderr, "pcache_quality: cannot read %s\n", argv[2]), 66;
+    if (len > (size_t)W * (size_t)(P + N) * 16 + 4096) len = (size_t)W * (size_t)(P + N) * 16 + 4096; /* enough text */
+    tern_token *toks = malloc(sizeof *toks * (len + 2));
+    int32_t nt = 0;
+    if (tern_tokenize(m, text, len, true, false, toks, (int32_t)len + 2, &nt)) return die("tokenize");
+    if (nt < W * (P + N)) return fprintf(stderr, "pcache_quality: %d tokens in the text, need %d\n", nt, W * (P + N)), 65;
+    const int32_t nv = tern_model_n_vocab(m);
+    float *ref = malloc(sizeof *ref * (size_t)W * (size_t)N * (size_t)nv);
+    double *p = malloc(sizeof *p * (size_t)nv), *q = malloc(sizeof *q * (size_t)nv);
+    for (int32_t w = 0; w < W; w++) { /* the reference: f16 KV, no cache */
+        const tern_token *t = toks + (size_t)w * (P + N);
+        tern_ctx *c = make_ctx(m, P + N, threads, TERN_KV_F16);
+        if (!c || tern_decode(c, t, P) || tern_decode(c, t + P, N)) return die("reference run");
+        for (int32_t i = 0; i < N; i++) memcpy(ref + ((size_t)w * N + i) * nv, tern_get_logits(c, i), sizeof *ref * (size_t)nv);
+        tern_ctx_free(c);
+    }
+    printf("%s: %d windows of a %d-token prefix and %d tokens after it\n", argv[1], W, P, N);
+    printf("| KV | bytes/token | vs f16 KV | mean KLD | max KLD | top-1 agreement |\n|---|---:|---:|---:|---:|---:|\n");
+    double f16_bpt = 0;
+    static const char *qn[] = {"disk: lossless", "disk: high", "disk: medium"};
+    for (int qi = 0; qi < 3; qi++) {
+        char dir[] = "/tmp/tern-pcq-XXXXXX";
+        if (!mkdtemp(dir)) return fprintf(stderr, "pcache_quality: mkdtemp failed\n"), 74;
+        tn_pcache *pc;
+        if (tn_pcache_open(m, dir, 0, (tn_pc_quality)qi, &pc)) return die("prompt cache");
+        score sc = {0, 0, 0, 0};
+        for (int32_t w = 0; w < W; w++) {
+            const tern_token *t = toks + (size_t)w * (P + N);
+            tern_ctx *c = make_ctx(m, P + N, threads, TERN_KV_F16);
+            if (!c || tern_decode(c, t, P) || tn_pcache_store(pc, c, t, P)) return die("store run");
+            tern_ctx_free(c);
+            c = make_ctx(m, P + N, threads, TERN_KV_F16);
+            int32_t got = 0;
+            if (!c || tn_pcache_load(pc, c, t, P + 1, 0, &got)) return die("load");
+            if (got != P) return fprintf(stderr, "pcache_quality: loaded %d of %d tokens\n", got, P), 70;
+            if (tern_decode(c, t + P, N)) return die("run after load");
+            compare(c, ref + (size_t)w * N * nv, N, nv, p, q, &sc);
+            tern_ctx_free(c);
+        }
+        const tn_pcache_stats *st = tn_pcache_get_stats(pc);
+        f16_bpt = (double)st->f16_bytes_per_token;
+        row(qn[qi], (double)st->bytes_stored / ((double)P * W), f16_bpt, &sc);
+        tn_pcache_free(pc);
+        char cmd[256];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        if (system(cmd)) fprintf(stderr, "pcache_quality: could not remove %s\n", dir);
+    }
+    static const int32_t kt[] = {TERN_KV_Q8_0, TERN_KV_Q4_0};
+    for (int k = 0; k < 2; k++) { /* the in-memory cache types, for comparison */
+        score sc = {0, 0, 0, 0};
+        double bpt = 0;
+        for (int32_t w = 0; w < W; w++) {
+            const tern_token *t = toks + (size_t)w * (P + N);
+            tern_ctx *c = make_ctx(m, P + N, threads, kt[k]);
+            if (!c) {
+                printf("| memory: %s | (not available: %s) | | | | |\n", tern_kv_type_name(kt[k]), tern_last_error());
+                break;
+            }
+            if (tern_decode(c, t, P) || tern_decode(c, t + P, N)) return die("quantized-cache run");
+            compare(c, ref + (size_t)w * N * nv, N, nv, p, q, &sc);
+            bpt = (double)tern_ctx_kv_bytes(c) / (P + N);
+            tern_ctx_free(c);
+        }
+        char name[64];
+        snprintf(name, sizeof name, "memory: %s", tern_kv_type_name(kt[k]));
+        if (sc.n) row(name, bpt, f16_bpt, &sc);
+    }
+    free(ref), free(p), free(q), free(toks), free(text);
+    tern_model_free(m);
+    return 0;
+}
