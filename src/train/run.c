@@ -320,10 +320,6 @@ tern_status tn_train_run(tn_train_opts *o) {
         else tn_tmodel_init_random(m, o->seed);
     }
     if (init && !lora) { tern_model_free(init); init = NULL; } /* LoRA reads the base to the end */
-    if (lora && dist) {
-        s = tn_err(TERN_ERR_UNSUPPORTED, "train: --dist with LoRA fine-tuning is not supported yet (one process)");
-        goto done;
-    }
     if ((s = tn_dist_begin(dist, m))) goto done;
     if (dist) note(o, "--dist %s on %d ranks: batch %d per rank (global %d)%s", tn_dist_name(o->dist.method), n_ranks,
                    o->batch, o->batch * n_ranks, outer ? ", outer step every --outer-every steps" : "");

@@ -13,6 +13,10 @@
 #   compress  --compress int8: measured bytes == int8 + per-256 scales computed here; dp int8
 #          follows dp within 0.01 but not bit for bit; noloco refuses it.
 #   zo     --zo: 1 rank == single process bit for bit, 2 ranks x B == 1 x 2B, bytes per step.
+#   finetune  `tern finetune` (LoRA over a q4_0 qwen3 base, plain text): dp 2 ranks x batch 2 ==
+#          1 process x batch 4 (adapter and losses), the 1 x batch 2 control differs; --zo under dp
+#          == single process x batch 4 with 4 x (samples + 1) bytes per step; diloco runs and
+#          reports its bytes; finetune's --outer-lr without diloco/noloco is refused (exit 64).
 #   bad    bad --dist flags: exit 64 with a message naming the flag.
 # Exit 77 (skip) when mpirun is absent or tern was built without MPI.
 set -u
@@ -40,12 +44,14 @@ if "$TERN" "${TRAIN[@]}" --steps 1 --batch 1 --dist dp -o "$TMP/probe.gguf" 2>"$
   echo "FAIL: a one-rank --dist dp run: $(tail -2 "$TMP/err")"; exit 1
 fi
 
-# run NAME args...: tern train into $TMP/NAME.gguf (mpirun when the first arg is "mpi")
+# run NAME args...: tern train (or the command in RUNCMD) into $TMP/NAME.gguf (mpirun when the
+# first arg is "mpi")
+RUNCMD=("${TRAIN[@]}")
 run() {
   local name=$1; shift
   local pre=()
   if [ "$1" = mpi ]; then pre=("${MPI[@]}"); shift; fi
-  if ! timeout 120 "${pre[@]}" "$TERN" "${TRAIN[@]}" "$@" -o "$TMP/$name.gguf" >"$TMP/$name.log" 2>&1; then
+  if ! timeout 120 "${pre[@]}" "$TERN" "${RUNCMD[@]}" "$@" -o "$TMP/$name.gguf" >"$TMP/$name.log" 2>&1; then
     bad "$name: $(grep -m3 -E 'error|noticed' "$TMP/$name.log")"
     return 1
   fi
@@ -139,6 +145,26 @@ if [ "$PART" = zo ]; then
     [ "$n" = $((6 * 4 * 3)) ] && ok "zo measured $n bytes in 6 steps == 6 x 4 x (2 samples + 1)" || bad "zo measured '$n' bytes, want 72"
   }
   run zinit --n-layer 1 --ctx 16 --steps 1 --lr 0 --batch 4 && same zinit zs 1e-6 --differ "zo weights moved from the init"
+fi
+
+if [ "$PART" = finetune ]; then
+  "$TERN" synth --arch qwen3 --preset tiny --type q4_0 -o "$TMP/base.gguf" 2>"$TMP/err" || { cat "$TMP/err"; exit 1; }
+  FTB=(finetune -m "$TMP/base.gguf" --data "$corpus" --ctx 32 -t 1 --lora-rank 4 --steps 6 --val-split 0 --log-every 1000)
+  RUNCMD=("${FTB[@]}")
+  run fs --batch 4 --lr 1e-2 && run fd mpi --batch 2 --lr 1e-2 --dist dp && run fh --batch 2 --lr 1e-2 &&
+  same fs fd $TOL "" "finetune dp 2 ranks x batch 2 == 1 process x batch 4 (adapter, losses)" &&
+  same fs fh $TOL --differ "control: finetune 1 process x batch 2 differs from batch 4"
+  run fzs --batch 4 --lr 1e-3 --zo --zo-samples 2 && run fz2 mpi --batch 2 --lr 1e-3 --zo --zo-samples 2 --dist dp && {
+    same fzs fz2 $TOL "" "finetune --zo: 2 ranks x batch 2 == 1 process x batch 4"
+    n=$(sed -n 's/.*communicated \([0-9]*\) bytes per rank.*/\1/p' "$TMP/fz2.log")
+    [ "$n" = $((6 * 4 * 3)) ] && ok "finetune --zo measured $n bytes in 6 steps == 6 x 4 x (2 samples + 1)" || bad "finetune --zo measured '$n' bytes, want 72"
+  }
+  run fdl mpi --batch 2 --lr 1e-2 --dist diloco --outer-every 3 &&
+    grep -q "finetune: --dist diloco on 2 ranks: communicated" "$TMP/fdl.log" && ok "finetune diloco: $(grep -o 'communicated.*' "$TMP/fdl.log")" ||
+    bad "finetune diloco: $(tail -2 "$TMP/fdl.log")"
+  out=$("$TERN" "${FTB[@]}" --outer-lr 0.5 -o "$TMP/x.gguf" 2>&1); rc=$?
+  [ $rc -eq 64 ] && echo "$out" | grep -q "outer-lr applies to --dist diloco or noloco" && ok "finetune --outer-lr alone: exit 64" ||
+    bad "finetune --outer-lr alone: rc $rc: $out"
 fi
 
 if [ "$PART" = kill ]; then

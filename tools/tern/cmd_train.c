@@ -20,6 +20,22 @@ static void on_sig(int sig) {
     tn_train_stop = 1;
 }
 
+/* the distributed-training flags, in tern train's and tern finetune's usage */
+#define DIST_USAGE                                                                                           \
+    "distributed (under mpirun -np N; docs/distributed.md):\n"                                               \
+    "  --dist METHOD           dp (gradients all-reduced every step), diloco (parameter change\n"            \
+    "                          all-reduced every H steps, outer Nesterov step) or noloco (one\n"             \
+    "                          random peer per outer step, no collectives); --batch is per rank\n"           \
+    "  --outer-every H         inner steps per outer step (diloco, noloco; default 100)\n"                   \
+    "  --outer-lr X            outer learning rate (default 0.7)\n"                                          \
+    "  --outer-momentum X      outer Nesterov momentum (default 0.9)\n"                                      \
+    "  --zo                    zeroth-order (SPSA) steps: forward passes only, no backward;\n"              \
+    "                          under --dist dp ranks exchange one value per sample per step\n"              \
+    "  --zo-eps X              perturbation scale (default 1e-3)\n"                                          \
+    "  --zo-samples N          perturbations per step (default 1)\n"                                         \
+    "  --compress int8|none    dp, diloco: send int8 with a scale per 256 values, stochastic\n"             \
+    "                          rounding (~3.9x fewer bytes); default none\n"
+
 static void train_usage(FILE *f) {
     char names[128];
     tn_train_arch_names(names, sizeof names);
@@ -53,20 +69,7 @@ static void train_usage(FILE *f) {
             "  --out-type T            f32 (default) or q8_0\n"
             "  --name S                general.name of the output\n"
             "  --log-every N           progress line every N steps when stderr is not a TTY (default steps/50)\n"
-            "  --optim NAME            adamw (default) or sgd (plain SGD, same lr schedule, clip and decay)\n"
-            "distributed (under mpirun -np N; docs/distributed.md):\n"
-            "  --dist METHOD           dp (gradients all-reduced every step), diloco (parameter change\n"
-            "                          all-reduced every H steps, outer Nesterov step) or noloco (one\n"
-            "                          random peer per outer step, no collectives); --batch is per rank\n"
-            "  --outer-every H         inner steps per outer step (diloco, noloco; default 100)\n"
-            "  --outer-lr X            outer learning rate (default 0.7)\n"
-            "  --outer-momentum X      outer Nesterov momentum (default 0.9)\n"
-            "  --zo                    zeroth-order (SPSA) steps: forward passes only, no backward;\n"
-            "                          under --dist dp ranks exchange one value per sample per step\n"
-            "  --zo-eps X              perturbation scale (default 1e-3)\n"
-            "  --zo-samples N          perturbations per step (default 1)\n"
-            "  --compress int8|none    dp, diloco: send int8 with a scale per 256 values, stochastic\n"
-            "                          rounding (~3.9x fewer bytes); default none\n",
+            "  --optim NAME            adamw (default) or sgd (plain SGD, same lr schedule, clip and decay)\n" DIST_USAGE,
             names);
 }
 
@@ -199,15 +202,71 @@ static int shared_flag(int argc, char **argv, int *i, tn_train_opts *o, int *log
     return 1;
 }
 
+/* The distributed-training flags (tern train, tern finetune): 1 when argv[*i] is one (its value
+ * consumed), 0 when not, -1 after printing a usage error; dist_check after the loop. */
+typedef struct dist_seen {
+    const char *zo, *outer;
+    bool compress;
+} dist_seen;
+
+static int dist_flag(int argc, char **argv, int *i, tn_train_opts *o, dist_seen *seen) {
+    const char *a = argv[*i], *val = *i + 1 < argc ? argv[*i + 1] : NULL;
+    if (!strcmp(a, "--zo")) return o->zo.on = true, 1;
+    if (strcmp(a, "--dist") && strcmp(a, "--compress") && strcmp(a, "--zo-eps") && strcmp(a, "--zo-samples") &&
+        strcmp(a, "--outer-every") && strcmp(a, "--outer-lr") && strcmp(a, "--outer-momentum"))
+        return 0;
+    if (!val) return tn_cli_usage_error("%s needs a value", a), -1;
+    ++*i;
+    int64_t v = 0;
+    float f = 0;
+    if (!strcmp(a, "--dist")) {
+        if (!tn_dist_parse(val, &o->dist.method)) return tn_cli_usage_error("--dist: unknown method '%s' (dp, diloco or noloco)", val), -1;
+    } else if (!strcmp(a, "--compress")) {
+        if (!strcmp(val, "int8")) o->dist.compress = TN_COMPRESS_INT8;
+        else if (!strcmp(val, "none")) o->dist.compress = TN_COMPRESS_NONE;
+        else return tn_cli_usage_error("--compress: '%s' (int8 or none)", val), -1;
+        seen->compress = true;
+    } else if (!strcmp(a, "--zo-samples") || !strcmp(a, "--outer-every")) {
+        const int64_t hi = !strcmp(a, "--zo-samples") ? 64 : 100000000;
+        if (!tn_cli_parse_i64(val, 1, hi, &v)) return tn_cli_usage_error("%s: '%s' is not an integer in [1, %lld]", a, val, (long long)hi), -1;
+        if (!strcmp(a, "--zo-samples")) o->zo.samples = (int32_t)v, seen->zo = a;
+        else o->dist.outer_every = (int32_t)v, seen->outer = a;
+    } else {
+        const float lo = !strcmp(a, "--zo-eps") ? 1e-8f : 0.0f, hi = !strcmp(a, "--zo-eps") ? 1.0f : !strcmp(a, "--outer-lr") ? 10.0f : 0.99999f;
+        if (!tn_cli_parse_f32(val, lo, hi, &f)) return tn_cli_usage_error("%s: '%s' is not a number in [%g, %g]", a, val, (double)lo, (double)hi), -1;
+        if (!strcmp(a, "--zo-eps")) o->zo.eps = f, seen->zo = a;
+        else if (!strcmp(a, "--outer-lr")) o->dist.outer_lr = f, seen->outer = a;
+        else o->dist.outer_momentum = f, seen->outer = a;
+    }
+    return 1;
+}
+
+/* Flags that need others: 0, or the usage exit code after printing the error. */
+static int dist_check(const tn_train_opts *o, const dist_seen *seen, const char *cmd) {
+    if (seen->zo && !o->zo.on) return tn_cli_usage_error("%s: %s needs --zo", cmd, seen->zo);
+    if (seen->compress && o->dist.method == TN_DIST_NONE) return tn_cli_usage_error("%s: --compress needs --dist", cmd);
+    if (seen->outer && o->dist.method != TN_DIST_DILOCO && o->dist.method != TN_DIST_NOLOCO)
+        return tn_cli_usage_error("%s: %s applies to --dist diloco or noloco", cmd, seen->outer);
+    return 0;
+}
+
+/* After a --dist run, rank 0's line on what was sent. */
+static void dist_summary(const tn_train_opts *o, const char *cmd) {
+    if (o->dist.method == TN_DIST_NONE) return;
+    char b[32], t[32];
+    fmt_bytes((double)o->comm_bytes / (double)o->steps, b, sizeof b);
+    fmt_bytes((double)o->comm_bytes, t, sizeof t);
+    fprintf(stderr, "tern %s: --dist %s on %d ranks: communicated %llu bytes per rank (%s), %s per step\n", cmd,
+            tn_dist_name(o->dist.method), o->dist_size, (unsigned long long)o->comm_bytes, t, b);
+}
+
 int cmd_train(int argc, char **argv) {
     tn_train_opts o;
     tn_train_opts_default(&o);
     const char **data = calloc((size_t)argc, sizeof *data);
     if (!data) return tn_cli_fail(TERN_ERR_NOMEM, "train");
     int n_data = 0, log_every = 0, sf;
-    const char *outer_flag = NULL;
-    bool compress_flag = false;
-    const char *zo_flag = NULL;
+    dist_seen seen = {NULL, NULL, false};
     int64_t v;
     float f;
     int64_t ov[7] = {-1, -1, -1, -1, -1, -1, -1}; /* embd layer head head_kv ff ctx head_dim */
@@ -277,32 +336,15 @@ int cmd_train(int argc, char **argv) {
             if (!strcmp(val, "adamw")) o.optim = TN_OPTIM_ADAMW;
             else if (!strcmp(val, "sgd")) o.optim = TN_OPTIM_SGD;
             else { rc = tn_cli_usage_error("--optim: '%s' (adamw or sgd)", val); goto out; }
-        } else if (!strcmp(a, "--dist")) {
-            NEED();
-            if (!tn_dist_parse(val, &o.dist.method)) { rc = tn_cli_usage_error("--dist: unknown method '%s' (dp, diloco or noloco)", val); goto out; }
-        } else if (!strcmp(a, "--compress")) {
-            NEED();
-            if (!strcmp(val, "int8")) o.dist.compress = TN_COMPRESS_INT8;
-            else if (!strcmp(val, "none")) o.dist.compress = TN_COMPRESS_NONE;
-            else { rc = tn_cli_usage_error("--compress: '%s' (int8 or none)", val); goto out; }
-            compress_flag = true;
-        } else if (!strcmp(a, "--zo")) o.zo.on = true;
-        else if (!strcmp(a, "--zo-eps")) { FLT(o.zo.eps, 1e-8f, 1.0f); zo_flag = a; }
-        else if (!strcmp(a, "--zo-samples")) { INT(o.zo.samples, 1, 64); zo_flag = a; }
-        else if (!strcmp(a, "--outer-every")) { INT(o.dist.outer_every, 1, 100000000); outer_flag = a; }
-        else if (!strcmp(a, "--outer-lr")) { FLT(o.dist.outer_lr, 0.0f, 10.0f); outer_flag = a; }
-        else if (!strcmp(a, "--outer-momentum")) { FLT(o.dist.outer_momentum, 0.0f, 0.99999f); outer_flag = a; }
+        } else if ((sf = dist_flag(argc, argv, &i, &o, &seen)) != 0) {
+            if (sf < 0) { rc = TN_EXIT_USAGE; goto out; }
+        }
         else if ((sf = shared_flag(argc, argv, &i, &o, &log_every)) != 0) {
             if (sf < 0) { rc = TN_EXIT_USAGE; goto out; }
         } else { rc = tn_cli_usage_error("train: unknown option '%s' (see tern train --help)", a); goto out; }
     }
     if (!n_data) { rc = tn_cli_usage_error("train: --data FILE... is required"); goto out; }
-    if (zo_flag && !o.zo.on) { rc = tn_cli_usage_error("train: %s needs --zo", zo_flag); goto out; }
-    if (compress_flag && o.dist.method == TN_DIST_NONE) { rc = tn_cli_usage_error("train: --compress needs --dist"); goto out; }
-    if (outer_flag && o.dist.method != TN_DIST_DILOCO && o.dist.method != TN_DIST_NOLOCO) {
-        rc = tn_cli_usage_error("train: %s applies to --dist diloco or noloco", outer_flag);
-        goto out;
-    }
+    if ((rc = dist_check(&o, &seen, "train"))) goto out;
     if (!o.out) { rc = tn_cli_usage_error("train: -o FILE is required"); goto out; }
     {
         const char *const inputs[] = {o.tokenizer, o.init};
@@ -334,13 +376,7 @@ int cmd_train(int argc, char **argv) {
     fprintf(stderr, "tern train: done in %.1f s: final loss %.4f, val loss %.4f (perplexity %.2f), %.0f tokens/s, "
             "planned %.1f MiB, peak RSS %.1f MiB\n", tn_cli_now() - t0, o.final_loss, o.final_val_loss,
             exp(o.final_val_loss), o.tok_per_s, o.planned_bytes / 1048576.0, ru.ru_maxrss / 1024.0);
-    if (o.dist.method != TN_DIST_NONE) {
-        char b[32], t[32];
-        fmt_bytes((double)o.comm_bytes / (double)o.steps, b, sizeof b);
-        fmt_bytes((double)o.comm_bytes, t, sizeof t);
-        fprintf(stderr, "tern train: --dist %s on %d ranks: communicated %llu bytes per rank (%s), %s per step\n",
-                tn_dist_name(o.dist.method), o.dist_size, (unsigned long long)o.comm_bytes, t, b);
-    }
+    dist_summary(&o, "train");
     fprintf(stderr, "tern train: wrote %s (weights hash %016llx) and its .loss.csv / .loss.svg\n", o.out,
             (unsigned long long)o.weights_hash);
 out:
@@ -374,7 +410,7 @@ static void finetune_usage(FILE *f) {
             "  --warmup N --min-lr-frac X --wd X (default 0) --clip X --seed N -t N --val-every N --val-batches N\n"
             "  --ckpt-dir DIR --ckpt-every N --resume  checkpoints (atomic) and resuming, as tern train\n"
             "  --name S --log-every N\n"
-            "  Ctrl-C stops and writes the adapter trained so far.\n");
+            "  Ctrl-C stops and writes the adapter trained so far.\n" DIST_USAGE);
 }
 
 int cmd_finetune(int argc, char **argv) {
@@ -395,6 +431,7 @@ int cmd_finetune(int argc, char **argv) {
     float f;
     int rc = 0;
     bool alpha_set = false;
+    dist_seen seen = {NULL, NULL, false};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -420,13 +457,16 @@ int cmd_finetune(int argc, char **argv) {
         else if (!strcmp(a, "--val-split")) { FLT(f, 0.0f, 0.5f); o.val_split = f; }
         else if (!strcmp(a, "--skip-bad-lines")) o.skip_bad_lines = true;
         else if (!strcmp(a, "--seed")) { INT(o.seed, 0, INT64_MAX); o.lora.seed = o.seed; }
-        else if ((sf = shared_flag(argc, argv, &i, &o, &log_every)) != 0) {
+        else if ((sf = dist_flag(argc, argv, &i, &o, &seen)) != 0) {
+            if (sf < 0) { rc = TN_EXIT_USAGE; goto out; }
+        } else if ((sf = shared_flag(argc, argv, &i, &o, &log_every)) != 0) {
             if (sf < 0) { rc = TN_EXIT_USAGE; goto out; }
         } else { rc = tn_cli_usage_error("finetune: unknown option '%s' (see tern finetune --help)", a); goto out; }
     }
     if (!o.init) { rc = tn_cli_usage_error("finetune: -m base.gguf is required"); goto out; }
     if (!n_data) { rc = tn_cli_usage_error("finetune: --data FILE... is required"); goto out; }
     if (!o.out) { rc = tn_cli_usage_error("finetune: -o adapter.gguf is required"); goto out; }
+    if ((rc = dist_check(&o, &seen, "finetune"))) goto out;
     {
         const char *const inputs[] = {o.init};
         if ((rc = tn_cli_check_output("-o", o.out, inputs, 1)) != TN_EXIT_OK ||
@@ -438,10 +478,12 @@ int cmd_finetune(int argc, char **argv) {
     o.n_data = n_data;
     double t0 = tn_cli_now();
     if ((rc = run_cli(&o, log_every ? log_every : 10))) goto out;
+    if (o.dist_rank) goto out; /* rank 0 reports */
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     fprintf(stderr, "tern finetune: done in %.1f s: %d steps, final loss %.4f, val loss %.4f, %.0f tokens/s, peak RSS %.1f MiB\n",
             tn_cli_now() - t0, o.steps, o.final_loss, o.final_val_loss, o.tok_per_s, ru.ru_maxrss / 1024.0);
+    dist_summary(&o, "finetune");
     fprintf(stderr, "tern finetune: wrote the adapter %s (use: --lora %s) and its .loss.csv / .loss.svg\n", o.out, o.out);
 out:
     free(data);
