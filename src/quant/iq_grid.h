@@ -12,6 +12,7 @@
 #define TN_QUANT_IQ_GRID_H
 
 #include <stdint.h>
+#include <string.h>
 
 extern const uint64_t tn_iq2xxs_grid[256];
 extern const uint64_t tn_iq2xs_grid[512];
@@ -30,6 +31,18 @@ static inline uint8_t tn_iq_signs7(uint32_t s7) {
     p ^= p >> 2;
     p ^= p >> 1;
     return (uint8_t)(s7 | (p & 1) << 7);
+}
+
+/* Unaligned little-endian reads of a block's u32 / u16 fields. */
+static inline uint32_t tn_iq_rd32(const void *p) {
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline uint16_t tn_iq_rd16(const void *p) {
+    uint16_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
 }
 
 /* Byte j of a grid entry (element j of its group). */

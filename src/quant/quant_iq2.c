@@ -12,16 +12,6 @@
 #include "quant/iq_grid.h"
 #include "quant/quant.h"
 
-static inline uint32_t rd32(const void *p) {
-    uint32_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-static inline uint16_t rd16(const void *p) {
-    uint16_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
 
 /* 8 elements of a grid entry (8 bytes) with sign byte sg applied. */
 static inline void put8(int8_t *q, uint64_t e, unsigned sg) {
@@ -37,7 +27,7 @@ void tn_iq_sub_decode(tn_dtype t, const void *blk, int ib, tn_iq_sub *o) {
     switch (t) {
     case TN_IQ2_XXS: {
         const block_iq2_xxs *b = blk;
-        const uint32_t idx = rd32(b->qs + 4 * ib), sg = rd32(b->qs + 4 * ib + 2);
+        const uint32_t idx = tn_iq_rd32(b->qs + 4 * ib), sg = tn_iq_rd32(b->qs + 4 * ib + 2);
         for (int l = 0; l < 4; l++) put8(o->q + 8 * l, tn_iq2xxs_grid[idx >> 8 * l & 255], tn_iq_signs7(sg >> 7 * l));
         o->s[0] = o->s[1] = (uint8_t)(sg >> 28);
         break;
@@ -63,7 +53,7 @@ void tn_iq_sub_decode(tn_dtype t, const void *blk, int ib, tn_iq_sub *o) {
     case TN_IQ3_XXS: {
         const block_iq3_xxs *b = blk;
         const uint8_t *qs = b->qs + 8 * ib;
-        const uint32_t sg = rd32(b->qs + QK_K / 4 + 4 * ib);
+        const uint32_t sg = tn_iq_rd32(b->qs + QK_K / 4 + 4 * ib);
         for (int l = 0; l < 4; l++)
             put4x2(o->q + 8 * l, tn_iq3xxs_grid[qs[2 * l]], tn_iq3xxs_grid[qs[2 * l + 1]], tn_iq_signs7(sg >> 7 * l));
         o->s[0] = o->s[1] = (uint8_t)(sg >> 28);
@@ -92,7 +82,7 @@ void tn_iq_sub_decode(tn_dtype t, const void *blk, int ib, tn_iq_sub *o) {
     }
     case TN_IQ1_M: {
         const block_iq1_m *b = blk;
-        const uint16_t sc = rd16(b->scales + 2 * (ib / 2));
+        const uint16_t sc = tn_iq_rd16(b->scales + 2 * (ib / 2));
         for (int l = 0; l < 4; l++) {
             const unsigned h = b->qh[2 * ib + l / 2] >> 4 * (l % 2) & 15;
             const uint64_t e = tn_iq1s_grid[b->qs[4 * ib + l] | (h & 7) << 8];
@@ -108,7 +98,7 @@ void tn_iq_sub_decode(tn_dtype t, const void *blk, int ib, tn_iq_sub *o) {
 
 float tn_iq_block_d(tn_dtype t, const void *blk) {
     /* every type but iq1_m starts with its fp16 d */
-    return tn_fp16_to_fp32(t == TN_IQ1_M ? tn_iq1_m_scale(blk) : rd16(blk));
+    return tn_fp16_to_fp32(t == TN_IQ1_M ? tn_iq1_m_scale(blk) : tn_iq_rd16(blk));
 }
 
 void tn_dequantize_row_iq(tn_dtype t, const void *x, float *y, int64_t k) {
