@@ -104,6 +104,60 @@ static_assert(sizeof(block_tq1_0) == 2 + QK_K / 64 + (QK_K - 4 * QK_K / 64) / 5,
 typedef struct { uint8_t qs[QK_K / 4]; tn_fp16 d; } block_tq2_0;
 static_assert(sizeof(block_tq2_0) == 2 + QK_K / 4, "block_tq2_0 size");
 
+/* ---- codebook i-quants (quant/iq_grid.h): groups of 8 (iq3: 4) elements replaced by an index
+ * into a fixed grid of magnitude vectors (the format's codebooks), plus sign bits and 4-bit (iq1:
+ * 3-bit) sub-block scales. 256-element super-blocks, 32-element sub-blocks. ----------------- */
+
+/* qs[4 ib .. 4 ib + 4) for sub-block ib as two uint32: the first holds four 8-bit grid indices
+ * (one per group of 8), the second four 7-bit sign fields (bits 7 l ..) and, in bits 28-31, the
+ * scale s: value d * (0.5 + s) / 4 * grid * sign.                                       2.0625 bpw */
+typedef struct { tn_fp16 d; uint16_t qs[QK_K / 8]; } block_iq2_xxs;
+static_assert(sizeof(block_iq2_xxs) == 2 + QK_K / 4, "block_iq2_xxs size");
+
+/* qs[i]: 9-bit grid index (low) and 7-bit sign field (high) of group i; scales[ib]: 4-bit scales
+ * of sub-block ib's halves (low nibble first), value d * (0.5 + s) / 4 * grid * sign.   2.3125 bpw */
+typedef struct { tn_fp16 d; uint16_t qs[QK_K / 8]; uint8_t scales[QK_K / 32]; } block_iq2_xs;
+static_assert(sizeof(block_iq2_xs) == 2 + QK_K / 4 + QK_K / 32, "block_iq2_xs size");
+
+/* qs[0..32): low 8 bits of the 10-bit grid index of each group (high 2 bits: qh[ib] bits 2 l..),
+ * qs[32..64): a full 8-bit sign byte per group; scales as iq2_xs.                      2.5625 bpw */
+typedef struct { tn_fp16 d; uint8_t qs[QK_K / 4]; uint8_t qh[QK_K / 32]; uint8_t scales[QK_K / 32]; } block_iq2_s;
+static_assert(sizeof(block_iq2_s) == 2 + QK_K / 4 + QK_K / 16, "block_iq2_s size");
+
+/* qs[0..64): 8-bit grid index per group of 4; qs[64..96): per sub-block one uint32 with four 7-bit
+ * sign fields (one per 8 elements) and the scale s in bits 28-31: d * (0.5 + s) / 2.  3.0625 bpw */
+typedef struct { tn_fp16 d; uint8_t qs[3 * QK_K / 8]; } block_iq3_xxs;
+static_assert(sizeof(block_iq3_xxs) == 2 + 3 * QK_K / 8, "block_iq3_xxs size");
+
+/* qs: low 8 bits of the 9-bit grid index per group of 4 (ninth bit: qh, one byte per sub-block,
+ * bit i for group i); signs: a full sign byte per 8 elements; scales: 4-bit per sub-block (pairs
+ * per byte), value d * (1 + 2 s).                                                       3.4375 bpw */
+typedef struct { tn_fp16 d; uint8_t qs[QK_K / 4]; uint8_t qh[QK_K / 32]; uint8_t signs[QK_K / 8]; uint8_t scales[QK_K / 64]; } block_iq3_s;
+static_assert(sizeof(block_iq3_s) == 2 + 13 * (QK_K / 32) + QK_K / 64, "block_iq3_s size");
+
+/* qs: low 8 bits of the 11-bit grid index per group of 8; qh[ib]: the high 3 bits of each of the
+ * sub-block's four indices (bits 3 l ..), its 3-bit scale s (bits 12-14) and the delta's sign
+ * (bit 15): value d * (2 s + 1) * (grid + delta), delta = +-1/8.                     1.5625 bpw */
+typedef struct { tn_fp16 d; uint8_t qs[QK_K / 8]; uint16_t qh[QK_K / 32]; } block_iq1_s;
+static_assert(sizeof(block_iq1_s) == 2 + QK_K / 8 + QK_K / 16, "block_iq1_s size");
+
+/* qs as iq1_s; qh[2 ib + h]: high 3 index bits of group 2h (bits 0-2) and 2h+1 (bits 4-6) and
+ * their deltas' signs (bits 3, 7); scales: four uint16, each with two sub-blocks' pairs of 3-bit
+ * scales in bits 0-11, and the fp16 super-block scale spread over their top nibbles (word w's
+ * bits 12-15 = fp16 bits 4w..4w+3). Value d * (2 s + 1) * (grid + delta).             1.75 bpw */
+typedef struct { uint8_t qs[QK_K / 8]; uint8_t qh[QK_K / 16]; uint8_t scales[QK_K / 32]; } block_iq1_m;
+static_assert(sizeof(block_iq1_m) == QK_K / 8 + QK_K / 16 + QK_K / 32, "block_iq1_m size");
+
+/* The fp16 super-block scale of an iq1_m block, from the top nibbles of its four scale words. */
+static inline tn_fp16 tn_iq1_m_scale(const block_iq1_m *b) {
+    uint16_t sc[4];
+    memcpy(sc, b->scales, sizeof sc);
+    const uint16_t u = (uint16_t)((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000));
+    tn_fp16 h;
+    memcpy(&h, &u, sizeof h);
+    return h;
+}
+
 /* 2^(e-128) as a float (e8m0's value halved, for the doubled mxfp4 table), bit-exact with ggml's
  * ggml_e8m0_to_fp32_half: e < 2 are the denormals 2^-128 and 2^-127. */
 static inline float tn_e8m0_to_fp32_half(uint8_t e) {

@@ -83,6 +83,13 @@ bool tn_dequantize_row(tn_dtype t, const void *x, float *y, int64_t k) {
     case TN_MXFP4: tn_dequantize_row_mxfp4(x, y, k); return true;
     case TN_TQ1_0: tn_dequantize_row_tq1_0(x, y, k); return true;
     case TN_TQ2_0: tn_dequantize_row_tq2_0(x, y, k); return true;
+    case TN_IQ2_XXS:
+    case TN_IQ2_XS:
+    case TN_IQ2_S:
+    case TN_IQ3_XXS:
+    case TN_IQ3_S:
+    case TN_IQ1_S:
+    case TN_IQ1_M: tn_dequantize_row_iq(t, x, y, k); return true;
     default: return false;
     }
 }

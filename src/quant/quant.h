@@ -61,6 +61,26 @@ void tn_dequantize_row_tq2_0(const block_tq2_0 *x, float *y, int64_t k);
 /* The 256 trits (0, 1, 2 for -1, 0, +1) of a tq1_0 block in element order. */
 void tn_tq1_0_trits(const block_tq1_0 *b, uint8_t t[QK_K]);
 
+/* Codebook i-quants (quant_iq2.c, layouts in blocks.h, grids in iq_grid.h): iq2_xxs, iq2_xs,
+ * iq2_s, iq3_xxs, iq3_s, iq1_s, iq1_m. A 32-element sub-block decodes to signed integer grid
+ * values q, a scale code s per 16-element half and (iq1 only) the sign of each group of 8's 1/8
+ * shift (+1 for the other types). */
+typedef struct tn_iq_sub {
+    int8_t q[32];
+    uint8_t s[2];
+    int8_t delta[4];
+} tn_iq_sub;
+/* Sub-block ib (0..7) of one block of type t (one of the seven above; other types: all zero). */
+void tn_iq_sub_decode(tn_dtype t, const void *blk, int ib, tn_iq_sub *o);
+/* The block's fp16 super-block scale as a float. */
+float tn_iq_block_d(tn_dtype t, const void *blk);
+/* Dequantization, bit-exact with ggml's dequantize_row_<t>; k % 256 == 0. */
+void tn_dequantize_row_iq(tn_dtype t, const void *x, float *y, int64_t k);
+static inline bool tn_dtype_is_iq_grid(tn_dtype t) {
+    return t == TN_IQ2_XXS || t == TN_IQ2_XS || t == TN_IQ2_S || t == TN_IQ3_XXS || t == TN_IQ3_S || t == TN_IQ1_S ||
+           t == TN_IQ1_M;
+}
+
 /* Type-generic entry points (F32, F16, BF16 and every type above). Return false for a type
  * without a reference (y untouched). */
 bool tn_quantize_row_ref(tn_dtype t, const float *x, void *y, int64_t k);

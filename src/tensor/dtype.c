@@ -30,19 +30,20 @@ static const tn_dtype_traits tn_traits[TN_DTYPE_GGML_COUNT] = {
     [TN_MXFP4] = {"mxfp4", QK_MXFP4, sizeof(block_mxfp4), true, true, TN_Q8_0},
     [TN_TQ1_0] = {"tq1_0", QK_K, sizeof(block_tq1_0), true, true, TN_Q8_K},
     [TN_TQ2_0] = {"tq2_0", QK_K, sizeof(block_tq2_0), true, true, TN_Q8_K},
+    /* codebook i-quants (quant/iq_grid.h) */
+    [TN_IQ2_XXS] = {"iq2_xxs", QK_K, sizeof(block_iq2_xxs), true, true, TN_Q8_K},
+    [TN_IQ2_XS] = {"iq2_xs", QK_K, sizeof(block_iq2_xs), true, true, TN_Q8_K},
+    [TN_IQ2_S] = {"iq2_s", QK_K, sizeof(block_iq2_s), true, true, TN_Q8_K},
+    [TN_IQ3_XXS] = {"iq3_xxs", QK_K, sizeof(block_iq3_xxs), true, true, TN_Q8_K},
+    [TN_IQ3_S] = {"iq3_s", QK_K, sizeof(block_iq3_s), true, true, TN_Q8_K},
+    [TN_IQ1_S] = {"iq1_s", QK_K, sizeof(block_iq1_s), true, true, TN_Q8_K},
+    [TN_IQ1_M] = {"iq1_m", QK_K, sizeof(block_iq1_m), true, true, TN_Q8_K},
     [TN_I8] = {"i8", 1, 1, false, false, TN_I8},
     [TN_I16] = {"i16", 1, 2, false, false, TN_I16},
     [TN_I32] = {"i32", 1, 4, false, false, TN_I32},
     /* Known to ggml, not computed by tern: named so errors can say what they are. */
-    [16] = {"iq2_xxs", 256, 66, true, false, 0},
-    [17] = {"iq2_xs", 256, 74, true, false, 0},
-    [18] = {"iq3_xxs", 256, 98, true, false, 0},
-    [19] = {"iq1_s", 256, 50, true, false, 0},
-    [21] = {"iq3_s", 256, 110, true, false, 0},
-    [22] = {"iq2_s", 256, 82, true, false, 0},
     [27] = {"i64", 1, 8, false, false, 0},
     [28] = {"f64", 1, 8, false, false, 0},
-    [29] = {"iq1_m", 256, 56, true, false, 0},
 };
 
 /* tern any-bit types (src/quant/tq.h): id TN_DTYPE_TERN_BASE + (bits-1)*8 + log2(G/32)*2 + asym;

@@ -14,7 +14,8 @@
  * Weight rows come from two sources: the reference quantizer on random floats (realistic
  * scales) and random bytes with the fp16 scale fields made finite (every code pattern,
  * including q8_0's -128 and q6_K's -128 scales; tq2_0's unused code 3; mxfp4's denormal
- * exponents 0 and 1). Activations always come from the scalar
+ * exponents 0 and 1; every grid index and sign of the codebook i-quants, which have only this
+ * source). Activations always come from the scalar
  * from_float of the weight type's vec_dot_type, as in the engine.
  *
  * Tolerance (dot products): both sides sum the same exact terms (integer block sums times float
@@ -69,7 +70,8 @@ static const tn_isa isas[] = {TN_ISA_AVX2, TN_ISA_AVX512};
 /* Weight types with a vec_dot (the table's other slots are activation-only). */
 static const tn_dtype wtypes[] = {TN_F32, TN_F16,  TN_BF16, TN_Q4_0, TN_Q4_1, TN_Q5_0, TN_Q5_1,
                                   TN_Q8_0, TN_Q2_K, TN_Q3_K, TN_Q4_K, TN_Q5_K, TN_Q6_K,
-                                  TN_IQ4_NL, TN_IQ4_XS, TN_MXFP4, TN_TQ1_0, TN_TQ2_0};
+                                  TN_IQ4_NL, TN_IQ4_XS, TN_MXFP4, TN_TQ1_0, TN_TQ2_0,
+                                  TN_IQ2_XXS, TN_IQ2_XS, TN_IQ2_S, TN_IQ3_XXS, TN_IQ3_S, TN_IQ1_S, TN_IQ1_M};
 
 /* Byte offsets of the fp16 scale fields inside one block (-1 ends the list). */
 static void fp16_fields(tn_dtype t, int off[3]) {
@@ -89,7 +91,8 @@ static void fp16_fields(tn_dtype t, int off[3]) {
     case TN_IQ4_XS: off[0] = offsetof(block_iq4_xs, d); break;
     case TN_TQ1_0: off[0] = offsetof(block_tq1_0, d); break;
     case TN_TQ2_0: off[0] = offsetof(block_tq2_0, d); break;
-    default: break;
+    case TN_IQ2_XXS: case TN_IQ2_XS: case TN_IQ2_S: case TN_IQ3_XXS: case TN_IQ3_S: case TN_IQ1_S: off[0] = 0; break;
+    default: break; /* iq1_m: its scale is spread over nibbles (make_weight_row) */
     }
 }
 
@@ -98,6 +101,8 @@ static void fp16_fields(tn_dtype t, int off[3]) {
 static void make_weight_row(tn_dtype t, int64_t k, void *row, int raw) {
     const tn_dtype_traits *tr = tn_dtype_get(t);
     const size_t rb = tn_dtype_row_size(t, k);
+    /* the codebook i-quants have no reference quantizer (ggml has none either): random blocks */
+    if (tn_dtype_is_iq_grid(t)) raw = 1;
     if (!raw) {
         float *f = malloc((size_t)k * sizeof(float));
         fill_floats(f, k);
@@ -120,6 +125,13 @@ static void make_weight_row(tn_dtype t, int64_t k, void *row, int raw) {
             for (int f = 0; f < 3 && off[f] >= 0; f++) {
                 const tn_fp16 h = tn_fp32_to_fp16(rng_uniform() * 0.05f);
                 memcpy(b + (size_t)blk * tr->type_size + off[f], &h, 2);
+            }
+        /* iq1_m: the fp16 scale lives in the top nibbles of its four scale words */
+        if (t == TN_IQ1_M)
+            for (int64_t blk = 0; blk < k / tr->blck_size; blk++) {
+                const tn_fp16 h = tn_fp32_to_fp16(rng_uniform() * 0.05f);
+                uint8_t *sc = b + (size_t)blk * tr->type_size + offsetof(block_iq1_m, scales);
+                for (int w = 0; w < 4; w++) sc[2 * w + 1] = (uint8_t)((sc[2 * w + 1] & 15) | ((h >> 4 * w) & 15) << 4);
             }
         /* mxfp4's e8m0 exponent: scales 2^-20 .. 2^-1 (2^-128 and 2^-127 denormals included) */
         if (t == TN_MXFP4)

@@ -10,6 +10,9 @@
  *     scale products, but a llama.cpp built for this CPU contracts ggml's sumf += d * sumi into an
  *     FMA, which tern's baseline reference does not (without FMA the two are bit-identical:
  *     tests/quant/ggml_golden_gen.c builds ggml's code that way).
+ * The codebook i-quants (iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, iq1_s, iq1_m), which ggml has no
+ * reference quantizer for, on random bytes with finite scales: dequantize_row_<t> bit-identical,
+ * vec_dot within the same tolerance.
  * Nothing from llama.cpp is linked or committed; the symbols are looked up by name.
  */
 #include <dlfcn.h>
@@ -128,6 +131,73 @@ static void test_against_ggml(void **state) {
     free(x), free(yt), free(yg), free(imat), free(qt), free(qg), free(act);
 }
 
+static const struct {
+    tn_dtype t;
+    const char *name;
+} grid_types[] = {{TN_IQ2_XXS, "iq2_xxs"}, {TN_IQ2_XS, "iq2_xs"}, {TN_IQ2_S, "iq2_s"}, {TN_IQ3_XXS, "iq3_xxs"},
+                  {TN_IQ3_S, "iq3_s"},     {TN_IQ1_S, "iq1_s"},   {TN_IQ1_M, "iq1_m"}};
+
+/* Random blocks of a codebook type: every byte random, then a finite fp16 scale (iq1_m: spread
+ * over the top nibbles of its four scale words). */
+static void grid_random_blocks(tn_dtype t, uint8_t *q, size_t nblk, uint64_t seed) {
+    const size_t bs = tn_dtype_get(t)->type_size;
+    for (size_t b = 0; b < nblk * bs; b++) q[b] = (uint8_t)((b + seed) * 2654435761u >> 13) ^ (uint8_t)(seed * 131);
+    for (size_t b = 0; b < nblk; b++) {
+        uint8_t *blk = q + b * bs;
+        const tn_fp16 h = tn_fp32_to_fp16(0.01f * (float)((int)((b + seed) % 17) - 8));
+        if (t == TN_IQ1_M) {
+            block_iq1_m *m = (block_iq1_m *)blk;
+            for (int w = 0; w < 4; w++) {
+                uint16_t sc;
+                memcpy(&sc, m->scales + 2 * w, 2);
+                sc = (uint16_t)((sc & 0x0fff) | ((h >> 4 * w) & 15) << 12);
+                memcpy(m->scales + 2 * w, &sc, 2);
+            }
+            assert_int_equal(tn_iq1_m_scale(m), h);
+        } else {
+            memcpy(blk, &h, 2);
+        }
+    }
+}
+
+static void test_grid_against_ggml(void **state) {
+    (void)state;
+    const tn_kern_table *kt = tn_kern_at(TN_ISA_SCALAR);
+    float *x = malloc(ROWS * NPR * sizeof(float)), *yt = malloc(ROWS * NPR * sizeof(float)),
+          *yg = malloc(ROWS * NPR * sizeof(float));
+    uint8_t *q = malloc(ROWS * NPR), *act = malloc(ROWS * NPR * 2);
+    for (size_t i = 0; i < TN_ARRAY_LEN(grid_types); i++) {
+        const tn_dtype t = grid_types[i].t;
+        const size_t rb = tn_dtype_row_size(t, NPR);
+        char name[64];
+        for (uint64_t p = 0; p < 4; p++) {
+            grid_random_blocks(t, q, ROWS * NPR / QK_K, 7 * p + i);
+            snprintf(name, sizeof name, "dequantize_row_%s", grid_types[i].name);
+            ((g_deq)sym(base, name))(q, yg, ROWS * NPR);
+            assert_true(tn_dequantize_row(t, q, yt, ROWS * NPR));
+            for (int j = 0; j < ROWS * NPR; j++)
+                if (memcmp(&yt[j], &yg[j], sizeof(float)))
+                    fail_msg("%s: dequantized element %d differs: tern %.9g ggml %.9g", grid_types[i].name, j, yt[j], yg[j]);
+            const size_t arb = tn_dtype_row_size(TN_Q8_K, NPR);
+            tq_fill(0, 70 + p, x, ROWS * NPR);
+            for (int r = 0; r < ROWS; r++) kt->slot[TN_Q8_K].from_float(x + r * NPR, act + r * arb, NPR);
+            assert_true(tn_dequantize_row(TN_Q8_K, act, x, ROWS * NPR));
+            snprintf(name, sizeof name, "ggml_vec_dot_%s_q8_K_generic", grid_types[i].name);
+            for (int r = 0; r < ROWS; r++) {
+                float st = NAN, sg = NAN;
+                kt->slot[t].vec_dot(NPR, &st, q + r * rb, act + r * arb);
+                ((g_dot)sym(cpu, name))(NPR, &sg, 0, q + r * rb, 0, act + r * arb, 0, 1);
+                double mag = 0;
+                for (int j = 0; j < NPR; j++) mag += fabs((double)yt[r * NPR + j] * x[r * NPR + j]);
+                const double tol = (double)(NPR / QK_K) * 0x1p-23 * mag + 1e-30;
+                if (!(fabs((double)st - sg) <= tol))
+                    fail_msg("%s: vec_dot row %d: tern %.9g ggml %.9g (tol %.3g)", grid_types[i].name, r, st, sg, tol);
+            }
+        }
+    }
+    free(x), free(yt), free(yg), free(q), free(act);
+}
+
 int main(void) {
     const char *dir = getenv("TERN_LLAMA_BIN");
     char path[4096];
@@ -145,6 +215,6 @@ int main(void) {
     }
     /* fills ggml-cpu's fp16 conversion table, which its generic dot products read */
     ((void (*)(void))sym(cpu, "ggml_cpu_init"))();
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_against_ggml)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_against_ggml), cmocka_unit_test(test_grid_against_ggml)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,6 +6,7 @@
 #define TN_KERN_AVX2_KERNELS_H
 
 #include "kern/kern.h"
+#include "kern/scalar/kernels.h" /* TN_IQ_GRID_TYPES */
 
 #define TN_DECL_VEC_DOT(name) void name(int64_t k, float *s, const void *w, const void *x);
 #define TN_DECL_GEMM(name)                                                                                             \
@@ -18,7 +19,8 @@
 #define TN_AVX2_DOT_PAIRS(X)                                                                                           \
     X(f32, f32) X(f16, f16) X(bf16, bf16) X(q4_0, q8_0) X(q5_0, q8_0) X(q8_0, q8_0) X(q4_1, q8_1) X(q5_1, q8_1)       \
         X(q2_K, q8_K) X(q3_K, q8_K) X(q4_K, q8_K) X(q5_K, q8_K) X(q6_K, q8_K) X(iq4_nl, q8_0)      \
-        X(iq4_xs, q8_K) X(mxfp4, q8_0) X(tq1_0, q8_K) X(tq2_0, q8_K)
+        X(iq4_xs, q8_K) X(mxfp4, q8_0) X(tq1_0, q8_K) X(tq2_0, q8_K) X(iq2_xxs, q8_K) X(iq2_xs, q8_K) X(iq2_s, q8_K) \
+        X(iq3_xxs, q8_K) X(iq3_s, q8_K) X(iq1_s, q8_K) X(iq1_m, q8_K)
 
 #define TN_DECL_PAIR_AVX2(wt, at) TN_DECL_VEC_DOT(tn_k_vec_dot_##wt##_##at##__avx2) TN_DECL_GEMM(tn_k_gemm_##wt##_##at##__avx2)
 TN_AVX2_DOT_PAIRS(TN_DECL_PAIR_AVX2)

@@ -41,6 +41,10 @@ void tn_kern_register_avx2(tn_kern_table *t) {
     TN_SET_DOT(TN_MXFP4, mxfp4, q8_0);
     TN_SET_DOT(TN_TQ1_0, tq1_0, q8_K);
     TN_SET_DOT(TN_TQ2_0, tq2_0, q8_K);
+    /* codebook i-quants (dot_iq2.c); the avx512 tables keep these */
+#define TN_SET_IQ(name, T) TN_SET_DOT(T, name, q8_K);
+    TN_IQ_GRID_TYPES(TN_SET_IQ)
+#undef TN_SET_IQ
 
     TN_SET_FROM(TN_Q8_0, q8_0);
     TN_SET_FROM(TN_Q8_1, q8_1);

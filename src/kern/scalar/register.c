@@ -34,6 +34,9 @@ TN_SCALAR_GEMM(mxfp4_q8_0)
 TN_SCALAR_GEMM(iq4_xs_q8_K)
 TN_SCALAR_GEMM(tq1_0_q8_K)
 TN_SCALAR_GEMM(tq2_0_q8_K)
+#define TN_IQ_GEMM(name, T) TN_SCALAR_GEMM(name##_q8_K)
+TN_IQ_GRID_TYPES(TN_IQ_GEMM)
+#undef TN_IQ_GEMM
 TN_SCALAR_GEMM(f16_f16)
 TN_SCALAR_GEMM(bf16_bf16)
 TN_SCALAR_GEMM(f32_f32)
@@ -71,6 +74,12 @@ TN_SCALAR_ROW(iq4_xs, TN_IQ4_XS)
 TN_SCALAR_ROW(mxfp4, TN_MXFP4)
 TN_SCALAR_ROW(tq1_0, TN_TQ1_0)
 TN_SCALAR_ROW(tq2_0, TN_TQ2_0)
+
+/* Codebook i-quants: dequantization only (ggml has no reference quantizer for them either). */
+#define TN_IQ_TO(name, T)                                                                                         \
+    static void tn_k_to_float_##name##__scalar(const void *x, float *y, int64_t k) { tn_dequantize_row_iq(T, x, y, k); }
+TN_IQ_GRID_TYPES(TN_IQ_TO)
+#undef TN_IQ_TO
 
 /* One slot, all four entries marked scalar; vec_dot/gemm may be NULL (activation-only types). */
 static void tn_set(tn_kern_table *t, tn_dtype type, tn_vec_dot_fn dot, tn_gemm_fn gemm, tn_from_float_fn from,
@@ -113,6 +122,10 @@ void tn_kern_register_scalar(tn_kern_table *t) {
     TN_WEIGHT(TN_IQ4_XS, iq4_xs, iq4_xs_q8_K);
     TN_WEIGHT(TN_TQ1_0, tq1_0, tq1_0_q8_K);
     TN_WEIGHT(TN_TQ2_0, tq2_0, tq2_0_q8_K);
+    /* Codebook i-quants x q8_K: no from_float (their quantizers need the whole row's search). */
+#define TN_IQ_SET(name, T) tn_set(t, T, tn_k_vec_dot_##name##_q8_K__scalar, tn_k_gemm_##name##_q8_K__scalar, NULL, tn_k_to_float_##name##__scalar);
+    TN_IQ_GRID_TYPES(TN_IQ_SET)
+#undef TN_IQ_SET
     /* Load-time layouts (quant/repack.h): a tile product only. */
     tn_set(t, TN_Q4_0_R16, NULL, tn_k_gemm_q4_0_r16_q8_0__scalar, NULL, NULL);
     tn_set(t, TN_TQ4G32_R16, NULL, tn_k_gemm_tq4g32_r16_q8_0__scalar, NULL, NULL);
