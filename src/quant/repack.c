@@ -12,6 +12,7 @@ tn_dtype tn_r16_type_of(tn_dtype t) {
     if (t == TN_Q4_0) return TN_Q4_0_R16;
     if (t == TN_Q8_0) return TN_Q8_0_R16;
     if (t == TN_Q4_K) return TN_Q4_K_R16;
+    if (t == TN_Q5_K) return TN_Q5_K_R16;
     if (t == TN_Q6_K) return TN_Q6_K_R16;
     if (!tn_tq_is(t)) return (tn_dtype)0;
     tn_tq_params p;
@@ -24,6 +25,7 @@ tn_dtype tn_r16_file_type(tn_dtype t) {
     if (t == TN_Q4_0_R16) return TN_Q4_0;
     if (t == TN_Q8_0_R16) return TN_Q8_0;
     if (t == TN_Q4_K_R16) return TN_Q4_K;
+    if (t == TN_Q5_K_R16) return TN_Q5_K;
     if (t == TN_Q6_K_R16) return TN_Q6_K;
     if (t < TN_TQ4G32_R16 || t > TN_TQ4G256_R16) return (tn_dtype)0;
     tn_tq_params p = {4, 32 << (t - TN_TQ4G32_R16), false};
@@ -65,16 +67,35 @@ static void tn_q4K_pack_scales(const uint8_t sc[8], const uint8_t mn[8], uint8_t
 }
 
 /* File block blk of row r -> chunk ch (put), and back (get); layouts in repack.h. */
+/* q4_K / q5_K header (d, dmin, 12 scale bytes at blk) -> row r of chunk ch, and back */
+static void tn_r16_put_k4(uint8_t *ch, int r, const uint8_t *blk) {
+    uint8_t sc[8], mn[8];
+    memcpy(ch + 2 * r, blk, 2);
+    memcpy(ch + 32 + 2 * r, blk + 2, 2);
+    tn_q4K_unpack_scales(blk + 4, sc, mn);
+    for (int j = 0; j < 8; j++) ch[TN_R16_Q4K_SC + 16 * j + r] = (uint8_t)(sc[j] | (mn[j] >> 4) << 6);
+    for (int p = 0; p < 4; p++) ch[TN_R16_Q4K_MN + 16 * p + r] = (uint8_t)((mn[2 * p] & 15) | (mn[2 * p + 1] & 15) << 4);
+}
+static void tn_r16_get_k4(const uint8_t *ch, int r, uint8_t *blk) {
+    uint8_t sc[8], mn[8];
+    memcpy(blk, ch + 2 * r, 2);
+    memcpy(blk + 2, ch + 32 + 2 * r, 2);
+    for (int j = 0; j < 8; j++) {
+        const uint8_t a = ch[TN_R16_Q4K_SC + 16 * j + r], lo = ch[TN_R16_Q4K_MN + 16 * (j / 2) + r];
+        sc[j] = a & 63;
+        mn[j] = (uint8_t)(((j % 2 ? lo >> 4 : lo) & 15) | (a >> 6) << 4);
+    }
+    tn_q4K_pack_scales(sc, mn, blk + 4);
+}
+
 static void tn_r16_put(tn_dtype ft, uint8_t *ch, int r, const uint8_t *blk) {
     if (ft == TN_Q4_K) {
-        const block_q4_K *b = (const block_q4_K *)blk;
-        uint8_t sc[8], mn[8];
-        memcpy(ch + 2 * r, &b->d, 2);
-        memcpy(ch + 32 + 2 * r, &b->dmin, 2);
-        tn_q4K_unpack_scales(b->scales, sc, mn);
-        for (int j = 0; j < 8; j++) ch[TN_R16_Q4K_SC + 16 * j + r] = (uint8_t)(sc[j] | (mn[j] >> 4) << 6);
-        for (int p = 0; p < 4; p++) ch[TN_R16_Q4K_MN + 16 * p + r] = (uint8_t)((mn[2 * p] & 15) | (mn[2 * p + 1] & 15) << 4);
-        tn_r16_dw_put(ch + TN_R16_Q4K_QS, r, b->qs, QK_K / 8, 0);
+        tn_r16_put_k4(ch, r, blk);
+        tn_r16_dw_put(ch + TN_R16_Q4K_QS, r, ((const block_q4_K *)blk)->qs, QK_K / 8, 0);
+    } else if (ft == TN_Q5_K) {
+        tn_r16_put_k4(ch, r, blk);
+        tn_r16_dw_put(ch + TN_R16_Q5K_QH, r, ((const block_q5_K *)blk)->qh, QK_K / 32, 0);
+        tn_r16_dw_put(ch + TN_R16_Q5K_QS, r, ((const block_q5_K *)blk)->qs, QK_K / 8, 0);
     } else if (ft == TN_Q6_K) {
         const block_q6_K *b = (const block_q6_K *)blk;
         memcpy(ch + 2 * r, &b->d, 2);
@@ -89,17 +110,12 @@ static void tn_r16_put(tn_dtype ft, uint8_t *ch, int r, const uint8_t *blk) {
 
 static void tn_r16_get(tn_dtype ft, const uint8_t *ch, int r, uint8_t *blk) {
     if (ft == TN_Q4_K) {
-        block_q4_K *b = (block_q4_K *)blk;
-        uint8_t sc[8], mn[8];
-        memcpy(&b->d, ch + 2 * r, 2);
-        memcpy(&b->dmin, ch + 32 + 2 * r, 2);
-        for (int j = 0; j < 8; j++) {
-            const uint8_t a = ch[TN_R16_Q4K_SC + 16 * j + r], lo = ch[TN_R16_Q4K_MN + 16 * (j / 2) + r];
-            sc[j] = a & 63;
-            mn[j] = (uint8_t)(((j % 2 ? lo >> 4 : lo) & 15) | (a >> 6) << 4);
-        }
-        tn_q4K_pack_scales(sc, mn, b->scales);
-        tn_r16_dw_get(ch + TN_R16_Q4K_QS, r, b->qs, QK_K / 8, 0);
+        tn_r16_get_k4(ch, r, blk);
+        tn_r16_dw_get(ch + TN_R16_Q4K_QS, r, ((block_q4_K *)blk)->qs, QK_K / 8, 0);
+    } else if (ft == TN_Q5_K) {
+        tn_r16_get_k4(ch, r, blk);
+        tn_r16_dw_get(ch + TN_R16_Q5K_QH, r, ((block_q5_K *)blk)->qh, QK_K / 32, 0);
+        tn_r16_dw_get(ch + TN_R16_Q5K_QS, r, ((block_q5_K *)blk)->qs, QK_K / 8, 0);
     } else if (ft == TN_Q6_K) {
         block_q6_K *b = (block_q6_K *)blk;
         memcpy(&b->d, ch + 2 * r, 2);

@@ -24,7 +24,8 @@
  * starts at g * 16 * row_size, as before, so the matmul driver's 16-aligned thread ranges and row
  * offsets stay valid.
  *
- * q4_K and q6_K (256 codes per block) keep the 16-row chunks (16 blocks' bytes: 2304 resp. 3360)
+ * q4_K, q5_K and q6_K (256 codes per block) keep the 16-row chunks (16 blocks' bytes: 2304, 2816,
+ * 3360)
  * with their scales rearranged so that one byte load per sub-block gives all 16 rows' scales:
  *
  *   q4_K_r16 chunk c (block c of rows 0..15):
@@ -34,6 +35,10 @@
  *     bytes  256 .. 2303    register P_{8p+u}, p = 0..3, u = 0..7: dword r = dword u of row r's
  *                           qs[32p .. 32p+31], so P & 0x0F holds codes 4u..4u+3 of sub-block 2p
  *                           of every row, (P >> 4) & 0x0F those of sub-block 2p+1
+ *   q5_K_r16 chunk c: bytes 0 .. 255 as q4_K_r16's, then
+ *     bytes  256 ..  767    registers H_u, u = 0..7: dword r = dword u of row r's qh (bit j of
+ *                           byte l: bit 4 of code 32j + l)
+ *     bytes  768 .. 2815    the qs registers as q4_K_r16's
  *   q6_K_r16 chunk c:
  *     bytes    0 ..   31    fp16 d of rows 0..15
  *     bytes   32 ..  287    byte 16 j + r: int8 scale j (16-code sub-block j) of row r
@@ -69,11 +74,13 @@
 #define TN_R16_Q4K_SC 64
 #define TN_R16_Q4K_MN 192
 #define TN_R16_Q4K_QS 256
+#define TN_R16_Q5K_QH 256
+#define TN_R16_Q5K_QS 768
 #define TN_R16_Q6K_SC 32
 #define TN_R16_Q6K_QL 288
 #define TN_R16_Q6K_QH 2336
 
-/* The interleaved type for file type t (q4_0, tq4g<G> symmetric, q8_0, q4_K, q6_K), or 0 if there is none. */
+/* The interleaved type for file type t (q4_0, tq4g<G> symmetric, q8_0, q4_K, q5_K, q6_K), or 0. */
 tn_dtype tn_r16_type_of(tn_dtype t);
 /* The file type an interleaved type came from (0 if t is not one). */
 tn_dtype tn_r16_file_type(tn_dtype t);

@@ -1,7 +1,7 @@
 /*
  * test_repack.c — the load-time layouts (src/quant/repack.c: *_r16 for q4_0, symmetric
- * tq4g32..tq4g256, q8_0, q4_K and q6_K; *_l32 for tq1g32..tq1g256a) and their kernels, for every
- * one of the sixteen types (activations in the file type's vec_dot_type: q8_0, or q8_K for the
+ * tq4g32..tq4g256, q8_0, q4_K, q5_K and q6_K; *_l32 for tq1g32..tq1g256a) and their kernels, for every
+ * one of the seventeen types (activations in the file type's vec_dot_type: q8_0, or q8_K for the
  * k-quants):
  *   - repacking then unpacking gives back every row's bytes (quantized rows and random bytes, so
  *     every scale / min bit pattern of the k-quants is seen); the layout's row dequantization
@@ -42,7 +42,7 @@
 static const tn_dtype r16_types[] = {TN_Q4_0_R16,     TN_TQ4G32_R16,  TN_TQ4G64_R16,   TN_TQ4G128_R16, TN_TQ4G256_R16,
                                      TN_Q8_0_R16,     TN_TQ1G32_L32,  TN_TQ1G32A_L32,  TN_TQ1G64_L32,  TN_TQ1G64A_L32,
                                      TN_TQ1G128_L32,  TN_TQ1G128A_L32, TN_TQ1G256_L32, TN_TQ1G256A_L32,
-                                     TN_Q4_K_R16,     TN_Q6_K_R16};
+                                     TN_Q4_K_R16,     TN_Q5_K_R16,    TN_Q6_K_R16};
 #define N_R16 (sizeof r16_types / sizeof r16_types[0])
 
 /* m rows of file type ft: even rows quantized from floats, odd rows random bytes with small scales */
@@ -65,7 +65,7 @@ static uint8_t *make_rows(tn_dtype ft, int64_t m, int64_t k) {
                 const tn_fp16 h = tn_fp32_to_fp16(rng_uniform() * 0.05f), o = tn_fp32_to_fp16(rng_uniform() * 0.05f - 0.025f);
                 memcpy(row + (size_t)b * bb + doff, &h, 2);
                 /* the offset m (tq asym) or q4_K's dmin: finite too */
-                if (tp.asym || ft == TN_Q4_K) memcpy(row + (size_t)b * bb + 2, &o, 2);
+                if (tp.asym || ft == TN_Q4_K || ft == TN_Q5_K) memcpy(row + (size_t)b * bb + 2, &o, 2);
             }
         }
     }
@@ -218,7 +218,7 @@ static void test_avx512_parity(void **state) {
         if (rows == TN_R16_ROWS) check_opt(it, 8192, 16, 40);
         /* k-quants: every column count to 33 (each 8-column pass tail) at 2 and 5 groups, and past
          * one 64-column block */
-        if (it == TN_Q4_K_R16 || it == TN_Q6_K_R16) {
+        if (it == TN_Q4_K_R16 || it == TN_Q5_K_R16 || it == TN_Q6_K_R16) {
             for (int64_t n = 1; n <= 33; n++) check_opt(it, 768, n % 2 ? 32 : 80, n);
             check_opt(it, 512, 32, 70);
         }
@@ -262,7 +262,8 @@ static void test_internal_type(void **state) {
     assert_true(tn_dtype_is_internal(TN_Q4_K_R16) && tn_dtype_is_internal(TN_Q6_K_R16));
     assert_int_equal(tn_dtype_get(TN_Q4_K_R16)->vec_dot_type, TN_Q8_K);
     assert_int_equal(tn_dtype_get(TN_Q6_K_R16)->vec_dot_type, TN_Q8_K);
-    assert_int_equal(tn_repack_type_of(TN_Q5_K), 0); /* no interleaved layout (yet): moved as it is */
+    assert_int_equal(tn_dtype_get(TN_Q5_K_R16)->vec_dot_type, TN_Q8_K);
+    assert_int_equal(tn_repack_type_of(TN_Q3_K), 0); /* no interleaved layout: moved as it is */
     /* the GGUF writer refuses to store it */
     tn_gguf_writer *wr = NULL;
     assert_int_equal(tn_gguf_writer_create(&wr), TERN_OK);

@@ -521,9 +521,10 @@ static void repack_load_modes(const char *arch, tn_dtype wt, int64_t n_embd) {
 
 static void test_repack_load_modes(void **state) {
     (void)state;
-    /* q4_K_r16 / q6_K_r16: a Q4_K_M-like pair (q4_K matrices, q6_K output), and q6_K throughout;
-     * 6 tokens go through the batched (prefill) kernels */
+    /* q4_K_r16 / q5_K_r16 / q6_K_r16: Q4_K_M- and Q5_K_M-like pairs (q4_K or q5_K matrices, q6_K
+     * output), and q6_K throughout; 6 tokens go through the batched (prefill) kernels */
     repack_load_modes_out("llama", TN_Q4_K, TN_Q6_K, 256);
+    repack_load_modes_out("llama", TN_Q5_K, TN_Q6_K, 256);
     repack_load_modes("llama", TN_Q6_K, 512);
     repack_load_modes("llama", TN_Q4_0, 256);           /* q4_0_r16 */
     repack_load_modes("phi3", TN_Q4_0, 256);            /* the row slices of fused q|k|v, gate|up each */
@@ -532,15 +533,15 @@ static void test_repack_load_modes(void **state) {
     repack_load_modes("llama", (tn_dtype)tn_tq_dtype(&p3), 640); /* tq3g32_c16: and a tail of 4 blocks */
 }
 
-/* matrices of types with no interleaved layout (q5_K, q3_K here) move out of a mapped file as they
+/* matrices of types with no interleaved layout (q3_K, q2_K here) move out of a mapped file as they
  * are, into the one buffer of moved weights: same bytes, so the same logits bit for bit as the
  * file mapping; the embedding table stays in the mapping */
 static void test_moved_as_is(void **state) {
     (void)state;
     tiny_cfg cfg;
     tiny_cfg_default(&cfg);
-    cfg.wtype = TN_Q5_K;
-    cfg.out_type = TN_Q3_K;
+    cfg.wtype = TN_Q3_K;
+    cfg.out_type = TN_Q2_K;
     char path[512];
     tiny_tmp_path(path, sizeof path, "moved");
     assert_int_equal(tiny_model_write(path, &cfg), TERN_OK);
@@ -572,12 +573,12 @@ static void test_moved_as_is(void **state) {
         const tn_tensor *a[7], *b[7];
         for (int j = 0; j < 7; j++) a[j] = &w0[roles[j]], b[j] = &w1[roles[j]];
         for (int j = 0; j < 7; j++) {
-            assert_int_equal(a[j]->type, TN_Q5_K);
+            assert_int_equal(a[j]->type, TN_Q3_K);
             assert_true((const uint8_t *)a[j]->data >= lo && (const uint8_t *)a[j]->data + a[j]->nbytes <= hi);
             assert_memory_equal(a[j]->data, b[j]->data, a[j]->nbytes);
         }
     }
-    assert_int_equal(m[0]->output.type, TN_Q3_K);
+    assert_int_equal(m[0]->output.type, TN_Q2_K);
     assert_true((const uint8_t *)m[0]->output.data >= lo && (const uint8_t *)m[0]->output.data < hi);
     assert_true((const uint8_t *)m[0]->tok_embd.data < lo || (const uint8_t *)m[0]->tok_embd.data >= hi);
     assert_memory_equal(logits[0], logits[1], (size_t)nv * sizeof(float));

@@ -1,5 +1,5 @@
 /*
- * gemm_rk16.c (avx512) — tile products for q4_K and q6_K weights in the load-time *_r16 layouts
+ * gemm_rk16.c (avx512) — tile products for q4_K, q5_K and q6_K weights in the load-time *_r16 layouts
  * (quant/repack.h), activations in q8_K, for every batch size: decode, serve steps and prefill.
  *
  * As gemm_r16.c: int32 lane r of every register is row r of a group of 16, so a VPDPBUSD of a
@@ -9,7 +9,8 @@
  * and is then multiplied by the row's sub-block scale (one byte load of 16 scales, widened) with
  * one VPMULLD and added up over the block, exactly; per block and column one conversion and one
  * FMA apply d_w * d_x.
- *   q4_K: codes 0..15 from the low / high nibbles of the interleaved qs; the min term
+ *   q4_K / q5_K: codes 0..15 from the low / high nibbles of the interleaved qs (q5_K: | bit j of
+ *     the interleaved qh << 4 for sub-block j: codes 0..31); the min term
  *     dmin * sum_j m_j * (activation sum of sub-block j) is a second exact integer sum, 4 VPDPWSSD
  *     of the rows' mins as word pairs against the q8_K block's pair sums, and one more FMA.
  *   q6_K: codes 0..63 rebuilt (nibble of ql | two bits of qh << 4, unsigned); the -32 offset
@@ -48,12 +49,13 @@ static inline void tn_rk16_prefetch(const uint8_t *ch, size_t cb) {
     for (size_t l = 0; l < cb; l += 64) _mm_prefetch((const char *)ch + TN_RK16_PF + l, _MM_HINT_T0);
 }
 
-/* q4_K: one group of 16 rows x NC columns of nb blocks each */
-static inline __attribute__((always_inline)) void tn_rk16_tile_q4K(const int NC, const uint8_t *grp, int64_t nb,
-                                                                    const uint8_t *x, size_t x_rb, float *y,
-                                                                    int64_t ldy) {
-    const size_t cb = TN_R16_ROWS * sizeof(block_q4_K);
+/* q4_K (Q5: q5_K): one group of 16 rows x NC columns of nb blocks each */
+static inline __attribute__((always_inline)) void tn_rk16_tile_k4(const int NC, const bool Q5, const uint8_t *grp,
+                                                                   int64_t nb, const uint8_t *x, size_t x_rb, float *y,
+                                                                   int64_t ldy) {
+    const size_t cb = TN_R16_ROWS * (Q5 ? sizeof(block_q5_K) : sizeof(block_q4_K));
     const __m512i m4 = _mm512_set1_epi8(0x0F), m63 = _mm512_set1_epi32(63), m15 = _mm512_set1_epi32(15);
+    const __m512i m10 = _mm512_set1_epi8(0x10);
     __m512 acc[TN_RK16_NC];
     for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
@@ -62,11 +64,16 @@ static inline __attribute__((always_inline)) void tn_rk16_tile_q4K(const int NC,
         __m512i isum[TN_RK16_NC];
         for (int c = 0; c < NC; c++) isum[c] = _mm512_setzero_si512();
         for (int j = 0; j < 8; j++) {
-            const uint8_t *P = ch + TN_R16_Q4K_QS + 512 * (j / 2);
+            const uint8_t *P = ch + (Q5 ? TN_R16_Q5K_QS : TN_R16_Q4K_QS) + 512 * (j / 2);
             __m512i q[8];
             for (int u = 0; u < 8; u++) {
                 const __m512i v = _mm512_loadu_si512(P + 64 * u);
                 q[u] = _mm512_and_si512(j % 2 ? _mm512_srli_epi16(v, 4) : v, m4);
+                if (Q5) { /* bit j of each qh byte to bit 4 */
+                    const __m512i hb = _mm512_loadu_si512(ch + TN_R16_Q5K_QH + 64 * u);
+                    const __m512i hs = j < 4 ? _mm512_slli_epi16(hb, 4 - j) : _mm512_srli_epi16(hb, j - 4);
+                    q[u] = _mm512_or_si512(q[u], _mm512_and_si512(hs, m10));
+                }
             }
             const __m512i sc = _mm512_and_si512(tn_rk16_u8(ch + TN_R16_Q4K_SC + 16 * j), m63);
             for (int c = 0; c < NC; c++) {
@@ -154,6 +161,17 @@ static inline __attribute__((always_inline)) void tn_rk16_tile_q6K(const int NC,
 
 typedef void (*tn_rk16_tile_fn)(const uint8_t *, int64_t, const uint8_t *, size_t, float *, int64_t);
 
+static inline __attribute__((always_inline)) void tn_rk16_tile_q4K(const int NC, const uint8_t *grp, int64_t nb,
+                                                                    const uint8_t *x, size_t x_rb, float *y,
+                                                                    int64_t ldy) {
+    tn_rk16_tile_k4(NC, false, grp, nb, x, x_rb, y, ldy);
+}
+static inline __attribute__((always_inline)) void tn_rk16_tile_q5K(const int NC, const uint8_t *grp, int64_t nb,
+                                                                    const uint8_t *x, size_t x_rb, float *y,
+                                                                    int64_t ldy) {
+    tn_rk16_tile_k4(NC, true, grp, nb, x, x_rb, y, ldy);
+}
+
 #define TN_RK16_TILE_FN(name, NC)                                                                                      \
     static void tn_rk16_tile_##name##_##NC(const uint8_t *grp, int64_t nb, const uint8_t *x, size_t x_rb, float *y,   \
                                            int64_t ldy) {                                                              \
@@ -172,6 +190,7 @@ typedef void (*tn_rk16_tile_fn)(const uint8_t *, int64_t, const uint8_t *, size_
         NULL, tn_rk16_tile_##name##_1, tn_rk16_tile_##name##_2, tn_rk16_tile_##name##_3, tn_rk16_tile_##name##_4,      \
         tn_rk16_tile_##name##_5, tn_rk16_tile_##name##_6, tn_rk16_tile_##name##_7, tn_rk16_tile_##name##_8};
 TN_RK16_TILES(q4K)
+TN_RK16_TILES(q5K)
 TN_RK16_TILES(q6K)
 
 static void tn_rk16_gemm(const tn_rk16_tile_fn *tiles, int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb,
@@ -194,6 +213,10 @@ static void tn_k_gemm_q4_K_r16_q8_K__avx512(int64_t k, int64_t m, int64_t n, con
                                             const void *x, size_t x_rb, float *y, int64_t ldy) {
     tn_rk16_gemm(tn_rk16_tiles_q4K, k, m, n, w, w_rb, x, x_rb, y, ldy);
 }
+static void tn_k_gemm_q5_K_r16_q8_K__avx512(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb,
+                                            const void *x, size_t x_rb, float *y, int64_t ldy) {
+    tn_rk16_gemm(tn_rk16_tiles_q5K, k, m, n, w, w_rb, x, x_rb, y, ldy);
+}
 static void tn_k_gemm_q6_K_r16_q8_K__avx512(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb,
                                             const void *x, size_t x_rb, float *y, int64_t ldy) {
     tn_rk16_gemm(tn_rk16_tiles_q6K, k, m, n, w, w_rb, x, x_rb, y, ldy);
@@ -202,8 +225,9 @@ static void tn_k_gemm_q6_K_r16_q8_K__avx512(int64_t k, int64_t m, int64_t n, con
 void tn_kern_register_repack_k_avx512(tn_kern_table *t) {
     const tn_cpu *c = tn_cpu_get();
     if (!c->avx512vnni) return;
-    const tn_dtype ids[] = {TN_Q4_K_R16, TN_Q6_K_R16};
-    const tn_gemm_fn fns[] = {tn_k_gemm_q4_K_r16_q8_K__avx512, tn_k_gemm_q6_K_r16_q8_K__avx512};
+    const tn_dtype ids[] = {TN_Q4_K_R16, TN_Q5_K_R16, TN_Q6_K_R16};
+    const tn_gemm_fn fns[] = {tn_k_gemm_q4_K_r16_q8_K__avx512, tn_k_gemm_q5_K_r16_q8_K__avx512,
+                              tn_k_gemm_q6_K_r16_q8_K__avx512};
     for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
         t->slot[ids[i]].gemm = fns[i];
         t->slot[ids[i]].gemm_isa = TN_ISA_AVX512;

@@ -6,7 +6,7 @@
  *   q4_0:           exact integer sum of (q - 8) x per block, then (sumi * d_w) * d_x (ggml);
  *   tq4g<G> (sym):  per 32 codes d_x * d_w * (2 sum q x - 15 sum x) * 0.5 (tn_tq_vec_dot_ref);
  *   q8_0:           exact integer sum of q x per block (codes stored + 128), then sumi * (d_w * d_x);
- *   q4_K, q6_K:     each row unpacked and dotted by the file type's reference (x in q8_K).
+ *   q4_K, q5_K, q6_K: each row unpacked and dotted by the file type's reference (x in q8_K).
  */
 #include <stdlib.h>
 
@@ -69,7 +69,7 @@ TN_R16_REF(tq4g128_r16, 128, 1)
 TN_R16_REF(tq4g256_r16, 256, 1)
 TN_R16_REF(q8_0_r16, 32, 2)
 
-/* q4_K / q6_K *_r16: row i unpacked to the file type's bytes, then the file type's reference dot
+/* q4_K / q5_K / q6_K *_r16: row i unpacked to the file type's bytes, then the file type's reference dot
  * (x in q8_K): bit for bit the file type's reference for rows up to 64 KiB (k <= 79872 for q6_K);
  * longer rows go through in pieces of whole blocks, whose partial sums are added. */
 static void tn_rk16_gemm_ref(tn_dtype ft, tn_vec_dot_fn dot, int64_t k, int64_t m, int64_t n, const void *w,
@@ -105,6 +105,10 @@ static void tn_rk16_gemm_ref(tn_dtype ft, tn_vec_dot_fn dot, int64_t k, int64_t 
 void tn_k_gemm_q4_K_r16_q8_K__scalar(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,
                                      size_t x_rb, float *y, int64_t ldy) {
     tn_rk16_gemm_ref(TN_Q4_K, tn_k_vec_dot_q4_K_q8_K__scalar, k, m, n, w, w_rb, x, x_rb, y, ldy);
+}
+void tn_k_gemm_q5_K_r16_q8_K__scalar(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,
+                                     size_t x_rb, float *y, int64_t ldy) {
+    tn_rk16_gemm_ref(TN_Q5_K, tn_k_vec_dot_q5_K_q8_K__scalar, k, m, n, w, w_rb, x, x_rb, y, ldy);
 }
 void tn_k_gemm_q6_K_r16_q8_K__scalar(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,
                                      size_t x_rb, float *y, int64_t ldy) {
