@@ -138,6 +138,8 @@ void tn_kern_register_tq_avx512(tn_kern_table *t);
 void tn_kern_register_gemv_avx512(tn_kern_table *t);
 /* Tile products for the load-time layouts (quant/repack.h; src/kern/avx512/gemm_r16.c). */
 void tn_kern_register_repack_avx512(tn_kern_table *t);
+/* The same for q4_K_r16 / q6_K_r16 x q8_K (src/kern/avx512/gemm_rk16.c). */
+void tn_kern_register_repack_k_avx512(tn_kern_table *t);
 /* Lookup-table decode for the tq1 *_l32 layouts (src/kern/avx512/tq1_lut.c); after the tq kernels. */
 void tn_kern_register_l32_avx512(tn_kern_table *t);
 

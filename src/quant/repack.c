@@ -11,6 +11,9 @@
 tn_dtype tn_r16_type_of(tn_dtype t) {
     if (t == TN_Q4_0) return TN_Q4_0_R16;
     if (t == TN_Q8_0) return TN_Q8_0_R16;
+    if (t == TN_Q4_K) return TN_Q4_K_R16;
+    if (t == TN_Q5_K) return TN_Q5_K_R16;
+    if (t == TN_Q6_K) return TN_Q6_K_R16;
     if (!tn_tq_is(t)) return (tn_dtype)0;
     tn_tq_params p;
     tn_tq_params_of(t, &p);
@@ -21,71 +24,141 @@ tn_dtype tn_r16_type_of(tn_dtype t) {
 tn_dtype tn_r16_file_type(tn_dtype t) {
     if (t == TN_Q4_0_R16) return TN_Q4_0;
     if (t == TN_Q8_0_R16) return TN_Q8_0;
+    if (t == TN_Q4_K_R16) return TN_Q4_K;
+    if (t == TN_Q5_K_R16) return TN_Q5_K;
+    if (t == TN_Q6_K_R16) return TN_Q6_K;
     if (t < TN_TQ4G32_R16 || t > TN_TQ4G256_R16) return (tn_dtype)0;
     tn_tq_params p = {4, 32 << (t - TN_TQ4G32_R16), false};
     return (tn_dtype)tn_tq_dtype(&p);
 }
 
-/* Bytes of a file block of type ft; dwords of codes in it (after the fp16 d); bytes of the chunk
- * 16 such blocks become (repack.h); the byte XOR the layout applies (q8_0: + 128). */
+/* Bytes of a file block of type ft; bytes of the chunk 16 such blocks become (repack.h). */
 static size_t tn_r16_block_bytes(tn_dtype ft) { return tn_dtype_get(ft)->type_size; }
-static int64_t tn_r16_dwords(tn_dtype ft) { return (int64_t)(tn_r16_block_bytes(ft) - 2) / 4; }
 static size_t tn_r16_chunk_bytes(tn_dtype ft) { return TN_R16_ROWS * tn_r16_block_bytes(ft); }
-static uint32_t tn_r16_xor(tn_dtype ft) { return ft == TN_Q8_0 ? 0x80808080u : 0; }
+
+/* n dwords of src -> dword r of n 64-byte registers at dst (XOR fx), and back. */
+static void tn_r16_dw_put(uint8_t *dst, int r, const uint8_t *src, int64_t n, uint32_t fx) {
+    for (int64_t u = 0; u < n; u++) {
+        uint32_t v;
+        memcpy(&v, src + 4 * u, 4);
+        v ^= fx;
+        memcpy(dst + 64 * u + 4 * r, &v, 4);
+    }
+}
+static void tn_r16_dw_get(const uint8_t *src, int r, uint8_t *dst, int64_t n, uint32_t fx) {
+    for (int64_t u = 0; u < n; u++) {
+        uint32_t v;
+        memcpy(&v, src + 64 * u + 4 * r, 4);
+        v ^= fx;
+        memcpy(dst + 4 * u, &v, 4);
+    }
+}
+
+/* q4_K's 12 scale bytes <-> 6-bit scales sc[8] and mins mn[8] (ggml's get_scale_min_k4). */
+static void tn_q4K_unpack_scales(const uint8_t *q, uint8_t sc[8], uint8_t mn[8]) {
+    for (int j = 0; j < 8; j++) tn_get_scale_min_k4(j, q, &sc[j], &mn[j]);
+}
+static void tn_q4K_pack_scales(const uint8_t sc[8], const uint8_t mn[8], uint8_t *q) {
+    for (int j = 0; j < 4; j++) {
+        q[j] = (uint8_t)(sc[j] | (sc[j + 4] >> 4) << 6);
+        q[j + 4] = (uint8_t)(mn[j] | (mn[j + 4] >> 4) << 6);
+        q[j + 8] = (uint8_t)((sc[j + 4] & 15) | (mn[j + 4] & 15) << 4);
+    }
+}
+
+/* File block blk of row r -> chunk ch (put), and back (get); layouts in repack.h. */
+/* q4_K / q5_K header (d, dmin, 12 scale bytes at blk) -> row r of chunk ch, and back */
+static void tn_r16_put_k4(uint8_t *ch, int r, const uint8_t *blk) {
+    uint8_t sc[8], mn[8];
+    memcpy(ch + 2 * r, blk, 2);
+    memcpy(ch + 32 + 2 * r, blk + 2, 2);
+    tn_q4K_unpack_scales(blk + 4, sc, mn);
+    for (int j = 0; j < 8; j++) ch[TN_R16_Q4K_SC + 16 * j + r] = (uint8_t)(sc[j] | (mn[j] >> 4) << 6);
+    for (int p = 0; p < 4; p++) ch[TN_R16_Q4K_MN + 16 * p + r] = (uint8_t)((mn[2 * p] & 15) | (mn[2 * p + 1] & 15) << 4);
+}
+static void tn_r16_get_k4(const uint8_t *ch, int r, uint8_t *blk) {
+    uint8_t sc[8], mn[8];
+    memcpy(blk, ch + 2 * r, 2);
+    memcpy(blk + 2, ch + 32 + 2 * r, 2);
+    for (int j = 0; j < 8; j++) {
+        const uint8_t a = ch[TN_R16_Q4K_SC + 16 * j + r], lo = ch[TN_R16_Q4K_MN + 16 * (j / 2) + r];
+        sc[j] = a & 63;
+        mn[j] = (uint8_t)(((j % 2 ? lo >> 4 : lo) & 15) | (a >> 6) << 4);
+    }
+    tn_q4K_pack_scales(sc, mn, blk + 4);
+}
+
+static void tn_r16_put(tn_dtype ft, uint8_t *ch, int r, const uint8_t *blk) {
+    if (ft == TN_Q4_K) {
+        tn_r16_put_k4(ch, r, blk);
+        tn_r16_dw_put(ch + TN_R16_Q4K_QS, r, ((const block_q4_K *)blk)->qs, QK_K / 8, 0);
+    } else if (ft == TN_Q5_K) {
+        tn_r16_put_k4(ch, r, blk);
+        tn_r16_dw_put(ch + TN_R16_Q5K_QH, r, ((const block_q5_K *)blk)->qh, QK_K / 32, 0);
+        tn_r16_dw_put(ch + TN_R16_Q5K_QS, r, ((const block_q5_K *)blk)->qs, QK_K / 8, 0);
+    } else if (ft == TN_Q6_K) {
+        const block_q6_K *b = (const block_q6_K *)blk;
+        memcpy(ch + 2 * r, &b->d, 2);
+        for (int j = 0; j < QK_K / 16; j++) ch[TN_R16_Q6K_SC + 16 * j + r] = (uint8_t)b->scales[j];
+        tn_r16_dw_put(ch + TN_R16_Q6K_QL, r, b->ql, QK_K / 8, 0);
+        tn_r16_dw_put(ch + TN_R16_Q6K_QH, r, b->qh, QK_K / 16, 0);
+    } else {
+        memcpy(ch + 2 * r, blk, 2);
+        tn_r16_dw_put(ch + 32, r, blk + 2, (int64_t)(tn_r16_block_bytes(ft) - 2) / 4, ft == TN_Q8_0 ? 0x80808080u : 0);
+    }
+}
+
+static void tn_r16_get(tn_dtype ft, const uint8_t *ch, int r, uint8_t *blk) {
+    if (ft == TN_Q4_K) {
+        tn_r16_get_k4(ch, r, blk);
+        tn_r16_dw_get(ch + TN_R16_Q4K_QS, r, ((block_q4_K *)blk)->qs, QK_K / 8, 0);
+    } else if (ft == TN_Q5_K) {
+        tn_r16_get_k4(ch, r, blk);
+        tn_r16_dw_get(ch + TN_R16_Q5K_QH, r, ((block_q5_K *)blk)->qh, QK_K / 32, 0);
+        tn_r16_dw_get(ch + TN_R16_Q5K_QS, r, ((block_q5_K *)blk)->qs, QK_K / 8, 0);
+    } else if (ft == TN_Q6_K) {
+        block_q6_K *b = (block_q6_K *)blk;
+        memcpy(&b->d, ch + 2 * r, 2);
+        for (int j = 0; j < QK_K / 16; j++) b->scales[j] = (int8_t)ch[TN_R16_Q6K_SC + 16 * j + r];
+        tn_r16_dw_get(ch + TN_R16_Q6K_QL, r, b->ql, QK_K / 8, 0);
+        tn_r16_dw_get(ch + TN_R16_Q6K_QH, r, b->qh, QK_K / 16, 0);
+    } else {
+        memcpy(blk, ch + 2 * r, 2);
+        tn_r16_dw_get(ch + 32, r, blk + 2, (int64_t)(tn_r16_block_bytes(ft) - 2) / 4, ft == TN_Q8_0 ? 0x80808080u : 0);
+    }
+}
 
 void tn_repack_r16(tn_dtype ft, const void *src, void *dst, int64_t m, int64_t k) {
-    const int64_t G = tn_dtype_get(ft)->blck_size, nc = k / G, D = tn_r16_dwords(ft);
+    const int64_t G = tn_dtype_get(ft)->blck_size, nc = k / G;
     const size_t bb = tn_r16_block_bytes(ft), cb = tn_r16_chunk_bytes(ft);
-    const uint32_t fx = tn_r16_xor(ft);
     const uint8_t *s = src;
     uint8_t *d = dst;
     for (int64_t g = 0; g < m / TN_R16_ROWS; g++)
-        for (int64_t c = 0; c < nc; c++) {
-            uint8_t *ch = d + (size_t)(g * nc + c) * cb;
-            for (int r = 0; r < TN_R16_ROWS; r++) {
-                const uint8_t *blk = s + ((size_t)(g * TN_R16_ROWS + r) * (size_t)nc + (size_t)c) * bb;
-                memcpy(ch + 2 * r, blk, 2);
-                for (int64_t u = 0; u < D; u++) {
-                    uint32_t v;
-                    memcpy(&v, blk + 2 + 4 * u, 4);
-                    v ^= fx;
-                    memcpy(ch + 32 + 64 * u + 4 * r, &v, 4);
-                }
-            }
-        }
-}
-
-/* Block c of row r (in the group whose chunks start at c0) in the file type's bytes. */
-static void tn_r16_get_block(const uint8_t *ch, int r, int64_t D, uint32_t fx, uint8_t *blk) {
-    memcpy(blk, ch + 2 * r, 2);
-    for (int64_t u = 0; u < D; u++) {
-        uint32_t v;
-        memcpy(&v, ch + 32 + 64 * u + 4 * r, 4);
-        v ^= fx;
-        memcpy(blk + 2 + 4 * u, &v, 4);
-    }
+        for (int64_t c = 0; c < nc; c++)
+            for (int r = 0; r < TN_R16_ROWS; r++)
+                tn_r16_put(ft, d + (size_t)(g * nc + c) * cb, r, s + ((size_t)(g * TN_R16_ROWS + r) * (size_t)nc + (size_t)c) * bb);
 }
 
 void tn_unpack_row_r16(tn_dtype it, const void *w, int64_t k, int64_t i, void *row) {
     const tn_dtype ft = tn_r16_file_type(it);
-    const int64_t G = tn_dtype_get(ft)->blck_size, nc = k / G, g = i / TN_R16_ROWS, D = tn_r16_dwords(ft);
+    const int64_t G = tn_dtype_get(ft)->blck_size, nc = k / G, g = i / TN_R16_ROWS;
     const size_t bb = tn_r16_block_bytes(ft), cb = tn_r16_chunk_bytes(ft);
     const uint8_t *c0 = (const uint8_t *)w + (size_t)(g * nc) * cb;
     for (int64_t c = 0; c < nc; c++)
-        tn_r16_get_block(c0 + (size_t)c * cb, (int)(i % TN_R16_ROWS), D, tn_r16_xor(ft), (uint8_t *)row + (size_t)c * bb);
+        tn_r16_get(ft, c0 + (size_t)c * cb, (int)(i % TN_R16_ROWS), (uint8_t *)row + (size_t)c * bb);
 }
 
 void tn_dequantize_row_r16(tn_dtype it, const void *w, int64_t k, int64_t i, float *out) {
     const tn_dtype ft = tn_r16_file_type(it);
-    const int64_t G = tn_dtype_get(ft)->blck_size, nc = k / G, g = i / TN_R16_ROWS, D = tn_r16_dwords(ft);
+    const int64_t G = tn_dtype_get(ft)->blck_size, nc = k / G, g = i / TN_R16_ROWS;
     const size_t cb = tn_r16_chunk_bytes(ft);
     const uint8_t *c0 = (const uint8_t *)w + (size_t)(g * nc) * cb;
     tn_tq_params p;
     const bool tq = tn_tq_is(ft);
     if (tq) tn_tq_params_of(ft, &p);
-    uint8_t blk[2 + 128];
+    _Alignas(8) uint8_t blk[sizeof(block_q6_K)]; /* the largest r16 block */
     for (int64_t c = 0; c < nc; c++) { /* block by block through the file type's dequantizer */
-        tn_r16_get_block(c0 + (size_t)c * cb, (int)(i % TN_R16_ROWS), D, tn_r16_xor(ft), blk);
+        tn_r16_get(ft, c0 + (size_t)c * cb, (int)(i % TN_R16_ROWS), blk);
         if (tq) tn_tq_dequantize_row(&p, blk, out + c * G, G);
         else (void)tn_dequantize_row(ft, blk, out + c * G, G);
     }

@@ -24,6 +24,29 @@
  * starts at g * 16 * row_size, as before, so the matmul driver's 16-aligned thread ranges and row
  * offsets stay valid.
  *
+ * q4_K, q5_K and q6_K (256 codes per block) keep the 16-row chunks (16 blocks' bytes: 2304, 2816,
+ * 3360)
+ * with their scales rearranged so that one byte load per sub-block gives all 16 rows' scales:
+ *
+ *   q4_K_r16 chunk c (block c of rows 0..15):
+ *     bytes    0 ..   31    fp16 d of rows 0..15;  32 .. 63 fp16 dmin
+ *     bytes   64 ..  191    byte 16 j + r: 6-bit scale j of row r | (bits 4..5 of min j) << 6
+ *     bytes  192 ..  255    byte 16 p + r: bits 0..3 of min 2p | bits 0..3 of min 2p+1 << 4
+ *     bytes  256 .. 2303    register P_{8p+u}, p = 0..3, u = 0..7: dword r = dword u of row r's
+ *                           qs[32p .. 32p+31], so P & 0x0F holds codes 4u..4u+3 of sub-block 2p
+ *                           of every row, (P >> 4) & 0x0F those of sub-block 2p+1
+ *   q5_K_r16 chunk c: bytes 0 .. 255 as q4_K_r16's, then
+ *     bytes  256 ..  767    registers H_u, u = 0..7: dword r = dword u of row r's qh (bit j of
+ *                           byte l: bit 4 of code 32j + l)
+ *     bytes  768 .. 2815    the qs registers as q4_K_r16's
+ *   q6_K_r16 chunk c:
+ *     bytes    0 ..   31    fp16 d of rows 0..15
+ *     bytes   32 ..  287    byte 16 j + r: int8 scale j (16-code sub-block j) of row r
+ *     bytes  288 .. 2335    registers L_{8p+u}: dword r = dword u of row r's ql[32p .. 32p+31]
+ *     bytes 2336 .. 3359    registers H_{8h+u}: dword r = dword u of row r's qh[32h .. 32h+31]
+ *                           (code 128h + 32e + l: nibble e/2 of ql[64h + 32(e%2) + l] | bits
+ *                           2e, 2e+1 of qh[32h + l] << 4, minus 32 — ggml's q6_K)
+ *
  * *_l32: 1-bit tq weights (tq1g<G>[a], any G, symmetric or asymmetric) with 32 rows interleaved
  * for the lookup-table decode kernel (src/kern/avx512/tq1_lut.c: one VPERMW looks up the partial
  * sums of 4 codes for 32 rows at once). A group of 32 rows (32 * k/G blocks of B bytes) becomes
@@ -47,8 +70,17 @@
 #include "tensor/dtype.h"
 
 #define TN_R16_ROWS 16
+/* byte offsets inside a q4_K_r16 / q6_K_r16 chunk (above) */
+#define TN_R16_Q4K_SC 64
+#define TN_R16_Q4K_MN 192
+#define TN_R16_Q4K_QS 256
+#define TN_R16_Q5K_QH 256
+#define TN_R16_Q5K_QS 768
+#define TN_R16_Q6K_SC 32
+#define TN_R16_Q6K_QL 288
+#define TN_R16_Q6K_QH 2336
 
-/* The interleaved type for file type t (q4_0, tq4g<G> symmetric, q8_0), or 0 if there is none. */
+/* The interleaved type for file type t (q4_0, tq4g<G> symmetric, q8_0, q4_K, q5_K, q6_K), or 0. */
 tn_dtype tn_r16_type_of(tn_dtype t);
 /* The file type an interleaved type came from (0 if t is not one). */
 tn_dtype tn_r16_file_type(tn_dtype t);

@@ -131,6 +131,9 @@ static const tn_dtype_traits tn_traits_internal[TN_DTYPE_SLOT_COUNT - TN_DTYPE_I
     {"tq1g128a_l32", 128, 20, true, true, TN_Q8_0},
     {"tq1g256_l32", 256, 34, true, true, TN_Q8_0},
     {"tq1g256a_l32", 256, 36, true, true, TN_Q8_0},
+    {"q4_K_r16", QK_K, sizeof(block_q4_K), true, true, TN_Q8_K},
+    {"q5_K_r16", QK_K, sizeof(block_q5_K), true, true, TN_Q8_K},
+    {"q6_K_r16", QK_K, sizeof(block_q6_K), true, true, TN_Q8_K},
 #define TN_C16_SFX_0 ""
 #define TN_C16_SFX_1 "a"
 #define TN_C16_TRAITS(b, g, a) {"tq" #b "g" #g TN_C16_SFX_##a "_c16", g, (a ? 4 : 2) + g * b / 8, true, b > 1, TN_Q8_0},

@@ -62,6 +62,9 @@ typedef enum tn_dtype {
     TN_TQ1G128A_L32,
     TN_TQ1G256_L32,
     TN_TQ1G256A_L32,
+    TN_Q4_K_R16,                          /* q4_K / q5_K / q6_K with 16 rows interleaved,     */
+    TN_Q5_K_R16,                          /* scales rearranged for the kernel                 */
+    TN_Q6_K_R16,                          /* (src/quant/repack.h)                              */
     TN_DTYPE_C16_BASE, /* tq<b>g<G>[a]_c16, b = 2..8: the tq ids' order (index = tq id - 1024; the
                         * b = 1 ids are unused) — rows with each 512-code super-step rearranged for
                         * the decode kernels (src/quant/repack.h) */

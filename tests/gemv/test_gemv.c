@@ -26,6 +26,7 @@
 #include <cmocka.h>
 
 #include "common/test_rng.h"
+#include "common/test_terms.h"
 #include "core/fp16.h"
 #include "kern/avx2/kernels.h"
 #include "kern/avx512/kernels.h"
@@ -59,27 +60,6 @@ static void make_row(tn_dtype t, int64_t k, uint8_t *row, int raw) {
             const tn_fp16 h = tn_fp32_to_fp16(rng_uniform() * 0.05f);
             memcpy(row + (size_t)b * tr->type_size + off[f], &h, 2);
         }
-}
-
-/* S = sum |w_l x_l| over dequantized values, plus the q4_K min part |dmin m_g| |x_l|. */
-static double abs_terms(tn_dtype wt, int64_t k, const uint8_t *w, const uint8_t *x) {
-    const tn_kern_table *ref = tn_kern_at(TN_ISA_SCALAR);
-    const tn_dtype at = tn_dtype_get(wt)->vec_dot_type;
-    float *wf = malloc((size_t)k * sizeof(float)), *xf = malloc((size_t)k * sizeof(float));
-    ref->slot[wt].to_float(w, wf, k);
-    ref->slot[at].to_float(x, xf, k);
-    double s = 0;
-    for (int64_t l = 0; l < k; l++) s += fabs((double)wf[l] * xf[l]);
-    if (wt == TN_Q4_K) {
-        const block_q4_K *b = (const block_q4_K *)w;
-        for (int64_t l = 0; l < k; l++) {
-            uint8_t sc, mn;
-            tn_get_scale_min_k4((int)(l % QK_K) / 32, b[l / QK_K].scales, &sc, &mn);
-            s += fabs((double)tn_fp16_to_fp32(b[l / QK_K].dmin) * mn * xf[l]);
-        }
-    }
-    free(wf), free(xf);
-    return s;
 }
 
 static double tol_of(int64_t k, double S) { return 8.0 * sqrt((double)k + 16.0) * ldexp(1.0, -24) * S + 1e-30; }
@@ -137,7 +117,7 @@ static void check_one(size_t ti, int64_t k, int64_t m, int64_t n) {
                              (long long)m, (long long)n, (long long)j, (long long)i);
                 continue;
             }
-            const double tol = tol_of(k, abs_terms(wt, k, w + (size_t)i * w_rb, x + (size_t)j * x_rb));
+            const double tol = tol_of(k, kq_abs_terms(wt, k, w + (size_t)i * w_rb, x + (size_t)j * x_rb));
             if (!(fabs((double)r - o) <= tol))
                 fail_msg("gemv %s k=%lld m=%lld n=%lld col %lld row %lld: ref %.9g opt %.9g |diff| %.3g > tol %.3g",
                          tn_dtype_name(wt), (long long)k, (long long)m, (long long)n, (long long)j, (long long)i, r, o,

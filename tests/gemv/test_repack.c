@@ -1,15 +1,17 @@
 /*
  * test_repack.c — the load-time layouts (src/quant/repack.c: *_r16 for q4_0, symmetric
- * tq4g32..tq4g256 and q8_0; *_l32 for tq1g32..tq1g256a) and their kernels, for every one of the
- * fourteen types:
- *   - repacking then unpacking gives back every row's bytes; the layout's row dequantization
+ * tq4g32..tq4g256, q8_0, q4_K, q5_K and q6_K; *_l32 for tq1g32..tq1g256a) and their kernels, for every
+ * one of the seventeen types (activations in the file type's vec_dot_type: q8_0, or q8_K for the
+ * k-quants):
+ *   - repacking then unpacking gives back every row's bytes (quantized rows and random bytes, so
+ *     every scale / min bit pattern of the k-quants is seen); the layout's row dequantization
  *     equals the file type's on the original row;
  *   - the scalar *_r16 reference equals the file type's scalar reference on the ORIGINAL rows bit
  *     for bit (an independent computation: that one never sees the interleaved layout);
  *   - the avx512 kernel, through the table's gemm slot (every n up to past two 8-column passes,
  *     ldy > m with a canary after each column, m of 1, 3 and 10 groups, k with a prime block
- *     count and the too-large-for-the-stack fallback) agrees with the q4_0 reference within the
- *     float-reordering bound of test_gemv.c;
+ *     count and the too-large-for-the-stack fallback) agrees with the file type's reference within
+ *     the float-reordering bound of test_gemv.c (q4_K: with its min part, test_terms.h);
  *   - the layout is internal: no name, GGUF writer and reader refuse it.
  */
 #include <math.h>
@@ -24,6 +26,7 @@
 #include <cmocka.h>
 
 #include "common/test_rng.h"
+#include "common/test_terms.h"
 #include "common/test_tq.h"
 #include "core/fp16.h"
 #include "fmt/gguf.h"
@@ -38,7 +41,8 @@
 /* the load-time types (their file types: tn_repack_file_type) */
 static const tn_dtype r16_types[] = {TN_Q4_0_R16,     TN_TQ4G32_R16,  TN_TQ4G64_R16,   TN_TQ4G128_R16, TN_TQ4G256_R16,
                                      TN_Q8_0_R16,     TN_TQ1G32_L32,  TN_TQ1G32A_L32,  TN_TQ1G64_L32,  TN_TQ1G64A_L32,
-                                     TN_TQ1G128_L32,  TN_TQ1G128A_L32, TN_TQ1G256_L32, TN_TQ1G256A_L32};
+                                     TN_TQ1G128_L32,  TN_TQ1G128A_L32, TN_TQ1G256_L32, TN_TQ1G256A_L32,
+                                     TN_Q4_K_R16,     TN_Q5_K_R16,    TN_Q6_K_R16};
 #define N_R16 (sizeof r16_types / sizeof r16_types[0])
 
 /* m rows of file type ft: even rows quantized from floats, odd rows random bytes with small scales */
@@ -56,10 +60,12 @@ static uint8_t *make_rows(tn_dtype ft, int64_t m, int64_t k) {
             for (size_t b = 0; b < rb; b++) row[b] = (uint8_t)rng_u64();
             tn_tq_params tp = {0, 0, false};
             if (tn_tq_is(ft)) tn_tq_params_of(ft, &tp);
+            const size_t doff = ft == TN_Q6_K ? offsetof(block_q6_K, d) : 0;
             for (int64_t b = 0; b < k / G; b++) {
                 const tn_fp16 h = tn_fp32_to_fp16(rng_uniform() * 0.05f), o = tn_fp32_to_fp16(rng_uniform() * 0.05f - 0.025f);
-                memcpy(row + (size_t)b * bb, &h, 2);
-                if (tp.asym) memcpy(row + (size_t)b * bb + 2, &o, 2); /* the offset m: finite too */
+                memcpy(row + (size_t)b * bb + doff, &h, 2);
+                /* the offset m (tq asym) or q4_K's dmin: finite too */
+                if (tp.asym || ft == TN_Q4_K || ft == TN_Q5_K) memcpy(row + (size_t)b * bb + 2, &o, 2);
             }
         }
     }
@@ -67,13 +73,14 @@ static uint8_t *make_rows(tn_dtype ft, int64_t m, int64_t k) {
     return w;
 }
 
-static uint8_t *make_x(int64_t n, int64_t k) {
-    const size_t rb = tn_dtype_row_size(TN_Q8_0, k);
+/* n activation rows of type at (q8_0 or q8_K) */
+static uint8_t *make_x(tn_dtype at, int64_t n, int64_t k) {
+    const size_t rb = tn_dtype_row_size(at, k);
     uint8_t *x = malloc((size_t)n * rb);
     float *f = malloc((size_t)k * sizeof(float));
     for (int64_t j = 0; j < n; j++) {
         fill_floats(f, k);
-        tn_kern_at(TN_ISA_SCALAR)->slot[TN_Q8_0].from_float(f, x + (size_t)j * rb, k);
+        tn_kern_at(TN_ISA_SCALAR)->slot[at].from_float(f, x + (size_t)j * rb, k);
     }
     free(f);
     return x;
@@ -112,7 +119,8 @@ static void test_roundtrip(void **state) {
 /* y (m x n, ldy) of the file type's scalar reference on the original rows */
 static void ref_file(tn_dtype ft, int64_t k, int64_t m, int64_t n, const uint8_t *w, const uint8_t *x, float *y,
                      int64_t ldy) {
-    tn_kern_at(TN_ISA_SCALAR)->slot[ft].gemm(k, m, n, w, tn_dtype_row_size(ft, k), x, tn_dtype_row_size(TN_Q8_0, k), y, ldy);
+    const size_t xrb = tn_dtype_row_size(tn_dtype_get(ft)->vec_dot_type, k);
+    tn_kern_at(TN_ISA_SCALAR)->slot[ft].gemm(k, m, n, w, tn_dtype_row_size(ft, k), x, xrb, y, ldy);
 }
 
 static void test_scalar_equals_file_type(void **state) {
@@ -121,38 +129,33 @@ static void test_scalar_equals_file_type(void **state) {
     for (size_t ti = 0; ti < N_R16; ti++) {
         const tn_dtype it = r16_types[ti], ft = tn_repack_file_type(it);
         const size_t rb = tn_dtype_row_size(ft, k);
-        uint8_t *w = make_rows(ft, m, k), *p = malloc((size_t)m * rb), *x = make_x(n, k);
+        const tn_dtype vt = tn_dtype_get(ft)->vec_dot_type;
+        uint8_t *w = make_rows(ft, m, k), *p = malloc((size_t)m * rb), *x = make_x(vt, n, k);
         float *yr = malloc((size_t)(m * n) * sizeof(float)), *yo = malloc((size_t)(m * n) * sizeof(float));
         tn_repack(ft, w, p, m, k);
         ref_file(ft, k, m, n, w, x, yr, m);
-        tn_kern_at(TN_ISA_SCALAR)->slot[it].gemm(k, m, n, p, rb, x, tn_dtype_row_size(TN_Q8_0, k), yo, m);
+        tn_kern_at(TN_ISA_SCALAR)->slot[it].gemm(k, m, n, p, rb, x, tn_dtype_row_size(vt, k), yo, m);
         if (memcmp(yr, yo, (size_t)(m * n) * sizeof(float))) fail_msg("%s: scalar reference differs", tn_dtype_name(it));
         free(w), free(p), free(x), free(yr), free(yo);
     }
 }
 
-/* sum over the row of |w_l x_l| (dequantized): bounds every partial sum of either order; tq
- * types: the larger bound of their split terms (test_tq.h) */
+/* sum over the row of |w_l x_l| (dequantized; q4_K with its min part, test_terms.h): bounds every
+ * partial sum of either order; tq types: the larger bound of their split terms (test_tq.h) */
 static double abs_terms(tn_dtype ft, int64_t k, const uint8_t *w, const uint8_t *x) {
     if (tn_tq_is(ft)) {
         tn_tq_params p;
         tn_tq_params_of(ft, &p);
         return tq_abs_terms(&p, k, w, (const block_q8_0 *)x);
     }
-    float *wf = malloc((size_t)k * sizeof(float)), *xf = malloc((size_t)k * sizeof(float));
-    tn_kern_at(TN_ISA_SCALAR)->slot[ft].to_float(w, wf, k);
-    assert_true(tn_dequantize_row(TN_Q8_0, x, xf, k));
-    double s = 0;
-    for (int64_t l = 0; l < k; l++) s += fabs((double)wf[l] * xf[l]);
-    free(wf), free(xf);
-    return s;
+    return kq_abs_terms(ft, k, w, x);
 }
 
 /* The avx512 kernel on rows w (file type) and columns x against the file type's reference. */
 static void check_opt_on(tn_dtype it, int64_t k, int64_t m, int64_t n, const uint8_t *w, const uint8_t *x) {
     const tn_kern_table *opt = tn_kern_at(TN_ISA_AVX512);
     const tn_dtype ft = tn_repack_file_type(it);
-    const size_t rb = tn_dtype_row_size(ft, k), xrb = tn_dtype_row_size(TN_Q8_0, k);
+    const size_t rb = tn_dtype_row_size(ft, k), xrb = tn_dtype_row_size(tn_dtype_get(ft)->vec_dot_type, k);
     const int64_t ldy = m + 3;
     uint8_t *p = malloc((size_t)m * rb);
     float *yr = malloc((size_t)(ldy * n) * sizeof(float)), *yo = malloc((size_t)(ldy * n) * sizeof(float));
@@ -181,7 +184,7 @@ static void check_opt_on(tn_dtype it, int64_t k, int64_t m, int64_t n, const uin
 
 static void check_opt(tn_dtype it, int64_t k, int64_t m, int64_t n) {
     const tn_dtype ft = tn_repack_file_type(it);
-    uint8_t *w = make_rows(ft, m, k), *x = make_x(n, k);
+    uint8_t *w = make_rows(ft, m, k), *x = make_x(tn_dtype_get(ft)->vec_dot_type, n, k);
     check_opt_on(it, k, m, n, w, x);
     free(w), free(x);
 }
@@ -189,7 +192,8 @@ static void check_opt(tn_dtype it, int64_t k, int64_t m, int64_t n) {
 static void test_avx512_parity(void **state) {
     (void)state;
     const tn_kern_table *opt = tn_kern_at(TN_ISA_AVX512);
-    if (!opt || opt->slot[TN_Q4_0_R16].gemm_isa != TN_ISA_AVX512 || opt->slot[TN_TQ1G64A_L32].gemm_isa != TN_ISA_AVX512) {
+    if (!opt || opt->slot[TN_Q4_0_R16].gemm_isa != TN_ISA_AVX512 || opt->slot[TN_TQ1G64A_L32].gemm_isa != TN_ISA_AVX512 ||
+        opt->slot[TN_Q4_K_R16].gemm_isa != TN_ISA_AVX512) {
         printf("no avx512 vnni: the load-time slots hold the scalar references only; nothing more to test\n");
         skip();
     }
@@ -212,6 +216,12 @@ static void test_avx512_parity(void **state) {
         if (it == TN_Q4_0_R16 || it == TN_TQ4G256_R16) check_opt(it, 262144 + 256, 16, 2);
         /* more columns than one stack buffer's worth (k = 8192: 32 columns each) */
         if (rows == TN_R16_ROWS) check_opt(it, 8192, 16, 40);
+        /* k-quants: every column count to 33 (each 8-column pass tail) at 2 and 5 groups, and past
+         * one 64-column block */
+        if (it == TN_Q4_K_R16 || it == TN_Q5_K_R16 || it == TN_Q6_K_R16) {
+            for (int64_t n = 1; n <= 33; n++) check_opt(it, 768, n % 2 ? 32 : 80, n);
+            check_opt(it, 512, 32, 70);
+        }
     }
 }
 
@@ -226,7 +236,7 @@ static void test_l32_column_cache(void **state) {
     const int64_t k = 1024, m = 96;
     for (size_t ti = 0; ti < 3; ti++) {
         const tn_dtype it = types[ti], ft = tn_repack_file_type(it);
-        uint8_t *w1 = make_rows(ft, m, k), *w2 = make_rows(ft, m, k), *x = make_x(1, k);
+        uint8_t *w1 = make_rows(ft, m, k), *w2 = make_rows(ft, m, k), *x = make_x(TN_Q8_0, 1, k);
         block_q8_0 *xb = (block_q8_0 *)x;
         check_opt_on(it, k, m, 1, w1, x);
         check_opt_on(it, k, m, 1, w2, x);
@@ -235,7 +245,7 @@ static void test_l32_column_cache(void **state) {
         xb[9].d = tn_fp32_to_fp16(tn_fp16_to_fp32(xb[9].d) * 1.5f + 0.01f);
         check_opt_on(it, k, m, 1, w2, x);
         free(x);
-        x = make_x(1, k);
+        x = make_x(TN_Q8_0, 1, k);
         check_opt_on(it, k, m, 1, w1, x);
         free(w1), free(w2), free(x);
     }
@@ -248,6 +258,12 @@ static void test_internal_type(void **state) {
     assert_true(tn_dtype_is_internal(TN_Q4_0_R16));
     assert_false(tn_dtype_is_internal(TN_Q4_0));
     assert_int_equal(tn_dtype_row_size(TN_Q4_0_R16, 64), tn_dtype_row_size(TN_Q4_0, 64));
+    assert_false(tn_dtype_from_name("q4_K_r16", &t));
+    assert_true(tn_dtype_is_internal(TN_Q4_K_R16) && tn_dtype_is_internal(TN_Q6_K_R16));
+    assert_int_equal(tn_dtype_get(TN_Q4_K_R16)->vec_dot_type, TN_Q8_K);
+    assert_int_equal(tn_dtype_get(TN_Q6_K_R16)->vec_dot_type, TN_Q8_K);
+    assert_int_equal(tn_dtype_get(TN_Q5_K_R16)->vec_dot_type, TN_Q8_K);
+    assert_int_equal(tn_repack_type_of(TN_Q3_K), 0); /* no interleaved layout: moved as it is */
     /* the GGUF writer refuses to store it */
     tn_gguf_writer *wr = NULL;
     assert_int_equal(tn_gguf_writer_create(&wr), TERN_OK);

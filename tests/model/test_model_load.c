@@ -457,19 +457,20 @@ static float *decode_logits(tern_model *m, const tern_token *toks, int n, int nv
 /* A model of type wt loaded three ways: mapped + repack, read + repack (in place), mapped, no
  * repack: the matrices in wt's load-time layout (when the SIMD kernels exist), every row reading
  * back as the file's, and the logits of the three within float rounding */
-static void repack_load_modes(const char *arch, tn_dtype wt, int64_t n_embd) {
+static void repack_load_modes_out(const char *arch, tn_dtype wt, tn_dtype ot, int64_t n_embd) {
     tiny_cfg cfg;
     tiny_cfg_default(&cfg);
     cfg.arch = arch;
     cfg.wtype = wt;
-    cfg.out_type = wt; /* an untied output is repacked too */
+    cfg.out_type = ot; /* an untied output is repacked too */
     cfg.n_embd = n_embd, cfg.n_ff = 2 * n_embd;
     char path[512];
     tiny_tmp_path(path, sizeof path, "repack");
     assert_int_equal(tiny_model_write(path, &cfg), TERN_OK);
-    const tn_dtype lt = tn_repack_type_of(wt);
-    assert_true(lt != 0);
+    const tn_dtype lt = tn_repack_type_of(wt), lo = tn_repack_type_of(ot);
+    assert_true(lt != 0 && lo != 0);
     const bool simd = tn_kern()->slot[lt].gemm_isa >= TN_ISA_AVX512;
+    const bool simd_o = tn_kern()->slot[lo].gemm_isa >= TN_ISA_AVX512;
     tern_model *m[3] = {NULL};
     float *logits[3];
     const int nv = (int)cfg.n_vocab;
@@ -484,8 +485,8 @@ static void repack_load_modes(const char *arch, tn_dtype wt, int64_t n_embd) {
         const tn_dtype want = v != 2 && simd ? lt : wt;
         assert_int_equal(m[v]->layers[0].w[TN_ROLE_ATTN_Q].type, want);
         assert_int_equal(m[v]->layers[1].w[TN_ROLE_FFN_DOWN].type, want);
-        assert_int_equal(m[v]->output.type, want);
-        assert_int_equal(m[v]->tok_embd.type, wt); /* row lookups: never moved */
+        assert_int_equal(m[v]->output.type, v != 2 && simd_o ? lo : ot);
+        assert_int_equal(m[v]->tok_embd.type, ot); /* row lookups: never moved */
         logits[v] = decode_logits(m[v], toks, 6, nv);
     }
     /* every row of every repacked matrix reads back as the file's row */
@@ -514,8 +515,17 @@ static void repack_load_modes(const char *arch, tn_dtype wt, int64_t n_embd) {
     unlink(path);
 }
 
+static void repack_load_modes(const char *arch, tn_dtype wt, int64_t n_embd) {
+    repack_load_modes_out(arch, wt, wt, n_embd);
+}
+
 static void test_repack_load_modes(void **state) {
     (void)state;
+    /* q4_K_r16 / q5_K_r16 / q6_K_r16: Q4_K_M- and Q5_K_M-like pairs (q4_K or q5_K matrices, q6_K
+     * output), and q6_K throughout; 6 tokens go through the batched (prefill) kernels */
+    repack_load_modes_out("llama", TN_Q4_K, TN_Q6_K, 256);
+    repack_load_modes_out("llama", TN_Q5_K, TN_Q6_K, 256);
+    repack_load_modes("llama", TN_Q6_K, 512);
     repack_load_modes("llama", TN_Q4_0, 256);           /* q4_0_r16 */
     repack_load_modes("phi3", TN_Q4_0, 256);            /* the row slices of fused q|k|v, gate|up each */
     const tn_tq_params p5 = {5, 64, true}, p3 = {3, 32, false};
@@ -523,15 +533,15 @@ static void test_repack_load_modes(void **state) {
     repack_load_modes("llama", (tn_dtype)tn_tq_dtype(&p3), 640); /* tq3g32_c16: and a tail of 4 blocks */
 }
 
-/* matrices of types with no interleaved layout (k-quants here) move out of a mapped file as they
+/* matrices of types with no interleaved layout (q3_K, q2_K here) move out of a mapped file as they
  * are, into the one buffer of moved weights: same bytes, so the same logits bit for bit as the
  * file mapping; the embedding table stays in the mapping */
 static void test_moved_as_is(void **state) {
     (void)state;
     tiny_cfg cfg;
     tiny_cfg_default(&cfg);
-    cfg.wtype = TN_Q4_K;
-    cfg.out_type = TN_Q6_K;
+    cfg.wtype = TN_Q3_K;
+    cfg.out_type = TN_Q2_K;
     char path[512];
     tiny_tmp_path(path, sizeof path, "moved");
     assert_int_equal(tiny_model_write(path, &cfg), TERN_OK);
@@ -563,12 +573,12 @@ static void test_moved_as_is(void **state) {
         const tn_tensor *a[7], *b[7];
         for (int j = 0; j < 7; j++) a[j] = &w0[roles[j]], b[j] = &w1[roles[j]];
         for (int j = 0; j < 7; j++) {
-            assert_int_equal(a[j]->type, TN_Q4_K);
+            assert_int_equal(a[j]->type, TN_Q3_K);
             assert_true((const uint8_t *)a[j]->data >= lo && (const uint8_t *)a[j]->data + a[j]->nbytes <= hi);
             assert_memory_equal(a[j]->data, b[j]->data, a[j]->nbytes);
         }
     }
-    assert_int_equal(m[0]->output.type, TN_Q6_K);
+    assert_int_equal(m[0]->output.type, TN_Q2_K);
     assert_true((const uint8_t *)m[0]->output.data >= lo && (const uint8_t *)m[0]->output.data < hi);
     assert_true((const uint8_t *)m[0]->tok_embd.data < lo || (const uint8_t *)m[0]->tok_embd.data >= hi);
     assert_memory_equal(logits[0], logits[1], (size_t)nv * sizeof(float));

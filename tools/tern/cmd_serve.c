@@ -43,7 +43,7 @@ static void serve_usage(FILE *f) {
             "                          repeatable; --lora-scaled FILE S does the same (CPU only)\n"
             "  -md, --draft FILE       speculative decoding with a small draft model of the same vocabulary: it\n"
             "                          drafts greedily, batched over the sequences (--draft-max default 4)\n"
-            "      --no-repack         keep q4_0/q8_0/tq4/tq1 weights in the file layout (no interleaved copy)\n"
+            "      --no-repack         keep q4_0/q8_0/q4_K/q6_K/tq4/tq1 weights in the file layout (no interleaved copy)\n"
             "      --swa-full          sliding-window layers (Gemma 2/3) keep every position in the paged cache\n"
             "                          (default: each sequence's window, in a block pool of their own)\n"
             TN_CLI_CACHE_TYPE_HELP);

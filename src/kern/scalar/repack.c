@@ -5,8 +5,11 @@
  * the original rows bit for bit:
  *   q4_0:           exact integer sum of (q - 8) x per block, then (sumi * d_w) * d_x (ggml);
  *   tq4g<G> (sym):  per 32 codes d_x * d_w * (2 sum q x - 15 sum x) * 0.5 (tn_tq_vec_dot_ref);
- *   q8_0:           exact integer sum of q x per block (codes stored + 128), then sumi * (d_w * d_x).
+ *   q8_0:           exact integer sum of q x per block (codes stored + 128), then sumi * (d_w * d_x);
+ *   q4_K, q5_K, q6_K: each row unpacked and dotted by the file type's reference (x in q8_K).
  */
+#include <stdlib.h>
+
 #include "kern/scalar/kernels.h"
 #include "kern/tq_list.inc"
 #include "quant/blocks.h"
@@ -65,6 +68,52 @@ TN_R16_REF(tq4g64_r16, 64, 1)
 TN_R16_REF(tq4g128_r16, 128, 1)
 TN_R16_REF(tq4g256_r16, 256, 1)
 TN_R16_REF(q8_0_r16, 32, 2)
+
+/* q4_K / q5_K / q6_K *_r16: row i unpacked to the file type's bytes, then the file type's reference dot
+ * (x in q8_K): bit for bit the file type's reference for rows up to 64 KiB (k <= 79872 for q6_K);
+ * longer rows go through in pieces of whole blocks, whose partial sums are added. */
+static void tn_rk16_gemm_ref(tn_dtype ft, tn_vec_dot_fn dot, int64_t k, int64_t m, int64_t n, const void *w,
+                             size_t w_rb, const void *x, size_t x_rb, float *y, int64_t ldy) {
+    (void)w_rb;
+    enum { ROW = 65536 };
+    static _Thread_local uint8_t row[ROW];
+    const size_t bb = tn_dtype_get(ft)->type_size;
+    const int64_t nb = k / QK_K, PB = (int64_t)(ROW / bb);
+    uint8_t *wide = NULL; /* the whole row when it is longer than the buffer */
+    for (int64_t i = 0; i < m; i++) {
+        for (int64_t j = 0; j < n; j++) y[j * ldy + i] = 0.0f;
+        if (nb <= PB) {
+            tn_unpack_row_r16(tn_r16_type_of(ft), w, k, i, row);
+        } else {
+            if (!wide) wide = malloc((size_t)nb * bb);
+            if (!wide) continue; /* no memory: zeros rather than a crash (k beyond any model) */
+            tn_unpack_row_r16(tn_r16_type_of(ft), w, k, i, wide);
+        }
+        const uint8_t *r = nb <= PB ? row : wide;
+        for (int64_t j = 0; j < n; j++) {
+            const block_q8_K *xb = (const block_q8_K *)((const uint8_t *)x + (size_t)j * x_rb);
+            for (int64_t b0 = 0; b0 < nb; b0 += PB) {
+                float s;
+                dot((nb - b0 < PB ? nb - b0 : PB) * QK_K, &s, r + (size_t)b0 * bb, xb + b0);
+                y[j * ldy + i] += s;
+            }
+        }
+    }
+    free(wide);
+}
+
+void tn_k_gemm_q4_K_r16_q8_K__scalar(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,
+                                     size_t x_rb, float *y, int64_t ldy) {
+    tn_rk16_gemm_ref(TN_Q4_K, tn_k_vec_dot_q4_K_q8_K__scalar, k, m, n, w, w_rb, x, x_rb, y, ldy);
+}
+void tn_k_gemm_q5_K_r16_q8_K__scalar(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,
+                                     size_t x_rb, float *y, int64_t ldy) {
+    tn_rk16_gemm_ref(TN_Q5_K, tn_k_vec_dot_q5_K_q8_K__scalar, k, m, n, w, w_rb, x, x_rb, y, ldy);
+}
+void tn_k_gemm_q6_K_r16_q8_K__scalar(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,
+                                     size_t x_rb, float *y, int64_t ldy) {
+    tn_rk16_gemm_ref(TN_Q6_K, tn_k_vec_dot_q6_K_q8_K__scalar, k, m, n, w, w_rb, x, x_rb, y, ldy);
+}
 
 /* tq1 *_l32: row i unpacked to the file type's bytes, then the file type's reference dot: the
  * result equals tn_tq_vec_dot_ref on the original row bit for bit (rows up to 64 KiB, k <= 262144

@@ -1,0 +1,236 @@
+/*
+ * gemm_rk16.c (avx512) — tile products for q4_K, q5_K and q6_K weights in the load-time *_r16 layouts
+ * (quant/repack.h), activations in q8_K, for every batch size: decode, serve steps and prefill.
+ *
+ * As gemm_r16.c: int32 lane r of every register is row r of a group of 16, so a VPDPBUSD of a
+ * 64-byte code register against four activation bytes broadcast to all lanes adds four products
+ * to each of the 16 rows, and no horizontal sums are needed. Per sub-block (32 codes for q4_K, 16
+ * for q6_K) and activation column the exact integer dot of each row goes through 8 (4) VPDPBUSD
+ * and is then multiplied by the row's sub-block scale (one byte load of 16 scales, widened) with
+ * one VPMULLD and added up over the block, exactly; per block and column one conversion and one
+ * FMA apply d_w * d_x.
+ *   q4_K / q5_K: codes 0..15 from the low / high nibbles of the interleaved qs (q5_K: | bit j of
+ *     the interleaved qh << 4 for sub-block j: codes 0..31); the min term
+ *     dmin * sum_j m_j * (activation sum of sub-block j) is a second exact integer sum, 4 VPDPWSSD
+ *     of the rows' mins as word pairs against the q8_K block's pair sums, and one more FMA.
+ *   q6_K: codes 0..63 rebuilt (nibble of ql | two bits of qh << 4, unsigned); the -32 offset
+ *     starts each sub-block's accumulator at -32 * (its activation sum), from q8_K's bsums.
+ * The unpacking of a block's codes is shared by up to 8 columns per pass; a group's rows are read
+ * once per block of TN_RK16_CB columns and from cache by the later passes.
+ *
+ * Integer sums are exact; only the float rounding differs from the references (per block, one
+ * FMA on d_w * d_x instead of the references' per-lane products in their order).
+ */
+#include <immintrin.h>
+#include <stdbool.h>
+#include <string.h>
+
+#include "core/fp16.h"
+#include "kern/kern.h"
+#include "quant/blocks.h"
+#include "quant/repack.h"
+
+#define TN_RK16_NC 8       /* columns per pass */
+#define TN_RK16_CB 64      /* columns per block: a group's rows stay in cache across its passes */
+#define TN_RK16_PF 2048    /* software prefetch distance, bytes */
+#define TN_RK16_NROW (1 << 30) /* every batch size: whole thread ranges (kern.h gemm_nrow) */
+
+static inline __m512i tn_rk16_bcast(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* 16 bytes at p as int32 lanes: unsigned (q4_K) or signed (q6_K) */
+static inline __m512i tn_rk16_u8(const uint8_t *p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)); }
+static inline __m512i tn_rk16_i8(const uint8_t *p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)); }
+
+static inline void tn_rk16_prefetch(const uint8_t *ch, size_t cb) {
+    for (size_t l = 0; l < cb; l += 64) _mm_prefetch((const char *)ch + TN_RK16_PF + l, _MM_HINT_T0);
+}
+
+/* q4_K (Q5: q5_K): one group of 16 rows x NC columns of nb blocks each */
+static inline __attribute__((always_inline)) void tn_rk16_tile_k4(const int NC, const bool Q5, const uint8_t *grp,
+                                                                   int64_t nb, const uint8_t *x, size_t x_rb, float *y,
+                                                                   int64_t ldy) {
+    const size_t cb = TN_R16_ROWS * (Q5 ? sizeof(block_q5_K) : sizeof(block_q4_K));
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m63 = _mm512_set1_epi32(63), m15 = _mm512_set1_epi32(15);
+    const __m512i m10 = _mm512_set1_epi8(0x10);
+    __m512 acc[TN_RK16_NC];
+    for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *ch = grp + (size_t)b * cb;
+        tn_rk16_prefetch(ch, cb);
+        __m512i isum[TN_RK16_NC];
+        for (int c = 0; c < NC; c++) isum[c] = _mm512_setzero_si512();
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *P = ch + (Q5 ? TN_R16_Q5K_QS : TN_R16_Q4K_QS) + 512 * (j / 2);
+            __m512i q[8];
+            for (int u = 0; u < 8; u++) {
+                const __m512i v = _mm512_loadu_si512(P + 64 * u);
+                q[u] = _mm512_and_si512(j % 2 ? _mm512_srli_epi16(v, 4) : v, m4);
+                if (Q5) { /* bit j of each qh byte to bit 4 */
+                    const __m512i hb = _mm512_loadu_si512(ch + TN_R16_Q5K_QH + 64 * u);
+                    const __m512i hs = j < 4 ? _mm512_slli_epi16(hb, 4 - j) : _mm512_srli_epi16(hb, j - 4);
+                    q[u] = _mm512_or_si512(q[u], _mm512_and_si512(hs, m10));
+                }
+            }
+            const __m512i sc = _mm512_and_si512(tn_rk16_u8(ch + TN_R16_Q4K_SC + 16 * j), m63);
+            for (int c = 0; c < NC; c++) {
+                const int8_t *xq = ((const block_q8_K *)(x + (size_t)c * x_rb))[b].qs + 32 * j;
+                __m512i t = _mm512_setzero_si512();
+                for (int u = 0; u < 8; u++) t = _mm512_dpbusd_epi32(t, q[u], tn_rk16_bcast(xq + 4 * u));
+                isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(t, sc));
+            }
+        }
+        /* mins as word pairs (min 2p | min 2p+1 << 16) of every row */
+        __m512i mp[4];
+        for (int p = 0; p < 4; p++) {
+            const __m512i lo = tn_rk16_u8(ch + TN_R16_Q4K_MN + 16 * p);
+            const __m512i h0 = _mm512_srli_epi32(tn_rk16_u8(ch + TN_R16_Q4K_SC + 32 * p), 6);
+            const __m512i h1 = _mm512_srli_epi32(tn_rk16_u8(ch + TN_R16_Q4K_SC + 32 * p + 16), 6);
+            const __m512i m0 = _mm512_or_si512(_mm512_and_si512(lo, m15), _mm512_slli_epi32(h0, 4));
+            const __m512i m1 = _mm512_or_si512(_mm512_srli_epi32(lo, 4), _mm512_slli_epi32(h1, 4));
+            mp[p] = _mm512_or_si512(m0, _mm512_slli_epi32(m1, 16));
+        }
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)ch));
+        const __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(ch + 32)));
+        for (int c = 0; c < NC; c++) {
+            const block_q8_K *xb = &((const block_q8_K *)(x + (size_t)c * x_rb))[b];
+            __m512i ms = _mm512_setzero_si512();
+            for (int p = 0; p < 4; p++) {
+                const uint32_t s0 = (uint16_t)(xb->bsums[4 * p] + xb->bsums[4 * p + 1]);
+                const uint32_t s1 = (uint16_t)(xb->bsums[4 * p + 2] + xb->bsums[4 * p + 3]);
+                ms = _mm512_dpwssd_epi32(ms, mp[p], _mm512_set1_epi32((int32_t)(s0 | s1 << 16)));
+            }
+            const __m512 dx = _mm512_set1_ps(xb->d);
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(dw, dx), acc[c]);
+            acc[c] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms), _mm512_mul_ps(dm, dx), acc[c]);
+        }
+    }
+    for (int c = 0; c < NC; c++) _mm512_storeu_ps(y + c * ldy, acc[c]);
+}
+
+/* q6_K: one group of 16 rows x NC columns */
+static inline __attribute__((always_inline)) void tn_rk16_tile_q6K(const int NC, const uint8_t *grp, int64_t nb,
+                                                                    const uint8_t *x, size_t x_rb, float *y,
+                                                                    int64_t ldy) {
+    const size_t cb = TN_R16_ROWS * sizeof(block_q6_K);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    __m512 acc[TN_RK16_NC];
+    for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *ch = grp + (size_t)b * cb;
+        tn_rk16_prefetch(ch, cb);
+        __m512i isum[TN_RK16_NC];
+        for (int c = 0; c < NC; c++) isum[c] = _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++)
+            for (int e = 0; e < 4; e++) { /* codes 128h + 32e + (0..31): sub-blocks j0, j0 + 1 */
+                const uint8_t *L = ch + TN_R16_Q6K_QL + 512 * (2 * h + e % 2), *H = ch + TN_R16_Q6K_QH + 512 * h;
+                __m512i q[8];
+                for (int u = 0; u < 8; u++) {
+                    const __m512i l = _mm512_loadu_si512(L + 64 * u), hb = _mm512_loadu_si512(H + 64 * u);
+                    const __m512i lo = _mm512_and_si512(e / 2 ? _mm512_srli_epi16(l, 4) : l, m4);
+                    /* bits 2e, 2e + 1 of each qh byte to bits 4, 5 */
+                    const __m512i hs = e < 2 ? _mm512_slli_epi16(hb, 4 - 2 * e) : _mm512_srli_epi16(hb, 2 * e - 4);
+                    q[u] = _mm512_or_si512(lo, _mm512_and_si512(hs, m30));
+                }
+                const int j0 = 8 * h + 2 * e;
+                const __m512i s0 = tn_rk16_i8(ch + TN_R16_Q6K_SC + 16 * j0);
+                const __m512i s1 = tn_rk16_i8(ch + TN_R16_Q6K_SC + 16 * (j0 + 1));
+                for (int c = 0; c < NC; c++) {
+                    const block_q8_K *xb = &((const block_q8_K *)(x + (size_t)c * x_rb))[b];
+                    const int8_t *xq = xb->qs + 128 * h + 32 * e;
+                    __m512i t0 = _mm512_set1_epi32(-32 * xb->bsums[j0]);
+                    __m512i t1 = _mm512_set1_epi32(-32 * xb->bsums[j0 + 1]);
+                    for (int u = 0; u < 4; u++) {
+                        t0 = _mm512_dpbusd_epi32(t0, q[u], tn_rk16_bcast(xq + 4 * u));
+                        t1 = _mm512_dpbusd_epi32(t1, q[4 + u], tn_rk16_bcast(xq + 16 + 4 * u));
+                    }
+                    isum[c] = _mm512_add_epi32(isum[c], _mm512_add_epi32(_mm512_mullo_epi32(t0, s0), _mm512_mullo_epi32(t1, s1)));
+                }
+            }
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)ch));
+        for (int c = 0; c < NC; c++) {
+            const __m512 dx = _mm512_set1_ps(((const block_q8_K *)(x + (size_t)c * x_rb))[b].d);
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(dw, dx), acc[c]);
+        }
+    }
+    for (int c = 0; c < NC; c++) _mm512_storeu_ps(y + c * ldy, acc[c]);
+}
+
+typedef void (*tn_rk16_tile_fn)(const uint8_t *, int64_t, const uint8_t *, size_t, float *, int64_t);
+
+static inline __attribute__((always_inline)) void tn_rk16_tile_q4K(const int NC, const uint8_t *grp, int64_t nb,
+                                                                    const uint8_t *x, size_t x_rb, float *y,
+                                                                    int64_t ldy) {
+    tn_rk16_tile_k4(NC, false, grp, nb, x, x_rb, y, ldy);
+}
+static inline __attribute__((always_inline)) void tn_rk16_tile_q5K(const int NC, const uint8_t *grp, int64_t nb,
+                                                                    const uint8_t *x, size_t x_rb, float *y,
+                                                                    int64_t ldy) {
+    tn_rk16_tile_k4(NC, true, grp, nb, x, x_rb, y, ldy);
+}
+
+#define TN_RK16_TILE_FN(name, NC)                                                                                      \
+    static void tn_rk16_tile_##name##_##NC(const uint8_t *grp, int64_t nb, const uint8_t *x, size_t x_rb, float *y,   \
+                                           int64_t ldy) {                                                              \
+        tn_rk16_tile_##name(NC, grp, nb, x, x_rb, y, ldy);                                                             \
+    }
+#define TN_RK16_TILES(name)                                                                                            \
+    TN_RK16_TILE_FN(name, 1)                                                                                           \
+    TN_RK16_TILE_FN(name, 2)                                                                                           \
+    TN_RK16_TILE_FN(name, 3)                                                                                           \
+    TN_RK16_TILE_FN(name, 4)                                                                                           \
+    TN_RK16_TILE_FN(name, 5)                                                                                           \
+    TN_RK16_TILE_FN(name, 6)                                                                                           \
+    TN_RK16_TILE_FN(name, 7)                                                                                           \
+    TN_RK16_TILE_FN(name, 8)                                                                                           \
+    static const tn_rk16_tile_fn tn_rk16_tiles_##name[TN_RK16_NC + 1] = {                                              \
+        NULL, tn_rk16_tile_##name##_1, tn_rk16_tile_##name##_2, tn_rk16_tile_##name##_3, tn_rk16_tile_##name##_4,      \
+        tn_rk16_tile_##name##_5, tn_rk16_tile_##name##_6, tn_rk16_tile_##name##_7, tn_rk16_tile_##name##_8};
+TN_RK16_TILES(q4K)
+TN_RK16_TILES(q5K)
+TN_RK16_TILES(q6K)
+
+static void tn_rk16_gemm(const tn_rk16_tile_fn *tiles, int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb,
+                         const void *x, size_t x_rb, float *y, int64_t ldy) {
+    const int64_t nb = k / QK_K;
+    for (int64_t j0 = 0; j0 < n; j0 += TN_RK16_CB) {
+        const int64_t nj = n - j0 < TN_RK16_CB ? n - j0 : TN_RK16_CB;
+        const uint8_t *xj = (const uint8_t *)x + (size_t)j0 * x_rb;
+        for (int64_t g = 0; g < m / TN_R16_ROWS; g++) {
+            const uint8_t *grp = (const uint8_t *)w + (size_t)g * TN_R16_ROWS * w_rb;
+            for (int64_t c0 = 0; c0 < nj; c0 += TN_RK16_NC) {
+                const int nc = (int)(nj - c0 < TN_RK16_NC ? nj - c0 : TN_RK16_NC);
+                tiles[nc](grp, nb, xj + (size_t)c0 * x_rb, x_rb, y + (j0 + c0) * ldy + g * TN_R16_ROWS, ldy);
+            }
+        }
+    }
+}
+
+static void tn_k_gemm_q4_K_r16_q8_K__avx512(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb,
+                                            const void *x, size_t x_rb, float *y, int64_t ldy) {
+    tn_rk16_gemm(tn_rk16_tiles_q4K, k, m, n, w, w_rb, x, x_rb, y, ldy);
+}
+static void tn_k_gemm_q5_K_r16_q8_K__avx512(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb,
+                                            const void *x, size_t x_rb, float *y, int64_t ldy) {
+    tn_rk16_gemm(tn_rk16_tiles_q5K, k, m, n, w, w_rb, x, x_rb, y, ldy);
+}
+static void tn_k_gemm_q6_K_r16_q8_K__avx512(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb,
+                                            const void *x, size_t x_rb, float *y, int64_t ldy) {
+    tn_rk16_gemm(tn_rk16_tiles_q6K, k, m, n, w, w_rb, x, x_rb, y, ldy);
+}
+
+void tn_kern_register_repack_k_avx512(tn_kern_table *t) {
+    const tn_cpu *c = tn_cpu_get();
+    if (!c->avx512vnni) return;
+    const tn_dtype ids[] = {TN_Q4_K_R16, TN_Q5_K_R16, TN_Q6_K_R16};
+    const tn_gemm_fn fns[] = {tn_k_gemm_q4_K_r16_q8_K__avx512, tn_k_gemm_q5_K_r16_q8_K__avx512,
+                              tn_k_gemm_q6_K_r16_q8_K__avx512};
+    for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
+        t->slot[ids[i]].gemm = fns[i];
+        t->slot[ids[i]].gemm_isa = TN_ISA_AVX512;
+        t->slot[ids[i]].gemm_nrow = TN_RK16_NROW;
+    }
+}
