@@ -19,6 +19,9 @@
  *   forward B: rows in the batch, rows with logits
  *   step    B: rows, logits rows, decoding rows, KV blocks in use
  *   phase   B: tokens
+ *   train matmul (tern train/finetune) B: weight type, m, k, n (rows of the batch)
+ *           E: flops, bytes of the weight read, threads of the pool, 1 forward / 2 backward
+ *   train step B: step number, tokens       E: step, tokens
  *   async   a[0]: request id
  *   counter d: the value (tn_trace_counter)
  */
@@ -49,6 +52,9 @@ typedef enum {
     TN_TK_SAMPLE,    /* choosing a token from logits                         */
     TN_TK_REQUEST,   /* async: a served request and its queue/prefill/decode */
     TN_TK_COUNTER,
+    TN_TK_ACTIVATION, /* training: SwiGLU and bias adds (and their backward)  */
+    TN_TK_LOSS,      /* training: softmax cross-entropy and dlogits          */
+    TN_TK_OPTIMIZER, /* training: gradient norm, the AdamW / SGD update      */
     TN_TK_COUNT
 } tn_trace_kind;
 
