@@ -37,8 +37,8 @@
 /* What a span is (the summary's op kinds); names in tn_trace_kind_name. */
 typedef enum {
     TN_TK_OTHER = 0,
-    TN_TK_PHASE,     /* prefill, decode (tern_decode)                        */
-    TN_TK_STEP,      /* one tern serve engine step                           */
+    TN_TK_PHASE,     /* prefill, decode (tern_decode); training: forward, backward, optimizer, ... */
+    TN_TK_STEP,      /* one tern serve engine step, or one training step (train_step) */
     TN_TK_FORWARD,   /* one forward pass on one thread                       */
     TN_TK_LAYER,     /* one layer of a forward pass                          */
     TN_TK_EMBED,     /* token embedding + RoPE tables                        */
@@ -47,7 +47,7 @@ typedef enum {
     TN_TK_MATMUL,    /* weight matmuls (attn_q/k/v/out, ffn_gate_up, ffn_down, output) */
     TN_TK_ROPE,      /* q/k biases, q/k norms, RoPE and the K/V cache store  */
     TN_TK_ATTENTION, /* softmax(q K^T) V over the cache                      */
-    TN_TK_OUTPUT,    /* final norm + logits (the output matmul nested)       */
+    TN_TK_OUTPUT,    /* final norm + logits (the output matmul nested; training: + loss) */
     TN_TK_BARRIER,   /* waiting at a pool barrier or for the pool to finish  */
     TN_TK_SAMPLE,    /* choosing a token from logits                         */
     TN_TK_REQUEST,   /* async: a served request and its queue/prefill/decode */
