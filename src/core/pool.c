@@ -36,6 +36,7 @@ struct tn_pool {
     atomic_uint barrier_sense;
     atomic_bool stop;
     atomic_int sleepers;
+    bool quiet_join; /* no pool_join spans (tn_pool_trace_join) */
     tn_task_fn fn;
     void *arg;
     pthread_mutex_t mu;
@@ -129,13 +130,18 @@ void tn_pool_run(tn_pool *p, tn_task_fn fn, void *arg) {
     atomic_store(&p->pending, p->n - 1);
     tn_pool_announce(p);
     fn(arg, 0, p->n);
-    TN_SPAN_B(TN_TK_BARRIER, "pool_join", -1, 0, 0, 0, 0); /* the caller waits for the workers */
+    const bool traced = TN_TRACE_ON() && !p->quiet_join;
+    if (traced) tn_trace_rec(TN_PH_BEGIN, TN_TK_BARRIER, "pool_join", -1, 0, 0, 0, 0, 0); /* the caller waits for the workers */
     int spins = 0;
     while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) {
         if (++spins < TN_SPIN_ITERS) TN_PAUSE();
         else sched_yield();
     }
-    TN_SPAN_E(TN_TK_BARRIER, "pool_join", -1, 0, 0);
+    if (traced) tn_trace_rec(TN_PH_END, TN_TK_BARRIER, "pool_join", -1, 0, 0, 0, 0, 0);
+}
+
+void tn_pool_trace_join(tn_pool *p, bool on) {
+    if (p) p->quiet_join = !on;
 }
 
 void tn_pool_barrier_pf(tn_pool *p, const void *pf, size_t n) {

@@ -21,6 +21,9 @@ void tn_pool_free(tn_pool *p);
 int tn_pool_n(const tn_pool *p);
 /* Runs fn(arg, ith, nth) on every thread and returns when all have finished. */
 void tn_pool_run(tn_pool *p, tn_task_fn fn, void *arg);
+/* Whether tn_pool_run records the caller's wait for the workers as a "pool_join" barrier span
+ * (default on). Training turns it off: its op spans already time the whole pool (train/tmodel.c). */
+void tn_pool_trace_join(tn_pool *p, bool on);
 /* Waits until all nth threads of the current task arrive. Only valid inside a task. */
 void tn_pool_barrier(tn_pool *p);
 /* The same, and while this thread waits it prefetches [pf, pf + n) into its L2, a few cache lines

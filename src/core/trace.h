@@ -19,6 +19,9 @@
  *   forward B: rows in the batch, rows with logits
  *   step    B: rows, logits rows, decoding rows, KV blocks in use
  *   phase   B: tokens
+ *   train matmul (tern train/finetune) B: weight type, m, k, n (rows of the batch)
+ *           E: flops, bytes of the weight read, threads of the pool, 1 forward / 2 backward
+ *   train step B: step number, tokens       E: step, tokens
  *   async   a[0]: request id
  *   counter d: the value (tn_trace_counter)
  */
@@ -34,8 +37,8 @@
 /* What a span is (the summary's op kinds); names in tn_trace_kind_name. */
 typedef enum {
     TN_TK_OTHER = 0,
-    TN_TK_PHASE,     /* prefill, decode (tern_decode)                        */
-    TN_TK_STEP,      /* one tern serve engine step                           */
+    TN_TK_PHASE,     /* prefill, decode (tern_decode); training: forward, backward, optimizer, ... */
+    TN_TK_STEP,      /* one tern serve engine step, or one training step (train_step) */
     TN_TK_FORWARD,   /* one forward pass on one thread                       */
     TN_TK_LAYER,     /* one layer of a forward pass                          */
     TN_TK_EMBED,     /* token embedding + RoPE tables                        */
@@ -44,11 +47,14 @@ typedef enum {
     TN_TK_MATMUL,    /* weight matmuls (attn_q/k/v/out, ffn_gate_up, ffn_down, output) */
     TN_TK_ROPE,      /* q/k biases, q/k norms, RoPE and the K/V cache store  */
     TN_TK_ATTENTION, /* softmax(q K^T) V over the cache                      */
-    TN_TK_OUTPUT,    /* final norm + logits (the output matmul nested)       */
+    TN_TK_OUTPUT,    /* final norm + logits (the output matmul nested; training: + loss) */
     TN_TK_BARRIER,   /* waiting at a pool barrier or for the pool to finish  */
     TN_TK_SAMPLE,    /* choosing a token from logits                         */
     TN_TK_REQUEST,   /* async: a served request and its queue/prefill/decode */
     TN_TK_COUNTER,
+    TN_TK_ACTIVATION, /* training: SwiGLU and bias adds (and their backward)  */
+    TN_TK_LOSS,      /* training: softmax cross-entropy and dlogits          */
+    TN_TK_OPTIMIZER, /* training: gradient norm, the AdamW / SGD update      */
     TN_TK_COUNT
 } tn_trace_kind;
 

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/trace.h"
 #include "tern/tern.h"
 #include "train/bpe.h"
 #include "train/ckpt.h"
@@ -342,6 +343,8 @@ tern_status tn_train_run(tn_train_opts *o) {
                        save ? " (checkpoint written; --resume continues)" : "");
             goto done;
         }
+        /* trace: train_step > forward, zero_grad, backward, [allreduce,] optimizer, [eval, checkpoint] */
+        TN_SPAN_B(TN_TK_STEP, "train_step", -1, st.step + 1, (int64_t)N * n_ranks, 0, 0);
         tn_data_next(&data, o->batch * n_ranks, tok, tgt);
         tn_dist_shard(dist, o->batch, cfg.n_ctx, tok, tgt);
         float lr = tn_lr_at(st.step, warmup, o->steps, o->opt.lr, o->min_lr_frac);
@@ -351,16 +354,28 @@ tern_status tn_train_run(tn_train_opts *o) {
         } else if ((s = tn_tmodel_forward(m, tok, tgt, &loss))) goto done;
         if (!isfinite(loss)) { s = tn_err(TERN_ERR_INTERNAL, "train: loss is %f at step %lld (diverged; lower --lr)", loss, (long long)st.step); goto done; }
         if (!o->zo.on) {
+            TN_SPAN_B(TN_TK_OPTIMIZER, "zero_grad", -1, 0, 0, 0, 0);
             tn_tmodel_zero_grad(m);
+            TN_SPAN_E(TN_TK_OPTIMIZER, "zero_grad", -1, 0, 0);
             tn_tmodel_backward(m);
+            if (dist) TN_SPAN_B(TN_TK_PHASE, "allreduce", -1, 0, 0, 0, 0);
             if ((s = tn_dist_grads(dist, m, &loss))) goto done;
+            if (dist) TN_SPAN_E(TN_TK_PHASE, "allreduce", -1, 0, 0);
+            TN_SPAN_B(TN_TK_PHASE, "optimizer", -1, 0, 0, 0, 0);
+            TN_SPAN_B(TN_TK_OPTIMIZER, "grad_norm", -1, 0, 0, 0, 0);
             gn = tn_grad_norm(m);
+            const bool sgd = o->optim == TN_OPTIM_SGD;
+            TN_SPAN_NEXT(TN_TK_OPTIMIZER, "grad_norm", -1, TN_TK_OPTIMIZER, sgd ? "sgd" : "adamw", -1);
             float clip = o->opt.grad_clip > 0 && gn > o->opt.grad_clip ? (float)(o->opt.grad_clip / (gn + 1e-6)) : 1.0f;
-            if (o->optim == TN_OPTIM_SGD) tn_sgd_step(m, &o->opt, lr, clip);
+            if (sgd) tn_sgd_step(m, &o->opt, lr, clip);
             else tn_adamw_step(m, &o->opt, lr, st.step + 1, clip);
+            TN_SPAN_E(TN_TK_OPTIMIZER, sgd ? "sgd" : "adamw", -1, 0, 0);
+            TN_SPAN_E(TN_TK_PHASE, "optimizer", -1, 0, 0);
         }
         bool synced;
+        if (outer) TN_SPAN_B(TN_TK_PHASE, "allreduce", -1, 0, 0, 0, 0);
         if ((s = tn_dist_outer(dist, m, st.step + 1, st.step + 1 == o->steps, &loss, &synced))) goto done;
+        if (outer) TN_SPAN_E(TN_TK_PHASE, "allreduce", -1, 0, 0);
         if ((s = tn_train_state_push(&st, (float)loss, lr))) goto done;
         st.step++;
         st.epoch = data.epoch;
@@ -368,13 +383,24 @@ tern_status tn_train_run(tn_train_opts *o) {
         tokens_done += (double)N * n_ranks;
         double vl = NAN;
         if (!rank && data.n_val && (st.step % val_every == 0 || st.step == o->steps)) { /* rank 0 reports */
+            TN_SPAN_B(TN_TK_PHASE, "eval", -1, val_batches, 0, 0, 0);
             vl = eval_val(m, &data, val_batches, tok, tgt, &s);
             if (s) goto done;
+            TN_SPAN_E(TN_TK_PHASE, "eval", -1, 0, 0);
             if ((s = tn_train_state_push_val(&st, (int32_t)st.step, (float)vl))) goto done;
         }
-        if (o->ckpt_dir && !rank && (st.step % o->ckpt_every == 0 || st.step == o->steps) &&
-            (s = tn_ckpt_save(m, &st, o->ckpt_dir)))
-            goto done;
+        if (o->ckpt_dir && !rank && (st.step % o->ckpt_every == 0 || st.step == o->steps)) {
+            TN_SPAN_B(TN_TK_PHASE, "checkpoint", -1, 0, 0, 0, 0);
+            if ((s = tn_ckpt_save(m, &st, o->ckpt_dir))) goto done;
+            TN_SPAN_E(TN_TK_PHASE, "checkpoint", -1, 0, 0);
+        }
+        if (TN_TRACE_ON()) {
+            tn_trace_counter("loss", loss);
+            tn_trace_counter("lr", lr);
+            if (isfinite(gn)) tn_trace_counter("grad_norm", gn);
+            tn_trace_counter("tokens_per_s", tokens_done / (tn_time_s() - t0));
+            tn_trace_rec(TN_PH_END, TN_TK_STEP, "train_step", -1, 0, st.step, (int64_t)N * n_ranks, 0, 0);
+        }
         if (o->progress) {
             double el = tn_time_s() - t0;
             tn_train_progress p = {.step = st.step, .steps = o->steps, .loss = loss, .val_loss = vl, .lr = lr,
@@ -390,9 +416,11 @@ tern_status tn_train_run(tn_train_opts *o) {
     o->comm_bytes = tn_dist_bytes(dist);
     /* 6. outputs */
     if (!rank) {
+        TN_SPAN_B(TN_TK_PHASE, "export", -1, 0, 0, 0, 0); /* converting (quantizing) and writing the output */
         if (lora) s = tn_lora_export(m, o->name, o->out);
         else s = tn_tmodel_export(m, voc, o->name, o->out_type, o->out);
         if (s) goto done;
+        TN_SPAN_E(TN_TK_PHASE, "export", -1, 0, 0);
         if ((s = write_curves(&st, o->out))) goto done;
     }
 done:

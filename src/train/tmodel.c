@@ -16,6 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/trace.h"
 #include "kern/kern.h"
 #include "model/ops.h"
 #include "train/rng.h"
@@ -269,6 +270,8 @@ static tern_status create_impl(const tn_train_cfg *c, int n_threads, const tern_
     m->v = m->m + m->n_params;
     m->n_threads = n_threads;
     if ((s = tn_pool_create(n_threads, &m->pool))) goto fail;
+    m->tr_il = -1;
+    tn_pool_trace_join(m->pool, false); /* the op spans (tracing) time the whole pool: no nested join waits */
     openblas_set_num_threads(1); /* parallelism comes from the pool (gemm_fn) */
     if (base) lora_init(m, lc->seed);
     *out = m;
@@ -624,7 +627,7 @@ static void scale_rows(float *x, size_t n, float s) {
 
 /* out[N][mr] (= or +=) in[N][k] W^T for table entry i: a dense parameter, or a frozen base
  * matrix plus its adapter: out += (s in A^T) B^T. */
-static void lin_fwd_w(tn_tmodel *m, int i, const float *in, float *out, int64_t N, int64_t k, int64_t mr, float beta) {
+static void lin_fwd_w_(tn_tmodel *m, int i, const float *in, float *out, int64_t N, int64_t k, int64_t mr, float beta) {
     const tn_tparam *t = &m->t[i];
     if (!t->base) { lin_fwd_p(m->pool, in, m->params + t->off, out, N, k, mr, beta); return; }
     frozen_mul(m, t->base, false, in, out, N, k, mr, beta);
@@ -637,8 +640,8 @@ static void lin_fwd_w(tn_tmodel *m, int i, const float *in, float *out, int64_t 
 }
 
 /* Backward of lin_fwd_w: dW (dense) or dA, dB (adapter; the base gets none) and din (= or +=). */
-static void lin_bwd_w(tn_tmodel *m, int i, const float *in, const float *dout, float *din, int64_t N, int64_t k, int64_t mr,
-                      float beta_in) {
+static void lin_bwd_w_(tn_tmodel *m, int i, const float *in, const float *dout, float *din, int64_t N, int64_t k, int64_t mr,
+                       float beta_in) {
     const tn_tparam *t = &m->t[i];
     if (!t->base) {
         lin_bwd_p(m->pool, in, m->params + t->off, dout, m->grads + t->off, din, N, k, mr, beta_in);
@@ -656,6 +659,68 @@ static void lin_bwd_w(tn_tmodel *m, int i, const float *in, const float *dout, f
     scale_rows(du, (size_t)(N * r), m->lora_scale);
     /* dA += (s du)^T in; din += (s du) A */
     lin_bwd_p(m->pool, in, m->params + ta->off, du, m->grads + ta->off, din, N, k, r, 1.0f);
+}
+
+/* ---- tracing (core/trace.h) ----------------------------------------------------------------
+ * Op spans are recorded on the thread that drives the pool (tn_pool_run returns when every thread
+ * is done), so each op's span is its wall time; the caller's wait for the other threads nests in
+ * it as a pool_join barrier. m->tr_il is the layer being run (-1 outside the layers). */
+static const char *mm_trace_name(tn_role r, bool bwd) {
+    switch (r) {
+    case TN_ROLE_ATTN_Q: return bwd ? "attn_q_bwd" : "attn_q";
+    case TN_ROLE_ATTN_K: return bwd ? "attn_k_bwd" : "attn_k";
+    case TN_ROLE_ATTN_V: return bwd ? "attn_v_bwd" : "attn_v";
+    case TN_ROLE_ATTN_OUT: return bwd ? "attn_out_bwd" : "attn_out";
+    case TN_ROLE_FFN_GATE: return bwd ? "ffn_gate_bwd" : "ffn_gate";
+    case TN_ROLE_FFN_UP: return bwd ? "ffn_up_bwd" : "ffn_up";
+    case TN_ROLE_FFN_DOWN: return bwd ? "ffn_down_bwd" : "ffn_down";
+    default: return bwd ? "output_bwd" : "output"; /* the only other matrix the trainer multiplies by */
+    }
+}
+
+/* A traced matmul of table entry i: B carries the weight type and shape (m = mr out features, k,
+ * n = N rows), E the flops of every GEMM it ran, the bytes of weights (and gradients) they read
+ * or wrote, the pool's threads and the pass (1 forward, 2 backward). */
+static void mm_trace(const tn_tmodel *m, int i, int64_t N, int64_t k, int64_t mr, bool bwd, bool begin) {
+    const tn_tparam *t = &m->t[i];
+    const char *name = mm_trace_name(t->role, bwd);
+    const int il = i == tn_tp_head(m) + 1 ? -1 : m->tr_il;
+    if (begin) {
+        tn_trace_rec(TN_PH_BEGIN, TN_TK_MATMUL, name, il, 0, t->base ? (int64_t)t->base->type : (int64_t)TN_F32, mr, k, N);
+        return;
+    }
+    const double r = t->lora ? (double)m->lora_rank : 0.0, lb = 4.0 * r * (double)(k + mr); /* adapter A, B bytes */
+    double fl, by;
+    if (!t->base) { /* dense f32: forward out = in W^T; backward dW += and din = */
+        fl = (bwd ? 4.0 : 2.0) * (double)N * (double)k * (double)mr;
+        by = (bwd ? 3.0 : 1.0) * 4.0 * (double)k * (double)mr;
+    } else { /* frozen base (din only) plus the adapter: forward u, out +=; backward u, dB, du, dA, din */
+        fl = 2.0 * (double)N * (double)k * (double)mr + (bwd ? 2.0 * (double)N * (3.0 * (double)k * r + 2.0 * r * (double)mr)
+                                                             : 2.0 * (double)N * ((double)k * r + r * (double)mr));
+        by = (double)tn_dtype_row_size(t->base->type, k) * (double)mr + (bwd ? 3.0 : 1.0) * lb;
+    }
+    tn_trace_rec(TN_PH_END, TN_TK_MATMUL, name, il, 0, (int64_t)fl, (int64_t)by, m->n_threads, bwd ? 2 : 1);
+}
+
+static void lin_fwd_w(tn_tmodel *m, int i, const float *in, float *out, int64_t N, int64_t k, int64_t mr, float beta) {
+    if (!TN_TRACE_ON()) {
+        lin_fwd_w_(m, i, in, out, N, k, mr, beta);
+        return;
+    }
+    mm_trace(m, i, N, k, mr, false, true);
+    lin_fwd_w_(m, i, in, out, N, k, mr, beta);
+    mm_trace(m, i, N, k, mr, false, false);
+}
+
+static void lin_bwd_w(tn_tmodel *m, int i, const float *in, const float *dout, float *din, int64_t N, int64_t k, int64_t mr,
+                      float beta_in) {
+    if (!TN_TRACE_ON()) {
+        lin_bwd_w_(m, i, in, dout, din, N, k, mr, beta_in);
+        return;
+    }
+    mm_trace(m, i, N, k, mr, true, true);
+    lin_bwd_w_(m, i, in, dout, din, N, k, mr, beta_in);
+    mm_trace(m, i, N, k, mr, true, false);
 }
 
 /* 8 independent partial sums so the compiler vectorizes (order fixed: deterministic). */
@@ -857,7 +922,24 @@ static void task_fn(void *arg, int ith, int nth) {
 
 static void run(tn_tmodel *m, task *tk) {
     tk->m = m;
+    if (!TN_TRACE_ON()) {
+        tn_pool_run(m->pool, task_fn, tk);
+        return;
+    }
+    static const struct { uint8_t kind; const char *name; } ops[] = {
+        [OP_RMSNORM] = {TN_TK_NORM, "rmsnorm"},        [OP_RMSNORM_BWD] = {TN_TK_NORM, "rmsnorm_bwd"},
+        [OP_ROPE] = {TN_TK_ROPE, "rope"},              [OP_ROPE_BWD] = {TN_TK_ROPE, "rope_bwd"},
+        [OP_SWIGLU] = {TN_TK_ACTIVATION, "swiglu"},    [OP_SWIGLU_BWD] = {TN_TK_ACTIVATION, "swiglu_bwd"},
+        [OP_ATTN] = {TN_TK_ATTENTION, "attention"},    [OP_CE] = {TN_TK_LOSS, "cross_entropy"},
+        [OP_BIAS] = {TN_TK_ACTIVATION, "bias"},        [OP_BIAS_BWD] = {TN_TK_ACTIVATION, "bias_bwd"},
+    };
+    const uint8_t kind = ops[tk->op].kind;
+    int64_t a0 = tk->n, a1 = tk->d; /* norm, activation, loss: rows, row length */
+    if (kind == TN_TK_ATTENTION) a0 = (int64_t)m->B * m->cfg.n_head_kv, a1 = m->cfg.n_head / m->cfg.n_head_kv;
+    if (kind == TN_TK_ROPE) a0 = m->cfg.n_head, a1 = m->cfg.n_head_kv;
+    tn_trace_rec(TN_PH_BEGIN, kind, ops[tk->op].name, m->tr_il, 0, a0, a1, 0, 0);
     tn_pool_run(m->pool, task_fn, tk);
+    tn_trace_rec(TN_PH_END, ops[tk->op].kind, ops[tk->op].name, m->tr_il, 0, 0, 0, 0, 0);
 }
 
 /* attention backward needs a per-thread [T] scratch: run it through a dedicated task. */
@@ -898,6 +980,10 @@ tern_status tn_tmodel_forward(tn_tmodel *m, const int32_t *tokens, const int32_t
     /* the block's optional steps (the family's roles): q/k/v biases, per-head q/k RMSNorm */
     const bool qb = m->slot[TN_ROLE_ATTN_Q_B] >= 0, kb = m->slot[TN_ROLE_ATTN_K_B] >= 0, vb = m->slot[TN_ROLE_ATTN_V_B] >= 0;
     const bool qn = m->slot[TN_ROLE_ATTN_Q_NORM] >= 0, kn = m->slot[TN_ROLE_ATTN_K_NORM] >= 0;
+    /* trace: forward > embed, layer 0, 1, ..., output (norm, logits, loss), back to back */
+    m->tr_il = -1;
+    TN_SPAN_B(TN_TK_PHASE, "forward", -1, N, 0, 0, 0);
+    TN_SPAN_B(TN_TK_EMBED, "embed", -1, 0, 0, 0, 0);
     /* x = token_embd[tokens]                                   [N][C] */
     float *x = m->acts + a.x_in;
     if (m->t[0].base) {
@@ -907,6 +993,9 @@ tern_status tn_tmodel_forward(tn_tmodel *m, const int32_t *tokens, const int32_t
         for (int64_t i = 0; i < N; i++) memcpy(x + i * C, emb + (int64_t)m->tokens[i] * C, (size_t)C * sizeof(float));
     }
     for (int l = 0; l < m->cfg.n_layer; l++) {
+        if (l == 0) TN_SPAN_NEXT(TN_TK_EMBED, "embed", -1, TN_TK_LAYER, "layer", 0);
+        else TN_SPAN_NEXT(TN_TK_LAYER, "layer", l - 1, TN_TK_LAYER, "layer", l);
+        m->tr_il = l;
         float *A = m->acts + a.per_layer * (size_t)l;
         float *x_in = A + a.x_in, *xn1 = A + a.xn1, *q = A + a.q, *k = A + a.k, *v = A + a.v, *att = A + a.att;
         float *y = A + a.y, *x_mid = A + a.x_mid, *xn2 = A + a.xn2, *g = A + a.g, *u = A + a.u, *h = A + a.h;
@@ -943,6 +1032,9 @@ tern_status tn_tmodel_forward(tn_tmodel *m, const int32_t *tokens, const int32_t
 #undef PW
 #undef LIN
     }
+    if (m->cfg.n_layer > 0) TN_SPAN_NEXT(TN_TK_LAYER, "layer", m->cfg.n_layer - 1, TN_TK_OUTPUT, "output", -1);
+    else TN_SPAN_NEXT(TN_TK_EMBED, "embed", -1, TN_TK_OUTPUT, "output", -1);
+    m->tr_il = -1;
     /* xf = rmsnorm(x_fin) * output_norm; logits = xf * output^T   [N][V] */
     float *xf = m->acts + a.xf, *logits = m->acts + a.logits;
     const int on = tn_tp_head(m);
@@ -957,6 +1049,8 @@ tern_status tn_tmodel_forward(tn_tmodel *m, const int32_t *tokens, const int32_t
         for (int64_t i = 0; i < N; i++) sum += (double)m->row_loss[i];
         if (loss) *loss = n_valid ? sum / (double)n_valid : 0.0;
     }
+    TN_SPAN_E(TN_TK_OUTPUT, "output", -1, 0, 0);
+    TN_SPAN_E(TN_TK_PHASE, "forward", -1, 0, 0);
     return TERN_OK;
 }
 
@@ -983,6 +1077,10 @@ void tn_tmodel_backward(tn_tmodel *m) {
     const bool qb = m->slot[TN_ROLE_ATTN_Q_B] >= 0, kb = m->slot[TN_ROLE_ATTN_K_B] >= 0, vb = m->slot[TN_ROLE_ATTN_V_B] >= 0;
     const bool qn = m->slot[TN_ROLE_ATTN_Q_NORM] >= 0, kn = m->slot[TN_ROLE_ATTN_K_NORM] >= 0;
     float *dq0 = qn ? S + a.dqn : dq, *dk0 = kn ? S + a.dkn : dk; /* gradients of the projections */
+    /* trace: backward > output, layer n-1, ..., 0, embed, back to back */
+    m->tr_il = -1;
+    TN_SPAN_B(TN_TK_PHASE, "backward", -1, N, 0, 0, 0);
+    TN_SPAN_B(TN_TK_OUTPUT, "output", -1, 0, 0, 0, 0);
     /* head: dlogits (in logits) → d output, dxf → output_norm → dres */
     const int on = tn_tp_head(m);
     lin_bwd_w(m, on + 1, S + a.xf, S + a.logits, dxn, N, C, V, 0.0f);
@@ -990,6 +1088,9 @@ void tn_tmodel_backward(tn_tmodel *m) {
     run(m, &(task){.op = OP_RMSNORM_BWD, .x = S + a.x_fin, .w = tn_tp(m, P, on), .x2 = dxn, .y = dres, .dw = dwp, .n = N, .d = C});
     reduce_dw(m, dwp, tn_tp(m, G, on), C);
     for (int l = m->cfg.n_layer - 1; l >= 0; l--) {
+        if (l == m->cfg.n_layer - 1) TN_SPAN_NEXT(TN_TK_OUTPUT, "output", -1, TN_TK_LAYER, "layer", l);
+        else TN_SPAN_NEXT(TN_TK_LAYER, "layer", l + 1, TN_TK_LAYER, "layer", l);
+        m->tr_il = l;
         float *A = S + a.per_layer * (size_t)l;
 #define PW(r) tn_tp(m, P, tn_tp_role(m, l, r))
 #define GW(r) tn_tp(m, G, tn_tp_role(m, l, r))
@@ -1006,7 +1107,9 @@ void tn_tmodel_backward(tn_tmodel *m) {
         attn_bwd_task at = {.tk = {.m = m, .x = A + a.q, .x2 = A + a.k, .x3 = A + a.v, .w = A + a.att, .y = dy,
                                    .y2 = dq, .y3 = dk, .dw = dv},
                             .datt = S + a.datt};
+        TN_SPAN_B(TN_TK_ATTENTION, "attention_bwd", l, (int64_t)m->B * m->cfg.n_head_kv, m->cfg.n_head / m->cfg.n_head_kv, 0, 0);
         tn_pool_run(m->pool, attn_bwd_fn, &at);
+        TN_SPAN_E(TN_TK_ATTENTION, "attention_bwd", l, 0, 0);
         run(m, &(task){.op = OP_ROPE_BWD, .y = dq, .y2 = dk, .n = N});
         /* per-head q/k RMSNorm: dq0 = d(q0), weight gradients */
         if (qn) {
@@ -1033,10 +1136,16 @@ void tn_tmodel_backward(tn_tmodel *m) {
 #undef GW
 #undef LINB
     }
+    if (m->cfg.n_layer > 0) TN_SPAN_NEXT(TN_TK_LAYER, "layer", 0, TN_TK_EMBED, "embed", -1);
+    else TN_SPAN_NEXT(TN_TK_OUTPUT, "output", -1, TN_TK_EMBED, "embed", -1);
+    m->tr_il = -1;
     /* embedding: scatter-add rows in token order (sequential: deterministic) */
-    if (m->t[0].frozen) return;
-    float *de = tn_tp(m, G, 0);
-    for (int64_t i = 0; i < N; i++) axpy(de + (int64_t)m->tokens[i] * C, 1.0f, dres + i * C, C);
+    if (!m->t[0].frozen) {
+        float *de = tn_tp(m, G, 0);
+        for (int64_t i = 0; i < N; i++) axpy(de + (int64_t)m->tokens[i] * C, 1.0f, dres + i * C, C);
+    }
+    TN_SPAN_E(TN_TK_EMBED, "embed", -1, 0, 0);
+    TN_SPAN_E(TN_TK_PHASE, "backward", -1, 0, 0);
 }
 
 /* ---- optimizer ---------------------------------------------------------------------------- */

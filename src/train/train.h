@@ -61,6 +61,7 @@ typedef struct tn_tmodel {
     float *row_loss;         /* [B*T]                                                  */
     tn_pool *pool;
     int n_threads;
+    int32_t tr_il;           /* tracing: the layer being run, -1 outside the layers       */
     /* LoRA (tn_tmodel_create_lora): the base stays in its file's type and is dequantized a tile
      * of tile_rows rows at a time in forward (x W^T) and backward (dY W); W' = W + scale B A. */
     const tern_model *base;  /* borrowed; NULL for full training                         */

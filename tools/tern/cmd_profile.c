@@ -1,18 +1,21 @@
 /*
  * cmd_profile.c — `tern profile [-o trace.json] [--summary-only] [--json] [--svg step.svg]
- * [--max-events N] -- generate|bench|perplexity|serve ...`: runs the subcommand in this process
+ * [--max-events N] -- generate|bench|perplexity|serve|train|finetune ...`: runs the subcommand in this process
  * with tracing on (core/trace.h), then writes
  *   - a Chrome/Perfetto trace (JSON "traceEvents": B/E spans per thread with their args, counters
  *     as "C", served requests as async "b"/"e" tracks, thread names as metadata; the summary
  *     below under "tern_profile"), atomically (temp file + rename);
  *   - a summary on stderr (or as one JSON line on stdout with --json): self time by op kind and
  *     time by layer, the matmuls' bytes, GB/s and share of the machine's roofline per weight type
- *     (decode against read bandwidth, prefill against the FMA / int8 dot peak: kern/peak.h),
+ *     (decode against read bandwidth, prefill against the FMA / int8 dot peak: kern/peak.h; the
+ *     training GEMMs, forward and backward, against the f32 FMA peak of the pool's threads),
+ *     time per phase (prefill, decode; forward, backward, optimizer, eval, ... of training),
  *     barrier and idle share per thread, the top 10 spans by self time, dropped events;
  *   - with --svg, a timeline of one decode step and one prefill step (profile_svg.c).
  * Times are thread-time: a span on each of 4 threads counts 4 times. Self time = a span's time
  * minus its nested spans, so the op kinds add up to the traced time.
- * Does not trace train (its loop has no spans yet) and profiles one command per process.
+ * Training records its spans on the thread that drives the pool (train/tmodel.c): its matmul
+ * spans are wall time over all the pool's threads, rated as such. Profiles one command per process.
  */
 #include <jansson.h>
 #include <stdio.h>
@@ -30,6 +33,9 @@
 #define PROF_MAX_LAYERS 512
 #define PROF_GROUPS 8192 /* (name, layer) groups of the top-10 table; power of two */
 #define PROF_BW_BYTES ((size_t)256 << 20)
+#define PROF_PHASES 32 /* distinct phase names */
+#define PROF_MM_PHASES 4
+static const char *const prof_mm_phase[PROF_MM_PHASES] = {"decode", "prefill", "train_fwd", "train_bwd"};
 
 /* ---- walking spans ------------------------------------------------------------------------- */
 void tn_prof_walk(const tn_trace_thread *th, tn_prof_span_fn fn, void *user) {
@@ -92,7 +98,13 @@ typedef struct {
     uint64_t kind_self[TN_TK_COUNT], kind_n[TN_TK_COUNT];
     uint64_t layer_ns[PROF_MAX_LAYERS];
     int32_t n_layer;
-    prof_mm mm[2][TN_DTYPE_SLOT_COUNT]; /* [0] decode (n == 1), [1] prefill (n > 1) */
+    prof_mm mm[PROF_MM_PHASES][TN_DTYPE_SLOT_COUNT]; /* decode (n == 1), prefill (n > 1), training forward, backward */
+    struct {
+        const char *name;
+        uint64_t ns, n;
+    } phase[PROF_PHASES]; /* inclusive time per phase name */
+    int n_phase;
+    int train_threads; /* the pool's threads behind the training matmuls (0: not training) */
     prof_thr *thr;
     prof_group *groups;
     int n_pool; /* threads that ran forward passes */
@@ -133,7 +145,20 @@ static void prof_on_span(void *user, const tn_trace_thread *th, const tn_prof_sp
         S->layer_ns[b->il] += dur;
         if (b->il + 1 > S->n_layer) S->n_layer = b->il + 1;
     }
-    if (kind == TN_TK_MATMUL && b->a[0] >= 0 && b->a[0] < TN_DTYPE_SLOT_COUNT) {
+    if (kind == TN_TK_PHASE) {
+        int k = 0;
+        while (k < S->n_phase && strcmp(S->phase[k].name, b->name)) k++;
+        if (k == S->n_phase && k < PROF_PHASES) S->phase[S->n_phase++].name = b->name;
+        if (k < S->n_phase) S->phase[k].ns += dur, S->phase[k].n++;
+    }
+    const bool train_mm = kind == TN_TK_MATMUL && s->e && (s->e->a[3] == 1 || s->e->a[3] == 2);
+    if (train_mm && b->a[0] >= 0 && b->a[0] < TN_DTYPE_SLOT_COUNT) { /* wall time on the pool: flops, bytes, threads */
+        prof_mm *m = &S->mm[1 + s->e->a[3]][b->a[0]];
+        m->ns += dur, m->n++;
+        m->bytes += (uint64_t)s->e->a[1];
+        m->flops += (double)s->e->a[0];
+        S->train_threads = TN_MAX(S->train_threads, (int)s->e->a[2]);
+    } else if (kind == TN_TK_MATMUL && b->a[0] >= 0 && b->a[0] < TN_DTYPE_SLOT_COUNT) {
         prof_mm *m = &S->mm[b->a[3] > 1][b->a[0]];
         m->ns += s->self, m->n++;
         if (s->e) { /* rows computed, bytes read */
@@ -182,8 +207,9 @@ static int prof_summarize(prof_sum *S, bool roofline) {
         if (S->thr[i].forward) S->n_pool++;
     }
     bool any_mm = false;
-    for (int p = 0; p < 2; p++)
+    for (int p = 0; p < PROF_MM_PHASES; p++)
         for (int t = 0; t < TN_DTYPE_SLOT_COUNT; t++) any_mm |= S->mm[p][t].n > 0;
+    if (!S->n_pool) S->n_pool = S->train_threads; /* training: the pool behind the driving thread's spans */
     if (roofline && any_mm) {
         const int nt = S->n_pool ? S->n_pool : 1;
         S->peak_bw = tn_peak_read_gbs(nt, PROF_BW_BYTES, 3);
@@ -195,7 +221,9 @@ static int prof_summarize(prof_sum *S, bool roofline) {
 
 static json_t *prof_summary_json(const prof_sum *S) {
     json_t *o = json_object(), *kinds = json_object(), *layers = json_array(), *mms = json_array(), *thr = json_array(),
-           *top = json_array();
+           *top = json_array(), *phases = json_object();
+    for (int k = 0; k < S->n_phase; k++)
+        json_object_set_new(phases, S->phase[k].name, json_pack("{s:f, s:I}", "ms", S->phase[k].ns / 1e6, "spans", (json_int_t)S->phase[k].n));
     uint64_t total = 0;
     for (int k = 0; k < TN_TK_COUNT; k++) total += S->kind_self[k];
     for (int k = 0; k < TN_TK_COUNT; k++)
@@ -205,18 +233,19 @@ static json_t *prof_summary_json(const prof_sum *S) {
                                           "share", total ? (double)S->kind_self[k] / (double)total : 0.0));
     for (int32_t l = 0; l < S->n_layer; l++) json_array_append_new(layers, json_real(S->layer_ns[l] / 1e6));
     const int nt = S->n_pool ? S->n_pool : 1;
-    for (int p = 0; p < 2; p++)
+    for (int p = 0; p < PROF_MM_PHASES; p++)
         for (int t = 0; t < TN_DTYPE_SLOT_COUNT; t++) {
             const prof_mm *m = &S->mm[p][t];
             if (!m->n) continue;
-            const double wall = m->ns / 1e9 / nt; /* thread-time over the pool's threads */
+            const bool train = p >= 2; /* wall time of the driving thread, not thread-time */
+            const double wall = train ? m->ns / 1e9 : m->ns / 1e9 / nt; /* thread-time over the pool's threads */
             const double gbs = wall > 0 ? m->bytes / 1e9 / wall : 0, gops = wall > 0 ? m->flops / 1e9 / wall : 0;
-            const double peak = p == 0 ? S->peak_bw : prof_float_type(t) ? S->peak_fma : S->peak_dot;
+            const double peak = p == 0 ? S->peak_bw : train || prof_float_type(t) ? S->peak_fma : S->peak_dot;
             const double pct = peak > 0 ? 100.0 * (p == 0 ? gbs : gops) / peak : 0;
-            json_array_append_new(mms, json_pack("{s:s, s:s, s:I, s:f, s:I, s:f, s:f, s:s, s:f}", "phase", p ? "prefill" : "decode",
+            json_array_append_new(mms, json_pack("{s:s, s:s, s:I, s:f, s:I, s:f, s:f, s:s, s:f}", "phase", prof_mm_phase[p],
                                                  "type", tn_dtype_name((uint32_t)t), "calls", (json_int_t)m->n, "self_ms", m->ns / 1e6,
                                                  "bytes", (json_int_t)m->bytes, "gb_s", gbs, "gop_s", gops, "roofline",
-                                                 p == 0 ? "read_bandwidth" : prof_float_type(t) ? "fma_f32" : "int8_dot",
+                                                 p == 0 ? "read_bandwidth" : train || prof_float_type(t) ? "fma_f32" : "int8_dot",
                                                  "roofline_pct", pct));
         }
     for (int i = 0; i < S->n_th; i++) {
@@ -239,6 +268,7 @@ static json_t *prof_summary_json(const prof_sum *S) {
         free(g);
     }
     json_object_set_new(o, "kinds", kinds);
+    json_object_set_new(o, "phases", phases);
     json_object_set_new(o, "traced_ms", json_real(total / 1e6));
     json_object_set_new(o, "layers_ms", layers);
     json_object_set_new(o, "matmuls", mms);
@@ -263,6 +293,13 @@ static void prof_summary_text(FILE *f, json_t *j) {
         fprintf(f, "  %-10s %10.2f ms %5.1f%% %9lld spans\n", k, json_real_value(json_object_get(v, "self_ms")),
                 100 * json_real_value(json_object_get(v, "share")), (long long)json_integer_value(json_object_get(v, "spans")));
     }
+    if (json_object_size(json_object_get(j, "phases"))) {
+        fprintf(f, "\nphases (inclusive; a forward inside eval counts in both):\n");
+        json_object_foreach(json_object_get(j, "phases"), k, v) {
+            fprintf(f, "  %-10s %10.2f ms %9lld spans\n", k, json_real_value(json_object_get(v, "ms")),
+                    (long long)json_integer_value(json_object_get(v, "spans")));
+        }
+    }
     size_t i;
     json_t *layers = json_object_get(j, "layers_ms");
     if (json_array_size(layers)) {
@@ -271,10 +308,11 @@ static void prof_summary_text(FILE *f, json_t *j) {
     }
     json_t *mms = json_object_get(j, "matmuls");
     if (json_array_size(mms)) {
-        fprintf(f, "\nmatmuls (self time; rate over the pool's threads; roofline = read bandwidth for decode, FMA/int8 peak for prefill):\n");
-        fprintf(f, "  %-8s %-8s %7s %10s %10s %9s %9s %7s\n", "phase", "type", "calls", "ms", "MB read", "GB/s", "GOP/s", "roof%");
+        fprintf(f, "\nmatmuls (self time; rate over the pool's threads; roofline = read bandwidth for decode, FMA/int8 peak for prefill;\n"
+                   "          train_fwd/train_bwd: wall time of the pool's GEMMs, against the f32 FMA peak):\n");
+        fprintf(f, "  %-9s %-8s %7s %10s %10s %9s %9s %7s\n", "phase", "type", "calls", "ms", "MB read", "GB/s", "GOP/s", "roof%");
         json_array_foreach(mms, i, v) {
-            fprintf(f, "  %-8s %-8s %7lld %10.2f %10.1f %9.2f %9.2f %6.1f%%\n", json_string_value(json_object_get(v, "phase")),
+            fprintf(f, "  %-9s %-8s %7lld %10.2f %10.1f %9.2f %9.2f %6.1f%%\n", json_string_value(json_object_get(v, "phase")),
                     json_string_value(json_object_get(v, "type")), (long long)json_integer_value(json_object_get(v, "calls")),
                     json_real_value(json_object_get(v, "self_ms")), json_integer_value(json_object_get(v, "bytes")) / 1e6,
                     json_real_value(json_object_get(v, "gb_s")), json_real_value(json_object_get(v, "gop_s")),
@@ -338,6 +376,11 @@ static void prof_args_b(FILE *f, const tn_trace_ev *e) {
         break;
     case TN_TK_FORWARD: ARG("\"rows\":%lld,\"logits\":%lld", (long long)e->a[0], (long long)e->a[1]); break;
     case TN_TK_PHASE: ARG("\"tokens\":%lld", (long long)e->a[0]); break;
+    case TN_TK_STEP:
+        if (!strcmp(e->name, "train_step")) ARG("\"step\":%lld,\"tokens\":%lld", (long long)e->a[0], (long long)e->a[1]);
+        break;
+    case TN_TK_ACTIVATION:
+    case TN_TK_LOSS: ARG("\"rows\":%lld,\"d\":%lld", (long long)e->a[0], (long long)e->a[1]); break;
     case TN_TK_NORM: ARG("\"rows\":%lld,\"n_embd\":%lld", (long long)e->a[0], (long long)e->a[1]); break;
     case TN_TK_ATTENTION: ARG("\"units\":%lld,\"heads_per_unit\":%lld", (long long)e->a[0], (long long)e->a[1]); break;
     case TN_TK_ROPE: ARG("\"q_heads\":%lld,\"kv_heads\":%lld", (long long)e->a[0], (long long)e->a[1]); break;
@@ -353,7 +396,12 @@ static void prof_args_e(FILE *f, const tn_trace_ev *e) {
         fprintf(f, ",\"args\":{\"truncated\":1}");
         return;
     }
-    if (e->kind == TN_TK_MATMUL) fprintf(f, ",\"args\":{\"rows\":%lld,\"bytes\":%lld}", (long long)e->a[0], (long long)e->a[1]);
+    if (e->kind == TN_TK_MATMUL && (e->a[3] == 1 || e->a[3] == 2)) /* training (trace.h) */
+        fprintf(f, ",\"args\":{\"flop\":%lld,\"bytes\":%lld,\"threads\":%lld,\"pass\":\"%s\"}", (long long)e->a[0],
+                (long long)e->a[1], (long long)e->a[2], e->a[3] == 1 ? "forward" : "backward");
+    else if (e->kind == TN_TK_MATMUL) fprintf(f, ",\"args\":{\"rows\":%lld,\"bytes\":%lld}", (long long)e->a[0], (long long)e->a[1]);
+    else if (e->kind == TN_TK_STEP && !strcmp(e->name, "train_step"))
+        fprintf(f, ",\"args\":{\"step\":%lld,\"tokens\":%lld}", (long long)e->a[0], (long long)e->a[1]);
     else if (e->kind == TN_TK_STEP)
         fprintf(f, ",\"args\":{\"rows\":%lld,\"logits\":%lld,\"decode_rows\":%lld}", (long long)e->a[0], (long long)e->a[1],
                 (long long)e->a[2]);
@@ -584,7 +632,7 @@ static void prof_svg_body(FILE *f, void *user) {
 /* ---- the command --------------------------------------------------------------------------- */
 static void prof_usage(FILE *f) {
     fprintf(f, "usage: tern profile [-o trace.json] [--summary-only] [--json] [--svg step.svg] [--max-events N] [--no-roofline]\n"
-               "                    -- generate|bench|perplexity|serve [their flags]\n"
+               "                    -- generate|bench|perplexity|serve|train|finetune [their flags]\n"
                "Runs the command with tracing on; writes a Chrome/Perfetto trace (open it in ui.perfetto.dev) and prints\n"
                "a summary of where the time went (stderr; --json: one JSON line on stdout).\n"
                "  -o FILE          trace file (default trace.json)\n"
@@ -630,16 +678,18 @@ int cmd_profile(int argc, char **argv) {
         }
     }
     if (i >= argc) return tn_cli_usage_error("profile: missing '--' and the command to profile, e.g. tern profile -- generate -p \"hi\" -n 16");
-    if (i + 1 >= argc) return tn_cli_usage_error("profile: no command after '--' (generate, bench, perplexity or serve)");
+    if (i + 1 >= argc) return tn_cli_usage_error("profile: no command after '--' (generate, bench, perplexity, serve, train or finetune)");
     static const struct {
         const char *name;
         int (*fn)(int, char **);
-    } cmds[] = {{"generate", cmd_generate}, {"bench", cmd_bench}, {"perplexity", cmd_perplexity}, {"serve", cmd_serve}};
+    } cmds[] = {{"generate", cmd_generate}, {"bench", cmd_bench},  {"perplexity", cmd_perplexity},
+                {"serve", cmd_serve},       {"train", cmd_train}, {"finetune", cmd_finetune}};
     const char *sub = argv[i + 1];
     int (*fn)(int, char **) = NULL;
     for (size_t k = 0; k < TN_ARRAY_LEN(cmds); k++)
         if (!strcmp(sub, cmds[k].name)) fn = cmds[k].fn;
-    if (!fn) return tn_cli_usage_error("profile: cannot profile '%s' (profile runs generate, bench, perplexity or serve)", sub);
+    if (!fn)
+        return tn_cli_usage_error("profile: cannot profile '%s' (profile runs generate, bench, perplexity, serve, train or finetune)", sub);
     int rc;
     if (!summary_only && (rc = prof_check_writable(out, "trace"))) return rc;
     if (svg && (rc = prof_check_writable(svg, "SVG"))) return rc;
@@ -670,7 +720,8 @@ int cmd_profile(int argc, char **argv) {
     }
     if (!rc && svg) {
         if (!S.win[0][1] && !S.win[1][1]) {
-            fprintf(stderr, "tern: error: profile: no forward pass was traced, so there is no step to draw in '%s'\n", svg);
+            fprintf(stderr, "tern: error: profile: no inference forward pass was traced, so there is no step to draw in '%s' "
+                            "(--svg draws generate/bench/perplexity/serve steps)\n", svg);
             rc = TN_EXIT_DATAERR;
         } else {
             prof_svg_job J = {&S};
