@@ -182,7 +182,7 @@ static tern_status tn_load_hparams(const tn_gguf *g, tn_hparams *hp) {
                       hp->head_dim);
     int32_t val_len = hp->head_dim;
     if ((s = tn_model_key_dim(g, an, "attention.value_length", false, 1, 1 << 16, &val_len))) return s;
-    if (val_len != hp->head_dim)
+    if (val_len != hp->head_dim && !ad->mla) /* MLA: the family's hook reads the heads */
         return tn_err(TERN_ERR_UNSUPPORTED, "model: %s.attention.value_length %d differs from key_length %d", an, val_len,
                       hp->head_dim);
     hp->n_rot = hp->head_dim;
@@ -297,7 +297,13 @@ static tern_status tn_check_extra(const tn_gguf *g, const tn_hparams *hp) {
         }
         if (il >= hp->n_layer)
             return tn_err(TERN_ERR_FORMAT, "model: tensor '%s' exists but %s.block_count is %d", t->name, an, (int)hp->n_layer);
-        if (tn_arch_need(hp, r) == TN_NEED_NO) {
+        if (tn_arch_need_layer(hp, il, r) == TN_NEED_NO) {
+            if (hp->family->mla && il >= 0 && hp->family->need[r] != TN_NEED_NO)
+                return tn_err(TERN_ERR_FORMAT,
+                              "model: unexpected tensor '%s' (shape %s): layer %d of %s (leading_dense_block_count %d, "
+                              "q_lora_rank %d, %s) has none",
+                              t->name, fs, (int)il, an, hp->n_layer_dense_lead, hp->n_lora_q,
+                              hp->mla_kv_b ? "attn_kv_b form" : "attn_k_b / attn_v_b form");
             if (hp->family->need[r] != TN_NEED_NO) /* dense roles in a MoE file, or experts in a dense one */
                 return tn_err(TERN_ERR_FORMAT, "model: unexpected tensor '%s' (shape %s): %s.expert_count is %d", t->name, fs,
                               an, hp->n_expert);
@@ -331,7 +337,7 @@ tern_status tn_model_load_gguf(tn_gguf *g, tern_model **out) {
     }
     for (int32_t il = 0; il < hp->n_layer; il++) {
         for (int r = 0; r < TN_ROLE_N_LAYER; r++)
-            if ((s = tn_bind(g, hp, (tn_role)r, il, tn_arch_need(hp, (tn_role)r), &m->layers[il].w[r]))) goto fail;
+            if ((s = tn_bind(g, hp, (tn_role)r, il, tn_arch_need_layer(hp, il, (tn_role)r), &m->layers[il].w[r]))) goto fail;
         tn_bind_fused(hp, &m->layers[il]);
     }
     if ((s = tn_check_extra(g, hp))) goto fail;
