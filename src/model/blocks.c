@@ -602,13 +602,18 @@ static void tn_moe_topk(const float *p, int32_t ne, int32_t k, int32_t *sel) {
  * experts into sel (best first; equal probabilities: the lower index first, as llama.cpp's
  * argsort orders up to 16 experts) and their weights into w (divided by their sum, clamped below
  * at 2^-14 as llama.cpp does, when renorm). */
-static void tn_moe_route(float *p, int32_t ne, int32_t k, bool renorm, int32_t *sel, float *w) {
+/* p[ne] = softmax(p) as ggml_soft_max computes it (exp(l - max) summed in double, times 1 / sum). */
+static void tn_moe_softmax(float *p, int32_t ne) {
     float mx = -INFINITY;
     for (int32_t e = 0; e < ne; e++) mx = p[e] > mx ? p[e] : mx;
     double sum = 0;
     for (int32_t e = 0; e < ne; e++) sum += (double)(p[e] = expf(p[e] - mx));
     const float inv = (float)(1.0 / sum);
     for (int32_t e = 0; e < ne; e++) p[e] *= inv;
+}
+
+static void tn_moe_route(float *p, int32_t ne, int32_t k, bool renorm, int32_t *sel, float *w) {
+    tn_moe_softmax(p, ne);
     tn_moe_topk(p, ne, k, sel);
     for (int32_t j = 0; j < k; j++) w[j] = p[sel[j]];
     if (renorm) tn_moe_renorm(w, k);
@@ -646,12 +651,7 @@ static void tn_moe_route_ds(const tn_hparams *hp, float *p, const float *bias, i
     if (hp->moe_sigmoid) {
         for (int32_t e = 0; e < ne; e++) p[e] = 1.0f / (1.0f + expf(-p[e]));
     } else {
-        float mx = -INFINITY;
-        for (int32_t e = 0; e < ne; e++) mx = p[e] > mx ? p[e] : mx;
-        double sum = 0;
-        for (int32_t e = 0; e < ne; e++) sum += (double)(p[e] = expf(p[e] - mx));
-        const float inv = (float)(1.0 / sum);
-        for (int32_t e = 0; e < ne; e++) p[e] *= inv;
+        tn_moe_softmax(p, ne);
     }
     for (int32_t e = 0; e < ne; e++) s[e] = bias ? p[e] + bias[e] : p[e];
     if (hp->n_expert_groups > 1) {
