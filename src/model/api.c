@@ -83,6 +83,7 @@ void tern_model_free(tern_model *m) {
     tn_gguf_free(m->gguf);
     tn_free(m->layers);
     tn_free_aligned(m->repacked);
+    tn_free(m->mla_split);
     tn_free(m->path);
     tn_free(m);
 }

