@@ -436,6 +436,38 @@ static void test_moe_prefill_vs_decode(void **state) {
     }
 }
 
+/* deepseek2's cache holds the latent: per position and layer kv_lora_rank + n_rot f16 values (64 +
+ * 32 here) in K rows and nothing in V rows — against per-head K and V of n_head * (head_dim +
+ * v_head) values (4 * (96 + 64)): 192 bytes a layer instead of 1280, 6.7x smaller. */
+static void test_mla_cache_size(void **state) {
+    (void)state;
+    tiny_cfg cfg = moe_cfg("deepseek2", TN_F32);
+    char path[512];
+    tiny_tmp_path(path, sizeof path, "mlakv");
+    assert_int_equal(tiny_model_write(path, &cfg), TERN_OK);
+    tern_model *m = NULL;
+    assert_int_equal(tern_model_load(path, NULL, &m), TERN_OK);
+    unlink(path);
+    tern_ctx_params cp;
+    tern_ctx_params_init(&cp);
+    cp.n_ctx = 64;
+    tern_ctx *c = NULL;
+    assert_int_equal(tern_ctx_create(m, &cp, &c), TERN_OK);
+    const uint64_t per_token = (uint64_t)(cfg.kv_lora + cfg.n_rot) * 2 * (uint64_t)cfg.n_layer;
+    assert_int_equal(c->k_rb, (size_t)(cfg.kv_lora + cfg.n_rot) * 2);
+    assert_int_equal(c->v_rb, 0);
+    assert_int_equal(c->kv_bytes, 64 * per_token);
+    const uint64_t per_head = (uint64_t)cfg.n_head * (uint64_t)(cfg.head_dim + cfg.v_head) * 2 * (uint64_t)cfg.n_layer;
+    printf("  deepseek2 KV cache: %llu bytes per token (latent + rope key) vs %llu per-head K/V (%.1fx)\n",
+           (unsigned long long)per_token, (unsigned long long)per_head, (double)per_head / (double)per_token);
+    tern_ctx_free(c);
+    /* a V cache type other than K's is refused: the values are read from the K rows */
+    cp.type_v = TERN_KV_Q8_0;
+    assert_int_not_equal(tern_ctx_create(m, &cp, &c), TERN_OK);
+    assert_non_null(strstr(tern_last_error(), "V cache type q8_0 differs from K's f16"));
+    tern_model_free(m);
+}
+
 /* A 7-layer gemma3 tiny model (head_dim 128, Q8_0) with sliding window n_swa, loaded. */
 static tern_model *load_gemma3_q8(int32_t n_swa, const char *tag) {
     tiny_cfg cfg;
@@ -666,6 +698,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_moe),
         cmocka_unit_test(test_moe_mixed_batch),
         cmocka_unit_test(test_moe_prefill_vs_decode),
+        cmocka_unit_test(test_mla_cache_size),
         cmocka_unit_test(test_gemma3_paged_window),
         cmocka_unit_test(test_gemma3_ring),
         cmocka_unit_test(test_head_groups),
