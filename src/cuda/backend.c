@@ -410,6 +410,9 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
     if (hp->head_dim > 256) return tn_err(TERN_ERR_UNSUPPORTED, "cuda: head size %d above 256", hp->head_dim);
     /* the block the GPU runs: llama's, with qwen2's biases and qwen3's q/k norms; other families
      * (smollm3's NoPE layers, gemma3's GeGLU, post-norms and sliding window) are refused */
+    if (hp->family && hp->family->mla) /* its latent KV cache and absorbed projections are CPU-only */
+        return tn_err(TERN_ERR_UNSUPPORTED, "cuda: architecture %s (multi-head latent attention) does not run on the GPU yet; "
+                      "run it on the CPU", hp->family->name);
     if (hp->n_expert > 0) /* no MoE block on the GPU: Mixtral-style llama files included */
         return tn_err(TERN_ERR_UNSUPPORTED, "cuda: %s with %d experts: mixture-of-experts layers do not run on the GPU yet; "
                       "run it on the CPU", hp->family ? hp->family->name : "?", hp->n_expert);

@@ -83,6 +83,7 @@ void tern_model_free(tern_model *m) {
     tn_gguf_free(m->gguf);
     tn_free(m->layers);
     tn_free_aligned(m->repacked);
+    tn_free(m->mla_split);
     tn_free(m->path);
     tn_free(m);
 }
@@ -168,17 +169,27 @@ static tern_status tn_ctx_create_impl(const tern_model *m, const tern_ctx_params
     const int64_t qd = tn_hp_q_dim(hp); /* query and attention-output rows */
     /* KV cache types: f16 (0: the default), q8_0 or q4_0, whose 32-value blocks must not cross a head */
     const int32_t types[2] = {p.type_k ? p.type_k : TERN_KV_F16, p.type_v ? p.type_v : TERN_KV_F16};
+    /* multi-head latent attention: a K row is the latent and the shared rope key of a position,
+     * no V rows (the values are the latent part of the K rows) */
+    const bool mla = hp->family && hp->family->mla;
+    const int64_t row_dim[2] = {mla ? tn_hp_mla_kv(hp) : kv_dim, mla ? 0 : kv_dim};
+    if (mla && types[1] != types[0])
+        return tn_err(TERN_ERR_INVALID_ARG, "V cache type %s differs from K's %s: %s caches one latent row per position "
+                      "(the values are its first kv_lora_rank values), so both must be the same",
+                      tern_kv_type_name(types[1]) ? tern_kv_type_name(types[1]) : "?",
+                      tern_kv_type_name(types[0]) ? tern_kv_type_name(types[0]) : "?", hp->family->name);
     size_t rb[2];
     for (int i = 0; i < 2; i++) {
         const char *kv = i ? "V" : "K", *tname = tern_kv_type_name(types[i]);
         if (!tname) return tn_err(TERN_ERR_INVALID_ARG, "KV cache type of %s: %d is not f16, q8_0 or q4_0", kv, types[i]);
         const tn_dtype_traits *tr = tn_dtype_get((uint32_t)types[i]);
-        if (hp->head_dim % tr->blck_size)
-            return tn_err(TERN_ERR_INVALID_ARG, "%s cache type %s needs a head size that is a multiple of %lld; this model's is %d",
-                          kv, tname, (long long)tr->blck_size, hp->head_dim);
+        const int64_t unit = mla ? (int64_t)hp->n_lora_kv : hp->head_dim; /* what a block must not cross */
+        if (unit % tr->blck_size || row_dim[i] % tr->blck_size)
+            return tn_err(TERN_ERR_INVALID_ARG, "%s cache type %s needs a head size that is a multiple of %lld; this model's is %lld",
+                          kv, tname, (long long)tr->blck_size, (long long)(mla ? row_dim[0] : hp->head_dim));
         if (types[i] != TERN_KV_F16 && p.device != TERN_DEVICE_CPU)
             return tn_err(TERN_ERR_UNSUPPORTED, "%s cache type %s runs on the CPU only (the CUDA backend keeps f16 K/V)", kv, tname);
-        rb[i] = (size_t)(kv_dim / tr->blck_size) * tr->type_size;
+        rb[i] = (size_t)(row_dim[i] / tr->blck_size) * tr->type_size;
     }
     /* KV cache: kv_rows per global layer; a sliding-window layer keeps a ring of its window plus
      * one batch (a batch writes all its rows before attending) unless swa_full or the GPU runs
@@ -227,8 +238,14 @@ static tern_status tn_ctx_create_impl(const tern_model *m, const tern_ctx_params
     c->x = tn_ctx_alloc(c, (size_t)(nb * d) * sizeof(float), &ok);
     c->xb = tn_ctx_alloc(c, (size_t)(nb * d) * sizeof(float), &ok);
     c->q = tn_ctx_alloc(c, (size_t)(nb * qd) * sizeof(float), &ok);
-    c->kv = tn_ctx_alloc(c, (size_t)(nb * 2 * kv_dim) * sizeof(float), &ok);
-    c->att = tn_ctx_alloc(c, (size_t)(nb * qd) * sizeof(float), &ok);
+    c->kv = tn_ctx_alloc(c, (size_t)(nb * TN_MAX(2 * kv_dim, row_dim[0])) * sizeof(float), &ok); /* MLA: [c | k_pe] rows */
+    c->att = tn_ctx_alloc(c, (size_t)(nb * TN_MAX(qd, tn_dim_value(hp, TN_DIM_O))) * sizeof(float), &ok);
+    if (mla) { /* absorbed queries and latent attention outputs, every head; q's low-rank rows */
+        const int64_t hq = (int64_t)hp->n_head * row_dim[0];
+        c->mla_q = tn_ctx_alloc(c, (size_t)(nb * hq) * sizeof(float), &ok);
+        c->mla_o = tn_ctx_alloc(c, (size_t)(nb * hq) * sizeof(float), &ok);
+        c->mla_a = tn_ctx_alloc(c, (size_t)(nb * TN_MAX((int64_t)hp->n_lora_q, row_dim[0])) * sizeof(float), &ok);
+    }
     /* MoE: every token's n_expert_used routed rows, each n_ff_exp wide */
     const int64_t ne = hp->n_expert > 0 ? nb * hp->n_expert_used : 0, hbw = TN_MAX(nb * TN_MAX(hp->n_ff, hp->n_ff_shexp), ne * hp->n_ff_exp);
     c->hb = tn_ctx_alloc(c, (size_t)hbw * sizeof(float), &ok);
@@ -261,7 +278,8 @@ static tern_status tn_ctx_create_impl(const tern_model *m, const tern_ctx_params
         for (int r = 0; r < TN_ROLE_N_LAYER; r++) {
             const tn_tensor *w = &m->layers[il].w[r];
             if (!tn_roles[r].matrix || !w->data) continue;
-            xq = TN_MAX(xq, tn_matmul_xq_size(w->type, w->ne[0], tn_roles[r].ne2 == TN_DIM_EXPERT ? TN_MAX(ne, nb) : nb));
+            const int64_t rows = tn_roles[r].ne2 == TN_DIM_EXPERT ? TN_MAX(ne, nb) : tn_roles[r].ne2 == TN_DIM_HEADS ? nb * hp->n_head : nb;
+            xq = TN_MAX(xq, tn_matmul_xq_size(w->type, w->ne[0], rows)); /* per-head matrices: every head's rows at once */
             xq1 = TN_MAX(xq1, tn_matmul_xq_size(w->type, w->ne[0], 1));
         }
     c->xq = tn_ctx_alloc(c, xq, &ok);
@@ -271,7 +289,7 @@ static tern_status tn_ctx_create_impl(const tern_model *m, const tern_ctx_params
         c->pxb = tn_ctx_alloc(c, (size_t)(p.n_threads - 1) * (size_t)d * sizeof(float), &ok);
         c->pxq = tn_ctx_alloc(c, (size_t)(p.n_threads - 1) * c->pxq_stride, &ok);
     }
-    c->scores_stride = TN_PAD(2 * (int64_t)hp->head_dim * hp->n_head, 16); /* up to every head per call */
+    c->scores_stride = TN_PAD(2 * TN_MAX((int64_t)hp->head_dim, row_dim[0]) * hp->n_head, 16); /* up to every head per call */
     c->scores = tn_ctx_alloc(c, (size_t)p.n_threads * (size_t)c->scores_stride * sizeof(float), &ok);
     /* logits rows: every token with logits_all; else up to 64 (one per sequence of a batch) */
     c->n_logits_cap = p.logits_all ? (int32_t)nb : (int32_t)TN_MIN(nb, 64);
@@ -324,7 +342,7 @@ void tern_ctx_free(tern_ctx *c) {
     tn_pool_free(c->pool);
     void *bufs[] = {c->kv_off, c->k_cache, c->v_cache, c->x, c->xb, c->q, c->kv, c->att, c->hb, c->hb2,
                     c->moe_logits, c->moe_sel, c->moe_w, c->moe_off, c->moe_tok, c->moe_row, c->moe_x, c->moe_count, c->moe_touched, c->moe_passes, c->moe_tokens, c->tmp, c->rope_cs, c->rope_cs_swa, c->swa_kv, c->xq, c->pxb, c->pxq, c->mm_next, c->scores, c->logits, c->b_seq, c->b_pos, c->out_rows,
-                    c->b_logits};
+                    c->b_logits, c->mla_q, c->mla_o, c->mla_a};
     for (size_t i = 0; i < TN_ARRAY_LEN(bufs); i++) tn_free_aligned(bufs[i]);
     tn_free(c);
 }

@@ -397,6 +397,110 @@ void tn_blk_attention(tn_thr *T, const tn_layer *L, int32_t il) {
     TN_SPAN_E(TN_TK_ATTENTION, "attention", il, 0, 0);
 }
 
+/* Rows x[(t, h)] = src + t * lds + h * ldh (k floats) of n tokens and nh heads, head-major
+ * ((h * n + t) rows of wt's vec_dot_type in c->xq), each thread a share; then a barrier. */
+static void tn_mla_act_heads(tn_thr *T, tn_dtype wt, const float *src, int64_t lds, int64_t ldh, int64_t k, int32_t nh) {
+    tern_ctx *c = T->c;
+    const tn_dtype vt = tn_dtype_get(wt)->vec_dot_type;
+    const size_t rs = tn_dtype_row_size(vt, k);
+    int64_t r0, r1;
+    tn_split((int64_t)nh * T->n, T->ith, T->nth, 1, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++)
+        c->kt->slot[vt].from_float(src + (r % T->n) * lds + (r / T->n) * ldh, (uint8_t *)c->xq + (size_t)r * rs, k);
+    tn_pool_barrier(c->pool);
+}
+
+/* Per head h: y[t] (row stride ldy, at h * ldh) = W_h x[(t, h)] for the 3-D matrix W of one
+ * [ne0, ne1] slice per head, over the head-major rows tn_mla_act_heads left in c->xq; then a
+ * barrier. */
+static void tn_mla_mm_heads(tn_thr *T, const tn_tensor *W, float *y, int64_t ldy, int64_t ldh) {
+    tern_ctx *c = T->c;
+    const int64_t k = W->ne[0], m = W->ne[1];
+    const size_t rs = tn_dtype_row_size(tn_dtype_get(W->type)->vec_dot_type, k);
+    for (int64_t h = 0; h < W->ne[2]; h++) {
+        const tn_tensor w = tn_expert_view(W, h);
+        tn_matmul_compute_task(T->ith, T->nth, c->kt, W->type, w.data, m, k, (const uint8_t *)c->xq + (size_t)(h * T->n) * rs,
+                               T->n, y + h * ldh, ldy);
+    }
+    tn_pool_barrier(c->pool);
+}
+
+/* y [n][m] = W x for x [n][ldx] (k = W->ne[0] values a row): quantize, multiply, barrier. */
+static void tn_mla_mm(tn_thr *T, const tn_tensor *W, const float *x, int64_t ldx, float *y) {
+    tern_ctx *c = T->c;
+    const void *xq = tn_act(c, T->ith, T->nth, false, NULL, W->type, x, ldx, W->ne[0], T->n);
+    tn_matmul_compute_task(T->ith, T->nth, c->kt, W->type, W->data, W->ne[1], W->ne[0], xq, T->n, y, W->ne[1]);
+    tn_pool_barrier(c->pool);
+}
+
+void tn_blk_mla(tn_thr *T, const tn_layer *L, int32_t il) {
+    tern_ctx *c = T->c;
+    const tn_hparams *hp = &c->hp;
+    const tn_batch *b = T->b;
+    const tn_tensor *w = L->w;
+    const int32_t H = hp->n_head, hd = hp->head_dim, nr = hp->n_rot, np = hd - nr, R = hp->n_lora_kv, vh = hp->v_head;
+    const int64_t Lk = tn_hp_mla_kv(hp), qd = (int64_t)H * hd;
+    TN_SPAN_B(TN_TK_ATTENTION, "mla", il, T->n, H, 0, 0);
+    /* one token: every thread normed it for itself; from here on all read thread 0's row (xb) */
+    if (T->own) tn_pool_barrier(c->pool);
+    const int32_t d = hp->n_embd;
+    /* q = Wq xb, or Wq_b rmsnorm(Wq_a xb) */
+    if (hp->n_lora_q > 0) {
+        tn_mla_mm(T, &w[TN_ROLE_ATTN_Q_A], c->xb, d, c->mla_a);
+        for (int64_t t = T->t0; t < T->t1; t++)
+            tn_op_rmsnorm(c->mla_a + t * hp->n_lora_q, c->mla_a + t * hp->n_lora_q, w[TN_ROLE_ATTN_Q_A_NORM].data,
+                          hp->n_lora_q, hp->rms_eps);
+        tn_pool_barrier(c->pool);
+        tn_mla_mm(T, &w[TN_ROLE_ATTN_Q_LB], c->mla_a, hp->n_lora_q, c->q);
+    } else {
+        tn_mla_mm(T, &w[TN_ROLE_ATTN_Q], c->xb, d, c->q);
+    }
+    /* [c | k_pe] = Wkv_a xb, per token: c normed, k_pe and every head's q_pe rotated, the row
+     * cached; q_pe copied after the head's latent-space query */
+    tn_mla_mm(T, &w[TN_ROLE_ATTN_KV_A_MQA], c->xb, d, c->kv);
+    uint8_t *Kc = c->k_cache + (size_t)c->kv_off[il] * c->k_rb;
+    tn_hparams hq = *hp;
+    hq.head_dim = hd; /* q_pe of head h at h * hd + np */
+    for (int64_t t = T->t0; t < T->t1; t++) {
+        float *kv = c->kv + t * Lk, *q = c->q + t * qd;
+        const float *cs = c->rope_cs + t * nr;
+        tn_op_rmsnorm(kv, kv, w[TN_ROLE_ATTN_KV_A_NORM].data, R, hp->rms_eps);
+        tn_op_rope(&hq, kv + R, 1, cs, 1.0f);
+        tn_op_rope(&hq, q + np, H, cs, 1.0f);
+        for (int32_t h = 0; h < H; h++) memcpy(c->mla_q + (t * H + h) * Lk + R, q + (int64_t)h * hd + np, sizeof(float) * (size_t)nr);
+        const int64_t row = tn_kv_row(T->tables ? T->tables[b->seq[t]] : NULL, TN_KV_BLOCK, b->pos[t]);
+        tn_kv_store(c->type_k, kv, Kc + (size_t)row * c->k_rb, 0, Lk, c->kt);
+    }
+    /* absorbed queries: q_nope,h W_kb,h (kv_lora_rank values) into each head's latent part */
+    const tn_tensor *Wkb = &w[TN_ROLE_ATTN_K_B_MLA];
+    tn_mla_act_heads(T, Wkb->type, c->q, qd, hd, np, H);
+    tn_mla_mm_heads(T, Wkb, c->mla_q, (int64_t)H * Lk, Lk);
+    /* attention of every (token, head) over the cached rows: keys [c | k_pe], values the same
+     * rows (of which the first kv_lora_rank outputs are used: the latent) */
+    const float scale = hp->attn_scale;
+    float *scratch = c->scores + (size_t)T->ith * c->scores_stride;
+    int64_t u0, u1;
+    tn_split((int64_t)T->n * H, T->ith, T->nth, 1, &u0, &u1);
+    for (int64_t u = u0; u < u1; u++) {
+        const int64_t t = u / H, npos = (int64_t)b->pos[t] + 1;
+        const int32_t *blocks = T->tables ? T->tables[b->seq[t]] : NULL;
+        const float *q = c->mla_q + u * Lk;
+        float *out = c->mla_o + u * Lk;
+        if (c->type_k != TN_F16)
+            c->kt->attn_q(Lk, npos, 1, 1, q, c->type_k, Kc, c->k_rb, c->type_k, Kc, c->k_rb, blocks, TN_KV_BLOCK, scale, 0.0f,
+                          T->acc16, out, scratch);
+        else
+            c->kt->attn(Lk, npos, 1, 1, q, (const uint16_t *)Kc, (const uint16_t *)Kc, (int64_t)(c->k_rb / 2), blocks, TN_KV_BLOCK,
+                        scale, T->acc16, out, scratch);
+    }
+    tn_pool_barrier(c->pool);
+    /* att[t][h * v_head ..] = W_vb,h (latent attention of head h) */
+    const tn_tensor *Wvb = &w[TN_ROLE_ATTN_V_B_MLA];
+    tn_mla_act_heads(T, Wvb->type, c->mla_o, (int64_t)H * Lk, Lk, R, H);
+    tn_mla_mm_heads(T, Wvb, c->att, (int64_t)H * vh, vh);
+    TN_SPAN_E(TN_TK_ATTENTION, "mla", il, 0, 0);
+}
+
 /* hb = act(Wg xb) * (Wu xb) over n_ff rows; prefetches the start of this thread's share of down
  * (the next matmul) at the closing barrier. */
 static void tn_glu(tn_thr *T, const tn_tensor *Wg, const tn_tensor *Wu, int32_t n_ff, const tn_tensor *down, int32_t il) {
@@ -498,13 +602,18 @@ static void tn_moe_topk(const float *p, int32_t ne, int32_t k, int32_t *sel) {
  * experts into sel (best first; equal probabilities: the lower index first, as llama.cpp's
  * argsort orders up to 16 experts) and their weights into w (divided by their sum, clamped below
  * at 2^-14 as llama.cpp does, when renorm). */
-static void tn_moe_route(float *p, int32_t ne, int32_t k, bool renorm, int32_t *sel, float *w) {
+/* p[ne] = softmax(p) as ggml_soft_max computes it (exp(l - max) summed in double, times 1 / sum). */
+static void tn_moe_softmax(float *p, int32_t ne) {
     float mx = -INFINITY;
     for (int32_t e = 0; e < ne; e++) mx = p[e] > mx ? p[e] : mx;
     double sum = 0;
     for (int32_t e = 0; e < ne; e++) sum += (double)(p[e] = expf(p[e] - mx));
     const float inv = (float)(1.0 / sum);
     for (int32_t e = 0; e < ne; e++) p[e] *= inv;
+}
+
+static void tn_moe_route(float *p, int32_t ne, int32_t k, bool renorm, int32_t *sel, float *w) {
+    tn_moe_softmax(p, ne);
     tn_moe_topk(p, ne, k, sel);
     for (int32_t j = 0; j < k; j++) w[j] = p[sel[j]];
     if (renorm) tn_moe_renorm(w, k);
@@ -530,6 +639,43 @@ static void tn_moe_renorm(float *w, int32_t k) {
     for (int32_t j = 0; j < k; j++) w[j] /= s;
 }
 
+/* DeepSeek's routing (llama.cpp's build_moe_ffn): probabilities p = softmax or sigmoid of the
+ * logits (overwritten); selection scores s = p + exp_probs_b (bias NULL: p); with expert groups,
+ * each group scored by the sum of its two best s and only the n_group_used best groups eligible
+ * (equal scores: the lower index first); the k best eligible s into sel; weights p of those,
+ * divided by their sum (clamped at 2^-14) when moe_norm, times moe_scale unless 0 or 1. */
+static void tn_moe_route_ds(const tn_hparams *hp, float *p, const float *bias, int32_t *sel, float *w) {
+    const int32_t ne = hp->n_expert, k = hp->n_expert_used;
+    float s[512], gs[512];
+    int32_t gsel[512];
+    if (hp->moe_sigmoid) {
+        for (int32_t e = 0; e < ne; e++) p[e] = 1.0f / (1.0f + expf(-p[e]));
+    } else {
+        tn_moe_softmax(p, ne);
+    }
+    for (int32_t e = 0; e < ne; e++) s[e] = bias ? p[e] + bias[e] : p[e];
+    if (hp->n_expert_groups > 1) {
+        const int32_t G = hp->n_expert_groups, per = ne / G;
+        for (int32_t g = 0; g < G; g++) {
+            int32_t two[2];
+            tn_moe_topk(s + g * per, per, 2, two);
+            gs[g] = s[g * per + two[0]] + s[g * per + two[1]];
+        }
+        tn_moe_topk(gs, G, hp->n_group_used, gsel);
+        for (int32_t g = 0; g < G; g++) {
+            bool used = false;
+            for (int32_t j = 0; j < hp->n_group_used; j++) used |= gsel[j] == g;
+            if (!used)
+                for (int32_t e = 0; e < per; e++) s[g * per + e] = -INFINITY;
+        }
+    }
+    tn_moe_topk(s, ne, k, sel);
+    for (int32_t j = 0; j < k; j++) w[j] = p[sel[j]];
+    if (hp->moe_norm) tn_moe_renorm(w, k);
+    if (hp->moe_scale != 0.0f && hp->moe_scale != 1.0f)
+        for (int32_t j = 0; j < k; j++) w[j] *= hp->moe_scale;
+}
+
 void tn_blk_moe(tn_thr *T, const tn_layer *L, int32_t il) {
     tern_ctx *c = T->c;
     const tn_kern_table *kt = c->kt;
@@ -551,7 +697,8 @@ void tn_blk_moe(tn_thr *T, const tn_layer *L, int32_t il) {
         float *lg = c->moe_logits + t * ne;
         if (rb)
             for (int32_t e = 0; e < ne; e++) lg[e] += rb[e];
-        if (hp->family->moe_gating == TN_MOE_SOFTMAX_WEIGHT)
+        if (hp->family->mla) tn_moe_route_ds(hp, lg, L->w[TN_ROLE_FFN_EXP_PROBS_B].data, c->moe_sel + t * k, c->moe_w + t * k);
+        else if (hp->family->moe_gating == TN_MOE_SOFTMAX_WEIGHT)
             tn_moe_route_topk_softmax(lg, ne, k, hp->family->moe_renorm, c->moe_sel + t * k, c->moe_w + t * k);
         else tn_moe_route(lg, ne, k, hp->family->moe_renorm, c->moe_sel + t * k, c->moe_w + t * k);
     }

@@ -60,6 +60,11 @@ void tn_blk_qkv(tn_thr *T, const tn_layer *L, int32_t il);
 /* Per head: biases, q/k RMSNorm (if the layer has them), RoPE (unless a NoPE layer); k, v into the cache; then
  * att = softmax(q K^T / sqrt(head_dim)) V over the sequence's cached positions. */
 void tn_blk_attention(tn_thr *T, const tn_layer *L, int32_t il);
+/* Multi-head latent attention (deepseek2) in place of tn_blk_qkv + tn_blk_attention: q (direct
+ * or low-rank), the latent and shared rope key from attn_kv_a_mqa (normed, roped, cached as one
+ * row of kv_lora_rank + n_rot values), q_nope absorbed through attn_k_b per head, attention over
+ * the cached rows, attn_v_b per head into att [n][n_head * v_head]. */
+void tn_blk_mla(tn_thr *T, const tn_layer *L, int32_t il);
 /* hb = silu(Wgate xb) * (Wup xb)  (gemma: gelu_tanh(Wgate xb) * (Wup xb)). */
 void tn_blk_glu(tn_thr *T, const tn_layer *L, int32_t il);
 /* Mixture of experts (the layer has a router): per token, softmax of the router logits, the

@@ -5,6 +5,8 @@
  * KV cache layout per layer (f16 by default, like llama.cpp's default cache type; or q8_0 / q4_0,
  * tern_ctx_params type_k / type_v, llama.cpp's --cache-type-k/-v):
  *   K, V: [n_ctx][n_head_kv * head_dim]      one row per position (head h at h*head_dim); a row
+ *   (multi-head latent attention: K rows [n_ctx][kv_lora_rank + n_rot], the normed latent and
+ *   the roped shared key of each position; no V rows: the values are the K rows' latent part)
  *                                            of type_k is k_rb bytes (ggml's blocks of 32 values
  *                                            for q8_0 / q4_0, so head_dim % 32 == 0 there)
  */
@@ -75,6 +77,10 @@ struct tern_ctx {
     float *q;       /* [n_batch][n_head * head_dim]  queries                                 */
     float *kv;      /* [n_batch][2 * kv_dim]  k then v per token                              */
     float *att;     /* [n_batch][n_head * head_dim]  attention output                        */
+    /* multi-head latent attention (NULL elsewhere); L = kv_lora_rank + n_rot, a cache row     */
+    float *mla_q;   /* [n_batch][n_head][L] q_nope absorbed into latent space | roped q_pe     */
+    float *mla_o;   /* [n_batch][n_head][L] attention over the cached rows (first kv_lora_rank) */
+    float *mla_a;   /* [n_batch][max(q_lora_rank, L)] q's low-rank rows; the token's [c | k_pe] */
     float *hb;      /* [n_batch][n_ff]     gate (MoE: [n_batch * n_expert_used][n_ff_exp])       */
     float *hb2;     /* [n_batch][n_ff]     up   (likewise)                                        */
     /* mixture of experts (NULL in a dense model): the routing of a batch and its rows grouped by

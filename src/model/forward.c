@@ -38,9 +38,13 @@ static void tn_forward_task(void *vp, int ith, int nth) {
         const tn_tensor *w = L->w;
         /* attention: x += Wo attention(q, k, v) */
         tn_blk_norm(&T, &w[TN_ROLE_ATTN_NORM], il, TN_OBS_ATTN_IN); /* xb = rmsnorm(x) * attn_norm   */
-        tn_blk_qkv(&T, L, il);                                      /* q, k, v = Wq xb, Wk xb, Wv xb  */
-        tn_blk_attention(&T, L, il);                                /* att = softmax(q K^T / sqrt(hd)) V,
+        if (c->hp.family->mla) {
+            tn_blk_mla(&T, L, il);                                  /* latent attention, att [n][n_head v_head] */
+        } else {
+            tn_blk_qkv(&T, L, il);                                  /* q, k, v = Wq xb, Wk xb, Wv xb  */
+            tn_blk_attention(&T, L, il);                            /* att = softmax(q K^T / sqrt(hd)) V,
                                                                      * q, k: bias, q/k norm, rope    */
+        }
         const bool moe = tn_layer_moe(L);
         tn_blk_proj_add(&T, &w[TN_ROLE_ATTN_OUT], c->att, il, 3, TN_OBS_ATTN_OUT, &w[TN_ROLE_ATTN_POST_NORM],
                         &w[moe ? TN_ROLE_FFN_GATE_INP : TN_ROLE_FFN_GATE]); /* x += Wo att  (gemma: post-normed) */

@@ -182,7 +182,7 @@ static tern_status tn_load_hparams(const tn_gguf *g, tn_hparams *hp) {
                       hp->head_dim);
     int32_t val_len = hp->head_dim;
     if ((s = tn_model_key_dim(g, an, "attention.value_length", false, 1, 1 << 16, &val_len))) return s;
-    if (val_len != hp->head_dim)
+    if (val_len != hp->head_dim && !ad->mla) /* MLA: the family's hook reads the heads */
         return tn_err(TERN_ERR_UNSUPPORTED, "model: %s.attention.value_length %d differs from key_length %d", an, val_len,
                       hp->head_dim);
     hp->n_rot = hp->head_dim;
@@ -297,7 +297,13 @@ static tern_status tn_check_extra(const tn_gguf *g, const tn_hparams *hp) {
         }
         if (il >= hp->n_layer)
             return tn_err(TERN_ERR_FORMAT, "model: tensor '%s' exists but %s.block_count is %d", t->name, an, (int)hp->n_layer);
-        if (tn_arch_need(hp, r) == TN_NEED_NO) {
+        if (tn_arch_need_layer(hp, il, r) == TN_NEED_NO) {
+            if (hp->family->mla && il >= 0 && hp->family->need[r] != TN_NEED_NO)
+                return tn_err(TERN_ERR_FORMAT,
+                              "model: unexpected tensor '%s' (shape %s): layer %d of %s (leading_dense_block_count %d, "
+                              "q_lora_rank %d, %s) has none",
+                              t->name, fs, (int)il, an, hp->n_layer_dense_lead, hp->n_lora_q,
+                              hp->mla_kv_b ? "attn_kv_b form" : "attn_k_b / attn_v_b form");
             if (hp->family->need[r] != TN_NEED_NO) /* dense roles in a MoE file, or experts in a dense one */
                 return tn_err(TERN_ERR_FORMAT, "model: unexpected tensor '%s' (shape %s): %s.expert_count is %d", t->name, fs,
                               an, hp->n_expert);
@@ -305,6 +311,39 @@ static tern_status tn_check_extra(const tn_gguf *g, const tn_hparams *hp) {
                           an, tn_roles[r].name);
         }
     }
+    return TERN_OK;
+}
+
+/* An older deepseek2 file's attn_kv_b ([kv_lora_rank] rows: per head nope k rows, then v_head v
+ * rows) as the per-head matrices the MLA block multiplies, in f32 (what convert_hf_to_gguf.py
+ * writes today): attn_k_b,h [nope][kv_lora_rank] holds the head's k rows transposed (its rows
+ * index the latent), attn_v_b,h its v rows as they are. The kv_b view is dropped. */
+static tern_status tn_mla_split_kv_b(tern_model *m) {
+    const tn_hparams *hp = &m->hp;
+    const int64_t H = hp->n_head, np = hp->head_dim - hp->n_rot, R = hp->n_lora_kv, vh = hp->v_head;
+    const int64_t per = H * (np * R + R * vh);
+    m->mla_split = tn_malloc((size_t)(per * hp->n_layer) * sizeof(float));
+    float *row = tn_malloc((size_t)R * sizeof(float));
+    if (!m->mla_split || !row) {
+        tn_free(row);
+        return tn_err(TERN_ERR_NOMEM, "model: out of memory splitting attn_kv_b");
+    }
+    for (int32_t il = 0; il < hp->n_layer; il++) {
+        tn_tensor *w = m->layers[il].w;
+        float *kb = m->mla_split + per * il, *vb = kb + H * np * R;
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < np + vh; i++) {
+                tn_tensor_get_row(&w[TN_ROLE_ATTN_KV_B], h * (np + vh) + i, row);
+                if (i < np)
+                    for (int64_t c = 0; c < R; c++) kb[(h * R + c) * np + i] = row[c];
+                else memcpy(vb + (h * vh + i - np) * R, row, (size_t)R * sizeof(float));
+            }
+        const tn_tensor k = {TN_F32, {np, R, H, 1}, kb, (size_t)(H * np * R) * sizeof(float), "attn_kv_b.weight (k part)"};
+        const tn_tensor v = {TN_F32, {R, vh, H, 1}, vb, (size_t)(H * R * vh) * sizeof(float), "attn_kv_b.weight (v part)"};
+        w[TN_ROLE_ATTN_K_B_MLA] = k, w[TN_ROLE_ATTN_V_B_MLA] = v;
+        memset(&w[TN_ROLE_ATTN_KV_B], 0, sizeof w[TN_ROLE_ATTN_KV_B]);
+    }
+    tn_free(row);
     return TERN_OK;
 }
 
@@ -331,10 +370,11 @@ tern_status tn_model_load_gguf(tn_gguf *g, tern_model **out) {
     }
     for (int32_t il = 0; il < hp->n_layer; il++) {
         for (int r = 0; r < TN_ROLE_N_LAYER; r++)
-            if ((s = tn_bind(g, hp, (tn_role)r, il, tn_arch_need(hp, (tn_role)r), &m->layers[il].w[r]))) goto fail;
+            if ((s = tn_bind(g, hp, (tn_role)r, il, tn_arch_need_layer(hp, il, (tn_role)r), &m->layers[il].w[r]))) goto fail;
         tn_bind_fused(hp, &m->layers[il]);
     }
     if ((s = tn_check_extra(g, hp))) goto fail;
+    if (hp->family->mla && hp->mla_kv_b && (s = tn_mla_split_kv_b(m))) goto fail;
     for (uint64_t i = 0; i < g->n_tensors; i++) {
         const tn_gguf_tensor *t = &g->tensors[i];
         const uint64_t ne = (uint64_t)(t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3]);
@@ -352,6 +392,7 @@ tern_status tn_model_load_gguf(tn_gguf *g, tern_model **out) {
     return TERN_OK;
 fail:
     tn_vocab_free(m->vocab);
+    tn_free(m->mla_split);
     tn_free(m->layers);
     tn_free(m);
     return s;

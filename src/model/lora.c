@@ -234,6 +234,9 @@ tern_status tern_ctx_set_lora(tern_ctx *c, tern_lora *const *ad, const float *sc
             return tn_err(TERN_ERR_INVALID_ARG, "lora: adapter %d was loaded for another model than this context's", (int)i);
         if (!isfinite(scales[i])) return tn_err(TERN_ERR_INVALID_ARG, "lora: scale of '%s' is not finite", ad[i]->path);
     }
+    if (n > 0 && c->hp.family && c->hp.family->mla) /* tn_blk_mla applies no adapter terms */
+        return tn_err(TERN_ERR_UNSUPPORTED, "lora: adapters on %s (latent attention) are not applied at run time yet",
+                      c->hp.family->name);
     if (n > 0 && c->cuda)
         return tn_err(TERN_ERR_UNSUPPORTED, "lora: the CUDA backend does not apply LoRA adapters (run with --device cpu, or merge "
                                             "the adapter with tern export-lora)");

@@ -53,6 +53,19 @@ typedef struct tn_hparams {
                            * else n_ff)                                                  */
     int32_t n_ff_shexp;   /* the shared expert's hidden rows (qwen2moe:
                            * expert_shared_feed_forward_length, else n_ff)               */
+    /* multi-head latent attention (deepseek2; 0 elsewhere): head_dim is the q/k head (nope +
+     * n_rot), v_head the value head; a token caches kv_lora_rank + n_rot values per layer */
+    int32_t n_lora_q;     /* attention.q_lora_rank (0: q projected directly)             */
+    int32_t n_lora_kv;    /* attention.kv_lora_rank                                      */
+    int32_t v_head;       /* attention.value_length_mla (or value_length in older files) */
+    bool mla_kv_b;        /* an older file: one attn_kv_b instead of attn_k_b / attn_v_b  */
+    int32_t n_layer_dense_lead; /* leading_dense_block_count: layers before the MoE ones  */
+    /* DeepSeek routing: sigmoid instead of softmax probabilities; the top-k weights divided by
+     * their sum (expert_weights_norm), times expert_weights_scale (0: 1); expert_group_count groups
+     * of which the expert_group_used_count best (by their two best scores) are eligible */
+    bool moe_sigmoid, moe_norm;
+    float moe_scale;
+    int32_t n_expert_groups, n_group_used;
 } tn_hparams;
 
 /* A weight view: type, shape (ne[0] = row length) and bytes in the mapped file. */
@@ -95,6 +108,9 @@ static inline bool tn_hp_layer_swa(const tn_hparams *hp, int32_t il) {
     return hp->n_swa > 0 && il % hp->swa_period < hp->swa_period - 1;
 }
 
+/* Values per position in an MLA layer's cache: the normed latent, then the roped shared key. */
+static inline int64_t tn_hp_mla_kv(const tn_hparams *hp) { return (int64_t)hp->n_lora_kv + hp->n_rot; }
+
 /* Width of the query and attention-output rows: n_head * head_dim (n_embd in most families). */
 static inline int64_t tn_hp_q_dim(const tn_hparams *hp) { return (int64_t)hp->n_head * hp->head_dim; }
 
@@ -112,6 +128,8 @@ struct tern_model {
     uint64_t weight_bytes;
     char desc[128];
     char *path;
+    float *mla_split; /* an older deepseek2 file: attn_kv_b split into per-head f32 attn_k_b / attn_v_b
+                       * (tn_mla_split_kv_b), which the layers' views point into; else NULL */
     void *repacked; /* the matrices moved out of the file mapping at load (tn_model_repack: interleaved
                      * layouts, other types as they are; 2 MiB pages), or NULL */
 };

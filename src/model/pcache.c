@@ -521,6 +521,8 @@ tern_status tn_pcache_usable(const tn_pcache *pc, const tern_ctx *c) {
     if (c->lora_sites) return tn_err(TERN_ERR_UNSUPPORTED, "prompt cache: not with LoRA adapters (--lora) yet");
     if (c->type_k != TN_F16 || c->type_v != TN_F16)
         return tn_err(TERN_ERR_UNSUPPORTED, "prompt cache: stores f16 KV rows only (not with -ctk/-ctv q8_0 or q4_0 yet)");
+    if (c->hp.family && c->hp.family->mla) /* its rows are latents, no V rows: another layout */
+        return tn_err(TERN_ERR_UNSUPPORTED, "prompt cache: not for %s's latent KV cache yet", c->hp.family->name);
     if (c->hp.n_layer != pc->n_layer || (int64_t)c->hp.n_head_kv * c->hp.head_dim != pc->kv_dim)
         return tn_err(TERN_ERR_INVALID_ARG, "prompt cache: the context is of another model");
     return TERN_OK;

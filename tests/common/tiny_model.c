@@ -140,6 +140,33 @@ tern_status tiny_model_write(const char *path, const tiny_cfg *c) {
         snprintf(key, sizeof key, "%s.attn_logit_softcapping", a);
         tn_gguf_set_f32(w, key, c->attn_softcap);
     }
+    const bool ds = !strcmp(a, "deepseek2");
+    if (ds) { /* convert_hf_to_gguf.py DeepseekV2Model's keys (MLA form: one kv head, key/value
+               * lengths of the cached latent, the heads in *_mla) */
+        U32("attention.kv_lora_rank", c->kv_lora);
+        U32("attention.q_lora_rank", c->q_lora);
+        U32("attention.key_length", c->kv_b ? c->head_dim : c->kv_lora + c->n_rot);
+        U32("attention.value_length", c->kv_b ? c->v_head : c->kv_lora);
+        if (!c->kv_b) {
+            U32("attention.key_length_mla", c->head_dim);
+            U32("attention.value_length_mla", c->v_head);
+        }
+        U32("leading_dense_block_count", c->dense_lead);
+        U32("expert_shared_count", c->n_shared);
+        U32("expert_gating_func", c->v3 ? 2 : 1);
+        snprintf(key, sizeof key, "deepseek2.expert_weights_norm");
+        tn_gguf_set_bool(w, key, c->v3);
+        snprintf(key, sizeof key, "deepseek2.expert_weights_scale");
+        tn_gguf_set_f32(w, key, c->v3 ? 2.5f : 1.0f);
+        if (c->v3) {
+            U32("expert_group_count", c->n_expert / 2);
+            U32("expert_group_used_count", c->n_expert / 4);
+        }
+        if (c->yarn_factor > 0) {
+            snprintf(key, sizeof key, "deepseek2.rope.scaling.yarn_log_multiplier");
+            tn_gguf_set_f32(w, key, 0.0707f);
+        }
+    }
 #undef U32
     snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", a);
     tn_gguf_set_f32(w, key, 1e-5f);
@@ -201,6 +228,41 @@ tern_status tiny_model_write(const char *path, const tiny_cfg *c) {
         char n[64];
 #define L(sfx, a0, a1, ty_, kd) snprintf(n, sizeof n, "blk.%lld." sfx, (long long)l); ADD(n, a0, a1, ty_, kd)
         L("attn_norm.weight", c->n_embd, 1, TN_F32, 'n');
+        if (ds) { /* deepseek2.cpp load_arch_tensors: shapes as written there */
+            const int64_t np = c->head_dim - c->n_rot, H = c->n_head;
+            if (c->q_lora) {
+                L("attn_q_a_norm.weight", c->q_lora, 1, TN_F32, 'n');
+                L("attn_q_a.weight", c->n_embd, c->q_lora, c->wtype, 'w');
+                L("attn_q_b.weight", c->q_lora, H * c->head_dim, c->wtype, 'w');
+            } else {
+                L("attn_q.weight", c->n_embd, H * c->head_dim, c->wtype, 'w');
+            }
+            L("attn_kv_a_norm.weight", c->kv_lora, 1, TN_F32, 'n');
+            L("attn_kv_a_mqa.weight", c->n_embd, c->kv_lora + c->n_rot, c->wtype, 'w');
+            if (c->kv_b) {
+                L("attn_kv_b.weight", c->kv_lora, H * (np + c->v_head), c->wtype, 'w');
+            } else { /* {nope, kv_lora, n_head}, {kv_lora, v_head, n_head} */
+                snprintf(n, sizeof n, "blk.%lld.attn_k_b.weight", (long long)l); ADD3(n, np, c->kv_lora, H, c->wtype);
+                snprintf(n, sizeof n, "blk.%lld.attn_v_b.weight", (long long)l); ADD3(n, c->kv_lora, c->v_head, H, c->wtype);
+            }
+            L("attn_output.weight", H * c->v_head, c->n_embd, c->wtype, 'w');
+            L("ffn_norm.weight", c->n_embd, 1, TN_F32, 'n');
+            if (l < c->dense_lead) {
+                L("ffn_gate.weight", c->n_embd, c->n_ff, c->wtype, 'w');
+                L("ffn_down.weight", c->n_ff, c->n_embd, c->wtype, 'w');
+                L("ffn_up.weight", c->n_embd, c->n_ff, c->wtype, 'w');
+                continue;
+            }
+            L("ffn_gate_inp.weight", c->n_embd, nx, TN_F32, 'w');
+            if (c->v3) { L("exp_probs_b.bias", nx, 1, TN_F32, 'b'); }
+            snprintf(n, sizeof n, "blk.%lld.ffn_down_exps.weight", (long long)l); ADD3(n, ffx, c->n_embd, nx, c->wtype);
+            snprintf(n, sizeof n, "blk.%lld.ffn_gate_exps.weight", (long long)l); ADD3(n, c->n_embd, ffx, nx, c->wtype);
+            snprintf(n, sizeof n, "blk.%lld.ffn_up_exps.weight", (long long)l); ADD3(n, c->n_embd, ffx, nx, c->wtype);
+            L("ffn_gate_shexp.weight", c->n_embd, ffx * c->n_shared, c->wtype, 'w');
+            L("ffn_down_shexp.weight", ffx * c->n_shared, c->n_embd, c->wtype, 'w');
+            L("ffn_up_shexp.weight", c->n_embd, ffx * c->n_shared, c->wtype, 'w');
+            continue;
+        }
         if (phi3) { /* llama.cpp src/models/phi3.cpp: {n_embd, n_embd + 2 n_embd_gqa} */
             L("attn_qkv.weight", c->n_embd, qd + 2 * kv, c->wtype, 'w');
         } else {

@@ -31,6 +31,13 @@ typedef struct tiny_cfg {
                            * 0: not written, n_ff)                                            */
     float yarn_factor;    /* > 0: rope.scaling.type yarn with this factor (gpt-oss; original context
                            * from n_ctx_orig)                                                 */
+    /* deepseek2 (llama.cpp src/models/deepseek2.cpp; head_dim = nope + n_rot, both required):
+     * kv_lora_rank, q_lora_rank (0: attn_q), value head, leading dense layers, shared experts of
+     * n_ff_exp rows; kv_b: one attn_kv_b (older conversions) instead of attn_k_b / attn_v_b;
+     * v3: sigmoid gating, exp_probs_b, expert groups (n_expert / 2 groups of 2, half used),
+     * weights renormalised and scaled by 2.5 */
+    int64_t kv_lora, q_lora, v_head, dense_lead, n_shared;
+    bool kv_b, v3;
     tn_dtype wtype;       /* type of the matrices (norms/biases stay f32)  */
     tn_dtype out_type;    /* type of output.weight and token_embd          */
     bool tied;            /* no output.weight                              */

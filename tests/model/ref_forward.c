@@ -37,7 +37,82 @@ struct ref_model {
     const float *ff; /* RoPE frequency factors (llama 3.1's rope_freqs; phi3: LongRoPE's choice) */
     double mscale;   /* phi3: rope.scaling.attn_factor on the rotated dims                       */
     int32_t type_k, type_v; /* ref_set_kv_types: 0 / f16 none, else K / V rows rounded through it  */
+    /* deepseek2, read from the file by llama.cpp's names (rows NULL: absent): q direct or
+     * low-rank, kv_a_mqa, the per-head up-projections as k_b [n_head * kv_lora rows of nope],
+     * v_b [n_head * v_head rows of kv_lora] or the older kv_b [n_head * (nope + v_head) rows] */
+    ref_mat *mq, *mqa, *mqb, *mkva, *mkb, *mvb, *mkvb;
+    const float **mqa_norm, **mkva_norm, **probs_b;
+    int64_t kv_lora, v_head, dense_lead, n_groups, group_used, gating;
+    double ds_scale;  /* the scores' scale: mscale^2 / sqrt(q/k head)              */
+    double w_scale;   /* expert_weights_scale (0: none)                             */
+    bool w_norm;
 };
+
+static ref_mat ref_deq_file_rows(const tern_model *m, const char *name, int64_t r0, int64_t rows);
+static ref_mat ref_deq_file_3d(const tern_model *m, const char *name);
+
+/* The file's tensor blk.l.<sfx> as rows (2-D, or 3-D stacked), or none. */
+static ref_mat ref_layer_mat(const tern_model *m, int32_t l, const char *sfx) {
+    char n[96];
+    snprintf(n, sizeof n, "blk.%d.%s", (int)l, sfx);
+    return ref_deq_file_3d(m, n);
+}
+static const float *ref_layer_vec(const tern_model *m, int32_t l, const char *sfx) {
+    char n[96];
+    snprintf(n, sizeof n, "blk.%d.%s", (int)l, sfx);
+    const tn_gguf_tensor *t = tn_gguf_find_tensor(m->gguf, n);
+    return t && t->type == TN_F32 ? (const float *)t->data : NULL;
+}
+static int64_t ref_key_int(const tern_model *m, const char *key, int64_t dflt) {
+    int64_t v = dflt;
+    tn_gguf_get_i64(m->gguf, key, false, &v);
+    return v;
+}
+
+/* deepseek2's own reading of the file: keys by name, matrices by llama.cpp's tensor names, the
+ * YaRN score scale as DeepSeek defines it (yarn_get_mscale(factor, mscale_all_dim)^2 / sqrt(d),
+ * the converter storing 0.1 * mscale_all_dim). */
+static void ref_ds_create(ref_model *r) {
+    const tern_model *m = r->m;
+    const int32_t nl = r->hp.n_layer;
+    ref_mat **all[] = {&r->mq, &r->mqa, &r->mqb, &r->mkva, &r->mkb, &r->mvb, &r->mkvb};
+    for (size_t i = 0; i < 7; i++) *all[i] = calloc((size_t)nl, sizeof(ref_mat));
+    r->mqa_norm = calloc((size_t)nl, sizeof(float *));
+    r->mkva_norm = calloc((size_t)nl, sizeof(float *));
+    r->probs_b = calloc((size_t)nl, sizeof(float *));
+    for (int32_t l = 0; l < nl; l++) {
+        r->mq[l] = ref_layer_mat(m, l, "attn_q.weight");
+        r->mqa[l] = ref_layer_mat(m, l, "attn_q_a.weight");
+        r->mqb[l] = ref_layer_mat(m, l, "attn_q_b.weight");
+        r->mkva[l] = ref_layer_mat(m, l, "attn_kv_a_mqa.weight");
+        r->mkb[l] = ref_layer_mat(m, l, "attn_k_b.weight");
+        r->mvb[l] = ref_layer_mat(m, l, "attn_v_b.weight");
+        r->mkvb[l] = ref_layer_mat(m, l, "attn_kv_b.weight");
+        r->mqa_norm[l] = ref_layer_vec(m, l, "attn_q_a_norm.weight");
+        r->mkva_norm[l] = ref_layer_vec(m, l, "attn_kv_a_norm.weight");
+        r->probs_b[l] = ref_layer_vec(m, l, "exp_probs_b.bias");
+    }
+    r->kv_lora = ref_key_int(m, "deepseek2.attention.kv_lora_rank", 0);
+    const int64_t rot = ref_key_int(m, "deepseek2.rope.dimension_count", 0);
+    const int64_t kmla = ref_key_int(m, "deepseek2.attention.key_length_mla", 0);
+    r->v_head = ref_key_int(m, "deepseek2.attention.value_length_mla", ref_key_int(m, "deepseek2.attention.value_length", 0));
+    const int64_t hk = kmla ? kmla : ref_key_int(m, "deepseek2.attention.key_length", 0);
+    r->dense_lead = ref_key_int(m, "deepseek2.leading_dense_block_count", 0);
+    r->n_groups = ref_key_int(m, "deepseek2.expert_group_count", 0);
+    r->group_used = ref_key_int(m, "deepseek2.expert_group_used_count", 0);
+    r->gating = ref_key_int(m, "deepseek2.expert_gating_func", 1);
+    bool wn = false;
+    tn_gguf_get_bool(m->gguf, "deepseek2.expert_weights_norm", false, &wn);
+    r->w_norm = wn;
+    float ws = 0, factor = 0, lm = 0;
+    tn_gguf_get_f32(m->gguf, "deepseek2.expert_weights_scale", false, &ws);
+    tn_gguf_get_f32(m->gguf, "deepseek2.rope.scaling.factor", false, &factor);
+    tn_gguf_get_f32(m->gguf, "deepseek2.rope.scaling.yarn_log_multiplier", false, &lm);
+    r->w_scale = ws;
+    const double ms = factor > 1 ? 1.0 + 0.1 * (lm / 0.1) * log(factor) : 1.0;
+    r->ds_scale = ms * ms / sqrt((double)hk);
+    r->hp.head_dim = (int32_t)hk, r->hp.n_rot = (int32_t)rot; /* rope() rotates the first n_rot of head_dim strides */
+}
 
 /* x[0..n) through a q8_0 / q4_0 row (quant.h's reference quantizer, then its dequantizer); other
  * types: unchanged. act: q8_0 as the activation quantizer rounds (the query of a quantized K). */
@@ -139,13 +214,15 @@ ref_model *ref_create(const tern_model *m, int32_t n_ctx) {
      * keeps its unscaled angle where i is below the dim at which a frequency turns beta_fast (32)
      * times over L0, the interpolated one (angle / s) above where it turns beta_slow (1) times, a
      * linear ramp between; cos and sin are scaled by 1 + 0.1 ln s (the YaRN paper's sqrt(1/t)) */
-    if (gpt_oss) {
+    const bool ds = r->hp.arch == TN_ARCH_DEEPSEEK2;
+    if (ds) ref_ds_create(r);
+    if (gpt_oss || ds) {
         const tn_hparams *hp = &r->hp;
         const double s_ = 1.0 / hp->rope_freq_scale, L0 = hp->n_ctx_orig, b = hp->rope_freq_base;
         const double lo = floor(hp->n_rot * log(L0 / (32.0 * 2 * 3.14159265358979323846)) / (2 * log(b)));
         const double hi = ceil(hp->n_rot * log(L0 / (1.0 * 2 * 3.14159265358979323846)) / (2 * log(b)));
         r->yarn = s_ > 1, r->yarn_lo = lo > 0 ? lo : 0, r->yarn_hi = hi < hp->n_rot - 1 ? hi : hp->n_rot - 1;
-        r->mscale = 1.0 + 0.1 * log(s_);
+        r->mscale = ds ? 1.0 : 1.0 + 0.1 * log(s_); /* DeepSeek: mscale / mscale_all_dim = 1 on cos, sin */
     }
     r->min_gap = INFINITY;
     for (int32_t l = 0; l < nl; l++) {
@@ -176,6 +253,8 @@ ref_model *ref_create(const tern_model *m, int32_t n_ctx) {
         }
         if (r->hp.arch == TN_ARCH_PHI3) {
             ref_phi3(r, l);
+        } else if (ds) {
+            if (!r->wr[l].w) r->wg[l] = ref_deq(&w[TN_ROLE_FFN_GATE]), r->wu[l] = ref_deq(&w[TN_ROLE_FFN_UP]);
         } else {
             r->wq[l] = ref_deq(&w[TN_ROLE_ATTN_Q]);
             r->wk[l] = ref_deq(&w[TN_ROLE_ATTN_K]);
@@ -206,6 +285,14 @@ void ref_free(ref_model *r) {
     free(r->sgate);
     const float **gv[] = {r->sinks, r->bo, r->fnorm, r->rbias, r->gbias, r->ubias, r->dbias};
     for (size_t i = 0; i < 7; i++) free(gv[i]);
+    if (r->mq) {
+        ref_mat *ds[] = {r->mq, r->mqa, r->mqb, r->mkva, r->mkb, r->mvb, r->mkvb};
+        for (size_t i = 0; i < 7; i++) {
+            for (int32_t l = 0; l < r->hp.n_layer; l++) free(ds[i][l].w);
+            free(ds[i]);
+        }
+        free(r->mqa_norm), free(r->mkva_norm), free(r->probs_b);
+    }
     free(r->kc);
     free(r->vc);
     free(r);
@@ -248,10 +335,36 @@ static void ref_moe(ref_model *r, int32_t l, const double *xb, double *out) {
     const bool gpt_oss = hp->arch == TN_ARCH_GPT_OSS;
     if (r->rbias[l])
         for (int64_t e = 0; e < nx; e++) p[e] += r->rbias[l][e];
-    if (!gpt_oss) { /* softmax over every expert; gpt-oss selects on the logits */
+    const bool ds = hp->arch == TN_ARCH_DEEPSEEK2;
+    if (ds && r->gating == 2) { /* DeepSeek-V3: sigmoid scores */
+        for (int64_t e = 0; e < nx; e++) p[e] = 1.0 / (1.0 + exp(-p[e]));
+    } else if (!gpt_oss) { /* softmax over every expert; gpt-oss selects on the logits */
         for (int64_t e = 0; e < nx; e++) mx = p[e] > mx ? p[e] : mx;
         for (int64_t e = 0; e < nx; e++) sum += (p[e] = exp(p[e] - mx));
         for (int64_t e = 0; e < nx; e++) p[e] /= sum;
+    }
+    /* the scores experts are chosen by: p, plus DeepSeek-V3's bias; its groups: only the experts
+     * of the group_used groups with the largest sums of their two best scores */
+    double *ps = malloc((size_t)nx * sizeof *ps);
+    for (int64_t e = 0; e < nx; e++) ps[e] = p[e] + (ds && r->probs_b[l] ? r->probs_b[l][e] : 0.0);
+    if (ds && r->n_groups > 1) {
+        const int64_t G = r->n_groups, per = nx / G;
+        double *gsum = malloc((size_t)G * sizeof *gsum);
+        for (int64_t g = 0; g < G; g++) {
+            double b1 = -INFINITY, b2 = -INFINITY;
+            for (int64_t e = g * per; e < (g + 1) * per; e++) {
+                if (ps[e] > b1) b2 = b1, b1 = ps[e];
+                else if (ps[e] > b2) b2 = ps[e];
+            }
+            gsum[g] = b1 + b2;
+        }
+        for (int64_t g = 0; g < G; g++) { /* group g is kept if fewer than group_used groups beat it */
+            int64_t better = 0;
+            for (int64_t o = 0; o < G; o++) better += gsum[o] > gsum[g] || (gsum[o] == gsum[g] && o < g);
+            if (better >= r->group_used)
+                for (int64_t e = g * per; e < (g + 1) * per; e++) ps[e] = -INFINITY;
+        }
+        free(gsum);
     }
     double wsum = 0;
     for (int64_t j = 0; j < k; j++) { /* the j-th largest: the largest not yet taken */
@@ -259,18 +372,19 @@ static void ref_moe(ref_model *r, int32_t l, const double *xb, double *out) {
         for (int64_t e = 0; e < nx; e++) {
             bool taken = false;
             for (int64_t i = 0; i < j; i++) taken = taken || sel[i] == e;
-            if (!taken && (best < 0 || p[e] > p[best])) best = e;
+            if (!taken && (best < 0 || ps[e] > ps[best])) best = e;
         }
         sel[j] = best;
         wsum += p[best];
     }
-    double next = -1; /* the (k+1)-th: how close the routing came to another choice */
+    double next = -INFINITY; /* the (k+1)-th: how close the routing came to another choice */
     for (int64_t e = 0; e < nx; e++) {
         bool taken = false;
         for (int64_t i = 0; i < k; i++) taken = taken || sel[i] == e;
-        if (!taken && p[e] > next) next = p[e];
+        if (!taken && ps[e] > next) next = ps[e];
     }
-    if (next >= 0 && p[sel[k - 1]] - next < r->min_gap) r->min_gap = p[sel[k - 1]] - next;
+    if (next > -INFINITY && ps[sel[k - 1]] - next < r->min_gap) r->min_gap = ps[sel[k - 1]] - next;
+    free(ps);
     /* qwen2moe and olmoe use the probabilities as they are */
     const bool renorm = hp->arch == TN_ARCH_QWEN3MOE || hp->arch == TN_ARCH_LLAMA;
     double *sw = malloc((size_t)k * sizeof *sw); /* gpt-oss: softmax over the k selected logits */
@@ -298,7 +412,8 @@ static void ref_moe(ref_model *r, int32_t l, const double *xb, double *out) {
         matvec_expert(&r->xd[l], e, d, g, y);
         if (r->dbias[l])
             for (int64_t i = 0; i < d; i++) y[i] += r->dbias[l][e * d + i];
-        const double wj = gpt_oss ? sw[j] : renorm ? p[e] / wsum : p[e];
+        double wj = gpt_oss ? sw[j] : renorm || (ds && r->w_norm) ? p[e] / wsum : p[e];
+        if (ds && r->w_scale != 0) wj *= r->w_scale; /* DeepSeek's routed_scaling_factor */
         for (int64_t i = 0; i < d; i++) out[i] += wj * y[i];
     }
     free(sw);
@@ -337,7 +452,7 @@ static void rope(const ref_model *r, const tn_hparams *hp, double base, double f
             double ang = pos * freq, co = cos(ang), si = sin(ang);
             /* llama and smollm3 (their converter permutes HF's q/k rows) rotate adjacent pairs;
              * qwen2/qwen3 rotate halves */
-            const bool adjacent = hp->arch == TN_ARCH_LLAMA || hp->arch == TN_ARCH_SMOLLM3; /* gemma3: halves */
+            const bool adjacent = hp->arch == TN_ARCH_LLAMA || hp->arch == TN_ARCH_SMOLLM3 || hp->arch == TN_ARCH_DEEPSEEK2; /* gemma3: halves */
             int32_t a = adjacent ? 2 * i : i;
             int32_t b = adjacent ? 2 * i + 1 : i + hp->n_rot / 2;
             double x0 = x[a], x1 = x[b];
@@ -345,6 +460,62 @@ static void rope(const ref_model *r, const tn_hparams *hp, double base, double f
             x[b] = (x0 * si + x1 * co) * mscale;
         }
     }
+}
+
+/* deepseek2's attention of layer l for the normed row xb into o[n_embd], decompressed per head
+ * (DeepSeek-V2's modeling: keys [W_kb,h c | k_pe], values W_vb,h c, both cached per head in the
+ * reference's double cache), not the latent-space form tern runs. */
+static void ref_ds_attn(ref_model *r, int32_t l, const double *xb, double *o, int32_t pos) {
+    const tn_hparams *hp = &r->hp;
+    const int64_t H = hp->n_head, hd = hp->head_dim, nr = hp->n_rot, np = hd - nr, R = r->kv_lora, vh = r->v_head;
+    const int64_t kvd = (int64_t)hp->n_head_kv * hp->head_dim; /* the cache's row: H * hd >= H * vh */
+    double *q = malloc((size_t)(H * hd) * sizeof *q), *kva = malloc((size_t)(R + nr) * sizeof *kva);
+    double *att = calloc((size_t)(H * vh), sizeof *att), *sc = malloc((size_t)(pos + 1) * sizeof *sc);
+    if (r->mqa[l].w) { /* q = Wq_b rmsnorm(Wq_a x) */
+        double *qa = malloc((size_t)r->mqa[l].rows * sizeof *qa);
+        matvec(&r->mqa[l], xb, qa);
+        rmsnorm(qa, r->mqa_norm[l], qa, r->mqa[l].rows, hp->rms_eps);
+        matvec(&r->mqb[l], qa, q);
+        free(qa);
+    } else {
+        matvec(&r->mq[l], xb, q);
+    }
+    matvec(&r->mkva[l], xb, kva);
+    rmsnorm(kva, r->mkva_norm[l], kva, R, hp->rms_eps);
+    tn_hparams hq = *hp;
+    rope(r, &hq, hp->rope_freq_base, hp->rope_freq_scale, NULL, r->mscale, q + np, (int32_t)H, pos);
+    rope(r, &hq, hp->rope_freq_base, hp->rope_freq_scale, NULL, r->mscale, kva + R, 1, pos);
+    double *K = r->kc + ((size_t)l * r->n_ctx + (size_t)pos) * kvd, *V = r->vc + ((size_t)l * r->n_ctx + (size_t)pos) * kvd;
+    for (int64_t h = 0; h < H; h++) {
+        for (int64_t i = 0; i < np; i++) { /* k_nope,h = W_kb,h c: attn_k_b's rows are c's index */
+            double s = 0;
+            for (int64_t c = 0; c < R; c++)
+                s += (r->mkb[l].w ? (double)r->mkb[l].w[(h * R + c) * np + i] : (double)r->mkvb[l].w[(h * (np + vh) + i) * R + c]) * kva[c];
+            K[h * hd + i] = s;
+        }
+        for (int64_t i = 0; i < nr; i++) K[h * hd + np + i] = kva[R + i];
+        for (int64_t j = 0; j < vh; j++) {
+            double s = 0;
+            for (int64_t c = 0; c < R; c++)
+                s += (r->mvb[l].w ? (double)r->mvb[l].w[(h * vh + j) * R + c] : (double)r->mkvb[l].w[(h * (np + vh) + np + j) * R + c]) * kva[c];
+            V[h * vh + j] = s;
+        }
+    }
+    const double *K0 = r->kc + (size_t)l * r->n_ctx * kvd, *V0 = r->vc + (size_t)l * r->n_ctx * kvd;
+    for (int64_t h = 0; h < H; h++) {
+        double mx = -INFINITY, sum = 0;
+        for (int32_t t = 0; t <= pos; t++) {
+            double s = 0;
+            for (int64_t i = 0; i < hd; i++) s += q[h * hd + i] * K0[(size_t)t * kvd + h * hd + i];
+            sc[t] = s * r->ds_scale;
+            mx = sc[t] > mx ? sc[t] : mx;
+        }
+        for (int32_t t = 0; t <= pos; t++) sum += (sc[t] = exp(sc[t] - mx));
+        for (int32_t t = 0; t <= pos; t++)
+            for (int64_t j = 0; j < vh; j++) att[h * vh + j] += sc[t] / sum * V0[(size_t)t * kvd + h * vh + j];
+    }
+    matvec(&r->wo[l], att, o);
+    free(q), free(kva), free(att), free(sc);
 }
 
 void ref_step(ref_model *r, int32_t token, double *logits, double *layers) {
@@ -361,6 +532,11 @@ void ref_step(ref_model *r, int32_t token, double *logits, double *layers) {
     for (int32_t l = 0; l < hp->n_layer; l++) {
         const tn_tensor *w = r->m->layers[l].w;
         rmsnorm(x, w[TN_ROLE_ATTN_NORM].data, xb, d, hp->rms_eps);
+        if (hp->arch == TN_ARCH_DEEPSEEK2) { /* latent attention, then the FFN below */
+            ref_ds_attn(r, l, xb, o, pos);
+            for (int64_t i = 0; i < d; i++) x[i] += o[i];
+            goto ffn;
+        }
         matvec(&r->wq[l], xb, q);
         matvec(&r->wk[l], xb, k);
         matvec(&r->wv[l], xb, v);
@@ -436,6 +612,7 @@ void ref_step(ref_model *r, int32_t token, double *logits, double *layers) {
             for (int64_t i = 0; i < d; i++) o[i] += r->bo[l][i];
         if (gemma) rmsnorm(o, w[TN_ROLE_ATTN_POST_NORM].data, o, d, hp->rms_eps); /* post-attention norm */
         for (int64_t i = 0; i < d; i++) x[i] += o[i];
+    ffn:
         /* gpt-oss: post_attention_norm (from the file) is the FFN's input norm */
         rmsnorm(x, r->fnorm[l] ? r->fnorm[l] : (const float *)w[TN_ROLE_FFN_NORM].data, xb, d, hp->rms_eps);
         if (r->wr[l].w) { /* experts */

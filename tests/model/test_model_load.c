@@ -174,6 +174,53 @@ static void test_moe_defects(void **state) {
     unlink(src);
 }
 
+/* deepseek2 (a tiny MLA file from tiny_model.c, llama.cpp's deepseek2.cpp shapes: 4 heads of 64 +
+ * 32 rotated over a latent of 64, values of 64, first layer dense): a kv_lora_rank that does not
+ * match the file, the latent's norm or the rank key missing, an up-projection with fewer heads,
+ * mismatched MLA head keys, a dense layer count that disagrees with the tensors, experts in a
+ * dense layer, groups that do not divide the experts: one error naming the key or tensor. */
+static void test_mla_defects(void **state) {
+    (void)state;
+    tiny_cfg cfg;
+    tiny_cfg_default(&cfg);
+    cfg.arch = "deepseek2", cfg.n_layer = 3, cfg.n_head_kv = 1, cfg.head_dim = 96, cfg.n_rot = 32, cfg.kv_lora = 64;
+    cfg.v_head = 64, cfg.dense_lead = 1, cfg.n_shared = 2, cfg.n_ff_exp = 128, cfg.n_expert = 8, cfg.n_expert_used = 2;
+    char src[512];
+    tiny_tmp_path(src, sizeof src, "mla-base");
+    assert_int_equal(tiny_model_write(src, &cfg), TERN_OK);
+    tern_model *m = NULL;
+    assert_int_equal(tern_model_load(src, NULL, &m), TERN_OK);
+    assert_int_equal(m->hp.n_lora_kv, 64);
+    assert_int_equal(m->hp.head_dim, 96);
+    assert_int_equal(m->hp.v_head, 64);
+    assert_int_equal(m->hp.n_ff_shexp, 256);
+    assert_non_null(m->layers[0].w[TN_ROLE_FFN_GATE].data);
+    assert_null(m->layers[0].w[TN_ROLE_FFN_GATE_INP].data);
+    assert_int_equal(m->layers[2].w[TN_ROLE_ATTN_K_B_MLA].ne[2], 4);
+    tern_model_free(m);
+    expect_fail(&(mutation){.src = src, .set_key = "deepseek2.attention.kv_lora_rank", .set_u32 = 32}, TERN_ERR_FORMAT,
+                "deepseek2.attention.key_length 96 / value_length 64 must be kv_lora_rank + rope dims (64) / kv_lora_rank (32)");
+    expect_fail(&(mutation){.src = src, .drop_key = "deepseek2.attention.kv_lora_rank"}, TERN_ERR_FORMAT,
+                "deepseek2.attention.kv_lora_rank");
+    expect_fail(&(mutation){.src = src, .drop_tensor = "blk.1.attn_kv_a_norm.weight"}, TERN_ERR_FORMAT,
+                "missing tensor 'blk.1.attn_kv_a_norm.weight'");
+    expect_fail(&(mutation){.src = src, .reshape_tensor = "blk.0.attn_kv_a_mqa.weight"}, TERN_ERR_FORMAT,
+                "tensor 'blk.0.attn_kv_a_mqa.weight' has shape [96, 256], expected [256, 96]");
+    expect_fail(&(mutation){.src = src, .halve_experts = "blk.2.attn_k_b.weight"}, TERN_ERR_FORMAT,
+                "tensor 'blk.2.attn_k_b.weight' has shape [64, 64, 2], expected [64, 64, 4]");
+    expect_fail(&(mutation){.src = src, .drop_key = "deepseek2.attention.value_length_mla"}, TERN_ERR_FORMAT,
+                "key_length_mla and value_length_mla go together");
+    expect_fail(&(mutation){.src = src, .set_key = "deepseek2.leading_dense_block_count", .set_u32 = 2}, TERN_ERR_FORMAT,
+                "missing tensor 'blk.1.ffn_gate.weight'");
+    expect_fail(&(mutation){.src = src, .add_tensor = "blk.0.exp_probs_b.bias", .add_len = 8}, TERN_ERR_FORMAT,
+                "unexpected tensor 'blk.0.exp_probs_b.bias' (shape [8]): layer 0 of deepseek2 (leading_dense_block_count 1");
+    expect_fail(&(mutation){.src = src, .set_key = "deepseek2.expert_group_count", .set_u32 = 3}, TERN_ERR_FORMAT,
+                "deepseek2.expert_group_count 3");
+    expect_fail(&(mutation){.src = src, .set_key = "deepseek2.rope.dimension_count", .set_u32 = 96}, TERN_ERR_FORMAT,
+                "deepseek2.rope.dimension_count 96 must be below the q/k head size 96");
+    unlink(src);
+}
+
 /* The registry's tensor sets: a qwen3 file (tiny_model.c's list, written from llama.cpp's
  * src/models/qwen3.cpp: n_embd 256, 4 heads of head_dim 128, so q rows are 512) with a q/k norm
  * missing or misshapen, attn_output transposed, value_length != key_length; a llama file with a
@@ -367,7 +414,18 @@ static void test_registry(void **state) {
             if (!always_moe) assert_int_equal(tn_arch_need(&dense, moe_ffn[j]), TN_NEED_NO);
             assert_int_equal(tn_arch_need(&moe, moe_ffn[j]), may_moe ? TN_NEED_REQ : TN_NEED_NO);
         }
-        /* q, k, v: three matrices or one fused (its slices bound to them); gate: its own or in ffn_up */
+        /* q, k, v: three matrices or one fused (its slices bound to them); gate: its own or in ffn_up;
+         * latent attention (deepseek2): q direct or low-rank (tn_arch_need_layer), no k / v */
+        if (a->mla) {
+            assert_int_equal(a->need[TN_ROLE_ATTN_KV_A_MQA], TN_NEED_REQ);
+            assert_int_equal(a->need[TN_ROLE_ATTN_K], TN_NEED_NO);
+            moe.n_lora_q = 0;
+            assert_int_equal(tn_arch_need_layer(&moe, 0, TN_ROLE_ATTN_Q), TN_NEED_REQ);
+            moe.n_lora_q = 64;
+            assert_int_equal(tn_arch_need_layer(&moe, 0, TN_ROLE_ATTN_Q), TN_NEED_NO);
+            assert_int_equal(tn_arch_need_layer(&moe, 0, TN_ROLE_ATTN_Q_LB), TN_NEED_REQ);
+            continue;
+        }
         const bool fused_qkv = a->need[TN_ROLE_ATTN_QKV] == TN_NEED_REQ;
         assert_int_equal(a->need[TN_ROLE_ATTN_Q], fused_qkv ? TN_NEED_NO : TN_NEED_REQ);
         assert_int_equal(a->need[TN_ROLE_ATTN_K], fused_qkv ? TN_NEED_NO : TN_NEED_REQ);
@@ -606,6 +664,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defects),
         cmocka_unit_test(test_moe_defects),
+        cmocka_unit_test(test_mla_defects),
         cmocka_unit_test(test_family_tensor_sets),
         cmocka_unit_test(test_registry),
         cmocka_unit_test(test_tied_output_loads),

@@ -20,11 +20,15 @@ static int print_arch(const char *name) {
         tn_arch_names(names, sizeof names);
         return tn_cli_usage_error("unknown architecture '%s' (%s)", name, names);
     }
-    const char *const dims[] = {"1",       "n_embd",  "n_head*head_dim", "n_head_kv*head_dim", "head_dim",
-                                       "n_ff",    "n_vocab", "n_rot/2",         "(n_head+2*n_head_kv)*head_dim",
-                                       "n_ff",    "n_expert", "n_ff_exp",
-                                       a->qk_norm_full ? "n_head*head_dim" : "head_dim",
-                                       a->qk_norm_full ? "n_head_kv*head_dim" : "head_dim"};
+    const char *dims[] = {
+        [TN_DIM_1] = "1", [TN_DIM_EMBD] = "n_embd", [TN_DIM_Q] = "n_head*head_dim", [TN_DIM_KV] = "n_head_kv*head_dim",
+        [TN_DIM_HEAD] = "head_dim", [TN_DIM_FF] = "n_ff", [TN_DIM_VOCAB] = "n_vocab", [TN_DIM_ROT_HALF] = "n_rot/2",
+        [TN_DIM_QKV] = "(n_head+2*n_head_kv)*head_dim", [TN_DIM_FF_UP] = "n_ff", [TN_DIM_EXPERT] = "n_expert",
+        [TN_DIM_FF_EXP] = "n_ff_exp", [TN_DIM_Q_NORM] = a->qk_norm_full ? "n_head*head_dim" : "head_dim",
+        [TN_DIM_K_NORM] = a->qk_norm_full ? "n_head_kv*head_dim" : "head_dim", [TN_DIM_FF_SHEXP] = "n_ff_shexp",
+        [TN_DIM_HEADS] = "n_head", [TN_DIM_O] = a->mla ? "n_head*v_head" : "n_head*head_dim",
+        [TN_DIM_Q_LORA] = "q_lora_rank", [TN_DIM_KV_LORA] = "kv_lora_rank", [TN_DIM_KV_A] = "kv_lora_rank+n_rot",
+        [TN_DIM_NOPE] = "head_dim-n_rot", [TN_DIM_V_HEAD] = "v_head", [TN_DIM_KV_B] = "n_head*(head_dim-n_rot+v_head)"};
     printf("architecture %s: rope %s, ffn %s, defaults rms eps %g, rope base %g\n", a->name,
            a->rope == TN_ROPE_NEOX ? "neox (halves)" : "norm (adjacent pairs)", a->ffn == TN_FFN_GEGLU ? "geglu" : "swiglu",
            a->rms_eps, a->rope_base);

@@ -24,7 +24,29 @@ typedef struct {
     int64_t n_ff_shexp;                        /* qwen2moe: the shared expert's rows (0: n_ff) */
 } synth_preset;
 
+/* deepseek2's presets, by name: q_lora_rank (0: q direct), kv_lora_rank, rope dims, value head,
+ * leading dense layers; v3: DeepSeek-V3's routing (sigmoid, exp_probs_b, 4 groups of which 2 are
+ * used, renormalised, scaled by 2.5) instead of V2-Lite's (softmax, weights as they are) */
+typedef struct {
+    const char *name;
+    int64_t q_lora, kv_lora, n_rot, v_head, dense_lead;
+    bool v3;
+} synth_mla;
+static const synth_mla mla_presets[] = {
+    {"lite", 0, 512, 64, 128, 1, false},
+    {"tiny", 0, 32, 16, 32, 1, false},
+    {"tiny-v3", 64, 32, 16, 32, 1, true},
+};
+
 static const synth_preset presets[] = {
+    /* deepseek2: DeepSeek-V2-Lite's shapes (27 layers, the first dense (10944 rows), 16 heads of
+     * 128 + 64 rotated over a 512 latent, values of 128, 64 experts of 1408 rows, top 6, 2 shared;
+     * one kv head as the MLA converter writes; a 32000 vocabulary and 4096 context here); tiny: 3 layers (1 dense), 4 heads of 32 + 16 over
+     * a 32 latent, 8 experts of 32, top 2, 2 shared; tiny-v3: also q of rank 64 and V3's routing
+     * (mla_presets) */
+    {"lite", "deepseek2", 2048, 27, 16, 1, 10944, 32000, 4096, 192, 64, 6, 1408, 2816},
+    {"tiny", "deepseek2", 64, 3, 4, 1, 128, 512, 128, 48, 8, 2, 32, 64},
+    {"tiny-v3", "deepseek2", 64, 3, 4, 1, 128, 512, 128, 48, 8, 2, 32, 64},
     /* qwen3moe: Qwen3-30B-A3B's shapes (48 layers, 32 q heads of 128 over 4 kv heads, 128 experts
      * of 768 rows, top 8; a 32000 vocabulary here); tiny: 8 experts, top 2 */
     {"30b-a3b", "qwen3moe", 2048, 48, 32, 4, 6144, 32000, 4096, 128, 128, 8, 768, 0},
@@ -120,7 +142,8 @@ int cmd_synth(int argc, char **argv) {
                    "                [--experts N --top-k K]\n"
                    "  --arch NAME   model family (default llama): %s\n"
                    "  --preset      qwen3moe: 30b-a3b (Qwen3-30B-A3B's shapes), tiny; qwen2moe: a2.7b (Qwen1.5-MoE-A2.7B's),\n"
-                   "                tiny; gpt-oss: 20b, tiny; olmoe: 1b (OLMoE-1B-7B's), tiny\n"
+                   "                tiny; gpt-oss: 20b, tiny; olmoe: 1b (OLMoE-1B-7B's), tiny;\n"
+                   "                deepseek2: lite (DeepSeek-V2-Lite's), tiny, tiny-v3 (q low-rank, V3's routing)\n"
                    "  --experts N   llama: a Mixtral-style file, N experts of n_ff rows per layer (2..512)\n"
                    "  --top-k K     experts per token (1..N; default 2); also overrides a MoE preset's\n", names);
             return 0;
@@ -146,7 +169,7 @@ int cmd_synth(int argc, char **argv) {
     const synth_preset *P = NULL;
     for (size_t i = 0; i < sizeof presets / sizeof presets[0] && !P; i++)
         if (!strcmp(presets[i].name, preset) && (!presets[i].arch || !strcmp(presets[i].arch, ad->name))) P = &presets[i];
-    if (!P) return tn_cli_usage_error("unknown preset '%s' for %s (1b, tinyllama, small, tiny; qwen3moe: 30b-a3b, tiny; qwen2moe: a2.7b, tiny; gpt-oss: 20b, tiny; olmoe: 1b, tiny)",
+    if (!P) return tn_cli_usage_error("unknown preset '%s' for %s (1b, tinyllama, small, tiny; qwen3moe: 30b-a3b, tiny; qwen2moe: a2.7b, tiny; gpt-oss: 20b, tiny; olmoe: 1b, tiny; deepseek2: lite, tiny, tiny-v3)",
                                       preset, ad->name);
     const bool may_moe = ad->need[TN_ROLE_FFN_GATE_INP] != TN_NEED_NO, always_moe = ad->need[TN_ROLE_FFN_GATE_INP] == TN_NEED_REQ;
     if (experts > 0 && (!may_moe || always_moe))
@@ -173,6 +196,14 @@ int cmd_synth(int argc, char **argv) {
     hp.n_expert = (int32_t)n_expert, hp.n_expert_used = (int32_t)n_used;
     hp.n_ff_exp = (int32_t)(P->n_ff_exp ? P->n_ff_exp : P->n_ff);
     hp.n_ff_shexp = (int32_t)(P->n_ff_shexp ? P->n_ff_shexp : P->n_ff);
+    const synth_mla *M = NULL; /* the MLA sizes; the routing keys the family's synth_keys writes */
+    for (size_t i = 0; ad->mla && i < TN_ARRAY_LEN(mla_presets); i++)
+        if (!strcmp(mla_presets[i].name, P->name)) M = &mla_presets[i];
+    if (M) {
+        hp.n_lora_q = (int32_t)M->q_lora, hp.n_lora_kv = (int32_t)M->kv_lora, hp.n_rot = (int32_t)M->n_rot;
+        hp.v_head = (int32_t)M->v_head, hp.n_layer_dense_lead = (int32_t)M->dense_lead;
+        if (M->v3) hp.moe_sigmoid = hp.moe_norm = true, hp.moe_scale = 2.5f, hp.n_expert_groups = 4, hp.n_group_used = 2;
+    }
     tn_gguf_set_str(w, "general.architecture", ad->name);
     char name[64], key[128];
     snprintf(name, sizeof name, "tern-synth-%s", P->name);
@@ -185,7 +216,7 @@ int cmd_synth(int argc, char **argv) {
     tn_gguf_set_u32(w, KEY("feed_forward_length"), (uint32_t)P->n_ff);
     tn_gguf_set_u32(w, KEY("attention.head_count"), (uint32_t)P->n_head);
     tn_gguf_set_u32(w, KEY("attention.head_count_kv"), (uint32_t)P->n_head_kv);
-    if (ad->head_dim_keys || hp.head_dim * hp.n_head != hp.n_embd) {
+    if (!ad->mla && (ad->head_dim_keys || hp.head_dim * hp.n_head != hp.n_embd)) {
         tn_gguf_set_u32(w, KEY("attention.key_length"), (uint32_t)hp.head_dim);
         tn_gguf_set_u32(w, KEY("attention.value_length"), (uint32_t)hp.head_dim);
     }
@@ -214,7 +245,7 @@ int cmd_synth(int argc, char **argv) {
     sc.ne1 = calloc(nt, sizeof *sc.ne1);
     sc.types = calloc(nt, sizeof *sc.types);
     sc.row = malloc((size_t)TN_MAX(TN_MAX(TN_MAX(P->n_ff, P->n_embd), (int64_t)hp.n_head * hp.head_dim),
-                                    TN_MAX(hp.n_ff_exp, hp.n_ff_shexp)) * sizeof(float) + 64);
+                                    TN_MAX(TN_MAX(hp.n_ff_exp, hp.n_ff_shexp), TN_MAX(hp.n_lora_q, hp.n_lora_kv))) * sizeof(float) + 64);
     if (!toks || !scores || !ttype || !sc.names || !sc.ne0 || !sc.ne1 || !sc.types || !sc.row) {
         s = TERN_ERR_NOMEM;
         fprintf(stderr, "tern: error: out of memory\n");
@@ -250,7 +281,8 @@ int cmd_synth(int argc, char **argv) {
             const tn_role r = l >= 0 && l < P->n_layer ? (tn_role)j : globals[j];
             /* per layer the required roles; of the model-wide ones every one the family has (a
              * separate output where it may have one; gemma2 has none) */
-            const tn_need nd = tn_arch_need(&hp, r);
+            tn_need nd = tn_arch_need_layer(&hp, (int32_t)l, r);
+            if (r == TN_ROLE_FFN_EXP_PROBS_B && nd != TN_NEED_NO && M && M->v3) nd = TN_NEED_REQ; /* V3's selection bias */
             if (nd == TN_NEED_NO || (l >= 0 && l < P->n_layer && nd != TN_NEED_REQ)) continue;
             char n[96];
             tn_role_tensor_name(r, (int32_t)l, n, sizeof n);

@@ -14,7 +14,7 @@ const tn_role_info tn_roles[TN_ROLE_COUNT] = {
     [TN_ROLE_ATTN_K] = {"attn_k.weight", TN_DIM_EMBD, TN_DIM_KV, true},
     [TN_ROLE_ATTN_V] = {"attn_v.weight", TN_DIM_EMBD, TN_DIM_KV, true},
     [TN_ROLE_ATTN_QKV] = {"attn_qkv.weight", TN_DIM_EMBD, TN_DIM_QKV, true},
-    [TN_ROLE_ATTN_OUT] = {"attn_output.weight", TN_DIM_Q, TN_DIM_EMBD, true},
+    [TN_ROLE_ATTN_OUT] = {"attn_output.weight", TN_DIM_O, TN_DIM_EMBD, true},
     [TN_ROLE_ATTN_Q_B] = {"attn_q.bias", TN_DIM_Q, TN_DIM_1, false},
     [TN_ROLE_ATTN_K_B] = {"attn_k.bias", TN_DIM_KV, TN_DIM_1, false},
     [TN_ROLE_ATTN_V_B] = {"attn_v.bias", TN_DIM_KV, TN_DIM_1, false},
@@ -40,6 +40,15 @@ const tn_role_info tn_roles[TN_ROLE_COUNT] = {
     [TN_ROLE_FFN_GATE_EXPS_B] = {"ffn_gate_exps.bias", TN_DIM_FF_EXP, TN_DIM_EXPERT, false},
     [TN_ROLE_FFN_UP_EXPS_B] = {"ffn_up_exps.bias", TN_DIM_FF_EXP, TN_DIM_EXPERT, false},
     [TN_ROLE_FFN_DOWN_EXPS_B] = {"ffn_down_exps.bias", TN_DIM_EMBD, TN_DIM_EXPERT, false},
+    [TN_ROLE_ATTN_Q_A] = {"attn_q_a.weight", TN_DIM_EMBD, TN_DIM_Q_LORA, true},
+    [TN_ROLE_ATTN_Q_A_NORM] = {"attn_q_a_norm.weight", TN_DIM_Q_LORA, TN_DIM_1, false},
+    [TN_ROLE_ATTN_Q_LB] = {"attn_q_b.weight", TN_DIM_Q_LORA, TN_DIM_Q, true},
+    [TN_ROLE_ATTN_KV_A_MQA] = {"attn_kv_a_mqa.weight", TN_DIM_EMBD, TN_DIM_KV_A, true},
+    [TN_ROLE_ATTN_KV_A_NORM] = {"attn_kv_a_norm.weight", TN_DIM_KV_LORA, TN_DIM_1, false},
+    [TN_ROLE_ATTN_KV_B] = {"attn_kv_b.weight", TN_DIM_KV_LORA, TN_DIM_KV_B, true},
+    [TN_ROLE_ATTN_K_B_MLA] = {"attn_k_b.weight", TN_DIM_NOPE, TN_DIM_KV_LORA, true, TN_DIM_HEADS},
+    [TN_ROLE_ATTN_V_B_MLA] = {"attn_v_b.weight", TN_DIM_KV_LORA, TN_DIM_V_HEAD, true, TN_DIM_HEADS},
+    [TN_ROLE_FFN_EXP_PROBS_B] = {"exp_probs_b.bias", TN_DIM_EXPERT, TN_DIM_1, false},
     [TN_ROLE_TOKEN_EMBD] = {"token_embd.weight", TN_DIM_EMBD, TN_DIM_VOCAB, true},
     [TN_ROLE_OUTPUT_NORM] = {"output_norm.weight", TN_DIM_EMBD, TN_DIM_1, false},
     [TN_ROLE_OUTPUT] = {"output.weight", TN_DIM_EMBD, TN_DIM_VOCAB, true},
@@ -49,12 +58,12 @@ const tn_role_info tn_roles[TN_ROLE_COUNT] = {
 };
 
 extern const tn_arch_desc tn_arch_llama, tn_arch_qwen2, tn_arch_qwen3, tn_arch_smollm3, tn_arch_gemma2, tn_arch_gemma3,
-    tn_arch_phi3, tn_arch_qwen3moe, tn_arch_olmoe, tn_arch_qwen2moe, tn_arch_gpt_oss;
+    tn_arch_phi3, tn_arch_qwen3moe, tn_arch_olmoe, tn_arch_qwen2moe, tn_arch_gpt_oss, tn_arch_deepseek2;
 
 static const tn_arch_desc *const tn_all_archs[] = {&tn_arch_llama, &tn_arch_qwen2, &tn_arch_qwen3, &tn_arch_smollm3,
                                                    &tn_arch_gemma2, &tn_arch_gemma3, &tn_arch_phi3,
                                                    &tn_arch_qwen3moe, &tn_arch_olmoe, &tn_arch_qwen2moe,
-                                                   &tn_arch_gpt_oss};
+                                                   &tn_arch_gpt_oss, &tn_arch_deepseek2};
 
 size_t tn_arch_count(void) { return TN_ARRAY_LEN(tn_all_archs); }
 const tn_arch_desc *tn_arch_at(size_t i) { return i < TN_ARRAY_LEN(tn_all_archs) ? tn_all_archs[i] : NULL; }
@@ -91,6 +100,13 @@ int64_t tn_dim_value(const tn_hparams *hp, tn_dim d) {
     case TN_DIM_FF_EXP: return hp->n_ff_exp;
     case TN_DIM_FF_SHEXP: return hp->n_ff_shexp;
     case TN_DIM_HEADS: return hp->n_head;
+    case TN_DIM_O: return (int64_t)hp->n_head * (hp->v_head > 0 ? hp->v_head : hp->head_dim);
+    case TN_DIM_Q_LORA: return hp->n_lora_q;
+    case TN_DIM_KV_LORA: return hp->n_lora_kv;
+    case TN_DIM_KV_A: return (int64_t)hp->n_lora_kv + hp->n_rot;
+    case TN_DIM_NOPE: return hp->head_dim - hp->n_rot;
+    case TN_DIM_V_HEAD: return hp->v_head;
+    case TN_DIM_KV_B: return (int64_t)hp->n_head * (hp->head_dim - hp->n_rot + hp->v_head);
     case TN_DIM_Q_NORM: return hp->family && hp->family->qk_norm_full ? (int64_t)hp->n_head * hp->head_dim : hp->head_dim;
     case TN_DIM_K_NORM: return hp->family && hp->family->qk_norm_full ? (int64_t)hp->n_head_kv * hp->head_dim : hp->head_dim;
     }
@@ -105,6 +121,26 @@ tn_need tn_arch_need(const tn_hparams *hp, tn_role r) {
     if (dense && hp->n_expert > 0) return TN_NEED_NO;
     if (dense && need[r] == TN_NEED_OPT) return TN_NEED_REQ; /* a family that may have experts */
     return (tn_need)need[r];
+}
+
+tn_need tn_arch_need_layer(const tn_hparams *hp, int32_t il, tn_role r) {
+    if (!hp->family->mla) return tn_arch_need(hp, r);
+    switch (r) { /* the q path by q_lora_rank, the up-projections by the file's form */
+    case TN_ROLE_ATTN_Q: return hp->n_lora_q > 0 ? TN_NEED_NO : TN_NEED_REQ;
+    case TN_ROLE_ATTN_Q_A:
+    case TN_ROLE_ATTN_Q_A_NORM:
+    case TN_ROLE_ATTN_Q_LB: return hp->n_lora_q > 0 ? TN_NEED_REQ : TN_NEED_NO;
+    case TN_ROLE_ATTN_KV_B: return hp->mla_kv_b ? TN_NEED_REQ : TN_NEED_NO;
+    case TN_ROLE_ATTN_K_B_MLA:
+    case TN_ROLE_ATTN_V_B_MLA: return hp->mla_kv_b ? TN_NEED_NO : TN_NEED_REQ;
+    default: break;
+    }
+    if (il < 0 || il >= hp->n_layer_dense_lead || r >= TN_ROLE_N_LAYER) return tn_arch_need(hp, r);
+    /* a leading dense layer: the dense FFN, nothing of the experts */
+    if (r == TN_ROLE_FFN_GATE || r == TN_ROLE_FFN_UP || r == TN_ROLE_FFN_DOWN) return TN_NEED_REQ;
+    if (TN_MOE_ROLE(r) || r == TN_ROLE_FFN_EXP_PROBS_B || (r >= TN_ROLE_FFN_GATE_INP_SHEXP && r <= TN_ROLE_FFN_DOWN_SHEXP))
+        return TN_NEED_NO;
+    return tn_arch_need(hp, r);
 }
 
 void tn_role_tensor_name(tn_role r, int32_t il, char *buf, size_t cap) {

@@ -27,6 +27,7 @@ typedef enum tn_arch {
     TN_ARCH_OLMOE,
     TN_ARCH_QWEN2MOE,
     TN_ARCH_GPT_OSS,
+    TN_ARCH_DEEPSEEK2,
 } tn_arch;
 typedef enum tn_rope_mode { TN_ROPE_NORM = 0, TN_ROPE_NEOX } tn_rope_mode;
 /* silu(gate) * up, gelu_tanh(gate) * up; gpt-oss's clamped SwiGLU: g = min(gate, 7),
@@ -76,6 +77,20 @@ typedef enum tn_role {
     TN_ROLE_FFN_GATE_EXPS_B,
     TN_ROLE_FFN_UP_EXPS_B,
     TN_ROLE_FFN_DOWN_EXPS_B,
+    /* Multi-head latent attention (deepseek2): q directly (ATTN_Q) or low-rank (attn_q_a, its
+     * norm, attn_q_b); attn_kv_a_mqa to the latent (kv_lora_rank) and the shared rope key (n_rot),
+     * the latent's norm; the up-projections per head, attn_k_b [nope, kv_lora_rank, n_head] and
+     * attn_v_b [kv_lora_rank, v_head, n_head], or one attn_kv_b (older conversions); the router's
+     * selection bias (exp_probs_b, DeepSeek-V3) */
+    TN_ROLE_ATTN_Q_A,
+    TN_ROLE_ATTN_Q_A_NORM,
+    TN_ROLE_ATTN_Q_LB,
+    TN_ROLE_ATTN_KV_A_MQA,
+    TN_ROLE_ATTN_KV_A_NORM,
+    TN_ROLE_ATTN_KV_B,
+    TN_ROLE_ATTN_K_B_MLA,
+    TN_ROLE_ATTN_V_B_MLA,
+    TN_ROLE_FFN_EXP_PROBS_B,
     TN_ROLE_N_LAYER, /* number of per-layer roles */
     TN_ROLE_TOKEN_EMBD = TN_ROLE_N_LAYER,
     TN_ROLE_OUTPUT_NORM,
@@ -104,6 +119,13 @@ typedef enum tn_dim {
     TN_DIM_K_NORM,   /* attn_k_norm's length: head_dim, or n_head_kv * head_dim (qk_norm_full) */
     TN_DIM_FF_SHEXP, /* n_ff_shexp: the shared expert's hidden rows    */
     TN_DIM_HEADS,    /* n_head (attention sinks)                       */
+    TN_DIM_O,        /* attn_output's row length: n_head * v_head (v_head: head_dim unless MLA) */
+    TN_DIM_Q_LORA,   /* q_lora_rank (deepseek2)                        */
+    TN_DIM_KV_LORA,  /* kv_lora_rank                                   */
+    TN_DIM_KV_A,     /* kv_lora_rank + n_rot: attn_kv_a_mqa's rows      */
+    TN_DIM_NOPE,     /* head_dim - n_rot: a head's unrotated q/k part   */
+    TN_DIM_V_HEAD,   /* v_head                                         */
+    TN_DIM_KV_B,     /* n_head * (nope + v_head): attn_kv_b's rows     */
 } tn_dim;
 
 typedef struct tn_role_info {
@@ -152,6 +174,7 @@ typedef struct tn_arch_desc {
     bool moe_renorm;            /* the top-k routing weights divided by their sum (llama.cpp's
                                  * norm_w: qwen3moe, Mixtral) or used as they are (olmoe)       */
     tn_moe_gating moe_gating;   /* how the router's logits choose and weigh experts             */
+    bool mla;                   /* multi-head latent attention (deepseek2): the latent is cached */
     bool post_attn_norm_ffn;    /* post_attention_norm is the FFN's input norm (gpt-oss: no
                                  * ffn_norm; the loader binds it to FFN_NORM)                   */
     uint8_t need[TN_ROLE_COUNT];/* tn_need of every role; a family with the MoE roles and the
@@ -168,6 +191,10 @@ typedef struct tn_arch_desc {
  * may have experts (need[FFN_GATE_INP] != NO) requires the MoE roles and none of the dense FFN
  * ones when hp->n_expert > 0, and the dense ones and no MoE role otherwise. */
 tn_need tn_arch_need(const struct tn_hparams *hp, tn_role r);
+/* tn_arch_need for layer il: in an MLA family, the q path and the up-projections the
+ * hyperparameters choose (q_lora_rank; attn_k_b/v_b or attn_kv_b), and the first
+ * n_layer_dense_lead layers dense (no router, experts, shared expert or selection bias). */
+tn_need tn_arch_need_layer(const struct tn_hparams *hp, int32_t il, tn_role r);
 /* The roles of a MoE layer's feed-forward block (router, gate, up, down experts). */
 #define TN_MOE_ROLE(r) ((r) >= TN_ROLE_FFN_GATE_INP && (r) <= TN_ROLE_FFN_DOWN_EXPS)
 
