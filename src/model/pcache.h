@@ -52,6 +52,11 @@ typedef enum tn_pc_quality { TN_PC_LOSSLESS = 0, TN_PC_HIGH = 1, TN_PC_MEDIUM = 
  * selects one of independent chains (the serve prefix cache and the file key use seed 0). */
 uint64_t tn_tok_hash(uint64_t seed, uint64_t parent_hash, const tern_token *toks);
 
+/* CRC-32 (IEEE, zlib's) of p[0..n): the trailer of cache files (and of tern serve's slot files). */
+uint32_t tn_pc_crc32(const uint8_t *p, size_t n);
+/* A 64-bit hash of the model's GGUF bytes (metadata, shapes, tensor data); reads every byte. */
+uint64_t tn_pc_model_hash(const tern_model *m);
+
 /* ---- codec of one plane: [16][kv_dim] f16 values (one layer's K or V of a block) ---------- */
 /* Quantization bins of layer il for a lossy quality (0 for lossless). */
 int32_t tn_pc_bins(tn_pc_quality q, int32_t il, int32_t n_layer);
