@@ -1737,7 +1737,7 @@ static void slot_restore(tn_engine *e, struct slot_task *t, tn_seq *s) {
     const double t0 = tn_srv_now();
     tn_slot_img img;
     char msg[320];
-    tern_status st = tn_slot_read(e->ctx, e->model_hash, t->path, e->max_blocks_seq - 1, &img);
+    tern_status st = tn_slot_read(e->ctx, e->model_hash, t->path, e->n_ctx_seq / TN_KVB, &img);
     if (st) {
         snprintf(msg, sizeof msg, "cannot restore slot %d from '%s': %s", t->id, t->filename, tern_last_error());
         return slot_refuse(t, st == TERN_ERR_NOT_FOUND ? 404 : st == TERN_ERR_FORMAT ? 400 : st == TERN_ERR_UNSUPPORTED ? 501 : 500, msg);

@@ -6,7 +6,10 @@
     restore the next completion reports the file's whole blocks of the prompt as cached
     (min(n_restored, 16 * floor((n_prompt - 1) / 16)), computed here) and its greedy text equals
     `tern generate --temp 0` without any cache (an independent path); n_written / n_read equal the
-    file's size on disk; the same with a q8_0 KV cache on a tiny qwen3;
+    file's size on disk (timings.cache_n / prompt_n agree); a prompt extending every restored
+    token reuses all of them and equals the same prompt recomputed after erasing every slot; a
+    new server (another process) restores the file with the same result; the same with a q8_0 KV
+    cache on a tiny qwen3;
   - refusals, each with its status and a message naming the problem, the server serving the same
     text afterwards: bad file names (400), no such file (404), a bit-flipped and a truncated file
     (400 naming the CRC / size), another model's file (400 "another model"), a q8_0-cache file on
@@ -21,8 +24,7 @@ tern, tiny, tmp = sys.argv[1:4]
 shutil.rmtree(tmp, ignore_errors=True)
 os.makedirs(tmp)
 N = 12
-PROMPT = ("the little dog ran to the park and saw a big red ball under the old tree and then it went home to "
-          "sleep in its warm bed by the fire while the rain fell on the roof all night long")
+PROMPT = "the little dog ran to the park and saw a big red ball under the old tree"  # ~80 tokens of 128
 
 
 def run(args, timeout=180):
@@ -39,7 +41,11 @@ def generate(model, prompt, *extra):
 def ask(srv, prompt=PROMPT, max_tokens=N):
     st, body = srv.post("/v1/completions", {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True})
     check(st == 200, f"completion status {st}")
-    return body["choices"][0]["text"], body["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)
+    cached = body["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)
+    tm = body.get("timings", {})
+    check(tm.get("cache_n") == cached and tm.get("prompt_n") == body["usage"]["prompt_tokens"] - cached,
+          f"timings: cache_n {tm.get('cache_n')}, prompt_n {tm.get('prompt_n')} computed")
+    return body["choices"][0]["text"], cached
 
 
 def slots(srv, query=""):
@@ -92,6 +98,15 @@ def save_erase_restore(srv, ref, n_prompt, what, fname):
     want = min(rs["n_restored"], (n_prompt - 1) // 16 * 16)
     check(text == ref and cached == want and want > 0,
           f"{what}: after the restore: same text as tern generate, {cached} prompt tokens cached (expected {want})")
+    # a prompt that extends every restored token (the conversation goes on): all of them are reused,
+    # and the text equals the same prompt computed from scratch once every slot is erased
+    ext = held[0]["tokens"][:rs["n_restored"]] + toks[1:9]
+    text1, cached1 = ask(srv, ext)
+    for s in slots(srv)[1]:
+        act(srv, s["id"], "erase")
+    text2, cached2 = ask(srv, ext)
+    check(cached1 == rs["n_restored"] and cached2 == 0 and text1 == text2,
+          f"{what}: a prompt extending the restored tokens reuses all {cached1} of them, same text as recomputed ({cached2} cached)")
     return path
 
 
@@ -108,7 +123,7 @@ with Server(tern, tiny, os.path.join(tmp, "a"), "-np", "2", "--metrics", "--slot
     st, tk = srv.post("/tokenize", {"prompt": PROMPT})
     toks = tk["tokens"]
     n_prompt = len(toks)
-    check(n_prompt > 40, f"the prompt is {n_prompt} tokens (several blocks)")
+    check(40 < n_prompt < 100, f"the prompt is {n_prompt} tokens (several blocks)")
     st, sl = slots(srv)
     check(st == 200 and [s["id"] for s in sl] == [0, 1] and all(not s["is_processing"] and s["n_tokens"] == 0 and s["n_ctx"] > 0 for s in sl),
           f"GET /slots: 2 idle empty slots ({[(s['id'], s['n_ctx'], s['n_tokens']) for s in sl]})")
@@ -155,6 +170,11 @@ with Server(tern, tiny, os.path.join(tmp, "a"), "-np", "2", "--metrics", "--slot
 dirC = os.path.join(tmp, "slotsC")
 with Server(tern, tiny, os.path.join(tmp, "c"), "-np", "1", "--debug-step-delay", "25", "--metrics", "--slot-save-path", dirC) as srv:
     shutil.copy(path, os.path.join(dirC, "a.bin"))
+    st, rs = act(srv, 0, "restore", "a.bin")  # another process than the one that saved it
+    text, cached = ask(srv)
+    check(st == 200 and text == ref and cached == min(rs["n_restored"], (n_prompt - 1) // 16 * 16) > 0,
+          f"a new server restores the file: {cached} tokens cached, the text of tern generate")
+    act(srv, 0, "erase")
     out = {}
     th = threading.Thread(target=lambda: out.update(r=ask(srv, max_tokens=80)))
     th.start()
