@@ -9,7 +9,7 @@
     file's size on disk (timings.cache_n / prompt_n agree); a prompt extending every restored
     token reuses all of them and equals the same prompt recomputed after erasing every slot; a
     new server (another process) restores the file with the same result; the same with a q8_0 KV
-    cache on a tiny qwen3;
+    cache and a q4_0 one on a tiny qwen3;
   - refusals, each with its status and a message naming the problem, the server serving the same
     text afterwards: bad file names (400), no such file (404), a bit-flipped and a truncated file
     (400 naming the CRC / size), another model's file (400 "another model"), a q8_0-cache file on
@@ -203,14 +203,17 @@ with Server(tern, tiny, os.path.join(tmp, "d"), "-np", "1") as srv:
 qwen = os.path.join(tmp, "qwen3.gguf")
 subprocess.run([tern, "synth", "-o", qwen, "--arch", "qwen3", "--preset", "tiny", "--type", "q8_0"], check=True,
                capture_output=True, timeout=120)
-refq = generate(qwen, PROMPT, "-ctk", "q8_0", "-ctv", "q8_0")
-dirE = os.path.join(tmp, "slotsE")
-with Server(tern, qwen, os.path.join(tmp, "e"), "-np", "2", "--metrics", "-ctk", "q8_0", "-ctv", "q8_0", "--slot-save-path", dirE) as srv:
-    srv.slot_dir = dirE
-    st, tk = srv.post("/tokenize", {"prompt": PROMPT})
-    toks = tk["tokens"]
-    pathq = save_erase_restore(srv, refq, len(toks), "q8_0 KV", "q.bin")
-    srv.end_clean()
+for ct in ("q8_0", "q4_0"):
+    refq = generate(qwen, PROMPT, "-ctk", ct, "-ctv", ct)
+    dirE = os.path.join(tmp, "slotsE-" + ct)
+    with Server(tern, qwen, os.path.join(tmp, "e-" + ct), "-np", "2", "--metrics", "-ctk", ct, "-ctv", ct, "--slot-save-path", dirE) as srv:
+        srv.slot_dir = dirE
+        st, tk = srv.post("/tokenize", {"prompt": PROMPT})
+        toks = tk["tokens"]
+        pq = save_erase_restore(srv, refq, len(toks), f"{ct} KV", "q.bin")
+        if ct == "q8_0":
+            pathq = pq
+        srv.end_clean()
 dirF = os.path.join(tmp, "slotsF")
 with Server(tern, qwen, os.path.join(tmp, "f"), "-np", "1", "--slot-save-path", dirF) as srv:
     shutil.copy(pathq, os.path.join(dirF, "q.bin"))
