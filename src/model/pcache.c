@@ -29,6 +29,7 @@
 
 #include "core/base.h"
 #include "core/file.h"
+#include "core/le.h"
 #include "core/rc.h"
 #include "model/ctx.h"
 #include "model/model.h"
@@ -92,12 +93,14 @@ static void crc_init(void) {
         crc_table[i] = c;
     }
 }
-static uint32_t crc32_ieee(const uint8_t *p, size_t n) {
+uint32_t tn_pc_crc32(const uint8_t *p, size_t n) {
     pthread_once(&crc_once, crc_init);
     uint32_t c = UINT32_C(0xFFFFFFFF);
     for (size_t i = 0; i < n; i++) c = crc_table[(c ^ p[i]) & 0xFF] ^ (c >> 8);
     return c ^ UINT32_C(0xFFFFFFFF);
 }
+
+uint64_t tn_pc_model_hash(const tern_model *m) { return hash_bytes(m->gguf->base, m->gguf->size, TN_PC_VERSION); }
 
 /* ---- plane codec ------------------------------------------------------------------------ */
 
@@ -189,8 +192,6 @@ static size_t rc_plane(const int32_t *e_ch, const int32_t *c, int64_t kv_dim, bo
     return tn_rc_enc_finish(&e);
 }
 
-static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> 8 * i); }
-static uint32_t get32(const uint8_t *p) { uint32_t v = 0; for (int i = 3; i >= 0; i--) v = v << 8 | p[i]; return v; }
 
 /* Lossy: s = rms(plane) / tn_pc_div, c = round(x / s), range-coded with deltas or raw values,
  * whichever is smaller. 0 when the coded plane would not fit (the caller stores it losslessly). */
@@ -235,7 +236,7 @@ static size_t encode_lossy(float div, float div_ch, tn_rc_int_model (*mod)[TN_PC
             memcpy(mod[raw], raw ? mr : md, sizeof md);
             if (raw) memcpy(out + TN_PC_RC_HDR, alt, m);
             out[0] = (uint8_t)(TN_PC_MODE_RC | (raw ? TN_PC_MODE_RAW : 0));
-            put32(out + 1, (uint32_t)m);
+            tn_put_le32(out + 1, (uint32_t)m);
             r = TN_PC_RC_HDR + m;
         }
     }
@@ -249,7 +250,7 @@ size_t tn_pc_plane_encode(tn_pc_quality q, int32_t il, int32_t n_layer, int kv, 
     const size_t n = (size_t)TN_PC_NTOK * (size_t)kv_dim;
     bool finite = true;
     for (size_t i = 0; i < n && q != TN_PC_LOSSLESS; i++) finite &= (x[i] & 0x7C00) != 0x7C00;
-    if (q != TN_PC_LOSSLESS && finite) { /* a non-finite value: the plane goes lossless */
+    if (q != TN_PC_LOSSLESS && finite && mod) { /* a non-finite value: the plane goes lossless */
         const float dc = q == TN_PC_HIGH ? TN_PC_DIVCH_HIGH : TN_PC_DIVCH_MEDIUM;
         const size_t r = encode_lossy(tn_pc_div(q, il, n_layer), dc, mod->m[kv != 0], x, kv_dim, out, tn_pc_plane_max(kv_dim));
         if (r) return r;
@@ -277,7 +278,7 @@ static tern_status decode_lossy(const uint8_t *in, size_t n_in, int64_t kv_dim, 
                                int32_t *e_ch, tn_fp16 *x, size_t *used) {
     if (n_in < TN_PC_RC_HDR) return tn_err(TERN_ERR_FORMAT, "prompt cache: plane header needs %d bytes, %zu left", TN_PC_RC_HDR, n_in);
     const bool raw = in[0] & TN_PC_MODE_RAW;
-    const uint32_t m = get32(in + 1);
+    const uint32_t m = tn_get_le32(in + 1);
     if (m > n_in - TN_PC_RC_HDR) return tn_err(TERN_ERR_FORMAT, "prompt cache: plane needs %u coded bytes, %zu left", m, n_in - TN_PC_RC_HDR);
     tn_rc_int_model *mod = mods[raw];
     tn_rc_dec d;
@@ -308,6 +309,7 @@ tern_status tn_pc_plane_decode(const uint8_t *in, size_t n_in, int64_t kv_dim, i
     if (n_in < 1 || (in[0] & ~(TN_PC_MODE_RAW | TN_PC_MODE_RC)))
         return tn_err(TERN_ERR_FORMAT, "prompt cache: plane mode %d unknown", n_in ? in[0] : -1);
     if (in[0] & TN_PC_MODE_RC) {
+        if (!mod) return tn_err(TERN_ERR_FORMAT, "prompt cache: a lossy plane where a lossless one belongs");
         int32_t *e_ch = (int32_t *)tn_malloc((size_t)kv_dim * sizeof *e_ch);
         if (!e_ch) return tn_err(TERN_ERR_NOMEM, "prompt cache: out of memory");
         const tern_status st = decode_lossy(in, n_in, kv_dim, mod->m[kv != 0], e_ch, x, used);
@@ -353,8 +355,6 @@ struct tn_pcache {
     tn_pcache_stats st;
 };
 
-static void put64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> 8 * i); }
-static uint64_t get64(const uint8_t *p) { uint64_t v = 0; for (int i = 7; i >= 0; i--) v = v << 8 | p[i]; return v; }
 
 static double now_s(void) {
     struct timespec ts;
@@ -460,7 +460,7 @@ tern_status tn_pcache_open(const tern_model *m, const char *dir, uint64_t max_by
     *out = NULL;
 #ifndef TERN_HAVE_ZSTD
     (void)m, (void)dir, (void)max_bytes, (void)q;
-    (void)mkdir_p, (void)scan_dir, (void)quality_name, (void)put32, (void)put64, (void)hash_bytes; /* used with zstd */
+    (void)mkdir_p, (void)scan_dir, (void)quality_name; /* used with zstd */
     return tn_err(TERN_ERR_UNSUPPORTED, "prompt cache: this tern was built without libzstd (install libzstd-dev and rebuild)");
 #else
     if (!m || !dir || !*dir || q > TN_PC_MEDIUM) return tn_err(TERN_ERR_INVALID_ARG, "prompt cache: invalid arguments");
@@ -474,7 +474,7 @@ tern_status tn_pcache_open(const tern_model *m, const char *dir, uint64_t max_by
     pc->kv_dim = (int64_t)m->hp.n_head_kv * m->hp.head_dim;
     /* fingerprint: the GGUF's bytes (metadata, shapes, tensor data), the KV row type, the codec,
      * the format version */
-    uint64_t fp = hash_bytes(m->gguf->base, m->gguf->size, TN_PC_VERSION);
+    uint64_t fp = tn_pc_model_hash(m);
     fp = mix64(fp ^ ((uint64_t)TN_PC_ROW_F16 << 32 | (uint64_t)q << 16 | TN_PC_VERSION));
     pc->fp = fp;
     pc->st.f16_bytes_per_token = 2 * 2 * (uint64_t)pc->n_layer * (uint64_t)pc->kv_dim;
@@ -551,18 +551,18 @@ static tern_status read_block(tn_pcache *pc, const char *path, uint32_t bi, uint
     close(fd);
     if (s) return s;
     const uint8_t *b = pc->file;
-    const uint64_t raw = get64(b + 56), comp = get64(b + 64);
+    const uint64_t raw = tn_get_le64(b + 56), comp = tn_get_le64(b + 64);
     if (memcmp(b, TN_PC_MAGIC, 4)) return tn_err(TERN_ERR_FORMAT, "bad magic");
-    if (get32(b + 4) != TN_PC_VERSION) return tn_err(TERN_ERR_FORMAT, "format version %u (this tern reads %d)", get32(b + 4), TN_PC_VERSION);
+    if (tn_get_le32(b + 4) != TN_PC_VERSION) return tn_err(TERN_ERR_FORMAT, "format version %u (this tern reads %d)", tn_get_le32(b + 4), TN_PC_VERSION);
     if (comp != n - TN_PC_HDR - 4) return tn_err(TERN_ERR_FORMAT, "payload of %llu bytes in a file of %zu (truncated?)", (unsigned long long)comp, n);
-    if (get32(b + n - 4) != crc32_ieee(b, n - 4)) return tn_err(TERN_ERR_FORMAT, "CRC-32 mismatch");
-    if (get64(b + 8) != pc->fp) return tn_err(TERN_ERR_FORMAT, "fingerprint %016llx is another model's", (unsigned long long)get64(b + 8));
-    if (get32(b + 16) != TN_PC_ROW_F16 || get32(b + 20) != (uint32_t)pc->q || get32(b + 24) != (uint32_t)pc->n_layer ||
-        get32(b + 28) != (uint32_t)pc->kv_dim || get32(b + 32) != TN_PC_NTOK)
+    if (tn_get_le32(b + n - 4) != tn_pc_crc32(b, n - 4)) return tn_err(TERN_ERR_FORMAT, "CRC-32 mismatch");
+    if (tn_get_le64(b + 8) != pc->fp) return tn_err(TERN_ERR_FORMAT, "fingerprint %016llx is another model's", (unsigned long long)tn_get_le64(b + 8));
+    if (tn_get_le32(b + 16) != TN_PC_ROW_F16 || tn_get_le32(b + 20) != (uint32_t)pc->q || tn_get_le32(b + 24) != (uint32_t)pc->n_layer ||
+        tn_get_le32(b + 28) != (uint32_t)pc->kv_dim || tn_get_le32(b + 32) != TN_PC_NTOK)
         return tn_err(TERN_ERR_FORMAT, "row type, quality or dimensions differ");
-    if (get32(b + 36) != bi || get64(b + 40) != h || get64(b + 48) != h2) return tn_err(TERN_ERR_FORMAT, "block index or prefix hashes differ");
+    if (tn_get_le32(b + 36) != bi || tn_get_le64(b + 40) != h || tn_get_le64(b + 48) != h2) return tn_err(TERN_ERR_FORMAT, "block index or prefix hashes differ");
     for (int t = 0; t < TN_PC_NTOK; t++)
-        if ((tern_token)get32(b + 72 + 4 * t) != toks[t]) return tn_err(TERN_ERR_FORMAT, "token %d differs", t);
+        if ((tern_token)tn_get_le32(b + 72 + 4 * t) != toks[t]) return tn_err(TERN_ERR_FORMAT, "token %d differs", t);
     if (raw > pc->raw_cap) return tn_err(TERN_ERR_FORMAT, "raw size %llu > %zu", (unsigned long long)raw, pc->raw_cap);
 #ifdef TERN_HAVE_ZSTD
     size_t r = ZSTD_decompress(pc->raw, pc->raw_cap, b + TN_PC_HDR, (size_t)comp);
@@ -723,21 +723,21 @@ static bool store_one(tn_pcache *pc, const tern_ctx *c, int32_t bi, uint64_t h, 
         return false;
     }
     memcpy(f, TN_PC_MAGIC, 4);
-    put32(f + 4, TN_PC_VERSION);
-    put64(f + 8, pc->fp);
-    put32(f + 16, TN_PC_ROW_F16);
-    put32(f + 20, (uint32_t)pc->q);
-    put32(f + 24, (uint32_t)pc->n_layer);
-    put32(f + 28, (uint32_t)pc->kv_dim);
-    put32(f + 32, TN_PC_NTOK);
-    put32(f + 36, (uint32_t)bi);
-    put64(f + 40, h);
-    put64(f + 48, h2);
-    put64(f + 56, raw);
-    put64(f + 64, comp);
-    for (int t = 0; t < TN_PC_NTOK; t++) put32(f + 72 + 4 * t, (uint32_t)tk[t]);
+    tn_put_le32(f + 4, TN_PC_VERSION);
+    tn_put_le64(f + 8, pc->fp);
+    tn_put_le32(f + 16, TN_PC_ROW_F16);
+    tn_put_le32(f + 20, (uint32_t)pc->q);
+    tn_put_le32(f + 24, (uint32_t)pc->n_layer);
+    tn_put_le32(f + 28, (uint32_t)pc->kv_dim);
+    tn_put_le32(f + 32, TN_PC_NTOK);
+    tn_put_le32(f + 36, (uint32_t)bi);
+    tn_put_le64(f + 40, h);
+    tn_put_le64(f + 48, h2);
+    tn_put_le64(f + 56, raw);
+    tn_put_le64(f + 64, comp);
+    for (int t = 0; t < TN_PC_NTOK; t++) tn_put_le32(f + 72 + 4 * t, (uint32_t)tk[t]);
     const size_t fn = TN_PC_HDR + comp;
-    put32(f + fn, crc32_ieee(f, fn));
+    tn_put_le32(f + fn, tn_pc_crc32(f, fn));
     const int err = write_atomic(pc, path, f, fn + 4);
     bool ok = false;
     if (err == ENOSPC || err == EDQUOT) {

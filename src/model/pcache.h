@@ -58,6 +58,11 @@ typedef enum tn_pc_quality { TN_PC_LOSSLESS = 0, TN_PC_HIGH = 1, TN_PC_MEDIUM = 
  * selects one of independent chains (the serve prefix cache and the file key use seed 0). */
 uint64_t tn_tok_hash(uint64_t seed, uint64_t parent_hash, const tern_token *toks);
 
+/* CRC-32 (IEEE, zlib's) of p[0..n): the trailer of cache files (and of tern serve's slot files). */
+uint32_t tn_pc_crc32(const uint8_t *p, size_t n);
+/* A 64-bit hash of the model's GGUF bytes (metadata, shapes, tensor data); reads every byte. */
+uint64_t tn_pc_model_hash(const tern_model *m);
+
 /* ---- codec of one plane: [16][kv_dim] f16 values (one layer's K or V of a block) ---------- */
 /* Steps per RMS of a lossy quality: the plane's (tn_pc_div, layer il; 0 for lossless) and the
  * channel's. Chosen with bench/pcache_quality (docs/prompt-cache.md): high at the KL divergence
@@ -79,11 +84,12 @@ typedef struct tn_pc_models {
 } tn_pc_models;
 void tn_pc_models_init(tn_pc_models *m);
 /* Encodes x[16][kv_dim], the K (kv 0) or V (kv 1) plane of layer il, into out
- * (tn_pc_plane_max bytes of room), updating mod; returns the bytes written (0: out of memory). */
+ * (tn_pc_plane_max bytes of room), updating mod (NULL: lossless only); returns the bytes written
+ * (0: out of memory). */
 size_t tn_pc_plane_encode(tn_pc_quality q, int32_t il, int32_t n_layer, int kv, tn_pc_models *mod, const tn_fp16 *x,
                           int64_t kv_dim, uint8_t *out);
 /* Decodes a plane from in[0..n) into x[16][kv_dim]; *used gets the bytes read. FORMAT when the
- * bytes are not a plane of this size. */
+ * bytes are not a plane of this size (or are lossy and mod is NULL). */
 tern_status tn_pc_plane_decode(const uint8_t *in, size_t n, int64_t kv_dim, int kv, tn_pc_models *mod, tn_fp16 *x,
                                size_t *used);
 

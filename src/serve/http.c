@@ -598,6 +598,58 @@ static enum MHD_Result handle_models(tn_server *S, struct MHD_Connection *c) {
     return send_json(c, 200, j);
 }
 
+/* ---- slots (llama-server's API; the engine runs the actions: tn_engine_slot_action) ------------ */
+static enum MHD_Result handle_slots(tn_server *S, struct MHD_Connection *c) {
+    const char *f = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "fail_on_no_slot");
+    tn_http_err e = {0};
+    json_t *j = tn_engine_slot_action(S->eng, TN_SLOT_LIST, 0, NULL, NULL, f && strcmp(f, "0") && strcmp(f, "false"), &e);
+    return j ? send_json(c, 200, j) : send_error(c, &e, 0);
+}
+
+/* A file name inside --slot-save-path: no directories, no hidden or special names. */
+static bool slot_filename_ok(const char *s) {
+    size_t n = strlen(s);
+    if (n == 0 || n > 200 || s[0] == '.' || s[0] == ' ' || s[n - 1] == ' ') return false;
+    for (size_t i = 0; i < n; i++) {
+        const unsigned char ch = (unsigned char)s[i];
+        if (ch < 0x20 || ch == 0x7F || ch == '/' || ch == '\\' || ch == ':') return false;
+    }
+    return true;
+}
+
+static enum MHD_Result handle_slot_action(tn_server *S, struct MHD_Connection *c, const char *url, const char *body, size_t len) {
+    tn_http_err e = {0};
+    if (!S->cfg.slot_save_path)
+        return send_err(c, 501, "not_supported_error", "This server does not support slots action. Start it with `--slot-save-path`");
+    const char *ids = url + 7, *action = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "action");
+    char *end;
+    errno = 0;
+    long id = strtol(ids, &end, 10);
+    if (!*ids || *end || errno || id < 0 || id > 1000000) return send_err(c, 400, "invalid_request_error", "Invalid slot ID");
+    int act = !action ? -1 : !strcmp(action, "save") ? TN_SLOT_SAVE : !strcmp(action, "restore") ? TN_SLOT_RESTORE
+                             : !strcmp(action, "erase") ? TN_SLOT_ERASE : -1;
+    if (act < 0) return send_err(c, 400, "invalid_request_error", "Invalid action: use ?action=save, restore or erase");
+    char path[4352], fname[256] = "";
+    path[0] = 0;
+    if (act != TN_SLOT_ERASE) {
+        json_t *j = tn_json_parse(body, len, &e);
+        if (!j) return send_error(c, &e, 0);
+        json_t *fn = json_object_get(j, "filename");
+        bool ok = json_is_string(fn) && strlen(json_string_value(fn)) == json_string_length(fn) && slot_filename_ok(json_string_value(fn));
+        if (ok) {
+            snprintf(fname, sizeof fname, "%s", json_string_value(fn));
+            snprintf(path, sizeof path, "%s/%s", S->cfg.slot_save_path, fname);
+        }
+        json_decref(j);
+        if (!ok)
+            return send_err(c, 400, "invalid_request_error",
+                            fn ? "Invalid filename: a plain name inside --slot-save-path (no '/', '\\', ':', leading '.', control characters; at most 200 bytes)"
+                               : "Invalid filename: the body must give \"filename\"");
+    }
+    json_t *r = tn_engine_slot_action(S->eng, act, (int)id, path, fname, false, &e);
+    return r ? send_json(c, 200, r) : send_error(c, &e, 0);
+}
+
 /* ---- routing ---------------------------------------------------------------------------------- */
 static bool auth_ok(tn_server *S, struct MHD_Connection *c) {
     const char *key = S->cfg.api_key;
@@ -613,7 +665,7 @@ static bool auth_ok(tn_server *S, struct MHD_Connection *c) {
     return diff == 0;
 }
 
-typedef enum { R_NONE, R_HEALTH, R_MODELS, R_CHAT, R_COMPL, R_TOK, R_DETOK, R_METRICS } route;
+typedef enum { R_NONE, R_HEALTH, R_MODELS, R_CHAT, R_COMPL, R_TOK, R_DETOK, R_METRICS, R_SLOTS, R_SLOT_ACT } route;
 
 static route route_of(const char *url, bool *post) {
     static const struct {
@@ -625,12 +677,16 @@ static route route_of(const char *url, bool *post) {
                {"/v1/chat/completions", R_CHAT, true}, {"/chat/completions", R_CHAT, true},
                {"/v1/completions", R_COMPL, true},     {"/completions", R_COMPL, true},
                {"/tokenize", R_TOK, true},             {"/detokenize", R_DETOK, true},
-               {"/metrics", R_METRICS, false}};
+               {"/metrics", R_METRICS, false},         {"/slots", R_SLOTS, false}};
     for (size_t i = 0; i < sizeof tbl / sizeof tbl[0]; i++)
         if (!strcmp(url, tbl[i].path)) {
             *post = tbl[i].post;
             return tbl[i].r;
         }
+    if (!strncmp(url, "/slots/", 7)) { /* POST /slots/{id_slot}?action=... */
+        *post = true;
+        return R_SLOT_ACT;
+    }
     return R_NONE;
 }
 
@@ -735,6 +791,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case R_COMPL: return handle_completion(S, c, TN_REQ_COMPLETION, body, cs->len);
     case R_TOK: return handle_tokenize(S, c, body, cs->len);
     case R_DETOK: return handle_detokenize(S, c, body, cs->len);
+    case R_SLOTS: return handle_slots(S, c);
+    case R_SLOT_ACT: return handle_slot_action(S, c, url, body, cs->len);
     case R_METRICS: {
         double cost[3];
         tn_engine_cost(S->eng, cost);

@@ -123,22 +123,41 @@ void tn_kv_release(tn_kv *kv, int32_t id) {
 
 uint64_t tn_kv_hash(uint64_t parent_hash, const tern_token *toks) { return tn_tok_hash(0, parent_hash, toks); }
 
-int32_t tn_kv_lookup(tn_kv *kv, int32_t parent, uint64_t parent_hash, const tern_token *toks) {
+int32_t tn_kv_find(const tn_kv *kv, int32_t parent, uint64_t parent_hash, const tern_token *toks) {
     uint64_t h = tn_kv_hash(parent_hash, toks);
-    kv->lookups++;
     for (int32_t id = kv->buckets[h & (kv->n_buckets - 1)]; id >= 0; id = kv->b[id].hnext) {
-        tn_kvb_meta *m = &kv->b[id];
-        if (m->hash != h || m->parent != parent || memcmp(m->toks, toks, sizeof m->toks)) continue;
-        if (m->ref == 0) {
-            /* reviving a cached block takes it from the pool; never at the cost of a reservation */
-            if (tn_kv_available(kv) <= 0) return -1;
-            lru_unlink(kv, id);
-        }
-        m->ref++;
-        kv->hits++;
-        return id;
+        const tn_kvb_meta *m = &kv->b[id];
+        if (m->hash == h && m->parent == parent && !memcmp(m->toks, toks, sizeof m->toks)) return id;
     }
     return -1;
+}
+
+int32_t tn_kv_lookup(tn_kv *kv, int32_t parent, uint64_t parent_hash, const tern_token *toks) {
+    kv->lookups++;
+    const int32_t id = tn_kv_find(kv, parent, parent_hash, toks);
+    if (id < 0) return -1;
+    tn_kvb_meta *m = &kv->b[id];
+    if (m->ref == 0) {
+        /* reviving a cached block takes it from the pool; never at the cost of a reservation */
+        if (tn_kv_available(kv) <= 0) return -1;
+        lru_unlink(kv, id);
+    }
+    m->ref++;
+    kv->hits++;
+    return id;
+}
+
+bool tn_kv_forget(tn_kv *kv, int32_t id) {
+    if (id < 0 || id >= kv->n_blocks) return false;
+    tn_kvb_meta *m = &kv->b[id];
+    if (m->ref != 0 || !m->hashed) return false;
+    lru_unlink(kv, id);
+    hash_unlink(kv, id);
+    m->parent = -1;
+    m->fnext = kv->free_head;
+    kv->free_head = id;
+    kv->n_free++;
+    return true;
 }
 
 void tn_kv_publish(tn_kv *kv, int32_t id, int32_t parent, uint64_t parent_hash, const tern_token *toks) {

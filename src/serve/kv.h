@@ -64,6 +64,11 @@ uint64_t tn_kv_hash(uint64_t parent_hash, const tern_token *toks);
 /* Looks up a full block with these tokens after parent block `parent` (-1 at the start). On a
  * hit takes a reference (reviving a cached block) and returns its id, else -1. */
 int32_t tn_kv_lookup(tn_kv *kv, int32_t parent, uint64_t parent_hash, const tern_token *toks);
+/* The published block with these tokens after block `parent`, or -1; takes no reference. */
+int32_t tn_kv_find(const tn_kv *kv, int32_t parent, uint64_t parent_hash, const tern_token *toks);
+/* Drops a cached block (ref 0, published) from the prefix cache: it becomes free. false when the
+ * block is in use or not cached. */
+bool tn_kv_forget(tn_kv *kv, int32_t id);
 /* Publishes a full, computed, in-use block under (parent, toks). No-op if an equal block is
  * already published (then this one stays private). */
 void tn_kv_publish(tn_kv *kv, int32_t id, int32_t parent, uint64_t parent_hash, const tern_token *toks);

@@ -66,6 +66,9 @@ typedef struct tn_serve_config {
     const char *prompt_cache_dir;
     uint64_t prompt_cache_max_bytes; /* --prompt-cache-max-gb (0: unbounded)                   */
     int prompt_cache_quality;        /* a tn_pc_quality                                       */
+    /* --slot-save-path DIR: POST /slots/{id}?action=save|restore|erase (llama-server's) work with
+     * files in DIR (NULL: those answer 501, as llama-server does) */
+    const char *slot_save_path;
 } tn_serve_config;
 
 void tn_serve_config_init(tn_serve_config *c);
@@ -277,6 +280,20 @@ bool tn_engine_idle(tn_engine *e);
 int32_t tn_engine_n_ctx_seq(const tn_engine *e);
 /* cost model: seconds per step base, per decode sequence, per prefill token */
 void tn_engine_cost(const tn_engine *e, double out[3]);
+
+/* ---- slots (llama-server's /slots API) ----------------------------------------------------------
+ * Slot i is the engine's sequence i (--parallel N: slots 0..N-1). It holds the tokens of the
+ * request it runs, and once that ends, the tokens of the last one (prompt + generated) whose whole
+ * blocks stay in the prefix cache until evicted (LRU) or erased. Save writes the slot's blocks
+ * still in memory to a file (serve/slot.h); restore puts a file's blocks in the prefix cache, so a
+ * later request whose prompt starts with those tokens skips their prefill. The actions run on the
+ * engine thread between steps. */
+enum { TN_SLOT_LIST = 0, TN_SLOT_SAVE, TN_SLOT_RESTORE, TN_SLOT_ERASE };
+/* Runs an action on slot id (LIST: every slot; fail_on_no_slot: 503 when none is idle); path and
+ * filename: the file of save/restore. Returns the response body, or NULL with err filled
+ * (400 bad slot id or file, 404 no file, 409 slot busy, 501 unsupported, 503 no KV room). */
+json_t *tn_engine_slot_action(tn_engine *e, int action, int id, const char *path, const char *filename, bool fail_on_no_slot,
+                              tn_http_err *err);
 
 /* Copies s[0..n) as valid UTF-8 to dst+*dlen (capacity >= *dlen + 3n + 1; NUL-terminated),
  * invalid bytes as U+FFFD; an incomplete trailing sequence is left unless final. Returns the

@@ -104,6 +104,43 @@ static void test_kv_revive_respects_reservations(void **state) {
     tn_kv_free(&kv);
 }
 
+/* tn_kv_find takes no reference; tn_kv_forget frees a cached block (slot erase) and refuses one
+ * in use or never published */
+static void test_kv_find_forget(void **state) {
+    (void)state;
+    tn_kv kv;
+    assert_int_equal(tn_kv_init(&kv, 4), TERN_OK);
+    tern_token b0[TN_KVB], b1[TN_KVB];
+    fill(b0, 11), fill(b1, 12);
+    int32_t a0 = tn_kv_alloc(&kv, false), a1 = tn_kv_alloc(&kv, false), priv = tn_kv_alloc(&kv, false);
+    tn_kv_publish(&kv, a0, -1, 0, b0);
+    tn_kv_publish(&kv, a1, a0, tn_kv_hash(0, b0), b1);
+    assert_int_equal(tn_kv_find(&kv, -1, 0, b0), a0);
+    assert_int_equal(tn_kv_find(&kv, a0, tn_kv_hash(0, b0), b1), a1);
+    assert_int_equal(tn_kv_find(&kv, -1, 0, b1), -1);
+    assert_int_equal(kv.b[a0].ref, 1); /* find took nothing */
+    assert_false(tn_kv_forget(&kv, a0)); /* in use */
+    assert_false(tn_kv_forget(&kv, priv)); /* not published */
+    tn_kv_release(&kv, a0), tn_kv_release(&kv, a1), tn_kv_release(&kv, priv);
+    assert_int_equal(kv.n_cached, 2);
+    assert_int_equal(kv.n_free, 2);
+    assert_true(tn_kv_forget(&kv, a1));
+    assert_false(tn_kv_forget(&kv, a1)); /* already free */
+    assert_int_equal(kv.n_cached, 1);
+    assert_int_equal(kv.n_free, 3);
+    assert_int_equal(tn_kv_find(&kv, a0, tn_kv_hash(0, b0), b1), -1);
+    assert_int_equal(tn_kv_lookup(&kv, -1, 0, b0), a0); /* the other one is still cached */
+    tn_kv_release(&kv, a0);
+    assert_true(tn_kv_forget(&kv, a0));
+    assert_int_equal(tn_kv_available(&kv), 4);
+    int32_t ids[4]; /* every block can be handed out again, each once */
+    for (int i = 0; i < 4; i++) assert_true((ids[i] = tn_kv_alloc(&kv, false)) >= 0);
+    assert_int_equal(tn_kv_alloc(&kv, false), -1);
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < i; j++) assert_int_not_equal(ids[i], ids[j]);
+    tn_kv_free(&kv);
+}
+
 /* ---- chat templates, JSON depth, UTF-8 ------------------------------------------------------- */
 #define DETECT(jinja) tn_chat_detect(jinja, strlen(jinja), NULL, NULL)
 static void test_chat_templates(void **state) {
@@ -496,7 +533,8 @@ int main(void) {
     if (tern_model_load(path, &mp, &g_model)) g_model = NULL;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kv_alloc_release), cmocka_unit_test(test_kv_prefix_cache),
-        cmocka_unit_test(test_kv_revive_respects_reservations), cmocka_unit_test(test_chat_templates),
+        cmocka_unit_test(test_kv_revive_respects_reservations), cmocka_unit_test(test_kv_find_forget),
+        cmocka_unit_test(test_chat_templates),
         cmocka_unit_test(test_json_depth), cmocka_unit_test(test_utf8),
         cmocka_unit_test(test_req_valid), cmocka_unit_test(test_req_invalid),
         cmocka_unit_test(test_req_alloc_failures), cmocka_unit_test(test_engine_logprobs),

@@ -698,7 +698,7 @@ int cmd_bench(int argc, char **argv) {
                    "       tern bench -m model.gguf --spec ngram | --draft small.gguf [--draft-max 8] [--spec-prompt FILE] [-n 128] [-r 5]\n"
                    "  -p N  prompt tokens (pp test; 0 = skip)   -n N  generated tokens (tg test; 0 = skip)\n"
                    "  -r N  repetitions                           -o    output format\n"
-                   "  --no-repack   keep q4_0/q8_0/q4_K/q6_K/tq weights in the file layout (default: interleaved at load)\n"
+                   "  --no-repack   keep q4_0/q8_0/q4_K/q5_K/q6_K/tq weights in the file layout (default: interleaved at load)\n"
                    "  --lora FILE[:S]  bench with a LoRA adapter applied (scale S, default 1; repeatable; --lora-scaled FILE S)\n"
                    TN_CLI_CACHE_TYPE_HELP
                    "  --sweep-bits  quantize an f16/f32 model to tq1..tq8 (g<group>, asymmetric unless --sym) in a\n"

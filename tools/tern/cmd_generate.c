@@ -45,7 +45,7 @@ static void gen_usage(FILE *f) {
             "      --draft-max N       at most N drafted tokens per step (default 8, 1..32); --draft-min N: fewer are not tried (default 1)\n"
             "      --spec-ngram N      longest n-gram matched (default 3)\n"
             "  -ngl, --n-gpu-layers N  with --device cuda: the first N layers on the GPU, the rest on the CPU (-1: all)\n"
-            "      --no-repack         keep q4_0/q8_0/q4_K/q6_K/tq4/tq1 weights in the file layout (no interleaved copy)\n"
+            "      --no-repack         keep q4_0/q8_0/q4_K/q5_K/q6_K/tq4/tq1 weights in the file layout (no interleaved copy)\n"
             "      --lora FILE[:S]     apply a LoRA adapter (llama.cpp GGUF) with scale S (default 1); repeatable;\n"
             "                          --lora-scaled FILE S does the same\n"
             "      --swa-full          sliding-window layers keep every position (default: their window plus a batch)\n"

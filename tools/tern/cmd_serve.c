@@ -1,9 +1,11 @@
 /*
  * cmd_serve.c — `tern serve`: flag parsing only; the server lives in src/serve (tn_serve_run).
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli.h"
 #include "cli_pcache.h"
@@ -43,7 +45,9 @@ static void serve_usage(FILE *f) {
             "                          repeatable; --lora-scaled FILE S does the same (CPU only)\n"
             "  -md, --draft FILE       speculative decoding with a small draft model of the same vocabulary: it\n"
             "                          drafts greedily, batched over the sequences (--draft-max default 4)\n"
-            "      --no-repack         keep q4_0/q8_0/q4_K/q6_K/tq4/tq1 weights in the file layout (no interleaved copy)\n"
+            "      --no-repack         keep q4_0/q8_0/q4_K/q5_K/q6_K/tq4/tq1 weights in the file layout (no interleaved copy)\n"
+            "      --slot-save-path DIR  POST /slots/{id}?action=save|restore|erase (llama-server's API) with\n"
+            "                          files in DIR (created if missing); GET /slots lists the slots\n"
             "      --swa-full          sliding-window layers (Gemma 2/3) keep every position in the paged cache\n"
             "                          (default: each sequence's window, in a block pool of their own)\n"
             TN_CLI_CACHE_TYPE_HELP);
@@ -148,6 +152,9 @@ int cmd_serve(int argc, char **argv) {
             INT_FLAG(1, 64, cfg.spec_ngram_n);
         } else if (!strcmp(a, "--spec-fixed")) {
             INT_FLAG(1, 32, spec_fixed);
+        } else if (!strcmp(a, "--slot-save-path")) {
+            TN_CLI_NEED_VAL();
+            cfg.slot_save_path = val;
         } else if (!strcmp(a, "--max-body")) {
             INT_FLAG(1024, (int64_t)1 << 30, cfg.max_body);
         } else if ((dv = tn_cli_device_flag(argc, argv, &i, &cfg.device, &cfg.n_gpu_layers)) != 0 ||
@@ -179,6 +186,14 @@ int cmd_serve(int argc, char **argv) {
     if (!cfg.spec_ngram && !cfg.draft_path && (spec_fixed > 0 || draft_max_set || draft_min_set))
         return tn_cli_usage_error("--draft-max / --draft-min / --spec-fixed need --spec ngram or --draft");
     if (cfg.draft_path && !draft_max_set && spec_fixed == 0) cfg.draft_max = 4; /* a model's drafts cost passes */
+    if (cfg.slot_save_path) { /* a directory of its own: created here, one level */
+        struct stat sb;
+        if (!*cfg.slot_save_path) return tn_cli_usage_error("--slot-save-path: an empty path");
+        if (stat(cfg.slot_save_path, &sb) && mkdir(cfg.slot_save_path, 0755))
+            return tn_cli_usage_error("--slot-save-path: cannot create '%s': %s", cfg.slot_save_path, strerror(errno));
+        if (stat(cfg.slot_save_path, &sb) || !S_ISDIR(sb.st_mode))
+            return tn_cli_usage_error("--slot-save-path: '%s' is not a directory", cfg.slot_save_path);
+    }
     char default_path[4096];
     if (!cfg.model_path) {
         if (!tn_cli_default_model(default_path, sizeof default_path)) {
