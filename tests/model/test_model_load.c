@@ -577,6 +577,26 @@ static void repack_load_modes(const char *arch, tn_dtype wt, int64_t n_embd) {
     repack_load_modes_out(arch, wt, wt, n_embd);
 }
 
+/* By default q6_K matrices stay in the file layout (TERN_REPACK_Q6K unset); q4_K ones move. */
+static void test_q6k_default_file_layout(void **state) {
+    (void)state;
+    char *saved = getenv("TERN_REPACK_Q6K") ? strdup(getenv("TERN_REPACK_Q6K")) : NULL;
+    unsetenv("TERN_REPACK_Q6K");
+    tiny_cfg cfg;
+    tiny_cfg_default(&cfg);
+    cfg.wtype = TN_Q4_K, cfg.out_type = TN_Q6_K, cfg.n_embd = 256, cfg.n_ff = 512;
+    char path[512];
+    tiny_tmp_path(path, sizeof path, "q6kdef");
+    assert_int_equal(tiny_model_write(path, &cfg), TERN_OK);
+    tern_model *m = NULL;
+    assert_int_equal(tern_model_load(path, NULL, &m), TERN_OK);
+    assert_int_equal(m->output.type, TN_Q6_K);
+    if (tn_kern()->slot[TN_Q4_K_R16].gemm_isa >= TN_ISA_AVX512) assert_int_equal(m->layers[0].w[TN_ROLE_ATTN_Q].type, TN_Q4_K_R16);
+    tern_model_free(m);
+    unlink(path);
+    if (saved) setenv("TERN_REPACK_Q6K", saved, 1), free(saved);
+}
+
 static void test_repack_load_modes(void **state) {
     (void)state;
     /* q4_K_r16 / q5_K_r16 / q6_K_r16: Q4_K_M- and Q5_K_M-like pairs (q4_K or q5_K matrices, q6_K
@@ -648,6 +668,9 @@ static void test_moved_as_is(void **state) {
 }
 
 int main(void) {
+    /* q6_K's interleaved layout is opt-in (its decode is slower, src/model/llama.c): on here, so
+     * the q6_K_r16 paths are checked; test_q6k_default_file_layout checks the default */
+    setenv("TERN_REPACK_Q6K", "1", 1);
     tiny_cfg cfg;
     tiny_cfg_default(&cfg);
     tiny_tmp_path(base_path, sizeof base_path, "loadbase");
@@ -671,6 +694,7 @@ int main(void) {
         cmocka_unit_test(test_alloc_failures),
         cmocka_unit_test(test_null_args),
         cmocka_unit_test(test_repack_load_modes),
+        cmocka_unit_test(test_q6k_default_file_layout),
         cmocka_unit_test(test_moved_as_is),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
