@@ -19,21 +19,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/file.h"
 #include "model/pcache.h"
 #include "tern/tern.h"
-
-static char *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)sz + 1);
-    if (b && fread(b, 1, (size_t)sz, f) != (size_t)sz) free(b), b = NULL;
-    fclose(f);
-    if (b) b[sz] = 0, *n = (size_t)sz;
-    return b;
-}
 
 static int die(const char *what) {
     fprintf(stderr, "pcache_quality: %s: %s\n", what, tern_last_error());
@@ -96,9 +84,10 @@ int main(int argc, char **argv) {
     tern_model_params_init(&mp);
     tern_model *m;
     if (tern_model_load(argv[1], &mp, &m)) return die(argv[1]);
-    size_t len;
-    char *text = slurp(argv[2], &len);
-    if (!text) return fprintf(stderr, "pcache_quality: cannot read %s\n", argv[2]), 66;
+    tn_map tm;
+    if (tn_map_open(argv[2], true, &tm)) return die(argv[2]);
+    const char *text = (const char *)tm.data;
+    size_t len = tm.size;
     if (len > (size_t)W * (size_t)(P + N) * 16 + 4096) len = (size_t)W * (size_t)(P + N) * 16 + 4096; /* enough text */
     tern_token *toks = malloc(sizeof *toks * (len + 2));
     int32_t nt = 0;
@@ -165,7 +154,8 @@ int main(int argc, char **argv) {
         snprintf(name, sizeof name, "memory: %s", tern_kv_type_name(kt[k]));
         if (sc.n) row(name, bpt, f16_bpt, &sc);
     }
-    free(ref), free(p), free(q), free(toks), free(text);
+    free(ref), free(p), free(q), free(toks);
+    tn_map_close(&tm);
     tern_model_free(m);
     return 0;
 }

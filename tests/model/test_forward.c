@@ -402,12 +402,8 @@ static void test_moe_prefill_vs_decode(void **state) {
     const tn_dtype types[] = {TN_F32, TN_Q8_0};
     for (int v = 0; v < 14; v++) {
         tiny_cfg cfg = moe_cfg(archs[v % 7], types[v / 7]);
-        char path[512];
-        tiny_tmp_path(path, sizeof path, "moepd");
-        assert_int_equal(tiny_model_write(path, &cfg), TERN_OK);
-        tern_model *m = NULL;
-        assert_int_equal(tern_model_load(path, NULL, &m), TERN_OK);
-        unlink(path);
+        tern_model *m = tiny_model_load(&cfg, "moepd");
+        assert_non_null(m);
         tern_ctx_params cp;
         tern_ctx_params_init(&cp);
         cp.n_ctx = 32, cp.n_threads = 2, cp.logits_all = true;
@@ -442,12 +438,8 @@ static void test_moe_prefill_vs_decode(void **state) {
 static void test_mla_cache_size(void **state) {
     (void)state;
     tiny_cfg cfg = moe_cfg("deepseek2", TN_F32);
-    char path[512];
-    tiny_tmp_path(path, sizeof path, "mlakv");
-    assert_int_equal(tiny_model_write(path, &cfg), TERN_OK);
-    tern_model *m = NULL;
-    assert_int_equal(tern_model_load(path, NULL, &m), TERN_OK);
-    unlink(path);
+    tern_model *m = tiny_model_load(&cfg, "mlakv");
+    assert_non_null(m);
     tern_ctx_params cp;
     tern_ctx_params_init(&cp);
     cp.n_ctx = 64;
