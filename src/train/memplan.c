@@ -54,8 +54,8 @@ void tn_mem_plan_lines(const tn_mem_plan *p, int n_layer, void (*line)(const cha
     for (int k = 0; k < TN_MEM_N_KIND; k++) {
         char note[96] = "";
         if (p->recomp[k]) {
-            fmt_mib(p->recomp[k], b2, sizeof b2);
-            if (p->kept[k]) snprintf(note, sizeof note, "  (of which 1 layer recomputed in backward:%s)", b2);
+            snprintf(b2, sizeof b2, "%.1f MiB", (double)p->recomp[k] / 1048576.0);
+            if (p->kept[k]) snprintf(note, sizeof note, "  (of which 1 layer, recomputed in backward: %s)", b2);
             else snprintf(note, sizeof note, "  (1 layer, recomputed in backward)");
         }
         char name[64];
