@@ -34,6 +34,7 @@ void tn_train_opts_default(tn_train_opts *o) {
     o->val_batches = 4;
     o->ckpt_every = 0;
     o->out_type = TN_F32;
+    o->recompute = -1;
     tn_dist_opts_default(&o->dist);
     o->zo = (tn_zo_opts){.on = false, .eps = 1e-3f, .samples = 1};
 }
@@ -148,15 +149,53 @@ done:
     return s;
 }
 
-static double eval_val(tn_tmodel *m, const tn_data *d, int n_batches, int32_t *tok, int32_t *tgt, tern_status *s) {
+/* Mean validation loss over n_batches batches of B = accum * m->B sequences (each batch's loss
+ * the mean over its targets, as in training). */
+static double eval_val(tn_tmodel *m, const tn_data *d, int n_batches, int accum, int32_t *tok, int32_t *tgt, tern_status *s) {
     double sum = 0.0;
     for (int i = 0; i < n_batches; i++) {
-        tn_data_val(d, i, m->B, tok, tgt);
-        double l;
-        if ((*s = tn_tmodel_forward(m, tok, tgt, &l))) return NAN;
-        sum += l;
+        double ls = 0.0, l = 0.0;
+        int64_t nv = 0;
+        for (int j = 0; j < accum; j++) {
+            tn_data_val(d, (int64_t)i * accum + j, m->B, tok, tgt);
+            if ((*s = tn_tmodel_forward(m, tok, tgt, &l))) return NAN;
+            int64_t k = 0;
+            for (size_t r = 0; r < (size_t)m->B * m->T; r++) k += tgt[r] >= 0;
+            ls += l * (double)k;
+            nv += k;
+        }
+        sum += accum == 1 ? l : nv ? ls / (double)nv : 0.0;
     }
     return sum / n_batches;
+}
+
+static void note_line(const char *text, void *user) { note(user, "%s", text); }
+
+/* The memory plan of the run (o->plan): --grad-accum / --recompute as given, or chosen for
+ * --mem-budget; printed as a table. INVALID_ARG when the flags conflict or nothing fits. */
+static tern_status choose_plan(tn_train_opts *o, const tn_tmodel *m, int T) {
+    if (o->grad_accum > 0 && o->batch % o->grad_accum)
+        return tn_err(TERN_ERR_INVALID_ARG, "train: --grad-accum %d must divide --batch %d", o->grad_accum, o->batch);
+    if (o->zo.on && o->grad_accum > 1) return tn_err(TERN_ERR_INVALID_ARG, "train: --zo runs whole batches (no --grad-accum)");
+    const int accum = o->zo.on ? 1 : o->grad_accum, rc = o->zo.on ? TN_RECOMPUTE_NONE : o->recompute;
+    if (o->mem_budget) {
+        if (!tn_mem_choose(m, o->batch, T, o->mem_budget, accum, rc, &o->plan)) {
+            const tn_mem_plan *p = &o->plan;
+            return tn_err(TERN_ERR_INVALID_ARG, "train: --mem-budget %.1f MiB is too small: the smallest configuration "
+                          "(batch %d as %d micro-batches of %d, recompute %s) needs %.1f MiB (%.1f MiB parameters, "
+                          "gradients, AdamW%s, %.1f MiB activations); raise the budget or lower --batch or --ctx",
+                          o->mem_budget / 1048576.0, p->batch, p->accum, p->micro_batch, tn_recompute_name(p->recompute),
+                          p->peak / 1048576.0, (p->params + p->grads + p->moments) / 1048576.0,
+                          p->frozen ? " and the mapped base" : "", p->acts / 1048576.0);
+        }
+        note(o, "--mem-budget %.1f MiB: %d micro-batch%s of %d, recompute %s fits (predicted peak %.1f MiB)",
+             o->mem_budget / 1048576.0, o->plan.accum, o->plan.accum > 1 ? "es" : "", o->plan.micro_batch,
+             tn_recompute_name(o->plan.recompute), o->plan.peak / 1048576.0);
+    } else {
+        tn_tmodel_mem_plan(m, o->batch, accum > 0 ? accum : 1, T, rc >= 0 ? (tn_recompute)rc : TN_RECOMPUTE_NONE, &o->plan);
+    }
+    tn_mem_plan_lines(&o->plan, m->cfg.n_layer, note_line, o);
+    return TERN_OK;
 }
 
 tern_status tn_train_run(tn_train_opts *o) {
@@ -238,26 +277,16 @@ tern_status tn_train_run(tn_train_opts *o) {
     }
     if (voc) cfg.n_vocab = voc->n;
     if ((s = tn_train_cfg_check(&cfg))) goto done;
-    /* 3. memory plan: say what is needed before touching data */
-    size_t pb, ab;
-    tn_tmodel_mem(&cfg, o->batch, cfg.n_ctx, o->n_threads, &pb, &ab);
+    /* 3. the model and its memory plan: what is needed, before touching data */
     if (lora) {
         if ((s = tn_tmodel_create_lora(&cfg, init, &o->lora, o->n_threads, &m))) goto done;
-        pb = m->n_params * 4 * sizeof(float);
-        const size_t scratch = ((size_t)2 * o->batch * cfg.n_ctx * m->lora_rank +
-                                (size_t)m->tile_rows * (size_t)TN_MAX(TN_MAX(cfg.n_embd, cfg.n_ff), m->hp.head_dim * cfg.n_head)) * sizeof(float);
-        ab += scratch;
-        note(o, "memory plan: base %.1f MiB mapped (read, never copied to f32); %.1f MiB adapter (%d matrices, rank %d, "
-             "alpha %g) + norms, gradients and AdamW; %.1f MiB activations and tiles (batch %d x ctx %d)",
-             init->weight_bytes / 1048576.0, pb / 1048576.0, m->n_lora, m->lora_rank, (double)m->lora_alpha, ab / 1048576.0,
-             o->batch, cfg.n_ctx);
-    } else {
-        note(o, "memory plan: %.1f MiB parameters+gradients+AdamW, %.1f MiB activations (batch %d x ctx %d)", pb / 1048576.0,
-             ab / 1048576.0, o->batch, cfg.n_ctx);
-        if ((s = tn_tmodel_create(&cfg, o->n_threads, &m))) goto done;
-    }
-    o->planned_bytes = pb + ab;
-    if ((s = tn_tmodel_plan(m, o->batch, cfg.n_ctx))) goto done;
+        note(o, "LoRA: %d matrices, rank %d, alpha %g; the base stays mapped in its file's types (read, never copied to f32)",
+             m->n_lora, m->lora_rank, (double)m->lora_alpha);
+    } else if ((s = tn_tmodel_create(&cfg, o->n_threads, &m))) goto done;
+    if ((s = choose_plan(o, m, cfg.n_ctx))) goto done;
+    o->planned_bytes = o->plan.peak;
+    m->recompute = o->plan.recompute;
+    if ((s = tn_tmodel_plan(m, o->plan.micro_batch, cfg.n_ctx))) goto done;
     /* 4. data */
     if (o->ckpt_dir) {
         if (mkdir(o->ckpt_dir, 0777) && access(o->ckpt_dir, W_OK)) {
@@ -351,13 +380,9 @@ tern_status tn_train_run(tn_train_opts *o) {
         double gn = NAN;
         if (o->zo.on) { /* zo.h: forward passes only */
             if ((s = tn_zo_step(m, dist, &o->zo, o->seed, st.step, tok, tgt, lr, &loss))) goto done;
-        } else if ((s = tn_tmodel_forward(m, tok, tgt, &loss))) goto done;
+        } else if ((s = tn_tmodel_grads(m, tok, tgt, o->plan.accum, &loss))) goto done; /* forward + backward */
         if (!isfinite(loss)) { s = tn_err(TERN_ERR_INTERNAL, "train: loss is %f at step %lld (diverged; lower --lr)", loss, (long long)st.step); goto done; }
         if (!o->zo.on) {
-            TN_SPAN_B(TN_TK_OPTIMIZER, "zero_grad", -1, 0, 0, 0, 0);
-            tn_tmodel_zero_grad(m);
-            TN_SPAN_E(TN_TK_OPTIMIZER, "zero_grad", -1, 0, 0);
-            tn_tmodel_backward(m);
             if (dist) TN_SPAN_B(TN_TK_PHASE, "allreduce", -1, 0, 0, 0, 0);
             if ((s = tn_dist_grads(dist, m, &loss))) goto done;
             if (dist) TN_SPAN_E(TN_TK_PHASE, "allreduce", -1, 0, 0);
@@ -384,7 +409,7 @@ tern_status tn_train_run(tn_train_opts *o) {
         double vl = NAN;
         if (!rank && data.n_val && (st.step % val_every == 0 || st.step == o->steps)) { /* rank 0 reports */
             TN_SPAN_B(TN_TK_PHASE, "eval", -1, val_batches, 0, 0, 0);
-            vl = eval_val(m, &data, val_batches, tok, tgt, &s);
+            vl = eval_val(m, &data, val_batches, o->plan.accum, tok, tgt, &s);
             if (s) goto done;
             TN_SPAN_E(TN_TK_PHASE, "eval", -1, 0, 0);
             if ((s = tn_train_state_push_val(&st, (int32_t)st.step, (float)vl))) goto done;

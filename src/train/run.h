@@ -54,6 +54,12 @@ typedef struct tn_train_opts {
     double val_split;         /* LoRA: fraction held out (0: none)                       */
     double epochs;            /* > 0: steps = ceil(epochs * training samples / batch)      */
     tn_dtype out_type;        /* TN_F32 or TN_Q8_0                                */
+    /* memory (train.h, tn_mem_plan): each batch as grad_accum micro-batches (0: 1, or the
+     * budget's choice), what backward recomputes (tn_recompute; -1: none, or the budget's
+     * choice), a budget for the predicted peak in bytes (0: none; tn_mem_choose) */
+    int grad_accum;
+    int recompute;
+    uint64_t mem_budget;
     volatile sig_atomic_t *stop;
     void (*progress)(const tn_train_progress *p, void *user);
     void (*note)(const char *msg, void *user);
@@ -61,7 +67,8 @@ typedef struct tn_train_opts {
     /* results */
     double final_loss, final_val_loss, tok_per_s;
     uint64_t weights_hash;    /* tn_hash64 of the final f32 params                */
-    size_t planned_bytes;
+    size_t planned_bytes;     /* the plan's predicted peak                         */
+    tn_mem_plan plan;
     uint64_t comm_bytes;      /* --dist: bytes this rank passed to MPI            */
     int dist_rank, dist_size; /* --dist: this rank, the number of ranks (else 0, 1) */
 } tn_train_opts;

@@ -168,31 +168,55 @@ static int build_table(const tn_train_cfg *c, tn_tparam *t, size_t *n_params) {
     return i;
 }
 
-/* Activation sizes table: per layer, then the head, then backward scratch. Q = n_head*head_dim.
- * qn, kn (q, k before their per-head RMSNorm) and dqn, dkn exist only with q/k norms. */
+/* Activation sizes table: per layer the buffers forward keeps (layer l at l * per_layer), then
+ * the one copy of those backward recomputes (m->recompute), then the head, then backward scratch.
+ * Q = n_head*head_dim. qn, kn (q, k before their per-head RMSNorm) and dqn, dkn exist only with
+ * q/k norms. */
+enum { AK_X_IN, AK_XN1, AK_QN, AK_KN, AK_Q, AK_K, AK_V, AK_ATT, AK_Y, AK_X_MID, AK_XN2, AK_G, AK_U, AK_H, AK_N };
 typedef struct act_layout {
-    size_t x_in, xn1, qn, kn, q, k, v, att, y, x_mid, xn2, g, u, h; /* per-layer offsets from layer base */
+    size_t off[AK_N];    /* kept: layer 0's offset; recomputed: the shared copy's              */
+    size_t len[AK_N];    /* floats, aligned                                                     */
+    bool kept[AK_N];
     size_t per_layer;
     size_t x_fin, xf, logits;                                        /* after the layers               */
     size_t dres, dxn, dq, dk, dv, dqn, dkn, dy, dh, dg, du, datt, dw; /* scratch                        */
-    size_t total;
+    size_t head0, logits_end, total;                                 /* where the head starts, ends     */
 } act_layout;
 
-static void plan_acts(const tn_train_cfg *c, int B, int T, int nth, act_layout *a) {
+/* The plan's kind of each per-layer buffer. */
+static const uint8_t ak_kind[AK_N] = {
+    [AK_X_IN] = TN_MEM_SAVED_IN, [AK_XN1] = TN_MEM_SAVED_IN, [AK_QN] = TN_MEM_SAVED_IN, [AK_KN] = TN_MEM_SAVED_IN,
+    [AK_Q] = TN_MEM_ATTN_QKV, [AK_K] = TN_MEM_ATTN_QKV, [AK_V] = TN_MEM_ATTN_QKV, [AK_ATT] = TN_MEM_ATTN_PROBS,
+    [AK_Y] = TN_MEM_ATTN_QKV, [AK_X_MID] = TN_MEM_SAVED_IN, [AK_XN2] = TN_MEM_SAVED_IN, [AK_G] = TN_MEM_FFN,
+    [AK_U] = TN_MEM_FFN, [AK_H] = TN_MEM_FFN,
+};
+
+static void plan_acts(const tn_train_cfg *c, int B, int T, int nth, int rc, act_layout *a) {
     tn_hparams hp;
     fill_hparams(c, &hp);
     const tn_arch_desc *ad = hp.family;
     const bool q_norm = ad->need[TN_ROLE_ATTN_Q_NORM] == TN_NEED_REQ, k_norm = ad->need[TN_ROLE_ATTN_K_NORM] == TN_NEED_REQ;
     const size_t N = (size_t)B * T, C = (size_t)c->n_embd, H = (size_t)c->n_head, hd = (size_t)hp.head_dim;
     const size_t Q = H * hd, KV = (size_t)c->n_head_kv * hd, F = (size_t)c->n_ff, V = (size_t)c->n_vocab;
+    const size_t n[AK_N] = {[AK_X_IN] = N * C, [AK_XN1] = N * C, [AK_QN] = q_norm ? N * Q : 0, [AK_KN] = k_norm ? N * KV : 0,
+                            [AK_Q] = N * Q, [AK_K] = N * KV, [AK_V] = N * KV, [AK_ATT] = (size_t)B * H * T * T,
+                            [AK_Y] = N * Q, [AK_X_MID] = N * C, [AK_XN2] = N * C, [AK_G] = N * F, [AK_U] = N * F,
+                            [AK_H] = N * F};
     size_t o = 0;
-#define A(field, n) do { a->field = o; o += ((size_t)(n) + 15) & ~(size_t)15; } while (0)
-    A(x_in, N * C); A(xn1, N * C); A(qn, q_norm ? N * Q : 0); A(kn, k_norm ? N * KV : 0); A(q, N * Q); A(k, N * KV);
-    A(v, N * KV); A(att, (size_t)B * H * T * T); A(y, N * Q); A(x_mid, N * C); A(xn2, N * C);
-    A(g, N * F); A(u, N * F); A(h, N * F);
+    for (int f = 0; f < AK_N; f++) {
+        a->len[f] = ((size_t)n[f] + 15) & ~(size_t)15;
+        a->kept[f] = rc == TN_RECOMPUTE_NONE || f == AK_X_IN || (rc == TN_RECOMPUTE_ATTN && f != AK_ATT);
+    }
+    for (int f = 0; f < AK_N; f++)
+        if (a->kept[f]) a->off[f] = o, o += a->len[f];
     a->per_layer = o;
     o = a->per_layer * (size_t)c->n_layer;
+    for (int f = 0; f < AK_N; f++)
+        if (!a->kept[f]) a->off[f] = o, o += a->len[f];
+#define A(field, n) do { a->field = o; o += ((size_t)(n) + 15) & ~(size_t)15; } while (0)
+    a->head0 = o;
     A(x_fin, N * C); A(xf, N * C); A(logits, N * V);
+    a->logits_end = o;
     A(dres, N * C); A(dxn, N * C); A(dq, N * Q); A(dk, N * KV); A(dv, N * KV);
     A(dqn, q_norm ? N * Q : 0); A(dkn, k_norm ? N * KV : 0); A(dy, N * Q);
     A(dh, N * F); A(dg, N * F); A(du, N * F); A(datt, (size_t)nth * T); A(dw, (size_t)nth * (C > hd ? C : hd));
@@ -200,14 +224,59 @@ static void plan_acts(const tn_train_cfg *c, int B, int T, int nth, act_layout *
     a->total = o;
 }
 
+/* Floats after the activations: RoPE cos/sin [T][n_rot], then tokens, targets, row losses [B*T]. */
+static size_t caches_floats(const tn_train_cfg *c, int B, int T) { return (size_t)T * cfg_head_dim(c) + (size_t)B * T * 3; }
+
 void tn_tmodel_mem(const tn_train_cfg *c, int B, int T, int n_threads, size_t *param_bytes, size_t *act_bytes) {
     size_t np;
     build_table(c, NULL, &np);
     act_layout a;
-    plan_acts(c, B, T, n_threads, &a);
+    plan_acts(c, B, T, n_threads, TN_RECOMPUTE_NONE, &a);
     *param_bytes = np * 4 * sizeof(float);
-    *act_bytes = a.total * sizeof(float) + (size_t)T * cfg_head_dim(c) * sizeof(float) +
-                 (size_t)B * T * (2 * sizeof(int32_t) + sizeof(float));
+    *act_bytes = (a.total + caches_floats(c, B, T)) * sizeof(float);
+}
+
+const char *tn_recompute_name(tn_recompute r) { return r == TN_RECOMPUTE_FULL ? "full" : r == TN_RECOMPUTE_ATTN ? "attn" : "none"; }
+
+bool tn_recompute_parse(const char *s, tn_recompute *r) {
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(s, tn_recompute_name((tn_recompute)i))) return *r = (tn_recompute)i, true;
+    return false;
+}
+
+/* LoRA scratch (tn_tmodel_plan): u, du [B*T][rank] and the dequantized tile [tile_rows][max k]. */
+static int64_t lora_max_k(const tn_tmodel *m) {
+    int64_t max_k = 1;
+    for (int i = 0; i < m->n_tensors; i++)
+        if (m->t[i].base && m->t[i].ne[0] > max_k) max_k = m->t[i].ne[0];
+    return max_k;
+}
+static size_t lora_scratch_floats(const tn_tmodel *m, int B, int T) {
+    if (!m->base) return 0;
+    const size_t nu = ((size_t)B * T * (size_t)m->lora_rank + 15) & ~(size_t)15;
+    return 2 * nu + (size_t)TN_MAX(m->tile_rows, (int64_t)1) * (size_t)lora_max_k(m);
+}
+
+void tn_tmodel_mem_plan(const tn_tmodel *m, int batch, int accum, int T, tn_recompute rc, tn_mem_plan *p) {
+    memset(p, 0, sizeof *p);
+    if (accum < 1) accum = 1;
+    const int mb = batch / accum;
+    act_layout a;
+    plan_acts(&m->cfg, mb, T, m->n_threads, rc, &a);
+    p->batch = batch, p->micro_batch = mb, p->accum = accum, p->T = T, p->recompute = rc;
+    p->params = p->grads = m->n_params * sizeof(float);
+    p->moments = 2 * p->params;
+    p->frozen = m->base ? m->base->weight_bytes : 0;
+    for (int f = 0; f < AK_N; f++) {
+        if (a.kept[f]) p->kept[ak_kind[f]] += a.len[f] * (size_t)m->cfg.n_layer * sizeof(float);
+        else p->recomp[ak_kind[f]] += a.len[f] * sizeof(float);
+    }
+    p->head = (a.logits - a.head0) * sizeof(float);
+    p->logits = (a.logits_end - a.logits) * sizeof(float);
+    p->scratch = (a.total - a.logits_end + lora_scratch_floats(m, mb, T)) * sizeof(float);
+    p->caches = caches_floats(&m->cfg, mb, T) * sizeof(float);
+    p->acts = (a.total + caches_floats(&m->cfg, mb, T) + lora_scratch_floats(m, mb, T)) * sizeof(float);
+    p->peak = p->params + p->grads + p->moments + p->frozen + p->acts;
 }
 
 static uint64_t mem_available(void) {
@@ -488,11 +557,13 @@ tern_status tn_tmodel_plan(tn_tmodel *m, int B, int T) {
     if (m->acts) return tn_err(TERN_ERR_STATE, "train: activations already planned");
     if (B < 1 || T < 1 || T > m->cfg.n_ctx)
         return tn_err(TERN_ERR_INVALID_ARG, "train: batch %d x %d invalid (ctx %d)", B, T, m->cfg.n_ctx);
+    if (m->recompute < TN_RECOMPUTE_NONE || m->recompute > TN_RECOMPUTE_FULL)
+        return tn_err(TERN_ERR_INVALID_ARG, "train: recompute mode %d invalid", m->recompute);
     act_layout a;
-    plan_acts(&m->cfg, B, T, m->n_threads, &a);
-    size_t extra = (size_t)T * m->hp.n_rot + (size_t)B * T * 3;
+    plan_acts(&m->cfg, B, T, m->n_threads, m->recompute, &a);
+    const size_t extra = caches_floats(&m->cfg, B, T), lora = lora_scratch_floats(m, B, T);
     size_t bytes = (a.total + extra) * sizeof(float);
-    tern_status s = check_fits(bytes, "activations");
+    tern_status s = check_fits(bytes + lora * sizeof(float), "activations");
     if (s) return s;
     m->acts = tn_malloc_aligned(bytes, 64);
     if (!m->acts)
@@ -507,18 +578,14 @@ tern_status tn_tmodel_plan(tn_tmodel *m, int B, int T) {
     m->targets = m->tokens + (size_t)B * T;
     m->row_loss = (float *)(m->targets + (size_t)B * T);
     for (int t = 0; t < T; t++) tn_op_rope_cache(&m->hp, NULL, t, m->rope_cs + (size_t)t * m->hp.n_rot);
-    if (m->base) { /* LoRA scratch: u, du [B*T][rank], the dequantized tile [tile_rows][max k] */
-        int64_t max_k = 1;
-        for (int i = 0; i < m->n_tensors; i++)
-            if (m->t[i].base && m->t[i].ne[0] > max_k) max_k = m->t[i].ne[0];
+    if (m->base) { /* LoRA scratch: the dequantized tile [tile_rows][max k], u, du [B*T][rank] */
         if (m->tile_rows < 1) m->tile_rows = 1;
-        const size_t nu = align16((size_t)B * T * (size_t)m->lora_rank);
-        bytes = (2 * nu + (size_t)m->tile_rows * (size_t)max_k) * sizeof(float);
+        bytes = lora * sizeof(float);
         m->wtile = tn_malloc_aligned(bytes, 64);
         if (!m->wtile) return tn_err(TERN_ERR_NOMEM, "train: LoRA scratch needs %.1f MiB; allocation failed", bytes / 1048576.0);
         memset(m->wtile, 0, bytes);
-        m->lora_u = m->wtile + (size_t)m->tile_rows * (size_t)max_k;
-        m->lora_du = m->lora_u + nu;
+        m->lora_u = m->wtile + (size_t)m->tile_rows * (size_t)lora_max_k(m);
+        m->lora_du = m->lora_u + (((size_t)B * T * (size_t)m->lora_rank + 15) & ~(size_t)15);
     }
     return TERN_OK;
 }
@@ -960,15 +1027,70 @@ static void attn_bwd_fn(void *arg, int ith, int nth) {
 
 static act_layout layout_of(const tn_tmodel *m) {
     act_layout a;
-    plan_acts(&m->cfg, m->B, m->T, m->n_threads, &a);
+    plan_acts(&m->cfg, m->B, m->T, m->n_threads, m->recompute, &a);
     return a;
+}
+
+/* Layer l's buffer f: kept per layer, or the one copy backward recomputes into. */
+static float *lbuf(const tn_tmodel *m, const act_layout *a, int f, int l) {
+    return m->acts + a->off[f] + (a->kept[f] ? a->per_layer * (size_t)l : 0);
+}
+
+/* Layer l's forward from its kept input x_in. recompute: backward's rerun into the buffers it
+ * does not keep, the same ops in the same order (bit-identical values), without the last
+ * projection (x_out, the next layer's input, is kept). */
+static void layer_fwd(tn_tmodel *m, const act_layout *ap, int l, bool recompute) {
+    const act_layout a = *ap;
+    const int64_t N = (int64_t)m->B * m->T, C = m->cfg.n_embd, F = m->cfg.n_ff;
+    const int64_t hd = m->hp.head_dim, Q = tn_hp_q_dim(&m->hp), KV = (int64_t)m->cfg.n_head_kv * hd;
+    float *P = m->params;
+    /* the block's optional steps (the family's roles): q/k/v biases, per-head q/k RMSNorm */
+    const bool qb = m->slot[TN_ROLE_ATTN_Q_B] >= 0, kb = m->slot[TN_ROLE_ATTN_K_B] >= 0, vb = m->slot[TN_ROLE_ATTN_V_B] >= 0;
+    const bool qn = m->slot[TN_ROLE_ATTN_Q_NORM] >= 0, kn = m->slot[TN_ROLE_ATTN_K_NORM] >= 0;
+#define LB(f) lbuf(m, &a, f, l)
+    float *x_in = LB(AK_X_IN), *xn1 = LB(AK_XN1), *q = LB(AK_Q), *k = LB(AK_K), *v = LB(AK_V), *att = LB(AK_ATT);
+    float *y = LB(AK_Y), *x_mid = LB(AK_X_MID), *xn2 = LB(AK_XN2), *g = LB(AK_G), *u = LB(AK_U), *h = LB(AK_H);
+    float *q0 = qn ? LB(AK_QN) : q, *k0 = kn ? LB(AK_KN) : k; /* the projections, before a q/k norm */
+#undef LB
+    float *x_out = l + 1 < m->cfg.n_layer ? lbuf(m, &a, AK_X_IN, l + 1) : m->acts + a.x_fin;
+#define PW(r) tn_tp(m, P, tn_tp_role(m, l, r))
+#define LIN(r, ...) lin_fwd_w(m, tn_tp_role(m, l, r), __VA_ARGS__)
+    /* xn1 = rmsnorm(x_in) * attn_norm                        [N][C] */
+    run(m, &(task){.op = OP_RMSNORM, .x = x_in, .y = xn1, .w = PW(TN_ROLE_ATTN_NORM), .n = N, .d = C});
+    /* q0 [N][Q], k0, v [N][KV] (+ biases)                                                 */
+    LIN(TN_ROLE_ATTN_Q, xn1, q0, N, C, Q, 0.0f);
+    LIN(TN_ROLE_ATTN_K, xn1, k0, N, C, KV, 0.0f);
+    LIN(TN_ROLE_ATTN_V, xn1, v, N, C, KV, 0.0f);
+    if (qb) run(m, &(task){.op = OP_BIAS, .y = q0, .w = PW(TN_ROLE_ATTN_Q_B), .n = N, .d = Q});
+    if (kb) run(m, &(task){.op = OP_BIAS, .y = k0, .w = PW(TN_ROLE_ATTN_K_B), .n = N, .d = KV});
+    if (vb) run(m, &(task){.op = OP_BIAS, .y = v, .w = PW(TN_ROLE_ATTN_V_B), .n = N, .d = KV});
+    /* q = rmsnorm(q0 per head) * attn_q_norm, k likewise     [N*H][hd] rows              */
+    if (qn) run(m, &(task){.op = OP_RMSNORM, .x = q0, .y = q, .w = PW(TN_ROLE_ATTN_Q_NORM), .n = N * m->cfg.n_head, .d = hd});
+    if (kn) run(m, &(task){.op = OP_RMSNORM, .x = k0, .y = k, .w = PW(TN_ROLE_ATTN_K_NORM), .n = N * m->cfg.n_head_kv, .d = hd});
+    /* RoPE on q, k (the family's mode: adjacent pairs or halves)                          */
+    run(m, &(task){.op = OP_ROPE, .y = q, .y2 = k, .n = N});
+    /* causal GQA attention: att [B][H][T][T] probabilities, y [N][Q]                    */
+    run(m, &(task){.op = OP_ATTN, .x = q, .x2 = k, .x3 = v, .y = y, .y2 = att});
+    /* x_mid = x_in + y * Wo^T                                                            */
+    memcpy(x_mid, x_in, (size_t)(N * C) * sizeof(float));
+    LIN(TN_ROLE_ATTN_OUT, y, x_mid, N, Q, C, 1.0f);
+    /* xn2 = rmsnorm(x_mid) * ffn_norm; g, u [N][F]; h = silu(g) * u; x_out = x_mid + h Wd^T */
+    run(m, &(task){.op = OP_RMSNORM, .x = x_mid, .y = xn2, .w = PW(TN_ROLE_FFN_NORM), .n = N, .d = C});
+    LIN(TN_ROLE_FFN_GATE, xn2, g, N, C, F, 0.0f);
+    LIN(TN_ROLE_FFN_UP, xn2, u, N, C, F, 0.0f);
+    run(m, &(task){.op = OP_SWIGLU, .x = g, .x2 = u, .y = h, .n = N, .d = F});
+    if (!recompute) {
+        memcpy(x_out, x_mid, (size_t)(N * C) * sizeof(float));
+        LIN(TN_ROLE_FFN_DOWN, h, x_out, N, F, C, 1.0f);
+    }
+#undef PW
+#undef LIN
 }
 
 tern_status tn_tmodel_forward(tn_tmodel *m, const int32_t *tokens, const int32_t *targets, double *loss) {
     if (!m->acts) return tn_err(TERN_ERR_STATE, "train: forward before tn_tmodel_plan");
     const act_layout a = layout_of(m);
-    const int64_t N = (int64_t)m->B * m->T, C = m->cfg.n_embd, F = m->cfg.n_ff, V = m->cfg.n_vocab;
-    const int64_t hd = m->hp.head_dim, Q = tn_hp_q_dim(&m->hp), KV = (int64_t)m->cfg.n_head_kv * hd;
+    const int64_t N = (int64_t)m->B * m->T, C = m->cfg.n_embd, V = m->cfg.n_vocab;
     for (int64_t i = 0; i < N; i++) {
         if (tokens[i] < 0 || tokens[i] >= V || (targets && (targets[i] < -1 || targets[i] >= V)))
             return tn_err(TERN_ERR_INVALID_ARG, "train: token id out of range [0, %lld) at %lld (targets: -1 = masked)",
@@ -977,15 +1099,12 @@ tern_status tn_tmodel_forward(tn_tmodel *m, const int32_t *tokens, const int32_t
         if (targets) m->targets[i] = targets[i];
     }
     float *P = m->params;
-    /* the block's optional steps (the family's roles): q/k/v biases, per-head q/k RMSNorm */
-    const bool qb = m->slot[TN_ROLE_ATTN_Q_B] >= 0, kb = m->slot[TN_ROLE_ATTN_K_B] >= 0, vb = m->slot[TN_ROLE_ATTN_V_B] >= 0;
-    const bool qn = m->slot[TN_ROLE_ATTN_Q_NORM] >= 0, kn = m->slot[TN_ROLE_ATTN_K_NORM] >= 0;
     /* trace: forward > embed, layer 0, 1, ..., output (norm, logits, loss), back to back */
     m->tr_il = -1;
     TN_SPAN_B(TN_TK_PHASE, "forward", -1, N, 0, 0, 0);
     TN_SPAN_B(TN_TK_EMBED, "embed", -1, 0, 0, 0, 0);
     /* x = token_embd[tokens]                                   [N][C] */
-    float *x = m->acts + a.x_in;
+    float *x = lbuf(m, &a, AK_X_IN, 0);
     if (m->t[0].base) {
         for (int64_t i = 0; i < N; i++) tn_tensor_get_row(m->t[0].base, m->tokens[i], x + i * C);
     } else {
@@ -996,41 +1115,7 @@ tern_status tn_tmodel_forward(tn_tmodel *m, const int32_t *tokens, const int32_t
         if (l == 0) TN_SPAN_NEXT(TN_TK_EMBED, "embed", -1, TN_TK_LAYER, "layer", 0);
         else TN_SPAN_NEXT(TN_TK_LAYER, "layer", l - 1, TN_TK_LAYER, "layer", l);
         m->tr_il = l;
-        float *A = m->acts + a.per_layer * (size_t)l;
-        float *x_in = A + a.x_in, *xn1 = A + a.xn1, *q = A + a.q, *k = A + a.k, *v = A + a.v, *att = A + a.att;
-        float *y = A + a.y, *x_mid = A + a.x_mid, *xn2 = A + a.xn2, *g = A + a.g, *u = A + a.u, *h = A + a.h;
-        float *q0 = qn ? A + a.qn : q, *k0 = kn ? A + a.kn : k; /* the projections, before a q/k norm */
-        float *x_out = l + 1 < m->cfg.n_layer ? m->acts + a.per_layer * (size_t)(l + 1) + a.x_in : m->acts + a.x_fin;
-#define PW(r) tn_tp(m, P, tn_tp_role(m, l, r))
-#define LIN(r, ...) lin_fwd_w(m, tn_tp_role(m, l, r), __VA_ARGS__)
-        /* xn1 = rmsnorm(x_in) * attn_norm                        [N][C] */
-        run(m, &(task){.op = OP_RMSNORM, .x = x_in, .y = xn1, .w = PW(TN_ROLE_ATTN_NORM), .n = N, .d = C});
-        /* q0 [N][Q], k0, v [N][KV] (+ biases)                                                 */
-        LIN(TN_ROLE_ATTN_Q, xn1, q0, N, C, Q, 0.0f);
-        LIN(TN_ROLE_ATTN_K, xn1, k0, N, C, KV, 0.0f);
-        LIN(TN_ROLE_ATTN_V, xn1, v, N, C, KV, 0.0f);
-        if (qb) run(m, &(task){.op = OP_BIAS, .y = q0, .w = PW(TN_ROLE_ATTN_Q_B), .n = N, .d = Q});
-        if (kb) run(m, &(task){.op = OP_BIAS, .y = k0, .w = PW(TN_ROLE_ATTN_K_B), .n = N, .d = KV});
-        if (vb) run(m, &(task){.op = OP_BIAS, .y = v, .w = PW(TN_ROLE_ATTN_V_B), .n = N, .d = KV});
-        /* q = rmsnorm(q0 per head) * attn_q_norm, k likewise     [N*H][hd] rows              */
-        if (qn) run(m, &(task){.op = OP_RMSNORM, .x = q0, .y = q, .w = PW(TN_ROLE_ATTN_Q_NORM), .n = N * m->cfg.n_head, .d = hd});
-        if (kn) run(m, &(task){.op = OP_RMSNORM, .x = k0, .y = k, .w = PW(TN_ROLE_ATTN_K_NORM), .n = N * m->cfg.n_head_kv, .d = hd});
-        /* RoPE on q, k (the family's mode: adjacent pairs or halves)                          */
-        run(m, &(task){.op = OP_ROPE, .y = q, .y2 = k, .n = N});
-        /* causal GQA attention: att [B][H][T][T] probabilities, y [N][Q]                    */
-        run(m, &(task){.op = OP_ATTN, .x = q, .x2 = k, .x3 = v, .y = y, .y2 = att});
-        /* x_mid = x_in + y * Wo^T                                                            */
-        memcpy(x_mid, x_in, (size_t)(N * C) * sizeof(float));
-        LIN(TN_ROLE_ATTN_OUT, y, x_mid, N, Q, C, 1.0f);
-        /* xn2 = rmsnorm(x_mid) * ffn_norm; g, u [N][F]; h = silu(g) * u; x_out = x_mid + h Wd^T */
-        run(m, &(task){.op = OP_RMSNORM, .x = x_mid, .y = xn2, .w = PW(TN_ROLE_FFN_NORM), .n = N, .d = C});
-        LIN(TN_ROLE_FFN_GATE, xn2, g, N, C, F, 0.0f);
-        LIN(TN_ROLE_FFN_UP, xn2, u, N, C, F, 0.0f);
-        run(m, &(task){.op = OP_SWIGLU, .x = g, .x2 = u, .y = h, .n = N, .d = F});
-        memcpy(x_out, x_mid, (size_t)(N * C) * sizeof(float));
-        LIN(TN_ROLE_FFN_DOWN, h, x_out, N, F, C, 1.0f);
-#undef PW
-#undef LIN
+        layer_fwd(m, &a, l, false);
     }
     if (m->cfg.n_layer > 0) TN_SPAN_NEXT(TN_TK_LAYER, "layer", m->cfg.n_layer - 1, TN_TK_OUTPUT, "output", -1);
     else TN_SPAN_NEXT(TN_TK_EMBED, "embed", -1, TN_TK_OUTPUT, "output", -1);
@@ -1041,10 +1126,12 @@ tern_status tn_tmodel_forward(tn_tmodel *m, const int32_t *tokens, const int32_t
     run(m, &(task){.op = OP_RMSNORM, .x = m->acts + a.x_fin, .y = xf, .w = tn_tp(m, P, on), .n = N, .d = C});
     lin_fwd_w(m, on + 1, xf, logits, N, C, V, 0.0f);
     if (targets) {
-        /* cross-entropy fused with softmax; logits become dlogits = (p - onehot) / N */
+        /* cross-entropy fused with softmax; logits become dlogits = (p - onehot) / n, n the valid
+         * targets (gradient accumulation: the whole batch's, m->ce_denom) */
         int64_t n_valid = 0;
         for (int64_t i = 0; i < N; i++) n_valid += m->targets[i] >= 0;
-        run(m, &(task){.op = OP_CE, .y = logits, .targets = m->targets, .n = N, .d = n_valid, .grad = true});
+        run(m, &(task){.op = OP_CE, .y = logits, .targets = m->targets, .n = N, .d = m->ce_denom > 0 ? m->ce_denom : n_valid,
+                       .grad = true});
         double sum = 0.0;
         for (int64_t i = 0; i < N; i++) sum += (double)m->row_loss[i];
         if (loss) *loss = n_valid ? sum / (double)n_valid : 0.0;
@@ -1091,20 +1178,27 @@ void tn_tmodel_backward(tn_tmodel *m) {
         if (l == m->cfg.n_layer - 1) TN_SPAN_NEXT(TN_TK_OUTPUT, "output", -1, TN_TK_LAYER, "layer", l);
         else TN_SPAN_NEXT(TN_TK_LAYER, "layer", l + 1, TN_TK_LAYER, "layer", l);
         m->tr_il = l;
-        float *A = S + a.per_layer * (size_t)l;
+        /* what forward did not keep: rerun the layer (full) or its attention core (attn); the last
+         * layer's are still in the shared buffers from the forward */
+        if (l == m->cfg.n_layer - 1) {
+        } else if (m->recompute == TN_RECOMPUTE_FULL) layer_fwd(m, &a, l, true);
+        else if (m->recompute == TN_RECOMPUTE_ATTN)
+            run(m, &(task){.op = OP_ATTN, .x = lbuf(m, &a, AK_Q, l), .x2 = lbuf(m, &a, AK_K, l), .x3 = lbuf(m, &a, AK_V, l),
+                           .y = lbuf(m, &a, AK_Y, l), .y2 = lbuf(m, &a, AK_ATT, l)});
+#define L(f) lbuf(m, &a, f, l)
 #define PW(r) tn_tp(m, P, tn_tp_role(m, l, r))
 #define GW(r) tn_tp(m, G, tn_tp_role(m, l, r))
 #define LINB(r, in, dout, din, ...) lin_bwd_w(m, tn_tp_role(m, l, r), in, dout, din, __VA_ARGS__)
         /* FFN: x_out = x_mid + h Wd^T */
-        LINB(TN_ROLE_FFN_DOWN, A + a.h, dres, dh, N, F, C, 0.0f);
-        run(m, &(task){.op = OP_SWIGLU_BWD, .x = A + a.g, .x2 = A + a.u, .x3 = dh, .y = dg, .y2 = du, .n = N, .d = F});
-        LINB(TN_ROLE_FFN_GATE, A + a.xn2, dg, dxn, N, C, F, 0.0f);
-        LINB(TN_ROLE_FFN_UP, A + a.xn2, du, dxn, N, C, F, 1.0f);
-        run(m, &(task){.op = OP_RMSNORM_BWD, .x = A + a.x_mid, .w = PW(TN_ROLE_FFN_NORM), .x2 = dxn, .y = dres, .dw = dwp, .n = N, .d = C});
+        LINB(TN_ROLE_FFN_DOWN, L(AK_H), dres, dh, N, F, C, 0.0f);
+        run(m, &(task){.op = OP_SWIGLU_BWD, .x = L(AK_G), .x2 = L(AK_U), .x3 = dh, .y = dg, .y2 = du, .n = N, .d = F});
+        LINB(TN_ROLE_FFN_GATE, L(AK_XN2), dg, dxn, N, C, F, 0.0f);
+        LINB(TN_ROLE_FFN_UP, L(AK_XN2), du, dxn, N, C, F, 1.0f);
+        run(m, &(task){.op = OP_RMSNORM_BWD, .x = L(AK_X_MID), .w = PW(TN_ROLE_FFN_NORM), .x2 = dxn, .y = dres, .dw = dwp, .n = N, .d = C});
         reduce_dw(m, dwp, GW(TN_ROLE_FFN_NORM), C);
         /* attention: x_mid = x_in + y Wo^T */
-        LINB(TN_ROLE_ATTN_OUT, A + a.y, dres, dy, N, Q, C, 0.0f);
-        attn_bwd_task at = {.tk = {.m = m, .x = A + a.q, .x2 = A + a.k, .x3 = A + a.v, .w = A + a.att, .y = dy,
+        LINB(TN_ROLE_ATTN_OUT, L(AK_Y), dres, dy, N, Q, C, 0.0f);
+        attn_bwd_task at = {.tk = {.m = m, .x = L(AK_Q), .x2 = L(AK_K), .x3 = L(AK_V), .w = L(AK_ATT), .y = dy,
                                    .y2 = dq, .y3 = dk, .dw = dv},
                             .datt = S + a.datt};
         TN_SPAN_B(TN_TK_ATTENTION, "attention_bwd", l, (int64_t)m->B * m->cfg.n_head_kv, m->cfg.n_head / m->cfg.n_head_kv, 0, 0);
@@ -1114,24 +1208,25 @@ void tn_tmodel_backward(tn_tmodel *m) {
         /* per-head q/k RMSNorm: dq0 = d(q0), weight gradients */
         if (qn) {
             memset(dq0, 0, (size_t)(N * Q) * sizeof(float));
-            run(m, &(task){.op = OP_RMSNORM_BWD, .x = A + a.qn, .w = PW(TN_ROLE_ATTN_Q_NORM), .x2 = dq, .y = dq0, .dw = dwp,
+            run(m, &(task){.op = OP_RMSNORM_BWD, .x = L(AK_QN), .w = PW(TN_ROLE_ATTN_Q_NORM), .x2 = dq, .y = dq0, .dw = dwp,
                            .n = N * m->cfg.n_head, .d = hd});
             reduce_dw(m, dwp, GW(TN_ROLE_ATTN_Q_NORM), hd);
         }
         if (kn) {
             memset(dk0, 0, (size_t)(N * KV) * sizeof(float));
-            run(m, &(task){.op = OP_RMSNORM_BWD, .x = A + a.kn, .w = PW(TN_ROLE_ATTN_K_NORM), .x2 = dk, .y = dk0, .dw = dwp,
+            run(m, &(task){.op = OP_RMSNORM_BWD, .x = L(AK_KN), .w = PW(TN_ROLE_ATTN_K_NORM), .x2 = dk, .y = dk0, .dw = dwp,
                            .n = N * m->cfg.n_head_kv, .d = hd});
             reduce_dw(m, dwp, GW(TN_ROLE_ATTN_K_NORM), hd);
         }
         if (qb) run(m, &(task){.op = OP_BIAS_BWD, .x = dq0, .dw = GW(TN_ROLE_ATTN_Q_B), .n = N, .d = Q});
         if (kb) run(m, &(task){.op = OP_BIAS_BWD, .x = dk0, .dw = GW(TN_ROLE_ATTN_K_B), .n = N, .d = KV});
         if (vb) run(m, &(task){.op = OP_BIAS_BWD, .x = dv, .dw = GW(TN_ROLE_ATTN_V_B), .n = N, .d = KV});
-        LINB(TN_ROLE_ATTN_Q, A + a.xn1, dq0, dxn, N, C, Q, 0.0f);
-        LINB(TN_ROLE_ATTN_K, A + a.xn1, dk0, dxn, N, C, KV, 1.0f);
-        LINB(TN_ROLE_ATTN_V, A + a.xn1, dv, dxn, N, C, KV, 1.0f);
-        run(m, &(task){.op = OP_RMSNORM_BWD, .x = A + a.x_in, .w = PW(TN_ROLE_ATTN_NORM), .x2 = dxn, .y = dres, .dw = dwp, .n = N, .d = C});
+        LINB(TN_ROLE_ATTN_Q, L(AK_XN1), dq0, dxn, N, C, Q, 0.0f);
+        LINB(TN_ROLE_ATTN_K, L(AK_XN1), dk0, dxn, N, C, KV, 1.0f);
+        LINB(TN_ROLE_ATTN_V, L(AK_XN1), dv, dxn, N, C, KV, 1.0f);
+        run(m, &(task){.op = OP_RMSNORM_BWD, .x = L(AK_X_IN), .w = PW(TN_ROLE_ATTN_NORM), .x2 = dxn, .y = dres, .dw = dwp, .n = N, .d = C});
         reduce_dw(m, dwp, GW(TN_ROLE_ATTN_NORM), C);
+#undef L
 #undef PW
 #undef GW
 #undef LINB
@@ -1146,6 +1241,34 @@ void tn_tmodel_backward(tn_tmodel *m) {
     }
     TN_SPAN_E(TN_TK_EMBED, "embed", -1, 0, 0);
     TN_SPAN_E(TN_TK_PHASE, "backward", -1, 0, 0);
+}
+
+tern_status tn_tmodel_grads(tn_tmodel *m, const int32_t *tokens, const int32_t *targets, int n_micro, double *loss) {
+    if (!m->acts) return tn_err(TERN_ERR_STATE, "train: gradients before tn_tmodel_plan");
+    if (n_micro < 1) return tn_err(TERN_ERR_INVALID_ARG, "train: %d micro-batches", n_micro);
+    const size_t n = (size_t)m->B * m->T;
+    int64_t n_valid = 0;
+    for (size_t i = 0; i < n * (size_t)n_micro; i++) n_valid += targets[i] >= 0;
+    /* every micro-batch's dlogits carry 1 / (the batch's valid targets); backward adds up */
+    m->ce_denom = n_micro > 1 ? TN_MAX(n_valid, (int64_t)1) : 0;
+    double sum = 0.0;
+    tern_status s = TERN_OK;
+    for (int j = 0; j < n_micro; j++) {
+        double l;
+        int64_t nv = 0;
+        for (size_t i = 0; i < n; i++) nv += targets[j * n + i] >= 0;
+        if ((s = tn_tmodel_forward(m, tokens + j * n, targets + j * n, &l))) break;
+        sum += n_micro > 1 ? l * (double)nv : l;
+        if (j == 0) { /* trace: forward, zero_grad, backward[, forward, backward ...] */
+            TN_SPAN_B(TN_TK_OPTIMIZER, "zero_grad", -1, 0, 0, 0, 0);
+            tn_tmodel_zero_grad(m);
+            TN_SPAN_E(TN_TK_OPTIMIZER, "zero_grad", -1, 0, 0);
+        }
+        tn_tmodel_backward(m);
+    }
+    m->ce_denom = 0;
+    if (loss) *loss = n_micro > 1 ? (n_valid ? sum / (double)n_valid : 0.0) : sum;
+    return s;
 }
 
 /* ---- optimizer ---------------------------------------------------------------------------- */

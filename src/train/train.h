@@ -70,7 +70,22 @@ typedef struct tn_tmodel {
     int64_t tile_rows;
     float *lora_u, *lora_du; /* [B*T][rank] scratch (tn_tmodel_plan)                      */
     float *wtile;            /* [tile_rows][max k] dequantized base rows                  */
+    /* memory (set before tn_tmodel_plan / a forward): what backward recomputes instead of keeping
+     * per layer, and the number of targets the loss gradient is averaged over (0: this forward's;
+     * gradient accumulation sets the whole batch's) */
+    int recompute;           /* tn_recompute                                              */
+    int64_t ce_denom;
 } tn_tmodel;
+
+/* What the forward keeps per layer for backward. NONE: everything. ATTN (Korthikanti et al.'s
+ * selective recomputation): the matmul outputs, not the attention probabilities [B][H][T][T],
+ * which backward recomputes from the kept q, k, v into one buffer shared by the layers. FULL:
+ * only each layer's input; backward reruns the layer's forward (all but its last projection)
+ * into one layer's buffers. Same ops in the same order: gradients are bit-identical. */
+typedef enum tn_recompute { TN_RECOMPUTE_NONE, TN_RECOMPUTE_ATTN, TN_RECOMPUTE_FULL } tn_recompute;
+/* "none", "attn", "full"; parse: false on another name. */
+const char *tn_recompute_name(tn_recompute r);
+bool tn_recompute_parse(const char *s, tn_recompute *r);
 
 /* Flat-buffer view of tensor i. */
 static inline float *tn_tp(const tn_tmodel *m, float *buf, int i) { return buf + m->t[i].off; }
@@ -128,6 +143,44 @@ void tn_tmodel_init_random(tn_tmodel *m, uint64_t seed);
 tern_status tn_tmodel_init_from(tn_tmodel *m, const tern_model *src);
 /* Plans and allocates the activations for batches of B sequences of T tokens (once). */
 tern_status tn_tmodel_plan(tn_tmodel *m, int B, int T);
+
+/* ---- memory plan ---------------------------------------------------------------------------- */
+/* Activation kinds per layer (the plan's rows). */
+enum { TN_MEM_SAVED_IN, TN_MEM_ATTN_QKV, TN_MEM_ATTN_PROBS, TN_MEM_FFN, TN_MEM_N_KIND };
+/* The bytes of one configuration, as tn_tmodel_plan allocates them (and the mapped base). */
+typedef struct tn_mem_plan {
+    int batch, micro_batch, accum, T;
+    tn_recompute recompute;
+    size_t params, grads, moments; /* trained f32 buffers (moments: both)                     */
+    size_t frozen;                 /* LoRA: the base file's weights, mapped (read, not copied) */
+    size_t kept[TN_MEM_N_KIND];    /* per layer kept for backward, over all layers: saved
+                                    * inputs (x, normed x, q/k before their norm), q/k/v and
+                                    * the attention output, the probabilities, FFN gate/up/hidden */
+    size_t recomp[TN_MEM_N_KIND];  /* the one layer's buffers backward recomputes into         */
+    size_t head;                   /* final norm input and output                              */
+    size_t logits;                 /* [micro_batch*T][n_vocab] (dlogits in place)              */
+    size_t scratch;                /* backward gradients, per-thread partials, LoRA u/du + tile */
+    size_t caches;                 /* RoPE cos/sin, tokens, targets, row losses                */
+    size_t acts;                   /* everything tn_tmodel_plan allocates (kept..caches)       */
+    size_t peak;                   /* params + grads + moments + frozen + acts                 */
+} tn_mem_plan;
+/* The plan of m for batches of `batch` sequences of T tokens split into accum micro-batches
+ * (accum must divide batch) with recomputation rc. */
+void tn_tmodel_mem_plan(const tn_tmodel *m, int batch, int accum, int T, tn_recompute rc, tn_mem_plan *p);
+/* Chooses the configuration for a peak <= budget bytes: micro-batches (divisors of batch, largest
+ * first) with no recomputation, then attn, for each micro-batch in turn; then full recomputation
+ * from the largest micro-batch down. accum > 0 or rc >= 0 fix that part. Returns false when
+ * nothing fits, *p then holding the smallest allowed configuration (micro-batch 1, full). */
+bool tn_mem_choose(const tn_tmodel *m, int batch, int T, size_t budget, int accum, int rc, tn_mem_plan *p);
+/* The plan as text lines for a log (each without a newline; the callback's user is passed). */
+void tn_mem_plan_lines(const tn_mem_plan *p, int n_layer, void (*line)(const char *text, void *user), void *user);
+/* Parses "4G", "512M", "100K", "123" (bytes; K/M/G/T are powers of 1024, a trailing "B" or "iB"
+ * allowed); false unless a positive size. */
+bool tn_mem_parse_size(const char *s, uint64_t *bytes);
+/* Forward + backward over n_micro micro-batches of m->B sequences each (tokens and targets
+ * [n_micro * m->B * m->T]) into zeroed grads: the gradient of the mean loss over all their
+ * targets, *loss that mean. Gradient accumulation: the update of one batch of n_micro * m->B. */
+tern_status tn_tmodel_grads(tn_tmodel *m, const int32_t *tokens, const int32_t *targets, int n_micro, double *loss);
 
 /* Forward over m->tokens; if targets != NULL computes the mean cross-entropy into *loss over the
  * targets that are not -1 (masked: no loss, no gradient; 0 when all are).

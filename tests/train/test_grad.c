@@ -45,9 +45,12 @@ static void expect_tensors(const tn_tmodel *m, const char *const *want, const ch
     for (; absent && *absent; absent++) assert_true(ref_find(&r, *absent, 0) < 0);
 }
 
+static int g_recompute; /* tn_recompute of the models check_cfg makes */
+
 static void check_cfg(tn_train_cfg cfg, int B, int T, int n_threads) {
     tn_tmodel *m;
     assert_int_equal(tn_tmodel_create(&cfg, n_threads, &m), TERN_OK);
+    m->recompute = g_recompute;
     static const char *const common[] = {"token_embd.weight", "output_norm.weight", "output.weight", "blk.%d.attn_norm.weight",
                                          "blk.%d.attn_q.weight", "blk.%d.attn_k.weight", "blk.%d.attn_v.weight",
                                          "blk.%d.attn_output.weight", "blk.%d.ffn_norm.weight", "blk.%d.ffn_gate.weight",
@@ -162,6 +165,24 @@ static void test_grad_qwen3(void **st) {
     check_cfg(c, 2, 4, 2);
 }
 
+/* Backward that recomputes what forward did not keep (--recompute attn: the attention
+ * probabilities; full: each layer from its input) against central differences, as above. */
+static void test_grad_recompute(void **st) {
+    (void)st;
+    const tn_arch_desc *q3 = family("qwen3");
+    tn_train_cfg c = {.n_vocab = 11, .n_ctx = 8, .n_embd = 16, .n_layer = 3, .n_head = 4, .n_head_kv = 2, .n_ff = 20,
+                      .rms_eps = 1e-5f, .rope_base = 100.0f};
+    for (int rc = TN_RECOMPUTE_ATTN; rc <= TN_RECOMPUTE_FULL; rc++) {
+        g_recompute = rc;
+        printf("recompute %s\n", tn_recompute_name((tn_recompute)rc));
+        check_cfg(c, 3, 6, 2);
+        tn_train_cfg c3 = {.n_vocab = 13, .n_ctx = 8, .n_embd = 8, .n_layer = 3, .n_head = 2, .n_head_kv = 1, .n_ff = 12,
+                           .rms_eps = q3->rms_eps, .rope_base = 100.0f, .head_dim = 6, .arch = q3};
+        check_cfg(c3, 2, 5, 2);
+    }
+    g_recompute = TN_RECOMPUTE_NONE;
+}
+
 /* Three AdamW steps of a family's model with n_threads; returns the final loss, params into out. */
 static double run_steps(tn_train_cfg cfg, int n_threads, float *out) {
     tn_tmodel *m;
@@ -225,6 +246,7 @@ int main(void) {
         cmocka_unit_test(test_grad_gqa_threads),
         cmocka_unit_test(test_grad_qwen2),
         cmocka_unit_test(test_grad_qwen3),
+        cmocka_unit_test(test_grad_recompute),
         cmocka_unit_test(test_determinism),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -36,6 +36,17 @@ static void on_sig(int sig) {
     "  --compress int8|none    dp, diloco: send int8 with a scale per 256 values, stochastic\n"             \
     "                          rounding (~3.9x fewer bytes); default none\n"
 
+/* the memory flags, in tern train's and tern finetune's usage (docs/training.md, "Memory") */
+#define MEM_USAGE                                                                                            \
+    "memory (a plan is printed before step 1):\n"                                                             \
+    "  --grad-accum N          split each batch into N micro-batches (N divides --batch); the same\n"        \
+    "                          update as the whole batch, activations for batch/N sequences\n"              \
+    "  --recompute MODE        none (default), attn (recompute the attention probabilities in\n"           \
+    "                          backward) or full (keep only each layer's input, rerun the layer)\n"         \
+    "  --mem-budget SIZE       e.g. 4G, 512M: choose micro-batch, accumulation and recomputation so\n"      \
+    "                          the predicted peak fits (no recompute, then attn, then smaller\n"           \
+    "                          micro-batches, then full); refused when nothing fits\n"
+
 static void train_usage(FILE *f) {
     char names[128];
     tn_train_arch_names(names, sizeof names);
@@ -69,7 +80,8 @@ static void train_usage(FILE *f) {
             "  --out-type T            f32 (default) or q8_0\n"
             "  --name S                general.name of the output\n"
             "  --log-every N           progress line every N steps when stderr is not a TTY (default steps/50)\n"
-            "  --optim NAME            adamw (default) or sgd (plain SGD, same lr schedule, clip and decay)\n" DIST_USAGE,
+            "  --optim NAME            adamw (default) or sgd (plain SGD, same lr schedule, clip and decay)\n" MEM_USAGE
+            DIST_USAGE,
             names);
 }
 
@@ -199,6 +211,27 @@ static int shared_flag(int argc, char **argv, int *i, tn_train_opts *o, int *log
     else if (!strcmp(a, "--wd")) o->opt.weight_decay = f;
     else if (!strcmp(a, "--min-lr-frac")) o->min_lr_frac = f;
     else if (!strcmp(a, "--clip")) o->opt.grad_clip = f;
+    return 1;
+}
+
+/* The memory flags (tern train, tern finetune): 1 when argv[*i] is one (its value consumed), 0
+ * when not, -1 after printing a usage error. */
+static int mem_flag(int argc, char **argv, int *i, tn_train_opts *o) {
+    const char *a = argv[*i], *val = *i + 1 < argc ? argv[*i + 1] : NULL;
+    if (strcmp(a, "--grad-accum") && strcmp(a, "--recompute") && strcmp(a, "--mem-budget")) return 0;
+    if (!val) return tn_cli_usage_error("%s needs a value", a), -1;
+    ++*i;
+    int64_t v;
+    tn_recompute r;
+    if (!strcmp(a, "--grad-accum")) {
+        if (!tn_cli_parse_i64(val, 1, 1 << 20, &v)) return tn_cli_usage_error("--grad-accum: '%s' is not an integer in [1, %d]", val, 1 << 20), -1;
+        o->grad_accum = (int)v;
+    } else if (!strcmp(a, "--recompute")) {
+        if (!tn_recompute_parse(val, &r)) return tn_cli_usage_error("--recompute: '%s' (none, attn or full)", val), -1;
+        o->recompute = (int)r;
+    } else if (!tn_mem_parse_size(val, &o->mem_budget)) {
+        return tn_cli_usage_error("--mem-budget: '%s' is not a size (bytes, or with K, M, G, T: 4G, 512M)", val), -1;
+    }
     return 1;
 }
 
@@ -336,6 +369,8 @@ int cmd_train(int argc, char **argv) {
             if (!strcmp(val, "adamw")) o.optim = TN_OPTIM_ADAMW;
             else if (!strcmp(val, "sgd")) o.optim = TN_OPTIM_SGD;
             else { rc = tn_cli_usage_error("--optim: '%s' (adamw or sgd)", val); goto out; }
+        } else if ((sf = mem_flag(argc, argv, &i, &o)) != 0) {
+            if (sf < 0) { rc = TN_EXIT_USAGE; goto out; }
         } else if ((sf = dist_flag(argc, argv, &i, &o, &seen)) != 0) {
             if (sf < 0) { rc = TN_EXIT_USAGE; goto out; }
         }
@@ -410,7 +445,7 @@ static void finetune_usage(FILE *f) {
             "  --warmup N --min-lr-frac X --wd X (default 0) --clip X --seed N -t N --val-every N --val-batches N\n"
             "  --ckpt-dir DIR --ckpt-every N --resume  checkpoints (atomic) and resuming, as tern train\n"
             "  --name S --log-every N\n"
-            "  Ctrl-C stops and writes the adapter trained so far.\n" DIST_USAGE);
+            "  Ctrl-C stops and writes the adapter trained so far.\n" MEM_USAGE DIST_USAGE);
 }
 
 int cmd_finetune(int argc, char **argv) {
@@ -457,7 +492,9 @@ int cmd_finetune(int argc, char **argv) {
         else if (!strcmp(a, "--val-split")) { FLT(f, 0.0f, 0.5f); o.val_split = f; }
         else if (!strcmp(a, "--skip-bad-lines")) o.skip_bad_lines = true;
         else if (!strcmp(a, "--seed")) { INT(o.seed, 0, INT64_MAX); o.lora.seed = o.seed; }
-        else if ((sf = dist_flag(argc, argv, &i, &o, &seen)) != 0) {
+        else if ((sf = mem_flag(argc, argv, &i, &o)) != 0) {
+            if (sf < 0) { rc = TN_EXIT_USAGE; goto out; }
+        } else if ((sf = dist_flag(argc, argv, &i, &o, &seen)) != 0) {
             if (sf < 0) { rc = TN_EXIT_USAGE; goto out; }
         } else if ((sf = shared_flag(argc, argv, &i, &o, &log_every)) != 0) {
             if (sf < 0) { rc = TN_EXIT_USAGE; goto out; }
@@ -481,8 +518,9 @@ int cmd_finetune(int argc, char **argv) {
     if (o.dist_rank) goto out; /* rank 0 reports */
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    fprintf(stderr, "tern finetune: done in %.1f s: %d steps, final loss %.4f, val loss %.4f, %.0f tokens/s, peak RSS %.1f MiB\n",
-            tn_cli_now() - t0, o.steps, o.final_loss, o.final_val_loss, o.tok_per_s, ru.ru_maxrss / 1024.0);
+    fprintf(stderr, "tern finetune: done in %.1f s: %d steps, final loss %.4f, val loss %.4f, %.0f tokens/s, planned %.1f MiB, "
+            "peak RSS %.1f MiB\n", tn_cli_now() - t0, o.steps, o.final_loss, o.final_val_loss, o.tok_per_s,
+            o.planned_bytes / 1048576.0, ru.ru_maxrss / 1024.0);
     dist_summary(&o, "finetune");
     fprintf(stderr, "tern finetune: wrote the adapter %s (use: --lora %s) and its .loss.csv / .loss.svg\n", o.out, o.out);
 out:
