@@ -109,7 +109,7 @@ uint64_t tn_pc_model_hash(const tern_model *m) { return hash_bytes(m->gguf->base
  * layers (docs/prompt-cache.md: how they were chosen, on which windows). */
 static const tn_pc_steps pc_steps[3] = {
     [TN_PC_HIGH] = {{12.0f, 12.0f}, {8.0f, 8.0f}, 1.0f, 0, false, {0, 0}},
-    [TN_PC_MEDIUM] = {{1.0f, 1.0f}, {2.0f, 2.0f}, 1.0f, 0, false, {0, 0}},
+    [TN_PC_MEDIUM] = {{1.0f, 0.7f}, {0, 0}, 1.0f, 0, false, {0, 0}},
 };
 
 tn_pc_steps tn_pc_steps_of(tn_pc_quality q) { return q == TN_PC_HIGH || q == TN_PC_MEDIUM ? pc_steps[q] : pc_steps[TN_PC_LOSSLESS]; }

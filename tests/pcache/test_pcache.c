@@ -42,7 +42,7 @@
 #define KVD 48
 /* docs/prompt-cache.md's steps: K, V plane; K, V channel; first layers' factor, how many */
 #define DOC_HIGH 12, 12, 8, 8, 1, 0, 0, 0
-#define DOC_MEDIUM 1, 1, 2, 2, 1, 0, 0, 0
+#define DOC_MEDIUM 1, 0.7f, 0, 0, 1, 0, 0, 0
 
 static uint64_t rng = 88172645463325252ull;
 static double urand(void) {
