@@ -74,9 +74,9 @@ uint64_t tn_pc_model_hash(const tern_model *m);
  * channel's plane step is rms(plane) / div * (rms(channel) / rms(plane))^-tilt (0: the same for
  * every channel; > 0: larger channels finer); on layers il < n_first all are mul_first times finer.
  * keys_post_rope codes keys as cached, after RoPE (format 2's way; bench/pcache_quality compares).
- * Chosen with bench/pcache_quality (docs/prompt-cache.md): high at or under the KL divergence of
- * the q8_0 cache type, medium at or under q4_0's. The steps travel in the planes: a file decodes
- * whatever steps wrote it. */
+ * Chosen with bench/pcache_quality on tuning windows (docs/prompt-cache.md): high at the KL
+ * divergence of the q8_0 cache type, medium under q4_0's at 8x smaller than f16 (default model).
+ * The steps travel in the planes: a file decodes whatever steps wrote it. */
 typedef struct tn_pc_steps {
     float div[2], div_ch[2];
     float mul_first;
