@@ -6,11 +6,20 @@
  * next-token distributions are compared with those of the same tokens computed without the cache
  * (KL divergence, top-1 agreement), and the bytes on disk per token with the f16 KV's.
  *
- * Averaged over W windows of the text (window w starts at token w * (P + N)). The in-memory cache
- * types q8_0 and q4_0 (-ctk/-ctv) are measured the same way for comparison (their bytes are
- * those of the KV in memory, per token).
+ * Averaged over W windows of the text (window w starts at token SKIP + w * (P + N): tune on one
+ * SKIP, report on another). The in-memory cache types q8_0 and q4_0 (-ctk/-ctv) are measured the
+ * same way for comparison (their bytes are those of the KV in memory, per token).
  *
- * usage: pcache_quality MODEL TEXT [P=64] [N=64] [W=8] [THREADS=2]
+ * usage: pcache_quality MODEL TEXT [P=64] [N=64] [W=8] [THREADS=2] [options]
+ *   --skip T            windows start T tokens into the text (default 0)
+ *   --high S, --medium S  that quality's steps instead of the built-in ones (tn_pc_steps), S =
+ *                       dK,dV,chK,chV[,mul,n_first[,tiltK,tiltV]]: plane and channel steps per
+ *                       RMS for K and V, layers < n_first mul times finer, the plane steps'
+ *                       tilts (tn_pc_steps)
+ *   --post-rope         keys coded as cached, after RoPE (format 2's way), for comparison
+ *   --only high|medium  that lossy quality only (no lossless row, no memory types)
+ *   --try S             (repeatable) a lossy row with steps S instead of the qualities' rows and
+ *                       the memory types: sweeps share one reference run
  * Not a test: no thresholds; docs/prompt-cache.md reports its output.
  */
 #include <math.h>
@@ -72,49 +81,93 @@ static void row(const char *name, double bpt, double f16_bpt, const score *sc) {
            sc->kl_max, 100.0 * (double)sc->agree / (double)sc->n);
 }
 
+/* "dK,dV,chK,chV[,mul,n_first[,tiltK,tiltV]]" into st; false when malformed */
+static bool parse_steps(const char *v, tn_pc_steps *st) {
+    float mul = 1, tk = 0, tv = 0;
+    int nf = 0;
+    const int k = sscanf(v, "%f,%f,%f,%f,%f,%d,%f,%f", &st->div[0], &st->div[1], &st->div_ch[0], &st->div_ch[1], &mul, &nf, &tk, &tv);
+    st->mul_first = mul, st->n_first = nf, st->tilt[0] = tk, st->tilt[1] = tv;
+    return (k == 4 || k == 6 || k == 8) && st->div[0] >= 0 && st->div[1] >= 0 && st->div_ch[0] >= 0 && st->div_ch[1] >= 0 && mul > 0;
+}
+
 int main(int argc, char **argv) {
-    if (argc < 3) {
-        fprintf(stderr, "usage: %s MODEL TEXT [P=64] [N=64] [W=8] [THREADS=2]\n", argv[0]);
+    const char *pos[8] = {0}, *try_arg[64];
+    tn_pc_steps tries[64];
+    int npos = 0, only = 0, ntry = 0;
+    int32_t skip = 0;
+    bool post_rope = false, set[3] = {false, false, false};
+    tn_pc_steps steps[3] = {tn_pc_steps_of(TN_PC_LOSSLESS), tn_pc_steps_of(TN_PC_HIGH), tn_pc_steps_of(TN_PC_MEDIUM)};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        bool bad = false;
+        if (!strcmp(a, "--skip") && v) skip = atoi(v), i++, bad = skip < 0;
+        else if ((!strcmp(a, "--high") || !strcmp(a, "--medium")) && v) {
+            const int q = a[2] == 'h' ? TN_PC_HIGH : TN_PC_MEDIUM;
+            bad = !parse_steps(v, &steps[q]), set[q] = true, i++;
+        } else if (!strcmp(a, "--try") && v && ntry < 64) {
+            tries[ntry] = tn_pc_steps_of(TN_PC_HIGH), try_arg[ntry] = v;
+            bad = !parse_steps(v, &tries[ntry++]), i++;
+        } else if (!strcmp(a, "--post-rope")) post_rope = true;
+        else if (!strcmp(a, "--only") && v) only = !strcmp(v, "high") ? TN_PC_HIGH : !strcmp(v, "medium") ? TN_PC_MEDIUM : -1, i++, bad = only < 0;
+        else if (a[0] != '-' && npos < 8) pos[npos++] = a;
+        else bad = true;
+        if (bad) return fprintf(stderr, "pcache_quality: bad argument '%s'%s%s\n", a, v ? " " : "", v ? v : ""), 64;
+    }
+    if (npos < 2) {
+        fprintf(stderr, "usage: %s MODEL TEXT [P=64] [N=64] [W=8] [THREADS=2] [--skip T] [--high|--medium dK,dV,chK,chV[,mul,n_first[,tK,tV]]] [--post-rope] [--only high|medium] [--try S]...\n", argv[0]);
         return 64;
     }
-    const int32_t P = argc > 3 ? atoi(argv[3]) / 16 * 16 : 64, N = argc > 4 ? atoi(argv[4]) : 64, W = argc > 5 ? atoi(argv[5]) : 8;
-    const int threads = argc > 6 ? atoi(argv[6]) : 2;
+    for (int q = 1; q < 3; q++) steps[q].keys_post_rope = post_rope;
+    for (int k = 0; k < ntry; k++) tries[k].keys_post_rope = post_rope;
+    if (ntry) only = -1; /* the tries' rows only */
+    const int32_t P = npos > 2 ? atoi(pos[2]) / 16 * 16 : 64, N = npos > 3 ? atoi(pos[3]) : 64, W = npos > 4 ? atoi(pos[4]) : 8;
+    const int threads = npos > 5 ? atoi(pos[5]) : 2;
     if (P < 16 || N < 1 || W < 1) return fprintf(stderr, "pcache_quality: P >= 16, N >= 1, W >= 1\n"), 64;
     tern_model_params mp;
     tern_model_params_init(&mp);
     tern_model *m;
-    if (tern_model_load(argv[1], &mp, &m)) return die(argv[1]);
+    if (tern_model_load(pos[0], &mp, &m)) return die(pos[0]);
     tn_map tm;
-    if (tn_map_open(argv[2], true, &tm)) return die(argv[2]);
+    if (tn_map_open(pos[1], true, &tm)) return die(pos[1]);
     const char *text = (const char *)tm.data;
     size_t len = tm.size;
-    if (len > (size_t)W * (size_t)(P + N) * 16 + 4096) len = (size_t)W * (size_t)(P + N) * 16 + 4096; /* enough text */
+    const size_t want = ((size_t)W * (size_t)(P + N) + (size_t)skip) * 16 + 4096; /* enough text */
+    if (len > want) len = want;
     tern_token *toks = malloc(sizeof *toks * (len + 2));
     int32_t nt = 0;
     if (tern_tokenize(m, text, len, true, false, toks, (int32_t)len + 2, &nt)) return die("tokenize");
-    if (nt < W * (P + N)) return fprintf(stderr, "pcache_quality: %d tokens in the text, need %d\n", nt, W * (P + N)), 65;
+    if (nt < skip + W * (P + N)) return fprintf(stderr, "pcache_quality: %d tokens in the text, need %d\n", nt, skip + W * (P + N)), 65;
     const int32_t nv = tern_model_n_vocab(m);
     float *ref = malloc(sizeof *ref * (size_t)W * (size_t)N * (size_t)nv);
     double *p = malloc(sizeof *p * (size_t)nv), *q = malloc(sizeof *q * (size_t)nv);
     for (int32_t w = 0; w < W; w++) { /* the reference: f16 KV, no cache */
-        const tern_token *t = toks + (size_t)w * (P + N);
+        const tern_token *t = toks + skip + (size_t)w * (P + N);
         tern_ctx *c = make_ctx(m, P + N, threads, TERN_KV_F16);
         if (!c || tern_decode(c, t, P) || tern_decode(c, t + P, N)) return die("reference run");
         for (int32_t i = 0; i < N; i++) memcpy(ref + ((size_t)w * N + i) * nv, tern_get_logits(c, i), sizeof *ref * (size_t)nv);
         tern_ctx_free(c);
     }
-    printf("%s: %d windows of a %d-token prefix and %d tokens after it\n", argv[1], W, P, N);
+    printf("%s: %d windows of a %d-token prefix and %d tokens after it, from token %d%s\n", pos[0], W, P, N, skip,
+           post_rope ? "; keys coded after RoPE" : "");
+    for (int q = 1; q < 3; q++)
+        if (set[q])
+            printf("%s steps: K %g/%g tilt %g, V %g/%g tilt %g, layers < %d x%g\n", q == 1 ? "high" : "medium", steps[q].div[0],
+                   steps[q].div_ch[0], steps[q].tilt[0], steps[q].div[1], steps[q].div_ch[1], steps[q].tilt[1], steps[q].n_first,
+                   steps[q].mul_first);
     printf("| KV | bytes/token | vs f16 KV | mean KLD | max KLD | top-1 agreement |\n|---|---:|---:|---:|---:|---:|\n");
     double f16_bpt = 0;
     static const char *qn[] = {"disk: lossless", "disk: high", "disk: medium"};
-    for (int qi = 0; qi < 3; qi++) {
-        char dir[] = "/tmp/tern-pcq-XXXXXX";
+    for (int qi = 0; qi < 3 + ntry; qi++) {
+        if (qi < 3 && only && qi != only) continue;
+        char dir[] = "/tmp/tern-pcq-XXXXXX", name[96];
         if (!mkdtemp(dir)) return fprintf(stderr, "pcache_quality: mkdtemp failed\n"), 74;
         tn_pcache *pc;
-        if (tn_pcache_open(m, dir, 0, (tn_pc_quality)qi, &pc)) return die("prompt cache");
+        if (tn_pcache_open(m, dir, 0, qi < 3 ? (tn_pc_quality)qi : TN_PC_HIGH, &pc)) return die("prompt cache");
+        tn_pcache_set_steps(pc, qi < 3 ? &steps[qi] : &tries[qi - 3]);
+        snprintf(name, sizeof name, "%s%s", qi < 3 ? qn[qi] : "disk: steps ", qi < 3 ? "" : try_arg[qi - 3]);
         score sc = {0, 0, 0, 0};
         for (int32_t w = 0; w < W; w++) {
-            const tern_token *t = toks + (size_t)w * (P + N);
+            const tern_token *t = toks + skip + (size_t)w * (P + N);
             tern_ctx *c = make_ctx(m, P + N, threads, TERN_KV_F16);
             if (!c || tern_decode(c, t, P) || tn_pcache_store(pc, c, t, P)) return die("store run");
             tern_ctx_free(c);
@@ -128,18 +181,18 @@ int main(int argc, char **argv) {
         }
         const tn_pcache_stats *st = tn_pcache_get_stats(pc);
         f16_bpt = (double)st->f16_bytes_per_token;
-        row(qn[qi], (double)st->bytes_stored / ((double)P * W), f16_bpt, &sc);
+        row(name, (double)st->bytes_stored / ((double)P * W), f16_bpt, &sc);
         tn_pcache_free(pc);
         char cmd[256];
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
         if (system(cmd)) fprintf(stderr, "pcache_quality: could not remove %s\n", dir);
     }
     static const int32_t kt[] = {TERN_KV_Q8_0, TERN_KV_Q4_0};
-    for (int k = 0; k < 2; k++) { /* the in-memory cache types, for comparison */
+    for (int k = 0; k < 2 && !only; k++) { /* the in-memory cache types, for comparison */
         score sc = {0, 0, 0, 0};
         double bpt = 0;
         for (int32_t w = 0; w < W; w++) {
-            const tern_token *t = toks + (size_t)w * (P + N);
+            const tern_token *t = toks + skip + (size_t)w * (P + N);
             tern_ctx *c = make_ctx(m, P + N, threads, kt[k]);
             if (!c) {
                 printf("| memory: %s | (not available: %s) | | | | |\n", tern_kv_type_name(kt[k]), tern_last_error());

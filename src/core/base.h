@@ -14,6 +14,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "tern/tern.h"
 
@@ -22,6 +23,12 @@
 #define TN_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define TN_PAD(x, n) (((x) + (n) - 1) / (n) * (n))
 #define TN_UNUSED(x) (void)(x)
+
+/* Whether string s ends with suf (file extensions, tensor-name suffixes). */
+static inline bool tn_str_ends_with(const char *s, const char *suf) {
+    const size_t n = strlen(s), k = strlen(suf);
+    return n >= k && !memcmp(s + n - k, suf, k);
+}
 
 /* Length of s[0..n) without a trailing incomplete UTF-8 sequence (what can be printed now). */
 static inline size_t tn_utf8_complete(const char *s, size_t n) {

@@ -1,13 +1,23 @@
 /*
  * rc.c — adaptive binary range coder (see rc.h). The coder keeps low (33 bits used) and range
- * (32 bits); a bit splits range at bound = (range >> 12) * P(0); when range falls under 2^24 a
+ * (32 bits); a bit splits range at bound = (range >> 12) * P(0) (1 <= P(0) <= 4095: an update
+ * moves it at most halfway to 0 or 4096); when range falls under 2^24 a
  * byte is shifted out. A carry out of low's 32 bits propagates into the bytes not yet written:
  * the last byte (cache) and a run of 0xFF bytes behind it (cache_n counts them).
  */
 #include "core/rc.h"
 
 #define TOP (1u << 24)
-#define MOVE 5
+#define PMASK ((1u << TN_RC_PROB_BITS) - 1)
+
+/* A probability's update after a bit: toward it by 1 / (n + 2) for the n-th time it is used
+ * (n < 15: a new context learns fast), then by 1 / 32 (in 1/256ths: round(256 / (n + 2))). */
+static const uint8_t rate[16] = {128, 85, 64, 51, 43, 37, 32, 28, 26, 23, 21, 20, 18, 17, 16, 8};
+static inline void adapt(tn_rc_prob *p, int bit) {
+    const uint32_t n = *p >> TN_RC_PROB_BITS, q = *p & PMASK, r = rate[n];
+    const uint32_t q2 = bit ? q - ((q * r) >> 8) : q + ((((1u << TN_RC_PROB_BITS) - q) * r) >> 8);
+    *p = (tn_rc_prob)((n < 15 ? n + 1 : n) << TN_RC_PROB_BITS | q2);
+}
 
 static void put(tn_rc_enc *e, uint8_t b) {
     if (e->n < e->cap) e->out[e->n] = b;
@@ -34,15 +44,14 @@ void tn_rc_enc_init(tn_rc_enc *e, uint8_t *out, size_t cap) {
 }
 
 void tn_rc_enc_bit(tn_rc_enc *e, tn_rc_prob *p, int bit) {
-    const uint32_t bound = (e->range >> TN_RC_PROB_BITS) * *p;
+    const uint32_t bound = (e->range >> TN_RC_PROB_BITS) * (*p & PMASK);
     if (!bit) {
         e->range = bound;
-        *p = (tn_rc_prob)(*p + (((1u << TN_RC_PROB_BITS) - *p) >> MOVE));
     } else {
         e->low += bound;
         e->range -= bound;
-        *p = (tn_rc_prob)(*p - (*p >> MOVE));
     }
+    adapt(p, bit);
     while (e->range < TOP) {
         e->range <<= 8;
         shift_low(e);
@@ -66,18 +75,17 @@ void tn_rc_dec_init(tn_rc_dec *d, const uint8_t *in, size_t n) {
 }
 
 int tn_rc_dec_bit(tn_rc_dec *d, tn_rc_prob *p) {
-    const uint32_t bound = (d->range >> TN_RC_PROB_BITS) * *p;
+    const uint32_t bound = (d->range >> TN_RC_PROB_BITS) * (*p & PMASK);
     int bit;
     if (d->code < bound) {
         d->range = bound;
-        *p = (tn_rc_prob)(*p + (((1u << TN_RC_PROB_BITS) - *p) >> MOVE));
         bit = 0;
     } else {
         d->code -= bound;
         d->range -= bound;
-        *p = (tn_rc_prob)(*p - (*p >> MOVE));
         bit = 1;
     }
+    adapt(p, bit);
     while (d->range < TOP) {
         d->range <<= 8;
         d->code = d->code << 8 | get(d);

@@ -1,7 +1,9 @@
 /*
  * rc.h — an adaptive binary range coder (the kind LZMA uses): each coded bit carries a 12-bit
- * probability that adapts toward what was coded (shift 5), so a stream of decisions costs close
- * to its empirical entropy under the model the caller builds from contexts. Integers are coded
+ * probability that adapts toward what was coded, by 1 / (n + 2) for its n-th use while n < 15
+ * (a context learns from its first few bits, which matters when models start fresh every 16
+ * tokens) and by 1 / 32 after that, so a stream of decisions costs close to its empirical
+ * entropy under the model the caller builds from contexts. Integers are coded
  * as a zero flag, a sign and an Elias-gamma magnitude whose prefix and suffix bits have their
  * own adaptive probabilities (tn_rc_int_*).
  *
@@ -18,7 +20,7 @@
 
 #define TN_RC_PROB_BITS 12
 #define TN_RC_PROB_INIT (1u << (TN_RC_PROB_BITS - 1))
-typedef uint16_t tn_rc_prob; /* P(bit = 0) in 1 / 2^12 */
+typedef uint16_t tn_rc_prob; /* P(bit = 0) in 1 / 2^12 (low 12 bits), uses so far (high 4, to 15) */
 
 typedef struct tn_rc_enc {
     uint64_t low;

@@ -23,11 +23,6 @@ struct tern_lora {
 
 static const char *const tn_lora_suffix_a = ".lora_a", *const tn_lora_suffix_b = ".lora_b";
 
-static bool tn_ends_with(const char *s, const char *suf) {
-    const size_t n = strlen(s), k = strlen(suf);
-    return n >= k && !memcmp(s + n - k, suf, k);
-}
-
 static void *tn_lora_own(tern_lora *a, void *p) {
     if (p) a->bufs[a->n_bufs++] = p;
     return p;
@@ -167,9 +162,9 @@ static tern_status tn_lora_read(tern_lora *a, const tn_gguf *g) {
     char base[TN_GGUF_MAX_NAME + 8];
     for (size_t i = 0; i < nt; i++) {
         const tn_gguf_tensor *t = &g->tensors[i];
-        const bool is_a = tn_ends_with(t->name, tn_lora_suffix_a), is_b = tn_ends_with(t->name, tn_lora_suffix_b);
+        const bool is_a = tn_str_ends_with(t->name, tn_lora_suffix_a), is_b = tn_str_ends_with(t->name, tn_lora_suffix_b);
         if (!is_a && !is_b) {
-            if (tn_ends_with(t->name, "_norm.weight")) continue; /* llama.cpp skips adapted norms too */
+            if (tn_str_ends_with(t->name, "_norm.weight")) continue; /* llama.cpp skips adapted norms too */
             return tn_err(TERN_ERR_FORMAT, "lora: %s: tensor '%s' is neither a .lora_a nor a .lora_b tensor", path, t->name);
         }
         const size_t bl = strlen(t->name) - strlen(tn_lora_suffix_a);

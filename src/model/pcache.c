@@ -33,6 +33,7 @@
 #include "core/rc.h"
 #include "model/ctx.h"
 #include "model/model.h"
+#include "model/ops.h"
 #include "fmt/gguf.h"
 
 #ifdef TERN_HAVE_ZSTD
@@ -100,13 +101,41 @@ uint32_t tn_pc_crc32(const uint8_t *p, size_t n) {
     return c ^ UINT32_C(0xFFFFFFFF);
 }
 
-uint64_t tn_pc_model_hash(const tern_model *m) { return hash_bytes(m->gguf->base, m->gguf->size, TN_PC_VERSION); }
+uint64_t tn_pc_model_hash(const tern_model *m) { return hash_bytes(m->gguf->base, m->gguf->size, TN_PC_HASH_SEED); }
 
 /* ---- plane codec ------------------------------------------------------------------------ */
 
-float tn_pc_div(tn_pc_quality q, int32_t il, int32_t n_layer) {
-    (void)il, (void)n_layer; /* every layer alike: finer early layers cost more than they gave (docs) */
-    return q == TN_PC_LOSSLESS ? 0 : q == TN_PC_HIGH ? TN_PC_DIV_HIGH : TN_PC_DIV_MEDIUM;
+/* Steps per RMS of each lossy quality: {K, V} plane terms, {K, V} channel terms, finer first
+ * layers (docs/prompt-cache.md: how they were chosen, on which windows). */
+static const tn_pc_steps pc_steps[3] = {
+    [TN_PC_HIGH] = {{12.0f, 12.0f}, {8.0f, 8.0f}, 1.0f, 0, false, {0, 0}},
+    [TN_PC_MEDIUM] = {{1.0f, 0.7f}, {0, 0}, 1.0f, 0, false, {0, 0}},
+};
+
+tn_pc_steps tn_pc_steps_of(tn_pc_quality q) { return q == TN_PC_HIGH || q == TN_PC_MEDIUM ? pc_steps[q] : pc_steps[TN_PC_LOSSLESS]; }
+
+float tn_pc_div(const tn_pc_steps *st, int kv, int32_t il, bool ch) {
+    const float d = ch ? st->div_ch[kv != 0] : st->div[kv != 0];
+    return il < st->n_first ? d * st->mul_first : d;
+}
+
+bool tn_pc_layer_roped(const tn_hparams *hp, int32_t il) {
+    return hp->n_rot > 0 && !(hp->family && hp->family->mla) && tn_hp_layer_rope(hp, il);
+}
+
+void tn_pc_rope_plane(const tn_hparams *hp, const float *ff, int32_t il, int64_t pos0, float *x, float *cs, int dir) {
+    tn_hparams h = *hp; /* local layers rotate with their own base and scale (tn_blk_embed) */
+    if (tn_hp_layer_swa(hp, il)) h.rope_freq_base = hp->rope_base_swa, h.rope_freq_scale = hp->rope_scale_swa;
+    const int64_t kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    for (int t = 0; t < TN_PC_NTOK; t++) {
+        tn_op_rope_cache(&h, ff, pos0 + t, cs);
+        if (dir < 0) /* the pair (m cos, m sin) / m^2: tn_op_rope's sign -1 then applies R^T / m, m R's inverse */
+            for (int32_t i = 0; i + 1 < h.n_rot; i += 2) {
+                const float m2 = cs[i] * cs[i] + cs[i + 1] * cs[i + 1];
+                if (m2 > 0) cs[i] /= m2, cs[i + 1] /= m2;
+            }
+        tn_op_rope(&h, x + (int64_t)t * kv_dim, h.n_head_kv, cs, dir < 0 ? -1.0f : 1.0f);
+    }
 }
 
 size_t tn_pc_plane_max(int64_t kv_dim) { return 1 + (size_t)kv_dim * 2 + (size_t)TN_PC_NTOK * (size_t)kv_dim * 2; }
@@ -135,22 +164,32 @@ static double plane_bits(const uint16_t *z, size_t n) {
     return bits;
 }
 
-/* mode byte: bit 1 = raw values (no deltas between neighbouring tokens); bit 2 = lossy: one step
- * for the plane, the integers range-coded (bit 0, per-channel f16 steps, was format 1's lossy
- * mode: no longer written or read) */
+/* mode byte: bit 1 = raw values (no deltas between neighbouring tokens); bit 2 = lossy: steps per
+ * channel, the integers range-coded; bit 3 = (lossy K) keys before RoPE; bit 4 = (lossy) raw or
+ * deltas per channel (bit 0, per-channel f16 steps, was format 1's lossy mode: no longer written
+ * or read) */
 #define TN_PC_MODE_RAW 2
 #define TN_PC_MODE_RC 4
+#define TN_PC_MODE_PRE_ROPE 8
 #define TN_PC_RC_HDR 5 /* mode, coded bytes (u32) */
-/* TN_PC_NCTX integer models: the first token's; then by |previous value|: 0, 1, larger */
+#define TN_PC_MODE_MIXED 16 /* lossy: raw or deltas chosen per channel (a flag before each) */
+/* TN_PC_NCTX integer models: the first token's; then by |previous value|: 0, 1, larger (finer
+ * buckets, 2, 3-4, 5-8, coded 0.5% larger on the default model) */
 
 void tn_pc_models_init(tn_pc_models *m) {
     for (int a = 0; a < 2; a++)
         for (int b = 0; b < 2; b++)
             for (int k = 0; k <= TN_PC_NCTX; k++) tn_rc_int_model_init(&m->m[a][b][k]);
+    m->raw_ch[0] = m->raw_ch[1] = TN_RC_PROB_INIT;
 }
 
 /* The model of token t's value in a channel, from the previous value coded there. */
-static int rc_ctx(int t, int32_t prev) { return t == 0 ? 0 : prev == 0 ? 1 : (prev == 1 || prev == -1) ? 2 : 3; }
+static int rc_ctx(int t, int32_t prev) {
+    if (t == 0) return 0;
+    const uint32_t a = prev < 0 ? 0u - (uint32_t)prev : (uint32_t)prev;
+    return a == 0 ? 1 : a == 1 ? 2 : 3;
+}
+_Static_assert(TN_PC_NCTX == 4, "rc_ctx's contexts");
 
 /* Per-channel steps on a grid of eighth-octaves: step(e) = 2^(e / 8), exactly (ldexpf of one of 8
  * float constants), so encoder and decoder agree on every machine. */
@@ -172,87 +211,119 @@ static int32_t step_index(float s) {
 }
 
 /* Range-codes the channels' step indices (each as the change from the previous channel's) and
- * then c[16][kv_dim] channel by channel (deltas between neighbouring tokens unless raw) into
- * out[0..cap); returns the bytes, 0 when they do not fit. mod: TN_PC_NCTX value models + 1 for
- * the steps. */
-static size_t rc_plane(const int32_t *e_ch, const int32_t *c, int64_t kv_dim, bool raw, tn_rc_int_model *mod, uint8_t *out, size_t cap) {
+ * then c[16][kv_dim] channel by channel into out[0..cap): how = 0 deltas between neighbouring
+ * tokens, 1 raw values, 2 per channel as chraw[ch] says (a flag before the channel); returns the
+ * bytes, 0 when they do not fit. mod: the plane's models (K's or V's), updated. */
+static size_t rc_plane(const int32_t *e_ch, const int32_t *c, int64_t kv_dim, int how, const uint8_t *chraw, tn_rc_int_model (*mod)[TN_PC_NCTX + 1],
+                       tn_rc_prob *pflag, uint8_t *out, size_t cap) {
     tn_rc_enc e;
     tn_rc_enc_init(&e, out, cap);
-    for (int64_t ch = 0; ch < kv_dim; ch++) tn_rc_enc_int(&e, &mod[TN_PC_NCTX], e_ch[ch] - (ch ? e_ch[ch - 1] : 0));
+    tn_rc_int_model *ms = mod[how == 1];
+    for (int64_t ch = 0; ch < kv_dim; ch++) tn_rc_enc_int(&e, &ms[TN_PC_NCTX], e_ch[ch] - (ch ? e_ch[ch - 1] : 0));
     for (int64_t ch = 0; ch < kv_dim; ch++) {
+        const bool raw = how == 2 ? chraw[ch] != 0 : how == 1;
+        if (how == 2) tn_rc_enc_bit(&e, pflag, raw);
+        tn_rc_int_model *mv = mod[raw];
         int32_t prev = 0, sym = 0;
         for (int t = 0; t < TN_PC_NTOK; t++) {
             const int32_t v = c[(size_t)t * kv_dim + ch];
             const int k = rc_ctx(t, sym);
             sym = raw ? v : v - prev;
-            tn_rc_enc_int(&e, &mod[k], sym);
+            tn_rc_enc_int(&e, &mv[k], sym);
             prev = v;
         }
     }
     return tn_rc_enc_finish(&e);
 }
 
+/* About the bits an Elias-gamma code of v takes (zero flag, sign, prefix and suffix). */
+static int gamma_bits(int32_t v) {
+    const uint32_t a = v < 0 ? 0u - (uint32_t)v : (uint32_t)v;
+    return a == 0 ? 1 : 2 + 2 * (31 - __builtin_clz(a)) + 1;
+}
 
-/* Lossy: s = rms(plane) / tn_pc_div, c = round(x / s), range-coded with deltas or raw values,
- * whichever is smaller. 0 when the coded plane would not fit (the caller stores it losslessly). */
-/* Lossy: per channel a step s = min(rms(plane) / div, rms(channel) / div_ch) on the grid (at or
- * under it), c = round(x / s), range-coded with deltas or raw values, whichever is smaller. 0
- * when the coded plane would not fit (the caller stores it losslessly). */
-static size_t encode_lossy(float div, float div_ch, tn_rc_int_model (*mod)[TN_PC_NCTX + 1], const tn_fp16 *x, int64_t kv_dim,
+
+/* Lossy: per channel a step s = min(rms(plane) / div * (rms(channel) / rms(plane))^-tilt,
+ * rms(channel) / div_ch) on the grid (at or under it), c = round(x / s), range-coded with deltas or raw values, whichever is smaller. 0
+ * when a value is not finite or the coded plane would not fit (the caller stores it losslessly). */
+static size_t encode_lossy(float div, float div_ch, float tilt, tn_pc_models *mod, int kv, const float *x, int64_t kv_dim, uint8_t mode,
                            uint8_t *out, size_t cap) {
     const size_t n = (size_t)TN_PC_NTOK * (size_t)kv_dim;
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return 0;
     int32_t *c = (int32_t *)tn_malloc((n + (size_t)kv_dim) * sizeof *c), *e_ch = c ? c + n : NULL;
-    uint8_t *alt = (uint8_t *)tn_malloc(cap);
+    uint8_t *alt = (uint8_t *)tn_malloc(3 * cap + (size_t)kv_dim), *chraw = alt ? alt + 3 * cap : NULL;
+    tn_pc_models *trial = (tn_pc_models *)tn_malloc(3 * sizeof *trial);
     size_t r = 0;
-    if (c && alt && cap > TN_PC_RC_HDR) {
+    if (c && alt && trial && cap > TN_PC_RC_HDR) {
         double ss = 0;
-        for (size_t i = 0; i < n; i++) {
-            const double v = tn_fp16_to_fp32(x[i]);
-            ss += v * v;
-        }
-        const double s_plane = div > 0 ? sqrt(ss / (double)n) / div : INFINITY;
+        for (size_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+        const double rms_p = sqrt(ss / (double)n), s_plane = div > 0 ? rms_p / div : INFINITY;
         for (int64_t ch = 0; ch < kv_dim; ch++) {
             double sc = 0;
-            for (int t = 0; t < TN_PC_NTOK; t++) {
-                const double v = tn_fp16_to_fp32(x[(size_t)t * kv_dim + ch]);
-                sc += v * v;
-            }
-            const double want = fmin(s_plane, div_ch > 0 ? sqrt(sc / TN_PC_NTOK) / div_ch : INFINITY);
+            for (int t = 0; t < TN_PC_NTOK; t++) sc += (double)x[(size_t)t * kv_dim + ch] * x[(size_t)t * kv_dim + ch];
+            const double rms_c = sqrt(sc / TN_PC_NTOK), lean = tilt != 0 && rms_c > 0 ? pow(rms_c / rms_p, -(double)tilt) : 1;
+            const double want = fmin(s_plane * lean, div_ch > 0 ? rms_c / div_ch : INFINITY);
             e_ch[ch] = want > 0 ? step_index((float)want) : ch ? e_ch[ch - 1] : 0; /* all zero: any step */
             const float s = step_of(e_ch[ch]);
             for (int t = 0; t < TN_PC_NTOK; t++) {
                 const size_t i = (size_t)t * kv_dim + ch;
-                c[i] = want > 0 ? (int32_t)lrintf(tn_fp16_to_fp32(x[i]) / s) : 0;
+                const float v = want > 0 ? rintf(x[i] / s) : 0;
+                if (!(fabsf(v) < (float)(1 << 21))) goto out; /* values and deltas stay in the integer coder's range */
+                c[i] = (int32_t)v;
             }
         }
-        tn_rc_int_model md[TN_PC_NCTX + 1], mr[TN_PC_NCTX + 1]; /* trial copies: the chosen one's are kept */
-        memcpy(md, mod[0], sizeof md);
-        memcpy(mr, mod[1], sizeof mr);
-        const size_t nd = rc_plane(e_ch, c, kv_dim, false, md, out + TN_PC_RC_HDR, cap - TN_PC_RC_HDR);
-        const size_t nr = rc_plane(e_ch, c, kv_dim, true, mr, alt, cap - TN_PC_RC_HDR);
-        const bool raw = nr && (!nd || nr < nd);
-        const size_t m = raw ? nr : nd;
-        if (m) {
-            memcpy(mod[raw], raw ? mr : md, sizeof md);
-            if (raw) memcpy(out + TN_PC_RC_HDR, alt, m);
-            out[0] = (uint8_t)(TN_PC_MODE_RC | (raw ? TN_PC_MODE_RAW : 0));
-            tn_put_le32(out + 1, (uint32_t)m);
-            r = TN_PC_RC_HDR + m;
+        /* per channel: raw values or deltas, whichever the gamma code would make shorter */
+        for (int64_t ch = 0; ch < kv_dim; ch++) {
+            int bd = 0, br = 0;
+            for (int t = 0; t < TN_PC_NTOK; t++) {
+                const size_t i = (size_t)t * kv_dim + ch;
+                br += gamma_bits(c[i]);
+                bd += gamma_bits(t ? c[i] - c[i - (size_t)kv_dim] : c[i]);
+            }
+            chraw[ch] = br < bd;
+        }
+        /* the plane three ways (deltas, raw, mixed), each from a copy of the models; the
+         * smallest is kept with its models */
+        size_t best = 0;
+        int how_best = -1;
+        for (int how = 0; how < 3; how++) {
+            memcpy(&trial[how], mod, sizeof *mod);
+            uint8_t *dst = alt + (size_t)how * cap;
+            const size_t m = rc_plane(e_ch, c, kv_dim, how, chraw, trial[how].m[kv], &trial[how].raw_ch[kv], dst, cap - TN_PC_RC_HDR);
+            if (m && (how_best < 0 || m < best)) best = m, how_best = how;
+        }
+        if (how_best >= 0) {
+            memcpy(mod, &trial[how_best], sizeof *mod);
+            memcpy(out + TN_PC_RC_HDR, alt + (size_t)how_best * cap, best);
+            out[0] = (uint8_t)(TN_PC_MODE_RC | mode | (how_best == 1 ? TN_PC_MODE_RAW : how_best == 2 ? TN_PC_MODE_MIXED : 0));
+            tn_put_le32(out + 1, (uint32_t)best);
+            r = TN_PC_RC_HDR + best;
         }
     }
+out:
     tn_free(c);
     tn_free(alt);
+    tn_free(trial);
     return r;
 }
 
-size_t tn_pc_plane_encode(tn_pc_quality q, int32_t il, int32_t n_layer, int kv, tn_pc_models *mod, const tn_fp16 *x,
-                          int64_t kv_dim, uint8_t *out) {
+size_t tn_pc_plane_encode_lossy(const tn_pc_steps *st, int32_t il, int kv, tn_pc_models *mod, const float *x, int64_t kv_dim,
+                                bool pre_rope, uint8_t *out) {
+    if (!st || !mod || (pre_rope && kv)) return 0;
+    return encode_lossy(tn_pc_div(st, kv, il, false), tn_pc_div(st, kv, il, true), st->tilt[kv != 0], mod, kv != 0, x, kv_dim,
+                        pre_rope ? TN_PC_MODE_PRE_ROPE : 0, out, tn_pc_plane_max(kv_dim));
+}
+
+size_t tn_pc_plane_encode(tn_pc_quality q, int32_t il, int kv, tn_pc_models *mod, const tn_fp16 *x, int64_t kv_dim, uint8_t *out) {
     const size_t n = (size_t)TN_PC_NTOK * (size_t)kv_dim;
-    bool finite = true;
-    for (size_t i = 0; i < n && q != TN_PC_LOSSLESS; i++) finite &= (x[i] & 0x7C00) != 0x7C00;
-    if (q != TN_PC_LOSSLESS && finite && mod) { /* a non-finite value: the plane goes lossless */
-        const float dc = q == TN_PC_HIGH ? TN_PC_DIVCH_HIGH : TN_PC_DIVCH_MEDIUM;
-        const size_t r = encode_lossy(tn_pc_div(q, il, n_layer), dc, mod->m[kv != 0], x, kv_dim, out, tn_pc_plane_max(kv_dim));
+    if (q != TN_PC_LOSSLESS && mod) {
+        float *xf = (float *)tn_malloc(n * sizeof *xf);
+        if (!xf) return 0;
+        for (size_t i = 0; i < n; i++) xf[i] = tn_fp16_to_fp32(x[i]);
+        const tn_pc_steps st = tn_pc_steps_of(q);
+        const size_t r = tn_pc_plane_encode_lossy(&st, il, kv, mod, xf, kv_dim, false, out);
+        tn_free(xf);
         if (r) return r;
     }
     uint16_t *zd = (uint16_t *)tn_malloc(2 * n * sizeof *zd), *zr = zd + n; /* deltas, raw */
@@ -274,28 +345,34 @@ size_t tn_pc_plane_encode(tn_pc_quality q, int32_t il, int32_t n_layer, int kv, 
     return 1 + 2 * n;
 }
 
+/* x (f16, unless NULL) and xf (f32, unless NULL) from a lossy plane */
 static tern_status decode_lossy(const uint8_t *in, size_t n_in, int64_t kv_dim, tn_rc_int_model (*mods)[TN_PC_NCTX + 1],
-                               int32_t *e_ch, tn_fp16 *x, size_t *used) {
+                               tn_rc_prob *pflag, int32_t *e_ch, tn_fp16 *x, float *xf, size_t *used) {
     if (n_in < TN_PC_RC_HDR) return tn_err(TERN_ERR_FORMAT, "prompt cache: plane header needs %d bytes, %zu left", TN_PC_RC_HDR, n_in);
-    const bool raw = in[0] & TN_PC_MODE_RAW;
+    const bool all_raw = in[0] & TN_PC_MODE_RAW, mixed = in[0] & TN_PC_MODE_MIXED;
+    if (all_raw && mixed) return tn_err(TERN_ERR_FORMAT, "prompt cache: plane mode %d: raw and mixed", in[0]);
     const uint32_t m = tn_get_le32(in + 1);
     if (m > n_in - TN_PC_RC_HDR) return tn_err(TERN_ERR_FORMAT, "prompt cache: plane needs %u coded bytes, %zu left", m, n_in - TN_PC_RC_HDR);
-    tn_rc_int_model *mod = mods[raw];
+    tn_rc_int_model *ms = mods[all_raw];
     tn_rc_dec d;
     tn_rc_dec_init(&d, in + TN_PC_RC_HDR, m);
     bool ok = true;
     for (int64_t ch = 0; ch < kv_dim && ok; ch++) {
-        e_ch[ch] = (ch ? e_ch[ch - 1] : 0) + tn_rc_dec_int(&d, &mod[TN_PC_NCTX], &ok);
+        e_ch[ch] = (ch ? e_ch[ch - 1] : 0) + tn_rc_dec_int(&d, &ms[TN_PC_NCTX], &ok);
         if (e_ch[ch] < TN_PC_E_MIN || e_ch[ch] > TN_PC_E_MAX) ok = false;
     }
     for (int64_t ch = 0; ch < kv_dim && ok; ch++) {
         const float s = step_of(e_ch[ch]);
+        const bool raw = mixed ? tn_rc_dec_bit(&d, pflag) != 0 : all_raw;
+        tn_rc_int_model *mod = mods[raw];
         int32_t v = 0, sym = 0;
         for (int t = 0; t < TN_PC_NTOK && ok; t++) {
             sym = tn_rc_dec_int(&d, &mod[rc_ctx(t, sym)], &ok);
             v = raw ? sym : v + sym;
             if (v < -(1 << 24) || v > (1 << 24)) ok = false;
-            x[(size_t)t * kv_dim + ch] = tn_fp32_to_fp16((float)v * s);
+            const size_t i = (size_t)t * kv_dim + ch;
+            if (x) x[i] = tn_fp32_to_fp16((float)v * s);
+            if (xf) xf[i] = (float)v * s;
         }
     }
     if (!ok || tn_rc_dec_overrun(&d)) return tn_err(TERN_ERR_FORMAT, "prompt cache: plane's coded values are corrupt");
@@ -303,19 +380,26 @@ static tern_status decode_lossy(const uint8_t *in, size_t n_in, int64_t kv_dim, 
     return TERN_OK;
 }
 
-tern_status tn_pc_plane_decode(const uint8_t *in, size_t n_in, int64_t kv_dim, int kv, tn_pc_models *mod, tn_fp16 *x,
-                               size_t *used) {
+tern_status tn_pc_plane_decode_f32(const uint8_t *in, size_t n_in, int64_t kv_dim, int kv, tn_pc_models *mod, tn_fp16 *x,
+                                   float *xf, bool *pre_rope, size_t *used) {
     const size_t n = (size_t)TN_PC_NTOK * (size_t)kv_dim;
-    if (n_in < 1 || (in[0] & ~(TN_PC_MODE_RAW | TN_PC_MODE_RC)))
+    if (pre_rope) *pre_rope = false;
+    if (n_in < 1 || (in[0] & ~(TN_PC_MODE_RAW | TN_PC_MODE_RC | TN_PC_MODE_PRE_ROPE | TN_PC_MODE_MIXED)))
         return tn_err(TERN_ERR_FORMAT, "prompt cache: plane mode %d unknown", n_in ? in[0] : -1);
     if (in[0] & TN_PC_MODE_RC) {
+        const bool pre = in[0] & TN_PC_MODE_PRE_ROPE;
         if (!mod) return tn_err(TERN_ERR_FORMAT, "prompt cache: a lossy plane where a lossless one belongs");
+        if (pre && (kv || !xf || !pre_rope))
+            return tn_err(TERN_ERR_FORMAT, kv ? "prompt cache: a value plane marked as keys before RoPE"
+                                              : "prompt cache: keys before RoPE, decoded without their positions");
         int32_t *e_ch = (int32_t *)tn_malloc((size_t)kv_dim * sizeof *e_ch);
         if (!e_ch) return tn_err(TERN_ERR_NOMEM, "prompt cache: out of memory");
-        const tern_status st = decode_lossy(in, n_in, kv_dim, mod->m[kv != 0], e_ch, x, used);
+        const tern_status st = decode_lossy(in, n_in, kv_dim, mod->m[kv != 0], &mod->raw_ch[kv != 0], e_ch, pre ? NULL : x, xf, used);
         tn_free(e_ch);
+        if (!st && pre_rope) *pre_rope = pre;
         return st;
     }
+    if (in[0] & (TN_PC_MODE_PRE_ROPE | TN_PC_MODE_MIXED)) return tn_err(TERN_ERR_FORMAT, "prompt cache: lossless plane with lossy mode bits %d", in[0]);
     const bool raw = in[0] & TN_PC_MODE_RAW;
     const size_t need = 1 + 2 * n;
     if (n_in < need) return tn_err(TERN_ERR_FORMAT, "prompt cache: plane needs %zu bytes, %zu left", need, n_in);
@@ -331,10 +415,16 @@ tern_status tn_pc_plane_decode(const uint8_t *in, size_t n_in, int64_t kv_dim, i
                 acc = (uint16_t)(acc + unzigzag16(z));
                 x[i] = f16_unorder(acc);
             }
+            if (xf) xf[i] = tn_fp16_to_fp32(x[i]);
         }
     }
     *used = need;
     return TERN_OK;
+}
+
+tern_status tn_pc_plane_decode(const uint8_t *in, size_t n_in, int64_t kv_dim, int kv, tn_pc_models *mod, tn_fp16 *x,
+                               size_t *used) {
+    return tn_pc_plane_decode_f32(in, n_in, kv_dim, kv, mod, x, NULL, NULL, used);
 }
 
 /* ---- the cache -------------------------------------------------------------------------- */
@@ -343,11 +433,13 @@ struct tn_pcache {
     char *dir, *sub;
     uint64_t fp, max_bytes, total;
     tn_pc_quality q;
-    int32_t n_layer;
+    int32_t n_layer, n_rot;
     int64_t kv_dim;
     size_t raw_cap, file_cap;
     uint8_t *raw, *file; /* [raw_cap] planes, [file_cap] one file */
     tn_fp16 *plane;      /* [16][kv_dim] */
+    float *xf, *cs;      /* [16][kv_dim] a plane in f32, [head_dim] RoPE's cos/sin pairs */
+    tn_pc_steps steps;   /* the lossy quality's */
     tn_pc_models mod;    /* the range coder's models within one block */
     unsigned tmp_seq;
     bool warned_io;
@@ -378,11 +470,6 @@ static char *str_printf(const char *fmt, ...) {
     return s;
 }
 
-static bool has_suffix(const char *s, const char *suf) {
-    size_t a = strlen(s), b = strlen(suf);
-    return a >= b && !strcmp(s + a - b, suf);
-}
-
 typedef struct pc_file {
     char *path;
     time_t mtime;
@@ -410,7 +497,7 @@ static void scan_dir(tn_pcache *pc, bool evict) {
         DIR *ds = sub ? opendir(sub) : NULL;
         struct dirent *f;
         while (ds && (f = readdir(ds))) {
-            const bool blk = has_suffix(f->d_name, ".tpc"), tmp = strstr(f->d_name, ".tpc.tmp.") != NULL;
+            const bool blk = tn_str_ends_with(f->d_name, ".tpc"), tmp = strstr(f->d_name, ".tpc.tmp.") != NULL;
             if (!blk && !tmp) continue;
             char *p = str_printf("%s/%s", sub, f->d_name);
             struct stat sb;
@@ -469,9 +556,11 @@ tern_status tn_pcache_open(const tern_model *m, const char *dir, uint64_t max_by
     tn_pcache *pc = tn_calloc(1, sizeof *pc);
     if (!pc) return TERN_ERR_NOMEM;
     pc->q = q;
+    pc->steps = tn_pc_steps_of(q);
     pc->max_bytes = max_bytes;
     pc->n_layer = m->hp.n_layer;
     pc->kv_dim = (int64_t)m->hp.n_head_kv * m->hp.head_dim;
+    pc->n_rot = m->hp.n_rot;
     /* fingerprint: the GGUF's bytes (metadata, shapes, tensor data), the KV row type, the codec,
      * the format version */
     uint64_t fp = tn_pc_model_hash(m);
@@ -485,7 +574,9 @@ tern_status tn_pcache_open(const tern_model *m, const char *dir, uint64_t max_by
     pc->raw = tn_malloc(pc->raw_cap);
     pc->file = tn_malloc(pc->file_cap);
     pc->plane = tn_malloc((size_t)TN_PC_NTOK * (size_t)pc->kv_dim * sizeof(tn_fp16));
-    if (!pc->dir || !pc->sub || !pc->raw || !pc->file || !pc->plane) {
+    pc->xf = tn_malloc((size_t)TN_PC_NTOK * (size_t)pc->kv_dim * sizeof(float));
+    pc->cs = tn_malloc((size_t)TN_MAX(m->hp.n_rot, 2) * sizeof(float));
+    if (!pc->dir || !pc->sub || !pc->raw || !pc->file || !pc->plane || !pc->xf || !pc->cs) {
         tn_pcache_free(pc);
         return TERN_ERR_NOMEM;
     }
@@ -506,10 +597,15 @@ void tn_pcache_free(tn_pcache *pc) {
     tn_free(pc->raw);
     tn_free(pc->file);
     tn_free(pc->plane);
+    tn_free(pc->xf);
+    tn_free(pc->cs);
     tn_free(pc);
 }
 
 const char *tn_pcache_subdir(const tn_pcache *pc) { return pc->sub; }
+void tn_pcache_set_steps(tn_pcache *pc, const tn_pc_steps *st) {
+    if (pc->q != TN_PC_LOSSLESS) pc->steps = *st;
+}
 const char *tn_pcache_decision(const tn_pcache *pc) { return pc->decision; }
 const tn_pcache_stats *tn_pcache_get_stats(const tn_pcache *pc) { return &pc->st; }
 
@@ -523,7 +619,7 @@ tern_status tn_pcache_usable(const tn_pcache *pc, const tern_ctx *c) {
         return tn_err(TERN_ERR_UNSUPPORTED, "prompt cache: stores f16 KV rows only (not with -ctk/-ctv q8_0 or q4_0 yet)");
     if (c->hp.family && c->hp.family->mla) /* its rows are latents, no V rows: another layout */
         return tn_err(TERN_ERR_UNSUPPORTED, "prompt cache: not for %s's latent KV cache yet", c->hp.family->name);
-    if (c->hp.n_layer != pc->n_layer || (int64_t)c->hp.n_head_kv * c->hp.head_dim != pc->kv_dim)
+    if (c->hp.n_layer != pc->n_layer || (int64_t)c->hp.n_head_kv * c->hp.head_dim != pc->kv_dim || c->hp.n_rot > pc->n_rot)
         return tn_err(TERN_ERR_INVALID_ARG, "prompt cache: the context is of another model");
     return TERN_OK;
 }
@@ -574,19 +670,26 @@ static tern_status read_block(tn_pcache *pc, const char *path, uint32_t bi, uint
     return TERN_OK;
 }
 
-/* Decodes pc->raw into rows bi*16.. of every layer of c. */
-static tern_status unpack_block(tn_pcache *pc, tern_ctx *c, int32_t bi, size_t raw_n) {
+/* Decodes pc->raw, block bi of a prompt (positions bi * 16 ..), into cache block dst of every
+ * layer of c; keys coded before RoPE get the layer's RoPE back at those positions. */
+static tern_status unpack_block(tn_pcache *pc, tern_ctx *c, int32_t bi, int32_t dst, size_t raw_n) {
     size_t off = 0;
     const size_t pb = (size_t)TN_PC_NTOK * (size_t)pc->kv_dim;
     tn_pc_models_init(&pc->mod);
     for (int32_t il = 0; il < pc->n_layer; il++)
         for (int kv = 0; kv < 2; kv++) {
             size_t used;
-            tern_status s = tn_pc_plane_decode(pc->raw + off, raw_n - off, pc->kv_dim, kv, &pc->mod, pc->plane, &used);
+            bool pre = false;
+            tern_status s = tn_pc_plane_decode_f32(pc->raw + off, raw_n - off, pc->kv_dim, kv, &pc->mod, pc->plane, pc->xf, &pre, &used);
             if (s) return s;
             off += used;
-            tn_fp16 *dst = (tn_fp16 *)(kv ? c->v_cache : c->k_cache) + c->kv_off[il] * pc->kv_dim + (int64_t)bi * TN_PC_NTOK * pc->kv_dim;
-            memcpy(dst, pc->plane, pb * sizeof(tn_fp16));
+            if (pre) {
+                if (!tn_pc_layer_roped(&c->hp, il)) return tn_err(TERN_ERR_FORMAT, "keys before RoPE on layer %d, which has none", il);
+                tn_pc_rope_plane(&c->hp, c->rope_ff, il, (int64_t)bi * TN_PC_NTOK, pc->xf, pc->cs, 1);
+                for (size_t i = 0; i < pb; i++) pc->plane[i] = tn_fp32_to_fp16(pc->xf[i]);
+            }
+            tn_fp16 *d = (tn_fp16 *)(kv ? c->v_cache : c->k_cache) + c->kv_off[il] * pc->kv_dim + (int64_t)dst * TN_PC_NTOK * pc->kv_dim;
+            memcpy(d, pc->plane, pb * sizeof(tn_fp16));
         }
     if (off != raw_n) return tn_err(TERN_ERR_FORMAT, "%zu bytes after the last plane", raw_n - off);
     return TERN_OK;
@@ -601,7 +704,7 @@ static tern_status load_one(tn_pcache *pc, tern_ctx *c, int32_t bi, uint64_t h, 
     if (!path) return TERN_ERR_NOMEM;
     size_t raw_n = 0;
     tern_status s = read_block(pc, path, (uint32_t)bi, h, h2, tk, &raw_n, file_n);
-    if (!s) s = unpack_block(pc, c, dst, raw_n);
+    if (!s) s = unpack_block(pc, c, bi, dst, raw_n);
     if (s && s != TERN_ERR_NOT_FOUND) {
         tn_log(TERN_LOG_WARN, "prompt cache: skipping %s: %s (recomputing from position %d)", path, tern_last_error(),
                bi * TN_PC_NTOK);
@@ -704,11 +807,20 @@ static bool store_one(tn_pcache *pc, const tern_ctx *c, int32_t bi, uint64_t h, 
         return false;
     }
     size_t raw = 0;
+    const size_t pb = (size_t)TN_PC_NTOK * (size_t)pc->kv_dim;
     tn_pc_models_init(&pc->mod);
     for (int32_t il = 0; il < pc->n_layer; il++)
         for (int kv = 0; kv < 2; kv++) {
             const tn_fp16 *x = (const tn_fp16 *)(kv ? c->v_cache : c->k_cache) + c->kv_off[il] * pc->kv_dim + (int64_t)src * TN_PC_NTOK * pc->kv_dim;
-            const size_t k = tn_pc_plane_encode(pc->q, il, pc->n_layer, kv, &pc->mod, x, pc->kv_dim, pc->raw + raw);
+            size_t k = 0;
+            if (pc->q != TN_PC_LOSSLESS) { /* keys of a roped layer un-rotated, at the block's positions */
+                const bool pre = !kv && !pc->steps.keys_post_rope && tn_pc_layer_roped(&c->hp, il);
+                for (size_t i = 0; i < pb; i++) pc->xf[i] = tn_fp16_to_fp32(x[i]);
+                if (pre) tn_pc_rope_plane(&c->hp, c->rope_ff, il, (int64_t)bi * TN_PC_NTOK, pc->xf, pc->cs, -1);
+                k = tn_pc_plane_encode_lossy(&pc->steps, il, kv, &pc->mod, pc->xf, pc->kv_dim, pre, pc->raw + raw);
+                pc->st.planes_pre_rope += pre && k;
+            }
+            if (!k) k = tn_pc_plane_encode(TN_PC_LOSSLESS, il, kv, NULL, x, pc->kv_dim, pc->raw + raw); /* kept as cached */
             if (!k) { /* out of memory: this block is not stored */
                 tn_free(path);
                 return false;

@@ -12,20 +12,23 @@
  *  - lossless: values as f16 bit patterns mapped to an order-preserving code, differenced between
  *    neighbouring tokens in each channel (or kept raw, whichever has the smaller byte entropy),
  *    zigzagged, split into a low- and a high-byte plane; the block goes through zstd. Decoding
- *    gives the same bits.
- *  - high / medium (lossy): per channel a step s = min(rms(plane) / div, rms(channel) / div_ch),
- *    on a grid of eighth-octaves at or under it, integers c = round(x / s) (decoded
- *    x' = f16(c * s): |x - x'| <= s / 2 plus f16 rounding of x'). The plane term gives every
- *    channel the same absolute error (what q.k and the attention-weighted sum of V see, so the
- *    bits go where the values are large); the channel term keeps small channels from being
- *    rounded to zero. The channels' step indices (as changes from channel to channel) and then
- *    the integers, channel by channel, as deltas between neighbouring tokens or raw (whichever
- *    codes smaller), go through an adaptive binary range coder (core/rc.h): zero flag, sign and
- *    Elias-gamma magnitude, with models chosen by the previous value's size and carried from plane
- *    to plane of a block (tn_pc_models). div / div_ch: TN_PC_DIV_* / TN_PC_DIVCH_*, the same on
- *    every layer (finer steps on the first third, as CacheGen does, cost more bytes than they
- *    saved in KL divergence on the models measured). A plane holding a non-finite value, or one
- *    that codes larger than losslessly, is stored losslessly.
+ *    gives the same bits (keys as cached: after RoPE).
+ *  - high / medium (lossy): keys of a layer that rotates them are first un-rotated (the layer's
+ *    RoPE undone at the block's positions, tn_pc_rope_plane) and RoPE is applied again at load:
+ *    before RoPE a channel's statistics do not depend on the position (an outlier channel stays
+ *    one), so steps fit and deltas between tokens stay small. Then per channel a step
+ *    s = min(rms(plane) / div * (rms(channel) / rms(plane))^-tilt, rms(channel) / div_ch) (div,
+ *    tilt, div_ch: K's or V's, finer on the first layers: tn_pc_steps), on a grid of eighth-octaves at or under it, integers
+ *    c = round(x / s) (decoded x' = c * s: |x - x'| <= s / 2 before RoPE is re-applied and the
+ *    result rounded to f16). The plane term gives every channel the same absolute error (what q.k
+ *    and the attention-weighted sum of V see, so the bits go where the values are large); the
+ *    channel term keeps small channels from being rounded to zero. The channels' step indices (as
+ *    changes from channel to channel) and then the integers, channel by channel, as deltas between
+ *    neighbouring tokens or raw (for the whole plane or chosen per channel, whichever codes
+ *    smaller), go through an adaptive binary range coder (core/rc.h): zero flag, sign and
+ *    Elias-gamma magnitude, with models chosen by the previous value's size and carried from
+ *    plane to plane of a block (tn_pc_models). A plane holding a non-finite value, or one that
+ *    codes larger than losslessly, is stored losslessly (keys as cached, after RoPE).
  * File (little-endian): header (TN_PC_HDR bytes, see pcache.c), the block's 16 token ids, the
  * zstd payload, a CRC-32 of everything before it. Files are written to a temp name and renamed
  * (fsync'd); a reader verifies size, CRC, magic, version, fingerprint, dimensions, both prefix
@@ -46,9 +49,11 @@
 
 #include "core/fp16.h"
 #include "core/rc.h"
+#include "model/model.h"
 #include "tern/tern.h"
 
-#define TN_PC_VERSION 2 /* 2: lossy planes range-coded with one step per plane */
+#define TN_PC_VERSION 3 /* 3: lossy key planes coded before RoPE; 2: after it (refused: recomputed) */
+#define TN_PC_HASH_SEED 2 /* tn_pc_model_hash's seed: fixed (slot files keep their model hash) */
 #define TN_PC_ROW_F16 1 /* KV row type of the stored block: f16 rows (the only one so far)     */
 #define TN_PC_NTOK 16   /* == TN_KV_BLOCK                                                     */
 
@@ -64,14 +69,34 @@ uint32_t tn_pc_crc32(const uint8_t *p, size_t n);
 uint64_t tn_pc_model_hash(const tern_model *m);
 
 /* ---- codec of one plane: [16][kv_dim] f16 values (one layer's K or V of a block) ---------- */
-/* Steps per RMS of a lossy quality: the plane's (tn_pc_div, layer il; 0 for lossless) and the
- * channel's. Chosen with bench/pcache_quality (docs/prompt-cache.md): high at the KL divergence
- * of the q8_0 cache type, medium well under q4_0's. */
-#define TN_PC_DIV_HIGH 12.0f
-#define TN_PC_DIV_MEDIUM 1.0f
-#define TN_PC_DIVCH_HIGH 8.0f
-#define TN_PC_DIVCH_MEDIUM 2.0f
-float tn_pc_div(tn_pc_quality q, int32_t il, int32_t n_layer);
+/* A lossy quality's steps: per K (0) and V (1) plane, steps per RMS of the plane (div) and of the
+ * channel (div_ch; 0: no channel term); tilt leans the plane term by the channel's size: a
+ * channel's plane step is rms(plane) / div * (rms(channel) / rms(plane))^-tilt (0: the same for
+ * every channel; > 0: larger channels finer); on layers il < n_first all are mul_first times finer.
+ * keys_post_rope codes keys as cached, after RoPE (format 2's way; bench/pcache_quality compares).
+ * Chosen with bench/pcache_quality on tuning windows (docs/prompt-cache.md): high at the KL
+ * divergence of the q8_0 cache type, medium under q4_0's at 8x smaller than f16 (default model).
+ * The steps travel in the planes: a file decodes whatever steps wrote it. */
+typedef struct tn_pc_steps {
+    float div[2], div_ch[2];
+    float mul_first;
+    int32_t n_first;
+    bool keys_post_rope;
+    float tilt[2];
+} tn_pc_steps;
+/* The steps of quality q (lossless: all zero). */
+tn_pc_steps tn_pc_steps_of(tn_pc_quality q);
+/* Steps per RMS for plane kv (0 K, 1 V) of layer il: of the plane (ch false) or the channel. */
+float tn_pc_div(const tn_pc_steps *st, int kv, int32_t il, bool ch);
+/* Whether layer il's cached keys are rotated per head by RoPE (lossy key planes are coded before
+ * it): not on NoPE layers, not in an MLA latent cache, not without rotated dimensions. */
+bool tn_pc_layer_roped(const tn_hparams *hp, int32_t il);
+/* Applies (dir +1) or undoes (dir -1) layer il's RoPE on a key plane x[16][n_head_kv * head_dim]
+ * of positions pos0 .. pos0 + 15, as the forward pass rotates keys (tn_op_rope_cache with the
+ * layer's base and scale and the context's frequency factors ff, then tn_op_rope); undoing divides
+ * by the rotation's scale (YaRN's or rope_attn_factor's mscale), so dir -1 then +1 is the identity
+ * up to float rounding. cs: room for n_rot floats. */
+void tn_pc_rope_plane(const tn_hparams *hp, const float *ff, int32_t il, int64_t pos0, float *x, float *cs, int dir);
 /* Largest encoded size of a plane. */
 size_t tn_pc_plane_max(int64_t kv_dim);
 /* The range coder's adaptive integer models, carried from plane to plane of one block (K planes
@@ -81,17 +106,29 @@ size_t tn_pc_plane_max(int64_t kv_dim);
 #define TN_PC_NCTX 4
 typedef struct tn_pc_models {
     tn_rc_int_model m[2][2][TN_PC_NCTX + 1]; /* [K, V][deltas, raw][context; the steps' model] */
+    tn_rc_prob raw_ch[2];                    /* [K, V] a channel's raw flag in a mixed plane */
 } tn_pc_models;
 void tn_pc_models_init(tn_pc_models *m);
 /* Encodes x[16][kv_dim], the K (kv 0) or V (kv 1) plane of layer il, into out
- * (tn_pc_plane_max bytes of room), updating mod (NULL: lossless only); returns the bytes written
- * (0: out of memory). */
-size_t tn_pc_plane_encode(tn_pc_quality q, int32_t il, int32_t n_layer, int kv, tn_pc_models *mod, const tn_fp16 *x,
-                          int64_t kv_dim, uint8_t *out);
+ * (tn_pc_plane_max bytes of room) at quality q with its steps, updating mod (NULL: lossless only);
+ * keys as given (no RoPE undone: tn_pcache_store does that); returns the bytes written (0: out of
+ * memory). */
+size_t tn_pc_plane_encode(tn_pc_quality q, int32_t il, int kv, tn_pc_models *mod, const tn_fp16 *x, int64_t kv_dim, uint8_t *out);
+/* Lossy only: x[16][kv_dim] in f32 with the steps st; pre_rope marks keys coded before RoPE (the
+ * decoder reports it: the caller re-applies RoPE). 0: not coded (a non-finite value, larger than
+ * a lossless plane, out of memory): the caller stores the plane losslessly. */
+size_t tn_pc_plane_encode_lossy(const tn_pc_steps *st, int32_t il, int kv, tn_pc_models *mod, const float *x, int64_t kv_dim,
+                                bool pre_rope, uint8_t *out);
 /* Decodes a plane from in[0..n) into x[16][kv_dim]; *used gets the bytes read. FORMAT when the
- * bytes are not a plane of this size (or are lossy and mod is NULL). */
+ * bytes are not a plane of this size (or are lossy and mod is NULL, or are keys before RoPE:
+ * those need tn_pc_plane_decode_f32). */
 tern_status tn_pc_plane_decode(const uint8_t *in, size_t n, int64_t kv_dim, int kv, tn_pc_models *mod, tn_fp16 *x,
                                size_t *used);
+/* The same, and a lossy plane's values also in f32 into xf[16][kv_dim] (c * s, before f16
+ * rounding); *pre_rope: the plane holds keys before RoPE, x is not written (the caller rotates xf
+ * and rounds it to f16). */
+tern_status tn_pc_plane_decode_f32(const uint8_t *in, size_t n, int64_t kv_dim, int kv, tn_pc_models *mod, tn_fp16 *x,
+                                   float *xf, bool *pre_rope, size_t *used);
 
 /* ---- the cache -------------------------------------------------------------------------- */
 typedef struct tn_pcache tn_pcache;
@@ -103,11 +140,14 @@ typedef struct tn_pcache_stats {
     double load_s, store_s;                               /* time spent reading / writing  */
     bool store_off;                                       /* a full disk stopped storing    */
     uint64_t f16_bytes_per_token;                         /* K and V of every layer in f16   */
+    int64_t planes_pre_rope;                              /* key planes stored before RoPE   */
 } tn_pcache_stats;
 
 /* Opens (creates) dir and the model's subdirectory; max_bytes 0 = unbounded. Hashes the model's
  * GGUF (its bytes are read once). Statuses: UNSUPPORTED (built without zstd), IO (dir). */
 tern_status tn_pcache_open(const tern_model *m, const char *dir, uint64_t max_bytes, tn_pc_quality q, tn_pcache **out);
+/* Replaces a lossy cache's steps (bench/pcache_quality's sweeps; the files decode anywhere). */
+void tn_pcache_set_steps(tn_pcache *pc, const tn_pc_steps *st);
 void tn_pcache_free(tn_pcache *pc);
 /* The model subdirectory (for messages and tests). */
 const char *tn_pcache_subdir(const tn_pcache *pc);

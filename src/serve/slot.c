@@ -58,7 +58,7 @@ static size_t encode_block(const tern_ctx *c, int32_t b, uint8_t *out) {
         for (int kv = 0; kv < 2; kv++) {
             const uint8_t *rows = block_rows(c, kv, il, b);
             if ((kv ? c->type_v : c->type_k) == TN_F16) {
-                const size_t k = tn_pc_plane_encode(TN_PC_LOSSLESS, il, c->hp.n_layer, kv, NULL, (const tn_fp16 *)rows, kv_dim_of(c), out + o);
+                const size_t k = tn_pc_plane_encode(TN_PC_LOSSLESS, il, kv, NULL, (const tn_fp16 *)rows, kv_dim_of(c), out + o);
                 if (!k) return 0;
                 o += k;
             } else {

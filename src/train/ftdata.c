@@ -147,11 +147,6 @@ done:
     return s;
 }
 
-static bool ends_with(const char *s, const char *sfx) {
-    size_t n = strlen(s), k = strlen(sfx);
-    return n >= k && !strcmp(s + n - k, sfx);
-}
-
 static void notef(void (*note)(const char *, void *), void *user, const char *fmt, ...) TN_PRINTF(3, 4);
 static void notef(void (*note)(const char *, void *), void *user, const char *fmt, ...) {
     if (!note) return;
@@ -180,7 +175,7 @@ tern_status tn_ft_samples(const tern_model *m, const char *const *paths, int n, 
         if ((s = tn_map_open(paths[f], true, &map))) break;
         const char *p = (const char *)map.data, *end = p + map.size;
         if ((s = tn_utf8_check(p, map.size, paths[f]))) { tn_map_close(&map); break; }
-        if (ends_with(paths[f], ".jsonl")) {
+        if (tn_str_ends_with(paths[f], ".jsonl")) {
             for (int64_t line = 1; p < end && !s; line++) {
                 const char *nl = memchr(p, '\n', (size_t)(end - p));
                 const size_t len = (size_t)((nl ? nl : end) - p);

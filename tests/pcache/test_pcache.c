@@ -3,17 +3,24 @@
  *  - range coder (core/rc.h): bits and integers round-trip; a stream of biased bits codes within
  *    5% of its entropy (computed here from the probability); a truncated stream is noticed.
  *  - codec: lossless planes round-trip bit for bit (specials, subnormals, -0, NaN included); lossy
- *    planes stay within the bound the docs state, computed here from the input alone: per channel
- *    min(rms(plane) / div, rms(channel) / div_ch) (docs/prompt-cache.md's table, written out
- *    here), halved, plus f16 rounding; planes of one block decode in sequence with the models the
- *    encoder carried; a plane with a non-finite value comes back exactly; truncated, unknown or
- *    corrupted planes are refused or decode to some values, never out of bounds.
+ *    planes with steps set here (K and V apart, finer first layers) stay within the bound the docs
+ *    state, computed here from the input alone: per channel min(rms(plane) / div,
+ *    rms(channel) / div_ch), halved (f32 values), plus f16 rounding (f16 values); planes of one
+ *    block decode in sequence with the models the encoder carried; keys marked as coded before
+ *    RoPE come back in f32 only; a plane with a non-finite value comes back exactly; truncated,
+ *    unknown or corrupted planes are refused or decode to some values, never out of bounds. The
+ *    built-in qualities' steps are docs/prompt-cache.md's (written out here).
+ *  - RoPE on a key plane (tn_pc_rope_plane) against a double-precision rotation written here:
+ *    adjacent pairs and halves, partial rotation, frequency scale and mscale, NoPE layers; undo
+ *    then redo gives the plane back within float rounding.
  *  - cache on a tiny random model: blocks stored after a prefill load into a fresh context with
  *    the same K/V bits (lossless), and the logits after the loaded prefix equal those of a context
  *    that computed the same prefix itself; a second store writes nothing new; damaged files
  *    (truncated, a flipped bit, another model's, an old format version, and with a valid CRC: a
  *    wrong token id, garbage payload, a wrong raw size) are skipped with the blocks before them
- *    still loaded.
+ *    still loaded. A lossy store codes every key plane before RoPE, and the loaded K (rotated
+ *    back) and V are within the bound computed here from the cached values (K un-rotated in
+ *    double); keys_post_rope stores none before RoPE.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -33,6 +40,9 @@
 #include "model/pcache.h"
 
 #define KVD 48
+/* docs/prompt-cache.md's steps: K, V plane; K, V channel; first layers' factor, how many */
+#define DOC_HIGH 12, 12, 8, 8, 1, 0, 0, 0
+#define DOC_MEDIUM 1, 0.7f, 0, 0, 1, 0, 0, 0
 
 static uint64_t rng = 88172645463325252ull;
 static double urand(void) {
@@ -112,7 +122,7 @@ static void test_lossless_roundtrip(void **st) {
         x[3] = 0x8000, x[4] = 0x7C00, x[5] = 0xFC00, x[6] = 0x7E01, x[7] = 0x0001, x[8] = 0x7BFF;
         tn_pc_models_init(&me);
         tn_pc_models_init(&md);
-        const size_t n = tn_pc_plane_encode(TN_PC_LOSSLESS, 0, 4, 0, &me, x, KVD, buf);
+        const size_t n = tn_pc_plane_encode(TN_PC_LOSSLESS, 0, 0, &me, x, KVD, buf);
         assert_true(n > 0 && n <= tn_pc_plane_max(KVD));
         size_t used = 0;
         memset(y, 0xAB, sizeof y);
@@ -125,72 +135,182 @@ static void test_lossless_roundtrip(void **st) {
     }
 }
 
-/* steps per RMS, docs/prompt-cache.md's table: high 12 (plane) and 8 (channel), medium 1 and 2 */
-static double expected_step(int q, const tn_fp16 *x, int ch) {
+/* The step the docs give a channel (before the grid, which rounds it down):
+ * min(rms(plane) / div * (rms(channel) / rms(plane))^-tilt, rms(channel) / div_ch), in double from
+ * the input alone. */
+static double want_step(const float *x, int64_t kvd, int ch, double div, double div_ch, double tilt) {
     double sp = 0, sc = 0;
-    for (int i = 0; i < 16 * KVD; i++) sp += (double)tn_fp16_to_fp32(x[i]) * tn_fp16_to_fp32(x[i]);
-    for (int t = 0; t < 16; t++) sc += (double)tn_fp16_to_fp32(x[t * KVD + ch]) * tn_fp16_to_fp32(x[t * KVD + ch]);
-    const double dp = q == TN_PC_HIGH ? 12 : 1, dc = q == TN_PC_HIGH ? 8 : 2;
-    return fmin(sqrt(sp / (16 * KVD)) / dp, sqrt(sc / 16) / dc);
+    for (int64_t i = 0; i < 16 * kvd; i++) sp += (double)x[i] * x[i];
+    for (int t = 0; t < 16; t++) sc += (double)x[t * kvd + ch] * x[t * kvd + ch];
+    const double rp = sqrt(sp / (double)(16 * kvd)), rc = sqrt(sc / 16);
+    return fmin(div > 0 ? rp / div * (rc > 0 ? pow(rc / rp, -tilt) : 1) : INFINITY, div_ch > 0 ? rc / div_ch : INFINITY);
 }
 
+/* The built-in qualities are the steps docs/prompt-cache.md's table gives (written out here). */
+static void test_steps_table(void **st) {
+    (void)st;
+    const tn_pc_steps h = tn_pc_steps_of(TN_PC_HIGH), m = tn_pc_steps_of(TN_PC_MEDIUM), l = tn_pc_steps_of(TN_PC_LOSSLESS);
+    const float want[2][8] = {{DOC_HIGH}, {DOC_MEDIUM}};
+    const tn_pc_steps *q[2] = {&h, &m};
+    for (int i = 0; i < 2; i++) {
+        assert_true(q[i]->div[0] == want[i][0] && q[i]->div[1] == want[i][1]);
+        assert_true(q[i]->div_ch[0] == want[i][2] && q[i]->div_ch[1] == want[i][3]);
+        assert_true(q[i]->mul_first == want[i][4] && q[i]->n_first == (int32_t)want[i][5]);
+        assert_true(q[i]->tilt[0] == want[i][6] && q[i]->tilt[1] == want[i][7]);
+        assert_false(q[i]->keys_post_rope);
+        /* tn_pc_div: finer on the first layers only */
+        for (int kv = 0; kv < 2; kv++) {
+            assert_true(tn_pc_div(q[i], kv, q[i]->n_first, false) == q[i]->div[kv]);
+            if (q[i]->n_first > 0) assert_true(tn_pc_div(q[i], kv, 0, true) == q[i]->div_ch[kv] * q[i]->mul_first);
+        }
+    }
+    assert_true(l.div[0] == 0 && l.div[1] == 0);
+}
+
+/* Lossy planes with steps chosen here (K and V apart, a finer first layer): per channel the error
+ * of the f32 values is within half the channel's step (the step the docs give, which the grid only
+ * lowers), and the f16 values add at most their rounding. */
 static void test_lossy_bound(void **st) {
     (void)st;
     enum { NP = 6 }; /* planes of one block: K and V of 3 layers, coded in sequence */
-    static tn_fp16 x[NP][16 * KVD], y[16 * KVD];
+    static tn_fp16 x16[16 * KVD], y[16 * KVD];
+    static float x[NP][16 * KVD], yf[16 * KVD];
     static uint8_t buf[NP * 4096];
-    for (int q = TN_PC_HIGH; q <= TN_PC_MEDIUM; q++)
+    const tn_pc_steps sts[3] = {{{12, 9}, {8, 6}, 1, 0, false, {0, 0}},
+                                {{1, 1.5f}, {2, 0}, 1.5f, 1, false, {0.5f, -0.25f}},
+                                {{0, 3}, {4, 2}, 2, 2, false, {0, 0.3f}}};
+    for (int si = 0; si < 3; si++)
         for (int rep = 0; rep < 10; rep++) {
+            const tn_pc_steps *sp = &sts[si];
             tn_pc_models me, md;
             tn_pc_models_init(&me);
             tn_pc_models_init(&md);
             size_t off = 0, ends[NP];
             for (int p = 0; p < NP; p++) {
-                fill(x[p], KVD);
-                off += tn_pc_plane_encode(q, p / 2, 3, p % 2, &me, x[p], KVD, buf + off);
+                fill(x16, KVD);
+                for (int i = 0; i < 16 * KVD; i++) x[p][i] = tn_fp16_to_fp32(x16[i]) * (float)(1 + 0.01 * urand());
+                const bool pre = p % 2 == 0 && (rep & 1); /* marked as keys before RoPE: decoded in f32 only */
+                off += tn_pc_plane_encode_lossy(sp, p / 2, p % 2, &me, x[p], KVD, pre, buf + off);
                 ends[p] = off;
                 assert_true(ends[p] > (p ? ends[p - 1] : 0));
             }
-            double worst = 0; /* largest error / bound */
+            double worst = 0, worst16 = 0; /* largest error / bound */
             int differ = 0;
             off = 0;
             for (int p = 0; p < NP; p++) {
                 size_t used = 0;
-                assert_int_equal(tn_pc_plane_decode(buf + off, ends[NP - 1] - off, KVD, p % 2, &md, y, &used), TERN_OK);
+                bool pre = true;
+                memset(y, 0xAB, sizeof y);
+                assert_int_equal(tn_pc_plane_decode_f32(buf + off, ends[NP - 1] - off, KVD, p % 2, &md, y, yf, &pre, &used), TERN_OK);
+                assert_int_equal(pre, p % 2 == 0 && (rep & 1));
                 off += used;
                 assert_int_equal(off, ends[p]);
+                const int il = p / 2, kv = p % 2;
+                const double mul = il < sp->n_first ? sp->mul_first : 1;
                 for (int ch = 0; ch < KVD; ch++) {
-                    const double step = expected_step(q, x[p], ch) * (1 + 0x1p-20);
+                    const double step = want_step(x[p], KVD, ch, sp->div[kv] * mul, sp->div_ch[kv] * mul, sp->tilt[kv]);
                     for (int t = 0; t < 16; t++) {
-                        const double a = tn_fp16_to_fp32(x[p][t * KVD + ch]), b = tn_fp16_to_fp32(y[t * KVD + ch]);
-                        const double bound = step / 2 + (fabs(a) + step / 2) * 0x1p-11 + 0x1p-25;
+                        const int i = t * KVD + ch;
+                        const double a = x[p][i], b = yf[i];
+                        const double bound = step / 2 * (1 + 0x1p-20) + fabs(a) * 0x1p-22;
                         worst = fmax(worst, fabs(a - b) / bound);
                         differ += a != b;
+                        if (!pre) {
+                            const double b16 = tn_fp16_to_fp32(y[i]);
+                            worst16 = fmax(worst16, fabs(a - b16) / (bound + (fabs(a) + step / 2) * 0x1p-11 + 0x1p-25));
+                        } else {
+                            assert_int_equal(y[i], 0xABAB); /* keys before RoPE: f16 left to the caller */
+                        }
                     }
                 }
             }
-            if (rep == 0) print_message("quality %d: worst error %.3f of the bound, %zu bytes for %d values\n", q, worst, off, NP * 16 * KVD);
-            assert_true(worst <= 1.0);
+            if (rep == 0) print_message("steps %d: worst error %.3f of the bound (f16 %.3f), %zu bytes for %d values\n", si, worst, worst16, off, NP * 16 * KVD);
+            assert_true(worst <= 1.0 && worst16 <= 1.0);
             assert_true(worst > 0.2); /* the bound is not vacuous: errors reach a good part of it */
             assert_true(differ > 0);
+            /* a pre-RoPE plane refused by the f16-only decoder; a V plane cannot be one */
+            size_t used = 0;
+            if (rep & 1) assert_int_not_equal(tn_pc_plane_decode(buf, ends[0], KVD, 0, &md, y, &used), TERN_OK);
+            assert_int_equal(tn_pc_plane_encode_lossy(sp, 0, 1, &me, x[0], KVD, true, buf + off), 0);
             /* corrupted bytes: refused or decoded to some values, never out of bounds (ASan) */
             for (int k = 0; k < 50; k++) {
                 uint8_t *b = buf + (size_t)(urand() * (double)ends[0]);
                 *b ^= (uint8_t)(1 + urand() * 254);
                 tn_pc_models_init(&md);
-                size_t used = 0;
-                (void)tn_pc_plane_decode(buf, ends[0], KVD, 0, &md, y, &used);
+                bool pre = false;
+                (void)tn_pc_plane_decode_f32(buf, ends[0], KVD, 0, &md, y, yf, &pre, &used);
             }
         }
     /* a non-finite value: the plane is stored losslessly */
     tn_pc_models me, md;
     tn_pc_models_init(&me);
     tn_pc_models_init(&md);
-    fill(x[0], KVD);
-    x[0][100] = 0x7C00;
-    size_t used = 0, n = tn_pc_plane_encode(TN_PC_MEDIUM, 3, 6, 1, &me, x[0], KVD, buf);
+    fill(x16, KVD);
+    x16[100] = 0x7C00;
+    size_t used = 0, n = tn_pc_plane_encode(TN_PC_MEDIUM, 3, 1, &me, x16, KVD, buf);
     assert_int_equal(tn_pc_plane_decode(buf, n, KVD, 1, &md, y, &used), TERN_OK);
-    assert_memory_equal(x[0], y, sizeof y);
+    assert_memory_equal(x16, y, sizeof y);
+    x[0][5] = NAN;
+    assert_int_equal(tn_pc_plane_encode_lossy(&sts[0], 0, 0, &me, x[0], KVD, true, buf), 0);
+}
+
+/* RoPE written out in double: theta_i = pos * freq_scale * base^(-2i / n_rot), pairs (2i, 2i+1)
+ * (NORM) or (i, i + n_rot / 2) (NEOX), rotated dims times mscale m; dir -1: R^T / m. */
+static void rope_ref(const tn_hparams *hp, int64_t pos, double *x, int dir) {
+    const double m = hp->rope_attn_factor > 0 ? hp->rope_attn_factor : 1;
+    for (int h = 0; h < hp->n_head_kv; h++)
+        for (int i = 0; i < hp->n_rot / 2; i++) {
+            const double th = (double)pos * hp->rope_freq_scale * pow(hp->rope_freq_base, -2.0 * i / hp->n_rot);
+            const int a = h * hp->head_dim + (hp->rope_mode == TN_ROPE_NORM ? 2 * i : i);
+            const int b = h * hp->head_dim + (hp->rope_mode == TN_ROPE_NORM ? 2 * i + 1 : i + hp->n_rot / 2);
+            const double c = cos(th), s = sin(th) * dir, x0 = x[a], x1 = x[b], g = dir > 0 ? m : 1 / m;
+            x[a] = g * (x0 * c - x1 * s);
+            x[b] = g * (x0 * s + x1 * c);
+        }
+}
+
+/* tn_pc_rope_plane against rope_ref: forward and inverse, both pair layouts, partial rotation, an
+ * mscale, NoPE layers; inverse then forward gives the plane back. */
+static void test_rope_plane(void **st) {
+    (void)st;
+    enum { HD = 16, NKV = 3, D = HD * NKV };
+    for (int cfg = 0; cfg < 4; cfg++) {
+        tn_hparams hp;
+        memset(&hp, 0, sizeof hp);
+        hp.n_layer = 4, hp.n_head_kv = NKV, hp.head_dim = HD, hp.n_rot = cfg == 2 ? 8 : HD;
+        hp.rope_freq_base = cfg == 1 ? 500000.0f : 10000.0f, hp.rope_freq_scale = cfg == 3 ? 0.25f : 1.0f;
+        hp.rope_mode = cfg & 1 ? TN_ROPE_NEOX : TN_ROPE_NORM;
+        hp.rope_attn_factor = cfg == 3 ? 1.25f : 0;
+        hp.nope_step = cfg == 2 ? 4 : 0; /* layer 3 without RoPE */
+        assert_int_equal(tn_pc_layer_roped(&hp, 3), cfg != 2);
+        assert_true(tn_pc_layer_roped(&hp, 0));
+        static float x[16 * D], y[16 * D];
+        static double r[16 * D];
+        float cs[HD];
+        for (int i = 0; i < 16 * D; i++) x[i] = (float)(4 * urand() - 2);
+        const int64_t pos0 = 16 * (1 + cfg * 7);
+        for (int dir = -1; dir <= 1; dir += 2) {
+            memcpy(y, x, sizeof y);
+            tn_pc_rope_plane(&hp, NULL, 1, pos0, y, cs, dir);
+            for (int i = 0; i < 16 * D; i++) r[i] = x[i];
+            for (int t = 0; t < 16; t++) rope_ref(&hp, pos0 + t, r + t * D, dir);
+            double err = 0;
+            for (int i = 0; i < 16 * D; i++) err = fmax(err, fabs(y[i] - r[i]));
+            print_message("rope cfg %d dir %+d: max |tern - double| %.2e\n", cfg, dir, err);
+            assert_true(err < 2e-5 * (1 + pos0 / 16.0));
+            if (cfg == 2) /* dims past n_rot untouched */
+                for (int t = 0; t < 16; t++)
+                    for (int h = 0; h < NKV; h++)
+                        for (int i = 8; i < HD; i++) assert_true(y[t * D + h * HD + i] == x[t * D + h * HD + i]);
+        }
+        memcpy(y, x, sizeof y);
+        tn_pc_rope_plane(&hp, NULL, 2, pos0, y, cs, -1);
+        tn_pc_rope_plane(&hp, NULL, 2, pos0, y, cs, 1);
+        double err = 0;
+        for (int i = 0; i < 16 * D; i++) err = fmax(err, fabs(y[i] - x[i]));
+        print_message("rope cfg %d: undo then redo, max |difference| %.2e\n", cfg, err);
+        assert_true(err < 1e-5); /* float rounding of values up to 2.5 */
+    }
 }
 
 /* ---- the cache on a model --------------------------------------------------------------- */
@@ -344,6 +464,84 @@ static void test_cache_model(void **st) {
     tern_model_free(m);
 }
 
+/* A lossy store and load on the tiny (RoPE'd) model: every key plane went before RoPE, and each
+ * loaded K and V value is within the bound computed here from the cached values alone: V within
+ * half its channel's step, K (un-rotated here in double, stepped, rotated back) within half the
+ * length of its rotation pair's steps, plus f16 rounding. */
+static void test_lossy_model(void **st) {
+    (void)st;
+#ifndef TERN_HAVE_ZSTD
+    print_message("SKIP: built without libzstd: no prompt cache\n");
+    skip();
+#endif
+    tern_model *m = NULL;
+    assert_int_equal(tern_model_load(model_path, NULL, &m), TERN_OK);
+    tern_token toks[50];
+    for (int i = 0; i < 50; i++) toks[i] = (tern_token)(5 + (i * 53) % 300);
+    tern_ctx *a = new_ctx(m);
+    assert_int_equal(tern_decode(a, toks, 50), TERN_OK);
+    tn_pcache *pc = NULL;
+    assert_int_equal(tn_pcache_open(m, dir, 0, TN_PC_HIGH, &pc), TERN_OK);
+    const tn_pc_steps sp = {{3, 2}, {4, 3}, 2, 1, false, {0.25f, 0}}; /* coarse, so errors show */
+    tn_pcache_set_steps(pc, &sp);
+    assert_int_equal(tn_pcache_store(pc, a, toks, 50), TERN_OK);
+    const tn_hparams *hp = &a->hp;
+    assert_int_equal(tn_pcache_get_stats(pc)->blocks_stored, 3);
+    assert_int_equal(tn_pcache_get_stats(pc)->planes_pre_rope, 3 * hp->n_layer);
+    tern_ctx *b = new_ctx(m);
+    int32_t got = 0;
+    assert_int_equal(tn_pcache_load(pc, b, toks, 50, 0, &got), TERN_OK);
+    assert_int_equal(got, 48);
+    const int kvd = hp->n_head_kv * hp->head_dim;
+    double *u = malloc(sizeof *u * 16 * (size_t)kvd);
+    float *uf = malloc(sizeof *uf * 16 * (size_t)kvd), *w = malloc(sizeof *w * (size_t)kvd);
+    double worst[2] = {0, 0};
+    for (int32_t il = 0; il < hp->n_layer; il++)
+        for (int kv = 0; kv < 2; kv++)
+            for (int blk = 0; blk < 3; blk++) {
+                const tn_fp16 *xa = (const tn_fp16 *)(kv ? a->v_cache : a->k_cache) + ((size_t)a->kv_off[il] + 16 * (size_t)blk) * kvd;
+                const tn_fp16 *xb = (const tn_fp16 *)(kv ? b->v_cache : b->k_cache) + ((size_t)b->kv_off[il] + 16 * (size_t)blk) * kvd;
+                for (int i = 0; i < 16 * kvd; i++) u[i] = tn_fp16_to_fp32(xa[i]);
+                if (!kv)
+                    for (int t = 0; t < 16; t++) rope_ref(hp, 16 * blk + t, u + (size_t)t * kvd, -1);
+                for (int i = 0; i < 16 * kvd; i++) uf[i] = (float)u[i];
+                const double mul = il < sp.n_first ? sp.mul_first : 1;
+                for (int ch = 0; ch < kvd; ch++) w[ch] = (float)want_step(uf, kvd, ch, sp.div[kv] * mul, sp.div_ch[kv] * mul, sp.tilt[kv]);
+                for (int t = 0; t < 16; t++)
+                    for (int ch = 0; ch < kvd; ch++) {
+                        const int i = t * kvd + ch, hc = ch % hp->head_dim, h0 = ch - hc;
+                        /* the rotation partner of channel ch (NORM: adjacent pairs; NEOX: halves) */
+                        const int pc_ = hc >= hp->n_rot ? ch : hp->rope_mode == TN_ROPE_NORM ? h0 + (hc ^ 1) : h0 + (hc + hp->n_rot / 2) % hp->n_rot;
+                        const double e = kv ? w[ch] / 2 : sqrt((double)w[ch] * w[ch] + (double)w[pc_] * w[pc_]) / 2;
+                        const double x0 = tn_fp16_to_fp32(xa[i]), x1 = tn_fp16_to_fp32(xb[i]);
+                        const double bound = e * (1 + 1e-5) + (fabs(x0) + e) * 0x1p-10 + 1e-6;
+                        worst[kv] = fmax(worst[kv], fabs(x0 - x1) / bound);
+                    }
+            }
+    print_message("lossy store/load: worst error K %.3f, V %.3f of the bound\n", worst[0], worst[1]);
+    assert_true(worst[0] <= 1 && worst[1] <= 1);
+    assert_true(worst[0] > 0.2 && worst[1] > 0.2);
+    /* keys after RoPE (format 2's way) store no plane before RoPE */
+    tn_pcache_free(pc);
+    char sub[1024];
+    assert_int_equal(tn_pcache_open(m, dir, 0, TN_PC_HIGH, &pc), TERN_OK);
+    snprintf(sub, sizeof sub, "rm -rf '%s'", tn_pcache_subdir(pc));
+    tn_pcache_free(pc);
+    assert_int_equal(system(sub), 0);
+    assert_int_equal(tn_pcache_open(m, dir, 0, TN_PC_HIGH, &pc), TERN_OK);
+    tn_pc_steps post = sp;
+    post.keys_post_rope = true;
+    tn_pcache_set_steps(pc, &post);
+    assert_int_equal(tn_pcache_store(pc, a, toks, 50), TERN_OK);
+    assert_int_equal(tn_pcache_get_stats(pc)->blocks_stored, 3);
+    assert_int_equal(tn_pcache_get_stats(pc)->planes_pre_rope, 0);
+    tn_pcache_free(pc);
+    free(u), free(uf), free(w);
+    tern_ctx_free(a);
+    tern_ctx_free(b);
+    tern_model_free(m);
+}
+
 int main(void) {
     tiny_tmp_path(model_path, sizeof model_path, "pcache-a");
     tiny_tmp_path(model2_path, sizeof model2_path, "pcache-b");
@@ -357,8 +555,11 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rc),
         cmocka_unit_test(test_lossless_roundtrip),
+        cmocka_unit_test(test_steps_table),
         cmocka_unit_test(test_lossy_bound),
+        cmocka_unit_test(test_rope_plane),
         cmocka_unit_test(test_cache_model),
+        cmocka_unit_test(test_lossy_model),
     };
     int r = cmocka_run_group_tests(tests, NULL, NULL);
     unlink(model_path);
