@@ -16,7 +16,7 @@
  *                       dK,dV,chK,chV[,mul,n_first[,tiltK,tiltV]]: plane and channel steps per
  *                       RMS for K and V, layers < n_first mul times finer, the plane steps'
  *                       tilts (tn_pc_steps)
- *   --post-rope         keys coded as cached, after RoPE (format 2's way), for comparison
+ *   --pre-rope          lossy keys coded before RoPE (re-applied at load), for comparison
  *   --only high|medium  that lossy quality only (no lossless row, no memory types)
  *   --try S             (repeatable) a lossy row with steps S instead of the qualities' rows and
  *                       the memory types: sweeps share one reference run
@@ -95,7 +95,7 @@ int main(int argc, char **argv) {
     tn_pc_steps tries[64];
     int npos = 0, only = 0, ntry = 0;
     int32_t skip = 0;
-    bool post_rope = false, set[3] = {false, false, false};
+    bool pre_rope = false, set[3] = {false, false, false};
     tn_pc_steps steps[3] = {tn_pc_steps_of(TN_PC_LOSSLESS), tn_pc_steps_of(TN_PC_HIGH), tn_pc_steps_of(TN_PC_MEDIUM)};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -107,18 +107,18 @@ int main(int argc, char **argv) {
         } else if (!strcmp(a, "--try") && v && ntry < 64) {
             tries[ntry] = tn_pc_steps_of(TN_PC_HIGH), try_arg[ntry] = v;
             bad = !parse_steps(v, &tries[ntry++]), i++;
-        } else if (!strcmp(a, "--post-rope")) post_rope = true;
+        } else if (!strcmp(a, "--pre-rope")) pre_rope = true;
         else if (!strcmp(a, "--only") && v) only = !strcmp(v, "high") ? TN_PC_HIGH : !strcmp(v, "medium") ? TN_PC_MEDIUM : -1, i++, bad = only < 0;
         else if (a[0] != '-' && npos < 8) pos[npos++] = a;
         else bad = true;
         if (bad) return fprintf(stderr, "pcache_quality: bad argument '%s'%s%s\n", a, v ? " " : "", v ? v : ""), 64;
     }
     if (npos < 2) {
-        fprintf(stderr, "usage: %s MODEL TEXT [P=64] [N=64] [W=8] [THREADS=2] [--skip T] [--high|--medium dK,dV,chK,chV[,mul,n_first[,tK,tV]]] [--post-rope] [--only high|medium] [--try S]...\n", argv[0]);
+        fprintf(stderr, "usage: %s MODEL TEXT [P=64] [N=64] [W=8] [THREADS=2] [--skip T] [--high|--medium dK,dV,chK,chV[,mul,n_first[,tK,tV]]] [--pre-rope] [--only high|medium] [--try S]...\n", argv[0]);
         return 64;
     }
-    for (int q = 1; q < 3; q++) steps[q].keys_post_rope = post_rope;
-    for (int k = 0; k < ntry; k++) tries[k].keys_post_rope = post_rope;
+    for (int q = 1; q < 3; q++) steps[q].keys_pre_rope = pre_rope;
+    for (int k = 0; k < ntry; k++) tries[k].keys_pre_rope = pre_rope;
     if (ntry) only = -1; /* the tries' rows only */
     const int32_t P = npos > 2 ? atoi(pos[2]) / 16 * 16 : 64, N = npos > 3 ? atoi(pos[3]) : 64, W = npos > 4 ? atoi(pos[4]) : 8;
     const int threads = npos > 5 ? atoi(pos[5]) : 2;
@@ -148,7 +148,7 @@ int main(int argc, char **argv) {
         tern_ctx_free(c);
     }
     printf("%s: %d windows of a %d-token prefix and %d tokens after it, from token %d%s\n", pos[0], W, P, N, skip,
-           post_rope ? "; keys coded after RoPE" : "");
+           pre_rope ? "; keys coded before RoPE" : "");
     for (int q = 1; q < 3; q++)
         if (set[q])
             printf("%s steps: K %g/%g tilt %g, V %g/%g tilt %g, layers < %d x%g\n", q == 1 ? "high" : "medium", steps[q].div[0],

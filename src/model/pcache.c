@@ -814,7 +814,7 @@ static bool store_one(tn_pcache *pc, const tern_ctx *c, int32_t bi, uint64_t h, 
             const tn_fp16 *x = (const tn_fp16 *)(kv ? c->v_cache : c->k_cache) + c->kv_off[il] * pc->kv_dim + (int64_t)src * TN_PC_NTOK * pc->kv_dim;
             size_t k = 0;
             if (pc->q != TN_PC_LOSSLESS) { /* keys of a roped layer un-rotated, at the block's positions */
-                const bool pre = !kv && !pc->steps.keys_post_rope && tn_pc_layer_roped(&c->hp, il);
+                const bool pre = !kv && pc->steps.keys_pre_rope && tn_pc_layer_roped(&c->hp, il);
                 for (size_t i = 0; i < pb; i++) pc->xf[i] = tn_fp16_to_fp32(x[i]);
                 if (pre) tn_pc_rope_plane(&c->hp, c->rope_ff, il, (int64_t)bi * TN_PC_NTOK, pc->xf, pc->cs, -1);
                 k = tn_pc_plane_encode_lossy(&pc->steps, il, kv, &pc->mod, pc->xf, pc->kv_dim, pre, pc->raw + raw);

@@ -73,7 +73,9 @@ uint64_t tn_pc_model_hash(const tern_model *m);
  * channel (div_ch; 0: no channel term); tilt leans the plane term by the channel's size: a
  * channel's plane step is rms(plane) / div * (rms(channel) / rms(plane))^-tilt (0: the same for
  * every channel; > 0: larger channels finer); on layers il < n_first all are mul_first times finer.
- * keys_post_rope codes keys as cached, after RoPE (format 2's way; bench/pcache_quality compares).
+ * keys_pre_rope codes lossy keys before RoPE (undone at store, re-applied at load; bench/pcache_quality
+ * --pre-rope compares): no gain on the default model and twice the KL divergence on stories260K,
+ * so the built-in qualities code keys as cached, after RoPE.
  * Chosen with bench/pcache_quality on tuning windows (docs/prompt-cache.md): high at the KL
  * divergence of the q8_0 cache type, medium under q4_0's at 8x smaller than f16 (default model).
  * The steps travel in the planes: a file decodes whatever steps wrote it. */
@@ -81,7 +83,7 @@ typedef struct tn_pc_steps {
     float div[2], div_ch[2];
     float mul_first;
     int32_t n_first;
-    bool keys_post_rope;
+    bool keys_pre_rope;
     float tilt[2];
 } tn_pc_steps;
 /* The steps of quality q (lossless: all zero). */

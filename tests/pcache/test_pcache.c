@@ -20,7 +20,7 @@
  *    wrong token id, garbage payload, a wrong raw size) are skipped with the blocks before them
  *    still loaded. A lossy store codes every key plane before RoPE, and the loaded K (rotated
  *    back) and V are within the bound computed here from the cached values (K un-rotated in
- *    double); keys_post_rope stores none before RoPE.
+ *    double); the built-in qualities store none before RoPE.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -157,7 +157,7 @@ static void test_steps_table(void **st) {
         assert_true(q[i]->div_ch[0] == want[i][2] && q[i]->div_ch[1] == want[i][3]);
         assert_true(q[i]->mul_first == want[i][4] && q[i]->n_first == (int32_t)want[i][5]);
         assert_true(q[i]->tilt[0] == want[i][6] && q[i]->tilt[1] == want[i][7]);
-        assert_false(q[i]->keys_post_rope);
+        assert_false(q[i]->keys_pre_rope); /* keys after RoPE: docs/prompt-cache.md */
         /* tn_pc_div: finer on the first layers only */
         for (int kv = 0; kv < 2; kv++) {
             assert_true(tn_pc_div(q[i], kv, q[i]->n_first, false) == q[i]->div[kv]);
@@ -482,7 +482,7 @@ static void test_lossy_model(void **st) {
     assert_int_equal(tern_decode(a, toks, 50), TERN_OK);
     tn_pcache *pc = NULL;
     assert_int_equal(tn_pcache_open(m, dir, 0, TN_PC_HIGH, &pc), TERN_OK);
-    const tn_pc_steps sp = {{3, 2}, {4, 3}, 2, 1, false, {0.25f, 0}}; /* coarse, so errors show */
+    const tn_pc_steps sp = {{3, 2}, {4, 3}, 2, 1, true, {0.25f, 0}}; /* coarse, so errors show; keys before RoPE */
     tn_pcache_set_steps(pc, &sp);
     assert_int_equal(tn_pcache_store(pc, a, toks, 50), TERN_OK);
     const tn_hparams *hp = &a->hp;
@@ -530,7 +530,7 @@ static void test_lossy_model(void **st) {
     assert_int_equal(system(sub), 0);
     assert_int_equal(tn_pcache_open(m, dir, 0, TN_PC_HIGH, &pc), TERN_OK);
     tn_pc_steps post = sp;
-    post.keys_post_rope = true;
+    post.keys_pre_rope = false;
     tn_pcache_set_steps(pc, &post);
     assert_int_equal(tn_pcache_store(pc, a, toks, 50), TERN_OK);
     assert_int_equal(tn_pcache_get_stats(pc)->blocks_stored, 3);
