@@ -1135,6 +1135,7 @@ void tn_tmodel_backward(tn_tmodel *m) {
 #undef PW
 #undef GW
 #undef LINB
+        if (m->grads_ready) m->grads_ready(m->grads_ready_user, l);
     }
     if (m->cfg.n_layer > 0) TN_SPAN_NEXT(TN_TK_LAYER, "layer", 0, TN_TK_EMBED, "embed", -1);
     else TN_SPAN_NEXT(TN_TK_OUTPUT, "output", -1, TN_TK_EMBED, "embed", -1);
@@ -1146,6 +1147,7 @@ void tn_tmodel_backward(tn_tmodel *m) {
     }
     TN_SPAN_E(TN_TK_EMBED, "embed", -1, 0, 0);
     TN_SPAN_E(TN_TK_PHASE, "backward", -1, 0, 0);
+    if (m->grads_ready) m->grads_ready(m->grads_ready_user, -1);
 }
 
 /* ---- optimizer ---------------------------------------------------------------------------- */

@@ -70,6 +70,11 @@ typedef struct tn_tmodel {
     int64_t tile_rows;
     float *lora_u, *lora_du; /* [B*T][rank] scratch (tn_tmodel_plan)                      */
     float *wtile;            /* [tile_rows][max k] dequantized base rows                  */
+    /* Backward hook (NULL: none): called with l after layer l's gradients are final (l = n_layer-1
+     * down to 0; the head's are final by then too) and with -1 when all are (after the embedding).
+     * Data-parallel training starts all-reducing finished gradients here (train/dist.c). */
+    void (*grads_ready)(void *user, int l);
+    void *grads_ready_user;
 } tn_tmodel;
 
 /* Flat-buffer view of tensor i. */
