@@ -30,7 +30,11 @@ struct tn_dist {
     size_t *final_from;  /* [n_layer]: grads [final_from[l], n) are final after layer l     */
     size_t sent_lo;      /* grads [sent_lo, n) are in flight this step                    */
     float *grads;        /* the model's                                                    */
+    const tn_tmodel *model;
     int n_req, req_rc;   /* buckets started this step; the first failed start's code      */
+    tern_status hook_s;  /* a failure in the backward hook, reported by tn_dist_grads      */
+    bool weighed;        /* token_weighted: w is this step's                               */
+    float w;             /* token_weighted: this rank's weight c_r N / C (else 1)           */
 #ifdef TERN_HAVE_MPI
     MPI_Request *req;    /* [ceil(n / bucket)]                                             */
 #endif
@@ -273,15 +277,37 @@ tern_status tn_dist_allreduce_mean(tn_dist *d, float *x, int n) {
     return TERN_OK;
 }
 
+/* token_weighted: d->w for this step from the trained targets of m's batch (dist.h) */
+static tern_status weigh(tn_dist *d, const tn_tmodel *m) {
+    d->w = 1.0f;
+    d->weighed = true;
+    if (!d->o.token_weighted) return TERN_OK;
+    const size_t nt = (size_t)m->B * (size_t)m->T;
+    double c = 0.0;
+    for (size_t i = 0; i < nt; i++) c += m->targets[i] != -1;
+    const double mine = c;
+    tern_status s = c_allreduce(d, &c, 1, MPI_DOUBLE);
+    if (s) return s;
+    if (c > 0 && mine * d->size != c) d->w = (float)(mine * d->size / c);
+    return TERN_OK;
+}
+
+static void scale(float *x, size_t n, float w) {
+    if (w != 1.0f)
+        for (size_t i = 0; i < n; i++) x[i] *= w;
+}
+
 /* ---- dp buckets ----------------------------------------------------------------------------- */
 
 /* tn_tmodel's grads_ready hook: starts the buckets whose range is final (all of them at l = -1)
  * and lets MPI progress the ones in flight. */
 static void on_grads_ready(void *user, int l) {
     tn_dist *d = user;
+    if (!d->weighed && !d->hook_s) d->hook_s = weigh(d, d->model);
     const size_t avail = l < 0 ? 0 : d->final_from[l];
     while (d->sent_lo > avail && (l < 0 || d->sent_lo - avail >= d->bucket)) {
         const size_t lo = d->sent_lo > d->bucket ? d->sent_lo - d->bucket : 0;
+        scale(d->grads + lo, d->sent_lo - lo, d->w);
         int rc = c_iallreduce(d, d->grads + lo, (int)(d->sent_lo - lo), &d->req[d->n_req]);
         if (rc != MPI_SUCCESS) {
             if (!d->req_rc) d->req_rc = rc;
@@ -298,13 +324,17 @@ static tern_status buckets_wait(tn_dist *d, double *loss) {
     if (d->sent_lo) on_grads_ready(d, -1); /* the backward did not report the end */
     int rc = MPI_Waitall(d->n_req, d->req, MPI_STATUSES_IGNORE);
     if (d->req_rc) rc = d->req_rc;
+    const tern_status hs = d->hook_s;
     d->n_req = 0;
     d->req_rc = 0;
+    d->hook_s = TERN_OK;
+    d->weighed = false;
     d->sent_lo = d->n;
+    if (hs) return hs;
     if (rc != MPI_SUCCESS) return mpi_err(rc, "MPI_Iallreduce");
     const float inv = (float)d->size;
     for (size_t i = 0; i < d->n; i++) d->grads[i] /= inv;
-    float l = (float)*loss;
+    float l = (float)(*loss * d->w);
     tern_status s = c_allreduce(d, &l, 1, MPI_FLOAT);
     if (s) return s;
     *loss = l / inv;
@@ -315,7 +345,11 @@ static tern_status buckets_wait(tn_dist *d, double *loss) {
 
 static tern_status zero_grads(tn_dist *d, tn_tmodel *m, double *loss) {
     const size_t k = d->hi - d->lo;
-    tern_status s = c_reduce_scatter(d, m->grads, d->buf);
+    tern_status s = weigh(d, m);
+    if (s) return s;
+    d->weighed = false;
+    scale(m->grads, d->n, d->w);
+    if ((s = c_reduce_scatter(d, m->grads, d->buf))) return s;
     if (s) return s;
     double sq = 0.0, x[2];
     float *g = m->grads + d->lo;
@@ -325,7 +359,7 @@ static tern_status zero_grads(tn_dist *d, tn_tmodel *m, double *loss) {
         const size_t a = TN_MAX(t->off, d->lo), b = TN_MIN(t->off + t->n, d->hi);
         for (size_t i = a; !t->frozen && i < b; i++) sq += (double)m->grads[i] * (double)m->grads[i];
     }
-    x[0] = *loss;
+    x[0] = *loss * d->w;
     x[1] = sq;
     if ((s = c_allreduce(d, x, 2, MPI_DOUBLE))) return s;
     *loss = x[0] / d->size;
@@ -426,6 +460,8 @@ void tn_dist_close(tn_dist *d, bool ok) {
     if (d) tn_free(d);
 }
 static void on_grads_ready(void *user, int l) { (void)user; (void)l; }
+static tern_status weigh(tn_dist *d, const tn_tmodel *m) { (void)d; (void)m; return tn_err(TERN_ERR_UNSUPPORTED, "train: no MPI"); }
+static void scale(float *x, size_t n, float w) { (void)x; (void)n; (void)w; }
 static tern_status buckets_wait(tn_dist *d, double *loss) { (void)d; (void)loss; return tn_err(TERN_ERR_UNSUPPORTED, "train: no MPI"); }
 static tern_status zero_grads(tn_dist *d, tn_tmodel *m, double *loss) {
     (void)d; (void)m; (void)loss;
@@ -472,6 +508,7 @@ static tern_status buckets_plan(tn_dist *d, tn_tmodel *m) {
         for (int l = li + 1; m->t[i].n && l < L; l++) d->final_from[l] = TN_MAX(d->final_from[l], m->t[i].off + m->t[i].n);
     }
     d->grads = m->grads;
+    d->model = m;
     d->sent_lo = d->n;
     m->grads_ready = on_grads_ready;
     m->grads_ready_user = d;
@@ -541,10 +578,13 @@ tern_status tn_dist_grads(tn_dist *d, tn_tmodel *m, double *loss) {
     if (!d || d->o.method != TN_DIST_DP) return TERN_OK;
     if (d->bucket) return buckets_wait(d, loss);
     if (d->o.zero) return zero_grads(d, m, loss);
-    memcpy(d->buf, m->grads, d->n * sizeof(float));
-    d->buf[d->n] = (float)*loss;
-    tern_status s = allreduce_buf(d);
+    tern_status s = weigh(d, m);
     if (s) return s;
+    d->weighed = false;
+    memcpy(d->buf, m->grads, d->n * sizeof(float));
+    scale(d->buf, d->n, d->w);
+    d->buf[d->n] = (float)(*loss * d->w);
+    if ((s = allreduce_buf(d))) return s;
     memcpy(m->grads, d->buf, d->n * sizeof(float));
     *loss = d->buf[d->n];
     return TERN_OK;

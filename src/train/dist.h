@@ -41,6 +41,12 @@
  * Checkpoints gather the moments to rank 0 (MPI_Gatherv) and hold the whole state, so --resume
  * works with any rank count.
  *
+ * Masked data (token_weighted): the trainer's loss is each rank's mean over its own trained
+ * targets; with c_r of them on rank r and C = sum c_r (one MPI_Allreduce of a double), rank r
+ * scales its gradients and loss by w_r = c_r N / C before the exchange, so the mean over ranks
+ * is the mean over all C targets — what one process with the whole batch computes. When every
+ * rank has the same count w_r = 1 and nothing is scaled.
+ *
  * Bytes communicated are counted in one wrapper per MPI call as what this rank passes to it
  * (count x datatype size of its send buffer; a root gathering in place passes nothing). Without MPI at build time (TERN_HAVE_MPI undefined) tn_dist_open fails
  * with a clear UNSUPPORTED error. Nothing here prints.
@@ -64,6 +70,9 @@ typedef struct tn_dist_opts {
     double bucket_mb;       /* dp: all-reduce buckets of this many MiB, started during the
                              * backward; 0: one all-reduce after it. Default 25          */
     int zero;               /* dp: 1 = ZeRO-1 (AdamW moments sharded over the ranks)      */
+    bool token_weighted;    /* dp: weight each rank's mean loss (and gradients) by its share
+                             * of the trained targets (masked data: chats); one 8-byte
+                             * all-reduce more per step. The trainer sets it for finetune  */
 } tn_dist_opts;
 
 #define TN_DIST_QBLOCK 256

@@ -184,6 +184,7 @@ tern_status tn_train_run(tn_train_opts *o) {
     if (o->zo.on && (o->dist.method == TN_DIST_DILOCO || o->dist.method == TN_DIST_NOLOCO))
         return tn_err(TERN_ERR_INVALID_ARG, "train: --zo runs alone or with --dist dp (ranks average the projected gradient)");
     /* --dist: MPI up first; only rank 0 reports, writes checkpoints and outputs (dist.h) */
+    o->dist.token_weighted = lora; /* chats train on assistant tokens only: ranks' counts differ */
     if ((s = tn_dist_open(&o->dist, o->seed, &dist))) return s;
     const int rank = tn_dist_rank(dist), n_ranks = tn_dist_size(dist);
     const bool outer = o->dist.method == TN_DIST_DILOCO || o->dist.method == TN_DIST_NOLOCO;

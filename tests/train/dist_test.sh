@@ -25,6 +25,9 @@
 #          4 n + all-gather 4 n/2 + 16 (loss, norm); checkpoints hold the whole state: a 2-rank
 #          ZeRO-1 checkpoint resumed in 1 process, and a 1-process one resumed under 2-rank ZeRO-1,
 #          both end == an uninterrupted 1-process run (constant lr).
+#   chat   `tern finetune` on chats whose answers differ in length (the loss is on assistant tokens
+#          only, so the ranks hold different numbers of trained targets): dp 2 ranks x batch 2 ==
+#          1 process x batch 4 (adapter and losses), with and without buckets.
 #   bad    bad --dist flags: exit 64 with a message naming the flag.
 # Exit 77 (skip) when mpirun is absent or tern was built without MPI.
 set -u
@@ -249,6 +252,22 @@ if [ "$PART" = zero ]; then
     same zref zd $TOL "" "1-process checkpoint (step 4) resumed under 2-rank ZeRO-1 == uninterrupted"
   run zctl mpi "${Z[@]}" --batch 2 --steps 8 --dist dp --zero 1 --lr 2e-3 &&
     same zz zctl $TOL --differ "control: ZeRO-1 with another lr differs"
+fi
+
+if [ "$PART" = chat ]; then
+  "$TERN" synth --arch qwen3 --preset tiny --type q4_0 -o "$TMP/base.gguf" 2>"$TMP/err" || { cat "$TMP/err"; exit 1; }
+  chats="$TMP/chat.jsonl"
+  for i in $(seq 1 32); do # answers of 1 to 8 words: per-rank assistant-token counts differ
+    ans=$(for _ in $(seq 0 $(( (i * 5) % 8 ))); do printf 'ok '; done)
+    echo "{\"messages\":[{\"role\":\"user\",\"content\":\"$i\"},{\"role\":\"assistant\",\"content\":\"$ans\"}]}"
+  done >"$chats"
+  RUNCMD=(finetune -m "$TMP/base.gguf" --data "$chats" --ctx 128 -t 1 --lora-rank 4 --steps 6 --val-split 0 --lr 1e-2 --log-every 1000)
+  run cs --batch 4 && run cd mpi --batch 2 --dist dp --bucket-mb 0 && run cb mpi --batch 2 --dist dp --bucket-mb 0.001 &&
+  run ch --batch 2 && {
+    same cs cd $TOL "" "chats: dp 2 ranks x batch 2 == 1 process x batch 4 (loss weighted by assistant tokens)"
+    same cs cb $TOL "" "chats: the same with gradient buckets"
+    same cs ch $TOL --differ "control: 1 process x batch 2 differs"
+  }
 fi
 
 if [ "$PART" = bad ]; then
