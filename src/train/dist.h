@@ -28,13 +28,33 @@
  * apply the same update. Bytes per exchange: 4*ceil(n/TN_DIST_QBLOCK) + n + 4 instead of 4(n + 1).
  * noloco exchanges parameters, which int8 would blur: it refuses --compress.
  *
- * Bytes communicated are counted as what is passed to MPI calls (count x datatype size of each
- * send buffer), per rank. Without MPI at build time (TERN_HAVE_MPI undefined) tn_dist_open fails
+ * dp buckets (--bucket-mb, default 25 MiB): the backward finishes the flat gradient buffer from
+ * its end (head, last layer) towards its start (first layer, embedding); once a bucket's range
+ * [n - (k+1) b, n - k b) is final (tn_tmodel's grads_ready hook), its MPI_Iallreduce starts, and
+ * tn_dist_grads waits for all. Buckets only split the vector: every element is summed over the
+ * same ranks by the same reduction as one MPI_Allreduce (on 2 ranks a + b either way).
+ *
+ * ZeRO-1 (--zero 1, dp): rank r owns parameters [n r / N, n (r+1) / N) of the flat buffer and only
+ * that slice of the AdamW moments (the rest of the moment buffers is given back to the OS with
+ * madvise). Each step: MPI_Reduce_scatter of the gradients, one MPI_Allreduce of {loss, the
+ * slice's squared gradient norm}, AdamW on the slice, MPI_Allgatherv of the parameters.
+ * Checkpoints gather the moments to rank 0 (MPI_Gatherv) and hold the whole state, so --resume
+ * works with any rank count.
+ *
+ * Masked data (token_weighted): the trainer's loss is each rank's mean over its own trained
+ * targets; with c_r of them on rank r and C = sum c_r (one MPI_Allreduce of a double), rank r
+ * scales its gradients and loss by w_r = c_r N / C before the exchange, so the mean over ranks
+ * is the mean over all C targets — what one process with the whole batch computes. When every
+ * rank has the same count w_r = 1 and nothing is scaled.
+ *
+ * Bytes communicated are counted in one wrapper per MPI call as what this rank passes to it
+ * (count x datatype size of its send buffer; a root gathering in place passes nothing). Without MPI at build time (TERN_HAVE_MPI undefined) tn_dist_open fails
  * with a clear UNSUPPORTED error. Nothing here prints.
  */
 #ifndef TN_TRAIN_DIST_H
 #define TN_TRAIN_DIST_H
 
+#include "train/ckpt.h"
 #include "train/train.h"
 
 typedef enum tn_dist_method { TN_DIST_NONE = 0, TN_DIST_DP, TN_DIST_DILOCO, TN_DIST_NOLOCO } tn_dist_method;
@@ -47,6 +67,12 @@ typedef struct tn_dist_opts {
     float outer_lr;         /* default 0.7                                                */
     float outer_momentum;   /* Nesterov momentum, default 0.9                             */
     tn_dist_compress compress; /* int8: dp and diloco exchange int8 + per-block scales    */
+    double bucket_mb;       /* dp: all-reduce buckets of this many MiB, started during the
+                             * backward; 0: one all-reduce after it. Default 25          */
+    int zero;               /* dp: 1 = ZeRO-1 (AdamW moments sharded over the ranks)      */
+    bool token_weighted;    /* dp: weight each rank's mean loss (and gradients) by its share
+                             * of the trained targets (masked data: chats); one 8-byte
+                             * all-reduce more per step. The trainer sets it for finetune  */
 } tn_dist_opts;
 
 #define TN_DIST_QBLOCK 256
@@ -61,14 +87,28 @@ const char *tn_dist_name(tn_dist_method m);
 /* Initializes MPI (once per process) and the communicator state. */
 tern_status tn_dist_open(const tn_dist_opts *o, uint64_t seed, tn_dist **out);
 /* Allocates the exchange buffers for m and records the starting parameters as the anchor (call
- * after the weights are initialized or loaded). */
-tern_status tn_dist_begin(tn_dist *d, const tn_tmodel *m);
+ * after the weights are initialized or loaded). dp with buckets installs m's backward hook;
+ * ZeRO-1 gives back the memory of the moments other ranks own. */
+tern_status tn_dist_begin(tn_dist *d, tn_tmodel *m);
+/* What the plan adds for d (buckets, ZeRO-1's moments on this rank), into buf; "" for NULL. */
+void tn_dist_describe(const tn_dist *d, char *buf, size_t cap);
+/* Whether d runs ZeRO-1 (the optimizer step is tn_dist_zero_step, not tn_adamw_step). */
+bool tn_dist_zero(const tn_dist *d);
+/* ZeRO-1, after tn_dist_grads: *gnorm = the global gradient norm; AdamW (step t, 1-based) on this
+ * rank's slice of the parameters with the trainer's clipping; then every rank gets all of them. */
+tern_status tn_dist_zero_step(tn_dist *d, tn_tmodel *m, const tn_adamw *o, float lr, int64_t t, double *gnorm);
+/* Writes the checkpoint (ckpt.h) from rank 0; under ZeRO-1 every rank calls it (the moments are
+ * gathered to rank 0 first). d NULL: writes it. */
+tern_status tn_dist_ckpt_save(tn_dist *d, tn_tmodel *m, const tn_train_state *st, const char *dir);
 /* NULL-safe: rank 0 / size 1 without distribution. */
 int tn_dist_rank(const tn_dist *d);
 int tn_dist_size(const tn_dist *d);
 /* Keeps this rank's rows (r, r+N, ...) of a global batch of B*N rows of T tokens, in place. */
 void tn_dist_shard(const tn_dist *d, int B, int T, int32_t *tok, int32_t *tgt);
-/* dp: all-reduces grads and *loss (mean over ranks). No-op for the others. */
+/* dp: all-reduces grads and *loss (mean over ranks): waits for the buckets the backward started
+ * (the sum per element is the one a single all-reduce makes), or all-reduces them all now; under
+ * ZeRO-1 reduce-scatters them (this rank's slice is the mean; the rest is stale). No-op for the
+ * others. */
 tern_status tn_dist_grads(tn_dist *d, tn_tmodel *m, double *loss);
 /* After the inner optimizer step `step` (1-based): diloco/noloco run the outer step when step is
  * a multiple of H or `last`; *synced tells whether it ran, and then *loss becomes the mean over

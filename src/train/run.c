@@ -223,6 +223,7 @@ tern_status tn_train_run(tn_train_opts *o) {
     if (o->zo.on && (o->dist.method == TN_DIST_DILOCO || o->dist.method == TN_DIST_NOLOCO))
         return tn_err(TERN_ERR_INVALID_ARG, "train: --zo runs alone or with --dist dp (ranks average the projected gradient)");
     /* --dist: MPI up first; only rank 0 reports, writes checkpoints and outputs (dist.h) */
+    o->dist.token_weighted = lora; /* chats train on assistant tokens only: ranks' counts differ */
     if ((s = tn_dist_open(&o->dist, o->seed, &dist))) return s;
     const int rank = tn_dist_rank(dist), n_ranks = tn_dist_size(dist);
     const bool outer = o->dist.method == TN_DIST_DILOCO || o->dist.method == TN_DIST_NOLOCO;
@@ -351,8 +352,12 @@ tern_status tn_train_run(tn_train_opts *o) {
     }
     if (init && !lora) { tern_model_free(init); init = NULL; } /* LoRA reads the base to the end */
     if ((s = tn_dist_begin(dist, m))) goto done;
-    if (dist) note(o, "--dist %s on %d ranks: batch %d per rank (global %d)%s", tn_dist_name(o->dist.method), n_ranks,
-                   o->batch, o->batch * n_ranks, outer ? ", outer step every --outer-every steps" : "");
+    if (dist) {
+        char plan[256];
+        tn_dist_describe(dist, plan, sizeof plan);
+        note(o, "--dist %s on %d ranks: batch %d per rank (global %d)%s%s", tn_dist_name(o->dist.method), n_ranks,
+             o->batch, o->batch * n_ranks, outer ? ", outer step every --outer-every steps" : "", plan);
+    }
     const size_t N = (size_t)o->batch * cfg.n_ctx;
     tok = tn_malloc(N * (size_t)n_ranks * sizeof *tok); /* the global batch; this rank keeps its rows */
     tgt = tn_malloc(N * (size_t)n_ranks * sizeof *tgt);
@@ -364,7 +369,7 @@ tern_status tn_train_run(tn_train_opts *o) {
     int64_t first_step = st.step;
     while (st.step < o->steps) {
         if (o->stop && *o->stop) {
-            const bool save = o->ckpt_dir && st.step > first_step && !rank && !outer;
+            const bool save = o->ckpt_dir && st.step > first_step && !rank && !outer && !tn_dist_zero(dist);
             if (save && (s = tn_ckpt_save(m, &st, o->ckpt_dir))) goto done;
             if (lora && st.step > 0 && (s = tn_lora_export(m, o->name, o->out))) goto done;
             s = tn_err(TERN_ERR_ABORTED, "train: interrupted at step %lld%s%s", (long long)st.step,
@@ -387,14 +392,18 @@ tern_status tn_train_run(tn_train_opts *o) {
             if ((s = tn_dist_grads(dist, m, &loss))) goto done;
             if (dist) TN_SPAN_E(TN_TK_PHASE, "allreduce", -1, 0, 0);
             TN_SPAN_B(TN_TK_PHASE, "optimizer", -1, 0, 0, 0, 0);
-            TN_SPAN_B(TN_TK_OPTIMIZER, "grad_norm", -1, 0, 0, 0, 0);
-            gn = tn_grad_norm(m);
-            const bool sgd = o->optim == TN_OPTIM_SGD;
-            TN_SPAN_NEXT(TN_TK_OPTIMIZER, "grad_norm", -1, TN_TK_OPTIMIZER, sgd ? "sgd" : "adamw", -1);
-            float clip = o->opt.grad_clip > 0 && gn > o->opt.grad_clip ? (float)(o->opt.grad_clip / (gn + 1e-6)) : 1.0f;
-            if (sgd) tn_sgd_step(m, &o->opt, lr, clip);
-            else tn_adamw_step(m, &o->opt, lr, st.step + 1, clip);
-            TN_SPAN_E(TN_TK_OPTIMIZER, sgd ? "sgd" : "adamw", -1, 0, 0);
+            if (tn_dist_zero(dist)) { /* ZeRO-1: this rank's slice, then all-gather (dist.h) */
+                if ((s = tn_dist_zero_step(dist, m, &o->opt, lr, st.step + 1, &gn))) goto done;
+            } else {
+                TN_SPAN_B(TN_TK_OPTIMIZER, "grad_norm", -1, 0, 0, 0, 0);
+                gn = tn_grad_norm(m);
+                const bool sgd = o->optim == TN_OPTIM_SGD;
+                TN_SPAN_NEXT(TN_TK_OPTIMIZER, "grad_norm", -1, TN_TK_OPTIMIZER, sgd ? "sgd" : "adamw", -1);
+                float clip = o->opt.grad_clip > 0 && gn > o->opt.grad_clip ? (float)(o->opt.grad_clip / (gn + 1e-6)) : 1.0f;
+                if (sgd) tn_sgd_step(m, &o->opt, lr, clip);
+                else tn_adamw_step(m, &o->opt, lr, st.step + 1, clip);
+                TN_SPAN_E(TN_TK_OPTIMIZER, sgd ? "sgd" : "adamw", -1, 0, 0);
+            }
             TN_SPAN_E(TN_TK_PHASE, "optimizer", -1, 0, 0);
         }
         bool synced;
@@ -414,9 +423,9 @@ tern_status tn_train_run(tn_train_opts *o) {
             TN_SPAN_E(TN_TK_PHASE, "eval", -1, 0, 0);
             if ((s = tn_train_state_push_val(&st, (int32_t)st.step, (float)vl))) goto done;
         }
-        if (o->ckpt_dir && !rank && (st.step % o->ckpt_every == 0 || st.step == o->steps)) {
+        if (o->ckpt_dir && (st.step % o->ckpt_every == 0 || st.step == o->steps)) { /* rank 0 writes */
             TN_SPAN_B(TN_TK_PHASE, "checkpoint", -1, 0, 0, 0, 0);
-            if ((s = tn_ckpt_save(m, &st, o->ckpt_dir))) goto done;
+            if ((s = tn_dist_ckpt_save(dist, m, &st, o->ckpt_dir))) goto done;
             TN_SPAN_E(TN_TK_PHASE, "checkpoint", -1, 0, 0);
         }
         if (TN_TRACE_ON()) {

@@ -1230,6 +1230,7 @@ void tn_tmodel_backward(tn_tmodel *m) {
 #undef PW
 #undef GW
 #undef LINB
+        if (m->grads_ready) m->grads_ready(m->grads_ready_user, l);
     }
     if (m->cfg.n_layer > 0) TN_SPAN_NEXT(TN_TK_LAYER, "layer", 0, TN_TK_EMBED, "embed", -1);
     else TN_SPAN_NEXT(TN_TK_OUTPUT, "output", -1, TN_TK_EMBED, "embed", -1);
@@ -1241,6 +1242,7 @@ void tn_tmodel_backward(tn_tmodel *m) {
     }
     TN_SPAN_E(TN_TK_EMBED, "embed", -1, 0, 0);
     TN_SPAN_E(TN_TK_PHASE, "backward", -1, 0, 0);
+    if (m->grads_ready) m->grads_ready(m->grads_ready_user, -1);
 }
 
 tern_status tn_tmodel_grads(tn_tmodel *m, const int32_t *tokens, const int32_t *targets, int n_micro, double *loss) {
@@ -1264,7 +1266,12 @@ tern_status tn_tmodel_grads(tn_tmodel *m, const int32_t *tokens, const int32_t *
             tn_tmodel_zero_grad(m);
             TN_SPAN_E(TN_TK_OPTIMIZER, "zero_grad", -1, 0, 0);
         }
+        /* the backward hook (data-parallel buckets) sees only the last micro-batch's backward:
+         * before it the gradients are not final */
+        void (*hook)(void *, int) = m->grads_ready;
+        if (j < n_micro - 1) m->grads_ready = NULL;
         tn_tmodel_backward(m);
+        m->grads_ready = hook;
     }
     m->ce_denom = 0;
     if (loss) *loss = n_micro > 1 ? (n_valid ? sum / (double)n_valid : 0.0) : sum;

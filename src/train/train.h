@@ -75,6 +75,11 @@ typedef struct tn_tmodel {
      * gradient accumulation sets the whole batch's) */
     int recompute;           /* tn_recompute                                              */
     int64_t ce_denom;
+    /* Backward hook (NULL: none): called with l after layer l's gradients are final (l = n_layer-1
+     * down to 0; the head's are final by then too) and with -1 when all are (after the embedding).
+     * Data-parallel training starts all-reducing finished gradients here (train/dist.c). */
+    void (*grads_ready)(void *user, int l);
+    void *grads_ready_user;
 } tn_tmodel;
 
 /* What the forward keeps per layer for backward. NONE: everything. ATTN (Korthikanti et al.'s

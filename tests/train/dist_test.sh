@@ -17,6 +17,17 @@
 #          1 process x batch 4 (adapter and losses), the 1 x batch 2 control differs; --zo under dp
 #          == single process x batch 4 with 4 x (samples + 1) bytes per step; diloco runs and
 #          reports its bytes; finetune's --outer-lr without diloco/noloco is refused (exit 64).
+#   bucket dp with --bucket-mb 0.01 (64 buckets, counted here from the shapes, started during the
+#          backward) is bit-identical (weights and losses) to --bucket-mb 0 (one all-reduce after
+#          the backward) and sends the same measured bytes, 4 x (n_params + 1) per step.
+#   zero   --zero 1 (ZeRO-1): weights and losses == plain dp within fp32 tolerance; rank 0 reports
+#          AdamW moments of 8 x n_params/2 bytes (1/2), measured bytes per step == reduce-scatter
+#          4 n + all-gather 4 n/2 + 16 (loss, norm); checkpoints hold the whole state: a 2-rank
+#          ZeRO-1 checkpoint resumed in 1 process, and a 1-process one resumed under 2-rank ZeRO-1,
+#          both end == an uninterrupted 1-process run (constant lr).
+#   chat   `tern finetune` on chats whose answers differ in length (the loss is on assistant tokens
+#          only, so the ranks hold different numbers of trained targets): dp 2 ranks x batch 2 ==
+#          1 process x batch 4 (adapter and losses), with and without buckets.
 #   bad    bad --dist flags: exit 64 with a message naming the flag.
 # Exit 77 (skip) when mpirun is absent or tern was built without MPI.
 set -u
@@ -193,6 +204,72 @@ if [ "$PART" = kill ]; then
   fi
 fi
 
+# n_params of tiny (n_embd 64, 4 heads / 2 kv heads of 16, n_ff 256) with 2 layers, vocab 340:
+# token_embd + output 2*340*64, norms 5*64, per layer q,o 2*64*64, k,v 2*64*32, gate,up,down 3*64*256
+P2=$((2 * 340 * 64 + 5 * 64 + 2 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 256)))
+get_bytes() { sed -n 's/.*communicated \([0-9]*\) bytes per rank.*/\1/p' "$TMP/$1.log"; }
+
+if [ "$PART" = bucket ]; then
+  B=(--n-layer 2 --ctx 16 --batch 2 --steps 6 --dist dp)
+  run one mpi "${B[@]}" --bucket-mb 0 && run many mpi "${B[@]}" --bucket-mb 0.01 && {
+    nb=$(( (P2 + 2620) / 2621 )) # 0.01 MiB = 2621 floats
+    grep -q "gradients all-reduced in $nb buckets of <= 0.01 MiB as the backward finishes them" "$TMP/many.log" &&
+      ok "--bucket-mb 0.01: $nb buckets ($(grep -o 'gradients all-reduced in [0-9]* buckets' "$TMP/many.log"))" ||
+      bad "no '$nb buckets' in the plan: $(grep -m1 -- '--dist dp' "$TMP/many.log")"
+    grep -q "gradients all-reduced once after the backward" "$TMP/one.log" && ok "--bucket-mb 0: one all-reduce" ||
+      bad "--bucket-mb 0 plan: $(grep -m1 -- '--dist dp' "$TMP/one.log")"
+    cmp -s "$TMP/one.gguf" "$TMP/many.gguf" && cmp -s "$TMP/one.loss.csv" "$TMP/many.loss.csv" &&
+      ok "64 overlapped buckets == one all-reduce, bit for bit (weights and losses)" ||
+      bad "bucketed dp differs from one all-reduce: $(python3 "$HERE/dist_compare.py" "$TMP/one.gguf" "$TMP/many.gguf" 0)"
+    want=$((6 * 4 * (P2 + 1)))
+    [ "$(get_bytes one)" = $want ] && [ "$(get_bytes many)" = $want ] &&
+      ok "measured bytes $want == 6 steps x 4 x (n_params $P2 + 1) either way" ||
+      bad "bytes one '$(get_bytes one)' many '$(get_bytes many)', want $want"
+  }
+fi
+
+if [ "$PART" = zero ]; then
+  Z=(--n-layer 2 --ctx 16 --warmup 0 --min-lr-frac 1)
+  run zdp mpi "${Z[@]}" --batch 2 --steps 8 --dist dp && run zz mpi "${Z[@]}" --batch 2 --steps 8 --dist dp --zero 1 && {
+    same zdp zz $TOL "" "ZeRO-1 == dp (2 ranks, 8 AdamW steps)"
+    mb=$((8 * (P2 / 2)))
+    grep -q "holds their AdamW moments, $mb bytes (1/2 of $((8 * P2)))" "$TMP/zz.log" &&
+      ok "ZeRO-1 moments on rank 0: $mb bytes == 8 x n_params/2 (n_params $P2)" ||
+      bad "ZeRO-1 plan line: $(grep -m1 -- '--dist dp' "$TMP/zz.log")"
+    want=$((8 * (4 * P2 + 4 * (P2 / 2) + 16)))
+    [ "$(get_bytes zz)" = $want ] && ok "ZeRO-1 measured $want bytes == 8 x (4 n + 4 n/2 + 16)" ||
+      bad "ZeRO-1 measured '$(get_bytes zz)' bytes, want $want"
+  }
+  # checkpoints across rank counts; constant lr so a 4-step run resumed to 8 equals an 8-step one
+  run zref "${Z[@]}" --batch 4 --steps 8 &&
+  run za mpi "${Z[@]}" --batch 2 --steps 4 --dist dp --zero 1 --ckpt-dir "$TMP/ck1" &&
+  run zb "${Z[@]}" --batch 4 --steps 8 --ckpt-dir "$TMP/ck1" --resume &&
+    grep -q "resumed from .* at step 4" "$TMP/zb.log" &&
+    same zref zb $TOL "" "2-rank ZeRO-1 checkpoint (step 4) resumed in 1 process == uninterrupted"
+  run zc "${Z[@]}" --batch 4 --steps 4 --ckpt-dir "$TMP/ck2" &&
+  run zd mpi "${Z[@]}" --batch 2 --steps 8 --dist dp --zero 1 --ckpt-dir "$TMP/ck2" --resume &&
+    grep -q "resumed from .* at step 4" "$TMP/zd.log" &&
+    same zref zd $TOL "" "1-process checkpoint (step 4) resumed under 2-rank ZeRO-1 == uninterrupted"
+  run zctl mpi "${Z[@]}" --batch 2 --steps 8 --dist dp --zero 1 --lr 2e-3 &&
+    same zz zctl $TOL --differ "control: ZeRO-1 with another lr differs"
+fi
+
+if [ "$PART" = chat ]; then
+  "$TERN" synth --arch qwen3 --preset tiny --type q4_0 -o "$TMP/base.gguf" 2>"$TMP/err" || { cat "$TMP/err"; exit 1; }
+  chats="$TMP/chat.jsonl"
+  for i in $(seq 1 32); do # answers of 1 to 8 words: per-rank assistant-token counts differ
+    ans=$(for _ in $(seq 0 $(( (i * 5) % 8 ))); do printf 'ok '; done)
+    echo "{\"messages\":[{\"role\":\"user\",\"content\":\"$i\"},{\"role\":\"assistant\",\"content\":\"$ans\"}]}"
+  done >"$chats"
+  RUNCMD=(finetune -m "$TMP/base.gguf" --data "$chats" --ctx 128 -t 1 --lora-rank 4 --steps 6 --val-split 0 --lr 1e-2 --log-every 1000)
+  run cs --batch 4 && run cd mpi --batch 2 --dist dp --bucket-mb 0 && run cb mpi --batch 2 --dist dp --bucket-mb 0.001 &&
+  run ch --batch 2 && {
+    same cs cd $TOL "" "chats: dp 2 ranks x batch 2 == 1 process x batch 4 (loss weighted by assistant tokens)"
+    same cs cb $TOL "" "chats: the same with gradient buckets"
+    same cs ch $TOL --differ "control: 1 process x batch 2 differs"
+  }
+fi
+
 if [ "$PART" = bad ]; then
   expect() {
     local code=$1 re=$2; shift 2
@@ -215,6 +292,11 @@ if [ "$PART" = bad ]; then
   expect 64 "--zo-eps needs --zo" "${TRAIN[@]}" --steps 2 --zo-eps 0.01 -o "$TMP/o.gguf"
   expect 64 "--zo runs alone or with --dist dp" "${TRAIN[@]}" --steps 2 --zo --dist diloco -o "$TMP/o.gguf"
   expect 64 "--optim: 'lion'" "${TRAIN[@]}" --steps 2 --optim lion -o "$TMP/o.gguf"
+  expect 64 "--zero applies to --dist dp" "${TRAIN[@]}" --steps 2 --dist diloco --zero 1 -o "$TMP/o.gguf"
+  expect 64 "--bucket-mb applies to --dist dp" "${TRAIN[@]}" --steps 2 --bucket-mb 5 -o "$TMP/o.gguf"
+  expect 64 "--zero: '2'" "${TRAIN[@]}" --steps 2 --dist dp --zero 2 -o "$TMP/o.gguf"
+  expect 64 "--zero 1 shards AdamW's moments; --optim sgd" "${TRAIN[@]}" --steps 2 --dist dp --zero 1 --optim sgd -o "$TMP/o.gguf"
+  expect 64 "--bucket-mb: '-1'" "${TRAIN[@]}" --steps 2 --dist dp --bucket-mb -1 -o "$TMP/o.gguf"
 fi
 
 exit $fail

@@ -3,7 +3,8 @@
  * (dist.h) against its definition computed here (block max / 127 scales; every value within one
  * scale step of its input, rounded to one of the two neighbouring levels; unbiased: the mean over
  * many roundings converges to the input; reproducible from the seed), the rank-strided batch
- * shard (rows r, r+N, ... of the global batch) and plain SGD against hand-computed updates.
+ * shard (rows r, r+N, ... of the global batch), plain SGD against hand-computed updates, and the
+ * backward's grads_ready hook (which gradients are final at each call).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -98,12 +99,70 @@ static void test_sgd(void **state) {
     tn_tmodel_free(m);
 }
 
+/* The backward hook the dp buckets rely on (train.h grads_ready): called with n_layer-1, ..., 0,
+ * then -1; at the call for layer l every gradient of layers >= l and of the head already holds
+ * its final value (a snapshot taken there equals the gradient after the backward), while the
+ * embedding's is still zero (so the check is not vacuous). */
+#define HOOK_MAX 8
+typedef struct hook_rec {
+    const tn_tmodel *m;
+    int n, layer[HOOK_MAX];
+    float *snap[HOOK_MAX];
+} hook_rec;
+
+static void rec_hook(void *user, int l) {
+    hook_rec *h = user;
+    assert_true(h->n < HOOK_MAX);
+    h->layer[h->n] = l;
+    h->snap[h->n] = malloc(h->m->n_params * sizeof(float));
+    memcpy(h->snap[h->n], h->m->grads, h->m->n_params * sizeof(float));
+    h->n++;
+}
+
+static void test_grads_ready_hook(void **state) {
+    (void)state;
+    tn_train_cfg c = {.n_vocab = 16, .n_ctx = 4, .n_embd = 8, .n_layer = 3, .n_head = 2, .n_head_kv = 1, .n_ff = 16,
+                      .rms_eps = 1e-5f, .rope_base = 10000.0f};
+    tn_tmodel *m;
+    assert_int_equal(tn_tmodel_create(&c, 2, &m), TERN_OK);
+    tn_tmodel_init_random(m, 5);
+    assert_int_equal(tn_tmodel_plan(m, 2, 4), TERN_OK);
+    int32_t tok[8], tgt[8];
+    for (int i = 0; i < 8; i++) tok[i] = (i * 5 + 1) % 16, tgt[i] = (i * 3 + 2) % 16;
+    double loss;
+    assert_int_equal(tn_tmodel_forward(m, tok, tgt, &loss), TERN_OK);
+    tn_tmodel_zero_grad(m);
+    hook_rec h = {.m = m};
+    m->grads_ready = rec_hook;
+    m->grads_ready_user = &h;
+    tn_tmodel_backward(m);
+    assert_int_equal(h.n, 4);
+    const int head = tn_tp_head(m);
+    for (int k = 0; k < 4; k++) {
+        const int l = h.layer[k];
+        assert_int_equal(l, 2 - k);
+        for (int i = 0; i < m->n_tensors; i++) {
+            const tn_tparam *t = &m->t[i];
+            const int li = i == 0 ? -1 : i >= head ? c.n_layer : (i - 1) / m->per_layer;
+            if (li >= l) assert_memory_equal(h.snap[k] + t->off, m->grads + t->off, t->n * sizeof(float));
+        }
+        if (l >= 0) /* the embedding's gradient comes last */
+            for (size_t i = 0; i < m->t[0].n; i++) assert_true(h.snap[k][i] == 0.0f);
+        free(h.snap[k]);
+    }
+    double e = 0;
+    for (size_t i = 0; i < m->t[0].n; i++) e += fabs(m->grads[i]);
+    assert_true(e > 0);
+    tn_tmodel_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_q8_levels),
         cmocka_unit_test(test_q8_unbiased),
         cmocka_unit_test(test_shard),
         cmocka_unit_test(test_sgd),
+        cmocka_unit_test(test_grads_ready_hook),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -34,7 +34,10 @@ static void on_sig(int sig) {
     "  --zo-eps X              perturbation scale (default 1e-3)\n"                                          \
     "  --zo-samples N          perturbations per step (default 1)\n"                                         \
     "  --compress int8|none    dp, diloco: send int8 with a scale per 256 values, stochastic\n"             \
-    "                          rounding (~3.9x fewer bytes); default none\n"
+    "                          rounding (~3.9x fewer bytes); default none\n"                             \
+    "  --bucket-mb X           dp: all-reduce gradients in buckets of X MiB started while the\n"            \
+    "                          backward runs (default 25; 0: one all-reduce after it)\n"                    \
+    "  --zero 1                dp: ZeRO-1, AdamW moments sharded over the ranks (1/N each)\n"
 
 /* the memory flags, in tern train's and tern finetune's usage (docs/training.md, "Memory") */
 #define MEM_USAGE                                                                                            \
@@ -238,7 +241,7 @@ static int mem_flag(int argc, char **argv, int *i, tn_train_opts *o) {
 /* The distributed-training flags (tern train, tern finetune): 1 when argv[*i] is one (its value
  * consumed), 0 when not, -1 after printing a usage error; dist_check after the loop. */
 typedef struct dist_seen {
-    const char *zo, *outer;
+    const char *zo, *outer, *dp;
     bool compress;
 } dist_seen;
 
@@ -246,7 +249,8 @@ static int dist_flag(int argc, char **argv, int *i, tn_train_opts *o, dist_seen 
     const char *a = argv[*i], *val = *i + 1 < argc ? argv[*i + 1] : NULL;
     if (!strcmp(a, "--zo")) return o->zo.on = true, 1;
     if (strcmp(a, "--dist") && strcmp(a, "--compress") && strcmp(a, "--zo-eps") && strcmp(a, "--zo-samples") &&
-        strcmp(a, "--outer-every") && strcmp(a, "--outer-lr") && strcmp(a, "--outer-momentum"))
+        strcmp(a, "--outer-every") && strcmp(a, "--outer-lr") && strcmp(a, "--outer-momentum") && strcmp(a, "--zero") &&
+        strcmp(a, "--bucket-mb"))
         return 0;
     if (!val) return tn_cli_usage_error("%s needs a value", a), -1;
     ++*i;
@@ -259,6 +263,14 @@ static int dist_flag(int argc, char **argv, int *i, tn_train_opts *o, dist_seen 
         else if (!strcmp(val, "none")) o->dist.compress = TN_COMPRESS_NONE;
         else return tn_cli_usage_error("--compress: '%s' (int8 or none)", val), -1;
         seen->compress = true;
+    } else if (!strcmp(a, "--zero")) {
+        if (strcmp(val, "0") && strcmp(val, "1")) return tn_cli_usage_error("--zero: '%s' (0 or 1: ZeRO stage 1)", val), -1;
+        o->dist.zero = val[0] == '1';
+        seen->dp = a;
+    } else if (!strcmp(a, "--bucket-mb")) {
+        if (!tn_cli_parse_f32(val, 0.0f, 65536.0f, &f)) return tn_cli_usage_error("--bucket-mb: '%s' is not a number in [0, 65536]", val), -1;
+        o->dist.bucket_mb = f;
+        seen->dp = a;
     } else if (!strcmp(a, "--zo-samples") || !strcmp(a, "--outer-every")) {
         const int64_t hi = !strcmp(a, "--zo-samples") ? 64 : 100000000;
         if (!tn_cli_parse_i64(val, 1, hi, &v)) return tn_cli_usage_error("%s: '%s' is not an integer in [1, %lld]", a, val, (long long)hi), -1;
@@ -280,6 +292,12 @@ static int dist_check(const tn_train_opts *o, const dist_seen *seen, const char 
     if (seen->compress && o->dist.method == TN_DIST_NONE) return tn_cli_usage_error("%s: --compress needs --dist", cmd);
     if (seen->outer && o->dist.method != TN_DIST_DILOCO && o->dist.method != TN_DIST_NOLOCO)
         return tn_cli_usage_error("%s: %s applies to --dist diloco or noloco", cmd, seen->outer);
+    if (seen->dp && o->dist.method != TN_DIST_DP) return tn_cli_usage_error("%s: %s applies to --dist dp", cmd, seen->dp);
+    if (o->dist.zero && o->optim == TN_OPTIM_SGD)
+        return tn_cli_usage_error("%s: --zero 1 shards AdamW's moments; --optim sgd has none", cmd);
+    if (o->dist.zero && o->zo.on) return tn_cli_usage_error("%s: --zero 1 shards AdamW's moments; --zo has none", cmd);
+    if (o->dist.zero && o->dist.compress)
+        return tn_cli_usage_error("%s: --zero 1 reduce-scatters f32 gradients; it does not combine with --compress int8", cmd);
     return 0;
 }
 
@@ -299,7 +317,7 @@ int cmd_train(int argc, char **argv) {
     const char **data = calloc((size_t)argc, sizeof *data);
     if (!data) return tn_cli_fail(TERN_ERR_NOMEM, "train");
     int n_data = 0, log_every = 0, sf;
-    dist_seen seen = {NULL, NULL, false};
+    dist_seen seen = {NULL, NULL, NULL, false};
     int64_t v;
     float f;
     int64_t ov[7] = {-1, -1, -1, -1, -1, -1, -1}; /* embd layer head head_kv ff ctx head_dim */
@@ -466,7 +484,7 @@ int cmd_finetune(int argc, char **argv) {
     float f;
     int rc = 0;
     bool alpha_set = false;
-    dist_seen seen = {NULL, NULL, false};
+    dist_seen seen = {NULL, NULL, NULL, false};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
