@@ -554,6 +554,33 @@ void tn_blk_glu(tn_thr *T, const tn_layer *L, int32_t il) {
     tn_glu(T, &L->w[TN_ROLE_FFN_GATE], &L->w[TN_ROLE_FFN_UP], T->c->hp.n_ff, &L->w[TN_ROLE_FFN_DOWN], il);
 }
 
+void tn_blk_up_relu_sqr(tn_thr *T, const tn_layer *L, int32_t il) {
+    tern_ctx *c = T->c;
+    const tn_kern_table *kt = c->kt;
+    const int ith = T->ith, nth = T->nth, n = T->n;
+    const int32_t d = c->hp.n_embd, n_ff = c->hp.n_ff;
+    const tn_tensor *Wu = &L->w[TN_ROLE_FFN_UP];
+    int64_t r0, r1, rows = 0; /* rows: this thread's, for the trace */
+    TN_SPAN_B(TN_TK_MATMUL, "ffn_up", il, Wu->type, n_ff, d, n);
+    const void *xq = tn_act(c, ith, nth, T->own, T->xq_own, Wu->type, T->xb, d, d, n);
+    if (T->own) { /* one token: up and the activation per shared range of rows */
+        int step = 0;
+        while (tn_matmul_share(c->mm_next + TN_MM_PER_LAYER * il + 4, n_ff, ith, nth, &step, &r0, &r1)) {
+            tn_matmul_range(kt, Wu->type, Wu->data, d, xq, 1, c->hb, n_ff, r0, r1);
+            tn_op_relu_sqr(c->hb + r0, r1 - r0);
+            rows += r1 - r0;
+        }
+    } else { /* the activation on the rows this thread just computed */
+        tn_matmul_compute_task(ith, nth, kt, Wu->type, Wu->data, n_ff, d, xq, n, c->hb, n_ff);
+        tn_matmul_rows(n_ff, ith, nth, &r0, &r1);
+        rows = r1 - r0;
+        for (int32_t j = 0; j < n; j++) tn_op_relu_sqr(c->hb + (int64_t)j * n_ff + r0, r1 - r0);
+    }
+    const tn_span down_pf = tn_next_span(T, &L->w[TN_ROLE_FFN_DOWN]);
+    tn_pool_barrier_pf(c->pool, down_pf.p, down_pf.n);
+    TN_SPAN_E(TN_TK_MATMUL, "ffn_up", il, rows, rows * (int64_t)tn_dtype_row_size(Wu->type, d));
+}
+
 void tn_blk_shexp(tn_thr *T, const tn_layer *L, int32_t il, const tn_tensor *next) {
     tern_ctx *c = T->c;
     const int32_t d = c->hp.n_embd, ff = c->hp.n_ff_shexp;

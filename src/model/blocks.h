@@ -67,6 +67,8 @@ void tn_blk_attention(tn_thr *T, const tn_layer *L, int32_t il);
 void tn_blk_mla(tn_thr *T, const tn_layer *L, int32_t il);
 /* hb = silu(Wgate xb) * (Wup xb)  (gemma: gelu_tanh(Wgate xb) * (Wup xb)). */
 void tn_blk_glu(tn_thr *T, const tn_layer *L, int32_t il);
+/* Not gated (PLM, TN_FFN_RELU_SQR): hb = relu(Wup xb)^2 (no ffn_gate). */
+void tn_blk_up_relu_sqr(tn_thr *T, const tn_layer *L, int32_t il);
 /* Mixture of experts (the layer has a router): per token, softmax of the router logits, the
  * n_expert_used most probable experts (ties: the lower expert index first), their probabilities
  * as weights (divided by their sum where the family renormalises); then dropless grouped

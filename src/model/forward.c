@@ -45,9 +45,9 @@ static void tn_forward_task(void *vp, int ith, int nth) {
             tn_blk_attention(&T, L, il);                            /* att = softmax(q K^T / sqrt(hd)) V,
                                                                      * q, k: bias, q/k norm, rope    */
         }
-        const bool moe = tn_layer_moe(L);
+        const bool moe = tn_layer_moe(L), ungated = c->hp.ffn == TN_FFN_RELU_SQR;
         tn_blk_proj_add(&T, &w[TN_ROLE_ATTN_OUT], c->att, il, 3, TN_OBS_ATTN_OUT, &w[TN_ROLE_ATTN_POST_NORM],
-                        &w[moe ? TN_ROLE_FFN_GATE_INP : TN_ROLE_FFN_GATE]); /* x += Wo att  (gemma: post-normed) */
+                        &w[moe ? TN_ROLE_FFN_GATE_INP : ungated ? TN_ROLE_FFN_UP : TN_ROLE_FFN_GATE]); /* x += Wo att  (gemma: post-normed) */
         if (w[TN_ROLE_ATTN_OUT_B].data) tn_blk_bias_add(&T, w[TN_ROLE_ATTN_OUT_B].data); /* gpt-oss: x += bo */
         /* feed-forward: x += Wdown (act(Wgate xb) * Wup xb) */
         tn_blk_norm(&T, &w[TN_ROLE_FFN_NORM], il, TN_OBS_FFN_IN);   /* xb = rmsnorm(x) * ffn_norm    */
@@ -59,7 +59,8 @@ static void tn_forward_task(void *vp, int ith, int nth) {
             tn_blk_layer_end(&T, il);
             continue;
         }
-        tn_blk_glu(&T, L, il);                                      /* hb = act(Wgate xb) * Wup xb,
+        if (ungated) tn_blk_up_relu_sqr(&T, L, il);                 /* PLM: hb = relu(Wup xb)^2      */
+        else tn_blk_glu(&T, L, il);                                 /* hb = act(Wgate xb) * Wup xb,
                                                                      * act: silu, gemma gelu_tanh    */
         const tn_tensor *next = il + 1 < n_layer ? &m->layers[il + 1].w[TN_ROLE_ATTN_Q] : &m->output;
         tn_blk_proj_add(&T, &w[TN_ROLE_FFN_DOWN], c->hb, il, 5, TN_OBS_FFN_DOWN, &w[TN_ROLE_FFN_POST_NORM],

@@ -59,6 +59,13 @@ void tn_op_swiglu_oai(float *g, const float *u, int64_t n) {
     }
 }
 
+void tn_op_relu_sqr(float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const float r = x[i] > 0.0f ? x[i] : 0.0f;
+        x[i] = r * r;
+    }
+}
+
 void tn_op_rope(const tn_hparams *hp, float *v, int32_t n_heads, const float *cs, float sign) {
     const int32_t nr = hp->n_rot, hd = hp->head_dim;
     for (int32_t h = 0; h < n_heads; h++) {

@@ -20,6 +20,8 @@ void tn_op_rope_cache(const tn_hparams *hp, const float *freq_factors, int64_t p
 /* gpt-oss's clamped SwiGLU in place (ggml_swiglu_oai, alpha 1.702, limit 7): x = min(g, 7),
  * y = clamp(u, -7, 7), g = x / (1 + exp(-1.702 x)) * (y + 1), i < n. */
 void tn_op_swiglu_oai(float *g, const float *u, int64_t n);
+/* PLM's ungated activation in place (ggml_relu then ggml_sqr): x = max(x, 0)^2, i < n. */
+void tn_op_relu_sqr(float *x, int64_t n);
 /* Rotates the first n_rot dims of each of n_heads heads (head_dim apart) in place; sign = +1
  * forward, -1 applies the inverse rotation (the backward pass of RoPE). */
 void tn_op_rope(const tn_hparams *hp, float *v, int32_t n_heads, const float *cs, float sign);

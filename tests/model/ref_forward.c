@@ -69,11 +69,16 @@ static int64_t ref_key_int(const tern_model *m, const char *key, int64_t dflt) {
     return v;
 }
 
-/* deepseek2's own reading of the file: keys by name, matrices by llama.cpp's tensor names, the
- * YaRN score scale as DeepSeek defines it (yarn_get_mscale(factor, mscale_all_dim)^2 / sqrt(d),
- * the converter storing 0.1 * mscale_all_dim). */
+/* deepseek2's (and plm's: the same keys under its own name) reading of the file: keys by name,
+ * matrices by llama.cpp's tensor names, the YaRN score scale as DeepSeek defines it
+ * (yarn_get_mscale(factor, mscale_all_dim)^2 / sqrt(d), the converter storing 0.1 *
+ * mscale_all_dim; plm has no YaRN keys: 1 / sqrt(d)). */
 static void ref_ds_create(ref_model *r) {
     const tern_model *m = r->m;
+    const char *an = r->hp.arch == TN_ARCH_PLM ? "plm" : "deepseek2";
+    char k1[96], k2[96];
+#define KEY(sfx) (snprintf(k1, sizeof k1, "%s." sfx, an), k1)
+#define KEY2(sfx) (snprintf(k2, sizeof k2, "%s." sfx, an), k2)
     const int32_t nl = r->hp.n_layer;
     ref_mat **all[] = {&r->mq, &r->mqa, &r->mqb, &r->mkva, &r->mkb, &r->mvb, &r->mkvb};
     for (size_t i = 0; i < 7; i++) *all[i] = calloc((size_t)nl, sizeof(ref_mat));
@@ -92,22 +97,24 @@ static void ref_ds_create(ref_model *r) {
         r->mkva_norm[l] = ref_layer_vec(m, l, "attn_kv_a_norm.weight");
         r->probs_b[l] = ref_layer_vec(m, l, "exp_probs_b.bias");
     }
-    r->kv_lora = ref_key_int(m, "deepseek2.attention.kv_lora_rank", 0);
-    const int64_t rot = ref_key_int(m, "deepseek2.rope.dimension_count", 0);
-    const int64_t kmla = ref_key_int(m, "deepseek2.attention.key_length_mla", 0);
-    r->v_head = ref_key_int(m, "deepseek2.attention.value_length_mla", ref_key_int(m, "deepseek2.attention.value_length", 0));
-    const int64_t hk = kmla ? kmla : ref_key_int(m, "deepseek2.attention.key_length", 0);
-    r->dense_lead = ref_key_int(m, "deepseek2.leading_dense_block_count", 0);
-    r->n_groups = ref_key_int(m, "deepseek2.expert_group_count", 0);
-    r->group_used = ref_key_int(m, "deepseek2.expert_group_used_count", 0);
-    r->gating = ref_key_int(m, "deepseek2.expert_gating_func", 1);
+    r->kv_lora = ref_key_int(m, KEY("attention.kv_lora_rank"), 0);
+    const int64_t rot = ref_key_int(m, KEY("rope.dimension_count"), 0);
+    const int64_t kmla = ref_key_int(m, KEY("attention.key_length_mla"), 0);
+    r->v_head = ref_key_int(m, KEY("attention.value_length_mla"), ref_key_int(m, KEY2("attention.value_length"), 0));
+    const int64_t hk = kmla ? kmla : ref_key_int(m, KEY("attention.key_length"), 0);
+    r->dense_lead = ref_key_int(m, KEY("leading_dense_block_count"), 0);
+    r->n_groups = ref_key_int(m, KEY("expert_group_count"), 0);
+    r->group_used = ref_key_int(m, KEY("expert_group_used_count"), 0);
+    r->gating = ref_key_int(m, KEY("expert_gating_func"), 1);
     bool wn = false;
-    tn_gguf_get_bool(m->gguf, "deepseek2.expert_weights_norm", false, &wn);
+    tn_gguf_get_bool(m->gguf, KEY("expert_weights_norm"), false, &wn);
     r->w_norm = wn;
     float ws = 0, factor = 0, lm = 0;
-    tn_gguf_get_f32(m->gguf, "deepseek2.expert_weights_scale", false, &ws);
-    tn_gguf_get_f32(m->gguf, "deepseek2.rope.scaling.factor", false, &factor);
-    tn_gguf_get_f32(m->gguf, "deepseek2.rope.scaling.yarn_log_multiplier", false, &lm);
+    tn_gguf_get_f32(m->gguf, KEY("expert_weights_scale"), false, &ws);
+    tn_gguf_get_f32(m->gguf, KEY("rope.scaling.factor"), false, &factor);
+    tn_gguf_get_f32(m->gguf, KEY("rope.scaling.yarn_log_multiplier"), false, &lm);
+#undef KEY
+#undef KEY2
     r->w_scale = ws;
     const double ms = factor > 1 ? 1.0 + 0.1 * (lm / 0.1) * log(factor) : 1.0;
     r->ds_scale = ms * ms / sqrt((double)hk);
@@ -214,7 +221,7 @@ ref_model *ref_create(const tern_model *m, int32_t n_ctx) {
      * keeps its unscaled angle where i is below the dim at which a frequency turns beta_fast (32)
      * times over L0, the interpolated one (angle / s) above where it turns beta_slow (1) times, a
      * linear ramp between; cos and sin are scaled by 1 + 0.1 ln s (the YaRN paper's sqrt(1/t)) */
-    const bool ds = r->hp.arch == TN_ARCH_DEEPSEEK2;
+    const bool ds = r->hp.arch == TN_ARCH_DEEPSEEK2 || r->hp.arch == TN_ARCH_PLM; /* latent attention */
     if (ds) ref_ds_create(r);
     if (gpt_oss || ds) {
         const tn_hparams *hp = &r->hp;
@@ -253,6 +260,8 @@ ref_model *ref_create(const tern_model *m, int32_t n_ctx) {
         }
         if (r->hp.arch == TN_ARCH_PHI3) {
             ref_phi3(r, l);
+        } else if (r->hp.arch == TN_ARCH_PLM) { /* not gated: up, by llama.cpp's name */
+            r->wu[l] = ref_layer_mat(m, l, "ffn_up.weight");
         } else if (ds) {
             if (!r->wr[l].w) r->wg[l] = ref_deq(&w[TN_ROLE_FFN_GATE]), r->wu[l] = ref_deq(&w[TN_ROLE_FFN_UP]);
         } else {
@@ -452,7 +461,8 @@ static void rope(const ref_model *r, const tn_hparams *hp, double base, double f
             double ang = pos * freq, co = cos(ang), si = sin(ang);
             /* llama and smollm3 (their converter permutes HF's q/k rows) rotate adjacent pairs;
              * qwen2/qwen3 rotate halves */
-            const bool adjacent = hp->arch == TN_ARCH_LLAMA || hp->arch == TN_ARCH_SMOLLM3 || hp->arch == TN_ARCH_DEEPSEEK2; /* gemma3: halves */
+            const bool adjacent = hp->arch == TN_ARCH_LLAMA || hp->arch == TN_ARCH_SMOLLM3 || hp->arch == TN_ARCH_DEEPSEEK2 ||
+                                  hp->arch == TN_ARCH_PLM; /* gemma3: halves */
             int32_t a = adjacent ? 2 * i : i;
             int32_t b = adjacent ? 2 * i + 1 : i + hp->n_rot / 2;
             double x0 = x[a], x1 = x[b];
@@ -532,7 +542,7 @@ void ref_step(ref_model *r, int32_t token, double *logits, double *layers) {
     for (int32_t l = 0; l < hp->n_layer; l++) {
         const tn_tensor *w = r->m->layers[l].w;
         rmsnorm(x, w[TN_ROLE_ATTN_NORM].data, xb, d, hp->rms_eps);
-        if (hp->arch == TN_ARCH_DEEPSEEK2) { /* latent attention, then the FFN below */
+        if (hp->arch == TN_ARCH_DEEPSEEK2 || hp->arch == TN_ARCH_PLM) { /* latent attention, then the FFN below */
             ref_ds_attn(r, l, xb, o, pos);
             for (int64_t i = 0; i < d; i++) x[i] += o[i];
             goto ffn;
@@ -621,9 +631,11 @@ void ref_step(ref_model *r, int32_t token, double *logits, double *layers) {
             if (layers) memcpy(layers + (size_t)l * d, x, (size_t)d * sizeof *x);
             continue;
         }
-        matvec(&r->wg[l], xb, g);
         matvec(&r->wu[l], xb, u);
-        for (int64_t i = 0; i < ff; i++) /* SwiGLU; gemma: GeGLU with GELU's tanh approximation */
+        if (hp->arch == TN_ARCH_PLM) /* PLM's MLP: down(relu(up x)^2), no gate */
+            for (int64_t i = 0; i < ff; i++) g[i] = u[i] > 0 ? u[i] * u[i] : 0.0;
+        else matvec(&r->wg[l], xb, g);
+        for (int64_t i = 0; hp->arch != TN_ARCH_PLM && i < ff; i++) /* SwiGLU; gemma: GeGLU with GELU's tanh approximation */
             g[i] = gemma ? 0.5 * g[i] * (1.0 + tanh(sqrt(2.0 / 3.14159265358979323846) * (g[i] + 0.044715 * g[i] * g[i] * g[i]))) * u[i]
                          : g[i] / (1.0 + exp(-g[i])) * u[i];
         double *dn = malloc((size_t)d * sizeof *dn);

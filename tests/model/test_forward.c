@@ -4,7 +4,9 @@
  * (head_dim from key_length, wider than n_embd / n_head), smollm3, gemma2/3, phi3, tied and separate output; per-layer
  * residual streams and logits. Also: batched prefill equals token-by-token decoding; context-full
  * and bad-token errors. With file arguments (test_forward FILE...): the same comparison on each
- * file, e.g. one `tern synth --arch NAME` wrote from the registry.
+ * file, e.g. one `tern synth --arch NAME` wrote from the registry; for a dense file without a
+ * sliding window also its 12-token prefill against 12 decodes (1e-4) and its prompt in a
+ * two-sequence batch against alone (bit for bit).
  *
  * Tolerances (relative L2 error, ||tern - ref|| / ||ref||): tern rounds what llama.cpp rounds —
  * q, K, V and attention probabilities to f16 (2^-11 relative each) and activations to the weight
@@ -336,6 +338,47 @@ static void test_moe(void **state) {
             run_cfg(moe_cfg(archs[a], types[i]), (int)((a + i) % 3) + 1);
 }
 
+/* Sequence 0's 9-token prompt alone in a batch, and interleaved with sequence 1's 7 tokens: the
+ * logits of its last token equal bit for bit (1 and 2 threads). */
+static void check_mixed_batch(const tern_model *m, const char *name) {
+    for (int threads = 1; threads <= 2; threads++) {
+        tern_ctx_params cp;
+        tern_ctx_params_init(&cp);
+        cp.n_ctx = 64, cp.n_threads = threads;
+        tern_ctx *a = NULL, *b = NULL;
+        assert_int_equal(tern_ctx_create(m, &cp, &a), TERN_OK);
+        assert_int_equal(tern_ctx_create(m, &cp, &b), TERN_OK);
+        const tern_token p0[9] = {1, 270, 5, 300, 261, 380, 100, 259, 3}, p1[7] = {1, 40, 41, 42, 43, 44, 45};
+        const int32_t t0[1] = {0}, t1[1] = {1}, *tables[2] = {t0, t1};
+        /* alone: the 9 tokens of sequence 0 */
+        int32_t seq[16], pos[16];
+        int8_t lg[16];
+        for (int i = 0; i < 9; i++) seq[i] = 0, pos[i] = i, lg[i] = i == 8;
+        const tn_batch ba = {9, p0, seq, pos, lg};
+        tn_forward_batch(a, &ba, tables, NULL);
+        assert_int_equal(a->n_logits, 1);
+        /* mixed: sequence 1's 7 tokens interleaved (0, 1, 0, 1, ...; then the rest of 0) */
+        tern_token tk[16];
+        int32_t sq[16], ps[16];
+        int8_t lm[16];
+        int n0 = 0, n1 = 0, last0 = -1;
+        for (int i = 0; i < 16; i++) {
+            const bool one = (i % 2 == 1 && n1 < 7) || n0 == 9;
+            tk[i] = one ? p1[n1] : p0[n0], sq[i] = one, ps[i] = one ? n1++ : n0++;
+            if (!one && n0 == 9) last0 = i;
+            lm[i] = 0;
+        }
+        lm[last0] = 1;
+        const tn_batch bb = {16, tk, sq, ps, lm};
+        tn_forward_batch(b, &bb, tables, NULL);
+        assert_int_equal(b->n_logits, 1);
+        if (memcmp(a->logits, b->logits, sizeof(float) * (size_t)m->hp.n_vocab))
+            fail_msg("%s threads %d: a prompt's logits in a mixed batch differ from the prompt alone", name, threads);
+        tern_ctx_free(a);
+        tern_ctx_free(b);
+    }
+}
+
 /* Dropless routing is per token: a prompt's logits from a batch where another sequence's tokens
  * are interleaved with it (so every expert's group of rows differs) equal, bit for bit, those of
  * the prompt in a batch alone; on qwen3moe, olmoe, qwen2moe and gpt-oss, F32 and Q8_0, 1 and 2 threads. */
@@ -351,45 +394,39 @@ static void test_moe_mixed_batch(void **state) {
         tern_model *m = NULL;
         assert_int_equal(tern_model_load(path, NULL, &m), TERN_OK);
         unlink(path);
-        for (int threads = 1; threads <= 2; threads++) {
-            tern_ctx_params cp;
-            tern_ctx_params_init(&cp);
-            cp.n_ctx = 64, cp.n_threads = threads;
-            tern_ctx *a = NULL, *b = NULL;
-            assert_int_equal(tern_ctx_create(m, &cp, &a), TERN_OK);
-            assert_int_equal(tern_ctx_create(m, &cp, &b), TERN_OK);
-            const tern_token p0[9] = {1, 270, 5, 300, 261, 380, 100, 259, 3}, p1[7] = {1, 40, 41, 42, 43, 44, 45};
-            const int32_t t0[1] = {0}, t1[1] = {1}, *tables[2] = {t0, t1};
-            /* alone: the 9 tokens of sequence 0 */
-            int32_t seq[16], pos[16];
-            int8_t lg[16];
-            for (int i = 0; i < 9; i++) seq[i] = 0, pos[i] = i, lg[i] = i == 8;
-            const tn_batch ba = {9, p0, seq, pos, lg};
-            tn_forward_batch(a, &ba, tables, NULL);
-            assert_int_equal(a->n_logits, 1);
-            /* mixed: sequence 1's 7 tokens interleaved (0, 1, 0, 1, ...; then the rest of 0) */
-            tern_token tk[16];
-            int32_t sq[16], ps[16];
-            int8_t lm[16];
-            int n0 = 0, n1 = 0, last0 = -1;
-            for (int i = 0; i < 16; i++) {
-                const bool one = (i % 2 == 1 && n1 < 7) || n0 == 9;
-                tk[i] = one ? p1[n1] : p0[n0], sq[i] = one, ps[i] = one ? n1++ : n0++;
-                if (!one && n0 == 9) last0 = i;
-                lm[i] = 0;
-            }
-            lm[last0] = 1;
-            const tn_batch bb = {16, tk, sq, ps, lm};
-            tn_forward_batch(b, &bb, tables, NULL);
-            assert_int_equal(b->n_logits, 1);
-            if (memcmp(a->logits, b->logits, sizeof(float) * (size_t)m->hp.n_vocab))
-                fail_msg("%s %s threads %d: a prompt's logits in a mixed batch differ from the prompt alone", archs[v % 5],
-                         tn_dtype_name(types[v / 5]), threads);
-            tern_ctx_free(a);
-            tern_ctx_free(b);
-        }
+        char name[64];
+        snprintf(name, sizeof name, "%s %s", archs[v % 5], tn_dtype_name(types[v / 5]));
+        check_mixed_batch(m, name);
         tern_model_free(m);
     }
+}
+
+/* A 12-token prefill in one batch against 12 one-token decodes (2 threads): every position's
+ * logits within 1e-4 relative. */
+static void check_prefill_decode(const tern_model *m, const char *name) {
+    tern_ctx_params cp;
+    tern_ctx_params_init(&cp);
+    cp.n_ctx = 32, cp.n_threads = 2, cp.logits_all = true;
+    tern_ctx *a = NULL, *b = NULL;
+    assert_int_equal(tern_ctx_create(m, &cp, &a), TERN_OK);
+    assert_int_equal(tern_ctx_create(m, &cp, &b), TERN_OK);
+    tern_token toks[12];
+    for (int i = 0; i < 12; i++) toks[i] = (tern_token)(3 + (i * 53) % 380);
+    assert_int_equal(tern_decode(a, toks, 12), TERN_OK);
+    const int32_t nv = m->hp.n_vocab;
+    double worst = 0;
+    for (int i = 0; i < 12; i++) {
+        assert_int_equal(tern_decode(b, &toks[i], 1), TERN_OK);
+        const float *la = tern_get_logits(a, i), *lb = tern_get_logits(b, -1);
+        double num = 0, den = 0;
+        for (int32_t j = 0; j < nv; j++) num += (la[j] - lb[j]) * (la[j] - lb[j]), den += (double)lb[j] * lb[j];
+        const double e = sqrt(num / den);
+        worst = e > worst ? e : worst;
+        if (e > 1e-4) fail_msg("%s: position %d: prefill vs one-token decode rel err %.3g > 1e-4", name, i, e);
+    }
+    printf("  %-14s prefill vs 12 decodes: worst rel err %.2e\n", name, worst);
+    tern_ctx_free(a);
+    tern_ctx_free(b);
 }
 
 /* Prefill of 12 tokens in one batch (grouped experts, the batched kernels) against 12 one-token
@@ -404,30 +441,9 @@ static void test_moe_prefill_vs_decode(void **state) {
         tiny_cfg cfg = moe_cfg(archs[v % 7], types[v / 7]);
         tern_model *m = tiny_model_load(&cfg, "moepd");
         assert_non_null(m);
-        tern_ctx_params cp;
-        tern_ctx_params_init(&cp);
-        cp.n_ctx = 32, cp.n_threads = 2, cp.logits_all = true;
-        tern_ctx *a = NULL, *b = NULL;
-        assert_int_equal(tern_ctx_create(m, &cp, &a), TERN_OK);
-        assert_int_equal(tern_ctx_create(m, &cp, &b), TERN_OK);
-        tern_token toks[12];
-        for (int i = 0; i < 12; i++) toks[i] = (tern_token)(3 + (i * 53) % 380);
-        assert_int_equal(tern_decode(a, toks, 12), TERN_OK);
-        const int32_t nv = m->hp.n_vocab;
-        double worst = 0;
-        for (int i = 0; i < 12; i++) {
-            assert_int_equal(tern_decode(b, &toks[i], 1), TERN_OK);
-            const float *la = tern_get_logits(a, i), *lb = tern_get_logits(b, -1);
-            double num = 0, den = 0;
-            for (int32_t j = 0; j < nv; j++) num += (la[j] - lb[j]) * (la[j] - lb[j]), den += (double)lb[j] * lb[j];
-            const double e = sqrt(num / den);
-            worst = e > worst ? e : worst;
-            if (e > 1e-4) fail_msg("%s %s: position %d: prefill vs one-token decode rel err %.3g > 1e-4", archs[v % 7],
-                                   tn_dtype_name(types[v / 7]), i, e);
-        }
-        printf("  %-8s %-5s prefill vs 12 decodes: worst rel err %.2e\n", archs[v % 7], tn_dtype_name(types[v / 7]), worst);
-        tern_ctx_free(a);
-        tern_ctx_free(b);
+        char name[64];
+        snprintf(name, sizeof name, "%s %s", archs[v % 7], tn_dtype_name(types[v / 7]));
+        check_prefill_decode(m, name);
         tern_model_free(m);
     }
 }
@@ -669,6 +685,12 @@ static void test_files(void **state) {
         if (tern_model_load(g_files[i], NULL, &m)) fail_msg("load: %s", tern_last_error());
         run_model(m, m->hp.family->name, m->layers[0].w[TN_ROLE_ATTN_Q].type, m->output.type,
                   m->output.data == m->tok_embd.data, 2);
+        if (m->hp.n_expert == 0 && m->hp.n_swa == 0) { /* dense, no window (MoE and windowed files: their own tests) */
+            char name[64];
+            snprintf(name, sizeof name, "%s %s", m->hp.family->name, tn_dtype_name(m->layers[0].w[TN_ROLE_ATTN_Q].type));
+            check_prefill_decode(m, name); /* one batch == token by token */
+            check_mixed_batch(m, name);    /* a prompt beside another sequence == alone */
+        }
         tern_model_free(m);
     }
 }

@@ -667,7 +667,40 @@ static void test_moved_as_is(void **state) {
     unlink(path);
 }
 
-int main(void) {
+/* plm (a file tern synth --arch plm wrote, given as the argument): each defect one error naming it.
+ * A file without a layer's attn_kv_b, with a kv_lora_rank that disagrees with attn_kv_a_mqa's rows,
+ * without kv_lora_rank, with the split attn_k_b form's tensor, with a gate (PLM's FFN has none),
+ * with the rope part as wide as the head, with fewer kv heads than heads. */
+static const char *g_plm_path;
+static void test_plm_defects(void **state) {
+    (void)state;
+    const char *src = g_plm_path;
+    tern_model *m = NULL;
+    if (tern_model_load(src, NULL, &m)) fail_msg("load %s: %s", src, tern_last_error());
+    assert_int_equal(m->hp.arch, TN_ARCH_PLM);
+    assert_true(m->output.data == m->tok_embd.data); /* tied */
+    assert_int_equal(m->layers[0].w[TN_ROLE_ATTN_K_B_MLA].ne[2], m->hp.n_head); /* attn_kv_b split per head */
+    tern_model_free(m);
+    expect_fail(&(mutation){.src = src, .drop_tensor = "blk.1.attn_kv_b.weight"}, TERN_ERR_FORMAT, "blk.1.attn_kv_b.weight");
+    expect_fail(&(mutation){.src = src, .set_key = "plm.attention.kv_lora_rank", .set_u32 = 16}, TERN_ERR_FORMAT,
+                "blk.0.attn_kv_a_mqa.weight");
+    expect_fail(&(mutation){.src = src, .drop_key = "plm.attention.kv_lora_rank"}, TERN_ERR_FORMAT, "plm.attention.kv_lora_rank");
+    expect_fail(&(mutation){.src = src, .add_tensor = "blk.0.attn_k_b.weight", .add_len = 8}, TERN_ERR_FORMAT,
+                "architecture plm has no attn_k_b.weight");
+    expect_fail(&(mutation){.src = src, .add_tensor = "blk.0.ffn_gate.weight", .add_len = 8}, TERN_ERR_FORMAT,
+                "architecture plm has no ffn_gate.weight");
+    expect_fail(&(mutation){.src = src, .set_key = "plm.rope.dimension_count", .set_u32 = 48}, TERN_ERR_FORMAT,
+                "plm.rope.dimension_count 48 must be below the q/k head size 48");
+    expect_fail(&(mutation){.src = src, .set_key = "plm.attention.head_count_kv", .set_u32 = 2}, TERN_ERR_FORMAT,
+                "plm.attention.head_count_kv 2 must equal head_count 4");
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1) { /* test_model_load PLM.gguf: the plm defects on that file */
+        g_plm_path = argv[1];
+        const struct CMUnitTest plm[] = {cmocka_unit_test(test_plm_defects)};
+        return cmocka_run_group_tests(plm, NULL, NULL);
+    }
     /* q6_K's interleaved layout is opt-in (its decode is slower, src/model/llama.c): on here, so
      * the q6_K_r16 paths are checked; test_q6k_default_file_layout checks the default */
     setenv("TERN_REPACK_Q6K", "1", 1);

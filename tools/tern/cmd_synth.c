@@ -28,14 +28,17 @@ typedef struct {
  * leading dense layers; v3: DeepSeek-V3's routing (sigmoid, exp_probs_b, 4 groups of which 2 are
  * used, renormalised, scaled by 2.5) instead of V2-Lite's (softmax, weights as they are) */
 typedef struct {
-    const char *name;
+    const char *name, *arch;
     int64_t q_lora, kv_lora, n_rot, v_head, dense_lead;
     bool v3;
 } synth_mla;
 static const synth_mla mla_presets[] = {
-    {"lite", 0, 512, 64, 128, 1, false},
-    {"tiny", 0, 32, 16, 32, 1, false},
-    {"tiny-v3", 64, 32, 16, 32, 1, true},
+    {"lite", "deepseek2", 0, 512, 64, 128, 1, false},
+    {"tiny", "deepseek2", 0, 32, 16, 32, 1, false},
+    {"tiny-v3", "deepseek2", 64, 32, 16, 32, 1, true},
+    /* plm: no q low-rank, no experts; PLM-1.8B's latent 512, rope 64, values 128 */
+    {"1.8b", "plm", 0, 512, 64, 128, 0, false},
+    {"tiny", "plm", 0, 32, 16, 32, 0, false},
 };
 
 static const synth_preset presets[] = {
@@ -44,6 +47,13 @@ static const synth_preset presets[] = {
      * one kv head as the MLA converter writes; a 32000 vocabulary and 4096 context here); tiny: 3 layers (1 dense), 4 heads of 32 + 16 over
      * a 32 latent, 8 experts of 32, top 2, 2 shared; tiny-v3: also q of rank 64 and V3's routing
      * (mla_presets) */
+    /* plm: PLM-1.8B's shapes as its Hugging Face config.json gives them (PLM-Team/PLM-1.8B-Base:
+     * hidden 2048, 32 layers, 16 heads (16 kv heads), q/k heads of 128 nope + 64 rope, values of
+     * 128, kv_lora_rank 512, intermediate 8192, relu2; from the model card's config as recalled,
+     * llama.cpp only confirms 32 layers = 1.8B; a 32000 vocabulary (151936 in the model) and a
+     * 4096 context here); tiny: 3 layers, 4 heads of 32 + 16 over a 32 latent, values of 32 */
+    {"1.8b", "plm", 2048, 32, 16, 16, 8192, 32000, 4096, 192, 0, 0, 0, 0},
+    {"tiny", "plm", 64, 3, 4, 4, 128, 512, 128, 48, 0, 0, 0, 0},
     {"lite", "deepseek2", 2048, 27, 16, 1, 10944, 32000, 4096, 192, 64, 6, 1408, 2816},
     {"tiny", "deepseek2", 64, 3, 4, 1, 128, 512, 128, 48, 8, 2, 32, 64},
     {"tiny-v3", "deepseek2", 64, 3, 4, 1, 128, 512, 128, 48, 8, 2, 32, 64},
@@ -143,7 +153,8 @@ int cmd_synth(int argc, char **argv) {
                    "  --arch NAME   model family (default llama): %s\n"
                    "  --preset      qwen3moe: 30b-a3b (Qwen3-30B-A3B's shapes), tiny; qwen2moe: a2.7b (Qwen1.5-MoE-A2.7B's),\n"
                    "                tiny; gpt-oss: 20b, tiny; olmoe: 1b (OLMoE-1B-7B's), tiny;\n"
-                   "                deepseek2: lite (DeepSeek-V2-Lite's), tiny, tiny-v3 (q low-rank, V3's routing)\n"
+                   "                deepseek2: lite (DeepSeek-V2-Lite's), tiny, tiny-v3 (q low-rank, V3's routing);\n"
+                   "                plm: 1.8b (PLM-1.8B's), tiny\n"
                    "  --experts N   llama: a Mixtral-style file, N experts of n_ff rows per layer (2..512)\n"
                    "  --top-k K     experts per token (1..N; default 2); also overrides a MoE preset's\n", names);
             return 0;
@@ -169,7 +180,7 @@ int cmd_synth(int argc, char **argv) {
     const synth_preset *P = NULL;
     for (size_t i = 0; i < sizeof presets / sizeof presets[0] && !P; i++)
         if (!strcmp(presets[i].name, preset) && (!presets[i].arch || !strcmp(presets[i].arch, ad->name))) P = &presets[i];
-    if (!P) return tn_cli_usage_error("unknown preset '%s' for %s (1b, tinyllama, small, tiny; qwen3moe: 30b-a3b, tiny; qwen2moe: a2.7b, tiny; gpt-oss: 20b, tiny; olmoe: 1b, tiny; deepseek2: lite, tiny, tiny-v3)",
+    if (!P) return tn_cli_usage_error("unknown preset '%s' for %s (1b, tinyllama, small, tiny; qwen3moe: 30b-a3b, tiny; qwen2moe: a2.7b, tiny; gpt-oss: 20b, tiny; olmoe: 1b, tiny; deepseek2: lite, tiny, tiny-v3; plm: 1.8b, tiny)",
                                       preset, ad->name);
     const bool may_moe = ad->need[TN_ROLE_FFN_GATE_INP] != TN_NEED_NO, always_moe = ad->need[TN_ROLE_FFN_GATE_INP] == TN_NEED_REQ;
     if (experts > 0 && (!may_moe || always_moe))
@@ -182,6 +193,12 @@ int cmd_synth(int argc, char **argv) {
     if (!tn_dtype_from_name(type_name, &wt) || !tn_dtype_get(wt)->supported)
         return tn_cli_usage_error("unknown or unsupported --type '%s'", type_name);
 
+    const synth_mla *M = NULL; /* the MLA sizes; the routing keys the family's synth_keys writes */
+    for (size_t i = 0; ad->mla && i < TN_ARRAY_LEN(mla_presets); i++)
+        if (!strcmp(mla_presets[i].name, P->name) && !strcmp(mla_presets[i].arch, ad->name)) M = &mla_presets[i];
+    if (ad->mla && !M) /* the latent sizes come only from a family preset */
+        return tn_cli_usage_error("preset '%s' has no latent attention sizes for %s (deepseek2: lite, tiny, tiny-v3; plm: 1.8b, tiny)",
+                                  P->name, ad->name);
     tn_gguf_writer *w = NULL;
     tern_status s = tn_gguf_writer_create(&w);
     if (s) return tn_cli_fail(s, "synth");
@@ -196,9 +213,6 @@ int cmd_synth(int argc, char **argv) {
     hp.n_expert = (int32_t)n_expert, hp.n_expert_used = (int32_t)n_used;
     hp.n_ff_exp = (int32_t)(P->n_ff_exp ? P->n_ff_exp : P->n_ff);
     hp.n_ff_shexp = (int32_t)(P->n_ff_shexp ? P->n_ff_shexp : P->n_ff);
-    const synth_mla *M = NULL; /* the MLA sizes; the routing keys the family's synth_keys writes */
-    for (size_t i = 0; ad->mla && i < TN_ARRAY_LEN(mla_presets); i++)
-        if (!strcmp(mla_presets[i].name, P->name)) M = &mla_presets[i];
     if (M) {
         hp.n_lora_q = (int32_t)M->q_lora, hp.n_lora_kv = (int32_t)M->kv_lora, hp.n_rot = (int32_t)M->n_rot;
         hp.v_head = (int32_t)M->v_head, hp.n_layer_dense_lead = (int32_t)M->dense_lead;

@@ -58,12 +58,12 @@ const tn_role_info tn_roles[TN_ROLE_COUNT] = {
 };
 
 extern const tn_arch_desc tn_arch_llama, tn_arch_qwen2, tn_arch_qwen3, tn_arch_smollm3, tn_arch_gemma2, tn_arch_gemma3,
-    tn_arch_phi3, tn_arch_qwen3moe, tn_arch_olmoe, tn_arch_qwen2moe, tn_arch_gpt_oss, tn_arch_deepseek2;
+    tn_arch_phi3, tn_arch_qwen3moe, tn_arch_olmoe, tn_arch_qwen2moe, tn_arch_gpt_oss, tn_arch_deepseek2, tn_arch_plm;
 
 static const tn_arch_desc *const tn_all_archs[] = {&tn_arch_llama, &tn_arch_qwen2, &tn_arch_qwen3, &tn_arch_smollm3,
                                                    &tn_arch_gemma2, &tn_arch_gemma3, &tn_arch_phi3,
                                                    &tn_arch_qwen3moe, &tn_arch_olmoe, &tn_arch_qwen2moe,
-                                                   &tn_arch_gpt_oss, &tn_arch_deepseek2};
+                                                   &tn_arch_gpt_oss, &tn_arch_deepseek2, &tn_arch_plm};
 
 size_t tn_arch_count(void) { return TN_ARRAY_LEN(tn_all_archs); }
 const tn_arch_desc *tn_arch_at(size_t i) { return i < TN_ARRAY_LEN(tn_all_archs) ? tn_all_archs[i] : NULL; }

@@ -28,11 +28,13 @@ typedef enum tn_arch {
     TN_ARCH_QWEN2MOE,
     TN_ARCH_GPT_OSS,
     TN_ARCH_DEEPSEEK2,
+    TN_ARCH_PLM,
 } tn_arch;
 typedef enum tn_rope_mode { TN_ROPE_NORM = 0, TN_ROPE_NEOX } tn_rope_mode;
 /* silu(gate) * up, gelu_tanh(gate) * up; gpt-oss's clamped SwiGLU: g = min(gate, 7),
- * u = clamp(up, -7, 7), g * sigmoid(1.702 g) * (u + 1) (ggml_swiglu_oai) */
-typedef enum tn_ffn_kind { TN_FFN_SWIGLU = 0, TN_FFN_GEGLU, TN_FFN_SWIGLU_OAI } tn_ffn_kind;
+ * u = clamp(up, -7, 7), g * sigmoid(1.702 g) * (u + 1) (ggml_swiglu_oai); not gated (PLM):
+ * relu(up)^2, no ffn_gate (llama.cpp's LLM_FFN_RELU_SQR with LLM_FFN_SEQ) */
+typedef enum tn_ffn_kind { TN_FFN_SWIGLU = 0, TN_FFN_GEGLU, TN_FFN_SWIGLU_OAI, TN_FFN_RELU_SQR } tn_ffn_kind;
 /* How a router's logits become the experts and their weights: softmax over all experts, then the
  * top k (weights: their probabilities); or (gpt-oss) the top k logits, then a softmax over them. */
 typedef enum tn_moe_gating { TN_MOE_SOFTMAX = 0, TN_MOE_SOFTMAX_WEIGHT } tn_moe_gating;
