@@ -45,6 +45,11 @@ float tn_make_qx_quants(int n, int nmax, const float *x, int8_t *L, int rmse_typ
 float tn_make_qkx2_quants(int n, int nmax, const float *x, const float *weights, uint8_t *L, float *the_min, uint8_t *Laux,
                           float rmin, float rdelta, int nstep, bool use_mad);
 
+/* Non-negative values to levels 0..nmax with weights quant_weights: a search over 9 inverse
+ * scales, then up to 5 passes moving single levels to the least-squares optimum; returns the
+ * scale. ggml's make_qp_quants (quant_iw.c; the k-quants' scale packing and iq2_xxs's start). */
+float tn_make_qp_quants(int n, int nmax, const float *x, uint8_t *L, const float *quant_weights);
+
 /* q6_K with group-scale weights qw[k] (ggml's quantize_row_q6_K_impl: the raw importances, no
  * sqrt(sigma2 + x^2) factor), or x^2 when qw is NULL (the reference). */
 void tn_quantize_row_q6_K_w(const float *x, block_q6_K *y, int64_t k, const float *qw);

@@ -1,9 +1,9 @@
 /*
  * mix.c — llama.cpp's per-tensor quantization type selection (see mix.h), restricted to the
- * file types tern can write (legacy, k-quants, IQ4_NL/IQ4_XS, TQ1_0/TQ2_0, MXFP4_MOE,
- * f16/bf16/f32; not the 1-3 bit i-quants) plus tern's any-bit
- * types. Each branch mirrors a branch of llama_tensor_get_type_impl at 34af94cd9, in the same
- * order, so a reader can diff the two.
+ * file types tern can write (legacy, k-quants, the i-quants IQ1_S .. IQ4_XS with their IQ2_M /
+ * IQ3_XS / IQ3_M mixes, TQ1_0/TQ2_0, MXFP4_MOE, f16/bf16/f32) plus tern's any-bit types. Each
+ * branch mirrors a branch of llama_tensor_get_type_impl (34af94cd9; the i-quant branches at
+ * 3f545bec, which agrees on the others), in the same order, so a reader can diff the two.
  */
 #include <math.h>
 #include <stdio.h>
@@ -29,6 +29,11 @@ static const struct {
     {"Q4_K_M", TN_FTYPE_MOSTLY_Q4_K_M, TN_Q4_K}, {"Q5_K_S", TN_FTYPE_MOSTLY_Q5_K_S, TN_Q5_K},
     {"Q5_K_M", TN_FTYPE_MOSTLY_Q5_K_M, TN_Q5_K}, {"Q6_K", TN_FTYPE_MOSTLY_Q6_K, TN_Q6_K},
     {"IQ4_NL", TN_FTYPE_MOSTLY_IQ4_NL, TN_IQ4_NL}, {"IQ4_XS", TN_FTYPE_MOSTLY_IQ4_XS, TN_IQ4_XS},
+    {"IQ2_XXS", TN_FTYPE_MOSTLY_IQ2_XXS, TN_IQ2_XXS}, {"IQ2_XS", TN_FTYPE_MOSTLY_IQ2_XS, TN_IQ2_XS},
+    {"IQ2_S", TN_FTYPE_MOSTLY_IQ2_S, TN_IQ2_XS}, {"IQ2_M", TN_FTYPE_MOSTLY_IQ2_M, TN_IQ2_S},
+    {"IQ3_XXS", TN_FTYPE_MOSTLY_IQ3_XXS, TN_IQ3_XXS}, {"IQ3_XS", TN_FTYPE_MOSTLY_IQ3_XS, TN_IQ3_S},
+    {"IQ3_S", TN_FTYPE_MOSTLY_IQ3_S, TN_IQ3_S}, {"IQ3_M", TN_FTYPE_MOSTLY_IQ3_M, TN_IQ3_S},
+    {"IQ1_S", TN_FTYPE_MOSTLY_IQ1_S, TN_IQ1_S}, {"IQ1_M", TN_FTYPE_MOSTLY_IQ1_M, TN_IQ1_M},
     {"TQ1_0", TN_FTYPE_MOSTLY_TQ1_0, TN_TQ1_0}, {"TQ2_0", TN_FTYPE_MOSTLY_TQ2_0, TN_TQ2_0},
     {"MXFP4_MOE", TN_FTYPE_MOSTLY_MXFP4_MOE, TN_MXFP4},
 };
@@ -164,6 +169,13 @@ static uint32_t fallback(const tn_qmix_tensor *t, uint32_t target, bool *fell) {
     case TN_Q3_K:
     case TN_TQ1_0:
     case TN_TQ2_0: r = TN_Q4_0; break;
+    case TN_IQ1_S:
+    case TN_IQ1_M:
+    case TN_IQ2_XXS:
+    case TN_IQ2_XS:
+    case TN_IQ2_S:
+    case TN_IQ3_XXS:
+    case TN_IQ3_S:
     case TN_IQ4_XS: r = TN_IQ4_NL; break;
     case TN_Q4_K: r = TN_Q5_0; break;
     case TN_Q5_K: r = TN_Q5_1; break;
@@ -194,6 +206,26 @@ typedef struct state {
     bool has_tied_embeddings;
 } state;
 
+/* the file types whose mixes keep most tensors at 1-2 bits (one branch of llama.cpp's) */
+static bool low_iq(tn_ftype f) {
+    return f == TN_FTYPE_MOSTLY_IQ2_XXS || f == TN_FTYPE_MOSTLY_IQ2_XS || f == TN_FTYPE_MOSTLY_IQ1_S ||
+           f == TN_FTYPE_MOSTLY_IQ2_S || f == TN_FTYPE_MOSTLY_IQ2_M || f == TN_FTYPE_MOSTLY_IQ1_M;
+}
+
+/* IQ2_S and IQ2_M raise to iq3_s where the other low mixes raise to q2_K */
+static uint32_t low_iq_more(tn_ftype f) {
+    return f == TN_FTYPE_MOSTLY_IQ2_S || f == TN_FTYPE_MOSTLY_IQ2_M ? TN_IQ3_S : TN_Q2_K;
+}
+
+/* layer_info: the layer of a ffn tensor is its counter, or (experts) the number in its name */
+static int ffn_layer(const tn_qmix_model *m, const tn_qmix_tensor *t, int i_layer, int n_layer) {
+    if (m->n_expert > 1) {
+        int l = -1;
+        if (sscanf(t->name, "blk.%d.", &l) == 1 && l >= 0 && l < n_layer) i_layer = l;
+    }
+    return i_layer;
+}
+
 static bool use_more_bits(int i_layer, int n_layers) {
     return i_layer < n_layers / 8 || i_layer >= 7 * n_layers / 8 || (i_layer - n_layers / 8) % 3 == 2;
 }
@@ -220,6 +252,7 @@ static uint32_t type_impl(state *qs, const tn_qmix_model *m, const tn_qmix_opts 
             const int64_t nx = t->ne[0];
             const int64_t qk_k = blck(new_type);
             if (ftype == TN_FTYPE_MOSTLY_MXFP4_MOE || falcon || nx % qk_k != 0) new_type = TN_Q8_0;
+            else if (low_iq(ftype) || ftype == TN_FTYPE_MOSTLY_IQ3_XXS) new_type = TN_Q5_K;
             else if (new_type != TN_Q8_0) new_type = TN_Q6_K;
             if (tq && new_type == TN_Q6_K && nx % 256 != 0) new_type = TN_Q8_0;
         }
@@ -229,13 +262,39 @@ static uint32_t type_impl(state *qs, const tn_qmix_model *m, const tn_qmix_opts 
     } else if (c == CAT_TOKEN_EMBD) {
         if (o->token_embd_type >= 0) new_type = (uint32_t)o->token_embd_type;
         else if (tq) new_type = tq_more(new_type, 2); /* embeddings: higher precision */
+        else if (ftype == TN_FTYPE_MOSTLY_IQ2_XXS || ftype == TN_FTYPE_MOSTLY_IQ2_XS || ftype == TN_FTYPE_MOSTLY_IQ1_S ||
+                 ftype == TN_FTYPE_MOSTLY_IQ1_M)
+            new_type = TN_Q2_K;
+        else if (ftype == TN_FTYPE_MOSTLY_IQ2_S || ftype == TN_FTYPE_MOSTLY_IQ2_M || ftype == TN_FTYPE_MOSTLY_IQ3_XXS)
+            new_type = TN_IQ3_S;
         else if (ftype == TN_FTYPE_MOSTLY_TQ1_0 || ftype == TN_FTYPE_MOSTLY_TQ2_0) new_type = TN_Q4_K;
+    } else if (low_iq(ftype)) {
+        /* no ffn_gate / ffn_up counters advance here (they only matter to IQ3_XS) */
+        if (is_attn_v(c)) {
+            new_type = n_gqa >= 4 || m->n_expert >= 4 ? TN_Q4_K : low_iq_more(ftype);
+            ++qs->i_attention_wv;
+        } else if (m->n_expert == 8 && c == CAT_ATTN_K) {
+            new_type = TN_Q4_K;
+        } else if (c == CAT_FFN_DOWN) {
+            if (qs->i_ffn_down < qs->n_ffn_down / 8) new_type = low_iq_more(ftype);
+            ++qs->i_ffn_down;
+        } else if (c == CAT_ATTN_OUTPUT) {
+            if (m->n_expert == 8) new_type = TN_Q5_K;
+            else if (ftype == TN_FTYPE_MOSTLY_IQ1_S || ftype == TN_FTYPE_MOSTLY_IQ1_M) new_type = TN_IQ2_XXS;
+            else if (ftype == TN_FTYPE_MOSTLY_IQ2_S || ftype == TN_FTYPE_MOSTLY_IQ2_M) new_type = TN_IQ3_S;
+        }
     } else if (is_attn_v(c)) {
         if (tq) {
             if (use_more_bits(qs->i_attention_wv, qs->n_attention_wv)) new_type = tq_more(new_type, 1);
         } else if (ftype == TN_FTYPE_MOSTLY_Q2_K) {
             new_type = n_gqa >= 4 ? TN_Q4_K : TN_Q3_K;
         } else if (ftype == TN_FTYPE_MOSTLY_Q2_K_S && n_gqa >= 4) {
+            new_type = TN_Q4_K;
+        } else if (ftype == TN_FTYPE_MOSTLY_IQ3_XXS) {
+            new_type = n_gqa >= 4 ? TN_Q4_K : !o->has_imatrix ? TN_IQ3_S : TN_IQ3_XXS;
+        } else if ((ftype == TN_FTYPE_MOSTLY_IQ3_XS || ftype == TN_FTYPE_MOSTLY_IQ3_S) && n_gqa >= 4) {
+            new_type = TN_Q4_K;
+        } else if (ftype == TN_FTYPE_MOSTLY_IQ3_M) {
             new_type = TN_Q4_K;
         } else if (ftype == TN_FTYPE_MOSTLY_Q3_K_M) {
             new_type = qs->i_attention_wv < 2 ? TN_Q5_K : TN_Q4_K;
@@ -254,24 +313,28 @@ static uint32_t type_impl(state *qs, const tn_qmix_model *m, const tn_qmix_opts 
         ++qs->i_attention_wv;
     } else if (c == CAT_ATTN_K) {
         if (m->n_expert == 8) new_type = TN_Q8_0;
+        else if (ftype == TN_FTYPE_MOSTLY_IQ3_XS) new_type = TN_IQ3_XXS;
+        else if (ftype == TN_FTYPE_MOSTLY_IQ3_XXS) new_type = TN_IQ2_S;
     } else if (c == CAT_ATTN_Q) {
-        /* only IQ3 mixes change attn_q */
+        if (ftype == TN_FTYPE_MOSTLY_IQ3_XS) new_type = TN_IQ3_XXS;
+        else if (ftype == TN_FTYPE_MOSTLY_IQ3_XXS) new_type = TN_IQ2_S;
     } else if (c == CAT_FFN_DOWN) {
-        int i_layer = qs->i_ffn_down, n_layer = qs->n_ffn_down;
-        if (m->n_expert > 1) {
-            int l = -1;
-            if (sscanf(t->name, "blk.%d.", &l) == 1 && l >= 0 && l < n_layer) i_layer = l;
-        }
+        const int n_layer = qs->n_ffn_down, i_layer = ffn_layer(m, t, qs->i_ffn_down, n_layer);
         if (tq) {
             if (use_more_bits(i_layer, n_layer)) new_type = tq_more(new_type, 1);
         } else if (ftype == TN_FTYPE_MOSTLY_Q2_K) {
             new_type = TN_Q3_K;
         } else if (ftype == TN_FTYPE_MOSTLY_Q2_K_S) {
             if (i_layer < n_layer / 8) new_type = TN_Q4_K;
+        } else if (ftype == TN_FTYPE_MOSTLY_IQ3_XXS && !o->has_imatrix) {
+            new_type = i_layer < n_layer / 8 ? TN_Q4_K : TN_Q3_K;
         } else if (ftype == TN_FTYPE_MOSTLY_Q3_K_M) {
             new_type = i_layer < n_layer / 16                      ? TN_Q5_K
                        : !falcon || use_more_bits(i_layer, n_layer) ? TN_Q4_K
                                                                     : TN_Q3_K;
+        } else if (ftype == TN_FTYPE_MOSTLY_IQ3_M &&
+                   (i_layer < n_layer / 8 || (m->n_expert == 8 && use_more_bits(i_layer, n_layer)))) {
+            new_type = TN_Q4_K;
         } else if (ftype == TN_FTYPE_MOSTLY_Q3_K_L) {
             new_type = falcon ? TN_Q4_K : TN_Q5_K;
         } else if (ftype == TN_FTYPE_MOSTLY_Q4_K_M) {
@@ -295,27 +358,32 @@ static uint32_t type_impl(state *qs, const tn_qmix_model *m, const tn_qmix_opts 
     } else if (c == CAT_ATTN_OUTPUT) {
         if (!falcon) {
             if (m->n_expert == 8) {
-                if (ftype == TN_FTYPE_MOSTLY_Q2_K || ftype == TN_FTYPE_MOSTLY_Q3_K_S ||
-                    ftype == TN_FTYPE_MOSTLY_Q3_K_M || ftype == TN_FTYPE_MOSTLY_Q4_K_S ||
-                    ftype == TN_FTYPE_MOSTLY_Q4_K_M || ftype == TN_FTYPE_MOSTLY_IQ4_NL ||
-                    ftype == TN_FTYPE_MOSTLY_IQ4_XS)
+                if (ftype == TN_FTYPE_MOSTLY_Q2_K || ftype == TN_FTYPE_MOSTLY_IQ3_XS ||
+                    ftype == TN_FTYPE_MOSTLY_IQ3_XXS || ftype == TN_FTYPE_MOSTLY_Q3_K_S ||
+                    ftype == TN_FTYPE_MOSTLY_Q3_K_M || ftype == TN_FTYPE_MOSTLY_IQ4_NL ||
+                    ftype == TN_FTYPE_MOSTLY_Q4_K_S || ftype == TN_FTYPE_MOSTLY_Q4_K_M ||
+                    ftype == TN_FTYPE_MOSTLY_IQ3_S || ftype == TN_FTYPE_MOSTLY_IQ3_M || ftype == TN_FTYPE_MOSTLY_IQ4_XS)
                     new_type = TN_Q5_K;
             } else {
                 if (ftype == TN_FTYPE_MOSTLY_Q2_K) new_type = TN_Q3_K;
+                else if (ftype == TN_FTYPE_MOSTLY_IQ3_XXS) new_type = TN_IQ3_S;
                 else if (ftype == TN_FTYPE_MOSTLY_Q3_K_M) new_type = TN_Q4_K;
                 else if (ftype == TN_FTYPE_MOSTLY_Q3_K_L) new_type = TN_Q5_K;
+                else if (ftype == TN_FTYPE_MOSTLY_IQ3_M) new_type = TN_Q4_K;
             }
         } else {
             if (ftype == TN_FTYPE_MOSTLY_Q3_K_L) new_type = TN_Q4_K;
         }
     } else if (c == CAT_ATTN_QKV) {
-        if (ftype == TN_FTYPE_MOSTLY_Q3_K_M || ftype == TN_FTYPE_MOSTLY_Q3_K_L) new_type = TN_Q4_K;
+        if (ftype == TN_FTYPE_MOSTLY_Q3_K_M || ftype == TN_FTYPE_MOSTLY_Q3_K_L || ftype == TN_FTYPE_MOSTLY_IQ3_M)
+            new_type = TN_Q4_K;
         else if (ftype == TN_FTYPE_MOSTLY_Q4_K_M) new_type = TN_Q5_K;
         else if (ftype == TN_FTYPE_MOSTLY_Q5_K_M) new_type = TN_Q6_K;
-    } else if (c == CAT_FFN_GATE) {
-        ++qs->i_ffn_gate;
-    } else if (c == CAT_FFN_UP) {
-        ++qs->i_ffn_up;
+    } else if (c == CAT_FFN_GATE || c == CAT_FFN_UP) {
+        int *cnt = c == CAT_FFN_GATE ? &qs->i_ffn_gate : &qs->i_ffn_up;
+        const int n_layer = c == CAT_FFN_GATE ? qs->n_ffn_gate : qs->n_ffn_up, i_layer = ffn_layer(m, t, *cnt, n_layer);
+        if (ftype == TN_FTYPE_MOSTLY_IQ3_XS && i_layer >= n_layer / 8 && i_layer < 7 * n_layer / 8) new_type = TN_IQ3_XXS;
+        ++*cnt;
     }
     return new_type;
 }
@@ -364,6 +432,21 @@ void tn_qmix_plan(tn_ftype ftype, tn_dtype default_type, const tn_qmix_model *m,
         }
         ch->wanted = ch->fallback ? ch->wanted : nt;
         ch->type = nt;
+    }
+}
+
+bool tn_qmix_requires_imatrix(const char *name, uint32_t t, tn_ftype ftype) {
+    const cat c = category(name);
+    if (c == CAT_TOKEN_EMBD || c == CAT_OUTPUT) return false;
+    switch (t) {
+    case TN_IQ3_XXS:
+    case TN_IQ2_XXS:
+    case TN_IQ2_XS:
+    case TN_IQ2_S:
+    case TN_IQ1_M:
+    case TN_IQ1_S: return true;
+    case TN_Q2_K: return ftype == TN_FTYPE_MOSTLY_Q2_K_S;
+    default: return false;
     }
 }
 

@@ -45,9 +45,19 @@ typedef enum tn_ftype {
     TN_FTYPE_MOSTLY_Q5_K_S = 16,
     TN_FTYPE_MOSTLY_Q5_K_M = 17,
     TN_FTYPE_MOSTLY_Q6_K = 18,
+    TN_FTYPE_MOSTLY_IQ2_XXS = 19,
+    TN_FTYPE_MOSTLY_IQ2_XS = 20,
     TN_FTYPE_MOSTLY_Q2_K_S = 21,
+    TN_FTYPE_MOSTLY_IQ3_XS = 22,
+    TN_FTYPE_MOSTLY_IQ3_XXS = 23,
+    TN_FTYPE_MOSTLY_IQ1_S = 24,
     TN_FTYPE_MOSTLY_IQ4_NL = 25,
+    TN_FTYPE_MOSTLY_IQ3_S = 26,
+    TN_FTYPE_MOSTLY_IQ3_M = 27,
+    TN_FTYPE_MOSTLY_IQ2_S = 28,
+    TN_FTYPE_MOSTLY_IQ2_M = 29,
     TN_FTYPE_MOSTLY_IQ4_XS = 30,
+    TN_FTYPE_MOSTLY_IQ1_M = 31,
     TN_FTYPE_MOSTLY_BF16 = 32,
     TN_FTYPE_MOSTLY_TQ1_0 = 36,
     TN_FTYPE_MOSTLY_TQ2_0 = 37,
@@ -108,6 +118,11 @@ void tn_qmix_sort(const char *const *names, size_t n, size_t *idx);
  * type's default tensor type (or a tern type). out[n]. */
 void tn_qmix_plan(tn_ftype ftype, tn_dtype default_type, const tn_qmix_model *m, const tn_qmix_opts *o,
                   const tn_qmix_tensor *t, size_t n, tn_qmix_choice *out);
+
+/* llama-quantize's tensor_requires_imatrix: a tensor of type t (not token_embd / output) can
+ * only be written with importance data — iq1_s, iq1_m, iq2_xxs, iq2_xs, iq2_s, iq3_xxs, and
+ * q2_K in a Q2_K_S file. */
+bool tn_qmix_requires_imatrix(const char *name, uint32_t t, tn_ftype ftype);
 
 /* Budgeted choice of types (tern quantize --target-bpw). Tensor i has n_cand[i] >= 1 candidate
  * types with sizes bits[i][c] (in bits, non-decreasing in c) and errors err[i][c]. Starting from

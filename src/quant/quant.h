@@ -81,6 +81,15 @@ static inline bool tn_dtype_is_iq_grid(tn_dtype t) {
            t == TN_IQ1_M;
 }
 
+/* Quantizers to the codebook i-quants (quant_iqgrid.c, quant_iq1.c), byte-identical with ggml's
+ * quantize_<t> (what llama-quantize writes), with importance qw[k] (the columns' imatrix entries)
+ * or NULL. Return false (y untouched) for another type, k % 256 != 0, a type that cannot work
+ * without importance (iq2_xxs, iq2_xs, iq1_s, iq1_m: ggml asserts) given NULL, or no memory for
+ * the grid's search tables (iq_map.c). Thread-safe. */
+bool tn_quantize_iq_grid(tn_dtype t, const float *x, void *y, int64_t k, const float *qw);
+static inline bool tn_iq_needs_weights(tn_dtype t) { return t == TN_IQ2_XXS || t == TN_IQ2_XS || t == TN_IQ1_S; }
+bool tn_quantize_iq1(tn_dtype t, const float *x, void *y, int64_t k, const float *qw);
+
 /* Type-generic entry points (F32, F16, BF16 and every type above). Return false for a type
  * without a reference (y untouched). */
 bool tn_quantize_row_ref(tn_dtype t, const float *x, void *y, int64_t k);

@@ -22,7 +22,7 @@
 /* Non-negative values (group scales or mins) to levels 0..nmax with a weighted search over 9
  * grids, then up to 5 passes moving single levels to the least-squares optimum (ggml
  * make_qp_quants). Returns the scale. */
-static float make_qp_quants(int n, int nmax, const float *x, uint8_t *L, const float *quant_weights) {
+float tn_make_qp_quants(int n, int nmax, const float *x, uint8_t *L, const float *quant_weights) {
     float max = 0;
     for (int i = 0; i < n; i++) max = max > x[i] ? max : x[i];
     if (max < TN_GROUP_MAX_EPS) {
@@ -118,8 +118,8 @@ static void q2_K_iw(const float *x, block_q2_K *y, int64_t k, const float *quant
             for (int l = 0; l < QK_K / 16; l++) sw[j] += weight[l];
             scales[j] = tn_make_qkx2_quants(16, 3, x + 16 * j, weight, L + 16 * j, &mins[j], Laux, -0.9f, 0.05f, 36, false);
         }
-        float dm = make_qp_quants(QK_K / 16, 15, scales, Ls, sw);
-        float mm = make_qp_quants(QK_K / 16, 15, mins, Lm, sw);
+        float dm = tn_make_qp_quants(QK_K / 16, 15, scales, Ls, sw);
+        float mm = tn_make_qp_quants(QK_K / 16, 15, mins, Lm, sw);
         y[i].d = tn_fp32_to_fp16(dm);
         y[i].dmin = tn_fp32_to_fp16(mm);
         dm = tn_fp16_to_fp32(y[i].d);
@@ -193,8 +193,8 @@ static void k4_groups_iw(const float *x, const float *qw_row, int64_t i, int nma
         sw[j] = sumw;
         scales[j] = tn_make_qkx2_quants(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, -0.9f, 0.05f, 36, false);
     }
-    const float d_block = make_qp_quants(QK_K / 32, 63, scales, Ls, sw);
-    const float m_block = make_qp_quants(QK_K / 32, 63, mins, Lm, sw);
+    const float d_block = tn_make_qp_quants(QK_K / 32, 63, scales, Ls, sw);
+    const float m_block = tn_make_qp_quants(QK_K / 32, 63, mins, Lm, sw);
     for (int j = 0; j < QK_K / 32; j++) {
         uint8_t ls = Ls[j], lm = Lm[j];
         if (nmax == 31) ls = ls < 63 ? ls : 63, lm = lm < 63 ? lm : 63; /* ggml clamps for q5_K only */
@@ -320,6 +320,7 @@ bool tn_quantize_row_imat(tn_dtype t, const float *x, void *y, int64_t k, const 
     /* llama-quantize writes the iq4 types with ggml's file quantizer, importance or not */
     if (t == TN_IQ4_NL && k % QK4_NL == 0) return tn_quantize_iq4_nl(x, y, k, imat), true;
     if (t == TN_IQ4_XS && k % QK_K == 0) return tn_quantize_iq4_xs(x, y, k, imat), true;
+    if (tn_dtype_is_iq_grid(t)) return tn_quantize_iq_grid(t, x, y, k, imat);
     if (!imat) return tn_quantize_row_ref(t, x, y, k);
     const int64_t bs = tn_dtype_get(t) ? tn_dtype_get(t)->blck_size : 0;
     if (bs <= 0 || k % bs) return false;

@@ -10,9 +10,11 @@
  *     scale products, but a llama.cpp built for this CPU contracts ggml's sumf += d * sumi into an
  *     FMA, which tern's baseline reference does not (without FMA the two are bit-identical:
  *     tests/quant/ggml_golden_gen.c builds ggml's code that way).
- * The codebook i-quants (iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, iq1_s, iq1_m), which ggml has no
- * reference quantizer for, on random bytes with finite scales: dequantize_row_<t> bit-identical,
- * vec_dot within the same tolerance.
+ * The codebook i-quants (iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, iq1_s, iq1_m): on random bytes
+ * with finite scales, dequantize_row_<t> bit-identical and vec_dot within the same tolerance;
+ * ggml_quantize_chunk (what llama-quantize writes) on every tq_fill pattern (mixed scales, zero,
+ * constant and spiky blocks), with importance weights and — for the types ggml allows it —
+ * without, against tn_quantize_row_imat: identical bytes.
  * Nothing from llama.cpp is linked or committed; the symbols are looked up by name.
  */
 #include <dlfcn.h>
@@ -198,6 +200,38 @@ static void test_grid_against_ggml(void **state) {
     free(x), free(yt), free(yg), free(q), free(act);
 }
 
+static void test_grid_quantize_against_ggml(void **state) {
+    (void)state;
+    float *x = malloc(ROWS * NPR * sizeof(float)), *imat = malloc(NPR * sizeof(float));
+    uint8_t *qt = malloc(ROWS * NPR), *qg = malloc(ROWS * NPR);
+    g_chunk chunk = (g_chunk)sym(base, "ggml_quantize_chunk");
+    for (size_t i = 0; i < TN_ARRAY_LEN(grid_types); i++) {
+        const tn_dtype t = grid_types[i].t;
+        const size_t rb = tn_dtype_row_size(t, NPR), tot = ROWS * rb;
+        for (int p = 0; p < TQ_N_PATTERNS; p++) {
+            tq_fill(p, 80 + (uint64_t)i, x, ROWS * NPR);
+            tq_fill(1, 90 + (uint64_t)p, imat, NPR);
+            for (int j = 0; j < NPR; j++) imat[j] = imat[j] * imat[j] + 1e-3f;
+            for (int w = 1; w >= 0; w--) {
+                if (!w && tn_iq_needs_weights(t)) { /* ggml asserts; tern refuses */
+                    assert_false(tn_quantize_row_imat(t, x, qt, NPR, NULL));
+                    continue;
+                }
+                memset(qt, 0xA5, tot), memset(qg, 0x5A, tot);
+                assert_int_equal(chunk((int)t, x, qg, 0, ROWS, NPR, w ? imat : NULL), tot);
+                for (int r = 0; r < ROWS; r++) assert_true(tn_quantize_row_imat(t, x + r * NPR, qt + r * rb, NPR, w ? imat : NULL));
+                if (memcmp(qt, qg, tot)) {
+                    size_t at = 0;
+                    while (qt[at] == qg[at]) at++;
+                    fail_msg("%s: quantized bytes differ (pattern %d, imatrix %d) at byte %zu (block %zu): tern %02x ggml %02x",
+                             grid_types[i].name, p, w, at, at / tn_dtype_get(t)->type_size, qt[at], qg[at]);
+                }
+            }
+        }
+    }
+    free(x), free(imat), free(qt), free(qg);
+}
+
 int main(void) {
     const char *dir = getenv("TERN_LLAMA_BIN");
     char path[4096];
@@ -215,6 +249,7 @@ int main(void) {
     }
     /* fills ggml-cpu's fp16 conversion table, which its generic dot products read */
     ((void (*)(void))sym(cpu, "ggml_cpu_init"))();
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_against_ggml), cmocka_unit_test(test_grid_against_ggml)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_against_ggml), cmocka_unit_test(test_grid_against_ggml),
+                                       cmocka_unit_test(test_grid_quantize_against_ggml)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

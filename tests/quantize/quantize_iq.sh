@@ -11,7 +11,9 @@
 #   identically (the same ternary values) so their KLDs are equal, and below 1 nat.
 # mode peer: the same inputs through llama.cpp's llama-quantize ($TERN_LLAMA_BIN, a build made
 #   outside this repo; exit 77 = skipped without it): default mixes, --pure and --imatrix (a
-#   tern imatrix of the small model) give byte-identical files.
+#   tern imatrix of the small model) give byte-identical files — for the types above and for the
+#   codebook i-quants IQ1_S .. IQ3_M (mixes with the imatrix, --pure with it, IQ3_S / IQ3_M also
+#   without); both tools refuse IQ2_XXS, IQ2_M, IQ3_XXS, IQ1_M without an imatrix.
 set -u
 MODE=$1; TERN=$2; TMP=$3/quantize_iq_$MODE; SRC=$(cd "$(dirname "$0")/../.." && pwd)
 mkdir -p "$TMP"
@@ -28,19 +30,39 @@ TEXT="$TMP/text.txt"; cat "$SRC"/README.md "$SRC"/docs/*.md | head -c 40000 > "$
 
 if [ "$MODE" = peer ]; then
   "$TERN" imatrix -m "$TMP/small.gguf" -f "$TEXT" -o "$TMP/imat.gguf" -c 64 --chunks 4 -t 2 >/dev/null 2>&1 || { echo "FAIL imatrix"; exit 1; }
+  cases=()
   for P in tiny small; do
     for T in IQ4_NL IQ4_XS TQ1_0 TQ2_0 MXFP4_MOE; do
       for V in mix pure imat; do
         [ $P = tiny ] && [ $V != mix ] && continue  # tiny: the fallbacks; small covers the rest
-        opt=(); [ $V = pure ] && opt=(--pure); [ $V = imat ] && opt=(--imatrix "$TMP/imat.gguf")
         [ $V = imat ] && { [ $P = tiny ] || [[ $T != IQ4_* ]]; } && continue
-        o="$TMP/$P-$T-$V"
-        "$LB/llama-quantize" "${opt[@]}" "$TMP/$P.gguf" "$o.ref.gguf" $T 2 >"$o.ref.log" 2>&1 || { echo "FAIL llama-quantize $P $T $V"; tail -3 "$o.ref.log"; fail=1; continue; }
-        "$TERN" quantize "${opt[@]}" "$TMP/$P.gguf" "$o.gguf" $T 2 >"$o.log" 2>&1 || { echo "FAIL tern quantize $P $T $V"; tail -3 "$o.log"; fail=1; continue; }
-        if cmp -s "$o.gguf" "$o.ref.gguf"; then echo "ok   $P $T $V byte-identical"; else echo "FAIL $P $T $V differs: $(cmp "$o.gguf" "$o.ref.gguf" | head -1)"; fail=1; fi
-        rm -f "$o.gguf" "$o.ref.gguf"
+        cases+=("$P $T $V")
       done
     done
+  done
+  # the codebook i-quants and their mixes: with the importance matrix (llama-quantize requires
+  # one for iq1_*, iq2_*, iq3_xxs tensors), --pure with it, and without it where it is optional
+  for T in IQ2_XXS IQ2_XS IQ2_S IQ2_M IQ3_XXS IQ3_XS IQ3_S IQ3_M IQ1_S IQ1_M; do cases+=("small $T imat"); done
+  for T in IQ2_XXS IQ2_XS IQ2_M IQ3_XXS IQ3_S IQ1_S IQ1_M; do cases+=("small $T pureimat"); done
+  for T in IQ3_S IQ3_M; do cases+=("small $T mix" "small $T pure"); done
+  cases+=("tiny IQ3_S mix")  # 64-wide tensors fall back to iq4_nl
+  for c in "${cases[@]}"; do
+    read -r P T V <<<"$c"
+    opt=(); [ $V = pure ] && opt=(--pure); [ $V = imat ] && opt=(--imatrix "$TMP/imat.gguf")
+    [ $V = pureimat ] && opt=(--pure --imatrix "$TMP/imat.gguf")
+    o="$TMP/$P-$T-$V"
+    "$LB/llama-quantize" "${opt[@]}" "$TMP/$P.gguf" "$o.ref.gguf" $T 2 >"$o.ref.log" 2>&1 || { echo "FAIL llama-quantize $P $T $V"; tail -3 "$o.ref.log"; fail=1; continue; }
+    "$TERN" quantize "${opt[@]}" "$TMP/$P.gguf" "$o.gguf" $T 2 >"$o.log" 2>&1 || { echo "FAIL tern quantize $P $T $V"; tail -3 "$o.log"; fail=1; continue; }
+    if cmp -s "$o.gguf" "$o.ref.gguf"; then echo "ok   $P $T $V byte-identical"; else echo "FAIL $P $T $V differs: $(cmp "$o.gguf" "$o.ref.gguf" | head -1)"; fail=1; fi
+    rm -f "$o.gguf" "$o.ref.gguf"
+  done
+  # both refuse the types that need importance data when none is given (tern: usage error, 64)
+  for T in IQ2_XXS IQ2_M IQ3_XXS IQ1_M; do
+    o="$TMP/small-$T-none"
+    "$LB/llama-quantize" "$TMP/small.gguf" "$o.ref.gguf" $T 2 >"$o.ref.log" 2>&1 && { echo "FAIL llama-quantize made $T without an imatrix"; fail=1; }
+    "$TERN" quantize "$TMP/small.gguf" "$o.gguf" $T 2 >"$o.log" 2>&1; rc=$?
+    if [ $rc = 64 ] && grep -q -- "--imatrix" "$o.log" && [ ! -e "$o.gguf" ]; then echo "ok   $T without an imatrix refused (64)"; else echo "FAIL $T without an imatrix: exit $rc"; tail -2 "$o.log"; fail=1; fi
+    rm -f "$o.gguf" "$o.ref.gguf"
   done
   exit $fail
 fi

@@ -31,6 +31,7 @@
 #include "model/model.h"
 #include "model/ops.h"
 #include "quant/imatrix.h"
+#include "quant/iq_grid.h"
 #include "quant/mix.h"
 #include "quant/quant.h"
 #include "quant/tq.h"
@@ -81,6 +82,7 @@ typedef struct {
     tn_pool *pool;
     const tn_imatrix *imat;
     bool allow_requantize;
+    tn_ftype ftype;
     float *f32;                /* scratch: largest tensor as floats */
     uint64_t total_in, total_out, n_elem;
     /* task */
@@ -182,6 +184,11 @@ static tern_status fill(void *user, size_t idx, void *dst, size_t nbytes) {
     } else if (q->imat) {
         q->task_imat = tn_imatrix_find(q->imat, t->name, t->ne[0]);
     }
+    if (!q->task_imat && (tn_qmix_requires_imatrix(t->name, c->type, q->ftype) || tn_iq_needs_weights((tn_dtype)c->type)))
+        return tn_err(TERN_ERR_FORMAT, "quantize: '%s' as %s needs importance data, and %s", t->name, tn_dtype_name(c->type),
+                      q->imat ? "the importance matrix has no entry of its size for it" : "no --imatrix was given");
+    if (tn_dtype_is_iq_grid((tn_dtype)c->type) && !tn_iq_map_get((tn_dtype)c->type))
+        return tn_err(TERN_ERR_NOMEM, "quantize: no memory for the %s grid's search tables", tn_dtype_name(c->type));
     tn_pool_run(q->pool, quant_task, q);
     if (g_stop) return tn_err(TERN_ERR_ABORTED, "quantize: interrupted");
     fprintf(stderr, "size = %8.2f MiB -> %8.2f MiB\n", t->nbytes / 1024.0 / 1024.0, nbytes / 1024.0 / 1024.0);
@@ -599,6 +606,8 @@ out:
 static void usage(void) {
     printf("usage: tern quantize [options] in.gguf out.gguf TYPE [threads]\n"
            "  TYPE: Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q2_K_S Q3_K_S Q3_K_M Q3_K_L Q4_K_S Q4_K_M Q5_K_S Q5_K_M Q6_K\n"
+           "        IQ1_S IQ1_M IQ2_XXS IQ2_XS IQ2_S IQ2_M IQ3_XXS IQ3_XS IQ3_S IQ3_M (IQ1_*, IQ2_*, IQ3_XXS need\n"
+           "        --imatrix, as in llama-quantize)\n"
            "        IQ4_NL IQ4_XS TQ1_0 TQ2_0 MXFP4_MOE (= MXFP4; a dense model's mix is all Q8_0, --pure gives\n"
            "        MXFP4 everywhere) F16 BF16 F32 (llama.cpp mixes, byte-identical to llama-quantize), or\n"
            "        tq<b>[g<G>][a|s]: tern any-bit, b in 1..8, G in 32/64/128/256 (tq3 = tq3g64a; not ggml's\n"
@@ -791,6 +800,13 @@ int cmd_quantize(int argc, char **argv) {
     tn_qmix_model mm;
     read_model(g, &mm);
     tn_qmix_plan(ftype, default_type, &mm, &opts, mt, n, ch);
+    for (size_t i = 0; i < n && !imat; i++)
+        if (ch[i].quantizable && tn_qmix_requires_imatrix(mt[i].name, ch[i].type, ftype)) {
+            rc = tn_cli_usage_error("%s: tensor '%s' would be %s, which needs an importance matrix: give one with "
+                                    "--imatrix FILE (tern imatrix or llama-imatrix), as llama-quantize requires",
+                                    type_name, mt[i].name, tn_dtype_name(ch[i].type));
+            goto out;
+        }
 
     if (threads <= 0) threads = tn_cpu_count();
     if ((s = tn_pool_create((int)threads, &pool))) goto fail;
@@ -894,6 +910,7 @@ int cmd_quantize(int argc, char **argv) {
     q.pool = pool;
     q.imat = imat;
     q.allow_requantize = allow_requantize;
+    q.ftype = ftype;
 
     fprintf(stderr, "quantize: %s -> %s as %s (%zu tensors, %lld threads)\n", in_path, out_path, type_name, n, (long long)threads);
     signal(SIGINT, on_sigint);
