@@ -5,6 +5,14 @@
  *
  *   bench_kern [--m M] [--k K] [--n N] [--threads T] [--types q4_0,q4_K,...] [--isa avx2,...]
  *              [--dram-mb MB] [--quick]
+ *   bench_kern --iq [--m M] [--k K] [--n N] [--types iq2_xxs,...] [--quick]
+ *
+ * --iq: the codebook i-quants (iq2_xxs ... iq1_m), one thread, old path against new in the same
+ * process: prefill as the row-by-row vec_dot loop (tn_gemm_by_vec_dot, what prefill did before
+ * the batched kernels) against the table's gemm on 256 weight rows x n activation rows, and
+ * decode (n = 1) as the avx2 vec_dot against the avx512 table's, over m rows. The two are timed
+ * alternately, each call on its own, best of several; only their ratio is printed (a shared
+ * machine's absolute numbers are noise, the ratio of two interleaved bests much less so).
  *
  * --isa defaults to avx2,avx512 (add scalar to time the references' GEMV too).
  *
@@ -89,6 +97,7 @@ static int fp16_offsets(tn_dtype t, int off[2]) {
     case TN_Q2_K: off[0] = (int)offsetof(block_q2_K, d), off[1] = (int)offsetof(block_q2_K, dmin); return 2;
     case TN_Q3_K: off[0] = (int)offsetof(block_q3_K, d); return 1;
     case TN_Q6_K: off[0] = (int)offsetof(block_q6_K, d); return 1;
+    case TN_IQ2_XXS: case TN_IQ2_XS: case TN_IQ2_S: case TN_IQ3_XXS: case TN_IQ3_S: case TN_IQ1_S: off[0] = 0; return 1;
     default: return 0;
     }
 }
@@ -117,6 +126,11 @@ static void fill_weights(tn_dtype t, uint8_t *w, int64_t rows, int64_t k) {
     const tn_fp16 h = tn_fp32_to_fp16(0.01f);
     for (size_t b = 0; b < total / tr->type_size; b++)
         for (int f = 0; f < nf; f++) memcpy(w + b * tr->type_size + off[f], &h, 2);
+    if (t == TN_IQ1_M) /* its fp16 scale is the top nibbles of the four scale words */
+        for (size_t b = 0; b < total / tr->type_size; b++) {
+            uint8_t *sc = w + b * tr->type_size + offsetof(block_iq1_m, scales);
+            for (int q = 0; q < 4; q++) sc[2 * q + 1] = (uint8_t)((sc[2 * q + 1] & 15) | ((h >> 4 * q) & 15) << 4);
+        }
 }
 
 /* ---- gemv / gemm tasks --------------------------------------------------------------------------- */
@@ -167,12 +181,84 @@ static int listed(const char *list, const char *name) {
     return 0;
 }
 
+/* ---- --iq: old path vs new kernel, alternating --------------------------------------------------- */
+
+typedef struct {
+    tn_vec_dot_fn dot; /* non-NULL: the row-by-row vec_dot loop */
+    tn_gemm_fn gemm;
+} iq_path;
+
+static double iq_time(const iq_path *p, int64_t k, int64_t m, int64_t n, const uint8_t *w, size_t w_rb,
+                      const uint8_t *x, size_t x_rb, float *y) {
+    const double t0 = tn_time_s();
+    if (p->dot) tn_gemm_by_vec_dot(p->dot, k, m, n, w, w_rb, x, x_rb, y, m);
+    else p->gemm(k, m, n, w, w_rb, x, x_rb, y, m);
+    return tn_time_s() - t0;
+}
+
+/* Best time of each path over `reps` alternating rounds (old first, then new, every round);
+ * returns best(old) / best(new). */
+static double iq_ratio(const iq_path *old, const iq_path *neu, int reps, int64_t k, int64_t m, int64_t n,
+                       const uint8_t *w, size_t w_rb, const uint8_t *x, size_t x_rb, float *y) {
+    double bo = 1e30, bn = 1e30;
+    for (int r = 0; r < reps; r++) {
+        const double to = iq_time(old, k, m, n, w, w_rb, x, x_rb, y), tn = iq_time(neu, k, m, n, w, w_rb, x, x_rb, y);
+        if (to < bo) bo = to;
+        if (tn < bn) bn = tn;
+    }
+    return bo / bn;
+}
+
+static int bench_iq(const bench_opts *o, const float *xf, uint8_t *mem, float *y, uint8_t *xq) {
+    static const tn_dtype iq[] = {TN_IQ2_XXS, TN_IQ2_XS, TN_IQ2_S, TN_IQ3_XXS, TN_IQ3_S, TN_IQ1_S, TN_IQ1_M};
+    const tn_kern_table *a2 = tn_kern_at(TN_ISA_AVX2), *a5 = tn_kern_at(TN_ISA_AVX512);
+    if (!a2) {
+        printf("SKIP: no AVX2 on this CPU: no i-quant kernels to compare\n");
+        return 0;
+    }
+    const int reps = o->quick ? 3 : 7;
+    const int64_t rows = o->m < GEMM_ROWS ? o->m : GEMM_ROWS;
+    printf("i-quant kernels, 1 thread, k=%lld; ratios old/new (> 1: new is faster), best of %d alternating "
+           "calls each, measured under load (shared machine)\n", (long long)o->k, reps);
+    printf("%-8s | %-28s | %-28s | %s\n", "type", "prefill avx2: vec_dot loop /", "prefill avx512: vec_dot loop /",
+           "decode n=1, m rows:");
+    printf("%-8s | %-28s | %-28s | %s\n", "", "batched gemm", "batched gemm", "avx2 vec_dot / avx512 vec_dot");
+    for (size_t ti = 0; ti < sizeof iq / sizeof iq[0]; ti++) {
+        const tn_dtype wt = iq[ti];
+        if (!listed(o->types, tn_dtype_name(wt))) continue;
+        const size_t w_rb = tn_dtype_row_size(wt, o->k), x_rb = tn_dtype_row_size(TN_Q8_K, o->k);
+        fill_weights(wt, mem, o->m, o->k);
+        for (int64_t j = 0; j < o->n; j++) a2->slot[TN_Q8_K].from_float(xf + j * o->k, xq + j * x_rb, o->k);
+        printf("%-8s |", tn_dtype_name(wt));
+        const tn_kern_table *tabs[2] = {a2, a5};
+        for (int a = 0; a < 2; a++) {
+            const tn_kern_table *tb = tabs[a];
+            if (!tb) {
+                printf(" %-28s |", "(no avx512)");
+                continue;
+            }
+            const iq_path old = {.dot = tb->slot[wt].vec_dot}, neu = {.gemm = tb->slot[wt].gemm};
+            const double r = iq_ratio(&old, &neu, reps, o->k, rows, o->n, mem, w_rb, xq, x_rb, y);
+            printf(" n=%-4lld %6.2fx (%-6s gemm) |", (long long)o->n, r, tn_isa_name(tb->slot[wt].gemm_isa));
+        }
+        if (a5 && a5->slot[wt].vec_dot != a2->slot[wt].vec_dot) {
+            const iq_path old = {.dot = a2->slot[wt].vec_dot}, neu = {.dot = a5->slot[wt].vec_dot};
+            printf(" m=%lld %6.2fx\n", (long long)o->m, iq_ratio(&old, &neu, reps, o->k, o->m, 1, mem, w_rb, xq, x_rb, y));
+        } else {
+            printf(" (same vec_dot)\n");
+        }
+    }
+    return 0;
+}
+
+
 static const tn_dtype bench_types[] = {TN_F32,  TN_F16,  TN_BF16, TN_Q8_0, TN_Q4_0, TN_Q4_1, TN_Q5_0,
                                        TN_Q5_1, TN_Q2_K, TN_Q3_K, TN_Q4_K, TN_Q5_K, TN_Q6_K};
 
 int main(int argc, char **argv) {
     bench_opts o = {.m = 4096, .k = 4096, .n = 128, .threads_max = 2, .dram_bytes = 512ll << 20,
                     .isas = "avx2,avx512"};
+    int iq_mode = 0;
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : "";
         if (!strcmp(argv[i], "--m")) o.m = atoll(v), i++;
@@ -183,12 +269,14 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--types")) snprintf(o.types, sizeof o.types, "%s", v), i++;
         else if (!strcmp(argv[i], "--isa")) snprintf(o.isas, sizeof o.isas, "%s", v), i++;
         else if (!strcmp(argv[i], "--quick")) o.quick = 1;
+        else if (!strcmp(argv[i], "--iq")) iq_mode = 1;
         else {
             fprintf(stderr, "usage: %s [--m M] [--k K] [--n N] [--threads T] [--types a,b] [--isa a,b] "
-                            "[--dram-mb MB] [--quick]\n", argv[0]);
+                            "[--dram-mb MB] [--quick] [--iq]\n", argv[0]);
             return 2;
         }
     }
+    if (iq_mode) o.dram_bytes = 0; /* the i-quant comparison reads one matrix: no DRAM working set */
     if (o.k % QK_K || o.m < 1 || o.n < 1 || o.threads_max < 1) {
         fprintf(stderr, "bench_kern: k must be a multiple of 256, m, n, threads >= 1\n");
         return 2;
@@ -220,6 +308,12 @@ int main(int argc, char **argv) {
     }
     memset(mem, 1, big);
     for (int64_t i = 0; i < o.k * o.n; i++) xf[i] = sinf((float)i * 0.37f);
+    if (iq_mode) {
+        const int rc = bench_iq(&o, xf, mem, y, xq);
+        for (int t = 0; t < nt_count; t++) tn_pool_free(pools[t]);
+        free(mem), free(xf), free(y), free(xq);
+        return rc;
+    }
 
     /* roofline at the working-set sizes used below */
     printf("%-28s", "streaming read");

@@ -35,4 +35,5 @@ void tn_kern_register_avx512(tn_kern_table *t) {
     TN_SET_DOT(TN_TQ1_0, tq1_0, q8_K);
     TN_SET_DOT(TN_TQ2_0, tq2_0, q8_K);
     if (c->avx512bf16) TN_SET_DOT(TN_BF16, bf16, bf16);
+    tn_kern_register_iq_avx512(t); /* codebook i-quants: batched gemm (gemm_iq2.c) */
 }
