@@ -19,7 +19,8 @@
 #          reports its bytes; finetune's --outer-lr without diloco/noloco is refused (exit 64).
 #   bucket dp with --bucket-mb 0.01 (64 buckets, counted here from the shapes, started during the
 #          backward) is bit-identical (weights and losses) to --bucket-mb 0 (one all-reduce after
-#          the backward) and sends the same measured bytes, 4 x (n_params + 1) per step.
+#          the backward) and sends the same measured bytes, 4 x (n_params + 1) per step; with
+#          --grad-accum 2 the buckets start on the last micro-batch only (== whole batches).
 #   zero   --zero 1 (ZeRO-1): weights and losses == plain dp within fp32 tolerance; rank 0 reports
 #          AdamW moments of 8 x n_params/2 bytes (1/2), measured bytes per step == reduce-scatter
 #          4 n + all-gather 4 n/2 + 16 (loss, norm); checkpoints hold the whole state: a 2-rank
@@ -225,6 +226,9 @@ if [ "$PART" = bucket ]; then
     [ "$(get_bytes one)" = $want ] && [ "$(get_bytes many)" = $want ] &&
       ok "measured bytes $want == 6 steps x 4 x (n_params $P2 + 1) either way" ||
       bad "bytes one '$(get_bytes one)' many '$(get_bytes many)', want $want"
+    # with --grad-accum the buckets start on the last micro-batch only (earlier ones are partial)
+    run acc mpi "${B[@]}" --bucket-mb 0.01 --grad-accum 2 &&
+      same one acc $TOL "" "buckets with --grad-accum 2 (2 micro-batches of 1) == one all-reduce of whole batches"
   }
 fi
 
