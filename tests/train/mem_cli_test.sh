@@ -4,8 +4,10 @@
 #  - the plan table is printed before step 1 (each buffer class, the predicted peak, what is
 #    recomputed), for train and for finetune (LoRA over a `tern synth` Q4_0 base: the mapped base);
 #  - peak RSS (getrusage ru_maxrss, the "peak RSS" of the done line) within 10% of the plan's
-#    predicted peak for `--preset 15m --batch 8` (ctx 256, vocab 340: about 450 MiB planned, so the
-#    binary's own few MiB are small next to it), with --recompute none and full;
+#    predicted peak for `--preset 15m --batch 8` (ctx 256, vocab 340: about 420 MiB planned), with
+#    --recompute none and full, once the binary's own footprint is taken off: the peak RSS of the
+#    tiny run (step 1) minus its plan (~12 MiB; ~165 MiB in a CUDA build, whose libraries' pages
+#    count from exec);
 #  - --recompute full/attn lower the planned bytes; --grad-accum 2 gives the unsplit run's final
 #    loss (to the 4 printed decimals: test_memplan checks the weights);
 #  - --mem-budget picks a configuration that fits and says so; too small a budget is refused with
@@ -71,12 +73,13 @@ expect 64 "--grad-accum 3 must divide --batch 4" -- "$TERN" "${TRAIN[@]}" --pres
 grep -q "frozen base (mapped, file types)" "$TMP/f.err" && grep -q "batch 4 = 2 micro-batches of 2 sequences x ctx 32, recompute full" "$TMP/f.err" \
   && ok "finetune plan" || bad "finetune plan: $(grep -A3 'memory plan' "$TMP/f.err")"
 
-# 5. peak RSS vs the plan, 15m preset (ctx 256, batch 8)
+# 5. peak RSS vs the plan, 15m preset (ctx 256, batch 8), less the binary's footprint (tiny run)
+base=$(awk -v p="$(planned "$TMP/a.err")" -v r="$(rss "$TMP/a.err")" 'BEGIN {print r - p}')
 for rc in none full; do
   "$TERN" "${TRAIN[@]}" --preset 15m --batch 8 --steps 1 --recompute $rc -o "$TMP/m.gguf" 2>"$TMP/m.err" || { bad "15m $rc: $(tail -2 "$TMP/m.err")"; continue; }
   p=$(planned "$TMP/m.err"); r=$(rss "$TMP/m.err")
-  awk -v p="$p" -v r="$r" 'BEGIN {d = (r - p) / p; if (d < 0) d = -d; exit !(d <= 0.10)}' \
-    && ok "15m batch 8 recompute $rc: peak RSS $r MiB vs planned $p MiB (within 10%)" \
-    || bad "15m batch 8 recompute $rc: peak RSS $r MiB vs planned $p MiB"
+  awk -v p="$p" -v r="$r" -v b="$base" 'BEGIN {d = (r - b - p) / p; if (d < 0) d = -d; exit !(d <= 0.10)}' \
+    && ok "15m batch 8 recompute $rc: peak RSS $r MiB - footprint $base MiB vs planned $p MiB (within 10%)" \
+    || bad "15m batch 8 recompute $rc: peak RSS $r MiB - footprint $base MiB vs planned $p MiB"
 done
 exit $fail
