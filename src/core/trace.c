@@ -50,6 +50,7 @@ static const char *const tn_trace_kinds[TN_TK_COUNT] = {
     [TN_TK_MATMUL] = "matmul",   [TN_TK_ROPE] = "rope",       [TN_TK_ATTENTION] = "attention",
     [TN_TK_OUTPUT] = "output",   [TN_TK_BARRIER] = "barrier", [TN_TK_SAMPLE] = "sampling", [TN_TK_REQUEST] = "request",
     [TN_TK_COUNTER] = "counter", [TN_TK_ACTIVATION] = "activation", [TN_TK_LOSS] = "loss", [TN_TK_OPTIMIZER] = "optimizer",
+    [TN_TK_ROUTE] = "route",
 };
 
 const char *tn_trace_kind_name(int kind) { return kind >= 0 && kind < TN_TK_COUNT ? tn_trace_kinds[kind] : "other"; }

@@ -44,7 +44,7 @@ typedef enum {
     TN_TK_EMBED,     /* token embedding + RoPE tables                        */
     TN_TK_NORM,      /* RMSNorm of the residual stream                       */
     TN_TK_QUANT,     /* quantization of a matmul's activations               */
-    TN_TK_MATMUL,    /* weight matmuls (attn_q/k/v/out, ffn_gate_up, ffn_down, output) */
+    TN_TK_MATMUL,    /* weight matmuls (attn_q/k/v/out, ffn_gate_up, ffn_down, output; experts) */
     TN_TK_ROPE,      /* q/k biases, q/k norms, RoPE and the K/V cache store  */
     TN_TK_ATTENTION, /* softmax(q K^T) V over the cache                      */
     TN_TK_OUTPUT,    /* final norm + logits (the output matmul nested; training: + loss) */
@@ -55,6 +55,7 @@ typedef enum {
     TN_TK_ACTIVATION, /* training: SwiGLU and bias adds (and their backward)  */
     TN_TK_LOSS,      /* training: softmax cross-entropy and dlogits          */
     TN_TK_OPTIMIZER, /* training: gradient norm, the AdamW / SGD update      */
+    TN_TK_ROUTE,     /* mixture of experts: routing, grouping rows by expert, the weighted sum */
     TN_TK_COUNT
 } tn_trace_kind;
 

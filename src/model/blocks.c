@@ -717,8 +717,13 @@ void tn_blk_moe(tn_thr *T, const tn_layer *L, int32_t il) {
     if (T->own) tn_pool_barrier(pool);
     /* router logits [n][n_expert] = Wr xb, then each token's routing (its thread's tokens) */
     const void *xq = tn_act(c, ith, nth, false, NULL, Wr->type, c->xb, d, d, n);
+    int64_t r0, r1;
+    TN_SPAN_B(TN_TK_MATMUL, "ffn_gate_inp", il, Wr->type, ne, d, n);
     tn_matmul_compute_task(ith, nth, kt, Wr->type, Wr->data, ne, d, xq, n, c->moe_logits, ne);
+    tn_matmul_rows(ne, ith, nth, &r0, &r1);
+    TN_SPAN_E(TN_TK_MATMUL, "ffn_gate_inp", il, r1 - r0, (r1 - r0) * (int64_t)tn_dtype_row_size(Wr->type, d));
     tn_pool_barrier(pool);
+    TN_SPAN_B(TN_TK_ROUTE, "moe_route", il, n, ne, k, 0);
     const float *rb = L->w[TN_ROLE_FFN_GATE_INP_B].data; /* gpt-oss: the router's bias */
     for (int64_t t = T->t0; t < T->t1; t++) {
         float *lg = c->moe_logits + t * ne;
@@ -751,6 +756,7 @@ void tn_blk_moe(tn_thr *T, const tn_layer *L, int32_t il) {
         }
     }
     tn_pool_barrier(pool);
+    TN_SPAN_E(TN_TK_ROUTE, "moe_route", il, 0, 0);
     const int32_t *off = c->moe_off;
     if (c->observe_moe && ith == 0)
         for (int32_t e = 0; e < ne; e++)
@@ -759,11 +765,17 @@ void tn_blk_moe(tn_thr *T, const tn_layer *L, int32_t il) {
     /* each routed row's normed input, gathered and quantized for the gate experts' type */
     const tn_dtype gvt = tn_dtype_get(Wg->type)->vec_dot_type, uvt = tn_dtype_get(Wu->type)->vec_dot_type;
     const size_t xrb_g = tn_dtype_row_size(gvt, d), xrb_u = tn_dtype_row_size(uvt, d);
-    int64_t r0, r1;
+    TN_SPAN_B(TN_TK_QUANT, "quantize", -1, Wg->type, d, R, 0);
     tn_split(R, ith, nth, 1, &r0, &r1);
     for (int64_t r = r0; r < r1; r++) kt->slot[gvt].from_float(c->xb + (int64_t)c->moe_tok[r] * d, (uint8_t *)c->xq + (size_t)r * xrb_g, d);
     tn_pool_barrier(pool);
-    /* hb = Wgate_e x, hb2 = Wup_e x over each expert's rows; each thread its share of the rows */
+    TN_SPAN_E(TN_TK_QUANT, "quantize", -1, 0, 0);
+    /* hb = Wgate_e x, hb2 = Wup_e x over each expert's rows; each thread its share of the rows.
+     * The trace's shapes: n tokens, each through k experts, so a thread's ff rows count k times
+     * (flops = 2 rows k n), and it reads its rows of every expert the batch routes to (bytes). */
+    int32_t used = 0;
+    for (int32_t e = 0; e < ne; e++) used += off[e + 1] > off[e];
+    TN_SPAN_B(TN_TK_MATMUL, "ffn_gate_up_exps", il, Wg->type, 2 * (int64_t)ff, d, n);
     for (int32_t e = 0; e < ne; e++) {
         if (off[e + 1] == off[e]) continue;
         const tn_tensor g = tn_expert_view(Wg, e);
@@ -799,6 +811,8 @@ void tn_blk_moe(tn_thr *T, const tn_layer *L, int32_t il) {
         else kt->swiglu(g + f0, u + f0, f1 - f0);
       }
     tn_pool_barrier(pool);
+    TN_SPAN_E(TN_TK_MATMUL, "ffn_gate_up_exps", il, 2 * (f1 - f0) * k,
+              used * (f1 - f0) * (int64_t)(tn_dtype_row_size(Wg->type, d) + tn_dtype_row_size(Wu->type, d)));
     /* moe_x = Wdown_e hb per expert */
     if (c->observe_moe && ith == 0)
         for (int32_t e = 0; e < ne; e++)
@@ -806,13 +820,17 @@ void tn_blk_moe(tn_thr *T, const tn_layer *L, int32_t il) {
                 c->observe_moe(c->observe_user, il, TN_OBS_FFN_DOWN, e, c->hb + (int64_t)off[e] * ff, NULL, off[e + 1] - off[e], ff);
     xq = tn_act(c, ith, nth, false, NULL, Wd->type, c->hb, ff, ff, R);
     const size_t xrb_d = tn_dtype_row_size(tn_dtype_get(Wd->type)->vec_dot_type, ff);
+    TN_SPAN_B(TN_TK_MATMUL, "ffn_down_exps", il, Wd->type, d, ff, n);
     for (int32_t e = 0; e < ne; e++) {
         if (off[e + 1] == off[e]) continue;
         const tn_tensor dn = tn_expert_view(Wd, e);
         tn_matmul_compute_task(ith, nth, kt, Wd->type, dn.data, d, ff, (const uint8_t *)xq + (size_t)off[e] * xrb_d,
                                off[e + 1] - off[e], c->moe_x + (int64_t)off[e] * d, d);
     }
+    tn_matmul_rows(d, ith, nth, &r0, &r1);
+    TN_SPAN_E(TN_TK_MATMUL, "ffn_down_exps", il, (r1 - r0) * k, used * (r1 - r0) * (int64_t)tn_dtype_row_size(Wd->type, ff));
     tn_pool_barrier(pool);
+    TN_SPAN_B(TN_TK_ROUTE, "moe_combine", il, n, ne, k, 0);
     /* x[t] += sum_j w[t][j] * (out[row(t, j)] + down bias of its expert): the slots in order,
      * whatever the grouping */
     const float *db = L->w[TN_ROLE_FFN_DOWN_EXPS_B].data;
@@ -832,6 +850,7 @@ void tn_blk_moe(tn_thr *T, const tn_layer *L, int32_t il) {
             xt[i] += acc;
         }
     }
+    TN_SPAN_E(TN_TK_ROUTE, "moe_combine", il, 0, 0);
     tn_pool_barrier(pool);
 }
 

@@ -385,6 +385,7 @@ static void prof_args_b(FILE *f, const tn_trace_ev *e) {
     case TN_TK_ATTENTION: ARG("\"units\":%lld,\"heads_per_unit\":%lld", (long long)e->a[0], (long long)e->a[1]); break;
     case TN_TK_ROPE: ARG("\"q_heads\":%lld,\"kv_heads\":%lld", (long long)e->a[0], (long long)e->a[1]); break;
     case TN_TK_SAMPLE: ARG("\"n_vocab\":%lld", (long long)e->a[0]); break;
+    case TN_TK_ROUTE: ARG("\"tokens\":%lld,\"experts\":%lld,\"used\":%lld", (long long)e->a[0], (long long)e->a[1], (long long)e->a[2]); break;
     default: break;
     }
 #undef ARG
