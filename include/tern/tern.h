@@ -78,9 +78,20 @@ typedef struct tern_model_params {
     bool repack;             /* interleave q4_0/q8_0/tq4/tq1 weight rows at load for the CPU's batched
                                 kernels, where it has them (default true; the repacked weights
                                 live in memory instead of the file mapping, same size)       */
+    uint64_t hot_experts;    /* mixture-of-experts models: bytes of 2 MiB pages the most used experts
+                                are copied into as a context's routing counters show them (FreqTier);
+                                0 (default): every expert stays where the file put it       */
 } tern_model_params;
 
 TERN_API void tern_model_params_init(tern_model_params *p);
+
+/* Hot experts (tern_model_params.hot_experts) of a model, and of one context's routing. */
+typedef struct tern_hot_experts {
+    uint64_t budget_bytes, used_bytes;
+    int64_t n_hot, n_experts;  /* experts copied / experts of all MoE layers                  */
+    uint64_t rows, rows_hot;   /* tern_ctx_hot_experts: rows the context routed, and to hot experts
+                                  (since its counters were last reset)                         */
+} tern_hot_experts;
 TERN_API tern_status tern_model_load(const char *path, const tern_model_params *p, tern_model **out);
 TERN_API void tern_model_free(tern_model *m);
 
@@ -165,6 +176,8 @@ TERN_API tern_status tern_ctx_truncate(tern_ctx *c, int32_t n_past);
  * n may exceed n_batch (processed in chunks). Fails with TERN_ERR_FULL when the context is full,
  * TERN_ERR_INVALID_ARG for a token id outside the vocabulary. */
 TERN_API tern_status tern_decode(tern_ctx *c, const tern_token *toks, int32_t n);
+/* The model's hot experts and this context's routed rows (zeroes for a dense model or no budget). */
+TERN_API void tern_ctx_hot_experts(const tern_ctx *c, tern_hot_experts *out);
 /* Logits (n_vocab floats) of the last token of the last tern_decode, or with logits_all of the
  * i-th token of that call (i < n). NULL if unavailable. */
 TERN_API const float *tern_get_logits(const tern_ctx *c, int32_t i);

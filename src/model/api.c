@@ -64,6 +64,10 @@ tern_status tern_model_load(const char *path, const tern_model_params *pp, tern_
         tern_model_free(m);
         return tn_err_prefix(s, "%s", path);
     }
+    if ((s = tn_tier_init(m, p.hot_experts))) {
+        tern_model_free(m);
+        return tn_err_prefix(s, "%s", path);
+    }
     m->path = tn_strdup(path);
     if (!m->path) {
         tern_model_free(m);
@@ -83,6 +87,7 @@ void tern_model_free(tern_model *m) {
     tn_gguf_free(m->gguf);
     tn_free(m->layers);
     tn_free_aligned(m->repacked);
+    tn_tier_free(m->tier);
     tn_free(m->mla_split);
     tn_free(m->path);
     tn_free(m);
@@ -398,6 +403,7 @@ tern_status tern_decode(tern_ctx *c, const tern_token *toks, int32_t n) {
         }
     }
     TN_SPAN_E(TN_TK_PHASE, phase, -1, 0, 0);
+    if (c->model->tier) tn_tier_update(c);
     if (t0) TN_TRACE_COUNTER(n == 1 ? "decode_tokens_per_s" : "prefill_tokens_per_s", n * 1e9 / (double)(tn_trace_ns() - t0 + 1));
     return TERN_OK;
 }

@@ -752,6 +752,11 @@ void tn_blk_moe(tn_thr *T, const tn_layer *L, int32_t il) {
             uint64_t *cnt = c->moe_count + (int64_t)il * ne;
             int32_t used = 0;
             for (int32_t e = 0; e < ne; e++) cnt[e] += (uint64_t)(off[e + 1] - off[e]), used += off[e + 1] > off[e];
+            c->moe_rows += (uint64_t)R;
+            if (Wg->hot) /* rows whose expert is in fast memory (tier.c) */
+                for (int32_t e = 0; e < ne; e++)
+                    if (off[e + 1] > off[e] && atomic_load_explicit(&Wg->hot[e], memory_order_relaxed))
+                        c->moe_rows_hot += (uint64_t)(off[e + 1] - off[e]);
             c->moe_touched[il] += (uint64_t)used, c->moe_passes[il]++, c->moe_tokens[il] += (uint64_t)n;
         }
     }

@@ -100,6 +100,9 @@ struct tern_ctx {
     uint64_t *moe_touched; /* [n_layer] distinct experts run per pass, summed over passes     */
     uint64_t *moe_passes;  /* [n_layer] passes through the layer's experts                    */
     uint64_t *moe_tokens;  /* [n_layer] tokens routed through the layer                       */
+    uint64_t moe_rows, moe_rows_hot; /* routed rows, and those whose expert was hot (tier.c)       */
+    uint64_t tier_last;    /* hot experts: the first MoE layer's moe_tokens at the last promotion  */
+    int32_t tier_rounds;   /* promotions tried by this context                                       */
     float *tmp;     /* [n_batch][max(n_embd, ...)] sub-layer output before the residual add  */
     const float *rope_ff; /* RoPE frequency factors of this context (tn_model_rope_factors), or NULL */
     float *rope_cs; /* [n_batch][n_rot]    cos, sin pairs per token                          */
@@ -159,7 +162,12 @@ static inline void tn_ctx_moe_usage_reset(tern_ctx *c) {
     memset(c->moe_touched, 0, nl * sizeof(uint64_t));
     memset(c->moe_passes, 0, nl * sizeof(uint64_t));
     memset(c->moe_tokens, 0, nl * sizeof(uint64_t));
+    c->moe_rows = c->moe_rows_hot = 0;
 }
+
+/* Hot experts: promotes the most used ones when this context's counters have grown enough since
+ * the last promotion (tier.c); nothing without a budget. Between forward passes only. */
+void tn_tier_update(tern_ctx *c);
 
 /* One forward pass over n tokens at positions n_past..; writes KV and logits (last token, or
  * every token if logits_all). n <= n_batch and n_past + n <= n_ctx are the caller's duty. */

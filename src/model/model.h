@@ -9,6 +9,9 @@
 #ifndef TN_MODEL_MODEL_H
 #define TN_MODEL_MODEL_H
 
+#include <pthread.h>
+#include <stdatomic.h>
+
 #include "fmt/gguf.h"
 #include "model/arch/arch.h"
 #include "model/tokenizer.h"
@@ -75,6 +78,8 @@ typedef struct tn_tensor {
     const void *data;
     size_t nbytes;
     const char *name;
+    _Atomic(const void *) *hot; /* experts' matrices with hot experts (tier.c): [n_expert], an entry
+                                 * is a copy of that expert in fast memory or NULL; else NULL */
 } tn_tensor;
 
 /* The weights of one layer by role (arch.h); w[r].data == NULL when the layer has no such
@@ -93,8 +98,10 @@ static inline tn_tensor tn_expert_view(const tn_tensor *t, int64_t e) {
     const size_t bytes = t->nbytes / (size_t)(t->ne[2] > 0 ? t->ne[2] : 1);
     tn_tensor v = *t;
     v.ne[2] = 1;
-    v.data = (const uint8_t *)t->data + (size_t)e * bytes;
+    const void *hot = t->hot ? atomic_load_explicit(&t->hot[e], memory_order_acquire) : NULL;
+    v.data = hot ? hot : (const uint8_t *)t->data + (size_t)e * bytes;
     v.nbytes = bytes;
+    v.hot = NULL;
     return v;
 }
 
@@ -132,7 +139,27 @@ struct tern_model {
                        * (tn_mla_split_kv_b), which the layers' views point into; else NULL */
     void *repacked; /* the matrices moved out of the file mapping at load (tn_model_repack: interleaved
                      * layouts, other types as they are; 2 MiB pages), or NULL */
+    struct tn_tier *tier; /* hot experts (tern_model_params.hot_experts), or NULL */
 };
+
+/* Hot experts (FreqTier, tier.c): up to cap bytes of the most used experts copied into 2 MiB
+ * pages; the expert matrices' views (tn_tensor.hot) point at the copies. Only grows. */
+typedef struct tn_tier {
+    pthread_mutex_t mu;
+    uint8_t *buf;              /* cap bytes of 2 MiB pages, allocated at the first promotion */
+    size_t cap, used;
+    int64_t n_hot;
+    bool full;                 /* no candidate fits any more (or the buffer could not be had) */
+    uint8_t *hot;              /* [n_layer][n_expert]: 1 once copied */
+    _Atomic(const void *) *ptr; /* [n_layer][TN_ROLE_N_LAYER][n_expert]: the views' hot tables */
+} tn_tier;
+
+/* Sets up the tables for a budget of bytes (0, or a dense model: none). */
+tern_status tn_tier_init(tern_model *m, uint64_t budget);
+void tn_tier_free(tn_tier *t);
+/* Copies the most used experts not yet hot (counts [n_layer][n_expert]: rows routed to each;
+ * only experts with at least their layer's mean share) into the buffer while they fit. */
+tern_status tn_tier_promote(const tern_model *m, const uint64_t *counts);
 
 /* Loads and validates hyperparameters and every tensor's presence, type and shape; errors name
  * the key or tensor (robustness.md G25..G28). */

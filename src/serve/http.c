@@ -840,6 +840,7 @@ int tn_serve_run(const tn_serve_config *cfg) {
     tern_model_params mp;
     tern_model_params_init(&mp);
     mp.repack = !cfg->no_repack && cfg->device == TERN_DEVICE_CPU; /* the GPU reads the file's layouts */
+    mp.hot_experts = cfg->hot_experts;
     tern_status s = tern_model_load(cfg->model_path, &mp, &S->model);
     if (s) {
         fprintf(stderr, "tern: error: loading the model: %s\n", tern_last_error());

@@ -37,6 +37,7 @@ typedef struct tn_serve_config {
     int conn_timeout_s;
     size_t max_body;       /* request body cap (bytes)                                        */
     bool no_repack;        /* keep the file's weight layouts (tern_model_params.repack)        */
+    uint64_t hot_experts;  /* tern_model_params.hot_experts (--hot-experts)                     */
     bool swa_full;         /* sliding-window layers keep every position (--swa-full); default:
                             * a pool of window blocks of their own (engine.c)                  */
     int32_t device;        /* TERN_DEVICE_CPU | TERN_DEVICE_CUDA (--device)                     */

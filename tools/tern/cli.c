@@ -11,6 +11,7 @@
 #include "cli.h"
 #include "core/base.h"
 #include "core/file.h"
+#include "train/train.h"
 
 int tn_cli_exit_code(tern_status s) {
     switch (s) {
@@ -340,10 +341,32 @@ void tn_cli_lora_desc(const tn_cli_lora *l, char *buf, size_t cap) {
     }
 }
 
+int tn_cli_hot_experts_flag(int argc, char **argv, int *i, uint64_t *bytes) {
+    if (strcmp(argv[*i], "--hot-experts")) return 0;
+    const char *val = *i + 1 < argc ? argv[*i + 1] : NULL;
+    if (!val) return tn_cli_usage_error("--hot-experts needs a size (e.g. 2G, 512M)"), -1;
+    if (!strcmp(val, "0")) *bytes = 0; /* off */
+    else if (!tn_mem_parse_size(val, bytes))
+        return tn_cli_usage_error("--hot-experts: '%s' is not a size (bytes, or with K, M, G, T: 2G, 512M)", val), -1;
+    ++*i;
+    return 1;
+}
+
+void tn_cli_hot_experts_report(const tern_ctx *c) {
+    tern_hot_experts h;
+    tern_ctx_hot_experts(c, &h);
+    if (!h.budget_bytes) return;
+    fprintf(stderr, "tern: hot experts: %lld of %lld in %.1f of %.1f MiB; %.1f%% of %llu routed rows went to them\n", (long long)h.n_hot,
+            (long long)h.n_experts, (double)h.used_bytes / 1048576.0, (double)h.budget_bytes / 1048576.0,
+            h.rows ? 100.0 * (double)h.rows_hot / (double)h.rows : 0.0, (unsigned long long)h.rows);
+}
+
 int tn_cli_run_flag(int argc, char **argv, int *i, tn_cli_run *r) {
     const char *a = argv[*i], *val = *i + 1 < argc ? argv[*i + 1] : NULL;
     const int lv = tn_cli_lora_flag(argc, argv, i, &r->lora);
     if (lv) return lv;
+    const int hv = tn_cli_hot_experts_flag(argc, argv, i, &r->hot_experts);
+    if (hv) return hv;
     if (!strcmp(a, "--no-mmap")) return r->use_mmap = false, 1;
     if (!strcmp(a, "--no-repack")) return r->repack = false, 1;
     if (!strcmp(a, "--swa-full")) return r->swa_full = true, 1;
@@ -381,6 +404,7 @@ int tn_cli_run_open(tn_cli_run *r, tern_model **m, tern_ctx **c) {
     tern_model_params_init(&mp);
     mp.use_mmap = r->use_mmap;
     mp.repack = r->repack && r->device == TERN_DEVICE_CPU; /* the GPU reads the file's layouts */
+    mp.hot_experts = r->hot_experts;
     double t0 = tn_cli_now();
     tern_status s = tern_model_load(r->model_path, &mp, m);
     if (s) return tn_cli_fail(s, "loading the model");

@@ -68,6 +68,14 @@ int tn_cli_cache_type_flag(int argc, char **argv, int *i, int32_t *type_k, int32
 #define TN_CLI_CACHE_TYPE_HELP                                                                                          \
     "  -ctk, --cache-type-k T  K cache type: f16 (default), q8_0, q4_0 (llama.cpp's; head size a multiple of 32)\n" \
     "  -ctv, --cache-type-v T  V cache type: f16 (default), q8_0, q4_0\n"
+/* --hot-experts SIZE (bytes, or with K, M, G, T) at argv[*i]: 1 consumed, 0 not it, -1 after a usage error. */
+int tn_cli_hot_experts_flag(int argc, char **argv, int *i, uint64_t *bytes);
+/* "tern: hot experts: ..." on stderr (experts copied, bytes, share of routed rows they took); nothing
+ * without a budget. */
+void tn_cli_hot_experts_report(const tern_ctx *c);
+#define TN_CLI_HOT_EXPERTS_HELP                                                                                         \
+    "      --hot-experts SIZE  mixture-of-experts models: copy the most used experts (as routing shows them)\n"        \
+    "                          into SIZE (e.g. 2G) of 2 MiB pages; the rest stay in the file mapping\n"
 /* Tokenizes text into a malloc'd array (*out, *n_out), growing it when byte fallback needs more
  * tokens than bytes. On failure *out is NULL and the status says why (NOMEM for the array). */
 tern_status tn_cli_tokenize(const tern_model *m, const char *text, size_t len, bool add_special, bool parse_special,
@@ -101,6 +109,7 @@ typedef struct tn_cli_run {
     const char *model_path;      /* -m; NULL: tern's default model                                  */
     int64_t n_ctx, n_threads, n_batch; /* -c (0: the model's, capped at 4096), -t (0: default), -b */
     bool use_mmap, repack;       /* --no-mmap, --no-repack                                          */
+    uint64_t hot_experts;        /* --hot-experts (bytes; 0: off)                                   */
     bool swa_full;               /* --swa-full: sliding-window layers keep every position           */
     int32_t type_k, type_v;      /* -ctk, -ctv (TERN_KV_*; 0: f16)                                  */
     int32_t device, n_gpu_layers;/* --device, -ngl                                                  */

@@ -86,6 +86,7 @@ typedef struct {
     int32_t device, ngl; /* --device cuda: the GPU's peaks replace the CPU's (gpu_peaks) */
     const tn_cli_lora *lora; /* --lora: adapters applied in the plain CPU bench (paths, scales)     */
     int32_t type_k, type_v; /* -ctk, -ctv (0: f16) */
+    uint64_t hot_experts;   /* --hot-experts (bytes; 0: off) */
 } bench_opts;
 
 /* --device cuda: the card's copy bandwidth (read + write, own kernel) and fp16 cuBLAS peak */
@@ -191,6 +192,7 @@ static int bench_model(const char *path, const bench_opts *o, const peaks *pk, b
     tern_model_params mp;
     tern_model_params_init(&mp);
     mp.repack = !o->no_repack && o->device == TERN_DEVICE_CPU;
+    mp.hot_experts = o->hot_experts;
     tern_status s = tern_model_load(path, &mp, &m);
     if (s) return tn_cli_fail(s, "loading the model");
     tern_ctx_params cp;
@@ -339,6 +341,7 @@ static int bench_model(const char *path, const bench_opts *o, const peaks *pk, b
         memcpy(mi->usage, c->moe_count, sizeof(uint64_t) * (size_t)mi->n_layer * (size_t)mi->n_expert);
         mi->usage_tokens = c->moe_tokens[0];
     }
+    tn_cli_hot_experts_report(c);
     free(slice), free(touched0), free(tokens0);
     if (s) free(mi->usage), mi->usage = NULL;
     free(toks), free(tv), free(bw), tn_read_probe_free(probe);
@@ -680,7 +683,7 @@ out:
 
 int cmd_bench(int argc, char **argv) {
     const char *model_path = NULL, *fmt = "md";
-    bench_opts o = {512, 128, 5, 0, 512, false, TERN_DEVICE_CPU, -1, NULL, 0, 0};
+    bench_opts o = {512, 128, 5, 0, 512, false, TERN_DEVICE_CPU, -1, NULL, 0, 0, 0};
     tn_cli_lora lora = {0};
     o.lora = &lora;
     int dv;
@@ -700,7 +703,7 @@ int cmd_bench(int argc, char **argv) {
                    "  -r N  repetitions                           -o    output format\n"
                    "  --no-repack   keep q4_0/q8_0/q4_K/q5_K/q6_K/tq weights in the file layout (default: interleaved at load)\n"
                    "  --lora FILE[:S]  bench with a LoRA adapter applied (scale S, default 1; repeatable; --lora-scaled FILE S)\n"
-                   TN_CLI_CACHE_TYPE_HELP
+                   TN_CLI_CACHE_TYPE_HELP TN_CLI_HOT_EXPERTS_HELP
                    "  --sweep-bits  quantize an f16/f32 model to tq1..tq8 (g<group>, asymmetric unless --sym) in a\n"
                    "                temporary directory and bench each width (pp skipped unless -p is given)\n");
             return 0;
@@ -732,7 +735,8 @@ int cmd_bench(int argc, char **argv) {
             continue;
         }
         else if ((dv = tn_cli_device_flag(argc, argv, &i, &o.device, &o.ngl)) != 0 ||
-                 (dv = tn_cli_cache_type_flag(argc, argv, &i, &o.type_k, &o.type_v)) != 0) {
+                 (dv = tn_cli_cache_type_flag(argc, argv, &i, &o.type_k, &o.type_v)) != 0 ||
+                 (dv = tn_cli_hot_experts_flag(argc, argv, &i, &o.hot_experts)) != 0) {
             if (dv < 0) return TN_EXIT_USAGE;
             continue;
         } else if ((dv = tn_cli_lora_flag(argc, argv, &i, &lora)) != 0) {

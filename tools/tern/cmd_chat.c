@@ -45,6 +45,7 @@ static void chat_usage(FILE *f) {
             "      --repeat-last-n N   tokens the penalty looks back over (default 64)\n"
             "      --no-mmap           read the model into memory instead of mapping it\n"
             "      --no-repack         keep q4_0/q8_0/q4_K/q5_K/q6_K/tq4/tq1 weights in the file layout\n"
+            TN_CLI_HOT_EXPERTS_HELP
             "      --lora FILE[:S]     apply a LoRA adapter (llama.cpp GGUF) with scale S (default 1); repeatable;\n"
             "                          --lora-scaled FILE S does the same\n"
             "      --device cpu|cuda   run on the CPU (default) or an NVIDIA GPU; -ngl N: layers on the GPU\n"

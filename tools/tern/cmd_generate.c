@@ -46,6 +46,7 @@ static void gen_usage(FILE *f) {
             "      --spec-ngram N      longest n-gram matched (default 3)\n"
             "  -ngl, --n-gpu-layers N  with --device cuda: the first N layers on the GPU, the rest on the CPU (-1: all)\n"
             "      --no-repack         keep q4_0/q8_0/q4_K/q5_K/q6_K/tq4/tq1 weights in the file layout (no interleaved copy)\n"
+            TN_CLI_HOT_EXPERTS_HELP
             "      --lora FILE[:S]     apply a LoRA adapter (llama.cpp GGUF) with scale S (default 1); repeatable;\n"
             "                          --lora-scaled FILE S does the same\n"
             "      --swa-full          sliding-window layers keep every position (default: their window plus a batch)\n"
@@ -311,6 +312,7 @@ int cmd_generate(int argc, char **argv) {
         fprintf(stderr, "tern: speculation: %lld verification passes, %lld drafted, %lld accepted (%.1f%%), %.2f tokens per pass\n",
                 (long long)sr.steps, (long long)sr.drafted, (long long)sr.accepted,
                 sr.drafted ? 100.0 * (double)sr.accepted / (double)sr.drafted : 0.0, (double)n_gen / (double)sr.steps);
+    tn_cli_hot_experts_report(c);
     if (tn_interrupted) rc = TN_EXIT_INTERRUPTED;
     else if (dw_open) { /* complete: in place by rename */
         dw_open = false;

@@ -46,6 +46,7 @@ static void serve_usage(FILE *f) {
             "  -md, --draft FILE       speculative decoding with a small draft model of the same vocabulary: it\n"
             "                          drafts greedily, batched over the sequences (--draft-max default 4)\n"
             "      --no-repack         keep q4_0/q8_0/q4_K/q5_K/q6_K/tq4/tq1 weights in the file layout (no interleaved copy)\n"
+            TN_CLI_HOT_EXPERTS_HELP
             "      --slot-save-path DIR  POST /slots/{id}?action=save|restore|erase (llama-server's API) with\n"
             "                          files in DIR (created if missing); GET /slots lists the slots\n"
             "      --swa-full          sliding-window layers (Gemma 2/3) keep every position in the paged cache\n"
@@ -85,6 +86,8 @@ int cmd_serve(int argc, char **argv) {
             cfg.model_path = val;
         } else if (!strcmp(a, "--no-repack")) {
             cfg.no_repack = true;
+        } else if (!strcmp(a, "--hot-experts")) {
+            if (tn_cli_hot_experts_flag(argc, argv, &i, &cfg.hot_experts) < 0) return TN_EXIT_USAGE;
         } else if (!strcmp(a, "--swa-full")) {
             cfg.swa_full = true;
         } else if (!strcmp(a, "--chat-template")) {
