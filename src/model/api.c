@@ -403,7 +403,6 @@ tern_status tern_decode(tern_ctx *c, const tern_token *toks, int32_t n) {
         }
     }
     TN_SPAN_E(TN_TK_PHASE, phase, -1, 0, 0);
-    if (c->model->tier) tn_tier_update(c);
     if (t0) TN_TRACE_COUNTER(n == 1 ? "decode_tokens_per_s" : "prefill_tokens_per_s", n * 1e9 / (double)(tn_trace_ns() - t0 + 1));
     return TERN_OK;
 }

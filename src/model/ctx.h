@@ -166,7 +166,8 @@ static inline void tn_ctx_moe_usage_reset(tern_ctx *c) {
 }
 
 /* Hot experts: promotes the most used ones when this context's counters have grown enough since
- * the last promotion (tier.c); nothing without a budget. Between forward passes only. */
+ * the last promotion (tier.c); nothing without a budget. After each CPU forward pass (every path:
+ * tern_decode, speculative verification, serve's engine steps). */
 void tn_tier_update(tern_ctx *c);
 
 /* One forward pass over n tokens at positions n_past..; writes KV and logits (last token, or

@@ -89,6 +89,7 @@ void tn_forward_batch_cpu(tern_ctx *c, const tn_batch *b, const int32_t *const *
     TN_TRACE_COUNTER("batch_rows", b->n);
     tn_pool_run(c->pool, tn_forward_task, &f);
     c->n_logits = f.n_out;
+    if (c->model->tier) tn_tier_update(c); /* between passes: no worker reads a view now */
 }
 
 void tn_forward_batch(tern_ctx *c, const tn_batch *b, const int32_t *const *tables, const int32_t *const *swa_tables) {
