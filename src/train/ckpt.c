@@ -257,8 +257,10 @@ tern_status tn_ckpt_save(const tn_tmodel *m, const tn_train_state *st, const cha
     }
     int64_t ne[1] = {(int64_t)m->n_params};
     T(tn_gguf_add_tensor(w, "train.params", TN_F32, 1, ne, m->params));
-    T(tn_gguf_add_tensor(w, "train.adam_m", TN_F32, 1, ne, m->m));
-    T(tn_gguf_add_tensor(w, "train.adam_v", TN_F32, 1, ne, m->v));
+    if (m->m) { /* a forward-only (zeroth-order) model has no moments */
+        T(tn_gguf_add_tensor(w, "train.adam_m", TN_F32, 1, ne, m->m));
+        T(tn_gguf_add_tensor(w, "train.adam_v", TN_F32, 1, ne, m->v));
+    }
     T(tn_gguf_write(w, path, NULL, NULL));
     uint64_t size, hash;
     T(file_hash(path, &size, &hash));
@@ -372,7 +374,7 @@ tern_status tn_ckpt_load(tn_tmodel *m, tn_train_state *st, const char *dir, bool
     if (vh != st->vocab_hash) { s = tn_err(TERN_ERR_INVALID_ARG, "train: checkpoint %s was made with a different vocabulary", path); goto done; }
     const char *names[3] = {"train.params", "train.adam_m", "train.adam_v"};
     float *dst[3] = {m->params, m->m, m->v};
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 3 && dst[i]; i++) { /* forward-only: the parameters alone */
         const tn_gguf_tensor *t = tn_gguf_find_tensor(g, names[i]);
         if (!t || t->type != TN_F32 || t->n_dims != 1 || (uint64_t)t->ne[0] != np) {
             s = tn_err(TERN_ERR_FORMAT, "train: checkpoint %s: tensor %s missing or of the wrong shape", path, names[i]);

@@ -277,6 +277,18 @@ tern_status tn_dist_allreduce_mean(tn_dist *d, float *x, int n) {
     return TERN_OK;
 }
 
+tern_status tn_dist_same(tn_dist *d, uint64_t hash, bool *same) {
+    *same = true;
+    if (!d) return TERN_OK;
+    uint64_t stack[64];
+    uint64_t *all = d->size <= 64 ? stack : tn_malloc((size_t)d->size * sizeof *all);
+    if (!all) return tn_err(TERN_ERR_NOMEM, "train: --dist weights check");
+    int rc = MPI_Allgather(&hash, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, MPI_COMM_WORLD);
+    for (int r = 0; rc == MPI_SUCCESS && r < d->size; r++) *same = *same && all[r] == hash;
+    if (all != stack) tn_free(all);
+    return rc == MPI_SUCCESS ? TERN_OK : mpi_err(rc, "MPI_Allgather");
+}
+
 /* token_weighted: d->w for this step from the trained targets of m's batch (dist.h) */
 static tern_status weigh(tn_dist *d, const tn_tmodel *m) {
     d->w = 1.0f;
@@ -455,6 +467,15 @@ tern_status tn_dist_allreduce_mean(tn_dist *d, float *x, int n) {
     (void)x; (void)n;
     return d ? tn_err(TERN_ERR_UNSUPPORTED, "train: no MPI") : TERN_OK;
 }
+static tern_status c_allgather(tn_dist *d, const void *msg, int bytes, void *all) {
+    (void)d; (void)msg; (void)bytes; (void)all;
+    return tn_err(TERN_ERR_UNSUPPORTED, "train: no MPI");
+}
+tern_status tn_dist_same(tn_dist *d, uint64_t hash, bool *same) {
+    (void)hash;
+    *same = true;
+    return d ? tn_err(TERN_ERR_UNSUPPORTED, "train: no MPI") : TERN_OK;
+}
 void tn_dist_close(tn_dist *d, bool ok) {
     (void)ok;
     if (d) tn_free(d);
@@ -478,6 +499,11 @@ tern_status tn_dist_ckpt_save(tn_dist *d, tn_tmodel *m, const tn_train_state *st
 void tn_dist_abort(int code) { (void)code; }
 
 #endif
+
+tern_status tn_dist_allgather(tn_dist *d, const void *msg, int bytes, void *all) {
+    if (!d) return memcpy(all, msg, (size_t)bytes), TERN_OK;
+    return c_allgather(d, msg, bytes, all);
+}
 
 /* The layer whose backward step finishes tensor i's gradient: n_layer for the head, -1 for the
  * token embedding (finished last), a LoRA matrix's layer for its lora_a / lora_b. */
@@ -535,7 +561,9 @@ static tern_status zero_plan(tn_dist *d, tn_tmodel *m) {
 void tn_dist_describe(const tn_dist *d, char *buf, size_t cap) {
     buf[0] = 0;
     if (!d) return;
-    if (d->o.zero)
+    if (d->o.zo)
+        snprintf(buf, cap, "; --zo: the ranks exchange the projected gradients only (no gradient buffers)");
+    else if (d->o.zero)
         snprintf(buf, cap, "; ZeRO-1: this rank updates parameters [%zu, %zu) of %zu and holds their AdamW moments, "
                  "%zu bytes (1/%d of %zu)", d->lo, d->hi, d->n, 2 * (d->hi - d->lo) * sizeof(float), d->size,
                  2 * d->n * sizeof(float));
@@ -552,6 +580,7 @@ tern_status tn_dist_begin(tn_dist *d, tn_tmodel *m) {
     if (d->n >= (size_t)INT32_MAX)
         return tn_err(TERN_ERR_UNSUPPORTED, "train: --dist: %zu parameters exceed one MPI message (2^31 - 1 values)", d->n);
     tern_status s;
+    if (d->o.zo) return TERN_OK; /* the projected gradients only (zo.h): no n-sized buffers */
     if ((s = buckets_plan(d, m))) return s;
     if (d->o.zero && (s = zero_plan(d, m))) return s;
     d->buf = tn_malloc((d->n + 1) * sizeof(float));

@@ -73,6 +73,8 @@ typedef struct tn_dist_opts {
     bool token_weighted;    /* dp: weight each rank's mean loss (and gradients) by its share
                              * of the trained targets (masked data: chats); one 8-byte
                              * all-reduce more per step. The trainer sets it for finetune  */
+    bool zo;                /* --zo (zo.h): only tn_dist_allgather / tn_dist_allreduce_mean
+                             * are used; tn_dist_begin allocates no exchange buffers       */
 } tn_dist_opts;
 
 #define TN_DIST_QBLOCK 256
@@ -116,6 +118,12 @@ tern_status tn_dist_grads(tn_dist *d, tn_tmodel *m, double *loss);
 tern_status tn_dist_outer(tn_dist *d, tn_tmodel *m, int64_t step, bool last, double *loss, bool *synced);
 /* Averages x[0..n) over the ranks (MPI_Allreduce sum / N, counted); no-op for d NULL. */
 tern_status tn_dist_allreduce_mean(tn_dist *d, float *x, int n);
+/* Every rank's `bytes` bytes of msg into all[size][bytes] in rank order (MPI_Allgather, counted);
+ * d NULL: all = msg. */
+tern_status tn_dist_allgather(tn_dist *d, const void *msg, int bytes, void *all);
+/* Whether every rank holds the same hash (one MPI_Allgather of 8 bytes, not counted: a check at
+ * the end of a run); true for d NULL. */
+tern_status tn_dist_same(tn_dist *d, uint64_t hash, bool *same);
 /* Bytes this rank passed to MPI calls so far. */
 uint64_t tn_dist_bytes(const tn_dist *d);
 /* Frees d; with ok, finalizes MPI. After a failure MPI is left up for tn_dist_abort. */

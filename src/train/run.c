@@ -224,6 +224,7 @@ tern_status tn_train_run(tn_train_opts *o) {
         return tn_err(TERN_ERR_INVALID_ARG, "train: --zo runs alone or with --dist dp (ranks average the projected gradient)");
     /* --dist: MPI up first; only rank 0 reports, writes checkpoints and outputs (dist.h) */
     o->dist.token_weighted = lora; /* chats train on assistant tokens only: ranks' counts differ */
+    o->dist.zo = o->zo.on;
     if ((s = tn_dist_open(&o->dist, o->seed, &dist))) return s;
     const int rank = tn_dist_rank(dist), n_ranks = tn_dist_size(dist);
     const bool outer = o->dist.method == TN_DIST_DILOCO || o->dist.method == TN_DIST_NOLOCO;
@@ -278,6 +279,7 @@ tern_status tn_train_run(tn_train_opts *o) {
     }
     if (voc) cfg.n_vocab = voc->n;
     if ((s = tn_train_cfg_check(&cfg))) goto done;
+    cfg.forward_only = o->zo.on; /* zo.h: no gradients, no moments, forward activations only */
     /* 3. the model and its memory plan: what is needed, before touching data */
     if (lora) {
         if ((s = tn_tmodel_create_lora(&cfg, init, &o->lora, o->n_threads, &m))) goto done;
@@ -366,6 +368,7 @@ tern_status tn_train_run(tn_train_opts *o) {
     const int val_every = o->val_every > 0 ? o->val_every : TN_MAX(1, o->steps / 20);
     const int val_batches = TN_MAX(1, o->val_batches);
     double t0 = tn_time_s(), tokens_done = 0, loss = NAN;
+    tn_zo_state zst = {0};
     int64_t first_step = st.step;
     while (st.step < o->steps) {
         if (o->stop && *o->stop) {
@@ -384,7 +387,7 @@ tern_status tn_train_run(tn_train_opts *o) {
         float lr = tn_lr_at(st.step, warmup, o->steps, o->opt.lr, o->min_lr_frac);
         double gn = NAN;
         if (o->zo.on) { /* zo.h: forward passes only */
-            if ((s = tn_zo_step(m, dist, &o->zo, o->seed, st.step, tok, tgt, lr, &loss))) goto done;
+            if ((s = tn_zo_step(m, dist, &o->zo, &zst, o->seed, st.step, tok, tgt, lr, &loss))) goto done;
         } else if ((s = tn_tmodel_grads(m, tok, tgt, o->plan.accum, &loss))) goto done; /* forward + backward */
         if (!isfinite(loss)) { s = tn_err(TERN_ERR_INTERNAL, "train: loss is %f at step %lld (diverged; lower --lr)", loss, (long long)st.step); goto done; }
         if (!o->zo.on) {
@@ -447,6 +450,10 @@ tern_status tn_train_run(tn_train_opts *o) {
     o->final_loss = st.step ? st.loss[st.step - 1] : NAN;
     o->final_val_loss = st.n_val ? st.val_loss[st.n_val - 1] : NAN;
     o->weights_hash = tn_hash64(m->params, m->n_params * sizeof(float), 0);
+    bool same;
+    if ((s = tn_dist_same(dist, o->weights_hash, &same))) goto done;
+    if (dist) note(o, "final weights on the %d ranks: %s (hash %016llx on rank 0)", n_ranks, same ? "identical" : "differ",
+                   (unsigned long long)o->weights_hash);
     o->comm_bytes = tn_dist_bytes(dist);
     /* 6. outputs */
     if (!rank) {

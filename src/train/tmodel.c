@@ -205,7 +205,7 @@ static void plan_acts(const tn_train_cfg *c, int B, int T, int nth, int rc, act_
     size_t o = 0;
     for (int f = 0; f < AK_N; f++) {
         a->len[f] = ((size_t)n[f] + 15) & ~(size_t)15;
-        a->kept[f] = rc == TN_RECOMPUTE_NONE || f == AK_X_IN || (rc == TN_RECOMPUTE_ATTN && f != AK_ATT);
+        a->kept[f] = f == AK_X_IN || (!c->forward_only && (rc == TN_RECOMPUTE_NONE || (rc == TN_RECOMPUTE_ATTN && f != AK_ATT)));
     }
     for (int f = 0; f < AK_N; f++)
         if (a->kept[f]) a->off[f] = o, o += a->len[f];
@@ -217,6 +217,10 @@ static void plan_acts(const tn_train_cfg *c, int B, int T, int nth, int rc, act_
     a->head0 = o;
     A(x_fin, N * C); A(xf, N * C); A(logits, N * V);
     a->logits_end = o;
+    if (c->forward_only) { /* no backward: no scratch */
+        a->total = o;
+        return;
+    }
     A(dres, N * C); A(dxn, N * C); A(dq, N * Q); A(dk, N * KV); A(dv, N * KV);
     A(dqn, q_norm ? N * Q : 0); A(dkn, k_norm ? N * KV : 0); A(dy, N * Q);
     A(dh, N * F); A(dg, N * F); A(du, N * F); A(datt, (size_t)nth * T); A(dw, (size_t)nth * (C > hd ? C : hd));
@@ -266,9 +270,11 @@ void tn_tmodel_mem_plan(const tn_tmodel *m, int batch, int accum, int T, tn_reco
     p->batch = batch, p->micro_batch = mb, p->accum = accum, p->T = T, p->recompute = rc;
     p->params = p->grads = m->n_params * sizeof(float);
     p->moments = 2 * p->params;
+    if (m->cfg.forward_only) p->grads = p->moments = 0;
     p->frozen = m->base ? m->base->weight_bytes : 0;
     for (int f = 0; f < AK_N; f++) {
         if (a.kept[f]) p->kept[ak_kind[f]] += a.len[f] * (size_t)m->cfg.n_layer * sizeof(float);
+        else if (m->cfg.forward_only) p->kept[ak_kind[f]] += a.len[f] * sizeof(float); /* one layer's, reused */
         else p->recomp[ak_kind[f]] += a.len[f] * sizeof(float);
     }
     p->head = (a.logits - a.head0) * sizeof(float);
@@ -325,8 +331,10 @@ static tern_status create_impl(const tn_train_cfg *c, int n_threads, const tern_
         for (int j = 0; j < m->per_layer; j++) m->slot[lr[j]] = (int8_t)j;
     }
     if (base && (s = lora_layout(m, base, lc))) goto fail;
-    size_t bytes = m->n_params * 4 * sizeof(float);
-    if ((s = check_fits(bytes, base ? "adapter, norm weights, gradients and AdamW moments" : "parameters, gradients and AdamW moments"))) goto fail;
+    const size_t views = c->forward_only ? 1 : 4, bytes = m->n_params * views * sizeof(float);
+    if ((s = check_fits(bytes, c->forward_only ? "parameters" : base ? "adapter, norm weights, gradients and AdamW moments"
+                                                                       : "parameters, gradients and AdamW moments")))
+        goto fail;
     m->params = tn_malloc_aligned(bytes, 64);
     if (!m->params) {
         s = tn_err(TERN_ERR_NOMEM, "train: parameters, gradients and AdamW moments need %.1f MiB; allocation failed",
@@ -334,9 +342,11 @@ static tern_status create_impl(const tn_train_cfg *c, int n_threads, const tern_
         goto fail;
     }
     memset(m->params, 0, bytes);
-    m->grads = m->params + m->n_params;
-    m->m = m->grads + m->n_params;
-    m->v = m->m + m->n_params;
+    if (views == 4) {
+        m->grads = m->params + m->n_params;
+        m->m = m->grads + m->n_params;
+        m->v = m->m + m->n_params;
+    }
     m->n_threads = n_threads;
     if ((s = tn_pool_create(n_threads, &m->pool))) goto fail;
     m->tr_il = -1;
@@ -1247,6 +1257,7 @@ void tn_tmodel_backward(tn_tmodel *m) {
 
 tern_status tn_tmodel_grads(tn_tmodel *m, const int32_t *tokens, const int32_t *targets, int n_micro, double *loss) {
     if (!m->acts) return tn_err(TERN_ERR_STATE, "train: gradients before tn_tmodel_plan");
+    if (!m->grads) return tn_err(TERN_ERR_STATE, "train: gradients of a forward-only (zeroth-order) model");
     if (n_micro < 1) return tn_err(TERN_ERR_INVALID_ARG, "train: %d micro-batches", n_micro);
     const size_t n = (size_t)m->B * m->T;
     int64_t n_valid = 0;

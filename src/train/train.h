@@ -28,6 +28,9 @@ typedef struct tn_train_cfg {
     float rms_eps, rope_base;
     int32_t head_dim;            /* 0: n_embd / n_head; query rows are n_head * head_dim   */
     const tn_arch_desc *arch;    /* the family (registry entry); NULL: llama                */
+    bool forward_only;           /* zeroth-order training (train/zo.h): only the parameters are
+                                  * allocated (no gradients, no AdamW moments) and the
+                                  * activations hold one layer's buffers (no backward)        */
 } tn_train_cfg;
 
 /* One parameter tensor: its GGUF name and shape, its offset (floats) in every flat buffer. */
@@ -51,7 +54,8 @@ typedef struct tn_tmodel {
     int per_layer;           /* tensors per layer: the family's required per-layer roles  */
     int8_t slot[TN_ROLE_N_LAYER]; /* role -> position within a layer, -1 if not trained  */
     size_t n_params;
-    float *params, *grads, *m, *v; /* one allocation, four equal views              */
+    float *params, *grads, *m, *v; /* one allocation, four equal views (cfg.forward_only:
+                                    * params only, the others NULL)                     */
     /* activations (tn_tmodel_plan) */
     int B, T;
     float *acts;

@@ -12,7 +12,11 @@
 #          uninterrupted single-process run (the checkpoint holds the global data position).
 #   compress  --compress int8: measured bytes == int8 + per-256 scales computed here; dp int8
 #          follows dp within 0.01 but not bit for bit; noloco refuses it.
-#   zo     --zo: 1 rank == single process bit for bit, 2 ranks x B == 1 x 2B, bytes per step.
+#   zo     --zo --compress none (f32): 1 rank == single process bit for bit, 2 ranks x B == 1 x 2B,
+#          bytes per step 4 x (samples + 1).
+#   zobyte --zo with one byte per sample (the default under --dist): 1 rank under mpirun == one
+#          process with --compress int8 bit for bit; 2 ranks end with identical weights; measured
+#          bytes == steps x samples; close to, but not, the f32 exchange.
 #   finetune  `tern finetune` (LoRA over a q4_0 qwen3 base, plain text): dp 2 ranks x batch 2 ==
 #          1 process x batch 4 (adapter and losses), the 1 x batch 2 control differs; --zo under dp
 #          == single process x batch 4 with 4 x (samples + 1) bytes per step; diloco runs and
@@ -63,6 +67,7 @@ run() {
   local name=$1; shift
   local pre=()
   if [ "$1" = mpi ]; then pre=("${MPI[@]}"); shift; fi
+  if [ "$1" = mpi1 ]; then pre=(mpirun -np 1 --bind-to none); shift; fi
   if ! timeout 120 "${pre[@]}" "$TERN" "${RUNCMD[@]}" "$@" -o "$TMP/$name.gguf" >"$TMP/$name.log" 2>&1; then
     bad "$name: $(grep -m3 -E 'error|noticed' "$TMP/$name.log")"
     return 1
@@ -143,12 +148,13 @@ if [ "$PART" = compress ]; then
 fi
 
 if [ "$PART" = zo ]; then
-  # --zo (SPSA): 1 rank under mpirun == single process bit for bit; 2 ranks x batch 2 == 1 x batch 4
-  # (the same perturbations from the shared seed, the projected gradients averaged); bytes ==
-  # steps x 4 x (samples + 1), and the weights did move
+  # --zo (SPSA) with the f32 exchange (--compress none): 1 rank under mpirun == single process bit
+  # for bit; 2 ranks x batch 2 == 1 x batch 4 (the same perturbations from the shared seed, the
+  # projected gradients averaged); bytes == steps x 4 x (samples + 1), and the weights did move
   Z=(--n-layer 1 --ctx 16 --steps 6 --zo --zo-samples 2 --lr 1e-3)
   run zs "${Z[@]}" --batch 4 && run zh "${Z[@]}" --batch 2 &&
-  run z1 "${Z[@]}" --batch 4 --dist dp --seed 1234 && run z2 mpi "${Z[@]}" --batch 2 --dist dp && {
+  run z1 "${Z[@]}" --batch 4 --dist dp --compress none --seed 1234 &&
+  run z2 mpi "${Z[@]}" --batch 2 --dist dp --compress none && {
     cmp -s "$TMP/zs.gguf" "$TMP/z1.gguf" && ok "zo: a 1-rank --dist dp run is bit-identical to the single-process run" ||
       bad "zo: 1-rank output differs from the single-process one"
     same zs z2 $TOL "" "zo 2 ranks x batch 2 == 1 process x batch 4"
@@ -159,6 +165,29 @@ if [ "$PART" = zo ]; then
   run zinit --n-layer 1 --ctx 16 --steps 1 --lr 0 --batch 4 && same zinit zs 1e-6 --differ "zo weights moved from the init"
 fi
 
+if [ "$PART" = zobyte ]; then
+  # --zo one byte per sample per step (the default under --dist): a 1-rank run under mpirun is
+  # bit-identical (weights and loss curve) to one process with --compress int8 (the same
+  # quantization); on 2 ranks every rank ends with the same weights (their hashes all-gathered),
+  # the measured bytes are steps x samples, and the run differs from the f32 exchange (the bytes
+  # are really quantized) while staying within 0.05 of it (the quantization is fine-grained)
+  Z=(--n-layer 1 --ctx 16 --steps 8 --zo --zo-samples 3 --lr 1e-3)
+  run bs "${Z[@]}" --batch 2 --compress int8 && run b1 mpi1 "${Z[@]}" --batch 2 --dist dp &&
+  run b2 mpi "${Z[@]}" --batch 2 --dist dp && run f2 mpi "${Z[@]}" --batch 2 --dist dp --compress none && {
+    cmp -s "$TMP/bs.gguf" "$TMP/b1.gguf" && cmp -s "$TMP/bs.loss.csv" "$TMP/b1.loss.csv" &&
+      ok "zo int8: 1 rank under mpirun == one process with --compress int8, bit for bit (weights, losses)" ||
+      bad "zo int8: the 1-rank run differs from the single-process one"
+    grep -q "final weights on the 2 ranks: identical" "$TMP/b2.log" && ok "zo int8: both ranks end with identical weights" ||
+      bad "zo int8: $(grep -m1 'final weights' "$TMP/b2.log")"
+    n=$(sed -n 's/.*communicated \([0-9]*\) bytes per rank.*/\1/p' "$TMP/b2.log")
+    [ "$n" = $((8 * 3)) ] && ok "zo int8 measured $n bytes in 8 steps == 8 x 3 samples x 1 byte" || bad "zo int8 measured '$n' bytes, want 24"
+    same b2 f2 0.05 "" "zo int8 follows the f32 exchange within 0.05"
+    same b2 f2 1e-7 --differ "zo int8 is not the f32 exchange bit for bit"
+  }
+  run bsf "${Z[@]}" --batch 2 && ! cmp -s "$TMP/bs.gguf" "$TMP/bsf.gguf" &&
+    ok "single-process --zo without --compress keeps f32 (differs from int8)" || bad "single-process --zo f32 == int8?"
+fi
+
 if [ "$PART" = finetune ]; then
   "$TERN" synth --arch qwen3 --preset tiny --type q4_0 -o "$TMP/base.gguf" 2>"$TMP/err" || { cat "$TMP/err"; exit 1; }
   FTB=(finetune -m "$TMP/base.gguf" --data "$corpus" --ctx 32 -t 1 --lora-rank 4 --steps 6 --val-split 0 --log-every 1000)
@@ -166,10 +195,20 @@ if [ "$PART" = finetune ]; then
   run fs --batch 4 --lr 1e-2 && run fd mpi --batch 2 --lr 1e-2 --dist dp && run fh --batch 2 --lr 1e-2 &&
   same fs fd $TOL "" "finetune dp 2 ranks x batch 2 == 1 process x batch 4 (adapter, losses)" &&
   same fs fh $TOL --differ "control: finetune 1 process x batch 2 differs from batch 4"
-  run fzs --batch 4 --lr 1e-3 --zo --zo-samples 2 && run fz2 mpi --batch 2 --lr 1e-3 --zo --zo-samples 2 --dist dp && {
-    same fzs fz2 $TOL "" "finetune --zo: 2 ranks x batch 2 == 1 process x batch 4"
+  run fzs --batch 4 --lr 1e-3 --zo --zo-samples 2 && run fz2 mpi --batch 2 --lr 1e-3 --zo --zo-samples 2 --dist dp --compress none && {
+    same fzs fz2 $TOL "" "finetune --zo (f32 exchange): 2 ranks x batch 2 == 1 process x batch 4"
     n=$(sed -n 's/.*communicated \([0-9]*\) bytes per rank.*/\1/p' "$TMP/fz2.log")
     [ "$n" = $((6 * 4 * 3)) ] && ok "finetune --zo measured $n bytes in 6 steps == 6 x 4 x (2 samples + 1)" || bad "finetune --zo measured '$n' bytes, want 72"
+  }
+  # one byte per sample (the default under --dist) over the q4_0 base: identical adapters on both
+  # ranks, 6 x 2 bytes; the plan allocates no gradients or moments
+  run fzb mpi --batch 2 --lr 1e-3 --zo --zo-samples 2 --dist dp && {
+    n=$(sed -n 's/.*communicated \([0-9]*\) bytes per rank.*/\1/p' "$TMP/fzb.log")
+    [ "$n" = 12 ] && grep -q "final weights on the 2 ranks: identical" "$TMP/fzb.log" &&
+      ok "finetune --zo int8: $n bytes in 6 steps (6 x 2 samples), identical adapters on both ranks" ||
+      bad "finetune --zo int8: '$n' bytes, $(grep -m1 'final weights' "$TMP/fzb.log")"
+    grep -Eq "gradients +0.0 MiB" "$TMP/fzb.log" && grep -Eq "AdamW moments \(m, v\) +0.0 MiB" "$TMP/fzb.log" &&
+      ok "finetune --zo plan: no gradients, no AdamW moments" || bad "finetune --zo plan: $(grep -E 'gradients|moments' "$TMP/fzb.log")"
   }
   run fdl mpi --batch 2 --lr 1e-2 --dist diloco --outer-every 3 &&
     grep -q "finetune: --dist diloco on 2 ranks: communicated" "$TMP/fdl.log" && ok "finetune diloco: $(grep -o 'communicated.*' "$TMP/fdl.log")" ||

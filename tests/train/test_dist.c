@@ -4,7 +4,9 @@
  * scale step of its input, rounded to one of the two neighbouring levels; unbiased: the mean over
  * many roundings converges to the input; reproducible from the seed), the rank-strided batch
  * shard (rows r, r+N, ... of the global batch), plain SGD against hand-computed updates, and the
- * backward's grads_ready hook (which gradients are final at each call).
+ * backward's grads_ready hook (which gradients are final at each call); the one-byte ZO code
+ * (zo.h) against hand-computed levels and clip updates, and a forward-only (zeroth-order) model:
+ * no gradient or moment buffers, the same loss as the full model, gradients refused.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -16,6 +18,7 @@
 #include <string.h>
 
 #include "train/dist.h"
+#include "train/zo.h"
 
 #define N 1000 /* 3 full blocks and a partial one */
 
@@ -156,6 +159,72 @@ static void test_grads_ready_hook(void **state) {
     tn_tmodel_free(m);
 }
 
+/* zo.h: q = clamp(floor(127 g / c + u), -127, 127), -128 for non-finite; hand-computed levels */
+static void test_zo_q8(void **state) {
+    (void)state;
+    assert_int_equal(tn_zo_q8(0.5f, 1.0f, 0.0f), 63);    /* 63.5 down */
+    assert_int_equal(tn_zo_q8(0.5f, 1.0f, 0.5f), 64);    /* 64.0 */
+    assert_int_equal(tn_zo_q8(-0.5f, 1.0f, 0.49f), -64); /* -63.01 down */
+    assert_int_equal(tn_zo_q8(0.25f, 2.0f, 0.0f), 15);   /* 15.875 down */
+    assert_int_equal(tn_zo_q8(3.0f, 1.0f, 0.0f), 127);   /* clipped */
+    assert_int_equal(tn_zo_q8(-3.0f, 1.0f, 0.9f), -127);
+    assert_int_equal(tn_zo_q8(NAN, 1.0f, 0.0f), -128);
+    assert_int_equal(tn_zo_q8(INFINITY, 1.0f, 0.0f), -128);
+    /* unbiased inside the range: the mean of q c / 127 over u on a uniform grid is g */
+    const float g = 0.3217f, c = 2.0f;
+    double sum = 0;
+    for (int i = 0; i < 10000; i++) sum += tn_zo_q8(g, c, (float)((i + 0.5) / 10000.0)) * (double)c / 127.0;
+    assert_float_equal(sum / 10000.0, g, 1e-4);
+}
+
+/* zo.h: doubled on saturation, else 0.9 c + 0.1 max(4 rms, c / 8) (values by hand) */
+static void test_zo_clip(void **state) {
+    (void)state;
+    const int8_t sat[3] = {0, 5, 127}, nsat[2] = {-127, 1}, zero[4] = {0}, mid[2] = {64, -64};
+    assert_float_equal(tn_zo_clip_next(1.0f, sat, 3), 2.0f, 0);
+    assert_float_equal(tn_zo_clip_next(0.5f, nsat, 2), 1.0f, 0);
+    assert_float_equal(tn_zo_clip_next(1.0f, zero, 4), 0.9125f, 1e-7); /* 0.9 + 0.1 / 8 */
+    /* rms = 64 x 2 / 127 = 1.0078740; 0.9 x 2 + 0.1 x 4 x 1.0078740 = 2.2031496 */
+    assert_float_equal(tn_zo_clip_next(2.0f, mid, 2), 2.2031496f, 1e-6);
+}
+
+/* cfg.forward_only: the parameters alone are allocated, the forward gives the loss of the full
+ * model bit for bit (its activations hold one layer's buffers), and gradients are refused. */
+static void test_forward_only(void **state) {
+    (void)state;
+    tn_train_cfg c = {.n_vocab = 16, .n_ctx = 4, .n_embd = 8, .n_layer = 3, .n_head = 2, .n_head_kv = 1, .n_ff = 16,
+                      .rms_eps = 1e-5f, .rope_base = 10000.0f};
+    tn_tmodel *full, *fo;
+    assert_int_equal(tn_tmodel_create(&c, 2, &full), TERN_OK);
+    c.forward_only = true;
+    assert_int_equal(tn_tmodel_create(&c, 2, &fo), TERN_OK);
+    assert_null(fo->grads);
+    assert_null(fo->m);
+    assert_null(fo->v);
+    tn_tmodel_init_random(full, 7);
+    tn_tmodel_init_random(fo, 7);
+    assert_int_equal(tn_tmodel_plan(full, 2, 4), TERN_OK);
+    assert_int_equal(tn_tmodel_plan(fo, 2, 4), TERN_OK);
+    assert_true(fo->acts_floats < full->acts_floats);
+    tn_mem_plan pf, pz;
+    tn_tmodel_mem_plan(full, 2, 1, 4, TN_RECOMPUTE_NONE, &pf);
+    tn_tmodel_mem_plan(fo, 2, 1, 4, TN_RECOMPUTE_NONE, &pz);
+    assert_int_equal(pz.grads, 0);
+    assert_int_equal(pz.moments, 0);
+    assert_int_equal(pz.params, full->n_params * sizeof(float));
+    assert_int_equal(pf.grads + pf.moments, 3 * full->n_params * sizeof(float));
+    assert_true(pz.peak < pf.peak);
+    int32_t tok[8], tgt[8];
+    for (int i = 0; i < 8; i++) tok[i] = (i * 5 + 1) % 16, tgt[i] = (i * 3 + 2) % 16;
+    double lf, lz;
+    assert_int_equal(tn_tmodel_forward(full, tok, tgt, &lf), TERN_OK);
+    assert_int_equal(tn_tmodel_forward(fo, tok, tgt, &lz), TERN_OK);
+    assert_true(lf == lz && lf > 0);
+    assert_int_equal(tn_tmodel_grads(fo, tok, tgt, 1, &lz), TERN_ERR_STATE);
+    tn_tmodel_free(full);
+    tn_tmodel_free(fo);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_q8_levels),
@@ -163,6 +232,9 @@ int main(void) {
         cmocka_unit_test(test_shard),
         cmocka_unit_test(test_sgd),
         cmocka_unit_test(test_grads_ready_hook),
+        cmocka_unit_test(test_zo_q8),
+        cmocka_unit_test(test_zo_clip),
+        cmocka_unit_test(test_forward_only),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -30,7 +30,9 @@ static void on_sig(int sig) {
     "  --outer-lr X            outer learning rate (default 0.7)\n"                                          \
     "  --outer-momentum X      outer Nesterov momentum (default 0.9)\n"                                      \
     "  --zo                    zeroth-order (SPSA) steps: forward passes only, no backward;\n"              \
-    "                          under --dist dp ranks exchange one value per sample per step\n"              \
+    "                          under --dist dp ranks exchange one byte per sample per step\n"               \
+    "                          (--compress none: 4-byte floats; --compress int8 without\n"                \
+    "                          --dist: the same one-byte quantization in one process)\n"                   \
     "  --zo-eps X              perturbation scale (default 1e-3)\n"                                          \
     "  --zo-samples N          perturbations per step (default 1)\n"                                         \
     "  --compress int8|none    dp, diloco: send int8 with a scale per 256 values, stochastic\n"             \
@@ -287,9 +289,14 @@ static int dist_flag(int argc, char **argv, int *i, tn_train_opts *o, dist_seen 
 }
 
 /* Flags that need others: 0, or the usage exit code after printing the error. */
-static int dist_check(const tn_train_opts *o, const dist_seen *seen, const char *cmd) {
+static int dist_check(tn_train_opts *o, const dist_seen *seen, const char *cmd) {
     if (seen->zo && !o->zo.on) return tn_cli_usage_error("%s: %s needs --zo", cmd, seen->zo);
-    if (seen->compress && o->dist.method == TN_DIST_NONE) return tn_cli_usage_error("%s: --compress needs --dist", cmd);
+    if (seen->compress && o->dist.method == TN_DIST_NONE && !o->zo.on)
+        return tn_cli_usage_error("%s: --compress needs --dist (or --zo)", cmd);
+    if (o->zo.on) { /* one byte per sample: by default under --dist, or asked for (zo.h) */
+        o->zo.int8 = seen->compress ? o->dist.compress == TN_COMPRESS_INT8 : o->dist.method != TN_DIST_NONE;
+        o->dist.compress = TN_COMPRESS_NONE;
+    }
     if (seen->outer && o->dist.method != TN_DIST_DILOCO && o->dist.method != TN_DIST_NOLOCO)
         return tn_cli_usage_error("%s: %s applies to --dist diloco or noloco", cmd, seen->outer);
     if (seen->dp && o->dist.method != TN_DIST_DP) return tn_cli_usage_error("%s: %s applies to --dist dp", cmd, seen->dp);
