@@ -18,11 +18,12 @@
  * The unpacking of a block's codes is shared by up to 8 columns per pass; a group's rows are read
  * once per block of TN_RK16_CB columns and from cache by the later passes.
  * q6_K decode and small batches (n <= 4) have their own tile (tn_rk16_chunk_q6K): every code byte
- * loaded once, constant shifts, the chunk ahead prefetched a few lines per step, and for n = 1 two
- * groups far apart read together (two streams, as the file layout's gemv does with two rows).
- * Measured on this Xeon (1 thread, 2048 x 8192, 40 copies: from DRAM, best of 160 calls each,
- * alternating, 2026-11-27): it went from 0.42x of the file layout's gemv to 0.9-1.0x; in L2 (256 x
- * 2048) it is 1.55x the gemv.
+ * loaded once, constant shifts, the chunk ahead prefetched a few lines per step. At n = 1 every
+ * type reads two groups far apart together (tn_rk16_gemm2: two streams, as the file layout's gemv
+ * does with two rows), prefetching a few lines per step. Measured on a 2-core Xeon (1 thread,
+ * 2048 x 8192, 40 copies: from DRAM, best of 120 calls each, alternating with the file layout's
+ * gemv, 2026-11-27, loaded machine: +-10%): q6_K 0.42x of the gemv -> 0.94-1.03x (in L2: 1.55x),
+ * q4_K 0.80x -> 1.35-1.39x.
  *
  * Integer sums are exact; only the float rounding differs from the references (per block, one
  * FMA on d_w * d_x instead of the references' per-lane products in their order).
@@ -64,21 +65,22 @@ static inline void tn_rk16_prefetch(const uint8_t *ch, size_t cb) {
     for (size_t l = 0; l < cb; l += 64) tn_rk16_prefetch_line(ch + TN_RK16_PF + l);
 }
 
-/* q4_K (Q5: q5_K): one group of 16 rows x NC columns of nb blocks each */
-static inline __attribute__((always_inline)) void tn_rk16_tile_k4(const int NC, const bool Q5, const uint8_t *grp,
-                                                                   int64_t nb, const uint8_t *x, size_t x_rb, float *y,
-                                                                   int64_t ldy) {
+/* q4_K (Q5: q5_K): chunk ch (block b of a group's 16 rows) against NC columns into acc[c]. SPREAD:
+ * the chunk ahead prefetched 5 lines per sub-block step (decode) instead of in one burst. */
+static inline __attribute__((always_inline)) void tn_rk16_chunk_k4(const int NC, const bool Q5, const bool SPREAD,
+                                                                    const uint8_t *ch, int64_t b, const uint8_t *x,
+                                                                    size_t x_rb, __m512 *acc) {
     const size_t cb = TN_R16_ROWS * (Q5 ? sizeof(block_q5_K) : sizeof(block_q4_K));
     const __m512i m4 = _mm512_set1_epi8(0x0F), m63 = _mm512_set1_epi32(63), m15 = _mm512_set1_epi32(15);
     const __m512i m10 = _mm512_set1_epi8(0x10);
-    __m512 acc[TN_RK16_NC];
-    for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *ch = grp + (size_t)b * cb;
-        tn_rk16_prefetch(ch, cb);
+    {
+        if (!SPREAD) tn_rk16_prefetch(ch, cb);
         __m512i isum[TN_RK16_NC];
         for (int c = 0; c < NC; c++) isum[c] = _mm512_setzero_si512();
         for (int j = 0; j < 8; j++) {
+            if (SPREAD)
+                for (int l = 5 * j; l < 5 * j + 5; l++)
+                    if (64 * l < (int)cb) tn_rk16_prefetch_line(ch + TN_RK16_PF + 64 * l);
             const uint8_t *P = ch + (Q5 ? TN_R16_Q5K_QS : TN_R16_Q4K_QS) + 512 * (j / 2);
             __m512i q[8];
             for (int u = 0; u < 8; u++) {
@@ -123,7 +125,30 @@ static inline __attribute__((always_inline)) void tn_rk16_tile_k4(const int NC, 
             acc[c] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms), _mm512_mul_ps(dm, dx), acc[c]);
         }
     }
+}
+
+/* q4_K (Q5: q5_K): one group of 16 rows x NC columns of nb blocks each */
+static inline __attribute__((always_inline)) void tn_rk16_tile_k4(const int NC, const bool Q5, const uint8_t *grp,
+                                                                   int64_t nb, const uint8_t *x, size_t x_rb, float *y,
+                                                                   int64_t ldy) {
+    const size_t cb = TN_R16_ROWS * (Q5 ? sizeof(block_q5_K) : sizeof(block_q4_K));
+    __m512 acc[TN_RK16_NC];
+    for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) tn_rk16_chunk_k4(NC, Q5, NC == 1, grp + (size_t)b * cb, b, x, x_rb, acc);
     for (int c = 0; c < NC; c++) _mm512_storeu_ps(y + c * ldy, acc[c]);
+}
+
+/* q4_K (Q5: q5_K), one column: groups g0 and g1 far apart (two streams) chunk by chunk. */
+static inline __attribute__((always_inline)) void tn_rk16_dec2_k4(const bool Q5, const uint8_t *g0, const uint8_t *g1,
+                                                                   int64_t nb, const uint8_t *x, float *y0, float *y1) {
+    const size_t cb = TN_R16_ROWS * (Q5 ? sizeof(block_q5_K) : sizeof(block_q4_K));
+    __m512 a0[1] = {_mm512_setzero_ps()}, a1[1] = {_mm512_setzero_ps()};
+    for (int64_t b = 0; b < nb; b++) {
+        tn_rk16_chunk_k4(1, Q5, true, g0 + (size_t)b * cb, b, x, 0, a0);
+        tn_rk16_chunk_k4(1, Q5, true, g1 + (size_t)b * cb, b, x, 0, a1);
+    }
+    _mm512_storeu_ps(y0, a0[0]);
+    _mm512_storeu_ps(y1, a1[0]);
 }
 
 /* q6_K, decode and small batches (NC <= 4): one chunk (block b of a group's 16 rows) into acc[c].
@@ -297,26 +322,41 @@ static void tn_rk16_gemm(const tn_rk16_tile_fn *tiles, int64_t k, int64_t m, int
     }
 }
 
+typedef void (*tn_rk16_dec2_fn)(const uint8_t *, const uint8_t *, int64_t, const uint8_t *, float *, float *);
+
+static void tn_rk16_dec2_q4K(const uint8_t *g0, const uint8_t *g1, int64_t nb, const uint8_t *x, float *y0, float *y1) {
+    tn_rk16_dec2_k4(false, g0, g1, nb, x, y0, y1);
+}
+static void tn_rk16_dec2_q5K(const uint8_t *g0, const uint8_t *g1, int64_t nb, const uint8_t *x, float *y0, float *y1) {
+    tn_rk16_dec2_k4(true, g0, g1, nb, x, y0, y1);
+}
+
+/* Every batch size; one column (n = 1): groups g and g + h (h = ceil(groups / 2)) together
+ * through dec2 (two streams), ng odd: the middle group alone. */
+static void tn_rk16_gemm2(const tn_rk16_tile_fn *tiles, tn_rk16_dec2_fn dec2, int64_t k, int64_t m, int64_t n,
+                          const void *w, size_t w_rb, const void *x, size_t x_rb, float *y, int64_t ldy) {
+    const int64_t ng = m / TN_R16_ROWS, h = (ng + 1) / 2, gb = TN_R16_ROWS * (int64_t)w_rb;
+    if (n > 1 || ng < 2) {
+        tn_rk16_gemm(tiles, k, m, n, w, w_rb, x, x_rb, y, ldy);
+        return;
+    }
+    for (int64_t g = 0; g < ng - h; g++)
+        dec2((const uint8_t *)w + g * gb, (const uint8_t *)w + (g + h) * gb, k / QK_K, x, y + g * TN_R16_ROWS,
+             y + (g + h) * TN_R16_ROWS);
+    if (ng - h < h) tiles[1]((const uint8_t *)w + (h - 1) * gb, k / QK_K, x, x_rb, y + (h - 1) * TN_R16_ROWS, ldy);
+}
+
 static void tn_k_gemm_q4_K_r16_q8_K__avx512(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb,
                                             const void *x, size_t x_rb, float *y, int64_t ldy) {
-    tn_rk16_gemm(tn_rk16_tiles_q4K, k, m, n, w, w_rb, x, x_rb, y, ldy);
+    tn_rk16_gemm2(tn_rk16_tiles_q4K, tn_rk16_dec2_q4K, k, m, n, w, w_rb, x, x_rb, y, ldy);
 }
 static void tn_k_gemm_q5_K_r16_q8_K__avx512(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb,
                                             const void *x, size_t x_rb, float *y, int64_t ldy) {
-    tn_rk16_gemm(tn_rk16_tiles_q5K, k, m, n, w, w_rb, x, x_rb, y, ldy);
+    tn_rk16_gemm2(tn_rk16_tiles_q5K, tn_rk16_dec2_q5K, k, m, n, w, w_rb, x, x_rb, y, ldy);
 }
 static void tn_k_gemm_q6_K_r16_q8_K__avx512(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb,
                                             const void *x, size_t x_rb, float *y, int64_t ldy) {
-    const int64_t ng = m / TN_R16_ROWS, h = (ng + 1) / 2, gb = TN_R16_ROWS * (int64_t)w_rb;
-    if (n > 1 || ng < 2) {
-        tn_rk16_gemm(tn_rk16_tiles_q6K, k, m, n, w, w_rb, x, x_rb, y, ldy);
-        return;
-    }
-    /* one column: groups g and g + h together (two streams); ng odd: the middle group alone */
-    for (int64_t g = 0; g < ng - h; g++)
-        tn_rk16_dec2_q6K((const uint8_t *)w + g * gb, (const uint8_t *)w + (g + h) * gb, k / QK_K, x,
-                         y + g * TN_R16_ROWS, y + (g + h) * TN_R16_ROWS);
-    if (ng - h < h) tn_rk16_tile_q6K_1((const uint8_t *)w + (h - 1) * gb, k / QK_K, x, x_rb, y + (h - 1) * TN_R16_ROWS, ldy);
+    tn_rk16_gemm2(tn_rk16_tiles_q6K, tn_rk16_dec2_q6K, k, m, n, w, w_rb, x, x_rb, y, ldy);
 }
 
 void tn_kern_register_repack_k_avx512(tn_kern_table *t) {
