@@ -39,9 +39,7 @@
 
 #define TN_RK16_NC 8       /* columns per pass */
 #define TN_RK16_CB 64      /* columns per block: a group's rows stay in cache across its passes */
-#ifndef TN_RK16_PF
 #define TN_RK16_PF 4096 /* software prefetch distance, bytes: at least one q6_K_r16 chunk (3360) ahead */
-#endif
 #define TN_RK16_NROW (1 << 30) /* every batch size: whole thread ranges (kern.h gemm_nrow) */
 
 static inline __m512i tn_rk16_bcast(const int8_t *p) {
@@ -66,64 +64,63 @@ static inline void tn_rk16_prefetch(const uint8_t *ch, size_t cb) {
 }
 
 /* q4_K (Q5: q5_K): chunk ch (block b of a group's 16 rows) against NC columns into acc[c]. SPREAD:
- * the chunk ahead prefetched 5 lines per sub-block step (decode) instead of in one burst. */
+ * the chunk ahead prefetched a few lines per sub-block step (decode) instead of in one burst. */
 static inline __attribute__((always_inline)) void tn_rk16_chunk_k4(const int NC, const bool Q5, const bool SPREAD,
                                                                     const uint8_t *ch, int64_t b, const uint8_t *x,
                                                                     size_t x_rb, __m512 *acc) {
     const size_t cb = TN_R16_ROWS * (Q5 ? sizeof(block_q5_K) : sizeof(block_q4_K));
     const __m512i m4 = _mm512_set1_epi8(0x0F), m63 = _mm512_set1_epi32(63), m15 = _mm512_set1_epi32(15);
     const __m512i m10 = _mm512_set1_epi8(0x10);
-    {
-        if (!SPREAD) tn_rk16_prefetch(ch, cb);
-        __m512i isum[TN_RK16_NC];
-        for (int c = 0; c < NC; c++) isum[c] = _mm512_setzero_si512();
-        for (int j = 0; j < 8; j++) {
-            if (SPREAD)
-                for (int l = 5 * j; l < 5 * j + 5; l++)
-                    if (64 * l < (int)cb) tn_rk16_prefetch_line(ch + TN_RK16_PF + 64 * l);
-            const uint8_t *P = ch + (Q5 ? TN_R16_Q5K_QS : TN_R16_Q4K_QS) + 512 * (j / 2);
-            __m512i q[8];
-            for (int u = 0; u < 8; u++) {
-                const __m512i v = _mm512_loadu_si512(P + 64 * u);
-                q[u] = _mm512_and_si512(j % 2 ? _mm512_srli_epi16(v, 4) : v, m4);
-                if (Q5) { /* bit j of each qh byte to bit 4 */
-                    const __m512i hb = _mm512_loadu_si512(ch + TN_R16_Q5K_QH + 64 * u);
-                    const __m512i hs = j < 4 ? _mm512_slli_epi16(hb, 4 - j) : _mm512_srli_epi16(hb, j - 4);
-                    q[u] = _mm512_or_si512(q[u], _mm512_and_si512(hs, m10));
-                }
-            }
-            const __m512i sc = _mm512_and_si512(tn_rk16_u8(ch + TN_R16_Q4K_SC + 16 * j), m63);
-            for (int c = 0; c < NC; c++) {
-                const int8_t *xq = ((const block_q8_K *)(x + (size_t)c * x_rb))[b].qs + 32 * j;
-                __m512i t = _mm512_setzero_si512();
-                for (int u = 0; u < 8; u++) t = _mm512_dpbusd_epi32(t, q[u], tn_rk16_bcast(xq + 4 * u));
-                isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(t, sc));
+    const int LP = (int)((cb / 64 + 7) / 8);
+    if (!SPREAD) tn_rk16_prefetch(ch, cb);
+    __m512i isum[TN_RK16_NC];
+    for (int c = 0; c < NC; c++) isum[c] = _mm512_setzero_si512();
+    for (int j = 0; j < 8; j++) {
+        if (SPREAD) /* ceil(lines / 8) lines per step: 5 (q4_K), 6 (q5_K) */
+            for (int l = LP * j; l < LP * (j + 1); l++)
+                if (64 * l < (int)cb) tn_rk16_prefetch_line(ch + TN_RK16_PF + 64 * l);
+        const uint8_t *P = ch + (Q5 ? TN_R16_Q5K_QS : TN_R16_Q4K_QS) + 512 * (j / 2);
+        __m512i q[8];
+        for (int u = 0; u < 8; u++) {
+            const __m512i v = _mm512_loadu_si512(P + 64 * u);
+            q[u] = _mm512_and_si512(j % 2 ? _mm512_srli_epi16(v, 4) : v, m4);
+            if (Q5) { /* bit j of each qh byte to bit 4 */
+                const __m512i hb = _mm512_loadu_si512(ch + TN_R16_Q5K_QH + 64 * u);
+                const __m512i hs = j < 4 ? _mm512_slli_epi16(hb, 4 - j) : _mm512_srli_epi16(hb, j - 4);
+                q[u] = _mm512_or_si512(q[u], _mm512_and_si512(hs, m10));
             }
         }
-        /* mins as word pairs (min 2p | min 2p+1 << 16) of every row */
-        __m512i mp[4];
-        for (int p = 0; p < 4; p++) {
-            const __m512i lo = tn_rk16_u8(ch + TN_R16_Q4K_MN + 16 * p);
-            const __m512i h0 = _mm512_srli_epi32(tn_rk16_u8(ch + TN_R16_Q4K_SC + 32 * p), 6);
-            const __m512i h1 = _mm512_srli_epi32(tn_rk16_u8(ch + TN_R16_Q4K_SC + 32 * p + 16), 6);
-            const __m512i m0 = _mm512_or_si512(_mm512_and_si512(lo, m15), _mm512_slli_epi32(h0, 4));
-            const __m512i m1 = _mm512_or_si512(_mm512_srli_epi32(lo, 4), _mm512_slli_epi32(h1, 4));
-            mp[p] = _mm512_or_si512(m0, _mm512_slli_epi32(m1, 16));
-        }
-        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)ch));
-        const __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(ch + 32)));
+        const __m512i sc = _mm512_and_si512(tn_rk16_u8(ch + TN_R16_Q4K_SC + 16 * j), m63);
         for (int c = 0; c < NC; c++) {
-            const block_q8_K *xb = &((const block_q8_K *)(x + (size_t)c * x_rb))[b];
-            __m512i ms = _mm512_setzero_si512();
-            for (int p = 0; p < 4; p++) {
-                const uint32_t s0 = (uint16_t)(xb->bsums[4 * p] + xb->bsums[4 * p + 1]);
-                const uint32_t s1 = (uint16_t)(xb->bsums[4 * p + 2] + xb->bsums[4 * p + 3]);
-                ms = _mm512_dpwssd_epi32(ms, mp[p], _mm512_set1_epi32((int32_t)(s0 | s1 << 16)));
-            }
-            const __m512 dx = _mm512_set1_ps(xb->d);
-            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(dw, dx), acc[c]);
-            acc[c] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms), _mm512_mul_ps(dm, dx), acc[c]);
+            const int8_t *xq = ((const block_q8_K *)(x + (size_t)c * x_rb))[b].qs + 32 * j;
+            __m512i t = _mm512_setzero_si512();
+            for (int u = 0; u < 8; u++) t = _mm512_dpbusd_epi32(t, q[u], tn_rk16_bcast(xq + 4 * u));
+            isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(t, sc));
         }
+    }
+    /* mins as word pairs (min 2p | min 2p+1 << 16) of every row */
+    __m512i mp[4];
+    for (int p = 0; p < 4; p++) {
+        const __m512i lo = tn_rk16_u8(ch + TN_R16_Q4K_MN + 16 * p);
+        const __m512i h0 = _mm512_srli_epi32(tn_rk16_u8(ch + TN_R16_Q4K_SC + 32 * p), 6);
+        const __m512i h1 = _mm512_srli_epi32(tn_rk16_u8(ch + TN_R16_Q4K_SC + 32 * p + 16), 6);
+        const __m512i m0 = _mm512_or_si512(_mm512_and_si512(lo, m15), _mm512_slli_epi32(h0, 4));
+        const __m512i m1 = _mm512_or_si512(_mm512_srli_epi32(lo, 4), _mm512_slli_epi32(h1, 4));
+        mp[p] = _mm512_or_si512(m0, _mm512_slli_epi32(m1, 16));
+    }
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)ch));
+    const __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(ch + 32)));
+    for (int c = 0; c < NC; c++) {
+        const block_q8_K *xb = &((const block_q8_K *)(x + (size_t)c * x_rb))[b];
+        __m512i ms = _mm512_setzero_si512();
+        for (int p = 0; p < 4; p++) {
+            const uint32_t s0 = (uint16_t)(xb->bsums[4 * p] + xb->bsums[4 * p + 1]);
+            const uint32_t s1 = (uint16_t)(xb->bsums[4 * p + 2] + xb->bsums[4 * p + 3]);
+            ms = _mm512_dpwssd_epi32(ms, mp[p], _mm512_set1_epi32((int32_t)(s0 | s1 << 16)));
+        }
+        const __m512 dx = _mm512_set1_ps(xb->d);
+        acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(dw, dx), acc[c]);
+        acc[c] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms), _mm512_mul_ps(dm, dx), acc[c]);
     }
 }
 
