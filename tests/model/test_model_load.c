@@ -578,7 +578,7 @@ static void repack_load_modes(const char *arch, tn_dtype wt, int64_t n_embd) {
 }
 
 /* By default q6_K matrices move to q6_K_r16 like q4_K ones (on AVX-512 VNNI; elsewhere both keep
- * the file layout). */
+ * the file layout); TERN_REPACK_Q6K=0 keeps q6_K ones in the file layout. */
 static void test_q6k_default_repacked(void **state) {
     (void)state;
     tiny_cfg cfg;
@@ -593,6 +593,16 @@ static void test_q6k_default_repacked(void **state) {
     assert_int_equal(m->output.type, vnni ? TN_Q6_K_R16 : TN_Q6_K);
     assert_int_equal(m->layers[0].w[TN_ROLE_ATTN_Q].type, vnni ? TN_Q4_K_R16 : TN_Q4_K);
     tern_model_free(m);
+    /* TERN_REPACK_Q6K=0: q6_K stays in the file layout, q4_K still moves */
+    char *saved = getenv("TERN_REPACK_Q6K") ? strdup(getenv("TERN_REPACK_Q6K")) : NULL;
+    setenv("TERN_REPACK_Q6K", "0", 1);
+    m = NULL;
+    assert_int_equal(tern_model_load(path, NULL, &m), TERN_OK);
+    assert_int_equal(m->output.type, TN_Q6_K);
+    assert_int_equal(m->layers[0].w[TN_ROLE_ATTN_Q].type, vnni ? TN_Q4_K_R16 : TN_Q4_K);
+    tern_model_free(m);
+    if (saved) setenv("TERN_REPACK_Q6K", saved, 1), free(saved);
+    else unsetenv("TERN_REPACK_Q6K");
     unlink(path);
 }
 

@@ -22,7 +22,7 @@
  * type reads two groups far apart together (tn_rk16_gemm2: two streams, as the file layout's gemv
  * does with two rows), prefetching a few lines per step. Measured on a 2-core Xeon (1 thread,
  * 2048 x 8192, 40 copies: from DRAM, best of 120 calls each, alternating with the file layout's
- * gemv, 2026-11-27, loaded machine: +-10%): q6_K 0.42x of the gemv -> 0.94-1.03x (in L2: 1.55x),
+ * gemv, 2026-11-27, loaded machine: +-10%): q6_K 0.42x of the gemv -> 0.94-1.05x (k = 2048: 0.86-0.92x; in L2 1.55x),
  * q4_K 0.80x -> 1.35-1.39x.
  *
  * Integer sums are exact; only the float rounding differs from the references (per block, one
