@@ -182,7 +182,8 @@ static inline __attribute__((always_inline)) void tn_rk16_chunk_q6K(const int NC
                                        _mm512_and_si512(_mm512_srli_epi16(hb, 2), m30));
                 for (int e = 0; e < 4; e++)
                     for (int c = 0; c < NC; c++)
-                        t[e][c] = _mm512_dpbusd_epi32(t[e][c], q[e], tn_rk16_bcast(xb[c]->qs + 128 * h + 32 * e + 4 * u));
+                        t[e][c] = _mm512_dpbusd_epi32(t[e][c], q[e],
+                                                      tn_rk16_bcast(xb[c]->qs + 128 * h + 32 * e + 4 * u));
             }
             for (int e = 0; e < 4; e++) {
                 const __m512i sc = tn_rk16_i8(ch + TN_R16_Q6K_SC + 16 * (8 * h + 2 * e + s));
@@ -199,7 +200,8 @@ static inline __attribute__((always_inline)) void tn_rk16_dec_q6K(const int NC, 
                                                                    int64_t ldy) {
     __m512 acc[4];
     for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) tn_rk16_chunk_q6K(NC, grp + (size_t)b * TN_R16_ROWS * sizeof(block_q6_K), b, x, x_rb, acc);
+    const size_t cb = TN_R16_ROWS * sizeof(block_q6_K);
+    for (int64_t b = 0; b < nb; b++) tn_rk16_chunk_q6K(NC, grp + (size_t)b * cb, b, x, x_rb, acc);
     for (int c = 0; c < NC; c++) _mm512_storeu_ps(y + c * ldy, acc[c]);
 }
 
