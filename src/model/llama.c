@@ -400,15 +400,15 @@ fail:
 }
 
 /* The load-time layout t moves to, or 0: a file type with one, rows a multiple of its group, a
- * SIMD kernel. q6_K only with TERN_REPACK_Q6K=1: its interleaved kernel prefills 2.3x faster but
- * decodes at 0.55x of the file layout's (1B Q6_K, 2 threads, 2026-11-27), and decode is what a
- * model spends most of its time on. */
+ * SIMD kernel (TERN_REPACK=0 / --no-repack skip the whole repack, api.c). TERN_REPACK_Q6K=0 keeps
+ * q6_K alone in the file layout: its interleaved kernel prefills ~2.3x faster, but decodes at
+ * 0.9-1.0x of the file layout's gemv (kernel-only, 2026-11-27, docs/kernels.md). */
 static tn_dtype tn_repack_target(const tn_tensor *t) {
     const tn_dtype it = t->data ? tn_repack_type_of(t->type) : (tn_dtype)0;
     if (!it || t->ne[1] % tn_repack_rows(it) || tn_kern()->slot[it].gemm_isa < TN_ISA_AVX512) return (tn_dtype)0;
     if (it == TN_Q6_K_R16) {
         const char *e = getenv("TERN_REPACK_Q6K");
-        if (!e || strcmp(e, "1")) return (tn_dtype)0;
+        if (e && !strcmp(e, "0")) return (tn_dtype)0;
     }
     return it;
 }

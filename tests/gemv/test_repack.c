@@ -222,6 +222,13 @@ static void test_avx512_parity(void **state) {
             for (int64_t n = 1; n <= 33; n++) check_opt(it, 768, n % 2 ? 32 : 80, n);
             check_opt(it, 512, 32, 70);
         }
+        /* k-quant decode (n = 1 pairs group g with g + ceil(ng/2)) and q6_K's small-batch tile
+         * (n <= 4): an odd and an even group count past a few pairs, n up to the first past it */
+        if (it == TN_Q4_K_R16 || it == TN_Q5_K_R16 || it == TN_Q6_K_R16)
+            for (int64_t n = 1; n <= 5; n++) {
+                check_opt(it, 4352, 33 * TN_R16_ROWS, n);
+                check_opt(it, 1024, 8 * TN_R16_ROWS, n);
+            }
     }
 }
 

@@ -577,11 +577,10 @@ static void repack_load_modes(const char *arch, tn_dtype wt, int64_t n_embd) {
     repack_load_modes_out(arch, wt, wt, n_embd);
 }
 
-/* By default q6_K matrices stay in the file layout (TERN_REPACK_Q6K unset); q4_K ones move. */
-static void test_q6k_default_file_layout(void **state) {
+/* By default q6_K matrices move to q6_K_r16 like q4_K ones (on AVX-512 VNNI; elsewhere both keep
+ * the file layout); TERN_REPACK_Q6K=0 keeps q6_K ones in the file layout. */
+static void test_q6k_default_repacked(void **state) {
     (void)state;
-    char *saved = getenv("TERN_REPACK_Q6K") ? strdup(getenv("TERN_REPACK_Q6K")) : NULL;
-    unsetenv("TERN_REPACK_Q6K");
     tiny_cfg cfg;
     tiny_cfg_default(&cfg);
     cfg.wtype = TN_Q4_K, cfg.out_type = TN_Q6_K, cfg.n_embd = 256, cfg.n_ff = 512;
@@ -590,11 +589,21 @@ static void test_q6k_default_file_layout(void **state) {
     assert_int_equal(tiny_model_write(path, &cfg), TERN_OK);
     tern_model *m = NULL;
     assert_int_equal(tern_model_load(path, NULL, &m), TERN_OK);
-    assert_int_equal(m->output.type, TN_Q6_K);
-    if (tn_kern()->slot[TN_Q4_K_R16].gemm_isa >= TN_ISA_AVX512) assert_int_equal(m->layers[0].w[TN_ROLE_ATTN_Q].type, TN_Q4_K_R16);
+    const bool vnni = tn_kern()->slot[TN_Q6_K_R16].gemm_isa >= TN_ISA_AVX512;
+    assert_int_equal(m->output.type, vnni ? TN_Q6_K_R16 : TN_Q6_K);
+    assert_int_equal(m->layers[0].w[TN_ROLE_ATTN_Q].type, vnni ? TN_Q4_K_R16 : TN_Q4_K);
     tern_model_free(m);
-    unlink(path);
+    /* TERN_REPACK_Q6K=0: q6_K stays in the file layout, q4_K still moves */
+    char *saved = getenv("TERN_REPACK_Q6K") ? strdup(getenv("TERN_REPACK_Q6K")) : NULL;
+    setenv("TERN_REPACK_Q6K", "0", 1);
+    m = NULL;
+    assert_int_equal(tern_model_load(path, NULL, &m), TERN_OK);
+    assert_int_equal(m->output.type, TN_Q6_K);
+    assert_int_equal(m->layers[0].w[TN_ROLE_ATTN_Q].type, vnni ? TN_Q4_K_R16 : TN_Q4_K);
+    tern_model_free(m);
     if (saved) setenv("TERN_REPACK_Q6K", saved, 1), free(saved);
+    else unsetenv("TERN_REPACK_Q6K");
+    unlink(path);
 }
 
 static void test_repack_load_modes(void **state) {
@@ -701,9 +710,6 @@ int main(int argc, char **argv) {
         const struct CMUnitTest plm[] = {cmocka_unit_test(test_plm_defects)};
         return cmocka_run_group_tests(plm, NULL, NULL);
     }
-    /* q6_K's interleaved layout is opt-in (its decode is slower, src/model/llama.c): on here, so
-     * the q6_K_r16 paths are checked; test_q6k_default_file_layout checks the default */
-    setenv("TERN_REPACK_Q6K", "1", 1);
     tiny_cfg cfg;
     tiny_cfg_default(&cfg);
     tiny_tmp_path(base_path, sizeof base_path, "loadbase");
@@ -727,7 +733,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_alloc_failures),
         cmocka_unit_test(test_null_args),
         cmocka_unit_test(test_repack_load_modes),
-        cmocka_unit_test(test_q6k_default_file_layout),
+        cmocka_unit_test(test_q6k_default_repacked),
         cmocka_unit_test(test_moved_as_is),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
