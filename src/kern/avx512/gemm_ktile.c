@@ -18,6 +18,7 @@
 #include <immintrin.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kern/kern.h"
@@ -152,6 +153,8 @@ static void tn_kt_gemm_q6_K(int64_t k, int64_t m, int64_t n, const void *w, size
 void tn_kern_register_ktile_avx512(tn_kern_table *t) {
     const tn_cpu *c = tn_cpu_get();
     if (!c->avx512vnni || !c->avx512vbmi) return;
+    const char *env = getenv("TERN_KTILE"); /* 0: keep the file-layout kernels (A/B comparisons) */
+    if (env && !strcmp(env, "0")) return;
     const tn_dtype ft[3] = {TN_Q4_K, TN_Q5_K, TN_Q6_K}, it[3] = {TN_Q4_K_R16, TN_Q5_K_R16, TN_Q6_K_R16};
     const tn_gemm_fn fns[3] = {tn_kt_gemm_q4_K, tn_kt_gemm_q5_K, tn_kt_gemm_q6_K};
     for (int i = 0; i < 3; i++) {
