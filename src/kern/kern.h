@@ -140,6 +140,13 @@ void tn_kern_register_gemv_avx512(tn_kern_table *t);
 void tn_kern_register_repack_avx512(tn_kern_table *t);
 /* The same for q4_K_r16 / q6_K_r16 x q8_K (src/kern/avx512/gemm_rk16.c). */
 void tn_kern_register_repack_k_avx512(tn_kern_table *t);
+/* q4_K / q5_K / q6_K batched gemm from the file layout (expert slices, not repacked at load): 16-row
+ * groups interleaved on the fly into the r16 layout and run through the r16 tile kernels
+ * (src/kern/avx512/gemm_ktile.c); wraps the slot's gemm, after tn_kern_register_repack_k_avx512. */
+void tn_kern_register_ktile_avx512(tn_kern_table *t);
+/* The interleave it uses: nb blocks (k = nb * 256) of 16 rows of type ft (q4_K, q5_K, q6_K) at w, rows
+ * w_rb bytes apart (w_rb * 16 < 2^31), into nb r16 chunks at dst — tn_repack_r16's bytes (AVX512-VBMI). */
+void tn_k_interleave_r16_k__avx512(tn_dtype ft, const void *w, size_t w_rb, int64_t nb, void *dst);
 /* Lookup-table decode for the tq1 *_l32 layouts (src/kern/avx512/tq1_lut.c); after the tq kernels. */
 void tn_kern_register_l32_avx512(tn_kern_table *t);
 

@@ -36,6 +36,7 @@ static void tn_kern_build(void) {
             tn_kern_register_gemv_avx512(t);
             tn_kern_register_repack_avx512(t);
             tn_kern_register_repack_k_avx512(t);
+            tn_kern_register_ktile_avx512(t);
             tn_kern_register_l32_avx512(t);
         }
     }

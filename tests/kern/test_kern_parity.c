@@ -43,6 +43,8 @@
 #include "kern/kern.h"
 #include "quant/blocks.h"
 #include "quant/quant.h"
+#include "quant/repack.h"
+#include "core/cpu.h"
 
 /* ---- helpers ------------------------------------------------------------------------------- */
 
@@ -504,6 +506,44 @@ static void test_geglu(void **state) {
     }
 }
 
+/* The k-quants' batched gemm from the file layout (avx512 gemm_ktile.c: 16-row groups interleaved
+ * on the fly, k in slices of 8 blocks, 64 columns per pass): against the reference at token counts
+ * per expert 1 .. 70 (below and at the thresholds 5 and 12, one and two column passes), rows in
+ * whole groups and with a tail, k of one slice, a slice + 1 block and 3 slices with a tail; and the
+ * interleave byte for byte against quant's tn_repack_r16 on random blocks. */
+static void test_gemm_ktile(void **state) {
+    (void)state;
+    const tn_kern_table *opt = tn_kern_at(TN_ISA_AVX512), *ref = tn_kern_at(TN_ISA_SCALAR);
+    if (!opt || !opt->slot[TN_Q4_K_R16].gemm || !tn_cpu_get()->avx512vbmi) {
+        print_message("skip: the interleaving k-quant gemm needs AVX512-VNNI and VBMI, which this CPU lacks\n");
+        skip();
+    }
+    static const tn_dtype ts[] = {TN_Q4_K, TN_Q5_K, TN_Q6_K};
+    static const int64_t nbs[] = {8, 9, 19}, ms[] = {16, 37, 64}, ns[] = {1, 4, 5, 12, 17, 64, 70};
+    for (size_t t = 0; t < 3; t++) {
+        assert_ptr_not_equal(opt->slot[ts[t]].gemm, ref->slot[ts[t]].gemm);
+        for (size_t a = 0; a < 3; a++)
+            for (size_t b = 0; b < 3; b++)
+                for (size_t c = 0; c < 7; c++) check_gemm(TN_ISA_AVX512, ts[t], nbs[a] * QK_K, ms[b], ns[c]);
+        /* interleave: 16 padded rows of 19 blocks, random bytes and quantizer rows */
+        const int64_t nb = 19, k = nb * QK_K;
+        const size_t row = tn_dtype_row_size(ts[t], k), w_rb = row + 68;
+        uint8_t *w = calloc(TN_R16_ROWS, w_rb), *packed = malloc(TN_R16_ROWS * row), *rowmajor = malloc(TN_R16_ROWS * row);
+        uint8_t *mine = malloc(TN_R16_ROWS * row);
+        for (int r = 0; r < TN_R16_ROWS; r++) {
+            make_weight_row(ts[t], k, w + r * w_rb, r % 3 != 0);
+            memcpy(rowmajor + r * row, w + r * w_rb, row);
+        }
+        tn_repack_r16(ts[t], rowmajor, packed, TN_R16_ROWS, k);
+        tn_k_interleave_r16_k__avx512(ts[t], w, w_rb, nb, mine);
+        for (size_t i = 0; i < TN_R16_ROWS * row; i++)
+            if (mine[i] != packed[i])
+                fail_msg("interleave %s: byte %zu of the r16 group is %u, tn_repack_r16 wrote %u", tn_dtype_name(ts[t]), i,
+                         mine[i], packed[i]);
+        free(w), free(packed), free(rowmajor), free(mine);
+    }
+}
+
 static void test_summary(void **state) {
     (void)state;
     print_message("parity checks: vec_dot %d, gemm %d, from_float %d, to_float %d, swiglu %d, geglu %d\n", checks_dot,
@@ -524,7 +564,7 @@ static void test_summary(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_vec_dot),    cmocka_unit_test(test_gemm),    cmocka_unit_test(test_from_float),
+        cmocka_unit_test(test_vec_dot),    cmocka_unit_test(test_gemm),    cmocka_unit_test(test_gemm_ktile), cmocka_unit_test(test_from_float),
         cmocka_unit_test(test_to_float),   cmocka_unit_test(test_swiglu), cmocka_unit_test(test_geglu),  cmocka_unit_test(test_summary),
     };
     if (!tn_kern_at(TN_ISA_AVX2)) print_message("note: CPU without AVX2; only the scalar table exists\n");

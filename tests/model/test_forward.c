@@ -429,6 +429,83 @@ static void check_prefill_decode(const tern_model *m, const char *name) {
     tern_ctx_free(b);
 }
 
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+/* The median of e[0 .. n-1] and how many exceed bound (e is sorted). */
+static double median_over(double *e, int n, double bound, int *over) {
+    qsort(e, (size_t)n, sizeof *e, cmp_double);
+    *over = 0;
+    for (int i = 0; i < n; i++) *over += e[i] > bound;
+    return e[n / 2];
+}
+
+/* OLMoE with k-quant experts (q4_K, q5_K, q6_K: the file layout, not repacked at load; a prefill's
+ * experts run through the interleaving batched kernel, avx512 gemm_ktile.c, once 5 (q6_K: 12) or
+ * more tokens route to them) over n_embd 512 and experts of 2304 rows (k = 9 blocks: a slice of 8
+ * and a tail), 2 threads: a 48-token prefill (96 routed rows over 8 experts) against
+ *   - the reference forward, token by token: median over positions within the quantized bound
+ *     and at most 1 in 8 positions above it;
+ *   - 48 one-token decodes (the decode kernels, gemv.c's row kernels): the same criterion.
+ * Not every position: with 48 positions x 2 layers some routing decisions are near ties, and a
+ * choice that flips between q8_K-rounded activations and the reference's doubles (0.3 at one
+ * position, the same with TERN_ISA=avx2, where this kernel is absent) or between the batched and
+ * the row kernels' float orders (1e-3 .. 1e-2 there and, through attention, smaller at the later
+ * positions: q6_K's median 4.7e-3, worst 7e-2; the same with TERN_KTILE=0, the kernels before this
+ * one) moves logits at some positions. A wrong kernel is off at every position whose experts it
+ * computed: at the median. The exact check of the kernel is tests/kern's parity test. */
+static void test_moe_kquant_prefill(void **state) {
+    (void)state;
+    const tn_dtype types[] = {TN_Q4_K, TN_Q5_K, TN_Q6_K};
+    for (int v = 0; v < 3; v++) {
+        tiny_cfg cfg = moe_cfg("olmoe", types[v]);
+        cfg.n_embd = 512, cfg.n_ff = 2304;
+        tern_model *m = tiny_model_load(&cfg, "moekq");
+        assert_non_null(m);
+        tern_ctx_params cp;
+        tern_ctx_params_init(&cp);
+        cp.n_ctx = 64, cp.n_threads = 2, cp.logits_all = true;
+        tern_ctx *c = NULL, *d = NULL;
+        assert_int_equal(tern_ctx_create(m, &cp, &c), TERN_OK);
+        assert_int_equal(tern_ctx_create(m, &cp, &d), TERN_OK);
+        ref_model *r = ref_create(m, 64);
+        enum { NP = 48 };
+        const int32_t nv = m->hp.n_vocab;
+        tern_token toks[NP];
+        for (int i = 0; i < NP; i++) toks[i] = (tern_token)(3 + (i * 53) % 380);
+        assert_int_equal(tern_decode(c, toks, NP), TERN_OK);
+        double *rl = malloc((size_t)nv * sizeof *rl), e_ref[NP], e_dec[NP];
+        for (int i = 0; i < NP; i++) {
+            ref_step(r, toks[i], rl, NULL);
+            e_ref[i] = rel_err(rl, tern_get_logits(c, i), nv);
+            assert_int_equal(tern_decode(d, &toks[i], 1), TERN_OK);
+            const float *la = tern_get_logits(c, i), *lb = tern_get_logits(d, -1);
+            double num = 0, den = 0;
+            for (int32_t j = 0; j < nv; j++) num += (la[j] - lb[j]) * (la[j] - lb[j]), den += (double)lb[j] * lb[j];
+            e_dec[i] = sqrt(num / den);
+        }
+        const double tol = tol_for(types[v]);
+        int over_ref, over_dec;
+        const double med_ref = median_over(e_ref, NP, tol, &over_ref), med_dec = median_over(e_dec, NP, tol, &over_dec);
+        printf("  olmoe %-5s 48-token prefill: vs reference median rel err %.2e, %d of 48 above %.0e (worst %.2e, closest "
+               "routing %.2e); vs 48 decodes median %.2e, %d above (worst %.2e)\n",
+               tn_dtype_name(types[v]), med_ref, over_ref, tol, e_ref[NP - 1], ref_min_route_gap(r), med_dec, over_dec,
+               e_dec[NP - 1]);
+        if (med_ref > tol || over_ref > NP / 8)
+            fail_msg("olmoe %s prefill vs reference: median rel err %.3g (bound %.3g), %d of 48 positions above", tn_dtype_name(types[v]),
+                     med_ref, tol, over_ref);
+        if (med_dec > tol || over_dec > NP / 8)
+            fail_msg("olmoe %s prefill vs one-token decodes: median rel err %.3g (bound %.3g), %d of 48 positions above",
+                     tn_dtype_name(types[v]), med_dec, tol, over_dec);
+        free(rl);
+        ref_free(r);
+        tern_ctx_free(c);
+        tern_ctx_free(d);
+        tern_model_free(m);
+    }
+}
+
 /* Prefill of 12 tokens in one batch (grouped experts, the batched kernels) against 12 one-token
  * decodes (each thread norming the token itself, only the chosen experts read): the logits of
  * every position agree within 1e-4 relative (the dense families' batch-equivalence bound), on
@@ -712,6 +789,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_moe),
         cmocka_unit_test(test_moe_mixed_batch),
         cmocka_unit_test(test_moe_prefill_vs_decode),
+        cmocka_unit_test(test_moe_kquant_prefill),
         cmocka_unit_test(test_mla_cache_size),
         cmocka_unit_test(test_gemma3_paged_window),
         cmocka_unit_test(test_gemma3_ring),
