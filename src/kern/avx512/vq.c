@@ -7,9 +7,10 @@
  * (entries 0..127 and 128..255; bit 6 picks the register of a pair) and a byte blend on bit 7:
  * 64 weights per 3 instructions, and they land where activation bytes 64 p .. 64 p + 63 are (the
  * format's vector layout), so VPDPBUSD multiplies them directly. The +128 is taken back with the
- * activations' per-lane sums (one VPDPBUSD against ones): dword lane l holds vectors 4l .. 4l+3,
- * so lanes 2g, 2g + 1 are scale group g, and one variable shift spreads the 4-bit scales.
- * The gemm looks each block up once per row and multiplies it by up to 4 activation columns.
+ * activations' per-lane sums (VPDPBUSD against ones; the gemm computes them once per activation
+ * column for all rows): dword lane l holds vectors 4l .. 4l+3, so lanes 2g, 2g + 1 are scale
+ * group g, and one variable shift spreads the 4-bit scales. The gemm looks each block up once
+ * per row and multiplies it by up to 4 activation columns.
  * Integer sums are exact; the float accumulation order differs from the scalar reference
  * (parity-tested within rounding, tests/kern/test_vq_kern.c).
  */
@@ -51,16 +52,20 @@ static inline __m512i vq_scales(const block_vq2 *b) {
     return _mm512_add_epi32(_mm512_add_epi32(s, s), _mm512_set1_epi32(1));
 }
 
-/* acc += d * xd * (scales * (W - 128) . X) per lane. */
-static inline __m512 vq_fma(const __m512i W[TN_VQ_DIM], __m512i sv, float d, const block_q8_K *y, __m512 acc) {
+/* 128 * (sum of the activations each dword lane of VPDPBUSD covers): what the +128 of the
+ * looked-up weights adds to a lane, the same for every weight row. */
+static inline __m512i vq_bias(const block_q8_K *y) {
     const __m512i ones = _mm512_set1_epi8(1);
-    __m512i dot = _mm512_setzero_si512(), sx = _mm512_setzero_si512();
-    for (int p = 0; p < TN_VQ_DIM; p++) {
-        const __m512i X = _mm512_loadu_si512(y->qs + 64 * p);
-        dot = _mm512_dpbusd_epi32(dot, W[p], X);
-        sx = _mm512_dpbusd_epi32(sx, ones, X);
-    }
-    dot = _mm512_mullo_epi32(_mm512_sub_epi32(dot, _mm512_slli_epi32(sx, 7)), sv);
+    __m512i sx = _mm512_setzero_si512();
+    for (int p = 0; p < TN_VQ_DIM; p++) sx = _mm512_dpbusd_epi32(sx, ones, _mm512_loadu_si512(y->qs + 64 * p));
+    return _mm512_slli_epi32(sx, 7);
+}
+
+/* acc += d * xd * (scales * ((W - 128) . X)) per lane; bias = vq_bias(y). */
+static inline __m512 vq_fma(const __m512i W[TN_VQ_DIM], __m512i sv, float d, const block_q8_K *y, __m512i bias, __m512 acc) {
+    __m512i dot = _mm512_setzero_si512();
+    for (int p = 0; p < TN_VQ_DIM; p++) dot = _mm512_dpbusd_epi32(dot, W[p], _mm512_loadu_si512(y->qs + 64 * p));
+    dot = _mm512_mullo_epi32(_mm512_sub_epi32(dot, bias), sv);
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(d * y->d), acc);
 }
 
@@ -73,12 +78,13 @@ static void tn_k_vec_dot_vq2_q8_K__avx512(int64_t k, float *s, const void *w, co
     for (int64_t i = 0; i < k / TN_VQ_QK; i++) {
         __m512i W[TN_VQ_DIM];
         vq_lookup(&T, &b[i], W);
-        acc = vq_fma(W, vq_scales(&b[i]), _cvtsh_ss(b[i].d), &y[i], acc);
+        acc = vq_fma(W, vq_scales(&b[i]), _cvtsh_ss(b[i].d), &y[i], vq_bias(&y[i]), acc);
     }
     *s = _mm512_reduce_add_ps(acc);
 }
 
 #define VQ_NCOL 4
+#define VQ_BIAS_MAX 128 /* blocks whose activation biases the gemm keeps per column (k <= 32768; 32 KiB) */
 
 static void tn_k_gemm_vq2_q8_K__avx512(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,
                                         size_t x_rb, float *y, int64_t ldy) {
@@ -87,13 +93,20 @@ static void tn_k_gemm_vq2_q8_K__avx512(int64_t k, int64_t m, int64_t n, const vo
     const int8_t *loaded = tn_vq_codebook(w);
     vq_tab_load(&T, loaded);
     const int64_t nb = k / TN_VQ_QK;
-    for (int64_t i = 0; i < m; i++) {
-        const uint8_t *row = (const uint8_t *)w + (size_t)i * w_rb;
-        const int8_t *cb = tn_vq_codebook(row);
-        if (cb != loaded) vq_tab_load(&T, loaded = cb); /* rows of one tensor share it */
-        const block_vq2 *b = (const block_vq2 *)(row + TN_VQ_HDR);
-        for (int64_t j0 = 0; j0 < n; j0 += VQ_NCOL) {
-            const int nc = n - j0 < VQ_NCOL ? (int)(n - j0) : VQ_NCOL;
+    for (int64_t j0 = 0; j0 < n; j0 += VQ_NCOL) {
+        const int nc = n - j0 < VQ_NCOL ? (int)(n - j0) : VQ_NCOL;
+        const block_q8_K *yc[VQ_NCOL];
+        for (int c = 0; c < nc; c++) yc[c] = (const block_q8_K *)((const uint8_t *)x + (size_t)(j0 + c) * x_rb);
+        /* the columns' biases once for all rows (when they fit; else per block) */
+        const bool keep = nb <= VQ_BIAS_MAX;
+        __m512i bias[VQ_NCOL * VQ_BIAS_MAX];
+        for (int c = 0; keep && c < nc; c++)
+            for (int64_t bi = 0; bi < nb; bi++) bias[c * nb + bi] = vq_bias(&yc[c][bi]);
+        for (int64_t i = 0; i < m; i++) {
+            const uint8_t *row = (const uint8_t *)w + (size_t)i * w_rb;
+            const int8_t *cb = tn_vq_codebook(row);
+            if (cb != loaded) vq_tab_load(&T, loaded = cb); /* rows of one tensor share it */
+            const block_vq2 *b = (const block_vq2 *)(row + TN_VQ_HDR);
             __m512 acc[VQ_NCOL];
             for (int c = 0; c < VQ_NCOL; c++) acc[c] = _mm512_setzero_ps();
             for (int64_t bi = 0; bi < nb; bi++) {
@@ -101,10 +114,8 @@ static void tn_k_gemm_vq2_q8_K__avx512(int64_t k, int64_t m, int64_t n, const vo
                 vq_lookup(&T, &b[bi], W);
                 const __m512i sv = vq_scales(&b[bi]);
                 const float d = _cvtsh_ss(b[bi].d);
-                for (int c = 0; c < nc; c++) {
-                    const block_q8_K *yc = (const block_q8_K *)((const uint8_t *)x + (size_t)(j0 + c) * x_rb);
-                    acc[c] = vq_fma(W, sv, d, &yc[bi], acc[c]);
-                }
+                for (int c = 0; c < nc; c++)
+                    acc[c] = vq_fma(W, sv, d, &yc[c][bi], keep ? bias[c * nb + bi] : vq_bias(&yc[c][bi]), acc[c]);
             }
             for (int c = 0; c < nc; c++) y[(j0 + c) * ldy + i] = _mm512_reduce_add_ps(acc[c]);
         }
