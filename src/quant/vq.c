@@ -2,12 +2,14 @@
  * vq.c — vq2 reference decode and the quantizer (codebook fit + per-row assignment).
  *
  * The objective is VPTQ's second-order one reduced to the Hessian's diagonal: minimise
- *   sum over weights  h_col * (w - S_group * c)^2
+ *   sum over weights  h_col * sqrt(sigma^2 + w^2) * (w - S_group * c)^2
  * with h_col the importance matrix's per-column value (the diagonal of the layer's X^T X; 1
- * without an imatrix). The codebook is fitted once per tensor by weighted k-means on vectors
- * normalised by their group's weighted RMS (weights h_col * rms^2, so the fit minimises the same
- * error in weight units); each row is then quantized alone: assign, refit the group scales,
- * reassign, quantize the scales to 4 bits under an fp16 block scale, final assignment, refit d.
+ * without an imatrix) and ggml's sqrt(sigma^2 + w^2) emphasis of a block's large weights. The
+ * codebook is fitted once per tensor by weighted k-means on vectors normalised by their group's
+ * weighted RMS (weights * rms^2, so the fit minimises the same error in weight units); each row
+ * is then quantized alone: per group, 5 trial scales each assigned and refitted, the best
+ * reassigned; the scales quantized to 4 bits under an fp16 block scale; a final assignment; d
+ * refitted.
  * No GPTQ-style error feedback across columns (the full Hessian is not used).
  */
 #include <math.h>
@@ -51,8 +53,18 @@ static float vq_group_rms(const float *x, const float *h, int g) {
     return den > 0 ? (float)sqrt(num / den) : 0.0f;
 }
 
+/* Per-weight error weights of a block (ggml's scheme for its low-bit quantizers): the column's
+ * importance (1 without one) * sqrt(sigma^2 + x^2), sigma^2 = 2 mean(x^2) over the block, so the
+ * large weights of a block are kept closer. */
+static void vq_block_weights(const float *xb, const float *hb, float *wb) {
+    double s2 = 0;
+    for (int i = 0; i < TN_VQ_QK; i++) s2 += (double)xb[i] * xb[i];
+    const float sigma2 = (float)(2 * s2 / TN_VQ_QK);
+    for (int i = 0; i < TN_VQ_QK; i++) wb[i] = (hb ? hb[i] : 1.0f) * sqrtf(sigma2 + xb[i] * xb[i]);
+}
+
 #define VQ_SAMPLE 32768
-#define VQ_ITERS 8
+#define VQ_ITERS 16
 
 /* Index of the centroid (SoA C[p][k]) nearest to u under per-component weights a. */
 static int vq_nearest(const float (*C)[TN_VQ_K], const float *u, const float *a, float *dmin) {
@@ -90,9 +102,11 @@ tern_status tn_vq_fit_codebook(const float *x, int64_t rows, int64_t ne0, const 
         const int j = (int)(vi % TN_VQ_NV);
         const float *xb = x + r * ne0 + blk * TN_VQ_QK, *hb = imp ? imp + blk * TN_VQ_QK : NULL;
         const float rms = vq_group_rms(xb, hb, j / TN_VQ_GROUP);
+        float wb[TN_VQ_QK];
+        vq_block_weights(xb, hb, wb);
         for (int p = 0; p < TN_VQ_DIM; p++) {
             U[i * TN_VQ_DIM + p] = rms > 0 ? xb[64 * p + j] / rms : 0.0f;
-            A[i * TN_VQ_DIM + p] = rms > 0 ? (hb ? hb[64 * p + j] : 1.0f) * rms * rms : 0.0f;
+            A[i * TN_VQ_DIM + p] = rms > 0 ? wb[64 * p + j] * rms * rms : 0.0f;
         }
     }
     static _Thread_local float C[TN_VQ_DIM][TN_VQ_K];
@@ -192,12 +206,13 @@ static int vq_assign(const vq_tables *t, const float *w, const float *h, float S
     return bi;
 }
 
-/* Assigns group g's vectors with scale S; returns the least-squares scale for that assignment. */
-static float vq_group_pass(const vq_tables *t, const float *xb, const float *hb, int g, float S, uint8_t *qs) {
+/* Assigns group g's vectors with scale S under per-weight error weights wb; returns the
+ * least-squares scale for that assignment. */
+static float vq_group_pass(const vq_tables *t, const float *xb, const float *wb, int g, float S, uint8_t *qs) {
     double num = 0, den = 0;
     for (int j = g * TN_VQ_GROUP; j < (g + 1) * TN_VQ_GROUP; j++) {
         float w[TN_VQ_DIM], h[TN_VQ_DIM];
-        for (int p = 0; p < TN_VQ_DIM; p++) w[p] = xb[64 * p + j], h[p] = hb ? hb[64 * p + j] : 1.0f;
+        for (int p = 0; p < TN_VQ_DIM; p++) w[p] = xb[64 * p + j], h[p] = wb[64 * p + j];
         qs[j] = (uint8_t)vq_assign(t, w, h, S);
         for (int p = 0; p < TN_VQ_DIM; p++) {
             const double c = t->c[p][qs[j]];
@@ -207,6 +222,20 @@ static float vq_group_pass(const vq_tables *t, const float *xb, const float *hb,
     }
     return den > 0 && num > 0 ? (float)(num / den) : 0.0f;
 }
+
+/* Weighted error of group g with indices qs at scale S. */
+static double vq_group_err(const vq_tables *t, const float *xb, const float *wb, int g, float S, const uint8_t *qs) {
+    double e = 0;
+    for (int j = g * TN_VQ_GROUP; j < (g + 1) * TN_VQ_GROUP; j++)
+        for (int p = 0; p < TN_VQ_DIM; p++) {
+            const double r = xb[64 * p + j] - (double)S * t->c[p][qs[j]];
+            e += wb[64 * p + j] * r * r;
+        }
+    return e;
+}
+
+/* Scales tried for a group, times its RMS-derived guess (each then refitted and reassigned). */
+static const float vq_tries[] = {0.7f, 0.85f, 1.0f, 1.2f, 1.45f};
 
 void tn_vq_quantize_row(const int8_t cb[TN_VQ_CB_BYTES], const float *x, void *y, int64_t ne0, int64_t r, int64_t rows,
                         const float *imp) {
@@ -225,11 +254,18 @@ void tn_vq_quantize_row(const int8_t cb[TN_VQ_CB_BYTES], const float *x, void *y
     block_vq2 *b = (block_vq2 *)(o + TN_VQ_HDR);
     for (int64_t bi = 0; bi < ne0 / TN_VQ_QK; bi++) {
         const float *xb = x + bi * TN_VQ_QK, *hb = imp ? imp + bi * TN_VQ_QK : NULL;
-        float S[TN_VQ_NV / TN_VQ_GROUP], smax = 0;
+        float S[TN_VQ_NV / TN_VQ_GROUP], smax = 0, wb[TN_VQ_QK];
+        vq_block_weights(xb, hb, wb);
         for (int g = 0; g < TN_VQ_NV / TN_VQ_GROUP; g++) {
             const float s0 = T.rms > 0 ? vq_group_rms(xb, hb, g) / T.rms : 0.0f;
-            S[g] = s0 > 0 ? vq_group_pass(&T, xb, hb, g, s0, b[bi].qs) : 0.0f;
-            if (S[g] > 0) S[g] = vq_group_pass(&T, xb, hb, g, S[g], b[bi].qs);
+            double best = INFINITY;
+            S[g] = 0;
+            for (size_t tr = 0; s0 > 0 && tr < sizeof vq_tries / sizeof vq_tries[0]; tr++) {
+                const float s1 = vq_group_pass(&T, xb, wb, g, s0 * vq_tries[tr], b[bi].qs);
+                const double e = vq_group_err(&T, xb, wb, g, s1, b[bi].qs);
+                if (e < best) best = e, S[g] = s1;
+            }
+            if (S[g] > 0) S[g] = vq_group_pass(&T, xb, wb, g, S[g], b[bi].qs);
             smax = fmaxf(smax, S[g]);
         }
         float d = tn_fp16_to_fp32(tn_fp32_to_fp16(smax / 31.0f));
@@ -243,14 +279,14 @@ void tn_vq_quantize_row(const int8_t cb[TN_VQ_CB_BYTES], const float *x, void *y
             long s = lrintf((S[g] / d - 1.0f) * 0.5f);
             s = s < 0 ? 0 : s > 15 ? 15 : s;
             b[bi].sc[g / 2] |= (uint8_t)(s << (4 * (g % 2)));
-            (void)vq_group_pass(&T, xb, hb, g, d * (float)(2 * s + 1), b[bi].qs);
+            (void)vq_group_pass(&T, xb, wb, g, d * (float)(2 * s + 1), b[bi].qs);
         }
         /* refit d given the indices and the 4-bit scales */
         double num = 0, den = 0;
         for (int j = 0; j < TN_VQ_NV; j++) {
             const int m = tn_vq_scale(&b[bi], j / TN_VQ_GROUP);
             for (int p = 0; p < TN_VQ_DIM; p++) {
-                const double h = hb ? hb[64 * p + j] : 1.0, c = (double)m * T.c[p][b[bi].qs[j]];
+                const double h = wb[64 * p + j], c = (double)m * T.c[p][b[bi].qs[j]];
                 num += h * xb[64 * p + j] * c;
                 den += h * c * c;
             }
