@@ -6,7 +6,7 @@
 #
 # usage: scripts/quant-quality.sh TERN [LLAMA_BIN_DIR] [WORK]
 #        SET=2bit scripts/quant-quality.sh TERN [LLAMA_BIN_DIR] [WORK]
-#   SET=2bit: the 2-bit table instead (tern's vq2 against tern's IQ2_XXS / IQ2_XS / IQ2_S and tq2
+#   SET=2bit: the 2-bit table instead (tern's vq2 against tern's IQ2_XXS / IQ2_XS / IQ2_M and tq2
 #                  types, --pure with token_embd and output in q8_0 so only the layer matrices
 #                  differ); writes WORK/results-2bit.tsv and the table, no plot
 #   TERN           tern binary (e.g. build/tern)
@@ -97,8 +97,8 @@ if [ "$SET" = 2bit ]; then
   for im in no yes; do
     IM=; [ $im = yes ] && IM="--imatrix $W/imatrix-tern.gguf"
     for q in vq2 tq2g256 tq2g128 tq2g64a; do add "$q (pure)" tern $im "\"$TERN\" quantize $P $IM \"$W/base-f16.gguf\" \"\$OUT\" $q -t $T"; done
-    # tern's i-quants need importance data (as llama-quantize's do)
-    [ $im = yes ] && for q in IQ2_XXS IQ2_XS IQ2_S; do add "$q (pure)" tern $im "\"$TERN\" quantize $P $IM \"$W/base-f16.gguf\" \"\$OUT\" $q -t $T"; done
+    # tern's i-quants need importance data (as llama-quantize's do); IQ2_M --pure = iq2_s tensors (IQ2_S --pure = iq2_xs)
+    [ $im = yes ] && for q in IQ2_XXS IQ2_XS IQ2_M; do add "$q (pure)" tern $im "\"$TERN\" quantize $P $IM \"$W/base-f16.gguf\" \"\$OUT\" $q -t $T"; done
   done
 fi
 
