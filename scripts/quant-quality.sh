@@ -5,6 +5,10 @@
 # WORK/results.tsv, a markdown table on stdout, and docs/quant-quality.svg (KLD and PPL vs bpw).
 #
 # usage: scripts/quant-quality.sh TERN [LLAMA_BIN_DIR] [WORK]
+#        SET=2bit scripts/quant-quality.sh TERN [LLAMA_BIN_DIR] [WORK]
+#   SET=2bit: the 2-bit table instead (tern's vq2 against tern's IQ2_XXS / IQ2_XS / IQ2_M and tq2
+#                  types, --pure with token_embd and output in q8_0 so only the layer matrices
+#                  differ); writes WORK/results-2bit.tsv and the table, no plot
 #   TERN           tern binary (e.g. build/tern)
 #   LLAMA_BIN_DIR  folder with llama.cpp's llama-quantize and llama-imatrix (optional: without it
 #                  the llama.cpp rows are skipped); built outside this repository
@@ -69,7 +73,9 @@ fi
 bpw_of() { "$TERN" info "$1" | awk '/bits per weight/ { print $(NF-3) }'; }
 rows=()
 add() { rows+=("$1"$'\t'"$2"$'\t'"$3"$'\t'"$4"); }
+SET=${SET:-all}
 for im in no yes; do
+  [ "$SET" = 2bit ] && break
   IM=; [ $im = yes ] && IM="--imatrix $W/imatrix-tern.gguf"
   for b in 1 2 3 4 5 6 8; do add "tq${b}g64a" tern $im "\"$TERN\" quantize $IM \"$W/base-f16.gguf\" \"\$OUT\" tq${b}g64a -t $T"; done
   for b in 2 3 4; do add "tq${b}g32a" tern $im "\"$TERN\" quantize $IM \"$W/base-f16.gguf\" \"\$OUT\" tq${b}g32a -t $T"; done
@@ -85,6 +91,22 @@ if [ -n "$LL" ]; then # llama-quantize with tern's importance matrix (the format
   add "Q4_K_M (tern imatrix)" llama.cpp tern "\"$LL/llama-quantize\" --imatrix $W/imatrix-tern.gguf \"$W/base-f16.gguf\" \"\$OUT\" Q4_K_M $T"
 fi
 
+if [ "$SET" = 2bit ]; then
+  # only the layer matrices differ: --pure, token_embd and output q8_0 in every file
+  P="--pure --token-embedding-type q8_0 --output-tensor-type q8_0"
+  for im in no yes; do
+    IM=; [ $im = yes ] && IM="--imatrix $W/imatrix-tern.gguf"
+    for q in vq2 tq2g256 tq2g128 tq2g64a; do add "$q (pure)" tern $im "\"$TERN\" quantize $P $IM \"$W/base-f16.gguf\" \"\$OUT\" $q -t $T"; done
+    # tern's i-quants need importance data (as llama-quantize's do); IQ2_M --pure = iq2_s tensors (IQ2_S --pure = iq2_xs)
+    [ $im = yes ] && for q in IQ2_XXS IQ2_XS IQ2_M; do add "$q (pure)" tern $im "\"$TERN\" quantize $P $IM \"$W/base-f16.gguf\" \"\$OUT\" $q -t $T"; done
+  done
+fi
+
+table() { # the markdown table of a results file, by bpw
+  echo "| file | made by | imatrix | bpw | PPL | mean KLD | same top |"
+  echo "|---|---|---|---|---|---|---|"
+  sort -t$'\t' -k4,4g "$1" | awk -F'\t' '{ printf "| %s | %s | %s | %.3f | %.3f | %s | %s |\n", $1, $2, $3, $4, $5, $6, $7 }'
+}
 safe() { printf '%s' "$1" | tr -c 'A-Za-z0-9_.-' '_'; }
 run_row() { # name who im cmd -> tsv line
   local name=$1 who=$2 im=$3 cmd=$4 out
@@ -99,6 +121,13 @@ run_row() { # name who im cmd -> tsv line
 }
 
 TSV=$W/results.tsv
+if [ "$SET" = 2bit ]; then
+  TSV=$W/results-2bit.tsv
+  for r in "${rows[@]}"; do IFS=$'\t' read -r a b c d <<<"$r"; log "$a ($b, imatrix $c)"; run_row "$a" "$b" "$c" "$d"; done > "$TSV.tmp"
+  mv "$TSV.tmp" "$TSV"
+  table "$TSV"
+  exit 0
+fi
 {
   base_ppl=$("$TERN" perplexity -m "$W/base-f16.gguf" --kl-divergence --kl-divergence-base "$W/base.kld" -t "$T" 2>/dev/null | awk '/^Final estimate/ { print $5 }')
   printf 'F16 (base)\tbase\tno\t%s\t%s\t0\t100.000%%\n' "$(bpw_of "$W/base-f16.gguf")" "$base_ppl"
@@ -118,9 +147,7 @@ TSV=$W/results.tsv
 mv "$TSV.tmp" "$TSV"
 
 # ---- markdown table -------------------------------------------------------------------------------
-echo "| file | made by | imatrix | bpw | PPL | mean KLD | same top |"
-echo "|---|---|---|---|---|---|---|"
-sort -t$'\t' -k4,4g "$TSV" | awk -F'\t' '{ printf "| %s | %s | %s | %.3f | %.3f | %s | %s |\n", $1, $2, $3, $4, $5, $6, $7 }'
+table "$TSV"
 
 # ---- SVG: mean KLD (log) and PPL against bpw, tern vs llama.cpp; big hollow = no imatrix, small
 # filled = with imatrix (so both show where they overlap); PPL panel clipped at +4% of the base -----

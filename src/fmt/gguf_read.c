@@ -372,8 +372,12 @@ static tern_status parse_tensor_info(tn_gguf_impl *im, rd *r, uint64_t i) {
                       fld_str(&f, b, sizeof b), t->ne[0], tr->name, tr->blck_size, at);
     /* An empty tensor (some ne = 0) has 0 bytes; otherwise bytes = row size * (nel / ne[0]). */
     uint64_t rows = nel ? nel / (uint64_t)t->ne[0] : 0, row = (uint64_t)(t->ne[0] / tr->blck_size), nbytes;
-    if (!tn_mul_ok(row, tr->type_size, &row) || !tn_mul_ok(row, rows, &nbytes) || nbytes > SIZE_MAX)
+    if (!tn_mul_ok(row, tr->type_size, &row) || !tn_add_ok(row, tn_dtype_row_hdr(t->type), &row) || !tn_mul_ok(row, rows, &nbytes) ||
+        (rows && !tn_add_ok(nbytes, tn_dtype_tensor_tail(t->type), &nbytes)) || nbytes > SIZE_MAX)
         return tn_err(TERN_ERR_FORMAT, "gguf: byte size of %s overflows (offset %" PRIu64 ")", fld_str(&f, b, sizeof b), at);
+    if (tn_dtype_tensor_tail(t->type) && rows && rows != (uint64_t)t->ne[1])
+        return tn_err(TERN_ERR_FORMAT, "gguf: %s: a %s tensor must be 2-D (its codebook follows its rows); offset %" PRIu64,
+                      fld_str(&f, b, sizeof b), tr->name, at);
     if (nbytes > r->size)
         return tn_err(TERN_ERR_FORMAT, "gguf: %s: tensor of %" PRIu64 " bytes cannot fit in a file of %" PRIu64 " bytes (offset %" PRIu64 ")",
                       fld_str(&f, b, sizeof b), nbytes, r->size, at);
@@ -381,6 +385,26 @@ static tern_status parse_tensor_info(tn_gguf_impl *im, rd *r, uint64_t i) {
     f.name = "offset";
     at = r->pos;
     return rd_u64(r, &f, &t->offset);
+}
+
+/* Codebook types (tensor/dtype.h tn_dtype_row_hdr): row r's header is the little-endian u32 byte distance
+ * from the row to the tensor's tail (its codebook), (rows - r) * row size — checked here once, so
+ * kernels that follow it from a row never leave the tensor. */
+static tern_status check_row_headers(const tn_gguf *g) {
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const tn_gguf_tensor *t = &g->tensors[i];
+        const tn_dtype_traits *tr = tn_dtype_get(t->type);
+        if (!tn_dtype_row_hdr(t->type) || !t->nbytes) continue;
+        const uint64_t rb = tn_dtype_row_size((tn_dtype)t->type, t->ne[0]), rows = (t->nbytes - tn_dtype_tensor_tail(t->type)) / rb;
+        for (uint64_t r = 0; r < rows; r++) {
+            const uint8_t *p = t->data + r * rb;
+            const uint64_t off = (uint64_t)p[0] | (uint64_t)p[1] << 8 | (uint64_t)p[2] << 16 | (uint64_t)p[3] << 24;
+            if (off != (rows - r) * rb)
+                return tn_err(TERN_ERR_FORMAT, "gguf: tensor '%s' (%s): row %" PRIu64 " header says its codebook is %" PRIu64
+                              " bytes on, expected %" PRIu64, t->name, tr->name, r, off, (rows - r) * rb);
+        }
+    }
+    return TERN_OK;
 }
 
 /* Offsets must be the running sum of padded sizes; then the data section must hold them all. */
@@ -417,7 +441,7 @@ static tern_status check_layout(tn_gguf_impl *im, uint64_t infos_end) {
                       " (data section starts at %" PRIu64 ")", last->name, data_off + end, g->size, data_off);
     }
     for (uint64_t i = 0; i < g->n_tensors; i++) g->tensors[i].data = g->base + data_off + g->tensors[i].offset;
-    return TERN_OK;
+    return check_row_headers(g);
 }
 
 /* ---- header ------------------------------------------------------------------------------- */

@@ -292,7 +292,8 @@ tern_status tn_gguf_add_tensor(tn_gguf_writer *w, const char *name, uint32_t typ
         return tn_err(TERN_ERR_INVALID_ARG, "gguf writer: tensor '%s': ne[0] = %" PRId64 " is not a multiple of the %s block size %" PRId64,
                       name, ne[0], tr->name, tr->blck_size);
     uint64_t row = (uint64_t)(ne[0] / tr->blck_size), nbytes;
-    if (!tn_mul_ok(row, tr->type_size, &row) || !tn_mul_ok(row, rows, &nbytes) || nbytes > SIZE_MAX / 2)
+    if (!tn_mul_ok(row, tr->type_size, &row) || !tn_add_ok(row, tn_dtype_row_hdr(type), &row) || !tn_mul_ok(row, rows, &nbytes) ||
+        (rows && !tn_add_ok(nbytes, tn_dtype_tensor_tail(type), &nbytes)) || nbytes > SIZE_MAX / 2)
         return tn_err(TERN_ERR_INVALID_ARG, "gguf writer: tensor '%s': byte size overflows", name);
     for (size_t i = 0; i < w->n_t; i++)
         if (!strcmp(w->t[i].name, name)) return tn_err(TERN_ERR_INVALID_ARG, "gguf writer: duplicate tensor name '%s'", name);

@@ -23,6 +23,7 @@ static void tn_kern_build(void) {
         tn_kern_register_scalar(t);
         tn_kern_register_attn_scalar(t);
         tn_kern_register_tq_scalar(t);
+        tn_kern_register_vq_scalar(t);
         if (lvl >= TN_ISA_AVX2) {
             tn_kern_register_avx2(t);
             tn_kern_register_attn_avx2(t);
@@ -33,6 +34,7 @@ static void tn_kern_build(void) {
             tn_kern_register_attn_avx512(t);
             tn_kern_register_attn_q_avx512(t);
             tn_kern_register_tq_avx512(t);
+            tn_kern_register_vq_avx512(t);
             tn_kern_register_gemv_avx512(t);
             tn_kern_register_repack_avx512(t);
             tn_kern_register_repack_k_avx512(t);

@@ -13,6 +13,7 @@
 
 #include "quant/mix.h"
 #include "quant/tq.h"
+#include "quant/vq.h"
 
 static const struct {
     const char *name;
@@ -161,7 +162,8 @@ static bool is_quantized(uint32_t t) {
 /* tensor_type_fallback */
 static uint32_t fallback(const tn_qmix_tensor *t, uint32_t target, bool *fell) {
     const int64_t ncols = t->ne[0];
-    if (ncols % blck(target) == 0) return target;
+    const bool vq_3d = tn_vq_is(target) && t->ne[2] > 1; /* a codebook per 2-D tensor (quant/vq.h) */
+    if (ncols % blck(target) == 0 && !vq_3d) return target;
     *fell = true;
     uint32_t r;
     switch (target) {
@@ -192,6 +194,8 @@ static uint32_t fallback(const tn_qmix_tensor *t, uint32_t target, bool *fell) {
                     r = tn_tq_dtype(&p);
                     break;
                 }
+        } else if (tn_vq_is(target)) {
+            r = TN_Q4_0;
         } else {
             r = TN_F16; /* llama.cpp throws here; no llama.cpp type tern writes reaches it */
         }

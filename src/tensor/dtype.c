@@ -115,6 +115,12 @@ static const tn_dtype_traits tn_traits_tq[TN_DTYPE_TQ_COUNT] = {
     {"tq8g256a", 256, 260, true, true, TN_Q8_0},
 };
 
+/* tern codebook types (src/quant/vq.h): 256-weight blocks of 70 bytes, a 4-byte row header (the
+ * offset of the tensor's codebook from the row), a 1 KiB codebook after the rows. */
+static const tn_dtype_traits tn_traits_vq[TN_DTYPE_VQ_COUNT] = {
+    {"vq2", 256, 70, true, true, TN_Q8_K},
+};
+
 /* In-memory layouts (dtype.h): same block and bytes as their file type, rows interleaved. */
 static const tn_dtype_traits tn_traits_internal[TN_DTYPE_SLOT_COUNT - TN_DTYPE_INTERNAL_BASE] = {
     {"q4_0_r16", QK4_0, sizeof(block_q4_0), true, true, TN_Q8_0},
@@ -146,6 +152,8 @@ static const tn_dtype_traits tn_traits_internal[TN_DTYPE_SLOT_COUNT - TN_DTYPE_I
 const tn_dtype_traits *tn_dtype_get(uint32_t t) {
     if (tn_dtype_is_internal(t)) return &tn_traits_internal[t - TN_DTYPE_INTERNAL_BASE];
     if (t >= TN_DTYPE_TERN_BASE && t < TN_DTYPE_TERN_BASE + TN_DTYPE_TQ_COUNT) return &tn_traits_tq[t - TN_DTYPE_TERN_BASE];
+    if (t >= TN_DTYPE_VQ_BASE && t < TN_DTYPE_VQ_BASE + TN_DTYPE_VQ_COUNT)
+        return tn_traits_vq[t - TN_DTYPE_VQ_BASE].name ? &tn_traits_vq[t - TN_DTYPE_VQ_BASE] : NULL;
     if (t >= TN_DTYPE_GGML_COUNT) return NULL;
     return tn_traits[t].name ? &tn_traits[t] : NULL;
 }
@@ -171,6 +179,12 @@ bool tn_dtype_from_name(const char *name, tn_dtype *out) {
             return true;
         }
     }
+    for (uint32_t i = 0; i < TN_DTYPE_VQ_COUNT; i++) {
+        if (tn_traits_vq[i].name && !strcasecmp(tn_traits_vq[i].name, name)) {
+            *out = (tn_dtype)(TN_DTYPE_VQ_BASE + i);
+            return true;
+        }
+    }
     return false;
 }
 
@@ -178,6 +192,15 @@ size_t tn_dtype_row_size(tn_dtype t, int64_t ne0) {
     const tn_dtype_traits *tr = tn_dtype_get(t);
     if (!tr || ne0 < 0 || ne0 % tr->blck_size) return 0;
     uint64_t r;
-    if (!tn_mul_ok((uint64_t)(ne0 / tr->blck_size), tr->type_size, &r) || r > SIZE_MAX) return 0;
+    if (!tn_mul_ok((uint64_t)(ne0 / tr->blck_size), tr->type_size, &r) || !tn_add_ok(r, tn_dtype_row_hdr(t), &r) || r > SIZE_MAX)
+        return 0;
+    return (size_t)r;
+}
+
+size_t tn_dtype_tensor_size(tn_dtype t, int64_t ne0, int64_t rows) {
+    const size_t rb = tn_dtype_row_size(t, ne0);
+    uint64_t r;
+    if (!rb || rows <= 0 || !tn_mul_ok(rb, (uint64_t)rows, &r) || !tn_add_ok(r, tn_dtype_tensor_tail(t), &r) || r > SIZE_MAX)
+        return 0;
     return (size_t)r;
 }

@@ -45,9 +45,13 @@ typedef enum tn_dtype {
     TN_DTYPE_GGML_COUNT = 43, /* ids below this are ggml's namespace */
     TN_DTYPE_TERN_BASE = 1024, /* tern-only types: 1024 + ... (any-bit quant, quant/tq.h)    */
     TN_DTYPE_TQ_COUNT = 64,    /* tq<b>g<G>[a]: ids 1024 .. 1087                              */
+    /* tern's vector-quantized codebook types (quant/vq.h): ids 1088 .. 1091 reserved */
+    TN_DTYPE_VQ_BASE = TN_DTYPE_TERN_BASE + TN_DTYPE_TQ_COUNT,
+    TN_VQ2 = TN_DTYPE_VQ_BASE, /* 4-vectors, 256-entry int8 codebook per tensor, ~2.2 bpw      */
+    TN_DTYPE_VQ_COUNT = 4,
     /* In-memory layouts made at load time (never in files: the GGUF reader and writer refuse them,
-     * tn_dtype_from_name does not know them). */
-    TN_DTYPE_INTERNAL_BASE = TN_DTYPE_TERN_BASE + TN_DTYPE_TQ_COUNT,
+     * tn_dtype_from_name does not know them). Their ids may change between versions. */
+    TN_DTYPE_INTERNAL_BASE = TN_DTYPE_VQ_BASE + TN_DTYPE_VQ_COUNT,
     TN_Q4_0_R16 = TN_DTYPE_INTERNAL_BASE, /* q4_0 with 16 rows interleaved (src/quant/repack.h) */
     TN_TQ4G32_R16,                        /* tq4g32 .. tq4g256 (symmetric), likewise           */
     TN_TQ4G64_R16,
@@ -80,6 +84,13 @@ typedef struct tn_dtype_traits {
     tn_dtype vec_dot_type;/* activation format for dot products with this weight type    */
 } tn_dtype_traits;
 
+/* Codebook types only (quant/vq.h; 0 for every other type): bytes before a row's blocks (a row
+ * header), and bytes after a tensor's rows (its codebook), both counted in file sizes. */
+static inline size_t tn_dtype_row_hdr(uint32_t t) { return t >= TN_DTYPE_VQ_BASE && t < TN_DTYPE_VQ_BASE + TN_DTYPE_VQ_COUNT ? 4 : 0; }
+static inline size_t tn_dtype_tensor_tail(uint32_t t) {
+    return t >= TN_DTYPE_VQ_BASE && t < TN_DTYPE_VQ_BASE + TN_DTYPE_VQ_COUNT ? 1024 : 0;
+}
+
 /* Traits of id t, or NULL if t is not a type tern knows at all (any id is safe to pass). */
 const tn_dtype_traits *tn_dtype_get(uint32_t t);
 /* True for the in-memory-only layouts (TN_DTYPE_INTERNAL_BASE ..). */
@@ -88,7 +99,11 @@ static inline bool tn_dtype_is_internal(uint32_t t) { return t >= TN_DTYPE_INTER
 const char *tn_dtype_name(uint32_t t);
 /* Parses a name case-insensitively ("Q4_K", "f16"); returns false if unknown. */
 bool tn_dtype_from_name(const char *name, tn_dtype *out);
-/* Bytes of one row of ne0 elements; 0 if ne0 is not a multiple of the block length or overflows. */
+/* Bytes of one row of ne0 elements (with the row header of codebook types); 0 if ne0 is not a
+ * multiple of the block length or overflows. */
 size_t tn_dtype_row_size(tn_dtype t, int64_t ne0);
+/* Bytes of a tensor of `rows` rows of ne0 elements: rows * row size + the type's tensor tail
+ * (the codebook of codebook types); 0 on a bad ne0 or overflow (and for rows == 0). */
+size_t tn_dtype_tensor_size(tn_dtype t, int64_t ne0, int64_t rows);
 
 #endif

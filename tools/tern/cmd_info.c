@@ -65,7 +65,8 @@ static void print_cpu(void) {
     printf("\nisa: %s (cap with TERN_ISA=scalar|avx2|avx512)\n\n", tn_isa_name(tn_cpu_isa()));
     const tn_kern_table *kt = tn_kern();
     printf("%-6s %-8s %-10s %-8s %-10s %-8s\n", "type", "vec_dot", "gemm", "to_f32", "from_f32", "act");
-    for (uint32_t t = 0; t < TN_DTYPE_GGML_COUNT; t++) {
+    for (uint32_t i = 0; i < TN_DTYPE_GGML_COUNT + TN_DTYPE_VQ_COUNT; i++) { /* ggml's types, then tern's vq */
+        const uint32_t t = i < TN_DTYPE_GGML_COUNT ? i : TN_DTYPE_VQ_BASE + (i - TN_DTYPE_GGML_COUNT);
         const tn_dtype_traits *tr = tn_dtype_get(t);
         const tn_kern_slot *s = &kt->slot[t];
         if (!tr || (!s->vec_dot && !s->from_float && !s->to_float)) continue;

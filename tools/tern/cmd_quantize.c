@@ -3,7 +3,8 @@
  *
  * TYPE is a llama.cpp file type (q8_0, q4_0, q4_k_m, q5_k_m, q6_k, q3_k_m, q2_k, ...: the same
  * per-tensor types as llama-quantize, src/quant/mix.h, and byte-identical output files) or a
- * tern any-bit type (tq<b>[g<G>][a|s], src/quant/tq.h). The output is written to a temp file and
+ * tern any-bit type (tq<b>[g<G>][a|s], src/quant/tq.h) or codebook type (vq2, src/quant/vq.h: a
+ * codebook fitted per matrix before its rows are quantized in parallel). The output is written to a temp file and
  * renamed (never half-written); in == out is refused; Ctrl-C stops with exit 130 and no file.
  * Progress goes to stderr, one line per tensor, in llama-quantize's format.
  *
@@ -35,6 +36,7 @@
 #include "quant/mix.h"
 #include "quant/quant.h"
 #include "quant/tq.h"
+#include "quant/vq.h"
 #include "tensor/dtype.h"
 
 static volatile sig_atomic_t g_stop;
@@ -92,6 +94,7 @@ typedef struct {
     uint32_t task_type;
     const float *task_imat;
     int64_t task_mat_rows; /* > 0: task_imat holds one row of ne0 per matrix of this many rows (experts) */
+    int8_t task_cb[TN_VQ_CB_BYTES]; /* vq types: the tensor's fitted codebook */
 } qctx;
 
 static void fmt_shape(const tn_gguf_tensor *t, char *buf, size_t cap) {
@@ -134,7 +137,9 @@ static void quant_task(void *arg, int ith, int nth) {
         const float *x = q->task_x + r * q->task_ne0;
         uint8_t *y = q->task_y + (size_t)r * rb;
         const float *imat = q->task_imat && q->task_mat_rows ? q->task_imat + r / q->task_mat_rows * q->task_ne0 : q->task_imat;
-        if (tn_tq_is(q->task_type)) {
+        if (tn_vq_is(q->task_type)) {
+            tn_vq_quantize_row(q->task_cb, x, y, q->task_ne0, r, q->task_rows, imat);
+        } else if (tn_tq_is(q->task_type)) {
             tn_tq_params p;
             tn_tq_params_of(q->task_type, &p);
             tn_kern()->tq_quantize(&p, x, y, q->task_ne0, imat);
@@ -142,6 +147,17 @@ static void quant_task(void *arg, int ith, int nth) {
             tn_quantize_row_imat((tn_dtype)q->task_type, x, y, q->task_ne0, imat);
         }
     }
+}
+
+/* A vq tensor: checks its shape and fits its codebook (one per tensor; rows then follow in
+ * quant_task). The seed is the tensor name's hash, so a file quantizes to the same bytes. */
+static tern_status vq_prepare(qctx *q, const tn_gguf_tensor *t, size_t nbytes) {
+    if (q->task_rows != t->ne[1] || nbytes - TN_VQ_CB_BYTES > UINT32_MAX)
+        return tn_err(TERN_ERR_UNSUPPORTED, "quantize: '%s' cannot be %s: %s", t->name, tn_dtype_name(q->task_type),
+                      q->task_rows != t->ne[1] ? "only 2-D matrices take a codebook per tensor" : "over 4 GiB of rows");
+    uint64_t seed = 1469598103934665603ull;
+    for (const char *c = t->name; *c; c++) seed = (seed ^ (uint8_t)*c) * 1099511628211ull;
+    return tn_vq_fit_codebook(q->task_x, q->task_rows, q->task_ne0, q->task_imat, seed, q->task_cb);
 }
 
 static tern_status fill(void *user, size_t idx, void *dst, size_t nbytes) {
@@ -189,8 +205,11 @@ static tern_status fill(void *user, size_t idx, void *dst, size_t nbytes) {
                       q->imat ? "the importance matrix has no entry of its size for it" : "no --imatrix was given");
     if (tn_dtype_is_iq_grid((tn_dtype)c->type) && !tn_iq_map_get((tn_dtype)c->type))
         return tn_err(TERN_ERR_NOMEM, "quantize: no memory for the %s grid's search tables", tn_dtype_name(c->type));
+    if (tn_vq_is(c->type) && (s = vq_prepare(q, t, nbytes))) return s;
     tn_pool_run(q->pool, quant_task, q);
     if (g_stop) return tn_err(TERN_ERR_ABORTED, "quantize: interrupted");
+    if (tn_vq_is(c->type)) /* the codebook follows the rows (quant/vq.h) */
+        memcpy((uint8_t *)dst + nbytes - TN_VQ_CB_BYTES, q->task_cb, TN_VQ_CB_BYTES);
     fprintf(stderr, "size = %8.2f MiB -> %8.2f MiB\n", t->nbytes / 1024.0 / 1024.0, nbytes / 1024.0 / 1024.0);
     return TERN_OK;
 }
@@ -611,7 +630,8 @@ static void usage(void) {
            "        IQ4_NL IQ4_XS TQ1_0 TQ2_0 MXFP4_MOE (= MXFP4; a dense model's mix is all Q8_0, --pure gives\n"
            "        MXFP4 everywhere) F16 BF16 F32 (llama.cpp mixes, byte-identical to llama-quantize), or\n"
            "        tq<b>[g<G>][a|s]: tern any-bit, b in 1..8, G in 32/64/128/256 (tq3 = tq3g64a; not ggml's\n"
-           "        ternary TQ1_0 / TQ2_0)\n"
+           "        ternary TQ1_0 / TQ2_0), or vq2: tern codebook, 4-vectors in a 256-entry codebook fitted per\n"
+           "        matrix (2.19 bpw + 1 KiB per matrix; --imatrix weights the fit)\n"
            "  -t, --threads N               threads (default: all cores)\n"
            "  --pure                        every quantizable tensor gets TYPE (no mix)\n"
            "  --leave-output-tensor         keep output.weight as it is\n"
@@ -738,6 +758,8 @@ int cmd_quantize(int argc, char **argv) {
     } else if (tn_tq_from_name(type_name, &tqp)) {
         ftype = TN_FTYPE_TERN;
         default_type = (tn_dtype)tn_tq_dtype(&tqp);
+    } else if (tn_dtype_from_name(type_name, &default_type) && tn_vq_is(default_type)) {
+        ftype = TN_FTYPE_TERN; /* a codebook type (quant/vq.h) */
     } else {
         rc = tn_cli_usage_error("unknown type '%s' (see tern quantize --help)", type_name);
         goto done;
@@ -746,7 +768,7 @@ int cmd_quantize(int argc, char **argv) {
         rc = tn_cli_usage_error("--calib is used by --target-bpw only");
         goto done;
     }
-    if (target_bpw > 0 && ftype != TN_FTYPE_TERN) {
+    if (target_bpw > 0 && (ftype != TN_FTYPE_TERN || tn_vq_is(default_type))) {
         rc = tn_cli_usage_error("--target-bpw needs a tern type (tq<b>g<G>[a]: its group size and symmetry), not '%s'", type_name);
         goto done;
     }
@@ -886,7 +908,14 @@ int cmd_quantize(int argc, char **argv) {
         if ((s = tn_gguf_set_u32(w, "quantize.imatrix.entries_count", (uint32_t)tn_imatrix_count(imat)))) goto fail;
         if (cc > 0 && (s = tn_gguf_set_u32(w, "quantize.imatrix.chunks_count", cc))) goto fail;
     }
-    if (ftype == TN_FTYPE_TERN) {
+    if (ftype == TN_FTYPE_TERN && tn_vq_is(default_type)) { /* a codebook type: no bits/group keys */
+        static const char *const tq_keys[] = {"tern.quant.bits", "tern.quant.group_size", "tern.quant.asymmetric"};
+        for (size_t i = 0; i < sizeof tq_keys / sizeof tq_keys[0]; i++) (void)tn_gguf_remove(w, tq_keys[i]);
+        if ((s = tn_gguf_set_u32(w, "tern.quant.version", 1))) goto fail;
+        if ((s = tn_gguf_set_str(w, "tern.quant.type", tn_dtype_name(default_type)))) goto fail;
+        if ((s = tn_gguf_set_str(w, "tern.quant.layout", "vq2-v1"))) goto fail;
+        if (imatrix_path && (s = tn_gguf_set_str(w, "tern.quant.imatrix", imatrix_path))) goto fail;
+    } else if (ftype == TN_FTYPE_TERN) {
         char nm[32];
         tn_tq_name(&tqp, nm, sizeof nm);
         if ((s = tn_gguf_set_u32(w, "tern.quant.version", 1))) goto fail;

@@ -27,6 +27,7 @@ void tn_k_vec_dot_q6_K_q8_K__scalar(int64_t k, float *s, const void *w, const vo
 void tn_k_vec_dot_iq4_nl_q8_0__scalar(int64_t k, float *s, const void *w, const void *x);
 void tn_k_vec_dot_mxfp4_q8_0__scalar(int64_t k, float *s, const void *w, const void *x);
 void tn_k_vec_dot_iq4_xs_q8_K__scalar(int64_t k, float *s, const void *w, const void *x);
+void tn_k_vec_dot_vq2_q8_K__scalar(int64_t k, float *s, const void *w, const void *x); /* vq.c */
 void tn_k_vec_dot_tq1_0_q8_K__scalar(int64_t k, float *s, const void *w, const void *x);
 void tn_k_vec_dot_tq2_0_q8_K__scalar(int64_t k, float *s, const void *w, const void *x);
 #define TN_IQ_GRID_TYPES(X) X(iq2_xxs, TN_IQ2_XXS) X(iq2_xs, TN_IQ2_XS) X(iq2_s, TN_IQ2_S) X(iq3_xxs, TN_IQ3_XXS) \
