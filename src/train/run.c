@@ -284,6 +284,7 @@ tern_status tn_train_run(tn_train_opts *o) {
         note(o, "LoRA: %d matrices, rank %d, alpha %g; the base stays mapped in its file's types (read, never copied to f32)",
              m->n_lora, m->lora_rank, (double)m->lora_alpha);
     } else if ((s = tn_tmodel_create(&cfg, o->n_threads, &m))) goto done;
+    m->ce_rows = o->ce_rows;
     if ((s = choose_plan(o, m, cfg.n_ctx))) goto done;
     o->planned_bytes = o->plan.peak;
     m->recompute = o->plan.recompute;

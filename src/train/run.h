@@ -60,6 +60,7 @@ typedef struct tn_train_opts {
     int grad_accum;
     int recompute;
     uint64_t mem_budget;
+    int ce_rows;              /* logits rows at a time (tn_ce_rows; 0: its default)      */
     volatile sig_atomic_t *stop;
     void (*progress)(const tn_train_progress *p, void *user);
     void (*note)(const char *msg, void *user);

@@ -48,7 +48,10 @@ static void on_sig(int sig) {
     "                          backward) or full (keep only each layer's input, rerun the layer)\n"         \
     "  --mem-budget SIZE       e.g. 4G, 512M: choose micro-batch, accumulation and recomputation so\n"      \
     "                          the predicted peak fits (no recompute, then attn, then smaller\n"           \
-    "                          micro-batches, then full); refused when nothing fits\n"
+    "                          micro-batches, then full); refused when nothing fits\n"                    \
+    "  --logits-chunk N        output projection and cross-entropy N tokens at a time when a\n"          \
+    "                          micro-batch has more (default 0: 256, fewer for vocabularies over\n"      \
+    "                          32k); a number >= batch x ctx keeps all logits at once\n"
 
 static void train_usage(FILE *f) {
     char names[128];
@@ -221,7 +224,7 @@ static int shared_flag(int argc, char **argv, int *i, tn_train_opts *o, int *log
  * when not, -1 after printing a usage error. */
 static int mem_flag(int argc, char **argv, int *i, tn_train_opts *o) {
     const char *a = argv[*i], *val = *i + 1 < argc ? argv[*i + 1] : NULL;
-    if (strcmp(a, "--grad-accum") && strcmp(a, "--recompute") && strcmp(a, "--mem-budget")) return 0;
+    if (strcmp(a, "--grad-accum") && strcmp(a, "--recompute") && strcmp(a, "--mem-budget") && strcmp(a, "--logits-chunk")) return 0;
     if (!val) return tn_cli_usage_error("%s needs a value", a), -1;
     ++*i;
     int64_t v;
@@ -232,6 +235,9 @@ static int mem_flag(int argc, char **argv, int *i, tn_train_opts *o) {
     } else if (!strcmp(a, "--recompute")) {
         if (!tn_recompute_parse(val, &r)) return tn_cli_usage_error("--recompute: '%s' (none, attn or full)", val), -1;
         o->recompute = (int)r;
+    } else if (!strcmp(a, "--logits-chunk")) {
+        if (!tn_cli_parse_i64(val, 0, 1 << 30, &v)) return tn_cli_usage_error("--logits-chunk: '%s' is not an integer in [0, %d]", val, 1 << 30), -1;
+        o->ce_rows = (int)v;
     } else if (!tn_mem_parse_size(val, &o->mem_budget)) {
         return tn_cli_usage_error("--mem-budget: '%s' is not a size (bytes, or with K, M, G, T: 4G, 512M)", val), -1;
     }
