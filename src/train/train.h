@@ -228,9 +228,18 @@ float tn_lr_at(int64_t step, int64_t warmup, int64_t total, float lr, float min_
 
 /* ---- GGUF export / checkpoints (ckpt.c) ----------------------------------------------------- */
 typedef struct tn_vocab_data tn_vocab_data; /* train/bpe.h */
-/* Writes the weights as a GGUF of the model's family (its general.architecture and keys; f32, or
- * q8_0 for matrices with mtype == TN_Q8_0) with the vocabulary's tokenizer metadata. Atomic. */
+/* Writes the weights as a GGUF of the model's family (its general.architecture and keys; vectors
+ * f32, matrices converted to mtype with its reference quantizer — rows that are not whole blocks
+ * of mtype stay f32) with the vocabulary's tokenizer metadata. Atomic. UNSUPPORTED for a type
+ * without a reference quantizer (tn_export_type_ok). */
 tern_status tn_tmodel_export(const tn_tmodel *m, const tn_vocab_data *voc, const char *name, tn_dtype mtype,
                              const char *path);
+/* The same with either voc or, when voc is NULL, every tokenizer.* key of tok_src copied as it is
+ * (full fine-tuning keeps the base's tokenizer and chat template). */
+tern_status tn_tmodel_export_tok(const tn_tmodel *m, const tn_vocab_data *voc, const tn_gguf *tok_src, const char *name,
+                                 tn_dtype mtype, const char *path);
+/* Whether tn_tmodel_export can write matrices of type t (f32, f16, bf16, q8_0, q4_0, q4_K, ...:
+ * the types with a reference quantizer that needs no importance matrix). */
+bool tn_export_type_ok(tn_dtype t);
 
 #endif
