@@ -1152,7 +1152,7 @@ tern_status tn_tmodel_forward(tn_tmodel *m, const int32_t *tokens, const int32_t
                                     .d = m->ce_d, .grad = true});
     } else {
         /* chunks of ce_rows rows: logits [ce_rows][V] and the loss only; backward recomputes each
-         * chunk's logits (tn_tmodel_backward: head_bwd_chunked). The last chunk's logits stay. */
+         * chunk's logits (tn_tmodel_backward). The last chunk's logits stay. */
         for (int64_t r0 = 0; r0 < N; r0 += (int64_t)a.ce_rows) {
             const int64_t rows = TN_MIN((int64_t)a.ce_rows, N - r0);
             lin_fwd_w(m, on + 1, xf + r0 * C, m->acts + a.logits, rows, C, V, 0.0f);

@@ -74,7 +74,7 @@ typedef struct tn_tmodel {
      * per layer, and the number of targets the loss gradient is averaged over (0: this forward's;
      * gradient accumulation sets the whole batch's) */
     int recompute;           /* tn_recompute                                              */
-    int ce_rows;             /* logits rows held at a time (tn_ce_rows; 0: auto)          */
+    int ce_rows;             /* logits rows held at a time (tn_ce_rows; 0: auto); set before tn_tmodel_plan */
     int64_t ce_denom;
     int64_t ce_d;            /* the last forward's loss-gradient denominator              */
     /* Backward hook (NULL: none): called with l after layer l's gradients are final (l = n_layer-1
