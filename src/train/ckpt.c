@@ -28,11 +28,48 @@ uint64_t tn_hash64(const void *p, size_t n, uint64_t h) {
 }
 
 /* ---- export ------------------------------------------------------------------------------- */
+bool tn_export_type_ok(tn_dtype t) {
+    if (t == TN_F32) return true;
+    const tn_dtype_traits *tr = tn_dtype_get(t);
+    if (!tr || !tr->name || !tr->supported || tn_dtype_is_internal(t) || tr->blck_size > 256) return false;
+    float x[256];
+    for (int i = 0; i < 256; i++) x[i] = (float)((i * 37) % 17 - 8) * 0.01f;
+    uint8_t y[1024];
+    return tr->type_size * (size_t)(256 / tr->blck_size) <= sizeof y && tn_quantize_row_ref(t, x, y, 256);
+}
+
+/* llama.cpp's general.file_type (LLAMA_FTYPE_*) of a file whose matrices are mostly t; -1: none. */
+static int ftype_of(tn_dtype t) {
+    switch (t) {
+    case TN_F32: return 0;
+    case TN_F16: return 1;
+    case TN_Q4_0: return 2;
+    case TN_Q4_1: return 3;
+    case TN_Q8_0: return 7;
+    case TN_Q5_0: return 8;
+    case TN_Q5_1: return 9;
+    case TN_Q2_K: return 10;
+    case TN_Q3_K: return 12;
+    case TN_Q4_K: return 15;
+    case TN_Q5_K: return 17;
+    case TN_Q6_K: return 18;
+    case TN_BF16: return 32;
+    default: return -1;
+    }
+}
+
 tern_status tn_tmodel_export(const tn_tmodel *m, const tn_vocab_data *voc, const char *name, tn_dtype mtype,
                              const char *path) {
-    if (mtype != TN_F32 && mtype != TN_Q8_0) return tn_err(TERN_ERR_UNSUPPORTED, "train: export type must be f32 or q8_0");
+    return tn_tmodel_export_tok(m, voc, NULL, name, mtype, path);
+}
+
+tern_status tn_tmodel_export_tok(const tn_tmodel *m, const tn_vocab_data *voc, const tn_gguf *tok_src, const char *name,
+                                 tn_dtype mtype, const char *path) {
+    if (!tn_export_type_ok(mtype))
+        return tn_err(TERN_ERR_UNSUPPORTED, "train: export type %s has no reference quantizer", tn_dtype_name(mtype));
     if (m->base) return tn_err(TERN_ERR_STATE, "train: a LoRA model holds no full weights; write its adapter (tn_lora_export)");
-    if (voc->n != m->cfg.n_vocab)
+    if (!voc == !tok_src) return tn_err(TERN_ERR_INVALID_ARG, "train: export needs a vocabulary or a tokenizer source");
+    if (voc && voc->n != m->cfg.n_vocab)
         return tn_err(TERN_ERR_INVALID_ARG, "train: vocabulary has %d tokens, model %d", voc->n, m->cfg.n_vocab);
     tn_gguf_writer *w;
     tern_status s = tn_gguf_writer_create(&w);
@@ -47,7 +84,7 @@ tern_status tn_tmodel_export(const tn_tmodel *m, const tn_vocab_data *voc, const
 #define T(x) do { if ((s = (x))) goto done; } while (0)
     T(tn_gguf_set_str(w, "general.architecture", a->name));
     T(tn_gguf_set_str(w, "general.name", name ? name : "tern-trained"));
-    T(tn_gguf_set_u32(w, "general.file_type", mtype == TN_Q8_0 ? 7 : 0));
+    if (ftype_of(mtype) >= 0) T(tn_gguf_set_u32(w, "general.file_type", (uint32_t)ftype_of(mtype)));
     T(tn_gguf_set_u32(w, KEY("vocab_size"), (uint32_t)c->n_vocab));
     T(tn_gguf_set_u32(w, KEY("context_length"), (uint32_t)c->n_ctx));
     T(tn_gguf_set_u32(w, KEY("embedding_length"), (uint32_t)c->n_embd));
@@ -64,18 +101,25 @@ tern_status tn_tmodel_export(const tn_tmodel *m, const tn_vocab_data *voc, const
     T(tn_gguf_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), c->rms_eps));
     T(tn_gguf_set_f32(w, KEY("rope.freq_base"), c->rope_base));
 #undef KEY
-    T(tn_vocab_data_write(voc, w));
+    if (voc) T(tn_vocab_data_write(voc, w));
+    else /* the source file's tokenizer as it is (its model, merges, special ids, chat template) */
+        for (uint64_t i = 0; i < tok_src->n_kv; i++)
+            if (tok_src->kv[i].key.len > 10 && !memcmp(tok_src->kv[i].key.data, "tokenizer.", 10)) T(tn_gguf_set_kv(w, &tok_src->kv[i]));
     for (int i = 0; i < m->n_tensors; i++) {
         const tn_tparam *t = &m->t[i];
         const float *p = m->params + t->off;
         int64_t ne[2] = {t->ne[0], t->ne[1]};
-        if (t->n_dims == 2 && mtype == TN_Q8_0 && t->ne[0] % QK8_0 == 0) {
-            size_t rb = (size_t)(t->ne[0] / QK8_0) * sizeof(block_q8_0);
+        /* matrices in mtype (rows that are not whole blocks stay f32), vectors f32 */
+        const size_t rb = t->n_dims == 2 && mtype != TN_F32 ? tn_dtype_row_size(mtype, t->ne[0]) : 0;
+        if (rb) {
             qbufs[i] = tn_malloc(rb * (size_t)t->ne[1]);
             if (!qbufs[i]) { s = tn_err(TERN_ERR_NOMEM, "train: export"); goto done; }
             for (int64_t r = 0; r < t->ne[1]; r++)
-                tn_quantize_row_q8_0_ref(p + r * t->ne[0], (block_q8_0 *)((uint8_t *)qbufs[i] + rb * (size_t)r), t->ne[0]);
-            T(tn_gguf_add_tensor(w, t->name, TN_Q8_0, 2, ne, qbufs[i]));
+                if (!tn_quantize_row_ref(mtype, p + r * t->ne[0], (uint8_t *)qbufs[i] + rb * (size_t)r, t->ne[0])) {
+                    s = tn_err(TERN_ERR_UNSUPPORTED, "train: export: cannot convert %s to %s", t->name, tn_dtype_name(mtype));
+                    goto done;
+                }
+            T(tn_gguf_add_tensor(w, t->name, mtype, 2, ne, qbufs[i]));
         } else {
             T(tn_gguf_add_tensor(w, t->name, TN_F32, (uint32_t)t->n_dims, ne, p));
         }

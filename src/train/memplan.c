@@ -63,7 +63,13 @@ void tn_mem_plan_lines(const tn_mem_plan *p, int n_layer, void (*line)(const cha
         ROW(name, p->kept[k] + p->recomp[k], note);
     }
     ROW("  final norm input, output", p->head, "");
-    ROW("  logits", p->logits, "");
+    {
+        char note[96] = "";
+        if (p->ce_rows < (int64_t)p->micro_batch * p->T)
+            snprintf(note, sizeof note, "  (%lld rows at a time of %lld; recomputed in backward)", (long long)p->ce_rows,
+                     (long long)p->micro_batch * p->T);
+        ROW("  logits", p->logits, note);
+    }
     ROW("  backward scratch", p->scratch, "");
     ROW("  RoPE cache, tokens, targets", p->caches, "");
     ROW("predicted peak", p->peak, "");

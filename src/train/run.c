@@ -171,6 +171,19 @@ static double eval_val(tn_tmodel *m, const tn_data *d, int n_batches, int accum,
 
 static void note_line(const char *text, void *user) { note(user, "%s", text); }
 
+/* Full fine-tuning trains the base's own weights in f32: its matrices must be F32, F16 or BF16
+ * (a quantized base would be trained from its dequantized values and lose its format). */
+static tern_status full_base_check(const tern_model *init, const char *path) {
+    for (uint64_t i = 0; i < init->gguf->n_tensors; i++) {
+        const tn_gguf_tensor *t = &init->gguf->tensors[i];
+        if (t->type != TN_F32 && t->type != TN_F16 && t->type != TN_BF16)
+            return tn_err(TERN_ERR_UNSUPPORTED, "finetune --full: %s holds %s tensor '%s'; full fine-tuning needs an F32, F16 "
+                          "or BF16 base (quantized models: LoRA, drop --full, or `tern quantize` a float model afterwards)",
+                          path, tn_dtype_name(t->type), t->name);
+    }
+    return TERN_OK;
+}
+
 /* The memory plan of the run (o->plan): --grad-accum / --recompute as given, or chosen for
  * --mem-budget; printed as a table. INVALID_ARG when the flags conflict or nothing fits. */
 static tern_status choose_plan(tn_train_opts *o, const tn_tmodel *m, int T) {
@@ -215,15 +228,17 @@ tern_status tn_train_run(tn_train_opts *o) {
     tn_dist *dist = NULL;
     if (!o->out) return tn_err(TERN_ERR_INVALID_ARG, "train: no output path (-o)");
     if (o->n_data < 1) return tn_err(TERN_ERR_INVALID_ARG, "train: no training data (--data FILE...)");
-    const bool lora = o->lora.rank > 0;
+    const bool lora = o->lora.rank > 0, full = o->full && !lora;
+    const bool ft = lora || full; /* finetune's data: JSONL chats or text, the base's tokenizer */
     if (lora && !o->init) return tn_err(TERN_ERR_INVALID_ARG, "train: LoRA needs a base model (-m)");
+    if (o->full && (lora || !o->init)) return tn_err(TERN_ERR_INVALID_ARG, "train: full fine-tuning needs a base model (-m) and no LoRA rank");
     if ((o->steps < 1 && !(o->epochs > 0)) || o->batch < 1) return tn_err(TERN_ERR_INVALID_ARG, "train: --steps and --batch must be positive");
     if (o->ckpt_dir && o->ckpt_every < 1) o->ckpt_every = TN_MAX(1, o->steps / 10);
     if (o->resume && !o->ckpt_dir) return tn_err(TERN_ERR_INVALID_ARG, "train: --resume needs --ckpt-dir");
     if (o->zo.on && (o->dist.method == TN_DIST_DILOCO || o->dist.method == TN_DIST_NOLOCO))
         return tn_err(TERN_ERR_INVALID_ARG, "train: --zo runs alone or with --dist dp (ranks average the projected gradient)");
     /* --dist: MPI up first; only rank 0 reports, writes checkpoints and outputs (dist.h) */
-    o->dist.token_weighted = lora; /* chats train on assistant tokens only: ranks' counts differ */
+    o->dist.token_weighted = ft; /* chats train on assistant tokens only: ranks' counts differ */
     o->dist.zo = o->zo.on;
     if ((s = tn_dist_open(&o->dist, o->seed, &dist))) return s;
     const int rank = tn_dist_rank(dist), n_ranks = tn_dist_size(dist);
@@ -249,14 +264,14 @@ tern_status tn_train_run(tn_train_opts *o) {
     lens = tn_calloc((size_t)o->n_data, sizeof *lens);
     if (!maps || !texts || !lens) { s = tn_err(TERN_ERR_NOMEM, "train: data list"); goto done; }
     size_t total = 0;
-    for (int i = 0; i < o->n_data && !lora; i++) { /* LoRA data: train/ftdata.c reads the files */
+    for (int i = 0; i < o->n_data && !ft; i++) { /* finetune data: train/ftdata.c reads the files */
         if ((s = tn_map_open(o->data[i], true, &maps[i]))) goto done;
         texts[i] = (const char *)maps[i].data;
         lens[i] = maps[i].size;
         total += lens[i];
         if ((s = tn_utf8_check(texts[i], lens[i], o->data[i]))) goto done;
     }
-    if (!total && !lora) { s = tn_err(TERN_ERR_FORMAT, "train: the training data is empty (%s%s)", o->data[0], o->n_data > 1 ? ", ..." : ""); goto done; }
+    if (!total && !ft) { s = tn_err(TERN_ERR_FORMAT, "train: the training data is empty (%s%s)", o->data[0], o->n_data > 1 ? ", ..." : ""); goto done; }
     /* 2. vocabulary and config */
     tn_train_cfg cfg = o->cfg;
     if (o->init) {
@@ -264,9 +279,11 @@ tern_status tn_train_run(tn_train_opts *o) {
         tern_model_params_init(&mp);
         mp.repack = false; /* only its weights are read, as rows */
         if ((s = tern_model_load(o->init, &mp, &init))) goto done;
-        if (!lora && (s = tn_vocab_data_from_gguf(init->gguf, &voc))) goto done;
+        if (!ft && (s = tn_vocab_data_from_gguf(init->gguf, &voc))) goto done;
         if ((s = tn_train_cfg_from(init, o->cfg.n_ctx, &cfg))) { tn_err_prefix(s, "--init %s", o->init); goto done; }
-        note(o, "fine-tuning %s (%s)%s", o->init, init->desc, lora ? " with LoRA; the base stays frozen in its file's types" : "");
+        if (full && (s = full_base_check(init, o->init))) goto done;
+        note(o, "fine-tuning %s (%s)%s", o->init, init->desc, lora ? " with LoRA; the base stays frozen in its file's types"
+             : full ? ": every weight, trained in f32" : "");
     } else if (o->tokenizer) {
         tn_gguf *g;
         if ((s = tn_gguf_open(o->tokenizer, true, &g))) goto done;
@@ -278,6 +295,7 @@ tern_status tn_train_run(tn_train_opts *o) {
         if ((s = tn_bpe_train(texts, lens, o->n_data, o->vocab_size, &voc))) goto done;
     }
     if (voc) cfg.n_vocab = voc->n;
+    else if (full) cfg.n_vocab = (int32_t)init->hp.n_vocab;
     if ((s = tn_train_cfg_check(&cfg))) goto done;
     cfg.forward_only = o->zo.on; /* zo.h: no gradients, no moments, forward activations only */
     /* 3. the model and its memory plan: what is needed, before touching data */
@@ -286,6 +304,7 @@ tern_status tn_train_run(tn_train_opts *o) {
         note(o, "LoRA: %d matrices, rank %d, alpha %g; the base stays mapped in its file's types (read, never copied to f32)",
              m->n_lora, m->lora_rank, (double)m->lora_alpha);
     } else if ((s = tn_tmodel_create(&cfg, o->n_threads, &m))) goto done;
+    m->ce_rows = o->ce_rows;
     if ((s = choose_plan(o, m, cfg.n_ctx))) goto done;
     o->planned_bytes = o->plan.peak;
     m->recompute = o->plan.recompute;
@@ -306,7 +325,7 @@ tern_status tn_train_run(tn_train_opts *o) {
         shard_tmp = true;
     }
     if (!shard) { s = tn_err(TERN_ERR_NOMEM, "train: paths"); goto done; }
-    if (lora) {
+    if (ft) {
         int32_t *stok;
         uint8_t *skeep;
         int64_t ns;
@@ -352,7 +371,7 @@ tern_status tn_train_run(tn_train_opts *o) {
         else if (init) { if ((s = tn_tmodel_init_from(m, init))) goto done; }
         else tn_tmodel_init_random(m, o->seed);
     }
-    if (init && !lora) { tern_model_free(init); init = NULL; } /* LoRA reads the base to the end */
+    if (init && !ft) { tern_model_free(init); init = NULL; } /* LoRA reads the base to the end, full its tokenizer keys */
     if ((s = tn_dist_begin(dist, m))) goto done;
     if (dist) {
         char plan[256];
@@ -375,8 +394,9 @@ tern_status tn_train_run(tn_train_opts *o) {
             const bool save = o->ckpt_dir && st.step > first_step && !rank && !outer && !tn_dist_zero(dist);
             if (save && (s = tn_ckpt_save(m, &st, o->ckpt_dir))) goto done;
             if (lora && st.step > 0 && (s = tn_lora_export(m, o->name, o->out))) goto done;
+            if (full && st.step > 0 && (s = tn_tmodel_export_tok(m, NULL, init->gguf, o->name, o->out_type, o->out))) goto done;
             s = tn_err(TERN_ERR_ABORTED, "train: interrupted at step %lld%s%s", (long long)st.step,
-                       lora && st.step > 0 ? " (the adapter so far is written)" : "",
+                       lora && st.step > 0 ? " (the adapter so far is written)" : full && st.step > 0 ? " (the model so far is written)" : "",
                        save ? " (checkpoint written; --resume continues)" : "");
             goto done;
         }
@@ -459,6 +479,7 @@ tern_status tn_train_run(tn_train_opts *o) {
     if (!rank) {
         TN_SPAN_B(TN_TK_PHASE, "export", -1, 0, 0, 0, 0); /* converting (quantizing) and writing the output */
         if (lora) s = tn_lora_export(m, o->name, o->out);
+        else if (full) s = tn_tmodel_export_tok(m, NULL, init->gguf, o->name, o->out_type, o->out);
         else s = tn_tmodel_export(m, voc, o->name, o->out_type, o->out);
         if (s) goto done;
         TN_SPAN_E(TN_TK_PHASE, "export", -1, 0, 0);

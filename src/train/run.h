@@ -50,16 +50,22 @@ typedef struct tn_train_opts {
      * frozen in its file's type); data are JSONL chats or plain text (train/ftdata.h), tokenized
      * with the base's tokenizer; out is the adapter (written also when stopped). */
     tn_lora_cfg lora;
+    /* full fine-tuning (`tern finetune --full`, lora.rank 0): every weight of init (F32, F16 or
+     * BF16 matrices; quantized bases are refused) trained in f32 on finetune's data (JSONL chats
+     * or plain text, as LoRA); out is a model of out_type with init's tokenizer keys (written also
+     * when stopped) */
+    bool full;
     bool skip_bad_lines;
     double val_split;         /* LoRA: fraction held out (0: none)                       */
     double epochs;            /* > 0: steps = ceil(epochs * training samples / batch)      */
-    tn_dtype out_type;        /* TN_F32 or TN_Q8_0                                */
+    tn_dtype out_type;        /* matrices' type in the output (tn_export_type_ok)  */
     /* memory (train.h, tn_mem_plan): each batch as grad_accum micro-batches (0: 1, or the
      * budget's choice), what backward recomputes (tn_recompute; -1: none, or the budget's
      * choice), a budget for the predicted peak in bytes (0: none; tn_mem_choose) */
     int grad_accum;
     int recompute;
     uint64_t mem_budget;
+    int ce_rows;              /* logits rows at a time (tn_ce_rows; 0: its default)      */
     volatile sig_atomic_t *stop;
     void (*progress)(const tn_train_progress *p, void *user);
     void (*note)(const char *msg, void *user);

@@ -179,6 +179,7 @@ typedef struct act_layout {
     bool kept[AK_N];
     size_t per_layer;
     size_t x_fin, xf, logits;                                        /* after the layers               */
+    size_t ce_rows;                                                  /* logits rows held (chunk)       */
     size_t dres, dxn, dq, dk, dv, dqn, dkn, dy, dh, dg, du, datt, dw; /* scratch                        */
     size_t head0, logits_end, total;                                 /* where the head starts, ends     */
 } act_layout;
@@ -191,7 +192,18 @@ static const uint8_t ak_kind[AK_N] = {
     [AK_U] = TN_MEM_FFN, [AK_H] = TN_MEM_FFN,
 };
 
-static void plan_acts(const tn_train_cfg *c, int B, int T, int nth, int rc, act_layout *a) {
+/* Rows of logits held at a time (train.h). */
+int64_t tn_ce_rows(const tn_train_cfg *c, int B, int T, int ce_rows) {
+    const int64_t N = (int64_t)B * T;
+    int64_t r = ce_rows;
+    if (r <= 0) { /* auto: TN_CE_ROWS, fewer for large vocabularies (a chunk <= 32 MiB), at least 32 */
+        r = ((int64_t)(1 << 23) / TN_MAX((int64_t)c->n_vocab, (int64_t)1)) & ~(int64_t)15;
+        r = TN_MIN(TN_MAX(r, (int64_t)32), (int64_t)TN_CE_ROWS);
+    }
+    return TN_MIN(r, N);
+}
+
+static void plan_acts(const tn_train_cfg *c, int B, int T, int nth, int rc, int ce_rows, act_layout *a) {
     tn_hparams hp;
     fill_hparams(c, &hp);
     const tn_arch_desc *ad = hp.family;
@@ -215,7 +227,8 @@ static void plan_acts(const tn_train_cfg *c, int B, int T, int nth, int rc, act_
         if (!a->kept[f]) a->off[f] = o, o += a->len[f];
 #define A(field, n) do { a->field = o; o += ((size_t)(n) + 15) & ~(size_t)15; } while (0)
     a->head0 = o;
-    A(x_fin, N * C); A(xf, N * C); A(logits, N * V);
+    a->ce_rows = (size_t)tn_ce_rows(c, B, T, ce_rows);
+    A(x_fin, N * C); A(xf, N * C); A(logits, a->ce_rows * V);
     a->logits_end = o;
     if (c->forward_only) { /* no backward: no scratch */
         a->total = o;
@@ -235,7 +248,7 @@ void tn_tmodel_mem(const tn_train_cfg *c, int B, int T, int n_threads, size_t *p
     size_t np;
     build_table(c, NULL, &np);
     act_layout a;
-    plan_acts(c, B, T, n_threads, TN_RECOMPUTE_NONE, &a);
+    plan_acts(c, B, T, n_threads, TN_RECOMPUTE_NONE, 0, &a);
     *param_bytes = np * 4 * sizeof(float);
     *act_bytes = (a.total + caches_floats(c, B, T)) * sizeof(float);
 }
@@ -266,7 +279,7 @@ void tn_tmodel_mem_plan(const tn_tmodel *m, int batch, int accum, int T, tn_reco
     if (accum < 1) accum = 1;
     const int mb = batch / accum;
     act_layout a;
-    plan_acts(&m->cfg, mb, T, m->n_threads, rc, &a);
+    plan_acts(&m->cfg, mb, T, m->n_threads, rc, m->ce_rows, &a);
     p->batch = batch, p->micro_batch = mb, p->accum = accum, p->T = T, p->recompute = rc;
     p->params = p->grads = m->n_params * sizeof(float);
     p->moments = 2 * p->params;
@@ -279,6 +292,7 @@ void tn_tmodel_mem_plan(const tn_tmodel *m, int batch, int accum, int T, tn_reco
     }
     p->head = (a.logits - a.head0) * sizeof(float);
     p->logits = (a.logits_end - a.logits) * sizeof(float);
+    p->ce_rows = (int64_t)a.ce_rows;
     p->scratch = (a.total - a.logits_end + lora_scratch_floats(m, mb, T)) * sizeof(float);
     p->caches = caches_floats(&m->cfg, mb, T) * sizeof(float);
     p->acts = (a.total + caches_floats(&m->cfg, mb, T) + lora_scratch_floats(m, mb, T)) * sizeof(float);
@@ -570,7 +584,7 @@ tern_status tn_tmodel_plan(tn_tmodel *m, int B, int T) {
     if (m->recompute < TN_RECOMPUTE_NONE || m->recompute > TN_RECOMPUTE_FULL)
         return tn_err(TERN_ERR_INVALID_ARG, "train: recompute mode %d invalid", m->recompute);
     act_layout a;
-    plan_acts(&m->cfg, B, T, m->n_threads, m->recompute, &a);
+    plan_acts(&m->cfg, B, T, m->n_threads, m->recompute, m->ce_rows, &a);
     const size_t extra = caches_floats(&m->cfg, B, T), lora = lora_scratch_floats(m, B, T);
     size_t bytes = (a.total + extra) * sizeof(float);
     tern_status s = check_fits(bytes + lora * sizeof(float), "activations");
@@ -959,7 +973,7 @@ static void task_fn(void *arg, int ith, int nth) {
         for (int64_t p = r0; p < r1; p++) attn_fwd_one(m, tk, p / nkv, p % nkv);
         break;
     }
-    case OP_CE: { /* y = logits [n][V] → probs / dlogits; row_loss; d = targets not masked (-1) */
+    case OP_CE: { /* y = logits [n][V] → probs / dlogits; dw = row losses [n]; d = targets not masked (-1) */
         const int64_t V = m->cfg.n_vocab;
         const float inv_n = 1.0f / (float)(tk->d > 0 ? tk->d : 1);
         tn_split(tk->n, ith, nth, 1, &r0, &r1);
@@ -971,11 +985,11 @@ static void task_fn(void *arg, int ith, int nth) {
             for (int64_t j = 0; j < V; j++) sum += (double)expf(l[j] - mx);
             const int32_t tg = tk->targets[i];
             if (tg < 0) { /* masked: no loss, no gradient */
-                m->row_loss[i] = 0.0f;
+                tk->dw[i] = 0.0f;
                 if (tk->grad) memset(l, 0, (size_t)V * sizeof(float));
                 continue;
             }
-            m->row_loss[i] = (float)(log(sum) + (double)mx - (double)l[tg]);
+            tk->dw[i] = (float)(log(sum) + (double)mx - (double)l[tg]);
             if (tk->grad) {
                 const float inv = (float)(1.0 / sum);
                 for (int64_t j = 0; j < V; j++) l[j] = expf(l[j] - mx) * inv * inv_n;
@@ -1037,7 +1051,7 @@ static void attn_bwd_fn(void *arg, int ith, int nth) {
 
 static act_layout layout_of(const tn_tmodel *m) {
     act_layout a;
-    plan_acts(&m->cfg, m->B, m->T, m->n_threads, m->recompute, &a);
+    plan_acts(&m->cfg, m->B, m->T, m->n_threads, m->recompute, m->ce_rows, &a);
     return a;
 }
 
@@ -1130,18 +1144,33 @@ tern_status tn_tmodel_forward(tn_tmodel *m, const int32_t *tokens, const int32_t
     if (m->cfg.n_layer > 0) TN_SPAN_NEXT(TN_TK_LAYER, "layer", m->cfg.n_layer - 1, TN_TK_OUTPUT, "output", -1);
     else TN_SPAN_NEXT(TN_TK_EMBED, "embed", -1, TN_TK_OUTPUT, "output", -1);
     m->tr_il = -1;
-    /* xf = rmsnorm(x_fin) * output_norm; logits = xf * output^T   [N][V] */
-    float *xf = m->acts + a.xf, *logits = m->acts + a.logits;
+    /* xf = rmsnorm(x_fin) * output_norm                            [N][C] */
+    float *xf = m->acts + a.xf;
     const int on = tn_tp_head(m);
     run(m, &(task){.op = OP_RMSNORM, .x = m->acts + a.x_fin, .y = xf, .w = tn_tp(m, P, on), .n = N, .d = C});
-    lin_fwd_w(m, on + 1, xf, logits, N, C, V, 0.0f);
-    if (targets) {
-        /* cross-entropy fused with softmax; logits become dlogits = (p - onehot) / n, n the valid
-         * targets (gradient accumulation: the whole batch's, m->ce_denom) */
-        int64_t n_valid = 0;
+    int64_t n_valid = 0;
+    if (targets)
         for (int64_t i = 0; i < N; i++) n_valid += m->targets[i] >= 0;
-        run(m, &(task){.op = OP_CE, .y = logits, .targets = m->targets, .n = N, .d = m->ce_denom > 0 ? m->ce_denom : n_valid,
-                       .grad = true});
+    /* the denominator of the loss gradient: the valid targets (gradient accumulation: the whole
+     * batch's, m->ce_denom); backward of a chunked head reuses it */
+    m->ce_d = m->ce_denom > 0 ? m->ce_denom : n_valid;
+    if ((int64_t)a.ce_rows >= N) {
+        /* one chunk: logits = xf output^T [N][V]; with targets, cross-entropy fused with softmax
+         * turns them into dlogits = (p - onehot) / d in place for backward */
+        lin_fwd_w(m, on + 1, xf, m->acts + a.logits, N, C, V, 0.0f);
+        if (targets) run(m, &(task){.op = OP_CE, .y = m->acts + a.logits, .dw = m->row_loss, .targets = m->targets, .n = N,
+                                    .d = m->ce_d, .grad = true});
+    } else {
+        /* chunks of ce_rows rows: logits [ce_rows][V] and the loss only; backward recomputes each
+         * chunk's logits (tn_tmodel_backward). The last chunk's logits stay. */
+        for (int64_t r0 = 0; r0 < N; r0 += (int64_t)a.ce_rows) {
+            const int64_t rows = TN_MIN((int64_t)a.ce_rows, N - r0);
+            lin_fwd_w(m, on + 1, xf + r0 * C, m->acts + a.logits, rows, C, V, 0.0f);
+            if (targets) run(m, &(task){.op = OP_CE, .y = m->acts + a.logits, .dw = m->row_loss + r0, .targets = m->targets + r0,
+                                        .n = rows, .d = m->ce_d, .grad = false});
+        }
+    }
+    if (targets) {
         double sum = 0.0;
         for (int64_t i = 0; i < N; i++) sum += (double)m->row_loss[i];
         if (loss) *loss = n_valid ? sum / (double)n_valid : 0.0;
@@ -1153,7 +1182,9 @@ tern_status tn_tmodel_forward(tn_tmodel *m, const int32_t *tokens, const int32_t
 
 const float *tn_tmodel_logits(const tn_tmodel *m, int64_t i) {
     const act_layout a = layout_of(m);
-    return m->acts + a.logits + i * m->cfg.n_vocab;
+    const int64_t N = (int64_t)m->B * m->T, rows = (int64_t)a.ce_rows, last = (N - 1) / rows * rows;
+    if (i < 0 || i >= N || (rows < N && i < last)) return NULL; /* chunked: the last chunk's rows only */
+    return m->acts + a.logits + (i - (rows < N ? last : 0)) * m->cfg.n_vocab;
 }
 
 void tn_tmodel_zero_grad(tn_tmodel *m) { memset(m->grads, 0, m->n_params * sizeof(float)); }
@@ -1180,7 +1211,15 @@ void tn_tmodel_backward(tn_tmodel *m) {
     TN_SPAN_B(TN_TK_OUTPUT, "output", -1, 0, 0, 0, 0);
     /* head: dlogits (in logits) → d output, dxf → output_norm → dres */
     const int on = tn_tp_head(m);
-    lin_bwd_w(m, on + 1, S + a.xf, S + a.logits, dxn, N, C, V, 0.0f);
+    if ((int64_t)a.ce_rows >= N) lin_bwd_w(m, on + 1, S + a.xf, S + a.logits, dxn, N, C, V, 0.0f);
+    else /* chunked: per chunk the logits again, their gradient, d output += and dxf rows */
+        for (int64_t r0 = 0; r0 < N; r0 += (int64_t)a.ce_rows) {
+            const int64_t rows = TN_MIN((int64_t)a.ce_rows, N - r0);
+            lin_fwd_w(m, on + 1, S + a.xf + r0 * C, S + a.logits, rows, C, V, 0.0f);
+            run(m, &(task){.op = OP_CE, .y = S + a.logits, .dw = m->row_loss + r0, .targets = m->targets + r0, .n = rows,
+                           .d = m->ce_d, .grad = true});
+            lin_bwd_w(m, on + 1, S + a.xf + r0 * C, S + a.logits, dxn + r0 * C, rows, C, V, 0.0f);
+        }
     memset(dres, 0, (size_t)(N * C) * sizeof(float));
     run(m, &(task){.op = OP_RMSNORM_BWD, .x = S + a.x_fin, .w = tn_tp(m, P, on), .x2 = dxn, .y = dres, .dw = dwp, .n = N, .d = C});
     reduce_dw(m, dwp, tn_tp(m, G, on), C);

@@ -78,7 +78,9 @@ typedef struct tn_tmodel {
      * per layer, and the number of targets the loss gradient is averaged over (0: this forward's;
      * gradient accumulation sets the whole batch's) */
     int recompute;           /* tn_recompute                                              */
+    int ce_rows;             /* logits rows held at a time (tn_ce_rows; 0: auto); set before tn_tmodel_plan */
     int64_t ce_denom;
+    int64_t ce_d;            /* the last forward's loss-gradient denominator              */
     /* Backward hook (NULL: none): called with l after layer l's gradients are final (l = n_layer-1
      * down to 0; the head's are final by then too) and with -1 when all are (after the embedding).
      * Data-parallel training starts all-reducing finished gradients here (train/dist.c). */
@@ -95,6 +97,18 @@ typedef enum tn_recompute { TN_RECOMPUTE_NONE, TN_RECOMPUTE_ATTN, TN_RECOMPUTE_F
 /* "none", "attn", "full"; parse: false on another name. */
 const char *tn_recompute_name(tn_recompute r);
 bool tn_recompute_parse(const char *s, tn_recompute *r);
+
+/* Chunked logits and cross-entropy. When a micro-batch has more than ce_rows tokens, the output
+ * projection, softmax, loss and the logits' gradient run ce_rows rows at a time: forward keeps
+ * only one chunk's logits [ce_rows][V] (the loss per row), backward recomputes each chunk's
+ * logits, turns them into their gradient and adds d output / writes d xf per chunk (one more
+ * output matmul per step, no [B*T][V] buffer). Otherwise one chunk, as before: forward's logits
+ * become dlogits in place. TN_CE_ROWS is the default chunk; with large vocabularies fewer rows
+ * (a chunk <= 32 MiB of f32, at least 32 rows). */
+#define TN_CE_ROWS 256
+/* Rows of logits held at a time for micro-batches of B x T tokens (ce_rows > 0: that many, <= 0:
+ * the default above), never more than B*T. */
+int64_t tn_ce_rows(const tn_train_cfg *c, int B, int T, int ce_rows);
 
 /* Flat-buffer view of tensor i. */
 static inline float *tn_tp(const tn_tmodel *m, float *buf, int i) { return buf + m->t[i].off; }
@@ -167,7 +181,8 @@ typedef struct tn_mem_plan {
                                     * the attention output, the probabilities, FFN gate/up/hidden */
     size_t recomp[TN_MEM_N_KIND];  /* the one layer's buffers backward recomputes into         */
     size_t head;                   /* final norm input and output                              */
-    size_t logits;                 /* [micro_batch*T][n_vocab] (dlogits in place)              */
+    size_t logits;                 /* [ce_rows][n_vocab] (dlogits in place)                    */
+    int64_t ce_rows;               /* logits rows at a time (micro_batch*T: not chunked)        */
     size_t scratch;                /* backward gradients, per-thread partials, LoRA u/du + tile */
     size_t caches;                 /* RoPE cos/sin, tokens, targets, row losses                */
     size_t acts;                   /* everything tn_tmodel_plan allocates (kept..caches)       */
@@ -193,9 +208,10 @@ tern_status tn_tmodel_grads(tn_tmodel *m, const int32_t *tokens, const int32_t *
 
 /* Forward over m->tokens; if targets != NULL computes the mean cross-entropy into *loss over the
  * targets that are not -1 (masked: no loss, no gradient; 0 when all are).
- * Logits stay in the activations (tn_tmodel_logits) unless backward follows. */
+ * Logits stay in the activations (tn_tmodel_logits) unless backward follows (with targets and one
+ * chunk they become dlogits); chunked (tn_ce_rows < B*T), only the last chunk's rows stay. */
 tern_status tn_tmodel_forward(tn_tmodel *m, const int32_t *tokens, const int32_t *targets, double *loss);
-/* Logits row i (after a forward). */
+/* Logits row i (after a forward); NULL for a row not held (chunked: before the last chunk). */
 const float *tn_tmodel_logits(const tn_tmodel *m, int64_t i);
 /* Zeroes grads. */
 void tn_tmodel_zero_grad(tn_tmodel *m);
@@ -216,9 +232,18 @@ float tn_lr_at(int64_t step, int64_t warmup, int64_t total, float lr, float min_
 
 /* ---- GGUF export / checkpoints (ckpt.c) ----------------------------------------------------- */
 typedef struct tn_vocab_data tn_vocab_data; /* train/bpe.h */
-/* Writes the weights as a GGUF of the model's family (its general.architecture and keys; f32, or
- * q8_0 for matrices with mtype == TN_Q8_0) with the vocabulary's tokenizer metadata. Atomic. */
+/* Writes the weights as a GGUF of the model's family (its general.architecture and keys; vectors
+ * f32, matrices converted to mtype with its reference quantizer — rows that are not whole blocks
+ * of mtype stay f32) with the vocabulary's tokenizer metadata. Atomic. UNSUPPORTED for a type
+ * without a reference quantizer (tn_export_type_ok). */
 tern_status tn_tmodel_export(const tn_tmodel *m, const tn_vocab_data *voc, const char *name, tn_dtype mtype,
                              const char *path);
+/* The same with either voc or, when voc is NULL, every tokenizer.* key of tok_src copied as it is
+ * (full fine-tuning keeps the base's tokenizer and chat template). */
+tern_status tn_tmodel_export_tok(const tn_tmodel *m, const tn_vocab_data *voc, const tn_gguf *tok_src, const char *name,
+                                 tn_dtype mtype, const char *path);
+/* Whether tn_tmodel_export can write matrices of type t (f32, f16, bf16, q8_0, q4_0, q4_K, ...:
+ * the types with a reference quantizer that needs no importance matrix). */
+bool tn_export_type_ok(tn_dtype t);
 
 #endif

@@ -17,6 +17,7 @@
  *   blk.L.attn_q/k_norm      per-head RMSNorm backward (weight grad); its input gradient is on
  *                            the path to attn_q / attn_k / attn_norm and token_embd
  *   attn_q, attn_output      with head_dim != n_embd / n_head (query rows n_head * head_dim)
+ * Chunked logits / cross-entropy (several chunks, ragged) are checked the same way.
  * The float forward's loss is also checked against the double reference, and the training of
  * every family is deterministic: the same steps twice give bit-identical parameters (2 threads),
  * and 1 and 2 threads agree to float rounding.
@@ -46,11 +47,13 @@ static void expect_tensors(const tn_tmodel *m, const char *const *want, const ch
 }
 
 static int g_recompute; /* tn_recompute of the models check_cfg makes */
+static int g_ce_rows;   /* logits rows at a time (0: default, one chunk at these sizes) */
 
 static void check_cfg(tn_train_cfg cfg, int B, int T, int n_threads) {
     tn_tmodel *m;
     assert_int_equal(tn_tmodel_create(&cfg, n_threads, &m), TERN_OK);
     m->recompute = g_recompute;
+    m->ce_rows = g_ce_rows;
     static const char *const common[] = {"token_embd.weight", "output_norm.weight", "output.weight", "blk.%d.attn_norm.weight",
                                          "blk.%d.attn_q.weight", "blk.%d.attn_k.weight", "blk.%d.attn_v.weight",
                                          "blk.%d.attn_output.weight", "blk.%d.ffn_norm.weight", "blk.%d.ffn_gate.weight",
@@ -183,6 +186,31 @@ static void test_grad_recompute(void **st) {
     g_recompute = TN_RECOMPUTE_NONE;
 }
 
+/* Chunked logits and cross-entropy (train.h, tn_ce_rows): the output projection, softmax, loss
+ * and the logits' gradient 4 and 5 rows at a time (ragged last chunks over 18 and 10 tokens;
+ * backward recomputes each chunk's logits), with full recomputation too, against central
+ * differences as above: output.weight's gradient is added over the chunks, every other one flows
+ * from the chunks' d xf rows. */
+static void test_grad_ce_chunked(void **st) {
+    (void)st;
+    const tn_arch_desc *q3 = family("qwen3");
+    tn_train_cfg c = {.n_vocab = 11, .n_ctx = 8, .n_embd = 16, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 20,
+                      .rms_eps = 1e-5f, .rope_base = 100.0f};
+    tn_train_cfg c3 = {.n_vocab = 13, .n_ctx = 8, .n_embd = 8, .n_layer = 2, .n_head = 2, .n_head_kv = 1, .n_ff = 12,
+                       .rms_eps = q3->rms_eps, .rope_base = 100.0f, .head_dim = 6, .arch = q3};
+    for (int rows = 4; rows <= 5; rows++) {
+        g_ce_rows = rows;
+        printf("logits %d rows at a time\n", rows);
+        assert_true(tn_ce_rows(&c, 3, 6, rows) == rows);
+        check_cfg(c, 3, 6, 2);
+        check_cfg(c3, 2, 5, 1);
+    }
+    g_recompute = TN_RECOMPUTE_FULL;
+    check_cfg(c, 3, 6, 2);
+    g_recompute = TN_RECOMPUTE_NONE;
+    g_ce_rows = 0;
+}
+
 /* Three AdamW steps of a family's model with n_threads; returns the final loss, params into out. */
 static double run_steps(tn_train_cfg cfg, int n_threads, float *out) {
     tn_tmodel *m;
@@ -247,6 +275,7 @@ int main(void) {
         cmocka_unit_test(test_grad_qwen2),
         cmocka_unit_test(test_grad_qwen3),
         cmocka_unit_test(test_grad_recompute),
+        cmocka_unit_test(test_grad_ce_chunked),
         cmocka_unit_test(test_determinism),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

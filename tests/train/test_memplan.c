@@ -16,6 +16,9 @@
  * - Sizes: the plan's bytes equal sizes computed here from the shapes (written out below, not
  *   taken from tmodel.c), for every (micro-batch, recompute); the activation bytes fall by
  *   (n_layer - 1) layers of probabilities (attn) and of everything but the layer input (full).
+ * - Chunked logits and cross-entropy: loss, gradients and params after 2 steps against one chunk
+ *   within fp32 summation tolerance (llama, qwen2, qwen3, LoRA over Q4_0); the 15M-class config's
+ *   activation bytes (computed here) fall >= 3x with full recomputation.
  * - Budget: for budgets at and 1 byte under every plan's peak, tn_mem_choose picks the first
  *   configuration in the documented order whose independently computed peak fits; below the
  *   smallest it refuses and names micro-batch 1 with full recomputation.
@@ -135,6 +138,24 @@ static void grads_of(tn_tmodel *m, const int32_t *tok, const int32_t *tgt, doubl
     memcpy(params, m->params, m->n_params * sizeof(float));
 }
 
+/* Chunked logits (ce_rows < B*T) against one chunk: the rows' logits, losses and d xf come from
+ * the same per-row ops, but output.weight's gradient is summed chunk by chunk (another order of
+ * float sums), so gradients agree within fp32 summation tolerance, not bit for bit. */
+static void ce_compare(const char *what, double l0, double l1, const float *g0, const float *g1, const float *p0,
+                       const float *p1, size_t np) {
+    double dg = 0, gmax = 0, dp = 0;
+    for (size_t i = 0; i < np; i++) {
+        dg = fmax(dg, fabs((double)g0[i] - g1[i])), gmax = fmax(gmax, fabs(g0[i]));
+        dp = fmax(dp, fabs((double)p0[i] - p1[i]));
+    }
+    printf("%s: logits in chunks: loss %.9f (one chunk %.9f, %s), max |d grad| %.2e (grads up to %.3g; %s), max |d param| "
+           "after 2 steps %.2e\n", what, l1, l0, l1 == l0 ? "bit-identical" : "differs", dg, gmax,
+           memcmp(g0, g1, np * 4) ? "not bit-identical" : "bit-identical", dp);
+    assert_true(fabs(l1 - l0) <= 1e-6 * fabs(l0));
+    assert_true(dg <= 1e-5 * gmax);
+    assert_true(dp < 1e-5);
+}
+
 static void test_recompute_bitwise(void **st) {
     (void)st;
     const char *fams[3] = {"llama", "qwen2", "qwen3"};
@@ -143,14 +164,15 @@ static void test_recompute_bitwise(void **st) {
         const int B = 3, T = 7;
         int32_t tok[21], tgt[21];
         batch(B * T, c.n_vocab, 5 + f, tok, tgt);
-        double loss[3];
-        float *g[3], *p[3];
+        double loss[4];
+        float *g[4], *p[4];
         size_t np = 0;
-        for (int rc = 0; rc < 3; rc++) {
+        for (int rc = 0; rc < 4; rc++) { /* none, attn, full; then none with logits 4 rows at a time */
             tn_tmodel *m;
             assert_int_equal(tn_tmodel_create(&c, 2, &m), TERN_OK);
             tn_tmodel_init_random(m, 9);
-            m->recompute = rc;
+            m->recompute = rc % 3;
+            m->ce_rows = rc == 3 ? 4 : 0;
             assert_int_equal(tn_tmodel_plan(m, B, T), TERN_OK);
             np = m->n_params;
             g[rc] = malloc(np * sizeof(float));
@@ -166,7 +188,8 @@ static void test_recompute_bitwise(void **st) {
             assert_memory_equal(g[0], g[rc], np * sizeof(float));
             assert_memory_equal(p[0], p[rc], np * sizeof(float));
         }
-        for (int rc = 0; rc < 3; rc++) free(g[rc]), free(p[rc]);
+        ce_compare(fams[f], loss[0], loss[3], g[0], g[3], p[0], p[3], np);
+        for (int rc = 0; rc < 4; rc++) free(g[rc]), free(p[rc]);
     }
 }
 
@@ -191,15 +214,16 @@ static void test_recompute_lora(void **st) {
     assert_int_equal(tn_train_cfg_from(base, T, &c), TERN_OK);
     int32_t tok[12], tgt[12];
     batch(B * T, c.n_vocab, 3, tok, tgt);
-    double loss[3];
-    float *g[3], *p[3];
+    double loss[4];
+    float *g[4], *p[4];
     size_t np = 0;
-    for (int rc = 0; rc < 3; rc++) {
+    for (int rc = 0; rc < 4; rc++) { /* none, attn, full; none with the logits 5 rows at a time */
         tn_lora_cfg lc = {.rank = 4, .alpha = 8.0f, .targets = 0, .seed = 3};
         tn_tmodel *m;
         assert_int_equal(tn_tmodel_create_lora(&c, base, &lc, 2, &m), TERN_OK);
         m->tile_rows = 5;
-        m->recompute = rc;
+        m->recompute = rc % 3;
+        m->ce_rows = rc == 3 ? 5 : 0;
         assert_int_equal(tn_tmodel_plan(m, B, T), TERN_OK);
         uint64_t rng = 11; /* lora_b != 0 so the adapter takes part */
         for (int i = 0; i < m->n_tensors; i++)
@@ -218,7 +242,8 @@ static void test_recompute_lora(void **st) {
         assert_memory_equal(g[0], g[rc], np * sizeof(float));
         assert_memory_equal(p[0], p[rc], np * sizeof(float));
     }
-    for (int rc = 0; rc < 3; rc++) free(g[rc]), free(p[rc]);
+    ce_compare("LoRA qwen3 q4_0", loss[0], loss[3], g[0], g[3], p[0], p[3], np);
+    for (int rc = 0; rc < 4; rc++) free(g[rc]), free(p[rc]);
     tern_model_free(base);
     unlink(path);
 }
@@ -232,26 +257,73 @@ enum { PB = 4, PT = 8, PTH = 2 };
 
 typedef struct expect { size_t peak, acts, probs_kept; } expect;
 
-/* The sizes, from the shapes: written here from the block's description (train.h), not tmodel.c. */
-static expect expected(int mb, int rc) {
-    const size_t C = 16, H = 4, hd = 4, Q = 16, KV = 8, F = 32, V = 32, L = 3, N = (size_t)mb * PT;
+/* A llama shape: C = n_embd, H heads of hd, KV = n_head_kv * hd, F = n_ff, V vocab, L layers, T
+ * ctx, nth threads. */
+typedef struct shape { size_t C, H, hd, KV, F, V, L, T, nth; } shape;
+static size_t al16(size_t n) { return (n + 15) & ~(size_t)15; }
+
+/* The sizes, from the shapes: written here from the block's description (train.h), not tmodel.c;
+ * every buffer padded to 16 floats; logits ce_rows rows at a time. */
+static expect expected_of(const shape *s, int mb, int rc, size_t ce_rows) {
+    const size_t C = s->C, H = s->H, hd = s->hd, Q = H * hd, KV = s->KV, F = s->F, V = s->V, L = s->L, T = s->T;
+    const size_t N = (size_t)mb * T;
     /* params: token_embd, per layer attn_norm q k v o ffn_norm gate up down, output_norm, output */
     const size_t np = V * C + L * (C + C * Q + C * KV * 2 + Q * C + C + 3 * C * F) + C + C * V;
     /* per layer: x_in, xn1, q, k, v, probabilities, y, x_mid, xn2, g, u, h */
-    const size_t x_in = N * C, probs = (size_t)mb * H * PT * PT;
-    const size_t rest = N * C + N * Q + 2 * N * KV + N * Q + 2 * N * C + 3 * N * F; /* all but x_in, probs */
+    const size_t x_in = al16(N * C), probs = al16((size_t)mb * H * T * T);
+    const size_t rest = al16(N * C) + 2 * al16(N * Q) + 2 * al16(N * KV) + 2 * al16(N * C) + 3 * al16(N * F); /* all but x_in, probs */
     size_t kept = x_in, shared = 0;
     if (rc == TN_RECOMPUTE_NONE) kept += probs + rest;
     if (rc == TN_RECOMPUTE_ATTN) kept += rest, shared = probs;
     if (rc == TN_RECOMPUTE_FULL) shared = probs + rest;
-    const size_t head = 2 * N * C + N * V;
-    const size_t scratch = N * (2 * C + 2 * Q + 2 * KV + 3 * F) + PTH * PT + PTH * C;
-    const size_t caches = PT * hd + 3 * N;
+    const size_t head = 2 * al16(N * C) + al16(ce_rows * V);
+    const size_t scratch = 2 * al16(N * C) + 2 * al16(N * Q) + 2 * al16(N * KV) + 3 * al16(N * F) + al16(s->nth * T) +
+                           al16(s->nth * (C > hd ? C : hd));
+    const size_t caches = T * hd + 3 * N;
     expect e;
     e.acts = 4 * (L * kept + shared + head + scratch + caches);
     e.peak = 16 * np + e.acts;
     e.probs_kept = rc == TN_RECOMPUTE_NONE ? 4 * L * probs : 0;
     return e;
+}
+
+static const shape plan_shape = {.C = 16, .H = 4, .hd = 4, .KV = 8, .F = 32, .V = 32, .L = 3, .T = PT, .nth = PTH};
+/* at these sizes (<= 32 tokens) the logits are one chunk */
+static expect expected(int mb, int rc) { return expected_of(&plan_shape, mb, rc, (size_t)mb * PT); }
+
+/* The 15M-class config (`--preset 15m --batch 8`, ctx 256, the default model's 4096-token
+ * vocabulary): activation bytes with --recompute full against none, from the sizes above. The
+ * logits in chunks of 256 rows (the default) take the fall past 3x; all at once (the path of
+ * before) it was 2.80x. The plan's bytes equal the sizes computed here. */
+static void test_plan_15m(void **st) {
+    (void)st;
+    const shape s15 = {.C = 288, .H = 6, .hd = 48, .KV = 288, .F = 768, .V = 4096, .L = 6, .T = 256, .nth = 2};
+    const tn_train_cfg c = {.n_vocab = 4096, .n_ctx = 256, .n_embd = 288, .n_layer = 6, .n_head = 6, .n_head_kv = 6,
+                            .n_ff = 768, .rms_eps = 1e-5f, .rope_base = 10000.0f};
+    const int B = 8;
+    const expect en = expected_of(&s15, B, TN_RECOMPUTE_NONE, 256), ef = expected_of(&s15, B, TN_RECOMPUTE_FULL, 256);
+    const expect en1 = expected_of(&s15, B, TN_RECOMPUTE_NONE, (size_t)B * 256),
+                 ef1 = expected_of(&s15, B, TN_RECOMPUTE_FULL, (size_t)B * 256);
+    const double fall = (double)en.acts / (double)ef.acts, fall1 = (double)en1.acts / (double)ef1.acts;
+    printf("15m, batch 8, vocab 4096: activations none %.1f MiB, full %.1f MiB: %.2fx less (logits all at once: %.1f -> "
+           "%.1f MiB, %.2fx)\n", en.acts / 1048576.0, ef.acts / 1048576.0, fall, en1.acts / 1048576.0, ef1.acts / 1048576.0, fall1);
+    assert_true(fall >= 3.0);
+    tn_tmodel *m;
+    assert_int_equal(tn_tmodel_create(&c, 2, &m), TERN_OK);
+    tn_mem_plan pn, pf;
+    tn_tmodel_mem_plan(m, B, 1, 256, TN_RECOMPUTE_NONE, &pn);
+    tn_tmodel_mem_plan(m, B, 1, 256, TN_RECOMPUTE_FULL, &pf);
+    assert_int_equal(pn.acts, en.acts);
+    assert_int_equal(pf.acts, ef.acts);
+    assert_int_equal(pn.peak, en.peak);
+    assert_int_equal(pn.ce_rows, 256);
+    assert_int_equal(pn.logits, 256 * 4096 * 4);
+    m->ce_rows = B * 256; /* all at once */
+    tn_tmodel_mem_plan(m, B, 1, 256, TN_RECOMPUTE_NONE, &pn);
+    tn_tmodel_mem_plan(m, B, 1, 256, TN_RECOMPUTE_FULL, &pf);
+    assert_int_equal(pn.acts, en1.acts);
+    assert_int_equal(pf.acts, ef1.acts);
+    tn_tmodel_free(m);
 }
 
 static void test_plan_sizes(void **st) {
@@ -363,7 +435,8 @@ static void test_parse_size(void **st) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_grad_accum),     cmocka_unit_test(test_recompute_bitwise), cmocka_unit_test(test_recompute_lora),
-        cmocka_unit_test(test_plan_sizes),     cmocka_unit_test(test_budget),            cmocka_unit_test(test_parse_size),
+        cmocka_unit_test(test_plan_sizes),     cmocka_unit_test(test_plan_15m),          cmocka_unit_test(test_budget),
+        cmocka_unit_test(test_parse_size),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

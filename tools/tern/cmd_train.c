@@ -50,7 +50,10 @@ static void on_sig(int sig) {
     "                          backward) or full (keep only each layer's input, rerun the layer)\n"         \
     "  --mem-budget SIZE       e.g. 4G, 512M: choose micro-batch, accumulation and recomputation so\n"      \
     "                          the predicted peak fits (no recompute, then attn, then smaller\n"           \
-    "                          micro-batches, then full); refused when nothing fits\n"
+    "                          micro-batches, then full); refused when nothing fits\n"                    \
+    "  --logits-chunk N        output projection and cross-entropy N tokens at a time when a\n"          \
+    "                          micro-batch has more (default 0: 256, fewer for vocabularies over\n"      \
+    "                          32k); a number >= batch x ctx keeps all logits at once\n"
 
 static void train_usage(FILE *f) {
     char names[128];
@@ -82,7 +85,7 @@ static void train_usage(FILE *f) {
             "  --ckpt-dir DIR          write checkpoints here (atomic; keeps the last 2)\n"
             "  --ckpt-every N          steps between checkpoints (default steps/10)\n"
             "  --resume                continue from --ckpt-dir\n"
-            "  --out-type T            f32 (default) or q8_0\n"
+            "  --out-type T            matrices' type: f32 (default), f16, bf16, q8_0, q4_0, q4_K, q6_K, ...\n"
             "  --name S                general.name of the output\n"
             "  --log-every N           progress line every N steps when stderr is not a TTY (default steps/50)\n"
             "  --optim NAME            adamw (default) or sgd (plain SGD, same lr schedule, clip and decay)\n" MEM_USAGE
@@ -219,11 +222,20 @@ static int shared_flag(int argc, char **argv, int *i, tn_train_opts *o, int *log
     return 1;
 }
 
+/* --out-type NAME (tern train, tern finetune --full): a type the export has a reference quantizer
+ * for; false after printing a usage error. */
+static bool out_type(const char *val, tn_dtype *t) {
+    if (tn_dtype_from_name(val, t) && tn_export_type_ok(*t)) return true;
+    tn_cli_usage_error("--out-type: '%s' is not a type tern can write without an importance matrix (f32, f16, bf16, q8_0, "
+                       "q4_0, q5_0, q4_K, q5_K, q6_K, ...)", val);
+    return false;
+}
+
 /* The memory flags (tern train, tern finetune): 1 when argv[*i] is one (its value consumed), 0
  * when not, -1 after printing a usage error. */
 static int mem_flag(int argc, char **argv, int *i, tn_train_opts *o) {
     const char *a = argv[*i], *val = *i + 1 < argc ? argv[*i + 1] : NULL;
-    if (strcmp(a, "--grad-accum") && strcmp(a, "--recompute") && strcmp(a, "--mem-budget")) return 0;
+    if (strcmp(a, "--grad-accum") && strcmp(a, "--recompute") && strcmp(a, "--mem-budget") && strcmp(a, "--logits-chunk")) return 0;
     if (!val) return tn_cli_usage_error("%s needs a value", a), -1;
     ++*i;
     int64_t v;
@@ -234,6 +246,9 @@ static int mem_flag(int argc, char **argv, int *i, tn_train_opts *o) {
     } else if (!strcmp(a, "--recompute")) {
         if (!tn_recompute_parse(val, &r)) return tn_cli_usage_error("--recompute: '%s' (none, attn or full)", val), -1;
         o->recompute = (int)r;
+    } else if (!strcmp(a, "--logits-chunk")) {
+        if (!tn_cli_parse_i64(val, 0, 1 << 30, &v)) return tn_cli_usage_error("--logits-chunk: '%s' is not an integer in [0, %d]", val, 1 << 30), -1;
+        o->ce_rows = (int)v;
     } else if (!tn_mem_parse_size(val, &o->mem_budget)) {
         return tn_cli_usage_error("--mem-budget: '%s' is not a size (bytes, or with K, M, G, T: 4G, 512M)", val), -1;
     }
@@ -385,9 +400,7 @@ int cmd_train(int argc, char **argv) {
         else if (!strcmp(a, "--beta2")) FLT(o.opt.beta2, 0.0f, 0.99999f);
         else if (!strcmp(a, "--out-type")) {
             NEED();
-            if (!strcmp(val, "f32")) o.out_type = TN_F32;
-            else if (!strcmp(val, "q8_0")) o.out_type = TN_Q8_0;
-            else { rc = tn_cli_usage_error("--out-type: '%s' (f32 or q8_0)", val); goto out; }
+            if (!out_type(val, &o.out_type)) { rc = TN_EXIT_USAGE; goto out; }
         }
         else if (!strcmp(a, "--optim")) {
             NEED();
@@ -449,6 +462,7 @@ out:
 static void finetune_usage(FILE *f) {
     fprintf(f,
             "usage: tern finetune -m base.gguf --data FILE... -o adapter.gguf [options]\n"
+            "       tern finetune --full -m base.gguf --data FILE... -o model.gguf [--out-type T] [options]\n"
             "  LoRA (QLoRA): the base's matrices stay frozen in their file types (F16, Q8_0, Q4_0, Q4_K, tq...),\n"
             "  dequantized a tile of rows at a time; only the adapter (lora_a, lora_b), its gradients and AdamW\n"
             "  moments are trained. The output is a GGUF LoRA adapter in llama.cpp's format (--lora FILE).\n"
@@ -470,7 +484,13 @@ static void finetune_usage(FILE *f) {
             "  --warmup N --min-lr-frac X --wd X (default 0) --clip X --seed N -t N --val-every N --val-batches N\n"
             "  --ckpt-dir DIR --ckpt-every N --resume  checkpoints (atomic) and resuming, as tern train\n"
             "  --name S --log-every N\n"
-            "  Ctrl-C stops and writes the adapter trained so far.\n" MEM_USAGE DIST_USAGE);
+            "  Ctrl-C stops and writes the adapter trained so far.\n"
+            "full fine-tuning:\n"
+            "  --full                  train every weight of the base (F32, F16 or BF16; quantized bases are\n"
+            "                          refused: use LoRA) in f32, with AdamW moments; -o is a model\n"
+            "  --out-type T            the output's matrices: f32, f16 (default), bf16, q8_0, q4_0, q4_K, ...\n"
+            "                          (the base's tokenizer and chat template are kept); default --lr 5e-5\n"
+            MEM_USAGE DIST_USAGE);
 }
 
 int cmd_finetune(int argc, char **argv) {
@@ -490,7 +510,8 @@ int cmd_finetune(int argc, char **argv) {
     int64_t v;
     float f;
     int rc = 0;
-    bool alpha_set = false;
+    bool alpha_set = false, lr_set = false, out_type_set = false;
+    const char *lora_flag = NULL;
     dist_seen seen = {NULL, NULL, NULL, false};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -502,10 +523,17 @@ int cmd_finetune(int argc, char **argv) {
             data[n_data++] = val;
             while (i + 1 < argc && argv[i + 1][0] != '-') data[n_data++] = argv[++i];
         } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) { NEED(); o.out = val; }
-        else if (!strcmp(a, "--lora-rank")) INT(o.lora.rank, 1, 65536);
-        else if (!strcmp(a, "--lora-alpha")) { FLT(o.lora.alpha, 1e-6f, 1e6f); alpha_set = true; }
+        else if (!strcmp(a, "--full")) o.full = true;
+        else if (!strcmp(a, "--out-type")) {
+            NEED();
+            if (!out_type(val, &o.out_type)) { rc = TN_EXIT_USAGE; goto out; }
+            out_type_set = true;
+        }
+        else if (!strcmp(a, "--lora-rank")) { INT(o.lora.rank, 1, 65536); lora_flag = a; }
+        else if (!strcmp(a, "--lora-alpha")) { FLT(o.lora.alpha, 1e-6f, 1e6f); alpha_set = true; lora_flag = a; }
         else if (!strcmp(a, "--lora-targets")) {
             NEED();
+            lora_flag = a;
             char bad[80];
             if (!tn_lora_parse_targets(val, &o.lora.targets, bad, sizeof bad)) {
                 rc = tn_cli_usage_error("--lora-targets: unknown target '%s' (q, k, v, o, gate, up, down, comma-separated)", bad);
@@ -523,11 +551,19 @@ int cmd_finetune(int argc, char **argv) {
             if (sf < 0) { rc = TN_EXIT_USAGE; goto out; }
         } else if ((sf = shared_flag(argc, argv, &i, &o, &log_every)) != 0) {
             if (sf < 0) { rc = TN_EXIT_USAGE; goto out; }
+            lr_set |= !strcmp(a, "--lr");
         } else { rc = tn_cli_usage_error("finetune: unknown option '%s' (see tern finetune --help)", a); goto out; }
+    }
+    if (o.full && lora_flag) { rc = tn_cli_usage_error("finetune: %s is a LoRA option; --full trains every weight", lora_flag); goto out; }
+    if (!o.full && out_type_set) { rc = tn_cli_usage_error("finetune: --out-type is for --full (a LoRA adapter is f32)"); goto out; }
+    if (o.full) {
+        o.lora.rank = 0;
+        if (!out_type_set) o.out_type = TN_F16;
+        if (!lr_set) o.opt.lr = 5e-5f;
     }
     if (!o.init) { rc = tn_cli_usage_error("finetune: -m base.gguf is required"); goto out; }
     if (!n_data) { rc = tn_cli_usage_error("finetune: --data FILE... is required"); goto out; }
-    if (!o.out) { rc = tn_cli_usage_error("finetune: -o adapter.gguf is required"); goto out; }
+    if (!o.out) { rc = tn_cli_usage_error("finetune: -o %s is required", o.full ? "model.gguf" : "adapter.gguf"); goto out; }
     if ((rc = dist_check(&o, &seen, "finetune"))) goto out;
     {
         const char *const inputs[] = {o.init};
@@ -547,7 +583,8 @@ int cmd_finetune(int argc, char **argv) {
             "peak RSS %.1f MiB\n", tn_cli_now() - t0, o.steps, o.final_loss, o.final_val_loss, o.tok_per_s,
             o.planned_bytes / 1048576.0, ru.ru_maxrss / 1024.0);
     dist_summary(&o, "finetune");
-    fprintf(stderr, "tern finetune: wrote the adapter %s (use: --lora %s) and its .loss.csv / .loss.svg\n", o.out, o.out);
+    if (o.full) fprintf(stderr, "tern finetune: wrote the model %s (%s) and its .loss.csv / .loss.svg\n", o.out, tn_dtype_name(o.out_type));
+    else fprintf(stderr, "tern finetune: wrote the adapter %s (use: --lora %s) and its .loss.csv / .loss.svg\n", o.out, o.out);
 out:
     free(data);
     return rc;
