@@ -325,8 +325,8 @@ static int gamma_bits(int32_t v) {
 }
 
 
-/* Lossy: per channel a step s = min(rms(plane) / div * (rms(channel) / rms(plane))^-tilt,
- * rms(channel) / div_ch) on the grid (at or under it), c = round(x / s), range-coded with deltas or raw values, whichever is smaller. 0
+/* Lossy: per channel a step s = min(rms(plane) / div * (rms(channel) / rms(plane))^-tilt * w^-wexp,
+ * rms(channel) / div_ch) (w: the channel's weight, 1 without w) on the grid (at or under it), c = round(x / s), range-coded with deltas or raw values, whichever is smaller. 0
  * when a value is not finite or the coded plane would not fit (the caller stores it losslessly). */
 static size_t encode_lossy(float div, float div_ch, float tilt, const float *w, float wexp, tn_pc_models *mod, int kv, const float *x,
                            int64_t kv_dim, uint8_t mode, uint8_t *out, size_t cap) {
