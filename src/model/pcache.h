@@ -17,8 +17,9 @@
  *    RoPE undone at the block's positions, tn_pc_rope_plane) and RoPE is applied again at load:
  *    before RoPE a channel's statistics do not depend on the position (an outlier channel stays
  *    one), so steps fit and deltas between tokens stay small. Then per channel a step
- *    s = min(rms(plane) / div * (rms(channel) / rms(plane))^-tilt, rms(channel) / div_ch) (div,
- *    tilt, div_ch: K's or V's, finer on the first layers: tn_pc_steps), on a grid of eighth-octaves at or under it, integers
+ *    s = min(rms(plane) / div * (rms(channel) / rms(plane))^-tilt * w^-wexp, rms(channel) / div_ch)
+ *    (div, tilt, div_ch, wexp: K's or V's, finer on the first layers: tn_pc_steps; w: how much the
+ *    channel's error moves the model, from its weights: tn_pc_channel_weights), on a grid of eighth-octaves at or under it, integers
  *    c = round(x / s) (decoded x' = c * s: |x - x'| <= s / 2 before RoPE is re-applied and the
  *    result rounded to f16). The plane term gives every channel the same absolute error (what q.k
  *    and the attention-weighted sum of V see, so the bits go where the values are large); the
