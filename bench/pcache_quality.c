@@ -8,7 +8,9 @@
  *
  * Averaged over W windows of the text (window w starts at token SKIP + w * (P + N): tune on one
  * SKIP, report on another). The in-memory cache types q8_0 and q4_0 (-ctk/-ctv) are measured the
- * same way for comparison (their bytes are those of the KV in memory, per token).
+ * same way for comparison (their bytes are those of the KV in memory, per token), and so is the
+ * prefix alone rounded as q8_0 / q4_0 rows (round_prefix: the error those types put where the disk
+ * cache puts its own, with the f16 kernels; works at any head size whose rows are whole blocks).
  *
  * usage: pcache_quality MODEL TEXT [P=64] [N=64] [W=8] [THREADS=2] [options]
  *   --skip T            windows start T tokens into the text (default 0)
@@ -29,6 +31,8 @@
 #include <unistd.h>
 
 #include "core/file.h"
+#include "core/fp16.h"
+#include "model/ctx.h"
 #include "model/pcache.h"
 #include "tern/tern.h"
 
@@ -81,13 +85,43 @@ static void row(const char *name, double bpt, double f16_bpt, const score *sc) {
            sc->kl_max, 100.0 * (double)sc->agree / (double)sc->n);
 }
 
-/* "dK,dV,chK,chV[,mul,n_first[,tiltK,tiltV]]" into st; false when malformed */
+/* Rounds the K and V rows of positions [0, P) of c's f16 cache as ggml's q8_0 (bits 8) or q4_0
+ * (bits 4) would store them (blocks of 32 along the row: scale d = amax / 127 as f16, values
+ * round(x / d) * d; q4_0: d = the largest-magnitude value / -8 as f16, values min(15, (int)(x / d
+ * + 8.5)) - 8 times d), written out here from ggml's reference quantizers: the error of those types
+ * on the prefix alone, as the disk cache has it, for models whose head size the in-memory types
+ * refuse (stories260K: 8). false when a row is not a whole number of blocks. */
+static bool round_prefix(tern_ctx *c, int32_t P, int bits) {
+    const int64_t kvd = (int64_t)c->hp.n_head_kv * c->hp.head_dim;
+    if (kvd % 32) return false;
+    for (int32_t il = 0; il < c->hp.n_layer; il++)
+        for (int kv = 0; kv < 2; kv++) {
+            tn_fp16 *x = (tn_fp16 *)(kv ? c->v_cache : c->k_cache) + c->kv_off[il] * kvd;
+            for (int64_t b = 0; b < (int64_t)P * kvd; b += 32) {
+                float v[32], amax = 0, mx = 0;
+                for (int j = 0; j < 32; j++) {
+                    v[j] = tn_fp16_to_fp32(x[b + j]);
+                    if (fabsf(v[j]) > amax) amax = fabsf(v[j]), mx = v[j];
+                }
+                const float d0 = bits == 8 ? amax / 127 : mx / -8, id = d0 != 0 ? 1.0f / d0 : 0; /* ggml: 1 / the unrounded scale */
+                const float d = tn_fp16_to_fp32(tn_fp32_to_fp16(d0));
+                for (int j = 0; j < 32; j++) {
+                    const float q = bits == 8 ? roundf(v[j] * id) : (float)TN_MIN(15, (int)(v[j] * id + 8.5f)) - 8;
+                    x[b + j] = tn_fp32_to_fp16(q * d);
+                }
+            }
+        }
+    return true;
+}
+
+/* "dK,dV,chK,chV[,mul,n_first[,tiltK,tiltV[,wK,wV]]]" into st; false when malformed */
 static bool parse_steps(const char *v, tn_pc_steps *st) {
-    float mul = 1, tk = 0, tv = 0;
+    float mul = 1, tk = 0, tv = 0, wk = 0, wv = 0;
     int nf = 0;
-    const int k = sscanf(v, "%f,%f,%f,%f,%f,%d,%f,%f", &st->div[0], &st->div[1], &st->div_ch[0], &st->div_ch[1], &mul, &nf, &tk, &tv);
-    st->mul_first = mul, st->n_first = nf, st->tilt[0] = tk, st->tilt[1] = tv;
-    return (k == 4 || k == 6 || k == 8) && st->div[0] >= 0 && st->div[1] >= 0 && st->div_ch[0] >= 0 && st->div_ch[1] >= 0 && mul > 0;
+    const int k = sscanf(v, "%f,%f,%f,%f,%f,%d,%f,%f,%f,%f", &st->div[0], &st->div[1], &st->div_ch[0], &st->div_ch[1], &mul, &nf, &tk,
+                         &tv, &wk, &wv);
+    st->mul_first = mul, st->n_first = nf, st->tilt[0] = tk, st->tilt[1] = tv, st->wexp[0] = wk, st->wexp[1] = wv;
+    return (k == 4 || k == 6 || k == 8 || k == 10) && st->div[0] >= 0 && st->div[1] >= 0 && st->div_ch[0] >= 0 && st->div_ch[1] >= 0 && mul > 0;
 }
 
 int main(int argc, char **argv) {
@@ -186,6 +220,23 @@ int main(int argc, char **argv) {
         char cmd[256];
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
         if (system(cmd)) fprintf(stderr, "pcache_quality: could not remove %s\n", dir);
+    }
+    for (int bits = 8; bits >= 4 && !only; bits -= 4) { /* the prefix rounded as q8_0 / q4_0 rows (no kernel change) */
+        score sc = {0, 0, 0, 0};
+        bool ok = true;
+        for (int32_t w = 0; w < W && ok; w++) {
+            const tern_token *t = toks + skip + (size_t)w * (P + N);
+            tern_ctx *c = make_ctx(m, P + N, threads, TERN_KV_F16);
+            if (!c || tern_decode(c, t, P)) return die("rounded-prefix run");
+            if ((ok = round_prefix(c, P, bits))) {
+                if (tern_decode(c, t + P, N)) return die("rounded-prefix run");
+                compare(c, ref + (size_t)w * N * nv, N, nv, p, q, &sc);
+            }
+            tern_ctx_free(c);
+        }
+        char name[64];
+        snprintf(name, sizeof name, "prefix rounded as q%d_0", bits);
+        if (ok) row(name, bits == 8 ? f16_bpt * 34 / 64 : f16_bpt * 18 / 64, f16_bpt, &sc);
     }
     static const int32_t kt[] = {TERN_KV_Q8_0, TERN_KV_Q4_0};
     for (int k = 0; k < 2 && !only; k++) { /* the in-memory cache types, for comparison */

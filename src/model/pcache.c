@@ -106,10 +106,11 @@ uint64_t tn_pc_model_hash(const tern_model *m) { return hash_bytes(m->gguf->base
 /* ---- plane codec ------------------------------------------------------------------------ */
 
 /* Steps per RMS of each lossy quality: {K, V} plane terms, {K, V} channel terms, finer first
- * layers (docs/prompt-cache.md: how they were chosen, on which windows). */
+ * layers, tilts, channel-weight exponents (docs/prompt-cache.md: how they were chosen, on which
+ * windows). */
 static const tn_pc_steps pc_steps[3] = {
-    [TN_PC_HIGH] = {{12.0f, 12.0f}, {8.0f, 8.0f}, 1.0f, 0, false, {0, 0}},
-    [TN_PC_MEDIUM] = {{1.0f, 0.7f}, {0, 0}, 1.0f, 0, false, {0, 0}},
+    [TN_PC_HIGH] = {{12.0f, 12.0f}, {8.0f, 8.0f}, 1.0f, 0, false, {0, 0}, {2.0f, 0}},
+    [TN_PC_MEDIUM] = {{1.0f, 0.7f}, {0, 0}, 1.0f, 0, false, {0, 0}, {0, 0}},
 };
 
 tn_pc_steps tn_pc_steps_of(tn_pc_quality q) { return q == TN_PC_HIGH || q == TN_PC_MEDIUM ? pc_steps[q] : pc_steps[TN_PC_LOSSLESS]; }
@@ -121,6 +122,87 @@ float tn_pc_div(const tn_pc_steps *st, int kv, int32_t il, bool ch) {
 
 bool tn_pc_layer_roped(const tn_hparams *hp, int32_t il) {
     return hp->n_rot > 0 && !(hp->family && hp->family->mla) && tn_hp_layer_rope(hp, il);
+}
+
+/* Scales w[0..n) to a geometric mean of 1, after raising entries under 1/1024 of the largest. */
+static void weights_norm(float *w, int64_t n) {
+    double mx = 0, sl = 0;
+    for (int64_t j = 0; j < n; j++) mx = fmax(mx, (double)w[j]);
+    if (!(mx > 0) || !isfinite(mx)) {
+        for (int64_t j = 0; j < n; j++) w[j] = 1;
+        return;
+    }
+    for (int64_t j = 0; j < n; j++) sl += log(fmax((double)w[j], mx / 1024));
+    const double g = exp(sl / (double)n);
+    for (int64_t j = 0; j < n; j++) w[j] = (float)(fmax((double)w[j], mx / 1024) / g);
+}
+
+tern_status tn_pc_channel_weights(const tern_model *m, float *w) {
+    const tn_hparams *hp = &m->hp;
+    const int64_t hd = hp->head_dim, kvd = (int64_t)hp->n_head_kv * hd, qd = tn_hp_q_dim(hp);
+    const int32_t grp = hp->n_head_kv > 0 ? hp->n_head / hp->n_head_kv : 1;
+    float *row = tn_malloc((size_t)TN_MAX(TN_MAX(qd, (int64_t)hp->n_embd), 1) * sizeof *row);
+    double *eq = tn_malloc((size_t)(qd + qd + hp->n_embd) * sizeof *eq), *ev = eq ? eq + qd : NULL, *g = ev ? ev + qd : NULL;
+    if (!row || !eq) {
+        tn_free(row), tn_free(eq);
+        return TERN_ERR_NOMEM;
+    }
+    for (int32_t il = 0; il < hp->n_layer; il++) {
+        const tn_layer *L = &m->layers[il];
+        const tn_tensor *wq = &L->w[TN_ROLE_ATTN_Q], *wo = &L->w[TN_ROLE_ATTN_OUT], *an = &L->w[TN_ROLE_ATTN_NORM],
+                        *qnt = &L->w[TN_ROLE_ATTN_Q_NORM];
+        float *wk = w + (size_t)il * 2 * (size_t)kvd, *wv = wk + kvd;
+        for (int64_t i = 0; i < hp->n_embd; i++) g[i] = 1;
+        if (an->data && an->ne[0] == hp->n_embd) {
+            tn_tensor_get_row(an, 0, row);
+            for (int64_t i = 0; i < hp->n_embd; i++) g[i] = row[i];
+        }
+        /* E[q_j^2] of every query channel */
+        const bool have_q = wq->data && wq->ne[0] == hp->n_embd && wq->ne[1] >= qd;
+        for (int64_t j = 0; j < qd; j++) {
+            eq[j] = 1;
+            if (!have_q) continue;
+            tn_tensor_get_row(wq, j, row);
+            double s = 0;
+            for (int64_t i = 0; i < hp->n_embd; i++) s += (double)row[i] * g[i] * (double)row[i] * g[i];
+            eq[j] = s;
+        }
+        if (have_q && qnt->data && (qnt->ne[0] == hd || qnt->ne[0] == qd)) { /* normed per head, then scaled */
+            tn_tensor_get_row(qnt, 0, row);
+            for (int32_t h = 0; h < hp->n_head; h++) {
+                double mean = 0;
+                for (int64_t j = 0; j < hd; j++) mean += eq[h * hd + j] / (double)hd;
+                for (int64_t j = 0; j < hd; j++) {
+                    const double s = row[qnt->ne[0] == hd ? j : h * hd + j];
+                    eq[h * hd + j] = mean > 0 ? s * s * eq[h * hd + j] / mean : s * s;
+                }
+            }
+        }
+        if (tn_pc_layer_roped(hp, il)) /* a RoPE pair shares its energy */
+            for (int32_t h = 0; h < hp->n_head; h++)
+                for (int32_t i0 = 0; i0 + 1 < hp->n_rot; i0 += 2) {
+                    const int64_t a = h * hd + (hp->rope_mode == TN_ROPE_NORM ? i0 : i0 / 2);
+                    const int64_t b = h * hd + (hp->rope_mode == TN_ROPE_NORM ? i0 + 1 : i0 / 2 + hp->n_rot / 2);
+                    eq[a] = eq[b] = (eq[a] + eq[b]) / 2;
+                }
+        /* |W_o column|^2 of every attention-output channel */
+        const bool have_o = wo->data && wo->ne[0] == qd;
+        for (int64_t j = 0; j < qd; j++) ev[j] = have_o ? 0 : 1;
+        for (int64_t r = 0; have_o && r < wo->ne[1]; r++) {
+            tn_tensor_get_row(wo, r, row);
+            for (int64_t j = 0; j < qd; j++) ev[j] += (double)row[j] * row[j];
+        }
+        for (int64_t c = 0; c < kvd; c++) {
+            const int64_t kh = c / hd, j = c % hd;
+            double sk = 0, sv = 0;
+            for (int32_t h = (int32_t)kh * grp; h < (int32_t)(kh + 1) * grp; h++) sk += eq[h * hd + j], sv += ev[h * hd + j];
+            wk[c] = (float)sqrt(sk), wv[c] = (float)sqrt(sv);
+        }
+        weights_norm(wk, kvd);
+        weights_norm(wv, kvd);
+    }
+    tn_free(row), tn_free(eq);
+    return TERN_OK;
 }
 
 void tn_pc_rope_plane(const tn_hparams *hp, const float *ff, int32_t il, int64_t pos0, float *x, float *cs, int dir) {
@@ -243,11 +325,11 @@ static int gamma_bits(int32_t v) {
 }
 
 
-/* Lossy: per channel a step s = min(rms(plane) / div * (rms(channel) / rms(plane))^-tilt,
- * rms(channel) / div_ch) on the grid (at or under it), c = round(x / s), range-coded with deltas or raw values, whichever is smaller. 0
+/* Lossy: per channel a step s = min(rms(plane) / div * (rms(channel) / rms(plane))^-tilt * w^-wexp,
+ * rms(channel) / div_ch) (w: the channel's weight, 1 without w) on the grid (at or under it), c = round(x / s), range-coded with deltas or raw values, whichever is smaller. 0
  * when a value is not finite or the coded plane would not fit (the caller stores it losslessly). */
-static size_t encode_lossy(float div, float div_ch, float tilt, tn_pc_models *mod, int kv, const float *x, int64_t kv_dim, uint8_t mode,
-                           uint8_t *out, size_t cap) {
+static size_t encode_lossy(float div, float div_ch, float tilt, const float *w, float wexp, tn_pc_models *mod, int kv, const float *x,
+                           int64_t kv_dim, uint8_t mode, uint8_t *out, size_t cap) {
     const size_t n = (size_t)TN_PC_NTOK * (size_t)kv_dim;
     for (size_t i = 0; i < n; i++)
         if (!isfinite(x[i])) return 0;
@@ -262,7 +344,10 @@ static size_t encode_lossy(float div, float div_ch, float tilt, tn_pc_models *mo
         for (int64_t ch = 0; ch < kv_dim; ch++) {
             double sc = 0;
             for (int t = 0; t < TN_PC_NTOK; t++) sc += (double)x[(size_t)t * kv_dim + ch] * x[(size_t)t * kv_dim + ch];
-            const double rms_c = sqrt(sc / TN_PC_NTOK), lean = tilt != 0 && rms_c > 0 ? pow(rms_c / rms_p, -(double)tilt) : 1;
+            double lean = 1;
+            const double rms_c = sqrt(sc / TN_PC_NTOK);
+            if (tilt != 0 && rms_c > 0) lean = pow(rms_c / rms_p, -(double)tilt);
+            if (w && wexp != 0) lean *= pow((double)w[ch], -(double)wexp);
             const double want = fmin(s_plane * lean, div_ch > 0 ? rms_c / div_ch : INFINITY);
             e_ch[ch] = want > 0 ? step_index((float)want) : ch ? e_ch[ch - 1] : 0; /* all zero: any step */
             const float s = step_of(e_ch[ch]);
@@ -308,11 +393,11 @@ out:
     return r;
 }
 
-size_t tn_pc_plane_encode_lossy(const tn_pc_steps *st, int32_t il, int kv, tn_pc_models *mod, const float *x, int64_t kv_dim,
-                                bool pre_rope, uint8_t *out) {
+size_t tn_pc_plane_encode_lossy(const tn_pc_steps *st, int32_t il, int kv, tn_pc_models *mod, const float *x, const float *w,
+                                int64_t kv_dim, bool pre_rope, uint8_t *out) {
     if (!st || !mod || (pre_rope && kv)) return 0;
-    return encode_lossy(tn_pc_div(st, kv, il, false), tn_pc_div(st, kv, il, true), st->tilt[kv != 0], mod, kv != 0, x, kv_dim,
-                        pre_rope ? TN_PC_MODE_PRE_ROPE : 0, out, tn_pc_plane_max(kv_dim));
+    return encode_lossy(tn_pc_div(st, kv, il, false), tn_pc_div(st, kv, il, true), st->tilt[kv != 0], w, st->wexp[kv != 0], mod,
+                        kv != 0, x, kv_dim, pre_rope ? TN_PC_MODE_PRE_ROPE : 0, out, tn_pc_plane_max(kv_dim));
 }
 
 size_t tn_pc_plane_encode(tn_pc_quality q, int32_t il, int kv, tn_pc_models *mod, const tn_fp16 *x, int64_t kv_dim, uint8_t *out) {
@@ -322,7 +407,7 @@ size_t tn_pc_plane_encode(tn_pc_quality q, int32_t il, int kv, tn_pc_models *mod
         if (!xf) return 0;
         for (size_t i = 0; i < n; i++) xf[i] = tn_fp16_to_fp32(x[i]);
         const tn_pc_steps st = tn_pc_steps_of(q);
-        const size_t r = tn_pc_plane_encode_lossy(&st, il, kv, mod, xf, kv_dim, false, out);
+        const size_t r = tn_pc_plane_encode_lossy(&st, il, kv, mod, xf, NULL, kv_dim, false, out);
         tn_free(xf);
         if (r) return r;
     }
@@ -440,6 +525,7 @@ struct tn_pcache {
     tn_fp16 *plane;      /* [16][kv_dim] */
     float *xf, *cs;      /* [16][kv_dim] a plane in f32, [head_dim] RoPE's cos/sin pairs */
     tn_pc_steps steps;   /* the lossy quality's */
+    float *wt;           /* lossy: [n_layer][2][kv_dim] channel weights (tn_pc_channel_weights) */
     tn_pc_models mod;    /* the range coder's models within one block */
     unsigned tmp_seq;
     bool warned_io;
@@ -576,7 +662,10 @@ tern_status tn_pcache_open(const tern_model *m, const char *dir, uint64_t max_by
     pc->plane = tn_malloc((size_t)TN_PC_NTOK * (size_t)pc->kv_dim * sizeof(tn_fp16));
     pc->xf = tn_malloc((size_t)TN_PC_NTOK * (size_t)pc->kv_dim * sizeof(float));
     pc->cs = tn_malloc((size_t)TN_MAX(m->hp.n_rot, 2) * sizeof(float));
-    if (!pc->dir || !pc->sub || !pc->raw || !pc->file || !pc->plane || !pc->xf || !pc->cs) {
+    if (q != TN_PC_LOSSLESS && (pc->wt = tn_malloc((size_t)pc->n_layer * 2 * (size_t)pc->kv_dim * sizeof(float))) &&
+        tn_pc_channel_weights(m, pc->wt))
+        tn_free(pc->wt), pc->wt = NULL;
+    if (!pc->dir || !pc->sub || !pc->raw || !pc->file || !pc->plane || !pc->xf || !pc->cs || (q != TN_PC_LOSSLESS && !pc->wt)) {
         tn_pcache_free(pc);
         return TERN_ERR_NOMEM;
     }
@@ -599,6 +688,7 @@ void tn_pcache_free(tn_pcache *pc) {
     tn_free(pc->plane);
     tn_free(pc->xf);
     tn_free(pc->cs);
+    tn_free(pc->wt);
     tn_free(pc);
 }
 
@@ -817,7 +907,8 @@ static bool store_one(tn_pcache *pc, const tern_ctx *c, int32_t bi, uint64_t h, 
                 const bool pre = !kv && pc->steps.keys_pre_rope && tn_pc_layer_roped(&c->hp, il);
                 for (size_t i = 0; i < pb; i++) pc->xf[i] = tn_fp16_to_fp32(x[i]);
                 if (pre) tn_pc_rope_plane(&c->hp, c->rope_ff, il, (int64_t)bi * TN_PC_NTOK, pc->xf, pc->cs, -1);
-                k = tn_pc_plane_encode_lossy(&pc->steps, il, kv, &pc->mod, pc->xf, pc->kv_dim, pre, pc->raw + raw);
+                const float *w = pc->wt ? pc->wt + ((size_t)il * 2 + (size_t)kv) * (size_t)pc->kv_dim : NULL;
+                k = tn_pc_plane_encode_lossy(&pc->steps, il, kv, &pc->mod, pc->xf, w, pc->kv_dim, pre, pc->raw + raw);
                 pc->st.planes_pre_rope += pre && k;
             }
             if (!k) k = tn_pc_plane_encode(TN_PC_LOSSLESS, il, kv, NULL, x, pc->kv_dim, pc->raw + raw); /* kept as cached */

@@ -17,8 +17,9 @@
  *    RoPE undone at the block's positions, tn_pc_rope_plane) and RoPE is applied again at load:
  *    before RoPE a channel's statistics do not depend on the position (an outlier channel stays
  *    one), so steps fit and deltas between tokens stay small. Then per channel a step
- *    s = min(rms(plane) / div * (rms(channel) / rms(plane))^-tilt, rms(channel) / div_ch) (div,
- *    tilt, div_ch: K's or V's, finer on the first layers: tn_pc_steps), on a grid of eighth-octaves at or under it, integers
+ *    s = min(rms(plane) / div * (rms(channel) / rms(plane))^-tilt * w^-wexp, rms(channel) / div_ch)
+ *    (div, tilt, div_ch, wexp: K's or V's, finer on the first layers: tn_pc_steps; w: how much the
+ *    channel's error moves the model, from its weights: tn_pc_channel_weights), on a grid of eighth-octaves at or under it, integers
  *    c = round(x / s) (decoded x' = c * s: |x - x'| <= s / 2 before RoPE is re-applied and the
  *    result rounded to f16). The plane term gives every channel the same absolute error (what q.k
  *    and the attention-weighted sum of V see, so the bits go where the values are large); the
@@ -85,9 +86,20 @@ typedef struct tn_pc_steps {
     int32_t n_first;
     bool keys_pre_rope;
     float tilt[2];
+    float wexp[2]; /* K, V: the plane term times w^-wexp, w the channel's weight (tn_pc_channel_weights) */
 } tn_pc_steps;
 /* The steps of quality q (lossless: all zero). */
 tn_pc_steps tn_pc_steps_of(tn_pc_quality q);
+/* How much an error in each cached channel moves the model, from its weights (no data needed):
+ * w[il][kv][kv_dim] (kv 0 K, 1 V), per plane scaled to a geometric mean of 1. K channel j of KV
+ * head g: sqrt(sum over the query heads h reading g of E[q_{h,j}^2]) (a key's error e moves the
+ * score q.e), E[q_j^2] taken as |W_q row j (.) attn_norm|^2 (the normed input's channels as
+ * independent with the norm's weights as scales), times q_norm_j^2 / the head's mean where the
+ * layer norms its queries; on a rotated layer both channels of a RoPE pair get their mean (RoPE
+ * moves a query's energy between them). V channel j of head g: sqrt(sum over h of |W_o column
+ * (h, j)|^2) (the output projection reads it). Weights under 1/1024 of the plane's largest are
+ * raised to it; a layer without the tensor gets 1s. NOMEM or TERN_OK. */
+tern_status tn_pc_channel_weights(const tern_model *m, float *w);
 /* Steps per RMS for plane kv (0 K, 1 V) of layer il: of the plane (ch false) or the channel. */
 float tn_pc_div(const tn_pc_steps *st, int kv, int32_t il, bool ch);
 /* Whether layer il's cached keys are rotated per head by RoPE (lossy key planes are coded before
@@ -116,11 +128,12 @@ void tn_pc_models_init(tn_pc_models *m);
  * keys as given (no RoPE undone: tn_pcache_store does that); returns the bytes written (0: out of
  * memory). */
 size_t tn_pc_plane_encode(tn_pc_quality q, int32_t il, int kv, tn_pc_models *mod, const tn_fp16 *x, int64_t kv_dim, uint8_t *out);
-/* Lossy only: x[16][kv_dim] in f32 with the steps st; pre_rope marks keys coded before RoPE (the
+/* Lossy only: x[16][kv_dim] in f32 with the steps st and the plane's channel weights w[kv_dim]
+ * (NULL: all 1; tn_pc_channel_weights); pre_rope marks keys coded before RoPE (the
  * decoder reports it: the caller re-applies RoPE). 0: not coded (a non-finite value, larger than
  * a lossless plane, out of memory): the caller stores the plane losslessly. */
-size_t tn_pc_plane_encode_lossy(const tn_pc_steps *st, int32_t il, int kv, tn_pc_models *mod, const float *x, int64_t kv_dim,
-                                bool pre_rope, uint8_t *out);
+size_t tn_pc_plane_encode_lossy(const tn_pc_steps *st, int32_t il, int kv, tn_pc_models *mod, const float *x, const float *w,
+                                int64_t kv_dim, bool pre_rope, uint8_t *out);
 /* Decodes a plane from in[0..n) into x[16][kv_dim]; *used gets the bytes read. FORMAT when the
  * bytes are not a plane of this size (or are lossy and mod is NULL, or are keys before RoPE:
  * those need tn_pc_plane_decode_f32). */

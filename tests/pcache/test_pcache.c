@@ -40,9 +40,9 @@
 #include "model/pcache.h"
 
 #define KVD 48
-/* docs/prompt-cache.md's steps: K, V plane; K, V channel; first layers' factor, how many */
-#define DOC_HIGH 12, 12, 8, 8, 1, 0, 0, 0
-#define DOC_MEDIUM 1, 0.7f, 0, 0, 1, 0, 0, 0
+/* docs/prompt-cache.md's steps: K, V plane; K, V channel; first layers' factor, how many; K, V tilts; K, V weight exponents */
+#define DOC_HIGH 12, 12, 8, 8, 1, 0, 0, 0, 2, 0
+#define DOC_MEDIUM 1, 0.7f, 0, 0, 1, 0, 0, 0, 0, 0
 
 static uint64_t rng = 88172645463325252ull;
 static double urand(void) {
@@ -138,25 +138,26 @@ static void test_lossless_roundtrip(void **st) {
 /* The step the docs give a channel (before the grid, which rounds it down):
  * min(rms(plane) / div * (rms(channel) / rms(plane))^-tilt, rms(channel) / div_ch), in double from
  * the input alone. */
-static double want_step(const float *x, int64_t kvd, int ch, double div, double div_ch, double tilt) {
+static double want_step(const float *x, int64_t kvd, int ch, double div, double div_ch, double tilt, double wlean) {
     double sp = 0, sc = 0;
     for (int64_t i = 0; i < 16 * kvd; i++) sp += (double)x[i] * x[i];
     for (int t = 0; t < 16; t++) sc += (double)x[t * kvd + ch] * x[t * kvd + ch];
     const double rp = sqrt(sp / (double)(16 * kvd)), rc = sqrt(sc / 16);
-    return fmin(div > 0 ? rp / div * (rc > 0 ? pow(rc / rp, -tilt) : 1) : INFINITY, div_ch > 0 ? rc / div_ch : INFINITY);
+    return fmin(div > 0 ? rp / div * (rc > 0 ? pow(rc / rp, -tilt) : 1) * wlean : INFINITY, div_ch > 0 ? rc / div_ch : INFINITY);
 }
 
 /* The built-in qualities are the steps docs/prompt-cache.md's table gives (written out here). */
 static void test_steps_table(void **st) {
     (void)st;
     const tn_pc_steps h = tn_pc_steps_of(TN_PC_HIGH), m = tn_pc_steps_of(TN_PC_MEDIUM), l = tn_pc_steps_of(TN_PC_LOSSLESS);
-    const float want[2][8] = {{DOC_HIGH}, {DOC_MEDIUM}};
+    const float want[2][10] = {{DOC_HIGH}, {DOC_MEDIUM}};
     const tn_pc_steps *q[2] = {&h, &m};
     for (int i = 0; i < 2; i++) {
         assert_true(q[i]->div[0] == want[i][0] && q[i]->div[1] == want[i][1]);
         assert_true(q[i]->div_ch[0] == want[i][2] && q[i]->div_ch[1] == want[i][3]);
         assert_true(q[i]->mul_first == want[i][4] && q[i]->n_first == (int32_t)want[i][5]);
         assert_true(q[i]->tilt[0] == want[i][6] && q[i]->tilt[1] == want[i][7]);
+        assert_true(q[i]->wexp[0] == want[i][8] && q[i]->wexp[1] == want[i][9]);
         assert_false(q[i]->keys_pre_rope); /* keys after RoPE: docs/prompt-cache.md */
         /* tn_pc_div: finer on the first layers only */
         for (int kv = 0; kv < 2; kv++) {
@@ -176,10 +177,13 @@ static void test_lossy_bound(void **st) {
     static tn_fp16 x16[16 * KVD], y[16 * KVD];
     static float x[NP][16 * KVD], yf[16 * KVD];
     static uint8_t buf[NP * 4096];
-    const tn_pc_steps sts[3] = {{{12, 9}, {8, 6}, 1, 0, false, {0, 0}},
-                                {{1, 1.5f}, {2, 0}, 1.5f, 1, false, {0.5f, -0.25f}},
-                                {{0, 3}, {4, 2}, 2, 2, false, {0, 0.3f}}};
-    for (int si = 0; si < 3; si++)
+    const tn_pc_steps sts[4] = {{{12, 9}, {8, 6}, 1, 0, false, {0, 0}, {0, 0}},
+                                {{1, 1.5f}, {2, 0}, 1.5f, 1, false, {0.5f, -0.25f}, {0, 0}},
+                                {{0, 3}, {4, 2}, 2, 2, false, {0, 0.3f}, {0, 0}},
+                                {{6, 4}, {0, 3}, 1, 0, false, {0, 0}, {1, 0.5f}}}; /* channel weights */
+    static float wts[KVD]; /* weights between 1/4 and 4 */
+    for (int ch = 0; ch < KVD; ch++) wts[ch] = (float)pow(2, 4 * urand() - 2);
+    for (int si = 0; si < 4; si++)
         for (int rep = 0; rep < 10; rep++) {
             const tn_pc_steps *sp = &sts[si];
             tn_pc_models me, md;
@@ -190,7 +194,7 @@ static void test_lossy_bound(void **st) {
                 fill(x16, KVD);
                 for (int i = 0; i < 16 * KVD; i++) x[p][i] = tn_fp16_to_fp32(x16[i]) * (float)(1 + 0.01 * urand());
                 const bool pre = p % 2 == 0 && (rep & 1); /* marked as keys before RoPE: decoded in f32 only */
-                off += tn_pc_plane_encode_lossy(sp, p / 2, p % 2, &me, x[p], KVD, pre, buf + off);
+                off += tn_pc_plane_encode_lossy(sp, p / 2, p % 2, &me, x[p], si == 3 ? wts : NULL, KVD, pre, buf + off);
                 ends[p] = off;
                 assert_true(ends[p] > (p ? ends[p - 1] : 0));
             }
@@ -208,7 +212,8 @@ static void test_lossy_bound(void **st) {
                 const int il = p / 2, kv = p % 2;
                 const double mul = il < sp->n_first ? sp->mul_first : 1;
                 for (int ch = 0; ch < KVD; ch++) {
-                    const double step = want_step(x[p], KVD, ch, sp->div[kv] * mul, sp->div_ch[kv] * mul, sp->tilt[kv]);
+                    const double wl = si == 3 ? pow(wts[ch], -(double)sp->wexp[kv]) : 1;
+                    const double step = want_step(x[p], KVD, ch, sp->div[kv] * mul, sp->div_ch[kv] * mul, sp->tilt[kv], wl);
                     for (int t = 0; t < 16; t++) {
                         const int i = t * KVD + ch;
                         const double a = x[p][i], b = yf[i];
@@ -231,7 +236,7 @@ static void test_lossy_bound(void **st) {
             /* a pre-RoPE plane refused by the f16-only decoder; a V plane cannot be one */
             size_t used = 0;
             if (rep & 1) assert_int_not_equal(tn_pc_plane_decode(buf, ends[0], KVD, 0, &md, y, &used), TERN_OK);
-            assert_int_equal(tn_pc_plane_encode_lossy(sp, 0, 1, &me, x[0], KVD, true, buf + off), 0);
+            assert_int_equal(tn_pc_plane_encode_lossy(sp, 0, 1, &me, x[0], NULL, KVD, true, buf + off), 0);
             /* corrupted bytes: refused or decoded to some values, never out of bounds (ASan) */
             for (int k = 0; k < 50; k++) {
                 uint8_t *b = buf + (size_t)(urand() * (double)ends[0]);
@@ -251,8 +256,10 @@ static void test_lossy_bound(void **st) {
     assert_int_equal(tn_pc_plane_decode(buf, n, KVD, 1, &md, y, &used), TERN_OK);
     assert_memory_equal(x16, y, sizeof y);
     x[0][5] = NAN;
-    assert_int_equal(tn_pc_plane_encode_lossy(&sts[0], 0, 0, &me, x[0], KVD, true, buf), 0);
+    assert_int_equal(tn_pc_plane_encode_lossy(&sts[0], 0, 0, &me, x[0], NULL, KVD, true, buf), 0);
 }
+
+static void weights_ref(const tern_model *m, int32_t il, int kv, double *out);
 
 /* RoPE written out in double: theta_i = pos * freq_scale * base^(-2i / n_rot), pairs (2i, 2i+1)
  * (NORM) or (i, i + n_rot / 2) (NEOX), rotated dims times mscale m; dir -1: R^T / m. */
@@ -482,7 +489,8 @@ static void test_lossy_model(void **st) {
     assert_int_equal(tern_decode(a, toks, 50), TERN_OK);
     tn_pcache *pc = NULL;
     assert_int_equal(tn_pcache_open(m, dir, 0, TN_PC_HIGH, &pc), TERN_OK);
-    const tn_pc_steps sp = {{3, 2}, {4, 3}, 2, 1, true, {0.25f, 0}}; /* coarse, so errors show; keys before RoPE */
+    /* coarse, so errors show; keys before RoPE; steps leaning on the channel weights */
+    const tn_pc_steps sp = {{3, 2}, {4, 3}, 2, 1, true, {0.25f, 0}, {8, 4}}; /* weights^8: steps apart by ~2x */
     tn_pcache_set_steps(pc, &sp);
     assert_int_equal(tn_pcache_store(pc, a, toks, 50), TERN_OK);
     const tn_hparams *hp = &a->hp;
@@ -495,6 +503,7 @@ static void test_lossy_model(void **st) {
     const int kvd = hp->n_head_kv * hp->head_dim;
     double *u = malloc(sizeof *u * 16 * (size_t)kvd);
     float *uf = malloc(sizeof *uf * 16 * (size_t)kvd), *w = malloc(sizeof *w * (size_t)kvd);
+    double *wr = malloc(sizeof *wr * (size_t)kvd);
     double worst[2] = {0, 0};
     for (int32_t il = 0; il < hp->n_layer; il++)
         for (int kv = 0; kv < 2; kv++)
@@ -506,7 +515,9 @@ static void test_lossy_model(void **st) {
                     for (int t = 0; t < 16; t++) rope_ref(hp, 16 * blk + t, u + (size_t)t * kvd, -1);
                 for (int i = 0; i < 16 * kvd; i++) uf[i] = (float)u[i];
                 const double mul = il < sp.n_first ? sp.mul_first : 1;
-                for (int ch = 0; ch < kvd; ch++) w[ch] = (float)want_step(uf, kvd, ch, sp.div[kv] * mul, sp.div_ch[kv] * mul, sp.tilt[kv]);
+                weights_ref(m, il, kv, wr);
+                for (int ch = 0; ch < kvd; ch++)
+                    w[ch] = (float)want_step(uf, kvd, ch, sp.div[kv] * mul, sp.div_ch[kv] * mul, sp.tilt[kv], pow(wr[ch], -(double)sp.wexp[kv]));
                 for (int t = 0; t < 16; t++)
                     for (int ch = 0; ch < kvd; ch++) {
                         const int i = t * kvd + ch, hc = ch % hp->head_dim, h0 = ch - hc;
@@ -536,10 +547,87 @@ static void test_lossy_model(void **st) {
     assert_int_equal(tn_pcache_get_stats(pc)->blocks_stored, 3);
     assert_int_equal(tn_pcache_get_stats(pc)->planes_pre_rope, 0);
     tn_pcache_free(pc);
-    free(u), free(uf), free(w);
+    free(u), free(uf), free(w), free(wr);
     tern_ctx_free(a);
     tern_ctx_free(b);
     tern_model_free(m);
+}
+
+/* tn_pc_channel_weights recomputed here in double from the f32 tensors as the header defines
+ * them: K channel j of KV head g = sqrt(sum over g's query heads of |W_q row (.) attn_norm|^2),
+ * times q_norm_j^2 / the head's mean where present, RoPE pairs averaged; V = sqrt(sum of |W_o
+ * column|^2); floor at 1/1024 of the largest, geometric mean 1. */
+static void weights_ref(const tern_model *m, int32_t il, int kv, double *out) {
+    const tn_hparams *hp = &m->hp;
+    const tn_layer *L = &m->layers[il];
+    const int hd = hp->head_dim, kvd = hp->n_head_kv * hd, qd = hp->n_head * hd, ne = hp->n_embd, grp = hp->n_head / hp->n_head_kv;
+    const float *wq = L->w[TN_ROLE_ATTN_Q].data, *wo = L->w[TN_ROLE_ATTN_OUT].data, *g = L->w[TN_ROLE_ATTN_NORM].data;
+    const float *qn = L->w[TN_ROLE_ATTN_Q_NORM].data;
+    assert_true(L->w[TN_ROLE_ATTN_Q].type == TN_F32 && L->w[TN_ROLE_ATTN_OUT].type == TN_F32);
+    double *e = calloc((size_t)qd, sizeof *e);
+    for (int r = 0; r < qd; r++) {
+        for (int i = 0; i < ne; i++) {
+            const double v = kv ? (double)wo[(size_t)i * qd + r] : (double)wq[(size_t)r * ne + i] * g[i];
+            e[r] += v * v;
+        }
+    }
+    if (!kv && qn)
+        for (int h = 0; h < hp->n_head; h++) {
+            double mean = 0;
+            for (int j = 0; j < hd; j++) mean += e[h * hd + j] / hd;
+            for (int j = 0; j < hd; j++) e[h * hd + j] *= (double)qn[j] * qn[j] / mean;
+        }
+    if (!kv && hp->n_rot > 0)
+        for (int h = 0; h < hp->n_head; h++)
+            for (int j = 0; j < hp->n_rot; j++) { /* pair partner: adjacent (NORM) or the other half (NEOX) */
+                const int p = hp->rope_mode == TN_ROPE_NORM ? j ^ 1 : (j + hp->n_rot / 2) % hp->n_rot;
+                if (j < p) e[h * hd + j] = e[h * hd + p] = (e[h * hd + j] + e[h * hd + p]) / 2;
+            }
+    double mx = 0, sl = 0;
+    for (int c = 0; c < kvd; c++) {
+        double s = 0;
+        for (int h = c / hd * grp; h < (c / hd + 1) * grp; h++) s += e[h * hd + c % hd];
+        out[c] = sqrt(s), mx = fmax(mx, out[c]);
+    }
+    for (int c = 0; c < kvd; c++) out[c] = fmax(out[c], mx / 1024), sl += log(out[c]);
+    for (int c = 0; c < kvd; c++) out[c] /= exp(sl / kvd);
+    free(e);
+}
+
+static void test_channel_weights(void **st) {
+    (void)st;
+    static const char *archs[] = {"llama", "qwen3"};
+    for (int a = 0; a < 2; a++) {
+        tiny_cfg cfg;
+        tiny_cfg_default(&cfg);
+        cfg.arch = archs[a];
+        cfg.n_head = 8, cfg.n_head_kv = 2; /* 4 query heads per KV head */
+        tern_model *m = tiny_model_load(&cfg, "pcache-w");
+        assert_non_null(m);
+        const tn_hparams *hp = &m->hp;
+        const int kvd = hp->n_head_kv * hp->head_dim;
+        assert_true(a == 0 || m->layers[0].w[TN_ROLE_ATTN_Q_NORM].data != NULL);
+        float *w = malloc(sizeof *w * (size_t)hp->n_layer * 2 * (size_t)kvd);
+        double *r = malloc(sizeof *r * (size_t)kvd), worst = 0, spread = 0;
+        assert_int_equal(tn_pc_channel_weights(m, w), TERN_OK);
+        for (int32_t il = 0; il < hp->n_layer; il++)
+            for (int kv = 0; kv < 2; kv++) {
+                weights_ref(m, il, kv, r);
+                double lo = INFINITY, hi = 0;
+                for (int c = 0; c < kvd; c++) {
+                    const double x = w[((size_t)il * 2 + (size_t)kv) * (size_t)kvd + (size_t)c];
+                    worst = fmax(worst, fabs(x - r[c]) / r[c]);
+                    lo = fmin(lo, x), hi = fmax(hi, x);
+                }
+                spread = fmax(spread, hi / lo);
+            }
+        print_message("%s: channel weights within %.2e of the double-precision reference (largest/smallest %.2f)\n", archs[a], worst,
+                      spread);
+        assert_true(worst < 1e-5);
+        assert_true(spread > 1.05); /* the weights do differ between channels */
+        free(w), free(r);
+        tern_model_free(m);
+    }
 }
 
 int main(void) {
@@ -556,6 +644,7 @@ int main(void) {
         cmocka_unit_test(test_rc),
         cmocka_unit_test(test_lossless_roundtrip),
         cmocka_unit_test(test_steps_table),
+        cmocka_unit_test(test_channel_weights),
         cmocka_unit_test(test_lossy_bound),
         cmocka_unit_test(test_rope_plane),
         cmocka_unit_test(test_cache_model),
