@@ -339,8 +339,8 @@ static tern_status tn_mla_split_kv_b(tern_model *m) {
                     for (int64_t c = 0; c < R; c++) kb[(h * R + c) * np + i] = row[c];
                 else memcpy(vb + (h * vh + i - np) * R, row, (size_t)R * sizeof(float));
             }
-        const tn_tensor k = {TN_F32, {np, R, H, 1}, kb, (size_t)(H * np * R) * sizeof(float), "attn_kv_b.weight (k part)"};
-        const tn_tensor v = {TN_F32, {R, vh, H, 1}, vb, (size_t)(H * R * vh) * sizeof(float), "attn_kv_b.weight (v part)"};
+        const tn_tensor k = {TN_F32, {np, R, H, 1}, kb, (size_t)(H * np * R) * sizeof(float), "attn_kv_b.weight (k part)", NULL};
+        const tn_tensor v = {TN_F32, {R, vh, H, 1}, vb, (size_t)(H * R * vh) * sizeof(float), "attn_kv_b.weight (v part)", NULL};
         w[TN_ROLE_ATTN_K_B_MLA] = k, w[TN_ROLE_ATTN_V_B_MLA] = v;
         memset(&w[TN_ROLE_ATTN_KV_B], 0, sizeof w[TN_ROLE_ATTN_KV_B]);
     }

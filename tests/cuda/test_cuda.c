@@ -151,7 +151,7 @@ static void check_type(tn_dtype t, int64_t m, int64_t k, double *worst_gemv, dou
     float *deq = NULL;
     size_t nbytes = 0;
     void *w = make_weight(t, m, k, (uint64_t)(t * 7919 + m * 31 + k), &deq, &nbytes);
-    tn_tensor T = {t, {k, m, 1, 1}, w, nbytes, "test.weight"};
+    tn_tensor T = {t, {k, m, 1, 1}, w, nbytes, "test.weight", NULL};
     tn_cuda_weight *cw = NULL;
     if (tn_cuda_weight_upload(&T, &cw)) fail_msg("%s %lldx%lld: upload: %s", tn_dtype_name(t), (long long)m, (long long)k, tern_last_error());
     /* dequantization */
