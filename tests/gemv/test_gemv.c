@@ -202,6 +202,10 @@ static void test_gemv_wrapper_n_gt_1(void **state) {
 }
 
 int main(void) {
+    /* the row-kernel wrapper alone: from 5 columns (12 for q6_K) the kernel table hands q4_K/q5_K/
+     * q6_K batches to the on-the-fly interleaved gemm (gemm_ktile.c), which test_kern_parity checks
+     * against the scalar reference */
+    setenv("TERN_KTILE", "0", 1);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemv_parity),
         cmocka_unit_test(test_gemv_wrapper_n_gt_1),
