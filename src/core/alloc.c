@@ -2,6 +2,7 @@
  * alloc.c — the one allocator funnel, with on-demand failure for fault-injection tests
  * (SQLite malloc.c / Lua ltests.c style). Thread-safe: the counter is atomic.
  */
+#include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,3 +87,23 @@ char *tn_strndup(const char *s, size_t n) {
 }
 
 char *tn_strdup(const char *s) { return tn_strndup(s, strlen(s)); }
+
+bool tn_mem_parse_size(const char *s, uint64_t *bytes) {
+    char *end;
+    const double v = strtod(s, &end);
+    if (end == s || !(v > 0) || !isfinite(v)) return false;
+    double mul = 1;
+    switch (*end) {
+    case 'K': case 'k': mul = 1024.0, end++; break;
+    case 'M': case 'm': mul = 1048576.0, end++; break;
+    case 'G': case 'g': mul = 1073741824.0, end++; break;
+    case 'T': case 't': mul = 1099511627776.0, end++; break;
+    default: break;
+    }
+    if (mul > 1 && *end == 'i') end++;
+    if (*end == 'B') end++;
+    const double b = v * mul;
+    if (*end || b < 1 || b > 1.8e19) return false;
+    *bytes = (uint64_t)b;
+    return true;
+}

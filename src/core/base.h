@@ -74,6 +74,9 @@ void *tn_malloc_aligned(size_t n, size_t align);
  * a new stream for the hardware prefetcher. TERN_HUGEPAGES=0 leaves the pages at 4 KiB (for
  * comparison). Free with tn_free_aligned. */
 void *tn_malloc_huge(size_t n);
+/* Parses "4G", "512M", "100K", "123" (bytes; K/M/G/T are powers of 1024, a trailing "B" or "iB"
+ * allowed); false unless a positive size (--mem-budget, --hot-experts). */
+bool tn_mem_parse_size(const char *s, uint64_t *bytes);
 void tn_free_aligned(void *p);
 char *tn_strdup(const char *s);
 char *tn_strndup(const char *s, size_t n);

@@ -77,23 +77,3 @@ void tn_mem_plan_lines(const tn_mem_plan *p, int n_layer, void (*line)(const cha
     snprintf(buf, sizeof buf, "  recomputed in backward: %s", what[p->recompute]);
     line(buf, user);
 }
-
-bool tn_mem_parse_size(const char *s, uint64_t *bytes) {
-    char *end;
-    const double v = strtod(s, &end);
-    if (end == s || !(v > 0) || !isfinite(v)) return false;
-    double mul = 1;
-    switch (*end) {
-    case 'K': case 'k': mul = 1024.0, end++; break;
-    case 'M': case 'm': mul = 1048576.0, end++; break;
-    case 'G': case 'g': mul = 1073741824.0, end++; break;
-    case 'T': case 't': mul = 1099511627776.0, end++; break;
-    default: break;
-    }
-    if (mul > 1 && *end == 'i') end++;
-    if (*end == 'B') end++;
-    const double b = v * mul;
-    if (*end || b < 1 || b > 1.8e19) return false;
-    *bytes = (uint64_t)b;
-    return true;
-}

@@ -198,9 +198,6 @@ void tn_tmodel_mem_plan(const tn_tmodel *m, int batch, int accum, int T, tn_reco
 bool tn_mem_choose(const tn_tmodel *m, int batch, int T, size_t budget, int accum, int rc, tn_mem_plan *p);
 /* The plan as text lines for a log (each without a newline; the callback's user is passed). */
 void tn_mem_plan_lines(const tn_mem_plan *p, int n_layer, void (*line)(const char *text, void *user), void *user);
-/* Parses "4G", "512M", "100K", "123" (bytes; K/M/G/T are powers of 1024, a trailing "B" or "iB"
- * allowed); false unless a positive size. */
-bool tn_mem_parse_size(const char *s, uint64_t *bytes);
 /* Forward + backward over n_micro micro-batches of m->B sequences each (tokens and targets
  * [n_micro * m->B * m->T]) into zeroed grads: the gradient of the mean loss over all their
  * targets, *loss that mean. Gradient accumulation: the update of one batch of n_micro * m->B. */

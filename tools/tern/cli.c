@@ -11,7 +11,6 @@
 #include "cli.h"
 #include "core/base.h"
 #include "core/file.h"
-#include "train/train.h"
 
 int tn_cli_exit_code(tern_status s) {
     switch (s) {
