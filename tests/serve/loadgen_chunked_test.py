@@ -15,7 +15,7 @@ TERN, TMP = sys.argv[1], sys.argv[2]
 os.makedirs(TMP, exist_ok=True)
 N_OUT = 7          # text chunks per request
 GAP = 0.02         # seconds between text chunks
-seen = {"requests": 0, "bad_body": 0}
+seen = {"requests": 0, "bad_body": 0, "prompts": []}
 lock = threading.Lock()
 
 
@@ -34,6 +34,8 @@ class H(BaseHTTPRequestHandler):
             good = False
         with lock:
             seen["requests"] += 1
+            if good:
+                seen["prompts"].append(body["prompt"])
             if not good:
                 seen["bad_body"] += 1
         self.send_response(200)
@@ -72,6 +74,14 @@ p = subprocess.run([TERN, "loadgen", "--url", url, "--rate", "20", "--duration",
                     "--output-len", str(N_OUT), "--ttft-slo", "5000", "--tpot-slo", "1000", "-o", "json"],
                    capture_output=True, text=True, timeout=120)
 srv.shutdown()
+srv2 = ThreadingHTTPServer(("127.0.0.1", 0), H)
+threading.Thread(target=srv2.serve_forever, daemon=True).start()
+
+
+def url_prompts():
+    return f"http://127.0.0.1:{srv2.server_address[1]}"
+
+
 check(p.returncode == 0, f"loadgen exit 0 (got {p.returncode}: {p.stderr.strip()[:200]})")
 try:
     r = json.loads(p.stdout)
@@ -87,4 +97,25 @@ check(r.get("prompt_tokens") == 5 * sent, f"prompt tokens from the usage chunks:
 tpot = r.get("tpot_ms", {}).get("p50", 0)
 check(GAP * 1e3 * 0.9 <= tpot < GAP * 1e3 * 20, f"TPOT p50 {tpot:.1f} ms reflects the server's {GAP * 1e3:.0f} ms pacing")
 check(abs(r.get("slo_attainment", 0) - 1.0) < 1e-9, "all requests within the loose SLOs")
+
+# --prompts FILE: each request's prompt is one non-empty line of the file, verbatim (quotes, UTF-8)
+lines = ['In the beginning God created the heaven and the earth.', 'He said "repeat it": caf\u00e9 \u2014 na\u00efve', 'x']
+pf = os.path.join(TMP, "prompts.txt")
+with open(pf, "w", encoding="utf-8") as f:
+    f.write(lines[0] + "\r\n\n" + lines[1] + "\n\n\n" + lines[2])  # CRLF, empty lines, no final newline
+seen["prompts"].clear()
+p = subprocess.run([TERN, "loadgen", "--url", url_prompts(), "--rate", "30", "--duration", "1", "--prompts", pf,
+                    "--output-len", str(N_OUT), "-o", "json"], capture_output=True, text=True, timeout=120)
+srv2.shutdown()
+check(p.returncode == 0, f"loadgen --prompts exit 0 (got {p.returncode}: {p.stderr.strip()[:200]})")
+got = list(seen["prompts"])
+check(len(got) >= 5 and all(g in lines for g in got), f"every prompt sent is a line of the file ({len(got)} sent)")
+check(len(set(got)) >= 2, f"prompts are drawn from several lines ({sorted(set(got))})")
+bad = os.path.join(TMP, "bad.txt")
+with open(bad, "wb") as f:
+    f.write(b"ok\n\xff\xfe\n")
+p = subprocess.run([TERN, "loadgen", "--url", url, "--prompts", bad], capture_output=True, text=True, timeout=60)
+check(p.returncode == 64 and "line 2" in p.stderr, f"a line that is not UTF-8 is refused, naming it (exit {p.returncode}: {p.stderr.strip()})")
+p = subprocess.run([TERN, "loadgen", "--url", url, "--prompts", os.path.join(TMP, "absent.txt")], capture_output=True, text=True, timeout=60)
+check(p.returncode == 66, f"a missing --prompts file: exit 66 (got {p.returncode})")
 finish()

@@ -46,11 +46,15 @@ typedef struct lg_ctx {
     int n_res, cap_res;
     atomic_int inflight;
     uint64_t rng;
+    char *prompts;      /* --prompts FILE's text, its lines NUL-terminated in place */
+    const char **lines; /* the non-empty lines */
+    int n_lines;
 } lg_ctx;
 
 typedef struct {
     lg_ctx *L;
     int idx, plen, olen;
+    const char *text; /* a --prompts line, or NULL: plen random words */
 } lg_job;
 
 static uint64_t lg_next(uint64_t *s) {
@@ -212,12 +216,13 @@ static const char *lg_next_event(lg_body *B, size_t *len) {
 }
 
 /* One streaming request; fills r. */
-static void lg_run_one(lg_ctx *L, int plen, int olen, lg_result *r) {
+static void lg_run_one(lg_ctx *L, int plen, int olen, const char *text, lg_result *r) {
     uint64_t seed = (uint64_t)plen * 7919u + (uint64_t)(lg_now() * 1e6);
-    size_t cap = (size_t)plen * 8 + 64;
+    size_t cap = text ? strlen(text) + 1 : (size_t)plen * 8 + 64;
     char *prompt = malloc(cap);
     size_t n = 0;
-    for (int i = 0; i < plen && prompt; i++) {
+    if (text && prompt) memcpy(prompt, text, cap);
+    for (int i = 0; i < plen && prompt && !text; i++) {
         const char *w = lg_words[lg_next(&seed) % (sizeof lg_words / sizeof *lg_words)];
         n += (size_t)snprintf(prompt + n, cap - n, "%s%s", i ? " " : "", w);
     }
@@ -324,7 +329,7 @@ static void lg_run_one(lg_ctx *L, int plen, int olen, lg_result *r) {
 static void *lg_thread(void *arg) {
     lg_job *j = arg;
     lg_result r = {0};
-    lg_run_one(j->L, j->plen, j->olen, &r);
+    lg_run_one(j->L, j->plen, j->olen, j->text, &r);
     pthread_mutex_lock(&j->L->mu);
     j->L->res[j->idx] = r;
     pthread_mutex_unlock(&j->L->mu);
@@ -351,6 +356,8 @@ static void lg_usage(FILE *f) {
             "      --rate R            mean arrivals per second (Poisson; default 1)\n"
             "      --duration S        seconds of arrivals (default 10)\n"
             "      --prompt-len DIST   prompt words: N, A-B (uniform) or exp:MEAN (default 32)\n"
+            "      --prompts FILE      prompts are lines of FILE (UTF-8, empty lines skipped), picked by\n"
+            "                          the seeded generator, instead of --prompt-len random words\n"
             "      --output-len DIST   max_tokens (ignore_eos): N, A-B or exp:MEAN (default 32)\n"
             "      --ttft-slo MS       time-to-first-token objective for goodput (default 1000)\n"
             "      --tpot-slo MS       time-per-output-token objective for goodput (default 100)\n"
@@ -392,6 +399,12 @@ int cmd_loadgen(int argc, char **argv) {
             if (!tn_cli_parse_f32(argv[++i], 0.01f, 86400.0f, &duration)) { rc = tn_cli_usage_error("--duration: '%s' is not seconds", val); goto out; }
         } else if (!strcmp(a, "--prompt-len")) {
             if (!lg_parse_dist(argv[++i], &L->plen)) { rc = tn_cli_usage_error("--prompt-len: '%s' is not N, A-B or exp:MEAN", val); goto out; }
+        } else if (!strcmp(a, "--prompts")) {
+            size_t len;
+            free(L->prompts);
+            L->prompts = NULL;
+            tern_status s = tn_cli_read_file(argv[++i], &L->prompts, &len);
+            if (s) { rc = tn_cli_fail(s, "reading --prompts"); goto out; }
         } else if (!strcmp(a, "--output-len")) {
             if (!lg_parse_dist(argv[++i], &L->olen)) { rc = tn_cli_usage_error("--output-len: '%s' is not N, A-B or exp:MEAN", val); goto out; }
         } else if (!strcmp(a, "--ttft-slo")) {
@@ -443,6 +456,34 @@ int cmd_loadgen(int argc, char **argv) {
         while (pl && L->prefix[pl - 1] == '/') L->prefix[--pl] = 0;
         if (pl >= 3 && !strcmp(L->prefix + pl - 3, "/v1")) L->prefix[pl - 3] = 0;
     }
+    if (L->prompts) { /* split into lines in place */
+        int cap = 0, lno = 0;
+        for (char *p = L->prompts, *e; p && *p; p = e) {
+            e = strchr(p, '\n');
+            if (e) *e++ = 0;
+            lno++;
+            size_t ll = strlen(p);
+            if (ll && p[ll - 1] == '\r') p[--ll] = 0;
+            if (!ll) continue;
+            json_t *js = json_string(p); /* NULL: not UTF-8 */
+            if (!js) {
+                rc = tn_cli_usage_error("--prompts: line %d is not valid UTF-8", lno);
+                goto out;
+            }
+            json_decref(js);
+            if (L->n_lines == cap) {
+                cap = cap ? 2 * cap : 64;
+                const char **nl = realloc(L->lines, sizeof *nl * (size_t)cap);
+                if (!nl) { rc = TN_EXIT_OSERR; goto out; }
+                L->lines = nl;
+            }
+            L->lines[L->n_lines++] = p;
+        }
+        if (!L->n_lines) {
+            rc = tn_cli_usage_error("--prompts: the file has no non-empty line");
+            goto out;
+        }
+    }
     pthread_mutex_init(&L->mu, NULL);
     L->rng = (uint64_t)seed;
     L->cap_res = (int)(rate * duration * 2 + 64);
@@ -474,7 +515,8 @@ int cmd_loadgen(int argc, char **argv) {
              * longer fit and every pthread_create failed) */
             pthread_attr_setstacksize(&at, 1024 * 1024);
             if (j) {
-                *j = (lg_job){L, n_sent, lg_sample(&L->plen, &L->rng), lg_sample(&L->olen, &L->rng)};
+                *j = (lg_job){L, n_sent, lg_sample(&L->plen, &L->rng), lg_sample(&L->olen, &L->rng), NULL};
+                if (L->n_lines) j->text = L->lines[lg_next(&L->rng) % (uint64_t)L->n_lines];
                 atomic_fetch_add(&L->inflight, 1);
                 if (pthread_create(&th, &at, lg_thread, j)) {
                     atomic_fetch_sub(&L->inflight, 1);
@@ -561,6 +603,8 @@ int cmd_loadgen(int argc, char **argv) {
     pthread_mutex_destroy(&L->mu);
 out:
     free(L->res);
+    free(L->lines);
+    free(L->prompts);
     free(L);
     return rc;
 }
