@@ -158,6 +158,12 @@ TERN_API int32_t tern_kv_type_from_name(const char *name);
 TERN_API void tern_ctx_params_init(tern_ctx_params *p);
 TERN_API tern_status tern_ctx_create(const tern_model *m, const tern_ctx_params *p, tern_ctx **out);
 TERN_API void tern_ctx_free(tern_ctx *c);
+/* c runs its passes on with's threads from now on (its own are stopped): for two contexts one
+ * caller uses in turn, such as a speculative draft model's and its target's, so that the idle
+ * one's threads do not spin or yield on cores the busy one needs. Both must have been created
+ * with the same n_threads, on the CPU, and must never run at the same time. Either may be freed
+ * first. */
+TERN_API tern_status tern_ctx_share_threads(tern_ctx *c, tern_ctx *with);
 TERN_API int32_t tern_ctx_n_ctx(const tern_ctx *c);
 /* Bytes of the context's KV cache (K and V of every layer, host memory). */
 TERN_API uint64_t tern_ctx_kv_bytes(const tern_ctx *c);

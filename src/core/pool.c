@@ -36,6 +36,7 @@ struct tn_pool {
     atomic_uint barrier_sense;
     atomic_bool stop;
     atomic_int sleepers;
+    atomic_int refs; /* owners (tn_pool_retain); the last tn_pool_free stops the workers */
     bool quiet_join; /* no pool_join spans (tn_pool_trace_join) */
     tn_task_fn fn;
     void *arg;
@@ -83,6 +84,7 @@ tern_status tn_pool_create(int n_threads, tn_pool **out) {
     tn_pool *p = tn_calloc(1, sizeof *p);
     if (!p) return tn_err(TERN_ERR_NOMEM, "pool: out of memory");
     p->n = n_threads;
+    atomic_init(&p->refs, 1);
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
     if (n_threads > 1) {
@@ -105,8 +107,13 @@ tern_status tn_pool_create(int n_threads, tn_pool **out) {
     return TERN_OK;
 }
 
+tn_pool *tn_pool_retain(tn_pool *p) {
+    if (p) atomic_fetch_add(&p->refs, 1);
+    return p;
+}
+
 void tn_pool_free(tn_pool *p) {
-    if (!p) return;
+    if (!p || atomic_fetch_sub(&p->refs, 1) > 1) return;
     if (p->workers) {
         atomic_store(&p->stop, true);
         tn_pool_announce(p);

@@ -17,7 +17,10 @@ typedef struct tn_pool tn_pool;
 typedef void (*tn_task_fn)(void *arg, int ith, int nth);
 
 tern_status tn_pool_create(int n_threads, tn_pool **out);
+/* Drops a reference (tn_pool_create's or tn_pool_retain's); the last one stops the workers. */
 void tn_pool_free(tn_pool *p);
+/* Another reference to p, for a second owner that runs tasks on it in turn with the first. */
+tn_pool *tn_pool_retain(tn_pool *p);
 int tn_pool_n(const tn_pool *p);
 /* Runs fn(arg, ith, nth) on every thread and returns when all have finished. */
 void tn_pool_run(tn_pool *p, tn_task_fn fn, void *arg);

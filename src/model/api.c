@@ -352,6 +352,19 @@ void tern_ctx_free(tern_ctx *c) {
     tn_free(c);
 }
 
+tern_status tern_ctx_share_threads(tern_ctx *c, tern_ctx *with) {
+    if (!c || !with) return tn_err(TERN_ERR_INVALID_ARG, "tern_ctx_share_threads: NULL context");
+    if (c == with || c->pool == with->pool) return TERN_OK;
+    if (c->cuda || with->cuda) return tn_err(TERN_ERR_UNSUPPORTED, "tern_ctx_share_threads: CPU contexts only");
+    /* the per-thread scratch buffers are sized for the context's own thread count */
+    if (tn_pool_n(c->pool) != tn_pool_n(with->pool))
+        return tn_err(TERN_ERR_INVALID_ARG, "tern_ctx_share_threads: %d threads and %d: the counts must be equal",
+                      tn_pool_n(c->pool), tn_pool_n(with->pool));
+    tn_pool_free(c->pool);
+    c->pool = tn_pool_retain(with->pool);
+    return TERN_OK;
+}
+
 int32_t tern_ctx_n_ctx(const tern_ctx *c) { return c->n_ctx; }
 uint64_t tern_ctx_kv_bytes(const tern_ctx *c) { return c->kv_bytes; }
 int32_t tern_ctx_type_k(const tern_ctx *c) { return c->type_k; }

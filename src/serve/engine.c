@@ -1127,6 +1127,8 @@ tern_status tn_engine_create(const tern_model *m, const tn_serve_config *cfg, tn
                        e->dctx->kv_blocks, e->dctx->n_logits_cap, e->ctx->kv_blocks, e->np);
             goto fail;
         }
+        /* the two models run in turn: one set of threads, so the idle one's do not take cores */
+        if (cp.device == TERN_DEVICE_CPU && (s = tern_ctx_share_threads(e->dctx, e->ctx))) goto fail;
     }
     if (cfg->spec_ngram || cfg->draft_model) { /* a sequence's run (current token + drafts) wants a logit row each */
         int32_t kmax = cfg->draft_max < TN_SPEC_KMAX ? cfg->draft_max : TN_SPEC_KMAX;

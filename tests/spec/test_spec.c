@@ -7,7 +7,9 @@
  * the ones a second context produces by tern_decode + tern_sampler_sample one token at a time
  * with an identically seeded sampler; afterwards both caches hold the same tokens (the next
  * logits agree), so the rejected rows were dropped. A step with more drafts than the context can
- * verify is refused with an error.
+ * verify is refused with an error. tern_ctx_share_threads: two contexts on one set of threads, used
+ * in turn as a draft model's and its target's are, give the logits each gives on its own threads;
+ * unequal thread counts are refused; either context may be freed first.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -167,6 +169,49 @@ static void test_verify(void **state) {
     tern_model_free(m);
 }
 
+/* greedy continuation of n tokens in c, checking each step's logits against ref's (same model) */
+static int32_t g_nv;
+static void shared_step(tern_ctx *c, tern_ctx *ref, tern_token t) {
+    assert_int_equal(tern_decode(c, &t, 1), TERN_OK);
+    assert_int_equal(tern_decode(ref, &t, 1), TERN_OK);
+    const float *a = tern_get_logits(c, -1), *b = tern_get_logits(ref, -1);
+    for (int32_t i = 0; i < g_nv; i++)
+        if (a[i] != b[i]) fail_msg("token %d: logit %d is %g on shared threads, %g on its own", t, i, a[i], b[i]);
+}
+
+static void test_share_threads(void **state) {
+    (void)state;
+    tiny_cfg cfg;
+    tern_model *m = load_tiny(&cfg);
+    g_nv = tern_model_n_vocab(m);
+    for (int order = 0; order < 2; order++) {
+        tern_ctx *target = ctx_of(m), *draft = ctx_of(m), *rt = ctx_of(m), *rd = ctx_of(m);
+        assert_int_equal(tern_ctx_share_threads(draft, target), TERN_OK);
+        assert_int_equal(tern_ctx_share_threads(draft, target), TERN_OK); /* again: nothing changes */
+        /* in turn, as speculation runs them: the draft a few tokens, the target a batch */
+        const tern_token prompt[] = {1, 270, 5, 300, 261, 380, 100};
+        assert_int_equal(tern_decode(target, prompt, 7), TERN_OK);
+        assert_int_equal(tern_decode(rt, prompt, 7), TERN_OK);
+        for (int i = 0; i < 12; i++) {
+            shared_step(draft, rd, (tern_token)(7 + 29 * i));
+            shared_step(target, rt, (tern_token)(11 + 31 * i));
+        }
+        if (order) { /* the owner first: the other keeps the threads */
+            tern_ctx_free(target), target = NULL;
+            shared_step(draft, rd, 5);
+        } else {
+            tern_ctx_free(draft), draft = NULL;
+            shared_step(target, rt, 5);
+        }
+        tern_ctx_free(draft), tern_ctx_free(target), tern_ctx_free(rt), tern_ctx_free(rd);
+    }
+    tern_ctx *a = ctx_threads(m, 2), *b = ctx_threads(m, 1);
+    assert_int_equal(tern_ctx_share_threads(b, a), TERN_ERR_INVALID_ARG);
+    assert_int_equal(tern_decode(b, (tern_token[]){1, 2}, 2), TERN_OK); /* still on its own thread */
+    tern_ctx_free(a), tern_ctx_free(b);
+    tern_model_free(m);
+}
+
 /* Pearson's chi-square of counts against n * p over bins of expected count >= 5 (the rest pooled
  * into one bin); *df gets the degrees of freedom. */
 static double chi_square(const int *count, const double *p, int32_t nv, int n, int *df) {
@@ -253,6 +298,7 @@ static void test_distribution(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_ngram), cmocka_unit_test(test_verify),
+                                       cmocka_unit_test(test_share_threads),
                                        cmocka_unit_test(test_distribution)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

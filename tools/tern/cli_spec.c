@@ -40,7 +40,7 @@ int tn_cli_spec_flag(int argc, char **argv, int *i, tn_cli_spec *sr) {
     return 1;
 }
 
-int tn_cli_spec_open(tn_cli_spec *sr, const tern_model *target, const tern_ctx_params *cp, int32_t n_ctx) {
+int tn_cli_spec_open(tn_cli_spec *sr, const tern_model *target, tern_ctx *tc, const tern_ctx_params *cp, int32_t n_ctx) {
     sr->hist = malloc(sizeof *sr->hist * ((size_t)n_ctx + 1));
     if (!sr->hist) return tn_cli_fail(TERN_ERR_NOMEM, "speculative decoding: history");
     if (!sr->draft_path) return TN_EXIT_OK;
@@ -56,6 +56,9 @@ int tn_cli_spec_open(tn_cli_spec *sr, const tern_model *target, const tern_ctx_p
     tern_ctx_params dp = *cp;
     dp.device = TERN_DEVICE_CPU;
     if ((s = tern_ctx_create(sr->dmodel, &dp, &sr->dm.c))) return tn_cli_fail(s, "creating the draft model's context");
+    /* the two models run in turn: on one set of threads, the idle one's do not take cores */
+    if (cp->device == TERN_DEVICE_CPU && (s = tern_ctx_share_threads(sr->dm.c, tc)))
+        return tn_cli_fail(s, "the draft model's threads");
     return TN_EXIT_OK;
 }
 

@@ -27,7 +27,7 @@ static inline bool tn_cli_spec_on(const tn_cli_spec *sr) { return sr->ngram || s
 /* Loads the draft model (if any) and its context like the target's (cp; on the CPU), refusing one
  * whose vocabulary differs from the target's (each token's text compared); allocates the history
  * for n_ctx tokens. Returns an exit code. */
-int tn_cli_spec_open(tn_cli_spec *sr, const tern_model *target, const tern_ctx_params *cp, int32_t n_ctx);
+int tn_cli_spec_open(tn_cli_spec *sr, const tern_model *target, tern_ctx *tc, const tern_ctx_params *cp, int32_t n_ctx);
 /* Back to an empty history and draft cache (the counters stay). */
 void tn_cli_spec_reset(tn_cli_spec *sr);
 /* One step after hist (its last token is current and not yet in c's cache): drafts (n-grams first,

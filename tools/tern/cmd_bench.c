@@ -624,7 +624,7 @@ static int bench_spec(const char *path, const bench_opts *o, tn_cli_spec *spec, 
         rc = tn_cli_fail(s, "creating the context");
         goto out;
     }
-    if ((rc = tn_cli_spec_open(spec, m, &cp, cp.n_ctx)) != TN_EXIT_OK) goto out;
+    if ((rc = tn_cli_spec_open(spec, m, c, &cp, cp.n_ctx)) != TN_EXIT_OK) goto out;
     out[0] = malloc(sizeof(tern_token) * (size_t)n_gen), out[1] = malloc(sizeof(tern_token) * (size_t)n_gen);
     if (!out[0] || !out[1]) {
         rc = tn_cli_fail(TERN_ERR_NOMEM, "bench --spec");

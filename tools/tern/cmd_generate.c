@@ -181,7 +181,7 @@ int cmd_generate(int argc, char **argv) {
         rc = tn_cli_fail(s, "creating the sampler");
         goto done;
     }
-    if (tn_cli_spec_on(&sr) && (rc = tn_cli_spec_open(&sr, m, &cp, tern_ctx_n_ctx(c))) != TN_EXIT_OK) goto done;
+    if (tn_cli_spec_on(&sr) && (rc = tn_cli_spec_open(&sr, m, c, &cp, tern_ctx_n_ctx(c))) != TN_EXIT_OK) goto done;
     if (tn_cli_spec_on(&sr) && sr.kmax + 1 > tern_ctx_n_ctx(c)) {
         rc = tn_cli_usage_error("--draft-max %lld needs a context of more than %lld tokens", (long long)sr.kmax, (long long)sr.kmax);
         goto done;
