@@ -2,6 +2,7 @@
  * spec.c — speculative decoding (spec.h): n-gram drafts, a draft model's greedy drafts, and the
  * exact-match verification of a drafted run in one batched forward pass.
  */
+#include <math.h>
 #include <string.h>
 
 #include "model/spec.h"
@@ -66,6 +67,14 @@ tern_status tn_spec_verify(tern_ctx *c, tern_sampler *smp, tern_token cur, const
     return TERN_OK;
 }
 
+double tn_spec_prob(const float *l, int32_t n, int32_t t) {
+    float mx = l[0];
+    for (int32_t i = 1; i < n; i++) mx = l[i] > mx ? l[i] : mx;
+    double z = 0;
+    for (int32_t i = 0; i < n; i++) z += exp((double)l[i] - (double)mx);
+    return exp((double)l[t] - (double)mx) / z;
+}
+
 int32_t tn_spec_argmax(const float *l, int32_t n) {
     int32_t b = 0;
     for (int32_t i = 1; i < n; i++)
@@ -101,13 +110,17 @@ int32_t tn_spec_draft_model(tn_spec_draft *d, const tern_token *hist, int32_t n,
     if (tern_decode(c, hist + d->n_fed, n - d->n_fed)) return -1;
     d->n_fed = n;
     d->n_extra = 0;
-    for (int32_t j = 0; j < k; j++) {
-        out[j] = tn_spec_argmax(tern_get_logits(c, -1), c->hp.n_vocab);
-        if (j + 1 == k) break;
-        if (tern_decode(c, &out[j], 1)) return -1;
-        d->n_extra++;
+    int32_t j = 0;
+    while (j < k) {
+        const float *l = tern_get_logits(c, -1);
+        const tern_token t = tn_spec_argmax(l, c->hp.n_vocab);
+        if (d->p_min > 0 && tn_spec_prob(l, c->hp.n_vocab, t) < d->p_min) break; /* unsure: stop here */
+        out[j++] = t;
+        if (j == k) break;
+        if (tern_decode(c, &t, 1)) return -1;
+        d->n_extra++; /* fed: its logits propose the next draft */
     }
-    return k;
+    return j;
 }
 
 void tn_spec_draft_accept(tn_spec_draft *d, int32_t n_accepted) {

@@ -30,14 +30,18 @@ tern_status tn_spec_verify(tern_ctx *c, tern_sampler *smp, tern_token cur, const
                            tern_token *out, int32_t *n_out);
 
 /* A draft model's context kept in step with the text: feeds the tokens of hist it has not seen
- * (hist[0..n), whose last is the current token), then drafts up to k tokens greedily. Returns the
+ * (hist[0..n), whose last is the current token), then drafts up to k tokens greedily, stopping
+ * before the first whose probability under the draft model is below p_min (0: never). Returns the
  * number drafted (or -1 on an error, tern_last_error says which). After the target's step, the
  * caller tells it how many of its drafts were accepted (tn_spec_draft_accept). */
 typedef struct tn_spec_draft {
     tern_ctx *c;
     int32_t n_fed;    /* tokens of hist in its cache                                  */
     int32_t n_extra;  /* of its own drafts in its cache after the last step           */
+    float p_min;      /* drafting stops before a token the draft gives less than this */
 } tn_spec_draft;
+/* softmax(l)[t] over n logits, in double. */
+double tn_spec_prob(const float *l, int32_t n, int32_t t);
 /* The first index of the largest logit (a greedy draft's pick). */
 int32_t tn_spec_argmax(const float *l, int32_t n);
 /* TERN_OK when draft has target's vocabulary (each token's text compared), else TERN_ERR_FORMAT

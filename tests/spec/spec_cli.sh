@@ -20,7 +20,8 @@ for mode in greedy sampled; do
   gen "$mode-ngram" "${S[@]}" --spec ngram
   gen "$mode-draft" "${S[@]}" --draft "$MODEL" --draft-max 4
   gen "$mode-both" "${S[@]}" --spec ngram --draft "$MODEL" --draft-min 2 --spec-ngram 2
-  for v in ngram draft both; do
+  gen "$mode-pmin" "${S[@]}" --draft "$MODEL" --draft-max 4 --draft-p-min 0.9
+  for v in ngram draft both pmin; do
     if cmp -s "$TMP/$mode-plain.out" "$TMP/$mode-$v.out"; then ok "$mode --$v: the text of plain generate"
     else bad "$mode --$v: text differs from plain generate"; diff "$TMP/$mode-plain.out" "$TMP/$mode-$v.out" | head -4; fi
     grep -q "tern: speculation: .* drafted, .* accepted" "$TMP/$mode-$v.err" && ok "$mode --$v: speculation line" || bad "$mode --$v: no speculation line"
@@ -29,6 +30,10 @@ done
 # greedy with the model as its own draft: every draft is the target's own choice
 acc=$(sed -n 's/.*drafted, \([0-9]*\) accepted (\([0-9.]*\)%).*/\2/p' "$TMP/greedy-draft.err")
 awk -v a="${acc:-0}" 'BEGIN { exit !(a >= 90) }' && ok "greedy self-draft accepts ${acc}% (>= 90%)" || bad "greedy self-draft accepts only ${acc:-?}%"
+# --draft-p-min 0.9: the draft stops where it is unsure, so it drafts fewer tokens than without
+dr() { sed -n 's/.*passes, \([0-9]*\) drafted.*/\1/p' "$TMP/$1.err"; }
+[ -n "$(dr greedy-pmin)" ] && [ "$(dr greedy-pmin)" -lt "$(dr greedy-draft)" ] && ok "--draft-p-min 0.9 drafts fewer ($(dr greedy-pmin) < $(dr greedy-draft))" \
+  || bad "--draft-p-min 0.9 drafted $(dr greedy-pmin), without $(dr greedy-draft)"
 # the n-gram drafts of a repetitive prompt are mostly taken under greedy decoding
 acc=$(sed -n 's/.*drafted, \([0-9]*\) accepted (\([0-9.]*\)%).*/\2/p' "$TMP/greedy-ngram.err")
 awk -v a="${acc:-0}" 'BEGIN { exit !(a >= 30) }' && ok "greedy n-gram acceptance ${acc}% (>= 30%)" || bad "greedy n-gram acceptance ${acc:-?}%"
@@ -37,6 +42,7 @@ expect() { local want=$1 what=$2; shift 2; "$TERN" generate -m "$MODEL" -p hi -n
   [ "$got" = "$want" ] && ok "$what (exit $got)" || { bad "$what: exit $got, want $want"; head -3 "$TMP/err"; }; }
 expect 64 "--spec with an unknown mode" --spec magic
 expect 64 "--draft-max 0" --spec ngram --draft-max 0
+expect 64 "--draft-p-min outside 0..1" --draft "$MODEL" --draft-p-min 1.5
 expect 66 "--draft missing file" --draft "$TMP/none.gguf"
 "$TERN" synth -o "$TMP/other.gguf" --preset tiny --type q8_0 >/dev/null 2>&1
 expect 65 "--draft of another vocabulary" --draft "$TMP/other.gguf"

@@ -179,6 +179,19 @@ static void shared_step(tern_ctx *c, tern_ctx *ref, tern_token t) {
         if (a[i] != b[i]) fail_msg("token %d: logit %d is %g on shared threads, %g on its own", t, i, a[i], b[i]);
 }
 
+/* tn_spec_prob: softmax of a logit, against the sum written out (and a shifted copy, so a
+ * large-logit overflow would show) */
+static void test_prob(void **state) {
+    (void)state;
+    const float l[4] = {1.0f, -2.0f, 3.0f, 0.5f}, big[4] = {1001.0f, 998.0f, 1003.0f, 1000.5f};
+    const double z = exp(1.0) + exp(-2.0) + exp(3.0) + exp(0.5);
+    for (int t = 0; t < 4; t++) {
+        const double want = exp((double)l[t]) / z;
+        assert_true(fabs(tn_spec_prob(l, 4, t) - want) < 1e-12);
+        assert_true(fabs(tn_spec_prob(big, 4, t) - want) < 1e-9);
+    }
+}
+
 static void test_share_threads(void **state) {
     (void)state;
     tiny_cfg cfg;
@@ -298,7 +311,7 @@ static void test_distribution(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_ngram), cmocka_unit_test(test_verify),
-                                       cmocka_unit_test(test_share_threads),
+                                       cmocka_unit_test(test_share_threads), cmocka_unit_test(test_prob),
                                        cmocka_unit_test(test_distribution)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

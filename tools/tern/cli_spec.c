@@ -19,12 +19,20 @@ int tn_cli_spec_flag(int argc, char **argv, int *i, tn_cli_spec *sr) {
     const bool is_draft = !strcmp(a, "--draft") || !strcmp(a, "-md") || !strcmp(a, "--model-draft");
     int64_t *num = !strcmp(a, "--draft-max") ? &sr->kmax : !strcmp(a, "--draft-min") ? &sr->kmin
                    : !strcmp(a, "--spec-ngram") ? &sr->ngram_n : NULL;
-    if (!is_draft && !num && strcmp(a, "--spec")) return 0;
+    const bool p_min = !strcmp(a, "--draft-p-min");
+    if (!is_draft && !num && !p_min && strcmp(a, "--spec")) return 0;
     if (!val) {
         tn_cli_usage_error("%s needs a value", a);
         return -1;
     }
     (*i)++;
+    if (p_min) {
+        if (!tn_cli_parse_f32(val, 0.0f, 1.0f, &sr->dm.p_min)) {
+            tn_cli_usage_error("--draft-p-min: '%s' is not a probability in 0..1", val);
+            return -1;
+        }
+        return 1;
+    }
     if (is_draft) return sr->draft_path = val, 1;
     if (!num) {
         if (!strcmp(val, "ngram")) return sr->ngram = true, 1;
@@ -65,7 +73,7 @@ int tn_cli_spec_open(tn_cli_spec *sr, const tern_model *target, tern_ctx *tc, co
 void tn_cli_spec_reset(tn_cli_spec *sr) {
     sr->n_hist = 0;
     if (sr->dm.c) tern_ctx_truncate(sr->dm.c, 0);
-    sr->dm.n_fed = sr->dm.n_extra = 0;
+    sr->dm.n_fed = sr->dm.n_extra = 0; /* p_min stays */
 }
 
 tern_status tn_cli_spec_step(tn_cli_spec *sr, tern_ctx *c, tern_sampler *smp, int32_t kmax, tern_token *emit,

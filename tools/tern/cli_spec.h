@@ -20,7 +20,7 @@ typedef struct tn_cli_spec {
 } tn_cli_spec;
 
 void tn_cli_spec_init(tn_cli_spec *sr);
-/* --spec, --draft (-md, --model-draft), --draft-max, --draft-min, --spec-ngram at argv[*i]: 1
+/* --spec, --draft (-md, --model-draft), --draft-max, --draft-min, --draft-p-min, --spec-ngram at argv[*i]: 1
  * consumed, 0 not one of them, -1 after printing a usage error (exit 64). */
 int tn_cli_spec_flag(int argc, char **argv, int *i, tn_cli_spec *sr);
 static inline bool tn_cli_spec_on(const tn_cli_spec *sr) { return sr->ngram || sr->draft_path; }

@@ -652,11 +652,11 @@ static int bench_spec(const char *path, const bench_opts *o, tn_cli_spec *spec, 
     const double rate = spec->drafted ? (double)spec->accepted / (double)spec->drafted : 0;
     const char *how = spec->ngram && spec->draft_path ? "ngram+draft" : spec->ngram ? "ngram" : "draft";
     if (json) {
-        printf("[\n  {\"model_filename\": \"%s\", \"n_prompt\": %d, \"n_gen\": %d, \"spec\": \"%s\", \"draft_max\": %lld, "
+        printf("[\n  {\"model_filename\": \"%s\", \"n_prompt\": %d, \"n_gen\": %d, \"spec\": \"%s\", \"draft_max\": %lld, \"draft_p_min\": %.3f, "
                "\"plain_ts\": %.6f, \"plain_stddev_ts\": %.6f, \"spec_ts\": %.6f, \"spec_stddev_ts\": %.6f, \"speedup\": %.4f, "
                "\"passes\": %lld, \"drafted\": %lld, \"accepted\": %lld, \"tokens_per_pass\": %.4f, \"acceptance\": %.4f, "
                "\"same_tokens\": %s}\n]\n",
-               path, np, n_gen, how, (long long)spec->kmax, mean[0], sd[0], mean[1], sd[1], mean[1] / mean[0],
+               path, np, n_gen, how, (long long)spec->kmax, (double)spec->dm.p_min, mean[0], sd[0], mean[1], sd[1], mean[1] / mean[0],
                (long long)spec->steps, (long long)spec->drafted, (long long)spec->accepted, per_pass, rate,
                R.first_diff < 0 ? "true" : "false");
     } else {
@@ -698,7 +698,7 @@ int cmd_bench(int argc, char **argv) {
             printf("usage: tern bench -m model.gguf [-p 512] [-n 128] [-r 5] [-t N] [-b 512] [-o md|json] [--no-roofline]\n"
                    "       [--no-repack] [--device cpu|cuda] [-ngl N] [--lora FILE[:S]]... [-ctk T] [-ctv T]\n"
                    "       tern bench --sweep-bits -m model-f16.gguf [--group 64] [--sym] [-n 128] [-p 0] ...\n"
-                   "       tern bench -m model.gguf --spec ngram | --draft small.gguf [--draft-max 8] [--spec-prompt FILE] [-n 128] [-r 5]\n"
+                   "       tern bench -m model.gguf --spec ngram | --draft small.gguf [--draft-max 8] [--draft-p-min P] [--spec-prompt FILE] [-n 128] [-r 5]\n"
                    "  -p N  prompt tokens (pp test; 0 = skip)   -n N  generated tokens (tg test; 0 = skip)\n"
                    "  -r N  repetitions                           -o    output format\n"
                    "  --no-repack   keep q4_0/q8_0/q4_K/q5_K/q6_K/tq weights in the file layout (default: interleaved at load)\n"

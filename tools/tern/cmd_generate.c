@@ -43,6 +43,7 @@ static void gen_usage(FILE *f) {
             "      --spec ngram        speculative decoding with drafts from n-grams of the prompt and the text so far\n"
             "      --draft FILE        speculative decoding with a small draft model of the same vocabulary (both: n-grams first)\n"
             "      --draft-max N       at most N drafted tokens per step (default 8, 1..32); --draft-min N: fewer are not tried (default 1)\n"
+            "      --draft-p-min P     the draft model stops drafting before a token it gives less than P (default 0)\n"
             "      --spec-ngram N      longest n-gram matched (default 3)\n"
             "  -ngl, --n-gpu-layers N  with --device cuda: the first N layers on the GPU, the rest on the CPU (-1: all)\n"
             "      --no-repack         keep q4_0/q8_0/q4_K/q5_K/q6_K/tq4/tq1 weights in the file layout (no interleaved copy)\n"
