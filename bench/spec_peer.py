@@ -9,7 +9,7 @@ Each round runs, one after the other:
       (greedy; tokens/s without and with speculation, alternating inside, acceptance, same tokens)
   llama-speculative -m TARGET -md DRAFT | llama-speculative-simple -m TARGET --spec-type ngram-simple,
       -f PROMPT -n N --temp 0 -t T  (their "decoded ... t/s", n_drafted, n_accept)
-  llama-speculative-simple -m TARGET --spec-type ngram-simple --spec-ngram-simple-min-hits 1000000 ...
+  llama-speculative-simple -m TARGET --spec-type ngram-map-k --spec-ngram-map-k-min-hits 65535 ...
       (no draft ever qualifies: llama.cpp's plain decode of the same prompt, timed the same way)
 and prints the best of the rounds per number as a markdown table: tokens/s plain and speculative,
 the speedup of each engine over its own plain decode, drafts accepted, and tern / llama.cpp.
@@ -92,7 +92,7 @@ def main():
         np_ = tj["n_prompt"]
         peer_spec_ts, peer_acc, _ = peer_run(spec_bin, peer_spec, a)
         peer_plain, _, nd = peer_run(os.path.join(a.llama_bin, "llama-speculative-simple"),
-                                     ["--spec-type", "ngram-simple", "--spec-ngram-simple-min-hits", "1000000"], a)
+                                     ["--spec-type", "ngram-map-k", "--spec-ngram-map-k-min-hits", "65535"], a)
         if nd:
             die(f"llama.cpp's plain run drafted {nd} tokens", 70)
         row = {"round": r + 1, "n_prompt": np_, "tern_plain": tj["plain_ts"], "tern_spec": tj["spec_ts"],

@@ -18,7 +18,7 @@
 # --variant "adaptive=--spec ngram"); variants and the peer alternate within each rate.
 # --peer-args adds arguments to llama-server's (e.g. "--model-draft small.gguf"). --prompts FILE:
 # loadgen sends lines of FILE as prompts instead of random words. DIR/throughput.svg plots the
-# output tokens/s the same way.
+# output tokens/s the same way, DIR/tpot.svg the median time per output token.
 # The peer binary is built outside this repository by the user; nothing of it is kept here.
 #   bench/serve/goodput.sh --replot --out DIR [--ttft-slo MS --tpot-slo MS]   rewrites DIR's table
 #   and plot from DIR/goodput.tsv (e.g. after concatenating the rows of several runs).
@@ -139,17 +139,17 @@ fi
 } >"$OUT/goodput.md"
 
 # plots: goodput vs rate (solid) and the offered load (dotted diagonal); output tokens/s vs rate
-plot() { # column, 1 = goodput plot (title, offered-load diagonal) / 0 = tokens/s
+plot() { # column, 1 = goodput plot (title, offered-load diagonal) / 0 = tokens/s / 2 = TPOT p50
 tail -n +2 "$OUT/goodput.tsv" | awk -F'\t' -v ttft="$TTFT" -v tpot="$TPOT" -v col="$1" -v gp="$2" '
 { s[NR] = $1; r[NR] = $2 + 0; g[NR] = $col + 0; if (r[NR] > rmax) rmax = r[NR]; if (g[NR] > gmax) gmax = g[NR]; n = NR }
 END {
     W = 640; H = 400; L = 60; R = 150; T = 30; B = 50; pw = W - L - R; ph = H - T - B
-    if (gp && gmax < rmax) gmax = rmax
+    if (gp == 1 && gmax < rmax) gmax = rmax
     if (gmax <= 0) gmax = 1
     printf "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" font-size=\"12\">\n", W, H
     printf "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
-    if (gp) printf "<text x=\"%d\" y=\"18\" text-anchor=\"middle\">goodput (TTFT &lt;= %s ms, TPOT &lt;= %s ms) vs offered load</text>\n", L + pw / 2, ttft, tpot
-    else printf "<text x=\"%d\" y=\"18\" text-anchor=\"middle\">output tokens/s vs offered load</text>\n", L + pw / 2
+    if (gp == 1) printf "<text x=\"%d\" y=\"18\" text-anchor=\"middle\">goodput (TTFT &lt;= %s ms, TPOT &lt;= %s ms) vs offered load</text>\n", L + pw / 2, ttft, tpot
+    else printf "<text x=\"%d\" y=\"18\" text-anchor=\"middle\">%s vs offered load</text>\n", L + pw / 2, gp == 2 ? "time per output token, median" : "output tokens/s"
     printf "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"black\"/>\n", L, T + ph, L + pw, T + ph
     printf "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"black\"/>\n", L, T, L, T + ph
     for (i = 0; i <= 4; i++) {
@@ -159,8 +159,8 @@ END {
         printf "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", L, y, L + pw, y
     }
     printf "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">request rate (req/s, Poisson)</text>\n", L + pw / 2, H - 10
-    printf "<text x=\"16\" y=\"%d\" transform=\"rotate(-90 16 %d)\" text-anchor=\"middle\">%s</text>\n", T + ph / 2, T + ph / 2, gp ? "goodput (req/s)" : "output tokens/s"
-    if (gp) printf "<line x1=\"%d\" y1=\"%d\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#999\" stroke-dasharray=\"4 4\"/>\n", L, T + ph, L + pw, T + ph - ph * rmax / gmax
+    printf "<text x=\"16\" y=\"%d\" transform=\"rotate(-90 16 %d)\" text-anchor=\"middle\">%s</text>\n", T + ph / 2, T + ph / 2, gp == 1 ? "goodput (req/s)" : gp == 2 ? "TPOT p50 (ms)" : "output tokens/s"
+    if (gp == 1) printf "<line x1=\"%d\" y1=\"%d\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#999\" stroke-dasharray=\"4 4\"/>\n", L, T + ph, L + pw, T + ph - ph * rmax / gmax
     split("#1f77b4 #d62728 #2ca02c #9467bd #ff7f0e #8c564b #e377c2 #17becf", pal, " "); nc = 0
     for (i = 1; i <= n; i++) if (!(s[i] in ci)) { ci[s[i]] = ++nc; names[nc] = s[i] }
     for (k = 1; k <= nc; k++) {
@@ -173,10 +173,11 @@ END {
         printf "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"%s\" stroke-width=\"2\"/>\n", W - R + 10, T + 10 + 18 * k, W - R + 30, T + 10 + 18 * k, pal[k]
         printf "<text x=\"%d\" y=\"%d\">%s</text>\n", W - R + 36, T + 14 + 18 * k, names[k]
     }
-    if (gp) printf "<text x=\"%d\" y=\"%d\" fill=\"#999\">offered load</text>\n", W - R + 36, T + 14 + 18 * (nc + 1)
+    if (gp == 1) printf "<text x=\"%d\" y=\"%d\" fill=\"#999\">offered load</text>\n", W - R + 36, T + 14 + 18 * (nc + 1)
     printf "</svg>\n"
 }'
 }
 plot 7 1 >"$OUT/goodput.svg"
 plot 9 0 >"$OUT/throughput.svg"
+plot 12 2 >"$OUT/tpot.svg"
 cat "$OUT/goodput.md"

@@ -151,12 +151,22 @@ static int spec_best(const tn_sseq *q, const tn_spec_seq *sp, int n, const tn_sp
     return best;
 }
 
+/* The step's work before drafts: a token per decoding row and a unit per prompt row of a
+ * prefill chunk. A prompt row is work the queue needs done as much as an output token, so a
+ * draft row pays only if its expected tokens beat what its time does for the whole step: in a
+ * prefill-heavy (compute-bound) step at saturation they do not, while counting output tokens
+ * alone would credit drafts with the time the prompt rows take anyway. */
+static double spec_work(const tn_sseq *q, int n) {
+    double w = 0;
+    for (int i = 0; i < n; i++) w += q[i].chunk > 0 ? q[i].chunk : 0;
+    return w;
+}
+
 /* Adds up to m draft rows in the greedy order within the caps and the time limit; with
- * ratio_best, records in *m_best the count after which expected tokens / time was highest. */
+ * ratio_best, records in *m_best the count after which expected work / time was highest. */
 static void spec_add(const tn_sched *s, const tn_sseq *q, tn_spec_seq *sp, int n, const tn_spec_cfg *cfg, tn_shape *sh, int m,
                      int32_t max_rows, double lim, double *ratio_best, int *m_best) {
-    double f = s->f_plan > 0 ? s->f_plan : 1, tok = 0;
-    for (int i = 0; i < n; i++) tok += spec_decoding(&q[i]);
+    double f = s->f_plan > 0 ? s->f_plan : 1, tok = spec_work(q, n);
     for (int added = 0; added < m; added++) {
         int i = spec_best(q, sp, n, cfg);
         if (i < 0) break;
@@ -188,11 +198,11 @@ double tn_sched_spec(const tn_sched *s, const tn_sseq *q, tn_spec_seq *sp, int n
         }
     } else {
         /* the greedy order once to find the best number of rows, then again up to it */
-        double lim = tn_sched_limit(s, q, n), t0 = tn_cost_step(&s->cost, &sh), best = 0;
-        int m_best = 0;
-        for (int i = 0; i < n; i++) best += spec_decoding(&q[i]);
-        if (best == 0 || !(t0 > 0)) return t0;
-        best /= t0;
+        double lim = tn_sched_limit(s, q, n), t0 = tn_cost_step(&s->cost, &sh), best;
+        int m_best = 0, n_dec = 0;
+        for (int i = 0; i < n; i++) n_dec += spec_decoding(&q[i]);
+        if (n_dec == 0 || !(t0 > 0)) return t0;
+        best = spec_work(q, n) / t0;
         tn_shape tmp = sh;
         spec_add(s, q, sp, n, cfg, &tmp, 1 << 30, max_rows, lim, &best, &m_best);
         for (int i = 0; i < n; i++) sp[i].k = 0;

@@ -432,6 +432,39 @@ static void test_spec_draft_model(void **state) {
     assert_float_equal(t, spec_time_ref(1 + sp1.k) + sp1.k * draft_time_ref(0.1, 1), 1e-9);
 }
 
+/* A prefill chunk in the step: its prompt rows count as work like output tokens. Compute-bound
+ * (a decoding sequence at 0.9 and a 40-row chunk: 41 rows, 38.05 ms): a draft row adds 1.05 ms
+ * for 0.9 tokens, less than the step's 41 units per 38.05 ms, so none. Memory-bound (a 4-row chunk:
+ * rows at 0.25 ms each): drafts still pay, as the exhaustive best of (5 + E(k)-1) / t says. */
+static void test_spec_prefill(void **state) {
+    (void)state;
+    tn_sched s = spec_sched(0);
+    tn_spec_cfg cfg = {1, 8, false, 0, NULL};
+    for (int chunk = 4; chunk <= 40; chunk += 36) {
+        tn_sseq q[2] = {decoding(100, 64, 0), prefilling(0, chunk)};
+        tn_spec_seq sp[2] = {{8, 0.9, -1}, {0, 0.5, -1}};
+        tn_shape sh;
+        tn_sched_plan(&s, q, 2, &sh);
+        assert_int_equal(q[1].chunk, chunk);
+        tn_sched_spec(&s, q, sp, 2, &cfg, &sh);
+        /* the step by hand: rows 1 + chunk + j, logit rows 1 + j + 1 (the chunk ends its prompt) */
+        int32_t kbest = 0;
+        double rbest = 0;
+        for (int32_t j = 0; j <= 8; j++) {
+            const int32_t r = 1 + chunk + j;
+            const double t = (r <= 16 ? 10 + 0.2 * (r - 1) : 13 + (r - 16)) * MS + 0.05 * MS * (j + 1);
+            const double w = chunk + spec_expected_ref(0.9, j);
+            if (w / t > rbest * (1 + 1e-9)) rbest = w / t, kbest = j;
+            if (r > rbest * (1 + 1e-9)) rbest = r, kbest = j;
+        }
+        print_message("chunk %d: %d drafts (exhaustive best %d)\n", chunk, sp[0].k, kbest);
+        assert_int_equal(sp[0].k, kbest);
+        assert_int_equal(sp[1].k, 0);
+        if (chunk == 40) assert_int_equal(sp[0].k, 0);
+        else assert_true(sp[0].k > 0);
+    }
+}
+
 static void test_spec_batch_fills(void **state) {
     (void)state;
     tn_sched s = spec_sched(0);
@@ -520,7 +553,7 @@ int main(void) {
         cmocka_unit_test(test_simulate),           cmocka_unit_test(test_simulate_tpot_chunks),
         cmocka_unit_test(test_first_late),         cmocka_unit_test(test_accept),
         cmocka_unit_test(test_spec_expected),      cmocka_unit_test(test_spec_batch1),
-        cmocka_unit_test(test_spec_draft_model),
+        cmocka_unit_test(test_spec_draft_model),   cmocka_unit_test(test_spec_prefill),
         cmocka_unit_test(test_spec_batch_fills),   cmocka_unit_test(test_spec_tpot),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
