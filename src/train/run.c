@@ -468,12 +468,14 @@ tern_status tn_train_run(tn_train_opts *o) {
             o->progress(&p, o->user);
         }
     }
-    o->tok_per_s = tokens_done / (tn_time_s() - t0);
     o->final_loss = st.step ? st.loss[st.step - 1] : NAN;
     o->final_val_loss = st.n_val ? st.val_loss[st.n_val - 1] : NAN;
     o->weights_hash = tn_hash64(m->params, m->n_params * sizeof(float), 0);
     bool same;
     if ((s = tn_dist_same(dist, o->weights_hash, &same))) goto done;
+    /* after the check: under --dist every rank has finished its last exchange (with --sim-link,
+     * its sleep), so this is the job's time, not rank 0's alone */
+    o->tok_per_s = tokens_done / (tn_time_s() - t0);
     if (dist) note(o, "final weights on the %d ranks: %s (hash %016llx on rank 0)", n_ranks, same ? "identical" : "differ",
                    (unsigned long long)o->weights_hash);
     o->comm_bytes = tn_dist_bytes(dist);
