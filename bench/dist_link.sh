@@ -8,9 +8,9 @@
 # n_embd 128, 2 layers, 4/2 heads, n_ff 384, ctx 64, a 1024-token BPE; 656,000 parameters) on the
 # first LINES lines of the default model's corpus (the King James Bible, scripts/make-kjv-corpus.sh).
 # tokens/s is tern's own (the done line: tokens trained / wall time of the step loop, both ranks).
-# Steps per point: diloco/noloco run whole outer periods (2 x H for H=10, H for H=100: each point
-# ends on an exchange, as a long run's average does); dp runs fewer steps where the link is slow
-# (the sleep dominates, so a few steps measure it).
+# Steps per point: diloco/noloco run one whole outer period (H steps, the last one exchanging, as
+# a long run's average does); dp runs fewer steps where the link is slow (the sleep dominates, so
+# a few steps measure it).
 # Writes WORK_DIR/link.tsv, WORK_DIR/link.md (markdown table) and SVG (tokens/s vs link rate, log
 # x; default docs/dist-link.svg), and prints the table.
 # Knobs (environment): RATES ("10gbit 1gbit 100mbit 10mbit 1mbit"; "none", the real transport, is
@@ -18,7 +18,7 @@
 # H1 (10) and H2 (100) the outer periods, DP_STEPS (20) the most dp steps per point, SVG, REUSE=1
 # (redraw from the logs already in WORK_DIR).
 # Timing: run it on a quiet machine; every point runs under `flock /tmp/bench.lock` so two
-# measurements never overlap. About 7 minutes wall with the defaults.
+# measurements never overlap. About 6 minutes wall with the defaults.
 # Needs Open MPI (mpirun), awk and the bible-kjv package.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -66,8 +66,8 @@ q8b=$(( dpb / 4 + dpb / 256 + 8 )) # int8 + one f32 scale per 256 values, about
 for rate in none $RATES; do
   [ "$rate" = none ] || point dp "$rate" "$(dp_steps "$rate" "$dpb")" --dist dp
   point dp-int8 "$rate" "$(dp_steps "$rate" "$q8b")" --dist dp --compress int8
-  point "diloco-H$H1" "$rate" $((2 * H1)) --dist diloco --outer-every "$H1"
-  point "noloco-H$H1" "$rate" $((2 * H1)) --dist noloco --outer-every "$H1"
+  point "diloco-H$H1" "$rate" "$H1" --dist diloco --outer-every "$H1"
+  point "noloco-H$H1" "$rate" "$H1" --dist noloco --outer-every "$H1"
   point "diloco-H$H2" "$rate" "$H2" --dist diloco --outer-every "$H2"
 done
 
