@@ -21,15 +21,9 @@ work=${2:-$here/build/converge}
 STEPS=${STEPS:-300} H=${H:-25} B=${B:-8} LINES=${LINES:-12000} ZO_LR=${ZO_LR:-1e-4}
 SVG=${SVG:-$here/docs/dist-converge.svg}
 CTX=64
-command -v mpirun >/dev/null || { echo "needs mpirun (apt-get install openmpi-bin libopenmpi-dev)" >&2; exit 66; }
 command -v python3 >/dev/null || { echo "needs python3" >&2; exit 66; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-mkdir -p "$work"
-[ -s "$work/kjv.txt" ] || "$here/scripts/make-kjv-corpus.sh" "$work/kjv.txt"
-head -n "$LINES" "$work/kjv.txt" > "$work/corpus.txt"
-[ -s "$work/tok.gguf" ] || "$tern" tokenizer-train --vocab 1024 -o "$work/tok.gguf" "$work/corpus.txt" 2>"$work/tok.log"
-COMMON=(train --data "$work/corpus.txt" --tokenizer "$work/tok.gguf" --n-embd 128 --n-layer 2 --n-head 4 --n-head-kv 2
-        --n-ff 384 --ctx $CTX --steps "$STEPS" --batch "$B" --warmup 30 --seed 1 -t 1 --val-every "$H" --val-batches 8
+. "$here/bench/dist_common.sh"
+COMMON=(train "${MODEL[@]}" --steps "$STEPS" --batch "$B" --warmup 30 --seed 1 -t 1 --val-every "$H" --val-batches 8
         --log-every 50)
 run() { # NAME args...
   local name=$1; shift

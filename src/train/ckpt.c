@@ -3,6 +3,7 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -281,6 +282,7 @@ tern_status tn_ckpt_save(const tn_tmodel *m, const tn_train_state *st, const cha
     T(tn_gguf_set_u64(w, "tern.train.seed", st->seed));
     T(tn_gguf_set_u64(w, "tern.train.vocab_hash", st->vocab_hash));
     T(tn_gguf_set_u64(w, "tern.train.n_params", (uint64_t)m->n_params));
+    if (st->zo_clip > 0) T(tn_gguf_set_f32(w, "tern.train.zo_clip", st->zo_clip));
     int32_t cf[7] = {c->n_vocab, c->n_ctx, c->n_embd, c->n_layer, c->n_head, c->n_head_kv, c->n_ff};
     T(tn_gguf_set_arr(w, "tern.train.config", TN_GGUF_I32, cf, 7));
     float cff[2] = {c->rms_eps, c->rope_base};
@@ -416,6 +418,12 @@ tern_status tn_ckpt_load(tn_tmodel *m, tn_train_state *st, const char *dir, bool
         }
     }
     if (vh != st->vocab_hash) { s = tn_err(TERN_ERR_INVALID_ARG, "train: checkpoint %s was made with a different vocabulary", path); goto done; }
+    float zo_clip = 0.0f; /* absent: not a --zo one-byte run (or one from before it was saved) */
+    T(tn_gguf_get_f32(g, "tern.train.zo_clip", false, &zo_clip));
+    if (!(zo_clip >= 0.0f) || !isfinite(zo_clip)) {
+        s = tn_err(TERN_ERR_FORMAT, "train: checkpoint %s: tern.train.zo_clip %g is not a finite value >= 0", path, (double)zo_clip);
+        goto done;
+    }
     const char *names[3] = {"train.params", "train.adam_m", "train.adam_v"};
     float *dst[3] = {m->params, m->m, m->v};
     for (int i = 0; i < 3 && dst[i]; i++) { /* forward-only: the parameters alone */
@@ -455,6 +463,7 @@ tern_status tn_ckpt_load(tn_tmodel *m, tn_train_state *st, const char *dir, bool
     st->epoch = (int64_t)epoch;
     st->pos = (int64_t)pos;
     st->seed = seed;
+    st->zo_clip = zo_clip;
     *found = true;
 #undef T
 done:

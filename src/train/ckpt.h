@@ -26,6 +26,8 @@ typedef struct tn_train_state {
     int32_t *val_step;       /* [n_val] */
     float *val_loss;
     int64_t n_val, val_cap;
+    float zo_clip;           /* --zo one-byte exchange: the adaptive clip range after step
+                              * `step` (zo.h); 0: not started (written only when > 0)      */
 } tn_train_state;
 
 void tn_train_state_free(tn_train_state *s);

@@ -1,9 +1,14 @@
 /*
  * dist.c — distributed training on MPI. See dist.h.
  */
+#include <ctype.h>
+#include <errno.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "train/dist.h"
@@ -25,6 +30,8 @@ struct tn_dist {
     int64_t n_exch;      /* exchanges done (stochastic rounding stream)                 */
     int64_t n_outer;     /* outer steps done                                            */
     uint64_t bytes;      /* passed to MPI calls                                         */
+    double link_busy;    /* --sim-link: when the simulated link is free (tn_time_s)        */
+    double link_wait;    /* --sim-link: seconds slept for it                                */
     /* dp buckets */
     size_t bucket;       /* floats per bucket; 0: one all-reduce after the backward        */
     size_t *final_from;  /* [n_layer]: grads [final_from[l], n) are final after layer l     */
@@ -61,6 +68,62 @@ const char *tn_dist_name(tn_dist_method m) { return (unsigned)m < 4 ? NAMES[m] :
 int tn_dist_rank(const tn_dist *d) { return d ? d->rank : 0; }
 int tn_dist_size(const tn_dist *d) { return d ? d->size : 1; }
 uint64_t tn_dist_bytes(const tn_dist *d) { return d ? d->bytes : 0; }
+double tn_dist_link_wait(const tn_dist *d) { return d ? d->link_wait : 0.0; }
+
+/* ---- the simulated link (--sim-link) ------------------------------------------------------- */
+
+/* a number then a unit from units[] (case-insensitive), scaled by its factor; *end past it */
+static bool parse_qty(const char *s, const char *const *units, const double *factor, int n_units, double *out,
+                      const char **end) {
+    if (!isdigit((unsigned char)*s) && *s != '.') return false; /* no sign, no "inf" / "nan" */
+    char *e;
+    errno = 0;
+    const double v = strtod(s, &e);
+    if (e == s || errno || !isfinite(v)) return false;
+    for (int i = 0; i < n_units; i++) {
+        const size_t k = strlen(units[i]);
+        if (!strncasecmp(e, units[i], k) && (e[k] == 0 || e[k] == ',')) {
+            *out = v * factor[i];
+            *end = e + k;
+            return true;
+        }
+    }
+    return false;
+}
+
+bool tn_link_parse(const char *s, tn_link *out) {
+    static const char *const RU[] = {"kbit", "mbit", "gbit"}, *const LU[] = {"us", "ms"};
+    static const double RF[] = {1e3, 1e6, 1e9}, LF[] = {1e-6, 1e-3};
+    tn_link l = {0};
+    const char *e;
+    if (!s || !parse_qty(s, RU, RF, 3, &l.bits_per_s, &e) || !(l.bits_per_s > 0)) return false;
+    if (*e == ',' && (!parse_qty(e + 1, LU, LF, 2, &l.latency_s, &e) || *e)) return false;
+    if (*e) return false;
+    *out = l;
+    return true;
+}
+
+double tn_link_delay(const tn_link *l, uint64_t bytes) {
+    if (!(l->bits_per_s > 0)) return 0.0;
+    return l->latency_s + 8.0 * (double)bytes / l->bits_per_s;
+}
+
+double tn_link_finish(const tn_link *l, double *busy, double start, uint64_t bytes) {
+    const double end = (start > *busy ? start : *busy) + tn_link_delay(l, bytes);
+    *busy = end;
+    return end;
+}
+
+void tn_link_describe(const tn_link *l, char *buf, size_t cap) {
+    static const char *const U[] = {"bit/s", "kbit/s", "Mbit/s", "Gbit/s"};
+    double r = l->bits_per_s;
+    int u = 0;
+    while (r >= 1000.0 && u < 3) { r /= 1000.0; u++; }
+    if (l->latency_s >= 1e-3) snprintf(buf, cap, "%g %s + %g ms per exchange", r, U[u], l->latency_s * 1e3);
+    else if (l->latency_s > 0) snprintf(buf, cap, "%g %s + %g us per exchange", r, U[u], l->latency_s * 1e6);
+    else snprintf(buf, cap, "%g %s, no latency", r, U[u]);
+}
+
 bool tn_dist_zero(const tn_dist *d) { return d && d->o.zero; }
 
 void tn_dist_shard(const tn_dist *d, int B, int T, int32_t *tok, int32_t *tgt) {
@@ -143,6 +206,21 @@ static tern_status mpi_err(int rc, const char *what) {
     return tn_err(TERN_ERR_IO, "train: --dist: %s failed: %s (a rank died or the network failed)", what, msg);
 }
 
+/* Sleeps until time `end` (tn_time_s), counting the sleep as the link's. */
+static void link_sleep_until(tn_dist *d, double end) {
+    const double t = tn_time_s();
+    if (end <= t) return;
+    const double rest = end - t;
+    struct timespec ts = {.tv_sec = (time_t)rest, .tv_nsec = (long)((rest - floor(rest)) * 1e9)};
+    while (nanosleep(&ts, &ts) && errno == EINTR) {}
+    d->link_wait += tn_time_s() - t;
+}
+
+/* After a blocking exchange of `bytes` that started at `start`: the rest of its simulated time. */
+static void link_after(tn_dist *d, double start, uint64_t bytes) {
+    if (d->o.link.bits_per_s > 0) link_sleep_until(d, tn_link_finish(&d->o.link, &d->link_busy, start, bytes));
+}
+
 /* The MPI calls, each counting what this rank passes to it (dist.h). */
 static uint64_t type_bytes(MPI_Datatype t) {
     int n = 0;
@@ -151,51 +229,64 @@ static uint64_t type_bytes(MPI_Datatype t) {
 }
 
 static tern_status c_allreduce(tn_dist *d, void *buf, int cnt, MPI_Datatype t) {
-    d->bytes += (uint64_t)cnt * type_bytes(t);
+    const uint64_t b = (uint64_t)cnt * type_bytes(t);
+    const double t0 = tn_time_s();
+    d->bytes += b;
     int rc = MPI_Allreduce(MPI_IN_PLACE, buf, cnt, t, MPI_SUM, MPI_COMM_WORLD);
+    link_after(d, t0, b);
     return rc == MPI_SUCCESS ? TERN_OK : mpi_err(rc, "MPI_Allreduce");
 }
 
+/* non-blocking: the simulated link's time is slept in buckets_wait (link_busy) */
 static int c_iallreduce(tn_dist *d, float *buf, int cnt, MPI_Request *req) {
     d->bytes += (uint64_t)cnt * sizeof(float);
+    if (d->o.link.bits_per_s > 0) tn_link_finish(&d->o.link, &d->link_busy, tn_time_s(), (uint64_t)cnt * sizeof(float));
     return MPI_Iallreduce(MPI_IN_PLACE, buf, cnt, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, req);
 }
 
 static tern_status c_allgather(tn_dist *d, const void *msg, int bytes, void *all) {
+    const double t0 = tn_time_s();
     d->bytes += (uint64_t)bytes;
     int rc = MPI_Allgather(msg, bytes, MPI_BYTE, all, bytes, MPI_BYTE, MPI_COMM_WORLD);
+    link_after(d, t0, (uint64_t)bytes);
     return rc == MPI_SUCCESS ? TERN_OK : mpi_err(rc, "MPI_Allgather");
 }
 
 static tern_status c_sendrecv(tn_dist *d, const float *x, float *y, int cnt, int peer) {
+    const double t0 = tn_time_s();
     d->bytes += (uint64_t)cnt * sizeof(float);
     int rc = MPI_Sendrecv(x, cnt, MPI_FLOAT, peer, 7, y, cnt, MPI_FLOAT, peer, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    link_after(d, t0, (uint64_t)cnt * sizeof(float));
     return rc == MPI_SUCCESS ? TERN_OK : mpi_err(rc, "MPI_Sendrecv");
 }
 
 /* ZeRO-1: grads (all n) summed into this rank's slice y[counts[rank]] */
 static tern_status c_reduce_scatter(tn_dist *d, const float *x, float *y) {
+    const double t0 = tn_time_s();
     d->bytes += (uint64_t)d->n * sizeof(float);
     int rc = MPI_Reduce_scatter(x, y, d->counts, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    link_after(d, t0, (uint64_t)d->n * sizeof(float));
     return rc == MPI_SUCCESS ? TERN_OK : mpi_err(rc, "MPI_Reduce_scatter");
 }
 
 /* ZeRO-1: every rank's slice of x (in place) to every rank */
 static tern_status c_allgatherv(tn_dist *d, float *x) {
+    const double t0 = tn_time_s();
     d->bytes += (uint64_t)d->counts[d->rank] * sizeof(float);
     int rc = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, x, d->counts, d->displs, MPI_FLOAT, MPI_COMM_WORLD);
+    link_after(d, t0, (uint64_t)d->counts[d->rank] * sizeof(float));
     return rc == MPI_SUCCESS ? TERN_OK : mpi_err(rc, "MPI_Allgatherv");
 }
 
 /* ZeRO-1: every rank's slice of x (in place) to rank 0 */
 static tern_status c_gatherv(tn_dist *d, float *x) {
+    const uint64_t b = d->rank ? (uint64_t)d->counts[d->rank] * sizeof(float) : 0;
+    const double t0 = tn_time_s();
     int rc;
-    if (d->rank) {
-        d->bytes += (uint64_t)d->counts[d->rank] * sizeof(float);
-        rc = MPI_Gatherv(x + d->lo, d->counts[d->rank], MPI_FLOAT, NULL, NULL, NULL, MPI_FLOAT, 0, MPI_COMM_WORLD);
-    } else {
-        rc = MPI_Gatherv(MPI_IN_PLACE, 0, MPI_FLOAT, x, d->counts, d->displs, MPI_FLOAT, 0, MPI_COMM_WORLD);
-    }
+    d->bytes += b;
+    if (d->rank) rc = MPI_Gatherv(x + d->lo, d->counts[d->rank], MPI_FLOAT, NULL, NULL, NULL, MPI_FLOAT, 0, MPI_COMM_WORLD);
+    else rc = MPI_Gatherv(MPI_IN_PLACE, 0, MPI_FLOAT, x, d->counts, d->displs, MPI_FLOAT, 0, MPI_COMM_WORLD);
+    link_after(d, t0, b);
     return rc == MPI_SUCCESS ? TERN_OK : mpi_err(rc, "MPI_Gatherv");
 }
 
@@ -335,6 +426,7 @@ static void on_grads_ready(void *user, int l) {
 static tern_status buckets_wait(tn_dist *d, double *loss) {
     if (d->sent_lo) on_grads_ready(d, -1); /* the backward did not report the end */
     int rc = MPI_Waitall(d->n_req, d->req, MPI_STATUSES_IGNORE);
+    if (d->o.link.bits_per_s > 0) link_sleep_until(d, d->link_busy); /* the buckets' simulated time */
     if (d->req_rc) rc = d->req_rc;
     const tern_status hs = d->hook_s;
     d->n_req = 0;
@@ -522,9 +614,9 @@ static tern_status buckets_plan(tn_dist *d, tn_tmodel *m) {
     d->bucket = (size_t)(d->o.bucket_mb * 1048576.0 / sizeof(float));
     if (d->o.bucket_mb > 0 && d->bucket < 1) d->bucket = 1;
     if (!d->bucket || d->o.compress || d->o.zero || d->o.method != TN_DIST_DP) { d->bucket = 0; return TERN_OK; }
-    const size_t nreq = (d->n + d->bucket - 1) / d->bucket;
     d->final_from = tn_calloc((size_t)TN_MAX(L, 1), sizeof *d->final_from);
 #ifdef TERN_HAVE_MPI
+    const size_t nreq = (d->n + d->bucket - 1) / d->bucket;
     d->req = tn_malloc(nreq * sizeof *d->req);
     if (!d->req) return tn_err(TERN_ERR_NOMEM, "train: --bucket-mb: %zu requests", nreq);
 #endif
@@ -572,6 +664,12 @@ void tn_dist_describe(const tn_dist *d, char *buf, size_t cap) {
                  (d->n + d->bucket - 1) / d->bucket, (double)d->bucket * sizeof(float) / 1048576.0);
     else if (d->o.method == TN_DIST_DP)
         snprintf(buf, cap, "; gradients all-reduced once after the backward");
+    if (d->o.link.bits_per_s > 0) {
+        char l[96];
+        tn_link_describe(&d->o.link, l, sizeof l);
+        const size_t k = strlen(buf);
+        snprintf(buf + k, cap - k, "; simulated link: %s (each exchange sleeps to last latency + bytes / rate)", l);
+    }
 }
 
 tern_status tn_dist_begin(tn_dist *d, tn_tmodel *m) {

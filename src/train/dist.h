@@ -50,6 +50,15 @@
  * Bytes communicated are counted in one wrapper per MPI call as what this rank passes to it
  * (count x datatype size of its send buffer; a root gathering in place passes nothing). Without MPI at build time (TERN_HAVE_MPI undefined) tn_dist_open fails
  * with a clear UNSUPPORTED error. Nothing here prints.
+ *
+ * --sim-link RATE[,LATENCY] (a simulated slow link, on one machine): every exchange (each MPI
+ * wrapper call; for dp's buckets, the wait for them) then lasts at least
+ *     latency + 8 * bytes / rate
+ * seconds of wall time, bytes being what the wrapper counts for this rank (above), so the delay
+ * and the "bytes communicated" line agree: after the MPI call returns the rank sleeps the rest.
+ * The link carries one exchange at a time: an exchange started while an earlier one still holds
+ * it (dp's buckets, started during the backward) begins when that one ends (tn_link_finish).
+ * Only wall time changes: what is exchanged and computed is the same as without the flag.
  */
 #ifndef TN_TRAIN_DIST_H
 #define TN_TRAIN_DIST_H
@@ -60,6 +69,12 @@
 typedef enum tn_dist_method { TN_DIST_NONE = 0, TN_DIST_DP, TN_DIST_DILOCO, TN_DIST_NOLOCO } tn_dist_method;
 typedef enum tn_optim { TN_OPTIM_ADAMW = 0, TN_OPTIM_SGD } tn_optim;
 typedef enum tn_dist_compress { TN_COMPRESS_NONE = 0, TN_COMPRESS_INT8 } tn_dist_compress;
+
+/* A simulated link (--sim-link): bits_per_s 0 = off. */
+typedef struct tn_link {
+    double bits_per_s;      /* the rate, bits per second                                  */
+    double latency_s;       /* added to every exchange                                    */
+} tn_link;
 
 typedef struct tn_dist_opts {
     tn_dist_method method;
@@ -75,6 +90,7 @@ typedef struct tn_dist_opts {
                              * all-reduce more per step. The trainer sets it for finetune  */
     bool zo;                /* --zo (zo.h): only tn_dist_allgather / tn_dist_allreduce_mean
                              * are used; tn_dist_begin allocates no exchange buffers       */
+    tn_link link;           /* --sim-link; bits_per_s 0: the real transport only          */
 } tn_dist_opts;
 
 #define TN_DIST_QBLOCK 256
@@ -126,6 +142,21 @@ tern_status tn_dist_allgather(tn_dist *d, const void *msg, int bytes, void *all)
 tern_status tn_dist_same(tn_dist *d, uint64_t hash, bool *same);
 /* Bytes this rank passed to MPI calls so far. */
 uint64_t tn_dist_bytes(const tn_dist *d);
+/* Seconds this rank slept so far for the simulated link (--sim-link); 0 without it or d NULL. */
+double tn_dist_link_wait(const tn_dist *d);
+
+/* --sim-link's value "RATE[,LATENCY]": RATE a positive number with kbit, mbit or gbit (per
+ * second, decimal: 1gbit = 1e9 bits/s), LATENCY a number >= 0 with us or ms (default 0); units
+ * are case-insensitive. False (out untouched) for anything else. */
+bool tn_link_parse(const char *s, tn_link *out);
+/* The least wall time of one exchange of `bytes` (this rank's): latency + 8 bytes / rate
+ * seconds; 0 when the link is off. */
+double tn_link_delay(const tn_link *l, uint64_t bytes);
+/* When an exchange of `bytes` started at time `start` (seconds) ends on a link that is busy until
+ * *busy: max(start, *busy) + tn_link_delay; *busy becomes that time. */
+double tn_link_finish(const tn_link *l, double *busy, double start, uint64_t bytes);
+/* "1 Gbit/s + 2 ms per exchange" style, into buf. */
+void tn_link_describe(const tn_link *l, char *buf, size_t cap);
 /* Frees d; with ok, finalizes MPI. After a failure MPI is left up for tn_dist_abort. */
 void tn_dist_close(tn_dist *d, bool ok);
 /* When MPI runs with more than one rank and was not finalized: MPI_Abort(code), so a rank that

@@ -374,7 +374,7 @@ tern_status tn_train_run(tn_train_opts *o) {
     if (init && !ft) { tern_model_free(init); init = NULL; } /* LoRA reads the base to the end, full its tokenizer keys */
     if ((s = tn_dist_begin(dist, m))) goto done;
     if (dist) {
-        char plan[256];
+        char plan[512];
         tn_dist_describe(dist, plan, sizeof plan);
         note(o, "--dist %s on %d ranks: batch %d per rank (global %d)%s%s", tn_dist_name(o->dist.method), n_ranks,
              o->batch, o->batch * n_ranks, outer ? ", outer step every --outer-every steps" : "", plan);
@@ -387,7 +387,7 @@ tern_status tn_train_run(tn_train_opts *o) {
     const int val_every = o->val_every > 0 ? o->val_every : TN_MAX(1, o->steps / 20);
     const int val_batches = TN_MAX(1, o->val_batches);
     double t0 = tn_time_s(), tokens_done = 0, loss = NAN;
-    tn_zo_state zst = {0};
+    tn_zo_state zst = {.clip = st.zo_clip}; /* a resumed run goes on with the saved range */
     int64_t first_step = st.step;
     while (st.step < o->steps) {
         if (o->stop && *o->stop) {
@@ -408,6 +408,7 @@ tern_status tn_train_run(tn_train_opts *o) {
         double gn = NAN;
         if (o->zo.on) { /* zo.h: forward passes only */
             if ((s = tn_zo_step(m, dist, &o->zo, &zst, o->seed, st.step, tok, tgt, lr, &loss))) goto done;
+            st.zo_clip = zst.clip; /* checkpointed with the step */
         } else if ((s = tn_tmodel_grads(m, tok, tgt, o->plan.accum, &loss))) goto done; /* forward + backward */
         if (!isfinite(loss)) { s = tn_err(TERN_ERR_INTERNAL, "train: loss is %f at step %lld (diverged; lower --lr)", loss, (long long)st.step); goto done; }
         if (!o->zo.on) {
@@ -462,19 +463,23 @@ tern_status tn_train_run(tn_train_opts *o) {
             double el = tn_time_s() - t0;
             tn_train_progress p = {.step = st.step, .steps = o->steps, .loss = loss, .val_loss = vl, .lr = lr,
                                    .tok_per_s = tokens_done / el, .eta_s = el / (double)(st.step - first_step) * (double)(o->steps - st.step),
-                                   .grad_norm = gn, .comm_bytes = tn_dist_bytes(dist), .final = st.step == o->steps};
+                                   .grad_norm = gn, .comm_bytes = tn_dist_bytes(dist),
+                                   .link_wait_s = tn_dist_link_wait(dist), .final = st.step == o->steps};
             o->progress(&p, o->user);
         }
     }
-    o->tok_per_s = tokens_done / (tn_time_s() - t0);
     o->final_loss = st.step ? st.loss[st.step - 1] : NAN;
     o->final_val_loss = st.n_val ? st.val_loss[st.n_val - 1] : NAN;
     o->weights_hash = tn_hash64(m->params, m->n_params * sizeof(float), 0);
     bool same;
     if ((s = tn_dist_same(dist, o->weights_hash, &same))) goto done;
+    /* after the check: under --dist every rank has finished its last exchange (with --sim-link,
+     * its sleep), so this is the job's time, not rank 0's alone */
+    o->tok_per_s = tokens_done / (tn_time_s() - t0);
     if (dist) note(o, "final weights on the %d ranks: %s (hash %016llx on rank 0)", n_ranks, same ? "identical" : "differ",
                    (unsigned long long)o->weights_hash);
     o->comm_bytes = tn_dist_bytes(dist);
+    o->link_wait_s = tn_dist_link_wait(dist);
     /* 6. outputs */
     if (!rank) {
         TN_SPAN_B(TN_TK_PHASE, "export", -1, 0, 0, 0, 0); /* converting (quantizing) and writing the output */

@@ -21,6 +21,7 @@ typedef struct tn_train_progress {
     float lr;
     double tok_per_s, eta_s, grad_norm;
     uint64_t comm_bytes;     /* --dist: bytes this rank passed to MPI so far          */
+    double link_wait_s;      /* --sim-link: seconds slept for the simulated link so far */
     bool final;
 } tn_train_progress;
 
@@ -76,6 +77,7 @@ typedef struct tn_train_opts {
     size_t planned_bytes;     /* the plan's predicted peak                         */
     tn_mem_plan plan;
     uint64_t comm_bytes;      /* --dist: bytes this rank passed to MPI            */
+    double link_wait_s;       /* --sim-link: seconds this rank slept for the simulated link */
     int dist_rank, dist_size; /* --dist: this rank, the number of ranks (else 0, 1) */
 } tn_train_opts;
 

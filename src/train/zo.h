@@ -20,8 +20,9 @@
  *        averages the same bytes (integer sum, then one scale), so all ranks apply the same
  *        update. The loss is not exchanged: rank 0 reports its own shard's. Single-process
  *        (--zo --compress int8 without --dist) runs the same quantization, so one rank under
- *        mpirun is bit-identical to it. c is not checkpointed: a resumed run restarts it at
- *        TN_ZO_CLIP0.
+ *        mpirun is bit-identical to it. c is checkpointed (tn_train_state.zo_clip, GGUF key
+ *        tern.train.zo_clip): a resumed run goes on with it, bit-identical to an uninterrupted
+ *        one; a checkpoint without it (f32 exchange, older files) restarts at TN_ZO_CLIP0.
  */
 #ifndef TN_TRAIN_ZO_H
 #define TN_TRAIN_ZO_H

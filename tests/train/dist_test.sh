@@ -33,6 +33,11 @@
 #   chat   `tern finetune` on chats whose answers differ in length (the loss is on assistant tokens
 #          only, so the ranks hold different numbers of trained targets): dp 2 ranks x batch 2 ==
 #          1 process x batch 4 (adapter and losses), with and without buckets.
+#   link   --sim-link (a simulated slow link: ranks sleep after each exchange) changes wall time
+#          only: dp (one bucket started in the backward, and --bucket-mb 0), diloco H=3, noloco H=3,
+#          dp --zero 1 and dp --compress int8, each with --sim-link 1gbit,1ms, give bit-identical
+#          weights and losses, and the same measured bytes, as the same run without it; the startup
+#          line names the link, the progress and summary lines show the time waited on it.
 #   bad    bad --dist flags: exit 64 with a message naming the flag.
 # Exit 77 (skip) when mpirun is absent or tern was built without MPI.
 set -u
@@ -311,6 +316,31 @@ if [ "$PART" = chat ]; then
     same cs cb $TOL "" "chats: the same with gradient buckets"
     same cs ch $TOL --differ "control: 1 process x batch 2 differs"
   }
+fi
+
+if [ "$PART" = link ]; then
+  L=(--steps 6 --batch 2 --log-every 2)
+  get() { sed -n 's/.*communicated \([0-9]*\) bytes per rank.*/\1/p' "$TMP/$1.log"; }
+  pair() { # pair NAME args...: the run with and without --sim-link 1gbit,1ms are the same
+    local name=$1; shift
+    run "$name" mpi "${L[@]}" "$@" && run "${name}_l" mpi "${L[@]}" "$@" --sim-link 1gbit,1ms || return 1
+    cmp -s "$TMP/$name.gguf" "$TMP/${name}_l.gguf" && same "$name" "${name}_l" 0 "" "$* --sim-link 1gbit,1ms == without (bit for bit)" ||
+      bad "$* --sim-link 1gbit,1ms: the output differs from the run without it"
+    [ -n "$(get "$name")" ] && [ "$(get "$name")" = "$(get "${name}_l")" ] && ok "$*: same measured bytes, $(get "$name")" ||
+      bad "$*: bytes '$(get "$name")' without the link, '$(get "${name}_l")' with it"
+  }
+  pair ldp --dist dp
+  grep -q "simulated link: 1 Gbit/s + 1 ms per exchange" "$TMP/ldp_l.log" && ! grep -q "simulated link" "$TMP/ldp.log" &&
+    ok "startup line: $(grep -o 'simulated link: [^(]*' "$TMP/ldp_l.log")" || bad "no simulated link in the startup line: $(head -5 "$TMP/ldp_l.log")"
+  [ "$(grep -c 'comm .*/step  link wait [0-9.]* s/step' "$TMP/ldp_l.log")" -ge 3 ] &&
+    grep -Eq "simulated link 1 Gbit/s \+ 1 ms per exchange: rank 0 waited [0-9.]+ s on it in total" "$TMP/ldp_l.log" &&
+    ok "progress and summary show the wait: $(grep -o 'rank 0 waited.*' "$TMP/ldp_l.log")" ||
+    bad "no link wait in the progress/summary: $(tail -3 "$TMP/ldp_l.log")"
+  pair ldp0 --dist dp --bucket-mb 0
+  pair ldil --dist diloco --outer-every 3
+  pair lnol --dist noloco --outer-every 3
+  pair lzero --dist dp --zero 1
+  pair lq8 --dist dp --compress int8
 fi
 
 if [ "$PART" = bad ]; then

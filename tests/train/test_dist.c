@@ -22,6 +22,58 @@
 
 #define N 1000 /* 3 full blocks and a partial one */
 
+/* --sim-link: values and delays computed by hand (1 Gbit/s = 1e9 bits/s; 8 bits per byte) */
+static void test_link_parse(void **state) {
+    (void)state;
+    static const struct { const char *s; double rate, lat; } ok[] = {
+        {"1gbit,2ms", 1e9, 2e-3}, {"100mbit", 1e8, 0.0}, {"10KBit,500us", 1e4, 5e-4},
+        {"2.5Gbit,0ms", 2.5e9, 0.0}, {"1mbit,1.5ms", 1e6, 1.5e-3}, {".5gbit", 5e8, 0.0},
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        tn_link l = {-1, -1};
+        assert_true(tn_link_parse(ok[i].s, &l));
+        assert_float_equal(l.bits_per_s, ok[i].rate, ok[i].rate * 1e-12);
+        assert_float_equal(l.latency_s, ok[i].lat, 1e-15);
+    }
+    static const char *const bad[] = {"", "gbit", "1", "1gbps", "1 gbit", "0gbit", "-1mbit", "+1mbit", "1gbit,",
+                                      "1gbit,2", "1gbit,2s", "1gbit,-2ms", "1gbit,2ms,3us", "1gbit2ms", "nan",
+                                      "infgbit", "1e400gbit", "1mbit,ms"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        tn_link l = {7, 7};
+        assert_false(tn_link_parse(bad[i], &l));
+        assert_true(l.bits_per_s == 7 && l.latency_s == 7); /* untouched */
+    }
+    assert_false(tn_link_parse(NULL, &(tn_link){0}));
+    char buf[96];
+    tn_link_describe(&(tn_link){1e9, 2e-3}, buf, sizeof buf);
+    assert_string_equal(buf, "1 Gbit/s + 2 ms per exchange");
+    tn_link_describe(&(tn_link){1e8, 0}, buf, sizeof buf);
+    assert_string_equal(buf, "100 Mbit/s, no latency");
+    tn_link_describe(&(tn_link){1e4, 5e-4}, buf, sizeof buf);
+    assert_string_equal(buf, "10 kbit/s + 500 us per exchange");
+}
+
+static void test_link_delay(void **state) {
+    (void)state;
+    const tn_link g = {1e9, 2e-3}, m = {1e8, 0}, k = {1e4, 5e-4}, off = {0, 0};
+    assert_float_equal(tn_link_delay(&g, 1000000), 0.010, 1e-15);          /* 2 ms + 8e6 bits / 1e9 */
+    assert_float_equal(tn_link_delay(&m, 1048576), 0.08388608, 1e-15);     /* 8388608 / 1e8 */
+    assert_float_equal(tn_link_delay(&k, 0), 5e-4, 1e-15);                 /* latency only */
+    assert_float_equal(tn_link_delay(&k, 1250), 1.0005, 1e-12);            /* 10000 bits / 1e4 + 0.5 ms */
+    assert_true(tn_link_delay(&off, 1000000) == 0.0);
+    /* dp on the tiny preset, 1 layer, vocab 340 (as dist_test.sh "bytes"): one all-reduce of
+     * 4 x (n_params + 1) bytes per step; at 100 Mbit/s each step waits 8 x that / 1e8 s */
+    const uint64_t P = 2 * 340 * 64 + 3 * 64 + 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 256; /* 105152 */
+    assert_float_equal(tn_link_delay(&m, 4 * (P + 1)), 0.03364896, 1e-12);
+    /* one exchange at a time: a second one started while the first holds the link waits for it */
+    double busy = 0;
+    assert_float_equal(tn_link_finish(&g, &busy, 1.0, 1000000), 1.010, 1e-12);
+    assert_float_equal(busy, 1.010, 1e-12);
+    assert_float_equal(tn_link_finish(&g, &busy, 1.005, 125000), 1.013, 1e-12); /* from 1.010: 2 ms + 1 ms */
+    assert_float_equal(tn_link_finish(&g, &busy, 2.0, 0), 2.002, 1e-12);       /* free again: from 2.0 */
+    assert_float_equal(busy, 2.002, 1e-12);
+}
+
 static void test_q8_levels(void **state) {
     (void)state;
     float x[N], sc[(N + TN_DIST_QBLOCK - 1) / TN_DIST_QBLOCK];
@@ -227,6 +279,8 @@ static void test_forward_only(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_link_parse),
+        cmocka_unit_test(test_link_delay),
         cmocka_unit_test(test_q8_levels),
         cmocka_unit_test(test_q8_unbiased),
         cmocka_unit_test(test_shard),

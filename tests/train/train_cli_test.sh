@@ -4,7 +4,8 @@
 # resume (kill -9 at random moments, resume, bit-identical to an uninterrupted run),
 # generate (the output runs in `tern generate`), arch (--arch qwen2/qwen3: loss goes down, the
 # output is of that family and generates; --init from `tern synth --arch qwen3`; families and
-# flags training refuses). Default: all.
+# flags training refuses), zoresume (--zo with the one-byte exchange: 6 steps, then --resume to
+# 12 == 12 steps straight, bit for bit: the adaptive clip range is in the checkpoint). Default: all.
 set -u
 TERN=${1:?tern binary}
 TMP=${2:?tmp dir}/train-cli.$$
@@ -37,6 +38,14 @@ if [ "$PART" = all ] || [ "$PART" = bad ]; then
     --preset tiny --ctx 8192 --batch 4096 --steps 2 -o "$TMP/o.gguf"
   expect 66 "" -- "$TERN" "${TRAIN[@]}" --data "$TMP/missing.txt" --steps 2 -o "$TMP/o.gguf"
   expect 64 "not an integer" -- "$TERN" "${TRAIN[@]}" --data "$corpus" --steps -3 -o "$TMP/o.gguf"
+  # --sim-link (a simulated slow link between ranks): refused without --dist and with bad values,
+  # before anything runs (no MPI needed)
+  expect 64 "train: --sim-link simulates the link between ranks: it needs --dist" -- "$TERN" "${TRAIN[@]}" --data "$corpus" --steps 2 --sim-link 1gbit -o "$TMP/o.gguf"
+  expect 64 "finetune: --sim-link simulates the link between ranks: it needs --dist" -- "$TERN" finetune -m "$TMP/none.gguf" --data "$corpus" --sim-link 1gbit,2ms -o "$TMP/o.gguf"
+  for v in 1gbps 1gbit,2 1gbit,2s 0mbit -1mbit mbit "1gbit,2ms,3us" 1gbit,; do
+    expect 64 "--sim-link: '$v' is not RATE\[,LATENCY\]" -- "$TERN" "${TRAIN[@]}" --data "$corpus" --steps 2 --dist dp --sim-link "$v" -o "$TMP/o.gguf"
+  done
+  expect 64 "--sim-link needs a value" -- "$TERN" "${TRAIN[@]}" --data "$corpus" --steps 2 --dist dp --sim-link
   [ -e "$TMP/o.gguf" ] && bad "an output was written by a failing run" || ok "no output left by failing runs"
   # corrupt checkpoint: clear error, the checkpoint and the old output are left as they were
   "$TERN" "${TRAIN[@]}" --data "$corpus" --steps 6 --ckpt-dir "$TMP/ck" --ckpt-every 3 -o "$TMP/c.gguf" 2>/dev/null || bad "checkpointed run"
@@ -48,6 +57,30 @@ if [ "$PART" = all ] || [ "$PART" = bad ]; then
   echo "garbage" >"$TMP/ck/latest"
   expect 65 "manifest .* is corrupt" -- "$TERN" "${TRAIN[@]}" --data "$corpus" --steps 12 --ckpt-dir "$TMP/ck" --resume -o "$TMP/c.gguf"
   expect 64 "holds checkpoints; pass --resume" -- "$TERN" "${TRAIN[@]}" --data "$corpus" --steps 12 --ckpt-dir "$TMP/ck" -o "$TMP/c.gguf"
+fi
+
+if [ "$PART" = all ] || [ "$PART" = zoresume ]; then
+  # constant lr (no warmup, min-lr-frac 1): the schedule does not depend on --steps, so a run
+  # stopped at 6 and resumed to 12 sees the same lr at every step as one of 12
+  Z=("${TRAIN[@]}" --data "$corpus" --zo --compress int8 --lr 1e-4 --warmup 0 --min-lr-frac 1 --val-every 3)
+  if "$TERN" "${Z[@]}" --steps 12 -o "$TMP/za.gguf" 2>"$TMP/err" &&
+     "$TERN" "${Z[@]}" --steps 6 --ckpt-dir "$TMP/zc" -o "$TMP/zb.gguf" 2>"$TMP/err"; then
+    # the clip range after 6 steps moved off its start (1.0): a restart at 1.0 would quantize
+    # differently (the control: this test fails when the range is not restored)
+    ck=$(ls "$TMP"/zc/ckpt-*.gguf | tail -1)
+    clip=$(python3 -c "import sys; sys.path.insert(0, '$(dirname "$0")/../common'); from tern_testlib import read_gguf
+kv = read_gguf(sys.argv[1])[0]; print(kv.get('tern.train.zo_clip', 'absent'))" "$ck")
+    awk -v c="$clip" 'BEGIN { exit !(c + 0 > 0 && c + 0 != 1) }' && ok "checkpoint at step 6 holds the clip range $clip (not the start, 1)" ||
+      bad "checkpoint zo_clip: '$clip'"
+    if "$TERN" "${Z[@]}" --steps 12 --ckpt-dir "$TMP/zc" --resume -o "$TMP/zb.gguf" 2>"$TMP/err" &&
+       cmp -s "$TMP/za.gguf" "$TMP/zb.gguf" && cmp -s "$TMP/za.loss.csv" "$TMP/zb.loss.csv"; then
+      ok "--zo --compress int8: 6 steps + --resume to 12 == 12 steps straight (weights and loss curve bit for bit)"
+    else
+      bad "--zo resumed run differs from the uninterrupted one: $(tail -1 "$TMP/err")"
+    fi
+  else
+    bad "--zo runs: $(tail -1 "$TMP/err")"
+  fi
 fi
 
 if [ "$PART" = all ] || [ "$PART" = resume ]; then

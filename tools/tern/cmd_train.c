@@ -39,7 +39,10 @@ static void on_sig(int sig) {
     "                          rounding (~3.9x fewer bytes); default none\n"                             \
     "  --bucket-mb X           dp: all-reduce gradients in buckets of X MiB started while the\n"            \
     "                          backward runs (default 25; 0: one all-reduce after it)\n"                    \
-    "  --zero 1                dp: ZeRO-1, AdamW moments sharded over the ranks (1/N each)\n"
+    "  --zero 1                dp: ZeRO-1, AdamW moments sharded over the ranks (1/N each)\n"                \
+    "  --sim-link RATE[,LAT]   simulate a slow link: every exchange lasts at least LAT + bytes/RATE\n"       \
+    "                          (RATE with kbit, mbit or gbit per second, LAT with us or ms; e.g.\n"        \
+    "                          1gbit,2ms); the ranks sleep the rest, results are unchanged\n"
 
 /* the memory flags, in tern train's and tern finetune's usage (docs/training.md, "Memory") */
 #define MEM_USAGE                                                                                            \
@@ -94,7 +97,7 @@ static void train_usage(FILE *f) {
 }
 
 typedef struct prog_ctx {
-    bool tty, dist;
+    bool tty, dist, link;
     int log_every;
     double last_val;
 } prog_ctx;
@@ -116,11 +119,14 @@ static void fmt_bytes(double b, char *buf, size_t cap) {
 
 static void on_progress(const tn_train_progress *p, void *user) {
     prog_ctx *c = user;
-    char comm[64] = "";
+    char comm[96] = "";
     if (c->dist) {
         char b[32];
         fmt_bytes((double)p->comm_bytes / (double)(p->step > 0 ? p->step : 1), b, sizeof b);
-        snprintf(comm, sizeof comm, "  comm %s/step", b);
+        const int k = snprintf(comm, sizeof comm, "  comm %s/step", b);
+        if (c->link)
+            snprintf(comm + k, sizeof comm - (size_t)k, "  link wait %.3f s/step",
+                     p->link_wait_s / (double)(p->step > 0 ? p->step : 1));
     }
     if (!isnan(p->val_loss)) c->last_val = p->val_loss;
     char eta[32];
@@ -145,7 +151,8 @@ static void on_note(const char *msg, void *user) {
 
 /* Runs o with progress on stderr and SIGINT/SIGTERM stopping it; the exit code (0: done). */
 static int run_cli(tn_train_opts *o, int log_every) {
-    prog_ctx pc = {.tty = isatty(2), .dist = o->dist.method != TN_DIST_NONE, .log_every = log_every, .last_val = NAN};
+    prog_ctx pc = {.tty = isatty(2), .dist = o->dist.method != TN_DIST_NONE, .link = o->dist.link.bits_per_s > 0,
+                   .log_every = log_every, .last_val = NAN};
     o->progress = on_progress;
     o->note = on_note;
     o->user = &pc;
@@ -259,7 +266,7 @@ static int mem_flag(int argc, char **argv, int *i, tn_train_opts *o) {
  * consumed), 0 when not, -1 after printing a usage error; dist_check after the loop. */
 typedef struct dist_seen {
     const char *zo, *outer, *dp;
-    bool compress;
+    bool compress, link;
 } dist_seen;
 
 static int dist_flag(int argc, char **argv, int *i, tn_train_opts *o, dist_seen *seen) {
@@ -267,7 +274,7 @@ static int dist_flag(int argc, char **argv, int *i, tn_train_opts *o, dist_seen 
     if (!strcmp(a, "--zo")) return o->zo.on = true, 1;
     if (strcmp(a, "--dist") && strcmp(a, "--compress") && strcmp(a, "--zo-eps") && strcmp(a, "--zo-samples") &&
         strcmp(a, "--outer-every") && strcmp(a, "--outer-lr") && strcmp(a, "--outer-momentum") && strcmp(a, "--zero") &&
-        strcmp(a, "--bucket-mb"))
+        strcmp(a, "--bucket-mb") && strcmp(a, "--sim-link"))
         return 0;
     if (!val) return tn_cli_usage_error("%s needs a value", a), -1;
     ++*i;
@@ -280,6 +287,11 @@ static int dist_flag(int argc, char **argv, int *i, tn_train_opts *o, dist_seen 
         else if (!strcmp(val, "none")) o->dist.compress = TN_COMPRESS_NONE;
         else return tn_cli_usage_error("--compress: '%s' (int8 or none)", val), -1;
         seen->compress = true;
+    } else if (!strcmp(a, "--sim-link")) {
+        if (!tn_link_parse(val, &o->dist.link))
+            return tn_cli_usage_error("--sim-link: '%s' is not RATE[,LATENCY] (RATE > 0 with kbit, mbit or gbit per "
+                                      "second, LATENCY with us or ms: 1gbit,2ms)", val), -1;
+        seen->link = true;
     } else if (!strcmp(a, "--zero")) {
         if (strcmp(val, "0") && strcmp(val, "1")) return tn_cli_usage_error("--zero: '%s' (0 or 1: ZeRO stage 1)", val), -1;
         o->dist.zero = val[0] == '1';
@@ -312,6 +324,8 @@ static int dist_check(tn_train_opts *o, const dist_seen *seen, const char *cmd) 
         o->zo.int8 = seen->compress ? o->dist.compress == TN_COMPRESS_INT8 : o->dist.method != TN_DIST_NONE;
         o->dist.compress = TN_COMPRESS_NONE;
     }
+    if (seen->link && o->dist.method == TN_DIST_NONE)
+        return tn_cli_usage_error("%s: --sim-link simulates the link between ranks: it needs --dist", cmd);
     if (seen->outer && o->dist.method != TN_DIST_DILOCO && o->dist.method != TN_DIST_NOLOCO)
         return tn_cli_usage_error("%s: %s applies to --dist diloco or noloco", cmd, seen->outer);
     if (seen->dp && o->dist.method != TN_DIST_DP) return tn_cli_usage_error("%s: %s applies to --dist dp", cmd, seen->dp);
@@ -331,6 +345,12 @@ static void dist_summary(const tn_train_opts *o, const char *cmd) {
     fmt_bytes((double)o->comm_bytes, t, sizeof t);
     fprintf(stderr, "tern %s: --dist %s on %d ranks: communicated %llu bytes per rank (%s), %s per step\n", cmd,
             tn_dist_name(o->dist.method), o->dist_size, (unsigned long long)o->comm_bytes, t, b);
+    if (o->dist.link.bits_per_s > 0) {
+        char l[96];
+        tn_link_describe(&o->dist.link, l, sizeof l);
+        fprintf(stderr, "tern %s: simulated link %s: rank 0 waited %.3f s on it in total, %.4f s per step\n", cmd, l,
+                o->link_wait_s, o->link_wait_s / (double)o->steps);
+    }
 }
 
 int cmd_train(int argc, char **argv) {
@@ -339,7 +359,7 @@ int cmd_train(int argc, char **argv) {
     const char **data = calloc((size_t)argc, sizeof *data);
     if (!data) return tn_cli_fail(TERN_ERR_NOMEM, "train");
     int n_data = 0, log_every = 0, sf;
-    dist_seen seen = {NULL, NULL, NULL, false};
+    dist_seen seen = {NULL, NULL, NULL, false, false};
     int64_t v;
     float f;
     int64_t ov[7] = {-1, -1, -1, -1, -1, -1, -1}; /* embd layer head head_kv ff ctx head_dim */
@@ -512,7 +532,7 @@ int cmd_finetune(int argc, char **argv) {
     int rc = 0;
     bool alpha_set = false, lr_set = false, out_type_set = false;
     const char *lora_flag = NULL;
-    dist_seen seen = {NULL, NULL, NULL, false};
+    dist_seen seen = {NULL, NULL, NULL, false, false};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
