@@ -1141,7 +1141,7 @@ tern_status tn_engine_create(const tern_model *m, const tn_serve_config *cfg, tn
         }
         /* drafts never take a step across the row count where attention switches to f32 sums:
          * every row's logits would change (lossless means what plain decoding gives) */
-        e->spec = (tn_spec_cfg){cfg->draft_min, kmax, cfg->spec_fixed, TN_ATTN_F32_ROWS, NULL};
+        e->spec = (tn_spec_cfg){cfg->draft_min, kmax, cfg->spec_fixed, TN_ATTN_F32_ROWS, NULL, 0};
         met->spec = true;
     }
     tn_eng_measure_cost(e, e->ctx, &e->sch.cost, "cost model");

@@ -118,6 +118,7 @@ void tn_eng_plan_spec(tn_engine *e, int n_plan, tn_shape *shape) {
         s->n_draft = e->dctx ? 0 : tn_spec_ngram(s->toks, s->n_toks, 1, e->cfg.spec_ngram_n, room, s->draft);
         sp->drafts = e->dctx ? room : s->n_draft;
     }
+    e->spec.backlog = e->qn > 0 ? e->np : 0; /* waiting requests: drafts compete with their rows */
     tn_sched_spec(&e->sch, e->plan, e->plan_spec, n_plan, &e->spec, shape);
     for (int j = 0; j < n_plan; j++) e->seqs[e->plan_seq[j]].spec = e->plan_spec[j].k;
     if (e->dctx) draft_run(e, n_plan); /* may draft fewer */

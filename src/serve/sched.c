@@ -203,6 +203,11 @@ double tn_sched_spec(const tn_sched *s, const tn_sseq *q, tn_spec_seq *sp, int n
         for (int i = 0; i < n; i++) n_dec += spec_decoding(&q[i]);
         if (n_dec == 0 || !(t0 > 0)) return t0;
         best = spec_work(q, n) / t0;
+        if (cfg->backlog > 0) { /* the rate of a full batch of decodes: what a draft row displaces */
+            tn_shape full = {cfg->backlog, cfg->backlog, sh.keys / (n_dec > 0 ? n_dec : 1) * cfg->backlog};
+            const double tf = tn_cost_step(&s->cost, &full);
+            if (tf > 0 && cfg->backlog / tf > best) best = cfg->backlog / tf;
+        }
         tn_shape tmp = sh;
         spec_add(s, q, sp, n, cfg, &tmp, 1 << 30, max_rows, lim, &best, &m_best);
         for (int i = 0; i < n; i++) sp[i].k = 0;

@@ -108,6 +108,9 @@ typedef struct tn_spec_cfg {
     const tn_cost *draft;        /* --draft: the draft model's step cost (NULL: n-gram drafts,  */
                                  /* free): drafting k tokens takes k batched passes of it, pass */
                                  /* p over the sequences verifying >= p drafts (tn_spec_draft_cost) */
+    int32_t backlog;             /* > 0: requests are waiting for this many sequence slots: a    */
+                                 /* draft row must then yield the work per second of a step of  */
+                                 /* `backlog` decoding rows, what the slots could be doing      */
 } tn_spec_cfg;
 
 typedef struct tn_spec_seq {     /* a running sequence's side of speculation (parallel to tn_sseq) */

@@ -339,7 +339,7 @@ static void test_spec_expected(void **state) {
 static void test_spec_batch1(void **state) {
     (void)state;
     tn_sched s = spec_sched(0);
-    tn_spec_cfg cfg = {1, 8, false, 0, NULL};
+    tn_spec_cfg cfg = {1, 8, false, 0, NULL, 0};
     int32_t k[64];
     /* high acceptance at batch 1: rows are nearly free, the longest length is best */
     double a = 0.9;
@@ -365,7 +365,7 @@ static void test_spec_batch1(void **state) {
     spec_run(&s, 1, &a, 8, &cfg, k);
     assert_int_equal(k[0], 0);
     /* fewer drafts than --draft-min: none tried */
-    tn_spec_cfg cmin = {4, 8, false, 0, NULL};
+    tn_spec_cfg cmin = {4, 8, false, 0, NULL, 0};
     a = 0.9;
     spec_run(&s, 1, &a, 3, &cmin, k);
     assert_int_equal(k[0], 0);
@@ -386,11 +386,11 @@ static void test_spec_draft_model(void **state) {
     int32_t k[64];
     /* the passes' time by hand: lengths 3, 1, 0 -> a pass of 2 rows, then two of 1 */
     tn_cost d = draft_cost(0.1);
-    tn_spec_cfg cfg = {1, 8, false, 0, &d};
+    tn_spec_cfg cfg = {1, 8, false, 0, &d, 0};
     tn_sseq q[3] = {decoding(100, 64, 0), decoding(100, 64, 0), decoding(100, 64, 0)};
     tn_spec_seq sp[3] = {{8, 0.5, 3}, {8, 0.5, 1}, {8, 0.5, 0}};
     assert_float_equal(tn_spec_draft_cost(&cfg, q, sp, 3), draft_time_ref(0.1, 2) + 2 * draft_time_ref(0.1, 1), 1e-12);
-    tn_spec_cfg ngram = {1, 8, false, 0, NULL};
+    tn_spec_cfg ngram = {1, 8, false, 0, NULL, 0};
     assert_float_equal(tn_spec_draft_cost(&ngram, q, sp, 3), 0, 0);
     /* batch 1: the length maximising expected tokens / (the target's step + k draft passes),
      * exhaustively, for a draft model 10x and 2x cheaper than the target, and one as slow */
@@ -439,7 +439,7 @@ static void test_spec_draft_model(void **state) {
 static void test_spec_prefill(void **state) {
     (void)state;
     tn_sched s = spec_sched(0);
-    tn_spec_cfg cfg = {1, 8, false, 0, NULL};
+    tn_spec_cfg cfg = {1, 8, false, 0, NULL, 0};
     for (int chunk = 4; chunk <= 40; chunk += 36) {
         tn_sseq q[2] = {decoding(100, 64, 0), prefilling(0, chunk)};
         tn_spec_seq sp[2] = {{8, 0.9, -1}, {0, 0.5, -1}};
@@ -465,10 +465,30 @@ static void test_spec_prefill(void **state) {
     }
 }
 
+/* Requests waiting (backlog = 16 slots' worth): 4 decoding sequences at 0.9 in the memory-bound
+ * region would fill the rows with drafts (4 + 12 drafts: at most 14.8 tokens in 13.75 ms), but a
+ * step of 16 decodes does 16 in 13.75 ms, so with the backlog no draft pays; without it they do. */
+static void test_spec_backlog(void **state) {
+    (void)state;
+    tn_sched s = spec_sched(0);
+    tn_spec_cfg cfg = {1, 8, false, 0, NULL, 0};
+    double acc[4] = {0.9, 0.9, 0.9, 0.9};
+    int32_t k[4];
+    int32_t rows = spec_run(&s, 4, acc, 8, &cfg, k);
+    assert_true(rows > 4);
+    cfg.backlog = 16;
+    rows = spec_run(&s, 4, acc, 8, &cfg, k);
+    assert_int_equal(rows, 4);
+    /* a backlog of 2 slots (a step of 2 rows does 2 in 10.25 ms) still lets drafts pay */
+    cfg.backlog = 2;
+    rows = spec_run(&s, 4, acc, 8, &cfg, k);
+    assert_true(rows > 4);
+}
+
 static void test_spec_batch_fills(void **state) {
     (void)state;
     tn_sched s = spec_sched(0);
-    tn_spec_cfg cfg = {1, 8, false, 0, NULL};
+    tn_spec_cfg cfg = {1, 8, false, 0, NULL, 0};
     double acc[64];
     int32_t k[64];
     for (int i = 0; i < 64; i++) acc[i] = 0.9;
@@ -505,11 +525,11 @@ static void test_spec_batch_fills(void **state) {
     assert_int_equal(spec_run(&s, 4, acc, 8, &cfg, k), 8);
     /* a fixed length ignores the cost model (not the caps) */
     s.n_logits_cap = 512;
-    tn_spec_cfg fixed = {1, 4, true, 0, NULL};
+    tn_spec_cfg fixed = {1, 4, true, 0, NULL, 0};
     assert_int_equal(spec_run(&s, 48, acc, 8, &fixed, k), 48 * 5);
     assert_int_equal(k[47], 4);
     /* rows_cap 64: drafts never take a step of fewer rows to 64 (3 x 17 rows fit, a 4th 17 not) */
-    tn_spec_cfg cap = {1, 16, true, 64, NULL};
+    tn_spec_cfg cap = {1, 16, true, 64, NULL, 0};
     assert_int_equal(spec_run(&s, 4, acc, 16, &cap, k), 3 * 17 + 1);
     assert_int_equal(k[3], 0);
     cap.fixed = false;
@@ -522,7 +542,7 @@ static void test_spec_batch_fills(void **state) {
     tn_shape sh;
     tn_sched_plan(&s, q, 2, &sh);
     assert_int_equal(sh.rows, 101);
-    tn_sched_spec(&s, q, sp, 2, &(tn_spec_cfg){1, 8, true, 64, NULL}, &sh);
+    tn_sched_spec(&s, q, sp, 2, &(tn_spec_cfg){1, 8, true, 64, NULL, 0}, &sh);
     assert_int_equal(sp[0].k, 8);
     assert_int_equal(sp[1].k, 0);
     assert_int_equal(sh.rows, 109);
@@ -532,7 +552,7 @@ static void test_spec_tpot(void **state) {
     (void)state;
     /* TPOT 10.55 ms: 10 ms + 0.25 ms per draft row fits 2 drafts (10.5 ms), not 3 (10.75) */
     tn_sched s = spec_sched(10.55);
-    tn_spec_cfg cfg = {1, 8, false, 0, NULL};
+    tn_spec_cfg cfg = {1, 8, false, 0, NULL, 0};
     double a = 0.9;
     int32_t k[1];
     spec_run(&s, 1, &a, 8, &cfg, k);
@@ -554,6 +574,7 @@ int main(void) {
         cmocka_unit_test(test_first_late),         cmocka_unit_test(test_accept),
         cmocka_unit_test(test_spec_expected),      cmocka_unit_test(test_spec_batch1),
         cmocka_unit_test(test_spec_draft_model),   cmocka_unit_test(test_spec_prefill),
+        cmocka_unit_test(test_spec_backlog),
         cmocka_unit_test(test_spec_batch_fills),   cmocka_unit_test(test_spec_tpot),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
