@@ -120,7 +120,7 @@ run_one() { # name rate
 }
 
 printf 'server\trate\tsent\tcompleted\t429\tfailed\tgoodput\tattainment\ttok_s\tttft_p50\tttft_p90\ttpot_p50\ttpot_p90\n' >"$OUT/goodput.tsv"
-echo "goodput.sh: model $MODEL, -t $T -np $NP, prompt $PLEN, output $OLEN, SLO TTFT $TTFT ms TPOT $TPOT ms, ${DUR}s per rate" >&2
+echo "goodput.sh: model $MODEL, -t $T -np $NP, prompt ${PROMPTS:-$PLEN}, output $OLEN, SLO TTFT $TTFT ms TPOT $TPOT ms, ${DUR}s per rate" >&2
 for rate in $RATES; do
     for v in "${VARIANTS[@]}"; do start_tern "${v#*=}"; run_one "${v%%=*}" "$rate"; stop_server; done
     if [ -n "$PEER" ]; then start_peer; run_one llama-server "$rate"; stop_server; fi
