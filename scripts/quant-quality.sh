@@ -8,7 +8,8 @@
 #        SET=2bit scripts/quant-quality.sh TERN [LLAMA_BIN_DIR] [WORK]
 #   SET=2bit: the 2-bit table instead (tern's vq2 against tern's IQ2_XXS / IQ2_XS / IQ2_M and tq2
 #                  types, --pure with token_embd and output in q8_0 so only the layer matrices
-#                  differ); writes WORK/results-2bit.tsv and the table, no plot
+#                  differ; vq2 also with --calib: Hessians on the calibration text, imatrix column
+#                  "hessian"); writes WORK/results-2bit.tsv and the table, no plot
 #   TERN           tern binary (e.g. build/tern)
 #   LLAMA_BIN_DIR  folder with llama.cpp's llama-quantize and llama-imatrix (optional: without it
 #                  the llama.cpp rows are skipped); built outside this repository
@@ -100,6 +101,8 @@ if [ "$SET" = 2bit ]; then
     # tern's i-quants need importance data (as llama-quantize's do); IQ2_M --pure = iq2_s tensors (IQ2_S --pure = iq2_xs)
     [ $im = yes ] && for q in IQ2_XXS IQ2_XS IQ2_M; do add "$q (pure)" tern $im "\"$TERN\" quantize $P $IM \"$W/base-f16.gguf\" \"\$OUT\" $q -t $T"; done
   done
+  # vq2 with the layers' Hessians collected on the calibration text (error feedback, quant/vq.h)
+  add "vq2 (pure, --calib)" tern hessian "\"$TERN\" quantize $P --calib $W/calib.txt \"$W/base-f16.gguf\" \"\$OUT\" vq2 -t $T"
 fi
 
 table() { # the markdown table of a results file, by bpw

@@ -237,6 +237,41 @@ static double vq_group_err(const vq_tables *t, const float *xb, const float *wb,
 /* Scales tried for a group, times its RMS-derived guess (each then refitted and reassigned). */
 static const float vq_tries[] = {0.7f, 0.85f, 1.0f, 1.2f, 1.45f};
 
+/* Picks block b's scales for the weights xb (error weights wb, importance hb or NULL): per group,
+ * 5 trial scales around its RMS-derived guess, each assigned and refitted, the best kept; then
+ * d = fp16(max / 31) and the 4-bit multipliers 2 s + 1 nearest to each group's scale. Writes
+ * b->d and b->sc (indices: b->qs is scratch) and returns d as a float (0: an all-zero block, whose
+ * indices are zeroed). */
+static float vq_block_scales(const vq_tables *t, const float *xb, const float *hb, const float *wb, block_vq2 *b) {
+    float S[TN_VQ_NV / TN_VQ_GROUP], smax = 0;
+    for (int g = 0; g < TN_VQ_NV / TN_VQ_GROUP; g++) {
+        const float s0 = t->rms > 0 ? vq_group_rms(xb, hb, g) / t->rms : 0.0f;
+        double best = INFINITY;
+        S[g] = 0;
+        for (size_t tr = 0; s0 > 0 && tr < sizeof vq_tries / sizeof vq_tries[0]; tr++) {
+            const float s1 = vq_group_pass(t, xb, wb, g, s0 * vq_tries[tr], b->qs);
+            const double e = vq_group_err(t, xb, wb, g, s1, b->qs);
+            if (e < best) best = e, S[g] = s1;
+        }
+        if (S[g] > 0) S[g] = vq_group_pass(t, xb, wb, g, S[g], b->qs);
+        smax = fmaxf(smax, S[g]);
+    }
+    const float d = tn_fp16_to_fp32(tn_fp32_to_fp16(smax / 31.0f));
+    memset(b->sc, 0, sizeof b->sc);
+    if (!(d > 0)) {
+        b->d = tn_fp32_to_fp16(0.0f);
+        memset(b->qs, 0, sizeof b->qs);
+        return 0.0f;
+    }
+    b->d = tn_fp32_to_fp16(d);
+    for (int g = 0; g < TN_VQ_NV / TN_VQ_GROUP; g++) {
+        long s = lrintf((S[g] / d - 1.0f) * 0.5f);
+        s = s < 0 ? 0 : s > 15 ? 15 : s;
+        b->sc[g / 2] |= (uint8_t)(s << (4 * (g % 2)));
+    }
+    return d;
+}
+
 void tn_vq_quantize_row(const int8_t cb[TN_VQ_CB_BYTES], const float *x, void *y, int64_t ne0, int64_t r, int64_t rows,
                         const float *imp) {
     static _Thread_local vq_tables T;
@@ -254,33 +289,12 @@ void tn_vq_quantize_row(const int8_t cb[TN_VQ_CB_BYTES], const float *x, void *y
     block_vq2 *b = (block_vq2 *)(o + TN_VQ_HDR);
     for (int64_t bi = 0; bi < ne0 / TN_VQ_QK; bi++) {
         const float *xb = x + bi * TN_VQ_QK, *hb = imp ? imp + bi * TN_VQ_QK : NULL;
-        float S[TN_VQ_NV / TN_VQ_GROUP], smax = 0, wb[TN_VQ_QK];
+        float wb[TN_VQ_QK];
         vq_block_weights(xb, hb, wb);
-        for (int g = 0; g < TN_VQ_NV / TN_VQ_GROUP; g++) {
-            const float s0 = T.rms > 0 ? vq_group_rms(xb, hb, g) / T.rms : 0.0f;
-            double best = INFINITY;
-            S[g] = 0;
-            for (size_t tr = 0; s0 > 0 && tr < sizeof vq_tries / sizeof vq_tries[0]; tr++) {
-                const float s1 = vq_group_pass(&T, xb, wb, g, s0 * vq_tries[tr], b[bi].qs);
-                const double e = vq_group_err(&T, xb, wb, g, s1, b[bi].qs);
-                if (e < best) best = e, S[g] = s1;
-            }
-            if (S[g] > 0) S[g] = vq_group_pass(&T, xb, wb, g, S[g], b[bi].qs);
-            smax = fmaxf(smax, S[g]);
-        }
-        float d = tn_fp16_to_fp32(tn_fp32_to_fp16(smax / 31.0f));
-        memset(b[bi].sc, 0, sizeof b[bi].sc);
-        if (!(d > 0)) {
-            b[bi].d = tn_fp32_to_fp16(0.0f);
-            memset(b[bi].qs, 0, sizeof b[bi].qs);
-            continue;
-        }
-        for (int g = 0; g < TN_VQ_NV / TN_VQ_GROUP; g++) {
-            long s = lrintf((S[g] / d - 1.0f) * 0.5f);
-            s = s < 0 ? 0 : s > 15 ? 15 : s;
-            b[bi].sc[g / 2] |= (uint8_t)(s << (4 * (g % 2)));
-            (void)vq_group_pass(&T, xb, wb, g, d * (float)(2 * s + 1), b[bi].qs);
-        }
+        const float d = vq_block_scales(&T, xb, hb, wb, &b[bi]);
+        if (!(d > 0)) continue;
+        for (int g = 0; g < TN_VQ_NV / TN_VQ_GROUP; g++)
+            (void)vq_group_pass(&T, xb, wb, g, d * (float)tn_vq_scale(&b[bi], g), b[bi].qs);
         /* refit d given the indices and the 4-bit scales */
         double num = 0, den = 0;
         for (int j = 0; j < TN_VQ_NV; j++) {
@@ -293,4 +307,225 @@ void tn_vq_quantize_row(const int8_t cb[TN_VQ_CB_BYTES], const float *x, void *y
         }
         b[bi].d = tn_fp32_to_fp16(den > 0 && num > 0 ? (float)(num / den) : d);
     }
+}
+
+/* ---- error feedback with the layer's Hessian ------------------------------------------------ */
+
+/* LAPACK (in OpenBLAS): Cholesky factorization and inverse from it, column-major. */
+extern void dpotrf_(const char *uplo, const int *n, double *a, const int *lda, int *info);
+extern void dpotri_(const char *uplo, const int *n, double *a, const int *lda, int *info);
+
+#define VQ_TILE 16 /* rows updated together (one pass over U serves them all) */
+
+struct tn_vq_gptq {
+    int64_t n;
+    float *U;    /* [n][n] upper: H^-1 = U^T U, in processing order                       */
+    float *hd;   /* [n] diag H, file order                                                */
+    float *Li;   /* [n / 4][4][4] inverse of U_vv^T (lower) for vector v's 4 x 4 block    */
+    float *B;    /* [n / 4][4][256] Li c_k: the codebook entries seen through that block  */
+    float *b2;   /* [n / 4][256] |Li c_k|^2                                               */
+    uint8_t *dead; /* [n] file order: a column no input ever reached                        */
+    vq_tables T;
+};
+
+/* Column of the processing order -> column of the file: in block b, position 4 j + p is
+ * weight 64 p + j (vector j's four components side by side). */
+static inline int64_t vq_col(int64_t c) {
+    const int64_t r = c % TN_VQ_QK;
+    return c - r + 64 * (r % 4) + r / 4;
+}
+
+void tn_vq_gptq_free(tn_vq_gptq *g) {
+    if (!g) return;
+    tn_free(g->U);
+    tn_free(g->hd);
+    tn_free(g->Li);
+    tn_free(g->B);
+    tn_free(g->b2);
+    tn_free(g->dead);
+    tn_free(g);
+}
+
+const float *tn_vq_gptq_diag(const tn_vq_gptq *g) { return g->hd; }
+
+tern_status tn_vq_gptq_create(const float *H, int64_t ne0, float damp, tn_vq_gptq **out) {
+    *out = NULL;
+    if (ne0 <= 0 || ne0 % TN_VQ_QK || ne0 > 1 << 16)
+        return tn_err(TERN_ERR_INVALID_ARG, "vq: Hessian of %lld columns (a multiple of 256 up to 65536)", (long long)ne0);
+    const int64_t n = ne0, nv = n / TN_VQ_DIM;
+    tn_vq_gptq *g = tn_calloc(1, sizeof *g);
+    double *A = tn_malloc((size_t)n * (size_t)n * sizeof(double));
+    if (g) {
+        g->n = n;
+        g->U = tn_malloc((size_t)n * (size_t)n * sizeof(float));
+        g->hd = tn_malloc((size_t)n * sizeof(float));
+        g->Li = tn_malloc((size_t)nv * 16 * sizeof(float));
+        g->B = tn_malloc((size_t)nv * TN_VQ_CB_BYTES * sizeof(float));
+        g->b2 = tn_malloc((size_t)nv * TN_VQ_K * sizeof(float));
+        g->dead = tn_calloc((size_t)n, 1);
+    }
+    if (!g || !A || !g->U || !g->hd || !g->Li || !g->B || !g->b2 || !g->dead) {
+        tn_free(A);
+        tn_vq_gptq_free(g);
+        return tn_err(TERN_ERR_NOMEM, "vq: out of memory for a %lld x %lld Hessian", (long long)n, (long long)n);
+    }
+    double mean = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const float h = H[i * n + i];
+        if (!isfinite(h) || h < 0) {
+            tn_free(A);
+            tn_vq_gptq_free(g);
+            return tn_err(TERN_ERR_FORMAT, "vq: the Hessian's diagonal is %g at column %lld", (double)h, (long long)i);
+        }
+        g->hd[i] = h;
+        g->dead[i] = h == 0;
+        mean += h;
+    }
+    mean /= (double)n;
+    if (!(mean > 0)) mean = 1;
+    int info = 1;
+    const int in = (int)n;
+    for (int attempt = 0; attempt < 4 && info; attempt++, damp *= 10) {
+        /* A = H in processing order (symmetric: row-major and column-major agree), dampened */
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t fi = vq_col(i);
+            for (int64_t j = 0; j < n; j++) {
+                const int64_t fj = vq_col(j);
+                A[i * n + j] = fi <= fj ? H[fi * n + fj] : H[fj * n + fi];
+            }
+            A[i * n + i] = g->dead[fi] ? 1.0 : A[i * n + i] + damp * mean;
+            for (int64_t j = 0; j < n && g->dead[fi]; j++)
+                if (j != i) A[i * n + j] = A[j * n + i] = 0;
+        }
+        dpotrf_("L", &in, A, &in, &info);        /* H = L L^T                       */
+        if (!info) dpotri_("L", &in, A, &in, &info); /* H^-1, lower triangle           */
+        if (info) continue;
+        for (int64_t j = 0; j < n; j++) /* column-major lower -> full symmetric         */
+            for (int64_t i = j + 1; i < n; i++) A[i * n + j] = A[j * n + i];
+        dpotrf_("U", &in, A, &in, &info); /* H^-1 = U^T U, U in the upper triangle      */
+    }
+    if (info) {
+        tn_free(A);
+        tn_vq_gptq_free(g);
+        return tn_err(TERN_ERR_FORMAT, "vq: the Hessian is not positive definite even dampened (LAPACK info %d)", info);
+    }
+    /* column-major upper U(i, j), i <= j, sits at A[i + j n] */
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < n; j++) g->U[i * n + j] = j >= i ? (float)A[i + j * n] : 0.0f;
+    tn_free(A);
+    /* Li = (U_vv^T)^-1 for each vector's diagonal block: forward substitution on the identity */
+    for (int64_t v = 0; v < nv; v++) {
+        double L[4][4], X[4][4];
+        for (int a = 0; a < 4; a++)
+            for (int b = 0; b < 4; b++) L[a][b] = b <= a ? g->U[(4 * v + b) * n + 4 * v + a] : 0.0;
+        for (int col = 0; col < 4; col++)
+            for (int a = 0; a < 4; a++) {
+                double s = a == col ? 1.0 : 0.0;
+                for (int b = 0; b < a; b++) s -= L[a][b] * X[b][col];
+                X[a][col] = s / L[a][a];
+            }
+        for (int a = 0; a < 16; a++) g->Li[v * 16 + a] = (float)X[a / 4][a % 4];
+    }
+    *out = g;
+    return TERN_OK;
+}
+
+void tn_vq_gptq_set_codebook(tn_vq_gptq *g, const int8_t cb[TN_VQ_CB_BYTES]) {
+    vq_tables_init(&g->T, cb);
+    for (int64_t v = 0; v < g->n / TN_VQ_DIM; v++) {
+        const float *Li = g->Li + v * 16;
+        float *B = g->B + v * TN_VQ_CB_BYTES, *b2 = g->b2 + v * TN_VQ_K;
+        for (int k = 0; k < TN_VQ_K; k++) {
+            float s = 0;
+            for (int a = 0; a < 4; a++) {
+                float z = 0;
+                for (int b = 0; b <= a; b++) z += Li[a * 4 + b] * g->T.c[b][k];
+                B[a * TN_VQ_K + k] = z;
+                s += z * z;
+            }
+            b2[k] = s;
+        }
+    }
+}
+
+/* Entry k minimising |a - S B_k|^2 = S^2 |B_k|^2 - 2 S a.B_k + |a|^2, for vector v. */
+static int vq_gptq_assign(const tn_vq_gptq *g, int64_t v, const float a[4], float S) {
+    const float *B = g->B + v * TN_VQ_CB_BYTES, *b2 = g->b2 + v * TN_VQ_K;
+    const float s2 = S * S, m0 = -2 * S * a[0], m1 = -2 * S * a[1], m2 = -2 * S * a[2], m3 = -2 * S * a[3];
+    float e[TN_VQ_K];
+    for (int k = 0; k < TN_VQ_K; k++)
+        e[k] = s2 * b2[k] + m0 * B[k] + m1 * B[TN_VQ_K + k] + m2 * B[2 * TN_VQ_K + k] + m3 * B[3 * TN_VQ_K + k];
+    int bi = 0;
+    for (int k = 1; k < TN_VQ_K; k++)
+        if (e[k] < e[bi]) bi = k;
+    return bi;
+}
+
+void tn_vq_gptq_quantize_rows(const tn_vq_gptq *g, const float *x, void *y, int64_t r0, int64_t r1, int64_t rows) {
+    const int64_t n = g->n;
+    const size_t rb = tn_dtype_row_size(TN_VQ2, n);
+    float *W = tn_malloc(sizeof(float) * (size_t)(VQ_TILE * n + VQ_TILE * TN_VQ_QK));
+    if (!W) { /* no room for the tile: each row alone without feedback (still a valid file) */
+        for (int64_t r = r0; r < r1; r++) {
+            int8_t cb[TN_VQ_CB_BYTES];
+            for (int p = 0; p < TN_VQ_DIM; p++)
+                for (int k = 0; k < TN_VQ_K; k++) cb[p * TN_VQ_K + k] = (int8_t)g->T.c[p][k];
+            tn_vq_quantize_row(cb, x + r * n, (uint8_t *)y + (size_t)r * rb, n, r, rows, g->hd);
+        }
+        return;
+    }
+    float *E = W + VQ_TILE * n; /* [tile][256] the current block's errors, processing order */
+    for (int64_t t0 = r0; t0 < r1; t0 += VQ_TILE) {
+        const int nt = (int)(r1 - t0 < VQ_TILE ? r1 - t0 : VQ_TILE);
+        for (int r = 0; r < nt; r++) { /* the rows in processing order, dead columns zeroed */
+            uint8_t *o = (uint8_t *)y + (size_t)(t0 + r) * rb;
+            const uint64_t hdr = (uint64_t)(rows - t0 - r) * rb;
+            for (int i = 0; i < 4; i++) o[i] = (uint8_t)(hdr >> (8 * i));
+            for (int64_t c = 0; c < n; c++) {
+                const int64_t fc = vq_col(c);
+                W[r * n + c] = g->dead[fc] ? 0.0f : x[(t0 + r) * n + fc];
+            }
+        }
+        for (int64_t bi = 0; bi < n / TN_VQ_QK; bi++) {
+            const int64_t c0 = bi * TN_VQ_QK, c1 = c0 + TN_VQ_QK;
+            for (int r = 0; r < nt; r++) {
+                block_vq2 *b = (block_vq2 *)((uint8_t *)y + (size_t)(t0 + r) * rb + TN_VQ_HDR) + bi;
+                float xb[TN_VQ_QK], wb[TN_VQ_QK];
+                for (int i = 0; i < TN_VQ_QK; i++) xb[vq_col(i)] = W[r * n + c0 + i];
+                const float *hb = g->hd + c0;
+                vq_block_weights(xb, hb, wb);
+                const float d = vq_block_scales(&g->T, xb, hb, wb, b);
+                float *er = E + r * TN_VQ_QK;
+                for (int j = 0; j < TN_VQ_NV; j++) {
+                    const int64_t c = c0 + 4 * j, v = c / TN_VQ_DIM;
+                    float *w = W + r * n + c, a[4], z[4];
+                    const float *Li = g->Li + v * 16;
+                    for (int p = 0; p < 4; p++) {
+                        a[p] = 0;
+                        for (int q = 0; q <= p; q++) a[p] += Li[p * 4 + q] * w[q];
+                    }
+                    const float S = d * (float)tn_vq_scale(b, j / TN_VQ_GROUP);
+                    const int k = d > 0 ? vq_gptq_assign(g, v, a, S) : 0;
+                    b->qs[j] = (uint8_t)k;
+                    for (int p = 0; p < 4; p++) z[p] = a[p] - S * g->B[v * TN_VQ_CB_BYTES + p * TN_VQ_K + k];
+                    for (int p = 0; p < 4; p++) er[4 * j + p] = z[p];
+                    /* the rest of this block now; later blocks after it, all at once */
+                    for (int p = 0; p < 4; p++) {
+                        const float *u = g->U + (c + p) * n;
+                        for (int64_t cc = c + 4; cc < c1; cc++) w[cc - c] -= z[p] * u[cc];
+                    }
+                }
+            }
+            if (c1 < n)
+                for (int i = 0; i < TN_VQ_QK; i++) {
+                    const float *u = g->U + (c0 + i) * n;
+                    for (int r = 0; r < nt; r++) {
+                        const float e = E[r * TN_VQ_QK + i];
+                        float *w = W + r * n;
+                        for (int64_t cc = c1; cc < n; cc++) w[cc] -= e * u[cc];
+                    }
+                }
+        }
+    }
+    tn_free(W);
 }

@@ -64,4 +64,28 @@ tern_status tn_vq_fit_codebook(const float *x, int64_t rows, int64_t ne0, const 
 void tn_vq_quantize_row(const int8_t cb[TN_VQ_CB_BYTES], const float *x, void *y, int64_t ne0, int64_t r, int64_t rows,
                         const float *imp);
 
+/* ---- error feedback with the layer's Hessian (GPTQ's update, VPTQ's objective) ---------------
+ * With H = X^T X of the layer's calibration inputs X (rows of ne0), the output error of a
+ * quantized row is (w - q) H (w - q)^T. Vectors are quantized one at a time in the order of the
+ * layout (block by block, vector j = weights j, j + 64, j + 128, j + 192 of a block), each choosing
+ * the codebook entry that least raises that error given the vectors before it (the 4x4 block of
+ * the inverse Hessian of the weights still free), and the vector's error is folded into the
+ * weights not yet quantized (GPTQ: W_rest -= E U_rest with H^-1 = U^T U). Group scales are picked
+ * at the start of each block from the updated weights (tn_vq_quantize_row's search, the
+ * importance = diag H). Columns H says are never active (zero diagonal) are quantized as zeros. */
+typedef struct tn_vq_gptq tn_vq_gptq;
+
+/* From H (ne0 x ne0 row-major, upper triangle read; ne0 % 256 == 0), dampened by damp * mean
+ * diagonal (GPTQ's 0.01; raised tenfold up to 3 times if H is still not positive definite).
+ * TERN_ERR_NOMEM, TERN_ERR_FORMAT (no factorization: H not finite or not positive), or TERN_OK. */
+tern_status tn_vq_gptq_create(const float *H, int64_t ne0, float damp, tn_vq_gptq **out);
+void tn_vq_gptq_free(tn_vq_gptq *g);
+/* diag H (ne0 floats, file order): the importance to fit the codebook with. */
+const float *tn_vq_gptq_diag(const tn_vq_gptq *g);
+/* The codebook the rows are quantized against (before tn_vq_gptq_quantize_rows). */
+void tn_vq_gptq_set_codebook(tn_vq_gptq *g, const int8_t cb[TN_VQ_CB_BYTES]);
+/* Quantizes rows r0..r1 of the tensor x[rows][ne0] into y (the tensor's rows, row r at
+ * r * tn_dtype_row_size(TN_VQ2, ne0)). Rows are independent: any split gives the same bytes. */
+void tn_vq_gptq_quantize_rows(const tn_vq_gptq *g, const float *x, void *y, int64_t r0, int64_t r1, int64_t rows);
+
 #endif

@@ -10,6 +10,9 @@
  *     2-bit scalar (Lloyd-Max) quantizer of a Gaussian, 0.1175 — a 4-D codebook must beat it — and
  *     above the rate-distortion bound at 2.1875 bits, 2^-4.375; an importance vector lowers the
  *     importance-weighted error; same input and seed -> same bytes; every row header is right;
+ *   - error feedback with a Hessian (tn_vq_gptq_*): on correlated inputs the layer's output error,
+ *     measured through the inputs themselves, is well below the diagonal-only quantizer's with the
+ *     same codebook; split rows give the same bytes; bad Hessians are refused;
  *   - GGUF: a written vq2 tensor reads back with its codebook; a wrong row header is refused.
  */
 #include <math.h>
@@ -242,6 +245,101 @@ static void test_quantizer(void **st) {
     free(x), free(imp), free(q), free(q2), free(qi), free(qz);
 }
 
+/* sum over the calibration rows of |x (w - q)|^2 for every weight row: the layer's output error,
+ * computed from the inputs X themselves (not from H) with the test's decode of q */
+static double out_err(const float *X, int64_t m, const float *x, const uint8_t *q, int64_t rows, int64_t ne0) {
+    const size_t rb = tn_dtype_row_size(TN_VQ2, ne0);
+    double *d = malloc(sizeof(double) * (size_t)ne0), e = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t b = 0; b < ne0 / 256; b++)
+            for (int p = 0; p < 4; p++)
+                for (int j = 0; j < 64; j++) {
+                    const int64_t c = b * 256 + 64 * p + j;
+                    d[c] = x[r * ne0 + c] - weight_at(q + (size_t)r * rb, b, p, j);
+                }
+        for (int64_t i = 0; i < m; i++) {
+            double y = 0;
+            for (int64_t c = 0; c < ne0; c++) y += X[i * ne0 + c] * d[c];
+            e += y * y;
+        }
+    }
+    free(d);
+    return e;
+}
+
+/* Error feedback with the layer's Hessian: inputs with correlated columns (a random mixing of a
+ * few strong directions, one column never active), H = X^T X; the output error measured through
+ * X must drop well below the diagonal-only quantizer's with the same codebook; split rows give
+ * the same bytes; a bad Hessian is refused. */
+static void test_gptq(void **st) {
+    (void)st;
+    const int64_t rows = 40, ne0 = 512, m = 2048, rk = 48, dead = 77;
+    float *X = malloc(sizeof(float) * (size_t)(m * ne0)), *M = malloc(sizeof(float) * (size_t)(rk * ne0));
+    float *x = malloc(sizeof(float) * (size_t)(rows * ne0)), *H = calloc((size_t)(ne0 * ne0), sizeof(float));
+    for (int64_t i = 0; i < rk * ne0; i++) M[i] = (float)grand();
+    for (int64_t i = 0; i < m; i++) {
+        double z[48]; /* this row's latent factors, of falling strength */
+        for (int64_t k = 0; k < rk; k++) z[k] = grand() / (1.0 + 0.2 * (double)k);
+        for (int64_t c = 0; c < ne0; c++) {
+            double v = grand(); /* each column's own noise + the shared directions */
+            for (int64_t k = 0; k < rk; k++) v += M[k * ne0 + c] * z[k];
+            X[i * ne0 + c] = c == dead ? 0.0f : (float)v;
+        }
+    }
+    for (int64_t a = 0; a < ne0; a++) /* upper triangle in double: an independent computation */
+        for (int64_t b = a; b < ne0; b++) {
+            double h = 0;
+            for (int64_t i = 0; i < m; i++) h += (double)X[i * ne0 + a] * X[i * ne0 + b];
+            H[a * ne0 + b] = (float)h;
+        }
+    for (int64_t i = 0; i < rows * ne0; i++) x[i] = (float)(0.02 * grand());
+    tn_vq_gptq *g = NULL;
+    assert_int_equal(tn_vq_gptq_create(H, ne0, 0.01f, &g), TERN_OK);
+    const float *hd = tn_vq_gptq_diag(g);
+    assert_true(hd[dead] == 0.0f && hd[3] == H[3 * ne0 + 3]);
+    /* the diagonal-only quantizer, importance = diag H, and its codebook */
+    uint8_t *qd = quantize(x, rows, ne0, hd, 11);
+    const size_t n = tn_dtype_tensor_size(TN_VQ2, ne0, rows);
+    int8_t cb[1024];
+    memcpy(cb, qd + n - 1024, 1024);
+    tn_vq_gptq_set_codebook(g, cb);
+    uint8_t *qg = malloc(n), *qs = malloc(n);
+    tn_vq_gptq_quantize_rows(g, x, qg, 0, rows, rows);
+    memcpy(qg + n - 1024, cb, 1024);
+    tn_vq_gptq_quantize_rows(g, x, qs, 0, 7, rows);
+    tn_vq_gptq_quantize_rows(g, x, qs, 7, 23, rows);
+    tn_vq_gptq_quantize_rows(g, x, qs, 23, rows, rows);
+    memcpy(qs + n - 1024, cb, 1024);
+    assert_memory_equal(qg, qs, n);
+    const size_t rb = tn_dtype_row_size(TN_VQ2, ne0);
+    for (int64_t r = 0; r < rows; r++) {
+        uint32_t off;
+        memcpy(&off, qg + (size_t)r * rb, 4);
+        assert_int_equal(off, (size_t)(rows - r) * rb);
+    }
+    const double ed = out_err(X, m, x, qd, rows, ne0), eg = out_err(X, m, x, qg, rows, ne0);
+    double ref = 0; /* the output's own size, for scale */
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < m; i += 8) {
+            double y = 0;
+            for (int64_t c = 0; c < ne0; c++) y += X[i * ne0 + c] * x[r * ne0 + c];
+            ref += 8 * y * y;
+        }
+    printf("vq2 output error / output: %.4f with diag(H) only, %.4f with error feedback (%.2fx lower)\n", ed / ref,
+           eg / ref, ed / eg);
+    assert_true(isfinite(eg));
+    assert_true(eg < 0.5 * ed);
+    tn_vq_gptq_free(g);
+    /* a Hessian with a NaN or a negative diagonal is refused */
+    H[5 * ne0 + 5] = NAN;
+    assert_int_equal(tn_vq_gptq_create(H, ne0, 0.01f, &g), TERN_ERR_FORMAT);
+    assert_null(g);
+    H[5 * ne0 + 5] = -1.0f;
+    assert_int_equal(tn_vq_gptq_create(H, ne0, 0.01f, &g), TERN_ERR_FORMAT);
+    assert_int_equal(tn_vq_gptq_create(H, 300, 0.01f, &g), TERN_ERR_INVALID_ARG);
+    free(X), free(M), free(x), free(H), free(qd), free(qg), free(qs);
+}
+
 static void test_gguf(void **st) {
     (void)st;
     size_t rb;
@@ -282,7 +380,7 @@ static void test_gguf(void **st) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_traits), cmocka_unit_test(test_decode), cmocka_unit_test(test_kernels),
-        cmocka_unit_test(test_quantizer), cmocka_unit_test(test_gguf),
+        cmocka_unit_test(test_quantizer), cmocka_unit_test(test_gptq), cmocka_unit_test(test_gguf),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

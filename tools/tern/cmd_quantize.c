@@ -15,6 +15,7 @@
  * budget of X bits per weight, weighing each tensor's error by its measured KL sensitivity
  * (probes on --calib text, or on text the model generates; docs/quant-quality.md).
  */
+#include <cblas.h>
 #include <math.h>
 #include <regex.h>
 #include <signal.h>
@@ -95,7 +96,12 @@ typedef struct {
     const float *task_imat;
     int64_t task_mat_rows; /* > 0: task_imat holds one row of ne0 per matrix of this many rows (experts) */
     int8_t task_cb[TN_VQ_CB_BYTES]; /* vq types: the tensor's fitted codebook */
+    const struct hess_set *hess;    /* --calib with a vq type: Hessians per weight, or NULL */
+    tn_vq_gptq *task_gptq;          /* this tensor's error-feedback state, or NULL */
+    int n_gptq;                     /* tensors quantized with it */
 } qctx;
+
+static const float *hess_find(const struct hess_set *h, const char *name, int64_t ne0);
 
 static void fmt_shape(const tn_gguf_tensor *t, char *buf, size_t cap) {
     size_t o = (size_t)snprintf(buf, cap, "%5lld", (long long)t->ne[0]);
@@ -132,6 +138,10 @@ static void quant_task(void *arg, int ith, int nth) {
     qctx *q = arg;
     int64_t r0, r1;
     tn_split(q->task_rows, ith, nth, 1, &r0, &r1);
+    if (q->task_gptq) {
+        tn_vq_gptq_quantize_rows(q->task_gptq, q->task_x, q->task_y, r0, r1, q->task_rows);
+        return;
+    }
     const size_t rb = tn_dtype_row_size((tn_dtype)q->task_type, q->task_ne0);
     for (int64_t r = r0; r < r1; r++) {
         const float *x = q->task_x + r * q->task_ne0;
@@ -205,8 +215,23 @@ static tern_status fill(void *user, size_t idx, void *dst, size_t nbytes) {
                       q->imat ? "the importance matrix has no entry of its size for it" : "no --imatrix was given");
     if (tn_dtype_is_iq_grid((tn_dtype)c->type) && !tn_iq_map_get((tn_dtype)c->type))
         return tn_err(TERN_ERR_NOMEM, "quantize: no memory for the %s grid's search tables", tn_dtype_name(c->type));
-    if (tn_vq_is(c->type) && (s = vq_prepare(q, t, nbytes))) return s;
+    const float *H = tn_vq_is(c->type) && q->hess && t->n_dims == 2 ? hess_find(q->hess, t->name, t->ne[0]) : NULL;
+    if (H) { /* the codebook and the scales weigh columns by diag H, the rows get error feedback */
+        if ((s = tn_vq_gptq_create(H, t->ne[0], 0.01f, &q->task_gptq))) return s;
+        q->task_imat = tn_vq_gptq_diag(q->task_gptq);
+        q->task_mat_rows = 0;
+        fprintf(stderr, "with its Hessian .. ");
+    }
+    if (tn_vq_is(c->type) && (s = vq_prepare(q, t, nbytes))) {
+        tn_vq_gptq_free(q->task_gptq);
+        q->task_gptq = NULL;
+        return s;
+    }
+    if (q->task_gptq) tn_vq_gptq_set_codebook(q->task_gptq, q->task_cb);
     tn_pool_run(q->pool, quant_task, q);
+    if (q->task_gptq) q->n_gptq++;
+    tn_vq_gptq_free(q->task_gptq);
+    q->task_gptq = NULL;
     if (g_stop) return tn_err(TERN_ERR_ABORTED, "quantize: interrupted");
     if (tn_vq_is(c->type)) /* the codebook follows the rows (quant/vq.h) */
         memcpy((uint8_t *)dst + nbytes - TN_VQ_CB_BYTES, q->task_cb, TN_VQ_CB_BYTES);
@@ -622,6 +647,136 @@ out:
     return s;
 }
 
+/* ---- Hessians for the codebook types (--calib with vq2) -------------------------------------
+ * The model of the input file runs over the calibration text in chunks (as tern imatrix does) and
+ * an activation observer sums X^T X of the input rows of each (layer, site): wq/wk/wv share one,
+ * w_gate/w_up another, wo and w_down have their own. The vq quantizer then feeds each matrix's
+ * rounding errors forward through its site's Hessian (quant/vq.h). f32 sums, upper triangles
+ * (cblas_ssyrk); on a 1B-class llama they take about 4 GB (22 layers x 3 x 2048^2 + 5632^2). */
+#define HESS_SITES 4 /* TN_OBS_ATTN_IN .. TN_OBS_FFN_DOWN */
+
+typedef struct hess_set {
+    int32_t n_layer;
+    float **H;        /* [n_layer][HESS_SITES], NULL until that site is seen */
+    int64_t *dim;     /* [n_layer][HESS_SITES] columns                         */
+    char **names;     /* [n_layer][TN_ROLE_N_LAYER] weight names (views share)  */
+    int8_t *site_of;  /* [n_layer][TN_ROLE_N_LAYER] site of that weight, or -1   */
+    tern_status err;
+} hess_set;
+
+static void hess_free(hess_set *h) {
+    for (int64_t i = 0; h->H && i < (int64_t)h->n_layer * HESS_SITES; i++) free(h->H[i]);
+    for (int64_t i = 0; h->names && i < (int64_t)h->n_layer * TN_ROLE_N_LAYER; i++) free(h->names[i]);
+    free(h->H);
+    free(h->dim);
+    free(h->names);
+    free(h->site_of);
+    memset(h, 0, sizeof *h);
+}
+
+static void hess_observe(void *user, int32_t il, tn_obs_site site, const float *x, int32_t n, int32_t ne0) {
+    hess_set *h = user;
+    if (h->err || il < 0 || il >= h->n_layer || (int)site < 0 || (int)site >= HESS_SITES || n <= 0) return;
+    const int64_t i = (int64_t)il * HESS_SITES + site;
+    if (!h->H[i]) {
+        if (!(h->H[i] = calloc((size_t)ne0 * (size_t)ne0, sizeof(float)))) {
+            h->err = tn_err(TERN_ERR_NOMEM, "quantize: out of memory for a %d x %d Hessian (layer %d)", ne0, ne0, il);
+            return;
+        }
+        h->dim[i] = ne0;
+    }
+    if (h->dim[i] != ne0) return;
+    for (int64_t k = 0; k < (int64_t)n * ne0; k++)
+        if (!isfinite(x[k])) {
+            h->err = tn_err(TERN_ERR_FORMAT, "quantize: layer %d's activations are not finite on the calibration text", il);
+            return;
+        }
+    cblas_ssyrk(CblasRowMajor, CblasUpper, CblasTrans, ne0, n, 1.0f, x, ne0, 1.0f, h->H[i], ne0);
+}
+
+/* The Hessian of weight `name` (ne0 columns), or NULL. */
+static const float *hess_find(const struct hess_set *h, const char *name, int64_t ne0) {
+    for (int64_t i = 0; h->names && i < (int64_t)h->n_layer * TN_ROLE_N_LAYER; i++) {
+        if (!h->names[i] || h->site_of[i] < 0 || strcmp(h->names[i], name)) continue;
+        const int64_t k = i / TN_ROLE_N_LAYER * HESS_SITES + h->site_of[i];
+        return h->H[k] && h->dim[k] == ne0 ? h->H[k] : NULL;
+    }
+    return NULL;
+}
+
+static tern_status hess_collect(const char *model_path, const char *calib, int64_t max_chunks, int threads, hess_set *h) {
+    memset(h, 0, sizeof *h);
+    tern_model_params mp;
+    tern_model_params_init(&mp);
+    tern_model *m = NULL;
+    tern_ctx *c = NULL;
+    char *text = NULL;
+    size_t len = 0;
+    int32_t n_tok = 0;
+    tern_token *toks = NULL;
+    tern_status s = tern_model_load(model_path, &mp, &m);
+    if (s) return s;
+    const tn_hparams *hp = &m->hp;
+    const int n_ctx = hp->n_ctx_train > 0 && hp->n_ctx_train < 512 ? hp->n_ctx_train : 512;
+    if (!(s = tn_cli_read_file(calib, &text, &len))) s = tn_cli_tokenize(m, text, len, true, false, &toks, &n_tok);
+    free(text);
+    int64_t n_chunk = n_tok / n_ctx;
+    if (!s && n_chunk > max_chunks) n_chunk = max_chunks;
+    if (!s && n_chunk < 1)
+        s = tn_err(TERN_ERR_INVALID_ARG, "--calib %s: %d tokens, fewer than one chunk of %d", calib, n_tok, n_ctx);
+    h->n_layer = hp->n_layer;
+    if (!s) {
+        const size_t nl = (size_t)hp->n_layer;
+        h->H = calloc(nl * HESS_SITES + 1, sizeof *h->H);
+        h->dim = calloc(nl * HESS_SITES + 1, sizeof *h->dim);
+        h->names = calloc(nl * TN_ROLE_N_LAYER + 1, sizeof *h->names);
+        h->site_of = malloc(nl * TN_ROLE_N_LAYER + 1);
+        if (!h->H || !h->dim || !h->names || !h->site_of) s = tn_err(TERN_ERR_NOMEM, "quantize: out of memory");
+    }
+    static const struct { int role, site; } sites[] = {
+        {TN_ROLE_ATTN_Q, TN_OBS_ATTN_IN},   {TN_ROLE_ATTN_K, TN_OBS_ATTN_IN},  {TN_ROLE_ATTN_V, TN_OBS_ATTN_IN},
+        {TN_ROLE_ATTN_QKV, TN_OBS_ATTN_IN}, {TN_ROLE_ATTN_OUT, TN_OBS_ATTN_OUT}, {TN_ROLE_FFN_GATE, TN_OBS_FFN_IN},
+        {TN_ROLE_FFN_UP, TN_OBS_FFN_IN},    {TN_ROLE_FFN_DOWN, TN_OBS_FFN_DOWN}};
+    for (int32_t il = 0; !s && il < hp->n_layer; il++) {
+        memset(h->site_of + (size_t)il * TN_ROLE_N_LAYER, -1, TN_ROLE_N_LAYER);
+        for (size_t k = 0; k < sizeof sites / sizeof sites[0] && !s; k++) {
+            const tn_tensor *w = &m->layers[il].w[sites[k].role];
+            if (!w->data || !w->name) continue;
+            const size_t i = (size_t)il * TN_ROLE_N_LAYER + (size_t)sites[k].role;
+            if (!(h->names[i] = strdup(w->name))) s = tn_err(TERN_ERR_NOMEM, "quantize: out of memory");
+            h->site_of[i] = (int8_t)sites[k].site;
+        }
+    }
+    tern_ctx_params cp;
+    tern_ctx_params_init(&cp);
+    cp.n_ctx = cp.n_batch = n_ctx;
+    cp.n_threads = threads;
+    if (!s) s = tern_ctx_create(m, &cp, &c);
+    if (!s) {
+        c->observe = hess_observe;
+        c->observe_user = h;
+        fprintf(stderr, "quantize: collecting Hessians on %s (%lld chunks of %d tokens)\n", calib, (long long)n_chunk, n_ctx);
+    }
+    const tern_token bos = tern_token_bos(m);
+    const double t0 = tn_cli_now();
+    for (int64_t ci = 0; !s && ci < n_chunk && !g_stop; ci++) {
+        tern_token *chunk = toks + ci * n_ctx;
+        if (tern_vocab_add_bos(m) && bos >= 0) chunk[0] = bos;
+        if (!(s = tern_ctx_truncate(c, 0))) s = tern_decode(c, chunk, n_ctx);
+        if (!s && h->err) s = h->err;
+        const double el = tn_cli_now() - t0;
+        fprintf(stderr, "\rquantize: Hessians [%lld/%lld] %.1f s, ETA %.1f s ", (long long)ci + 1, (long long)n_chunk, el,
+                el / (double)(ci + 1) * (double)(n_chunk - ci - 1));
+    }
+    fprintf(stderr, "\n");
+    if (!s && g_stop) s = tn_err(TERN_ERR_ABORTED, "quantize: interrupted");
+    free(toks);
+    tern_ctx_free(c);
+    tern_model_free(m);
+    if (s) hess_free(h);
+    return s;
+}
+
 static void usage(void) {
     printf("usage: tern quantize [options] in.gguf out.gguf TYPE [threads]\n"
            "  TYPE: Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q2_K_S Q3_K_S Q3_K_M Q3_K_L Q4_K_S Q4_K_M Q5_K_S Q5_K_M Q6_K\n"
@@ -643,9 +798,12 @@ static void usage(void) {
            "  --target-bpw X                per-tensor bit widths of TYPE's family (tq<b>g<G>[a]) chosen so the whole\n"
            "                                file has at most X bits per weight, at the least predicted loss\n"
            "  --calib FILE                  text whose KL divergence weighs each tensor's error (--target-bpw;\n"
-           "                                default: text the model generates itself)\n"
+           "                                default: text the model generates itself); with vq2, the text the\n"
+           "                                layers' Hessians are collected on (each matrix's rounding errors are\n"
+           "                                fed forward through its input's X^T X, as GPTQ/VPTQ do)\n"
            "  --calib-chunks N              chunks of calibration text per probe (default 16; 0 = no probes,\n"
-           "                                plain importance-weighted errors)\n"
+           "                                plain importance-weighted errors); with vq2, for the Hessians\n"
+           "                                (default: all, at most 256)\n"
            "  --allow-requantize            allow quantized inputs\n");
 }
 
@@ -681,6 +839,7 @@ int cmd_quantize(int argc, char **argv) {
     float target_bpw = 0;
     const char *calib_path = NULL;
     int64_t calib_chunks = 16;
+    bool calib_chunks_set = false;
     ov_set ovs = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -720,6 +879,7 @@ int cmd_quantize(int argc, char **argv) {
             calib_path = argv[++i];
         } else if (!strcmp(a, "--calib-chunks") && more) {
             if (!tn_cli_parse_i64(argv[++i], 0, 100000, &calib_chunks)) { rc = tn_cli_usage_error("bad --calib-chunks '%s'", argv[i]); goto done; }
+            calib_chunks_set = true;
         } else if (!strcmp(a, "--target-bpw") && more) {
             if (!tn_cli_parse_f32(argv[++i], 0.5f, 64.0f, &target_bpw)) {
                 rc = tn_cli_usage_error("bad --target-bpw '%s' (bits per weight, 0.5 to 64)", argv[i]);
@@ -764,8 +924,9 @@ int cmd_quantize(int argc, char **argv) {
         rc = tn_cli_usage_error("unknown type '%s' (see tern quantize --help)", type_name);
         goto done;
     }
-    if (calib_path && !(target_bpw > 0)) {
-        rc = tn_cli_usage_error("--calib is used by --target-bpw only");
+    const bool vq_type = ftype == TN_FTYPE_TERN && tn_vq_is(default_type);
+    if (calib_path && !(target_bpw > 0) && !vq_type) {
+        rc = tn_cli_usage_error("--calib is used by --target-bpw and the codebook types (vq2) only");
         goto done;
     }
     if (target_bpw > 0 && (ftype != TN_FTYPE_TERN || tn_vq_is(default_type))) {
@@ -803,6 +964,7 @@ int cmd_quantize(int argc, char **argv) {
     tn_gguf_writer *w = NULL;
     tn_pool *pool = NULL;
     qctx q = {0};
+    hess_set hs = {0};
     if (!names || !order || !mt || !ch) { rc = TN_EXIT_OSERR; goto out; }
     size_t max_el = 0;
     for (size_t i = 0; i < n; i++) {
@@ -932,6 +1094,28 @@ int cmd_quantize(int argc, char **argv) {
         if ((s = tn_gguf_add_tensor(w, t->name, ch[i].type, t->n_dims, t->ne, NULL))) goto fail;
     }
 
+    if (vq_type && calib_path) {
+        signal(SIGINT, on_sigint);
+        signal(SIGTERM, on_sigint);
+        s = hess_collect(in_path, calib_path, calib_chunks_set ? calib_chunks : 256, (int)threads, &hs);
+        signal(SIGINT, SIG_DFL);
+        signal(SIGTERM, SIG_DFL);
+        if (s == TERN_ERR_INVALID_ARG) {
+            rc = tn_cli_usage_error("%s", tern_last_error());
+            goto out;
+        }
+        if (g_stop) {
+            fprintf(stderr, "\ntern: interrupted; no output written\n");
+            rc = TN_EXIT_INTERRUPTED;
+            goto out;
+        }
+        if (s) {
+            rc = tn_cli_fail(s, "collecting Hessians on the --calib text");
+            goto out;
+        }
+        q.hess = &hs;
+        if ((s = tn_gguf_set_str(w, "tern.quant.calib", calib_path))) goto fail;
+    }
     q.in = g;
     q.order = order;
     q.ch = ch;
@@ -956,6 +1140,7 @@ int cmd_quantize(int argc, char **argv) {
     if (s) goto fail;
     fprintf(stderr, "quantize: model size  = %8.2f MiB (%.2f BPW)\n", q.total_in / 1024.0 / 1024.0, q.total_in * 8.0 / (double)q.n_elem);
     fprintf(stderr, "quantize: quant size  = %8.2f MiB (%.2f BPW)\n", q.total_out / 1024.0 / 1024.0, q.total_out * 8.0 / (double)q.n_elem);
+    if (q.hess) fprintf(stderr, "quantize: %d tensors quantized with their Hessians\n", q.n_gptq);
     if (target_bpw > 0)
         fprintf(stderr, "quantize: target %.4g bpw, achieved %.4f bpw (whole file)\n", target_bpw, achieved_bpw);
     if (n_fallback) fprintf(stderr, "quantize: WARNING: %d of %zu tensor(s) required fallback quantization\n", n_fallback, n);
@@ -965,6 +1150,7 @@ fail:
     fprintf(stderr, "\n");
     rc = tn_cli_fail(s, "quantizing");
 out:
+    hess_free(&hs);
     free(q.f32);
     tn_pool_free(pool);
     tn_gguf_writer_free(w);
