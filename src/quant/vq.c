@@ -40,6 +40,25 @@ static uint64_t vq_rng(uint64_t *s) { /* splitmix64 */
 }
 static double vq_unif(uint64_t *s) { return (double)(vq_rng(s) >> 11) * 0x1p-53; }
 
+/* Index of the first smallest of the 256 values e: 16 independent running minima (one per
+ * k % 16, which the compiler can keep in a vector) instead of one dependent chain of compares,
+ * then the smallest of those with the lowest index — the same index as the plain loop. */
+static inline int vq_argmin(const float *e) {
+    float best[16];
+    int bi[16];
+    for (int l = 0; l < 16; l++) best[l] = e[l], bi[l] = l;
+    for (int k = 16; k < TN_VQ_K; k += 16)
+        for (int l = 0; l < 16; l++) {
+            const bool lt = e[k + l] < best[l];
+            best[l] = lt ? e[k + l] : best[l];
+            bi[l] = lt ? k + l : bi[l];
+        }
+    int r = 0;
+    for (int l = 1; l < 16; l++)
+        if (best[l] < best[r] || (best[l] == best[r] && bi[l] < bi[r])) r = l;
+    return bi[r];
+}
+
 /* Weighted RMS of group g (vectors 8g..8g+7) of the block at x (256 floats), columns' importance
  * h (256 floats, or NULL). */
 static float vq_group_rms(const float *x, const float *h, int g) {
@@ -68,8 +87,6 @@ static void vq_block_weights(const float *xb, const float *hb, float *wb) {
 
 /* Index of the centroid (SoA C[p][k]) nearest to u under per-component weights a. */
 static int vq_nearest(const float (*C)[TN_VQ_K], const float *u, const float *a, float *dmin) {
-    float best = INFINITY;
-    int bi = 0;
     float dist[TN_VQ_K];
     for (int k = 0; k < TN_VQ_K; k++) {
         float s = 0;
@@ -79,9 +96,8 @@ static int vq_nearest(const float (*C)[TN_VQ_K], const float *u, const float *a,
         }
         dist[k] = s;
     }
-    for (int k = 0; k < TN_VQ_K; k++)
-        if (dist[k] < best) best = dist[k], bi = k;
-    if (dmin) *dmin = best;
+    const int bi = vq_argmin(dist);
+    if (dmin) *dmin = dist[bi];
     return bi;
 }
 
@@ -200,10 +216,7 @@ static int vq_assign(const vq_tables *t, const float *w, const float *h, float S
     for (int k = 0; k < TN_VQ_K; k++)
         e[k] = hw[0] * t->c[0][k] + hw[1] * t->c[1][k] + hw[2] * t->c[2][k] + hw[3] * t->c[3][k] +
                hs[0] * t->c2[0][k] + hs[1] * t->c2[1][k] + hs[2] * t->c2[2][k] + hs[3] * t->c2[3][k];
-    int bi = 0;
-    for (int k = 1; k < TN_VQ_K; k++)
-        if (e[k] < e[bi]) bi = k;
-    return bi;
+    return vq_argmin(e);
 }
 
 /* Assigns group g's vectors with scale S under per-weight error weights wb; returns the
@@ -455,10 +468,7 @@ static int vq_gptq_assign(const tn_vq_gptq *g, int64_t v, const float a[4], floa
     float e[TN_VQ_K];
     for (int k = 0; k < TN_VQ_K; k++)
         e[k] = s2 * b2[k] + m0 * B[k] + m1 * B[TN_VQ_K + k] + m2 * B[2 * TN_VQ_K + k] + m3 * B[3 * TN_VQ_K + k];
-    int bi = 0;
-    for (int k = 1; k < TN_VQ_K; k++)
-        if (e[k] < e[bi]) bi = k;
-    return bi;
+    return vq_argmin(e);
 }
 
 void tn_vq_gptq_quantize_rows(const tn_vq_gptq *g, const float *x, void *y, int64_t r0, int64_t r1, int64_t rows) {
