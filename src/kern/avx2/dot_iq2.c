@@ -12,6 +12,7 @@
  * gemm with two or more activation rows is the batched kernel of iq2_gemm.inc (each weight block
  * decoded once per tile of up to 64 rows, maddubs + madd against four rows at a time).
  */
+#include "core/fp16.h"
 #include "kern/avx2/kernels.h"
 #include "kern/avx2/simd.h"
 #include "quant/iq_grid.h"
@@ -49,8 +50,10 @@ TN_INLINE float dot_iq(tn_dtype t, int64_t k, const void *w, const void *x) {
             }
         }
         const int32_t bsum = hsum_i32(accb);
-        if (iq1) sumf += tn_iq_block_d(t, wb) * xb[i].d * (bsum + TN_IQ1_DELTA * hsum_i32(accd));
-        else sumf += tn_iq_block_d(t, wb) * xb[i].d * bsum;
+        /* tn_iq_block_d inline (a call here costs a vzeroupper and every constant reloaded) */
+        const float dw = t == TN_IQ1_M ? tn_iq_block_d(t, wb) : tn_fp16_to_fp32(tn_iq_rd16(wb));
+        if (iq1) sumf += dw * xb[i].d * (bsum + TN_IQ1_DELTA * hsum_i32(accd));
+        else sumf += dw * xb[i].d * bsum;
     }
     return t == TN_IQ3_XXS ? 0.25f * sumf : t == TN_IQ3_S || iq1 ? sumf : 0.125f * sumf;
 }

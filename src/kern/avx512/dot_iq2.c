@@ -2,9 +2,13 @@
  * dot_iq2.c (avx512) — decode (vec_dot) kernels of the codebook i-quants with 256- and 512-entry
  * grids and more: iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s x q8_K. Two 32-element sub-blocks per
  * step in one 512-bit register:
- *   grid entries: the indices are widened in a vector (plus iq2_s / iq3_s's high bits, shifted in
- *     with variable shifts) and gathered (vpgatherqq of eight 8-byte entries, or vpgatherdd of
- *     sixteen 4-byte iq3 entries): the grids (2-8 KiB) are too large for vpermb tables;
+ *   grid entries: eight 8-byte entries (sixteen 4-byte iq3 entries) loaded one by one into the
+ *     register (plus iq2_s / iq3_s's high index bits): the grids (2-8 KiB) are too large for vpermb
+ *     tables, and scalar loads beat VPGATHERQQ / VPGATHERDD (Zen 4, one thread, in cache: iq2_xs
+ *     1.58x, iq2_s 1.5x, iq2_xxs 1.36x, iq3_xxs 1.18x the gathers' speed; iq3_s keeps its
+ *     VPGATHERDD, which its scalar loads did not beat);
+ *   scales: iq2_xs / iq2_s's 16 odd scales 2 s + 1 widened once per block, each step's four
+ *     picked by one VPERMW;
  *   signs: the 64 sign bits of the two sub-blocks are one 64-bit mask (bit e for element e), so
  *     one masked subtract negates them; the 7-bit stored fields (iq2_xxs, iq2_xs, iq3_xxs) get
  *     their parity bit from two 16-entry pshufb lookups, eight fields at a time;
@@ -15,6 +19,7 @@
  * (kern/scalar/dot_iq2.c). iq1_s / iq1_m keep the avx2 vec_dot (their 2048-entry grid and the
  * shift sums were not moved here).
  */
+#include "core/fp16.h"
 #include "kern/avx2/simd.h"
 #include "kern/avx512/kernels.h"
 #include "quant/iq_grid.h"
@@ -44,15 +49,32 @@ TN_INLINE __m512i ls4(int l0, int l1, int l2, int l3) {
 }
 
 /* Sub-blocks 2c and 2c + 1 of a block of type t: 64 signed grid values and the halves' odd scales. */
-TN_INLINE __m512i sub2_decode(tn_dtype t, const uint8_t *blk, int c, __m512i *ls) {
+/* The 16 halves' odd scales 2 s + 1 of an iq2_xs / iq2_s block (4-bit fields, low nibble first),
+ * as int16 lanes 0..15, once per block. */
+TN_INLINE __m512i scales16(const uint8_t *sc) {
+    const __m128i b = _mm_loadl_epi64((const __m128i *)sc), m = _mm_set1_epi8(15);
+    const __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
+    const __m256i w = _mm256_cvtepu8_epi16(nib);
+    return _mm512_castsi256_si512(_mm256_add_epi16(_mm256_add_epi16(w, w), _mm256_set1_epi16(1)));
+}
+
+/* Halves 4c .. 4c + 3 of scales16, one per 128-bit lane. */
+TN_INLINE __m512i ls_of(__m512i s16, int c) {
+    const __m512i lane = _mm512_setr_epi64(0, 0, 0x0001000100010001LL, 0x0001000100010001LL, 0x0002000200020002LL,
+                                           0x0002000200020002LL, 0x0003000300030003LL, 0x0003000300030003LL);
+    return _mm512_permutexvar_epi16(_mm512_add_epi16(lane, _mm512_set1_epi16((short)(4 * c))), s16);
+}
+
+TN_INLINE __m512i sub2_decode(tn_dtype t, const uint8_t *blk, int c, __m512i s16, __m512i *ls) {
     __m512i g;
     __mmask64 sg;
     switch (t) {
     case TN_IQ2_XXS: { /* per sub-block: 4 index bytes, then a sign/scale word */
         const uint8_t *p = (const uint8_t *)((const block_iq2_xxs *)blk)->qs + 16 * c;
         const __m128i v = _mm_loadu_si128((const __m128i *)p);
-        const __m128i ix = _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, -1, -1, -1, -1, -1, -1, -1, -1));
-        g = _mm512_i64gather_epi64(_mm512_cvtepu8_epi64(ix), (const void *)tn_iq2xxs_grid, 8);
+        const uint64_t *gr = (const uint64_t *)tn_iq2xxs_grid;
+        g = _mm512_set_epi64((long long)gr[p[11]], (long long)gr[p[10]], (long long)gr[p[9]], (long long)gr[p[8]],
+                             (long long)gr[p[3]], (long long)gr[p[2]], (long long)gr[p[1]], (long long)gr[p[0]]);
         sg = signs7_mask(fields7(v));
         const int l0 = 2 * (int)(tn_iq_rd32(p + 4) >> 28) + 1, l1 = 2 * (int)(tn_iq_rd32(p + 12) >> 28) + 1;
         *ls = ls4(l0, l0, l1, l1);
@@ -61,30 +83,38 @@ TN_INLINE __m512i sub2_decode(tn_dtype t, const uint8_t *blk, int c, __m512i *ls
     case TN_IQ2_XS: { /* 9-bit index + 7 sign bits per u16 */
         const block_iq2_xs *b = (const block_iq2_xs *)blk;
         const __m128i v = _mm_loadu_si128((const __m128i *)(b->qs + 8 * c));
-        g = _mm512_i64gather_epi64(_mm512_cvtepu16_epi64(_mm_and_si128(v, _mm_set1_epi16(511))),
-                                   (const void *)tn_iq2xs_grid, 8);
+        const uint16_t *qi = b->qs + 8 * c; /* scalar loads: on Zen 4 faster than VPGATHERQQ */
+        const uint64_t *gr = (const uint64_t *)tn_iq2xs_grid;
+        g = _mm512_set_epi64((long long)gr[qi[7] & 511], (long long)gr[qi[6] & 511], (long long)gr[qi[5] & 511],
+                             (long long)gr[qi[4] & 511], (long long)gr[qi[3] & 511], (long long)gr[qi[2] & 511],
+                             (long long)gr[qi[1] & 511], (long long)gr[qi[0] & 511]);
         sg = signs7_mask(_mm_cvtepi16_epi8(_mm_srli_epi16(v, 9)));
-        const unsigned s0 = b->scales[2 * c], s1 = b->scales[2 * c + 1];
-        *ls = ls4(2 * (int)(s0 & 15) + 1, 2 * (int)(s0 >> 4) + 1, 2 * (int)(s1 & 15) + 1, 2 * (int)(s1 >> 4) + 1);
+        *ls = ls_of(s16, c);
         break;
     }
     case TN_IQ2_S: { /* 8 low index bits, 2 high bits per index in qh, whole sign bytes */
         const block_iq2_s *b = (const block_iq2_s *)blk;
-        const __m512i lo = _mm512_cvtepu8_epi64(_mm_loadl_epi64((const __m128i *)(b->qs + 8 * c)));
-        const __m512i h = _mm512_set1_epi64((long long)(b->qh[2 * c] | (unsigned)b->qh[2 * c + 1] << 8));
-        const __m512i hi = _mm512_and_si512(_mm512_srlv_epi64(h, _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14)), _mm512_set1_epi64(3));
-        g = _mm512_i64gather_epi64(_mm512_or_si512(lo, _mm512_slli_epi64(hi, 8)), (const void *)tn_iq2s_grid, 8);
+        const uint8_t *ql = b->qs + 8 * c;
+        const unsigned qh = b->qh[2 * c] | (unsigned)b->qh[2 * c + 1] << 8;
+        const uint64_t *gr = (const uint64_t *)tn_iq2s_grid;
+#define TN_IQ2S_G(e) (long long)gr[ql[e] | (qh >> (2 * (e)) & 3) << 8]
+        g = _mm512_set_epi64(TN_IQ2S_G(7), TN_IQ2S_G(6), TN_IQ2S_G(5), TN_IQ2S_G(4), TN_IQ2S_G(3), TN_IQ2S_G(2),
+                             TN_IQ2S_G(1), TN_IQ2S_G(0));
+#undef TN_IQ2S_G
         uint64_t s;
         memcpy(&s, b->qs + QK_K / 8 + 8 * c, 8);
         sg = _cvtu64_mask64(s);
-        const unsigned s0 = b->scales[2 * c], s1 = b->scales[2 * c + 1];
-        *ls = ls4(2 * (int)(s0 & 15) + 1, 2 * (int)(s0 >> 4) + 1, 2 * (int)(s1 & 15) + 1, 2 * (int)(s1 >> 4) + 1);
+        *ls = ls_of(s16, c);
         break;
     }
     case TN_IQ3_XXS: { /* 8 index bytes per sub-block (groups of 4), sign/scale words after all indices */
         const uint8_t *q = ((const block_iq3_xxs *)blk)->qs;
-        g = _mm512_i32gather_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + 16 * c))),
-                                   (const void *)tn_iq3xxs_grid, 4);
+        const uint8_t *ix = q + 16 * c;
+        const uint32_t *gr = tn_iq3xxs_grid;
+        g = _mm512_setr_epi32((int)gr[ix[0]], (int)gr[ix[1]], (int)gr[ix[2]], (int)gr[ix[3]], (int)gr[ix[4]],
+                              (int)gr[ix[5]], (int)gr[ix[6]], (int)gr[ix[7]], (int)gr[ix[8]], (int)gr[ix[9]],
+                              (int)gr[ix[10]], (int)gr[ix[11]], (int)gr[ix[12]], (int)gr[ix[13]], (int)gr[ix[14]],
+                              (int)gr[ix[15]]);
         const __m128i a = _mm_loadl_epi64((const __m128i *)(q + QK_K / 4 + 8 * c)); /* a0, a1 in dwords 0, 1 */
         sg = signs7_mask(fields7(_mm_unpacklo_epi32(a, a)));                        /* -> dwords 1, 3 */
         const int l0 = 2 * (int)(tn_iq_rd32(q + QK_K / 4 + 8 * c) >> 28) + 1;
@@ -98,7 +128,7 @@ TN_INLINE __m512i sub2_decode(tn_dtype t, const uint8_t *blk, int c, __m512i *ls
         const __m512i h = _mm512_set1_epi32((int)(b->qh[2 * c] | (unsigned)b->qh[2 * c + 1] << 8));
         const __m512i hi = _mm512_and_si512(
             _mm512_srlv_epi32(h, _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)), _mm512_set1_epi32(1));
-        g = _mm512_i32gather_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 8)), (const void *)tn_iq3s_grid, 4);
+        g = _mm512_i32gather_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 8)), (const void *)tn_iq3s_grid, 4); /* VPGATHERDD: here scalar loads were slower (0.95x) */
         uint64_t s;
         memcpy(&s, b->signs + 8 * c, 8);
         sg = _cvtu64_mask64(s);
@@ -118,16 +148,18 @@ TN_INLINE float dot_iq512(tn_dtype t, int64_t k, const void *w, const void *x) {
     const __m512i off = _mm512_set1_epi8((char)0x80);
     float sumf = 0;
     for (int64_t i = 0; i < k / QK_K; i++, wb += bs) {
-        __m512i acc = _mm512_setzero_si512(), z = _mm512_setzero_si512();
+        __m512i acc = _mm512_setzero_si512(), z = _mm512_setzero_si512(), s16 = _mm512_setzero_si512();
+        if (t == TN_IQ2_XS) s16 = scales16(((const block_iq2_xs *)wb)->scales);
+        if (t == TN_IQ2_S) s16 = scales16(((const block_iq2_s *)wb)->scales);
         for (int c = 0; c < QK_K / 64; c++) {
             __m512i l;
-            const __m512i g = sub2_decode(t, wb, c, &l);
+            const __m512i g = sub2_decode(t, wb, c, s16, &l);
             const __m512i u = _mm512_xor_si512(_mm512_loadu_si512((const void *)(xb[i].qs + 64 * c)), off);
             acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u, g), l);
             z = _mm512_dpwssd_epi32(z, _mm512_maddubs_epi16(off, g), l);
         }
         const int32_t bsum = _mm512_reduce_add_epi32(_mm512_sub_epi32(acc, z));
-        sumf += tn_iq_block_d(t, wb) * xb[i].d * bsum;
+        sumf += tn_fp16_to_fp32(tn_iq_rd16(wb)) * xb[i].d * bsum; /* tn_iq_block_d, inline: d leads every block here */
     }
     return t == TN_IQ3_XXS ? 0.25f * sumf : t == TN_IQ3_S ? sumf : 0.125f * sumf;
 }
