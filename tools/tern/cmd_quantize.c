@@ -77,6 +77,8 @@ static bool parse_dtype(const char *s, int *out) {
     return false;
 }
 
+#define HESS_SITES 4 /* TN_OBS_ATTN_IN .. TN_OBS_FFN_DOWN: the inputs a Hessian is kept for */
+
 typedef struct {
     const tn_gguf *in;
     const size_t *order;       /* output index -> input tensor index */
@@ -99,9 +101,12 @@ typedef struct {
     const struct hess_set *hess;    /* --calib with a vq type: Hessians per weight, or NULL */
     tn_vq_gptq *task_gptq;          /* this tensor's error-feedback state, or NULL */
     int n_gptq;                     /* tensors quantized with it */
+    /* per input site: the last Hessian factored and its state (q/k/v, gate/up share one) */
+    const float *gptq_H[HESS_SITES];
+    tn_vq_gptq *gptq_of[HESS_SITES];
 } qctx;
 
-static const float *hess_find(const struct hess_set *h, const char *name, int64_t ne0);
+static const float *hess_find(const struct hess_set *h, const char *name, int64_t ne0, int *site);
 
 static void fmt_shape(const tn_gguf_tensor *t, char *buf, size_t cap) {
     size_t o = (size_t)snprintf(buf, cap, "%5lld", (long long)t->ne[0]);
@@ -215,22 +220,27 @@ static tern_status fill(void *user, size_t idx, void *dst, size_t nbytes) {
                       q->imat ? "the importance matrix has no entry of its size for it" : "no --imatrix was given");
     if (tn_dtype_is_iq_grid((tn_dtype)c->type) && !tn_iq_map_get((tn_dtype)c->type))
         return tn_err(TERN_ERR_NOMEM, "quantize: no memory for the %s grid's search tables", tn_dtype_name(c->type));
-    const float *H = tn_vq_is(c->type) && q->hess && t->n_dims == 2 ? hess_find(q->hess, t->name, t->ne[0]) : NULL;
+    int site = -1;
+    const float *H = tn_vq_is(c->type) && q->hess && t->n_dims == 2 ? hess_find(q->hess, t->name, t->ne[0], &site) : NULL;
     if (H) { /* the codebook and the scales weigh columns by diag H, the rows get error feedback */
-        if ((s = tn_vq_gptq_create(H, t->ne[0], 0.01f, &q->task_gptq))) return s;
+        if (q->gptq_H[site] != H) { /* a new input: factor its Hessian (once for q/k/v, gate/up) */
+            tn_vq_gptq_free(q->gptq_of[site]);
+            q->gptq_of[site] = NULL, q->gptq_H[site] = NULL;
+            if ((s = tn_vq_gptq_create(H, t->ne[0], 0.01f, &q->gptq_of[site]))) return s;
+            q->gptq_H[site] = H;
+        }
+        q->task_gptq = q->gptq_of[site];
         q->task_imat = tn_vq_gptq_diag(q->task_gptq);
         q->task_mat_rows = 0;
         fprintf(stderr, "with its Hessian .. ");
     }
     if (tn_vq_is(c->type) && (s = vq_prepare(q, t, nbytes))) {
-        tn_vq_gptq_free(q->task_gptq);
         q->task_gptq = NULL;
         return s;
     }
     if (q->task_gptq) tn_vq_gptq_set_codebook(q->task_gptq, q->task_cb);
     tn_pool_run(q->pool, quant_task, q);
     if (q->task_gptq) q->n_gptq++;
-    tn_vq_gptq_free(q->task_gptq);
     q->task_gptq = NULL;
     if (g_stop) return tn_err(TERN_ERR_ABORTED, "quantize: interrupted");
     if (tn_vq_is(c->type)) /* the codebook follows the rows (quant/vq.h) */
@@ -653,8 +663,6 @@ out:
  * w_gate/w_up another, wo and w_down have their own. The vq quantizer then feeds each matrix's
  * rounding errors forward through its site's Hessian (quant/vq.h). f32 sums, upper triangles
  * (cblas_ssyrk); on a 1B-class llama they take about 4 GB (22 layers x 3 x 2048^2 + 5632^2). */
-#define HESS_SITES 4 /* TN_OBS_ATTN_IN .. TN_OBS_FFN_DOWN */
-
 typedef struct hess_set {
     int32_t n_layer;
     float **H;        /* [n_layer][HESS_SITES], NULL until that site is seen */
@@ -694,11 +702,12 @@ static void hess_observe(void *user, int32_t il, tn_obs_site site, const float *
     cblas_ssyrk(CblasRowMajor, CblasUpper, CblasTrans, ne0, n, 1.0f, x, ne0, 1.0f, h->H[i], ne0);
 }
 
-/* The Hessian of weight `name` (ne0 columns), or NULL. */
-static const float *hess_find(const struct hess_set *h, const char *name, int64_t ne0) {
+/* The Hessian of weight `name` (ne0 columns) and its site, or NULL. */
+static const float *hess_find(const struct hess_set *h, const char *name, int64_t ne0, int *site) {
     for (int64_t i = 0; h->names && i < (int64_t)h->n_layer * TN_ROLE_N_LAYER; i++) {
         if (!h->names[i] || h->site_of[i] < 0 || strcmp(h->names[i], name)) continue;
         const int64_t k = i / TN_ROLE_N_LAYER * HESS_SITES + h->site_of[i];
+        *site = h->site_of[i];
         return h->H[k] && h->dim[k] == ne0 ? h->H[k] : NULL;
     }
     return NULL;
@@ -1151,6 +1160,7 @@ fail:
     rc = tn_cli_fail(s, "quantizing");
 out:
     hess_free(&hs);
+    for (int i = 0; i < HESS_SITES; i++) tn_vq_gptq_free(q.gptq_of[i]);
     free(q.f32);
     tn_pool_free(pool);
     tn_gguf_writer_free(w);
