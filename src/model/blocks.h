@@ -23,6 +23,13 @@
  * speculative rows from taking a step across it). */
 #define TN_ATTN_F32_ROWS 64
 
+/* Thread ith's attention units p0 .. p1 - 1 of a batch of b->n tokens x nu units each (token t's
+ * units t * nu .. t * nu + nu - 1), contiguous, split so that every thread's summed cost
+ * (b->pos[t] + 1 keys + TN_ATTN_UNIT_COST per unit) is equal up to one unit's: causal rows grow
+ * with their position, and an equal count split left the last thread of a prompt ~3x the work. */
+#define TN_ATTN_UNIT_COST 16
+void tn_attn_split(const tn_batch *b, int64_t nu, int ith, int nth, int64_t *p0, int64_t *p1);
+
 typedef struct tn_thr {
     tern_ctx *c;
     const tn_batch *b;

@@ -29,6 +29,7 @@
 #include "quant/tq.h"
 
 #include "common/tiny_model.h"
+#include "model/blocks.h"
 #include "model/ctx.h"
 #include "ref_forward.h"
 
@@ -772,6 +773,57 @@ static void test_files(void **state) {
     }
 }
 
+/* tn_attn_split: for prompts from position 0 and later, mixed serve batches (decodes far along
+ * next to a prompt), 1..7 threads and 1..8 units per token, the threads' ranges are contiguous,
+ * cover every unit once, and each thread's cost (pos + 1 + TN_ATTN_UNIT_COST per unit, summed here
+ * in double) is within one unit's cost of the even share; an equal count split of a 512-token
+ * prompt is not (the check can fail). */
+static void test_attn_split(void **state) {
+    (void)state;
+    enum { N = 512 };
+    static int32_t pos[N];
+    for (int pat = 0; pat < 4; pat++) {
+        static const int ns[] = {1, 2, 3, 4, 5, 7, 8, 17, 63, 64, 100, 255, 256, 511, 512};
+        for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+            const int n = ns[ni];
+            for (int t = 0; t < n; t++)
+                pos[t] = pat == 0 ? t : pat == 1 ? 1000 + t : pat == 2 ? (t % 3 ? t : 4000 + t) : 7;
+            const tn_batch b = {.n = n, .pos = pos};
+            for (int64_t nu = 1; nu <= 8; nu *= 2)
+                for (int nth = 1; nth <= 7; nth++) {
+                    double tot = 0, wmax = 0;
+                    for (int t = 0; t < n; t++) {
+                        const double w = pos[t] + 1.0 + TN_ATTN_UNIT_COST;
+                        tot += w * (double)nu;
+                        if (w > wmax) wmax = w;
+                    }
+                    int64_t prev = 0;
+                    for (int i = 0; i < nth; i++) {
+                        int64_t p0, p1;
+                        tn_attn_split(&b, nu, i, nth, &p0, &p1);
+                        assert_int_equal(p0, prev);
+                        assert_true(p1 >= p0);
+                        double c = 0;
+                        for (int64_t p = p0; p < p1; p++) c += pos[p / nu] + 1.0 + TN_ATTN_UNIT_COST;
+                        if (fabs(c - tot / nth) > wmax + 1e-6)
+                            fail_msg("pattern %d n %d nu %lld thread %d/%d: cost %.0f, even share %.1f", pat, n,
+                                     (long long)nu, i, nth, c, tot / nth);
+                        prev = p1;
+                    }
+                    assert_int_equal(prev, (int64_t)n * nu);
+                }
+        }
+    }
+    /* the equal count split this replaces: thread 1 of 2 gets ~3x thread 0's cost on a prompt */
+    for (int t = 0; t < N; t++) pos[t] = t;
+    double c0 = 0, c1 = 0;
+    for (int t = 0; t < N; t++) {
+        if (t < N / 2) c0 += pos[t] + 1.0 + TN_ATTN_UNIT_COST;
+        else c1 += pos[t] + 1.0 + TN_ATTN_UNIT_COST;
+    }
+    assert_true(c1 > 2.5 * c0);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) { /* the reference comparison on each given file */
         g_files = argv + 1, g_n_files = argc - 1;
@@ -795,6 +847,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_gemma3_ring),
         cmocka_unit_test(test_head_groups),
         cmocka_unit_test(test_batch_equivalence),
+        cmocka_unit_test(test_attn_split),
         cmocka_unit_test(test_start_layer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
