@@ -18,6 +18,7 @@
 
 #include "core/trace.h"
 #include "kern/kern.h"
+#include "kern/matmul.h"
 #include "model/ops.h"
 #include "train/rng.h"
 #include "train/train.h"
@@ -268,10 +269,27 @@ static int64_t lora_max_k(const tn_tmodel *m) {
         if (m->t[i].base && m->t[i].ne[0] > max_k) max_k = m->t[i].ne[0];
     return max_k;
 }
+/* A frozen matrix the int8 forward takes: quantized, with a quantized activation format. */
+static bool lora_int8_type(tn_dtype t) {
+    const tn_dtype_traits *tr = tn_dtype_get(t);
+    return tr && tr->is_quantized && tn_dtype_get(tr->vec_dot_type) && tn_dtype_get(tr->vec_dot_type)->is_quantized;
+}
+/* base_int8 scratch, floats: x quantized for the widest frozen matrix, and [B*T][n_embd] for the
+ * products that are added to the residual (attn_output, ffn_down). */
+static size_t lora_int8_floats(const tn_tmodel *m, int B, int T) {
+    if (!m->base || !m->base_int8) return 0;
+    size_t xq = 0;
+    for (int i = 0; i < m->n_tensors; i++)
+        if (m->t[i].base && lora_int8_type(m->t[i].base->type)) {
+            const size_t b = tn_matmul_xq_size(m->t[i].base->type, m->t[i].ne[0], (int64_t)B * T);
+            if (b > xq) xq = b;
+        }
+    return ((xq + 63) / 64) * 16 + (((size_t)B * T * (size_t)m->cfg.n_embd + 15) & ~(size_t)15);
+}
 static size_t lora_scratch_floats(const tn_tmodel *m, int B, int T) {
     if (!m->base) return 0;
     const size_t nu = ((size_t)B * T * (size_t)m->lora_rank + 15) & ~(size_t)15;
-    return 2 * nu + (size_t)TN_MAX(m->tile_rows, (int64_t)1) * (size_t)lora_max_k(m);
+    return 2 * nu + (size_t)TN_MAX(m->tile_rows, (int64_t)1) * (size_t)lora_max_k(m) + lora_int8_floats(m, B, T);
 }
 
 void tn_tmodel_mem_plan(const tn_tmodel *m, int batch, int accum, int T, tn_recompute rc, tn_mem_plan *p) {
@@ -543,6 +561,7 @@ static tern_status lora_layout(tn_tmodel *m, const tern_model *base, const tn_lo
     m->lora_rank = lc->rank;
     m->lora_alpha = lc->alpha > 0 ? lc->alpha : (float)lc->rank;
     m->lora_scale = m->lora_alpha / (float)lc->rank;
+    m->base_int8 = lc->base_int8;
     /* a tile of about 4 MiB of dequantized rows */
     m->tile_rows = TN_MAX((int64_t)16, ((int64_t)1 << 20) / TN_MAX(max_k, (int64_t)1));
     return TERN_OK;
@@ -610,6 +629,10 @@ tern_status tn_tmodel_plan(tn_tmodel *m, int B, int T) {
         memset(m->wtile, 0, bytes);
         m->lora_u = m->wtile + (size_t)m->tile_rows * (size_t)lora_max_k(m);
         m->lora_du = m->lora_u + (((size_t)B * T * (size_t)m->lora_rank + 15) & ~(size_t)15);
+        if (m->base_int8) { /* after du: x in the activation format, then the residual products */
+            m->lora_tmp = m->lora_du + (((size_t)B * T * (size_t)m->lora_rank + 15) & ~(size_t)15);
+            m->lora_xq = m->lora_tmp + (((size_t)B * T * (size_t)m->cfg.n_embd + 15) & ~(size_t)15);
+        }
     }
     return TERN_OK;
 }
@@ -698,10 +721,46 @@ static void tile_fn(void *arg, int ith, int nth) {
                     g->a + i0 * g->mr + g->r0, (int)g->mr, g->tile, (int)g->k, g->beta, g->c + i0 * g->k, (int)g->k);
 }
 
+/* base_int8: out[N][mr] (= or +=) in[N][k] W^T through inference's matmul driver: in quantized
+ * into the activation format, the kernel table's products (int8 dot products), then for beta != 0
+ * each thread adds its own output rows from tmp. */
+typedef struct q8mm_task {
+    tn_pool *pool;
+    const tn_tensor *w;
+    const float *in;
+    float *out, *tmp;
+    void *xq;
+    int64_t N, k, mr;
+    float beta;
+} q8mm_task;
+
+static void q8mm_fn(void *arg, int ith, int nth) {
+    const q8mm_task *g = arg;
+    const tn_kern_table *kt = tn_kern();
+    tn_matmul_quantize_task(g->pool, ith, nth, kt, g->w->type, g->in, g->k, g->k, g->N, g->xq);
+    float *y = g->beta != 0.0f ? g->tmp : g->out;
+    tn_matmul_compute_task(ith, nth, kt, g->w->type, g->w->data, g->mr, g->k, g->xq, g->N, y, g->mr);
+    if (g->beta == 0.0f) return;
+    int64_t r0, r1;
+    tn_matmul_rows(g->mr, ith, nth, &r0, &r1);
+    for (int64_t t = 0; t < g->N; t++) {
+        float *o = g->out + t * g->mr;
+        const float *a = y + t * g->mr;
+        for (int64_t r = r0; r < r1; r++) o[r] = g->beta * o[r] + a[r];
+    }
+}
+
 /* out[N][mr] (= or +=) in[N][k] W^T, or (transposed) din[N][k] (= or +=) dout[N][mr] W, W frozen
- * in its file type: per tile of rows, the threads dequantize it, then each multiplies its rows. */
+ * in its file type: per tile of rows, the threads dequantize it, then each multiplies its rows;
+ * with base_int8 the forward of a quantized W goes through q8mm_fn instead. */
 static void frozen_mul(tn_tmodel *m, const tn_tensor *w, bool transposed, const float *in, float *out, int64_t N, int64_t k,
                        int64_t mr, float beta) {
+    if (!transposed && m->base_int8 && m->lora_xq && lora_int8_type(w->type) &&
+        N <= (int64_t)m->B * m->T && (beta == 0.0f || mr <= m->cfg.n_embd)) {
+        q8mm_task g = {m->pool, w, in, out, m->lora_tmp, m->lora_xq, N, k, mr, beta};
+        tn_pool_run(m->pool, q8mm_fn, &g);
+        return;
+    }
     for (int64_t r0 = 0; r0 < mr; r0 += m->tile_rows) {
         const int64_t tr = TN_MIN(m->tile_rows, mr - r0);
         tile_task d = {.w = w, .tile = m->wtile, .kind = 0, .k = k, .r0 = r0, .tr = tr};

@@ -74,6 +74,9 @@ typedef struct tn_tmodel {
     int64_t tile_rows;
     float *lora_u, *lora_du; /* [B*T][rank] scratch (tn_tmodel_plan)                      */
     float *wtile;            /* [tile_rows][max k] dequantized base rows                  */
+    bool base_int8;          /* tn_lora_cfg.base_int8                                     */
+    void *lora_xq;           /* base_int8: [B*T] rows of x in the activation format      */
+    float *lora_tmp;         /* base_int8: [B*T][n_embd] product before a residual add    */
     /* memory (set before tn_tmodel_plan / a forward): what backward recomputes instead of keeping
      * per layer, and the number of targets the loss gradient is averaged over (0: this forward's;
      * gradient accumulation sets the whole batch's) */
@@ -143,6 +146,11 @@ typedef struct tn_lora_cfg {
     float alpha;             /* scale = alpha / rank; 0: alpha = rank                     */
     uint32_t targets;        /* bits of tn_role; 0: q, k, v, o, gate, up, down            */
     uint64_t seed;           /* lora_a init                                              */
+    /* Forward products x W^T of quantized frozen matrices with inference's int8 kernels: x
+     * quantized to the type's activation format (q8_0 / q8_K), as `tern generate` computes them,
+     * instead of W dequantized to f32 for an f32 GEMM (several times faster; the backward's dY W
+     * stays f32). false: f32 forward, the numerics the PyTorch golden and gradient tests pin. */
+    bool base_int8;
 } tn_lora_cfg;
 /* Parses "q,k,v,o,gate,up,down" (any subset, comma-separated) into role bits; false on an unknown
  * name (written into bad, cap bytes). */

@@ -57,6 +57,7 @@ expect 0 "bad.jsonl:5: skipped: the chat has no assistant turn" -- "$TERN" "${FT
 expect 64 "unknown target 'x'" -- "$TERN" "${FT[@]}" --data "$chats" --lora-targets q,x -o "$TMP/b.gguf"
 expect 64 "-m base.gguf is required" -- "$TERN" finetune --data "$chats" -o "$TMP/b.gguf"
 expect 64 "--lora-rank: '0'" -- "$TERN" "${FT[@]}" --data "$chats" --lora-rank 0 -o "$TMP/b.gguf"
+expect 64 "--base-matmul: 'int4' .int8 or f32." -- "$TERN" "${FT[@]}" --data "$chats" --base-matmul int4 -o "$TMP/b.gguf"
 expect 64 "LoRA rank 100 exceeds" -- "$TERN" "${FT[@]}" --data "$chats" --lora-rank 100 -o "$TMP/b.gguf"
 
 # 4. SIGINT writes the adapter so far (and a checkpoint); --resume finishes the run

@@ -494,6 +494,10 @@ static void finetune_usage(FILE *f) {
             "  --lora-rank N           adapter rank (default 16)\n"
             "  --lora-alpha X          scale = alpha / rank (default 2 * rank)\n"
             "  --lora-targets LIST     matrices to adapt: q,k,v,o,gate,up,down (default all)\n"
+            "  --base-matmul MODE      int8 (default): the forward products of quantized base matrices with\n"
+            "                          inference's int8 kernels (activations quantized to q8_0/q8_K, as tern\n"
+            "                          generate runs them); f32: dequantized to f32 for an f32 GEMM (slower);\n"
+            "                          the backward's products are f32 either way\n"
             "  --epochs X              passes over the training samples (default 1; --steps overrides)\n"
             "  --steps N               optimizer steps\n"
             "  --batch N               sequences per step (default 4)\n"
@@ -516,7 +520,7 @@ static void finetune_usage(FILE *f) {
 int cmd_finetune(int argc, char **argv) {
     tn_train_opts o;
     tn_train_opts_default(&o);
-    o.lora = (tn_lora_cfg){.rank = 16, .alpha = 0.0f, .targets = 0, .seed = 1234};
+    o.lora = (tn_lora_cfg){.rank = 16, .alpha = 0.0f, .targets = 0, .seed = 1234, .base_int8 = true};
     o.batch = 4;
     o.steps = 0;
     o.epochs = 1.0;
@@ -559,6 +563,14 @@ int cmd_finetune(int argc, char **argv) {
                 rc = tn_cli_usage_error("--lora-targets: unknown target '%s' (q, k, v, o, gate, up, down, comma-separated)", bad);
                 goto out;
             }
+        } else if (!strcmp(a, "--base-matmul")) {
+            NEED();
+            lora_flag = a;
+            if (strcmp(val, "int8") && strcmp(val, "f32")) {
+                rc = tn_cli_usage_error("--base-matmul: '%s' (int8 or f32)", val);
+                goto out;
+            }
+            o.lora.base_int8 = !strcmp(val, "int8");
         } else if (!strcmp(a, "--epochs")) { FLT(f, 1e-6f, 1e6f); o.epochs = f; }
         else if (!strcmp(a, "--steps")) { INT(o.steps, 1, 100000000); o.epochs = 0; }
         else if (!strcmp(a, "--ctx")) INT(o.cfg.n_ctx, 2, 65536);
