@@ -48,7 +48,7 @@ void tn_mem_plan_lines(const tn_mem_plan *p, int n_layer, void (*line)(const cha
     ROW("parameters (trained, f32)", p->params, "");
     ROW("gradients", p->grads, "");
     ROW("AdamW moments (m, v)", p->moments, "");
-    if (p->frozen) ROW("frozen base (mapped, file types)", p->frozen, "");
+    if (p->frozen) ROW("frozen base (file types)", p->frozen, "");
     snprintf(buf, sizeof buf, "  activations (%d layers):", n_layer);
     line(buf, user);
     for (int k = 0; k < TN_MEM_N_KIND; k++) {

@@ -199,7 +199,7 @@ static tern_status choose_plan(tn_train_opts *o, const tn_tmodel *m, int T) {
                           "gradients, AdamW%s, %.1f MiB activations); raise the budget or lower --batch or --ctx",
                           o->mem_budget / 1048576.0, p->batch, p->accum, p->micro_batch, tn_recompute_name(p->recompute),
                           p->peak / 1048576.0, (p->params + p->grads + p->moments) / 1048576.0,
-                          p->frozen ? " and the mapped base" : "", p->acts / 1048576.0);
+                          p->frozen ? " and the frozen base" : "", p->acts / 1048576.0);
         }
         note(o, "--mem-budget %.1f MiB: %d micro-batch%s of %d, recompute %s fits (predicted peak %.1f MiB)",
              o->mem_budget / 1048576.0, o->plan.accum, o->plan.accum > 1 ? "es" : "", o->plan.micro_batch,
@@ -277,7 +277,10 @@ tern_status tn_train_run(tn_train_opts *o) {
     if (o->init) {
         tern_model_params mp;
         tern_model_params_init(&mp);
-        mp.repack = false; /* only its weights are read, as rows */
+        /* LoRA's int8 forward runs inference's kernels, which are fastest on the interleaved
+         * layouts (rows read back through tn_tensor_get_row for the backward); otherwise only
+         * rows are read */
+        mp.repack = lora && o->lora.base_int8;
         if ((s = tern_model_load(o->init, &mp, &init))) goto done;
         if (!ft && (s = tn_vocab_data_from_gguf(init->gguf, &voc))) goto done;
         if ((s = tn_train_cfg_from(init, o->cfg.n_ctx, &cfg))) { tn_err_prefix(s, "--init %s", o->init); goto done; }
@@ -301,8 +304,9 @@ tern_status tn_train_run(tn_train_opts *o) {
     /* 3. the model and its memory plan: what is needed, before touching data */
     if (lora) {
         if ((s = tn_tmodel_create_lora(&cfg, init, &o->lora, o->n_threads, &m))) goto done;
-        note(o, "LoRA: %d matrices, rank %d, alpha %g; the base stays mapped in its file's types (read, never copied to f32)",
-             m->n_lora, m->lora_rank, (double)m->lora_alpha);
+        note(o, "LoRA: %d matrices, rank %d, alpha %g; the base stays in its file's types (%s; never copied to f32)",
+             m->n_lora, m->lora_rank, (double)m->lora_alpha,
+             o->lora.base_int8 ? "forward products with the int8 kernels" : "--base-matmul f32: mapped, read as rows");
     } else if ((s = tn_tmodel_create(&cfg, o->n_threads, &m))) goto done;
     m->ce_rows = o->ce_rows;
     if ((s = choose_plan(o, m, cfg.n_ctx))) goto done;

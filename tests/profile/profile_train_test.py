@@ -106,7 +106,8 @@ def check_run(doc, ev, per_tid, steps, n_layer, rows, evals, ckpts, lora_rank, b
     names = {s["name"] for s in mms}
     check(set(MM_FWD + [x + "_bwd" for x in MM_FWD] + ["output"]) <= names, "all matmuls named (%s)" % sorted(names))
     check(all(s["args"]["n"] == rows for s in mms), "matmul n = batch x ctx = %d" % rows)
-    check(all(s["args"]["type"] == base_type for s in mms if s["name"] != "output" and s["name"] != "output_bwd"),
+    # (a LoRA base loads repacked for the int8 forward: q4_0 rows as q4_0_r16)
+    check(all(s["args"]["type"] in (base_type, base_type + "_r16") for s in mms if s["name"] != "output" and s["name"] != "output_bwd"),
           "layer matmuls in %s" % base_type)
     bad = [(s["name"], s["eargs"].get("flop"), mm_flops(s, lora_rank)) for s in mms if s["eargs"].get("flop") != mm_flops(s, lora_rank)]
     check(not bad, "matmul flops = their shapes' (%s)" % bad[:3])

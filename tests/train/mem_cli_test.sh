@@ -70,7 +70,7 @@ expect 64 "--grad-accum 3 must divide --batch 4" -- "$TERN" "${TRAIN[@]}" --pres
 "$TERN" synth --arch qwen3 --preset tiny --type q4_0 -o "$TMP/base.gguf" 2>"$TMP/err" || bad "synth"
 "$TERN" finetune -m "$TMP/base.gguf" --data "$corpus" --ctx 32 --batch 4 --steps 2 -t 2 --lora-rank 4 --recompute full \
   --grad-accum 2 -o "$TMP/ad.gguf" 2>"$TMP/f.err" || bad "finetune: $(tail -2 "$TMP/f.err")"
-grep -q "frozen base (mapped, file types)" "$TMP/f.err" && grep -q "batch 4 = 2 micro-batches of 2 sequences x ctx 32, recompute full" "$TMP/f.err" \
+grep -q "frozen base (file types)" "$TMP/f.err" && grep -q "batch 4 = 2 micro-batches of 2 sequences x ctx 32, recompute full" "$TMP/f.err" \
   && ok "finetune plan" || bad "finetune plan: $(grep -A3 'memory plan' "$TMP/f.err")"
 
 # 5. peak RSS vs the plan, 15m preset (ctx 256, batch 8), less the binary's footprint (tiny run);
