@@ -11,10 +11,13 @@
  *     picked by one VPERMW;
  *   signs: the 64 sign bits of the two sub-blocks are one 64-bit mask (bit e for element e), so
  *     one masked subtract negates them; the 7-bit stored fields (iq2_xxs, iq2_xs, iq3_xxs) get
- *     their parity bit from two 16-entry pshufb lookups, eight fields at a time;
- *   products: u = q ^ 0x80 = q + 128 against the signed grid values in maddubs, then VNNI
- *     vpdpwssd with the halves' odd scales 2 s + 1; the 128 g part is the same sum at q = 0 and
- *     is subtracted (avx2/iq2_gemm.inc explains why this is exact for any activations).
+ *     their parity bit from one VPERMI2B lookup in a 128-entry table, eight fields at a time;
+ *   products: iq2_xs / iq2_s (a scale per 16 weights, the span of a q8_K bsum): g + 64 (unsigned,
+ *     21..107) against the activations q in maddubs (pairs at most 2 * 107 * 128 < 2^15), then
+ *     VNNI vpdpwssd with the halves' odd scales 2 s + 1; the 64 q part is 64 * sum_h l_h bsum_h,
+ *     one madd per block. The others: u = q ^ 0x80 = q + 128 against the signed grid values,
+ *     and the 128 g part, the same sum at q = 0, subtracted (avx2/iq2_gemm.inc explains why this
+ *     is exact for any activations). Either way the block's integer sum is exact.
  * The block's integer sum then takes the float scales in the scalar reference's order
  * (kern/scalar/dot_iq2.c). iq1_s / iq1_m keep the avx2 vec_dot (their 2048-entry grid and the
  * shift sums were not moved here).
@@ -25,13 +28,22 @@
 #include "quant/iq_grid.h"
 #include "quant/quant.h"
 
-/* Sign bytes of eight 7-bit fields (bytes 0..7 of f, values < 128): the field plus its parity
- * bit 7 (even parity, tn_iq_signs7), as one 64-bit mask. */
-TN_INLINE __mmask64 signs7_mask(__m128i f) {
-    const __m128i par = _mm_setr_epi8(0, 1, 1, 0, 1, 0, 0, 1, 1, 0, 0, 1, 0, 1, 1, 0), lo = _mm_set1_epi8(15);
-    const __m128i p = _mm_xor_si128(_mm_shuffle_epi8(par, _mm_and_si128(f, lo)),
-                                    _mm_shuffle_epi8(par, _mm_and_si128(_mm_srli_epi16(f, 4), lo)));
-    return _cvtu64_mask64((uint64_t)_mm_cvtsi128_si64(_mm_or_si128(f, _mm_slli_epi16(p, 7))));
+/* tn_iq_signs7(f) for f = 0..127 (the field plus its even-parity bit 7), as two 64-byte halves of a
+ * VPERMI2B table: eight fields' sign bytes in one instruction. */
+static const uint8_t tn_signs7_tab[128] __attribute__((aligned(64))) = {
+    0x00, 0x81, 0x82, 0x03, 0x84, 0x05, 0x06, 0x87, 0x88, 0x09, 0x0a, 0x8b, 0x0c, 0x8d, 0x8e, 0x0f,
+    0x90, 0x11, 0x12, 0x93, 0x14, 0x95, 0x96, 0x17, 0x18, 0x99, 0x9a, 0x1b, 0x9c, 0x1d, 0x1e, 0x9f,
+    0xa0, 0x21, 0x22, 0xa3, 0x24, 0xa5, 0xa6, 0x27, 0x28, 0xa9, 0xaa, 0x2b, 0xac, 0x2d, 0x2e, 0xaf,
+    0x30, 0xb1, 0xb2, 0x33, 0xb4, 0x35, 0x36, 0xb7, 0xb8, 0x39, 0x3a, 0xbb, 0x3c, 0xbd, 0xbe, 0x3f,
+    0xc0, 0x41, 0x42, 0xc3, 0x44, 0xc5, 0xc6, 0x47, 0x48, 0xc9, 0xca, 0x4b, 0xcc, 0x4d, 0x4e, 0xcf,
+    0x50, 0xd1, 0xd2, 0x53, 0xd4, 0x55, 0x56, 0xd7, 0xd8, 0x59, 0x5a, 0xdb, 0x5c, 0xdd, 0xde, 0x5f,
+    0x60, 0xe1, 0xe2, 0x63, 0xe4, 0x65, 0x66, 0xe7, 0xe8, 0x69, 0x6a, 0xeb, 0x6c, 0xed, 0xee, 0x6f,
+    0xf0, 0x71, 0x72, 0xf3, 0x74, 0xf5, 0xf6, 0x77, 0x78, 0xf9, 0xfa, 0x7b, 0xfc, 0x7d, 0x7e, 0xff};
+
+/* signs7_mask by table: bytes 0..7 of f (fields < 128) through VPERMI2B (VBMI). */
+TN_INLINE __mmask64 signs7_mask_lut(__m128i f, __m512i t0, __m512i t1) {
+    const __m512i r = _mm512_permutex2var_epi8(t0, _mm512_castsi128_si512(f), t1);
+    return _cvtu64_mask64((uint64_t)_mm_cvtsi128_si64(_mm512_castsi512_si128(r)));
 }
 
 /* The four 7-bit fields of two sign words a0 (dword 1 of v) and a1 (dword 3), as eight bytes. */
@@ -65,7 +77,7 @@ TN_INLINE __m512i ls_of(__m512i s16, int c) {
     return _mm512_permutexvar_epi16(_mm512_add_epi16(lane, _mm512_set1_epi16((short)(4 * c))), s16);
 }
 
-TN_INLINE __m512i sub2_decode(tn_dtype t, const uint8_t *blk, int c, __m512i s16, __m512i *ls) {
+TN_INLINE __m512i sub2_decode(tn_dtype t, const uint8_t *blk, int c, __m512i s16, __m512i st0, __m512i st1, __m512i *ls) {
     __m512i g;
     __mmask64 sg;
     switch (t) {
@@ -75,7 +87,7 @@ TN_INLINE __m512i sub2_decode(tn_dtype t, const uint8_t *blk, int c, __m512i s16
         const uint64_t *gr = (const uint64_t *)tn_iq2xxs_grid;
         g = _mm512_set_epi64((long long)gr[p[11]], (long long)gr[p[10]], (long long)gr[p[9]], (long long)gr[p[8]],
                              (long long)gr[p[3]], (long long)gr[p[2]], (long long)gr[p[1]], (long long)gr[p[0]]);
-        sg = signs7_mask(fields7(v));
+        sg = signs7_mask_lut(fields7(v), st0, st1);
         const int l0 = 2 * (int)(tn_iq_rd32(p + 4) >> 28) + 1, l1 = 2 * (int)(tn_iq_rd32(p + 12) >> 28) + 1;
         *ls = ls4(l0, l0, l1, l1);
         break;
@@ -88,7 +100,7 @@ TN_INLINE __m512i sub2_decode(tn_dtype t, const uint8_t *blk, int c, __m512i s16
         g = _mm512_set_epi64((long long)gr[qi[7] & 511], (long long)gr[qi[6] & 511], (long long)gr[qi[5] & 511],
                              (long long)gr[qi[4] & 511], (long long)gr[qi[3] & 511], (long long)gr[qi[2] & 511],
                              (long long)gr[qi[1] & 511], (long long)gr[qi[0] & 511]);
-        sg = signs7_mask(_mm_cvtepi16_epi8(_mm_srli_epi16(v, 9)));
+        sg = signs7_mask_lut(_mm_cvtepi16_epi8(_mm_srli_epi16(v, 9)), st0, st1);
         *ls = ls_of(s16, c);
         break;
     }
@@ -116,7 +128,7 @@ TN_INLINE __m512i sub2_decode(tn_dtype t, const uint8_t *blk, int c, __m512i s16
                               (int)gr[ix[10]], (int)gr[ix[11]], (int)gr[ix[12]], (int)gr[ix[13]], (int)gr[ix[14]],
                               (int)gr[ix[15]]);
         const __m128i a = _mm_loadl_epi64((const __m128i *)(q + QK_K / 4 + 8 * c)); /* a0, a1 in dwords 0, 1 */
-        sg = signs7_mask(fields7(_mm_unpacklo_epi32(a, a)));                        /* -> dwords 1, 3 */
+        sg = signs7_mask_lut(fields7(_mm_unpacklo_epi32(a, a)), st0, st1);          /* -> dwords 1, 3 */
         const int l0 = 2 * (int)(tn_iq_rd32(q + QK_K / 4 + 8 * c) >> 28) + 1;
         const int l1 = 2 * (int)(tn_iq_rd32(q + QK_K / 4 + 8 * c + 4) >> 28) + 1;
         *ls = ls4(l0, l0, l1, l1);
@@ -145,7 +157,11 @@ TN_INLINE float dot_iq512(tn_dtype t, int64_t k, const void *w, const void *x) {
     const size_t bs = tn_dtype_get(t)->type_size;
     const uint8_t *wb = w;
     const block_q8_K *xb = x;
-    const __m512i off = _mm512_set1_epi8((char)0x80);
+    const __m512i off = _mm512_set1_epi8((char)0x80), g64 = _mm512_set1_epi8(64);
+    const __m512i st0 = _mm512_load_si512((const void *)tn_signs7_tab), st1 = _mm512_load_si512((const void *)(tn_signs7_tab + 64));
+    /* iq2_xs / iq2_s (a scale per 16 weights, as q8_K's bsums): g + 64 (21..107, unsigned) against
+     * the activations in maddubs, and 64 * sum_h l_h bsum_h taken off once per block */
+    const bool BS = t == TN_IQ2_XS || t == TN_IQ2_S;
     float sumf = 0;
     for (int64_t i = 0; i < k / QK_K; i++, wb += bs) {
         __m512i acc = _mm512_setzero_si512(), z = _mm512_setzero_si512(), s16 = _mm512_setzero_si512();
@@ -153,10 +169,19 @@ TN_INLINE float dot_iq512(tn_dtype t, int64_t k, const void *w, const void *x) {
         if (t == TN_IQ2_S) s16 = scales16(((const block_iq2_s *)wb)->scales);
         for (int c = 0; c < QK_K / 64; c++) {
             __m512i l;
-            const __m512i g = sub2_decode(t, wb, c, s16, &l);
-            const __m512i u = _mm512_xor_si512(_mm512_loadu_si512((const void *)(xb[i].qs + 64 * c)), off);
-            acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u, g), l);
-            z = _mm512_dpwssd_epi32(z, _mm512_maddubs_epi16(off, g), l);
+            const __m512i g = sub2_decode(t, wb, c, s16, st0, st1, &l);
+            if (BS) {
+                const __m512i q = _mm512_loadu_si512((const void *)(xb[i].qs + 64 * c));
+                acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(_mm512_add_epi8(g, g64), q), l);
+            } else {
+                const __m512i u = _mm512_xor_si512(_mm512_loadu_si512((const void *)(xb[i].qs + 64 * c)), off);
+                acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u, g), l);
+                z = _mm512_dpwssd_epi32(z, _mm512_maddubs_epi16(off, g), l);
+            }
+        }
+        if (BS) { /* z = 64 * sum over the 16 halves of l_h * bsum_h */
+            const __m256i lb = _mm256_madd_epi16(_mm512_castsi512_si256(s16), _mm256_loadu_si256((const __m256i *)xb[i].bsums));
+            z = _mm512_zextsi256_si512(_mm256_slli_epi32(lb, 6));
         }
         const int32_t bsum = _mm512_reduce_add_epi32(_mm512_sub_epi32(acc, z));
         sumf += tn_fp16_to_fp32(tn_iq_rd16(wb)) * xb[i].d * bsum; /* tn_iq_block_d, inline: d leads every block here */
