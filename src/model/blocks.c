@@ -116,13 +116,15 @@ static int32_t tn_attn_unit(const tn_hparams *hp, int32_t n, int nth) {
  * the first thread waited 47% of its attention time). Each thread's contiguous range sums to the
  * same cost (pos + 1 + TN_ATTN_UNIT_COST per unit) up to one unit; all in integers, so every
  * thread computes the same boundaries. */
+static inline int64_t tn_attn_cost(int32_t pos) { return (int64_t)TN_MAX(pos, 0) + 1 + TN_ATTN_UNIT_COST; }
+
 static int64_t tn_attn_unit_start(const tn_batch *b, int64_t nu, int64_t tot, int i, int nth) {
     if (i <= 0) return 0;
     if (i >= nth) return (int64_t)b->n * nu;
     const int64_t target = tot * i; /* costs are compared times nth */
     int64_t acc = 0;
     for (int32_t t = 0; t < b->n; t++) {
-        const int64_t w = ((int64_t)TN_MAX(b->pos[t], 0) + 1 + TN_ATTN_UNIT_COST) * nth;
+        const int64_t w = tn_attn_cost(b->pos[t]) * nth;
         if (acc + w * nu >= target) return (int64_t)t * nu + (target - acc + w - 1) / w;
         acc += w * nu;
     }
@@ -131,7 +133,7 @@ static int64_t tn_attn_unit_start(const tn_batch *b, int64_t nu, int64_t tot, in
 
 void tn_attn_split(const tn_batch *b, int64_t nu, int ith, int nth, int64_t *p0, int64_t *p1) {
     int64_t tot = 0;
-    for (int32_t t = 0; t < b->n; t++) tot += ((int64_t)TN_MAX(b->pos[t], 0) + 1 + TN_ATTN_UNIT_COST) * nu;
+    for (int32_t t = 0; t < b->n; t++) tot += tn_attn_cost(b->pos[t]) * nu;
     *p0 = tn_attn_unit_start(b, nu, tot, ith, nth);
     *p1 = tn_attn_unit_start(b, nu, tot, ith + 1, nth);
 }
