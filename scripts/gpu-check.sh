@@ -10,6 +10,7 @@
 #   TERN_BIN, TERN_TEST_CUDA  the binaries (default build/tern, build/tests/cuda/test_cuda)
 #   TERN_SHARED_DIR           folder with models/stories260K (default ../shared)
 #   GPU_CHECK_QUICK=1         skip the 1B benchmarks; GPU_CHECK_SKIP_SERVE=1: skip the serve suite
+#   PEER                      llama.cpp's llama-bench built with CUDA: run on the same files after tern
 # Every step has its own time limit, so one hang costs that step only. OUT holds three files,
 # written as the steps end (a run cut short keeps what it finished): summary.txt (one line per
 # step: exit code, seconds), log.txt (every step's output under a header), bench.jsonl (the
@@ -20,6 +21,7 @@ OUT=${1:-gpu-results}
 mkdir -p "$OUT"
 BIN=${TERN_BIN:-build/tern}
 TC=${TERN_TEST_CUDA:-build/tests/cuda/test_cuda}
+PEER=${PEER:-}
 export TERN_SHARED_DIR=${TERN_SHARED_DIR:-../shared}
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda-13.0/lib64; do
     [ -d "$d" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
@@ -41,7 +43,10 @@ step() { # step NAME LIMIT_S CMD... : runs CMD with a time limit; output to LOG,
     timeout "$lim" "$@" >"$TMPD/step.out" 2>&1
     local rc=$?
     { echo "===== $name (rc $rc, $((SECONDS - t0)) s): $*"; cat "$TMPD/step.out"; echo; } >>"$LOG"
-    case $name in bench_*) grep '^  {' "$TMPD/step.out" | sed 's/,$//' >>"$OUT/bench.jsonl" ;; esac
+    case $name in
+    bench_*) grep '^  {' "$TMPD/step.out" | sed -e 's/,$//' -e "s/^  {/{\"step\": \"$name\", /" >>"$OUT/bench.jsonl" ;;
+    peer_*) grep '^{' "$TMPD/step.out" | sed -e "s/^{/{\"step\": \"$name\", /" >>"$OUT/bench.jsonl" ;;
+    esac
     printf '%-28s rc=%-3s %4ss\n' "$name" "$rc" "$((SECONDS - t0))" | tee -a "$SUM"
     return $rc
 }
@@ -63,19 +68,29 @@ if [ "${GPU_CHECK_QUICK:-0}" != 1 ]; then
     for ty in q4_0 q8_0 tq2 tq3 tq4; do
         step "quantize_$ty" 90 "$BIN" quantize -t "$(nproc)" "$TMPD/1b-f16.gguf" "$TMPD/1b-$ty.gguf" "$ty"
     done
+    # each type, and llama.cpp's CUDA build on the same file right after it where it reads the type
     for ty in q4_0 q8_0 tq2 tq3 tq4 f16; do
         step "bench_$ty" 90 "$BIN" bench --device cuda -m "$TMPD/1b-$ty.gguf" -p 512 -n 128 -r 3 -o json
+        case $ty in q4_0 | q8_0 | f16)
+            [ -n "$PEER" ] && step "peer_$ty" 120 "$PEER" -m "$TMPD/1b-$ty.gguf" -p 512 -n 128 -r 3 -ngl 99 -fa 1 -o jsonl ;;
+        esac
     done
+    # decode with the launch settings off one at a time (docs/cuda.md), then all off, and the
+    # GEMV grid at other sizes; again with the defaults last, to see the drift within the run
+    for v in nofuse:TERN_CUDA_FUSE=0 noprefetch:TERN_CUDA_PREFETCH=0 noearly:TERN_CUDA_EARLY=0 \
+        bps0:TERN_CUDA_GEMV_BPS=0 bps2:TERN_CUDA_GEMV_BPS=2 bps8:TERN_CUDA_GEMV_BPS=8 \
+        "alloff:TERN_CUDA_FUSE=0 TERN_CUDA_PREFETCH=0 TERN_CUDA_EARLY=0 TERN_CUDA_GEMV_BPS=0" \
+        "nopdl:TERN_CUDA_PDL=0" "nograph:TERN_CUDA_GRAPH=0" default:TERN_CUDA_X=1; do
+        # shellcheck disable=SC2086 # the settings are words
+        step "bench_q4_0_${v%%:*}" 60 env ${v#*:} "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" -p 0 -n 128 -r 5 -o json
+    done
+    step bench_tq2_alloff 60 env TERN_CUDA_FUSE=0 TERN_CUDA_PREFETCH=0 TERN_CUDA_EARLY=0 TERN_CUDA_GEMV_BPS=0 \
+        "$BIN" bench --device cuda -m "$TMPD/1b-tq2.gguf" -p 0 -n 128 -r 5 -o json
     # prefill through the batch-invariant GEMV kernels (as tern serve runs) instead of fp16 + cuBLAS
     TERN_CUDA_PREFILL=gemv step bench_q4_0_gemv 60 "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" -p 512 -n 0 -r 3 -o json
     # where the time goes: every launch timed (TERN_CUDA_PROFILE=1; no graph), decode and prefill
     TERN_CUDA_PROFILE=1 step profile_q4_0_tg 60 "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" -p 0 -n 64 -r 1
     TERN_CUDA_PROFILE=1 step profile_q4_0_pp 60 "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" -p 512 -n 0 -r 1
-    TERN_CUDA_PROFILE=1 step profile_f16_pp 60 "$BIN" bench --device cuda -m "$TMPD/1b-f16.gguf" -p 512 -n 0 -r 1
-    # without programmatic dependent launch (each kernel waits for the last at launch)
-    TERN_CUDA_PDL=0 step bench_q4_0_nopdl 60 "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" -p 512 -n 128 -r 3 -o json
-    # the same decode with the kernels launched one by one instead of the captured graph
-    TERN_CUDA_GRAPH=0 step bench_q4_0_nograph 60 "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" -p 0 -n 128 -r 3 -o json
     # layers split between GPU and CPU: half the layers on the GPU
     step bench_q4_0_ngl8 90 "$BIN" bench --device cuda -ngl 8 -m "$TMPD/1b-q4_0.gguf" -p 64 -n 16 -r 1 -t "$(nproc)"
 fi

@@ -54,10 +54,19 @@ typedef struct tn_cw {
 
 static inline int tn_cw_is_code(int kind) { return kind >= TN_CW_Q4_0; }
 
-/* Programmatic dependent launch for every kernel launched after this (process-wide; Hopper and
- * later: the caller checks the device): each kernel waits for its predecessor inside the GPU
- * instead of at launch, so consecutive launches overlap their start-up. */
-void tn_cu_set_pdl(int on);
+/* Process-wide launch settings (the caller checks the device; pdl needs Hopper or later):
+ *   pdl       programmatic dependent launch for every kernel launched after this: each kernel
+ *             waits for its predecessor inside the GPU instead of at launch;
+ *   early     (with pdl) the small kernels (norm, RoPE, attention, SwiGLU) let the next kernel
+ *             launch before they wait, so the next GEMV is resident early;
+ *   prefetch  GEMV kernels prefetch their block's weight rows into L2 before they wait;
+ *   gemv_bps  GEMV grids of at most this many blocks per multiprocessor, each block walking its
+ *             rows (0: one block per row group).
+ * None of these changes a result: rows are computed by the same arithmetic whichever block runs them. */
+int tn_cu_configure(int pdl, int early, int prefetch, int gemv_bps);
+/* Tests: GEMV grids of at most this many blocks in all (0: tn_cu_configure's setting), so that
+ * blocks walk several row groups even on small matrices. */
+void tn_cu_set_gemv_grid_cap(int blocks);
 
 /* Activations quantized for the code path: n rows of k. */
 typedef struct tn_cq {
@@ -75,13 +84,24 @@ int tn_cu_quantize_q8(const float *x, int64_t ldx, int64_t k, int64_t n, tn_cq o
 #define TN_CU_GEMV_MAXN 8
 int tn_cu_gemv(const tn_cw *w, const float *x, int64_t ldx, const tn_cq *xq, int64_t n, float *y, int64_t ldy,
                const float *bias, int accumulate, void *stream);
+/* One token with its RMSNorm fused in (decode): y (+)= W (rmsnorm(row of x) * nw) (+ bias), x the
+ * residual stream [*][k], row its row (NULL: 0). Each block normalizes (and, for the code path,
+ * quantizes) the row itself in shared memory, exactly as tn_cu_rmsnorm (with xq) computes it, so
+ * the result is bit for bit tn_cu_rmsnorm then tn_cu_gemv. tn_cu_gemv_norm_ok: whether w's row
+ * length allows it (the row in shared memory).
+ * glu_h != NULL (w: gate and up rows interleaved by 32, m % 64 == 0): then also the SwiGLU of y
+ * into glu_h [m/2] and, glu_q != NULL, quantized into glu_q, bit for bit tn_cu_swiglu_pair(il 32). */
+int tn_cu_gemv_norm_ok(const tn_cw *w);
+int tn_cu_gemv_norm(const tn_cw *w, const float *x, const int32_t *row, const float *nw, float eps, float *y,
+                    const float *bias, int accumulate, float *glu_h, const tn_cq *glu_q, void *stream);
 /* Rows r0 .. r0 + nr - 1 of w as fp16 into out[nr][k] (prefill: then a cuBLAS GEMM). */
 int tn_cu_dequant_f16(const tn_cw *w, int64_t r0, int64_t nr, uint16_t *out, void *stream);
 /* Rows of w as f32 (tests). */
 int tn_cu_dequant_f32(const tn_cw *w, int64_t r0, int64_t nr, float *out, void *stream);
 /* x [n][k] f32 (stride ldx) -> fp16 [n][k]. */
 int tn_cu_f32_to_f16(const float *x, int64_t ldx, int64_t k, int64_t n, uint16_t *out, void *stream);
-/* y[n][d] = rmsnorm(x rows) * w (sum of squares in double, as the CPU). rows: x row of output j
+/* y[n][d] = rmsnorm(x rows) * w (sum of squares in double, as the CPU, in the order of
+ * kernels.cu's rms_scale). rows: x row of output j
  * is rows[j] (NULL: j). xq != NULL: y is also quantized into it as tn_cu_quantize_q8 would. */
 int tn_cu_rmsnorm(const float *x, const int32_t *rows, float *y, const float *w, int64_t n, int64_t d, float eps,
                   const tn_cq *xq, void *stream);
@@ -94,17 +114,35 @@ int tn_cu_add_bias(float *y, const float *b, int64_t n, int64_t d, void *stream)
 int tn_cu_rope_store(float *q, int64_t ldq, float *k, const float *v, int64_t ldk, const float *qn, const float *kn,
                      float eps, const float *cs, int n_rot, int neox, int64_t n, int n_head, int n_head_kv, int hd,
                      const int32_t *kvrow, uint16_t *Kc, uint16_t *Vc, void *stream);
+/* The RoPE and cache store of k_rope_store done inside the attention kernel (one-token steps:
+ * each token's only new cache row is its own): the new rows k, v [n][ldk] (the qkv product),
+ * qwen3's per-head norms qn / kn (NULL: none; eps), cos/sin cs [n][n_rot] (neox: half split), the
+ * cache row of each token kvrow, and the caches Kc / Vc the rows go to. */
+typedef struct tn_cu_rope {
+    const float *k, *v;
+    int64_t ldk;
+    const float *qn, *kn;
+    float eps;
+    const float *cs;
+    int n_rot, neox;
+    const int32_t *kvrow;
+    uint16_t *Kc, *Vc;
+} tn_cu_rope;
 /* Causal attention: token t (query q[t*ldq ..], n_head*hd floats) attends positions 0 .. pos[t] of its
  * sequence; position p's cache row is p (tbl_off[t] < 0) or tbl[tbl_off[t] + p/16]*16 + p%16.
- * out [n][n_head*hd]. Online softmax in f32. xq != NULL (hd % 32 == 0): out also quantized into it. */
+ * out [n][n_head*hd]. Online softmax in f32. xq != NULL (hd % 32 == 0): out also quantized into it.
+ * rope != NULL: q is the qkv product as it comes (not yet rotated; it stays so) and the kernel
+ * does tn_cu_rope_store's work itself (bit for bit), for batches where no token reads another's
+ * new row. */
 int tn_cu_attention(const float *q, int64_t ldq, const uint16_t *Kc, const uint16_t *Vc, int64_t n, int n_head, int n_head_kv,
                     int hd, const int32_t *pos, const int32_t *tbl_off, const int32_t *tbl, float scale, float *out,
-                    const tn_cq *xq, void *stream);
+                    const tn_cq *xq, const tn_cu_rope *rope, void *stream);
 /* g[i] = silu(g[i]) * u[i], i < n. */
 int tn_cu_swiglu(float *g, const float *u, int64_t n, void *stream);
-/* h[t][i] = silu(gu[t][i]) * gu[t][ff + i] (gate and up computed as one matrix), i < ff, t < n;
- * xq != NULL: h also quantized into it. */
-int tn_cu_swiglu_pair(const float *gu, float *h, int64_t n, int64_t ff, const tn_cq *xq, void *stream);
+/* h[t][i] = silu(gate_i) * up_i, i < ff, t < n, gate and up computed as one matrix: il = 0: gu[t] =
+ * [gate (ff) | up (ff)]; il > 0 (ff % il == 0): gate and up interleaved by il (gate i at
+ * (i / il) * 2il + i % il, up il after it). xq != NULL: h also quantized into it. */
+int tn_cu_swiglu_pair(const float *gu, float *h, int64_t n, int64_t ff, int il, const tn_cq *xq, void *stream);
 /* Streams: read src and write dst (n bytes), for the bandwidth measurement. */
 int tn_cu_copy_kernel(const void *src, void *dst, size_t n, void *stream);
 

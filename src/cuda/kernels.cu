@@ -17,15 +17,44 @@
 
 #define WARP 32
 #define GEMV_WARPS_MAX 4 /* warps per GEMV block */
+/* GEMV blocks that fit on a multiprocessor at once, by registers (at most 64 per thread): the
+ * blocks of a running GEMV and of the next one, prefetching, side by side */
+#define GEMV_MIN_BLOCKS 8
 
 static inline int tn_cu_err(void) { return (int)cudaGetLastError(); }
 
-/* Programmatic dependent launch (Hopper and later, tn_cu_set_pdl): each kernel may be launched
- * while the one before it on the stream is still running; it waits (gdc_wait, its first
- * statement) until that one has finished and its writes are visible, and lets the next one launch
- * at once. What it hides is the launch and ramp-up of every kernel of a decode step. */
+/* Programmatic dependent launch (Hopper and later, tn_cu_configure): each kernel may be launched
+ * while the one before it on the stream is still running; it waits (griddepcontrol.wait) until
+ * that one has finished and its writes are visible, and lets the next one launch
+ * (griddepcontrol.launch_dependents). What it hides is the launch and ramp-up of every kernel of a
+ * decode step.
+ *
+ * Where each kernel lets the next launch decides how far ahead the GPU runs (TN_CU_EARLY):
+ *   - the GEMV kernels first prefetch their block's weight rows into L2 (they depend on nothing
+ *     earlier), then wait, then let the next kernel launch;
+ *   - with early triggers, the small kernels (norms, RoPE, attention, SwiGLU, quantization) let the
+ *     next kernel launch before they wait, so the next GEMV is already resident and prefetching
+ *     its weights while the kernels before it run. The GEMVs, which trigger only after their wait,
+ *     bound the chain: at most the next GEMV's weights are fetched ahead, which fits in L2.
+ * A kernel launched early only waits; what it reads is written by kernels that have completed. */
 static bool g_pdl = false;
-extern "C" void tn_cu_set_pdl(int on) { g_pdl = on != 0; }
+static int g_bps = 0, g_sms = 0, g_grid_cap = 0;
+__device__ int d_early = 0;    /* small kernels trigger before they wait */
+__device__ int d_prefetch = 0; /* GEMV kernels prefetch their weight rows into L2 before they wait */
+
+extern "C" int tn_cu_configure(int pdl, int early, int prefetch, int gemv_bps) {
+    g_pdl = pdl != 0;
+    g_bps = gemv_bps > 0 ? gemv_bps : 0;
+    int dev = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, dev);
+    const int e = pdl && early ? 1 : 0, pf = prefetch ? 1 : 0;
+    cudaMemcpyToSymbol(d_early, &e, sizeof e);
+    cudaMemcpyToSymbol(d_prefetch, &pf, sizeof pf);
+    return tn_cu_err();
+}
+
+extern "C" void tn_cu_set_gemv_grid_cap(int blocks) { g_grid_cap = blocks > 0 ? blocks : 0; }
 
 template <typename... KArgs, typename... Args>
 static void launch(void (*k)(KArgs...), dim3 grid, dim3 block, size_t shmem, cudaStream_t st, Args... args) {
@@ -42,12 +71,38 @@ static void launch(void (*k)(KArgs...), dim3 grid, dim3 block, size_t shmem, cud
     cudaLaunchKernelEx(&cfg, k, ((KArgs)args)...);
 }
 
-__device__ __forceinline__ void gdc_wait(void) {
+__device__ __forceinline__ void gdc_wait_only(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void gdc_trigger(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+/* wait for the kernel before, then let the next one launch (GEMV, dequantization, copies) */
+__device__ __forceinline__ void gdc_wait(void) {
+    gdc_wait_only();
+    gdc_trigger();
+}
+/* the small kernels of a step: with early triggers the next kernel launches before this one waits */
+__device__ __forceinline__ void gdc_enter(void) {
+    const bool early = d_early != 0;
+    if (early) gdc_trigger();
+    gdc_wait_only();
+    if (!early) gdc_trigger();
+}
+
+/* Prefetches bytes [p, p + n) into L2, one 128-byte line per thread of the block at a time (the
+ * addresses stay inside the allocation: cudaMalloc aligns it to 256 bytes). */
+__device__ __forceinline__ void prefetch_l2(const void *p, size_t n) {
+    const uintptr_t a1 = (uintptr_t)p + n;
+    for (uintptr_t a = ((uintptr_t)p & ~(uintptr_t)127) + 128u * threadIdx.x; a < a1; a += 128u * blockDim.x)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+}
+/* One line into L1 (a hint: the next row a warp of a GEMV will read, while it computes this one) */
+__device__ __forceinline__ void prefetch_l1(const void *p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -68,13 +123,47 @@ __device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c) {
     return r;
 }
 
+/* the q8 block of 32 values v (one per lane) at block index blk: as k_quantize_q8 */
+__device__ __forceinline__ void q8_block(float v, int lane, int64_t blk, int64_t qi0, tn_cq xq) {
+    const float amax = warp_max(fabsf(v));
+    const float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    const int qi = __float2int_rn(v * id);
+    xq.q[qi0 + lane] = (int8_t)qi;
+    const float s = warp_sum((float)qi);
+    if (lane == 0) {
+        xq.d[blk] = __half2float(__float2half_rn(d));
+        xq.s[blk] = (int32_t)s;
+    }
+}
+
+/* 1 / sqrt(mean(x^2) + eps) of row xr (d values), computed by one warp: lane l sums x_i^2 in double
+ * for i = l, l + 32, .. in four chains by (i / 32) % 4, then the warp's butterfly (every lane gets the same bits). Every
+ * kernel that normalizes a row uses it, each warp on its own, so the scale does not depend on the
+ * kernel or its block size: the RMSNorm fused into a GEMV equals k_rmsnorm bit for bit. */
+__device__ __forceinline__ float rms_scale(const float *xr, int64_t d, float eps) {
+    const int lane = threadIdx.x % WARP;
+    double s4[4] = {0, 0, 0, 0}; /* four chains: element i goes to (i / 32) % 4 */
+    int64_t i = lane;
+    for (; i + 3 * WARP < d; i += 4 * WARP) {
+#pragma unroll
+        for (int a = 0; a < 4; a++) s4[a] += (double)(xr[i + a * WARP] * xr[i + a * WARP]);
+    }
+    if (i < d) s4[0] += (double)(xr[i] * xr[i]); /* at most three left */
+    if (i + WARP < d) s4[1] += (double)(xr[i + WARP] * xr[i + WARP]);
+    if (i + 2 * WARP < d) s4[2] += (double)(xr[i + 2 * WARP] * xr[i + 2 * WARP]);
+    double s = (s4[0] + s4[1]) + (s4[2] + s4[3]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    return 1.0f / sqrtf((float)(s / (double)d) + eps);
+}
+
 /* ---- activations ------------------------------------------------------------------------------ */
 
 /* one warp per block of 32, as the CPU's activation quantizer (quant_act.c, ggml's x86 path):
  * d = amax/127 (fp16-rounded for the product, as q8_0 stores it), q = x * (127/amax) rounded half
  * to even */
 __global__ void k_quantize_q8(const float *x, int64_t ldx, int64_t k, int64_t n, int8_t *q, float *dd, int32_t *ss) {
-    gdc_wait();
+    gdc_enter();
     const int64_t nb = k / 32, blk = (int64_t)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
     const int lane = threadIdx.x % WARP;
     if (blk >= nb * n) return;
@@ -161,12 +250,13 @@ template <int B> __device__ __forceinline__ void load_chunk(const uint8_t *rowp,
  * acc[t]; each warp reduces its own (butterfly), the parts of a row are added in part order, and
  * y[t][row] is written (+ bias, or accumulated). The same for every n: a token's result does not
  * depend on its batch. All threads of the block must call it (it synchronises). */
-__device__ __forceinline__ void gemv_finish(float acc[TN_CU_GEMV_MAXN], int nt, int wpr, bool valid, int64_t row,
-                                            int64_t t0, float *y, int64_t ldy, const float *bias, int accumulate) {
+template <int NT>
+__device__ __forceinline__ void gemv_finish(const float (&acc)[NT], int nt, int wpr, bool valid, int64_t row, int64_t t0,
+                                            float *y, int64_t ldy, const float *bias, int accumulate) {
     __shared__ float red[GEMV_WARPS_MAX][TN_CU_GEMV_MAXN];
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
 #pragma unroll
-    for (int t = 0; t < TN_CU_GEMV_MAXN; t++) {
+    for (int t = 0; t < NT; t++) {
         if (t >= nt) break;
         const float v = warp_sum(acc[t]);
         if (lane == 0) red[warp][t] = v;
@@ -182,57 +272,151 @@ __device__ __forceinline__ void gemv_finish(float acc[TN_CU_GEMV_MAXN], int nt, 
     __syncthreads();
 }
 
+/* The rows of a GEMV block: row groups [*rg0, *rg1) of rpb rows each, contiguous, so that the
+ * block's weights are one range of bytes (prefetched before the wait). A grid of fewer blocks than
+ * row groups (tn_cu_configure's blocks per SM) walks them in turn; a row's arithmetic is the same
+ * whichever block and pass computes it. A block's range is a multiple of align row groups. */
+__device__ __forceinline__ void gemv_rows(int64_t m, int rpb, int align, int64_t *rg0, int64_t *rg1) {
+    const int64_t nrg = (m + rpb - 1) / rpb, per = ((nrg + gridDim.x - 1) / gridDim.x + align - 1) / align * align;
+    *rg0 = min(nrg, (int64_t)blockIdx.x * per);
+    *rg1 = min(nrg, *rg0 + per);
+}
+
+/* RMSNorm fused into a one-token GEMV (decode): x is the residual stream, its row `row` (NULL:
+ * row 0) normalized and scaled by w (eps) as k_rmsnorm computes it, into the block's shared
+ * memory. x == NULL: the GEMV reads its activations as given. */
+struct gemv_norm {
+    const float *x;
+    const int32_t *row;
+    const float *w;
+    float eps;
+};
+
+/* The fused norm for the code path: every block normalizes and quantizes the row itself into
+ * shared memory (q [k], d [k/32], s [k/32]), bit for bit what k_rmsnorm with xq writes. */
+__device__ __forceinline__ tn_cq gemv_norm_q8(const gemv_norm &nrm, int64_t k, void *smem) {
+    int8_t *sq = (int8_t *)smem;
+    float *sd = (float *)(sq + k);
+    int32_t *ss = (int32_t *)(sd + k / 32);
+    const tn_cq out = {sq, sd, ss};
+    const float *xr = nrm.x + (nrm.row ? (int64_t)nrm.row[0] : 0) * k;
+    const float scale = rms_scale(xr, k, nrm.eps);
+    const int lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
+    for (int64_t b = threadIdx.x / WARP; b < k / 32; b += nw) {
+        const int64_t i = b * 32 + lane;
+        q8_block((xr[i] * scale) * nrm.w[i], lane, b, b * 32, out);
+    }
+    __syncthreads();
+    return out;
+}
+/* ... and for the float path: the normalized row in f32 (k floats), as k_rmsnorm writes y */
+__device__ __forceinline__ const float *gemv_norm_f32(const gemv_norm &nrm, int64_t k, void *smem) {
+    float *sx = (float *)smem;
+    const float *xr = nrm.x + (nrm.row ? (int64_t)nrm.row[0] : 0) * k;
+    const float scale = rms_scale(xr, k, nrm.eps);
+    for (int64_t i = threadIdx.x; i < k; i += blockDim.x) sx[i] = (xr[i] * scale) * nrm.w[i];
+    __syncthreads();
+    return sx;
+}
+
+/* SwiGLU fused after a one-token gate|up GEMV whose rows interleave gate and up by 32 (rows
+ * 64u .. 64u+31 gate 32u .., rows 64u+32 .. up 32u ..): each block owns whole units of 64 rows
+ * and, once its outputs y are written, computes h = silu(gate) * up for them and quantizes h as
+ * k_swiglu_pair does (the same bits). h == NULL: none. */
+struct gemv_glu {
+    float *h;
+    tn_cq q; /* q.q == NULL: h only */
+};
+__device__ __forceinline__ void glu_epilogue(const gemv_glu &glu, const float *y, int64_t r0, int64_t r1) {
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
+    __syncthreads(); /* the block's y, written by its warps */
+    for (int64_t u = r0 / 64 + warp; u < r1 / 64; u += nw) {
+        const float g = y[u * 64 + lane], up = y[u * 64 + 32 + lane];
+        const float v = g / (1.0f + expf(-g)) * up;
+        glu.h[u * 32 + lane] = v;
+        if (glu.q.q) q8_block(v, lane, u, u * 32, glu.q);
+    }
+}
+
 /* KIND: 0 tq (unsigned codes; sym offset (2^B-1)/2 or asym m), 1 q4_0 (offset 8), 2 q8_0 (signed),
- * 3 q5_0 (offset 16). Any number of tokens, in tiles of TN_CU_GEMV_MAXN: every output is the same
- * sequence of operations whatever n is (lane partial sums over chunks lane, lane+32, .., then the
- * warp's butterfly), so a token's result does not depend on the batch it came in (tern serve's
- * batches equal one-at-a-time decoding). A tile after the first finds the row in L1/L2. */
-template <int B, int KIND, bool ASYM>
-__global__ void k_gemv_code(tn_cw w, const int8_t *xq, const float *xd, const int32_t *xs, int n, float *y, int64_t ldy,
-                            const float *bias, int accumulate, int wpr) {
-    gdc_wait();
-    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, part = warp % wpr;
-    const int64_t row = (int64_t)blockIdx.x * (GEMV_WARPS_MAX / wpr) + warp / wpr;
-    const bool valid = row < w.m;
+ * 3 q5_0 (offset 16). Any number of tokens, in tiles of NT (TN_CU_GEMV_MAXN, or 1 for one-token
+ * steps): every output is the same sequence of operations whatever n and NT are (lane partial sums
+ * over chunks lane, lane+32, .., then the warp's butterfly), so a token's result does not depend
+ * on the batch it came in (tern serve's batches equal one-at-a-time decoding). A tile after the
+ * first finds the row in L1/L2. Before waiting for the kernel before it, the block prefetches its
+ * weight rows into L2 (they depend on nothing earlier). */
+template <int B, int KIND, bool ASYM, int NT>
+__global__ void __launch_bounds__(GEMV_WARPS_MAX * WARP, GEMV_MIN_BLOCKS)
+    k_gemv_code(tn_cw w, const int8_t *xq, const float *xd, const int32_t *xs, int n, float *y, int64_t ldy, const float *bias,
+                int accumulate, int wpr, gemv_norm nrm, gemv_glu glu) {
+    extern __shared__ int4 gsm[];
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, part = warp % wpr, rpb = GEMV_WARPS_MAX / wpr;
     const int64_t nc = w.k / 32, nbr = w.k / w.group;
     const int cpb = w.group / 32;
-    const uint8_t *rowp = (const uint8_t *)w.data + (valid ? row : 0) * (int64_t)w.row_bytes;
-    const uint16_t *dr = w.d + (valid ? row : 0) * nbr, *mr = ASYM ? w.mn + (valid ? row : 0) * nbr : nullptr;
+    int64_t rg0, rg1;
+    gemv_rows(w.m, rpb, NT == 1 && glu.h ? 64 / rpb : 1, &rg0, &rg1);
+    if (d_prefetch && rg0 < rg1) {
+        const int64_t r0 = rg0 * rpb, nr = min(w.m, rg1 * rpb) - r0;
+        prefetch_l2((const uint8_t *)w.data + r0 * (int64_t)w.row_bytes, (size_t)(nr * (int64_t)w.row_bytes));
+        prefetch_l2(w.d + r0 * nbr, (size_t)(nr * nbr * 2));
+        if (ASYM) prefetch_l2(w.mn + r0 * nbr, (size_t)(nr * nbr * 2));
+    }
+    gdc_wait();
+    if (NT == 1 && nrm.x) {
+        const tn_cq a = gemv_norm_q8(nrm, w.k, gsm);
+        xq = a.q, xd = a.d, xs = a.s;
+    }
     const float off = KIND == 1 ? 8.0f : KIND == 3 ? 16.0f : (float)((1 << B) - 1) * 0.5f;
-    for (int t0 = 0; t0 < n; t0 += TN_CU_GEMV_MAXN) {
-        const int nt = min(TN_CU_GEMV_MAXN, n - t0);
-        float acc[TN_CU_GEMV_MAXN];
-#pragma unroll
-        for (int t = 0; t < TN_CU_GEMV_MAXN; t++) acc[t] = 0.0f;
-        for (int64_t ci = lane + (int64_t)WARP * part; valid && ci < nc; ci += (int64_t)WARP * wpr) {
-            uint32_t q[8];
-            load_chunk<B>(rowp, ci, cpb, q);
-            const float d = h2f(dr[ci / cpb]);
-            const float m = ASYM ? h2f(mr[ci / cpb]) : 0.0f;
-#pragma unroll
-            for (int t = 0; t < TN_CU_GEMV_MAXN; t++) {
-                if (t >= nt) break;
-                const int64_t tt = t0 + t;
-                const int4 *a4 = (const int4 *)(xq + tt * w.k + ci * 32);
-                const int4 a0 = a4[0], a1 = a4[1];
-                const int a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
-                int sq = 0;
-                if (KIND == 2) {
-#pragma unroll
-                    for (int g = 0; g < 8; g++) sq = __dp4a((int)q[g], a[g], sq);
-                } else {
-#pragma unroll
-                    for (int g = 0; g < 8; g++) sq = dp4a_us(q[g], a[g], sq);
-                }
-                const float da = xd[tt * nc + ci];
-                const float sa = (float)xs[tt * nc + ci];
-                if (KIND == 2) acc[t] += da * d * (float)sq;
-                else if (ASYM) acc[t] += da * (d * (float)sq + m * sa);
-                else acc[t] += da * d * ((float)sq - off * sa);
+    for (int64_t rg = rg0; rg < rg1; rg++) {
+        const int64_t row = rg * rpb + warp / wpr;
+        const bool valid = row < w.m;
+        const uint8_t *rowp = (const uint8_t *)w.data + (valid ? row : 0) * (int64_t)w.row_bytes;
+        const uint16_t *dr = w.d + (valid ? row : 0) * nbr, *mr = ASYM ? w.mn + (valid ? row : 0) * nbr : nullptr;
+        if (rg + 1 < rg1 && row + rpb < w.m) { /* the warp's next row: its chunks into L1 meanwhile */
+            const uint8_t *np = rowp + (int64_t)rpb * (int64_t)w.row_bytes;
+            for (int64_t ci = lane + (int64_t)WARP * part; ci < nc; ci += (int64_t)WARP * wpr) {
+                const uint8_t *bp = np + (ci / cpb) * (int64_t)(4 * B * cpb);
+                prefetch_l1(bp);
+                if (4 * B * cpb > 128) prefetch_l1(bp + 128);
+                prefetch_l1(dr + (int64_t)rpb * nbr + ci / cpb);
             }
         }
-        gemv_finish(acc, nt, wpr, valid, row, t0, y, ldy, bias, accumulate);
+        for (int t0 = 0; t0 < n; t0 += NT) {
+            const int nt = min(NT, n - t0);
+            float acc[NT];
+#pragma unroll
+            for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+            for (int64_t ci = lane + (int64_t)WARP * part; valid && ci < nc; ci += (int64_t)WARP * wpr) {
+                uint32_t q[8];
+                load_chunk<B>(rowp, ci, cpb, q);
+                const float d = h2f(dr[ci / cpb]);
+                const float m = ASYM ? h2f(mr[ci / cpb]) : 0.0f;
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    if (t >= nt) break;
+                    const int64_t tt = t0 + t;
+                    const int4 *a4 = (const int4 *)(xq + tt * w.k + ci * 32);
+                    const int4 a0 = a4[0], a1 = a4[1];
+                    const int a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+                    int sq = 0;
+                    if (KIND == 2) {
+#pragma unroll
+                        for (int g = 0; g < 8; g++) sq = __dp4a((int)q[g], a[g], sq);
+                    } else {
+#pragma unroll
+                        for (int g = 0; g < 8; g++) sq = dp4a_us(q[g], a[g], sq);
+                    }
+                    const float da = xd[tt * nc + ci];
+                    const float sa = (float)xs[tt * nc + ci];
+                    if (KIND == 2) acc[t] += da * d * (float)sq;
+                    else if (ASYM) acc[t] += da * (d * (float)sq + m * sa);
+                    else acc[t] += da * d * ((float)sq - off * sa);
+                }
+            }
+            gemv_finish(acc, nt, wpr, valid, row, t0, y, ldy, bias, accumulate);
+        }
     }
+    if (NT == 1 && glu.h) glu_epilogue(glu, y, rg0 * rpb, min(w.m, rg1 * rpb));
 }
 template <int B, int KIND, bool ASYM>
 __global__ void k_dequant_code(tn_cw w, int64_t r0, int64_t nr, void *out, int f16) {
@@ -337,32 +521,49 @@ template <int KIND> __device__ __forceinline__ void load8(const uint8_t *rowp, i
     }
 }
 
-template <int KIND>
-__global__ void k_gemv_float(tn_cw w, const float *x, int64_t ldx, int n, float *y, int64_t ldy, const float *bias,
-                             int accumulate, int wpr) {
-    gdc_wait();
-    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, part = warp % wpr;
-    const int64_t row = (int64_t)blockIdx.x * (GEMV_WARPS_MAX / wpr) + warp / wpr;
-    const bool valid = row < w.m;
-    const uint8_t *rowp = (const uint8_t *)w.data + (valid ? row : 0) * (int64_t)w.row_bytes;
-    for (int t0 = 0; t0 < n; t0 += TN_CU_GEMV_MAXN) { /* token tiles, as k_gemv_code */
-        const int nt = min(TN_CU_GEMV_MAXN, n - t0);
-        float acc[TN_CU_GEMV_MAXN];
-#pragma unroll
-        for (int t = 0; t < TN_CU_GEMV_MAXN; t++) acc[t] = 0.0f;
-        for (int64_t e0 = ((int64_t)lane + (int64_t)WARP * part) * 8; valid && e0 < w.k; e0 += (int64_t)WARP * wpr * 8) {
-            float v[8];
-            load8<KIND>(rowp, e0, v);
-#pragma unroll
-            for (int t = 0; t < TN_CU_GEMV_MAXN; t++) {
-                if (t >= nt) break;
-                const float4 *xp = (const float4 *)(x + (int64_t)(t0 + t) * ldx + e0);
-                const float4 a = xp[0], b = xp[1];
-                acc[t] += v[0] * a.x + v[1] * a.y + v[2] * a.z + v[3] * a.w + v[4] * b.x + v[5] * b.y + v[6] * b.z + v[7] * b.w;
-            }
-        }
-        gemv_finish(acc, nt, wpr, valid, row, t0, y, ldy, bias, accumulate);
+template <int KIND, int NT>
+__global__ void __launch_bounds__(GEMV_WARPS_MAX * WARP, GEMV_MIN_BLOCKS)
+    k_gemv_float(tn_cw w, const float *x, int64_t ldx, int n, float *y, int64_t ldy, const float *bias, int accumulate, int wpr,
+                 gemv_norm nrm, gemv_glu glu) {
+    extern __shared__ int4 gsm[];
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, part = warp % wpr, rpb = GEMV_WARPS_MAX / wpr;
+    int64_t rg0, rg1;
+    gemv_rows(w.m, rpb, NT == 1 && glu.h ? 64 / rpb : 1, &rg0, &rg1);
+    if (d_prefetch && rg0 < rg1) {
+        const int64_t r0 = rg0 * rpb, nr = min(w.m, rg1 * rpb) - r0;
+        prefetch_l2((const uint8_t *)w.data + r0 * (int64_t)w.row_bytes, (size_t)(nr * (int64_t)w.row_bytes));
     }
+    gdc_wait();
+    if (NT == 1 && nrm.x) x = gemv_norm_f32(nrm, w.k, gsm), ldx = w.k;
+    for (int64_t rg = rg0; rg < rg1; rg++) {
+        const int64_t row = rg * rpb + warp / wpr;
+        const bool valid = row < w.m;
+        const uint8_t *rowp = (const uint8_t *)w.data + (valid ? row : 0) * (int64_t)w.row_bytes;
+        if (rg + 1 < rg1 && row + rpb < w.m) { /* the warp's next row into L1 meanwhile */
+            const uint8_t *np = rowp + (int64_t)rpb * (int64_t)w.row_bytes;
+            for (int64_t e0 = ((int64_t)lane + (int64_t)WARP * part) * 8; e0 < w.k; e0 += (int64_t)WARP * wpr * 8)
+                prefetch_l1(np + (int64_t)w.row_bytes * e0 / w.k);
+        }
+        for (int t0 = 0; t0 < n; t0 += NT) { /* token tiles, as k_gemv_code */
+            const int nt = min(NT, n - t0);
+            float acc[NT];
+#pragma unroll
+            for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+            for (int64_t e0 = ((int64_t)lane + (int64_t)WARP * part) * 8; valid && e0 < w.k; e0 += (int64_t)WARP * wpr * 8) {
+                float v[8];
+                load8<KIND>(rowp, e0, v);
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    if (t >= nt) break;
+                    const float4 *xp = (const float4 *)(x + (int64_t)(t0 + t) * ldx + e0);
+                    const float4 a = xp[0], b = xp[1];
+                    acc[t] += v[0] * a.x + v[1] * a.y + v[2] * a.z + v[3] * a.w + v[4] * b.x + v[5] * b.y + v[6] * b.z + v[7] * b.w;
+                }
+            }
+            gemv_finish(acc, nt, wpr, valid, row, t0, y, ldy, bias, accumulate);
+        }
+    }
+    if (NT == 1 && glu.h) glu_epilogue(glu, y, rg0 * rpb, min(w.m, rg1 * rpb));
 }
 template <int KIND> __global__ void k_dequant_float(tn_cw w, int64_t r0, int64_t nr, void *out, int f16) {
     gdc_wait();
@@ -426,11 +627,30 @@ static int gemv_wpr(const tn_cw *w) {
     return 1;
 }
 
-template <int B, bool ASYM> static void launch_gemv_tq(const tn_cw *w, const tn_cq *xq, int n, float *y, int64_t ldy,
-                                                     const float *bias, int acc, cudaStream_t st) {
-    const int wpr = gemv_wpr(w);
-    const unsigned rpb = (unsigned)(GEMV_WARPS_MAX / wpr), grid = (unsigned)((w->m + rpb - 1) / rpb);
-    launch(k_gemv_code<B, 0, ASYM>, grid, GEMV_WARPS_MAX * WARP, 0, st, *w, xq->q, xq->d, xq->s, n, y, ldy, bias, acc, wpr);
+/* One GEMV launch's shape: warps per row, and a grid of every row group or, with blocks per SM set
+ * (tn_cu_configure), at most that many blocks per multiprocessor, each walking its rows: then the
+ * next kernel's blocks fit beside them and prefetch while this one runs. */
+struct gemv_launch {
+    int wpr;
+    unsigned grid, block;
+    size_t shmem;
+};
+static gemv_launch gemv_shape(const tn_cw *w, bool norm) {
+    gemv_launch L;
+    L.wpr = gemv_wpr(w);
+    const int64_t rpb = GEMV_WARPS_MAX / L.wpr, nrg = (w->m + rpb - 1) / rpb;
+    const int64_t cap = g_grid_cap > 0 ? g_grid_cap : g_bps > 0 && g_sms > 0 ? (int64_t)g_bps * g_sms : nrg;
+    L.grid = (unsigned)(nrg < cap ? nrg : cap);
+    L.block = GEMV_WARPS_MAX * WARP;
+    L.shmem = !norm ? 0 : tn_cw_is_code(w->kind) ? (size_t)w->k + (size_t)(w->k / 32) * 8 : (size_t)w->k * 4;
+    return L;
+}
+
+template <int B, bool ASYM, int NT>
+static void launch_gemv_tq(const tn_cw *w, const tn_cq *xq, int n, float *y, int64_t ldy, const float *bias, int acc, gemv_norm nrm,
+                           gemv_glu glu, cudaStream_t st) {
+    const gemv_launch L = gemv_shape(w, nrm.x != NULL);
+    launch(k_gemv_code<B, 0, ASYM, NT>, L.grid, L.block, L.shmem, st, *w, xq->q, xq->d, xq->s, n, y, ldy, bias, acc, L.wpr, nrm, glu);
 }
 template <int B, bool ASYM> static void launch_dq_tq(const tn_cw *w, int64_t r0, int64_t nr, void *out, int f16,
                                                    cudaStream_t st) {
@@ -458,13 +678,63 @@ extern "C" int tn_cu_quantize_q8(const float *x, int64_t ldx, int64_t k, int64_t
     return tn_cu_err();
 }
 
+/* The launch of a GEMV with NT-token tiles (NT = 1: one-token steps, where nrm may fuse the norm). */
+template <int NT>
+static int gemv_run(const tn_cw *w, const float *x, int64_t ldx, const tn_cq *xq, int nn, float *y, int64_t ldy,
+                    const float *bias, int accumulate, gemv_norm nrm, gemv_glu glu, cudaStream_t st) {
+    const gemv_launch L = gemv_shape(w, nrm.x != NULL);
+    const tn_cq none = {NULL, NULL, NULL};
+    const tn_cq *a = xq ? xq : &none;
+#define GEMV_FLOAT(K)                                                                                                \
+    launch(k_gemv_float<K, NT>, L.grid, L.block, L.shmem, st, *w, x, ldx, nn, y, ldy, bias, accumulate, L.wpr, nrm, glu)
+#define GEMV_CODE(B, K)                                                                                              \
+    launch(k_gemv_code<B, K, false, NT>, L.grid, L.block, L.shmem, st, *w, a->q, a->d, a->s, nn, y, ldy, bias, accumulate, \
+           L.wpr, nrm, glu)
+    switch (w->kind) {
+    case TN_CW_F32: GEMV_FLOAT(TN_CW_F32); break;
+    case TN_CW_F16: GEMV_FLOAT(TN_CW_F16); break;
+    case TN_CW_BF16: GEMV_FLOAT(TN_CW_BF16); break;
+    case TN_CW_Q4_K: GEMV_FLOAT(TN_CW_Q4_K); break;
+    case TN_CW_Q6_K: GEMV_FLOAT(TN_CW_Q6_K); break;
+    case TN_CW_Q5_K: GEMV_FLOAT(TN_CW_Q5_K); break;
+    case TN_CW_Q4_0: GEMV_CODE(4, 1); break;
+    case TN_CW_Q8_0: GEMV_CODE(8, 2); break;
+    case TN_CW_Q5_0: GEMV_CODE(5, 3); break;
+    case TN_CW_TQ: {
+        const int bits = w->bits, asym = w->asym;
+        switch (bits * 2 + (asym ? 1 : 0)) {
+        case 2: launch_gemv_tq<1, false, NT>(w, a, nn, y, ldy, bias, accumulate, nrm, glu, st); break;
+        case 3: launch_gemv_tq<1, true, NT>(w, a, nn, y, ldy, bias, accumulate, nrm, glu, st); break;
+        case 4: launch_gemv_tq<2, false, NT>(w, a, nn, y, ldy, bias, accumulate, nrm, glu, st); break;
+        case 5: launch_gemv_tq<2, true, NT>(w, a, nn, y, ldy, bias, accumulate, nrm, glu, st); break;
+        case 6: launch_gemv_tq<3, false, NT>(w, a, nn, y, ldy, bias, accumulate, nrm, glu, st); break;
+        case 7: launch_gemv_tq<3, true, NT>(w, a, nn, y, ldy, bias, accumulate, nrm, glu, st); break;
+        case 8: launch_gemv_tq<4, false, NT>(w, a, nn, y, ldy, bias, accumulate, nrm, glu, st); break;
+        case 9: launch_gemv_tq<4, true, NT>(w, a, nn, y, ldy, bias, accumulate, nrm, glu, st); break;
+        case 10: launch_gemv_tq<5, false, NT>(w, a, nn, y, ldy, bias, accumulate, nrm, glu, st); break;
+        case 11: launch_gemv_tq<5, true, NT>(w, a, nn, y, ldy, bias, accumulate, nrm, glu, st); break;
+        case 12: launch_gemv_tq<6, false, NT>(w, a, nn, y, ldy, bias, accumulate, nrm, glu, st); break;
+        case 13: launch_gemv_tq<6, true, NT>(w, a, nn, y, ldy, bias, accumulate, nrm, glu, st); break;
+        case 14: launch_gemv_tq<7, false, NT>(w, a, nn, y, ldy, bias, accumulate, nrm, glu, st); break;
+        case 15: launch_gemv_tq<7, true, NT>(w, a, nn, y, ldy, bias, accumulate, nrm, glu, st); break;
+        case 16: launch_gemv_tq<8, false, NT>(w, a, nn, y, ldy, bias, accumulate, nrm, glu, st); break;
+        case 17: launch_gemv_tq<8, true, NT>(w, a, nn, y, ldy, bias, accumulate, nrm, glu, st); break;
+        default: return (int)cudaErrorInvalidValue;
+        }
+        break;
+    }
+    default: return (int)cudaErrorInvalidValue;
+    }
+#undef GEMV_FLOAT
+#undef GEMV_CODE
+    return tn_cu_err();
+}
+
 extern "C" int tn_cu_gemv(const tn_cw *w, const float *x, int64_t ldx, const tn_cq *xq, int64_t n, float *y, int64_t ldy,
                           const float *bias, int accumulate, void *stream) {
     if (n < 1 || n > (1 << 24)) return (int)cudaErrorInvalidValue;
     cudaStream_t st = (cudaStream_t)stream;
-    const int wpr = gemv_wpr(w);
-    const unsigned rpb = (unsigned)(GEMV_WARPS_MAX / wpr), blk = GEMV_WARPS_MAX * WARP;
-    const unsigned grid = (unsigned)((w->m + rpb - 1) / rpb), grid1 = (unsigned)((w->m + GEMV_WARPS_MAX - 1) / GEMV_WARPS_MAX);
+    const unsigned blk = GEMV_WARPS_MAX * WARP, grid1 = (unsigned)((w->m + GEMV_WARPS_MAX - 1) / GEMV_WARPS_MAX);
     const int nn = (int)n;
     const bool plain1 = w->k % 8 != 0 || ldx % 4 != 0 || ((uintptr_t)x & 15) != 0;
     if (plain1 && w->kind <= TN_CW_BF16) {
@@ -473,26 +743,24 @@ extern "C" int tn_cu_gemv(const tn_cw *w, const float *x, int64_t ldx, const tn_
         if (w->kind == TN_CW_BF16) launch(k_gemv_plain1<TN_CW_BF16>, grid1, blk, 0, st, *w, x, ldx, nn, y, ldy, bias, accumulate);
         return tn_cu_err();
     }
-    switch (w->kind) {
-    case TN_CW_F32: launch(k_gemv_float<TN_CW_F32>, grid, blk, 0, st, *w, x, ldx, nn, y, ldy, bias, accumulate, wpr); break;
-    case TN_CW_F16: launch(k_gemv_float<TN_CW_F16>, grid, blk, 0, st, *w, x, ldx, nn, y, ldy, bias, accumulate, wpr); break;
-    case TN_CW_BF16: launch(k_gemv_float<TN_CW_BF16>, grid, blk, 0, st, *w, x, ldx, nn, y, ldy, bias, accumulate, wpr); break;
-    case TN_CW_Q4_K: launch(k_gemv_float<TN_CW_Q4_K>, grid, blk, 0, st, *w, x, ldx, nn, y, ldy, bias, accumulate, wpr); break;
-    case TN_CW_Q6_K: launch(k_gemv_float<TN_CW_Q6_K>, grid, blk, 0, st, *w, x, ldx, nn, y, ldy, bias, accumulate, wpr); break;
-    case TN_CW_Q5_K: launch(k_gemv_float<TN_CW_Q5_K>, grid, blk, 0, st, *w, x, ldx, nn, y, ldy, bias, accumulate, wpr); break;
-    case TN_CW_Q4_0:
-        launch(k_gemv_code<4, 1, false>, grid, blk, 0, st, *w, xq->q, xq->d, xq->s, nn, y, ldy, bias, accumulate, wpr);
-        break;
-    case TN_CW_Q8_0:
-        launch(k_gemv_code<8, 2, false>, grid, blk, 0, st, *w, xq->q, xq->d, xq->s, nn, y, ldy, bias, accumulate, wpr);
-        break;
-    case TN_CW_Q5_0:
-        launch(k_gemv_code<5, 3, false>, grid, blk, 0, st, *w, xq->q, xq->d, xq->s, nn, y, ldy, bias, accumulate, wpr);
-        break;
-    case TN_CW_TQ: TQ_SWITCH(launch_gemv_tq, w, xq, nn, y, ldy, bias, accumulate, st); break;
-    default: return (int)cudaErrorInvalidValue;
-    }
-    return tn_cu_err();
+    const gemv_norm none = {NULL, NULL, NULL, 0.0f};
+    const gemv_glu noglu = {NULL, {NULL, NULL, NULL}};
+    return nn == 1 ? gemv_run<1>(w, x, ldx, xq, nn, y, ldy, bias, accumulate, none, noglu, st)
+                   : gemv_run<TN_CU_GEMV_MAXN>(w, x, ldx, xq, nn, y, ldy, bias, accumulate, none, noglu, st);
+}
+
+/* the fused norm's shared memory stays within the default 48 KiB */
+extern "C" int tn_cu_gemv_norm_ok(const tn_cw *w) {
+    if (tn_cw_is_code(w->kind)) return w->k % 32 == 0 && w->k + (w->k / 32) * 8 <= 48 * 1024;
+    return w->k % 8 == 0 && w->k * 4 <= 48 * 1024;
+}
+
+extern "C" int tn_cu_gemv_norm(const tn_cw *w, const float *x, const int32_t *row, const float *nw, float eps, float *y,
+                               const float *bias, int accumulate, float *glu_h, const tn_cq *glu_q, void *stream) {
+    if (!tn_cu_gemv_norm_ok(w) || (glu_h && w->m % 64 != 0)) return (int)cudaErrorInvalidValue;
+    const gemv_norm nrm = {x, row, nw, eps};
+    const gemv_glu glu = {glu_h, glu_h && glu_q ? *glu_q : tn_cq{NULL, NULL, NULL}};
+    return gemv_run<1>(w, NULL, w->k, NULL, 1, y, w->m, bias, accumulate, nrm, glu, (cudaStream_t)stream);
 }
 
 static int dequant(const tn_cw *w, int64_t r0, int64_t nr, void *out, int f16, cudaStream_t st) {
@@ -530,7 +798,7 @@ extern "C" int tn_cu_dequant_f32(const tn_cw *w, int64_t r0, int64_t nr, float *
 }
 
 __global__ void k_f32_to_f16(const float *x, int64_t ldx, int64_t k, int64_t n, __half *out) {
-    gdc_wait();
+    gdc_enter();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n * k) return;
     out[i] = __float2half_rn(x[(i / k) * ldx + i % k]);
@@ -543,38 +811,12 @@ extern "C" int tn_cu_f32_to_f16(const float *x, int64_t ldx, int64_t k, int64_t 
 
 /* ---- norms, RoPE, attention, activations --------------------------------------------------------- */
 
-/* the q8 block of 32 values v (one per lane) at block index blk: as k_quantize_q8 */
-__device__ __forceinline__ void q8_block(float v, int lane, int64_t blk, int64_t qi0, tn_cq xq) {
-    const float amax = warp_max(fabsf(v));
-    const float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
-    const int qi = __float2int_rn(v * id);
-    xq.q[qi0 + lane] = (int8_t)qi;
-    const float s = warp_sum((float)qi);
-    if (lane == 0) {
-        xq.d[blk] = __half2float(__float2half_rn(d));
-        xq.s[blk] = (int32_t)s;
-    }
-}
-
 /* y[j] = rmsnorm(x row) * w; with xq.q != NULL also y[j] quantized to q8 blocks (d % 32 == 0) */
 __global__ void k_rmsnorm(const float *x, const int32_t *rows, float *y, const float *w, int64_t d, float eps, tn_cq xq) {
-    gdc_wait();
+    gdc_enter();
     const int64_t j = blockIdx.x;
     const float *xr = x + (rows ? (int64_t)rows[j] : j) * d;
-    __shared__ double part[32];
-    double s = 0;
-    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) s += (double)(xr[i] * xr[i]);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (threadIdx.x % WARP == 0) part[threadIdx.x / WARP] = s;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        double t = 0;
-        for (unsigned i = 0; i < blockDim.x / WARP; i++) t += part[i];
-        part[0] = t;
-    }
-    __syncthreads();
-    const float scale = 1.0f / sqrtf((float)(part[0] / (double)d) + eps);
+    const float scale = rms_scale(xr, d, eps); /* each warp its own, as a fused GEMV computes it */
     if (!xq.q) {
         for (int64_t i = threadIdx.x; i < d; i += blockDim.x) y[j * d + i] = (xr[i] * scale) * w[i];
         return;
@@ -597,7 +839,7 @@ extern "C" int tn_cu_rmsnorm(const float *x, const int32_t *rows, float *y, cons
 }
 
 __global__ void k_add_bias(float *y, const float *b, int64_t n, int64_t d) {
-    gdc_wait();
+    gdc_enter();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n * d) y[i] += b[i % d];
 }
@@ -607,12 +849,33 @@ extern "C" int tn_cu_add_bias(float *y, const float *b, int64_t n, int64_t d, vo
     return tn_cu_err();
 }
 
+/* qwen3's per-head RMSNorm of x [hd] by w, in place, by one warp (lane sums in double, the warp's
+ * butterfly): k_rope_store and the fused attention share it, so they give the same bits. */
+__device__ __forceinline__ void head_norm_warp(float *x, int hd, const float *w, float eps, int lane) {
+    double s = 0;
+    for (int i = lane; i < hd; i += WARP) s += (double)(x[i] * x[i]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    const float scale = 1.0f / sqrtf((float)(s / (double)hd) + eps);
+    for (int i = lane; i < hd; i += WARP) x[i] = (x[i] * scale) * w[i];
+}
+/* RoPE of rotated pair i0 (even; cos, sin at c[i0], c[i0 + 1]) of head x, in place: neighbours
+ * (2i, 2i+1), or the half split (i, i + n_rot/2) with neox. Rounded products, no fused multiply-add,
+ * so that every kernel computing it gives the same bits. */
+__device__ __forceinline__ void rope_pair(float *x, int i0, const float *c, int n_rot, int neox) {
+    const float co = c[i0], si = c[i0 + 1];
+    const int a = neox ? i0 / 2 : i0, b = neox ? i0 / 2 + n_rot / 2 : i0 + 1;
+    const float x0 = x[a], x1 = x[b];
+    x[a] = __fsub_rn(__fmul_rn(x0, co), __fmul_rn(x1, si));
+    x[b] = __fadd_rn(__fmul_rn(x0, si), __fmul_rn(x1, co));
+}
+
 /* block per token: a warp per head for the q/k norms (qwen3), then one thread per rotated pair
  * (query heads, then key heads), then the cache rows */
 __global__ void k_rope_store(float *q, int64_t ldq, float *k, const float *v, int64_t ldk, const float *qn, const float *kn,
                              float eps, const float *cs, int n_rot, int neox, int n_head, int n_head_kv, int hd,
                              const int32_t *kvrow, __half *Kc, __half *Vc) {
-    gdc_wait();
+    gdc_enter();
     const int64_t t = blockIdx.x;
     const int lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
     if (qn || kn) {
@@ -620,25 +883,16 @@ __global__ void k_rope_store(float *q, int64_t ldq, float *k, const float *v, in
             const float *w = h < n_head ? qn : kn;
             if (!w) continue;
             float *x = h < n_head ? q + t * ldq + (int64_t)h * hd : k + t * ldk + (int64_t)(h - n_head) * hd;
-            double s = 0;
-            for (int i = lane; i < hd; i += WARP) s += (double)(x[i] * x[i]);
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-            const float scale = 1.0f / sqrtf((float)(s / (double)hd) + eps);
-            for (int i = lane; i < hd; i += WARP) x[i] = (x[i] * scale) * w[i];
+            head_norm_warp(x, hd, w, eps, lane);
         }
         __syncthreads();
     }
     const float *c = cs + t * n_rot;
     const int np = n_rot / 2;
     for (int u = threadIdx.x; u < (n_head + n_head_kv) * np; u += blockDim.x) {
-        const int h = u / np, i0 = 2 * (u % np);
+        const int h = u / np;
         float *x = h < n_head ? q + t * ldq + (int64_t)h * hd : k + t * ldk + (int64_t)(h - n_head) * hd;
-        const float co = c[i0], si = c[i0 + 1];
-        const int a = neox ? i0 / 2 : i0, b = neox ? i0 / 2 + n_rot / 2 : i0 + 1;
-        const float x0 = x[a], x1 = x[b];
-        x[a] = x0 * co - x1 * si;
-        x[b] = x0 * si + x1 * co;
+        rope_pair(x, 2 * (u % np), c, n_rot, neox);
     }
     __syncthreads();
     const int kv_dim = n_head_kv * hd;
@@ -664,19 +918,50 @@ extern "C" int tn_cu_rope_store(float *q, int64_t ldq, float *k, const float *v,
  * block takes the chunk's max and sum, then thread (g, d) accumulates dimension d of V over the
  * chunk's positions g, g+G, .. (G = 256/hd groups; rows read whole by consecutive threads), and
  * the groups are summed at the end. f32 throughout; K, V in f16 as the cache holds them. */
+/* With ar.cs (one-token steps, kern_cuda.h's tn_cu_rope): the block first does what k_rope_store
+ * would for its head: the query head's norm and RoPE in shared memory, and its key/value head's
+ * new row normed, rotated and rounded to fp16, which it uses for the token's own position (the
+ * leader of each group of query heads stores it to the cache: no block of this launch reads it
+ * there). The same functions as k_rope_store, so the same bits. */
 __global__ void k_attn_block(const float *q, int64_t ldq, const __half *Kc, const __half *Vc, int64_t n, int n_head,
                              int n_head_kv, int hd, const int32_t *pos, const int32_t *tbl_off, const int32_t *tbl,
-                             float scale, float *out, tn_cq xq) {
-    gdc_wait();
-    __shared__ float qs[2 * ATT_THREADS];
+                             float scale, float *out, tn_cq xq, tn_cu_rope ar) {
+    gdc_enter();
+    __shared__ __align__(16) float qs[2 * ATT_THREADS];
     __shared__ float sc[ATT_CHUNK];
     __shared__ int32_t rows[ATT_CHUNK];
     __shared__ float red[ATT_THREADS / WARP];
     __shared__ float part[ATT_THREADS];
+    __shared__ __align__(16) float kf[ATT_THREADS];
+    __shared__ __align__(16) __half kh[ATT_THREADS], vh[ATT_THREADS];
     const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
     const int64_t t = blockIdx.x / n_head;
     const int h = (int)(blockIdx.x % n_head), kvh = h / (n_head / n_head_kv), kv_dim = n_head_kv * hd;
     for (int i = tid; i < hd; i += ATT_THREADS) qs[i] = q[t * ldq + (int64_t)h * hd + i];
+    const bool fused = ar.cs != nullptr;
+    if (fused) {
+        for (int i = tid; i < hd; i += ATT_THREADS) kf[i] = ar.k[t * ar.ldk + (int64_t)kvh * hd + i];
+        __syncthreads();
+        if (ar.qn && warp == 0) head_norm_warp(qs, hd, ar.qn, ar.eps, lane);
+        if (ar.kn && warp == 1) head_norm_warp(kf, hd, ar.kn, ar.eps, lane);
+        __syncthreads();
+        const int np2 = ar.n_rot / 2;
+        for (int u = tid; u < 2 * np2; u += ATT_THREADS)
+            rope_pair(u < np2 ? qs : kf, 2 * (u % np2), ar.cs + t * ar.n_rot, ar.n_rot, ar.neox);
+        __syncthreads();
+        for (int i = tid; i < hd; i += ATT_THREADS) {
+            kh[i] = __float2half_rn(kf[i]);
+            vh[i] = __float2half_rn(ar.v[t * ar.ldk + (int64_t)kvh * hd + i]);
+        }
+        __syncthreads();
+        if (h % (n_head / n_head_kv) == 0) {
+            const int64_t r = ar.kvrow[t];
+            for (int i = tid; i < hd; i += ATT_THREADS) {
+                ((__half *)ar.Kc)[r * kv_dim + (int64_t)kvh * hd + i] = kh[i];
+                ((__half *)ar.Vc)[r * kv_dim + (int64_t)kvh * hd + i] = vh[i];
+            }
+        }
+    }
     const int T = pos[t] + 1, off = tbl_off[t];
     const int G = hd <= ATT_THREADS ? ATT_THREADS / hd : 1;
     const int gi = hd <= ATT_THREADS ? tid / hd : 0, d0 = hd <= ATT_THREADS ? tid % hd : tid;
@@ -690,8 +975,9 @@ __global__ void k_attn_block(const float *q, int64_t ldq, const __half *Kc, cons
         for (int j = tid; j < np; j += ATT_THREADS) {
             const int p = p0 + j;
             const int64_t row = off < 0 ? p : (int64_t)tbl[off + p / 16] * 16 + p % 16;
-            rows[j] = (int32_t)row;
-            const __half *kr = Kc + row * kv_dim + (int64_t)kvh * hd;
+            const bool own = fused && p == T - 1; /* the new row, in shared memory */
+            rows[j] = own ? -1 : (int32_t)row;
+            const __half *kr = own ? kh : Kc + row * kv_dim + (int64_t)kvh * hd;
             float dot = 0.0f;
             if (vec) {
                 for (int i = 0; i < hd; i += 8) {
@@ -735,7 +1021,7 @@ __global__ void k_attn_block(const float *q, int64_t ldq, const __half *Kc, cons
         if (active) {
 #pragma unroll 4
             for (int j = gi; j < np; j += G) {
-                const __half *vr = Vc + (int64_t)rows[j] * kv_dim + (int64_t)kvh * hd;
+                const __half *vr = rows[j] < 0 ? vh : Vc + (int64_t)rows[j] * kv_dim + (int64_t)kvh * hd;
                 const float pj = sc[j];
                 acc0 += pj * __half2float(vr[d0]);
                 if (hd > ATT_THREADS && d0 + ATT_THREADS < hd) acc1 += pj * __half2float(vr[d0 + ATT_THREADS]);
@@ -764,19 +1050,20 @@ __global__ void k_attn_block(const float *q, int64_t ldq, const __half *Kc, cons
 }
 extern "C" int tn_cu_attention(const float *q, int64_t ldq, const uint16_t *Kc, const uint16_t *Vc, int64_t n, int n_head,
                                int n_head_kv, int hd, const int32_t *pos, const int32_t *tbl_off, const int32_t *tbl,
-                               float scale, float *out, const tn_cq *xq, void *stream) {
-    if (hd > 256 || (xq && hd % 32 != 0)) return (int)cudaErrorInvalidValue;
+                               float scale, float *out, const tn_cq *xq, const tn_cu_rope *rope, void *stream) {
+    if (hd > 256 || (xq && hd % 32 != 0) || (rope && (rope->n_rot > hd || rope->n_rot % 2 != 0))) return (int)cudaErrorInvalidValue;
     const tn_cq none = {NULL, NULL, NULL};
+    tn_cu_rope ar = {};
+    if (rope) ar = *rope;
     const int64_t units = n * n_head;
     if (units == 0) return 0;
     launch(k_attn_block, (unsigned)units, ATT_THREADS, 0, (cudaStream_t)stream, q, ldq, (const __half *)Kc, (const __half *)Vc, n,
-                                                                           n_head, n_head_kv, hd, pos, tbl_off, tbl, scale, out,
-                                                                           xq ? *xq : none);
+           n_head, n_head_kv, hd, pos, tbl_off, tbl, scale, out, xq ? *xq : none, ar);
     return tn_cu_err();
 }
 
 __global__ void k_swiglu(float *g, const float *u, int64_t n) {
-    gdc_wait();
+    gdc_enter();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
@@ -788,8 +1075,8 @@ extern "C" int tn_cu_swiglu(float *g, const float *u, int64_t n, void *stream) {
 
 /* gate and up side by side per token: gu[t] = [gate (ff) | up (ff)] -> h[t][i]; with xq.q != NULL
  * (ff % 32 == 0) also h quantized to q8 blocks, one warp per block */
-__global__ void k_swiglu_pair(const float *gu, float *h, int64_t n, int64_t ff, tn_cq xq) {
-    gdc_wait();
+__global__ void k_swiglu_pair(const float *gu, float *h, int64_t n, int64_t ff, int il, tn_cq xq) {
+    gdc_enter();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (xq.q) { /* whole warps: n*ff is a multiple of 32 */
         if ((i - threadIdx.x % WARP) >= n * ff) return;
@@ -797,16 +1084,17 @@ __global__ void k_swiglu_pair(const float *gu, float *h, int64_t n, int64_t ff, 
         return;
     }
     const int64_t t = i / ff, j = i % ff;
-    const float g = gu[t * 2 * ff + j], u = gu[t * 2 * ff + ff + j];
+    const int64_t gi = il ? (j / il) * 2 * il + j % il : j, ui = il ? gi + il : ff + j;
+    const float g = gu[t * 2 * ff + gi], u = gu[t * 2 * ff + ui];
     const float v = g / (1.0f + expf(-g)) * u;
     h[i] = v;
     if (xq.q) q8_block(v, threadIdx.x % WARP, i / 32, i - threadIdx.x % WARP, xq);
 }
-extern "C" int tn_cu_swiglu_pair(const float *gu, float *h, int64_t n, int64_t ff, const tn_cq *xq, void *stream) {
+extern "C" int tn_cu_swiglu_pair(const float *gu, float *h, int64_t n, int64_t ff, int il, const tn_cq *xq, void *stream) {
     if (n * ff == 0) return 0;
     const tn_cq none = {NULL, NULL, NULL};
-    if (xq && ff % 32 != 0) return (int)cudaErrorInvalidValue;
-    launch(k_swiglu_pair, (unsigned)((n * ff + 255) / 256), 256, 0, (cudaStream_t)stream, gu, h, n, ff, xq ? *xq : none);
+    if ((xq && ff % 32 != 0) || il < 0 || (il && ff % il != 0)) return (int)cudaErrorInvalidValue;
+    launch(k_swiglu_pair, (unsigned)((n * ff + 255) / 256), 256, 0, (cudaStream_t)stream, gu, h, n, ff, il, xq ? *xq : none);
     return tn_cu_err();
 }
 

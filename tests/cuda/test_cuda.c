@@ -185,6 +185,17 @@ static void check_type(tn_dtype t, int64_t m, int64_t k, double *worst_gemv, dou
             free(qb);
         }
         assert_int_equal(tn_cuda_weight_matmul(cw, x, n, !gemm, y), TERN_OK);
+        if (!gemm) { /* 3 blocks in all, each walking its rows, after an L2 prefetch: the same bits */
+            float *y3 = malloc(sizeof(float) * (size_t)(n * m));
+            tn_cuda_test_gemv_launch(true, 3);
+            const tern_status st = tn_cuda_weight_matmul(cw, x, n, true, y3);
+            tn_cuda_test_gemv_launch(false, 0);
+            assert_int_equal(st, TERN_OK);
+            if (memcmp(y3, y, sizeof(float) * (size_t)(n * m)) != 0)
+                fail_msg("%s m=%lld k=%lld n=%lld: a grid of 3 blocks walking the rows differs from a block per row group",
+                         tn_dtype_name(t), (long long)m, (long long)k, (long long)n);
+            free(y3);
+        }
         const double bound = gemm ? 2e-3 : 1e-5;
         for (int64_t j = 0; j < n; j++)
             for (int64_t i = 0; i < m; i++) {
@@ -380,6 +391,62 @@ static void test_graph_equivalence(void **state) {
     free_pair(a, b, m);
 }
 
+/* One-token steps fuse each RMSNorm into the GEMV after it, launch GEMV grids of a few blocks per
+ * multiprocessor that prefetch their weights, and let the small kernels trigger the next launch
+ * early; TERN_CUDA_FUSE=0, TERN_CUDA_GEMV_BPS=0, TERN_CUDA_PREFETCH=0 and TERN_CUDA_EARLY=0 turn
+ * all of that off. The logits must be bit-identical, for code-path and float-path weights and
+ * outputs, biases (qwen2) and per-head norms (qwen3). The contexts run one after the other: the
+ * launch settings are process-wide. */
+static void decode_logits(const tern_model *m, int32_t nv, int steps, float *out) {
+    tern_ctx *c = make_ctx(m, TERN_DEVICE_CUDA, -1, 32);
+    const tern_token prompt[] = {1, 270, 5, 300};
+    assert_int_equal(tern_decode(c, prompt, 4), TERN_OK);
+    tern_token t = 7;
+    for (int step = 0; step < steps; step++) {
+        assert_int_equal(tern_decode(c, &t, 1), TERN_OK);
+        memcpy(out + (size_t)step * (size_t)nv, tern_get_logits(c, -1), sizeof(float) * (size_t)nv);
+        t = (tern_token)(11 + step * 29 % 350);
+    }
+    tern_ctx_free(c);
+}
+static void test_fusion_equivalence(void **state) {
+    (void)state;
+    const char *off[] = {"TERN_CUDA_FUSE", "TERN_CUDA_GEMV_BPS", "TERN_CUDA_PREFETCH", "TERN_CUDA_EARLY"};
+    struct {
+        const char *arch;
+        tn_dtype w, out;
+        bool tied, tq; /* tq: tq3g64a weights */
+    } cases[] = {
+        {"llama", TN_Q4_0, TN_Q6_K, false, false}, {"llama", TN_F16, TN_F32, false, false},
+        {"qwen2", TN_Q8_0, TN_Q8_0, false, false}, {"qwen3", TN_Q4_K, TN_Q4_0, false, false},
+        {"llama", TN_F32, TN_Q6_K, true, true},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        tiny_cfg cfg;
+        tiny_cfg_default(&cfg);
+        cfg.arch = cases[ci].arch;
+        cfg.wtype = cases[ci].tq ? (tn_dtype)tn_tq_dtype(&(tn_tq_params){3, 64, true}) : cases[ci].w;
+        cfg.out_type = cases[ci].out;
+        cfg.tied = cases[ci].tied;
+        tern_model *m = load_cfg(&cfg, "cuda_fuse");
+        const int32_t nv = (int32_t)cfg.n_vocab;
+        const int steps = 6;
+        float *a = malloc(sizeof(float) * (size_t)nv * steps), *b = malloc(sizeof(float) * (size_t)nv * steps);
+        decode_logits(m, nv, steps, a);
+        for (size_t i = 0; i < sizeof off / sizeof off[0]; i++) setenv(off[i], "0", 1);
+        decode_logits(m, nv, steps, b);
+        for (size_t i = 0; i < sizeof off / sizeof off[0]; i++) unsetenv(off[i]);
+        for (int step = 0; step < steps; step++)
+            if (memcmp(a + (size_t)step * nv, b + (size_t)step * nv, sizeof(float) * (size_t)nv) != 0)
+                fail_msg("%s %s (output %s): step %d: fused / prefetching launches and separate kernels give different logits",
+                         cfg.arch, tn_dtype_name(cfg.wtype), tn_dtype_name(cfg.out_type), step);
+        printf("  %-6s %-9s output %-5s: %d decode steps bit-identical with and without the fused norms and prefetch\n", cfg.arch,
+               tn_dtype_name(cfg.wtype), tn_dtype_name(cfg.out_type), steps);
+        free(a), free(b);
+        tern_model_free(m);
+    }
+}
+
 /* Two sequences in one batch with paged block tables (tern serve's use): the GPU's logits equal
  * the CPU's for the same batch and tables. */
 static void test_paged_batch(void **state) {
@@ -490,7 +557,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest gpu[] = {
         cmocka_unit_test(test_kernel_parity), cmocka_unit_test(test_forward_types), cmocka_unit_test(test_layer_split),
         cmocka_unit_test(test_paged_batch),   cmocka_unit_test(test_stories_greedy),
-        cmocka_unit_test(test_graph_equivalence),
+        cmocka_unit_test(test_graph_equivalence), cmocka_unit_test(test_fusion_equivalence),
     };
     return cmocka_run_group_tests(gpu, NULL, NULL);
 }
