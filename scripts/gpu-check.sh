@@ -76,10 +76,10 @@ if [ "${GPU_CHECK_QUICK:-0}" != 1 ]; then
             [ -n "$PEER" ] && step "peer_$ty" 120 "$PEER" -m "$TMPD/1b-$ty.gguf" -p 512 -n 128 -r 3 -ngl 99 -fa 1 -o jsonl ;;
         esac
     done
-    # decode with the launch settings off one at a time (docs/cuda.md), then all off, and the
-    # GEMV grid at other sizes; again with the defaults last, to see the drift within the run
-    for v in nofuse:TERN_CUDA_FUSE=0 noprefetch:TERN_CUDA_PREFETCH=0 noearly:TERN_CUDA_EARLY=0 \
-        bps0:TERN_CUDA_GEMV_BPS=0 bps2:TERN_CUDA_GEMV_BPS=2 bps8:TERN_CUDA_GEMV_BPS=8 \
+    # decode with each one-token fusion and launch setting away from its default (docs/cuda.md),
+    # then all off; the defaults again last, to see the drift within the run
+    for v in norope:TERN_CUDA_FUSE_ROPE=0 norm:TERN_CUDA_FUSE_NORM=1 "normglu:TERN_CUDA_FUSE_NORM=1 TERN_CUDA_FUSE_GLU=1" \
+        noprefetch:TERN_CUDA_PREFETCH=0 noearly:TERN_CUDA_EARLY=0 bps16:TERN_CUDA_GEMV_BPS=16 \
         "alloff:TERN_CUDA_FUSE=0 TERN_CUDA_PREFETCH=0 TERN_CUDA_EARLY=0 TERN_CUDA_GEMV_BPS=0" default:TERN_CUDA_X=1; do
         # shellcheck disable=SC2086 # the settings are words
         step "bench_q4_0_${v%%:*}" 60 env ${v#*:} "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" -p 0 -n 128 -r 5 -o json

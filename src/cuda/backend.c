@@ -65,8 +65,10 @@ struct tn_cuda_ctx {
     /* one-token decode as a CUDA graph (captured at the first such step; every input it reads
      * lives in the device buffers above, so one graph serves every position) */
     bool use_graph;
-    /* one-token GEMVs with the RMSNorm before them fused in (TERN_CUDA_FUSE=0: separate kernels) */
-    bool fuse_norm;
+    /* one-token steps (TERN_CUDA_FUSE=0: none of these): the RMSNorm computed by the GEMV after it
+     * (TERN_CUDA_FUSE_NORM), the SwiGLU by the gate|up GEMV (TERN_CUDA_FUSE_GLU, with the norm),
+     * RoPE and the cache store by the attention kernel (TERN_CUDA_FUSE_ROPE) */
+    bool fuse_norm, fuse_glu, fuse_rope;
     /* the GEMV kernels (batch-invariant) up to this many tokens, fp16 + cuBLAS above: code-path
      * types 64, float-path types TN_CU_GEMV_MAXN; batch-invariant contexts (tern serve) and
      * TERN_CUDA_PREFILL=gemv: no limit; TERN_CUDA_PREFILL=cublas: TN_CU_GEMV_MAXN for both */
@@ -110,8 +112,9 @@ static int env_int(const char *name, int def) {
     return end && *end == '\0' && x >= 0 && x <= 1024 ? (int)x : def;
 }
 
-/* GEMV blocks per multiprocessor by default (TERN_CUDA_GEMV_BPS) */
-#define TN_CUDA_GEMV_BPS 4
+/* GEMV blocks per multiprocessor by default (TERN_CUDA_GEMV_BPS; 0: a block per row group, which
+ * measured best on the H200: capped grids walking their rows lose more than the overlap gains) */
+#define TN_CUDA_GEMV_BPS 0
 
 int tn_cuda_device_count(const char **why) {
     int n = 0;
@@ -563,7 +566,11 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
     }
     const char *ge = getenv("TERN_CUDA_GRAPH");
     g->use_graph = !(ge && !strcmp(ge, "0"));
-    g->fuse_norm = env_int("TERN_CUDA_FUSE", 1) != 0;
+    /* defaults as measured (docs/cuda.md): the rope fusion pays, the norm and SwiGLU ones do not yet */
+    const bool fuse = env_int("TERN_CUDA_FUSE", 1) != 0;
+    g->fuse_norm = fuse && env_int("TERN_CUDA_FUSE_NORM", 0) != 0;
+    g->fuse_glu = g->fuse_norm && env_int("TERN_CUDA_FUSE_GLU", 0) != 0;
+    g->fuse_rope = fuse && env_int("TERN_CUDA_FUSE_ROPE", 1) != 0;
     /* programmatic dependent launch on Hopper and later, unless TERN_CUDA_PDL=0; the GEMVs'
      * prefetch and grid (kern_cuda.h, tn_cu_configure): TERN_CUDA_EARLY, TERN_CUDA_PREFETCH,
      * TERN_CUDA_GEMV_BPS (blocks per multiprocessor, 0: a block per row group) */
@@ -712,9 +719,9 @@ static void run_layers(tn_cuda_ctx *g, const tern_ctx *c, int64_t n, int32_t n_o
     const int64_t kv_dim = (int64_t)hp->n_head_kv * hd, ff = hp->n_ff;
     int32_t *d_pos = g->d_ints, *d_kvrow = d_pos + n, *d_toff = d_kvrow + n, *d_orow = d_toff + n, *d_tbl = d_orow + n;
     const float scale = 1.0f / sqrtf((float)hd);
-    /* one token: the GEMVs after each norm compute it themselves, the gate|up GEMV its SwiGLU and the
-     * attention kernel the RoPE and cache store (the same bits, four launches fewer per layer) */
-    const bool fuse1 = g->fuse_norm && n == 1;
+    /* one token: the GEMVs after each norm may compute it themselves, the gate|up GEMV its SwiGLU and
+     * the attention kernel the RoPE and cache store (the same bits, fewer launches) */
+    const bool fuse1 = g->fuse_norm && n == 1, rope1 = g->fuse_rope && n == 1;
     for (int32_t il = 0; il < g->n_layers; il++) {
         const tn_cu_layer *L = &g->L[il];
         uint16_t *Kc = g->Kc + (size_t)il * (size_t)c->kv_rows * (size_t)kv_dim;
@@ -744,13 +751,13 @@ static void run_layers(tn_cuda_ctx *g, const tern_ctx *c, int64_t n, int32_t n_o
         /* one token: the attention kernel rotates and stores the new row itself */
         const tn_cu_rope rope = {k, v, ldk, L->q_norm, L->k_norm, hp->rms_eps, g->d_cs, hp->n_rot, hp->rope_mode == TN_ROPE_NEOX,
                                  d_kvrow, Kc, Vc};
-        if (!fuse1)
+        if (!rope1)
             CKL("rope_store", tn_cu_rope_store(q, ldq, k, v, ldk, L->q_norm, L->k_norm, hp->rms_eps, g->d_cs, hp->n_rot,
                                                hp->rope_mode == TN_ROPE_NEOX, n, hp->n_head, hp->n_head_kv, (int)hd, d_kvrow, Kc,
                                                Vc, g->st));
         const bool qo = q8_for(g, &L->w[W_O], n) && hd % 32 == 0;
         CKL("attention", tn_cu_attention(q, ldq, Kc, Vc, n, hp->n_head, hp->n_head_kv, (int)hd, d_pos, d_toff, d_tbl, scale,
-                                         g->att, qo ? &g->xq : NULL, fuse1 ? &rope : NULL, g->st));
+                                         g->att, qo ? &g->xq : NULL, rope1 ? &rope : NULL, g->st));
         fresh(g);
         if (qo) g->q_src = g->att;
         mm(g, "wo", &L->w[W_O], g->att, qd, n, g->x, d, NULL, 1);
@@ -765,7 +772,7 @@ static void run_layers(tn_cuda_ctx *g, const tern_ctx *c, int64_t n, int32_t n_o
         float *h = g->hb;
         if (L->fused_gu) {
             const bool qd = q8_for(g, &L->w[W_DOWN], n);
-            if (ff1 && L->gu_il == 32) { /* the SwiGLU too, in the same launch */
+            if (ff1 && g->fuse_glu && L->gu_il == 32) { /* the SwiGLU too, in the same launch */
                 CKL("gate_up", tn_cu_gemv_norm(&L->gu, g->x, NULL, L->ffn_norm, hp->rms_eps, g->hb, NULL, 0, g->hb2,
                                                qd ? &g->xq : NULL, g->st));
             } else {

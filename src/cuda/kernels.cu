@@ -142,19 +142,61 @@ __device__ __forceinline__ void q8_block(float v, int lane, int64_t blk, int64_t
  * kernel or its block size: the RMSNorm fused into a GEMV equals k_rmsnorm bit for bit. */
 __device__ __forceinline__ float rms_scale(const float *xr, int64_t d, float eps) {
     const int lane = threadIdx.x % WARP;
-    double s4[4] = {0, 0, 0, 0}; /* four chains: element i goes to (i / 32) % 4 */
-    int64_t i = lane;
-    for (; i + 3 * WARP < d; i += 4 * WARP) {
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0; /* four chains: element lane + 32 j goes to chain j % 4 */
+    int64_t j = 0;
+    for (; lane + (j + 15) * WARP < d; j += 16) { /* 16 loads in flight, then their squares */
+        float t[16];
 #pragma unroll
-        for (int a = 0; a < 4; a++) s4[a] += (double)(xr[i + a * WARP] * xr[i + a * WARP]);
+        for (int a = 0; a < 16; a++) t[a] = xr[lane + (j + a) * WARP];
+#pragma unroll
+        for (int a = 0; a < 16; a += 4) {
+            s0 += (double)(t[a] * t[a]);
+            s1 += (double)(t[a + 1] * t[a + 1]);
+            s2 += (double)(t[a + 2] * t[a + 2]);
+            s3 += (double)(t[a + 3] * t[a + 3]);
+        }
     }
-    if (i < d) s4[0] += (double)(xr[i] * xr[i]); /* at most three left */
-    if (i + WARP < d) s4[1] += (double)(xr[i + WARP] * xr[i + WARP]);
-    if (i + 2 * WARP < d) s4[2] += (double)(xr[i + 2 * WARP] * xr[i + 2 * WARP]);
-    double s = (s4[0] + s4[1]) + (s4[2] + s4[3]);
+    for (; lane + j * WARP < d; j++) {
+        const float t = xr[lane + j * WARP];
+        const double q = (double)(t * t);
+        if ((j & 3) == 0) s0 += q;
+        else if ((j & 3) == 1) s1 += q;
+        else if ((j & 3) == 2) s2 += q;
+        else s3 += q;
+    }
+    double s = (s0 + s1) + (s2 + s3);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     return 1.0f / sqrtf((float)(s / (double)d) + eps);
+}
+
+/* The q8 block of 32 values by one thread, the same bits as q8_block (the max is exact in any
+ * order, the codes' sum an exact integer): block blk of values v(i), i < 32, evaluated twice (for
+ * the max, then the codes), codes to xq.q[qi0 ..] (qi0 % 16 == 0). No shuffles, so a block's 64
+ * threads quantize 64 blocks at once. */
+template <typename F> __device__ __forceinline__ void q8_block_thread(F v, int64_t blk, int64_t qi0, tn_cq xq) {
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v(i)));
+    const float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    int sum = 0;
+    uint32_t w[8];
+#pragma unroll
+    for (int g = 0; g < 8; g++) {
+        uint32_t word = 0;
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const int qi = __float2int_rn(v(4 * g + c) * id);
+            sum += qi;
+            word |= (uint32_t)(qi & 0xFF) << (8 * c);
+        }
+        w[g] = word;
+    }
+    uint4 *qp = (uint4 *)(xq.q + qi0);
+    qp[0] = make_uint4(w[0], w[1], w[2], w[3]);
+    qp[1] = make_uint4(w[4], w[5], w[6], w[7]);
+    xq.d[blk] = __half2float(__float2half_rn(d));
+    xq.s[blk] = sum;
 }
 
 /* ---- activations ------------------------------------------------------------------------------ */
@@ -301,10 +343,10 @@ __device__ __forceinline__ tn_cq gemv_norm_q8(const gemv_norm &nrm, int64_t k, v
     const tn_cq out = {sq, sd, ss};
     const float *xr = nrm.x + (nrm.row ? (int64_t)nrm.row[0] : 0) * k;
     const float scale = rms_scale(xr, k, nrm.eps);
-    const int lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
-    for (int64_t b = threadIdx.x / WARP; b < k / 32; b += nw) {
-        const int64_t i = b * 32 + lane;
-        q8_block((xr[i] * scale) * nrm.w[i], lane, b, b * 32, out);
+    const float *nw = nrm.w;
+    for (int64_t b = threadIdx.x; b < k / 32; b += blockDim.x) {
+        const float *xb = xr + b * 32, *wb = nw + b * 32;
+        q8_block_thread([&](int i) { return (xb[i] * scale) * wb[i]; }, b, b * 32, out);
     }
     __syncthreads();
     return out;
@@ -549,6 +591,7 @@ __global__ void __launch_bounds__(GEMV_WARPS_MAX * WARP, GEMV_MIN_BLOCKS)
             float acc[NT];
 #pragma unroll
             for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+#pragma unroll(NT == 1 ? 4 : 1) /* one token: four loads of a lane in flight */
             for (int64_t e0 = ((int64_t)lane + (int64_t)WARP * part) * 8; valid && e0 < w.k; e0 += (int64_t)WARP * wpr * 8) {
                 float v[8];
                 load8<KIND>(rowp, e0, v);
@@ -821,12 +864,10 @@ __global__ void k_rmsnorm(const float *x, const int32_t *rows, float *y, const f
         for (int64_t i = threadIdx.x; i < d; i += blockDim.x) y[j * d + i] = (xr[i] * scale) * w[i];
         return;
     }
-    const int lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
-    for (int64_t b = threadIdx.x / WARP; b < d / 32; b += nw) {
-        const int64_t i = b * 32 + lane;
-        const float v = (xr[i] * scale) * w[i];
-        y[j * d + i] = v;
-        q8_block(v, lane, j * (d / 32) + b, j * d + b * 32, xq);
+    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) y[j * d + i] = (xr[i] * scale) * w[i];
+    for (int64_t b = threadIdx.x; b < d / 32; b += blockDim.x) {
+        const float *xb = xr + b * 32, *wb = w + b * 32;
+        q8_block_thread([&](int i) { return (xb[i] * scale) * wb[i]; }, j * (d / 32) + b, j * d + b * 32, xq);
     }
 }
 extern "C" int tn_cu_rmsnorm(const float *x, const int32_t *rows, float *y, const float *w, int64_t n, int64_t d, float eps,
@@ -980,6 +1021,7 @@ __global__ void k_attn_block(const float *q, int64_t ldq, const __half *Kc, cons
             const __half *kr = own ? kh : Kc + row * kv_dim + (int64_t)kvh * hd;
             float dot = 0.0f;
             if (vec) {
+#pragma unroll 8 /* the row's loads in flight together (hd <= 64: all of them) */
                 for (int i = 0; i < hd; i += 8) {
                     const uint4 u = *(const uint4 *)(kr + i);
                     const __half2 *h2 = (const __half2 *)&u;
@@ -1019,7 +1061,7 @@ __global__ void k_attn_block(const float *q, int64_t ldq, const __half *Kc, cons
         acc0 *= corr;
         acc1 *= corr;
         if (active) {
-#pragma unroll 4
+#pragma unroll 8
             for (int j = gi; j < np; j += G) {
                 const __half *vr = rows[j] < 0 ? vh : Vc + (int64_t)rows[j] * kv_dim + (int64_t)kvh * hd;
                 const float pj = sc[j];

@@ -391,10 +391,11 @@ static void test_graph_equivalence(void **state) {
     free_pair(a, b, m);
 }
 
-/* One-token steps fuse each RMSNorm into the GEMV after it, launch GEMV grids of a few blocks per
+/* One-token steps may fuse each RMSNorm into the GEMV after it, the SwiGLU into the gate|up GEMV
+ * and RoPE + cache store into the attention kernel, launch GEMV grids of a few blocks per
  * multiprocessor that prefetch their weights, and let the small kernels trigger the next launch
- * early; TERN_CUDA_FUSE=0, TERN_CUDA_GEMV_BPS=0, TERN_CUDA_PREFETCH=0 and TERN_CUDA_EARLY=0 turn
- * all of that off. The logits must be bit-identical, for code-path and float-path weights and
+ * early. Everything on (3 blocks per SM) against everything off (TERN_CUDA_FUSE=0,
+ * TERN_CUDA_GEMV_BPS=0, TERN_CUDA_PREFETCH=0, TERN_CUDA_EARLY=0). The logits must be bit-identical, for code-path and float-path weights and
  * outputs, biases (qwen2) and per-head norms (qwen3). The contexts run one after the other: the
  * launch settings are process-wide. */
 static void decode_logits(const tern_model *m, int32_t nv, int steps, float *out) {
@@ -412,6 +413,7 @@ static void decode_logits(const tern_model *m, int32_t nv, int steps, float *out
 static void test_fusion_equivalence(void **state) {
     (void)state;
     const char *off[] = {"TERN_CUDA_FUSE", "TERN_CUDA_GEMV_BPS", "TERN_CUDA_PREFETCH", "TERN_CUDA_EARLY"};
+    const char *on[] = {"TERN_CUDA_FUSE_NORM", "TERN_CUDA_FUSE_GLU", "TERN_CUDA_FUSE_ROPE", "TERN_CUDA_PREFETCH", "TERN_CUDA_EARLY"};
     struct {
         const char *arch;
         tn_dtype w, out;
@@ -432,7 +434,10 @@ static void test_fusion_equivalence(void **state) {
         const int32_t nv = (int32_t)cfg.n_vocab;
         const int steps = 6;
         float *a = malloc(sizeof(float) * (size_t)nv * steps), *b = malloc(sizeof(float) * (size_t)nv * steps);
+        for (size_t i = 0; i < sizeof on / sizeof on[0]; i++) setenv(on[i], "1", 1); /* every fusion, 3 blocks per SM */
+        setenv("TERN_CUDA_GEMV_BPS", "3", 1);
         decode_logits(m, nv, steps, a);
+        for (size_t i = 0; i < sizeof on / sizeof on[0]; i++) unsetenv(on[i]);
         for (size_t i = 0; i < sizeof off / sizeof off[0]; i++) setenv(off[i], "0", 1);
         decode_logits(m, nv, steps, b);
         for (size_t i = 0; i < sizeof off / sizeof off[0]; i++) unsetenv(off[i]);
