@@ -78,13 +78,14 @@ if [ "${GPU_CHECK_QUICK:-0}" != 1 ]; then
     done
     # decode with each one-token fusion and launch setting away from its default (docs/cuda.md),
     # then all off; the defaults again last, to see the drift within the run
-    for v in norope:TERN_CUDA_FUSE_ROPE=0 norm:TERN_CUDA_FUSE_NORM=1 "normglu:TERN_CUDA_FUSE_NORM=1 TERN_CUDA_FUSE_GLU=1" \
-        noprefetch:TERN_CUDA_PREFETCH=0 noearly:TERN_CUDA_EARLY=0 bps16:TERN_CUDA_GEMV_BPS=16 \
-        "alloff:TERN_CUDA_FUSE=0 TERN_CUDA_PREFETCH=0 TERN_CUDA_EARLY=0 TERN_CUDA_GEMV_BPS=0" default:TERN_CUDA_X=1; do
+    for v in rows1:TERN_CUDA_GEMV_ROWS=1 norope:TERN_CUDA_FUSE_ROPE=0 noprefetch:TERN_CUDA_PREFETCH=0 \
+        noearly:TERN_CUDA_EARLY=0 bps16:TERN_CUDA_GEMV_BPS=16 \
+        "alloff:TERN_CUDA_FUSE=0 TERN_CUDA_PREFETCH=0 TERN_CUDA_EARLY=0 TERN_CUDA_GEMV_BPS=0 TERN_CUDA_GEMV_ROWS=1" \
+        default:TERN_CUDA_X=1; do
         # shellcheck disable=SC2086 # the settings are words
         step "bench_q4_0_${v%%:*}" 60 env ${v#*:} "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" -p 0 -n 128 -r 5 -o json
     done
-    step bench_tq2_alloff 60 env TERN_CUDA_FUSE=0 TERN_CUDA_PREFETCH=0 TERN_CUDA_EARLY=0 TERN_CUDA_GEMV_BPS=0 \
+    step bench_tq2_alloff 60 env TERN_CUDA_FUSE=0 TERN_CUDA_PREFETCH=0 TERN_CUDA_EARLY=0 TERN_CUDA_GEMV_BPS=0 TERN_CUDA_GEMV_ROWS=1 \
         "$BIN" bench --device cuda -m "$TMPD/1b-tq2.gguf" -p 0 -n 128 -r 5 -o json
     # prefill through the batch-invariant GEMV kernels (as tern serve runs) instead of fp16 + cuBLAS
     TERN_CUDA_PREFILL=gemv step bench_q4_0_gemv 60 "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" -p 512 -n 0 -r 3 -o json

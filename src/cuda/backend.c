@@ -25,15 +25,13 @@
 enum { W_Q, W_K, W_V, W_O, W_GATE, W_UP, W_DOWN, W_N };
 
 /* A layer on the GPU. Where Wq, Wk, Wv share a type their rows are uploaded as one matrix (qkv:
- * one GEMV per token instead of three), likewise Wgate and Wup (gu, their rows interleaved by 32 so
- * that a block of the one-token GEMV holds gate and up of the same outputs and applies the SwiGLU
- * itself); w[] then holds only Wo and Wdown. */
+ * one GEMV per token instead of three), likewise Wgate and Wup (gu); w[] then holds only Wo and
+ * Wdown. */
 typedef struct {
     float *attn_norm, *ffn_norm, *bq, *bk, *bv, *bqkv, *q_norm, *k_norm;
     tn_cw w[W_N];
     tn_cw qkv, gu;
     bool fused_qkv, fused_gu;
-    int gu_il; /* gu's gate and up rows interleaved by this many (32 where n_ff % 32 == 0), or 0: stacked */
 } tn_cu_layer;
 
 struct tn_cuda_ctx {
@@ -65,10 +63,9 @@ struct tn_cuda_ctx {
     /* one-token decode as a CUDA graph (captured at the first such step; every input it reads
      * lives in the device buffers above, so one graph serves every position) */
     bool use_graph;
-    /* one-token steps (TERN_CUDA_FUSE=0: none of these): the RMSNorm computed by the GEMV after it
-     * (TERN_CUDA_FUSE_NORM), the SwiGLU by the gate|up GEMV (TERN_CUDA_FUSE_GLU, with the norm),
-     * RoPE and the cache store by the attention kernel (TERN_CUDA_FUSE_ROPE) */
-    bool fuse_norm, fuse_glu, fuse_rope;
+    /* one-token steps: RoPE and the cache store done by the attention kernel (TERN_CUDA_FUSE_ROPE=0
+     * or TERN_CUDA_FUSE=0: k_rope_store first) */
+    bool fuse_rope;
     /* the GEMV kernels (batch-invariant) up to this many tokens, fp16 + cuBLAS above: code-path
      * types 64, float-path types TN_CU_GEMV_MAXN; batch-invariant contexts (tern serve) and
      * TERN_CUDA_PREFILL=gemv: no limit; TERN_CUDA_PREFILL=cublas: TN_CU_GEMV_MAXN for both */
@@ -360,10 +357,8 @@ static float *upload_f32(tn_cuda_ctx *g, const tn_tensor *t, bool *ok) {
 }
 
 /* Matrices a, b[, c] of one type and row length as one matrix of their rows stacked (file bytes
- * concatenated), uploaded; false (nothing uploaded) when their types or row lengths differ.
- * il > 0 (two matrices of equal rows, a multiple of il): their rows interleaved by il instead
- * (a's rows 0..il-1, b's 0..il-1, a's il..2il-1, ..). */
-static tern_status upload_stacked(tn_cuda_ctx *g, const tn_tensor *const *ts, int nt, int il, tn_cw *w, bool *fused) {
+ * concatenated), uploaded; false (nothing uploaded) when their types or row lengths differ. */
+static tern_status upload_stacked(tn_cuda_ctx *g, const tn_tensor *const *ts, int nt, tn_cw *w, bool *fused) {
     *fused = false;
     size_t bytes = 0;
     int64_t rows = 0;
@@ -372,17 +367,10 @@ static tern_status upload_stacked(tn_cuda_ctx *g, const tn_tensor *const *ts, in
         bytes += ts[i]->nbytes;
         rows += ts[i]->ne[1];
     }
-    if (il > 0 && (nt != 2 || ts[0]->ne[1] != ts[1]->ne[1] || ts[0]->ne[1] % il != 0)) return TERN_OK;
     uint8_t *buf = tn_malloc(bytes);
     if (!buf) return TERN_OK; /* no host memory for the copy: upload them apart */
     size_t off = 0;
-    if (il > 0) {
-        const size_t rb = ts[0]->nbytes / (size_t)ts[0]->ne[1], ub = rb * (size_t)il;
-        for (int64_t u = 0; u < ts[0]->ne[1] / il; u++)
-            for (int i = 0; i < 2; i++) memcpy(buf + off, (const uint8_t *)ts[i]->data + (size_t)u * ub, ub), off += ub;
-    } else {
-        for (int i = 0; i < nt; i++) memcpy(buf + off, ts[i]->data, ts[i]->nbytes), off += ts[i]->nbytes;
-    }
+    for (int i = 0; i < nt; i++) memcpy(buf + off, ts[i]->data, ts[i]->nbytes), off += ts[i]->nbytes;
     tn_tensor T = *ts[0];
     T.ne[1] = rows;
     T.data = buf;
@@ -484,9 +472,8 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
                            R[unsupported[u]].name, tn_roles[unsupported[u]].name);
                 goto fail;
             }
-        if ((s = upload_stacked(g, ts, 3, 0, &G->qkv, &G->fused_qkv))) goto fail;
-        G->gu_il = ts[W_GATE]->ne[1] % 32 == 0 ? 32 : 0;
-        if ((s = upload_stacked(g, ts + W_GATE, 2, G->gu_il, &G->gu, &G->fused_gu))) goto fail;
+        if ((s = upload_stacked(g, ts, 3, &G->qkv, &G->fused_qkv))) goto fail;
+        if ((s = upload_stacked(g, ts + W_GATE, 2, &G->gu, &G->fused_gu))) goto fail;
         for (int i = 0; i < W_N; i++) {
             if ((i <= W_V && G->fused_qkv) || ((i == W_GATE || i == W_UP) && G->fused_gu)) continue;
             if ((s = upload_weight(g, ts[i], &G->w[i]))) goto fail;
@@ -566,18 +553,16 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
     }
     const char *ge = getenv("TERN_CUDA_GRAPH");
     g->use_graph = !(ge && !strcmp(ge, "0"));
-    /* defaults as measured (docs/cuda.md): the rope fusion pays, the norm and SwiGLU ones do not yet */
-    const bool fuse = env_int("TERN_CUDA_FUSE", 1) != 0;
-    g->fuse_norm = fuse && env_int("TERN_CUDA_FUSE_NORM", 0) != 0;
-    g->fuse_glu = g->fuse_norm && env_int("TERN_CUDA_FUSE_GLU", 0) != 0;
-    g->fuse_rope = fuse && env_int("TERN_CUDA_FUSE_ROPE", 1) != 0;
+    g->fuse_rope = env_int("TERN_CUDA_FUSE", 1) != 0 && env_int("TERN_CUDA_FUSE_ROPE", 1) != 0;
     /* programmatic dependent launch on Hopper and later, unless TERN_CUDA_PDL=0; the GEMVs'
      * prefetch and grid (kern_cuda.h, tn_cu_configure): TERN_CUDA_EARLY, TERN_CUDA_PREFETCH,
-     * TERN_CUDA_GEMV_BPS (blocks per multiprocessor, 0: a block per row group) */
+     * TERN_CUDA_GEMV_BPS (blocks per multiprocessor, 0: a block per row group), TERN_CUDA_GEMV_ROWS
+     * (rows per warp of one-token code-path GEMVs, 1 or 2) */
     struct cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, g->dev) == cudaSuccess)
         tn_cu_configure(prop.major >= 9 && env_int("TERN_CUDA_PDL", 1) != 0, env_int("TERN_CUDA_EARLY", 1),
-                        env_int("TERN_CUDA_PREFETCH", 1), env_int("TERN_CUDA_GEMV_BPS", TN_CUDA_GEMV_BPS));
+                        env_int("TERN_CUDA_PREFETCH", 1), env_int("TERN_CUDA_GEMV_BPS", TN_CUDA_GEMV_BPS),
+                        env_int("TERN_CUDA_GEMV_ROWS", 2));
     const char *pe = getenv("TERN_CUDA_PROFILE");
     if (pe && *pe && strcmp(pe, "0")) {
         g->cap_ev = 2 * 4096;
@@ -719,28 +704,23 @@ static void run_layers(tn_cuda_ctx *g, const tern_ctx *c, int64_t n, int32_t n_o
     const int64_t kv_dim = (int64_t)hp->n_head_kv * hd, ff = hp->n_ff;
     int32_t *d_pos = g->d_ints, *d_kvrow = d_pos + n, *d_toff = d_kvrow + n, *d_orow = d_toff + n, *d_tbl = d_orow + n;
     const float scale = 1.0f / sqrtf((float)hd);
-    /* one token: the GEMVs after each norm may compute it themselves, the gate|up GEMV its SwiGLU and
-     * the attention kernel the RoPE and cache store (the same bits, fewer launches) */
-    const bool fuse1 = g->fuse_norm && n == 1, rope1 = g->fuse_rope && n == 1;
+    /* one token: the attention kernel does the RoPE and cache store (the same bits, a launch fewer) */
+    const bool rope1 = g->fuse_rope && n == 1;
     for (int32_t il = 0; il < g->n_layers; il++) {
         const tn_cu_layer *L = &g->L[il];
         uint16_t *Kc = g->Kc + (size_t)il * (size_t)c->kv_rows * (size_t)kv_dim;
         uint16_t *Vc = g->Vc + (size_t)il * (size_t)c->kv_rows * (size_t)kv_dim;
         /* attention block */
         const bool qa = q8_for(g, L->fused_qkv ? &L->qkv : &L->w[W_Q], n);
-        const bool fa = fuse1 && L->fused_qkv && tn_cu_gemv_norm_ok(&L->qkv);
-        if (!fa) {
-            CKL("norm", tn_cu_rmsnorm(g->x, NULL, g->xb, L->attn_norm, n, d, hp->rms_eps, qa ? &g->xq : NULL, g->st));
-            fresh(g);
-            if (qa) g->q_src = g->xb;
-        }
+        CKL("norm", tn_cu_rmsnorm(g->x, NULL, g->xb, L->attn_norm, n, d, hp->rms_eps, qa ? &g->xq : NULL, g->st));
+        fresh(g);
+        if (qa) g->q_src = g->xb;
         float *q = g->q, *k, *v;
         int64_t ldq, ldk;
         if (L->fused_qkv) {
             ldq = ldk = qd + 2 * kv_dim;
             k = q + qd, v = k + kv_dim;
-            if (fa) CKL("qkv", tn_cu_gemv_norm(&L->qkv, g->x, NULL, L->attn_norm, hp->rms_eps, q, L->bqkv, 0, NULL, NULL, g->st));
-            else mm(g, "qkv", &L->qkv, g->xb, d, n, q, ldq, L->bqkv, 0);
+            mm(g, "qkv", &L->qkv, g->xb, d, n, q, ldq, L->bqkv, 0);
         } else {
             ldq = qd, ldk = kv_dim;
             k = g->k, v = g->v;
@@ -763,23 +743,14 @@ static void run_layers(tn_cuda_ctx *g, const tern_ctx *c, int64_t n, int32_t n_o
         mm(g, "wo", &L->w[W_O], g->att, qd, n, g->x, d, NULL, 1);
         /* feed-forward block */
         const bool qf = q8_for(g, L->fused_gu ? &L->gu : &L->w[W_GATE], n);
-        const bool ff1 = fuse1 && L->fused_gu && tn_cu_gemv_norm_ok(&L->gu);
-        if (!ff1) {
-            CKL("norm", tn_cu_rmsnorm(g->x, NULL, g->xb, L->ffn_norm, n, d, hp->rms_eps, qf ? &g->xq : NULL, g->st));
-            fresh(g);
-            if (qf) g->q_src = g->xb;
-        }
+        CKL("norm", tn_cu_rmsnorm(g->x, NULL, g->xb, L->ffn_norm, n, d, hp->rms_eps, qf ? &g->xq : NULL, g->st));
+        fresh(g);
+        if (qf) g->q_src = g->xb;
         float *h = g->hb;
         if (L->fused_gu) {
+            mm(g, "gate_up", &L->gu, g->xb, d, n, g->hb, 2 * ff, NULL, 0);
             const bool qd = q8_for(g, &L->w[W_DOWN], n);
-            if (ff1 && g->fuse_glu && L->gu_il == 32) { /* the SwiGLU too, in the same launch */
-                CKL("gate_up", tn_cu_gemv_norm(&L->gu, g->x, NULL, L->ffn_norm, hp->rms_eps, g->hb, NULL, 0, g->hb2,
-                                               qd ? &g->xq : NULL, g->st));
-            } else {
-                if (ff1) CKL("gate_up", tn_cu_gemv_norm(&L->gu, g->x, NULL, L->ffn_norm, hp->rms_eps, g->hb, NULL, 0, NULL, NULL, g->st));
-                else mm(g, "gate_up", &L->gu, g->xb, d, n, g->hb, 2 * ff, NULL, 0);
-                CKL("swiglu", tn_cu_swiglu_pair(g->hb, g->hb2, n, ff, L->gu_il, qd ? &g->xq : NULL, g->st));
-            }
+            CKL("swiglu", tn_cu_swiglu_pair(g->hb, g->hb2, n, ff, qd ? &g->xq : NULL, g->st));
             h = g->hb2;
             fresh(g);
             if (qd) g->q_src = h;
@@ -792,11 +763,6 @@ static void run_layers(tn_cuda_ctx *g, const tern_ctx *c, int64_t n, int32_t n_o
         mm(g, "down", &L->w[W_DOWN], h, ff, n, g->x, d, NULL, 1);
     }
     if (g->has_output && n_out > 0) {
-        if (g->fuse_norm && n_out == 1 && tn_cu_gemv_norm_ok(&g->output)) {
-            CKL("output", tn_cu_gemv_norm(&g->output, g->x, d_orow, g->output_norm, hp->rms_eps, g->logits, NULL, 0, NULL, NULL,
-                                          g->st));
-            return;
-        }
         const bool qout = q8_for(g, &g->output, n_out);
         CKL("norm", tn_cu_rmsnorm(g->x, d_orow, g->xb, g->output_norm, n_out, d, hp->rms_eps, qout ? &g->xq : NULL, g->st));
         fresh(g);
@@ -937,8 +903,8 @@ tern_status tn_cuda_weight_upload(const tn_tensor *t, tn_cuda_weight **out) {
     return TERN_OK;
 }
 
-void tn_cuda_test_gemv_launch(bool prefetch, int grid_cap) {
-    tn_cu_configure(0, 0, prefetch, 0);
+void tn_cuda_test_gemv_launch(bool prefetch, int grid_cap, int rows) {
+    tn_cu_configure(0, 0, prefetch, 0, rows);
     tn_cu_set_gemv_grid_cap(grid_cap);
 }
 

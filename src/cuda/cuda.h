@@ -48,9 +48,10 @@ void tn_cuda_weight_free(tn_cuda_weight *w);
 tern_status tn_cuda_weight_matmul(tn_cuda_weight *w, const float *x, int64_t n, bool invariant, float *y);
 tern_status tn_cuda_weight_dequant(tn_cuda_weight *w, float *out);
 /* Tests: how the GEMV kernels launch from now on (process-wide; results must not change):
- * prefetch of the weight rows into L2, and grid_cap > 0 blocks in all, each walking several
- * row groups (0: a block per row group). No programmatic dependent launch. */
-void tn_cuda_test_gemv_launch(bool prefetch, int grid_cap);
+ * prefetch of the weight rows into L2, grid_cap > 0 blocks in all, each walking several row
+ * groups (0: a block per row group), and rows (1 or 2) per warp in one-token code-path GEMVs.
+ * No programmatic dependent launch. */
+void tn_cuda_test_gemv_launch(bool prefetch, int grid_cap, int rows);
 
 /* Device memory bandwidth: a copy kernel over `bytes` (read + write counted), best of reps, GB/s;
  * 0 when there is no device. */

@@ -61,9 +61,10 @@ static inline int tn_cw_is_code(int kind) { return kind >= TN_CW_Q4_0; }
  *             launch before they wait, so the next GEMV is resident early;
  *   prefetch  GEMV kernels prefetch their block's weight rows into L2 before they wait;
  *   gemv_bps  GEMV grids of at most this many blocks per multiprocessor, each block walking its
- *             rows (0: one block per row group).
+ *             rows (0: one block per row group);
+ *   gemv_rows one-token code-path GEMVs: rows per warp at once (1 or 2).
  * None of these changes a result: rows are computed by the same arithmetic whichever block runs them. */
-int tn_cu_configure(int pdl, int early, int prefetch, int gemv_bps);
+int tn_cu_configure(int pdl, int early, int prefetch, int gemv_bps, int gemv_rows);
 /* Tests: GEMV grids of at most this many blocks in all (0: tn_cu_configure's setting), so that
  * blocks walk several row groups even on small matrices. */
 void tn_cu_set_gemv_grid_cap(int blocks);
@@ -84,24 +85,13 @@ int tn_cu_quantize_q8(const float *x, int64_t ldx, int64_t k, int64_t n, tn_cq o
 #define TN_CU_GEMV_MAXN 8
 int tn_cu_gemv(const tn_cw *w, const float *x, int64_t ldx, const tn_cq *xq, int64_t n, float *y, int64_t ldy,
                const float *bias, int accumulate, void *stream);
-/* One token with its RMSNorm fused in (decode): y (+)= W (rmsnorm(row of x) * nw) (+ bias), x the
- * residual stream [*][k], row its row (NULL: 0). Each block normalizes (and, for the code path,
- * quantizes) the row itself in shared memory, exactly as tn_cu_rmsnorm (with xq) computes it, so
- * the result is bit for bit tn_cu_rmsnorm then tn_cu_gemv. tn_cu_gemv_norm_ok: whether w's row
- * length allows it (the row in shared memory).
- * glu_h != NULL (w: gate and up rows interleaved by 32, m % 64 == 0): then also the SwiGLU of y
- * into glu_h [m/2] and, glu_q != NULL, quantized into glu_q, bit for bit tn_cu_swiglu_pair(il 32). */
-int tn_cu_gemv_norm_ok(const tn_cw *w);
-int tn_cu_gemv_norm(const tn_cw *w, const float *x, const int32_t *row, const float *nw, float eps, float *y,
-                    const float *bias, int accumulate, float *glu_h, const tn_cq *glu_q, void *stream);
 /* Rows r0 .. r0 + nr - 1 of w as fp16 into out[nr][k] (prefill: then a cuBLAS GEMM). */
 int tn_cu_dequant_f16(const tn_cw *w, int64_t r0, int64_t nr, uint16_t *out, void *stream);
 /* Rows of w as f32 (tests). */
 int tn_cu_dequant_f32(const tn_cw *w, int64_t r0, int64_t nr, float *out, void *stream);
 /* x [n][k] f32 (stride ldx) -> fp16 [n][k]. */
 int tn_cu_f32_to_f16(const float *x, int64_t ldx, int64_t k, int64_t n, uint16_t *out, void *stream);
-/* y[n][d] = rmsnorm(x rows) * w (sum of squares in double, as the CPU, in the order of
- * kernels.cu's rms_scale). rows: x row of output j
+/* y[n][d] = rmsnorm(x rows) * w (sum of squares in double, as the CPU). rows: x row of output j
  * is rows[j] (NULL: j). xq != NULL: y is also quantized into it as tn_cu_quantize_q8 would. */
 int tn_cu_rmsnorm(const float *x, const int32_t *rows, float *y, const float *w, int64_t n, int64_t d, float eps,
                   const tn_cq *xq, void *stream);
@@ -139,10 +129,9 @@ int tn_cu_attention(const float *q, int64_t ldq, const uint16_t *Kc, const uint1
                     const tn_cq *xq, const tn_cu_rope *rope, void *stream);
 /* g[i] = silu(g[i]) * u[i], i < n. */
 int tn_cu_swiglu(float *g, const float *u, int64_t n, void *stream);
-/* h[t][i] = silu(gate_i) * up_i, i < ff, t < n, gate and up computed as one matrix: il = 0: gu[t] =
- * [gate (ff) | up (ff)]; il > 0 (ff % il == 0): gate and up interleaved by il (gate i at
- * (i / il) * 2il + i % il, up il after it). xq != NULL: h also quantized into it. */
-int tn_cu_swiglu_pair(const float *gu, float *h, int64_t n, int64_t ff, int il, const tn_cq *xq, void *stream);
+/* h[t][i] = silu(gu[t][i]) * gu[t][ff + i] (gate and up computed as one matrix), i < ff, t < n;
+ * xq != NULL: h also quantized into it. */
+int tn_cu_swiglu_pair(const float *gu, float *h, int64_t n, int64_t ff, const tn_cq *xq, void *stream);
 /* Streams: read src and write dst (n bytes), for the bandwidth measurement. */
 int tn_cu_copy_kernel(const void *src, void *dst, size_t n, void *stream);
 

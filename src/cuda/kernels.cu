@@ -20,6 +20,7 @@
 /* GEMV blocks that fit on a multiprocessor at once, by registers (at most 64 per thread): the
  * blocks of a running GEMV and of the next one, prefetching, side by side */
 #define GEMV_MIN_BLOCKS 8
+#define GEMV_MIN_BLOCKS_R 6 /* two rows per warp: more registers */
 
 static inline int tn_cu_err(void) { return (int)cudaGetLastError(); }
 
@@ -38,12 +39,13 @@ static inline int tn_cu_err(void) { return (int)cudaGetLastError(); }
  *     bound the chain: at most the next GEMV's weights are fetched ahead, which fits in L2.
  * A kernel launched early only waits; what it reads is written by kernels that have completed. */
 static bool g_pdl = false;
-static int g_bps = 0, g_sms = 0, g_grid_cap = 0;
+static int g_bps = 0, g_sms = 0, g_grid_cap = 0, g_rows = 1;
 __device__ int d_early = 0;    /* small kernels trigger before they wait */
 __device__ int d_prefetch = 0; /* GEMV kernels prefetch their weight rows into L2 before they wait */
 
-extern "C" int tn_cu_configure(int pdl, int early, int prefetch, int gemv_bps) {
+extern "C" int tn_cu_configure(int pdl, int early, int prefetch, int gemv_bps, int gemv_rows) {
     g_pdl = pdl != 0;
+    g_rows = gemv_rows == 2 ? 2 : 1;
     g_bps = gemv_bps > 0 ? gemv_bps : 0;
     int dev = 0;
     cudaGetDevice(&dev);
@@ -134,69 +136,6 @@ __device__ __forceinline__ void q8_block(float v, int lane, int64_t blk, int64_t
         xq.d[blk] = __half2float(__float2half_rn(d));
         xq.s[blk] = (int32_t)s;
     }
-}
-
-/* 1 / sqrt(mean(x^2) + eps) of row xr (d values), computed by one warp: lane l sums x_i^2 in double
- * for i = l, l + 32, .. in four chains by (i / 32) % 4, then the warp's butterfly (every lane gets the same bits). Every
- * kernel that normalizes a row uses it, each warp on its own, so the scale does not depend on the
- * kernel or its block size: the RMSNorm fused into a GEMV equals k_rmsnorm bit for bit. */
-__device__ __forceinline__ float rms_scale(const float *xr, int64_t d, float eps) {
-    const int lane = threadIdx.x % WARP;
-    double s0 = 0, s1 = 0, s2 = 0, s3 = 0; /* four chains: element lane + 32 j goes to chain j % 4 */
-    int64_t j = 0;
-    for (; lane + (j + 15) * WARP < d; j += 16) { /* 16 loads in flight, then their squares */
-        float t[16];
-#pragma unroll
-        for (int a = 0; a < 16; a++) t[a] = xr[lane + (j + a) * WARP];
-#pragma unroll
-        for (int a = 0; a < 16; a += 4) {
-            s0 += (double)(t[a] * t[a]);
-            s1 += (double)(t[a + 1] * t[a + 1]);
-            s2 += (double)(t[a + 2] * t[a + 2]);
-            s3 += (double)(t[a + 3] * t[a + 3]);
-        }
-    }
-    for (; lane + j * WARP < d; j++) {
-        const float t = xr[lane + j * WARP];
-        const double q = (double)(t * t);
-        if ((j & 3) == 0) s0 += q;
-        else if ((j & 3) == 1) s1 += q;
-        else if ((j & 3) == 2) s2 += q;
-        else s3 += q;
-    }
-    double s = (s0 + s1) + (s2 + s3);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    return 1.0f / sqrtf((float)(s / (double)d) + eps);
-}
-
-/* The q8 block of 32 values by one thread, the same bits as q8_block (the max is exact in any
- * order, the codes' sum an exact integer): block blk of values v(i), i < 32, evaluated twice (for
- * the max, then the codes), codes to xq.q[qi0 ..] (qi0 % 16 == 0). No shuffles, so a block's 64
- * threads quantize 64 blocks at once. */
-template <typename F> __device__ __forceinline__ void q8_block_thread(F v, int64_t blk, int64_t qi0, tn_cq xq) {
-    float amax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v(i)));
-    const float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
-    int sum = 0;
-    uint32_t w[8];
-#pragma unroll
-    for (int g = 0; g < 8; g++) {
-        uint32_t word = 0;
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-            const int qi = __float2int_rn(v(4 * g + c) * id);
-            sum += qi;
-            word |= (uint32_t)(qi & 0xFF) << (8 * c);
-        }
-        w[g] = word;
-    }
-    uint4 *qp = (uint4 *)(xq.q + qi0);
-    qp[0] = make_uint4(w[0], w[1], w[2], w[3]);
-    qp[1] = make_uint4(w[4], w[5], w[6], w[7]);
-    xq.d[blk] = __half2float(__float2half_rn(d));
-    xq.s[blk] = sum;
 }
 
 /* ---- activations ------------------------------------------------------------------------------ */
@@ -324,60 +263,28 @@ __device__ __forceinline__ void gemv_rows(int64_t m, int rpb, int align, int64_t
     *rg1 = min(nrg, *rg0 + per);
 }
 
-/* RMSNorm fused into a one-token GEMV (decode): x is the residual stream, its row `row` (NULL:
- * row 0) normalized and scaled by w (eps) as k_rmsnorm computes it, into the block's shared
- * memory. x == NULL: the GEMV reads its activations as given. */
-struct gemv_norm {
-    const float *x;
-    const int32_t *row;
-    const float *w;
-    float eps;
-};
-
-/* The fused norm for the code path: every block normalizes and quantizes the row itself into
- * shared memory (q [k], d [k/32], s [k/32]), bit for bit what k_rmsnorm with xq writes. */
-__device__ __forceinline__ tn_cq gemv_norm_q8(const gemv_norm &nrm, int64_t k, void *smem) {
-    int8_t *sq = (int8_t *)smem;
-    float *sd = (float *)(sq + k);
-    int32_t *ss = (int32_t *)(sd + k / 32);
-    const tn_cq out = {sq, sd, ss};
-    const float *xr = nrm.x + (nrm.row ? (int64_t)nrm.row[0] : 0) * k;
-    const float scale = rms_scale(xr, k, nrm.eps);
-    const float *nw = nrm.w;
-    for (int64_t b = threadIdx.x; b < k / 32; b += blockDim.x) {
-        const float *xb = xr + b * 32, *wb = nw + b * 32;
-        q8_block_thread([&](int i) { return (xb[i] * scale) * wb[i]; }, b, b * 32, out);
+/* The end of a one-token step of a GEMV warp that computed R rows at once (k_gemv_code with R > 1):
+ * row0 + r for r < R, each reduced exactly as gemv_finish reduces a token (the warp's butterfly,
+ * then the parts of the row in part order), so its bits are those of the row computed alone. */
+template <int R>
+__device__ __forceinline__ void gemv_finish_rows(const float (&acc)[R], int wpr, int64_t row0, int64_t m, float *y,
+                                                 const float *bias, int accumulate) {
+    __shared__ float red[GEMV_WARPS_MAX][R];
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const float v = warp_sum(acc[r]);
+        if (lane == 0) red[warp][r] = v;
     }
     __syncthreads();
-    return out;
-}
-/* ... and for the float path: the normalized row in f32 (k floats), as k_rmsnorm writes y */
-__device__ __forceinline__ const float *gemv_norm_f32(const gemv_norm &nrm, int64_t k, void *smem) {
-    float *sx = (float *)smem;
-    const float *xr = nrm.x + (nrm.row ? (int64_t)nrm.row[0] : 0) * k;
-    const float scale = rms_scale(xr, k, nrm.eps);
-    for (int64_t i = threadIdx.x; i < k; i += blockDim.x) sx[i] = (xr[i] * scale) * nrm.w[i];
-    __syncthreads();
-    return sx;
-}
-
-/* SwiGLU fused after a one-token gate|up GEMV whose rows interleave gate and up by 32 (rows
- * 64u .. 64u+31 gate 32u .., rows 64u+32 .. up 32u ..): each block owns whole units of 64 rows
- * and, once its outputs y are written, computes h = silu(gate) * up for them and quantizes h as
- * k_swiglu_pair does (the same bits). h == NULL: none. */
-struct gemv_glu {
-    float *h;
-    tn_cq q; /* q.q == NULL: h only */
-};
-__device__ __forceinline__ void glu_epilogue(const gemv_glu &glu, const float *y, int64_t r0, int64_t r1) {
-    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
-    __syncthreads(); /* the block's y, written by its warps */
-    for (int64_t u = r0 / 64 + warp; u < r1 / 64; u += nw) {
-        const float g = y[u * 64 + lane], up = y[u * 64 + 32 + lane];
-        const float v = g / (1.0f + expf(-g)) * up;
-        glu.h[u * 32 + lane] = v;
-        if (glu.q.q) q8_block(v, lane, u, u * 32, glu.q);
+    if (warp % wpr == 0 && lane < R && row0 + lane < m) {
+        float v = red[warp][lane];
+        for (int p = 1; p < wpr; p++) v += red[warp + p][lane];
+        const float r = v + (bias ? bias[row0 + lane] : 0.0f);
+        float *yp = y + row0 + lane;
+        *yp = accumulate ? *yp + r : r;
     }
+    __syncthreads();
 }
 
 /* KIND: 0 tq (unsigned codes; sym offset (2^B-1)/2 or asym m), 1 q4_0 (offset 8), 2 q8_0 (signed),
@@ -385,18 +292,19 @@ __device__ __forceinline__ void glu_epilogue(const gemv_glu &glu, const float *y
  * steps): every output is the same sequence of operations whatever n and NT are (lane partial sums
  * over chunks lane, lane+32, .., then the warp's butterfly), so a token's result does not depend
  * on the batch it came in (tern serve's batches equal one-at-a-time decoding). A tile after the
- * first finds the row in L1/L2. Before waiting for the kernel before it, the block prefetches its
- * weight rows into L2 (they depend on nothing earlier). */
-template <int B, int KIND, bool ASYM, int NT>
-__global__ void __launch_bounds__(GEMV_WARPS_MAX * WARP, GEMV_MIN_BLOCKS)
+ * first finds the row in L1/L2. One-token steps may give each warp R consecutive rows at once (the
+ * activation chunk loaded once, the rows' code loads in flight together; each row's arithmetic as
+ * alone). Before waiting for the kernel before it, the block prefetches its weight rows into L2
+ * (they depend on nothing earlier). */
+template <int B, int KIND, bool ASYM, int NT, int R>
+__global__ void __launch_bounds__(GEMV_WARPS_MAX * WARP, R == 1 ? GEMV_MIN_BLOCKS : GEMV_MIN_BLOCKS_R)
     k_gemv_code(tn_cw w, const int8_t *xq, const float *xd, const int32_t *xs, int n, float *y, int64_t ldy, const float *bias,
-                int accumulate, int wpr, gemv_norm nrm, gemv_glu glu) {
-    extern __shared__ int4 gsm[];
-    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, part = warp % wpr, rpb = GEMV_WARPS_MAX / wpr;
+                int accumulate, int wpr) {
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, part = warp % wpr, rpb = GEMV_WARPS_MAX / wpr * R;
     const int64_t nc = w.k / 32, nbr = w.k / w.group;
     const int cpb = w.group / 32;
     int64_t rg0, rg1;
-    gemv_rows(w.m, rpb, NT == 1 && glu.h ? 64 / rpb : 1, &rg0, &rg1);
+    gemv_rows(w.m, rpb, 1, &rg0, &rg1);
     if (d_prefetch && rg0 < rg1) {
         const int64_t r0 = rg0 * rpb, nr = min(w.m, rg1 * rpb) - r0;
         prefetch_l2((const uint8_t *)w.data + r0 * (int64_t)w.row_bytes, (size_t)(nr * (int64_t)w.row_bytes));
@@ -404,12 +312,46 @@ __global__ void __launch_bounds__(GEMV_WARPS_MAX * WARP, GEMV_MIN_BLOCKS)
         if (ASYM) prefetch_l2(w.mn + r0 * nbr, (size_t)(nr * nbr * 2));
     }
     gdc_wait();
-    if (NT == 1 && nrm.x) {
-        const tn_cq a = gemv_norm_q8(nrm, w.k, gsm);
-        xq = a.q, xd = a.d, xs = a.s;
-    }
     const float off = KIND == 1 ? 8.0f : KIND == 3 ? 16.0f : (float)((1 << B) - 1) * 0.5f;
     for (int64_t rg = rg0; rg < rg1; rg++) {
+        if (R > 1) { /* one token (n == 1), rows row0 .. row0 + R - 1 */
+            const int64_t row0 = (rg * (GEMV_WARPS_MAX / wpr) + warp / wpr) * R;
+            float acc[R];
+#pragma unroll
+            for (int r = 0; r < R; r++) acc[r] = 0.0f;
+            for (int64_t ci = lane + (int64_t)WARP * part; row0 < w.m && ci < nc; ci += (int64_t)WARP * wpr) {
+                uint32_t q[R][8];
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    const int64_t row = row0 + r < w.m ? row0 + r : row0;
+                    load_chunk<B>((const uint8_t *)w.data + row * (int64_t)w.row_bytes, ci, cpb, q[r]);
+                }
+                const int4 *a4 = (const int4 *)(xq + ci * 32);
+                const int4 a0 = a4[0], a1 = a4[1];
+                const int a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+                const float da = xd[ci];
+                const float sa = (float)xs[ci];
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    const int64_t row = row0 + r < w.m ? row0 + r : row0;
+                    const float d = h2f(w.d[row * nbr + ci / cpb]);
+                    const float m = ASYM ? h2f(w.mn[row * nbr + ci / cpb]) : 0.0f;
+                    int sq = 0;
+                    if (KIND == 2) {
+#pragma unroll
+                        for (int g = 0; g < 8; g++) sq = __dp4a((int)q[r][g], a[g], sq);
+                    } else {
+#pragma unroll
+                        for (int g = 0; g < 8; g++) sq = dp4a_us(q[r][g], a[g], sq);
+                    }
+                    if (KIND == 2) acc[r] += da * d * (float)sq;
+                    else if (ASYM) acc[r] += da * (d * (float)sq + m * sa);
+                    else acc[r] += da * d * ((float)sq - off * sa);
+                }
+            }
+            gemv_finish_rows<R>(acc, wpr, row0, w.m, y, bias, accumulate);
+            continue;
+        }
         const int64_t row = rg * rpb + warp / wpr;
         const bool valid = row < w.m;
         const uint8_t *rowp = (const uint8_t *)w.data + (valid ? row : 0) * (int64_t)w.row_bytes;
@@ -458,7 +400,6 @@ __global__ void __launch_bounds__(GEMV_WARPS_MAX * WARP, GEMV_MIN_BLOCKS)
             gemv_finish(acc, nt, wpr, valid, row, t0, y, ldy, bias, accumulate);
         }
     }
-    if (NT == 1 && glu.h) glu_epilogue(glu, y, rg0 * rpb, min(w.m, rg1 * rpb));
 }
 template <int B, int KIND, bool ASYM>
 __global__ void k_dequant_code(tn_cw w, int64_t r0, int64_t nr, void *out, int f16) {
@@ -565,18 +506,15 @@ template <int KIND> __device__ __forceinline__ void load8(const uint8_t *rowp, i
 
 template <int KIND, int NT>
 __global__ void __launch_bounds__(GEMV_WARPS_MAX * WARP, GEMV_MIN_BLOCKS)
-    k_gemv_float(tn_cw w, const float *x, int64_t ldx, int n, float *y, int64_t ldy, const float *bias, int accumulate, int wpr,
-                 gemv_norm nrm, gemv_glu glu) {
-    extern __shared__ int4 gsm[];
+    k_gemv_float(tn_cw w, const float *x, int64_t ldx, int n, float *y, int64_t ldy, const float *bias, int accumulate, int wpr) {
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, part = warp % wpr, rpb = GEMV_WARPS_MAX / wpr;
     int64_t rg0, rg1;
-    gemv_rows(w.m, rpb, NT == 1 && glu.h ? 64 / rpb : 1, &rg0, &rg1);
+    gemv_rows(w.m, rpb, 1, &rg0, &rg1);
     if (d_prefetch && rg0 < rg1) {
         const int64_t r0 = rg0 * rpb, nr = min(w.m, rg1 * rpb) - r0;
         prefetch_l2((const uint8_t *)w.data + r0 * (int64_t)w.row_bytes, (size_t)(nr * (int64_t)w.row_bytes));
     }
     gdc_wait();
-    if (NT == 1 && nrm.x) x = gemv_norm_f32(nrm, w.k, gsm), ldx = w.k;
     for (int64_t rg = rg0; rg < rg1; rg++) {
         const int64_t row = rg * rpb + warp / wpr;
         const bool valid = row < w.m;
@@ -606,7 +544,6 @@ __global__ void __launch_bounds__(GEMV_WARPS_MAX * WARP, GEMV_MIN_BLOCKS)
             gemv_finish(acc, nt, wpr, valid, row, t0, y, ldy, bias, accumulate);
         }
     }
-    if (NT == 1 && glu.h) glu_epilogue(glu, y, rg0 * rpb, min(w.m, rg1 * rpb));
 }
 template <int KIND> __global__ void k_dequant_float(tn_cw w, int64_t r0, int64_t nr, void *out, int f16) {
     gdc_wait();
@@ -671,29 +608,26 @@ static int gemv_wpr(const tn_cw *w) {
 }
 
 /* One GEMV launch's shape: warps per row, and a grid of every row group or, with blocks per SM set
- * (tn_cu_configure), at most that many blocks per multiprocessor, each walking its rows: then the
- * next kernel's blocks fit beside them and prefetch while this one runs. */
+ * (tn_cu_configure), at most that many blocks per multiprocessor, each walking its rows. R: rows
+ * of a warp at once (one-token steps). */
 struct gemv_launch {
     int wpr;
     unsigned grid, block;
-    size_t shmem;
 };
-static gemv_launch gemv_shape(const tn_cw *w, bool norm) {
+static gemv_launch gemv_shape(const tn_cw *w, int R) {
     gemv_launch L;
     L.wpr = gemv_wpr(w);
-    const int64_t rpb = GEMV_WARPS_MAX / L.wpr, nrg = (w->m + rpb - 1) / rpb;
+    const int64_t rpb = GEMV_WARPS_MAX / L.wpr * R, nrg = (w->m + rpb - 1) / rpb;
     const int64_t cap = g_grid_cap > 0 ? g_grid_cap : g_bps > 0 && g_sms > 0 ? (int64_t)g_bps * g_sms : nrg;
     L.grid = (unsigned)(nrg < cap ? nrg : cap);
     L.block = GEMV_WARPS_MAX * WARP;
-    L.shmem = !norm ? 0 : tn_cw_is_code(w->kind) ? (size_t)w->k + (size_t)(w->k / 32) * 8 : (size_t)w->k * 4;
     return L;
 }
 
-template <int B, bool ASYM, int NT>
-static void launch_gemv_tq(const tn_cw *w, const tn_cq *xq, int n, float *y, int64_t ldy, const float *bias, int acc, gemv_norm nrm,
-                           gemv_glu glu, cudaStream_t st) {
-    const gemv_launch L = gemv_shape(w, nrm.x != NULL);
-    launch(k_gemv_code<B, 0, ASYM, NT>, L.grid, L.block, L.shmem, st, *w, xq->q, xq->d, xq->s, n, y, ldy, bias, acc, L.wpr, nrm, glu);
+template <int B, bool ASYM, int NT, int R>
+static void launch_gemv_tq(const tn_cw *w, const tn_cq *xq, int n, float *y, int64_t ldy, const float *bias, int acc, cudaStream_t st) {
+    const gemv_launch L = gemv_shape(w, R);
+    launch(k_gemv_code<B, 0, ASYM, NT, R>, L.grid, L.block, 0, st, *w, xq->q, xq->d, xq->s, n, y, ldy, bias, acc, L.wpr);
 }
 template <int B, bool ASYM> static void launch_dq_tq(const tn_cw *w, int64_t r0, int64_t nr, void *out, int f16,
                                                    cudaStream_t st) {
@@ -721,18 +655,16 @@ extern "C" int tn_cu_quantize_q8(const float *x, int64_t ldx, int64_t k, int64_t
     return tn_cu_err();
 }
 
-/* The launch of a GEMV with NT-token tiles (NT = 1: one-token steps, where nrm may fuse the norm). */
-template <int NT>
+/* The launch of a GEMV with NT-token tiles; R rows per warp for the code path (NT = 1 only). */
+template <int NT, int R>
 static int gemv_run(const tn_cw *w, const float *x, int64_t ldx, const tn_cq *xq, int nn, float *y, int64_t ldy,
-                    const float *bias, int accumulate, gemv_norm nrm, gemv_glu glu, cudaStream_t st) {
-    const gemv_launch L = gemv_shape(w, nrm.x != NULL);
-    const tn_cq none = {NULL, NULL, NULL};
-    const tn_cq *a = xq ? xq : &none;
-#define GEMV_FLOAT(K)                                                                                                \
-    launch(k_gemv_float<K, NT>, L.grid, L.block, L.shmem, st, *w, x, ldx, nn, y, ldy, bias, accumulate, L.wpr, nrm, glu)
-#define GEMV_CODE(B, K)                                                                                              \
-    launch(k_gemv_code<B, K, false, NT>, L.grid, L.block, L.shmem, st, *w, a->q, a->d, a->s, nn, y, ldy, bias, accumulate, \
-           L.wpr, nrm, glu)
+                    const float *bias, int accumulate, cudaStream_t st) {
+    const gemv_launch L1 = gemv_shape(w, 1), LR = gemv_shape(w, R);
+#define GEMV_FLOAT(K) launch(k_gemv_float<K, NT>, L1.grid, L1.block, 0, st, *w, x, ldx, nn, y, ldy, bias, accumulate, L1.wpr)
+#define GEMV_CODE(B, K)                                                                                                  \
+    launch(k_gemv_code<B, K, false, NT, R>, LR.grid, LR.block, 0, st, *w, xq->q, xq->d, xq->s, nn, y, ldy, bias, accumulate, \
+           LR.wpr)
+#define GEMV_TQ(B, A) launch_gemv_tq<B, A, NT, R>(w, xq, nn, y, ldy, bias, accumulate, st)
     switch (w->kind) {
     case TN_CW_F32: GEMV_FLOAT(TN_CW_F32); break;
     case TN_CW_F16: GEMV_FLOAT(TN_CW_F16); break;
@@ -743,33 +675,32 @@ static int gemv_run(const tn_cw *w, const float *x, int64_t ldx, const tn_cq *xq
     case TN_CW_Q4_0: GEMV_CODE(4, 1); break;
     case TN_CW_Q8_0: GEMV_CODE(8, 2); break;
     case TN_CW_Q5_0: GEMV_CODE(5, 3); break;
-    case TN_CW_TQ: {
-        const int bits = w->bits, asym = w->asym;
-        switch (bits * 2 + (asym ? 1 : 0)) {
-        case 2: launch_gemv_tq<1, false, NT>(w, a, nn, y, ldy, bias, accumulate, nrm, glu, st); break;
-        case 3: launch_gemv_tq<1, true, NT>(w, a, nn, y, ldy, bias, accumulate, nrm, glu, st); break;
-        case 4: launch_gemv_tq<2, false, NT>(w, a, nn, y, ldy, bias, accumulate, nrm, glu, st); break;
-        case 5: launch_gemv_tq<2, true, NT>(w, a, nn, y, ldy, bias, accumulate, nrm, glu, st); break;
-        case 6: launch_gemv_tq<3, false, NT>(w, a, nn, y, ldy, bias, accumulate, nrm, glu, st); break;
-        case 7: launch_gemv_tq<3, true, NT>(w, a, nn, y, ldy, bias, accumulate, nrm, glu, st); break;
-        case 8: launch_gemv_tq<4, false, NT>(w, a, nn, y, ldy, bias, accumulate, nrm, glu, st); break;
-        case 9: launch_gemv_tq<4, true, NT>(w, a, nn, y, ldy, bias, accumulate, nrm, glu, st); break;
-        case 10: launch_gemv_tq<5, false, NT>(w, a, nn, y, ldy, bias, accumulate, nrm, glu, st); break;
-        case 11: launch_gemv_tq<5, true, NT>(w, a, nn, y, ldy, bias, accumulate, nrm, glu, st); break;
-        case 12: launch_gemv_tq<6, false, NT>(w, a, nn, y, ldy, bias, accumulate, nrm, glu, st); break;
-        case 13: launch_gemv_tq<6, true, NT>(w, a, nn, y, ldy, bias, accumulate, nrm, glu, st); break;
-        case 14: launch_gemv_tq<7, false, NT>(w, a, nn, y, ldy, bias, accumulate, nrm, glu, st); break;
-        case 15: launch_gemv_tq<7, true, NT>(w, a, nn, y, ldy, bias, accumulate, nrm, glu, st); break;
-        case 16: launch_gemv_tq<8, false, NT>(w, a, nn, y, ldy, bias, accumulate, nrm, glu, st); break;
-        case 17: launch_gemv_tq<8, true, NT>(w, a, nn, y, ldy, bias, accumulate, nrm, glu, st); break;
+    case TN_CW_TQ:
+        switch (w->bits * 2 + (w->asym ? 1 : 0)) {
+        case 2: GEMV_TQ(1, false); break;
+        case 3: GEMV_TQ(1, true); break;
+        case 4: GEMV_TQ(2, false); break;
+        case 5: GEMV_TQ(2, true); break;
+        case 6: GEMV_TQ(3, false); break;
+        case 7: GEMV_TQ(3, true); break;
+        case 8: GEMV_TQ(4, false); break;
+        case 9: GEMV_TQ(4, true); break;
+        case 10: GEMV_TQ(5, false); break;
+        case 11: GEMV_TQ(5, true); break;
+        case 12: GEMV_TQ(6, false); break;
+        case 13: GEMV_TQ(6, true); break;
+        case 14: GEMV_TQ(7, false); break;
+        case 15: GEMV_TQ(7, true); break;
+        case 16: GEMV_TQ(8, false); break;
+        case 17: GEMV_TQ(8, true); break;
         default: return (int)cudaErrorInvalidValue;
         }
         break;
-    }
     default: return (int)cudaErrorInvalidValue;
     }
 #undef GEMV_FLOAT
 #undef GEMV_CODE
+#undef GEMV_TQ
     return tn_cu_err();
 }
 
@@ -786,24 +717,11 @@ extern "C" int tn_cu_gemv(const tn_cw *w, const float *x, int64_t ldx, const tn_
         if (w->kind == TN_CW_BF16) launch(k_gemv_plain1<TN_CW_BF16>, grid1, blk, 0, st, *w, x, ldx, nn, y, ldy, bias, accumulate);
         return tn_cu_err();
     }
-    const gemv_norm none = {NULL, NULL, NULL, 0.0f};
-    const gemv_glu noglu = {NULL, {NULL, NULL, NULL}};
-    return nn == 1 ? gemv_run<1>(w, x, ldx, xq, nn, y, ldy, bias, accumulate, none, noglu, st)
-                   : gemv_run<TN_CU_GEMV_MAXN>(w, x, ldx, xq, nn, y, ldy, bias, accumulate, none, noglu, st);
-}
-
-/* the fused norm's shared memory stays within the default 48 KiB */
-extern "C" int tn_cu_gemv_norm_ok(const tn_cw *w) {
-    if (tn_cw_is_code(w->kind)) return w->k % 32 == 0 && w->k + (w->k / 32) * 8 <= 48 * 1024;
-    return w->k % 8 == 0 && w->k * 4 <= 48 * 1024;
-}
-
-extern "C" int tn_cu_gemv_norm(const tn_cw *w, const float *x, const int32_t *row, const float *nw, float eps, float *y,
-                               const float *bias, int accumulate, float *glu_h, const tn_cq *glu_q, void *stream) {
-    if (!tn_cu_gemv_norm_ok(w) || (glu_h && w->m % 64 != 0)) return (int)cudaErrorInvalidValue;
-    const gemv_norm nrm = {x, row, nw, eps};
-    const gemv_glu glu = {glu_h, glu_h && glu_q ? *glu_q : tn_cq{NULL, NULL, NULL}};
-    return gemv_run<1>(w, NULL, w->k, NULL, 1, y, w->m, bias, accumulate, nrm, glu, (cudaStream_t)stream);
+    const tn_cq none = {NULL, NULL, NULL};
+    if (!xq) xq = &none;
+    if (nn > 1) return gemv_run<TN_CU_GEMV_MAXN, 1>(w, x, ldx, xq, nn, y, ldy, bias, accumulate, st);
+    return g_rows == 2 ? gemv_run<1, 2>(w, x, ldx, xq, nn, y, ldy, bias, accumulate, st)
+                       : gemv_run<1, 1>(w, x, ldx, xq, nn, y, ldy, bias, accumulate, st);
 }
 
 static int dequant(const tn_cw *w, int64_t r0, int64_t nr, void *out, int f16, cudaStream_t st) {
@@ -859,15 +777,30 @@ __global__ void k_rmsnorm(const float *x, const int32_t *rows, float *y, const f
     gdc_enter();
     const int64_t j = blockIdx.x;
     const float *xr = x + (rows ? (int64_t)rows[j] : j) * d;
-    const float scale = rms_scale(xr, d, eps); /* each warp its own, as a fused GEMV computes it */
+    __shared__ double part[32];
+    double s = 0;
+    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) s += (double)(xr[i] * xr[i]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (threadIdx.x % WARP == 0) part[threadIdx.x / WARP] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double t = 0;
+        for (unsigned i = 0; i < blockDim.x / WARP; i++) t += part[i];
+        part[0] = t;
+    }
+    __syncthreads();
+    const float scale = 1.0f / sqrtf((float)(part[0] / (double)d) + eps);
     if (!xq.q) {
         for (int64_t i = threadIdx.x; i < d; i += blockDim.x) y[j * d + i] = (xr[i] * scale) * w[i];
         return;
     }
-    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) y[j * d + i] = (xr[i] * scale) * w[i];
-    for (int64_t b = threadIdx.x; b < d / 32; b += blockDim.x) {
-        const float *xb = xr + b * 32, *wb = w + b * 32;
-        q8_block_thread([&](int i) { return (xb[i] * scale) * wb[i]; }, j * (d / 32) + b, j * d + b * 32, xq);
+    const int lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
+    for (int64_t b = threadIdx.x / WARP; b < d / 32; b += nw) {
+        const int64_t i = b * 32 + lane;
+        const float v = (xr[i] * scale) * w[i];
+        y[j * d + i] = v;
+        q8_block(v, lane, j * (d / 32) + b, j * d + b * 32, xq);
     }
 }
 extern "C" int tn_cu_rmsnorm(const float *x, const int32_t *rows, float *y, const float *w, int64_t n, int64_t d, float eps,
@@ -1117,7 +1050,7 @@ extern "C" int tn_cu_swiglu(float *g, const float *u, int64_t n, void *stream) {
 
 /* gate and up side by side per token: gu[t] = [gate (ff) | up (ff)] -> h[t][i]; with xq.q != NULL
  * (ff % 32 == 0) also h quantized to q8 blocks, one warp per block */
-__global__ void k_swiglu_pair(const float *gu, float *h, int64_t n, int64_t ff, int il, tn_cq xq) {
+__global__ void k_swiglu_pair(const float *gu, float *h, int64_t n, int64_t ff, tn_cq xq) {
     gdc_enter();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (xq.q) { /* whole warps: n*ff is a multiple of 32 */
@@ -1126,17 +1059,16 @@ __global__ void k_swiglu_pair(const float *gu, float *h, int64_t n, int64_t ff, 
         return;
     }
     const int64_t t = i / ff, j = i % ff;
-    const int64_t gi = il ? (j / il) * 2 * il + j % il : j, ui = il ? gi + il : ff + j;
-    const float g = gu[t * 2 * ff + gi], u = gu[t * 2 * ff + ui];
+    const float g = gu[t * 2 * ff + j], u = gu[t * 2 * ff + ff + j];
     const float v = g / (1.0f + expf(-g)) * u;
     h[i] = v;
     if (xq.q) q8_block(v, threadIdx.x % WARP, i / 32, i - threadIdx.x % WARP, xq);
 }
-extern "C" int tn_cu_swiglu_pair(const float *gu, float *h, int64_t n, int64_t ff, int il, const tn_cq *xq, void *stream) {
+extern "C" int tn_cu_swiglu_pair(const float *gu, float *h, int64_t n, int64_t ff, const tn_cq *xq, void *stream) {
     if (n * ff == 0) return 0;
     const tn_cq none = {NULL, NULL, NULL};
-    if ((xq && ff % 32 != 0) || il < 0 || (il && ff % il != 0)) return (int)cudaErrorInvalidValue;
-    launch(k_swiglu_pair, (unsigned)((n * ff + 255) / 256), 256, 0, (cudaStream_t)stream, gu, h, n, ff, il, xq ? *xq : none);
+    if (xq && ff % 32 != 0) return (int)cudaErrorInvalidValue;
+    launch(k_swiglu_pair, (unsigned)((n * ff + 255) / 256), 256, 0, (cudaStream_t)stream, gu, h, n, ff, xq ? *xq : none);
     return tn_cu_err();
 }
 

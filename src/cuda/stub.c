@@ -66,9 +66,10 @@ tern_status tn_cuda_weight_dequant(tn_cuda_weight *w, float *out) {
     return tn_err(TERN_ERR_UNSUPPORTED, "cuda: this tern was built without CUDA");
 }
 
-void tn_cuda_test_gemv_launch(bool prefetch, int grid_cap) {
+void tn_cuda_test_gemv_launch(bool prefetch, int grid_cap, int rows) {
     TN_UNUSED(prefetch);
     TN_UNUSED(grid_cap);
+    TN_UNUSED(rows);
 }
 
 void tn_cuda_set_batch_invariant(tn_cuda_ctx *g, bool on) {

@@ -185,14 +185,14 @@ static void check_type(tn_dtype t, int64_t m, int64_t k, double *worst_gemv, dou
             free(qb);
         }
         assert_int_equal(tn_cuda_weight_matmul(cw, x, n, !gemm, y), TERN_OK);
-        if (!gemm) { /* 3 blocks in all, each walking its rows, after an L2 prefetch: the same bits */
+        if (!gemm) { /* 3 blocks in all, each walking its rows, after an L2 prefetch, two rows per warp: the same bits */
             float *y3 = malloc(sizeof(float) * (size_t)(n * m));
-            tn_cuda_test_gemv_launch(true, 3);
+            tn_cuda_test_gemv_launch(true, 3, 2);
             const tern_status st = tn_cuda_weight_matmul(cw, x, n, true, y3);
-            tn_cuda_test_gemv_launch(false, 0);
+            tn_cuda_test_gemv_launch(false, 0, 1);
             assert_int_equal(st, TERN_OK);
             if (memcmp(y3, y, sizeof(float) * (size_t)(n * m)) != 0)
-                fail_msg("%s m=%lld k=%lld n=%lld: a grid of 3 blocks walking the rows differs from a block per row group",
+                fail_msg("%s m=%lld k=%lld n=%lld: 3 blocks walking the rows, 2 rows per warp, differ from a block per row group",
                          tn_dtype_name(t), (long long)m, (long long)k, (long long)n);
             free(y3);
         }
@@ -231,6 +231,7 @@ static void check_type(tn_dtype t, int64_t m, int64_t k, double *worst_gemv, dou
 
 static void test_kernel_parity(void **state) {
     (void)state;
+    tn_cuda_test_gemv_launch(false, 0, 1); /* a block per row group, one row per warp; check_type also runs the others */
     tn_dtype types[16 + 64];
     int nt = 0;
     const tn_dtype ggml[] = {TN_F32, TN_F16, TN_BF16, TN_Q8_0, TN_Q4_0, TN_Q4_1, TN_Q5_0, TN_Q5_1, TN_Q4_K, TN_Q5_K, TN_Q6_K};
@@ -391,11 +392,11 @@ static void test_graph_equivalence(void **state) {
     free_pair(a, b, m);
 }
 
-/* One-token steps may fuse each RMSNorm into the GEMV after it, the SwiGLU into the gate|up GEMV
- * and RoPE + cache store into the attention kernel, launch GEMV grids of a few blocks per
- * multiprocessor that prefetch their weights, and let the small kernels trigger the next launch
- * early. Everything on (3 blocks per SM) against everything off (TERN_CUDA_FUSE=0,
- * TERN_CUDA_GEMV_BPS=0, TERN_CUDA_PREFETCH=0, TERN_CUDA_EARLY=0). The logits must be bit-identical, for code-path and float-path weights and
+/* One-token steps fuse RoPE + cache store into the attention kernel, run code-path GEMVs two rows
+ * per warp, launch GEMV grids that prefetch their weights (here also capped at 3 blocks per
+ * multiprocessor, each walking its rows) and let the small kernels trigger the next launch
+ * early. All of that against all off (TERN_CUDA_FUSE=0, TERN_CUDA_GEMV_BPS=0,
+ * TERN_CUDA_PREFETCH=0, TERN_CUDA_EARLY=0, TERN_CUDA_GEMV_ROWS=1). The logits must be bit-identical, for code-path and float-path weights and
  * outputs, biases (qwen2) and per-head norms (qwen3). The contexts run one after the other: the
  * launch settings are process-wide. */
 static void decode_logits(const tern_model *m, int32_t nv, int steps, float *out) {
@@ -413,7 +414,7 @@ static void decode_logits(const tern_model *m, int32_t nv, int steps, float *out
 static void test_fusion_equivalence(void **state) {
     (void)state;
     const char *off[] = {"TERN_CUDA_FUSE", "TERN_CUDA_GEMV_BPS", "TERN_CUDA_PREFETCH", "TERN_CUDA_EARLY"};
-    const char *on[] = {"TERN_CUDA_FUSE_NORM", "TERN_CUDA_FUSE_GLU", "TERN_CUDA_FUSE_ROPE", "TERN_CUDA_PREFETCH", "TERN_CUDA_EARLY"};
+    const char *on[] = {"TERN_CUDA_FUSE_ROPE", "TERN_CUDA_PREFETCH", "TERN_CUDA_EARLY"};
     struct {
         const char *arch;
         tn_dtype w, out;
@@ -434,18 +435,21 @@ static void test_fusion_equivalence(void **state) {
         const int32_t nv = (int32_t)cfg.n_vocab;
         const int steps = 6;
         float *a = malloc(sizeof(float) * (size_t)nv * steps), *b = malloc(sizeof(float) * (size_t)nv * steps);
-        for (size_t i = 0; i < sizeof on / sizeof on[0]; i++) setenv(on[i], "1", 1); /* every fusion, 3 blocks per SM */
+        for (size_t i = 0; i < sizeof on / sizeof on[0]; i++) setenv(on[i], "1", 1); /* all on, 3 blocks per SM, 2 rows */
         setenv("TERN_CUDA_GEMV_BPS", "3", 1);
+        setenv("TERN_CUDA_GEMV_ROWS", "2", 1);
         decode_logits(m, nv, steps, a);
         for (size_t i = 0; i < sizeof on / sizeof on[0]; i++) unsetenv(on[i]);
         for (size_t i = 0; i < sizeof off / sizeof off[0]; i++) setenv(off[i], "0", 1);
+        setenv("TERN_CUDA_GEMV_ROWS", "1", 1);
         decode_logits(m, nv, steps, b);
         for (size_t i = 0; i < sizeof off / sizeof off[0]; i++) unsetenv(off[i]);
+        unsetenv("TERN_CUDA_GEMV_ROWS");
         for (int step = 0; step < steps; step++)
             if (memcmp(a + (size_t)step * nv, b + (size_t)step * nv, sizeof(float) * (size_t)nv) != 0)
-                fail_msg("%s %s (output %s): step %d: fused / prefetching launches and separate kernels give different logits",
+                fail_msg("%s %s (output %s): step %d: fused / paired / prefetching launches and plain kernels give different logits",
                          cfg.arch, tn_dtype_name(cfg.wtype), tn_dtype_name(cfg.out_type), step);
-        printf("  %-6s %-9s output %-5s: %d decode steps bit-identical with and without the fused norms and prefetch\n", cfg.arch,
+        printf("  %-6s %-9s output %-5s: %d decode steps bit-identical with and without the fusion, row pairs and prefetch\n", cfg.arch,
                tn_dtype_name(cfg.wtype), tn_dtype_name(cfg.out_type), steps);
         free(a), free(b);
         tern_model_free(m);
