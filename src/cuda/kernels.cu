@@ -263,6 +263,16 @@ __device__ __forceinline__ void gemv_rows(int64_t m, int rpb, int align, int64_t
     *rg1 = min(nrg, *rg0 + per);
 }
 
+/* acc + da * (one chunk's dot product: d sq - off d sa, d sq + m sa (asymmetric) or d sq (q8_0))
+ * in explicitly rounded operations: the compiler may not contract them differently in different
+ * kernels, so every GEMV variant (token tiles, one token, two rows per warp) gives the same bits. */
+template <int KIND, bool ASYM>
+__device__ __forceinline__ float chunk_acc(float acc, float da, float d, float m, int sq, float sa, float off) {
+    if (KIND == 2) return __fmaf_rn(__fmul_rn(da, d), (float)sq, acc);
+    if (ASYM) return __fmaf_rn(da, __fmaf_rn(d, (float)sq, __fmul_rn(m, sa)), acc);
+    return __fmaf_rn(__fmul_rn(da, d), __fmaf_rn(-off, sa, (float)sq), acc);
+}
+
 /* The end of a one-token step of a GEMV warp that computed R rows at once (k_gemv_code with R > 1):
  * row0 + r for r < R, each reduced exactly as gemv_finish reduces a token (the warp's butterfly,
  * then the parts of the row in part order), so its bits are those of the row computed alone. */
@@ -344,9 +354,7 @@ __global__ void __launch_bounds__(GEMV_WARPS_MAX * WARP, R == 1 ? GEMV_MIN_BLOCK
 #pragma unroll
                         for (int g = 0; g < 8; g++) sq = dp4a_us(q[r][g], a[g], sq);
                     }
-                    if (KIND == 2) acc[r] += da * d * (float)sq;
-                    else if (ASYM) acc[r] += da * (d * (float)sq + m * sa);
-                    else acc[r] += da * d * ((float)sq - off * sa);
+                    acc[r] = chunk_acc<KIND, ASYM>(acc[r], da, d, m, sq, sa, off);
                 }
             }
             gemv_finish_rows<R>(acc, wpr, row0, w.m, y, bias, accumulate);
@@ -392,9 +400,7 @@ __global__ void __launch_bounds__(GEMV_WARPS_MAX * WARP, R == 1 ? GEMV_MIN_BLOCK
                     }
                     const float da = xd[tt * nc + ci];
                     const float sa = (float)xs[tt * nc + ci];
-                    if (KIND == 2) acc[t] += da * d * (float)sq;
-                    else if (ASYM) acc[t] += da * (d * (float)sq + m * sa);
-                    else acc[t] += da * d * ((float)sq - off * sa);
+                    acc[t] = chunk_acc<KIND, ASYM>(acc[t], da, d, m, sq, sa, off);
                 }
             }
             gemv_finish(acc, nt, wpr, valid, row, t0, y, ldy, bias, accumulate);
