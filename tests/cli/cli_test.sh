@@ -146,6 +146,12 @@ grep -q "blk.0.attn_q.weight" "$TMP/out" && grep -q "bits per weight" "$TMP/out"
 expect 0 "bench json" -- "$TERN" bench -m "$MODEL" -p 16 -n 4 -r 1 -o json --no-roofline
 grep -q '"avg_ts"' "$TMP/out" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL: bench json lacks avg_ts"; }
 expect 64 "bench -r 0" -- "$TERN" bench -m "$MODEL" -r 0
+expect 0 "bench -d (tests after a filled cache)" -- "$TERN" bench -m "$MODEL" -d 24 -p 8 -n 4 -r 1 -o json --no-roofline
+[ "$(grep -c '"n_depth": 24,' "$TMP/out")" = 2 ] && grep -q '"n_prompt": 8,' "$TMP/out" && grep -q '"n_gen": 4,' "$TMP/out" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL: bench -d 24 rows lack n_depth 24"; cat "$TMP/out"; }
+expect 0 "bench -d md" -- "$TERN" bench -m "$MODEL" -d 24 -p 8 -n 4 -r 1 --no-roofline
+grep -q "pp8 @ d24" "$TMP/out" && grep -q "tg4 @ d24" "$TMP/out" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL: bench -d table lacks the @ d24 tests"; }
+expect 64 "bench -d -1" -- "$TERN" bench -m "$MODEL" -d -1
+expect_err "-d needs a number" "bench -d -1 says why"
 # SIGPIPE: reader closes early; tern exits quietly (0 or 141), no error spam
 "$TERN" generate -m "$MODEL" -p "the" -n 64 --temp 0 2>"$TMP/err" | head -c1 >/dev/null
 rc=${PIPESTATUS[0]}

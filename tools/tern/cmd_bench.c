@@ -54,8 +54,8 @@ typedef struct {
 } peaks;
 
 typedef struct {
-    char test[32];
-    int n_prompt, n_gen;
+    char test[48];
+    int n_prompt, n_gen, n_depth;
     double mean, sd;
     double rate;     /* tg: GB/s of weights; pp: GOP/s of matrix work */
     double pct_roof; /* of the read bandwidth (tg) / compute peak (pp); 0 = not measured */
@@ -82,6 +82,7 @@ typedef struct {
 
 typedef struct {
     int64_t n_prompt, n_gen, reps, threads, n_batch;
+    int64_t n_depth; /* -d: tokens in the cache before each test (llama-bench's -d), filled once */
     bool no_repack;
     int32_t device, ngl; /* --device cuda: the GPU's peaks replace the CPU's (gpu_peaks) */
     const tn_cli_lora *lora; /* --lora: adapters applied in the plain CPU bench (paths, scales)     */
@@ -198,7 +199,7 @@ static int bench_model(const char *path, const bench_opts *o, const peaks *pk, b
     tern_ctx_params cp;
     tern_ctx_params_init(&cp);
     if (o->threads) cp.n_threads = (int32_t)o->threads;
-    cp.n_ctx = (int32_t)(o->n_prompt + o->n_gen + 1);
+    cp.n_ctx = (int32_t)(o->n_depth + o->n_prompt + o->n_gen + 1);
     cp.n_batch = (int32_t)o->n_batch;
     cp.device = o->device;
     cp.n_gpu_layers = o->ngl;
@@ -223,8 +224,8 @@ static int bench_model(const char *path, const bench_opts *o, const peaks *pk, b
         fprintf(stderr, "tern bench: with adapters%s\n", desc);
     }
     const int32_t nv = tern_model_n_vocab(m);
-    const int64_t nmax = o->n_prompt > o->n_gen ? o->n_prompt : o->n_gen;
-    tern_token *toks = malloc((size_t)(nmax + 1) * sizeof *toks);
+    const int64_t nmax = o->n_prompt > o->n_gen ? o->n_prompt : o->n_gen, depth = o->n_depth;
+    tern_token *toks0 = malloc((size_t)(depth + nmax + 1) * sizeof *toks0), *toks = toks0 ? toks0 + depth : NULL;
     double *tv = malloc((size_t)o->reps * sizeof *tv), *bw = calloc((size_t)o->reps, sizeof *bw);
     /* no memory for the read passes: tokens/s without the tg roofline */
     tn_read_probe *probe = pk && o->n_gen > 0 ? tn_read_probe_new(cp.n_threads, BENCH_BW_NEAR_BYTES) : NULL;
@@ -232,15 +233,19 @@ static int bench_model(const char *path, const bench_opts *o, const peaks *pk, b
         fprintf(stderr, "tern bench: no memory for the %zu MiB read passes; tg roofline not measured\n",
                 BENCH_BW_NEAR_BYTES >> 20);
     if (!toks || !tv || !bw) {
-        free(toks), free(tv), free(bw), tn_read_probe_free(probe);
+        free(toks0), free(tv), free(bw), tn_read_probe_free(probe);
         for (int i = 0; i < lora.n; i++) tern_lora_free(lora.a[i]);
         tern_ctx_free(c), tern_model_free(m);
         return tn_cli_fail(TERN_ERR_NOMEM, "benchmark buffers");
     }
     uint64_t x = 12345;
-    for (int64_t i = 0; i <= nmax; i++) {
+    for (int64_t i = 0; i <= depth + nmax; i++) {
         x = x * 6364136223846793005ULL + 1442695040888963407ULL;
-        toks[i] = (tern_token)((x >> 33) % (uint64_t)nv);
+        toks0[i] = (tern_token)((x >> 33) % (uint64_t)nv);
+    }
+    if (depth > 0) { /* the cache filled once; every repetition truncates back to it */
+        fprintf(stderr, "tern bench: filling the cache with %lld tokens\n", (long long)depth);
+        s = tern_decode(c, toks0, (int32_t)depth);
     }
     snprintf(mi->desc, sizeof mi->desc, "%s", tern_model_desc(m));
     mi->size = (double)tern_model_size_bytes(m);
@@ -275,14 +280,14 @@ static int bench_model(const char *path, const bench_opts *o, const peaks *pk, b
         if (test == 1 && c->moe_count)
             for (int32_t il = 0; il < mi->n_layer; il++) touched0[il] = c->moe_touched[il], tokens0[il] = c->moe_tokens[il];
         for (int64_t r = -1; r < o->reps && !s; r++) { /* r = -1 is the warm-up */
-            tern_ctx_truncate(c, 0);
+            tern_ctx_truncate(c, (int32_t)depth);
             double t0 = tn_cli_now(), dt = 0;
             if (test == 0) {
                 s = tern_decode(c, toks, (int32_t)n);
                 dt = tn_cli_now() - t0;
             } else {
-                s = tern_decode(c, toks, 1); /* first token; llama-bench's tg also starts from an empty cache */
-                tern_ctx_truncate(c, 0);
+                s = tern_decode(c, toks, 1); /* first token; llama-bench's tg also starts from an empty cache (or -d) */
+                tern_ctx_truncate(c, (int32_t)depth);
                 const bool probing = probe && r >= 0;
                 double bws = probing ? tn_read_probe_gbs(probe) : 0;
                 int nbw = probing;
@@ -314,9 +319,11 @@ static int bench_model(const char *path, const bench_opts *o, const peaks *pk, b
             if (counted == mi->n_layer) mi->measured_bytes = mi->tok_bytes = b;
         }
         bench_row *row = &rows[(*nrows)++];
-        snprintf(row->test, sizeof row->test, "%s%lld", test ? "tg" : "pp", (long long)n);
+        if (depth) snprintf(row->test, sizeof row->test, "%s%lld @ d%lld", test ? "tg" : "pp", (long long)n, (long long)depth);
+        else snprintf(row->test, sizeof row->test, "%s%lld", test ? "tg" : "pp", (long long)n);
         row->n_prompt = test ? 0 : (int)n;
         row->n_gen = test ? (int)n : 0;
+        row->n_depth = (int)depth;
         stats(tv, (int)o->reps, &row->mean, &row->sd);
         row->bw_during = 0;
         if (test == 1) {
@@ -344,7 +351,7 @@ static int bench_model(const char *path, const bench_opts *o, const peaks *pk, b
     tn_cli_hot_experts_report(c);
     free(slice), free(touched0), free(tokens0);
     if (s) free(mi->usage), mi->usage = NULL;
-    free(toks), free(tv), free(bw), tn_read_probe_free(probe);
+    free(toks0), free(tv), free(bw), tn_read_probe_free(probe);
     for (int i = 0; i < lora.n; i++) tern_lora_free(lora.a[i]);
     tern_ctx_free(c);
     tern_model_free(m);
@@ -683,7 +690,7 @@ out:
 
 int cmd_bench(int argc, char **argv) {
     const char *model_path = NULL, *fmt = "md";
-    bench_opts o = {512, 128, 5, 0, 512, false, TERN_DEVICE_CPU, -1, NULL, 0, 0, 0};
+    bench_opts o = {512, 128, 5, 0, 512, 0, false, TERN_DEVICE_CPU, -1, NULL, 0, 0, 0};
     tn_cli_lora lora = {0};
     o.lora = &lora;
     int dv;
@@ -695,11 +702,12 @@ int cmd_bench(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: tern bench -m model.gguf [-p 512] [-n 128] [-r 5] [-t N] [-b 512] [-o md|json] [--no-roofline]\n"
+            printf("usage: tern bench -m model.gguf [-p 512] [-n 128] [-d 0] [-r 5] [-t N] [-b 512] [-o md|json] [--no-roofline]\n"
                    "       [--no-repack] [--device cpu|cuda] [-ngl N] [--lora FILE[:S]]... [-ctk T] [-ctv T]\n"
                    "       tern bench --sweep-bits -m model-f16.gguf [--group 64] [--sym] [-n 128] [-p 0] ...\n"
                    "       tern bench -m model.gguf --spec ngram | --draft small.gguf [--draft-max 8] [--draft-p-min P] [--spec-prompt FILE] [-n 128] [-r 5]\n"
                    "  -p N  prompt tokens (pp test; 0 = skip)   -n N  generated tokens (tg test; 0 = skip)\n"
+                   "  -d N  tokens already in the cache before each test (as llama-bench's -d; filled once, not timed)\n"
                    "  -r N  repetitions                           -o    output format\n"
                    "  --no-repack   keep q4_0/q8_0/q4_K/q5_K/q6_K/tq weights in the file layout (default: interleaved at load)\n"
                    "  --lora FILE[:S]  bench with a LoRA adapter applied (scale S, default 1; repeatable; --lora-scaled FILE S)\n"
@@ -715,6 +723,7 @@ int cmd_bench(int argc, char **argv) {
         i++;                                                                                                           \
     }
         NUM("-p", o.n_prompt, 0, 1 << 20)
+        NUM("-d", o.n_depth, 0, 1 << 20)
         NUM("-n", o.n_gen, 0, 1 << 20)
         NUM("-r", o.reps, 1, 1000)
         NUM("-t", o.threads, 1, 1024)
@@ -782,9 +791,9 @@ int cmd_bench(int argc, char **argv) {
         printf("[\n");
         for (int i = 0; i < nrows; i++) {
             printf("  {\"model_filename\": \"%s\", \"model_type\": \"%s\", \"model_size\": %.0f, \"model_n_params\": %.0f, "
-                   "\"n_threads\": %d, \"n_batch\": %lld, \"n_prompt\": %d, \"n_gen\": %d, \"avg_ts\": %.6f, \"stddev_ts\": %.6f, "
-                   "\"bytes_per_token\": %.0f, \"%s\": %.3f, \"roofline_pct\": %.2f, \"read_bw_during_gbs\": %.3f, ",
-                   model_path, mi.desc, mi.size, mi.params, mi.threads, (long long)o.n_batch, rows[i].n_prompt, rows[i].n_gen,
+                   "\"n_threads\": %d, \"n_batch\": %lld, \"n_prompt\": %d, \"n_gen\": %d, \"n_depth\": %d, \"avg_ts\": %.6f, "
+                   "\"stddev_ts\": %.6f, \"bytes_per_token\": %.0f, \"%s\": %.3f, \"roofline_pct\": %.2f, \"read_bw_during_gbs\": %.3f, ",
+                   model_path, mi.desc, mi.size, mi.params, mi.threads, (long long)o.n_batch, rows[i].n_prompt, rows[i].n_gen, rows[i].n_depth,
                    rows[i].mean, rows[i].sd, mi.tok_bytes, rows[i].n_gen ? "gbs" : "gops", rows[i].rate, rows[i].pct_roof,
                    rows[i].bw_during);
             print_peaks_json(&pk);
