@@ -256,9 +256,9 @@ __device__ __forceinline__ void gemv_finish(const float (&acc)[NT], int nt, int 
 /* The rows of a GEMV block: row groups [*rg0, *rg1) of rpb rows each, contiguous, so that the
  * block's weights are one range of bytes (prefetched before the wait). A grid of fewer blocks than
  * row groups (tn_cu_configure's blocks per SM) walks them in turn; a row's arithmetic is the same
- * whichever block and pass computes it. A block's range is a multiple of align row groups. */
-__device__ __forceinline__ void gemv_rows(int64_t m, int rpb, int align, int64_t *rg0, int64_t *rg1) {
-    const int64_t nrg = (m + rpb - 1) / rpb, per = ((nrg + gridDim.x - 1) / gridDim.x + align - 1) / align * align;
+ * whichever block and pass computes it. */
+__device__ __forceinline__ void gemv_rows(int64_t m, int rpb, int64_t *rg0, int64_t *rg1) {
+    const int64_t nrg = (m + rpb - 1) / rpb, per = (nrg + gridDim.x - 1) / gridDim.x;
     *rg0 = min(nrg, (int64_t)blockIdx.x * per);
     *rg1 = min(nrg, *rg0 + per);
 }
@@ -314,7 +314,7 @@ __global__ void __launch_bounds__(GEMV_WARPS_MAX * WARP, R == 1 ? GEMV_MIN_BLOCK
     const int64_t nc = w.k / 32, nbr = w.k / w.group;
     const int cpb = w.group / 32;
     int64_t rg0, rg1;
-    gemv_rows(w.m, rpb, 1, &rg0, &rg1);
+    gemv_rows(w.m, rpb, &rg0, &rg1);
     if (d_prefetch && rg0 < rg1) {
         const int64_t r0 = rg0 * rpb, nr = min(w.m, rg1 * rpb) - r0;
         prefetch_l2((const uint8_t *)w.data + r0 * (int64_t)w.row_bytes, (size_t)(nr * (int64_t)w.row_bytes));
@@ -515,7 +515,7 @@ __global__ void __launch_bounds__(GEMV_WARPS_MAX * WARP, GEMV_MIN_BLOCKS)
     k_gemv_float(tn_cw w, const float *x, int64_t ldx, int n, float *y, int64_t ldy, const float *bias, int accumulate, int wpr) {
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, part = warp % wpr, rpb = GEMV_WARPS_MAX / wpr;
     int64_t rg0, rg1;
-    gemv_rows(w.m, rpb, 1, &rg0, &rg1);
+    gemv_rows(w.m, rpb, &rg0, &rg1);
     if (d_prefetch && rg0 < rg1) {
         const int64_t r0 = rg0 * rpb, nr = min(w.m, rg1 * rpb) - r0;
         prefetch_l2((const uint8_t *)w.data + r0 * (int64_t)w.row_bytes, (size_t)(nr * (int64_t)w.row_bytes));
