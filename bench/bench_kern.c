@@ -6,6 +6,7 @@
  *   bench_kern [--m M] [--k K] [--n N] [--threads T] [--types q4_0,q4_K,...] [--isa avx2,...]
  *              [--dram-mb MB] [--quick]
  *   bench_kern --iq [--m M] [--k K] [--n N] [--types iq2_xxs,...] [--quick]
+ *   bench_kern --attn [--ctx T] [--types f16,q8_0,q4_0] [--isa scalar,avx2,avx512] [--quick]
  *
  * --iq: the codebook i-quants (iq2_xxs ... iq1_m), one thread, old path against new in the same
  * process: prefill as the row-by-row vec_dot loop (tn_gemm_by_vec_dot, what prefill did before
@@ -13,6 +14,12 @@
  * decode (n = 1) as the avx2 vec_dot against the avx512 table's, over m rows. The two are timed
  * alternately, each call on its own, best of several; only their ratio is printed (a shared
  * machine's absolute numbers are noise, the ratio of two interleaved bests much less so).
+ *
+ * --attn: decode attention over a cache of --ctx T positions (default 8192), one thread, every
+ * K / V cache type pair (f16 / f16 through the plain kernel, the rest through attn_q): one call is
+ * one layer of the 1B-class model (32 query heads of 64 over 8 kv heads, the f16 accumulator of
+ * decode), the calls cycle through 16 layers' caches (DRAM, as decode at that length reads them).
+ * Printed: microseconds per layer, nanoseconds per key and query head, GB/s of K / V bytes read.
  *
  * --isa defaults to avx2,avx512 (add scalar to time the references' GEMV too).
  *
@@ -252,13 +259,78 @@ static int bench_iq(const bench_opts *o, const float *xf, uint8_t *mem, float *y
 }
 
 
+/* ---- --attn: decode attention per cache type ------------------------------------------------------ */
+
+static int bench_attn(const bench_opts *o, int64_t T) {
+    const int64_t hd = 64, nh = 32, nkv = 8, rep = nh / nkv, ld = nkv * hd, L = 16;
+    static const int32_t types[] = {TN_F16, TN_Q8_0, TN_Q4_0};
+    const int reps = o->quick ? 3 : 8;
+    float *q = malloc((size_t)(nh * hd) * 4), *out = malloc((size_t)(nh * hd) * 4), *scr = malloc((size_t)(nh * hd) * 8);
+    float *row = malloc((size_t)ld * 4);
+    int32_t *blocks = malloc((size_t)((T + 15) / 16) * sizeof *blocks);
+    if (!q || !out || !scr || !row || !blocks) return 1;
+    for (int64_t i = 0; i < nh * hd; i++) q[i] = sinf((float)i * 0.91f);
+    for (int64_t j = 0; j < (T + 15) / 16; j++) blocks[j] = (int32_t)j;
+    printf("decode attention, 1 thread, %lld positions, 32 heads of 64 over 8 kv heads, %lld layers cycled; "
+           "best of %d passes\n", (long long)T, (long long)L, reps);
+    printf("%-5s %-5s %-7s | %9s | %12s | %8s\n", "K", "V", "isa", "us/layer", "ns/key/head", "KV GB/s");
+    for (int ik = 0; ik < 3; ik++)
+        for (int iv = 0; iv < 3; iv++) {
+            const int32_t tk = types[ik], tv = types[iv];
+            if (!listed(o->types, tn_dtype_name((uint32_t)tk)) && !listed(o->types, tn_dtype_name((uint32_t)tv))) continue;
+            const size_t krb = tn_dtype_row_size((tn_dtype)tk, ld), vrb = tn_dtype_row_size((tn_dtype)tv, ld);
+            const size_t lb = (krb + vrb) * (size_t)T;
+            uint8_t *kv = aligned_alloc(64, (lb * (size_t)L + 63) / 64 * 64);
+            if (!kv) return 1;
+            const tn_kern_table *ref = tn_kern_at(TN_ISA_SCALAR);
+            for (int64_t l = 0; l < L; l++)
+                for (int64_t t = 0; t < T; t++) {
+                    uint8_t *K = kv + (size_t)l * lb + (size_t)t * krb, *V = kv + (size_t)l * lb + (size_t)T * krb + (size_t)t * vrb;
+                    for (int64_t i = 0; i < ld; i++) row[i] = sinf((float)(t * ld + i) * 0.37f + (float)l);
+                    ref->slot[tk].from_float(row, K, ld);
+                    for (int64_t i = 0; i < ld; i++) row[i] = cosf((float)(t * ld + i) * 0.29f + (float)l);
+                    ref->slot[tv].from_float(row, V, ld);
+                }
+            for (int a = 0; a < (int)TN_ISA_COUNT; a++) {
+                const tn_kern_table *tab = tn_kern_at((tn_isa)a);
+                if (!tab || !listed(o->isas, tn_isa_name((tn_isa)a))) continue;
+                const bool plain = tk == TN_F16 && tv == TN_F16;
+                double best = 1e30;
+                for (int r = 0; r < reps; r++)
+                    for (int64_t l = 0; l < L; l++) {
+                        const uint8_t *K = kv + (size_t)l * lb, *V = K + (size_t)T * krb;
+                        const double t0 = tn_time_s();
+                        for (int64_t g = 0; g < nkv; g++) {
+                            const size_t ko = tn_dtype_row_size((tn_dtype)tk, g * hd), vo = tn_dtype_row_size((tn_dtype)tv, g * hd);
+                            if (plain)
+                                tab->attn(hd, T, rep, rep, q + g * rep * hd, (const uint16_t *)(K + ko), (const uint16_t *)(V + vo),
+                                          ld, blocks, 16, 0.125f, true, out + g * rep * hd, scr);
+                            else
+                                tab->attn_q(hd, T, rep, rep, q + g * rep * hd, tk, K + ko, krb, tv, V + vo, vrb, blocks, 16,
+                                            0.125f, 0.0f, true, out + g * rep * hd, scr);
+                        }
+                        const double s = tn_time_s() - t0;
+                        if (s < best) best = s;
+                    }
+                printf("%-5s %-5s %-7s | %9.1f | %12.2f | %8.1f\n", tn_dtype_name((uint32_t)tk), tn_dtype_name((uint32_t)tv),
+                       tn_isa_name(plain ? tab->attn_isa : tab->attn_q_isa), best * 1e6, best * 1e9 / (double)(T * nh),
+                       (double)lb / best / 1e9);
+                if (a == (int)TN_ISA_SCALAR) continue;
+            }
+            free(kv);
+        }
+    free(q), free(out), free(scr), free(row), free(blocks);
+    return 0;
+}
+
 static const tn_dtype bench_types[] = {TN_F32,  TN_F16,  TN_BF16, TN_Q8_0, TN_Q4_0, TN_Q4_1, TN_Q5_0,
                                        TN_Q5_1, TN_Q2_K, TN_Q3_K, TN_Q4_K, TN_Q5_K, TN_Q6_K};
 
 int main(int argc, char **argv) {
     bench_opts o = {.m = 4096, .k = 4096, .n = 128, .threads_max = 2, .dram_bytes = 512ll << 20,
                     .isas = "avx2,avx512"};
-    int iq_mode = 0;
+    int iq_mode = 0, attn_mode = 0;
+    int64_t ctx = 8192;
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : "";
         if (!strcmp(argv[i], "--m")) o.m = atoll(v), i++;
@@ -270,11 +342,20 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--isa")) snprintf(o.isas, sizeof o.isas, "%s", v), i++;
         else if (!strcmp(argv[i], "--quick")) o.quick = 1;
         else if (!strcmp(argv[i], "--iq")) iq_mode = 1;
+        else if (!strcmp(argv[i], "--attn")) attn_mode = 1;
+        else if (!strcmp(argv[i], "--ctx")) ctx = atoll(v), i++;
         else {
             fprintf(stderr, "usage: %s [--m M] [--k K] [--n N] [--threads T] [--types a,b] [--isa a,b] "
-                            "[--dram-mb MB] [--quick] [--iq]\n", argv[0]);
+                            "[--dram-mb MB] [--quick] [--iq] [--attn [--ctx T]]\n", argv[0]);
             return 2;
         }
+    }
+    if (attn_mode) {
+        if (ctx < 1) {
+            fprintf(stderr, "bench_kern: --ctx must be >= 1\n");
+            return 2;
+        }
+        return bench_attn(&o, ctx);
     }
     if (iq_mode) o.dram_bytes = 0; /* the i-quant comparison reads one matrix: no DRAM working set */
     if (o.k % QK_K || o.m < 1 || o.n < 1 || o.threads_max < 1) {

@@ -1,22 +1,42 @@
 /*
  * attn_q.c (avx512) — attention over a quantized KV cache (contract: kern.h tn_attn_q_fn; reference:
- * scalar/attn.c tn_k_attn_q__scalar). The query heads that share a kv head go through the keys
- * together: each K row's q8_0 / q4_0 blocks are widened once per head's integer dot (32 int8 x int8
- * products by VPMADDWD, summed exactly), each V block is dequantized once into two vectors and
- * accumulated into every head of the group. The arithmetic is the reference's step by step (the
- * integer block sums are exact, the per-block float products and their sum in the same order, the
- * softmax with expf / tanhf per key, V dequantized as value * d, then one fused multiply-add), so a
- * quantized K gives the reference's bits; an f16 K's dot product is summed 16 lanes at a time
- * (order differs: parity-tested with a tolerance).
+ * scalar/attn.c tn_k_attn_q__scalar), built as the f16 kernel (attn.c) is: the query heads that
+ * share a kv head go through the keys together, 16 keys at a time, their H x hd / 16 accumulators
+ * of 16 floats in registers while V is added:
+ *   - scores, quantized K: each 32-value block of a key is widened to int16 once (q8_0 sign-
+ *     extended; q4_0 nibbles minus 8) and multiplied into every head's q8_0 query block by
+ *     VPMADDWD; the 16 (key, head) vectors of a block are summed exactly by one integer transposing
+ *     tree, then the block sums go through the reference's float arithmetic in its order (q8_0:
+ *     sumi * (d_K d_q), q4_0: (sumi d_K) d_q, blocks added from the first): the reference's scores
+ *     bit for bit. An f16 K is converted once per key and dotted with the (acc16: f16-rounded)
+ *     query in floats, 16 dot products summed by vmath.h's tree (order differs from the reference);
+ *   - softmax, per chunk of 16 keys (flash attention's update): a chunk whose maximum exceeds the
+ *     running one rescales the accumulators and the sum once, by exp(Mold - M); each key weighs
+ *     exp(s - M) through one vector exp (tn_exp512); the sum is kept in 16 lanes. The reference
+ *     rescales at every new maximum and calls expf per key;
+ *   - V: per key, each 16 values dequantized once (value * d, the dequantizers' arithmetic; an f16
+ *     V converted) and added into every head with one fused multiply-add; the accumulator is f32
+ *     for a quantized V, and f16-rounded after every update for an f16 V with acc16.
+ * A cache row holds every kv head, so one kv head's K / V slices are a strided read: the rows two
+ * chunks ahead are prefetched in software. Parity with the reference: tests/attn/test_attn_q.c
+ * (the f16 kernel's tolerances). Speed per cache type: bench_kern --attn; docs/kv-cache.md.
  */
 #include <immintrin.h>
 #include <math.h>
 
 #include "core/fp16.h"
+#include "kern/avx512/vmath.h"
 #include "kern/kern.h"
 #include "quant/quant.h"
 
-#define TN_AQ_MAXH 8 /* query heads of one kv group per pass */
+void tn_k_attn_q__scalar(int64_t hd, int64_t T, int64_t nh, int64_t rep, const float *q, int32_t tk, const void *K,
+                         size_t k_rb, int32_t tv, const void *V, size_t v_rb, const int32_t *blocks, int64_t block_rows,
+                         float scale, float cap, bool acc16, float *out, float *scratch);
+
+#define W 16
+#define TN_AQ_AHEAD 2 /* chunks of W keys prefetched ahead */
+#define LOADH(P) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(P)))
+#define R16(X) _mm512_cvtph_ps(_mm512_cvtps_ph((X), _MM_FROUND_TO_NEAREST_INT)) /* round to f16 and back */
 
 /* Byte offset of kv head g (hd values of type t) in a row. */
 static inline size_t tn_aq_head_off(int32_t t, int64_t hd, int64_t g) {
@@ -24,142 +44,282 @@ static inline size_t tn_aq_head_off(int32_t t, int64_t hd, int64_t g) {
          : t == TN_Q4_0 ? (size_t)(g * hd / 32) * sizeof(block_q4_0) : (size_t)(g * hd) * 2;
 }
 
-/* 32 int8 x int8 products of one block, summed (exact). */
-static inline int tn_aq_isum(__m256i a8, __m256i b8) {
-    return _mm512_reduce_add_epi32(_mm512_madd_epi16(_mm512_cvtepi8_epi16(a8), _mm512_cvtepi8_epi16(b8)));
+/* rows[i] = the cache row of position t0 + i, i < n (one division per call: tn_kv_row divides per key). */
+static inline void tn_aq_rows(const int32_t *blocks, int64_t block_rows, int64_t t0, int n, int64_t *rows) {
+    if (!blocks) {
+        for (int i = 0; i < n; i++) rows[i] = t0 + i;
+        return;
+    }
+    int64_t bi = t0 / block_rows, off = t0 % block_rows;
+    for (int i = 0; i < n; i++) {
+        rows[i] = (int64_t)blocks[bi] * block_rows + off;
+        if (++off == block_rows) off = 0, bi++;
+    }
 }
 
-static inline float tn_aq_dot_q8(const block_q8_0 *k, const block_q8_0 *x, int64_t nb) {
-    float sumf = 0;
-    for (int64_t i = 0; i < nb; i++) {
-        const int sumi = tn_aq_isum(_mm256_loadu_si256((const __m256i *)k[i].qs), _mm256_loadu_si256((const __m256i *)x[i].qs));
-        const float d = tn_fp16_to_fp32(k[i].d) * tn_fp16_to_fp32(x[i].d);
-        sumf += (float)sumi * d;
-    }
-    return sumf;
+/* The 32 values of a K block as int16: q8_0 sign-extended; q4_0 nibbles minus 8 (the low nibbles
+ * are values 0..15, the high ones 16..31). */
+static inline __m512i tn_aq_k8(const block_q8_0 *b) { return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)b->qs)); }
+static inline __m512i tn_aq_k4(const block_q4_0 *b) {
+    const __m128i x = _mm_loadu_si128((const __m128i *)b->qs), m4 = _mm_set1_epi8(0x0F), e8 = _mm_set1_epi8(8);
+    const __m128i lo = _mm_sub_epi8(_mm_and_si128(x, m4), e8), hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(x, 4), m4), e8);
+    return _mm512_cvtepi8_epi16(_mm256_set_m128i(hi, lo));
 }
 
-static inline float tn_aq_dot_q4(const block_q4_0 *k, const block_q8_0 *x, int64_t nb) {
-    float sumf = 0;
-    const __m128i m4 = _mm_set1_epi8(0x0F), e8 = _mm_set1_epi8(8);
-    for (int64_t i = 0; i < nb; i++) {
-        const __m128i b = _mm_loadu_si128((const __m128i *)k[i].qs);
-        const __m128i lo = _mm_sub_epi8(_mm_and_si128(b, m4), e8), hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(b, 4), m4), e8);
-        const int sumi = tn_aq_isum(_mm256_set_m128i(hi, lo), _mm256_loadu_si256((const __m256i *)x[i].qs));
-        const float dk = (float)sumi * tn_fp16_to_fp32(k[i].d);
-        sumf += dk * tn_fp16_to_fp32(x[i].d);
+/* Lane i = the sum of the 16 int32 lanes of v[i]: vmath.h's tn_sum16 in integers (exact). */
+static inline __m512i tn_isum16(const __m512i *v) {
+    __m512i t[8], u[4];
+    for (int i = 0; i < 8; i++)
+        t[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; i++) {
+        const __m512 a = _mm512_castsi512_ps(t[2 * i]), b = _mm512_castsi512_ps(t[2 * i + 1]);
+        u[i] = _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(a, b, 0x44)), _mm512_castps_si512(_mm512_shuffle_ps(a, b, 0xEE)));
     }
-    return sumf;
+    const __m512i w0 = _mm512_add_epi32(_mm512_shuffle_i32x4(u[0], u[1], 0x88), _mm512_shuffle_i32x4(u[0], u[1], 0xDD));
+    const __m512i w1 = _mm512_add_epi32(_mm512_shuffle_i32x4(u[2], u[3], 0x88), _mm512_shuffle_i32x4(u[2], u[3], 0xDD));
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(w0, w1, 0x88), _mm512_shuffle_i32x4(w0, w1, 0xDD));
 }
 
-static inline float tn_aq_dot_f16(const uint16_t *k, const float *q, int64_t hd) {
-    __m512 a = _mm512_setzero_ps();
-    for (int64_t i = 0; i < hd; i += 16)
-        a = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k + i))), _mm512_loadu_ps(q + i), a);
-    return _mm512_reduce_add_ps(a);
+/* The query of H heads as the dot products use it: quantized K: each head's q8_0 blocks widened to
+ * int16 (qw) and their scales (dq); f16 K: the floats, f16-rounded with acc16 (qf). */
+typedef struct {
+    _Alignas(64) int16_t qw[8][8][32]; /* [head][block][value]  */
+    float dq[8][8];                    /* [head][block]         */
+    _Alignas(64) float dql[8][W];      /* [block][lane u H + h] = dq[h][block] */
+    _Alignas(64) float qf[8][256];     /* [head][value]         */
+} tn_aq_query;
+
+/* dv[h] = 16 floats whose sum is head h's q . k for the f16 K row k (converted once for the H heads). */
+static inline __attribute__((always_inline)) void tn_aq_dots(const int NB, const int H, const uint8_t *k,
+                                                             const tn_aq_query *Q, __m512 *dv) {
+    __m512 kb[16];
+    for (int b = 0; b < NB; b++) kb[b] = LOADH((const uint16_t *)k + b * W);
+    for (int h = 0; h < H; h++) {
+        __m512 sv = _mm512_mul_ps(kb[0], _mm512_load_ps(Q->qf[h]));
+        for (int b = 1; b < NB; b++) sv = _mm512_fmadd_ps(kb[b], _mm512_load_ps(Q->qf[h] + b * W), sv);
+        dv[h] = sv;
+    }
 }
 
-/* V values 16 * j .. 16 * j + 15 of the row v (type tv) as floats: value * d as the dequantizers do. */
-static inline __m512 tn_aq_v16(int32_t tv, const uint8_t *v, int64_t j) {
-    if (tv == TN_Q8_0) {
-        const block_q8_0 *b = (const block_q8_0 *)v + j / 2;
-        const __m512 x = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b->qs + 16 * (j & 1)))));
-        return _mm512_mul_ps(x, _mm512_set1_ps(tn_fp16_to_fp32(b->d)));
-    }
-    if (tv == TN_Q4_0) {
-        const block_q4_0 *b = (const block_q4_0 *)v + j / 2;
-        __m128i n = _mm_loadu_si128((const __m128i *)b->qs);
-        if (j & 1) n = _mm_srli_epi16(n, 4);
-        n = _mm_sub_epi8(_mm_and_si128(n, _mm_set1_epi8(0x0F)), _mm_set1_epi8(8));
-        return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(n)), _mm512_set1_ps(tn_fp16_to_fp32(b->d)));
-    }
-    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)v + 16 * j)));
-}
-
-/* H query heads (q, out, scratch consecutive per head) over one kv head's rows. hd % 16 == 0. */
-static void tn_aq_group(int64_t hd, int64_t T, int64_t H, const float *q, int32_t tk, const uint8_t *K, size_t k_rb,
-                        int32_t tv, const uint8_t *V, size_t v_rb, const int32_t *blocks, int64_t block_rows,
-                        float scale, float cap, bool acc16, float *out, float *scratch) {
-    const bool vacc16 = acc16 && tv == TN_F16;
-    float M[TN_AQ_MAXH], S[TN_AQ_MAXH], ms[TN_AQ_MAXH], vs[TN_AQ_MAXH];
-    for (int64_t h = 0; h < H; h++) {
-        float *qv = scratch + 2 * hd * h, *acc = qv + hd;
-        if (tk == TN_F16)
-            for (int64_t i = 0; i < hd; i++) qv[i] = acc16 ? tn_fp16_to_fp32(tn_fp32_to_fp16(q[h * hd + i])) : q[h * hd + i];
-        else
-            tn_quantize_row_q8_0_act(q + h * hd, (block_q8_0 *)qv, hd);
-        for (int64_t i = 0; i < hd; i++) acc[i] = 0.0f;
-        M[h] = -INFINITY, S[h] = 0.0f;
-    }
-    for (int64_t t = 0; t < T; t++) {
-        const int64_t row = tn_kv_row(blocks, block_rows, t);
-        const uint8_t *k = K + (size_t)row * k_rb, *v = V + (size_t)row * v_rb;
-        if (t + 1 < T) { /* the next rows: their first lines */
-            const int64_t nx = tn_kv_row(blocks, block_rows, t + 1);
-            __builtin_prefetch(K + (size_t)nx * k_rb, 0, 3);
-            __builtin_prefetch(V + (size_t)nx * v_rb, 0, 3);
-        }
-        for (int64_t h = 0; h < H; h++) {
-            float *qv = scratch + 2 * hd * h, *acc = qv + hd;
-            float s = tk == TN_Q8_0 ? tn_aq_dot_q8((const block_q8_0 *)k, (const block_q8_0 *)qv, hd / 32)
-                    : tk == TN_Q4_0 ? tn_aq_dot_q4((const block_q4_0 *)k, (const block_q8_0 *)qv, hd / 32)
-                                    : tn_aq_dot_f16((const uint16_t *)k, qv, hd);
-            s *= scale;
-            if (cap > 0) s = cap * tanhf(s);
-            ms[h] = 1.0f, vs[h] = 1.0f;
-            if (s > M[h]) { /* new maximum: rescale what was accumulated */
-                const float Mold = M[h];
-                M[h] = s;
-                ms[h] = expf(Mold - s);
-                const __m512 m = _mm512_set1_ps(ms[h]);
-                for (int64_t i = 0; i < hd; i += 16) {
-                    __m512 a = _mm512_mul_ps(_mm512_loadu_ps(acc + i), m);
-                    if (vacc16) a = _mm512_cvtph_ps(_mm512_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT));
-                    _mm512_storeu_ps(acc + i, a);
-                }
+/* Scores of a quantized K for KU = 16 / H keys (rows kr[u], u < n live) x H heads, lane u H + h:
+ * per block, 16 VPMADDWD vectors summed exactly by one integer tree, then the reference's float
+ * arithmetic on the block sums in its order (q8_0: sumi * (d_K d_q); q4_0: (sumi d_K) d_q; blocks
+ * added in order from 0) — the reference's bits. */
+static inline __attribute__((always_inline)) __m512 tn_aq_qdots(const int NB, const int H, int32_t tk,
+                                                                const uint8_t *const *kr, int n, const tn_aq_query *Q) {
+    const int NQ = NB / 2, KU = W / H;
+    const __m512i lane_key = _mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                               H == 8 ? 3 : H == 4 ? 2 : H == 2 ? 1 : 0);
+    __m512 s = _mm512_setzero_ps();
+    for (int j = 0; j < NQ; j++) {
+        __m512i p[W];
+        _Alignas(32) uint16_t dh[W] = {0};
+        for (int u = 0; u < KU; u++) {
+            if (u < n) {
+                __m512i kw;
+                if (tk == TN_Q8_0) kw = tn_aq_k8((const block_q8_0 *)kr[u] + j), dh[u] = ((const block_q8_0 *)kr[u])[j].d;
+                else kw = tn_aq_k4((const block_q4_0 *)kr[u] + j), dh[u] = ((const block_q4_0 *)kr[u])[j].d;
+                for (int h = 0; h < H; h++) p[u * H + h] = _mm512_madd_epi16(kw, _mm512_load_si512((const void *)Q->qw[h][j]));
             } else {
-                vs[h] = expf(s - M[h]);
-            }
-            S[h] = S[h] * ms[h] + vs[h];
-        }
-        for (int64_t j = 0; j < hd / 16; j++) {
-            const __m512 x = tn_aq_v16(tv, v, j);
-            for (int64_t h = 0; h < H; h++) {
-                float *acc = scratch + 2 * hd * h + hd + 16 * j;
-                __m512 a = _mm512_fmadd_ps(x, _mm512_set1_ps(vs[h]), _mm512_loadu_ps(acc));
-                if (vacc16) a = _mm512_cvtph_ps(_mm512_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT));
-                _mm512_storeu_ps(acc, a);
+                for (int h = 0; h < H; h++) p[u * H + h] = _mm512_setzero_si512();
             }
         }
+        const __m512 isum = _mm512_cvtepi32_ps(tn_isum16(p));
+        const __m512 dk = _mm512_permutexvar_ps(lane_key, _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)dh)));
+        const __m512 dq = _mm512_load_ps(Q->dql[j]);
+        s = _mm512_add_ps(s, tk == TN_Q8_0 ? _mm512_mul_ps(isum, _mm512_mul_ps(dk, dq)) : _mm512_mul_ps(_mm512_mul_ps(isum, dk), dq));
     }
-    for (int64_t h = 0; h < H; h++) {
-        const float *acc = scratch + 2 * hd * h + hd;
-        const float inv = S[h] == 0.0f ? 0.0f : 1.0f / S[h];
-        for (int64_t i = 0; i < hd; i++) out[h * hd + i] = acc[i] * inv;
+    return s;
+}
+
+/* vb[b] = V values 16 b .. 16 b + 15 of the row v as floats: value * d as the dequantizers do. */
+static inline __attribute__((always_inline)) void tn_aq_vrow(const int NB, int32_t tv, const uint8_t *v, __m512 *vb) {
+    if (tv == TN_Q8_0) {
+        for (int j = 0; j < NB / 2; j++) {
+            const block_q8_0 *b = (const block_q8_0 *)v + j;
+            const __m512 d = _mm512_set1_ps(_cvtsh_ss(b->d));
+            vb[2 * j] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b->qs))), d);
+            vb[2 * j + 1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b->qs + 16)))), d);
+        }
+    } else if (tv == TN_Q4_0) {
+        const __m128i m4 = _mm_set1_epi8(0x0F), e8 = _mm_set1_epi8(8);
+        for (int j = 0; j < NB / 2; j++) {
+            const block_q4_0 *b = (const block_q4_0 *)v + j;
+            const __m512 d = _mm512_set1_ps(_cvtsh_ss(b->d));
+            const __m128i x = _mm_loadu_si128((const __m128i *)b->qs);
+            const __m128i lo = _mm_sub_epi8(_mm_and_si128(x, m4), e8), hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(x, 4), m4), e8);
+            vb[2 * j] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), d);
+            vb[2 * j + 1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), d);
+        }
+    } else {
+        for (int b = 0; b < NB; b++) vb[b] = LOADH((const uint16_t *)v + 16 * b);
     }
 }
 
-void tn_k_attn_q__scalar(int64_t hd, int64_t T, int64_t nh, int64_t rep, const float *q, int32_t tk, const void *K,
-                         size_t k_rb, int32_t tv, const void *V, size_t v_rb, const int32_t *blocks, int64_t block_rows,
-                         float scale, float cap, bool acc16, float *out, float *scratch);
+/* H heads (H * NB <= 16 accumulators of 16 floats in registers; NB = hd / 16) over one kv head's
+ * rows: K, V point at the kv head's first block in row 0. The type branches sit outside the
+ * unrolled loops (one predictable branch per key), so the accumulators stay in registers. */
+static inline __attribute__((always_inline)) void tn_aq_heads(const int NB, const int H, int32_t tk, int32_t tv,
+                                                              int64_t T, const tn_aq_query *Q, const uint8_t *K,
+                                                              size_t k_rb, const uint8_t *V, size_t v_rb,
+                                                              const int32_t *blocks, int64_t block_rows, float scale,
+                                                              float cap, bool acc16, float *out) {
+    const int NQ = NB / 2, KU = W / H; /* 32-value blocks per head; keys per tree of 16 dot products */
+    const bool vacc16 = acc16 && tv == TN_F16;
+    const size_t kb_last = (tk == TN_Q8_0 ? (size_t)NQ * sizeof(block_q8_0) : tk == TN_Q4_0 ? (size_t)NQ * sizeof(block_q4_0)
+                                                                                          : (size_t)NB * 32) - 1;
+    const size_t vb_last = (tv == TN_Q8_0 ? (size_t)NQ * sizeof(block_q8_0) : tv == TN_Q4_0 ? (size_t)NQ * sizeof(block_q4_0)
+                                                                                          : (size_t)NB * 32) - 1;
+    _Alignas(64) float accm[16][W]; /* the accumulators between chunks: in registers only for the V
+                                      * updates (the scores' 16 vectors and their tree need the rest) */
+    float M[8];
+    __m512 Sv[8]; /* per head: the softmax denominator, 16 partial sums */
+    for (int i = 0; i < H * NB; i++) _mm512_store_ps(accm[i], _mm512_setzero_ps());
+    for (int h = 0; h < H; h++) M[h] = -INFINITY, Sv[h] = _mm512_setzero_ps();
+    for (int64_t t0 = 0; t0 < T; t0 += W) {
+        const int nt = T - t0 < W ? (int)(T - t0) : W;
+        int64_t rows[W];
+        tn_aq_rows(blocks, block_rows, t0, nt, rows);
+        /* the rows TN_AQ_AHEAD chunks ahead, every line of the kv head's K and V (a row holds every
+         * kv head: one head's slice is a strided read the hardware prefetchers do not follow) */
+        if (t0 + TN_AQ_AHEAD * W < T) {
+            int64_t ahead[W];
+            const int na = T - (t0 + TN_AQ_AHEAD * W) < W ? (int)(T - (t0 + TN_AQ_AHEAD * W)) : W;
+            tn_aq_rows(blocks, block_rows, t0 + TN_AQ_AHEAD * W, na, ahead);
+            for (int i = 0; i < na; i++) {
+                const uint8_t *pk = K + (size_t)ahead[i] * k_rb, *pv = V + (size_t)ahead[i] * v_rb;
+                __builtin_prefetch(pk, 0, 3), __builtin_prefetch(pk + kb_last, 0, 3);
+                __builtin_prefetch(pv, 0, 3), __builtin_prefetch(pv + vb_last, 0, 3);
+            }
+        }
+        _Alignas(64) float sc[8][W];
+        for (int i0 = 0; i0 < nt; i0 += KU) { /* KU keys x H heads: 16 dot products, summed at once */
+            __m512 sv;
+            if (tk == TN_F16) {
+                __m512 dv[W];
+                for (int u = 0; u < KU; u++) {
+                    if (i0 + u < nt) tn_aq_dots(NB, H, K + (size_t)rows[i0 + u] * k_rb, Q, dv + u * H);
+                    else
+                        for (int h = 0; h < H; h++) dv[u * H + h] = _mm512_setzero_ps();
+                }
+                sv = tn_sum16(dv);
+            } else {
+                const uint8_t *kr[W];
+                for (int u = 0; u < KU; u++) kr[u] = K + (size_t)rows[i0 + u < nt ? i0 + u : i0] * k_rb;
+                sv = tn_aq_qdots(NB, H, tk, kr, nt - i0, Q);
+            }
+            _Alignas(64) float r[W];
+            sv = _mm512_mul_ps(sv, _mm512_set1_ps(scale));
+            if (cap > 0) sv = _mm512_mul_ps(_mm512_set1_ps(cap), tn_tanh512(sv));
+            _mm512_store_ps(r, sv);
+            for (int u = 0; u < KU; u++)
+                for (int h = 0; h < H; h++) sc[h][i0 + u] = r[u * H + h];
+        }
+        /* softmax, per chunk (flash attention's update): a chunk whose maximum exceeds the running
+         * one rescales the accumulators and the sum once, by exp(Mold - M); each key weighs
+         * exp(s - M); the keys past the end weigh 0 */
+        _Alignas(64) float e[8][W];
+        const __mmask16 live = (__mmask16)(nt == W ? 0xFFFF : (1u << nt) - 1);
+        for (int h = 0; h < H; h++) {
+            const __m512 s = _mm512_mask_load_ps(_mm512_set1_ps(-INFINITY), live, sc[h]);
+            const float m = _mm512_reduce_max_ps(s);
+            if (m > M[h]) {
+                const __m512 vms = _mm512_set1_ps(expf(M[h] - m));
+                M[h] = m;
+                Sv[h] = _mm512_mul_ps(Sv[h], vms);
+                for (int b = 0; b < NB; b++) {
+                    __m512 a = _mm512_mul_ps(_mm512_load_ps(accm[h * NB + b]), vms);
+                    if (vacc16) a = R16(a);
+                    _mm512_store_ps(accm[h * NB + b], a);
+                }
+            }
+            const __m512 ev = _mm512_maskz_mov_ps(live, tn_exp512(_mm512_sub_ps(s, _mm512_set1_ps(M[h]))));
+            Sv[h] = _mm512_add_ps(Sv[h], ev);
+            _mm512_store_ps(e[h], ev);
+        }
+        __m512 acc[16];
+        for (int i = 0; i < H * NB; i++) acc[i] = _mm512_load_ps(accm[i]);
+        for (int i = 0; i < nt; i++) {
+            __m512 vb[16];
+            tn_aq_vrow(NB, tv, V + (size_t)rows[i] * v_rb, vb);
+            if (vacc16) {
+                for (int h = 0; h < H; h++)
+                    for (int b = 0; b < NB; b++) acc[h * NB + b] = R16(_mm512_fmadd_ps(vb[b], _mm512_set1_ps(e[h][i]), acc[h * NB + b]));
+            } else {
+                for (int h = 0; h < H; h++)
+                    for (int b = 0; b < NB; b++) acc[h * NB + b] = _mm512_fmadd_ps(vb[b], _mm512_set1_ps(e[h][i]), acc[h * NB + b]);
+            }
+        }
+        for (int i = 0; i < H * NB; i++) _mm512_store_ps(accm[i], acc[i]);
+    }
+    for (int h = 0; h < H; h++) {
+        const float S = _mm512_reduce_add_ps(Sv[h]);
+        const __m512 inv = _mm512_set1_ps(S == 0.0f ? 0.0f : 1.0f / S);
+        for (int b = 0; b < NB; b++) _mm512_storeu_ps(out + (h * NB + b) * W, _mm512_mul_ps(_mm512_load_ps(accm[h * NB + b]), inv));
+    }
+}
 
 static void tn_k_attn_q__avx512(int64_t hd, int64_t T, int64_t nh, int64_t rep, const float *q, int32_t tk, const void *K,
                                 size_t k_rb, int32_t tv, const void *V, size_t v_rb, const int32_t *blocks,
                                 int64_t block_rows, float scale, float cap, bool acc16, float *out, float *scratch) {
-    if (hd % 16) { /* only an f16 pair can have such heads; the reference takes them */
+    if (hd % 32 || hd > 256) { /* only an f16 pair can have heads that are not whole blocks; the reference */
         tn_k_attn_q__scalar(hd, T, nh, rep, q, tk, K, k_rb, tv, V, v_rb, blocks, block_rows, scale, cap, acc16, out, scratch);
         return;
     }
     const float sc = cap > 0 ? scale / cap : scale;
-    for (int64_t j0 = 0; j0 < nh;) { /* heads j0 .. j1 - 1 share kv head j0 / rep */
+    const int nb = (int)(hd / W), hmax = 16 / nb < 8 ? 16 / nb : 8;
+    for (int64_t j0 = 0; j0 < nh;) { /* heads j0 .. j0 + H - 1 share kv head j0 / rep */
         const int64_t g = j0 / rep;
-        int64_t j1 = (g + 1) * rep;
-        if (j1 > nh) j1 = nh;
-        if (j1 - j0 > TN_AQ_MAXH) j1 = j0 + TN_AQ_MAXH;
-        tn_aq_group(hd, T, j1 - j0, q + j0 * hd, tk, (const uint8_t *)K + tn_aq_head_off(tk, hd, g), k_rb, tv,
-                    (const uint8_t *)V + tn_aq_head_off(tv, hd, g), v_rb, blocks, block_rows, sc, cap, acc16,
-                    out + j0 * hd, scratch + 2 * hd * j0);
-        j0 = j1;
+        int64_t left = (g + 1) * rep < nh ? (g + 1) * rep - j0 : nh - j0; /* heads left in this kv group */
+        int H = hmax;
+        while (H > 1 && H > left) H /= 2;
+        _Alignas(64) tn_aq_query Q;
+        for (int h = 0; h < H; h++) {
+            const float *qh = q + (j0 + h) * hd;
+            if (tk == TN_F16) {
+                for (int64_t i = 0; i < hd; i += W) {
+                    const __m512 v = _mm512_loadu_ps(qh + i);
+                    _mm512_store_ps(Q.qf[h] + i, acc16 ? R16(v) : v);
+                }
+            } else {
+                block_q8_0 qb[8];
+                tn_quantize_row_q8_0_act(qh, qb, hd);
+                for (int j = 0; j < nb / 2; j++) {
+                    _mm512_store_si512((void *)Q.qw[h][j], _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)qb[j].qs)));
+                    Q.dq[h][j] = tn_fp16_to_fp32(qb[j].d);
+                }
+            }
+        }
+        if (tk != TN_F16)
+            for (int j = 0; j < nb / 2; j++)
+                for (int l = 0; l < W; l++) Q.dql[j][l] = Q.dq[l % H][j];
+        const uint8_t *Kg = (const uint8_t *)K + tn_aq_head_off(tk, hd, g), *Vg = (const uint8_t *)V + tn_aq_head_off(tv, hd, g);
+        float *o = out + j0 * hd;
+#define TN_AQ_CALL(NB_, H_) tn_aq_heads(NB_, H_, tk, tv, T, &Q, Kg, k_rb, Vg, v_rb, blocks, block_rows, sc, cap, acc16, o)
+        if (nb == 2) {
+            if (H == 8) TN_AQ_CALL(2, 8);
+            else if (H == 4) TN_AQ_CALL(2, 4);
+            else if (H == 2) TN_AQ_CALL(2, 2);
+            else TN_AQ_CALL(2, 1);
+        } else if (nb == 4) {
+            if (H == 4) TN_AQ_CALL(4, 4);
+            else if (H == 2) TN_AQ_CALL(4, 2);
+            else TN_AQ_CALL(4, 1);
+        } else if (nb == 8) {
+            if (H == 2) TN_AQ_CALL(8, 2);
+            else TN_AQ_CALL(8, 1);
+        } else if (nb == 16) {
+            TN_AQ_CALL(16, 1);
+        } else { /* hd 96, 160, ...: 6 / 10 / 12 / 14 vectors a head */
+            if (nb == 6 && H == 2) TN_AQ_CALL(6, 2);
+            else if (nb == 6) TN_AQ_CALL(6, 1);
+            else if (nb == 10) TN_AQ_CALL(10, 1);
+            else if (nb == 12) TN_AQ_CALL(12, 1);
+            else TN_AQ_CALL(14, 1);
+        }
+#undef TN_AQ_CALL
+        (void)scratch;
+        j0 += H;
     }
 }
 
