@@ -82,6 +82,19 @@ static inline int64_t tn_kv_row(const int32_t *blocks, int64_t block_rows, int64
     return blocks ? (int64_t)blocks[t / block_rows] * block_rows + t % block_rows : t;
 }
 
+/* rows[i] = tn_kv_row(blocks, block_rows, t0 + i) for i < n, with one division (not one a key). */
+static inline void tn_kv_rows(const int32_t *blocks, int64_t block_rows, int64_t t0, int n, int64_t *rows) {
+    if (!blocks) {
+        for (int i = 0; i < n; i++) rows[i] = t0 + i;
+        return;
+    }
+    int64_t bi = t0 / block_rows, off = t0 % block_rows;
+    for (int i = 0; i < n; i++) {
+        rows[i] = (int64_t)blocks[bi] * block_rows + off;
+        if (++off == block_rows) off = 0, bi++;
+    }
+}
+
 /* SwiGLU in place: g[i] = silu(g[i]) * u[i] = g[i] / (1 + exp(-g[i])) * u[i], i < n. The reference
  * (scalar/attn.c) uses libm's expf; vector versions an exp within 2 ulp (parity-tested). */
 typedef void (*tn_swiglu_fn)(float *g, const float *u, int64_t n);

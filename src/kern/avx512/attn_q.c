@@ -44,19 +44,6 @@ static inline size_t tn_aq_head_off(int32_t t, int64_t hd, int64_t g) {
          : t == TN_Q4_0 ? (size_t)(g * hd / 32) * sizeof(block_q4_0) : (size_t)(g * hd) * 2;
 }
 
-/* rows[i] = the cache row of position t0 + i, i < n (one division per call: tn_kv_row divides per key). */
-static inline void tn_aq_rows(const int32_t *blocks, int64_t block_rows, int64_t t0, int n, int64_t *rows) {
-    if (!blocks) {
-        for (int i = 0; i < n; i++) rows[i] = t0 + i;
-        return;
-    }
-    int64_t bi = t0 / block_rows, off = t0 % block_rows;
-    for (int i = 0; i < n; i++) {
-        rows[i] = (int64_t)blocks[bi] * block_rows + off;
-        if (++off == block_rows) off = 0, bi++;
-    }
-}
-
 /* The 32 values of a K block as int16: q8_0 sign-extended; q4_0 nibbles minus 8 (the low nibbles
  * are values 0..15, the high ones 16..31). */
 static inline __m512i tn_aq_k8(const block_q8_0 *b) { return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)b->qs)); }
@@ -179,13 +166,13 @@ static inline __attribute__((always_inline)) void tn_aq_heads(const int NB, cons
     for (int64_t t0 = 0; t0 < T; t0 += W) {
         const int nt = T - t0 < W ? (int)(T - t0) : W;
         int64_t rows[W];
-        tn_aq_rows(blocks, block_rows, t0, nt, rows);
+        tn_kv_rows(blocks, block_rows, t0, nt, rows);
         /* the rows TN_AQ_AHEAD chunks ahead, every line of the kv head's K and V (a row holds every
          * kv head: one head's slice is a strided read the hardware prefetchers do not follow) */
         if (t0 + TN_AQ_AHEAD * W < T) {
             int64_t ahead[W];
             const int na = T - (t0 + TN_AQ_AHEAD * W) < W ? (int)(T - (t0 + TN_AQ_AHEAD * W)) : W;
-            tn_aq_rows(blocks, block_rows, t0 + TN_AQ_AHEAD * W, na, ahead);
+            tn_kv_rows(blocks, block_rows, t0 + TN_AQ_AHEAD * W, na, ahead);
             for (int i = 0; i < na; i++) {
                 const uint8_t *pk = K + (size_t)ahead[i] * k_rb, *pv = V + (size_t)ahead[i] * v_rb;
                 __builtin_prefetch(pk, 0, 3), __builtin_prefetch(pk + kb_last, 0, 3);
