@@ -82,6 +82,13 @@ static inline int64_t tn_kv_row(const int32_t *blocks, int64_t block_rows, int64
     return blocks ? (int64_t)blocks[t / block_rows] * block_rows + t % block_rows : t;
 }
 
+/* Byte offset of kv head g in a K / V cache row of type t (TN_F16, TN_Q8_0, TN_Q4_0; hd values a
+ * head, whole blocks for the quantized types). */
+static inline size_t tn_kv_head_off(int32_t t, int64_t hd, int64_t g) {
+    const tn_dtype_traits *tr = tn_dtype_get((uint32_t)t);
+    return (size_t)(g * hd / tr->blck_size) * tr->type_size;
+}
+
 /* rows[i] = tn_kv_row(blocks, block_rows, t0 + i) for i < n, with one division (not one a key). */
 static inline void tn_kv_rows(const int32_t *blocks, int64_t block_rows, int64_t t0, int n, int64_t *rows) {
     if (!blocks) {
@@ -140,7 +147,8 @@ void tn_kern_register_avx512(tn_kern_table *t);
 void tn_kern_register_attn_scalar(tn_kern_table *t);
 void tn_kern_register_attn_avx2(tn_kern_table *t);
 void tn_kern_register_attn_avx512(tn_kern_table *t);
-/* Attention over a quantized KV cache (src/kern/avx512/attn_q.c); AVX2 keeps the reference. */
+/* Attention over a quantized KV cache (src/kern/avx2/attn_q.c, src/kern/avx512/attn_q.c). */
+void tn_kern_register_attn_q_avx2(tn_kern_table *t);
 void tn_kern_register_attn_q_avx512(tn_kern_table *t);
 
 /* tern any-bit (tq) kernels (src/kern/<isa>/tq.c); called after the ISA's main filler. */

@@ -27,6 +27,7 @@ static void tn_kern_build(void) {
         if (lvl >= TN_ISA_AVX2) {
             tn_kern_register_avx2(t);
             tn_kern_register_attn_avx2(t);
+            tn_kern_register_attn_q_avx2(t);
             tn_kern_register_tq_avx2(t);
         }
         if (lvl >= TN_ISA_AVX512) {

@@ -6,7 +6,8 @@
  *     stored, dequantized by quant.h's dequantizers (and the query as the kernel uses it: q8_0 of q,
  *     dequantized, for a quantized K; f16-rounded for an f16 K with acc16), the same bounds as
  *     test_attn.c (1e-5 relative with an f32 accumulator, 2^-10 sqrt(T + 1) with f16 V and acc16);
- *   - every ISA's kernel against the reference, the same bounds;
+ *   - every ISA's kernel against the reference, the same bounds; AVX2's with a quantized K bit for bit
+ *     (it follows the reference's arithmetic step by step);
  *   - soft-capped scores (cap 0.5) against the direct computation with the cap;
  *   - a paged cache (blocks of 4 rows in reverse order) gives exactly the contiguous result;
  *   - the q8_0 / q4_0 rows the kernels read are ggml's block layout: a row quantized by quant.h's
@@ -147,6 +148,12 @@ static void test_attn_q(void **state) {
                                     const tn_kern_table *kt = tn_kern_at((tn_isa)isa);
                                     if (!kt) continue;
                                     kt->attn_q(hd, T, nh, rep, q, tk, K.b, K.rb, tv, V.b, V.rb, NULL, 0, scale, cap, acc16, o, scr);
+                                    /* the AVX2 kernel follows the reference step by step: with a quantized K
+                                     * (integer block dots) its output is the reference's bits */
+                                    if (kt->attn_q_isa == TN_ISA_AVX2 && tk != TN_F16 && memcmp(o, o_ref, (size_t)(nh * hd) * 4))
+                                        fail_msg("avx2 K %s V %s hd=%lld T=%lld nh=%lld acc16=%d cap=%g: not the reference's bits",
+                                                 tn_dtype_name((uint32_t)tk), tn_dtype_name((uint32_t)tv), (long long)hd,
+                                                 (long long)T, (long long)nh, acc16, cap);
                                     for (int64_t i = 0; i < nh * hd; i++) {
                                         const double tol = f16acc ? ldexp(sqrt((double)T + 1), -10) : 1e-5 * (fabs(o_ref[i]) + 0.05);
                                         if (fabs(o[i] - o_ref[i]) > tol)

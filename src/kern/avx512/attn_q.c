@@ -38,11 +38,6 @@ void tn_k_attn_q__scalar(int64_t hd, int64_t T, int64_t nh, int64_t rep, const f
 #define LOADH(P) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(P)))
 #define R16(X) _mm512_cvtph_ps(_mm512_cvtps_ph((X), _MM_FROUND_TO_NEAREST_INT)) /* round to f16 and back */
 
-/* Byte offset of kv head g (hd values of type t) in a row. */
-static inline size_t tn_aq_head_off(int32_t t, int64_t hd, int64_t g) {
-    return t == TN_Q8_0 ? (size_t)(g * hd / 32) * sizeof(block_q8_0)
-         : t == TN_Q4_0 ? (size_t)(g * hd / 32) * sizeof(block_q4_0) : (size_t)(g * hd) * 2;
-}
 
 /* The 32 values of a K block as int16: q8_0 sign-extended; q4_0 nibbles minus 8 (the low nibbles
  * are values 0..15, the high ones 16..31). */
@@ -280,7 +275,7 @@ static void tn_k_attn_q__avx512(int64_t hd, int64_t T, int64_t nh, int64_t rep, 
         if (tk != TN_F16)
             for (int j = 0; j < nb / 2; j++)
                 for (int l = 0; l < W; l++) Q.dql[j][l] = Q.dq[l % H][j];
-        const uint8_t *Kg = (const uint8_t *)K + tn_aq_head_off(tk, hd, g), *Vg = (const uint8_t *)V + tn_aq_head_off(tv, hd, g);
+        const uint8_t *Kg = (const uint8_t *)K + tn_kv_head_off(tk, hd, g), *Vg = (const uint8_t *)V + tn_kv_head_off(tv, hd, g);
         float *o = out + j0 * hd;
 #define TN_AQ_CALL(NB_, H_) tn_aq_heads(NB_, H_, tk, tv, T, &Q, Kg, k_rb, Vg, v_rb, blocks, block_rows, sc, cap, acc16, o)
         if (nb == 2) {

@@ -109,11 +109,6 @@ static void tn_attn1_q(int64_t hd, int64_t T, const float *q, int32_t tk, const 
     for (int64_t i = 0; i < hd; i++) out[i] = acc[i] * inv;
 }
 
-/* Byte offset of kv head g (hd values of type t each) in a row. */
-static inline size_t tn_kv_head_off(int32_t t, int64_t hd, int64_t g) {
-    return t == TN_Q8_0 ? (size_t)(g * hd / 32) * sizeof(block_q8_0)
-         : t == TN_Q4_0 ? (size_t)(g * hd / 32) * sizeof(block_q4_0) : (size_t)(g * hd) * 2;
-}
 
 void tn_k_attn_q__scalar(int64_t hd, int64_t T, int64_t nh, int64_t rep, const float *q, int32_t tk, const void *K,
                          size_t k_rb, int32_t tv, const void *V, size_t v_rb, const int32_t *blocks, int64_t block_rows,
