@@ -23,7 +23,8 @@ P="once upon a time"
   --no-display-prompt > "$D/tern.txt" 2>"$D/tern.err" || { cat "$D/tern.err"; echo "FAIL: tern generate"; exit 1; }
 "$LL" -m "$D/base.gguf" --lora "$D/adapter.gguf" -p "$P" -n 24 --temp 0 --ignore-eos -t 1 -no-cnv \
   --no-display-prompt > "$D/llama.txt" 2>"$D/llama.err" </dev/null || { tail -5 "$D/llama.err"; echo "FAIL: $LL"; exit 1; }
-if cmp -s "$D/tern.txt" "$D/llama.txt"; then
+# the texts up to their trailing newlines (llama-completion 3f545bec ends its output with a blank line)
+if [ "$(cat "$D/tern.txt")" = "$(cat "$D/llama.txt")" ]; then
   echo "ok: tern and llama.cpp agree on 24 greedy tokens with the adapter"
   exit 0
 fi
