@@ -301,7 +301,7 @@ static int bench_attn(const bench_opts *o, int64_t T) {
                         const uint8_t *K = kv + (size_t)l * lb, *V = K + (size_t)T * krb;
                         const double t0 = tn_time_s();
                         for (int64_t g = 0; g < nkv; g++) {
-                            const size_t ko = tn_dtype_row_size((tn_dtype)tk, g * hd), vo = tn_dtype_row_size((tn_dtype)tv, g * hd);
+                            const size_t ko = tn_kv_head_off(tk, hd, g), vo = tn_kv_head_off(tv, hd, g);
                             if (plain)
                                 tab->attn(hd, T, rep, rep, q + g * rep * hd, (const uint16_t *)(K + ko), (const uint16_t *)(V + vo),
                                           ld, blocks, 16, 0.125f, true, out + g * rep * hd, scr);
@@ -315,7 +315,6 @@ static int bench_attn(const bench_opts *o, int64_t T) {
                 printf("%-5s %-5s %-7s | %9.1f | %12.2f | %8.1f\n", tn_dtype_name((uint32_t)tk), tn_dtype_name((uint32_t)tv),
                        tn_isa_name(plain ? tab->attn_isa : tab->attn_q_isa), best * 1e6, best * 1e9 / (double)(T * nh),
                        (double)lb / best / 1e9);
-                if (a == (int)TN_ISA_SCALAR) continue;
             }
             free(kv);
         }

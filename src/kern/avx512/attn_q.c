@@ -24,7 +24,6 @@
 #include <immintrin.h>
 #include <math.h>
 
-#include "core/fp16.h"
 #include "kern/avx512/vmath.h"
 #include "kern/kern.h"
 #include "quant/quant.h"
@@ -42,9 +41,14 @@ void tn_k_attn_q__scalar(int64_t hd, int64_t T, int64_t nh, int64_t rep, const f
 /* The 32 values of a K block as int16: q8_0 sign-extended; q4_0 nibbles minus 8 (the low nibbles
  * are values 0..15, the high ones 16..31). */
 static inline __m512i tn_aq_k8(const block_q8_0 *b) { return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)b->qs)); }
-static inline __m512i tn_aq_k4(const block_q4_0 *b) {
+/* A q4_0 block's values minus 8 as int8: *lo values 0..15 (low nibbles), *hi 16..31. */
+static inline void tn_aq_q4(const block_q4_0 *b, __m128i *lo, __m128i *hi) {
     const __m128i x = _mm_loadu_si128((const __m128i *)b->qs), m4 = _mm_set1_epi8(0x0F), e8 = _mm_set1_epi8(8);
-    const __m128i lo = _mm_sub_epi8(_mm_and_si128(x, m4), e8), hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(x, 4), m4), e8);
+    *lo = _mm_sub_epi8(_mm_and_si128(x, m4), e8), *hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(x, 4), m4), e8);
+}
+static inline __m512i tn_aq_k4(const block_q4_0 *b) {
+    __m128i lo, hi;
+    tn_aq_q4(b, &lo, &hi);
     return _mm512_cvtepi8_epi16(_mm256_set_m128i(hi, lo));
 }
 
@@ -63,11 +67,10 @@ static inline __m512i tn_isum16(const __m512i *v) {
 }
 
 /* The query of H heads as the dot products use it: quantized K: each head's q8_0 blocks widened to
- * int16 (qw) and their scales (dq); f16 K: the floats, f16-rounded with acc16 (qf). */
+ * int16 (qw) and their scales, laid out as the score lanes (dql); f16 K: the floats, f16-rounded with acc16 (qf). */
 typedef struct {
     _Alignas(64) int16_t qw[8][8][32]; /* [head][block][value]  */
-    float dq[8][8];                    /* [head][block]         */
-    _Alignas(64) float dql[8][W];      /* [block][lane u H + h] = dq[h][block] */
+    _Alignas(64) float dql[8][W];      /* [block][lane u H + h] = head h's scale of that block */
     _Alignas(64) float qf[8][256];     /* [head][value]         */
 } tn_aq_query;
 
@@ -124,12 +127,11 @@ static inline __attribute__((always_inline)) void tn_aq_vrow(const int NB, int32
             vb[2 * j + 1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b->qs + 16)))), d);
         }
     } else if (tv == TN_Q4_0) {
-        const __m128i m4 = _mm_set1_epi8(0x0F), e8 = _mm_set1_epi8(8);
         for (int j = 0; j < NB / 2; j++) {
             const block_q4_0 *b = (const block_q4_0 *)v + j;
             const __m512 d = _mm512_set1_ps(_cvtsh_ss(b->d));
-            const __m128i x = _mm_loadu_si128((const __m128i *)b->qs);
-            const __m128i lo = _mm_sub_epi8(_mm_and_si128(x, m4), e8), hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(x, 4), m4), e8);
+            __m128i lo, hi;
+            tn_aq_q4(b, &lo, &hi);
             vb[2 * j] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), d);
             vb[2 * j + 1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), d);
         }
@@ -146,12 +148,9 @@ static inline __attribute__((always_inline)) void tn_aq_heads(const int NB, cons
                                                               size_t k_rb, const uint8_t *V, size_t v_rb,
                                                               const int32_t *blocks, int64_t block_rows, float scale,
                                                               float cap, bool acc16, float *out) {
-    const int NQ = NB / 2, KU = W / H; /* 32-value blocks per head; keys per tree of 16 dot products */
+    const int KU = W / H; /* keys per tree of 16 dot products */
     const bool vacc16 = acc16 && tv == TN_F16;
-    const size_t kb_last = (tk == TN_Q8_0 ? (size_t)NQ * sizeof(block_q8_0) : tk == TN_Q4_0 ? (size_t)NQ * sizeof(block_q4_0)
-                                                                                          : (size_t)NB * 32) - 1;
-    const size_t vb_last = (tv == TN_Q8_0 ? (size_t)NQ * sizeof(block_q8_0) : tv == TN_Q4_0 ? (size_t)NQ * sizeof(block_q4_0)
-                                                                                          : (size_t)NB * 32) - 1;
+    const size_t kb_last = tn_kv_head_off(tk, NB * W, 1) - 1, vb_last = tn_kv_head_off(tv, NB * W, 1) - 1; /* a head's last byte */
     _Alignas(64) float accm[16][W]; /* the accumulators between chunks: in registers only for the V
                                       * updates (the scores' 16 vectors and their tree need the rest) */
     float M[8];
@@ -248,6 +247,7 @@ static void tn_k_attn_q__avx512(int64_t hd, int64_t T, int64_t nh, int64_t rep, 
         tn_k_attn_q__scalar(hd, T, nh, rep, q, tk, K, k_rb, tv, V, v_rb, blocks, block_rows, scale, cap, acc16, out, scratch);
         return;
     }
+    (void)scratch; /* the query and accumulators live on the stack */
     const float sc = cap > 0 ? scale / cap : scale;
     const int nb = (int)(hd / W), hmax = 16 / nb < 8 ? 16 / nb : 8;
     for (int64_t j0 = 0; j0 < nh;) { /* heads j0 .. j0 + H - 1 share kv head j0 / rep */
@@ -268,13 +268,10 @@ static void tn_k_attn_q__avx512(int64_t hd, int64_t T, int64_t nh, int64_t rep, 
                 tn_quantize_row_q8_0_act(qh, qb, hd);
                 for (int j = 0; j < nb / 2; j++) {
                     _mm512_store_si512((void *)Q.qw[h][j], _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)qb[j].qs)));
-                    Q.dq[h][j] = tn_fp16_to_fp32(qb[j].d);
+                    for (int l = h; l < W; l += H) Q.dql[j][l] = _cvtsh_ss(qb[j].d);
                 }
             }
         }
-        if (tk != TN_F16)
-            for (int j = 0; j < nb / 2; j++)
-                for (int l = 0; l < W; l++) Q.dql[j][l] = Q.dq[l % H][j];
         const uint8_t *Kg = (const uint8_t *)K + tn_kv_head_off(tk, hd, g), *Vg = (const uint8_t *)V + tn_kv_head_off(tv, hd, g);
         float *o = out + j0 * hd;
 #define TN_AQ_CALL(NB_, H_) tn_aq_heads(NB_, H_, tk, tv, T, &Q, Kg, k_rb, Vg, v_rb, blocks, block_rows, sc, cap, acc16, o)
@@ -300,7 +297,6 @@ static void tn_k_attn_q__avx512(int64_t hd, int64_t T, int64_t nh, int64_t rep, 
             else TN_AQ_CALL(14, 1);
         }
 #undef TN_AQ_CALL
-        (void)scratch;
         j0 += H;
     }
 }
