@@ -16,13 +16,17 @@ struct tn_imatrix {
     char **names;
     int64_t *ne0;
     float **vals;
+    float **counts;  /* [n_mat] rounded row counts per entry */
+    int64_t *n_mat;
     uint32_t chunk_count, chunk_size;
     char *dataset;
 };
 
 void tn_imatrix_free(tn_imatrix *m) {
     if (!m) return;
-    for (size_t i = 0; i < m->n; i++) tn_free(m->names[i]), tn_free(m->vals[i]);
+    for (size_t i = 0; i < m->n; i++) tn_free(m->names[i]), tn_free(m->vals[i]), tn_free(m->counts[i]);
+    tn_free(m->counts);
+    tn_free(m->n_mat);
     tn_free(m->names);
     tn_free(m->ne0);
     tn_free(m->vals);
@@ -40,7 +44,9 @@ tern_status tn_imatrix_load(const char *path, tn_imatrix **out) {
     m->names = tn_calloc(g->n_tensors + 1, sizeof *m->names);
     m->ne0 = tn_calloc(g->n_tensors + 1, sizeof *m->ne0);
     m->vals = tn_calloc(g->n_tensors + 1, sizeof *m->vals);
-    if (!m->names || !m->ne0 || !m->vals) goto nomem;
+    m->counts = tn_calloc(g->n_tensors + 1, sizeof *m->counts);
+    m->n_mat = tn_calloc(g->n_tensors + 1, sizeof *m->n_mat);
+    if (!m->names || !m->ne0 || !m->vals || !m->counts || !m->n_mat) goto nomem;
     tn_gguf_get_u32(g, "imatrix.chunk_count", false, &m->chunk_count);
     tn_gguf_get_u32(g, "imatrix.chunk_size", false, &m->chunk_size);
     const tn_gguf_kv *ds = NULL;
@@ -71,7 +77,9 @@ tern_status tn_imatrix_load(const char *path, tn_imatrix **out) {
         size_t k = m->n;
         m->names[k] = tn_malloc(len - 7);
         m->vals[k] = tn_malloc((size_t)ne0 * sizeof(float));
-        if (!m->names[k] || !m->vals[k]) {
+        m->n_mat[k] = row == ne0 ? 1 : ne0 / row;
+        m->counts[k] = tn_malloc((size_t)m->n_mat[k] * sizeof(float));
+        if (!m->names[k] || !m->vals[k] || !m->counts[k]) {
             m->n++;
             goto nomem;
         }
@@ -86,6 +94,7 @@ tern_status tn_imatrix_load(const char *path, tn_imatrix **out) {
             /* llama-quantize: counts are lround()ed, and a matrix without data gets importance 1 */
             const float count = (float)lroundf(cnt);
             m->vals[k][j] = count > 0 ? v / count : 1.0f;
+            if (j % (ne0 / m->n_mat[k]) == 0) m->counts[k][j / (ne0 / m->n_mat[k])] = count > 0 ? count : 0.0f;
         }
         m->n++;
     }
@@ -108,6 +117,16 @@ const float *tn_imatrix_find(const tn_imatrix *m, const char *name, int64_t ne0)
     if (!m) return NULL;
     for (size_t i = 0; i < m->n; i++)
         if (!strcmp(m->names[i], name)) return m->ne0[i] == ne0 ? m->vals[i] : NULL;
+    return NULL;
+}
+
+const float *tn_imatrix_counts(const tn_imatrix *m, const char *name, int64_t *n_mat) {
+    if (!m) return NULL;
+    for (size_t i = 0; i < m->n; i++)
+        if (!strcmp(m->names[i], name)) {
+            if (n_mat) *n_mat = m->n_mat[i];
+            return m->counts[i];
+        }
     return NULL;
 }
 

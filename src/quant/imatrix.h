@@ -26,6 +26,9 @@ void tn_imatrix_free(tn_imatrix *m);
 /* Importance of the ne0 columns of weight `name`, or NULL if absent or of another length. The
  * pointer lives as long as m. */
 const float *tn_imatrix_find(const tn_imatrix *m, const char *name, int64_t ne0);
+/* The row counts of weight `name` (rounded as above; 0 for a matrix without data), one per
+ * matrix: *n_mat of them (an expert tensor: n_expert; a dense weight: 1). NULL if absent. */
+const float *tn_imatrix_counts(const tn_imatrix *m, const char *name, int64_t *n_mat);
 /* Number of entries, and the name / length of entry i (i < n). */
 size_t tn_imatrix_count(const tn_imatrix *m);
 const char *tn_imatrix_name(const tn_imatrix *m, size_t i, int64_t *ne0);

@@ -9,7 +9,13 @@
  *     ~0.1 bpw here), the total squared weight error (token_embd per row, as the allocator weighs
  *     it then) never grows with the target, and every matrix is a tq type of the requested
  *     family; with the default probes (self-generated text) the budget holds too; bad targets (0.2, text,
- *     below the smallest possible file, a llama.cpp TYPE) are usage errors (exit 64) with no file.
+ *     below the smallest possible file, a llama.cpp TYPE) are usage errors (exit 64) with no file;
+ *   - moe: on a tiny qwen3moe (8 experts, top 2) with an importance matrix written here (skewed
+ *     per-expert counts, one expert never routed), the error --target-bpw prints for an expert
+ *     tensor at every width equals the one computed here from the reference quantizer: each
+ *     expert's rows quantized and weighed with its own importances, times top_k x its count /
+ *     all counts; without the imatrix, unweighted times top_k / n_expert; a dense tensor's error is
+ *     its importance-weighted one.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -24,6 +30,7 @@
 
 #include "common/tiny_model.h"
 #include "fmt/gguf.h"
+#include "quant/imatrix.h"
 #include "quant/mix.h"
 #include "quant/quant.h"
 #include "quant/tq.h"
@@ -217,10 +224,131 @@ static void test_cli(void **st) {
     unlink(model);
 }
 
+/* The eight errors --target-bpw printed for `name` ("predicted KL at 1..8 bits"). */
+static bool logged_errs(const char *log, const char *name, double out[8]) {
+    FILE *f = fopen(log, "r");
+    if (!f) return false;
+    char line[1024], nm[256];
+    double v[8];
+    bool ok = false;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "target-bpw: %255s predicted KL at 1..8 bits %lf %lf %lf %lf %lf %lf %lf %lf", nm, &v[0], &v[1], &v[2],
+                   &v[3], &v[4], &v[5], &v[6], &v[7]) == 9 &&
+            !strcmp(nm, name)) {
+            memcpy(out, v, sizeof v);
+            ok = true;
+        }
+    fclose(f);
+    return ok;
+}
+
+/* sum over rows of w(row's matrix) x sum_j imp_j (x_j - q(x)_j)^2 with the reference quantizer,
+ * rows in matrices of mat_rows, imp one row of ne0 per matrix (NULL: 1). */
+static double ref_err(const tn_tq_params *p, const float *x, int64_t rows, int64_t ne0, int64_t mat_rows, const float *imp,
+                      const double *w) {
+    uint8_t *q = malloc(tn_dtype_row_size((tn_dtype)tn_tq_dtype(p), ne0));
+    float *y = malloc(sizeof(float) * (size_t)ne0);
+    assert_non_null(q);
+    assert_non_null(y);
+    double tot = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t m = r / mat_rows;
+        const float *im = imp ? imp + m * ne0 : NULL;
+        tn_tq_quantize_row(p, x + r * ne0, q, ne0, im);
+        tn_tq_dequantize_row(p, q, y, ne0);
+        double e = 0;
+        for (int64_t j = 0; j < ne0; j++) {
+            const double d = (double)x[r * ne0 + j] - y[j];
+            e += (im ? im[j] : 1.0) * d * d;
+        }
+        tot += (w ? w[m] : 1.0) * e;
+    }
+    free(q), free(y);
+    return tot;
+}
+
+static void test_moe(void **st) {
+    (void)st;
+    const char *tern = getenv("TERN_BIN");
+    if (!tern || !*tern) skip();
+    char model[512], out[512], imf[512], log[512], cmd[4096];
+    tiny_tmp_path(model, sizeof model, "tbpw-moe");
+    tiny_tmp_path(out, sizeof out, "tbpw-moe-out");
+    tiny_tmp_path(imf, sizeof imf, "tbpw-moe-imat");
+    tiny_tmp_path(log, sizeof log, "tbpw-moe-log");
+    snprintf(cmd, sizeof cmd, "'%s' synth --arch qwen3moe --preset tiny --type f32 -o '%s' >/dev/null 2>&1", tern, model);
+    assert_int_equal(run(cmd), 0);
+    tn_gguf *g = NULL;
+    assert_int_equal(tn_gguf_open(model, false, &g), TERN_OK);
+    int64_t n_exp = 0, k = 0;
+    assert_int_equal(tn_gguf_get_i64(g, "qwen3moe.expert_count", true, &n_exp), TERN_OK);
+    assert_int_equal(tn_gguf_get_i64(g, "qwen3moe.expert_used_count", true, &k), TERN_OK);
+    const char *ename = "blk.0.ffn_up_exps.weight", *dname = "blk.0.attn_q.weight";
+    const tn_gguf_tensor *te = tn_gguf_find_tensor(g, ename), *td = tn_gguf_find_tensor(g, dname);
+    assert_non_null(te);
+    assert_non_null(td);
+    assert_int_equal(te->type, 0);
+    assert_int_equal(td->type, 0);
+    assert_int_equal(te->ne[2], n_exp);
+    const int64_t ne0 = te->ne[0], erows = te->ne[1] * te->ne[2], dne0 = td->ne[0], drows = td->ne[1];
+    /* importances: per column, per expert; counts 0, 5, 10, ... (expert 0 never routed: importance 1) */
+    float *esum = malloc(sizeof(float) * (size_t)(ne0 * n_exp)), *ecnt = malloc(sizeof(float) * (size_t)n_exp);
+    float *eimp = malloc(sizeof(float) * (size_t)(ne0 * n_exp)), *dsum = malloc(sizeof(float) * (size_t)dne0);
+    float *dimp = malloc(sizeof(float) * (size_t)dne0), dcnt = 7;
+    double *w = malloc(sizeof(double) * (size_t)n_exp), *wu = malloc(sizeof(double) * (size_t)n_exp), ctot = 0;
+    assert_true(esum && ecnt && eimp && dsum && dimp && w && wu);
+    uint64_t r = 11;
+    for (int64_t e = 0; e < n_exp; e++) {
+        ecnt[e] = (float)(5 * e);
+        ctot += ecnt[e];
+        for (int64_t j = 0; j < ne0; j++) {
+            r = r * 6364136223846793005ULL + 1442695040888963407ULL;
+            const float v = 0.1f + 3.0f * (float)(r >> 40) / (float)(1 << 24);
+            esum[e * ne0 + j] = v * ecnt[e];
+            eimp[e * ne0 + j] = e == 0 ? 1.0f : esum[e * ne0 + j] / ecnt[e]; /* as the loader divides, in float */
+        }
+    }
+    for (int64_t e = 0; e < n_exp; e++) w[e] = (double)k * ecnt[e] / ctot, wu[e] = (double)k / (double)n_exp;
+    for (int64_t j = 0; j < dne0; j++) {
+        r = r * 6364136223846793005ULL + 1442695040888963407ULL;
+        dsum[j] = dcnt * (0.2f + 2.0f * (float)(r >> 40) / (float)(1 << 24));
+        dimp[j] = dsum[j] / dcnt;
+    }
+    const char *names[2] = {dname, ename};
+    const int64_t ne0s[2] = {dne0, ne0}, nmat[2] = {1, n_exp};
+    const float *sums[2] = {dsum, esum}, *cnts[2] = {&dcnt, ecnt};
+    assert_int_equal(tn_imatrix_save(imf, 2, names, ne0s, nmat, sums, cnts, "test", 1, 64), TERN_OK);
+    tn_tq_params fam;
+    assert_true(tn_tq_from_name("tq3g64a", &fam));
+    for (int with = 0; with < 2; with++) {
+        snprintf(cmd, sizeof cmd, "'%s' quantize %s%s%s --target-bpw 4 --calib-chunks 0 '%s' '%s' tq3g64a -t 2 2>'%s'", tern,
+                 with ? "--imatrix '" : "", with ? imf : "", with ? "'" : "", model, out, log);
+        assert_int_equal(run(cmd), 0);
+        double got_e[8], got_d[8];
+        assert_true(logged_errs(log, ename, got_e));
+        assert_true(logged_errs(log, dname, got_d));
+        for (int b = 1; b <= 8; b++) {
+            tn_tq_params p = fam;
+            p.bits = b;
+            const double want_e = ref_err(&p, (const float *)te->data, erows, ne0, te->ne[1], with ? eimp : NULL, with ? w : wu);
+            const double want_d = ref_err(&p, (const float *)td->data, drows, dne0, drows, with ? dimp : NULL, NULL);
+            print_message("%s imatrix, %d bits: expert tensor %.4e (want %.4e), dense %.4e (want %.4e)\n", with ? "with" : "without",
+                          b, got_e[b - 1], want_e, got_d[b - 1], want_d);
+            assert_true(fabs(got_e[b - 1] - want_e) <= 0.01 * want_e);
+            assert_true(fabs(got_d[b - 1] - want_d) <= 0.01 * want_d);
+        }
+        unlink(out), unlink(log);
+    }
+    tn_gguf_free(g);
+    free(esum), free(ecnt), free(eimp), free(dsum), free(dimp), free(w), free(wu);
+    unlink(model), unlink(imf);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_allocate),
         cmocka_unit_test(test_cli),
+        cmocka_unit_test(test_moe),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

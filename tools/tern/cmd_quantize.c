@@ -452,7 +452,9 @@ static int swap_views(tern_model *m, const char *name, uint32_t type, const void
 
 typedef struct {
     const float *x, *imp;
+    const double *mat_w; /* experts: [n_mat] the weight of each expert's rows (NULL: 1) */
     int64_t rows, ne0;
+    int64_t mat_rows; /* > 0: rows come in matrices of this many (experts), imp has one row of ne0 per matrix */
     tn_tq_params p;
     size_t rb;
     uint8_t *qbuf; /* [nth][rb]  */
@@ -461,7 +463,8 @@ typedef struct {
     double *sig;   /* [nth]      */
 } err_ctx;
 
-/* Importance-weighted squared error of quantizing rows [r0, r1) as p: sum_j imp_j (x_j - x^_j)^2. */
+/* Importance-weighted squared error of quantizing rows [r0, r1) as p: sum_j imp_j (x_j - x^_j)^2,
+ * for an expert tensor with expert e's importances and times expert e's weight mat_w[e]. */
 static void err_task(void *arg, int ith, int nth) {
     err_ctx *e = arg;
     int64_t r0, r1;
@@ -471,13 +474,19 @@ static void err_task(void *arg, int ith, int nth) {
     double acc = 0, sig = 0;
     for (int64_t r = r0; r < r1; r++) {
         const float *xr = e->x + r * e->ne0;
-        tn_kern()->tq_quantize(&e->p, xr, qb, e->ne0, e->imp);
+        const int64_t mat = e->mat_rows > 0 ? r / e->mat_rows : 0;
+        const float *imp = e->imp && e->mat_rows > 0 ? e->imp + mat * e->ne0 : e->imp;
+        tn_kern()->tq_quantize(&e->p, xr, qb, e->ne0, imp);
         tn_tq_dequantize_row(&e->p, qb, yb, e->ne0);
+        double ra = 0, rs = 0;
         for (int64_t j = 0; j < e->ne0; j++) {
-            const double d = (double)xr[j] - yb[j], w = e->imp ? e->imp[j] : 1.0;
-            acc += w * d * d;
-            sig += w * (double)xr[j] * xr[j];
+            const double d = (double)xr[j] - yb[j], w = imp ? imp[j] : 1.0;
+            ra += w * d * d;
+            rs += w * (double)xr[j] * xr[j];
         }
+        const double mw = e->mat_w ? e->mat_w[mat] : 1.0;
+        acc += mw * ra;
+        sig += mw * rs;
     }
     e->part[ith] = acc;
     e->sig[ith] = sig;
@@ -522,7 +531,22 @@ static void target_range(const tn_gguf *g, const size_t *order, const tn_qmix_ch
  * of the family's group) so that the whole file has at most `target` bits per weight with the
  * least total error (all8: the target holds every one at 8 bits, target_range — nothing weighed). The error of a tensor is its importance-weighted squared quantization error
  * (weight 1 per column without an importance matrix), as an estimate of the squared error it adds
- * to its output per token; token_embd's is divided by its rows (one row is read per token). */
+ * to its output per token; token_embd's is divided by its rows (one row is read per token). An
+ * expert tensor's rows are weighed with their own expert's importances, and each expert's error
+ * by the share of tokens routed to it (expert_used_count x its rows / all the experts' rows, from
+ * the importance matrix's per-expert counts; expert_used_count / expert_count each without them):
+ * a token reads only its experts, so that is the error it adds per token. */
+/* <arch>.expert_used_count of the file (0: none). */
+static int64_t file_expert_used(const tn_gguf *g) {
+    tn_gguf_str arch = {0, NULL};
+    tn_gguf_get_str(g, "general.architecture", false, &arch);
+    char key[160];
+    int64_t v = 0;
+    if (!arch.data || arch.len > 100) return 0;
+    snprintf(key, sizeof key, "%.*s.expert_used_count", (int)arch.len, arch.data);
+    return tn_gguf_get_i64(g, key, false, &v) == TERN_OK && v > 0 ? v : 0;
+}
+
 static tern_status plan_target(const tn_gguf *g, const size_t *order, const tn_qmix_tensor *mt, tn_qmix_choice *ch,
                                size_t n, const tn_qmix_opts *opts, const tn_tq_params *fam, const tn_imatrix *imat, double target, tn_pool *pool,
                                int nth, float *f32, probe_ctx *pr, bool all8, double *achieved) {
@@ -535,6 +559,8 @@ static tern_status plan_target(const tn_gguf *g, const size_t *order, const tn_q
     float *lp = pr ? malloc(sizeof(float) * (size_t)pr->n_vocab) : NULL;
     const int b0 = target < 3 ? 2 : target >= 7 ? 6 : (int)target - 1; /* probe width */
     err_ctx e = {0};
+    double *mat_w = NULL;
+    const int64_t k_used = file_expert_used(g);
     e.part = calloc((size_t)nth + 1, sizeof *e.part);
     e.sig = calloc((size_t)nth + 1, sizeof *e.sig);
     if (!bits || !err || !bp || !ep || !ncand || !choice || !which || !e.part || !e.sig) {
@@ -569,7 +595,28 @@ static tern_status plan_target(const tn_gguf *g, const size_t *order, const tn_q
         e.x = x;
         e.rows = rows;
         e.ne0 = t->ne[0];
-        e.imp = imat ? tn_imatrix_find(imat, t->name, t->ne[0]) : NULL;
+        e.imp = NULL;
+        e.mat_w = NULL;
+        e.mat_rows = 0;
+        if (t->n_dims == 3 && t->ne[2] > 1) { /* experts */
+            const int64_t n_exp = t->ne[2];
+            e.mat_rows = t->ne[1];
+            e.imp = imat ? tn_imatrix_find(imat, t->name, t->ne[0] * n_exp) : NULL;
+            int64_t nm = 0;
+            const float *cnt = e.imp ? tn_imatrix_counts(imat, t->name, &nm) : NULL;
+            double tot = 0;
+            for (int64_t x = 0; cnt && nm == n_exp && x < n_exp; x++) tot += cnt[x];
+            free(mat_w);
+            if (!(mat_w = malloc(sizeof *mat_w * (size_t)n_exp))) {
+                s = tn_err(TERN_ERR_NOMEM, "quantize: out of memory");
+                goto out;
+            }
+            const double k = k_used > 0 ? (double)k_used : 1.0;
+            for (int64_t x = 0; x < n_exp; x++) mat_w[x] = tot > 0 ? k * cnt[x] / tot : k / (double)n_exp;
+            e.mat_w = mat_w;
+        } else if (imat) {
+            e.imp = tn_imatrix_find(imat, t->name, t->ne[0]);
+        }
         for (int b = 1; b <= 8; b++) {
             tn_tq_params p = *fam;
             p.bits = b;
@@ -611,6 +658,7 @@ static tern_status plan_target(const tn_gguf *g, const size_t *order, const tn_q
                 }
                 qctx qq = {0};
                 qq.task_x = x, qq.task_y = qbuf, qq.task_rows = rows, qq.task_ne0 = t->ne[0], qq.task_type = ty, qq.task_imat = e.imp;
+                qq.task_mat_rows = e.imp ? e.mat_rows : 0;
                 tn_pool_run(pool, quant_task, &qq);
                 tn_tensor saved;
                 double kl = 0;
@@ -653,7 +701,7 @@ static tern_status plan_target(const tn_gguf *g, const size_t *order, const tn_q
     *achieved = used / total_el;
 out:
     free(bits), free(err), free(bp), free(ep), free(ncand), free(choice), free(which);
-    free(e.part), free(e.sig), free(e.qbuf), free(e.ybuf), free(qbuf), free(lp);
+    free(e.part), free(e.sig), free(e.qbuf), free(e.ybuf), free(qbuf), free(lp), free(mat_w);
     return s;
 }
 
