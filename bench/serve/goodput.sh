@@ -6,6 +6,7 @@
 #                          [--rates "0.25 0.5 1 1.5 2"] [--duration 60] [--prompt-len 64-256]
 #                          [--output-len 32-128] [--ttft-slo 4000] [--tpot-slo 200] [--out DIR]
 #                          [--tern-args "ARGS"] [--variant NAME=ARGS]... [--peer-args "ARGS"] [--prompts FILE]
+#                          [--closed N,M]
 #
 # For each rate: start tern serve, run `tern loadgen -o json`, stop it; then the same against
 # llama-server (if given). Writes DIR/goodput.tsv (one row per server and rate), DIR/goodput.md
@@ -18,7 +19,9 @@
 # --variant "adaptive=--spec ngram"); variants and the peer alternate within each rate.
 # --peer-args adds arguments to llama-server's (e.g. "--model-draft small.gguf"). --prompts FILE:
 # loadgen sends lines of FILE as prompts instead of random words. DIR/throughput.svg plots the
-# output tokens/s the same way, DIR/tpot.svg the median time per output token.
+# output tokens/s the same way, DIR/tpot.svg the median time per output token. --closed N,M: instead
+# of Poisson arrivals, a closed loop of N clients sending M requests in all (loadgen --concurrency N
+# --requests M; the rate then only labels the rows: bench/serve/batch_peer.sh).
 # The peer binary is built outside this repository by the user; nothing of it is kept here.
 #   bench/serve/goodput.sh --replot --out DIR [--ttft-slo MS --tpot-slo MS]   rewrites DIR's table
 #   and plot from DIR/goodput.tsv (e.g. after concatenating the rows of several runs).
@@ -38,6 +41,7 @@ OUT=goodput-out
 TERN_ARGS=""
 PEER_ARGS=""
 PROMPTS=""
+CLOSED=""
 VARIANTS=()
 REPLOT=0
 while [ $# -gt 0 ]; do
@@ -57,9 +61,10 @@ while [ $# -gt 0 ]; do
     --peer-args) PEER_ARGS=$2; shift ;;
     --variant) case "$2" in *=*) VARIANTS+=("$2") ;; *) echo "goodput.sh: --variant wants NAME=ARGS, got '$2'" >&2; exit 64 ;; esac; shift ;;
     --prompts) PROMPTS=$2; shift ;;
+    --closed) case "$2" in *,*) CLOSED=$2 ;; *) echo "goodput.sh: --closed wants N,M, got '$2'" >&2; exit 64 ;; esac; shift ;;
     --out) OUT=$2; shift ;;
     --replot) REPLOT=1 ;;
-    -h | --help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "goodput.sh: unknown argument '$1'" >&2; exit 64 ;;
     esac
     shift
@@ -109,7 +114,7 @@ stop_server() { kill -TERM "$PID" 2>/dev/null; wait "$PID" 2>/dev/null; PID=""; 
 run_one() { # name rate
     local name=$1 rate=$2 j
     j=$("$TERN" loadgen --url "$URL" --rate "$rate" --duration "$DUR" --prompt-len "$PLEN" --output-len "$OLEN" \
-        --ttft-slo "$TTFT" --tpot-slo "$TPOT" ${PROMPTS:+--prompts "$PROMPTS"} -o json 2>/dev/null)
+        --ttft-slo "$TTFT" --tpot-slo "$TPOT" ${CLOSED:+--concurrency "${CLOSED%,*}" --requests "${CLOSED#*,}"} ${PROMPTS:+--prompts "$PROMPTS"} -o json 2>/dev/null)
     [ -n "$j" ] || j='{}'
     echo "$j" >"$OUT/$name-$rate.json"
     echo "$j" | jq -r --arg n "$name" --arg r "$rate" '[$n, $r, (.sent // 0), (.completed // 0), (.rejected_429 // 0),

@@ -364,7 +364,11 @@ static void lg_usage(FILE *f) {
             "      --chat              use /v1/chat/completions (default /v1/completions)\n"
             "      --api-key KEY       bearer token\n"
             "      --model NAME        model field of the requests\n"
-            "      --max-inflight N    client-side cap on concurrent requests (default 512)\n"
+            "      --max-inflight N    client-side cap on concurrent requests (default 512; arrivals\n"
+            "                          over it are dropped and counted)\n"
+            "      --concurrency N     closed loop instead of Poisson arrivals: N clients, each sending\n"
+            "                          its next request when its last one ends (needs --requests)\n"
+            "      --requests M        with --concurrency: M requests in all\n"
             "      --timeout S         per-request socket timeout (default 120)\n"
             "      --seed N            arrival/length RNG seed (default 1)\n"
             "  -o, --output FMT        text (default) or json\n");
@@ -375,7 +379,7 @@ int cmd_loadgen(int argc, char **argv) {
     if (!L) return TN_EXIT_OSERR;
     const char *url = NULL, *fmt = "text";
     float rate = 1, duration = 10, f;
-    int64_t max_inflight = 512, seed = 1;
+    int64_t max_inflight = 512, seed = 1, concurrency = 0, n_requests = 0;
     L->plen = (lg_dist){0, 32, 32};
     L->olen = (lg_dist){0, 32, 32};
     L->ttft_slo = 1.0;
@@ -416,7 +420,11 @@ int cmd_loadgen(int argc, char **argv) {
         } else if (!strcmp(a, "--chat")) L->chat = true;
         else if (!strcmp(a, "--api-key")) L->api_key = argv[++i];
         else if (!strcmp(a, "--model")) L->model = argv[++i];
-        else if (!strcmp(a, "--max-inflight")) {
+        else if (!strcmp(a, "--concurrency")) {
+            if (!tn_cli_parse_i64(argv[++i], 1, 100000, &concurrency)) { rc = tn_cli_usage_error("--concurrency: '%s' is not in 1..100000", val); goto out; }
+        } else if (!strcmp(a, "--requests")) {
+            if (!tn_cli_parse_i64(argv[++i], 1, 10000000, &n_requests)) { rc = tn_cli_usage_error("--requests: '%s' is not in 1..10000000", val); goto out; }
+        } else if (!strcmp(a, "--max-inflight")) {
             if (!tn_cli_parse_i64(argv[++i], 1, 100000, &max_inflight)) { rc = tn_cli_usage_error("--max-inflight: '%s' is not in 1..100000", val); goto out; }
         } else if (!strcmp(a, "--timeout")) {
             if (!tn_cli_parse_f32(argv[++i], 1.0f, 86400.0f, &f)) { rc = tn_cli_usage_error("--timeout: '%s' is not seconds", val); goto out; }
@@ -486,7 +494,13 @@ int cmd_loadgen(int argc, char **argv) {
     }
     pthread_mutex_init(&L->mu, NULL);
     L->rng = (uint64_t)seed;
-    L->cap_res = (int)(rate * duration * 2 + 64);
+    if ((concurrency > 0) != (n_requests > 0)) {
+        rc = tn_cli_usage_error("--concurrency and --requests go together (a closed loop of N clients sending M requests)");
+        goto out;
+    }
+    const bool closed = concurrency > 0;
+    if (closed) max_inflight = concurrency;
+    L->cap_res = closed ? (int)n_requests + 64 : (int)(rate * duration * 2 + 64);
     L->res = calloc((size_t)L->cap_res, sizeof *L->res);
     if (!L->res) {
         rc = TN_EXIT_OSERR;
@@ -495,8 +509,15 @@ int cmd_loadgen(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     double t0 = lg_now(), next = t0, dropped = 0;
     int n_sent = 0;
-    while (next - t0 < duration && n_sent < L->cap_res) {
+    while (closed ? n_sent < n_requests : next - t0 < duration && n_sent < L->cap_res) {
         double now = lg_now();
+        if (closed) { /* the next request goes as soon as one of the N clients is free */
+            while (atomic_load(&L->inflight) >= max_inflight) {
+                struct timespec ts = {0, 1000000};
+                nanosleep(&ts, NULL);
+            }
+            next = now = lg_now();
+        }
         if (next > now) {
             double d = next - now;
             struct timespec ts = {(time_t)d, (long)((d - floor(d)) * 1e9)};
@@ -531,6 +552,7 @@ int cmd_loadgen(int argc, char **argv) {
         next += -log(lg_unif(&L->rng)) / rate;
     }
     double t_arrivals = lg_now() - t0;
+    if (closed) duration = (float)t_arrivals;
     while (atomic_load(&L->inflight) > 0 && lg_now() - t0 < duration + L->timeout + 5) {
         struct timespec ts = {0, 20000000};
         nanosleep(&ts, NULL);
@@ -566,6 +588,7 @@ int cmd_loadgen(int argc, char **argv) {
                               n_unfinished, "prompt_tokens", (json_int_t)in_tok, "output_tokens", (json_int_t)out_tok,
                               "throughput_req_s", n_ok / wall, "throughput_tok_s", out_tok / wall, "goodput_req_s",
                               n_good / (t_arrivals > 0 ? t_arrivals : wall), "slo_attainment", n_sent ? (double)n_good / n_sent : 0.0, "arrival_s", t_arrivals);
+        json_object_set_new(j, "concurrency", json_integer(closed ? concurrency : 0));
         json_object_set_new(j, "slo", json_pack("{s:f, s:f}", "ttft_ms", L->ttft_slo * 1e3, "tpot_ms", L->tpot_slo * 1e3));
         json_object_set_new(j, "ttft_ms", json_pack("{s:f, s:f, s:f}", "p50", pct(ttft, n_ok, 50) * 1e3, "p90",
                                                      pct(ttft, n_ok, 90) * 1e3, "p99", pct(ttft, n_ok, 99) * 1e3));
@@ -578,7 +601,8 @@ int cmd_loadgen(int argc, char **argv) {
         free(s);
         json_decref(j);
     } else {
-        printf("loadgen %s: %.2f req/s Poisson for %.1f s (wall %.1f s)\n", url, rate, duration, wall);
+        if (closed) printf("loadgen %s: %lld requests from %lld closed-loop clients (wall %.1f s)\n", url, (long long)n_requests, (long long)concurrency, wall);
+        else printf("loadgen %s: %.2f req/s Poisson for %.1f s (wall %.1f s)\n", url, rate, duration, wall);
         printf("  requests   sent %d, completed %d, 429 %d, failed %d, client-dropped %.0f, unfinished %d\n", n_sent, n_ok,
                n_429, n_err, dropped, n_unfinished);
         printf("  throughput %.2f req/s, %.1f output tok/s (prompt %lld tok, output %lld tok)\n", n_ok / wall, out_tok / wall,
