@@ -4,6 +4,7 @@
  */
 #include <math.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -106,4 +107,15 @@ bool tn_mem_parse_size(const char *s, uint64_t *bytes) {
     if (*end || b < 1 || b > 1.8e19) return false;
     *bytes = (uint64_t)b;
     return true;
+}
+
+uint64_t tn_mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return (uint64_t)kb * 1024;
 }

@@ -77,6 +77,9 @@ void *tn_malloc_huge(size_t n);
 /* Parses "4G", "512M", "100K", "123" (bytes; K/M/G/T are powers of 1024, a trailing "B" or "iB"
  * allowed); false unless a positive size (--mem-budget, --hot-experts). */
 bool tn_mem_parse_size(const char *s, uint64_t *bytes);
+/* Bytes of memory the kernel says can be had without swapping (/proc/meminfo's MemAvailable), 0
+ * if unknown. */
+uint64_t tn_mem_available(void);
 void tn_free_aligned(void *p);
 char *tn_strdup(const char *s);
 char *tn_strndup(const char *s, size_t n);

@@ -60,7 +60,7 @@ tern_status tern_model_load(const char *path, const tern_model_params *pp, tern_
     }
     const char *env = getenv("TERN_REPACK"); /* TERN_REPACK=0: keep every file layout */
     if (env && !strcmp(env, "0")) p.repack = false;
-    if (p.repack && (s = tn_model_repack(m))) {
+    if (p.repack && (s = tn_model_repack(m, p.hot_experts))) {
         tern_model_free(m);
         return tn_err_prefix(s, "%s", path);
     }

@@ -414,20 +414,41 @@ static tn_dtype tn_repack_target(const tn_tensor *t) {
 }
 
 /* The weight views of layer i that only matmuls read (i = -1: the output, unless tied): the
- * layer's matrix roles it has. */
-static int tn_matmul_views(tern_model *m, int64_t i, bool tied, tn_tensor *v[TN_ROLE_N_LAYER]) {
+ * layer's matrix roles it has; its expert matrices too when `experts` (an expert tensor's ne[1]
+ * rows per expert are a multiple of the layout's row group, so no group crosses two experts and
+ * tn_expert_view's slices stay where they were). */
+static int tn_matmul_views(tern_model *m, int64_t i, bool tied, bool experts, tn_tensor *v[TN_ROLE_N_LAYER]) {
     if (i < 0) {
         v[0] = &m->output;
         return tied ? 0 : 1;
     }
     tn_layer *L = &m->layers[i];
     int n = 0;
-    for (int r = 0; r < TN_ROLE_N_LAYER; r++) /* experts stay mapped: a token reads few of them */
-        if (tn_roles[r].matrix && L->w[r].data && tn_roles[r].ne2 == TN_DIM_1) v[n++] = &L->w[r];
+    for (int r = 0; r < TN_ROLE_N_LAYER; r++)
+        if (tn_roles[r].matrix && L->w[r].data && (tn_roles[r].ne2 == TN_DIM_1 || experts)) v[n++] = &L->w[r];
     return n;
 }
 
-tern_status tn_model_repack(tern_model *m) {
+/* Rows of a matrix, every expert's of an expert tensor. */
+static int64_t tn_repack_nrows(const tn_tensor *t) { return (int64_t)(t->nbytes / tn_dtype_row_size(t->type, t->ne[0])); }
+
+/* The bytes tn_model_repack moves (mapped) and the largest row group it interleaves in place. */
+static void tn_repack_sizes(tern_model *m, bool tied, bool experts, bool mapped, size_t *total, size_t *scratch) {
+    *total = *scratch = 0;
+    for (int64_t i = -1; i < m->hp.n_layer; i++) {
+        tn_tensor *v[TN_ROLE_N_LAYER];
+        const int nv = tn_matmul_views(m, i, tied, experts, v);
+        for (int j = 0; j < nv; j++)
+            if (tn_repack_target(v[j])) {
+                *total += (v[j]->nbytes + 63) & ~(size_t)63;
+                *scratch = TN_MAX(*scratch, TN_L32_ROWS * tn_dtype_row_size(v[j]->type, v[j]->ne[0]));
+            } else if (mapped && v[j]->data) {
+                *total += (v[j]->nbytes + 63) & ~(size_t)63; /* moved as they are, see below */
+            }
+    }
+}
+
+tern_status tn_model_repack(tern_model *m, uint64_t hot_experts) {
     if (m->repacked) return TERN_OK;
     const int64_t nl = m->hp.n_layer;
     /* every matrix only the matmuls read; a tied output is also the embedding table (row reads) */
@@ -438,18 +459,21 @@ tern_status tn_model_repack(tern_model *m) {
      * are), so that all of them sit in huge pages; a file read into memory (use_mmap = false) is
      * ours: interleaved in place, one row group (16 or 32 rows) at a time through a scratch copy */
     const bool mapped = !m->gguf || m->gguf->map.mapped;
-    size_t total = 0, scratch = 0;
-    for (int64_t i = -1; i < nl; i++) {
-        tn_tensor *v[TN_ROLE_N_LAYER];
-        const int nv = tn_matmul_views(m, i, tied, v);
-        for (int j = 0; j < nv; j++)
-            if (tn_repack_target(v[j])) {
-                total += (v[j]->nbytes + 63) & ~(size_t)63;
-                scratch = TN_MAX(scratch, TN_L32_ROWS * tn_dtype_row_size(v[j]->type, v[j]->ne[0]));
-            } else if (mapped && v[j]->data) {
-                total += (v[j]->nbytes + 63) & ~(size_t)63; /* moved as they are, see below */
-            }
+    /* experts too, as llama.cpp's CPU backend does, when they are ours (read into memory) or when
+     * the moved weights take at most half the memory available: then the whole model is resident
+     * anyway, and the experts' products run on the interleaved kernels. Otherwise (a model near or
+     * over the machine's memory, or hot experts asked for: FreqTier's tiering) they stay in the
+     * file mapping, where the page cache can drop the cold ones. TERN_REPACK_EXPERTS=0/1 forces it. */
+    bool experts = m->hp.n_expert > 1 && !hot_experts;
+    size_t total, scratch;
+    if (experts && mapped) {
+        tn_repack_sizes(m, tied, true, mapped, &total, &scratch);
+        const uint64_t avail = tn_mem_available();
+        experts = avail && (uint64_t)total <= avail / 2;
     }
+    const char *env = getenv("TERN_REPACK_EXPERTS");
+    if (env && m->hp.n_expert > 1) experts = strcmp(env, "0") != 0;
+    tn_repack_sizes(m, tied, experts, mapped, &total, &scratch);
     if (!total) return TERN_OK;
     /* the moved weights in 2 MiB pages (tn_malloc_huge): decode streams every byte once per
      * token (1B tq1 decode: ~8% more tokens/s than with 4 KiB pages) */
@@ -460,13 +484,13 @@ tern_status tn_model_repack(tern_model *m) {
     size_t off = 0;
     for (int64_t i = -1; i < nl; i++) {
         tn_tensor *v[TN_ROLE_N_LAYER];
-        const int nv = tn_matmul_views(m, i, tied, v);
+        const int nv = tn_matmul_views(m, i, tied, experts, v);
         for (int j = 0; j < nv; j++) {
             tn_tensor *t = v[j];
             const tn_dtype it = tn_repack_target(t);
             if (!it && !(mapped && t->data)) continue;
             if (mapped) { /* types with no interleaved layout move as they are: into the 2 MiB pages */
-                if (it) tn_repack(t->type, t->data, buf + off, t->ne[1], t->ne[0]);
+                if (it) tn_repack(t->type, t->data, buf + off, tn_repack_nrows(t), t->ne[0]);
                 else memcpy(buf + off, t->data, t->nbytes);
                 if (pg > 0) { /* the file's pages of this tensor are not read again */
                     uintptr_t a = ((uintptr_t)t->data + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
@@ -480,7 +504,7 @@ tern_status tn_model_repack(tern_model *m) {
                 const int rows = tn_repack_rows(it);
                 const size_t gb = (size_t)rows * tn_dtype_row_size(t->type, t->ne[0]);
                 uint8_t *d = (uint8_t *)(uintptr_t)t->data;
-                for (int64_t g = 0; g < t->ne[1] / rows; g++) {
+                for (int64_t g = 0; g < tn_repack_nrows(t) / rows; g++) {
                     memcpy(buf, d + (size_t)g * gb, gb);
                     tn_repack(t->type, buf, d + (size_t)g * gb, rows, t->ne[0]);
                 }

@@ -176,8 +176,10 @@ tern_status tn_model_key_float(const tn_gguf *g, const char *arch, const char *s
  * the *_l32 layouts (quant/repack.h; rows a multiple of the layout's group; not a tied output)
  * where the kernel table has a SIMD kernel for them; from a mapped file, every other matrix (not a
  * tied output) is copied as it is, so that all of them sit in one buffer of 2 MiB pages
- * (TERN_HUGEPAGES=0: 4 KiB). The file pages of moved tensors are released from the mapping. */
-tern_status tn_model_repack(tern_model *m);
+ * (TERN_HUGEPAGES=0: 4 KiB). The file pages of moved tensors are released from the mapping.
+ * Expert matrices move too when hot_experts is 0 and either the file was read into memory or the
+ * moved bytes are at most half of MemAvailable (TERN_REPACK_EXPERTS=0/1 forces it either way). */
+tern_status tn_model_repack(tern_model *m, uint64_t hot_experts);
 
 /* The RoPE frequency factors (n_rot / 2 floats, or NULL) a context of n_ctx positions uses:
  * rope_freqs, else LongRoPE's long set when n_ctx > n_ctx_orig and its short set otherwise

@@ -317,19 +317,8 @@ void tn_tmodel_mem_plan(const tn_tmodel *m, int batch, int accum, int T, tn_reco
     p->peak = p->params + p->grads + p->moments + p->frozen + p->acts;
 }
 
-static uint64_t mem_available(void) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (!f) return 0;
-    char line[256];
-    unsigned long long kb = 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
-    fclose(f);
-    return (uint64_t)kb * 1024;
-}
-
 static tern_status check_fits(size_t need, const char *what) {
-    uint64_t avail = mem_available();
+    uint64_t avail = tn_mem_available();
     if (avail && need > avail)
         return tn_err(TERN_ERR_NOMEM, "train: %s need %.1f MiB but only %.1f MiB of memory is available "
                       "(reduce --batch, --ctx or the model size)", what, need / 1048576.0, avail / 1048576.0);

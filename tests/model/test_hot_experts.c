@@ -9,7 +9,9 @@
  *   - promotion only adds: a second round keeps the first round's copies at the same addresses;
  *   - logits with hot experts equal those without, bit for bit (same bytes, same kernels), for a
  *     prefill and decode steps, and with the automatic promotions tern_decode makes;
- *   - the context's counters: rows routed, rows that went to hot experts (<= rows, > 0 once hot).
+ *   - the context's counters: rows routed, rows that went to hot experts (<= rows, > 0 once hot);
+ *   - with hot experts asked for, the experts stay in the file mapping, while a model loaded
+ *     without them (TERN_REPACK_EXPERTS unset) interleaves its q4_0 / q8_0 experts at load.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -20,6 +22,7 @@
 #include <cmocka.h>
 
 #include "model/ctx.h"
+#include "quant/repack.h"
 
 static const char *g_path;
 
@@ -175,13 +178,42 @@ static void test_logits_equal(void **state) {
     tern_model_free(m), tern_model_free(ref);
 }
 
+/* Without hot experts a small model's q4_0 / q8_0 experts are interleaved at load (moved out of the
+ * mapping, same byte count) where the CPU has the kernels for that layout; with them they stay in
+ * the file's layout. */
+static void test_experts_repacked(void **state) {
+    (void)state;
+    unsetenv("TERN_REPACK_EXPERTS");
+    tern_model *m = load(0), *h = load(1u << 20);
+    setenv("TERN_REPACK_EXPERTS", "0", 1);
+    for (int il = 0; il < m->hp.n_layer; il++)
+        for (int j = 0; j < 3; j++) {
+            const tn_tensor *w = &m->layers[il].w[k_roles[j]], *wh = &h->layers[il].w[k_roles[j]];
+            const tn_dtype it = tn_repack_type_of(wh->type);
+            assert_int_not_equal(it, 0); /* a file type with an interleaved layout */
+            if (tn_kern()->slot[it].gemm_isa < TN_ISA_AVX512) { /* no kernel for it here: nothing moves */
+                assert_int_equal(w->type, wh->type);
+                continue;
+            }
+            assert_int_equal(tn_repack_file_type(w->type), wh->type);
+            assert_int_equal(w->nbytes, wh->nbytes);
+            assert_ptr_not_equal(w->data, wh->data);
+        }
+    tern_model_free(m);
+    tern_model_free(h);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: %s moe-model.gguf\n", argv[0]);
         return 2;
     }
     g_path = argv[1];
+    /* the models without hot experts keep theirs in the file mapping too (a small model's experts
+     * are otherwise interleaved at load, tn_model_repack): the same bytes through the same kernels */
+    setenv("TERN_REPACK_EXPERTS", "0", 1);
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_experts_repacked),
         cmocka_unit_test(test_choice_and_bytes),
         cmocka_unit_test(test_logits_equal),
     };
