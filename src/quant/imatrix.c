@@ -94,7 +94,11 @@ tern_status tn_imatrix_load(const char *path, tn_imatrix **out) {
             /* llama-quantize: counts are lround()ed, and a matrix without data gets importance 1 */
             const float count = (float)lroundf(cnt);
             m->vals[k][j] = count > 0 ? v / count : 1.0f;
-            if (j % (ne0 / m->n_mat[k]) == 0) m->counts[k][j / (ne0 / m->n_mat[k])] = count > 0 ? count : 0.0f;
+        }
+        for (int64_t mi = 0; mi < m->n_mat[k]; mi++) {
+            float cnt;
+            memcpy(&cnt, c->data + 4 * mi, 4);
+            m->counts[k][mi] = TN_MAX((float)lroundf(cnt), 0.0f);
         }
         m->n++;
     }

@@ -80,6 +80,7 @@ typedef struct tn_qmix_model {
     int n_layer;         /* block_count                                                         */
     int n_head, n_head_kv;
     int n_expert;        /* 0 if dense                                                          */
+    int n_expert_used;   /* expert_used_count (top k), 0 if dense                               */
 } tn_qmix_model;
 
 /* Per-tensor override hook: returns a dtype id to force for this tensor name, or -1. */

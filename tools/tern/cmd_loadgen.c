@@ -552,8 +552,8 @@ int cmd_loadgen(int argc, char **argv) {
         next += -log(lg_unif(&L->rng)) / rate;
     }
     double t_arrivals = lg_now() - t0;
-    if (closed) duration = (float)t_arrivals;
-    while (atomic_load(&L->inflight) > 0 && lg_now() - t0 < duration + L->timeout + 5) {
+    const double deadline = (closed ? t_arrivals : duration) + L->timeout + 5; /* the last request's timeout */
+    while (atomic_load(&L->inflight) > 0 && lg_now() - t0 < deadline) {
         struct timespec ts = {0, 20000000};
         nanosleep(&ts, NULL);
     }

@@ -139,6 +139,20 @@ static tern_status tensor_f32(const tn_gguf_tensor *t, float *buf, const float *
     return TERN_OK;
 }
 
+/* The importances of tensor t's rows from imat: an expert tensor's entry holds one row of ne0 per
+ * expert (*mat_rows = the rows of one expert), any other's one row (*mat_rows = 0); NULL without an
+ * entry of that size. */
+static const float *tensor_imp(const tn_imatrix *imat, const tn_gguf_tensor *t, int64_t *mat_rows) {
+    const bool experts = t->n_dims == 3 && t->ne[2] > 1;
+    *mat_rows = experts ? t->ne[1] : 0;
+    return imat ? tn_imatrix_find(imat, t->name, experts ? t->ne[0] * t->ne[2] : t->ne[0]) : NULL;
+}
+
+/* Row r's importances within tensor_imp's (NULL: none). */
+static inline const float *row_imp(const float *imp, int64_t mat_rows, int64_t ne0, int64_t r) {
+    return imp && mat_rows > 0 ? imp + r / mat_rows * ne0 : imp;
+}
+
 static void quant_task(void *arg, int ith, int nth) {
     qctx *q = arg;
     int64_t r0, r1;
@@ -151,7 +165,7 @@ static void quant_task(void *arg, int ith, int nth) {
     for (int64_t r = r0; r < r1; r++) {
         const float *x = q->task_x + r * q->task_ne0;
         uint8_t *y = q->task_y + (size_t)r * rb;
-        const float *imat = q->task_imat && q->task_mat_rows ? q->task_imat + r / q->task_mat_rows * q->task_ne0 : q->task_imat;
+        const float *imat = row_imp(q->task_imat, q->task_mat_rows, q->task_ne0, r);
         if (tn_vq_is(q->task_type)) {
             tn_vq_quantize_row(q->task_cb, x, y, q->task_ne0, r, q->task_rows, imat);
         } else if (tn_tq_is(q->task_type)) {
@@ -207,14 +221,7 @@ static tern_status fill(void *user, size_t idx, void *dst, size_t nbytes) {
     q->task_ne0 = t->ne[0];
     q->task_rows = nel / t->ne[0];
     q->task_type = c->type;
-    q->task_imat = NULL;
-    q->task_mat_rows = 0;
-    if (q->imat && t->n_dims == 3 && t->ne[2] > 1) { /* experts: one importance row per expert */
-        q->task_imat = tn_imatrix_find(q->imat, t->name, t->ne[0] * t->ne[2]);
-        q->task_mat_rows = t->ne[1];
-    } else if (q->imat) {
-        q->task_imat = tn_imatrix_find(q->imat, t->name, t->ne[0]);
-    }
+    q->task_imat = tensor_imp(q->imat, t, &q->task_mat_rows); /* experts: one importance row per expert */
     if (!q->task_imat && (tn_qmix_requires_imatrix(t->name, c->type, q->ftype) || tn_iq_needs_weights((tn_dtype)c->type)))
         return tn_err(TERN_ERR_FORMAT, "quantize: '%s' as %s needs importance data, and %s", t->name, tn_dtype_name(c->type),
                       q->imat ? "the importance matrix has no entry of its size for it" : "no --imatrix was given");
@@ -475,7 +482,7 @@ static void err_task(void *arg, int ith, int nth) {
     for (int64_t r = r0; r < r1; r++) {
         const float *xr = e->x + r * e->ne0;
         const int64_t mat = e->mat_rows > 0 ? r / e->mat_rows : 0;
-        const float *imp = e->imp && e->mat_rows > 0 ? e->imp + mat * e->ne0 : e->imp;
+        const float *imp = row_imp(e->imp, e->mat_rows, e->ne0, r);
         tn_kern()->tq_quantize(&e->p, xr, qb, e->ne0, imp);
         tn_tq_dequantize_row(&e->p, qb, yb, e->ne0);
         double ra = 0, rs = 0;
@@ -535,21 +542,11 @@ static void target_range(const tn_gguf *g, const size_t *order, const tn_qmix_ch
  * expert tensor's rows are weighed with their own expert's importances, and each expert's error
  * by the share of tokens routed to it (expert_used_count x its rows / all the experts' rows, from
  * the importance matrix's per-expert counts; expert_used_count / expert_count each without them):
- * a token reads only its experts, so that is the error it adds per token. */
-/* <arch>.expert_used_count of the file (0: none). */
-static int64_t file_expert_used(const tn_gguf *g) {
-    tn_gguf_str arch = {0, NULL};
-    tn_gguf_get_str(g, "general.architecture", false, &arch);
-    char key[160];
-    int64_t v = 0;
-    if (!arch.data || arch.len > 100) return 0;
-    snprintf(key, sizeof key, "%.*s.expert_used_count", (int)arch.len, arch.data);
-    return tn_gguf_get_i64(g, key, false, &v) == TERN_OK && v > 0 ? v : 0;
-}
-
+ * a token reads only its experts, so that is the error it adds per token (k_used: the model's
+ * expert_used_count). */
 static tern_status plan_target(const tn_gguf *g, const size_t *order, const tn_qmix_tensor *mt, tn_qmix_choice *ch,
                                size_t n, const tn_qmix_opts *opts, const tn_tq_params *fam, const tn_imatrix *imat, double target, tn_pool *pool,
-                               int nth, float *f32, probe_ctx *pr, bool all8, double *achieved) {
+                               int nth, float *f32, probe_ctx *pr, bool all8, int64_t k_used, double *achieved) {
     tern_status s = TERN_OK;
     double *bits = calloc(n * 8 + 1, sizeof *bits), *err = calloc(n * 8 + 1, sizeof *err);
     const double **bp = calloc(n + 1, sizeof *bp), **ep = calloc(n + 1, sizeof *ep);
@@ -560,7 +557,6 @@ static tern_status plan_target(const tn_gguf *g, const size_t *order, const tn_q
     const int b0 = target < 3 ? 2 : target >= 7 ? 6 : (int)target - 1; /* probe width */
     err_ctx e = {0};
     double *mat_w = NULL;
-    const int64_t k_used = file_expert_used(g);
     e.part = calloc((size_t)nth + 1, sizeof *e.part);
     e.sig = calloc((size_t)nth + 1, sizeof *e.sig);
     if (!bits || !err || !bp || !ep || !ncand || !choice || !which || !e.part || !e.sig) {
@@ -595,13 +591,10 @@ static tern_status plan_target(const tn_gguf *g, const size_t *order, const tn_q
         e.x = x;
         e.rows = rows;
         e.ne0 = t->ne[0];
-        e.imp = NULL;
+        e.imp = tensor_imp(imat, t, &e.mat_rows);
         e.mat_w = NULL;
-        e.mat_rows = 0;
-        if (t->n_dims == 3 && t->ne[2] > 1) { /* experts */
+        if (e.mat_rows > 0) { /* experts */
             const int64_t n_exp = t->ne[2];
-            e.mat_rows = t->ne[1];
-            e.imp = imat ? tn_imatrix_find(imat, t->name, t->ne[0] * n_exp) : NULL;
             int64_t nm = 0;
             const float *cnt = e.imp ? tn_imatrix_counts(imat, t->name, &nm) : NULL;
             double tot = 0;
@@ -614,8 +607,6 @@ static tern_status plan_target(const tn_gguf *g, const size_t *order, const tn_q
             const double k = k_used > 0 ? (double)k_used : 1.0;
             for (int64_t x = 0; x < n_exp; x++) mat_w[x] = tot > 0 ? k * cnt[x] / tot : k / (double)n_exp;
             e.mat_w = mat_w;
-        } else if (imat) {
-            e.imp = tn_imatrix_find(imat, t->name, t->ne[0]);
         }
         for (int b = 1; b <= 8; b++) {
             tn_tq_params p = *fam;
@@ -658,7 +649,7 @@ static tern_status plan_target(const tn_gguf *g, const size_t *order, const tn_q
                 }
                 qctx qq = {0};
                 qq.task_x = x, qq.task_y = qbuf, qq.task_rows = rows, qq.task_ne0 = t->ne[0], qq.task_type = ty, qq.task_imat = e.imp;
-                qq.task_mat_rows = e.imp ? e.mat_rows : 0;
+                qq.task_mat_rows = e.mat_rows;
                 tn_pool_run(pool, quant_task, &qq);
                 tn_tensor saved;
                 double kl = 0;
@@ -883,6 +874,9 @@ static void read_model(const tn_gguf *g, tn_qmix_model *m) {
     v = 0;
     snprintf(key, sizeof key, "%s.expert_count", a);
     if (tn_gguf_get_i64(g, key, false, &v) == TERN_OK) m->n_expert = (int)v;
+    v = 0;
+    snprintf(key, sizeof key, "%s.expert_used_count", a);
+    if (tn_gguf_get_i64(g, key, false, &v) == TERN_OK && v > 0) m->n_expert_used = (int)v;
     m->is_70b = !strcmp(a, "llama") && m->n_layer == 80 && m->n_head != m->n_head_kv;
 }
 
@@ -1080,7 +1074,7 @@ int cmd_quantize(int argc, char **argv) {
                     imat ? "importance-weighted" : "plain");
         }
         s = plan_target(g, order, mt, ch, n, &opts, &tqp, imat, target_bpw, pool, (int)threads, q.f32,
-                        calib_chunks > 0 ? &pr : NULL, target_bpw >= hi_bpw, &achieved_bpw);
+                        calib_chunks > 0 ? &pr : NULL, target_bpw >= hi_bpw, mm.n_expert_used, &achieved_bpw);
         if (calib_chunks > 0) probe_close(&pr);
         if (s == TERN_ERR_INVALID_ARG) {
             rc = tn_cli_usage_error("%s", tern_last_error());
