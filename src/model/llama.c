@@ -403,14 +403,28 @@ fail:
  * SIMD kernel (TERN_REPACK=0 / --no-repack skip the whole repack, api.c). TERN_REPACK_Q6K=0 keeps
  * q6_K alone in the file layout: its interleaved kernel prefills ~2.3x faster, but decodes at
  * 0.9-1.0x of the file layout's gemv (kernel-only, 2026-11-27, docs/kernels.md). */
-static tn_dtype tn_repack_target(const tn_tensor *t) {
+static tn_dtype tn_repack_target(const tn_tensor *t, bool mapped) {
     const tn_dtype it = t->data ? tn_repack_type_of(t->type) : (tn_dtype)0;
     if (!it || t->ne[1] % tn_repack_rows(it) || tn_kern()->slot[it].gemm_isa < TN_ISA_AVX512) return (tn_dtype)0;
     if (it == TN_Q6_K_R16) {
         const char *e = getenv("TERN_REPACK_Q6K");
         if (e && !strcmp(e, "0")) return (tn_dtype)0;
     }
+    /* the iq2 p3 layouts are larger than the file's blocks (106 bytes against 66-82): made only
+     * into the new buffer of a mapped file; TERN_REPACK_IQ2=0 keeps the file layout (less memory,
+     * slower decode) */
+    if (tn_p3_file_type(it)) {
+        const char *e = getenv("TERN_REPACK_IQ2");
+        if (!mapped || (e && !strcmp(e, "0"))) return (tn_dtype)0;
+    }
     return it;
+}
+
+/* Bytes of tensor t in layout it (t's own when it is 0). */
+static size_t tn_repacked_bytes(const tn_tensor *t, tn_dtype it) {
+    if (!it || !tn_p3_file_type(it)) return t->nbytes;
+    const int64_t rows = (int64_t)(t->nbytes / tn_dtype_row_size(t->type, t->ne[0]));
+    return (size_t)rows * tn_dtype_row_size(it, t->ne[0]);
 }
 
 /* The weight views of layer i that only matmuls read (i = -1: the output, unless tied): the
@@ -438,13 +452,15 @@ static void tn_repack_sizes(tern_model *m, bool tied, bool experts, bool mapped,
     for (int64_t i = -1; i < m->hp.n_layer; i++) {
         tn_tensor *v[TN_ROLE_N_LAYER];
         const int nv = tn_matmul_views(m, i, tied, experts, v);
-        for (int j = 0; j < nv; j++)
-            if (tn_repack_target(v[j])) {
-                *total += (v[j]->nbytes + 63) & ~(size_t)63;
+        for (int j = 0; j < nv; j++) {
+            const tn_dtype it = tn_repack_target(v[j], mapped);
+            if (it) {
+                *total += (tn_repacked_bytes(v[j], it) + 63) & ~(size_t)63;
                 *scratch = TN_MAX(*scratch, TN_L32_ROWS * tn_dtype_row_size(v[j]->type, v[j]->ne[0]));
             } else if (mapped && v[j]->data) {
                 *total += (v[j]->nbytes + 63) & ~(size_t)63; /* moved as they are, see below */
             }
+        }
     }
 }
 
@@ -487,9 +503,10 @@ tern_status tn_model_repack(tern_model *m, uint64_t hot_experts) {
         const int nv = tn_matmul_views(m, i, tied, experts, v);
         for (int j = 0; j < nv; j++) {
             tn_tensor *t = v[j];
-            const tn_dtype it = tn_repack_target(t);
+            const tn_dtype it = tn_repack_target(t, mapped);
             if (!it && !(mapped && t->data)) continue;
             if (mapped) { /* types with no interleaved layout move as they are: into the 2 MiB pages */
+                const size_t nb = tn_repacked_bytes(t, it);
                 if (it) tn_repack(t->type, t->data, buf + off, tn_repack_nrows(t), t->ne[0]);
                 else memcpy(buf + off, t->data, t->nbytes);
                 if (pg > 0) { /* the file's pages of this tensor are not read again */
@@ -498,7 +515,9 @@ tern_status tn_model_repack(tern_model *m, uint64_t hot_experts) {
                     if (e > a) (void)madvise((void *)a, e - a, MADV_DONTNEED);
                 }
                 t->data = buf + off;
-                off += (t->nbytes + 63) & ~(size_t)63;
+                m->repack_grown += nb - t->nbytes;
+                t->nbytes = nb; /* p3: the expanded blocks' bytes (tn_expert_view divides these) */
+                off += (nb + 63) & ~(size_t)63;
                 if (!it) continue;
             } else {
                 const int rows = tn_repack_rows(it);

@@ -133,6 +133,7 @@ struct tern_model {
     uint64_t n_params;
     uint64_t n_params_active; /* read per token: n_params less the experts a token is not routed to */
     uint64_t weight_bytes;
+    uint64_t repack_grown; /* bytes the load-time layouts added to weight_bytes' matrices (iq2 *_p3) */
     char desc[128];
     char *path;
     float *mla_split; /* an older deepseek2 file: attn_kv_b split into per-head f32 attn_k_b / attn_v_b

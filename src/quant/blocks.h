@@ -124,6 +124,17 @@ static_assert(sizeof(block_iq2_xs) == 2 + QK_K / 4 + QK_K / 32, "block_iq2_xs si
 typedef struct { tn_fp16 d; uint8_t qs[QK_K / 4]; uint8_t qh[QK_K / 32]; uint8_t scales[QK_K / 32]; } block_iq2_s;
 static_assert(sizeof(block_iq2_s) == 2 + QK_K / 4 + QK_K / 16, "block_iq2_s size");
 
+/* tern's load-time layout of iq2_xxs / iq2_xs / iq2_s (quant/repack.h *_p3; never in a file): the
+ * grid entries (every byte 8, 25 or 43 in all three grids) expanded to a 3-bit code per element,
+ * 3.3125 bpw: code(e) = m | s << 2, m = 0, 1, 2 for 8, 25, 43, s = 1 for a negative element.
+ * For j = 0..63, with nib(j) = j < 32 ? lo[j] & 15 : lo[j - 32] >> 4:
+ *   hi[j]  bits 0..2 code(j), bits 3..5 code(64 + j), bits 6..7 bits 0..1 of code(128 + j)
+ *   nib(j) bit 0 bit 2 of code(128 + j), bits 1..3 code(192 + j)
+ * d and the 4-bit scales as iq2_xs (iq2_xxs: the sub-block's scale in both halves). Value
+ * d * (0.5 + s) / 4 * g * sign. */
+typedef struct { tn_fp16 d; uint8_t scales[QK_K / 32]; uint8_t hi[QK_K / 4]; uint8_t lo[QK_K / 8]; } block_iq2_p3;
+static_assert(sizeof(block_iq2_p3) == 2 + QK_K / 32 + QK_K / 4 + QK_K / 8, "block_iq2_p3 size");
+
 /* qs[0..64): 8-bit grid index per group of 4; qs[64..96): per sub-block one uint32 with four 7-bit
  * sign fields (one per 8 elements) and the scale s in bits 28-31: d * (0.5 + s) / 2.  3.0625 bpw */
 typedef struct { tn_fp16 d; uint8_t qs[3 * QK_K / 8]; } block_iq3_xxs;

@@ -70,7 +70,8 @@ typedef struct tn_iq_sub {
     uint8_t s[2];
     int8_t delta[4];
 } tn_iq_sub;
-/* Sub-block ib (0..7) of one block of type t (one of the seven above; other types: all zero). */
+/* Sub-block ib (0..7) of one block of type t (one of the seven above, or the load-time iq2 *_p3
+ * layouts, repack.h; other types: all zero). */
 void tn_iq_sub_decode(tn_dtype t, const void *blk, int ib, tn_iq_sub *o);
 /* The block's fp16 super-block scale as a float. */
 float tn_iq_block_d(tn_dtype t, const void *blk);

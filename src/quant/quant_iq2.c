@@ -92,6 +92,20 @@ void tn_iq_sub_decode(tn_dtype t, const void *blk, int ib, tn_iq_sub *o) {
         o->s[0] = (uint8_t)(sc >> 6 * (ib % 2) & 7), o->s[1] = (uint8_t)(sc >> (6 * (ib % 2) + 3) & 7);
         break;
     }
+    case TN_IQ2_XXS_P3:
+    case TN_IQ2_XS_P3:
+    case TN_IQ2_S_P3: { /* the expanded layout (blocks.h block_iq2_p3) */
+        static const int8_t mag[4] = {8, 25, 43, 0};
+        const block_iq2_p3 *b = blk;
+        const int c = ib / 2, j0 = 32 * (ib % 2);
+        for (int j = j0; j < j0 + 32; j++) {
+            const unsigned h = b->hi[j], n = (j < 32 ? b->lo[j] : b->lo[j - 32] >> 4) & 15;
+            const unsigned code = c == 0 ? h & 7 : c == 1 ? h >> 3 & 7 : c == 2 ? (h >> 6) | (n & 1) << 2 : n >> 1;
+            o->q[j - j0] = (int8_t)(code & 4 ? -mag[code & 3] : mag[code & 3]);
+        }
+        o->s[0] = b->scales[ib] & 15, o->s[1] = b->scales[ib] >> 4;
+        break;
+    }
     default: memset(o, 0, sizeof *o); break;
     }
 }

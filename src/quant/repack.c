@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "quant/blocks.h"
+#include "quant/iq_grid.h"
 #include "quant/quant.h"
 #include "quant/repack.h"
 #include "quant/tq.h"
@@ -351,26 +352,168 @@ void tn_unpack_row_c16(tn_dtype it, const void *row_c16, int64_t k, void *row) {
     memcpy((uint8_t *)row + (size_t)ns * g.sb, (const uint8_t *)row_c16 + (size_t)ns * g.sb, rb - (size_t)ns * g.sb);
 }
 
+/* ---- *_p3: iq2 grid entries expanded (blocks.h block_iq2_p3) ---- */
+
+tn_dtype tn_p3_type_of(tn_dtype t) {
+    return t == TN_IQ2_XXS ? TN_IQ2_XXS_P3 : t == TN_IQ2_XS ? TN_IQ2_XS_P3 : t == TN_IQ2_S ? TN_IQ2_S_P3 : (tn_dtype)0;
+}
+
+tn_dtype tn_p3_file_type(tn_dtype it) {
+    return it == TN_IQ2_XXS_P3 ? TN_IQ2_XXS : it == TN_IQ2_XS_P3 ? TN_IQ2_XS : it == TN_IQ2_S_P3 ? TN_IQ2_S : (tn_dtype)0;
+}
+
+/* One file block of type ft -> its p3 block. Every grid byte b is 8, 25 or 43, whose bits 4..5 are
+ * the magnitude code 0, 1, 2: eight codes of a grid entry e are (e >> 4) & 0x03..03, with the sign
+ * bits (the file's sign byte for iq2_s, the 7-bit field and its parity bit, tn_iq_signs7, for the
+ * others) spread one a byte into bit 2, then moved to their fields of hi / lo (blocks.h). Returns false if an entry has a byte
+ * other than 8, 25, 43 (the grids have none; checked so that a bad table cannot pass silently). The
+ * inverse, tn_p3_get, reads the p3 block through tn_iq_sub_decode. */
+static bool tn_p3_put(tn_dtype ft, const uint8_t *blk, block_iq2_p3 *o) {
+    memset(o, 0, sizeof *o);
+    memcpy(&o->d, blk, sizeof o->d); /* every iq2 block starts with its fp16 d */
+    uint64_t bad = 0;
+    for (int gi = 0; gi < QK_K / 8; gi++) { /* group of 8 elements gi: elements 8 gi .. 8 gi + 7 */
+        uint64_t e;
+        unsigned sg;
+        if (ft == TN_IQ2_XXS) {
+            const block_iq2_xxs *b = (const block_iq2_xxs *)blk;
+            const int ib = gi / 4, l = gi % 4;
+            const uint32_t idx = tn_iq_rd32(b->qs + 4 * ib), a = tn_iq_rd32(b->qs + 4 * ib + 2);
+            e = tn_iq2xxs_grid[idx >> 8 * l & 255];
+            sg = tn_iq_signs7(a >> 7 * l);
+            if (l == 0) o->scales[ib] = (uint8_t)((a >> 28) * 17); /* the sub-block's scale in both halves */
+        } else if (ft == TN_IQ2_XS) {
+            const block_iq2_xs *b = (const block_iq2_xs *)blk;
+            e = tn_iq2xs_grid[b->qs[gi] & 511];
+            sg = tn_iq_signs7(b->qs[gi] >> 9);
+            if (gi % 4 == 0) o->scales[gi / 4] = b->scales[gi / 4];
+        } else {
+            const block_iq2_s *b = (const block_iq2_s *)blk;
+            const int ib = gi / 4, l = gi % 4;
+            e = tn_iq2s_grid[b->qs[gi] | (b->qh[ib] >> 2 * l & 3) << 8];
+            sg = b->qs[QK_K / 8 + gi];
+            if (l == 0) o->scales[ib] = b->scales[ib];
+        }
+        const uint64_t L1 = 0x0101010101010101ull, mag = e >> 4 & 3 * L1;
+        bad |= e ^ (8 * L1 + 17 * mag + (mag >> 1 & L1)); /* byte = 8 + 17 m + m / 2: 8, 25, 43 */
+        const uint64_t sb = (((uint64_t)(sg & 255) * L1 & 0x8040201008040201ull) + 0x7F * L1) >> 7 & L1;
+        const uint64_t code = mag | sb << 2;
+        const int c = gi / 8, j = 8 * (gi % 8);
+        uint64_t h, n;
+        memcpy(&h, o->hi + j, 8);
+        memcpy(&n, o->lo + j % 32, 8);
+        uint64_t nv = 0; /* the nibble's bits */
+        if (c == 0) h |= code;
+        else if (c == 1) h |= code << 3;
+        else if (c == 2) h |= (code & 3 * L1) << 6, nv = code >> 2 & L1;
+        else nv = code << 1;
+        n |= j < 32 ? nv : nv << 4;
+        memcpy(o->hi + j, &h, 8);
+        memcpy(o->lo + j % 32, &n, 8);
+    }
+    return bad == 0;
+}
+
+/* The grid index (of n entries) whose bytes are |q[0..8)|, or -1. */
+static int tn_p3_grid_index(const uint64_t *grid, int n, const int8_t *q) {
+    for (int i = 0; i < n; i++) {
+        int j = 0;
+        while (j < 8 && tn_iq_gbyte(grid[i], j) == (q[j] < 0 ? -q[j] : q[j])) j++;
+        if (j == 8) return i;
+    }
+    return -1;
+}
+
+/* The sign bits of q[0..8) as a byte (bit j: q[j] < 0). */
+static unsigned tn_p3_sign_byte(const int8_t *q) {
+    unsigned s = 0;
+    for (int j = 0; j < 8; j++) s |= (unsigned)(q[j] < 0) << j;
+    return s;
+}
+
+/* The inverse of tn_p3_put: a p3 block back in file type ft's bytes (the grid searched for each
+ * group of 8; the 7-bit sign fields keep the low 7 signs, the eighth is their parity). */
+static void tn_p3_get(tn_dtype ft, const block_iq2_p3 *p, uint8_t *blk) {
+    const tn_dtype it = tn_p3_type_of(ft);
+    memset(blk, 0, tn_dtype_get(ft)->type_size);
+    memcpy(blk, &p->d, sizeof p->d);
+    tn_iq_sub sb;
+    for (int ib = 0; ib < QK_K / 32; ib++) {
+        tn_iq_sub_decode(it, p, ib, &sb);
+        const int s0 = sb.s[0], s1 = sb.s[1];
+        switch (ft) {
+        case TN_IQ2_XXS: {
+            block_iq2_xxs *b = (block_iq2_xxs *)blk;
+            uint32_t idx = 0, sg = (uint32_t)s0 << 28;
+            for (int l = 0; l < 4; l++) {
+                idx |= (uint32_t)tn_p3_grid_index(tn_iq2xxs_grid, 256, sb.q + 8 * l) << 8 * l;
+                sg |= (uint32_t)(tn_p3_sign_byte(sb.q + 8 * l) & 127) << 7 * l;
+            }
+            memcpy(b->qs + 4 * ib, &idx, 4);
+            memcpy(b->qs + 4 * ib + 2, &sg, 4);
+            break;
+        }
+        case TN_IQ2_XS: {
+            block_iq2_xs *b = (block_iq2_xs *)blk;
+            for (int l = 0; l < 4; l++)
+                b->qs[4 * ib + l] = (uint16_t)(tn_p3_grid_index(tn_iq2xs_grid, 512, sb.q + 8 * l) |
+                                               (tn_p3_sign_byte(sb.q + 8 * l) & 127) << 9);
+            b->scales[ib] = (uint8_t)(s0 | s1 << 4);
+            break;
+        }
+        default: { /* TN_IQ2_S */
+            block_iq2_s *b = (block_iq2_s *)blk;
+            for (int l = 0; l < 4; l++) {
+                const int idx = tn_p3_grid_index(tn_iq2s_grid, 1024, sb.q + 8 * l);
+                b->qs[4 * ib + l] = (uint8_t)(idx & 255);
+                b->qh[ib] |= (uint8_t)((idx >> 8 & 3) << 2 * l);
+                b->qs[QK_K / 8 + 4 * ib + l] = (uint8_t)tn_p3_sign_byte(sb.q + 8 * l);
+            }
+            b->scales[ib] = (uint8_t)(s0 | s1 << 4);
+            break;
+        }
+        }
+    }
+}
+
+bool tn_repack_p3(tn_dtype ft, const void *src, void *dst, int64_t m, int64_t k) {
+    const size_t fb = tn_dtype_get(ft)->type_size;
+    const int64_t nb = m * (k / QK_K);
+    for (int64_t i = 0; i < nb; i++)
+        if (!tn_p3_put(ft, (const uint8_t *)src + (size_t)i * fb, (block_iq2_p3 *)dst + i)) return false;
+    return true;
+}
+
+void tn_unpack_row_p3(tn_dtype it, const void *w, int64_t k, int64_t i, void *row) {
+    const tn_dtype ft = tn_p3_file_type(it);
+    const int64_t nb = k / QK_K;
+    const block_iq2_p3 *p = (const block_iq2_p3 *)w + i * nb;
+    for (int64_t b = 0; b < nb; b++) tn_p3_get(ft, p + b, (uint8_t *)row + (size_t)b * tn_dtype_get(ft)->type_size);
+}
+
 /* ---- every load-time layout ---- */
 
 tn_dtype tn_repack_type_of(tn_dtype t) {
     tn_dtype r = tn_r16_type_of(t);
     if (!r) r = tn_l32_type_of(t);
+    if (!r) r = tn_p3_type_of(t);
     return r ? r : tn_c16_type_of(t);
 }
 
 tn_dtype tn_repack_file_type(tn_dtype it) {
     tn_dtype r = tn_r16_file_type(it);
     if (!r) r = tn_l32_file_type(it);
+    if (!r) r = tn_p3_file_type(it);
     return r ? r : tn_c16_file_type(it);
 }
 
 int tn_repack_rows(tn_dtype it) {
-    return tn_r16_file_type(it) ? TN_R16_ROWS : tn_l32_file_type(it) ? TN_L32_ROWS : tn_c16_file_type(it) ? 1 : 0;
+    return tn_r16_file_type(it) ? TN_R16_ROWS : tn_l32_file_type(it) ? TN_L32_ROWS : tn_c16_file_type(it) || tn_p3_file_type(it) ? 1 : 0;
 }
 
 void tn_repack(tn_dtype ft, const void *src, void *dst, int64_t m, int64_t k) {
-    if (tn_r16_type_of(ft)) tn_repack_r16(ft, src, dst, m, k);
+    if (tn_p3_type_of(ft)) (void)tn_repack_p3(ft, src, dst, m, k);
+    else if (tn_r16_type_of(ft)) tn_repack_r16(ft, src, dst, m, k);
     else if (tn_l32_type_of(ft)) tn_repack_l32(ft, src, dst, m, k);
     else tn_repack_c16(ft, src, dst, m, k);
 }
@@ -378,10 +521,15 @@ void tn_repack(tn_dtype ft, const void *src, void *dst, int64_t m, int64_t k) {
 void tn_unpack_row(tn_dtype it, const void *w, int64_t k, int64_t i, void *row) {
     if (tn_r16_file_type(it)) tn_unpack_row_r16(it, w, k, i, row);
     else if (tn_l32_file_type(it)) tn_unpack_row_l32(it, w, k, i, row);
+    else if (tn_p3_file_type(it)) tn_unpack_row_p3(it, w, k, i, row);
     else tn_unpack_row_c16(it, (const uint8_t *)w + (size_t)i * tn_dtype_row_size(it, k), k, row);
 }
 
 void tn_dequantize_row_repacked(tn_dtype it, const void *w, int64_t k, int64_t i, float *out) {
+    if (tn_p3_file_type(it)) { /* rows as in the file: the i-quant dequantizer reads p3 blocks */
+        tn_dequantize_row_iq(it, (const uint8_t *)w + (size_t)i * tn_dtype_row_size(it, k), out, k);
+        return;
+    }
     if (tn_r16_file_type(it)) {
         tn_dequantize_row_r16(it, w, k, i, out);
         return;

@@ -140,14 +140,32 @@ extern tn_c16_put_fn tn_c16_put_fast[TN_DTYPE_TQ_COUNT];
 /* One row of a c16 matrix (type it) back in its file type's bytes. */
 void tn_unpack_row_c16(tn_dtype it, const void *row_c16, int64_t k, void *row);
 
-/* ---- every load-time layout (r16, l32 and c16) ---- */
-/* The layout file type t moves to (tn_r16_type_of, then tn_l32_type_of, then tn_c16_type_of), or 0. */
+/* *_p3: iq2_xxs, iq2_xs and iq2_s rows with each block's grid entries expanded (blocks.h
+ * block_iq2_p3: 106 bytes a block against 66 / 74 / 82 in the file). Every byte of the three
+ * grids is 8, 25 or 43, so a 2-bit magnitude code and a sign bit per weight keep the block exactly;
+ * the decode kernel then needs one byte shuffle per 64 weights where the file layout loads eight
+ * grid entries one by one (src/kern/avx512/dot_iq2.c). Rows keep their order (tn_repack_rows = 1)
+ * but grow, so the layout is made only into a new buffer (a mapped file), never in place. */
+
+/* The p3 layout of file type t (iq2_xxs, iq2_xs, iq2_s), or 0. */
+tn_dtype tn_p3_type_of(tn_dtype t);
+/* The file type of a p3 type (0 if it is not one). */
+tn_dtype tn_p3_file_type(tn_dtype it);
+/* dst (m rows of k, k % 256 == 0, m * k / 256 p3 blocks) = src (file type ft) expanded; false if a
+ * block holds a value no iq2 grid has (dst is then incomplete). No overlap. */
+bool tn_repack_p3(tn_dtype ft, const void *src, void *dst, int64_t m, int64_t k);
+/* Row i of a p3 matrix back in its file type's bytes. */
+void tn_unpack_row_p3(tn_dtype it, const void *w, int64_t k, int64_t i, void *row);
+
+/* ---- every load-time layout (r16, l32, p3 and c16) ---- */
+/* The layout file type t moves to (tn_r16_type_of, then tn_l32_type_of, tn_p3_type_of, tn_c16_type_of), or 0. */
 tn_dtype tn_repack_type_of(tn_dtype t);
 /* The file type of layout it, or 0 if it is not a load-time layout. */
 tn_dtype tn_repack_file_type(tn_dtype it);
 /* Rows per interleaved group of layout it (16, 32, or 1 for c16; 0 if it is not one). */
 int tn_repack_rows(tn_dtype it);
-/* dst = src (file type ft, m rows, a multiple of tn_repack_rows) in layout tn_repack_type_of(ft). */
+/* dst = src (file type ft, m rows, a multiple of tn_repack_rows) in layout tn_repack_type_of(ft);
+ * dst holds tn_dtype_tensor_size(layout, k, m) bytes (more than src for p3). */
 void tn_repack(tn_dtype ft, const void *src, void *dst, int64_t m, int64_t k);
 /* Row i of a matrix in layout it back in its file type's bytes. */
 void tn_unpack_row(tn_dtype it, const void *w, int64_t k, int64_t i, void *row);

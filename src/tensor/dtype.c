@@ -121,7 +121,8 @@ static const tn_dtype_traits tn_traits_vq[TN_DTYPE_VQ_COUNT] = {
     {"vq2", 256, 70, true, true, TN_Q8_K},
 };
 
-/* In-memory layouts (dtype.h): same block and bytes as their file type, rows interleaved. */
+/* In-memory layouts (dtype.h): same block and bytes as their file type, rows interleaved (the
+ * iq2 *_p3 layouts: larger blocks, rows as in the file). */
 static const tn_dtype_traits tn_traits_internal[TN_DTYPE_SLOT_COUNT - TN_DTYPE_INTERNAL_BASE] = {
     {"q4_0_r16", QK4_0, sizeof(block_q4_0), true, true, TN_Q8_0},
     {"tq4g32_r16", 32, 18, true, true, TN_Q8_0},
@@ -140,6 +141,9 @@ static const tn_dtype_traits tn_traits_internal[TN_DTYPE_SLOT_COUNT - TN_DTYPE_I
     {"q4_K_r16", QK_K, sizeof(block_q4_K), true, true, TN_Q8_K},
     {"q5_K_r16", QK_K, sizeof(block_q5_K), true, true, TN_Q8_K},
     {"q6_K_r16", QK_K, sizeof(block_q6_K), true, true, TN_Q8_K},
+    {"iq2_xxs_p3", QK_K, sizeof(block_iq2_p3), true, true, TN_Q8_K},
+    {"iq2_xs_p3", QK_K, sizeof(block_iq2_p3), true, true, TN_Q8_K},
+    {"iq2_s_p3", QK_K, sizeof(block_iq2_p3), true, true, TN_Q8_K},
 #define TN_C16_SFX_0 ""
 #define TN_C16_SFX_1 "a"
 #define TN_C16_TRAITS(b, g, a) {"tq" #b "g" #g TN_C16_SFX_##a "_c16", g, (a ? 4 : 2) + g * b / 8, true, b > 1, TN_Q8_0},

@@ -253,8 +253,9 @@ static int bench_model(const char *path, const bench_opts *o, const peaks *pk, b
     mi->threads = cp.n_threads;
     const bool tied = m->output.data == m->tok_embd.data;
     /* bytes a generated token reads: every weight but the embedding table (one row of it), which
-     * is read in full only when the output projection is tied to it */
-    mi->tok_bytes = mi->size - (tied ? 0.0 : (double)m->tok_embd.nbytes);
+     * is read in full only when the output projection is tied to it — in memory, so with what the
+     * larger load-time layouts (iq2 *_p3) added */
+    mi->tok_bytes = mi->size + (double)m->repack_grown - (tied ? 0.0 : (double)m->tok_embd.nbytes);
     moe_bytes(m, mi);
     double *slice = NULL; /* [n_layer] bytes of one expert's slices of every *_exps matrix */
     uint64_t *touched0 = NULL, *tokens0 = NULL; /* the counters when the tg test starts */

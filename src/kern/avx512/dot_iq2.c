@@ -189,6 +189,69 @@ TN_INLINE float dot_iq512(tn_dtype t, int64_t k, const void *w, const void *x) {
     return t == TN_IQ3_XXS ? 0.25f * sumf : t == TN_IQ3_S ? sumf : 0.125f * sumf;
 }
 
+/* The iq2 p3 layouts (quant/repack.h; blocks.h block_iq2_p3): the 3-bit codes of element 64 c + j
+ * sit in byte j of hi (c = 0, 1 and the low bits of 2) and of the widened lo nibbles (the high bit
+ * of c = 2, and c = 3), so one VPERMB per 64 elements — it reads only bits 0..5 of each index byte,
+ * and each table below ignores the other fields there — gives g + 64 directly: 64 + {8, 25, 43}
+ * for codes 0..2, 64 - {8, 25, 43} for 4..6; c = 2 first merges its bits with one VPTERNLOG. Then
+ * the iq2_xs products above: maddubs with the activations, vpdpwssd with the halves' odd scales,
+ * 64 * sum_h l_h bsum_h taken off once per block. The same integer sums as the file types'
+ * kernels, in the scalar reference's float order. */
+/* index i (6 bits) -> g + 64 of code i & 7 (c = 0, 2), (i >> 3) & 7 (c = 1), (i >> 1) & 7 (c = 3) */
+static const uint8_t tn_p3_tabs[3][64] __attribute__((aligned(64))) = {
+    {
+      72,  89, 107,  64,  56,  39,  21,  64,  72,  89, 107,  64,  56,  39,  21,  64,
+      72,  89, 107,  64,  56,  39,  21,  64,  72,  89, 107,  64,  56,  39,  21,  64,
+      72,  89, 107,  64,  56,  39,  21,  64,  72,  89, 107,  64,  56,  39,  21,  64,
+      72,  89, 107,  64,  56,  39,  21,  64,  72,  89, 107,  64,  56,  39,  21,  64},
+    {
+      72,  72,  72,  72,  72,  72,  72,  72,  89,  89,  89,  89,  89,  89,  89,  89,
+     107, 107, 107, 107, 107, 107, 107, 107,  64,  64,  64,  64,  64,  64,  64,  64,
+      56,  56,  56,  56,  56,  56,  56,  56,  39,  39,  39,  39,  39,  39,  39,  39,
+      21,  21,  21,  21,  21,  21,  21,  21,  64,  64,  64,  64,  64,  64,  64,  64},
+    {
+      72,  72,  89,  89, 107, 107,  64,  64,  56,  56,  39,  39,  21,  21,  64,  64,
+      72,  72,  89,  89, 107, 107,  64,  64,  56,  56,  39,  39,  21,  21,  64,  64,
+      72,  72,  89,  89, 107, 107,  64,  64,  56,  56,  39,  39,  21,  21,  64,  64,
+      72,  72,  89,  89, 107, 107,  64,  64,  56,  56,  39,  39,  21,  21,  64,  64},
+};
+
+#ifndef TN_P3_PF
+#define TN_P3_PF 1024
+#endif
+TN_INLINE float dot_p3_512(int64_t k, const void *w, const void *x) {
+    const block_iq2_p3 *b = w;
+    const block_q8_K *xb = x;
+    const __m512i t0 = _mm512_load_si512((const void *)tn_p3_tabs[0]), t1 = _mm512_load_si512((const void *)tn_p3_tabs[1]);
+    const __m512i t3 = _mm512_load_si512((const void *)tn_p3_tabs[2]), m3 = _mm512_set1_epi8(3);
+    float sumf = 0;
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        _mm_prefetch((const char *)(b + i) + TN_P3_PF, _MM_HINT_T0);
+        _mm_prefetch((const char *)(b + i) + TN_P3_PF + 64, _MM_HINT_T0);
+        const __m512i h = _mm512_loadu_si512((const void *)b[i].hi);
+        const __m256i l = _mm256_loadu_si256((const __m256i *)b[i].lo);
+        const __m512i n = _mm512_inserti64x4(_mm512_castsi256_si512(l), _mm256_srli_epi16(l, 4), 1); /* nib(j) in bits 0..3 */
+        const __m512i i2 = _mm512_ternarylogic_epi32(m3, _mm512_srli_epi16(h, 6), _mm512_slli_epi16(n, 2), 0xCA);
+        const __m512i s16 = scales16(b[i].scales);
+        const __m512i g0 = _mm512_permutexvar_epi8(h, t0), g1 = _mm512_permutexvar_epi8(h, t1);
+        const __m512i g2 = _mm512_permutexvar_epi8(i2, t0), g3 = _mm512_permutexvar_epi8(n, t3);
+        const int8_t *q = xb[i].qs;
+        __m512i acc = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(g0, _mm512_loadu_si512((const void *)q)), ls_of(s16, 0));
+        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(g1, _mm512_loadu_si512((const void *)(q + 64))), ls_of(s16, 1));
+        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(g2, _mm512_loadu_si512((const void *)(q + 128))), ls_of(s16, 2));
+        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(g3, _mm512_loadu_si512((const void *)(q + 192))), ls_of(s16, 3));
+        const __m256i lb = _mm256_madd_epi16(_mm512_castsi512_si256(s16), _mm256_loadu_si256((const __m256i *)xb[i].bsums));
+        const __m512i z = _mm512_zextsi256_si512(_mm256_slli_epi32(lb, 6));
+        const int32_t bsum = _mm512_reduce_add_epi32(_mm512_sub_epi32(acc, z));
+        sumf += tn_fp16_to_fp32(b[i].d) * xb[i].d * bsum;
+    }
+    return 0.125f * sumf;
+}
+
+#define TN_IQ_P3_DOT512(name, T)                                                                                       \
+    void tn_k_vec_dot_##name##_q8_K__avx512(int64_t k, float *s, const void *w, const void *x) { *s = dot_p3_512(k, w, x); }
+TN_IQ_P3_TYPES(TN_IQ_P3_DOT512)
+
 #define TN_IQ_DOT512(name, T)                                                                                          \
     void tn_k_vec_dot_##name##_q8_K__avx512(int64_t k, float *s, const void *w, const void *x) {                      \
         *s = dot_iq512(T, k, w, x);                                                                                    \

@@ -3,7 +3,8 @@
  * iq2_s, iq3_xxs, iq3_s, iq1_s, iq1_m) x q8_K with 512-bit registers: the template
  * avx2/iq2_gemm.inc (each weight block decoded once per tile of up to 64 activation rows), its
  * per-row sums two sub-blocks per instruction: maddubs then VNNI vpdpwssd with the pairs' odd
- * scales (one instruction for madd + add). One activation row (decode) goes through the vec_dot:
+ * scales (one instruction for madd + add); the same for the load-time iq2 *_p3 layouts (quant/
+ * repack.h). One activation row (decode) goes through the vec_dot:
  * avx512/dot_iq2.c's for iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, avx2's for iq1_s, iq1_m.
  */
 #include "kern/avx2/simd.h"
@@ -23,6 +24,7 @@
     }
 #define TN_IQ_GEMM512_D(name, T) TN_IQ_GEMM512(name, T, tn_k_vec_dot_##name##_q8_K__avx512)
 TN_IQ_DOT512_TYPES(TN_IQ_GEMM512_D)
+TN_IQ_P3_TYPES(TN_IQ_GEMM512_D) /* the iq2 p3 layouts: iq2_sub.inc's p3 decode, dot_iq2.c's vec_dot */
 TN_IQ_GEMM512(iq1_s, TN_IQ1_S, tn_k_vec_dot_iq1_s_q8_K__avx2)
 TN_IQ_GEMM512(iq1_m, TN_IQ1_M, tn_k_vec_dot_iq1_m_q8_K__avx2)
 
@@ -35,6 +37,8 @@ void tn_kern_register_iq_avx512(tn_kern_table *t) {
     t->slot[T].vec_dot_isa = TN_ISA_AVX512;
     TN_IQ_GRID_TYPES(TN_SET_IQ_GEMM)
     TN_IQ_DOT512_TYPES(TN_SET_IQ_DOT)
+    TN_IQ_P3_TYPES(TN_SET_IQ_GEMM)
+    TN_IQ_P3_TYPES(TN_SET_IQ_DOT)
 #undef TN_SET_IQ_GEMM
 #undef TN_SET_IQ_DOT
 }

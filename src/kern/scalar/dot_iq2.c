@@ -6,7 +6,8 @@
  * activations' group sums), then the float scales in ggml's order:
  *   iq2_*:   s = 1/8 * sum_blocks (d_w d_x) * bsum        iq3_xxs: 1/4 * ...       iq3_s: 1 * ...
  *   iq1_*:   s = sum_blocks d_w d_x (sumi + 1/8 sumi1)
- * Blocks are read through tn_iq_sub_decode (quant/quant_iq2.c), the one description of the layouts.
+ * Blocks are read through tn_iq_sub_decode (quant/quant_iq2.c), the one description of the layouts
+ * (the load-time iq2 *_p3 layouts included).
  */
 #include "kern/scalar/kernels.h"
 #include "quant/iq_grid.h"
@@ -57,3 +58,6 @@ TN_IQ_DOT(iq3_xxs, TN_IQ3_XXS)
 TN_IQ_DOT(iq3_s, TN_IQ3_S)
 TN_IQ_DOT(iq1_s, TN_IQ1_S)
 TN_IQ_DOT(iq1_m, TN_IQ1_M)
+/* the p3 layouts (quant/repack.h) through the same decoder: the reference their kernels are
+ * tested against, itself tested against the file types' (tests/gemv/test_repack.c) */
+TN_IQ_P3_TYPES(TN_IQ_DOT)
