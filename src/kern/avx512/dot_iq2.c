@@ -184,7 +184,7 @@ TN_INLINE float dot_iq512(tn_dtype t, int64_t k, const void *w, const void *x) {
             z = _mm512_zextsi256_si512(_mm256_slli_epi32(lb, 6));
         }
         const int32_t bsum = _mm512_reduce_add_epi32(_mm512_sub_epi32(acc, z));
-        sumf += tn_fp16_to_fp32(tn_iq_rd16(wb)) * xb[i].d * bsum; /* tn_iq_block_d, inline: d leads every block here */
+        sumf += _cvtsh_ss(tn_iq_rd16(wb)) * xb[i].d * bsum; /* tn_iq_block_d (F16C), inline: d leads every block here */
     }
     return t == TN_IQ3_XXS ? 0.25f * sumf : t == TN_IQ3_S ? sumf : 0.125f * sumf;
 }
@@ -224,7 +224,7 @@ TN_INLINE float dot_p3_512(int64_t k, const void *w, const void *x) {
     const block_q8_K *xb = x;
     const __m512i t0 = _mm512_load_si512((const void *)tn_p3_tabs[0]), t1 = _mm512_load_si512((const void *)tn_p3_tabs[1]);
     const __m512i t3 = _mm512_load_si512((const void *)tn_p3_tabs[2]), m3 = _mm512_set1_epi8(3);
-    float sumf = 0;
+    __m512 accf = _mm512_setzero_ps();
     for (int64_t i = 0; i < k / QK_K; i++) {
         _mm_prefetch((const char *)(b + i) + TN_P3_PF, _MM_HINT_T0);
         _mm_prefetch((const char *)(b + i) + TN_P3_PF + 64, _MM_HINT_T0);
@@ -242,10 +242,9 @@ TN_INLINE float dot_p3_512(int64_t k, const void *w, const void *x) {
         acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(g3, _mm512_loadu_si512((const void *)(q + 192))), ls_of(s16, 3));
         const __m256i lb = _mm256_madd_epi16(_mm512_castsi512_si256(s16), _mm256_loadu_si256((const __m256i *)xb[i].bsums));
         const __m512i z = _mm512_zextsi256_si512(_mm256_slli_epi32(lb, 6));
-        const int32_t bsum = _mm512_reduce_add_epi32(_mm512_sub_epi32(acc, z));
-        sumf += tn_fp16_to_fp32(b[i].d) * xb[i].d * bsum;
+        accf = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc, z)), _mm512_set1_ps(_cvtsh_ss(b[i].d) * xb[i].d), accf);
     }
-    return 0.125f * sumf;
+    return 0.125f * _mm512_reduce_add_ps(accf);
 }
 
 #define TN_IQ_P3_DOT512(name, T)                                                                                       \
