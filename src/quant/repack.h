@@ -47,6 +47,16 @@
  *                           (code 128h + 32e + l: nibble e/2 of ql[64h + 32(e%2) + l] | bits
  *                           2e, 2e+1 of qh[32h + l] << 4, minus 32 — ggml's q6_K)
  *
+ *   iq4_xs_r16 chunk c (16 blocks' bytes: 2176):
+ *     bytes    0 ..   31    fp16 d of rows 0..15
+ *     bytes   32 ..   95    byte 16 p + r: scales_l[p] of row r (low 4 bits of the 6-bit scales of
+ *                           sub-blocks 2p, low nibble, and 2p + 1)
+ *     bytes   96 ..  127    byte 16 q + r: byte q of row r's scales_h (their high 2 bits, sub-block
+ *                           4q + i in bits 2i, 2i + 1)
+ *     bytes  128 .. 2175    registers P_u, u = 0..31: dword r = dword u of row r's qs, so P & 0x0F
+ *                           holds codes 4t..4t+3 of sub-block u / 4 (t = u % 4) of every row and
+ *                           (P >> 4) & 0x0F codes 16+4t..16+4t+3: indices into the iq4_nl table
+ *
  * *_l32: 1-bit tq weights (tq1g<G>[a], any G, symmetric or asymmetric) with 32 rows interleaved
  * for the lookup-table decode kernel (src/kern/avx512/tq1_lut.c: one VPERMW looks up the partial
  * sums of 4 codes for 32 rows at once). A group of 32 rows (32 * k/G blocks of B bytes) becomes
@@ -79,8 +89,11 @@
 #define TN_R16_Q6K_SC 32
 #define TN_R16_Q6K_QL 288
 #define TN_R16_Q6K_QH 2336
+#define TN_R16_IQ4_SL 32
+#define TN_R16_IQ4_SH 96
+#define TN_R16_IQ4_QS 128
 
-/* The interleaved type for file type t (q4_0, tq4g<G> symmetric, q8_0, q4_K, q5_K, q6_K), or 0. */
+/* The interleaved type for file type t (q4_0, tq4g<G> symmetric, q8_0, q4_K, q5_K, q6_K, iq4_xs), or 0. */
 tn_dtype tn_r16_type_of(tn_dtype t);
 /* The file type an interleaved type came from (0 if t is not one). */
 tn_dtype tn_r16_file_type(tn_dtype t);

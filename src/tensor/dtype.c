@@ -141,6 +141,7 @@ static const tn_dtype_traits tn_traits_internal[TN_DTYPE_SLOT_COUNT - TN_DTYPE_I
     {"q4_K_r16", QK_K, sizeof(block_q4_K), true, true, TN_Q8_K},
     {"q5_K_r16", QK_K, sizeof(block_q5_K), true, true, TN_Q8_K},
     {"q6_K_r16", QK_K, sizeof(block_q6_K), true, true, TN_Q8_K},
+    {"iq4_xs_r16", QK_K, sizeof(block_iq4_xs), true, true, TN_Q8_K},
     {"iq2_xxs_p3", QK_K, sizeof(block_iq2_p3), true, true, TN_Q8_K},
     {"iq2_xs_p3", QK_K, sizeof(block_iq2_p3), true, true, TN_Q8_K},
     {"iq2_s_p3", QK_K, sizeof(block_iq2_p3), true, true, TN_Q8_K},

@@ -69,6 +69,7 @@ typedef enum tn_dtype {
     TN_Q4_K_R16,                          /* q4_K / q5_K / q6_K with 16 rows interleaved,     */
     TN_Q5_K_R16,                          /* scales rearranged for the kernel                 */
     TN_Q6_K_R16,                          /* (src/quant/repack.h)                              */
+    TN_IQ4_XS_R16,                        /* iq4_xs with 16 rows interleaved (repack.h)        */
     TN_IQ2_XXS_P3,                        /* iq2_xxs / iq2_xs / iq2_s with the grid entries   */
     TN_IQ2_XS_P3,                         /* expanded into 2-bit magnitude and 1-bit sign     */
     TN_IQ2_S_P3,                          /* planes (106 bytes a block; src/quant/repack.h)   */

@@ -1,8 +1,8 @@
 /*
  * test_repack.c — the load-time layouts (src/quant/repack.c: *_r16 for q4_0, symmetric
- * tq4g32..tq4g256, q8_0, q4_K, q5_K and q6_K; *_l32 for tq1g32..tq1g256a) and their kernels, for every
- * one of the seventeen types (activations in the file type's vec_dot_type: q8_0, or q8_K for the
- * k-quants):
+ * tq4g32..tq4g256, q8_0, q4_K, q5_K, q6_K and iq4_xs; *_l32 for tq1g32..tq1g256a) and their kernels,
+ * for every one of the eighteen types (activations in the file type's vec_dot_type: q8_0, or q8_K
+ * for the k-quants and iq4_xs):
  *   - repacking then unpacking gives back every row's bytes (quantized rows and random bytes, so
  *     every scale / min bit pattern of the k-quants is seen); the layout's row dequantization
  *     equals the file type's on the original row;
@@ -47,7 +47,7 @@
 static const tn_dtype r16_types[] = {TN_Q4_0_R16,     TN_TQ4G32_R16,  TN_TQ4G64_R16,   TN_TQ4G128_R16, TN_TQ4G256_R16,
                                      TN_Q8_0_R16,     TN_TQ1G32_L32,  TN_TQ1G32A_L32,  TN_TQ1G64_L32,  TN_TQ1G64A_L32,
                                      TN_TQ1G128_L32,  TN_TQ1G128A_L32, TN_TQ1G256_L32, TN_TQ1G256A_L32,
-                                     TN_Q4_K_R16,     TN_Q5_K_R16,    TN_Q6_K_R16};
+                                     TN_Q4_K_R16,     TN_Q5_K_R16,    TN_Q6_K_R16,     TN_IQ4_XS_R16};
 #define N_R16 (sizeof r16_types / sizeof r16_types[0])
 
 /* m rows of file type ft: even rows quantized from floats, odd rows random bytes with small scales */

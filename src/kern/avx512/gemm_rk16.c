@@ -1,5 +1,5 @@
 /*
- * gemm_rk16.c (avx512) — tile products for q4_K, q5_K and q6_K weights in the load-time *_r16 layouts
+ * gemm_rk16.c (avx512) — tile products for q4_K, q5_K, q6_K and iq4_xs weights in the load-time *_r16 layouts
  * (quant/repack.h), activations in q8_K, for every batch size: decode, serve steps and prefill.
  *
  * As gemm_r16.c: int32 lane r of every register is row r of a group of 16, so a VPDPBUSD of a
@@ -15,6 +15,8 @@
  *     of the rows' mins as word pairs against the q8_K block's pair sums, and one more FMA.
  *   q6_K: codes 0..63 rebuilt (nibble of ql | two bits of qh << 4, unsigned); the -32 offset
  *     starts each sub-block's accumulator at -32 * (its activation sum), from q8_K's bsums.
+ *   iq4_xs: each nibble through a VPSHUFB into the iq4_nl table + 128 (unsigned); the +128 is
+ *     taken off the same way, -128 * (activation sum) at the start of each sub-block's sum.
  * The unpacking of a block's codes is shared by up to 8 columns per pass; a group's rows are read
  * once per block of TN_RK16_CB columns and from cache by the later passes.
  * q6_K decode and small batches (n <= 4) have their own tile (tn_rk16_chunk_q6K): every code byte
@@ -122,6 +124,81 @@ static inline __attribute__((always_inline)) void tn_rk16_chunk_k4(const int NC,
         acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(dw, dx), acc[c]);
         acc[c] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms), _mm512_mul_ps(dm, dx), acc[c]);
     }
+}
+
+/* iq4_xs: chunk ch (block b of a group's 16 rows) against NC columns into acc[c]. Each nibble
+ * goes through one VPSHUFB into the iq4_nl table + 128 (1..241, VPDPBUSD's unsigned operand); the
+ * 128 * (activation sum) that adds is where each sub-block's accumulator starts, negated, from
+ * q8_K's bsums (as q6_K's -32). The 6-bit scale ls of sub-block j (low 4 bits from the scales_l
+ * bytes, high 2 from scales_h) becomes ls - 32 for one VPMULLD per sub-block and column. SPREAD:
+ * the chunk ahead prefetched a few lines per sub-block step (decode). */
+static inline __attribute__((always_inline)) void tn_rk16_chunk_iq4(const int NC, const bool SPREAD, const uint8_t *ch,
+                                                                     int64_t b, const uint8_t *x, size_t x_rb,
+                                                                     __m512 *acc) {
+    const size_t cb = TN_R16_ROWS * sizeof(block_iq4_xs);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m15 = _mm512_set1_epi32(15), m3 = _mm512_set1_epi32(3);
+    const __m512i c32 = _mm512_set1_epi32(32);
+    const __m512i kv = _mm512_broadcast_i32x4(_mm_setr_epi8(1, 24, 45, 63, 79, 93, 106, 118, (char)129, (char)141, (char)153,
+                                                            (char)166, (char)181, (char)197, (char)217, (char)241));
+    const int LP = (int)((cb / 64 + 7) / 8);
+    if (!SPREAD) tn_rk16_prefetch(ch, cb);
+    const block_q8_K *xb[TN_RK16_NC];
+    __m512i isum[TN_RK16_NC];
+    for (int c = 0; c < NC; c++) {
+        xb[c] = &((const block_q8_K *)(x + (size_t)c * x_rb))[b];
+        isum[c] = _mm512_setzero_si512();
+    }
+    for (int j = 0; j < 8; j++) {
+        if (SPREAD) /* ceil(lines / 8) = 5 lines per step */
+            for (int l = LP * j; l < LP * (j + 1); l++)
+                if (64 * l < (int)cb) tn_rk16_prefetch_line(ch + TN_RK16_PF + 64 * l);
+        const uint8_t *P = ch + TN_R16_IQ4_QS + 256 * j;
+        __m512i lo[4], hi[4];
+        for (int u = 0; u < 4; u++) {
+            const __m512i v = _mm512_loadu_si512(P + 64 * u);
+            lo[u] = _mm512_shuffle_epi8(kv, _mm512_and_si512(v, m4));
+            hi[u] = _mm512_shuffle_epi8(kv, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+        }
+        const __m512i sl = tn_rk16_u8(ch + TN_R16_IQ4_SL + 16 * (j / 2)), sh = tn_rk16_u8(ch + TN_R16_IQ4_SH + 16 * (j / 4));
+        const __m512i ls = _mm512_or_si512(_mm512_and_si512(j % 2 ? _mm512_srli_epi32(sl, 4) : sl, m15),
+                                           _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(sh, 2 * (j % 4)), m3), 4));
+        const __m512i sc = _mm512_sub_epi32(ls, c32);
+        for (int c = 0; c < NC; c++) {
+            const int8_t *xq = xb[c]->qs + 32 * j;
+            __m512i t = _mm512_set1_epi32(-128 * (xb[c]->bsums[2 * j] + xb[c]->bsums[2 * j + 1]));
+            for (int u = 0; u < 4; u++) {
+                t = _mm512_dpbusd_epi32(t, lo[u], tn_rk16_bcast(xq + 4 * u));
+                t = _mm512_dpbusd_epi32(t, hi[u], tn_rk16_bcast(xq + 16 + 4 * u));
+            }
+            isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(t, sc));
+        }
+    }
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)ch));
+    for (int c = 0; c < NC; c++)
+        acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(dw, _mm512_set1_ps(xb[c]->d)), acc[c]);
+}
+
+/* iq4_xs: one group of 16 rows x NC columns of nb blocks each */
+static inline __attribute__((always_inline)) void tn_rk16_tile_iq4(const int NC, const uint8_t *grp, int64_t nb,
+                                                                    const uint8_t *x, size_t x_rb, float *y,
+                                                                    int64_t ldy) {
+    const size_t cb = TN_R16_ROWS * sizeof(block_iq4_xs);
+    __m512 acc[TN_RK16_NC];
+    for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) tn_rk16_chunk_iq4(NC, NC == 1, grp + (size_t)b * cb, b, x, x_rb, acc);
+    for (int c = 0; c < NC; c++) _mm512_storeu_ps(y + c * ldy, acc[c]);
+}
+
+/* iq4_xs, one column: groups g0 and g1 far apart (two streams) chunk by chunk. */
+static void tn_rk16_dec2_iq4(const uint8_t *g0, const uint8_t *g1, int64_t nb, const uint8_t *x, float *y0, float *y1) {
+    const size_t cb = TN_R16_ROWS * sizeof(block_iq4_xs);
+    __m512 a0[1] = {_mm512_setzero_ps()}, a1[1] = {_mm512_setzero_ps()};
+    for (int64_t b = 0; b < nb; b++) {
+        tn_rk16_chunk_iq4(1, true, g0 + (size_t)b * cb, b, x, 0, a0);
+        tn_rk16_chunk_iq4(1, true, g1 + (size_t)b * cb, b, x, 0, a1);
+    }
+    _mm512_storeu_ps(y0, a0[0]);
+    _mm512_storeu_ps(y1, a1[0]);
 }
 
 /* q4_K (Q5: q5_K): one group of 16 rows x NC columns of nb blocks each */
@@ -304,6 +381,7 @@ static inline __attribute__((always_inline)) void tn_rk16_tile_q5K(const int NC,
 TN_RK16_TILES(q4K)
 TN_RK16_TILES(q5K)
 TN_RK16_TILES(q6K)
+TN_RK16_TILES(iq4)
 
 static void tn_rk16_gemm(const tn_rk16_tile_fn *tiles, int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb,
                          const void *x, size_t x_rb, float *y, int64_t ldy) {
@@ -358,12 +436,17 @@ static void tn_k_gemm_q6_K_r16_q8_K__avx512(int64_t k, int64_t m, int64_t n, con
     tn_rk16_gemm2(tn_rk16_tiles_q6K, tn_rk16_dec2_q6K, k, m, n, w, w_rb, x, x_rb, y, ldy);
 }
 
+static void tn_k_gemm_iq4_xs_r16_q8_K__avx512(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb,
+                                              const void *x, size_t x_rb, float *y, int64_t ldy) {
+    tn_rk16_gemm2(tn_rk16_tiles_iq4, tn_rk16_dec2_iq4, k, m, n, w, w_rb, x, x_rb, y, ldy);
+}
+
 void tn_kern_register_repack_k_avx512(tn_kern_table *t) {
     const tn_cpu *c = tn_cpu_get();
     if (!c->avx512vnni) return;
-    const tn_dtype ids[] = {TN_Q4_K_R16, TN_Q5_K_R16, TN_Q6_K_R16};
+    const tn_dtype ids[] = {TN_Q4_K_R16, TN_Q5_K_R16, TN_Q6_K_R16, TN_IQ4_XS_R16};
     const tn_gemm_fn fns[] = {tn_k_gemm_q4_K_r16_q8_K__avx512, tn_k_gemm_q5_K_r16_q8_K__avx512,
-                              tn_k_gemm_q6_K_r16_q8_K__avx512};
+                              tn_k_gemm_q6_K_r16_q8_K__avx512, tn_k_gemm_iq4_xs_r16_q8_K__avx512};
     for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
         t->slot[ids[i]].gemm = fns[i];
         t->slot[ids[i]].gemm_isa = TN_ISA_AVX512;
