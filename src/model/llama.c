@@ -410,11 +410,11 @@ static tn_dtype tn_repack_target(const tn_tensor *t, bool mapped) {
         const char *e = getenv("TERN_REPACK_Q6K");
         if (e && !strcmp(e, "0")) return (tn_dtype)0;
     }
-    /* the iq2 p3 layouts are larger than the file's blocks (106 bytes against 66-82): made only
-     * into the new buffer of a mapped file; TERN_REPACK_IQ2=0 keeps the file layout (less memory,
-     * slower decode) */
-    if (tn_p3_file_type(it)) {
-        const char *e = getenv("TERN_REPACK_IQ2");
+    /* the expanded i-quant layouts (iq2 p3, iq3 p4) are larger than the file's blocks (106 bytes
+     * against 66-82, 138 against 98-110): made only into the new buffer of a mapped file;
+     * TERN_REPACK_IQ=0 keeps the file layout (less memory, slower decode) */
+    if (tn_xp_file_type(it)) {
+        const char *e = getenv("TERN_REPACK_IQ");
         if (!mapped || (e && !strcmp(e, "0"))) return (tn_dtype)0;
     }
     return it;
@@ -422,7 +422,7 @@ static tn_dtype tn_repack_target(const tn_tensor *t, bool mapped) {
 
 /* Bytes of tensor t in layout it (t's own when it is 0). */
 static size_t tn_repacked_bytes(const tn_tensor *t, tn_dtype it) {
-    if (!it || !tn_p3_file_type(it)) return t->nbytes;
+    if (!it || !tn_xp_file_type(it)) return t->nbytes;
     const int64_t rows = (int64_t)(t->nbytes / tn_dtype_row_size(t->type, t->ne[0]));
     return (size_t)rows * tn_dtype_row_size(it, t->ne[0]);
 }

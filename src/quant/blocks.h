@@ -135,6 +135,15 @@ static_assert(sizeof(block_iq2_s) == 2 + QK_K / 4 + QK_K / 16, "block_iq2_s size
 typedef struct { tn_fp16 d; uint8_t scales[QK_K / 32]; uint8_t hi[QK_K / 4]; uint8_t lo[QK_K / 8]; } block_iq2_p3;
 static_assert(sizeof(block_iq2_p3) == 2 + QK_K / 32 + QK_K / 4 + QK_K / 8, "block_iq2_p3 size");
 
+/* The same for iq3_xxs / iq3_s (quant/repack.h *_p4): every byte of the iq3_xxs grid is one of 4,
+ * 12, 20, 28, 36, 44, 52, 62 and of the iq3_s grid one of 1, 3, .., 15, so each element is a
+ * 4-bit code m | s << 3 (m = 0..7 indexes those eight, s = 1 for a negative element), 4.31 bpw:
+ * qs[j] (j < 64) low nibble code(j), high nibble code(64 + j); qs[64 + j] code(128 + j) and
+ * code(192 + j). d and scales as block_iq2_p3 (the sub-block's 4-bit scale in both nibbles).
+ * Value as the file type's: iq3_xxs d * (0.5 + s) / 2 * g * sign, iq3_s d * (1 + 2 s) * g * sign. */
+typedef struct { tn_fp16 d; uint8_t scales[QK_K / 32]; uint8_t qs[QK_K / 2]; } block_iq3_p4;
+static_assert(sizeof(block_iq3_p4) == 2 + QK_K / 32 + QK_K / 2, "block_iq3_p4 size");
+
 /* qs[0..64): 8-bit grid index per group of 4; qs[64..96): per sub-block one uint32 with four 7-bit
  * sign fields (one per 8 elements) and the scale s in bits 28-31: d * (0.5 + s) / 2.  3.0625 bpw */
 typedef struct { tn_fp16 d; uint8_t qs[3 * QK_K / 8]; } block_iq3_xxs;

@@ -106,6 +106,19 @@ void tn_iq_sub_decode(tn_dtype t, const void *blk, int ib, tn_iq_sub *o) {
         o->s[0] = b->scales[ib] & 15, o->s[1] = b->scales[ib] >> 4;
         break;
     }
+    case TN_IQ3_XXS_P4:
+    case TN_IQ3_S_P4: { /* the expanded layout (blocks.h block_iq3_p4) */
+        static const int8_t mxxs[8] = {4, 12, 20, 28, 36, 44, 52, 62}, ms[8] = {1, 3, 5, 7, 9, 11, 13, 15};
+        const int8_t *mag = t == TN_IQ3_XXS_P4 ? mxxs : ms;
+        const block_iq3_p4 *b = blk;
+        const int c = ib / 2, j0 = 32 * (ib % 2);
+        for (int j = 0; j < 32; j++) {
+            const unsigned code = b->qs[64 * (c / 2) + j0 + j] >> 4 * (c % 2) & 15;
+            o->q[j] = (int8_t)(code & 8 ? -mag[code & 7] : mag[code & 7]);
+        }
+        o->s[0] = b->scales[ib] & 15, o->s[1] = b->scales[ib] >> 4;
+        break;
+    }
     default: memset(o, 0, sizeof *o); break;
     }
 }
@@ -128,8 +141,10 @@ void tn_dequantize_row_iq(tn_dtype t, const void *x, float *y, int64_t k) {
                 const int8_t *q = o.q + 16 * h;
                 float db;
                 switch (t) {
-                case TN_IQ3_XXS: db = d * (0.5f + s) * 0.5f; break;
-                case TN_IQ3_S: db = d * (1 + 2 * s); break;
+                case TN_IQ3_XXS:
+                case TN_IQ3_XXS_P4: db = d * (0.5f + s) * 0.5f; break;
+                case TN_IQ3_S:
+                case TN_IQ3_S_P4: db = d * (1 + 2 * s); break;
                 case TN_IQ1_S:
                 case TN_IQ1_M: db = d * (2 * s + 1); break;
                 default: db = d * (0.5f + s) * 0.25f; break;

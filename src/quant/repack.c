@@ -368,12 +368,26 @@ void tn_unpack_row_c16(tn_dtype it, const void *row_c16, int64_t k, void *row) {
 
 /* ---- *_p3: iq2 grid entries expanded (blocks.h block_iq2_p3) ---- */
 
-tn_dtype tn_p3_type_of(tn_dtype t) {
-    return t == TN_IQ2_XXS ? TN_IQ2_XXS_P3 : t == TN_IQ2_XS ? TN_IQ2_XS_P3 : t == TN_IQ2_S ? TN_IQ2_S_P3 : (tn_dtype)0;
+tn_dtype tn_xp_type_of(tn_dtype t) {
+    switch (t) {
+    case TN_IQ2_XXS: return TN_IQ2_XXS_P3;
+    case TN_IQ2_XS: return TN_IQ2_XS_P3;
+    case TN_IQ2_S: return TN_IQ2_S_P3;
+    case TN_IQ3_XXS: return TN_IQ3_XXS_P4;
+    case TN_IQ3_S: return TN_IQ3_S_P4;
+    default: return (tn_dtype)0;
+    }
 }
 
-tn_dtype tn_p3_file_type(tn_dtype it) {
-    return it == TN_IQ2_XXS_P3 ? TN_IQ2_XXS : it == TN_IQ2_XS_P3 ? TN_IQ2_XS : it == TN_IQ2_S_P3 ? TN_IQ2_S : (tn_dtype)0;
+tn_dtype tn_xp_file_type(tn_dtype it) {
+    switch (it) {
+    case TN_IQ2_XXS_P3: return TN_IQ2_XXS;
+    case TN_IQ2_XS_P3: return TN_IQ2_XS;
+    case TN_IQ2_S_P3: return TN_IQ2_S;
+    case TN_IQ3_XXS_P4: return TN_IQ3_XXS;
+    case TN_IQ3_S_P4: return TN_IQ3_S;
+    default: return (tn_dtype)0;
+    }
 }
 
 /* One file block of type ft -> its p3 block. Every grid byte b is 8, 25 or 43, whose bits 4..5 are
@@ -448,7 +462,7 @@ static unsigned tn_p3_sign_byte(const int8_t *q) {
 /* The inverse of tn_p3_put: a p3 block back in file type ft's bytes (the grid searched for each
  * group of 8; the 7-bit sign fields keep the low 7 signs, the eighth is their parity). */
 static void tn_p3_get(tn_dtype ft, const block_iq2_p3 *p, uint8_t *blk) {
-    const tn_dtype it = tn_p3_type_of(ft);
+    const tn_dtype it = tn_xp_type_of(ft);
     memset(blk, 0, tn_dtype_get(ft)->type_size);
     memcpy(blk, &p->d, sizeof p->d);
     tn_iq_sub sb;
@@ -490,19 +504,109 @@ static void tn_p3_get(tn_dtype ft, const block_iq2_p3 *p, uint8_t *blk) {
     }
 }
 
-bool tn_repack_p3(tn_dtype ft, const void *src, void *dst, int64_t m, int64_t k) {
+/* One iq3_xxs / iq3_s block -> its p4 block. Grid bytes: iq3_xxs 4 + 8 m (m = 0..6) and 62
+ * (m = 7), iq3_s 1 + 2 m: m is (b - 4) >> 3, or b >> 1, eight at a time; each group's sign bits
+ * (the 7-bit field and its parity, or iq3_s's sign byte) spread one a byte into bit 3; then codes
+ * 64 c + j go to nibble c % 2 of qs[64 (c / 2) + j]. Returns false on a byte no grid has. */
+static bool tn_p4_put(tn_dtype ft, const uint8_t *blk, block_iq3_p4 *o) {
+    memset(o, 0, sizeof *o);
+    memcpy(&o->d, blk, sizeof o->d);
+    const uint64_t L1 = 0x0101010101010101ull;
+    uint64_t bad = 0;
+    for (int gi = 0; gi < QK_K / 8; gi++) { /* elements 8 gi .. 8 gi + 7: two grid entries */
+        const int ib = gi / 4, l = gi % 4;
+        uint64_t e, mag, want;
+        unsigned sg;
+        if (ft == TN_IQ3_XXS) {
+            const block_iq3_xxs *b = (const block_iq3_xxs *)blk;
+            const uint32_t a = tn_iq_rd32(b->qs + QK_K / 4 + 4 * ib);
+            e = (uint64_t)tn_iq3xxs_grid[b->qs[8 * ib + 2 * l]] | (uint64_t)tn_iq3xxs_grid[b->qs[8 * ib + 2 * l + 1]] << 32;
+            sg = tn_iq_signs7(a >> 7 * l);
+            if (l == 0) o->scales[ib] = (uint8_t)((a >> 28) * 17);
+            mag = ((e | 3 * L1) - 4 * L1) >> 3 & 7 * L1; /* bytes >= 4: no borrow */
+            want = 4 * L1 + 8 * mag + (mag >> 2 & mag >> 1 & mag & L1) * 2; /* 7 -> 62, not 60 */
+        } else {
+            const block_iq3_s *b = (const block_iq3_s *)blk;
+            const int i0 = b->qs[8 * ib + 2 * l] | (b->qh[ib] >> 2 * l & 1) << 8;
+            const int i1 = b->qs[8 * ib + 2 * l + 1] | (b->qh[ib] >> (2 * l + 1) & 1) << 8;
+            e = (uint64_t)tn_iq3s_grid[i0] | (uint64_t)tn_iq3s_grid[i1] << 32;
+            sg = b->signs[gi];
+            if (l == 0) o->scales[ib] = (uint8_t)((b->scales[ib / 2] >> 4 * (ib % 2) & 15) * 17);
+            mag = e >> 1 & 7 * L1;
+            want = L1 + 2 * mag;
+        }
+        bad |= e ^ want;
+        const uint64_t sb = (((uint64_t)(sg & 255) * L1 & 0x8040201008040201ull) + 0x7F * L1) >> 7 & L1;
+        const uint64_t code = mag | sb << 3;
+        const int c = gi / 8, j = 64 * (c / 2) + 8 * (gi % 8);
+        uint64_t q;
+        memcpy(&q, o->qs + j, 8);
+        q |= code << 4 * (c % 2);
+        memcpy(o->qs + j, &q, 8);
+    }
+    return bad == 0;
+}
+
+/* The index of the 4-byte grid entry (of n) whose bytes are |q[0..4)|, or -1. */
+static int tn_p4_grid_index(const uint32_t *grid, int n, const int8_t *q) {
+    for (int i = 0; i < n; i++) {
+        int j = 0;
+        while (j < 4 && (int)(grid[i] >> 8 * j & 255) == (q[j] < 0 ? -q[j] : q[j])) j++;
+        if (j == 4) return i;
+    }
+    return -1;
+}
+
+/* The inverse of tn_p4_put (grid searched for each group of 4; the 7-bit iq3_xxs sign fields keep
+ * the low 7 signs of each 8, the eighth is their parity). */
+static void tn_p4_get(tn_dtype ft, const block_iq3_p4 *p, uint8_t *blk) {
+    memset(blk, 0, tn_dtype_get(ft)->type_size);
+    memcpy(blk, &p->d, sizeof p->d);
+    tn_iq_sub sb;
+    for (int ib = 0; ib < QK_K / 32; ib++) {
+        tn_iq_sub_decode(tn_xp_type_of(ft), p, ib, &sb);
+        if (ft == TN_IQ3_XXS) {
+            block_iq3_xxs *b = (block_iq3_xxs *)blk;
+            uint32_t a = (uint32_t)sb.s[0] << 28;
+            for (int l = 0; l < 4; l++) {
+                for (int h = 0; h < 2; h++) b->qs[8 * ib + 2 * l + h] = (uint8_t)tn_p4_grid_index(tn_iq3xxs_grid, 256, sb.q + 8 * l + 4 * h);
+                a |= (uint32_t)(tn_p3_sign_byte(sb.q + 8 * l) & 127) << 7 * l;
+            }
+            memcpy(b->qs + QK_K / 4 + 4 * ib, &a, 4);
+        } else {
+            block_iq3_s *b = (block_iq3_s *)blk;
+            for (int l = 0; l < 4; l++) {
+                for (int h = 0; h < 2; h++) {
+                    const int idx = tn_p4_grid_index(tn_iq3s_grid, 512, sb.q + 8 * l + 4 * h);
+                    b->qs[8 * ib + 2 * l + h] = (uint8_t)(idx & 255);
+                    b->qh[ib] |= (uint8_t)((idx >> 8 & 1) << (2 * l + h));
+                }
+                b->signs[4 * ib + l] = (uint8_t)tn_p3_sign_byte(sb.q + 8 * l);
+            }
+            b->scales[ib / 2] |= (uint8_t)(sb.s[0] << 4 * (ib % 2));
+        }
+    }
+}
+
+bool tn_repack_xp(tn_dtype ft, const void *src, void *dst, int64_t m, int64_t k) {
     const size_t fb = tn_dtype_get(ft)->type_size;
     const int64_t nb = m * (k / QK_K);
-    for (int64_t i = 0; i < nb; i++)
-        if (!tn_p3_put(ft, (const uint8_t *)src + (size_t)i * fb, (block_iq2_p3 *)dst + i)) return false;
+    const bool iq3 = ft == TN_IQ3_XXS || ft == TN_IQ3_S;
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *s = (const uint8_t *)src + (size_t)i * fb;
+        if (!(iq3 ? tn_p4_put(ft, s, (block_iq3_p4 *)dst + i) : tn_p3_put(ft, s, (block_iq2_p3 *)dst + i))) return false;
+    }
     return true;
 }
 
-void tn_unpack_row_p3(tn_dtype it, const void *w, int64_t k, int64_t i, void *row) {
-    const tn_dtype ft = tn_p3_file_type(it);
+void tn_unpack_row_xp(tn_dtype it, const void *w, int64_t k, int64_t i, void *row) {
+    const tn_dtype ft = tn_xp_file_type(it);
     const int64_t nb = k / QK_K;
-    const block_iq2_p3 *p = (const block_iq2_p3 *)w + i * nb;
-    for (int64_t b = 0; b < nb; b++) tn_p3_get(ft, p + b, (uint8_t *)row + (size_t)b * tn_dtype_get(ft)->type_size);
+    const size_t fb = tn_dtype_get(ft)->type_size;
+    for (int64_t b = 0; b < nb; b++) {
+        if (ft == TN_IQ3_XXS || ft == TN_IQ3_S) tn_p4_get(ft, (const block_iq3_p4 *)w + i * nb + b, (uint8_t *)row + (size_t)b * fb);
+        else tn_p3_get(ft, (const block_iq2_p3 *)w + i * nb + b, (uint8_t *)row + (size_t)b * fb);
+    }
 }
 
 /* ---- every load-time layout ---- */
@@ -510,23 +614,23 @@ void tn_unpack_row_p3(tn_dtype it, const void *w, int64_t k, int64_t i, void *ro
 tn_dtype tn_repack_type_of(tn_dtype t) {
     tn_dtype r = tn_r16_type_of(t);
     if (!r) r = tn_l32_type_of(t);
-    if (!r) r = tn_p3_type_of(t);
+    if (!r) r = tn_xp_type_of(t);
     return r ? r : tn_c16_type_of(t);
 }
 
 tn_dtype tn_repack_file_type(tn_dtype it) {
     tn_dtype r = tn_r16_file_type(it);
     if (!r) r = tn_l32_file_type(it);
-    if (!r) r = tn_p3_file_type(it);
+    if (!r) r = tn_xp_file_type(it);
     return r ? r : tn_c16_file_type(it);
 }
 
 int tn_repack_rows(tn_dtype it) {
-    return tn_r16_file_type(it) ? TN_R16_ROWS : tn_l32_file_type(it) ? TN_L32_ROWS : tn_c16_file_type(it) || tn_p3_file_type(it) ? 1 : 0;
+    return tn_r16_file_type(it) ? TN_R16_ROWS : tn_l32_file_type(it) ? TN_L32_ROWS : tn_c16_file_type(it) || tn_xp_file_type(it) ? 1 : 0;
 }
 
 void tn_repack(tn_dtype ft, const void *src, void *dst, int64_t m, int64_t k) {
-    if (tn_p3_type_of(ft)) (void)tn_repack_p3(ft, src, dst, m, k);
+    if (tn_xp_type_of(ft)) (void)tn_repack_xp(ft, src, dst, m, k);
     else if (tn_r16_type_of(ft)) tn_repack_r16(ft, src, dst, m, k);
     else if (tn_l32_type_of(ft)) tn_repack_l32(ft, src, dst, m, k);
     else tn_repack_c16(ft, src, dst, m, k);
@@ -535,12 +639,12 @@ void tn_repack(tn_dtype ft, const void *src, void *dst, int64_t m, int64_t k) {
 void tn_unpack_row(tn_dtype it, const void *w, int64_t k, int64_t i, void *row) {
     if (tn_r16_file_type(it)) tn_unpack_row_r16(it, w, k, i, row);
     else if (tn_l32_file_type(it)) tn_unpack_row_l32(it, w, k, i, row);
-    else if (tn_p3_file_type(it)) tn_unpack_row_p3(it, w, k, i, row);
+    else if (tn_xp_file_type(it)) tn_unpack_row_xp(it, w, k, i, row);
     else tn_unpack_row_c16(it, (const uint8_t *)w + (size_t)i * tn_dtype_row_size(it, k), k, row);
 }
 
 void tn_dequantize_row_repacked(tn_dtype it, const void *w, int64_t k, int64_t i, float *out) {
-    if (tn_p3_file_type(it)) { /* rows as in the file: the i-quant dequantizer reads p3 blocks */
+    if (tn_xp_file_type(it)) { /* rows as in the file: the i-quant dequantizer reads p3 blocks */
         tn_dequantize_row_iq(it, (const uint8_t *)w + (size_t)i * tn_dtype_row_size(it, k), out, k);
         return;
     }

@@ -160,18 +160,21 @@ void tn_unpack_row_c16(tn_dtype it, const void *row_c16, int64_t k, void *row);
  * grid entries one by one (src/kern/avx512/dot_iq2.c). Rows keep their order (tn_repack_rows = 1)
  * but grow, so the layout is made only into a new buffer (a mapped file), never in place. */
 
-/* The p3 layout of file type t (iq2_xxs, iq2_xs, iq2_s), or 0. */
-tn_dtype tn_p3_type_of(tn_dtype t);
-/* The file type of a p3 type (0 if it is not one). */
-tn_dtype tn_p3_file_type(tn_dtype it);
-/* dst (m rows of k, k % 256 == 0, m * k / 256 p3 blocks) = src (file type ft) expanded; false if a
- * block holds a value no iq2 grid has (dst is then incomplete). No overlap. */
-bool tn_repack_p3(tn_dtype ft, const void *src, void *dst, int64_t m, int64_t k);
-/* Row i of a p3 matrix back in its file type's bytes. */
-void tn_unpack_row_p3(tn_dtype it, const void *w, int64_t k, int64_t i, void *row);
+/* *_p4: the same for iq3_xxs and iq3_s (blocks.h block_iq3_p4: a 4-bit code per weight, 138 bytes a
+ * block against 98 / 110): one VPSHUFB per 64 weights. */
+
+/* The expanded layout (p3, p4) of file type t (iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s), or 0. */
+tn_dtype tn_xp_type_of(tn_dtype t);
+/* The file type of an expanded type (0 if it is not one). */
+tn_dtype tn_xp_file_type(tn_dtype it);
+/* dst (m rows of k, k % 256 == 0, m * k / 256 expanded blocks) = src (file type ft) expanded;
+ * false if a block holds a value no grid of ft has (dst is then incomplete). No overlap. */
+bool tn_repack_xp(tn_dtype ft, const void *src, void *dst, int64_t m, int64_t k);
+/* Row i of an expanded matrix back in its file type's bytes. */
+void tn_unpack_row_xp(tn_dtype it, const void *w, int64_t k, int64_t i, void *row);
 
 /* ---- every load-time layout (r16, l32, p3 and c16) ---- */
-/* The layout file type t moves to (tn_r16_type_of, then tn_l32_type_of, tn_p3_type_of, tn_c16_type_of), or 0. */
+/* The layout file type t moves to (tn_r16_type_of, then tn_l32_type_of, tn_xp_type_of, tn_c16_type_of), or 0. */
 tn_dtype tn_repack_type_of(tn_dtype t);
 /* The file type of layout it, or 0 if it is not a load-time layout. */
 tn_dtype tn_repack_file_type(tn_dtype it);

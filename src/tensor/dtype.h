@@ -73,6 +73,8 @@ typedef enum tn_dtype {
     TN_IQ2_XXS_P3,                        /* iq2_xxs / iq2_xs / iq2_s with the grid entries   */
     TN_IQ2_XS_P3,                         /* expanded into 2-bit magnitude and 1-bit sign     */
     TN_IQ2_S_P3,                          /* planes (106 bytes a block; src/quant/repack.h)   */
+    TN_IQ3_XXS_P4,                        /* iq3_xxs / iq3_s likewise, a 4-bit code a weight  */
+    TN_IQ3_S_P4,                          /* (138 bytes a block)                              */
     TN_DTYPE_C16_BASE, /* tq<b>g<G>[a]_c16, b = 2..8: the tq ids' order (index = tq id - 1024; the
                         * b = 1 ids are unused) — rows with each 512-code super-step rearranged for
                         * the decode kernels (src/quant/repack.h) */

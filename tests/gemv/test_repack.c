@@ -13,7 +13,7 @@
  *     count and the too-large-for-the-stack fallback) agrees with the file type's reference within
  *     the float-reordering bound of test_gemv.c (q4_K: with its min part, test_terms.h);
  *   - the layout is internal: no name, GGUF writer and reader refuse it;
- *   - the iq2 *_p3 layouts (iq2_xxs, iq2_xs, iq2_s with the grid entries expanded; larger rows):
+ *   - the expanded i-quant layouts (iq2_xxs, iq2_xs, iq2_s -> *_p3, iq3_xxs, iq3_s -> *_p4; larger rows):
  *     repack + unpack gives the file's bytes back, dequantization and the scalar reference equal
  *     the file type's on the original rows, the avx512 batched gemm equals it bit for bit (the same
  *     integer sums in the same float order) and the vec_dot within the float-reordering bound, with
@@ -265,8 +265,8 @@ static void test_l32_column_cache(void **state) {
 
 /* ---- the iq2 p3 layouts (rows as in the file, larger blocks) ---- */
 
-/* m rows of iq2 file type ft: random bytes (every grid index, sign field, scale and iq2_s high
- * index bit) with finite d */
+/* m rows of i-quant file type ft: random bytes (every grid index, sign field, scale and high index
+ * bit) with finite d */
 static uint8_t *make_iq2_rows(tn_dtype ft, int64_t m, int64_t k) {
     const size_t rb = tn_dtype_row_size(ft, k), bb = tn_dtype_get(ft)->type_size;
     uint8_t *w = malloc((size_t)m * rb);
@@ -296,23 +296,23 @@ static uint8_t *make_x_raw(int64_t n, int64_t k) {
 
 static void test_p3(void **state) {
     (void)state;
-    const tn_dtype fts[] = {TN_IQ2_XXS, TN_IQ2_XS, TN_IQ2_S};
+    const tn_dtype fts[] = {TN_IQ2_XXS, TN_IQ2_XS, TN_IQ2_S, TN_IQ3_XXS, TN_IQ3_S};
     const int64_t ks[] = {256, 2304, 4352};
     const tn_kern_table *ref = tn_kern_at(TN_ISA_SCALAR), *opt = tn_kern_at(TN_ISA_AVX512);
-    for (size_t ti = 0; ti < 3; ti++)
+    for (size_t ti = 0; ti < sizeof fts / sizeof fts[0]; ti++)
         for (size_t ki = 0; ki < 3; ki++) {
             const tn_dtype ft = fts[ti], it = tn_repack_type_of(ft);
             const int64_t k = ks[ki], m = 7, n = 5;
-            assert_int_equal(it, tn_p3_type_of(ft));
+            assert_int_equal(it, tn_xp_type_of(ft));
             assert_int_equal(tn_repack_file_type(it), ft);
             assert_int_equal(tn_repack_rows(it), 1);
             assert_true(tn_dtype_is_internal(it));
             const size_t rb = tn_dtype_row_size(ft, k), prb = tn_dtype_row_size(it, k);
-            assert_int_equal(prb, (size_t)(k / QK_K) * 106);
+            assert_int_equal(prb, (size_t)(k / QK_K) * (ft == TN_IQ3_XXS || ft == TN_IQ3_S ? 138 : 106));
             uint8_t *w = make_iq2_rows(ft, m, k), *p = malloc((size_t)m * prb), *row = malloc(rb);
             uint8_t *x = make_x_raw(n, k);
             float *a = malloc((size_t)k * sizeof(float)), *b = malloc((size_t)k * sizeof(float));
-            assert_true(tn_repack_p3(ft, w, p, m, k));
+            assert_true(tn_repack_xp(ft, w, p, m, k));
             for (int64_t i = 0; i < m; i++) {
                 tn_unpack_row(it, p, k, i, row); /* lossless: the file's bytes again */
                 if (memcmp(row, w + (size_t)i * rb, rb))
@@ -362,8 +362,8 @@ static void test_p3(void **state) {
         }
     /* a block with a byte no iq2 grid has is refused (an iq2_s block whose grid entry is patched
      * cannot be made, so a corrupt source is simulated through q8 codes: not an iq2 type) */
-    assert_int_equal(tn_p3_type_of(TN_Q4_0), 0);
-    assert_int_equal(tn_p3_file_type(TN_IQ2_XS), 0);
+    assert_int_equal(tn_xp_type_of(TN_Q4_0), 0);
+    assert_int_equal(tn_xp_file_type(TN_IQ2_XS), 0);
 }
 
 static void test_internal_type(void **state) {

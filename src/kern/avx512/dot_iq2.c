@@ -216,6 +216,21 @@ static const uint8_t tn_p3_tabs[3][64] __attribute__((aligned(64))) = {
       72,  72,  89,  89, 107, 107,  64,  64,  56,  56,  39,  39,  21,  21,  64,  64},
 };
 
+/* One expanded block's products: g + 64 of its four 64-element registers against the q8_K block's
+ * activations (maddubs), the halves' odd scales (vpdpwssd), 64 * sum_h l_h bsum_h taken off, and
+ * the exact integer sums times d_w d_x added to accf. */
+TN_INLINE __m512 xp_block(__m512i g0, __m512i g1, __m512i g2, __m512i g3, __m512i s16, const block_q8_K *xb, float d,
+                          __m512 accf) {
+    const int8_t *q = xb->qs;
+    __m512i acc = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(g0, _mm512_loadu_si512((const void *)q)), ls_of(s16, 0));
+    acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(g1, _mm512_loadu_si512((const void *)(q + 64))), ls_of(s16, 1));
+    acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(g2, _mm512_loadu_si512((const void *)(q + 128))), ls_of(s16, 2));
+    acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(g3, _mm512_loadu_si512((const void *)(q + 192))), ls_of(s16, 3));
+    const __m256i lb = _mm256_madd_epi16(_mm512_castsi512_si256(s16), _mm256_loadu_si256((const __m256i *)xb->bsums));
+    const __m512i z = _mm512_zextsi256_si512(_mm256_slli_epi32(lb, 6));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc, z)), _mm512_set1_ps(d * xb->d), accf);
+}
+
 #ifndef TN_P3_PF
 #define TN_P3_PF 1024
 #endif
@@ -235,21 +250,42 @@ TN_INLINE float dot_p3_512(int64_t k, const void *w, const void *x) {
         const __m512i s16 = scales16(b[i].scales);
         const __m512i g0 = _mm512_permutexvar_epi8(h, t0), g1 = _mm512_permutexvar_epi8(h, t1);
         const __m512i g2 = _mm512_permutexvar_epi8(i2, t0), g3 = _mm512_permutexvar_epi8(n, t3);
-        const int8_t *q = xb[i].qs;
-        __m512i acc = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(g0, _mm512_loadu_si512((const void *)q)), ls_of(s16, 0));
-        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(g1, _mm512_loadu_si512((const void *)(q + 64))), ls_of(s16, 1));
-        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(g2, _mm512_loadu_si512((const void *)(q + 128))), ls_of(s16, 2));
-        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(g3, _mm512_loadu_si512((const void *)(q + 192))), ls_of(s16, 3));
-        const __m256i lb = _mm256_madd_epi16(_mm512_castsi512_si256(s16), _mm256_loadu_si256((const __m256i *)xb[i].bsums));
-        const __m512i z = _mm512_zextsi256_si512(_mm256_slli_epi32(lb, 6));
-        accf = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc, z)), _mm512_set1_ps(_cvtsh_ss(b[i].d) * xb[i].d), accf);
+        accf = xp_block(g0, g1, g2, g3, s16, &xb[i], _cvtsh_ss(b[i].d), accf);
     }
     return 0.125f * _mm512_reduce_add_ps(accf);
 }
 
-#define TN_IQ_P3_DOT512(name, T)                                                                                       \
-    void tn_k_vec_dot_##name##_q8_K__avx512(int64_t k, float *s, const void *w, const void *x) { *s = dot_p3_512(k, w, x); }
-TN_IQ_P3_TYPES(TN_IQ_P3_DOT512)
+/* The iq3 p4 layouts (blocks.h block_iq3_p4): a 4-bit code per element, so one VPSHUFB per 64
+ * elements from a 16-entry table gives g + 64 (1..126; maddubs pairs at most 2 * 126 * 128 <
+ * 2^15), then as above: odd scales by vpdpwssd, 64 * sum_h l_h bsum_h off, the blocks' exact
+ * integer sums accumulated in a float vector; times 1/4 (iq3_xxs) or 1 (iq3_s). */
+TN_INLINE float dot_p4_512(tn_dtype t, int64_t k, const void *w, const void *x) {
+    const block_iq3_p4 *b = w;
+    const block_q8_K *xb = x;
+    const __m512i tab = t == TN_IQ3_XXS_P4 ? _mm512_broadcast_i32x4(_mm_setr_epi8(68, 76, 84, 92, 100, 108, 116, 126, 60, 52, 44, 36, 28, 20, 12, 2))
+                                           : _mm512_broadcast_i32x4(_mm_setr_epi8(65, 67, 69, 71, 73, 75, 77, 79, 63, 61, 59, 57, 55, 53, 51, 49));
+    const __m512i m4 = _mm512_set1_epi8(15);
+    __m512 accf = _mm512_setzero_ps();
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        _mm_prefetch((const char *)(b + i) + TN_P3_PF, _MM_HINT_T0);
+        _mm_prefetch((const char *)(b + i) + TN_P3_PF + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)(b + i) + TN_P3_PF + 128, _MM_HINT_T0);
+        const __m512i v0 = _mm512_loadu_si512((const void *)b[i].qs), v1 = _mm512_loadu_si512((const void *)(b[i].qs + 64));
+        const __m512i s16 = scales16(b[i].scales);
+        const __m512i g0 = _mm512_shuffle_epi8(tab, _mm512_and_si512(v0, m4));
+        const __m512i g1 = _mm512_shuffle_epi8(tab, _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4));
+        const __m512i g2 = _mm512_shuffle_epi8(tab, _mm512_and_si512(v1, m4));
+        const __m512i g3 = _mm512_shuffle_epi8(tab, _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4));
+        accf = xp_block(g0, g1, g2, g3, s16, &xb[i], _cvtsh_ss(b[i].d), accf);
+    }
+    return (t == TN_IQ3_XXS_P4 ? 0.25f : 1.0f) * _mm512_reduce_add_ps(accf);
+}
+
+#define TN_IQ_XP_DOT512(name, T)                                                                                       \
+    void tn_k_vec_dot_##name##_q8_K__avx512(int64_t k, float *s, const void *w, const void *x) {                      \
+        *s = T == TN_IQ3_XXS_P4 || T == TN_IQ3_S_P4 ? dot_p4_512(T, k, w, x) : dot_p3_512(k, w, x);                   \
+    }
+TN_IQ_XP_TYPES(TN_IQ_XP_DOT512)
 
 #define TN_IQ_DOT512(name, T)                                                                                          \
     void tn_k_vec_dot_##name##_q8_K__avx512(int64_t k, float *s, const void *w, const void *x) {                      \

@@ -24,7 +24,7 @@
     }
 #define TN_IQ_GEMM512_D(name, T) TN_IQ_GEMM512(name, T, tn_k_vec_dot_##name##_q8_K__avx512)
 TN_IQ_DOT512_TYPES(TN_IQ_GEMM512_D)
-TN_IQ_P3_TYPES(TN_IQ_GEMM512_D) /* the iq2 p3 layouts: iq2_sub.inc's p3 decode, dot_iq2.c's vec_dot */
+TN_IQ_XP_TYPES(TN_IQ_GEMM512_D) /* the iq2 p3 layouts: iq2_sub.inc's p3 decode, dot_iq2.c's vec_dot */
 TN_IQ_GEMM512(iq1_s, TN_IQ1_S, tn_k_vec_dot_iq1_s_q8_K__avx2)
 TN_IQ_GEMM512(iq1_m, TN_IQ1_M, tn_k_vec_dot_iq1_m_q8_K__avx2)
 
@@ -37,8 +37,8 @@ void tn_kern_register_iq_avx512(tn_kern_table *t) {
     t->slot[T].vec_dot_isa = TN_ISA_AVX512;
     TN_IQ_GRID_TYPES(TN_SET_IQ_GEMM)
     TN_IQ_DOT512_TYPES(TN_SET_IQ_DOT)
-    TN_IQ_P3_TYPES(TN_SET_IQ_GEMM)
-    TN_IQ_P3_TYPES(TN_SET_IQ_DOT)
+    TN_IQ_XP_TYPES(TN_SET_IQ_GEMM)
+    TN_IQ_XP_TYPES(TN_SET_IQ_DOT)
 #undef TN_SET_IQ_GEMM
 #undef TN_SET_IQ_DOT
 }

@@ -33,10 +33,10 @@ TN_IQ_GRID_TYPES(TN_DECL_IQ_GEMM_AVX512)
 #define TN_IQ_DOT512_TYPES(X) X(iq2_xxs, TN_IQ2_XXS) X(iq2_xs, TN_IQ2_XS) X(iq2_s, TN_IQ2_S) X(iq3_xxs, TN_IQ3_XXS) X(iq3_s, TN_IQ3_S)
 #define TN_DECL_IQ_DOT512(name, T) TN_DECL_VEC_DOT(tn_k_vec_dot_##name##_q8_K__avx512)
 TN_IQ_DOT512_TYPES(TN_DECL_IQ_DOT512)
-TN_IQ_P3_TYPES(TN_DECL_IQ_DOT512)
+TN_IQ_XP_TYPES(TN_DECL_IQ_DOT512)
 #undef TN_DECL_IQ_DOT512
 #define TN_DECL_IQ_P3_GEMM(name, T) TN_DECL_GEMM(tn_k_gemm_##name##_q8_K__avx512)
-TN_IQ_P3_TYPES(TN_DECL_IQ_P3_GEMM)
+TN_IQ_XP_TYPES(TN_DECL_IQ_P3_GEMM)
 #undef TN_DECL_IQ_P3_GEMM
 void tn_kern_register_iq_avx512(tn_kern_table *t);
 

@@ -44,7 +44,7 @@ static float dot_iq_q8_K(tn_dtype t, int64_t k, const void *w, const void *x) {
         if (iq1) sumf += tn_iq_block_d(t, wb) * xb[i].d * (bsum + TN_IQ1_DELTA * dsum);
         else sumf += tn_iq_block_d(t, wb) * xb[i].d * bsum;
     }
-    return t == TN_IQ3_XXS ? 0.25f * sumf : t == TN_IQ3_S || iq1 ? sumf : 0.125f * sumf;
+    return t == TN_IQ3_XXS || t == TN_IQ3_XXS_P4 ? 0.25f * sumf : t == TN_IQ3_S || t == TN_IQ3_S_P4 || iq1 ? sumf : 0.125f * sumf;
 }
 
 #define TN_IQ_DOT(name, T)                                                                                             \
@@ -60,4 +60,4 @@ TN_IQ_DOT(iq1_s, TN_IQ1_S)
 TN_IQ_DOT(iq1_m, TN_IQ1_M)
 /* the p3 layouts (quant/repack.h) through the same decoder: the reference their kernels are
  * tested against, itself tested against the file types' (tests/gemv/test_repack.c) */
-TN_IQ_P3_TYPES(TN_IQ_DOT)
+TN_IQ_XP_TYPES(TN_IQ_DOT)

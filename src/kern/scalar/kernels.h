@@ -32,11 +32,12 @@ void tn_k_vec_dot_tq1_0_q8_K__scalar(int64_t k, float *s, const void *w, const v
 void tn_k_vec_dot_tq2_0_q8_K__scalar(int64_t k, float *s, const void *w, const void *x);
 #define TN_IQ_GRID_TYPES(X) X(iq2_xxs, TN_IQ2_XXS) X(iq2_xs, TN_IQ2_XS) X(iq2_s, TN_IQ2_S) X(iq3_xxs, TN_IQ3_XXS) \
     X(iq3_s, TN_IQ3_S) X(iq1_s, TN_IQ1_S) X(iq1_m, TN_IQ1_M)
-/* the load-time iq2 layouts with expanded grid entries (quant/repack.h *_p3) */
-#define TN_IQ_P3_TYPES(X) X(iq2_xxs_p3, TN_IQ2_XXS_P3) X(iq2_xs_p3, TN_IQ2_XS_P3) X(iq2_s_p3, TN_IQ2_S_P3)
+/* the load-time i-quant layouts with expanded grid entries (quant/repack.h *_p3, *_p4) */
+#define TN_IQ_XP_TYPES(X) X(iq2_xxs_p3, TN_IQ2_XXS_P3) X(iq2_xs_p3, TN_IQ2_XS_P3) X(iq2_s_p3, TN_IQ2_S_P3) \
+    X(iq3_xxs_p4, TN_IQ3_XXS_P4) X(iq3_s_p4, TN_IQ3_S_P4)
 #define TN_DECL_IQ_DOT(name, T) void tn_k_vec_dot_##name##_q8_K__scalar(int64_t k, float *s, const void *w, const void *x);
 TN_IQ_GRID_TYPES(TN_DECL_IQ_DOT)
-TN_IQ_P3_TYPES(TN_DECL_IQ_DOT)
+TN_IQ_XP_TYPES(TN_DECL_IQ_DOT)
 #undef TN_DECL_IQ_DOT
 void tn_k_vec_dot_f16_f16__scalar(int64_t k, float *s, const void *w, const void *x);
 void tn_k_vec_dot_bf16_bf16__scalar(int64_t k, float *s, const void *w, const void *x);

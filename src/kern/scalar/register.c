@@ -36,7 +36,7 @@ TN_SCALAR_GEMM(tq1_0_q8_K)
 TN_SCALAR_GEMM(tq2_0_q8_K)
 #define TN_IQ_GEMM(name, T) TN_SCALAR_GEMM(name##_q8_K)
 TN_IQ_GRID_TYPES(TN_IQ_GEMM)
-TN_IQ_P3_TYPES(TN_IQ_GEMM)
+TN_IQ_XP_TYPES(TN_IQ_GEMM)
 #undef TN_IQ_GEMM
 TN_SCALAR_GEMM(f16_f16)
 TN_SCALAR_GEMM(bf16_bf16)
@@ -80,7 +80,7 @@ TN_SCALAR_ROW(tq2_0, TN_TQ2_0)
 #define TN_IQ_TO(name, T)                                                                                         \
     static void tn_k_to_float_##name##__scalar(const void *x, float *y, int64_t k) { tn_dequantize_row_iq(T, x, y, k); }
 TN_IQ_GRID_TYPES(TN_IQ_TO)
-TN_IQ_P3_TYPES(TN_IQ_TO)
+TN_IQ_XP_TYPES(TN_IQ_TO)
 #undef TN_IQ_TO
 
 /* One slot, all four entries marked scalar; vec_dot/gemm may be NULL (activation-only types). */
@@ -127,7 +127,7 @@ void tn_kern_register_scalar(tn_kern_table *t) {
     /* Codebook i-quants x q8_K: no from_float (their quantizers need the whole row's search). */
 #define TN_IQ_SET(name, T) tn_set(t, T, tn_k_vec_dot_##name##_q8_K__scalar, tn_k_gemm_##name##_q8_K__scalar, NULL, tn_k_to_float_##name##__scalar);
     TN_IQ_GRID_TYPES(TN_IQ_SET)
-    TN_IQ_P3_TYPES(TN_IQ_SET) /* load-time layouts of iq2_xxs / iq2_xs / iq2_s (quant/repack.h) */
+    TN_IQ_XP_TYPES(TN_IQ_SET) /* load-time layouts of iq2_xxs / iq2_xs / iq2_s (quant/repack.h) */
 #undef TN_IQ_SET
     /* Load-time layouts (quant/repack.h): a tile product only. */
     tn_set(t, TN_Q4_0_R16, NULL, tn_k_gemm_q4_0_r16_q8_0__scalar, NULL, NULL);
