@@ -403,7 +403,7 @@ fail:
  * SIMD kernel (TERN_REPACK=0 / --no-repack skip the whole repack, api.c). TERN_REPACK_Q6K=0 keeps
  * q6_K alone in the file layout: its interleaved kernel prefills ~2.3x faster, but decodes at
  * 0.9-1.0x of the file layout's gemv (kernel-only, 2026-11-27, docs/kernels.md). */
-static tn_dtype tn_repack_target(const tn_tensor *t, bool mapped) {
+static tn_dtype tn_repack_target(const tn_tensor *t, bool mapped, bool xp) {
     const tn_dtype it = t->data ? tn_repack_type_of(t->type) : (tn_dtype)0;
     if (!it || t->ne[1] % tn_repack_rows(it) || tn_kern()->slot[it].gemm_isa < TN_ISA_AVX512) return (tn_dtype)0;
     if (it == TN_Q6_K_R16) {
@@ -411,11 +411,12 @@ static tn_dtype tn_repack_target(const tn_tensor *t, bool mapped) {
         if (e && !strcmp(e, "0")) return (tn_dtype)0;
     }
     /* the expanded i-quant layouts (iq2 p3, iq3 p4) are larger than the file's blocks (106 bytes
-     * against 66-82, 138 against 98-110): made only into the new buffer of a mapped file;
+     * against 66-82, 138 against 98-110): made only into the new buffer of a mapped file, and only
+     * when the moved weights take at most half the memory available (xp; tn_model_repack);
      * TERN_REPACK_IQ=0 keeps the file layout (less memory, slower decode) */
     if (tn_xp_file_type(it)) {
         const char *e = getenv("TERN_REPACK_IQ");
-        if (!mapped || (e && !strcmp(e, "0"))) return (tn_dtype)0;
+        if (!mapped || !xp || (e && !strcmp(e, "0"))) return (tn_dtype)0;
     }
     return it;
 }
@@ -447,13 +448,14 @@ static int tn_matmul_views(tern_model *m, int64_t i, bool tied, bool experts, tn
 static int64_t tn_repack_nrows(const tn_tensor *t) { return (int64_t)(t->nbytes / tn_dtype_row_size(t->type, t->ne[0])); }
 
 /* The bytes tn_model_repack moves (mapped) and the largest row group it interleaves in place. */
-static void tn_repack_sizes(tern_model *m, bool tied, bool experts, bool mapped, size_t *total, size_t *scratch) {
+static void tn_repack_sizes(tern_model *m, bool tied, bool experts, bool mapped, bool xp, size_t *total,
+                            size_t *scratch) {
     *total = *scratch = 0;
     for (int64_t i = -1; i < m->hp.n_layer; i++) {
         tn_tensor *v[TN_ROLE_N_LAYER];
         const int nv = tn_matmul_views(m, i, tied, experts, v);
         for (int j = 0; j < nv; j++) {
-            const tn_dtype it = tn_repack_target(v[j], mapped);
+            const tn_dtype it = tn_repack_target(v[j], mapped, xp);
             if (it) {
                 *total += (tn_repacked_bytes(v[j], it) + 63) & ~(size_t)63;
                 *scratch = TN_MAX(*scratch, TN_L32_ROWS * tn_dtype_row_size(v[j]->type, v[j]->ne[0]));
@@ -483,13 +485,29 @@ tern_status tn_model_repack(tern_model *m, uint64_t hot_experts) {
     bool experts = m->hp.n_expert > 1 && !hot_experts;
     size_t total, scratch;
     if (experts && mapped) {
-        tn_repack_sizes(m, tied, true, mapped, &total, &scratch);
+        tn_repack_sizes(m, tied, true, mapped, false, &total, &scratch);
         const uint64_t avail = tn_mem_available();
         experts = avail && (uint64_t)total <= avail / 2;
     }
     const char *env = getenv("TERN_REPACK_EXPERTS");
     if (env && m->hp.n_expert > 1) experts = strcmp(env, "0") != 0;
-    tn_repack_sizes(m, tied, experts, mapped, &total, &scratch);
+    /* the expanded i-quant layouts grow the weights by up to ~1.4x: only when everything moved
+     * still takes at most half the memory available (a model near the machine's memory keeps its
+     * file layouts rather than risk the OOM killer) */
+    bool xp = true;
+    tn_repack_sizes(m, tied, experts, mapped, xp, &total, &scratch);
+    if (mapped && total) {
+        const uint64_t avail = tn_mem_available();
+        if (avail && (uint64_t)total > avail / 2) {
+            xp = false;
+            tn_repack_sizes(m, tied, experts, mapped, xp, &total, &scratch);
+        }
+    }
+    const char *xenv = getenv("TERN_REPACK_IQ");
+    if (xenv && !strcmp(xenv, "1") && !xp) { /* forced */
+        xp = true;
+        tn_repack_sizes(m, tied, experts, mapped, xp, &total, &scratch);
+    }
     if (!total) return TERN_OK;
     /* the moved weights in 2 MiB pages (tn_malloc_huge): decode streams every byte once per
      * token (1B tq1 decode: ~8% more tokens/s than with 4 KiB pages) */
@@ -503,7 +521,7 @@ tern_status tn_model_repack(tern_model *m, uint64_t hot_experts) {
         const int nv = tn_matmul_views(m, i, tied, experts, v);
         for (int j = 0; j < nv; j++) {
             tn_tensor *t = v[j];
-            const tn_dtype it = tn_repack_target(t, mapped);
+            const tn_dtype it = tn_repack_target(t, mapped, xp);
             if (!it && !(mapped && t->data)) continue;
             if (mapped) { /* types with no interleaved layout move as they are: into the 2 MiB pages */
                 const size_t nb = tn_repacked_bytes(t, it);
