@@ -144,6 +144,15 @@ static_assert(sizeof(block_iq2_p3) == 2 + QK_K / 32 + QK_K / 4 + QK_K / 8, "bloc
 typedef struct { tn_fp16 d; uint8_t scales[QK_K / 32]; uint8_t qs[QK_K / 2]; } block_iq3_p4;
 static_assert(sizeof(block_iq3_p4) == 2 + QK_K / 32 + QK_K / 2, "block_iq3_p4 size");
 
+/* The same for iq1_s / iq1_m (quant/repack.h *_p2): every iq1 grid byte is -1, 0 or 1, stored as
+ * the 2-bit code g + 1: codes[j] bits 2c, 2c + 1 hold code(64 c + j); delta bit gi (of 32) is set
+ * when group gi of 8 (elements 8 gi .. 8 gi + 7) has the negative 1/8 shift; scales: the 3-bit
+ * scale of 16-element half 2i in the low nibble of byte i, 2i + 1 in the high (iq1_s: the
+ * sub-block's in both); d the fp16 super-block scale (iq1_m: the one its scale words assemble).
+ * Value d * (2 s + 1) * (g +- 1/8), as the file type's.                                2.44 bpw */
+typedef struct { tn_fp16 d; uint8_t scales[QK_K / 32]; uint8_t delta[QK_K / 64]; uint8_t codes[QK_K / 4]; } block_iq1_p2;
+static_assert(sizeof(block_iq1_p2) == 2 + QK_K / 32 + QK_K / 64 + QK_K / 4, "block_iq1_p2 size");
+
 /* qs[0..64): 8-bit grid index per group of 4; qs[64..96): per sub-block one uint32 with four 7-bit
  * sign fields (one per 8 elements) and the scale s in bits 28-31: d * (0.5 + s) / 2.  3.0625 bpw */
 typedef struct { tn_fp16 d; uint8_t qs[3 * QK_K / 8]; } block_iq3_xxs;

@@ -119,6 +119,15 @@ void tn_iq_sub_decode(tn_dtype t, const void *blk, int ib, tn_iq_sub *o) {
         o->s[0] = b->scales[ib] & 15, o->s[1] = b->scales[ib] >> 4;
         break;
     }
+    case TN_IQ1_S_P2:
+    case TN_IQ1_M_P2: { /* the expanded layout (blocks.h block_iq1_p2) */
+        const block_iq1_p2 *b = blk;
+        const int c = ib / 2, j0 = 32 * (ib % 2);
+        for (int j = 0; j < 32; j++) o->q[j] = (int8_t)((b->codes[j0 + j] >> 2 * c & 3) - 1);
+        for (int l = 0; l < 4; l++) o->delta[l] = (int8_t)(b->delta[ib / 2] >> (4 * (ib % 2) + l) & 1 ? -1 : 1);
+        o->s[0] = b->scales[ib] & 15, o->s[1] = b->scales[ib] >> 4;
+        break;
+    }
     default: memset(o, 0, sizeof *o); break;
     }
 }
@@ -146,10 +155,12 @@ void tn_dequantize_row_iq(tn_dtype t, const void *x, float *y, int64_t k) {
                 case TN_IQ3_S:
                 case TN_IQ3_S_P4: db = d * (1 + 2 * s); break;
                 case TN_IQ1_S:
-                case TN_IQ1_M: db = d * (2 * s + 1); break;
+                case TN_IQ1_M:
+                case TN_IQ1_S_P2:
+                case TN_IQ1_M_P2: db = d * (2 * s + 1); break;
                 default: db = d * (0.5f + s) * 0.25f; break;
                 }
-                if (t == TN_IQ1_S || t == TN_IQ1_M) {
+                if (t == TN_IQ1_S || t == TN_IQ1_M || t == TN_IQ1_S_P2 || t == TN_IQ1_M_P2) {
                     for (int j = 0; j < 16; j++) y[j] = db * (q[j] + (o.delta[2 * h + j / 8] < 0 ? -TN_IQ1_DELTA : TN_IQ1_DELTA));
                 } else {
                     for (int j = 0; j < 16; j++) y[j] = db * q[j];

@@ -375,6 +375,8 @@ tn_dtype tn_xp_type_of(tn_dtype t) {
     case TN_IQ2_S: return TN_IQ2_S_P3;
     case TN_IQ3_XXS: return TN_IQ3_XXS_P4;
     case TN_IQ3_S: return TN_IQ3_S_P4;
+    case TN_IQ1_S: return TN_IQ1_S_P2;
+    case TN_IQ1_M: return TN_IQ1_M_P2;
     default: return (tn_dtype)0;
     }
 }
@@ -386,6 +388,8 @@ tn_dtype tn_xp_file_type(tn_dtype it) {
     case TN_IQ2_S_P3: return TN_IQ2_S;
     case TN_IQ3_XXS_P4: return TN_IQ3_XXS;
     case TN_IQ3_S_P4: return TN_IQ3_S;
+    case TN_IQ1_S_P2: return TN_IQ1_S;
+    case TN_IQ1_M_P2: return TN_IQ1_M;
     default: return (tn_dtype)0;
     }
 }
@@ -588,13 +592,75 @@ static void tn_p4_get(tn_dtype ft, const block_iq3_p4 *p, uint8_t *blk) {
     }
 }
 
+/* One iq1_s / iq1_m block -> its p2 block, through the file type's decoder (grid values -1, 0, 1
+ * become codes 0, 1, 2). Returns false on a value outside -1..1 (no iq1 grid has one). */
+static bool tn_p2_put(tn_dtype ft, const uint8_t *blk, block_iq1_p2 *o) {
+    memset(o, 0, sizeof *o);
+    o->d = ft == TN_IQ1_M ? tn_iq1_m_scale((const block_iq1_m *)blk) : tn_iq_rd16(blk);
+    tn_iq_sub sb;
+    for (int ib = 0; ib < QK_K / 32; ib++) {
+        tn_iq_sub_decode(ft, blk, ib, &sb);
+        o->scales[ib] = (uint8_t)(sb.s[0] | sb.s[1] << 4);
+        for (int l = 0; l < 4; l++)
+            if (sb.delta[l] < 0) o->delta[ib / 2] |= (uint8_t)(1u << (4 * (ib % 2) + l));
+        for (int j = 0; j < 32; j++) {
+            const int e = 32 * ib + j;
+            if (sb.q[j] < -1 || sb.q[j] > 1) return false;
+            o->codes[e % 64] |= (uint8_t)((sb.q[j] + 1) << 2 * (e / 64));
+        }
+    }
+    return true;
+}
+
+/* The inverse of tn_p2_put (the 2048-entry grid searched for each group of 8). */
+static void tn_p2_get(tn_dtype ft, const block_iq1_p2 *p, uint8_t *blk) {
+    memset(blk, 0, tn_dtype_get(ft)->type_size);
+    tn_iq_sub sb;
+    uint16_t sc[4] = {0, 0, 0, 0};
+    for (int ib = 0; ib < QK_K / 32; ib++) {
+        tn_iq_sub_decode(tn_xp_type_of(ft), p, ib, &sb);
+        for (int l = 0; l < 4; l++) {
+            int idx = -1;
+            for (int i = 0; i < 2048 && idx < 0; i++) {
+                int j = 0;
+                while (j < 8 && tn_iq_gsbyte(tn_iq1s_grid[i], j) == sb.q[8 * l + j]) j++;
+                if (j == 8) idx = i;
+            }
+            if (ft == TN_IQ1_S) {
+                block_iq1_s *b = (block_iq1_s *)blk;
+                b->qs[4 * ib + l] = (uint8_t)(idx & 255);
+                b->qh[ib] |= (uint16_t)((idx >> 8 & 7) << 3 * l);
+            } else {
+                block_iq1_m *b = (block_iq1_m *)blk;
+                b->qs[4 * ib + l] = (uint8_t)(idx & 255);
+                b->qh[2 * ib + l / 2] |= (uint8_t)(((idx >> 8 & 7) | (sb.delta[l] < 0 ? 8 : 0)) << 4 * (l % 2));
+            }
+        }
+        if (ft == TN_IQ1_S) {
+            block_iq1_s *b = (block_iq1_s *)blk;
+            b->qh[ib] |= (uint16_t)(sb.s[0] << 12 | (sb.delta[0] < 0 ? 0x8000 : 0));
+        } else {
+            sc[ib / 2] |= (uint16_t)((sb.s[0] | sb.s[1] << 3) << 6 * (ib % 2));
+        }
+    }
+    if (ft == TN_IQ1_S) {
+        memcpy(blk, &p->d, sizeof p->d);
+    } else { /* the fp16 d over the scale words' top nibbles (blocks.h tn_iq1_m_scale) */
+        for (int w = 0; w < 4; w++) sc[w] |= (uint16_t)((p->d >> 4 * w & 15) << 12);
+        memcpy(((block_iq1_m *)blk)->scales, sc, sizeof sc);
+    }
+}
+
 bool tn_repack_xp(tn_dtype ft, const void *src, void *dst, int64_t m, int64_t k) {
     const size_t fb = tn_dtype_get(ft)->type_size;
     const int64_t nb = m * (k / QK_K);
-    const bool iq3 = ft == TN_IQ3_XXS || ft == TN_IQ3_S;
+    const bool iq3 = ft == TN_IQ3_XXS || ft == TN_IQ3_S, iq1 = ft == TN_IQ1_S || ft == TN_IQ1_M;
     for (int64_t i = 0; i < nb; i++) {
         const uint8_t *s = (const uint8_t *)src + (size_t)i * fb;
-        if (!(iq3 ? tn_p4_put(ft, s, (block_iq3_p4 *)dst + i) : tn_p3_put(ft, s, (block_iq2_p3 *)dst + i))) return false;
+        const bool ok = iq1   ? tn_p2_put(ft, s, (block_iq1_p2 *)dst + i)
+                        : iq3 ? tn_p4_put(ft, s, (block_iq3_p4 *)dst + i)
+                              : tn_p3_put(ft, s, (block_iq2_p3 *)dst + i);
+        if (!ok) return false;
     }
     return true;
 }
@@ -604,7 +670,8 @@ void tn_unpack_row_xp(tn_dtype it, const void *w, int64_t k, int64_t i, void *ro
     const int64_t nb = k / QK_K;
     const size_t fb = tn_dtype_get(ft)->type_size;
     for (int64_t b = 0; b < nb; b++) {
-        if (ft == TN_IQ3_XXS || ft == TN_IQ3_S) tn_p4_get(ft, (const block_iq3_p4 *)w + i * nb + b, (uint8_t *)row + (size_t)b * fb);
+        if (ft == TN_IQ1_S || ft == TN_IQ1_M) tn_p2_get(ft, (const block_iq1_p2 *)w + i * nb + b, (uint8_t *)row + (size_t)b * fb);
+        else if (ft == TN_IQ3_XXS || ft == TN_IQ3_S) tn_p4_get(ft, (const block_iq3_p4 *)w + i * nb + b, (uint8_t *)row + (size_t)b * fb);
         else tn_p3_get(ft, (const block_iq2_p3 *)w + i * nb + b, (uint8_t *)row + (size_t)b * fb);
     }
 }

@@ -13,7 +13,8 @@
  *     count and the too-large-for-the-stack fallback) agrees with the file type's reference within
  *     the float-reordering bound of test_gemv.c (q4_K: with its min part, test_terms.h);
  *   - the layout is internal: no name, GGUF writer and reader refuse it;
- *   - the expanded i-quant layouts (iq2_xxs, iq2_xs, iq2_s -> *_p3, iq3_xxs, iq3_s -> *_p4; larger rows):
+ *   - the expanded i-quant layouts (iq2_xxs, iq2_xs, iq2_s -> *_p3, iq3_xxs, iq3_s -> *_p4, iq1_s,
+ *     iq1_m -> *_p2; larger rows):
  *     repack + unpack gives the file's bytes back, dequantization and the scalar reference equal
  *     the file type's on the original rows, the avx512 batched gemm equals it bit for bit (the same
  *     integer sums in the same float order) and the vec_dot within the float-reordering bound, with
@@ -273,7 +274,15 @@ static uint8_t *make_iq2_rows(tn_dtype ft, int64_t m, int64_t k) {
     for (size_t b = 0; b < (size_t)m * rb; b++) w[b] = (uint8_t)rng_u64();
     for (int64_t i = 0; i < m * (k / QK_K); i++) {
         const tn_fp16 h = tn_fp32_to_fp16(rng_uniform() * 0.05f);
-        memcpy(w + (size_t)i * bb, &h, 2);
+        if (ft == TN_IQ1_M) { /* d is spread over the top nibbles of the four scale words */
+            uint16_t sc[4];
+            uint8_t *s = ((block_iq1_m *)(w + (size_t)i * bb))->scales;
+            memcpy(sc, s, sizeof sc);
+            for (int q = 0; q < 4; q++) sc[q] = (uint16_t)((sc[q] & 0x0FFF) | (h >> 4 * q & 15) << 12);
+            memcpy(s, sc, sizeof sc);
+        } else {
+            memcpy(w + (size_t)i * bb, &h, 2);
+        }
     }
     return w;
 }
@@ -296,7 +305,7 @@ static uint8_t *make_x_raw(int64_t n, int64_t k) {
 
 static void test_p3(void **state) {
     (void)state;
-    const tn_dtype fts[] = {TN_IQ2_XXS, TN_IQ2_XS, TN_IQ2_S, TN_IQ3_XXS, TN_IQ3_S};
+    const tn_dtype fts[] = {TN_IQ2_XXS, TN_IQ2_XS, TN_IQ2_S, TN_IQ3_XXS, TN_IQ3_S, TN_IQ1_S, TN_IQ1_M};
     const int64_t ks[] = {256, 2304, 4352};
     const tn_kern_table *ref = tn_kern_at(TN_ISA_SCALAR), *opt = tn_kern_at(TN_ISA_AVX512);
     for (size_t ti = 0; ti < sizeof fts / sizeof fts[0]; ti++)
@@ -308,7 +317,7 @@ static void test_p3(void **state) {
             assert_int_equal(tn_repack_rows(it), 1);
             assert_true(tn_dtype_is_internal(it));
             const size_t rb = tn_dtype_row_size(ft, k), prb = tn_dtype_row_size(it, k);
-            assert_int_equal(prb, (size_t)(k / QK_K) * (ft == TN_IQ3_XXS || ft == TN_IQ3_S ? 138 : 106));
+            assert_int_equal(prb, (size_t)(k / QK_K) * (ft == TN_IQ3_XXS || ft == TN_IQ3_S ? 138 : ft == TN_IQ1_S || ft == TN_IQ1_M ? 78 : 106));
             uint8_t *w = make_iq2_rows(ft, m, k), *p = malloc((size_t)m * prb), *row = malloc(rb);
             uint8_t *x = make_x_raw(n, k);
             float *a = malloc((size_t)k * sizeof(float)), *b = malloc((size_t)k * sizeof(float));

@@ -281,9 +281,41 @@ TN_INLINE float dot_p4_512(tn_dtype t, int64_t k, const void *w, const void *x) 
     return (t == TN_IQ3_XXS_P4 ? 0.25f : 1.0f) * _mm512_reduce_add_ps(accf);
 }
 
+/* The iq1 p2 layouts (blocks.h block_iq1_p2): the grid value and the group's 1/8 shift make one
+ * integer 8 g +- 1 (g = -1, 0, 1), so the block sum 8 bsum + dsum (the reference's bsum + dsum / 8,
+ * times 8: exact) comes from the same products as above, times 1/8 at the end. Per 64 elements:
+ * the 2-bit codes by shift and AND, one VPSHUFB to 64 + 8 (code - 1) + 1, and the groups whose
+ * shift is negative (one delta byte: a VPTESTMB of it against each byte's group bit) take 2 off. */
+TN_INLINE float dot_p2_512(int64_t k, const void *w, const void *x) {
+    const block_iq1_p2 *b = w;
+    const block_q8_K *xb = x;
+    const __m512i tab = _mm512_broadcast_i32x4(_mm_setr_epi8(57, 65, 73, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64));
+    const __m512i m3 = _mm512_set1_epi8(3), two = _mm512_set1_epi8(2);
+    const __m512i gbit = _mm512_set_epi64(0x8080808080808080LL, 0x4040404040404040LL, 0x2020202020202020LL, 0x1010101010101010LL,
+                                          0x0808080808080808LL, 0x0404040404040404LL, 0x0202020202020202LL, 0x0101010101010101LL);
+    __m512 accf = _mm512_setzero_ps();
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        _mm_prefetch((const char *)(b + i) + TN_P3_PF, _MM_HINT_T0);
+        _mm_prefetch((const char *)(b + i) + TN_P3_PF + 64, _MM_HINT_T0);
+        const __m512i mg = _mm512_loadu_si512((const void *)b[i].codes);
+        const __m512i s16 = scales16(b[i].scales);
+        __m512i g[4];
+        for (int c = 0; c < 4; c++) {
+            const __m512i mc = _mm512_and_si512(_mm512_srl_epi16(mg, _mm_cvtsi32_si128(2 * c)), m3);
+            const __m512i base = _mm512_shuffle_epi8(tab, mc);
+            const __mmask64 neg = _mm512_test_epi8_mask(_mm512_set1_epi8((char)b[i].delta[c]), gbit);
+            g[c] = _mm512_mask_sub_epi8(base, neg, base, two);
+        }
+        accf = xp_block(g[0], g[1], g[2], g[3], s16, &xb[i], _cvtsh_ss(b[i].d), accf);
+    }
+    return 0.125f * _mm512_reduce_add_ps(accf);
+}
+
 #define TN_IQ_XP_DOT512(name, T)                                                                                       \
     void tn_k_vec_dot_##name##_q8_K__avx512(int64_t k, float *s, const void *w, const void *x) {                      \
-        *s = T == TN_IQ3_XXS_P4 || T == TN_IQ3_S_P4 ? dot_p4_512(T, k, w, x) : dot_p3_512(k, w, x);                   \
+        *s = T == TN_IQ3_XXS_P4 || T == TN_IQ3_S_P4 ? dot_p4_512(T, k, w, x)                                          \
+             : T == TN_IQ1_S_P2 || T == TN_IQ1_M_P2 ? dot_p2_512(k, w, x)                                             \
+                                                    : dot_p3_512(k, w, x);                                            \
     }
 TN_IQ_XP_TYPES(TN_IQ_XP_DOT512)
 

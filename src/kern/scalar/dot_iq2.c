@@ -17,7 +17,7 @@ static float dot_iq_q8_K(tn_dtype t, int64_t k, const void *w, const void *x) {
     const size_t bs = tn_dtype_get(t)->type_size;
     const uint8_t *wb = w;
     const block_q8_K *xb = x;
-    const bool iq1 = t == TN_IQ1_S || t == TN_IQ1_M;
+    const bool iq1 = t == TN_IQ1_S || t == TN_IQ1_M || t == TN_IQ1_S_P2 || t == TN_IQ1_M_P2;
     tn_iq_sub o;
     float sumf = 0;
     for (int64_t i = 0; i < k / QK_K; i++, wb += bs) {

@@ -34,7 +34,7 @@ void tn_k_vec_dot_tq2_0_q8_K__scalar(int64_t k, float *s, const void *w, const v
     X(iq3_s, TN_IQ3_S) X(iq1_s, TN_IQ1_S) X(iq1_m, TN_IQ1_M)
 /* the load-time i-quant layouts with expanded grid entries (quant/repack.h *_p3, *_p4) */
 #define TN_IQ_XP_TYPES(X) X(iq2_xxs_p3, TN_IQ2_XXS_P3) X(iq2_xs_p3, TN_IQ2_XS_P3) X(iq2_s_p3, TN_IQ2_S_P3) \
-    X(iq3_xxs_p4, TN_IQ3_XXS_P4) X(iq3_s_p4, TN_IQ3_S_P4)
+    X(iq3_xxs_p4, TN_IQ3_XXS_P4) X(iq3_s_p4, TN_IQ3_S_P4) X(iq1_s_p2, TN_IQ1_S_P2) X(iq1_m_p2, TN_IQ1_M_P2)
 #define TN_DECL_IQ_DOT(name, T) void tn_k_vec_dot_##name##_q8_K__scalar(int64_t k, float *s, const void *w, const void *x);
 TN_IQ_GRID_TYPES(TN_DECL_IQ_DOT)
 TN_IQ_XP_TYPES(TN_DECL_IQ_DOT)
