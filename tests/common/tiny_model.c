@@ -82,6 +82,19 @@ static tern_status tiny_fill(void *user, size_t idx, void *dst, size_t nbytes) {
             tn_tq_params p;
             tn_tq_params_of(f->ty[idx], &p);
             tn_tq_quantize_row(&p, row, (uint8_t *)dst + (size_t)r * rb, ne0, NULL);
+        } else if (tn_dtype_is_iq_grid(f->ty[idx])) { /* codebook i-quants: ggml's quantizer, uniform importance */
+            float *qw = malloc((size_t)ne0 * sizeof(float));
+            if (!qw) {
+                free(row);
+                return TERN_ERR_NOMEM;
+            }
+            for (int64_t i = 0; i < ne0; i++) qw[i] = 1.0f;
+            const bool ok = tn_quantize_iq_grid(f->ty[idx], row, (uint8_t *)dst + (size_t)r * rb, ne0, qw);
+            free(qw);
+            if (!ok) {
+                free(row);
+                return TERN_ERR_UNSUPPORTED;
+            }
         } else if (!tn_quantize_row_ref(f->ty[idx], row, (uint8_t *)dst + (size_t)r * rb, ne0)) {
             free(row);
             return TERN_ERR_UNSUPPORTED;

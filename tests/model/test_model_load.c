@@ -618,6 +618,71 @@ static void test_repack_load_modes(void **state) {
     const tn_tq_params p5 = {5, 64, true}, p3 = {3, 32, false};
     repack_load_modes("llama", (tn_dtype)tn_tq_dtype(&p5), 512); /* tq5g64a_c16: whole super-steps */
     repack_load_modes("llama", (tn_dtype)tn_tq_dtype(&p3), 640); /* tq3g32_c16: and a tail of 4 blocks */
+    repack_load_modes_out("llama", TN_IQ4_XS, TN_Q6_K, 256); /* iq4_xs_r16 */
+}
+
+/* The expanded i-quant layouts (iq2 p3, iq3 p4, iq1 p2): larger than the file's blocks, so made only
+ * for a mapped file (into the moved weights' buffer), not for one read into memory nor with
+ * TERN_REPACK_IQ=0; rows read back as the file's and the logits agree with the file layout's */
+static void xp_load_modes(tn_dtype wt) {
+    tiny_cfg cfg;
+    tiny_cfg_default(&cfg);
+    cfg.wtype = wt;
+    cfg.out_type = TN_Q6_K;
+    cfg.n_embd = 256, cfg.n_ff = 512;
+    char path[512];
+    tiny_tmp_path(path, sizeof path, "xp");
+    assert_int_equal(tiny_model_write(path, &cfg), TERN_OK);
+    const tn_dtype xt = tn_repack_type_of(wt);
+    assert_true(xt != 0 && tn_xp_file_type(xt) == wt);
+    const bool simd = tn_kern()->slot[xt].gemm_isa >= TN_ISA_AVX512;
+    const int nv = (int)cfg.n_vocab;
+    const tern_token toks[6] = {1, 17, 42, 300, 5, 99};
+    tern_model *m[4] = {NULL};
+    float *logits[4];
+    for (int v = 0; v < 4; v++) { /* mapped + repack, read + repack, mapped without, TERN_REPACK_IQ=0 */
+        tern_model_params mp;
+        tern_model_params_init(&mp);
+        mp.use_mmap = v != 1;
+        mp.repack = v != 2;
+        if (v == 3) setenv("TERN_REPACK_IQ", "0", 1);
+        assert_int_equal(tern_model_load(path, &mp, &m[v]), TERN_OK);
+        if (v == 3) unsetenv("TERN_REPACK_IQ");
+        const tn_tensor *q = &m[v]->layers[0].w[TN_ROLE_ATTN_Q];
+        assert_int_equal(q->type, v == 0 && simd ? xt : wt);
+        assert_int_equal(m[v]->layers[1].w[TN_ROLE_FFN_DOWN].type, v == 0 && simd ? xt : wt);
+        assert_int_equal(q->nbytes, (size_t)q->ne[1] * tn_dtype_row_size(q->type, q->ne[0]));
+        assert_true(v == 0 && simd ? m[v]->repack_grown > 0 : m[v]->repack_grown == 0);
+        logits[v] = decode_logits(m[v], toks, 6, nv);
+    }
+    const int64_t k = cfg.n_embd;
+    float *a = malloc((size_t)k * sizeof(float)), *b = malloc((size_t)k * sizeof(float));
+    for (int64_t r = 0; r < m[0]->layers[0].w[TN_ROLE_FFN_UP].ne[1]; r++) {
+        tn_tensor_get_row(&m[0]->layers[0].w[TN_ROLE_FFN_UP], r, a);
+        tn_tensor_get_row(&m[2]->layers[0].w[TN_ROLE_FFN_UP], r, b);
+        assert_memory_equal(a, b, (size_t)k * sizeof(float));
+    }
+    free(a), free(b);
+    for (int v = 1; v < 4; v++) {
+        double num = 0, den = 0;
+        for (int i = 0; i < nv; i++) {
+            num += (double)(logits[0][i] - logits[v][i]) * (logits[0][i] - logits[v][i]);
+            den += (double)logits[v][i] * logits[v][i];
+        }
+        if (!(sqrt(num / den) < 1e-4)) fail_msg("%s expanded vs file layout (mode %d): logits rel err %.3g", tn_dtype_name(wt), v, sqrt(num / den));
+    }
+    for (int v = 0; v < 4; v++) {
+        free(logits[v]);
+        tern_model_free(m[v]);
+    }
+    unlink(path);
+}
+
+static void test_xp_load_modes(void **state) {
+    (void)state;
+    xp_load_modes(TN_IQ2_XS);
+    xp_load_modes(TN_IQ3_XXS);
+    xp_load_modes(TN_IQ1_M);
 }
 
 /* matrices of types with no interleaved layout (q3_K, q2_K here) move out of a mapped file as they
@@ -734,6 +799,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_null_args),
         cmocka_unit_test(test_repack_load_modes),
         cmocka_unit_test(test_q6k_default_repacked),
+        cmocka_unit_test(test_xp_load_modes),
         cmocka_unit_test(test_moved_as_is),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
