@@ -410,8 +410,9 @@ static tn_dtype tn_repack_target(const tn_tensor *t, bool mapped, bool xp) {
         const char *e = getenv("TERN_REPACK_Q6K");
         if (e && !strcmp(e, "0")) return (tn_dtype)0;
     }
-    /* the expanded i-quant layouts (iq2 p3, iq3 p4) are larger than the file's blocks (106 bytes
-     * against 66-82, 138 against 98-110): made only into the new buffer of a mapped file, and only
+    /* the expanded i-quant layouts (iq1 p2, iq2 p3, iq3 p4) are larger than the file's blocks (78
+     * bytes against 50-56, 106 against 66-82, 138 against 98-110): made only into the new buffer of
+     * a mapped file, and only
      * when the moved weights take at most half the memory available (xp; tn_model_repack);
      * TERN_REPACK_IQ=0 keeps the file layout (less memory, slower decode) */
     if (tn_xp_file_type(it)) {
@@ -491,7 +492,7 @@ tern_status tn_model_repack(tern_model *m, uint64_t hot_experts) {
     }
     const char *env = getenv("TERN_REPACK_EXPERTS");
     if (env && m->hp.n_expert > 1) experts = strcmp(env, "0") != 0;
-    /* the expanded i-quant layouts grow the weights by up to ~1.4x: only when everything moved
+    /* the expanded i-quant layouts grow the weights by up to ~1.6x: only when everything moved
      * still takes at most half the memory available (a model near the machine's memory keeps its
      * file layouts rather than risk the OOM killer) */
     bool xp = true;

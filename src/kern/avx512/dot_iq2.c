@@ -21,6 +21,8 @@
  * The block's integer sum then takes the float scales in the scalar reference's order
  * (kern/scalar/dot_iq2.c). iq1_s / iq1_m keep the avx2 vec_dot (their 2048-entry grid and the
  * shift sums were not moved here).
+ * Below them, the vec_dots of the load-time expanded layouts (quant/repack.h *_p3, *_p4, *_p2),
+ * which decode 64 weights with one byte shuffle and share the products (xp_block).
  */
 #include "core/fp16.h"
 #include "kern/avx2/simd.h"
