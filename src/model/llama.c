@@ -412,13 +412,9 @@ static tn_dtype tn_repack_target(const tn_tensor *t, bool mapped, bool xp) {
     }
     /* the expanded i-quant layouts (iq1 p2, iq2 p3, iq3 p4) are larger than the file's blocks (78
      * bytes against 50-56, 106 against 66-82, 138 against 98-110): made only into the new buffer of
-     * a mapped file, and only
-     * when the moved weights take at most half the memory available (xp; tn_model_repack);
-     * TERN_REPACK_IQ=0 keeps the file layout (less memory, slower decode) */
-    if (tn_xp_file_type(it)) {
-        const char *e = getenv("TERN_REPACK_IQ");
-        if (!mapped || !xp || (e && !strcmp(e, "0"))) return (tn_dtype)0;
-    }
+     * a mapped file, and only when the moved weights take at most half the memory available (xp:
+     * tn_model_repack, which also applies TERN_REPACK_IQ) */
+    if (tn_xp_file_type(it) && (!mapped || !xp)) return (tn_dtype)0;
     return it;
 }
 
@@ -494,20 +490,17 @@ tern_status tn_model_repack(tern_model *m, uint64_t hot_experts) {
     if (env && m->hp.n_expert > 1) experts = strcmp(env, "0") != 0;
     /* the expanded i-quant layouts grow the weights by up to ~1.6x: only when everything moved
      * still takes at most half the memory available (a model near the machine's memory keeps its
-     * file layouts rather than risk the OOM killer) */
-    bool xp = true;
+     * file layouts rather than risk the OOM killer). TERN_REPACK_IQ=0 keeps the file layouts
+     * (less memory, slower decode), =1 expands whatever the memory. */
+    const char *xenv = getenv("TERN_REPACK_IQ");
+    bool xp = !(xenv && !strcmp(xenv, "0"));
     tn_repack_sizes(m, tied, experts, mapped, xp, &total, &scratch);
-    if (mapped && total) {
+    if (xp && mapped && total && !(xenv && !strcmp(xenv, "1"))) {
         const uint64_t avail = tn_mem_available();
         if (avail && (uint64_t)total > avail / 2) {
             xp = false;
             tn_repack_sizes(m, tied, experts, mapped, xp, &total, &scratch);
         }
-    }
-    const char *xenv = getenv("TERN_REPACK_IQ");
-    if (xenv && !strcmp(xenv, "1") && !xp) { /* forced */
-        xp = true;
-        tn_repack_sizes(m, tied, experts, mapped, xp, &total, &scratch);
     }
     if (!total) return TERN_OK;
     /* the moved weights in 2 MiB pages (tn_malloc_huge): decode streams every byte once per

@@ -448,14 +448,22 @@ static bool tn_p3_put(tn_dtype ft, const uint8_t *blk, block_iq2_p3 *o) {
     return bad == 0;
 }
 
-/* The grid index (of n entries) whose bytes are |q[0..8)|, or -1. */
-static int tn_p3_grid_index(const uint64_t *grid, int n, const int8_t *q) {
-    for (int i = 0; i < n; i++) {
-        int j = 0;
-        while (j < 8 && tn_iq_gbyte(grid[i], j) == (q[j] < 0 ? -q[j] : q[j])) j++;
-        if (j == 8) return i;
+/* The grid index of file type ft whose entry holds the values q[0 .. dim) (iq2 / iq3: their
+ * magnitudes, the signs are stored apart), through the quantizers' map of the grid (iq_grid.h
+ * tn_iq_map: a key of the values' levels, `bits` each, element 0 lowest), or -1. */
+static int tn_xp_grid_index(tn_dtype ft, const int8_t *q) {
+    const tn_iq_map *m = tn_iq_map_get(ft);
+    if (!m) return -1;
+    int key = 0;
+    for (int j = 0; j < m->dim; j++) {
+        const int v = q[j] < 0 ? -q[j] : q[j];
+        const int l = ft == TN_IQ1_S || ft == TN_IQ1_M ? q[j] + 1        /* -1, 0, 1 */
+                      : ft == TN_IQ3_XXS                ? (v - 4) >> 3    /* 4, 12, .., 52, 62 */
+                      : ft == TN_IQ3_S                  ? v >> 1          /* 1, 3, .., 15 */
+                                                        : v >> 4 & 3;     /* 8, 25, 43 */
+        key |= l << (m->bits * j);
     }
-    return -1;
+    return key < m->map_size ? m->map[key] : -1;
 }
 
 /* The sign bits of q[0..8) as a byte (bit j: q[j] < 0). */
@@ -465,8 +473,8 @@ static unsigned tn_p3_sign_byte(const int8_t *q) {
     return s;
 }
 
-/* The inverse of tn_p3_put: a p3 block back in file type ft's bytes (the grid searched for each
- * group of 8; the 7-bit sign fields keep the low 7 signs, the eighth is their parity). */
+/* The inverse of tn_p3_put: a p3 block back in file type ft's bytes (each group's grid index from
+ * the grid's map; the 7-bit sign fields keep the low 7 signs, the eighth is their parity). */
 static void tn_p3_get(tn_dtype ft, const block_iq2_p3 *p, uint8_t *blk) {
     const tn_dtype it = tn_xp_type_of(ft);
     memset(blk, 0, tn_dtype_get(ft)->type_size);
@@ -480,7 +488,7 @@ static void tn_p3_get(tn_dtype ft, const block_iq2_p3 *p, uint8_t *blk) {
             block_iq2_xxs *b = (block_iq2_xxs *)blk;
             uint32_t idx = 0, sg = (uint32_t)s0 << 28;
             for (int l = 0; l < 4; l++) {
-                idx |= (uint32_t)tn_p3_grid_index(tn_iq2xxs_grid, 256, sb.q + 8 * l) << 8 * l;
+                idx |= (uint32_t)tn_xp_grid_index(ft, sb.q + 8 * l) << 8 * l;
                 sg |= (uint32_t)(tn_p3_sign_byte(sb.q + 8 * l) & 127) << 7 * l;
             }
             memcpy(b->qs + 4 * ib, &idx, 4);
@@ -490,7 +498,7 @@ static void tn_p3_get(tn_dtype ft, const block_iq2_p3 *p, uint8_t *blk) {
         case TN_IQ2_XS: {
             block_iq2_xs *b = (block_iq2_xs *)blk;
             for (int l = 0; l < 4; l++)
-                b->qs[4 * ib + l] = (uint16_t)(tn_p3_grid_index(tn_iq2xs_grid, 512, sb.q + 8 * l) |
+                b->qs[4 * ib + l] = (uint16_t)(tn_xp_grid_index(ft, sb.q + 8 * l) |
                                                (tn_p3_sign_byte(sb.q + 8 * l) & 127) << 9);
             b->scales[ib] = (uint8_t)(s0 | s1 << 4);
             break;
@@ -498,7 +506,7 @@ static void tn_p3_get(tn_dtype ft, const block_iq2_p3 *p, uint8_t *blk) {
         default: { /* TN_IQ2_S */
             block_iq2_s *b = (block_iq2_s *)blk;
             for (int l = 0; l < 4; l++) {
-                const int idx = tn_p3_grid_index(tn_iq2s_grid, 1024, sb.q + 8 * l);
+                const int idx = tn_xp_grid_index(ft, sb.q + 8 * l);
                 b->qs[4 * ib + l] = (uint8_t)(idx & 255);
                 b->qh[ib] |= (uint8_t)((idx >> 8 & 3) << 2 * l);
                 b->qs[QK_K / 8 + 4 * ib + l] = (uint8_t)tn_p3_sign_byte(sb.q + 8 * l);
@@ -553,18 +561,8 @@ static bool tn_p4_put(tn_dtype ft, const uint8_t *blk, block_iq3_p4 *o) {
     return bad == 0;
 }
 
-/* The index of the 4-byte grid entry (of n) whose bytes are |q[0..4)|, or -1. */
-static int tn_p4_grid_index(const uint32_t *grid, int n, const int8_t *q) {
-    for (int i = 0; i < n; i++) {
-        int j = 0;
-        while (j < 4 && (int)(grid[i] >> 8 * j & 255) == (q[j] < 0 ? -q[j] : q[j])) j++;
-        if (j == 4) return i;
-    }
-    return -1;
-}
-
-/* The inverse of tn_p4_put (grid searched for each group of 4; the 7-bit iq3_xxs sign fields keep
- * the low 7 signs of each 8, the eighth is their parity). */
+/* The inverse of tn_p4_put (each group of 4's grid index from the grid's map; the 7-bit iq3_xxs
+ * sign fields keep the low 7 signs of each 8, the eighth is their parity). */
 static void tn_p4_get(tn_dtype ft, const block_iq3_p4 *p, uint8_t *blk) {
     memset(blk, 0, tn_dtype_get(ft)->type_size);
     memcpy(blk, &p->d, sizeof p->d);
@@ -575,7 +573,7 @@ static void tn_p4_get(tn_dtype ft, const block_iq3_p4 *p, uint8_t *blk) {
             block_iq3_xxs *b = (block_iq3_xxs *)blk;
             uint32_t a = (uint32_t)sb.s[0] << 28;
             for (int l = 0; l < 4; l++) {
-                for (int h = 0; h < 2; h++) b->qs[8 * ib + 2 * l + h] = (uint8_t)tn_p4_grid_index(tn_iq3xxs_grid, 256, sb.q + 8 * l + 4 * h);
+                for (int h = 0; h < 2; h++) b->qs[8 * ib + 2 * l + h] = (uint8_t)tn_xp_grid_index(ft, sb.q + 8 * l + 4 * h);
                 a |= (uint32_t)(tn_p3_sign_byte(sb.q + 8 * l) & 127) << 7 * l;
             }
             memcpy(b->qs + QK_K / 4 + 4 * ib, &a, 4);
@@ -583,7 +581,7 @@ static void tn_p4_get(tn_dtype ft, const block_iq3_p4 *p, uint8_t *blk) {
             block_iq3_s *b = (block_iq3_s *)blk;
             for (int l = 0; l < 4; l++) {
                 for (int h = 0; h < 2; h++) {
-                    const int idx = tn_p4_grid_index(tn_iq3s_grid, 512, sb.q + 8 * l + 4 * h);
+                    const int idx = tn_xp_grid_index(ft, sb.q + 8 * l + 4 * h);
                     b->qs[8 * ib + 2 * l + h] = (uint8_t)(idx & 255);
                     b->qh[ib] |= (uint8_t)((idx >> 8 & 1) << (2 * l + h));
                 }
@@ -614,7 +612,7 @@ static bool tn_p2_put(tn_dtype ft, const uint8_t *blk, block_iq1_p2 *o) {
     return true;
 }
 
-/* The inverse of tn_p2_put (the 2048-entry grid searched for each group of 8). */
+/* The inverse of tn_p2_put (each group's grid index from the grid's map). */
 static void tn_p2_get(tn_dtype ft, const block_iq1_p2 *p, uint8_t *blk) {
     memset(blk, 0, tn_dtype_get(ft)->type_size);
     tn_iq_sub sb;
@@ -622,12 +620,7 @@ static void tn_p2_get(tn_dtype ft, const block_iq1_p2 *p, uint8_t *blk) {
     for (int ib = 0; ib < QK_K / 32; ib++) {
         tn_iq_sub_decode(tn_xp_type_of(ft), p, ib, &sb);
         for (int l = 0; l < 4; l++) {
-            int idx = -1;
-            for (int i = 0; i < 2048 && idx < 0; i++) {
-                int j = 0;
-                while (j < 8 && tn_iq_gsbyte(tn_iq1s_grid[i], j) == sb.q[8 * l + j]) j++;
-                if (j == 8) idx = i;
-            }
+            const int idx = tn_xp_grid_index(ft, sb.q + 8 * l);
             if (ft == TN_IQ1_S) {
                 block_iq1_s *b = (block_iq1_s *)blk;
                 b->qs[4 * ib + l] = (uint8_t)(idx & 255);
