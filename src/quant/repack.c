@@ -18,6 +18,7 @@ tn_dtype tn_r16_type_of(tn_dtype t) {
     if (t == TN_Q5_K) return TN_Q5_K_R16;
     if (t == TN_Q6_K) return TN_Q6_K_R16;
     if (t == TN_IQ4_XS) return TN_IQ4_XS_R16;
+    if (t == TN_IQ4_NL) return TN_IQ4_NL_R16;
     if (!tn_tq_is(t)) return (tn_dtype)0;
     tn_tq_params p;
     tn_tq_params_of(t, &p);
@@ -32,6 +33,7 @@ tn_dtype tn_r16_file_type(tn_dtype t) {
     if (t == TN_Q5_K_R16) return TN_Q5_K;
     if (t == TN_Q6_K_R16) return TN_Q6_K;
     if (t == TN_IQ4_XS_R16) return TN_IQ4_XS;
+    if (t == TN_IQ4_NL_R16) return TN_IQ4_NL;
     if (t < TN_TQ4G32_R16 || t > TN_TQ4G256_R16) return (tn_dtype)0;
     tn_tq_params p = {4, 32 << (t - TN_TQ4G32_R16), false};
     return (tn_dtype)tn_tq_dtype(&p);

@@ -4,11 +4,12 @@
  *
  * *_r16: 4-bit weights with 16 rows interleaved so that one 512-bit VPDPBUSD multiplies 16 rows
  * at once (int32 lane r = row r) by four activations broadcast to every lane; no horizontal sums,
- * and the nibble unpacking is shared by every activation column of a batch. Two file types have
+ * and the nibble unpacking is shared by every activation column of a batch. Three file types have
  * the same shape of block — an fp16 scale d, then codes in 16-byte pieces of 32 nibbles (byte j:
  * low nibble = code j, high nibble = code j + 16):
  *   q4_0                      G = 32,  x = d * (q - 8)
  *   tq4g<G> (symmetric)       G = 32 .. 256,  x = d * (q - 7.5)
+ *   iq4_nl                    G = 32,  x = d * table[q] (ggml's kvalues_iq4nl)
  * and q8_0 (G = 32, 32 int8 codes, x = d q) takes the same shape with 8-bit codes, stored + 128
  * (XOR 0x80) so that they are VPDPBUSD's unsigned operand.
  * A group of 16 rows (16 * k/G blocks of B bytes) becomes k/G chunks of 32 + 16 (B - 2) bytes,

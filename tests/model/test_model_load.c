@@ -619,6 +619,8 @@ static void test_repack_load_modes(void **state) {
     repack_load_modes("llama", (tn_dtype)tn_tq_dtype(&p5), 512); /* tq5g64a_c16: whole super-steps */
     repack_load_modes("llama", (tn_dtype)tn_tq_dtype(&p3), 640); /* tq3g32_c16: and a tail of 4 blocks */
     repack_load_modes_out("llama", TN_IQ4_XS, TN_Q6_K, 256); /* iq4_xs_r16 */
+    repack_load_modes_out("llama", TN_IQ4_NL, TN_Q6_K, 256); /* iq4_nl_r16 */
+    repack_load_modes("llama", TN_IQ4_NL, 256);              /* and the output too */
 }
 
 /* The expanded i-quant layouts (iq2 p3, iq3 p4, iq1 p2): larger than the file's blocks, so made only

@@ -1,7 +1,9 @@
 /*
  * gemm_r16.c (avx512) — tile products for weights in the load-time *_r16 layouts (quant/repack.h:
- * q4_0, symmetric tq4g<G>, q8_0), for every batch size: decode, serve steps and prefill. q8_0 is
- * the same without the unpacking: its codes are stored + 128, and the offset is -128 * sum x.
+ * q4_0, symmetric tq4g<G>, q8_0, iq4_nl), for every batch size: decode, serve steps and prefill.
+ * q8_0 is the same without the unpacking: its codes are stored + 128, and the offset is
+ * -128 * sum x; iq4_nl unpacks as q4_0, then one VPSHUFB per register maps each code to its table
+ * value + 128 (1 .. 241, unsigned), with the same -128 * sum x offset.
  *
  * Per 32 codes of a chunk (16 rows, 256 bytes): the four 64-byte registers P_t are split into
  * low and high nibbles once (8 registers of unsigned codes, int32 lane r = row r), then for each
@@ -75,15 +77,17 @@ static inline int32_t tn_r16_x4(const int8_t *p) {
 
 /* One group of 16 rows x NC columns: y[c * ldy + r] for r < 16, c < NC; S pieces of 32 codes per
  * chunk (G = 32 S), TQ: symmetric tq4 (codes doubled) instead of q4_0; Q8: q8_0 (8-bit codes, no
- * unpacking; S = 1). */
+ * unpacking; S = 1); NL: iq4_nl (each code through one VPSHUFB into the iq4_nl table + 128). */
 static inline __attribute__((always_inline)) void tn_r16_tile(const int NC, const int S, const bool TQ, const bool Q8,
-                                                               const uint8_t *grp, int64_t nb, const uint8_t *x,
+                                                               const bool NL, const uint8_t *grp, int64_t nb, const uint8_t *x,
                                                                size_t x_rb, const tn_r16_meta *meta, float *y,
                                                                int64_t ldy) {
     const size_t cb = Q8 ? 32 + 512 : 32 + 256 * (size_t)S;
     __m512 acc[TN_R16_NC];
     for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
     const __m512i mask = _mm512_set1_epi8(TQ ? 0x1E : 0x0F);
+    const __m512i tbl = _mm512_broadcast_i32x4(_mm_xor_si128(_mm_loadu_si128((const __m128i *)tn_kvalues_iq4nl),
+                                                             _mm_set1_epi8((char)0x80)));
     for (int64_t b0 = 0; b0 < nb; b0 += S) {
         const uint8_t *ch = grp + (size_t)(b0 / S) * cb;
         for (size_t l = 0; l < cb; l += 64) _mm_prefetch((const char *)ch + TN_R16_PF + l, _MM_HINT_T0);
@@ -99,13 +103,17 @@ static inline __attribute__((always_inline)) void tn_r16_tile(const int NC, cons
                     const __m512i p = _mm512_loadu_si512(ch + 32 + 256 * s + 64 * t);
                     q[t] = _mm512_and_si512(TQ ? _mm512_slli_epi16(p, 1) : p, mask);
                     q[4 + t] = _mm512_and_si512(_mm512_srli_epi16(p, TQ ? 3 : 4), mask);
+                    if (NL) q[t] = _mm512_shuffle_epi8(tbl, q[t]), q[4 + t] = _mm512_shuffle_epi8(tbl, q[4 + t]);
                 }
             for (int c = 0; c < NC; c++) {
                 const int8_t *xq = ((const block_q8_0 *)(x + (size_t)c * x_rb))[b].qs;
                 const tn_r16_meta mt = meta[(size_t)c * (size_t)nb + (size_t)b];
                 __m512i a = _mm512_set1_epi32(mt.s);
                 for (int u = 0; u < 8; u++) a = _mm512_dpbusd_epi32(a, q[u], _mm512_set1_epi32(tn_r16_x4(xq + 4 * u)));
-                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_mul_ps(dw, _mm512_set1_ps(mt.d)), acc[c]);
+                const __m512 dd = _mm512_mul_ps(dw, _mm512_set1_ps(mt.d));
+                /* iq4_nl: the reference's (d_x d_w) * sumi rounded, then added (bit for bit) */
+                acc[c] = NL ? _mm512_add_ps(acc[c], _mm512_mul_ps(_mm512_cvtepi32_ps(a), dd))
+                            : _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), dd, acc[c]);
             }
         }
     }
@@ -115,29 +123,30 @@ static inline __attribute__((always_inline)) void tn_r16_tile(const int NC, cons
 typedef void (*tn_r16_tile_fn)(const uint8_t *, int64_t, const uint8_t *, size_t, const tn_r16_meta *, float *,
                                int64_t);
 
-#define TN_R16_TILE_FN(name, NC, S, TQ, Q8)                                                                            \
+#define TN_R16_TILE_FN(name, NC, S, TQ, Q8, NL)                                                                        \
     static void tn_r16_tile_##name##_##NC(const uint8_t *grp, int64_t nb, const uint8_t *x, size_t x_rb,              \
                                           const tn_r16_meta *meta, float *y, int64_t ldy) {                            \
-        tn_r16_tile(NC, S, TQ, Q8, grp, nb, x, x_rb, meta, y, ldy);                                                    \
+        tn_r16_tile(NC, S, TQ, Q8, NL, grp, nb, x, x_rb, meta, y, ldy);                                                \
     }
-#define TN_R16_TILES(name, S, TQ, Q8)                                                                                  \
-    TN_R16_TILE_FN(name, 1, S, TQ, Q8)                                                                                 \
-    TN_R16_TILE_FN(name, 2, S, TQ, Q8)                                                                                 \
-    TN_R16_TILE_FN(name, 3, S, TQ, Q8)                                                                                 \
-    TN_R16_TILE_FN(name, 4, S, TQ, Q8)                                                                                 \
-    TN_R16_TILE_FN(name, 5, S, TQ, Q8)                                                                                 \
-    TN_R16_TILE_FN(name, 6, S, TQ, Q8)                                                                                 \
-    TN_R16_TILE_FN(name, 7, S, TQ, Q8)                                                                                 \
-    TN_R16_TILE_FN(name, 8, S, TQ, Q8)                                                                                 \
+#define TN_R16_TILES(name, S, TQ, Q8, NL)                                                                              \
+    TN_R16_TILE_FN(name, 1, S, TQ, Q8, NL)                                                                             \
+    TN_R16_TILE_FN(name, 2, S, TQ, Q8, NL)                                                                             \
+    TN_R16_TILE_FN(name, 3, S, TQ, Q8, NL)                                                                             \
+    TN_R16_TILE_FN(name, 4, S, TQ, Q8, NL)                                                                             \
+    TN_R16_TILE_FN(name, 5, S, TQ, Q8, NL)                                                                             \
+    TN_R16_TILE_FN(name, 6, S, TQ, Q8, NL)                                                                             \
+    TN_R16_TILE_FN(name, 7, S, TQ, Q8, NL)                                                                             \
+    TN_R16_TILE_FN(name, 8, S, TQ, Q8, NL)                                                                             \
     static const tn_r16_tile_fn tn_r16_tiles_##name[TN_R16_NC + 1] = {                                                 \
         NULL, tn_r16_tile_##name##_1, tn_r16_tile_##name##_2, tn_r16_tile_##name##_3, tn_r16_tile_##name##_4,          \
         tn_r16_tile_##name##_5, tn_r16_tile_##name##_6, tn_r16_tile_##name##_7, tn_r16_tile_##name##_8};
-TN_R16_TILES(q4_0, 1, false, false)
-TN_R16_TILES(tq4g32, 1, true, false)
-TN_R16_TILES(tq4g64, 2, true, false)
-TN_R16_TILES(tq4g128, 4, true, false)
-TN_R16_TILES(tq4g256, 8, true, false)
-TN_R16_TILES(q8_0, 1, false, true)
+TN_R16_TILES(q4_0, 1, false, false, false)
+TN_R16_TILES(tq4g32, 1, true, false, false)
+TN_R16_TILES(tq4g64, 2, true, false, false)
+TN_R16_TILES(tq4g128, 4, true, false, false)
+TN_R16_TILES(tq4g256, 8, true, false, false)
+TN_R16_TILES(q8_0, 1, false, true, false)
+TN_R16_TILES(iq4_nl, 1, false, false, true)
 
 static void tn_r16_gemm(const tn_r16_tile_fn *tiles, tn_gemm_fn ref, int32_t off, float dmul, int64_t k, int64_t m,
                         int64_t n, const void *w, size_t w_rb, const void *x, size_t x_rb, float *y, int64_t ldy) {
@@ -177,15 +186,17 @@ TN_R16_GEMM(tq4g64, 15, 0.5f)
 TN_R16_GEMM(tq4g128, 15, 0.5f)
 TN_R16_GEMM(tq4g256, 15, 0.5f)
 TN_R16_GEMM(q8_0, 128, 1.0f)
+TN_R16_GEMM(iq4_nl, 128, 1.0f)
 
 void tn_kern_register_repack_avx512(tn_kern_table *t) {
     const tn_cpu *c = tn_cpu_get();
     if (!c->avx512vnni) return;
     const tn_dtype ids[] = {TN_Q4_0_R16,    TN_TQ4G32_R16,  TN_TQ4G64_R16,
-                            TN_TQ4G128_R16, TN_TQ4G256_R16, TN_Q8_0_R16};
+                            TN_TQ4G128_R16, TN_TQ4G256_R16, TN_Q8_0_R16,   TN_IQ4_NL_R16};
     const tn_gemm_fn fns[] = {tn_k_gemm_q4_0_r16_q8_0__avx512,    tn_k_gemm_tq4g32_r16_q8_0__avx512,
                               tn_k_gemm_tq4g64_r16_q8_0__avx512,  tn_k_gemm_tq4g128_r16_q8_0__avx512,
-                              tn_k_gemm_tq4g256_r16_q8_0__avx512, tn_k_gemm_q8_0_r16_q8_0__avx512};
+                              tn_k_gemm_tq4g256_r16_q8_0__avx512, tn_k_gemm_q8_0_r16_q8_0__avx512,
+                              tn_k_gemm_iq4_nl_r16_q8_0__avx512};
     for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
         t->slot[ids[i]].gemm = fns[i];
         t->slot[ids[i]].gemm_isa = TN_ISA_AVX512;

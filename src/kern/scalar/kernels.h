@@ -54,6 +54,7 @@ TN_DECL_R16_REF(tq4g64_r16)
 TN_DECL_R16_REF(tq4g128_r16)
 TN_DECL_R16_REF(tq4g256_r16)
 TN_DECL_R16_REF(q8_0_r16)
+TN_DECL_R16_REF(iq4_nl_r16)
 /* q4_K / q5_K / q6_K *_r16 (activations in q8_K): each row unpacked, the file type's reference dot. */
 void tn_k_gemm_q4_K_r16_q8_K__scalar(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,
                                      size_t x_rb, float *y, int64_t ldy);

@@ -136,6 +136,7 @@ void tn_kern_register_scalar(tn_kern_table *t) {
     tn_set(t, TN_TQ4G128_R16, NULL, tn_k_gemm_tq4g128_r16_q8_0__scalar, NULL, NULL);
     tn_set(t, TN_TQ4G256_R16, NULL, tn_k_gemm_tq4g256_r16_q8_0__scalar, NULL, NULL);
     tn_set(t, TN_Q8_0_R16, NULL, tn_k_gemm_q8_0_r16_q8_0__scalar, NULL, NULL);
+    tn_set(t, TN_IQ4_NL_R16, NULL, tn_k_gemm_iq4_nl_r16_q8_0__scalar, NULL, NULL);
     tn_set(t, TN_Q4_K_R16, NULL, tn_k_gemm_q4_K_r16_q8_K__scalar, NULL, NULL);
     tn_set(t, TN_Q5_K_R16, NULL, tn_k_gemm_q5_K_r16_q8_K__scalar, NULL, NULL);
     tn_set(t, TN_Q6_K_R16, NULL, tn_k_gemm_q6_K_r16_q8_K__scalar, NULL, NULL);

@@ -6,6 +6,7 @@
  *   q4_0:           exact integer sum of (q - 8) x per block, then (sumi * d_w) * d_x (ggml);
  *   tq4g<G> (sym):  per 32 codes d_x * d_w * (2 sum q x - 15 sum x) * 0.5 (tn_tq_vec_dot_ref);
  *   q8_0:           exact integer sum of q x per block (codes stored + 128), then sumi * (d_w * d_x);
+ *   iq4_nl:         exact integer sum of table[q] x per block, then (d_x * d_w) * sumi (ggml);
  *   q4_K, q5_K, q6_K: each row unpacked and dotted by the file type's reference (x in q8_K).
  */
 #include <stdlib.h>
@@ -16,7 +17,7 @@
 #include "quant/repack.h"
 #include "quant/tq.h"
 
-/* kind: 0 = q4_0, 1 = symmetric tq4 (G = 32 .. 256), 2 = q8_0 */
+/* kind: 0 = q4_0, 1 = symmetric tq4 (G = 32 .. 256), 2 = q8_0, 3 = iq4_nl */
 static void tn_r16_gemm_ref(int64_t G, int kind, int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb,
                             const void *x, size_t x_rb, float *y, int64_t ldy) {
     const int64_t nc = k / G, S = G / 32;
@@ -42,6 +43,7 @@ static void tn_r16_gemm_ref(int64_t G, int kind, int64_t k, int64_t m, int64_t n
                             } else {
                                 const uint8_t q = ch[32 + 256 * s + 64 * t + 4 * r + e];
                                 c0 = q & 0x0F, c1 = q >> 4;
+                                if (kind == 3) c0 = tn_kvalues_iq4nl[c0], c1 = tn_kvalues_iq4nl[c1];
                             }
                             sqa += c0 * a->qs[4 * t + e] + c1 * a->qs[16 + 4 * t + e];
                             sa += a->qs[4 * t + e] + a->qs[16 + 4 * t + e];
@@ -49,6 +51,7 @@ static void tn_r16_gemm_ref(int64_t G, int kind, int64_t k, int64_t m, int64_t n
                     const float da = tn_fp16_to_fp32(a->d);
                     if (kind == 1) sumf += da * dw * (float)(2 * sqa - 15 * sa) * 0.5f;
                     else if (kind == 2) sumf += (sqa - 128 * sa) * (dw * da); /* codes stored + 128 */
+                    else if (kind == 3) sumf += (da * dw) * (float)sqa;
                     else sumf += (sqa - 8 * sa) * dw * da;
                 }
             }
@@ -68,6 +71,7 @@ TN_R16_REF(tq4g64_r16, 64, 1)
 TN_R16_REF(tq4g128_r16, 128, 1)
 TN_R16_REF(tq4g256_r16, 256, 1)
 TN_R16_REF(q8_0_r16, 32, 2)
+TN_R16_REF(iq4_nl_r16, 32, 3)
 
 /* q4_K / q5_K / q6_K *_r16: row i unpacked to the file type's bytes, then the file type's reference dot
  * (x in q8_K): bit for bit the file type's reference for rows up to 64 KiB (k <= 79872 for q6_K);
