@@ -19,6 +19,7 @@ tn_dtype tn_r16_type_of(tn_dtype t) {
     if (t == TN_Q6_K) return TN_Q6_K_R16;
     if (t == TN_IQ4_XS) return TN_IQ4_XS_R16;
     if (t == TN_IQ4_NL) return TN_IQ4_NL_R16;
+    if (t == TN_TQ2_0) return TN_TQ2_0_R16;
     if (!tn_tq_is(t)) return (tn_dtype)0;
     tn_tq_params p;
     tn_tq_params_of(t, &p);
@@ -34,6 +35,7 @@ tn_dtype tn_r16_file_type(tn_dtype t) {
     if (t == TN_Q6_K_R16) return TN_Q6_K;
     if (t == TN_IQ4_XS_R16) return TN_IQ4_XS;
     if (t == TN_IQ4_NL_R16) return TN_IQ4_NL;
+    if (t == TN_TQ2_0_R16) return TN_TQ2_0;
     if (t < TN_TQ4G32_R16 || t > TN_TQ4G256_R16) return (tn_dtype)0;
     tn_tq_params p = {4, 32 << (t - TN_TQ4G32_R16), false};
     return (tn_dtype)tn_tq_dtype(&p);
@@ -115,6 +117,10 @@ static void tn_r16_put(tn_dtype ft, uint8_t *ch, int r, const uint8_t *blk) {
         for (int p = 0; p < QK_K / 64; p++) ch[TN_R16_IQ4_SL + 16 * p + r] = b->scales_l[p];
         for (int q = 0; q < 2; q++) ch[TN_R16_IQ4_SH + 16 * q + r] = (uint8_t)(b->scales_h >> 8 * q);
         tn_r16_dw_put(ch + TN_R16_IQ4_QS, r, b->qs, QK_K / 8, 0);
+    } else if (ft == TN_TQ2_0) {
+        const block_tq2_0 *b = (const block_tq2_0 *)blk;
+        memcpy(ch + 2 * r, &b->d, 2);
+        tn_r16_dw_put(ch + TN_R16_TQ2_QS, r, b->qs, QK_K / 16, 0);
     } else {
         memcpy(ch + 2 * r, blk, 2);
         tn_r16_dw_put(ch + 32, r, blk + 2, (int64_t)(tn_r16_block_bytes(ft) - 2) / 4, ft == TN_Q8_0 ? 0x80808080u : 0);
@@ -141,6 +147,10 @@ static void tn_r16_get(tn_dtype ft, const uint8_t *ch, int r, uint8_t *blk) {
         for (int p = 0; p < QK_K / 64; p++) b->scales_l[p] = ch[TN_R16_IQ4_SL + 16 * p + r];
         b->scales_h = (uint16_t)(ch[TN_R16_IQ4_SH + r] | ch[TN_R16_IQ4_SH + 16 + r] << 8);
         tn_r16_dw_get(ch + TN_R16_IQ4_QS, r, b->qs, QK_K / 8, 0);
+    } else if (ft == TN_TQ2_0) {
+        block_tq2_0 *b = (block_tq2_0 *)blk;
+        memcpy(&b->d, ch + 2 * r, 2);
+        tn_r16_dw_get(ch + TN_R16_TQ2_QS, r, b->qs, QK_K / 16, 0);
     } else {
         memcpy(blk, ch + 2 * r, 2);
         tn_r16_dw_get(ch + 32, r, blk + 2, (int64_t)(tn_r16_block_bytes(ft) - 2) / 4, ft == TN_Q8_0 ? 0x80808080u : 0);

@@ -58,6 +58,13 @@
  *                           holds codes 4t..4t+3 of sub-block u / 4 (t = u % 4) of every row and
  *                           (P >> 4) & 0x0F codes 16+4t..16+4t+3: indices into the iq4_nl table
  *
+ *   tq2_0_r16 chunk c (16 blocks' bytes: 1056):
+ *     bytes    0 ..   31    fp16 d of rows 0..15
+ *     bytes   32 .. 1055    registers P_u, u = 0..15: dword r = dword u of row r's qs, so
+ *                           (P_u >> 2l) & 3 holds the 2-bit codes (value = code - 1) of weights
+ *                           128 (u / 8) + 32 l + 4 (u % 8) + 0..3 of every row (ggml's tq2_0: bits
+ *                           2l, 2l + 1 of qs[32 h + m] are weight 128 h + 32 l + m)
+ *
  * *_l32: 1-bit tq weights (tq1g<G>[a], any G, symmetric or asymmetric) with 32 rows interleaved
  * for the lookup-table decode kernel (src/kern/avx512/tq1_lut.c: one VPERMW looks up the partial
  * sums of 4 codes for 32 rows at once). A group of 32 rows (32 * k/G blocks of B bytes) becomes
@@ -93,6 +100,7 @@
 #define TN_R16_IQ4_SL 32
 #define TN_R16_IQ4_SH 96
 #define TN_R16_IQ4_QS 128
+#define TN_R16_TQ2_QS 32
 
 /* The interleaved type for file type t (q4_0, tq4g<G> symmetric, q8_0, q4_K, q5_K, q6_K, iq4_xs), or 0. */
 tn_dtype tn_r16_type_of(tn_dtype t);

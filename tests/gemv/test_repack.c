@@ -48,7 +48,7 @@
 static const tn_dtype r16_types[] = {TN_Q4_0_R16,     TN_TQ4G32_R16,  TN_TQ4G64_R16,   TN_TQ4G128_R16, TN_TQ4G256_R16,
                                      TN_Q8_0_R16,     TN_TQ1G32_L32,  TN_TQ1G32A_L32,  TN_TQ1G64_L32,  TN_TQ1G64A_L32,
                                      TN_TQ1G128_L32,  TN_TQ1G128A_L32, TN_TQ1G256_L32, TN_TQ1G256A_L32,
-                                     TN_Q4_K_R16,     TN_Q5_K_R16,    TN_Q6_K_R16,     TN_IQ4_XS_R16,  TN_IQ4_NL_R16};
+                                     TN_Q4_K_R16,     TN_Q5_K_R16,    TN_Q6_K_R16,     TN_IQ4_XS_R16,  TN_IQ4_NL_R16,   TN_TQ2_0_R16};
 #define N_R16 (sizeof r16_types / sizeof r16_types[0])
 
 /* m rows of file type ft: even rows quantized from floats, odd rows random bytes with small scales */
@@ -66,7 +66,7 @@ static uint8_t *make_rows(tn_dtype ft, int64_t m, int64_t k) {
             for (size_t b = 0; b < rb; b++) row[b] = (uint8_t)rng_u64();
             tn_tq_params tp = {0, 0, false};
             if (tn_tq_is(ft)) tn_tq_params_of(ft, &tp);
-            const size_t doff = ft == TN_Q6_K ? offsetof(block_q6_K, d) : 0;
+            const size_t doff = ft == TN_Q6_K ? offsetof(block_q6_K, d) : ft == TN_TQ2_0 ? offsetof(block_tq2_0, d) : 0;
             for (int64_t b = 0; b < k / G; b++) {
                 const tn_fp16 h = tn_fp32_to_fp16(rng_uniform() * 0.05f), o = tn_fp32_to_fp16(rng_uniform() * 0.05f - 0.025f);
                 memcpy(row + (size_t)b * bb + doff, &h, 2);
@@ -178,9 +178,9 @@ static void check_opt_on(tn_dtype it, int64_t k, int64_t m, int64_t n, const uin
                              (long long)n, (long long)j, (long long)i);
                 continue;
             }
-            /* iq4_nl_r16 keeps the reference's float order ((d_x d_w) * sumi rounded, then added,
-             * block by block): bit for bit */
-            if (it == TN_IQ4_NL_R16 && memcmp(&o, &r, sizeof o))
+            /* iq4_nl_r16 and tq2_0_r16 keep the reference's float order ((d_x d_w) * sumi rounded,
+             * then added, block by block): bit for bit */
+            if ((it == TN_IQ4_NL_R16 || it == TN_TQ2_0_R16) && memcmp(&o, &r, sizeof o))
                 fail_msg("%s k=%lld m=%lld n=%lld col %lld row %lld: ref %.9g opt %.9g, not bit for bit", tn_dtype_name(it),
                          (long long)k, (long long)m, (long long)n, (long long)j, (long long)i, r, o);
             const double S = abs_terms(ft, k, w + (size_t)i * rb, x + (size_t)j * xrb);

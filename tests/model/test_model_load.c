@@ -621,6 +621,8 @@ static void test_repack_load_modes(void **state) {
     repack_load_modes_out("llama", TN_IQ4_XS, TN_Q6_K, 256); /* iq4_xs_r16 */
     repack_load_modes_out("llama", TN_IQ4_NL, TN_Q6_K, 256); /* iq4_nl_r16 */
     repack_load_modes("llama", TN_IQ4_NL, 256);              /* and the output too */
+    repack_load_modes_out("llama", TN_TQ2_0, TN_Q6_K, 256);  /* tq2_0_r16 */
+    repack_load_modes("llama", TN_TQ2_0, 512);
 }
 
 /* The expanded i-quant layouts (iq2 p3, iq3 p4, iq1 p2): larger than the file's blocks, so made only

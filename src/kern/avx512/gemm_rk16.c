@@ -1,5 +1,5 @@
 /*
- * gemm_rk16.c (avx512) — tile products for q4_K, q5_K, q6_K and iq4_xs weights in the load-time *_r16 layouts
+ * gemm_rk16.c (avx512) — tile products for q4_K, q5_K, q6_K, iq4_xs and tq2_0 weights in the load-time *_r16 layouts
  * (quant/repack.h), activations in q8_K, for every batch size: decode, serve steps and prefill.
  *
  * As gemm_r16.c: int32 lane r of every register is row r of a group of 16, so a VPDPBUSD of a
@@ -17,6 +17,8 @@
  *     starts each sub-block's accumulator at -32 * (its activation sum), from q8_K's bsums.
  *   iq4_xs: each nibble through a VPSHUFB into the iq4_nl table + 128 (unsigned); the +128 is
  *     taken off the same way, -128 * (activation sum) at the start of each sub-block's sum.
+ *   tq2_0: 2-bit codes by shift and mask, value code - 1: the block's sum starts at -(activation
+ *     sum); no sub-block scales. Scales applied in the reference's order (bit for bit).
  * The unpacking of a block's codes is shared by up to 8 columns per pass; a group's rows are read
  * once per block of TN_RK16_CB columns and from cache by the later passes.
  * q6_K decode and small batches (n <= 4) have their own tile (tn_rk16_chunk_q6K): every code byte
@@ -176,6 +178,64 @@ static inline __attribute__((always_inline)) void tn_rk16_chunk_iq4(const int NC
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)ch));
     for (int c = 0; c < NC; c++)
         acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(dw, _mm512_set1_ps(xb[c]->d)), acc[c]);
+}
+
+/* tq2_0: chunk ch (block b of a group's 16 rows) against NC columns into acc[c]. Each of the 16
+ * code registers gives four registers of 2-bit codes (shifts by 0, 2, 4, 6 and a mask; VPDPBUSD's
+ * unsigned operand), whose value is code - 1: the block's integer sum starts at -(activation sum),
+ * from q8_K's bsums. The scales are applied as ggml's reference does: (d_x d_w) rounded, times the
+ * integer sum rounded, then added (no FMA), so the result equals it bit for bit. SPREAD: the chunk
+ * ahead prefetched a line per register (decode). */
+static inline __attribute__((always_inline)) void tn_rk16_chunk_tq2(const int NC, const bool SPREAD, const uint8_t *ch,
+                                                                     int64_t b, const uint8_t *x, size_t x_rb,
+                                                                     __m512 *acc) {
+    const size_t cb = TN_R16_ROWS * sizeof(block_tq2_0);
+    const __m512i m3 = _mm512_set1_epi8(3);
+    if (!SPREAD) tn_rk16_prefetch(ch, cb);
+    const block_q8_K *xb[TN_RK16_NC];
+    __m512i isum[TN_RK16_NC];
+    for (int c = 0; c < NC; c++) {
+        xb[c] = &((const block_q8_K *)(x + (size_t)c * x_rb))[b];
+        int32_t s = 0;
+        for (int j = 0; j < QK_K / 16; j++) s += xb[c]->bsums[j];
+        isum[c] = _mm512_set1_epi32(-s);
+    }
+    for (int u = 0; u < 16; u++) {
+        if (SPREAD) tn_rk16_prefetch_line(ch + TN_RK16_PF + 64 * u + (u == 15 ? 64 : 0));
+        const __m512i v = _mm512_loadu_si512(ch + TN_R16_TQ2_QS + 64 * u);
+        __m512i q[4];
+        q[0] = _mm512_and_si512(v, m3);
+        q[1] = _mm512_and_si512(_mm512_srli_epi16(v, 2), m3);
+        q[2] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m3);
+        q[3] = _mm512_and_si512(_mm512_srli_epi16(v, 6), m3);
+        const int w0 = 128 * (u / 8) + 4 * (u % 8);
+        for (int c = 0; c < NC; c++)
+            for (int l = 0; l < 4; l++) isum[c] = _mm512_dpbusd_epi32(isum[c], q[l], tn_rk16_bcast(xb[c]->qs + w0 + 32 * l));
+    }
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)ch));
+    for (int c = 0; c < NC; c++)
+        acc[c] = _mm512_add_ps(acc[c], _mm512_mul_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(dw, _mm512_set1_ps(xb[c]->d))));
+}
+
+static inline __attribute__((always_inline)) void tn_rk16_tile_tq2(const int NC, const uint8_t *grp, int64_t nb,
+                                                                    const uint8_t *x, size_t x_rb, float *y,
+                                                                    int64_t ldy) {
+    const size_t cb = TN_R16_ROWS * sizeof(block_tq2_0);
+    __m512 acc[TN_RK16_NC];
+    for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) tn_rk16_chunk_tq2(NC, NC == 1, grp + (size_t)b * cb, b, x, x_rb, acc);
+    for (int c = 0; c < NC; c++) _mm512_storeu_ps(y + c * ldy, acc[c]);
+}
+
+static void tn_rk16_dec2_tq2(const uint8_t *g0, const uint8_t *g1, int64_t nb, const uint8_t *x, float *y0, float *y1) {
+    const size_t cb = TN_R16_ROWS * sizeof(block_tq2_0);
+    __m512 a0[1] = {_mm512_setzero_ps()}, a1[1] = {_mm512_setzero_ps()};
+    for (int64_t b = 0; b < nb; b++) {
+        tn_rk16_chunk_tq2(1, true, g0 + (size_t)b * cb, b, x, 0, a0);
+        tn_rk16_chunk_tq2(1, true, g1 + (size_t)b * cb, b, x, 0, a1);
+    }
+    _mm512_storeu_ps(y0, a0[0]);
+    _mm512_storeu_ps(y1, a1[0]);
 }
 
 /* iq4_xs: one group of 16 rows x NC columns of nb blocks each */
@@ -382,6 +442,7 @@ TN_RK16_TILES(q4K)
 TN_RK16_TILES(q5K)
 TN_RK16_TILES(q6K)
 TN_RK16_TILES(iq4)
+TN_RK16_TILES(tq2)
 
 static void tn_rk16_gemm(const tn_rk16_tile_fn *tiles, int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb,
                          const void *x, size_t x_rb, float *y, int64_t ldy) {
@@ -441,12 +502,18 @@ static void tn_k_gemm_iq4_xs_r16_q8_K__avx512(int64_t k, int64_t m, int64_t n, c
     tn_rk16_gemm2(tn_rk16_tiles_iq4, tn_rk16_dec2_iq4, k, m, n, w, w_rb, x, x_rb, y, ldy);
 }
 
+static void tn_k_gemm_tq2_0_r16_q8_K__avx512(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb,
+                                             const void *x, size_t x_rb, float *y, int64_t ldy) {
+    tn_rk16_gemm2(tn_rk16_tiles_tq2, tn_rk16_dec2_tq2, k, m, n, w, w_rb, x, x_rb, y, ldy);
+}
+
 void tn_kern_register_repack_k_avx512(tn_kern_table *t) {
     const tn_cpu *c = tn_cpu_get();
     if (!c->avx512vnni) return;
-    const tn_dtype ids[] = {TN_Q4_K_R16, TN_Q5_K_R16, TN_Q6_K_R16, TN_IQ4_XS_R16};
+    const tn_dtype ids[] = {TN_Q4_K_R16, TN_Q5_K_R16, TN_Q6_K_R16, TN_IQ4_XS_R16, TN_TQ2_0_R16};
     const tn_gemm_fn fns[] = {tn_k_gemm_q4_K_r16_q8_K__avx512, tn_k_gemm_q5_K_r16_q8_K__avx512,
-                              tn_k_gemm_q6_K_r16_q8_K__avx512, tn_k_gemm_iq4_xs_r16_q8_K__avx512};
+                              tn_k_gemm_q6_K_r16_q8_K__avx512, tn_k_gemm_iq4_xs_r16_q8_K__avx512,
+                              tn_k_gemm_tq2_0_r16_q8_K__avx512};
     for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
         t->slot[ids[i]].gemm = fns[i];
         t->slot[ids[i]].gemm_isa = TN_ISA_AVX512;
