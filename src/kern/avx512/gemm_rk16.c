@@ -217,49 +217,32 @@ static inline __attribute__((always_inline)) void tn_rk16_chunk_tq2(const int NC
         acc[c] = _mm512_add_ps(acc[c], _mm512_mul_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(dw, _mm512_set1_ps(xb[c]->d))));
 }
 
-static inline __attribute__((always_inline)) void tn_rk16_tile_tq2(const int NC, const uint8_t *grp, int64_t nb,
-                                                                    const uint8_t *x, size_t x_rb, float *y,
-                                                                    int64_t ldy) {
-    const size_t cb = TN_R16_ROWS * sizeof(block_tq2_0);
-    __m512 acc[TN_RK16_NC];
-    for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) tn_rk16_chunk_tq2(NC, NC == 1, grp + (size_t)b * cb, b, x, x_rb, acc);
-    for (int c = 0; c < NC; c++) _mm512_storeu_ps(y + c * ldy, acc[c]);
-}
-
-static void tn_rk16_dec2_tq2(const uint8_t *g0, const uint8_t *g1, int64_t nb, const uint8_t *x, float *y0, float *y1) {
-    const size_t cb = TN_R16_ROWS * sizeof(block_tq2_0);
-    __m512 a0[1] = {_mm512_setzero_ps()}, a1[1] = {_mm512_setzero_ps()};
-    for (int64_t b = 0; b < nb; b++) {
-        tn_rk16_chunk_tq2(1, true, g0 + (size_t)b * cb, b, x, 0, a0);
-        tn_rk16_chunk_tq2(1, true, g1 + (size_t)b * cb, b, x, 0, a1);
+/* The tile (one group of 16 rows x NC columns of nb blocks) and the two-stream decode (groups g0
+ * and g1 far apart, one column, chunk by chunk) of a type whose chunk function is
+ * tn_rk16_chunk_<name>(NC, SPREAD, ch, b, x, x_rb, acc) with blocks of type BT: iq4_xs, tq2_0. */
+#define TN_RK16_TILE_DEC2(name, BT)                                                                                    \
+    static inline __attribute__((always_inline)) void tn_rk16_tile_##name(const int NC, const uint8_t *grp, int64_t nb, \
+                                                                          const uint8_t *x, size_t x_rb, float *y,     \
+                                                                          int64_t ldy) {                               \
+        const size_t cb = TN_R16_ROWS * sizeof(BT);                                                                    \
+        __m512 acc[TN_RK16_NC];                                                                                        \
+        for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();                                                     \
+        for (int64_t b = 0; b < nb; b++) tn_rk16_chunk_##name(NC, NC == 1, grp + (size_t)b * cb, b, x, x_rb, acc);    \
+        for (int c = 0; c < NC; c++) _mm512_storeu_ps(y + c * ldy, acc[c]);                                            \
+    }                                                                                                                  \
+    static void tn_rk16_dec2_##name(const uint8_t *g0, const uint8_t *g1, int64_t nb, const uint8_t *x, float *y0,     \
+                                    float *y1) {                                                                       \
+        const size_t cb = TN_R16_ROWS * sizeof(BT);                                                                    \
+        __m512 a0[1] = {_mm512_setzero_ps()}, a1[1] = {_mm512_setzero_ps()};                                           \
+        for (int64_t b = 0; b < nb; b++) {                                                                             \
+            tn_rk16_chunk_##name(1, true, g0 + (size_t)b * cb, b, x, 0, a0);                                           \
+            tn_rk16_chunk_##name(1, true, g1 + (size_t)b * cb, b, x, 0, a1);                                           \
+        }                                                                                                              \
+        _mm512_storeu_ps(y0, a0[0]);                                                                                   \
+        _mm512_storeu_ps(y1, a1[0]);                                                                                   \
     }
-    _mm512_storeu_ps(y0, a0[0]);
-    _mm512_storeu_ps(y1, a1[0]);
-}
-
-/* iq4_xs: one group of 16 rows x NC columns of nb blocks each */
-static inline __attribute__((always_inline)) void tn_rk16_tile_iq4(const int NC, const uint8_t *grp, int64_t nb,
-                                                                    const uint8_t *x, size_t x_rb, float *y,
-                                                                    int64_t ldy) {
-    const size_t cb = TN_R16_ROWS * sizeof(block_iq4_xs);
-    __m512 acc[TN_RK16_NC];
-    for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) tn_rk16_chunk_iq4(NC, NC == 1, grp + (size_t)b * cb, b, x, x_rb, acc);
-    for (int c = 0; c < NC; c++) _mm512_storeu_ps(y + c * ldy, acc[c]);
-}
-
-/* iq4_xs, one column: groups g0 and g1 far apart (two streams) chunk by chunk. */
-static void tn_rk16_dec2_iq4(const uint8_t *g0, const uint8_t *g1, int64_t nb, const uint8_t *x, float *y0, float *y1) {
-    const size_t cb = TN_R16_ROWS * sizeof(block_iq4_xs);
-    __m512 a0[1] = {_mm512_setzero_ps()}, a1[1] = {_mm512_setzero_ps()};
-    for (int64_t b = 0; b < nb; b++) {
-        tn_rk16_chunk_iq4(1, true, g0 + (size_t)b * cb, b, x, 0, a0);
-        tn_rk16_chunk_iq4(1, true, g1 + (size_t)b * cb, b, x, 0, a1);
-    }
-    _mm512_storeu_ps(y0, a0[0]);
-    _mm512_storeu_ps(y1, a1[0]);
-}
+TN_RK16_TILE_DEC2(iq4, block_iq4_xs)
+TN_RK16_TILE_DEC2(tq2, block_tq2_0)
 
 /* q4_K (Q5: q5_K): one group of 16 rows x NC columns of nb blocks each */
 static inline __attribute__((always_inline)) void tn_rk16_tile_k4(const int NC, const bool Q5, const uint8_t *grp,
