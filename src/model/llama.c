@@ -410,17 +410,17 @@ static tn_dtype tn_repack_target(const tn_tensor *t, bool mapped, bool xp) {
         const char *e = getenv("TERN_REPACK_Q6K");
         if (e && !strcmp(e, "0")) return (tn_dtype)0;
     }
-    /* the expanded i-quant layouts (iq1 p2, iq2 p3, iq3 p4) are larger than the file's blocks (78
-     * bytes against 50-56, 106 against 66-82, 138 against 98-110): made only into the new buffer of
+    /* the expanded layouts (iq1 p2, iq2 p3, iq3 p4, tq1_0_r16) are larger than the file's blocks (78
+     * bytes against 50-56, 106 against 66-82, 138 against 98-110, 66 against 54): made only into the new buffer of
      * a mapped file, and only when the moved weights take at most half the memory available (xp:
      * tn_model_repack, which also applies TERN_REPACK_IQ) */
-    if (tn_xp_file_type(it) && (!mapped || !xp)) return (tn_dtype)0;
+    if (tn_repack_grows(it) && (!mapped || !xp)) return (tn_dtype)0;
     return it;
 }
 
 /* Bytes of tensor t in layout it (t's own when it is 0). */
 static size_t tn_repacked_bytes(const tn_tensor *t, tn_dtype it) {
-    if (!it || !tn_xp_file_type(it)) return t->nbytes;
+    if (!it || !tn_repack_grows(it)) return t->nbytes;
     const int64_t rows = (int64_t)(t->nbytes / tn_dtype_row_size(t->type, t->ne[0]));
     return (size_t)rows * tn_dtype_row_size(it, t->ne[0]);
 }

@@ -20,6 +20,7 @@ tn_dtype tn_r16_type_of(tn_dtype t) {
     if (t == TN_IQ4_XS) return TN_IQ4_XS_R16;
     if (t == TN_IQ4_NL) return TN_IQ4_NL_R16;
     if (t == TN_TQ2_0) return TN_TQ2_0_R16;
+    if (t == TN_TQ1_0) return TN_TQ1_0_R16;
     if (!tn_tq_is(t)) return (tn_dtype)0;
     tn_tq_params p;
     tn_tq_params_of(t, &p);
@@ -36,14 +37,47 @@ tn_dtype tn_r16_file_type(tn_dtype t) {
     if (t == TN_IQ4_XS_R16) return TN_IQ4_XS;
     if (t == TN_IQ4_NL_R16) return TN_IQ4_NL;
     if (t == TN_TQ2_0_R16) return TN_TQ2_0;
+    if (t == TN_TQ1_0_R16) return TN_TQ1_0;
     if (t < TN_TQ4G32_R16 || t > TN_TQ4G256_R16) return (tn_dtype)0;
     tn_tq_params p = {4, 32 << (t - TN_TQ4G32_R16), false};
     return (tn_dtype)tn_tq_dtype(&p);
 }
 
-/* Bytes of a file block of type ft; bytes of the chunk 16 such blocks become (repack.h). */
+/* Bytes of a file block of type ft; bytes of the chunk 16 such blocks become (repack.h: tq1_0's
+ * are tq2_0's). */
 static size_t tn_r16_block_bytes(tn_dtype ft) { return tn_dtype_get(ft)->type_size; }
-static size_t tn_r16_chunk_bytes(tn_dtype ft) { return TN_R16_ROWS * tn_r16_block_bytes(ft); }
+static size_t tn_r16_chunk_bytes(tn_dtype ft) { return TN_R16_ROWS * tn_dtype_get(tn_r16_type_of(ft))->type_size; }
+
+/* tq1_0 <-> tq2_0 blocks: the same d, each trit t (0..2, value t - 1) a 2-bit code. */
+static void tn_tq1_to_tq2(const block_tq1_0 *b, block_tq2_0 *o) {
+    uint8_t t[QK_K];
+    tn_tq1_0_trits(b, t);
+    memset(o->qs, 0, sizeof o->qs);
+    for (int j = 0; j < (int)sizeof o->qs; j += 32) /* tq2_0: bits 2l of qs[j + m] = element 4j + 32l + m */
+        for (int l = 0; l < 4; l++)
+            for (int m = 0; m < 32; m++) o->qs[j + m] |= (uint8_t)(t[4 * j + 32 * l + m] << 2 * l);
+    o->d = b->d;
+}
+/* n trits (the most significant first), as a base-3 fraction of 256 rounded up (ggml's tq1_0). */
+static uint8_t tn_tq1_pack(const uint8_t *t, int stride, int n) {
+    unsigned q = 0;
+    for (int i = 0; i < n; i++) q = q * 3 + t[i * stride];
+    for (int i = n; i < 5; i++) q *= 3;
+    return (uint8_t)((q * 256 + 242) / 243);
+}
+/* The inverse of tn_tq1_to_tq2 for the bytes ggml's quantizer writes (a byte it never writes, 13
+ * of the 256, has the same trits as one it does and comes back as that one). */
+static void tn_tq2_to_tq1(const block_tq2_0 *b, block_tq1_0 *o) {
+    uint8_t t[QK_K];
+    for (int j = 0; j < (int)sizeof b->qs; j += 32)
+        for (int l = 0; l < 4; l++)
+            for (int m = 0; m < 32; m++) t[4 * j + 32 * l + m] = (uint8_t)(b->qs[j + m] >> 2 * l & 3);
+    /* tn_tq1_0_trits' element order: qs[0..32) elements 32n + m, qs[32..48) 160 + 16n + m, qh 240 + 4n + j */
+    for (int m = 0; m < 32; m++) o->qs[m] = tn_tq1_pack(t + m, 32, 5);
+    for (int m = 0; m < 16; m++) o->qs[32 + m] = tn_tq1_pack(t + 160 + m, 16, 5);
+    for (int j = 0; j < 4; j++) o->qh[j] = tn_tq1_pack(t + 240 + j, 4, 4);
+    o->d = b->d;
+}
 
 /* n dwords of src -> dword r of n 64-byte registers at dst (XOR fx), and back. */
 static void tn_r16_dw_put(uint8_t *dst, int r, const uint8_t *src, int64_t n, uint32_t fx) {
@@ -117,8 +151,10 @@ static void tn_r16_put(tn_dtype ft, uint8_t *ch, int r, const uint8_t *blk) {
         for (int p = 0; p < QK_K / 64; p++) ch[TN_R16_IQ4_SL + 16 * p + r] = b->scales_l[p];
         for (int q = 0; q < 2; q++) ch[TN_R16_IQ4_SH + 16 * q + r] = (uint8_t)(b->scales_h >> 8 * q);
         tn_r16_dw_put(ch + TN_R16_IQ4_QS, r, b->qs, QK_K / 8, 0);
-    } else if (ft == TN_TQ2_0) {
+    } else if (ft == TN_TQ2_0 || ft == TN_TQ1_0) {
+        block_tq2_0 e;
         const block_tq2_0 *b = (const block_tq2_0 *)blk;
+        if (ft == TN_TQ1_0) tn_tq1_to_tq2((const block_tq1_0 *)blk, &e), b = &e;
         memcpy(ch + 2 * r, &b->d, 2);
         tn_r16_dw_put(ch + TN_R16_TQ2_QS, r, b->qs, QK_K / 16, 0);
     } else {
@@ -147,10 +183,12 @@ static void tn_r16_get(tn_dtype ft, const uint8_t *ch, int r, uint8_t *blk) {
         for (int p = 0; p < QK_K / 64; p++) b->scales_l[p] = ch[TN_R16_IQ4_SL + 16 * p + r];
         b->scales_h = (uint16_t)(ch[TN_R16_IQ4_SH + r] | ch[TN_R16_IQ4_SH + 16 + r] << 8);
         tn_r16_dw_get(ch + TN_R16_IQ4_QS, r, b->qs, QK_K / 8, 0);
-    } else if (ft == TN_TQ2_0) {
-        block_tq2_0 *b = (block_tq2_0 *)blk;
+    } else if (ft == TN_TQ2_0 || ft == TN_TQ1_0) {
+        block_tq2_0 e;
+        block_tq2_0 *b = ft == TN_TQ1_0 ? &e : (block_tq2_0 *)blk;
         memcpy(&b->d, ch + 2 * r, 2);
         tn_r16_dw_get(ch + TN_R16_TQ2_QS, r, b->qs, QK_K / 16, 0);
+        if (ft == TN_TQ1_0) tn_tq2_to_tq1(&e, (block_tq1_0 *)blk);
     } else {
         memcpy(blk, ch + 2 * r, 2);
         tn_r16_dw_get(ch + 32, r, blk + 2, (int64_t)(tn_r16_block_bytes(ft) - 2) / 4, ft == TN_Q8_0 ? 0x80808080u : 0);
@@ -731,6 +769,11 @@ tn_dtype tn_repack_file_type(tn_dtype it) {
     if (!r) r = tn_l32_file_type(it);
     if (!r) r = tn_xp_file_type(it);
     return r ? r : tn_c16_file_type(it);
+}
+
+bool tn_repack_grows(tn_dtype it) {
+    const tn_dtype ft = tn_repack_file_type(it);
+    return ft && tn_dtype_get(it)->type_size > tn_dtype_get(ft)->type_size;
 }
 
 int tn_repack_rows(tn_dtype it) {

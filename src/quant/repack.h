@@ -187,6 +187,9 @@ void tn_unpack_row_xp(tn_dtype it, const void *w, int64_t k, int64_t i, void *ro
 tn_dtype tn_repack_type_of(tn_dtype t);
 /* The file type of layout it, or 0 if it is not a load-time layout. */
 tn_dtype tn_repack_file_type(tn_dtype it);
+/* True for the layouts larger than their file type's blocks (the expanded i-quants p2 / p3 / p4,
+ * tq1_0_r16): made only into a new buffer, never in place. */
+bool tn_repack_grows(tn_dtype it);
 /* Rows per interleaved group of layout it (16, 32, or 1 for c16; 0 if it is not one). */
 int tn_repack_rows(tn_dtype it);
 /* dst = src (file type ft, m rows, a multiple of tn_repack_rows) in layout tn_repack_type_of(ft);

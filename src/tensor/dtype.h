@@ -79,6 +79,8 @@ typedef enum tn_dtype {
     TN_IQ1_M_P2,                          /* (78 bytes a block)                               */
     TN_IQ4_NL_R16,                        /* iq4_nl with 16 rows interleaved (as q4_0_r16)     */
     TN_TQ2_0_R16,                         /* tq2_0 with 16 rows interleaved (repack.h)         */
+    TN_TQ1_0_R16,                         /* tq1_0 expanded to tq2_0_r16's chunks (66 bytes a  */
+                                          /* block against 54; repack.h)                       */
     TN_DTYPE_C16_BASE, /* tq<b>g<G>[a]_c16, b = 2..8: the tq ids' order (index = tq id - 1024; the
                         * b = 1 ids are unused) — rows with each 512-code super-step rearranged for
                         * the decode kernels (src/quant/repack.h) */

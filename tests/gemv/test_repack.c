@@ -48,7 +48,8 @@
 static const tn_dtype r16_types[] = {TN_Q4_0_R16,     TN_TQ4G32_R16,  TN_TQ4G64_R16,   TN_TQ4G128_R16, TN_TQ4G256_R16,
                                      TN_Q8_0_R16,     TN_TQ1G32_L32,  TN_TQ1G32A_L32,  TN_TQ1G64_L32,  TN_TQ1G64A_L32,
                                      TN_TQ1G128_L32,  TN_TQ1G128A_L32, TN_TQ1G256_L32, TN_TQ1G256A_L32,
-                                     TN_Q4_K_R16,     TN_Q5_K_R16,    TN_Q6_K_R16,     TN_IQ4_XS_R16,  TN_IQ4_NL_R16,   TN_TQ2_0_R16};
+                                     TN_Q4_K_R16,     TN_Q5_K_R16,    TN_Q6_K_R16,     TN_IQ4_XS_R16,  TN_IQ4_NL_R16,   TN_TQ2_0_R16,
+                                     TN_TQ1_0_R16};
 #define N_R16 (sizeof r16_types / sizeof r16_types[0])
 
 /* m rows of file type ft: even rows quantized from floats, odd rows random bytes with small scales */
@@ -66,12 +67,20 @@ static uint8_t *make_rows(tn_dtype ft, int64_t m, int64_t k) {
             for (size_t b = 0; b < rb; b++) row[b] = (uint8_t)rng_u64();
             tn_tq_params tp = {0, 0, false};
             if (tn_tq_is(ft)) tn_tq_params_of(ft, &tp);
-            const size_t doff = ft == TN_Q6_K ? offsetof(block_q6_K, d) : ft == TN_TQ2_0 ? offsetof(block_tq2_0, d) : 0;
+            const size_t doff = ft == TN_Q6_K ? offsetof(block_q6_K, d) : ft == TN_TQ2_0 ? offsetof(block_tq2_0, d)
+                                : ft == TN_TQ1_0 ? offsetof(block_tq1_0, d) : 0;
             for (int64_t b = 0; b < k / G; b++) {
                 const tn_fp16 h = tn_fp32_to_fp16(rng_uniform() * 0.05f), o = tn_fp32_to_fp16(rng_uniform() * 0.05f - 0.025f);
                 memcpy(row + (size_t)b * bb + doff, &h, 2);
                 /* the offset m (tq asym) or q4_K's dmin: finite too */
                 if (tp.asym || ft == TN_Q4_K || ft == TN_Q5_K) memcpy(row + (size_t)b * bb + 2, &o, 2);
+                /* tq1_0: bytes ggml's quantizer can write (q of 5 trits or 4 trits x 3, as the base-3
+                 * fraction of 256 rounded up); other bytes: test_tq1_0_bytes */
+                if (ft == TN_TQ1_0) {
+                    block_tq1_0 *t = (block_tq1_0 *)(row + (size_t)b * bb);
+                    for (size_t j = 0; j < sizeof t->qs; j++) t->qs[j] = (uint8_t)((t->qs[j] % 243u * 256u + 242u) / 243u);
+                    for (size_t j = 0; j < sizeof t->qh; j++) t->qh[j] = (uint8_t)((t->qh[j] % 81u * 3u * 256u + 242u) / 243u);
+                }
             }
         }
     }
@@ -102,9 +111,10 @@ static void test_roundtrip(void **state) {
             const int64_t m = mg * tn_repack_rows(it);
             assert_int_equal(tn_repack_type_of(ft), it);
             const int64_t k = ks[ki];
-            const size_t rb = tn_dtype_row_size(ft, k);
-            assert_int_equal(tn_dtype_row_size(it, k), rb);
-            uint8_t *w = make_rows(ft, m, k), *p = malloc((size_t)m * rb), *row = malloc(rb);
+            const size_t rb = tn_dtype_row_size(ft, k), prb = tn_dtype_row_size(it, k);
+            /* same bytes, but for tq1_0_r16 (tq2_0's 66-byte blocks for tq1_0's 54) */
+            assert_true(prb == rb || (it == TN_TQ1_0_R16 && tn_repack_grows(it) && prb == rb / 54 * 66));
+            uint8_t *w = make_rows(ft, m, k), *p = malloc((size_t)m * prb), *row = malloc(rb);
             float *a = malloc((size_t)k * sizeof(float)), *b = malloc((size_t)k * sizeof(float));
             tn_repack(ft, w, p, m, k);
             assert_true(memcmp(w, p, (size_t)m * rb) != 0 || m * k == 0); /* it did move bytes */
@@ -129,12 +139,51 @@ static void ref_file(tn_dtype ft, int64_t k, int64_t m, int64_t n, const uint8_t
     tn_kern_at(TN_ISA_SCALAR)->slot[ft].gemm(k, m, n, w, tn_dtype_row_size(ft, k), x, xrb, y, ldy);
 }
 
+/* tq1_0 bytes ggml's quantizer never writes (13 of the 256 values: the same trits as one it does)
+ * in every position: tq1_0_r16 keeps their trits — dequantization equal to tq1_0's, the scalar
+ * reference and the AVX-512 kernel equal to tq1_0's reference, the unpacked row's trits the same */
+static void test_tq1_0_bytes(void **state) {
+    (void)state;
+    const int64_t m = 32, k = 512, n = 3;
+    const size_t rb = tn_dtype_row_size(TN_TQ1_0, k), prb = tn_dtype_row_size(TN_TQ1_0_R16, k);
+    uint8_t *w = malloc((size_t)m * rb), *p = malloc((size_t)m * prb), *row = malloc(rb);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t b = 0; b < k / QK_K; b++) {
+            block_tq1_0 *t = (block_tq1_0 *)(w + (size_t)i * rb) + b;
+            for (size_t j = 0; j < sizeof t->qs; j++) t->qs[j] = (uint8_t)(i * 52 + b * 7 + (int64_t)j);
+            for (size_t j = 0; j < sizeof t->qh; j++) t->qh[j] = (uint8_t)(i * 52 + b * 7 + 48 + (int64_t)j);
+            t->d = tn_fp32_to_fp16(0.01f + 0.001f * (float)i);
+        }
+    tn_repack(TN_TQ1_0, w, p, m, k);
+    float *a = malloc((size_t)k * sizeof(float)), *c = malloc((size_t)k * sizeof(float));
+    for (int64_t i = 0; i < m; i++) {
+        tn_dequantize_row(TN_TQ1_0, w + (size_t)i * rb, a, k);
+        tn_dequantize_row_repacked(TN_TQ1_0_R16, p, k, i, c);
+        assert_memory_equal(a, c, (size_t)k * sizeof(float));
+        tn_unpack_row(TN_TQ1_0_R16, p, k, i, row);
+        tn_dequantize_row(TN_TQ1_0, row, c, k);
+        assert_memory_equal(a, c, (size_t)k * sizeof(float));
+    }
+    uint8_t *x = make_x(TN_Q8_K, n, k);
+    float *yr = malloc((size_t)(m * n) * sizeof(float)), *yo = malloc((size_t)(m * n) * sizeof(float));
+    ref_file(TN_TQ1_0, k, m, n, w, x, yr, m);
+    const size_t xrb = tn_dtype_row_size(TN_Q8_K, k);
+    tn_kern_at(TN_ISA_SCALAR)->slot[TN_TQ1_0_R16].gemm(k, m, n, p, prb, x, xrb, yo, m);
+    assert_memory_equal(yr, yo, (size_t)(m * n) * sizeof(float));
+    const tn_kern_table *opt = tn_kern_at(TN_ISA_AVX512);
+    if (opt && opt->slot[TN_TQ1_0_R16].gemm_isa == TN_ISA_AVX512) {
+        opt->slot[TN_TQ1_0_R16].gemm(k, m, n, p, prb, x, xrb, yo, m);
+        assert_memory_equal(yr, yo, (size_t)(m * n) * sizeof(float));
+    }
+    free(w), free(p), free(row), free(a), free(c), free(x), free(yr), free(yo);
+}
+
 static void test_scalar_equals_file_type(void **state) {
     (void)state;
     const int64_t k = 4352, m = 96, n = 3; /* 17 groups of 256; 6 groups of 16, 3 of 32 rows */
     for (size_t ti = 0; ti < N_R16; ti++) {
         const tn_dtype it = r16_types[ti], ft = tn_repack_file_type(it);
-        const size_t rb = tn_dtype_row_size(ft, k);
+        const size_t rb = tn_dtype_row_size(it, k);
         const tn_dtype vt = tn_dtype_get(ft)->vec_dot_type;
         uint8_t *w = make_rows(ft, m, k), *p = malloc((size_t)m * rb), *x = make_x(vt, n, k);
         float *yr = malloc((size_t)(m * n) * sizeof(float)), *yo = malloc((size_t)(m * n) * sizeof(float));
@@ -162,13 +211,14 @@ static void check_opt_on(tn_dtype it, int64_t k, int64_t m, int64_t n, const uin
     const tn_kern_table *opt = tn_kern_at(TN_ISA_AVX512);
     const tn_dtype ft = tn_repack_file_type(it);
     const size_t rb = tn_dtype_row_size(ft, k), xrb = tn_dtype_row_size(tn_dtype_get(ft)->vec_dot_type, k);
+    const size_t prb = tn_dtype_row_size(it, k);
     const int64_t ldy = m + 3;
-    uint8_t *p = malloc((size_t)m * rb);
+    uint8_t *p = malloc((size_t)m * prb);
     float *yr = malloc((size_t)(ldy * n) * sizeof(float)), *yo = malloc((size_t)(ldy * n) * sizeof(float));
     tn_repack(ft, w, p, m, k);
     for (int64_t c = 0; c < ldy * n; c++) yr[c] = yo[c] = -12345.0f;
     ref_file(ft, k, m, n, w, x, yr, ldy);
-    opt->slot[it].gemm(k, m, n, p, rb, x, xrb, yo, ldy);
+    opt->slot[it].gemm(k, m, n, p, prb, x, xrb, yo, ldy);
     for (int64_t j = 0; j < n; j++)
         for (int64_t i = 0; i < ldy; i++) {
             const float o = yo[j * ldy + i], r = yr[j * ldy + i];
@@ -178,9 +228,9 @@ static void check_opt_on(tn_dtype it, int64_t k, int64_t m, int64_t n, const uin
                              (long long)n, (long long)j, (long long)i);
                 continue;
             }
-            /* iq4_nl_r16 and tq2_0_r16 keep the reference's float order ((d_x d_w) * sumi rounded,
+            /* iq4_nl_r16, tq2_0_r16 and tq1_0_r16 keep the reference's float order ((d_x d_w) * sumi rounded,
              * then added, block by block): bit for bit */
-            if ((it == TN_IQ4_NL_R16 || it == TN_TQ2_0_R16) && memcmp(&o, &r, sizeof o))
+            if ((it == TN_IQ4_NL_R16 || it == TN_TQ2_0_R16 || it == TN_TQ1_0_R16) && memcmp(&o, &r, sizeof o))
                 fail_msg("%s k=%lld m=%lld n=%lld col %lld row %lld: ref %.9g opt %.9g, not bit for bit", tn_dtype_name(it),
                          (long long)k, (long long)m, (long long)n, (long long)j, (long long)i, r, o);
             const double S = abs_terms(ft, k, w + (size_t)i * rb, x + (size_t)j * xrb);
@@ -428,6 +478,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip),
         cmocka_unit_test(test_scalar_equals_file_type),
+        cmocka_unit_test(test_tq1_0_bytes),
         cmocka_unit_test(test_avx512_parity),
         cmocka_unit_test(test_l32_column_cache),
         cmocka_unit_test(test_p3),

@@ -625,7 +625,7 @@ static void test_repack_load_modes(void **state) {
     repack_load_modes("llama", TN_TQ2_0, 512);
 }
 
-/* The expanded i-quant layouts (iq2 p3, iq3 p4, iq1 p2): larger than the file's blocks, so made only
+/* The expanded layouts (iq2 p3, iq3 p4, iq1 p2, tq1_0_r16): larger than the file's blocks, so made only
  * for a mapped file (into the moved weights' buffer), not for one read into memory nor with
  * TERN_REPACK_IQ=0; rows read back as the file's and the logits agree with the file layout's */
 static void xp_load_modes(tn_dtype wt) {
@@ -638,7 +638,7 @@ static void xp_load_modes(tn_dtype wt) {
     tiny_tmp_path(path, sizeof path, "xp");
     assert_int_equal(tiny_model_write(path, &cfg), TERN_OK);
     const tn_dtype xt = tn_repack_type_of(wt);
-    assert_true(xt != 0 && tn_xp_file_type(xt) == wt);
+    assert_true(xt != 0 && tn_repack_file_type(xt) == wt && tn_repack_grows(xt));
     const bool simd = tn_kern()->slot[xt].gemm_isa >= TN_ISA_AVX512;
     const int nv = (int)cfg.n_vocab;
     const tern_token toks[6] = {1, 17, 42, 300, 5, 99};
@@ -687,6 +687,7 @@ static void test_xp_load_modes(void **state) {
     xp_load_modes(TN_IQ2_XS);
     xp_load_modes(TN_IQ3_XXS);
     xp_load_modes(TN_IQ1_M);
+    xp_load_modes(TN_TQ1_0); /* tq1_0_r16: tq1_0 expanded into tq2_0_r16's blocks */
 }
 
 /* matrices of types with no interleaved layout (q3_K, q2_K here) move out of a mapped file as they

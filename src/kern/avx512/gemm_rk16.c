@@ -493,10 +493,11 @@ static void tn_k_gemm_tq2_0_r16_q8_K__avx512(int64_t k, int64_t m, int64_t n, co
 void tn_kern_register_repack_k_avx512(tn_kern_table *t) {
     const tn_cpu *c = tn_cpu_get();
     if (!c->avx512vnni) return;
-    const tn_dtype ids[] = {TN_Q4_K_R16, TN_Q5_K_R16, TN_Q6_K_R16, TN_IQ4_XS_R16, TN_TQ2_0_R16};
-    const tn_gemm_fn fns[] = {tn_k_gemm_q4_K_r16_q8_K__avx512, tn_k_gemm_q5_K_r16_q8_K__avx512,
-                              tn_k_gemm_q6_K_r16_q8_K__avx512, tn_k_gemm_iq4_xs_r16_q8_K__avx512,
-                              tn_k_gemm_tq2_0_r16_q8_K__avx512};
+    /* tq1_0_r16 is tq2_0_r16's layout (tq1_0's trits as 2-bit codes) */
+    const tn_dtype ids[] = {TN_Q4_K_R16, TN_Q5_K_R16, TN_Q6_K_R16, TN_IQ4_XS_R16, TN_TQ2_0_R16, TN_TQ1_0_R16};
+    const tn_gemm_fn fns[] = {tn_k_gemm_q4_K_r16_q8_K__avx512,   tn_k_gemm_q5_K_r16_q8_K__avx512,
+                              tn_k_gemm_q6_K_r16_q8_K__avx512,   tn_k_gemm_iq4_xs_r16_q8_K__avx512,
+                              tn_k_gemm_tq2_0_r16_q8_K__avx512, tn_k_gemm_tq2_0_r16_q8_K__avx512};
     for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
         t->slot[ids[i]].gemm = fns[i];
         t->slot[ids[i]].gemm_isa = TN_ISA_AVX512;

@@ -62,6 +62,8 @@ void tn_k_gemm_q5_K_r16_q8_K__scalar(int64_t k, int64_t m, int64_t n, const void
                                      size_t x_rb, float *y, int64_t ldy);
 void tn_k_gemm_tq2_0_r16_q8_K__scalar(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,
                                       size_t x_rb, float *y, int64_t ldy);
+void tn_k_gemm_tq1_0_r16_q8_K__scalar(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,
+                                      size_t x_rb, float *y, int64_t ldy);
 void tn_k_gemm_iq4_xs_r16_q8_K__scalar(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,
                                        size_t x_rb, float *y, int64_t ldy);
 void tn_k_gemm_q6_K_r16_q8_K__scalar(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,

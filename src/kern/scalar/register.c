@@ -142,6 +142,7 @@ void tn_kern_register_scalar(tn_kern_table *t) {
     tn_set(t, TN_Q6_K_R16, NULL, tn_k_gemm_q6_K_r16_q8_K__scalar, NULL, NULL);
     tn_set(t, TN_IQ4_XS_R16, NULL, tn_k_gemm_iq4_xs_r16_q8_K__scalar, NULL, NULL);
     tn_set(t, TN_TQ2_0_R16, NULL, tn_k_gemm_tq2_0_r16_q8_K__scalar, NULL, NULL);
+    tn_set(t, TN_TQ1_0_R16, NULL, tn_k_gemm_tq1_0_r16_q8_K__scalar, NULL, NULL);
     tn_set(t, TN_TQ1G32_L32, NULL, tn_k_gemm_tq1g32_l32_q8_0__scalar, NULL, NULL);
     tn_set(t, TN_TQ1G32A_L32, NULL, tn_k_gemm_tq1g32a_l32_q8_0__scalar, NULL, NULL);
     tn_set(t, TN_TQ1G64_L32, NULL, tn_k_gemm_tq1g64_l32_q8_0__scalar, NULL, NULL);

@@ -122,6 +122,10 @@ void tn_k_gemm_tq2_0_r16_q8_K__scalar(int64_t k, int64_t m, int64_t n, const voi
                                       size_t x_rb, float *y, int64_t ldy) {
     tn_rk16_gemm_ref(TN_TQ2_0, tn_k_vec_dot_tq2_0_q8_K__scalar, k, m, n, w, w_rb, x, x_rb, y, ldy);
 }
+void tn_k_gemm_tq1_0_r16_q8_K__scalar(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,
+                                      size_t x_rb, float *y, int64_t ldy) {
+    tn_rk16_gemm_ref(TN_TQ1_0, tn_k_vec_dot_tq1_0_q8_K__scalar, k, m, n, w, w_rb, x, x_rb, y, ldy);
+}
 void tn_k_gemm_q6_K_r16_q8_K__scalar(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,
                                      size_t x_rb, float *y, int64_t ldy) {
     tn_rk16_gemm_ref(TN_Q6_K, tn_k_vec_dot_q6_K_q8_K__scalar, k, m, n, w, w_rb, x, x_rb, y, ldy);
