@@ -17,6 +17,10 @@
  * products of one row, reduced by a transpose per 16 blocks); the unpacking is shared by up to 8
  * columns per pass.
  *
+ * Decode (one column) reads groups g and g + ceil(groups / 2) together (tn_r16_dec2: two
+ * sequential streams, each block's activation broadcasts shared by both): one thread from DRAM,
+ * 8192 x 2048, Zen 4, 2026-11-28: 22.8 against 21.3 GB/s for q4_0 and iq4_nl with one group at a time.
+ *
  * Columns go through in passes of up to 8 (accumulators: 8 columns x 16 rows in registers); a
  * group's 16 rows are read from memory once per stack buffer of columns and from cache by the
  * later passes. Per-column
@@ -120,8 +124,58 @@ static inline __attribute__((always_inline)) void tn_r16_tile(const int NC, cons
     for (int c = 0; c < NC; c++) _mm512_storeu_ps(y + c * ldy, acc[c]);
 }
 
+/* One column (decode): groups g0 and g1 (far apart: two sequential streams) chunk by chunk into
+ * y0[0..16), y1[0..16); each block's eight activation broadcasts serve both groups. Same integer
+ * sums and float operations per row as tn_r16_tile. */
+static inline __attribute__((always_inline)) void tn_r16_dec2(const int S, const bool TQ, const bool Q8, const bool NL,
+                                                               const uint8_t *g0, const uint8_t *g1, int64_t nb,
+                                                               const uint8_t *x, const tn_r16_meta *meta, float *y0,
+                                                               float *y1) {
+    const size_t cb = Q8 ? 32 + 512 : 32 + 256 * (size_t)S;
+    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    const __m512i mask = _mm512_set1_epi8(TQ ? 0x1E : 0x0F);
+    const __m512i tbl = _mm512_broadcast_i32x4(_mm_xor_si128(_mm_loadu_si128((const __m128i *)tn_kvalues_iq4nl),
+                                                             _mm_set1_epi8((char)0x80)));
+    const block_q8_0 *xb = (const block_q8_0 *)x;
+    for (int64_t b0 = 0; b0 < nb; b0 += S) {
+        const uint8_t *ch[2] = {g0 + (size_t)(b0 / S) * cb, g1 + (size_t)(b0 / S) * cb};
+        __m512 dw[2];
+        for (int g = 0; g < 2; g++) {
+            for (size_t l = 0; l < cb; l += 64) _mm_prefetch((const char *)ch[g] + TN_R16_PF + l, _MM_HINT_T0);
+            dw[g] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)ch[g]));
+        }
+        for (int s = 0; s < S; s++) {
+            const int64_t b = b0 + s;
+            __m512i xv[8];
+            for (int u = 0; u < 8; u++) xv[u] = _mm512_set1_epi32(tn_r16_x4(xb[b].qs + 4 * u));
+            const tn_r16_meta mt = meta[b];
+            for (int g = 0; g < 2; g++) {
+                __m512i a = _mm512_set1_epi32(mt.s);
+                if (Q8)
+                    for (int u = 0; u < 8; u++) a = _mm512_dpbusd_epi32(a, _mm512_loadu_si512(ch[g] + 32 + 64 * u), xv[u]);
+                else
+                    for (int t = 0; t < 4; t++) {
+                        const __m512i p = _mm512_loadu_si512(ch[g] + 32 + 256 * s + 64 * t);
+                        __m512i lo = _mm512_and_si512(TQ ? _mm512_slli_epi16(p, 1) : p, mask);
+                        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(p, TQ ? 3 : 4), mask);
+                        if (NL) lo = _mm512_shuffle_epi8(tbl, lo), hi = _mm512_shuffle_epi8(tbl, hi);
+                        a = _mm512_dpbusd_epi32(a, lo, xv[t]);
+                        a = _mm512_dpbusd_epi32(a, hi, xv[4 + t]);
+                    }
+                const __m512 dd = _mm512_mul_ps(dw[g], _mm512_set1_ps(mt.d));
+                acc[g] = NL ? _mm512_add_ps(acc[g], _mm512_mul_ps(_mm512_cvtepi32_ps(a), dd))
+                            : _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), dd, acc[g]);
+            }
+        }
+    }
+    _mm512_storeu_ps(y0, acc[0]);
+    _mm512_storeu_ps(y1, acc[1]);
+}
+
 typedef void (*tn_r16_tile_fn)(const uint8_t *, int64_t, const uint8_t *, size_t, const tn_r16_meta *, float *,
                                int64_t);
+typedef void (*tn_r16_dec2_fn)(const uint8_t *, const uint8_t *, int64_t, const uint8_t *, const tn_r16_meta *, float *,
+                               float *);
 
 #define TN_R16_TILE_FN(name, NC, S, TQ, Q8, NL)                                                                        \
     static void tn_r16_tile_##name##_##NC(const uint8_t *grp, int64_t nb, const uint8_t *x, size_t x_rb,              \
@@ -139,7 +193,11 @@ typedef void (*tn_r16_tile_fn)(const uint8_t *, int64_t, const uint8_t *, size_t
     TN_R16_TILE_FN(name, 8, S, TQ, Q8, NL)                                                                             \
     static const tn_r16_tile_fn tn_r16_tiles_##name[TN_R16_NC + 1] = {                                                 \
         NULL, tn_r16_tile_##name##_1, tn_r16_tile_##name##_2, tn_r16_tile_##name##_3, tn_r16_tile_##name##_4,          \
-        tn_r16_tile_##name##_5, tn_r16_tile_##name##_6, tn_r16_tile_##name##_7, tn_r16_tile_##name##_8};
+        tn_r16_tile_##name##_5, tn_r16_tile_##name##_6, tn_r16_tile_##name##_7, tn_r16_tile_##name##_8};             \
+    static void tn_r16_dec2_##name(const uint8_t *g0, const uint8_t *g1, int64_t nb, const uint8_t *x,                 \
+                                   const tn_r16_meta *meta, float *y0, float *y1) {                                    \
+        tn_r16_dec2(S, TQ, Q8, NL, g0, g1, nb, x, meta, y0, y1);                                                       \
+    }
 TN_R16_TILES(q4_0, 1, false, false, false)
 TN_R16_TILES(tq4g32, 1, true, false, false)
 TN_R16_TILES(tq4g64, 2, true, false, false)
@@ -148,8 +206,9 @@ TN_R16_TILES(tq4g256, 8, true, false, false)
 TN_R16_TILES(q8_0, 1, false, true, false)
 TN_R16_TILES(iq4_nl, 1, false, false, true)
 
-static void tn_r16_gemm(const tn_r16_tile_fn *tiles, tn_gemm_fn ref, int32_t off, float dmul, int64_t k, int64_t m,
-                        int64_t n, const void *w, size_t w_rb, const void *x, size_t x_rb, float *y, int64_t ldy) {
+static void tn_r16_gemm(const tn_r16_tile_fn *tiles, tn_r16_dec2_fn dec2, tn_gemm_fn ref, int32_t off, float dmul,
+                        int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x, size_t x_rb,
+                        float *y, int64_t ldy) {
     const int64_t nb = k / QK8_0;
     const size_t col_meta = (size_t)nb * sizeof(tn_r16_meta);
     if (col_meta > TN_R16_META) { /* k > 262144: beyond any model; the reference handles it */
@@ -163,6 +222,14 @@ static void tn_r16_gemm(const tn_r16_tile_fn *tiles, tn_gemm_fn ref, int32_t off
         const int64_t nj = n - j0 < ncol ? n - j0 : ncol;
         const uint8_t *xj = (const uint8_t *)x + (size_t)j0 * x_rb;
         tn_r16_prep(xj, x_rb, nj, nb, off, dmul, meta);
+        const int64_t ng = m / TN_R16_ROWS, h = (ng + 1) / 2, gb = TN_R16_ROWS * (int64_t)w_rb;
+        if (n == 1 && ng >= 2) { /* decode: groups g and g + h together (two streams), ng odd: the middle alone */
+            for (int64_t g = 0; g < ng - h; g++)
+                dec2((const uint8_t *)w + g * gb, (const uint8_t *)w + (g + h) * gb, nb, xj, meta, y + g * TN_R16_ROWS,
+                     y + (g + h) * TN_R16_ROWS);
+            if (ng - h < h) tiles[1]((const uint8_t *)w + (h - 1) * gb, nb, xj, x_rb, meta, y + (h - 1) * TN_R16_ROWS, ldy);
+            return;
+        }
         for (int64_t g = 0; g < m / TN_R16_ROWS; g++) {
             const uint8_t *grp = (const uint8_t *)w + (size_t)g * TN_R16_ROWS * w_rb;
             for (int64_t c0 = 0; c0 < nj; c0 += TN_R16_NC) {
@@ -177,8 +244,8 @@ static void tn_r16_gemm(const tn_r16_tile_fn *tiles, tn_gemm_fn ref, int32_t off
 #define TN_R16_GEMM(name, off, dmul)                                                                                   \
     static void tn_k_gemm_##name##_r16_q8_0__avx512(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb,             \
                                              const void *x, size_t x_rb, float *y, int64_t ldy) {                      \
-        tn_r16_gemm(tn_r16_tiles_##name, tn_k_gemm_##name##_r16_q8_0__scalar, off, dmul, k, m, n, w, w_rb, x, x_rb, y, \
-                    ldy);                                                                                              \
+        tn_r16_gemm(tn_r16_tiles_##name, tn_r16_dec2_##name, tn_k_gemm_##name##_r16_q8_0__scalar, off, dmul, k, m, n, w, \
+                    w_rb, x, x_rb, y, ldy);                                                                            \
     }
 TN_R16_GEMM(q4_0, 8, 1.0f)
 TN_R16_GEMM(tq4g32, 15, 0.5f)
