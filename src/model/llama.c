@@ -475,16 +475,20 @@ tern_status tn_model_repack(tern_model *m, uint64_t hot_experts) {
      * ours: interleaved in place, one row group (16 or 32 rows) at a time through a scratch copy */
     const bool mapped = !m->gguf || m->gguf->map.mapped;
     /* experts too, as llama.cpp's CPU backend does, when they are ours (read into memory) or when
-     * the moved weights take at most half the memory available: then the whole model is resident
-     * anyway, and the experts' products run on the interleaved kernels. Otherwise (a model near or
-     * over the machine's memory, or hot experts asked for: FreqTier's tiering) they stay in the
-     * file mapping, where the page cache can drop the cold ones. TERN_REPACK_EXPERTS=0/1 forces it. */
+     * the moved weights fit in the memory available with a margin left for the context and the
+     * system (an eighth of it, at least 1 GiB): the file's pages are released as each tensor moves
+     * (and the page cache is reclaimable), so the whole model becomes resident once, and the
+     * experts' products run on the interleaved kernels (Qwen3-30B-A3B's shapes in q4_0, 16.9 GB
+     * on a 24 GB machine: pp64 8x, tg 2.1x the mapped experts', docs/performance.md). Otherwise (a
+     * model near or over the machine's memory, or hot experts asked for: FreqTier's tiering) they
+     * stay in the file mapping, where the page cache can drop the cold ones.
+     * TERN_REPACK_EXPERTS=0/1 forces it. */
     bool experts = m->hp.n_expert > 1 && !hot_experts;
     size_t total, scratch;
     if (experts && mapped) {
         tn_repack_sizes(m, tied, true, mapped, false, &total, &scratch);
-        const uint64_t avail = tn_mem_available();
-        experts = avail && (uint64_t)total <= avail / 2;
+        const uint64_t avail = tn_mem_available(), margin = TN_MAX(avail / 8, (uint64_t)1 << 30);
+        experts = avail > margin && (uint64_t)total <= avail - margin;
     }
     const char *env = getenv("TERN_REPACK_EXPERTS");
     if (env && m->hp.n_expert > 1) experts = strcmp(env, "0") != 0;
