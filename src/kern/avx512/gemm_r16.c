@@ -42,6 +42,11 @@
 
 #define TN_R16_NC 8          /* columns per pass */
 #define TN_R16_PF 1536       /* software prefetch distance, bytes */
+/* decode (tn_r16_dec2): into L2 (prefetcht1; a core has more misses to L2 in flight than to L1),
+ * 1 KiB ahead in each stream. One thread from DRAM (8192 x 2048, Zen 4, 2026-11-28), two runs:
+ * q4_0_r16 20.7-23.8 GB/s, iq4_nl_r16 25.2-25.5, against 13.5-20.9 and 20.2-21.3 with prefetcht0
+ * 1.5 KiB ahead (the file layout's gemv: q4_0 19.4-20.4) */
+#define TN_R16_PF_DEC 1024
 #define TN_R16_META 65536    /* per-call activation data on the stack, bytes */
 /* The matmul driver hands every batch size whole thread ranges (gemm_nrow): each group of 16 rows
  * is read from memory once per stack buffer of columns (k = 2048: 128 columns) and reused from
@@ -141,7 +146,7 @@ static inline __attribute__((always_inline)) void tn_r16_dec2(const int S, const
         const uint8_t *ch[2] = {g0 + (size_t)(b0 / S) * cb, g1 + (size_t)(b0 / S) * cb};
         __m512 dw[2];
         for (int g = 0; g < 2; g++) {
-            for (size_t l = 0; l < cb; l += 64) _mm_prefetch((const char *)ch[g] + TN_R16_PF + l, _MM_HINT_T0);
+            for (size_t l = 0; l < cb; l += 64) _mm_prefetch((const char *)ch[g] + TN_R16_PF_DEC + l, _MM_HINT_T1);
             dw[g] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)ch[g]));
         }
         for (int s = 0; s < S; s++) {

@@ -60,6 +60,13 @@ static inline __m512i tn_rk16_i8(const uint8_t *p) { return _mm512_cvtepi8_epi32
  * (36 / 53 lines, not unrolled) as free of side effects, which left every tile here without
  * software prefetch (objdump showed none). */
 static inline void tn_rk16_prefetch_line(const uint8_t *p) { __asm__ volatile("prefetcht0 %0" : : "m"(*p)); }
+/* One line into L2 (prefetcht1): the K-quant decode tiles. Their chunks are read in several
+ * interleaved runs (q6_K: ql, ql + 512, qh), which the hardware prefetchers do not follow, and a
+ * core has more misses to L2 in flight than to L1: one thread from DRAM (8192 x 2048, Zen 4,
+ * 2026-11-28), against the file layout's gemv in the same run: q6_K_r16 0.57x -> 0.79-0.83x,
+ * q4_K_r16 0.94x -> 1.27x, q5_K_r16 +10%; iq4_xs_r16 and tq2_0_r16 keep prefetcht0 (tq2_0_r16:
+ * 15.9 -> 11.9 GB/s with prefetcht1). */
+static inline void tn_rk16_prefetch_l2(const uint8_t *p) { __asm__ volatile("prefetcht1 %0" : : "m"(*p)); }
 
 /* The chunk TN_RK16_PF bytes ahead of ch (cb bytes), in one burst: the prefill tiles, where each
  * chunk's arithmetic is long enough to hide it. */
@@ -82,7 +89,7 @@ static inline __attribute__((always_inline)) void tn_rk16_chunk_k4(const int NC,
     for (int j = 0; j < 8; j++) {
         if (SPREAD) /* ceil(lines / 8) lines per step: 5 (q4_K), 6 (q5_K) */
             for (int l = LP * j; l < LP * (j + 1); l++)
-                if (64 * l < (int)cb) tn_rk16_prefetch_line(ch + TN_RK16_PF + 64 * l);
+                if (64 * l < (int)cb) tn_rk16_prefetch_l2(ch + TN_RK16_PF + 64 * l);
         const uint8_t *P = ch + (Q5 ? TN_R16_Q5K_QS : TN_R16_Q4K_QS) + 512 * (j / 2);
         __m512i q[8];
         for (int u = 0; u < 8; u++) {
@@ -290,7 +297,7 @@ static inline __attribute__((always_inline)) void tn_rk16_chunk_q6K(const int NC
             for (int u = 4 * s; u < 4 * s + 4; u++) {
                 for (int l = 4 * (8 * h + u); l < 4 * (8 * h + u) + 4; l++) /* the chunk ahead, spread over the loop */
                     if (64 * l < (int)(TN_R16_ROWS * sizeof(block_q6_K)))
-                        tn_rk16_prefetch_line(ch + TN_RK16_PF + 64 * l);
+                        tn_rk16_prefetch_l2(ch + TN_RK16_PF + 64 * l);
                 const __m512i l0 = _mm512_loadu_si512(ch + TN_R16_Q6K_QL + 1024 * h + 64 * u);
                 const __m512i l1 = _mm512_loadu_si512(ch + TN_R16_Q6K_QL + 1024 * h + 512 + 64 * u);
                 const __m512i hb = _mm512_loadu_si512(ch + TN_R16_Q6K_QH + 512 * h + 64 * u);
