@@ -18,7 +18,9 @@
  *   iq4_xs: each nibble through a VPSHUFB into the iq4_nl table + 128 (unsigned); the +128 is
  *     taken off the same way, -128 * (activation sum) at the start of each sub-block's sum.
  *   tq2_0: 2-bit codes by shift and mask, value code - 1: the block's sum starts at -(activation
- *     sum); no sub-block scales. Scales applied in the reference's order (bit for bit).
+ *     sum); no sub-block scales. Scales applied in the reference's order (bit for bit). Decode and
+ *     pairs (n <= 2) mask the four code fields in place into four accumulators and shift the sums
+ *     instead of the codes: one thread, in L2, 20.5 -> 33.9 GB/s; from DRAM 15.9 -> 22.5.
  * The unpacking of a block's codes is shared by up to 8 columns per pass; a group's rows are read
  * once per block of TN_RK16_CB columns and from cache by the later passes.
  * q6_K decode and small batches (n <= 4) have their own tile (tn_rk16_chunk_q6K): every code byte
@@ -207,17 +209,37 @@ static inline __attribute__((always_inline)) void tn_rk16_chunk_tq2(const int NC
         for (int j = 0; j < QK_K / 16; j++) s += xb[c]->bsums[j];
         isum[c] = _mm512_set1_epi32(-s);
     }
-    for (int u = 0; u < 16; u++) {
-        if (SPREAD) tn_rk16_prefetch_line(ch + TN_RK16_PF + 64 * u + (u == 15 ? 64 : 0));
-        const __m512i v = _mm512_loadu_si512(ch + TN_R16_TQ2_QS + 64 * u);
-        __m512i q[4];
-        q[0] = _mm512_and_si512(v, m3);
-        q[1] = _mm512_and_si512(_mm512_srli_epi16(v, 2), m3);
-        q[2] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m3);
-        q[3] = _mm512_and_si512(_mm512_srli_epi16(v, 6), m3);
-        const int w0 = 128 * (u / 8) + 4 * (u % 8);
+    if (NC <= 2) {
+        /* decode, pairs: the code fields masked in place (v & 3 << 2l: 4^l times the code, at most
+         * 192, still VPDPBUSD's unsigned operand) into one accumulator per field, no shifts; each
+         * sum is a multiple of 4^l (|sum| < 2^26), so an arithmetic shift by 2l divides it exactly */
+        __m512i f[TN_RK16_NC][4];
         for (int c = 0; c < NC; c++)
-            for (int l = 0; l < 4; l++) isum[c] = _mm512_dpbusd_epi32(isum[c], q[l], tn_rk16_bcast(xb[c]->qs + w0 + 32 * l));
+            for (int l = 0; l < 4; l++) f[c][l] = l ? _mm512_setzero_si512() : isum[c];
+        for (int u = 0; u < 16; u++) {
+            if (SPREAD) tn_rk16_prefetch_line(ch + TN_RK16_PF + 64 * u + (u == 15 ? 64 : 0));
+            const __m512i v = _mm512_loadu_si512(ch + TN_R16_TQ2_QS + 64 * u);
+            const int w0 = 128 * (u / 8) + 4 * (u % 8);
+            for (int l = 0; l < 4; l++) {
+                const __m512i q = _mm512_and_si512(v, _mm512_set1_epi8((char)(3 << 2 * l)));
+                for (int c = 0; c < NC; c++) f[c][l] = _mm512_dpbusd_epi32(f[c][l], q, tn_rk16_bcast(xb[c]->qs + w0 + 32 * l));
+            }
+        }
+        for (int c = 0; c < NC; c++)
+            isum[c] = _mm512_add_epi32(_mm512_add_epi32(f[c][0], _mm512_srai_epi32(f[c][1], 2)),
+                                       _mm512_add_epi32(_mm512_srai_epi32(f[c][2], 4), _mm512_srai_epi32(f[c][3], 6)));
+    } else {
+        for (int u = 0; u < 16; u++) {
+            const __m512i v = _mm512_loadu_si512(ch + TN_R16_TQ2_QS + 64 * u);
+            __m512i q[4];
+            q[0] = _mm512_and_si512(v, m3);
+            q[1] = _mm512_and_si512(_mm512_srli_epi16(v, 2), m3);
+            q[2] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m3);
+            q[3] = _mm512_and_si512(_mm512_srli_epi16(v, 6), m3);
+            const int w0 = 128 * (u / 8) + 4 * (u % 8);
+            for (int c = 0; c < NC; c++)
+                for (int l = 0; l < 4; l++) isum[c] = _mm512_dpbusd_epi32(isum[c], q[l], tn_rk16_bcast(xb[c]->qs + w0 + 32 * l));
+        }
     }
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)ch));
     for (int c = 0; c < NC; c++)
