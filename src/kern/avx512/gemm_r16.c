@@ -84,6 +84,35 @@ static inline int32_t tn_r16_x4(const int8_t *p) {
     return v;
 }
 
+/* q[u] (u = 0..7): codes 4u..4u+3 of piece s of chunk ch for every row, VPDPBUSD's unsigned
+ * operand (flags as tn_r16_tile; mask: the nibble mask, tbl: the iq4_nl table + 128). */
+static inline __attribute__((always_inline)) void tn_r16_codes(const bool TQ, const bool Q8, const bool NL,
+                                                                const uint8_t *ch, int s, __m512i mask, __m512i tbl,
+                                                                __m512i q[8]) {
+    if (Q8) {
+        for (int u = 0; u < 8; u++) q[u] = _mm512_loadu_si512(ch + 32 + 64 * u);
+        return;
+    }
+    for (int t = 0; t < 4; t++) {
+        const __m512i p = _mm512_loadu_si512(ch + 32 + 256 * s + 64 * t);
+        q[t] = _mm512_and_si512(TQ ? _mm512_slli_epi16(p, 1) : p, mask);
+        q[4 + t] = _mm512_and_si512(_mm512_srli_epi16(p, TQ ? 3 : 4), mask);
+        if (NL) q[t] = _mm512_shuffle_epi8(tbl, q[t]), q[4 + t] = _mm512_shuffle_epi8(tbl, q[4 + t]);
+    }
+}
+
+/* acc + the block's integer sums a times d_w * d_x: one FMA, or for iq4_nl the reference's
+ * (d_x d_w) * sumi rounded, then added (bit for bit). */
+static inline __attribute__((always_inline)) __m512 tn_r16_scale_add(const bool NL, __m512 acc, __m512i a, __m512 dw,
+                                                                      float dx) {
+    const __m512 dd = _mm512_mul_ps(dw, _mm512_set1_ps(dx));
+    return NL ? _mm512_add_ps(acc, _mm512_mul_ps(_mm512_cvtepi32_ps(a), dd)) : _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), dd, acc);
+}
+
+static inline __m512i tn_r16_nl_table(void) {
+    return _mm512_broadcast_i32x4(_mm_xor_si128(_mm_loadu_si128((const __m128i *)tn_kvalues_iq4nl), _mm_set1_epi8((char)0x80)));
+}
+
 /* One group of 16 rows x NC columns: y[c * ldy + r] for r < 16, c < NC; S pieces of 32 codes per
  * chunk (G = 32 S), TQ: symmetric tq4 (codes doubled) instead of q4_0; Q8: q8_0 (8-bit codes, no
  * unpacking; S = 1); NL: iq4_nl (each code through one VPSHUFB into the iq4_nl table + 128). */
@@ -94,35 +123,21 @@ static inline __attribute__((always_inline)) void tn_r16_tile(const int NC, cons
     const size_t cb = Q8 ? 32 + 512 : 32 + 256 * (size_t)S;
     __m512 acc[TN_R16_NC];
     for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
-    const __m512i mask = _mm512_set1_epi8(TQ ? 0x1E : 0x0F);
-    const __m512i tbl = _mm512_broadcast_i32x4(_mm_xor_si128(_mm_loadu_si128((const __m128i *)tn_kvalues_iq4nl),
-                                                             _mm_set1_epi8((char)0x80)));
+    const __m512i mask = _mm512_set1_epi8(TQ ? 0x1E : 0x0F), tbl = tn_r16_nl_table();
     for (int64_t b0 = 0; b0 < nb; b0 += S) {
         const uint8_t *ch = grp + (size_t)(b0 / S) * cb;
         for (size_t l = 0; l < cb; l += 64) _mm_prefetch((const char *)ch + TN_R16_PF + l, _MM_HINT_T0);
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)ch));
         for (int s = 0; s < S; s++) {
             const int64_t b = b0 + s;
-            /* q[u]: codes 4u..4u+3 of every row, unsigned */
             __m512i q[8];
-            if (Q8)
-                for (int u = 0; u < 8; u++) q[u] = _mm512_loadu_si512(ch + 32 + 64 * u);
-            else
-                for (int t = 0; t < 4; t++) {
-                    const __m512i p = _mm512_loadu_si512(ch + 32 + 256 * s + 64 * t);
-                    q[t] = _mm512_and_si512(TQ ? _mm512_slli_epi16(p, 1) : p, mask);
-                    q[4 + t] = _mm512_and_si512(_mm512_srli_epi16(p, TQ ? 3 : 4), mask);
-                    if (NL) q[t] = _mm512_shuffle_epi8(tbl, q[t]), q[4 + t] = _mm512_shuffle_epi8(tbl, q[4 + t]);
-                }
+            tn_r16_codes(TQ, Q8, NL, ch, s, mask, tbl, q);
             for (int c = 0; c < NC; c++) {
                 const int8_t *xq = ((const block_q8_0 *)(x + (size_t)c * x_rb))[b].qs;
                 const tn_r16_meta mt = meta[(size_t)c * (size_t)nb + (size_t)b];
                 __m512i a = _mm512_set1_epi32(mt.s);
                 for (int u = 0; u < 8; u++) a = _mm512_dpbusd_epi32(a, q[u], _mm512_set1_epi32(tn_r16_x4(xq + 4 * u)));
-                const __m512 dd = _mm512_mul_ps(dw, _mm512_set1_ps(mt.d));
-                /* iq4_nl: the reference's (d_x d_w) * sumi rounded, then added (bit for bit) */
-                acc[c] = NL ? _mm512_add_ps(acc[c], _mm512_mul_ps(_mm512_cvtepi32_ps(a), dd))
-                            : _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), dd, acc[c]);
+                acc[c] = tn_r16_scale_add(NL, acc[c], a, dw, mt.d);
             }
         }
     }
@@ -138,9 +153,7 @@ static inline __attribute__((always_inline)) void tn_r16_dec2(const int S, const
                                                                float *y1) {
     const size_t cb = Q8 ? 32 + 512 : 32 + 256 * (size_t)S;
     __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-    const __m512i mask = _mm512_set1_epi8(TQ ? 0x1E : 0x0F);
-    const __m512i tbl = _mm512_broadcast_i32x4(_mm_xor_si128(_mm_loadu_si128((const __m128i *)tn_kvalues_iq4nl),
-                                                             _mm_set1_epi8((char)0x80)));
+    const __m512i mask = _mm512_set1_epi8(TQ ? 0x1E : 0x0F), tbl = tn_r16_nl_table();
     const block_q8_0 *xb = (const block_q8_0 *)x;
     for (int64_t b0 = 0; b0 < nb; b0 += S) {
         const uint8_t *ch[2] = {g0 + (size_t)(b0 / S) * cb, g1 + (size_t)(b0 / S) * cb};
@@ -155,21 +168,10 @@ static inline __attribute__((always_inline)) void tn_r16_dec2(const int S, const
             for (int u = 0; u < 8; u++) xv[u] = _mm512_set1_epi32(tn_r16_x4(xb[b].qs + 4 * u));
             const tn_r16_meta mt = meta[b];
             for (int g = 0; g < 2; g++) {
-                __m512i a = _mm512_set1_epi32(mt.s);
-                if (Q8)
-                    for (int u = 0; u < 8; u++) a = _mm512_dpbusd_epi32(a, _mm512_loadu_si512(ch[g] + 32 + 64 * u), xv[u]);
-                else
-                    for (int t = 0; t < 4; t++) {
-                        const __m512i p = _mm512_loadu_si512(ch[g] + 32 + 256 * s + 64 * t);
-                        __m512i lo = _mm512_and_si512(TQ ? _mm512_slli_epi16(p, 1) : p, mask);
-                        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(p, TQ ? 3 : 4), mask);
-                        if (NL) lo = _mm512_shuffle_epi8(tbl, lo), hi = _mm512_shuffle_epi8(tbl, hi);
-                        a = _mm512_dpbusd_epi32(a, lo, xv[t]);
-                        a = _mm512_dpbusd_epi32(a, hi, xv[4 + t]);
-                    }
-                const __m512 dd = _mm512_mul_ps(dw[g], _mm512_set1_ps(mt.d));
-                acc[g] = NL ? _mm512_add_ps(acc[g], _mm512_mul_ps(_mm512_cvtepi32_ps(a), dd))
-                            : _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), dd, acc[g]);
+                __m512i q[8], a = _mm512_set1_epi32(mt.s);
+                tn_r16_codes(TQ, Q8, NL, ch[g], s, mask, tbl, q);
+                for (int u = 0; u < 8; u++) a = _mm512_dpbusd_epi32(a, q[u], xv[u]);
+                acc[g] = tn_r16_scale_add(NL, acc[g], a, dw[g], mt.d);
             }
         }
     }

@@ -190,9 +190,9 @@ static inline __attribute__((always_inline)) void tn_rk16_chunk_iq4(const int NC
 }
 
 /* tq2_0: chunk ch (block b of a group's 16 rows) against NC columns into acc[c]. Each of the 16
- * code registers gives four registers of 2-bit codes (shifts by 0, 2, 4, 6 and a mask; VPDPBUSD's
- * unsigned operand), whose value is code - 1: the block's integer sum starts at -(activation sum),
- * from q8_K's bsums. The scales are applied as ggml's reference does: (d_x d_w) rounded, times the
+ * code registers gives four registers of 2-bit codes (NC > 2: shifts by 0, 2, 4, 6 and a mask;
+ * NC <= 2: the fields masked in place, below; VPDPBUSD's unsigned operand), whose value is code - 1:
+ * the block's integer sum starts at -(activation sum), from q8_K's bsums. The scales are applied as ggml's reference does: (d_x d_w) rounded, times the
  * integer sum rounded, then added (no FMA), so the result equals it bit for bit. SPREAD: the chunk
  * ahead prefetched a line per register (decode). */
 static inline __attribute__((always_inline)) void tn_rk16_chunk_tq2(const int NC, const bool SPREAD, const uint8_t *ch,
@@ -212,7 +212,8 @@ static inline __attribute__((always_inline)) void tn_rk16_chunk_tq2(const int NC
     if (NC <= 2) {
         /* decode, pairs: the code fields masked in place (v & 3 << 2l: 4^l times the code, at most
          * 192, still VPDPBUSD's unsigned operand) into one accumulator per field, no shifts; each
-         * sum is a multiple of 4^l (|sum| < 2^26), so an arithmetic shift by 2l divides it exactly */
+         * sum is a multiple of 4^l (|sum| <= 16 * 4 * 192 * 128 < 2^21), so an arithmetic shift by 2l
+         * divides it exactly */
         __m512i f[TN_RK16_NC][4];
         for (int c = 0; c < NC; c++)
             for (int l = 0; l < 4; l++) f[c][l] = l ? _mm512_setzero_si512() : isum[c];
