@@ -60,6 +60,9 @@ void tn_dequantize_row_tq1_0(const block_tq1_0 *x, float *y, int64_t k);
 void tn_dequantize_row_tq2_0(const block_tq2_0 *x, float *y, int64_t k);
 /* The 256 trits (0, 1, 2 for -1, 0, +1) of a tq1_0 block in element order. */
 void tn_tq1_0_trits(const block_tq1_0 *b, uint8_t t[QK_K]);
+/* n trits t[i * stride] (0..2, the most significant first; n <= 5) as one tq1_0 byte: a base-3
+ * fraction of 256 rounded up, as ggml's quantizer writes it. */
+uint8_t tn_tq1_0_pack(const uint8_t *t, int stride, int n);
 
 /* Codebook i-quants (quant_iq2.c, layouts in blocks.h, grids in iq_grid.h): iq2_xxs, iq2_xs,
  * iq2_s, iq3_xxs, iq3_s, iq1_s, iq1_m. A 32-element sub-block decodes to signed integer grid

@@ -268,12 +268,18 @@ static float ternary_scale(const float *x, tn_fp16 *d) {
     return amax ? 1.0f / amax : 0.0f;
 }
 
-/* n trits (0..2, the most significant first) as a base-3 fraction of 256, rounded up. */
-static uint8_t tq1_pack(const float *x, int stride, int n, float id) {
+uint8_t tn_tq1_0_pack(const uint8_t *t, int stride, int n) {
     unsigned q = 0;
-    for (int t = 0; t < n; t++) q = q * 3 + (unsigned)(lroundf(x[t * stride] * id) + 1);
-    for (int t = n; t < 5; t++) q *= 3;
+    for (int i = 0; i < n; i++) q = q * 3 + t[i * stride];
+    for (int i = n; i < 5; i++) q *= 3;
     return (uint8_t)((q * 256 + 242) / 243);
+}
+
+/* The trits of n values x[t * stride] (scaled by id, rounded: -1, 0, 1 -> 0, 1, 2) packed. */
+static uint8_t tq1_pack(const float *x, int stride, int n, float id) {
+    uint8_t t[5];
+    for (int i = 0; i < n; i++) t[i] = (uint8_t)(lroundf(x[i * stride] * id) + 1);
+    return tn_tq1_0_pack(t, 1, n);
 }
 
 void tn_quantize_row_tq1_0_ref(const float *x, block_tq1_0 *y, int64_t k) {

@@ -58,13 +58,6 @@ static void tn_tq1_to_tq2(const block_tq1_0 *b, block_tq2_0 *o) {
             for (int m = 0; m < 32; m++) o->qs[j + m] |= (uint8_t)(t[4 * j + 32 * l + m] << 2 * l);
     o->d = b->d;
 }
-/* n trits (the most significant first), as a base-3 fraction of 256 rounded up (ggml's tq1_0). */
-static uint8_t tn_tq1_pack(const uint8_t *t, int stride, int n) {
-    unsigned q = 0;
-    for (int i = 0; i < n; i++) q = q * 3 + t[i * stride];
-    for (int i = n; i < 5; i++) q *= 3;
-    return (uint8_t)((q * 256 + 242) / 243);
-}
 /* The inverse of tn_tq1_to_tq2 for the bytes ggml's quantizer writes (a byte it never writes, 13
  * of the 256, has the same trits as one it does and comes back as that one). */
 static void tn_tq2_to_tq1(const block_tq2_0 *b, block_tq1_0 *o) {
@@ -73,9 +66,9 @@ static void tn_tq2_to_tq1(const block_tq2_0 *b, block_tq1_0 *o) {
         for (int l = 0; l < 4; l++)
             for (int m = 0; m < 32; m++) t[4 * j + 32 * l + m] = (uint8_t)(b->qs[j + m] >> 2 * l & 3);
     /* tn_tq1_0_trits' element order: qs[0..32) elements 32n + m, qs[32..48) 160 + 16n + m, qh 240 + 4n + j */
-    for (int m = 0; m < 32; m++) o->qs[m] = tn_tq1_pack(t + m, 32, 5);
-    for (int m = 0; m < 16; m++) o->qs[32 + m] = tn_tq1_pack(t + 160 + m, 16, 5);
-    for (int j = 0; j < 4; j++) o->qh[j] = tn_tq1_pack(t + 240 + j, 4, 4);
+    for (int m = 0; m < 32; m++) o->qs[m] = tn_tq1_0_pack(t + m, 32, 5);
+    for (int m = 0; m < 16; m++) o->qs[32 + m] = tn_tq1_0_pack(t + 160 + m, 16, 5);
+    for (int j = 0; j < 4; j++) o->qh[j] = tn_tq1_0_pack(t + 240 + j, 4, 4);
     o->d = b->d;
 }
 

@@ -106,30 +106,17 @@ static void tn_rk16_gemm_ref(tn_dtype ft, tn_vec_dot_fn dot, int64_t k, int64_t 
     free(wide);
 }
 
-void tn_k_gemm_q4_K_r16_q8_K__scalar(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,
-                                     size_t x_rb, float *y, int64_t ldy) {
-    tn_rk16_gemm_ref(TN_Q4_K, tn_k_vec_dot_q4_K_q8_K__scalar, k, m, n, w, w_rb, x, x_rb, y, ldy);
-}
-void tn_k_gemm_q5_K_r16_q8_K__scalar(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,
-                                     size_t x_rb, float *y, int64_t ldy) {
-    tn_rk16_gemm_ref(TN_Q5_K, tn_k_vec_dot_q5_K_q8_K__scalar, k, m, n, w, w_rb, x, x_rb, y, ldy);
-}
-void tn_k_gemm_iq4_xs_r16_q8_K__scalar(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,
-                                       size_t x_rb, float *y, int64_t ldy) {
-    tn_rk16_gemm_ref(TN_IQ4_XS, tn_k_vec_dot_iq4_xs_q8_K__scalar, k, m, n, w, w_rb, x, x_rb, y, ldy);
-}
-void tn_k_gemm_tq2_0_r16_q8_K__scalar(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,
-                                      size_t x_rb, float *y, int64_t ldy) {
-    tn_rk16_gemm_ref(TN_TQ2_0, tn_k_vec_dot_tq2_0_q8_K__scalar, k, m, n, w, w_rb, x, x_rb, y, ldy);
-}
-void tn_k_gemm_tq1_0_r16_q8_K__scalar(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,
-                                      size_t x_rb, float *y, int64_t ldy) {
-    tn_rk16_gemm_ref(TN_TQ1_0, tn_k_vec_dot_tq1_0_q8_K__scalar, k, m, n, w, w_rb, x, x_rb, y, ldy);
-}
-void tn_k_gemm_q6_K_r16_q8_K__scalar(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,
-                                     size_t x_rb, float *y, int64_t ldy) {
-    tn_rk16_gemm_ref(TN_Q6_K, tn_k_vec_dot_q6_K_q8_K__scalar, k, m, n, w, w_rb, x, x_rb, y, ldy);
-}
+#define TN_RK16_REF(name, FT, dot)                                                                                     \
+    void tn_k_gemm_##name##_r16_q8_K__scalar(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb,            \
+                                             const void *x, size_t x_rb, float *y, int64_t ldy) {                      \
+        tn_rk16_gemm_ref(FT, dot, k, m, n, w, w_rb, x, x_rb, y, ldy);                                                  \
+    }
+TN_RK16_REF(q4_K, TN_Q4_K, tn_k_vec_dot_q4_K_q8_K__scalar)
+TN_RK16_REF(q5_K, TN_Q5_K, tn_k_vec_dot_q5_K_q8_K__scalar)
+TN_RK16_REF(q6_K, TN_Q6_K, tn_k_vec_dot_q6_K_q8_K__scalar)
+TN_RK16_REF(iq4_xs, TN_IQ4_XS, tn_k_vec_dot_iq4_xs_q8_K__scalar)
+TN_RK16_REF(tq2_0, TN_TQ2_0, tn_k_vec_dot_tq2_0_q8_K__scalar)
+TN_RK16_REF(tq1_0, TN_TQ1_0, tn_k_vec_dot_tq1_0_q8_K__scalar)
 
 /* tq1 *_l32: row i unpacked to the file type's bytes, then the file type's reference dot: the
  * result equals tn_tq_vec_dot_ref on the original row bit for bit (rows up to 64 KiB, k <= 262144
