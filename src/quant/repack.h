@@ -102,7 +102,8 @@
 #define TN_R16_IQ4_QS 128
 #define TN_R16_TQ2_QS 32
 
-/* The interleaved type for file type t (q4_0, tq4g<G> symmetric, q8_0, q4_K, q5_K, q6_K, iq4_xs), or 0. */
+/* The interleaved type for file type t (q4_0, tq4g<G> symmetric, q8_0, q4_K, q5_K, q6_K, iq4_xs, iq4_nl,
+ * tq2_0, and tq1_0 expanded into tq2_0_r16's chunks), or 0. */
 tn_dtype tn_r16_type_of(tn_dtype t);
 /* The file type an interleaved type came from (0 if t is not one). */
 tn_dtype tn_r16_file_type(tn_dtype t);
