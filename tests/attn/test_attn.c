@@ -51,12 +51,12 @@ static void direct(int64_t hd, int64_t T, const float *q, const uint16_t *K, con
 
 static void test_attn(void **state) {
     (void)state;
-    const int64_t hds[] = {8, 16, 64, 80, 128}, Ts[] = {1, 2, 17, 64, 257};
-    const int64_t cfg[][2] = {{1, 1}, {4, 4}, {4, 1}, {3, 1}, {2, 2}, {8, 4}, {6, 2}, {3, 3}}; /* nh, rep */
+    const int64_t hds[] = {8, 16, 32, 48, 64, 80, 128}, Ts[] = {1, 2, 17, 64, 257};
+    const int64_t cfg[][2] = {{1, 1}, {4, 4}, {4, 1}, {3, 1}, {2, 2}, {8, 4}, {6, 2}, {3, 3}, {16, 2}, {12, 12}, {11, 1}}; /* nh, rep */
     uint64_t seed = 1;
     const tn_kern_table *ref = tn_kern_at(TN_ISA_SCALAR);
-    for (size_t a = 0; a < 5; a++)
-        for (size_t b = 0; b < 5; b++)
+    for (size_t a = 0; a < sizeof hds / sizeof hds[0]; a++)
+        for (size_t b = 0; b < sizeof Ts / sizeof Ts[0]; b++)
             for (size_t g = 0; g < sizeof cfg / sizeof cfg[0]; g++) {
                 const int64_t hd = hds[a], T = Ts[b], nh = cfg[g][0], rep = cfg[g][1], nkv = (nh + rep - 1) / rep;
                 const int64_t ld = nkv * hd;

@@ -1,7 +1,7 @@
 /*
  * attn.c (avx512) — attention kernel (contract in kern.h; reference in scalar/attn.c) and SwiGLU.
  * Vectorised over the head dimension in blocks of 16 with F16C conversions, several query heads
- * per pass (4 of size 64, 2 of size 128; a group's K / V rows converted once when the heads share
+ * per pass (8 of size 32, 4 of size 64, 2 of size 128; a group's K / V rows converted once when the heads share
  * a kv head), so the heads' serial accumulations overlap. The rounding points are the
  * reference's (f16 accumulator rounded after each scale and each fused multiply-add, in the
  * register), so only the order of the q·k sum and the exponential differ: per 16 keys the scores
@@ -43,13 +43,13 @@ static inline __attribute__((always_inline)) void tn_attn_heads(const int NB, co
                                                                 const int32_t *blocks, int64_t block_rows, float scale,
                                                                 float cap, bool acc16, float *out) {
     __m512 acc[16];
-    float M[4], S[4];
+    float M[8], S[8];
     for (int i = 0; i < H * NB; i++) acc[i] = _mm512_setzero_ps();
     for (int h = 0; h < H; h++) M[h] = -INFINITY, S[h] = 0.0f;
     for (int64_t t0 = 0; t0 < T; t0 += W) {
         const int nt = T - t0 < W ? (int)(T - t0) : W;
         int64_t rows[W];
-        _Alignas(64) float sc[4][W];
+        _Alignas(64) float sc[8][W];
         for (int i0 = 0; i0 < nt; i0 += W / H) { /* W / H keys x H heads: 16 dot products, summed at once */
             __m512 dv[W];
             for (int u = 0; u < W / H; u++) {
@@ -76,8 +76,8 @@ static inline __attribute__((always_inline)) void tn_attn_heads(const int NB, co
             for (int u = 0; u < W / H && i0 + u < nt; u++)
                 for (int h = 0; h < H; h++) sc[h][i0 + u] = r[u * H + h];
         }
-        _Alignas(64) float e[4][W];
-        uint32_t up[4] = {0, 0, 0, 0}; /* bit i: key i is a new maximum of head h */
+        _Alignas(64) float e[8][W];
+        uint32_t up[8] = {0}; /* bit i: key i is a new maximum of head h */
         for (int h = 0; h < H; h++) {
             _Alignas(64) float arg[W];
             float Mr = M[h];
@@ -123,7 +123,8 @@ static inline __attribute__((always_inline)) void tn_attn_heads(const int NB, co
     }
 }
 
-/* Heads in groups of up to 4 (64-wide heads) or 2 (128-wide); other sizes one at a time (the
+/* Heads in groups of as many as keep their accumulators in 16 registers, at most 8 (8 of size 16
+ * or 32, 4 of 48 or 64, 2 of 80 .. 128); sizes that are not a multiple of 16 one at a time (the
  * reference). cap > 0: soft-capped scores. */
 static inline __attribute__((always_inline)) void tn_attn_drive(int64_t hd, int64_t T, int64_t nh, int64_t rep,
                                                                 const float *q, const uint16_t *K, const uint16_t *V,
@@ -141,12 +142,14 @@ static inline __attribute__((always_inline)) void tn_attn_drive(int64_t hd, int6
                                    scale, acc16, out + j * hd, scratch);
         return;
     }
-    const int nb = (int)(hd / W), hmax = nb == 4 ? 4 : nb == 8 ? 2 : 1;
+    const int nb = (int)(hd / W);
+    int hmax = 8; /* the most heads whose accumulators fit 16 registers (a power of 2: W / H keys a pass) */
+    while (hmax * nb > 16) hmax /= 2;
     for (int64_t j0 = 0; j0 < nh;) {
         int H = hmax;
         while (H > 1 && j0 + H > nh) H /= 2;
         _Alignas(64) float qr[256]; /* q as used in the dot products (f16-rounded with acc16) */
-        const uint16_t *Kh[4], *Vh[4];
+        const uint16_t *Kh[8] = {0}, *Vh[8] = {0};
         for (int h = 0; h < H; h++) {
             Kh[h] = K + ((j0 + h) / rep) * hd, Vh[h] = V + ((j0 + h) / rep) * hd;
             for (int b = 0; b < nb; b++) {
@@ -157,15 +160,29 @@ static inline __attribute__((always_inline)) void tn_attn_drive(int64_t hd, int6
         const bool shared = Kh[0] == Kh[H - 1];
         float *o = out + j0 * hd;
 #define TN_ATTN_CALL(NB_, H_, SH_) tn_attn_heads(NB_, H_, SH_, T, qr, Kh, Vh, ldkv, blocks, block_rows, scale, cap, acc16, o)
-        if (nb == 4 && H == 4 && shared) TN_ATTN_CALL(4, 4, true);
-        else if (nb == 4 && H == 4) TN_ATTN_CALL(4, 4, false);
-        else if (nb == 4 && H == 2 && shared) TN_ATTN_CALL(4, 2, true);
-        else if (nb == 4 && H == 2) TN_ATTN_CALL(4, 2, false);
+#define TN_ATTN_H(NB_, H_)                                                                                            \
+    do {                                                                                                               \
+        if (shared) TN_ATTN_CALL(NB_, H_, true);                                                                       \
+        else TN_ATTN_CALL(NB_, H_, false);                                                                             \
+    } while (0)
+        /* small heads (16, 32: 1 or 2 accumulators each) need many heads at once to hide the f16
+         * accumulator's latency (a key's update is a dependent chain per register) */
+        if (nb == 1 && H == 8) TN_ATTN_H(1, 8);
+        else if (nb == 1 && H == 4) TN_ATTN_H(1, 4);
+        else if (nb == 1 && H == 2) TN_ATTN_H(1, 2);
+        else if (nb == 2 && H == 8) TN_ATTN_H(2, 8);
+        else if (nb == 2 && H == 4) TN_ATTN_H(2, 4);
+        else if (nb == 2 && H == 2) TN_ATTN_H(2, 2);
+        else if (nb == 2) TN_ATTN_CALL(2, 1, true);
+        else if (nb == 4 && H == 4) TN_ATTN_H(4, 4);
+        else if (nb == 4 && H == 2) TN_ATTN_H(4, 2);
         else if (nb == 4) TN_ATTN_CALL(4, 1, true);
-        else if (nb == 8 && H == 2 && shared) TN_ATTN_CALL(8, 2, true);
-        else if (nb == 8 && H == 2) TN_ATTN_CALL(8, 2, false);
+        else if (nb == 8 && H == 2) TN_ATTN_H(8, 2);
         else if (nb == 8) TN_ATTN_CALL(8, 1, true);
+        else if (H == 4) TN_ATTN_H(nb, 4); /* 48-wide heads */
+        else if (H == 2) TN_ATTN_H(nb, 2);
         else TN_ATTN_CALL(nb, 1, true);
+#undef TN_ATTN_H
 #undef TN_ATTN_CALL
         j0 += H;
     }
