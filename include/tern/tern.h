@@ -145,11 +145,21 @@ typedef struct tern_ctx_params {
                             default), TERN_KV_Q8_0 or TERN_KV_Q4_0 (ggml's block layouts, 32 values a
                             block: the model's head size must be a multiple of 32); CPU only      */
     int32_t type_v;      /* the same for the cached V rows                                        */
+    int32_t kv_rotate;   /* which quantized halves of the cache hold rotated heads (an orthogonal
+                            Hadamard-times-signs rotation per head: K with the queries, V with the
+                            attention output turned back; scores and outputs are unchanged up to
+                            rounding, the quantization error lower where a few channels are large):
+                            TERN_KV_ROT_AUTO (0, default: a quantized K), _NONE, _K, _V, _KV. An
+                            f16 half and a latent (MLA) cache are never rotated                   */
 } tern_ctx_params;
 
 enum { TERN_DEVICE_CPU = 0, TERN_DEVICE_CUDA = 1 };
 /* KV cache types (tern_ctx_params type_k / type_v): ggml's type ids. */
 enum { TERN_KV_F16 = 1, TERN_KV_Q4_0 = 2, TERN_KV_Q8_0 = 8 };
+/* tern_ctx_params kv_rotate */
+enum { TERN_KV_ROT_AUTO = 0, TERN_KV_ROT_NONE = 1, TERN_KV_ROT_K = 2, TERN_KV_ROT_V = 3, TERN_KV_ROT_KV = 4 };
+/* The TERN_KV_ROT_* called name ("auto", "none", "k", "v", "kv"); -1 if none. */
+TERN_API int32_t tern_kv_rotate_from_name(const char *name);
 /* "f16", "q8_0" or "q4_0" for a KV cache type, NULL for any other value. */
 TERN_API const char *tern_kv_type_name(int32_t type);
 /* The KV cache type called name ("f16", "q8_0", "q4_0", any case); -1 if none. */
@@ -170,6 +180,9 @@ TERN_API uint64_t tern_ctx_kv_bytes(const tern_ctx *c);
 /* The context's KV cache types (TERN_KV_*), as created. */
 TERN_API int32_t tern_ctx_type_k(const tern_ctx *c);
 TERN_API int32_t tern_ctx_type_v(const tern_ctx *c);
+/* Which halves of the context's cache are rotated (tern_ctx_params kv_rotate, resolved): bit 0 K,
+ * bit 1 V. */
+TERN_API int32_t tern_ctx_kv_rotated(const tern_ctx *c);
 /* Number of tokens currently in the KV cache (the next position). */
 TERN_API int32_t tern_ctx_n_past(const tern_ctx *c);
 /* Drops KV entries at positions >= n_past (0 clears). On a model with sliding-window layers and

@@ -174,6 +174,8 @@ static tern_status tn_ctx_create_impl(const tern_model *m, const tern_ctx_params
     const int64_t qd = tn_hp_q_dim(hp); /* query and attention-output rows */
     /* KV cache types: f16 (0: the default), q8_0 or q4_0, whose 32-value blocks must not cross a head */
     const int32_t types[2] = {p.type_k ? p.type_k : TERN_KV_F16, p.type_v ? p.type_v : TERN_KV_F16};
+    if (p.kv_rotate < TERN_KV_ROT_AUTO || p.kv_rotate > TERN_KV_ROT_KV)
+        return tn_err(TERN_ERR_INVALID_ARG, "KV rotation %d is not one of TERN_KV_ROT_AUTO, _NONE, _K, _V, _KV", p.kv_rotate);
     /* multi-head latent attention: a K row is the latent and the shared rope key of a position,
      * no V rows (the values are the latent part of the K rows) */
     const bool mla = hp->family && hp->family->mla;
@@ -229,6 +231,24 @@ static tern_status tn_ctx_create_impl(const tern_model *m, const tern_ctx_params
     c->type_k = types[0], c->type_v = types[1];
     c->k_rb = rb[0], c->v_rb = rb[1];
     bool ok = true;
+    { /* rotation: the quantized halves asked for (auto: K); never f16 or a latent cache */
+        const int32_t r = p.kv_rotate;
+        const bool want_k = r == TERN_KV_ROT_AUTO || r == TERN_KV_ROT_K || r == TERN_KV_ROT_KV;
+        const bool want_v = r == TERN_KV_ROT_V || r == TERN_KV_ROT_KV;
+        c->rot_k = !mla && want_k && types[0] != TERN_KV_F16;
+        c->rot_v = !mla && want_v && types[1] != TERN_KV_F16;
+    }
+    if (c->rot_k || c->rot_v) {
+        c->rot_sign = tn_ctx_alloc(c, (size_t)hp->head_dim * sizeof(float), &ok);
+        c->rot_blk = hp->head_dim & -hp->head_dim;
+        uint64_t z = 0x7465726e2d726f74ULL; /* "tern-rot": fixed, so a saved cache reads back */
+        for (int32_t i = 0; ok && i < hp->head_dim; i++) {
+            z += 0x9e3779b97f4a7c15ULL;
+            uint64_t y = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+            y = (y ^ (y >> 27)) * 0x94d049bb133111ebULL;
+            c->rot_sign[i] = (y ^ (y >> 31)) >> 63 ? -1.0f : 1.0f;
+        }
+    }
     c->kv_off = tn_ctx_alloc(c, (size_t)hp->n_layer * sizeof(int64_t), &ok);
     for (int64_t il = 0, off = 0; ok && il < hp->n_layer; il++) {
         c->kv_off[il] = off;
@@ -369,6 +389,13 @@ int32_t tern_ctx_n_ctx(const tern_ctx *c) { return c->n_ctx; }
 uint64_t tern_ctx_kv_bytes(const tern_ctx *c) { return c->kv_bytes; }
 int32_t tern_ctx_type_k(const tern_ctx *c) { return c->type_k; }
 int32_t tern_ctx_type_v(const tern_ctx *c) { return c->type_v; }
+int32_t tern_ctx_kv_rotated(const tern_ctx *c) { return (c->rot_k ? 1 : 0) | (c->rot_v ? 2 : 0); }
+int32_t tern_kv_rotate_from_name(const char *name) {
+    static const char *const names[] = {"auto", "none", "k", "v", "kv"};
+    for (int32_t i = 0; name && i < 5; i++)
+        if (!strcasecmp(name, names[i])) return i;
+    return -1;
+}
 
 const char *tern_kv_type_name(int32_t type) {
     return type == TERN_KV_F16 ? "f16" : type == TERN_KV_Q8_0 ? "q8_0" : type == TERN_KV_Q4_0 ? "q4_0" : NULL;

@@ -56,6 +56,33 @@ static void tn_attend_sinks(const tern_ctx *c, int32_t hd, int64_t T, int32_t nh
     }
 }
 
+/* The per-head rotation of a quantized cache: R = H D, D the context's random signs and H the
+ * normalized Walsh-Hadamard matrix in blocks of rot_blk (block diagonal where the head size is
+ * not a power of 2). R is orthogonal, so q . k = Rq . Rk and sum w (R v) = R (sum w v): queries and
+ * keys rotated alike leave the scores, and the output rotated back (R^T = D H) the result,
+ * unchanged up to rounding, while each head's values are spread over all its channels — a few
+ * large channels no longer set every block's scale. */
+static void tn_kv_rot(const tern_ctx *c, float *x, int64_t nh, bool inverse) {
+    const int32_t hd = c->hp.head_dim, B = c->rot_blk;
+    const float s = 1.0f / sqrtf((float)B), *sg = c->rot_sign;
+    for (int64_t h = 0; h < nh; h++, x += hd) {
+        if (!inverse)
+            for (int32_t i = 0; i < hd; i++) x[i] *= sg[i];
+        for (int32_t b0 = 0; b0 < hd; b0 += B) {
+            float *v = x + b0;
+            for (int32_t len = 1; len < B; len <<= 1)
+                for (int32_t i = 0; i < B; i += 2 * len)
+                    for (int32_t j = i; j < i + len; j++) {
+                        const float a = v[j], d = v[j + len];
+                        v[j] = a + d, v[j + len] = a - d;
+                    }
+            for (int32_t i = 0; i < B; i++) v[i] *= s;
+        }
+        if (inverse)
+            for (int32_t i = 0; i < hd; i++) x[i] *= sg[i];
+    }
+}
+
 static void tn_attend(tern_ctx *c, int ith, int32_t il, const int32_t *blocks, int32_t pos, const float *q, int32_t h0,
                       int32_t nh, bool acc16, float *out) {
     const tn_hparams *hp = &c->hp;
@@ -97,6 +124,7 @@ static void tn_attend(tern_ctx *c, int ith, int32_t il, const int32_t *blocks, i
     const float *sinks = c->model->layers[il].w[TN_ROLE_ATTN_SINKS].data;
     if (sinks) tn_attend_sinks(c, hd, T, nh, h0, rep, q, K, k_rb, blocks, scale, sinks, out, scratch); /* the kernel's
                                                                                    * scratch: 2 hd nh floats, free now */
+    if (c->rot_v) tn_kv_rot(c, out, nh, true);
 }
 
 /* Query heads per attention call: whole kv groups, up to 4 heads (or one group), as long as every
@@ -277,6 +305,8 @@ static void tn_prepare_qkv(tern_ctx *c, const tn_layer *L, const float *rope_cs,
         tn_op_rope(hp, qt, nh, cs, 1.0f);
         tn_op_rope(hp, kt_, nk, cs, 1.0f);
     }
+    if (c->rot_k) tn_kv_rot(c, qt, nh, false), tn_kv_rot(c, kt_, nk, false);
+    if (c->rot_v) tn_kv_rot(c, vt, nk, false);
     const int64_t row = ring ? b->pos[t] % ring : tn_kv_row(tables ? tables[b->seq[t]] : NULL, TN_KV_BLOCK, b->pos[t]);
     tn_kv_store(c->type_k, kt_, Kc + (size_t)row * c->k_rb, (int64_t)k0 * hd, kn, c->kt);
     tn_kv_store(c->type_v, vt, Vc + (size_t)row * c->v_rb, (int64_t)k0 * hd, kn, c->kt);

@@ -59,6 +59,9 @@ struct tern_ctx {
     uint8_t *k_cache, *v_cache; /* per layer (at row kv_off[il]) [rows][kv_dim] each, rows of  */
     int32_t type_k, type_v;     /* TN_F16, TN_Q8_0 or TN_Q4_0                                  */
     size_t k_rb, v_rb;          /* bytes of one K / V row (kv_dim values of type_k / type_v)   */
+    bool rot_k, rot_v;          /* K (and Q) / V (and the attention output) rotated per head   */
+    int32_t rot_blk;            /* the rotation's Hadamard block (a power of 2 dividing hd)    */
+    float *rot_sign;            /* [head_dim] its random signs (+-1)                           */
     int64_t kv_rows;            /* rows per layer = kv_blocks * TN_KV_BLOCK >= n_ctx         */
     int64_t kv_ring;            /* > 0: sliding-window layers keep kv_ring rows, position p
                                    at row p % kv_ring (window + batch; contiguous cache only) */

@@ -1041,7 +1041,7 @@ tern_status tn_engine_create(const tern_model *m, const tn_serve_config *cfg, tn
     if (cfg->n_threads > 0) cp.n_threads = cfg->n_threads;
     cp.device = cfg->device;
     cp.n_gpu_layers = cfg->n_gpu_layers;
-    cp.type_k = cfg->type_k, cp.type_v = cfg->type_v;
+    cp.type_k = cfg->type_k, cp.type_v = cfg->type_v, cp.kv_rotate = cfg->kv_rot;
     /* sliding-window layers: a pool of window blocks, twice what every sequence's window needs
      * at once (the rest keeps recent window blocks for prefix hits) -- unless --swa-full, the
      * GPU, or a pool no smaller than the global one */
@@ -1067,9 +1067,9 @@ tern_status tn_engine_create(const tern_model *m, const tn_serve_config *cfg, tn
         if ((s = tn_pcache_usable(e->pc, e->ctx))) goto fail;
     }
     if (!cfg->quiet) {
-        fprintf(stderr, "tern serve: KV cache %.2f MiB (K %s, V %s): %d blocks of %d positions",
-                (double)tern_ctx_kv_bytes(e->ctx) / 1048576.0, tern_kv_type_name(e->ctx->type_k),
-                tern_kv_type_name(e->ctx->type_v), e->kv.n_blocks, TN_KVB);
+        fprintf(stderr, "tern serve: KV cache %.2f MiB (K %s%s, V %s%s): %d blocks of %d positions",
+                (double)tern_ctx_kv_bytes(e->ctx) / 1048576.0, tern_kv_type_name(e->ctx->type_k), e->ctx->rot_k ? " rotated" : "",
+                tern_kv_type_name(e->ctx->type_v), e->ctx->rot_v ? " rotated" : "", e->kv.n_blocks, TN_KVB);
         if (e->kv_swa.n_blocks)
             fprintf(stderr, " (global layers); sliding-window layers: %d blocks, up to %d per sequence (--swa-full: %d)",
                     e->kv_swa.n_blocks, e->swa_w, e->kv.n_blocks);

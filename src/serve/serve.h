@@ -43,6 +43,7 @@ typedef struct tn_serve_config {
     int32_t device;        /* TERN_DEVICE_CPU | TERN_DEVICE_CUDA (--device)                     */
     int32_t n_gpu_layers;  /* -ngl: layers on the GPU (-1 all)                                 */
     int32_t type_k, type_v;/* KV cache types (-ctk / -ctv; TERN_KV_*, 0: f16)                  */
+    int32_t kv_rot;        /* --kv-rotate (TERN_KV_ROT_*, 0: auto)                             */
     double step_delay_ms;  /* testing only: sleep after each engine step (makes races visible) */
     bool debug_fail_alloc; /* testing only: honour `X-Tern-Fail-Alloc: N[,persistent]`: the N-th */
                            /* allocation after the request arrives fails (tn_alloc_fail_at)      */

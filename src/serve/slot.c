@@ -26,7 +26,17 @@
 #define SLOT_ZLEVEL 3
 
 
-const char *tn_slot_kv_name(uint32_t t) { return t == TN_F16 ? "f16" : t == TN_Q8_0 ? "q8_0" : t == TN_Q4_0 ? "q4_0" : "unknown"; }
+/* A cache half's type word in the header: the type, bit 16 set when its heads are rotated
+ * (tern_ctx_params kv_rotate): a rotated slot never loads into an unrotated cache or back. */
+#define SLOT_ROT 0x10000u
+static uint32_t slot_kv_word(uint32_t type, bool rot) { return type | (rot ? SLOT_ROT : 0); }
+
+const char *tn_slot_kv_name(uint32_t t) {
+    const uint32_t b = t & ~SLOT_ROT;
+    const bool r = t & SLOT_ROT;
+    return b == TN_F16 ? (r ? "f16 rotated" : "f16") : b == TN_Q8_0 ? (r ? "q8_0 rotated" : "q8_0")
+         : b == TN_Q4_0 ? (r ? "q4_0 rotated" : "q4_0") : "unknown";
+}
 
 static int64_t kv_dim_of(const tern_ctx *c) { return (int64_t)c->hp.n_head_kv * c->hp.head_dim; }
 
@@ -111,8 +121,8 @@ tern_status tn_slot_write(const tern_ctx *c, uint64_t model_hash, const char *pa
         memcpy(f, SLOT_MAGIC, 4);
         tn_put_le32(f + 4, TN_SLOT_VERSION);
         tn_put_le64(f + 8, model_hash);
-        tn_put_le32(f + 16, (uint32_t)c->type_k);
-        tn_put_le32(f + 20, (uint32_t)c->type_v);
+        tn_put_le32(f + 16, slot_kv_word((uint32_t)c->type_k, c->rot_k));
+        tn_put_le32(f + 20, slot_kv_word((uint32_t)c->type_v, c->rot_v));
         tn_put_le32(f + 24, (uint32_t)c->hp.n_layer);
         tn_put_le32(f + 28, (uint32_t)kv_dim_of(c));
         tn_put_le32(f + 32, TN_PC_NTOK);
@@ -176,9 +186,10 @@ tern_status tn_slot_read(const tern_ctx *c, uint64_t model_hash, const char *pat
     else if (tn_get_le64(b + 8) != model_hash)
         s = tn_err(TERN_ERR_FORMAT, "saved from another model (fingerprint %016llx, this server's model is %016llx)",
                    (unsigned long long)tn_get_le64(b + 8), (unsigned long long)model_hash);
-    else if (tk != (uint32_t)c->type_k || tv != (uint32_t)c->type_v)
-        s = tn_err(TERN_ERR_FORMAT, "holds a %s/%s KV cache, this server's is %s/%s (-ctk/-ctv)", tn_slot_kv_name(tk),
-                   tn_slot_kv_name(tv), tn_slot_kv_name((uint32_t)c->type_k), tn_slot_kv_name((uint32_t)c->type_v));
+    else if (tk != slot_kv_word((uint32_t)c->type_k, c->rot_k) || tv != slot_kv_word((uint32_t)c->type_v, c->rot_v))
+        s = tn_err(TERN_ERR_FORMAT, "holds a %s/%s KV cache, this server's is %s/%s (-ctk/-ctv, --kv-rotate)", tn_slot_kv_name(tk),
+                   tn_slot_kv_name(tv), tn_slot_kv_name(slot_kv_word((uint32_t)c->type_k, c->rot_k)),
+                   tn_slot_kv_name(slot_kv_word((uint32_t)c->type_v, c->rot_v)));
     else if (tn_get_le32(b + 24) != (uint32_t)c->hp.n_layer || tn_get_le32(b + 28) != (uint32_t)kv_dim_of(c) || tn_get_le32(b + 32) != TN_PC_NTOK ||
              tn_get_le64(b + 40) != c->k_rb || tn_get_le64(b + 48) != c->v_rb)
         s = tn_err(TERN_ERR_FORMAT, "layer count, KV width or block size differ from this model's");

@@ -37,6 +37,8 @@ struct ref_model {
     const float *ff; /* RoPE frequency factors (llama 3.1's rope_freqs; phi3: LongRoPE's choice) */
     double mscale;   /* phi3: rope.scaling.attn_factor on the rotated dims                       */
     int32_t type_k, type_v; /* ref_set_kv_types: 0 / f16 none, else K / V rows rounded through it  */
+    bool rot_k, rot_v;      /* ref_set_kv_rot                                                      */
+    double *rot_sign;
     /* deepseek2, read from the file by llama.cpp's names (rows NULL: absent): q direct or
      * low-rank, kv_a_mqa, the per-head up-projections as k_b [n_head * kv_lora rows of nope],
      * v_b [n_head * v_head rows of kv_lora] or the older kv_b [n_head * (nope + v_head) rows] */
@@ -137,6 +139,32 @@ static void ref_round(int32_t type, bool act, double *x, int64_t n) {
 
 void ref_set_kv_types(ref_model *r, int32_t type_k, int32_t type_v) {
     r->type_k = type_k, r->type_v = type_v;
+}
+
+void ref_set_kv_rot(ref_model *r, bool rot_k, bool rot_v, const float *signs) {
+    const int32_t hd = r->m->hp.head_dim;
+    r->rot_k = rot_k && signs, r->rot_v = rot_v && signs;
+    free(r->rot_sign);
+    r->rot_sign = NULL;
+    if (!signs) return;
+    r->rot_sign = malloc((size_t)hd * sizeof *r->rot_sign);
+    for (int32_t i = 0; i < hd; i++) r->rot_sign[i] = signs[i];
+}
+
+/* x (one head) = R D x, or (inverse) D R^T x; R[i][j] = (-1)^popcount(i & j) / sqrt(B) within each
+ * block of B (the largest power of 2 dividing hd), 0 across blocks. */
+static void ref_rot_head(const ref_model *r, double *x, bool inverse) {
+    const int32_t hd = r->m->hp.head_dim, B = hd & -hd;
+    double y[1024];
+    for (int32_t i = 0; i < hd; i++) {
+        double acc = 0;
+        for (int32_t j = (i / B) * B; j < (i / B + 1) * B; j++) {
+            const double h = (__builtin_popcount((unsigned)(i % B) & (unsigned)(j % B)) & 1 ? -1.0 : 1.0) / sqrt((double)B);
+            acc += inverse ? h * x[j] : h * r->rot_sign[j] * x[j]; /* R symmetric: R^T = R */
+        }
+        y[i] = inverse ? r->rot_sign[i] * acc : acc;
+    }
+    memcpy(x, y, (size_t)hd * sizeof *x);
 }
 
 static ref_mat ref_deq(const tn_tensor *t) {
@@ -292,6 +320,7 @@ void ref_free(ref_model *r) {
         free(all[i]);
     }
     free(r->sgate);
+    free(r->rot_sign);
     const float **gv[] = {r->sinks, r->bo, r->fnorm, r->rbias, r->gbias, r->ubias, r->dbias};
     for (size_t i = 0; i < 7; i++) free(gv[i]);
     if (r->mq) {
@@ -589,6 +618,12 @@ void ref_step(ref_model *r, int32_t token, double *logits, double *layers) {
         const double qscale = big ? 1.0 / sqrt((double)(d / hp->n_head)) : 1.0 / sqrt((double)hd);
         const int32_t t_first = local && pos >= hp->n_swa ? pos - hp->n_swa + 1 : 0; /* the window: n_swa positions */
         double *K = r->kc + ((size_t)l * r->n_ctx) * kvd, *V = r->vc + ((size_t)l * r->n_ctx) * kvd;
+        if (r->rot_k) {
+            for (int32_t h = 0; h < hp->n_head; h++) ref_rot_head(r, q + h * hd, false);
+            for (int32_t h = 0; h < hp->n_head_kv; h++) ref_rot_head(r, k + h * hd, false);
+        }
+        if (r->rot_v)
+            for (int32_t h = 0; h < hp->n_head_kv; h++) ref_rot_head(r, v + h * hd, false);
         if (r->type_k == TN_Q8_0 || r->type_k == TN_Q4_0) { /* ref_set_kv_types: each head's K and q rounded */
             for (int32_t h = 0; h < hp->n_head_kv; h++) ref_round(r->type_k, false, k + h * hd, hd);
             for (int32_t h = 0; h < hp->n_head; h++) ref_round(TN_Q8_0, true, q + h * hd, hd);
@@ -616,6 +651,7 @@ void ref_step(ref_model *r, int32_t token, double *logits, double *layers) {
                 for (int32_t t = t_first; t <= pos; t++) acc += sc[t] / sum * V[(size_t)t * kvd + kh * hd + i];
                 att[h * hd + i] = acc;
             }
+            if (r->rot_v) ref_rot_head(r, att + h * hd, true);
         }
         matvec(&r->wo[l], att, o);
         if (r->bo[l])

@@ -25,5 +25,11 @@ double ref_min_route_gap(const ref_model *r);
  * (type_k) and V (type_v) rounded through a q8_0 / q4_0 row before it is stored, and with a quantized
  * K each head of q through the q8_0 activation quantizer. f16 / 0: no rounding (the default). */
 void ref_set_kv_types(ref_model *r, int32_t type_k, int32_t type_v);
+/* Rotated cache halves (tern_ctx_params kv_rotate): with rot_k each head's q and k, with rot_v
+ * each head's v are multiplied by R D before the rounding (D = diag(signs), R = the normalized
+ * Sylvester-Hadamard matrix in blocks of the largest power of 2 dividing head_dim, written out
+ * as a matrix here), and with rot_v each head's attention output by D R^T after it. signs: head_dim
+ * values, copied (NULL: no rotation). */
+void ref_set_kv_rot(ref_model *r, bool rot_k, bool rot_v, const float *signs);
 
 #endif

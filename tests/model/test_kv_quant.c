@@ -6,6 +6,8 @@
  *     the q8_0 activation quantizer for a quantized K): a 9-token prefill then 6 decode steps, the
  *     f32 / f16 bound of test_forward.c (5e-3 relative L2), for q8_0/q8_0, q4_0/q4_0, q8_0/f16,
  *     f16/q4_0 caches;
+ *   - rotated halves (kv_rotate): the same against a reference that rotates with its own written-out
+ *     Hadamard matrix, and far from the unrotated reference; which halves each setting rotates;
  *   - tern with a q8_0 cache against tern with the f16 cache: relative L2 distance of the logits
  *     within the reference's own distance between its q8_0-rounded and exact runs (what q8_0's
  *     rounding does to this model, computed independently) plus both sides' 5e-3 bound;
@@ -57,10 +59,12 @@ static tern_model *load(tiny_cfg *cfg, const char *tag) {
     return m;
 }
 
+static int32_t g_rot = TERN_KV_ROT_NONE; /* kv_rotate of the contexts make_ctx creates */
+
 static tern_ctx *make_ctx(const tern_model *m, int32_t n_ctx, int32_t n_batch, int32_t tk, int32_t tv, bool swa_full) {
     tern_ctx_params cp;
     tern_ctx_params_init(&cp);
-    cp.n_ctx = n_ctx, cp.n_threads = 2, cp.type_k = tk, cp.type_v = tv, cp.swa_full = swa_full;
+    cp.n_ctx = n_ctx, cp.n_threads = 2, cp.type_k = tk, cp.type_v = tv, cp.swa_full = swa_full, cp.kv_rotate = g_rot;
     if (n_batch) cp.n_batch = n_batch;
     tern_ctx *c = NULL;
     if (tern_ctx_create(m, &cp, &c)) fail_msg("context K %d V %d: %s", tk, tv, tern_last_error());
@@ -72,13 +76,15 @@ static const tern_token prompt[] = {1, 270, 5, 300, 261, 380, 100, 259, 3};
 #define STEPS 6
 static tern_token step_tok(int step) { return (tern_token)(259 + (step * 37) % 100); }
 
-/* tern with cache types tk / tv against the reference with the same rounding; returns the worst
- * logits error and, if lg != NULL, keeps tern's logits of each step ([1 + STEPS][nv]). */
-static double vs_ref(tern_model *m, int32_t tk, int32_t tv, float *lg) {
+/* tern with cache types tk / tv (and g_rot) against the reference with the same rounding (and
+ * rotation, when ref_rot; else an unrotated reference); returns the worst logits error and, if
+ * lg != NULL, keeps tern's logits of each step ([1 + STEPS][nv]). */
+static double vs_ref_rot(tern_model *m, int32_t tk, int32_t tv, bool ref_rot, double bound, float *lg) {
     const int32_t nv = m->hp.n_vocab;
     tern_ctx *c = make_ctx(m, 32, 0, tk, tv, false);
     ref_model *r = ref_create(m, 32);
     ref_set_kv_types(r, tk, tv);
+    if (ref_rot) ref_set_kv_rot(r, c->rot_k, c->rot_v, c->rot_sign);
     double *rl = malloc((size_t)nv * sizeof *rl), worst = 0;
     assert_int_equal(tern_decode(c, prompt, NP), TERN_OK);
     for (int32_t i = 0; i < NP; i++) ref_step(r, prompt[i], rl, NULL);
@@ -89,7 +95,7 @@ static double vs_ref(tern_model *m, int32_t tk, int32_t tv, float *lg) {
             ref_step(r, t, rl, NULL);
         }
         const double e = rel_err(rl, tern_get_logits(c, -1), nv);
-        if (e > 5e-3) fail_msg("K %s V %s step %d: logits rel err %.3g vs the reference > 5e-3", tern_kv_type_name(tk), tern_kv_type_name(tv), step, e);
+        if (e > bound) fail_msg("K %s V %s step %d: logits rel err %.3g vs the reference > %g", tern_kv_type_name(tk), tern_kv_type_name(tv), step, e, bound);
         if (e > worst) worst = e;
         if (lg) memcpy(lg + (size_t)step * nv, tern_get_logits(c, -1), sizeof(float) * (size_t)nv);
     }
@@ -98,6 +104,7 @@ static double vs_ref(tern_model *m, int32_t tk, int32_t tv, float *lg) {
     tern_ctx_free(c);
     return worst;
 }
+static double vs_ref(tern_model *m, int32_t tk, int32_t tv, float *lg) { return vs_ref_rot(m, tk, tv, true, 5e-3, lg); }
 
 static void test_vs_reference(void **state) {
     (void)state;
@@ -122,6 +129,69 @@ static void test_vs_reference(void **state) {
         printf("  gemma2 K %-4s V %-4s: worst logits rel err vs the rounded reference %.2e (bound 5e-3)\n",
                tern_kv_type_name(pairs[i][0]), tern_kv_type_name(pairs[i][1]), e);
     }
+    tern_model_free(m);
+}
+
+/* Rotated cache halves (kv_rotate): tern against the reference that rotates with its own written-out
+ * Hadamard matrix (same signs) before the same rounding, within the usual bound — and clearly
+ * closer to it than to the unrotated reference (the rotation is applied, and applied alike); which
+ * halves are rotated for each setting; bad settings refused. (q4_0 K with an f16 V is left out: its
+ * f16 accumulator puts it over the bound rotated or not.) */
+static void test_rotation(void **state) {
+    (void)state;
+    tiny_cfg cfg;
+    tiny_cfg_default(&cfg); /* heads of 64 */
+    tern_model *m = load(&cfg, "kvrot");
+    const int32_t cases[][3] = {{TERN_KV_ROT_KV, TERN_KV_Q4_0, TERN_KV_Q4_0}, {TERN_KV_ROT_AUTO, TERN_KV_Q4_0, TERN_KV_Q8_0},
+                                {TERN_KV_ROT_V, TERN_KV_Q8_0, TERN_KV_Q4_0}, {TERN_KV_ROT_KV, TERN_KV_Q8_0, TERN_KV_Q8_0}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        g_rot = cases[i][0];
+        const double e = vs_ref_rot(m, cases[i][1], cases[i][2], true, 5e-3, NULL);
+        const double x = vs_ref_rot(m, cases[i][1], cases[i][2], false, INFINITY, NULL);
+        printf("  rotate %d, K %-4s V %-4s: worst logits rel err vs the rotated reference %.2e, vs the unrotated %.2e\n",
+               cases[i][0], tern_kv_type_name(cases[i][1]), tern_kv_type_name(cases[i][2]), e, x);
+        if (!(e * 4 < x)) fail_msg("rotate %d: %.3g vs the rotated reference is not clearly under %.3g vs the unrotated", cases[i][0], e, x);
+    }
+    tern_model_free(m);
+    /* gemma2: heads of 128, soft-capped scores, sliding-window layers */
+    tiny_cfg_default(&cfg);
+    cfg.arch = "gemma2";
+    cfg.n_layer = 4, cfg.head_dim = 128, cfg.n_swa = 4, cfg.tied = true, cfg.attn_softcap = 1.0f, cfg.softcap = 3.0f;
+    m = load(&cfg, "kvrotg2");
+    g_rot = TERN_KV_ROT_KV;
+    printf("  gemma2 rotate kv, K q4_0 V q4_0: %.2e\n", vs_ref_rot(m, TERN_KV_Q4_0, TERN_KV_Q4_0, true, 5e-3, NULL));
+    /* which halves: only quantized ones; auto = K */
+    const int32_t want[][4] = {{TERN_KV_ROT_AUTO, TERN_KV_F16, TERN_KV_F16, 0},   {TERN_KV_ROT_AUTO, TERN_KV_Q4_0, TERN_KV_Q4_0, 1},
+                               {TERN_KV_ROT_AUTO, TERN_KV_F16, TERN_KV_Q8_0, 0},  {TERN_KV_ROT_V, TERN_KV_Q8_0, TERN_KV_Q8_0, 2},
+                               {TERN_KV_ROT_KV, TERN_KV_F16, TERN_KV_Q4_0, 2},    {TERN_KV_ROT_KV, TERN_KV_Q8_0, TERN_KV_Q4_0, 3},
+                               {TERN_KV_ROT_NONE, TERN_KV_Q4_0, TERN_KV_Q4_0, 0}, {TERN_KV_ROT_K, TERN_KV_Q8_0, TERN_KV_F16, 1}};
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        g_rot = want[i][0];
+        tern_ctx *c = make_ctx(m, 32, 0, want[i][1], want[i][2], false);
+        assert_int_equal(tern_ctx_kv_rotated(c), want[i][3]);
+        if (want[i][3]) { /* its signs: +-1, both present */
+            int pos = 0, neg = 0;
+            for (int32_t j = 0; j < m->hp.head_dim; j++) {
+                pos += c->rot_sign[j] == 1.0f, neg += c->rot_sign[j] == -1.0f;
+            }
+            assert_int_equal(pos + neg, m->hp.head_dim);
+            assert_true(pos > 0 && neg > 0);
+        }
+        tern_ctx_free(c);
+    }
+    for (int32_t bad = -1; bad <= 5; bad += 6) {
+        tern_ctx_params cp;
+        tern_ctx_params_init(&cp);
+        cp.n_ctx = 32, cp.type_k = TERN_KV_Q4_0, cp.kv_rotate = bad;
+        tern_ctx *c = NULL;
+        assert_int_equal(tern_ctx_create(m, &cp, &c), TERN_ERR_INVALID_ARG);
+        assert_null(c);
+        assert_non_null(strstr(tern_last_error(), "KV rotation"));
+    }
+    assert_int_equal(tern_kv_rotate_from_name("KV"), TERN_KV_ROT_KV);
+    assert_int_equal(tern_kv_rotate_from_name("auto"), TERN_KV_ROT_AUTO);
+    assert_int_equal(tern_kv_rotate_from_name("q4_0"), -1);
+    g_rot = TERN_KV_ROT_NONE;
     tern_model_free(m);
 }
 
@@ -254,7 +324,7 @@ static void test_bytes_and_refusals(void **state) {
 }
 
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_vs_reference), cmocka_unit_test(test_q8_close_to_f16),
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_vs_reference), cmocka_unit_test(test_rotation), cmocka_unit_test(test_q8_close_to_f16),
                                        cmocka_unit_test(test_paged_equals_contiguous), cmocka_unit_test(test_ring_equals_full),
                                        cmocka_unit_test(test_bytes_and_refusals)};
     return cmocka_run_group_tests(tests, NULL, NULL);

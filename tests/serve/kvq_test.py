@@ -4,8 +4,10 @@
     chunks, then the same prompts again as prefix-cache hits) gives the greedy text of
     `tern generate --temp 0` with the same cache type one prompt at a time (its contiguous cache:
     an independent path), on the tiny qwen3 (head size 32) and gemma3 (sliding-window pool) models;
-  - the KV memory line of generate and serve names the types, with the bytes of the q8_0 / q4_0 rows;
-  - bad values of -ctk / --cache-type-k / -ctv / --cache-type-v in generate, chat, bench, perplexity
+    Rotated halves (--kv-rotate auto, kv; none) likewise;
+  - the KV memory line of generate and serve names the types (and the rotated halves), with the bytes
+    of the q8_0 / q4_0 rows;
+  - bad values of -ctk / --cache-type-k / -ctv / --cache-type-v / --kv-rotate in generate, chat, bench, perplexity
     and serve exit 64 naming the flag; a model whose head size is not a multiple of 32 (the tiny
     llama's 16) is refused with a message saying so; tern bench runs with the flags."""
 import os, re, subprocess, sys
@@ -25,9 +27,9 @@ def run(args, timeout=120):
     return subprocess.run([tern, *args], capture_output=True, timeout=timeout)
 
 
-def generate(model, p, ct):
+def generate(model, p, ct, rot):
     r = run(["generate", "-m", model, "-p", p, "-n", str(N), "--temp", "0", "-t", "1", "-b", "16", "--ignore-eos",
-             "--no-display-prompt", "-ctk", ct, "-ctv", ct])
+             "--no-display-prompt", "-ctk", ct, "-ctv", ct, "--kv-rotate", rot])
     assert r.returncode == 0, r.stderr
     assert r.stdout.endswith(b"\n")
     return r.stdout[:-1].decode("utf-8", "replace"), r.stderr.decode()
@@ -37,13 +39,16 @@ for arch in ("qwen3", "gemma3"):
     model = os.path.join(tmp, f"{arch}.gguf")
     subprocess.run([tern, "synth", "-o", model, "--arch", arch, "--preset", "tiny", "--type", "q8_0"], check=True,
                    capture_output=True, timeout=120)
-    for ct in ("q8_0", "q4_0"):
+    # auto rotates a quantized K; kv both halves; none neither
+    for ct, rot in (("q8_0", "auto"), ("q4_0", "auto"), ("q4_0", "kv"), ("q4_0", "none")):
         ref, err = {}, ""
         for p in PROMPTS:
-            ref[p], err = generate(model, p, ct)
-        check(f"K {ct}, V {ct}" in err, f"{arch} {ct}: generate reports the cache types ({err.strip().splitlines()[0]})")
-        srv = Server(tern, model, os.path.join(tmp, f"{arch}-{ct}"), "-np", "4", "-b", "16", "-c", "1024", "--metrics",
-                     "-ctk", ct, "--cache-type-v", ct)
+            ref[p], err = generate(model, p, ct, rot)
+        types = {"auto": f"K {ct} rotated, V {ct}", "kv": f"K {ct} rotated, V {ct} rotated", "none": f"K {ct}, V {ct}"}[rot]
+        check(types in err, f"{arch} {ct} {rot}: generate reports the cache types ({err.strip().splitlines()[0]})")
+        name = f"{arch}-{ct}-{rot}"
+        srv = Server(tern, model, os.path.join(tmp, name), "-np", "4", "-b", "16", "-c", "1024", "--metrics",
+                     "-ctk", ct, "--cache-type-v", ct, "--kv-rotate", rot)
         try:
             for rnd in ("cold", "prefix-cached"):
                 bad = 0
@@ -52,14 +57,14 @@ for arch in ("qwen3", "gemma3"):
                     for p, r in zip(group, complete_all(srv.url, group, N)):
                         if r != ref[p]:
                             bad += 1
-                            print(f"  {arch} {ct} {rnd}: {p!r}: serve {r!r} != generate {ref[p]!r}")
-                check(bad == 0, f"{arch} {ct} {rnd}: {len(PROMPTS)} prompts, 4 at a time, equal tern generate -ctk {ct} -ctv {ct}")
+                            print(f"  {name} {rnd}: {p!r}: serve {r!r} != generate {ref[p]!r}")
+                check(bad == 0, f"{name} {rnd}: {len(PROMPTS)} prompts, 4 at a time, equal tern generate -ctk {ct} -ctv {ct} --kv-rotate {rot}")
             srv.end_clean()
         finally:
             if srv.proc.poll() is None:
                 srv.kill()
-        log = open(os.path.join(tmp, f"{arch}-{ct}", "serve.log")).read()
-        check(f"(K {ct}, V {ct})" in log, f"{arch} {ct}: serve reports the cache types")
+        log = open(os.path.join(tmp, name, "serve.log")).read()
+        check(f"({types})" in log, f"{name}: serve reports the cache types")
 
 # KV bytes (-c 32768, ~16 MiB in f16, printed to 0.1 MiB): f16 rows 2 bytes a value, q8_0 34 bytes per 32, q4_0 18 per 32
 model = os.path.join(tmp, "qwen3.gguf")
@@ -76,7 +81,7 @@ data = os.path.join(tmp, "text.txt")
 open(data, "w").write(" ".join(PROMPTS) * 20)
 for cmd in (["generate", "-m", model, "-p", "hi"], ["chat", "-m", model], ["bench", "-m", model, "-p", "8", "-n", "2"],
             ["perplexity", "-m", model, "-f", data], ["serve", "-m", model, "--port", "0"]):
-    for flag, val in (("-ctk", "q4_1"), ("--cache-type-v", "f32"), ("-ctv", None)):
+    for flag, val in (("-ctk", "q4_1"), ("--cache-type-v", "f32"), ("-ctv", None), ("--kv-rotate", "q"), ("--kv-rotate", None)):
         r = run(cmd + ([flag, val] if val else [flag]), timeout=30)
         e = r.stderr.decode()
         check(r.returncode == 64 and flag in e, f"{cmd[0]} {flag} {val}: exit {r.returncode}, '{e.strip().splitlines()[-1] if e.strip() else ''}'")

@@ -13,7 +13,7 @@
   - refusals, each with its status and a message naming the problem, the server serving the same
     text afterwards: bad file names (400), no such file (404), a bit-flipped and a truncated file
     (400 naming the CRC / size), another model's file (400 "another model"), a q8_0-cache file on
-    an f16 server (400 naming the types), a bad slot id or action (400), actions on a busy slot
+    an f16 server and a rotated q8_0 one on an unrotated q8_0 server (400 naming the types), a bad slot id or action (400), actions on a busy slot
     (409), a server without --slot-save-path (501, as llama-server)."""
 import json, os, shutil, subprocess, sys, threading, time
 
@@ -219,6 +219,12 @@ with Server(tern, qwen, os.path.join(tmp, "f"), "-np", "1", "--slot-save-path", 
     shutil.copy(pathq, os.path.join(dirF, "q.bin"))
     refused(act(srv, 0, "restore", "q.bin"), 400, ["q8_0", "f16"], "a q8_0-cache file on an f16-cache server")
     check(ask(srv)[0] == generate(qwen, PROMPT), "that server serves")
+# the q8_0 file's keys are rotated (--kv-rotate auto): a q8_0 server that does not rotate refuses it
+dirG = os.path.join(tmp, "slotsG")
+with Server(tern, qwen, os.path.join(tmp, "g"), "-np", "1", "-ctk", "q8_0", "-ctv", "q8_0", "--kv-rotate", "none",
+            "--slot-save-path", dirG) as srv:
+    shutil.copy(pathq, os.path.join(dirG, "q.bin"))
+    refused(act(srv, 0, "restore", "q.bin"), 400, ["q8_0 rotated", "q8_0/q8_0"], "a rotated q8_0 file on an unrotated q8_0 server")
 r = run(["serve", "-m", tiny, "--slot-save-path", os.path.join(tmp, "a", "serve.log")])
 check(r.returncode == 64 and b"not a directory" in r.stderr, f"--slot-save-path on a file: exit {r.returncode}")
 finish()

@@ -245,8 +245,18 @@ int tn_cli_sampling_flag(int argc, char **argv, int *i, tern_sampler_params *sp,
     return 1;
 }
 
-int tn_cli_cache_type_flag(int argc, char **argv, int *i, int32_t *type_k, int32_t *type_v) {
+int tn_cli_cache_type_flag(int argc, char **argv, int *i, int32_t *type_k, int32_t *type_v, int32_t *kv_rot) {
     const char *a = argv[*i], *val = *i + 1 < argc ? argv[*i + 1] : NULL;
+    if (!strcmp(a, "--kv-rotate")) {
+        const int32_t r = val ? tern_kv_rotate_from_name(val) : -1;
+        if (r < 0) {
+            tn_cli_usage_error("--kv-rotate: %s%s%s is not auto, none, k, v or kv", val ? "'" : "", val ? val : "a value", val ? "'" : "");
+            return -1;
+        }
+        (*i)++;
+        *kv_rot = r;
+        return 1;
+    }
     const bool is_k = !strcmp(a, "-ctk") || !strcmp(a, "--cache-type-k");
     if (!is_k && strcmp(a, "-ctv") && strcmp(a, "--cache-type-v")) return 0;
     if (!val) {
@@ -369,7 +379,7 @@ int tn_cli_run_flag(int argc, char **argv, int *i, tn_cli_run *r) {
     if (!strcmp(a, "--no-mmap")) return r->use_mmap = false, 1;
     if (!strcmp(a, "--no-repack")) return r->repack = false, 1;
     if (!strcmp(a, "--swa-full")) return r->swa_full = true, 1;
-    const int ct = tn_cli_cache_type_flag(argc, argv, i, &r->type_k, &r->type_v);
+    const int ct = tn_cli_cache_type_flag(argc, argv, i, &r->type_k, &r->type_v, &r->kv_rot);
     if (ct) return ct;
     const bool is_m = !strcmp(a, "-m") || !strcmp(a, "--model"), is_c = !strcmp(a, "-c") || !strcmp(a, "--ctx-size");
     const bool is_t = !strcmp(a, "-t") || !strcmp(a, "--threads"), is_b = !strcmp(a, "-b") || !strcmp(a, "--batch-size");
@@ -415,7 +425,7 @@ int tn_cli_run_open(tn_cli_run *r, tern_model **m, tern_ctx **c) {
     r->cp.device = r->device;
     r->cp.n_gpu_layers = r->n_gpu_layers;
     r->cp.swa_full = r->swa_full;
-    r->cp.type_k = r->type_k, r->cp.type_v = r->type_v;
+    r->cp.type_k = r->type_k, r->cp.type_v = r->type_v, r->cp.kv_rotate = r->kv_rot;
     if (r->n_threads) r->cp.n_threads = (int32_t)r->n_threads;
     /* A model of a few MiB decodes a token in well under a millisecond: synchronising threads
      * costs more than it saves (and far more on a busy machine), so small models default to one. */

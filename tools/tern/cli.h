@@ -63,11 +63,13 @@ double tn_cli_now(void);
  * past the value), 0 when argv[*i] is neither, -1 after printing a usage error (exit 64). */
 int tn_cli_device_flag(int argc, char **argv, int *i, int32_t *device, int32_t *n_gpu_layers);
 /* --cache-type-k/-ctk T and --cache-type-v/-ctv T (T: f16, q8_0, q4_0) at argv[*i], into *type_k /
- * *type_v (TERN_KV_*). Same contract as tn_cli_device_flag. */
-int tn_cli_cache_type_flag(int argc, char **argv, int *i, int32_t *type_k, int32_t *type_v);
+ * *type_v (TERN_KV_*), and --kv-rotate auto|none|k|v|kv into *kv_rot (TERN_KV_ROT_*). Same
+ * contract as tn_cli_device_flag. */
+int tn_cli_cache_type_flag(int argc, char **argv, int *i, int32_t *type_k, int32_t *type_v, int32_t *kv_rot);
 #define TN_CLI_CACHE_TYPE_HELP                                                                                          \
     "  -ctk, --cache-type-k T  K cache type: f16 (default), q8_0, q4_0 (llama.cpp's; head size a multiple of 32)\n" \
-    "  -ctv, --cache-type-v T  V cache type: f16 (default), q8_0, q4_0\n"
+    "  -ctv, --cache-type-v T  V cache type: f16 (default), q8_0, q4_0\n"                                                \
+    "      --kv-rotate R       rotate the heads of a quantized K and/or V: auto (default: K), none, k, v, kv\n"
 /* --hot-experts SIZE (bytes, or with K, M, G, T) at argv[*i]: 1 consumed, 0 not it, -1 after a usage error. */
 int tn_cli_hot_experts_flag(int argc, char **argv, int *i, uint64_t *bytes);
 /* "tern: hot experts: ..." on stderr (experts copied, bytes, share of routed rows they took); nothing
@@ -112,6 +114,7 @@ typedef struct tn_cli_run {
     uint64_t hot_experts;        /* --hot-experts (bytes; 0: off)                                   */
     bool swa_full;               /* --swa-full: sliding-window layers keep every position           */
     int32_t type_k, type_v;      /* -ctk, -ctv (TERN_KV_*; 0: f16)                                  */
+    int32_t kv_rot;              /* --kv-rotate (TERN_KV_ROT_*; 0: auto)                            */
     int32_t device, n_gpu_layers;/* --device, -ngl                                                  */
     double t_load;               /* seconds tn_cli_run_open spent loading the model                 */
     tern_ctx_params cp;          /* as the context was created                                      */

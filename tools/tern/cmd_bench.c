@@ -87,6 +87,7 @@ typedef struct {
     int32_t device, ngl; /* --device cuda: the GPU's peaks replace the CPU's (gpu_peaks) */
     const tn_cli_lora *lora; /* --lora: adapters applied in the plain CPU bench (paths, scales)     */
     int32_t type_k, type_v; /* -ctk, -ctv (0: f16) */
+    int32_t kv_rot;         /* --kv-rotate (0: auto) */
     uint64_t hot_experts;   /* --hot-experts (bytes; 0: off) */
 } bench_opts;
 
@@ -203,7 +204,7 @@ static int bench_model(const char *path, const bench_opts *o, const peaks *pk, b
     cp.n_batch = (int32_t)o->n_batch;
     cp.device = o->device;
     cp.n_gpu_layers = o->ngl;
-    cp.type_k = o->type_k, cp.type_v = o->type_v;
+    cp.type_k = o->type_k, cp.type_v = o->type_v, cp.kv_rotate = o->kv_rot;
     tern_ctx *c = NULL;
     if ((s = tern_ctx_create(m, &cp, &c))) {
         tern_model_free(m);
@@ -624,7 +625,7 @@ static int bench_spec(const char *path, const bench_opts *o, tn_cli_spec *spec, 
     cp.n_ctx = np + n_gen + (int32_t)spec->kmax + 2;
     cp.n_batch = (int32_t)TN_MAX(o->n_batch, spec->kmax + 1);
     if (o->threads) cp.n_threads = (int32_t)o->threads;
-    cp.type_k = o->type_k, cp.type_v = o->type_v;
+    cp.type_k = o->type_k, cp.type_v = o->type_v, cp.kv_rotate = o->kv_rot;
     tern_sampler_params sp;
     tern_sampler_params_init(&sp);
     sp.temp = 0.0f;
@@ -691,7 +692,7 @@ out:
 
 int cmd_bench(int argc, char **argv) {
     const char *model_path = NULL, *fmt = "md";
-    bench_opts o = {512, 128, 5, 0, 512, 0, false, TERN_DEVICE_CPU, -1, NULL, 0, 0, 0};
+    bench_opts o = {512, 128, 5, 0, 512, 0, false, TERN_DEVICE_CPU, -1, NULL, 0, 0, 0, 0};
     tn_cli_lora lora = {0};
     o.lora = &lora;
     int dv;
@@ -745,7 +746,7 @@ int cmd_bench(int argc, char **argv) {
             continue;
         }
         else if ((dv = tn_cli_device_flag(argc, argv, &i, &o.device, &o.ngl)) != 0 ||
-                 (dv = tn_cli_cache_type_flag(argc, argv, &i, &o.type_k, &o.type_v)) != 0 ||
+                 (dv = tn_cli_cache_type_flag(argc, argv, &i, &o.type_k, &o.type_v, &o.kv_rot)) != 0 ||
                  (dv = tn_cli_hot_experts_flag(argc, argv, &i, &o.hot_experts)) != 0) {
             if (dv < 0) return TN_EXIT_USAGE;
             continue;

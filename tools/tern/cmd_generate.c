@@ -211,10 +211,11 @@ int cmd_generate(int argc, char **argv) {
         rc = TN_EXIT_USAGE;
         goto done;
     }
-    fprintf(stderr, "tern: model %s (%s), %s, %d threads, ctx %d (KV %.1f MiB, K %s, V %s), seed %llu\n", model_path,
+    fprintf(stderr, "tern: model %s (%s), %s, %d threads, ctx %d (KV %.1f MiB, K %s%s, V %s%s), seed %llu\n", model_path,
             tern_model_desc(m), device == TERN_DEVICE_CUDA ? "device cuda" : "device cpu", cp.n_threads, n_ctx_real,
             (double)tern_ctx_kv_bytes(c) / 1048576.0, tern_kv_type_name(tern_ctx_type_k(c)),
-            tern_kv_type_name(tern_ctx_type_v(c)), (unsigned long long)tern_sampler_seed(smp));
+            tern_ctx_kv_rotated(c) & 1 ? " rotated" : "", tern_kv_type_name(tern_ctx_type_v(c)),
+            tern_ctx_kv_rotated(c) & 2 ? " rotated" : "", (unsigned long long)tern_sampler_seed(smp));
     if (dump_path) {
         if ((s = tn_wfile_open(dump_path, &dw))) {
             rc = tn_cli_fail(s, "--dump-margins");

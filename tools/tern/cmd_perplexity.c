@@ -48,7 +48,7 @@ int cmd_perplexity(int argc, char **argv) {
     const char *model_path = NULL, *text_path = NULL, *kld_path = NULL;
     int64_t n_ctx = 512, threads = 0, max_chunks = -1;
     bool kld_mode = false;
-    int32_t device = TERN_DEVICE_CPU, ngl = -1, type_k = 0, type_v = 0;
+    int32_t device = TERN_DEVICE_CPU, ngl = -1, type_k = 0, type_v = 0, kv_rot = 0;
     tn_cli_lora lora = {0};
     int dv;
     for (int i = 1; i < argc; i++) {
@@ -73,7 +73,7 @@ int cmd_perplexity(int argc, char **argv) {
             kld_mode = true;
         } else if ((dv = tn_cli_device_flag(argc, argv, &i, &device, &ngl)) != 0 ||
                    (dv = tn_cli_lora_flag(argc, argv, &i, &lora)) != 0 ||
-                   (dv = tn_cli_cache_type_flag(argc, argv, &i, &type_k, &type_v)) != 0) {
+                   (dv = tn_cli_cache_type_flag(argc, argv, &i, &type_k, &type_v, &kv_rot)) != 0) {
             if (dv < 0) return tn_cli_lora_free(&lora), TN_EXIT_USAGE;
         } else {
             return tn_cli_usage_error("unknown argument '%s' (see tern perplexity --help)", a);
@@ -188,7 +188,7 @@ int cmd_perplexity(int argc, char **argv) {
     cp.logits_all = true;
     cp.device = device;
     cp.n_gpu_layers = ngl;
-    cp.type_k = type_k, cp.type_v = type_v;
+    cp.type_k = type_k, cp.type_v = type_v, cp.kv_rotate = kv_rot;
     if (threads > 0) cp.n_threads = (int32_t)threads;
     s = tern_ctx_create(m, &cp, &c);
     if (s) { rc = tn_cli_fail(s, "creating the context"); goto out; }

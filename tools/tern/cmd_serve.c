@@ -162,7 +162,7 @@ int cmd_serve(int argc, char **argv) {
             INT_FLAG(1024, (int64_t)1 << 30, cfg.max_body);
         } else if ((dv = tn_cli_device_flag(argc, argv, &i, &cfg.device, &cfg.n_gpu_layers)) != 0 ||
                    (dv = tn_cli_lora_flag(argc, argv, &i, &lora)) != 0 ||
-                   (dv = tn_cli_cache_type_flag(argc, argv, &i, &cfg.type_k, &cfg.type_v)) != 0) {
+                   (dv = tn_cli_cache_type_flag(argc, argv, &i, &cfg.type_k, &cfg.type_v, &cfg.kv_rot)) != 0) {
             if (dv < 0) return TN_EXIT_USAGE;
         } else if ((dv = tn_cli_pcache_flag(argc, argv, &i, &pcf)) != 0) {
             if (dv < 0) return TN_EXIT_USAGE;
