@@ -83,6 +83,53 @@ static void tn_k_vec_dot_vq2_q8_K__avx512(int64_t k, float *s, const void *w, co
     *s = _mm512_reduce_add_ps(acc);
 }
 
+/* One activation column (decode): two rows at a time, each component's lookup going straight into
+ * its VPDPBUSD (two accumulators, the first started at -bias), so the two rows' dependent chains
+ * interleave and few looked-up registers live next to the 16 tables; the activation loads and
+ * the bias are shared. (+7% on Zen 4, cache-resident; the kernel stays bound by the shuffle and
+ * integer-multiply pipes: 8 VPERMI2B and 4 VPDPBUSD per block.) Returns scales x (W . X) per lane. */
+static inline __m512i vq_dot_row(const vq_tab *T, const block_vq2 *b, const block_q8_K *y, __m512i nbias) {
+    const __m512i idx = _mm512_loadu_si512(b->qs);
+    const __mmask64 top = _mm512_movepi8_mask(idx);
+    __m512i d0 = nbias, d1 = _mm512_setzero_si512();
+    for (int p = 0; p < TN_VQ_DIM; p++) {
+        const __m512i lo = _mm512_permutex2var_epi8(T->t[p][0], idx, T->t[p][1]);
+        const __m512i hi = _mm512_permutex2var_epi8(T->t[p][2], idx, T->t[p][3]);
+        const __m512i w = _mm512_mask_blend_epi8(top, lo, hi);
+        if (p & 1) d1 = _mm512_dpbusd_epi32(d1, w, _mm512_loadu_si512(y->qs + 64 * p));
+        else d0 = _mm512_dpbusd_epi32(d0, w, _mm512_loadu_si512(y->qs + 64 * p));
+    }
+    return _mm512_mullo_epi32(_mm512_add_epi32(d0, d1), vq_scales(b));
+}
+
+static void vq_gemv(vq_tab *T, const int8_t **loaded, const uint8_t *w, size_t w_rb, int64_t m, int64_t nb,
+                    const block_q8_K *y, const __m512i *bias, float *out) {
+    for (int64_t i = 0; i < m;) {
+        const uint8_t *r0 = w + (size_t)i * w_rb, *r1 = r0 + w_rb;
+        const int8_t *cb = tn_vq_codebook(r0);
+        if (cb != *loaded) vq_tab_load(T, *loaded = cb); /* rows of one tensor share it */
+        const block_vq2 *b0 = (const block_vq2 *)(r0 + TN_VQ_HDR), *b1 = (const block_vq2 *)(r1 + TN_VQ_HDR);
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+        if (i + 1 < m && tn_vq_codebook(r1) == cb) {
+            for (int64_t bi = 0; bi < nb; bi++) {
+                const __m512i bs = _mm512_sub_epi32(_mm512_setzero_si512(), bias ? bias[bi] : vq_bias(&y[bi]));
+                const __m512i s0 = vq_dot_row(T, &b0[bi], &y[bi], bs), s1 = vq_dot_row(T, &b1[bi], &y[bi], bs);
+                a0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_set1_ps(_cvtsh_ss(b0[bi].d) * y[bi].d), a0);
+                a1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), _mm512_set1_ps(_cvtsh_ss(b1[bi].d) * y[bi].d), a1);
+            }
+            out[i] = _mm512_reduce_add_ps(a0), out[i + 1] = _mm512_reduce_add_ps(a1);
+            i += 2;
+        } else {
+            for (int64_t bi = 0; bi < nb; bi++) {
+                const __m512i s0 = vq_dot_row(T, &b0[bi], &y[bi], _mm512_sub_epi32(_mm512_setzero_si512(), bias ? bias[bi] : vq_bias(&y[bi])));
+                a0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_set1_ps(_cvtsh_ss(b0[bi].d) * y[bi].d), a0);
+            }
+            out[i] = _mm512_reduce_add_ps(a0);
+            i += 1;
+        }
+    }
+}
+
 #define VQ_NCOL 4
 #define VQ_BIAS_MAX 128 /* blocks whose activation biases the gemm keeps per column (k <= 32768; 32 KiB) */
 
@@ -102,6 +149,10 @@ static void tn_k_gemm_vq2_q8_K__avx512(int64_t k, int64_t m, int64_t n, const vo
         __m512i bias[VQ_NCOL * VQ_BIAS_MAX];
         for (int c = 0; keep && c < nc; c++)
             for (int64_t bi = 0; bi < nb; bi++) bias[c * nb + bi] = vq_bias(&yc[c][bi]);
+        if (nc == 1) {
+            vq_gemv(&T, &loaded, (const uint8_t *)w, w_rb, m, nb, yc[0], keep ? bias : NULL, y + j0 * ldy);
+            continue;
+        }
         for (int64_t i = 0; i < m; i++) {
             const uint8_t *row = (const uint8_t *)w + (size_t)i * w_rb;
             const int8_t *cb = tn_vq_codebook(row);
