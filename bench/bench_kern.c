@@ -6,7 +6,7 @@
  *   bench_kern [--m M] [--k K] [--n N] [--threads T] [--types q4_0,q4_K,...] [--isa avx2,...]
  *              [--dram-mb MB] [--quick]
  *   bench_kern --iq [--m M] [--k K] [--n N] [--types iq2_xxs,...] [--quick]
- *   bench_kern --attn [--ctx T] [--types f16,q8_0,q4_0] [--isa scalar,avx2,avx512] [--quick]
+ *   bench_kern --attn [--ctx T] [--types f16,q8_0,q4_0,tq2g32a,tq3g32a,tq4g32a] [--isa scalar,avx2,avx512] [--quick]
  *
  * --iq: the codebook i-quants (iq2_xxs ... iq1_m), one thread, old path against new in the same
  * process: prefill as the row-by-row vec_dot loop (tn_gemm_by_vec_dot, what prefill did before
@@ -16,7 +16,8 @@
  * machine's absolute numbers are noise, the ratio of two interleaved bests much less so).
  *
  * --attn: decode attention over a cache of --ctx T positions (default 8192), one thread, every
- * K / V cache type pair (f16 / f16 through the plain kernel, the rest through attn_q): one call is
+ * K / V cache type pair (f16 / f16 through the plain kernel, the rest through attn_q; tern's tq2..tq4
+ * KV types, tq<b>g32a, only when --types names them): one call is
  * one layer of the 1B-class model (32 query heads of 64 over 8 kv heads, the f16 accumulator of
  * decode), the calls cycle through 16 layers' caches (DRAM, as decode at that length reads them).
  * Printed: microseconds per layer, nanoseconds per key and query head, GB/s of K / V bytes read.
@@ -263,7 +264,9 @@ static int bench_iq(const bench_opts *o, const float *xf, uint8_t *mem, float *y
 
 static int bench_attn(const bench_opts *o, int64_t T) {
     const int64_t hd = 64, nh = 32, nkv = 8, rep = nh / nkv, ld = nkv * hd, L = 16;
-    static const int32_t types[] = {TN_F16, TN_Q8_0, TN_Q4_0};
+    /* tern's tq<b>g32a (tq4g32a ...) only when --types names them */
+    static const int32_t types[] = {TN_F16, TN_Q8_0, TN_Q4_0, TERN_KV_TQ(2), TERN_KV_TQ(3), TERN_KV_TQ(4)};
+    const int ntypes = (int)(sizeof types / sizeof *types);
     const int reps = o->quick ? 3 : 8;
     float *q = malloc((size_t)(nh * hd) * 4), *out = malloc((size_t)(nh * hd) * 4), *scr = malloc((size_t)(nh * hd) * 8);
     float *row = malloc((size_t)ld * 4);
@@ -274,10 +277,11 @@ static int bench_attn(const bench_opts *o, int64_t T) {
     printf("decode attention, 1 thread, %lld positions, 32 heads of 64 over 8 kv heads, %lld layers cycled; "
            "best of %d passes\n", (long long)T, (long long)L, reps);
     printf("%-5s %-5s %-7s | %9s | %12s | %8s\n", "K", "V", "isa", "us/layer", "ns/key/head", "KV GB/s");
-    for (int ik = 0; ik < 3; ik++)
-        for (int iv = 0; iv < 3; iv++) {
+    for (int ik = 0; ik < ntypes; ik++)
+        for (int iv = 0; iv < ntypes; iv++) {
             const int32_t tk = types[ik], tv = types[iv];
             if (!listed(o->types, tn_dtype_name((uint32_t)tk)) && !listed(o->types, tn_dtype_name((uint32_t)tv))) continue;
+            if ((ik >= 3 || iv >= 3) && !o->types[0]) continue;
             const size_t krb = tn_dtype_row_size((tn_dtype)tk, ld), vrb = tn_dtype_row_size((tn_dtype)tv, ld);
             const size_t lb = (krb + vrb) * (size_t)T;
             uint8_t *kv = aligned_alloc(64, (lb * (size_t)L + 63) / 64 * 64);

@@ -143,7 +143,9 @@ typedef struct tern_ctx_params {
                             the cache grows with the global layers only (see tern_ctx_truncate) */
     int32_t type_k;      /* element type of the cached K rows: TERN_KV_F16 (0 also means f16, the
                             default), TERN_KV_Q8_0 or TERN_KV_Q4_0 (ggml's block layouts, 32 values a
-                            block: the model's head size must be a multiple of 32); CPU only      */
+                            block), or TERN_KV_TQ(b), b = 2..8 (tern's tq<b>g32a: b-bit codes with an
+                            fp16 scale and offset per 32 values); for the quantized types the
+                            model's head size must be a multiple of 32; CPU only                 */
     int32_t type_v;      /* the same for the cached V rows                                        */
     int32_t kv_rotate;   /* which quantized halves of the cache hold rotated heads (an orthogonal
                             Hadamard-times-signs rotation per head: K with the queries, V with the
@@ -156,13 +158,15 @@ typedef struct tern_ctx_params {
 enum { TERN_DEVICE_CPU = 0, TERN_DEVICE_CUDA = 1 };
 /* KV cache types (tern_ctx_params type_k / type_v): ggml's type ids. */
 enum { TERN_KV_F16 = 1, TERN_KV_Q4_0 = 2, TERN_KV_Q8_0 = 8 };
+/* tern's any-bit KV type of b bits (2..8): the dtype id of tq<b>g32a. */
+#define TERN_KV_TQ(b) (1024 + ((b) - 1) * 8 + 1)
 /* tern_ctx_params kv_rotate */
 enum { TERN_KV_ROT_AUTO = 0, TERN_KV_ROT_NONE = 1, TERN_KV_ROT_K = 2, TERN_KV_ROT_V = 3, TERN_KV_ROT_KV = 4 };
 /* The TERN_KV_ROT_* called name ("auto", "none", "k", "v", "kv"); -1 if none. */
 TERN_API int32_t tern_kv_rotate_from_name(const char *name);
-/* "f16", "q8_0" or "q4_0" for a KV cache type, NULL for any other value. */
+/* "f16", "q8_0", "q4_0" or "tq2" .. "tq8" for a KV cache type, NULL for any other value. */
 TERN_API const char *tern_kv_type_name(int32_t type);
-/* The KV cache type called name ("f16", "q8_0", "q4_0", any case); -1 if none. */
+/* The KV cache type called name ("f16", "q8_0", "q4_0", "tq2" .. "tq8", any case); -1 if none. */
 TERN_API int32_t tern_kv_type_from_name(const char *name);
 
 TERN_API void tern_ctx_params_init(tern_ctx_params *p);

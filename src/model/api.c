@@ -188,7 +188,7 @@ static tern_status tn_ctx_create_impl(const tern_model *m, const tern_ctx_params
     size_t rb[2];
     for (int i = 0; i < 2; i++) {
         const char *kv = i ? "V" : "K", *tname = tern_kv_type_name(types[i]);
-        if (!tname) return tn_err(TERN_ERR_INVALID_ARG, "KV cache type of %s: %d is not f16, q8_0 or q4_0", kv, types[i]);
+        if (!tname) return tn_err(TERN_ERR_INVALID_ARG, "KV cache type of %s: %d is not f16, q8_0, q4_0 or tq2 .. tq8", kv, types[i]);
         const tn_dtype_traits *tr = tn_dtype_get((uint32_t)types[i]);
         const int64_t unit = mla ? (int64_t)hp->n_lora_kv : hp->head_dim; /* what a block must not cross */
         if (unit % tr->blck_size || row_dim[i] % tr->blck_size)
@@ -367,7 +367,7 @@ void tern_ctx_free(tern_ctx *c) {
     tn_pool_free(c->pool);
     void *bufs[] = {c->kv_off, c->k_cache, c->v_cache, c->x, c->xb, c->q, c->kv, c->att, c->hb, c->hb2,
                     c->moe_logits, c->moe_sel, c->moe_w, c->moe_off, c->moe_tok, c->moe_row, c->moe_x, c->moe_count, c->moe_touched, c->moe_passes, c->moe_tokens, c->tmp, c->rope_cs, c->rope_cs_swa, c->swa_kv, c->xq, c->pxb, c->pxq, c->mm_next, c->scores, c->logits, c->b_seq, c->b_pos, c->out_rows,
-                    c->b_logits, c->mla_q, c->mla_o, c->mla_a};
+                    c->b_logits, c->mla_q, c->mla_o, c->mla_a, c->rot_sign};
     for (size_t i = 0; i < TN_ARRAY_LEN(bufs); i++) tn_free_aligned(bufs[i]);
     tn_free(c);
 }
@@ -398,11 +398,14 @@ int32_t tern_kv_rotate_from_name(const char *name) {
 }
 
 const char *tern_kv_type_name(int32_t type) {
+    static const char *const tq[] = {"tq2", "tq3", "tq4", "tq5", "tq6", "tq7", "tq8"};
+    for (int b = 2; b <= 8; b++)
+        if (type == TERN_KV_TQ(b)) return tq[b - 2];
     return type == TERN_KV_F16 ? "f16" : type == TERN_KV_Q8_0 ? "q8_0" : type == TERN_KV_Q4_0 ? "q4_0" : NULL;
 }
-
 int32_t tern_kv_type_from_name(const char *name) {
-    static const int32_t types[] = {TERN_KV_F16, TERN_KV_Q8_0, TERN_KV_Q4_0};
+    static const int32_t types[] = {TERN_KV_F16, TERN_KV_Q8_0, TERN_KV_Q4_0, TERN_KV_TQ(2), TERN_KV_TQ(3), TERN_KV_TQ(4),
+                                    TERN_KV_TQ(5), TERN_KV_TQ(6), TERN_KV_TQ(7), TERN_KV_TQ(8)};
     for (size_t i = 0; name && i < sizeof types / sizeof *types; i++)
         if (!strcasecmp(name, tern_kv_type_name(types[i]))) return types[i];
     return -1;

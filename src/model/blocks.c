@@ -20,6 +20,7 @@
 #include "model/lora.h"
 #include "model/ops.h"
 #include "quant/quant.h"
+#include "quant/tq.h"
 
 /* y = x / rms(x) * w  for rows [r0, r1) */
 static void tn_rmsnorm_rows(const float *x, float *y, const float *w, int64_t d, float eps, int64_t r0, int64_t r1) {
@@ -275,11 +276,16 @@ static void tn_lora_pre(const tn_thr *T, int32_t il, const int *slots, int ns, c
  * RMSNorm (qwen3), RoPE, and the k, v rows appended to the cache. */
 /* Stores n values x as elements e0 .. e0 + n - 1 of a cache row of the given type (e0 and n whole
  * blocks: head_dim % 32 == 0 for the quantized types): f16 through the table's converter, q8_0 /
- * q4_0 with the reference quantizers (ggml's quantize_row_*_ref bytes). */
+ * q4_0 with the reference quantizers (ggml's quantize_row_*_ref bytes), tq<b>g32a by rounding to
+ * nearest between each group's minimum and maximum (tn_tq_quantize_row_rtn). */
 static void tn_kv_store(int32_t type, const float *x, uint8_t *row, int64_t e0, int64_t n, const tn_kern_table *kt) {
     if (type == TN_Q8_0) tn_quantize_row_q8_0_ref(x, (block_q8_0 *)row + e0 / QK8_0, n);
     else if (type == TN_Q4_0) tn_quantize_row_q4_0_ref(x, (block_q4_0 *)row + e0 / QK4_0, n);
-    else kt->slot[TN_F16].from_float(x, (tn_fp16 *)row + e0, n);
+    else if (tn_tq_is((uint32_t)type)) {
+        tn_tq_params p;
+        tn_tq_params_of((uint32_t)type, &p);
+        tn_tq_quantize_row_rtn(&p, x, row + (size_t)(e0 / p.group) * tn_tq_block_bytes(&p), n);
+    } else kt->slot[TN_F16].from_float(x, (tn_fp16 *)row + e0, n);
 }
 
 static void tn_prepare_qkv(tern_ctx *c, const tn_layer *L, const float *rope_cs, const tn_thr *f,

@@ -57,7 +57,7 @@ struct tern_ctx {
     int32_t n_past;
 
     uint8_t *k_cache, *v_cache; /* per layer (at row kv_off[il]) [rows][kv_dim] each, rows of  */
-    int32_t type_k, type_v;     /* TN_F16, TN_Q8_0 or TN_Q4_0                                  */
+    int32_t type_k, type_v;     /* TN_F16, TN_Q8_0, TN_Q4_0 or a tq<b>g32a id (TERN_KV_TQ(b))   */
     size_t k_rb, v_rb;          /* bytes of one K / V row (kv_dim values of type_k / type_v)   */
     bool rot_k, rot_v;          /* K (and Q) / V (and the attention output) rotated per head   */
     int32_t rot_blk;            /* the rotation's Hadamard block (a power of 2 dividing hd)    */

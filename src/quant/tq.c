@@ -252,6 +252,18 @@ void tn_tq_quantize_row(const tn_tq_params *p, const float *x, void *y, int64_t 
         quantize_group(p, x + i * p->group, imatrix ? imatrix + i * p->group : NULL, (uint8_t *)y + (size_t)i * bb);
 }
 
+void tn_tq_quantize_row_rtn(const tn_tq_params *p, const float *x, void *y, int64_t k) {
+    const size_t bb = tn_tq_block_bytes(p);
+    const int nmax = (1 << p->bits) - 1;
+    for (int64_t i = 0; i < k / p->group; i++) {
+        const float *g = x + i * p->group;
+        float mn = g[0], mx = g[0], amax = 0;
+        for (int j = 0; j < p->group; j++) mn = fminf(mn, g[j]), mx = fmaxf(mx, g[j]), amax = fmaxf(amax, fabsf(g[j]));
+        if (p->asym) tn_tq_finish_group(p, g, (mx - mn) / (float)nmax, mn, (uint8_t *)y + (size_t)i * bb);
+        else tn_tq_finish_group(p, g, 2.0f * amax / (float)nmax, 0.0f, (uint8_t *)y + (size_t)i * bb);
+    }
+}
+
 void tn_tq_dequantize_row(const tn_tq_params *p, const void *x, float *y, int64_t k) {
     const size_t bb = tn_tq_block_bytes(p);
     uint8_t q[256];

@@ -64,6 +64,10 @@ void tn_tq_quantize_row(const tn_tq_params *p, const float *x, void *y, int64_t 
  * nearest rounding against the rounded values and packs the block. Vector quantizers that search
  * several groups at once finish each group here, so their bytes are the reference's. */
 void tn_tq_finish_group(const tn_tq_params *p, const float *x, float d, float m, uint8_t *blk);
+/* Plain round-to-nearest quantizer, for data written as it comes (the KV cache): per group
+ * d = (max - min) / (2^b - 1), m = min (asym; sym: d = 2 max|x| / (2^b - 1)), then
+ * tn_tq_finish_group. NaN-free input; deterministic. */
+void tn_tq_quantize_row_rtn(const tn_tq_params *p, const float *x, void *y, int64_t k);
 /* Reference dequantizer. */
 void tn_tq_dequantize_row(const tn_tq_params *p, const void *x, float *y, int64_t k);
 /* Unpacks the codes of one block into q[G] (0 .. 2^b - 1); returns d and m (sym: m = -d*(2^b-1)/2). */

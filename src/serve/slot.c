@@ -32,10 +32,14 @@
 static uint32_t slot_kv_word(uint32_t type, bool rot) { return type | (rot ? SLOT_ROT : 0); }
 
 const char *tn_slot_kv_name(uint32_t t) {
-    const uint32_t b = t & ~SLOT_ROT;
-    const bool r = t & SLOT_ROT;
-    return b == TN_F16 ? (r ? "f16 rotated" : "f16") : b == TN_Q8_0 ? (r ? "q8_0 rotated" : "q8_0")
-         : b == TN_Q4_0 ? (r ? "q4_0 rotated" : "q4_0") : "unknown";
+    static const char *const rot[] = {"f16 rotated", "q8_0 rotated", "q4_0 rotated", "tq2 rotated", "tq3 rotated", "tq4 rotated",
+                                      "tq5 rotated", "tq6 rotated", "tq7 rotated", "tq8 rotated"};
+    const char *n = tern_kv_type_name((int32_t)(t & ~SLOT_ROT));
+    if (!n) return "unknown";
+    if (!(t & SLOT_ROT)) return n;
+    for (size_t i = 0; i < sizeof rot / sizeof *rot; i++)
+        if (!strncmp(rot[i], n, strlen(n)) && rot[i][strlen(n)] == ' ') return rot[i];
+    return "unknown";
 }
 
 static int64_t kv_dim_of(const tern_ctx *c) { return (int64_t)c->hp.n_head_kv * c->hp.head_dim; }

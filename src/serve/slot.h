@@ -6,7 +6,7 @@
  *
  * File (little-endian), written whole to a temp name and renamed (tn_wfile):
  *     0 "TNSL"   4 u32 version   8 u64 model hash (tn_pc_model_hash: the GGUF's bytes)
- *    16 u32 K row type   20 u32 V row type (TN_F16, TN_Q8_0, TN_Q4_0)   24 u32 n_layer
+ *    16 u32 K row type   20 u32 V row type (TN_F16, TN_Q8_0, TN_Q4_0, tq<b>g32a; bit 16: rotated)   24 u32 n_layer
  *    28 u32 kv_dim   32 u32 tokens per block (16)   36 u32 n_blocks   40 u64 K row bytes
  *    48 u64 V row bytes   56 u64 body bytes (from 64 to the CRC)
  *    64 i32 tokens[16 * n_blocks], then per block: u32 raw bytes, u32 frame bytes, zstd frame

@@ -1,6 +1,7 @@
 /*
  * test_attn_q.c — attention over a quantized KV cache (kern.h tn_attn_q_fn): every K / V type pair
- * of f16, q8_0, q4_0 except f16 / f16 (the plain kernel's), head sizes 32, 64, 128, T = 1, 2, 17,
+ * of f16, q8_0, q4_0, tq3 / tq7 / tq8 (tern's tq<b>g32a: every plane width) except f16 / f16 (the
+ * plain kernel's), head sizes 32, 64, 128, T = 1, 2, 17,
  * 64, 257, 1..8 query heads over 1..4 kv heads, each head checked on its own:
  *   - the scalar reference against softmax(q · K) V computed directly in double from the rows as
  *     stored, dequantized by quant.h's dequantizers (and the query as the kernel uses it: q8_0 of q,
@@ -24,26 +25,43 @@
 #include "core/fp16.h"
 #include "kern/kern.h"
 #include "quant/quant.h"
+#include "quant/tq.h"
 
 static float frand(uint64_t *s) {
     *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
     return (float)((*s >> 40) & 0xFFFFFF) / 16777216.0f * 2.0f - 1.0f;
 }
 
+static tn_tq_params tqp(int32_t t) {
+    tn_tq_params p;
+    tn_tq_params_of((uint32_t)t, &p);
+    return p;
+}
+
 static size_t row_bytes(int32_t t, int64_t n) {
+    if (tn_tq_is((uint32_t)t)) {
+        const tn_tq_params p = tqp(t);
+        assert_int_equal(p.group, 32);
+        assert_true(p.asym);
+        return (size_t)(n / 32) * (4 + 4 * (size_t)p.bits); /* docs/formats.md: fp16 d, fp16 m, 32 b-bit codes */
+    }
     return t == TN_Q8_0 ? (size_t)(n / 32) * sizeof(block_q8_0) : t == TN_Q4_0 ? (size_t)(n / 32) * sizeof(block_q4_0) : (size_t)n * 2;
 }
 
 static void store_row(int32_t t, const float *x, void *y, int64_t n) {
+    const tn_tq_params p = tn_tq_is((uint32_t)t) ? tqp(t) : (tn_tq_params){0};
     if (t == TN_Q8_0) tn_quantize_row_q8_0_ref(x, y, n);
     else if (t == TN_Q4_0) tn_quantize_row_q4_0_ref(x, y, n);
+    else if (p.bits) tn_tq_quantize_row_rtn(&p, x, y, n);
     else
         for (int64_t i = 0; i < n; i++) ((uint16_t *)y)[i] = tn_fp32_to_fp16(x[i]);
 }
 
 static void load_row(int32_t t, const void *x, float *y, int64_t n) {
+    const tn_tq_params p = tn_tq_is((uint32_t)t) ? tqp(t) : (tn_tq_params){0};
     if (t == TN_Q8_0) tn_dequantize_row_q8_0(x, y, n);
     else if (t == TN_Q4_0) tn_dequantize_row_q4_0(x, y, n);
+    else if (p.bits) tn_tq_dequantize_row(&p, x, y, n);
     else
         for (int64_t i = 0; i < n; i++) y[i] = tn_fp16_to_fp32(((const uint16_t *)x)[i]);
 }
@@ -102,7 +120,9 @@ static void query_as_used(int32_t tk, bool acc16, const float *q, int64_t hd, do
     free(f);
 }
 
-static const int32_t types[] = {TN_F16, TN_Q8_0, TN_Q4_0};
+/* tern's tq<b>g32a: 3 = planes 2 + 1, 7 = 4 + 2 + 1, 8 = one plane of 8: every plane width */
+static const int32_t types[] = {TN_F16, TN_Q8_0, TN_Q4_0, TERN_KV_TQ(3), TERN_KV_TQ(7), TERN_KV_TQ(8)};
+#define NTYPES ((int)(sizeof types / sizeof *types))
 
 static size_t head_off(int32_t t, int64_t hd, int64_t g) { return row_bytes(t, g * hd); }
 
@@ -113,8 +133,8 @@ static void test_attn_q(void **state) {
     const tn_kern_table *ref = tn_kern_at(TN_ISA_SCALAR);
     uint64_t seed = 3;
     int checked = 0;
-    for (int ik = 0; ik < 3; ik++)
-        for (int iv = 0; iv < 3; iv++) {
+    for (int ik = 0; ik < NTYPES; ik++)
+        for (int iv = 0; iv < NTYPES; iv++) {
             if (!ik && !iv) continue;
             const int32_t tk = types[ik], tv = types[iv];
             for (size_t a = 0; a < 3; a++)
@@ -181,8 +201,8 @@ static void test_attn_q_paged(void **state) {
     int32_t blocks[16];
     for (int64_t j = 0; j < nblk; j++) blocks[j] = (int32_t)(nblk - 1 - j);
     for (int64_t i = 0; i < 4 * hd; i++) q[i] = frand(&seed);
-    for (int ik = 0; ik < 3; ik++)
-        for (int iv = 0; iv < 3; iv++) {
+    for (int ik = 0; ik < NTYPES; ik++)
+        for (int iv = 0; iv < NTYPES; iv++) {
             const int32_t tk = types[ik], tv = types[iv];
             cache K = make_cache(tk, R, ld, &seed), V = make_cache(tv, R, ld, &seed);
             uint8_t *Kp = malloc(K.rb * (size_t)R), *Vp = malloc(V.rb * (size_t)R);
@@ -215,14 +235,22 @@ static void test_attn_q_head_offsets(void **state) {
     uint64_t seed = 21;
     float q[64], o1[64], o2[64], scr[2 * 64];
     for (int64_t i = 0; i < hd; i++) q[i] = frand(&seed);
-    for (int ik = 1; ik < 3; ik++) {
+    for (int ik = 1; ik < NTYPES; ik++) {
         const int32_t t = types[ik];
         cache KV = make_cache(t, T, ld, &seed);
         const size_t rb1 = row_bytes(t, hd);
         uint8_t *h1 = malloc(rb1 * (size_t)T);
-        for (int64_t r = 0; r < T; r++) store_row(t, KV.f + r * ld + hd, h1 + (size_t)r * rb1, hd);
-        for (int64_t r = 0; r < T; r++) /* requantizing dequantized blocks gives the same bytes */
-            assert_memory_equal(h1 + (size_t)r * rb1, KV.b + (size_t)r * KV.rb + head_off(t, hd, 1), rb1);
+        for (int64_t r = 0; r < T; r++) {
+            if (tn_tq_is((uint32_t)t)) { /* head 1 quantized on its own: its groups are the row's */
+                float x[64];
+                for (int64_t i = 0; i < hd; i++) x[i] = frand(&seed);
+                store_row(t, x, h1 + (size_t)r * rb1, hd);
+                memcpy(KV.b + (size_t)r * KV.rb + head_off(t, hd, 1), h1 + (size_t)r * rb1, rb1);
+            } else { /* requantizing dequantized blocks gives the same bytes */
+                store_row(t, KV.f + r * ld + hd, h1 + (size_t)r * rb1, hd);
+                assert_memory_equal(h1 + (size_t)r * rb1, KV.b + (size_t)r * KV.rb + head_off(t, hd, 1), rb1);
+            }
+        }
         const tn_kern_table *kt = tn_kern();
         float q2[128], o[128], scr2[256];
         memcpy(q2, q, sizeof q), memcpy(q2 + hd, q, sizeof q);

@@ -125,7 +125,28 @@ static void ref_ds_create(ref_model *r) {
 
 /* x[0..n) through a q8_0 / q4_0 row (quant.h's reference quantizer, then its dequantizer); other
  * types: unchanged. act: q8_0 as the activation quantizer rounds (the query of a quantized K). */
+/* tern's tq<b>g32a KV rows (TERN_KV_TQ(b)), written here from the format's definition
+ * (docs/formats.md): per 32 values d = fp16((max - min) / (2^b - 1)), m = fp16(min), each value the
+ * nearest of d c + m, c in 0 .. 2^b - 1. */
+static void ref_round_tq(int bits, double *x, int64_t n) {
+    const int nmax = (1 << bits) - 1;
+    for (int64_t g = 0; g < n; g += 32) {
+        float mn = (float)x[g], mx = (float)x[g];
+        for (int64_t i = g; i < g + 32; i++) mn = fminf(mn, (float)x[i]), mx = fmaxf(mx, (float)x[i]);
+        const float d = tn_fp16_to_fp32(tn_fp32_to_fp16((mx - mn) / (float)nmax)), m = tn_fp16_to_fp32(tn_fp32_to_fp16(mn));
+        for (int64_t i = g; i < g + 32; i++) {
+            long c = d > 0 ? lrint(((double)(float)x[i] - m) / d) : 0;
+            c = c < 0 ? 0 : c > nmax ? nmax : c;
+            x[i] = (double)(d * (float)c + m);
+        }
+    }
+}
+
 static void ref_round(int32_t type, bool act, double *x, int64_t n) {
+    if (type >= TERN_KV_TQ(2) && type <= TERN_KV_TQ(8) && (type - TERN_KV_TQ(2)) % 8 == 0) {
+        ref_round_tq((type - TERN_KV_TQ(2)) / 8 + 2, x, n);
+        return;
+    }
     if (type != TN_Q8_0 && type != TN_Q4_0) return;
     float *f = malloc((size_t)n * sizeof *f);
     void *b = malloc((size_t)(n / 32) * sizeof(block_q8_0));
@@ -624,7 +645,7 @@ void ref_step(ref_model *r, int32_t token, double *logits, double *layers) {
         }
         if (r->rot_v)
             for (int32_t h = 0; h < hp->n_head_kv; h++) ref_rot_head(r, v + h * hd, false);
-        if (r->type_k == TN_Q8_0 || r->type_k == TN_Q4_0) { /* ref_set_kv_types: each head's K and q rounded */
+        if (r->type_k != 0 && r->type_k != TN_F16) { /* ref_set_kv_types: each head's K and q rounded */
             for (int32_t h = 0; h < hp->n_head_kv; h++) ref_round(r->type_k, false, k + h * hd, hd);
             for (int32_t h = 0; h < hp->n_head; h++) ref_round(TN_Q8_0, true, q + h * hd, hd);
         }

@@ -1,18 +1,19 @@
 /*
- * test_kv_quant.c — a quantized KV cache (tern_ctx_params type_k / type_v: q8_0, q4_0) in a whole
+ * test_kv_quant.c — a quantized KV cache (tern_ctx_params type_k / type_v: q8_0, q4_0, tq2 .. tq8) in a whole
  * forward pass, on tiny random f32-weight models (tests/common/tiny_model.c):
  *   - tern's logits against the double-precision reference (ref_forward.c) whose K / V heads go
- *     through the same rounding (quant.h's reference quantizer then dequantizer; the query through
- *     the q8_0 activation quantizer for a quantized K): a 9-token prefill then 6 decode steps, the
- *     f32 / f16 bound of test_forward.c (5e-3 relative L2), for q8_0/q8_0, q4_0/q4_0, q8_0/f16,
- *     f16/q4_0 caches;
+ *     through the same rounding (quant.h's reference quantizer then dequantizer; tq<b>g32a by the
+ *     reference's own min/max rounding written from the format; the query through the q8_0
+ *     activation quantizer for a quantized K): a 9-token prefill then 6 decode steps, the f32 / f16
+ *     bound of test_forward.c (5e-3 relative L2), for q8_0/q8_0, q4_0/q4_0, q8_0/f16, f16/q4_0,
+ *     tq4/tq4, tq8/tq3, tq2/q8_0, f16/tq2 caches;
  *   - rotated halves (kv_rotate): the same against a reference that rotates with its own written-out
  *     Hadamard matrix, and far from the unrotated reference; which halves each setting rotates;
  *   - tern with a q8_0 cache against tern with the f16 cache: relative L2 distance of the logits
  *     within the reference's own distance between its q8_0-rounded and exact runs (what q8_0's
  *     rounding does to this model, computed independently) plus both sides' 5e-3 bound;
  *   - paged == contiguous (gemma3's sliding-window layers over a permuted block table) and the ring
- *     of a sliding-window layer == every position kept, bit for bit, with q8_0 / q4_0 caches;
+ *     of a sliding-window layer == every position kept, bit for bit, with q8_0 / q4_0 / tq caches;
  *   - KV bytes: n_layer * rows * (K row bytes + V row bytes) with ggml's block sizes (34 bytes per
  *     32 values for q8_0, 18 for q4_0);
  *   - refusals: a head size that is not a multiple of 32, an unknown type (TERN_ERR_INVALID_ARG
@@ -112,7 +113,8 @@ static void test_vs_reference(void **state) {
     tiny_cfg_default(&cfg); /* llama, 4 heads of 64 over 2 kv heads, f32 weights; gemma2 below */
     tern_model *m = load(&cfg, "kvq");
     const int32_t pairs[][2] = {{TERN_KV_Q8_0, TERN_KV_Q8_0}, {TERN_KV_Q4_0, TERN_KV_Q4_0}, {TERN_KV_Q8_0, TERN_KV_F16},
-                                {TERN_KV_F16, TERN_KV_Q4_0}, {TERN_KV_Q4_0, TERN_KV_Q8_0}};
+                                {TERN_KV_F16, TERN_KV_Q4_0}, {TERN_KV_Q4_0, TERN_KV_Q8_0}, {TERN_KV_TQ(4), TERN_KV_TQ(4)},
+                                {TERN_KV_TQ(8), TERN_KV_TQ(3)}, {TERN_KV_TQ(2), TERN_KV_Q8_0}, {TERN_KV_F16, TERN_KV_TQ(2)}};
     for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++) {
         const double e = vs_ref(m, pairs[i][0], pairs[i][1], NULL);
         printf("  K %-4s V %-4s: worst logits rel err vs the rounded reference %.2e (bound 5e-3)\n",
@@ -143,6 +145,7 @@ static void test_rotation(void **state) {
     tiny_cfg_default(&cfg); /* heads of 64 */
     tern_model *m = load(&cfg, "kvrot");
     const int32_t cases[][3] = {{TERN_KV_ROT_KV, TERN_KV_Q4_0, TERN_KV_Q4_0}, {TERN_KV_ROT_AUTO, TERN_KV_Q4_0, TERN_KV_Q8_0},
+                                {TERN_KV_ROT_KV, TERN_KV_TQ(3), TERN_KV_TQ(4)},
                                 {TERN_KV_ROT_V, TERN_KV_Q8_0, TERN_KV_Q4_0}, {TERN_KV_ROT_KV, TERN_KV_Q8_0, TERN_KV_Q8_0}};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         g_rot = cases[i][0];
@@ -237,7 +240,8 @@ static void test_paged_equals_contiguous(void **state) {
     (void)state;
     tern_model *m = load_gemma3(20, "kvqp");
     const int32_t nv = m->hp.n_vocab, table[3] = {2, 0, 1}, *tables[1] = {table};
-    const int32_t types[][2] = {{TERN_KV_Q8_0, TERN_KV_Q8_0}, {TERN_KV_Q4_0, TERN_KV_Q4_0}, {TERN_KV_F16, TERN_KV_Q8_0}};
+    const int32_t types[][2] = {{TERN_KV_Q8_0, TERN_KV_Q8_0}, {TERN_KV_Q4_0, TERN_KV_Q4_0}, {TERN_KV_F16, TERN_KV_Q8_0},
+                                {TERN_KV_TQ(3), TERN_KV_TQ(2)}};
     for (size_t k = 0; k < sizeof types / sizeof *types; k++) {
         tern_ctx *a = make_ctx(m, 48, 0, types[k][0], types[k][1], false), *p = make_ctx(m, 48, 0, types[k][0], types[k][1], false);
         for (int32_t pos = 0; pos < 40; pos++) {
@@ -263,8 +267,8 @@ static void test_ring_equals_full(void **state) {
     const int32_t nv = m->hp.n_vocab;
     tern_token toks[64];
     for (int i = 0; i < 64; i++) toks[i] = (tern_token)(3 + (i * 37) % 380);
-    for (int32_t ty = 0; ty < 2; ty++) {
-        const int32_t t = ty ? TERN_KV_Q4_0 : TERN_KV_Q8_0;
+    for (int32_t ty = 0; ty < 3; ty++) {
+        const int32_t t = ty == 2 ? TERN_KV_TQ(4) : ty ? TERN_KV_Q4_0 : TERN_KV_Q8_0;
         tern_ctx *r = make_ctx(m, 64, 3, t, t, false), *f = make_ctx(m, 64, 3, t, t, true);
         assert_int_equal(tern_decode(r, toks, 10), TERN_OK);
         assert_int_equal(tern_decode(f, toks, 10), TERN_OK);
@@ -291,6 +295,14 @@ static void test_bytes_and_refusals(void **state) {
     assert_int_equal(tern_ctx_type_k(c), TERN_KV_Q8_0);
     assert_int_equal(tern_ctx_type_v(c), TERN_KV_Q4_0);
     tern_ctx_free(c);
+    c = make_ctx(m, 40, 0, TERN_KV_TQ(3), TERN_KV_TQ(8), false); /* tq<b>g32a: 4 + 4 b bytes per 32 values */
+    assert_int_equal(tern_ctx_kv_bytes(c), L * 48 * (kv_dim / 32 * 16 + kv_dim / 32 * 36));
+    assert_int_equal(tern_ctx_type_k(c), TERN_KV_TQ(3));
+    assert_string_equal(tern_kv_type_name(tern_ctx_type_v(c)), "tq8");
+    assert_int_equal(tern_kv_type_from_name("TQ5"), TERN_KV_TQ(5));
+    assert_int_equal(tern_kv_type_from_name("tq1"), -1);
+    assert_int_equal(tern_kv_type_from_name("tq9"), -1);
+    tern_ctx_free(c);
     c = make_ctx(m, 40, 0, 0, 0, false);
     assert_int_equal(tern_ctx_kv_bytes(c), L * 48 * kv_dim * 2 * 2);
     assert_int_equal(tern_ctx_type_k(c), TERN_KV_F16);
@@ -300,7 +312,10 @@ static void test_bytes_and_refusals(void **state) {
     cp.n_ctx = 32, cp.type_k = 3; /* q4_1: not a cache type */
     c = NULL;
     assert_int_equal(tern_ctx_create(m, &cp, &c), TERN_ERR_INVALID_ARG);
-    assert_non_null(strstr(tern_last_error(), "not f16, q8_0 or q4_0"));
+    assert_non_null(strstr(tern_last_error(), "not f16, q8_0, q4_0 or tq2 .. tq8"));
+    cp.type_k = TERN_KV_TQ(1); /* a tq dtype, but not a cache type */
+    assert_int_equal(tern_ctx_create(m, &cp, &c), TERN_ERR_INVALID_ARG);
+    assert_null(c);
     cp.type_k = TERN_KV_Q8_0, cp.device = TERN_DEVICE_CUDA;
     assert_int_equal(tern_ctx_create(m, &cp, &c), TERN_ERR_UNSUPPORTED);
     assert_non_null(strstr(tern_last_error(), "CPU only"));

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""kvq_test.py TERN TMP — a quantized KV cache (-ctk / -ctv q8_0, q4_0) through the command line:
+"""kvq_test.py TERN TMP — a quantized KV cache (-ctk / -ctv q8_0, q4_0, tq3, tq4) through the command line:
   - tern serve with the cache type (paged blocks, 4 concurrent requests, prompts in several prefill
     chunks, then the same prompts again as prefix-cache hits) gives the greedy text of
     `tern generate --temp 0` with the same cache type one prompt at a time (its contiguous cache:
@@ -40,7 +40,7 @@ for arch in ("qwen3", "gemma3"):
     subprocess.run([tern, "synth", "-o", model, "--arch", arch, "--preset", "tiny", "--type", "q8_0"], check=True,
                    capture_output=True, timeout=120)
     # auto rotates a quantized K; kv both halves; none neither
-    for ct, rot in (("q8_0", "auto"), ("q4_0", "auto"), ("q4_0", "kv"), ("q4_0", "none")):
+    for ct, rot in (("q8_0", "auto"), ("q4_0", "auto"), ("q4_0", "kv"), ("q4_0", "none"), ("tq3", "auto"), ("tq4", "kv")):
         ref, err = {}, ""
         for p in PROMPTS:
             ref[p], err = generate(model, p, ct, rot)
@@ -69,12 +69,13 @@ for arch in ("qwen3", "gemma3"):
 # KV bytes (-c 32768, ~16 MiB in f16, printed to 0.1 MiB): f16 rows 2 bytes a value, q8_0 34 bytes per 32, q4_0 18 per 32
 model = os.path.join(tmp, "qwen3.gguf")
 mib = {}
-for ct in ("f16", "q8_0", "q4_0"):
+for ct in ("f16", "q8_0", "q4_0", "tq2"):
     r = run(["generate", "-m", model, "-p", "hi", "-n", "1", "-c", "32768", "-t", "1", "-ctk", ct, "-ctv", ct])
     m = re.search(r"KV ([0-9.]+) MiB", r.stderr.decode())
     mib[ct] = float(m.group(1)) if m else -1
-check(abs(mib["q8_0"] / mib["f16"] - 34 / 64) < 0.02 and abs(mib["q4_0"] / mib["f16"] - 18 / 64) < 0.02,
-      f"KV MiB f16 {mib['f16']}, q8_0 {mib['q8_0']} (34/64 of f16), q4_0 {mib['q4_0']} (18/64)")
+check(abs(mib["q8_0"] / mib["f16"] - 34 / 64) < 0.02 and abs(mib["q4_0"] / mib["f16"] - 18 / 64) < 0.02
+      and abs(mib["tq2"] / mib["f16"] - 12 / 64) < 0.02,
+      f"KV MiB f16 {mib['f16']}, q8_0 {mib['q8_0']} (34/64 of f16), q4_0 {mib['q4_0']} (18/64), tq2 {mib['tq2']} (12/64)")
 
 # bad values exit 64 naming the flag
 data = os.path.join(tmp, "text.txt")

@@ -19,6 +19,7 @@
 
 #include "kern/kern.h"
 #include "quant/quant.h"
+#include "quant/tq.h"
 
 void tn_k_attn_q__scalar(int64_t hd, int64_t T, int64_t nh, int64_t rep, const float *q, int32_t tk, const void *K,
                          size_t k_rb, int32_t tv, const void *V, size_t v_rb, const int32_t *blocks, int64_t block_rows,
@@ -149,7 +150,9 @@ static void tn_aq2_head(int64_t hd, int64_t T, const float *q, int32_t tk, const
 static void tn_k_attn_q__avx2(int64_t hd, int64_t T, int64_t nh, int64_t rep, const float *q, int32_t tk, const void *K,
                               size_t k_rb, int32_t tv, const void *V, size_t v_rb, const int32_t *blocks,
                               int64_t block_rows, float scale, float cap, bool acc16, float *out, float *scratch) {
-    if (hd % 32 || hd > 256) { /* only an f16 pair can have heads that are not whole blocks; the reference */
+    /* only an f16 pair can have heads that are not whole blocks; tern's tq<b>g32a rows have no AVX2
+     * kernel yet: the reference */
+    if (hd % 32 || hd > 256 || tn_tq_is((uint32_t)tk) || tn_tq_is((uint32_t)tv)) {
         tn_k_attn_q__scalar(hd, T, nh, rep, q, tk, K, k_rb, tv, V, v_rb, blocks, block_rows, scale, cap, acc16, out, scratch);
         return;
     }

@@ -4,17 +4,18 @@
  * share a kv head go through the keys together, 16 keys at a time, their H x hd / 16 accumulators
  * of 16 floats in registers while V is added:
  *   - scores, quantized K: each 32-value block of a key is widened to int16 once (q8_0 sign-
- *     extended; q4_0 nibbles minus 8) and multiplied into every head's q8_0 query block by
+ *     extended; q4_0 nibbles minus 8; tq<b>g32a's codes unpacked from their bit planes) and multiplied into every head's q8_0 query block by
  *     VPMADDWD; the 16 (key, head) vectors of a block are summed exactly by one integer transposing
  *     tree, then the block sums go through the reference's float arithmetic in its order (q8_0:
- *     sumi * (d_K d_q), q4_0: (sumi d_K) d_q, blocks added from the first): the reference's scores
+ *     sumi * (d_K d_q), q4_0: (sumi d_K) d_q, tq: d_q (d_K sumi + m_K sum(q)), blocks added from the
+ *     first): the reference's scores
  *     bit for bit. An f16 K is converted once per key and dotted with the (acc16: f16-rounded)
  *     query in floats, 16 dot products summed by vmath.h's tree (order differs from the reference);
  *   - softmax, per chunk of 16 keys (flash attention's update): a chunk whose maximum exceeds the
  *     running one rescales the accumulators and the sum once, by exp(Mold - M); each key weighs
  *     exp(s - M) through one vector exp (tn_exp512); the sum is kept in 16 lanes. The reference
  *     rescales at every new maximum and calls expf per key;
- *   - V: per key, each 16 values dequantized once (value * d, the dequantizers' arithmetic; an f16
+ *   - V: per key, each 16 values dequantized once (value * d, or d * code + m for tq, the dequantizers' arithmetic; an f16
  *     V converted) and added into every head with one fused multiply-add; the accumulator is f32
  *     for a quantized V, and f16-rounded after every update for an f16 V with acc16.
  * A cache row holds every kv head, so one kv head's K / V slices are a strided read: the rows two
@@ -23,10 +24,12 @@
  */
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
 #include "kern/avx512/vmath.h"
 #include "kern/kern.h"
 #include "quant/quant.h"
+#include "quant/tq.h"
 
 void tn_k_attn_q__scalar(int64_t hd, int64_t T, int64_t nh, int64_t rep, const float *q, int32_t tk, const void *K,
                          size_t k_rb, int32_t tv, const void *V, size_t v_rb, const int32_t *blocks, int64_t block_rows,
@@ -52,6 +55,34 @@ static inline __m512i tn_aq_k4(const block_q4_0 *b) {
     return _mm512_cvtepi8_epi16(_mm256_set_m128i(hi, lo));
 }
 
+/* The 32 codes of a tq<b>g32 block (pl: its first plane, after the header) as bytes in element
+ * order: the planes (widest first, low bits first) unpacked with shifts and masks (quant/tq.h). */
+static inline __m256i tn_aq_tq_codes(const uint8_t *pl, int bits) {
+    const int wd[8][3] = {{0}, {1}, {2}, {2, 1}, {4}, {4, 1}, {4, 2}, {4, 2, 1}};
+    const int *w = bits == 8 ? (const int[3]){8, 0, 0} : wd[bits];
+    __m256i q = _mm256_setzero_si256();
+    for (int i = 0, sh = 0; i < 3 && w[i]; sh += w[i], i++) {
+        __m256i v;
+        if (w[i] == 8) {
+            v = _mm256_loadu_si256((const __m256i *)pl), pl += 32;
+        } else if (w[i] == 4) {
+            const __m128i x = _mm_loadu_si128((const __m128i *)pl), m = _mm_set1_epi8(0x0F);
+            v = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(x, 4), m), _mm_and_si128(x, m)), pl += 16;
+        } else if (w[i] == 2) {
+            const __m128i x = _mm_loadl_epi64((const __m128i *)pl), m = _mm_set1_epi8(3);
+            const __m128i s0 = _mm_and_si128(x, m), s1 = _mm_and_si128(_mm_srli_epi16(x, 2), m);
+            const __m128i s2 = _mm_and_si128(_mm_srli_epi16(x, 4), m), s3 = _mm_and_si128(_mm_srli_epi16(x, 6), m);
+            v = _mm256_set_m128i(_mm_unpacklo_epi64(s2, s3), _mm_unpacklo_epi64(s0, s1)), pl += 8;
+        } else {
+            uint32_t u;
+            memcpy(&u, pl, 4);
+            v = _mm256_maskz_set1_epi8((__mmask32)u, 1), pl += 4;
+        }
+        q = _mm256_or_si256(q, _mm256_slli_epi16(v, sh)); /* codes < 256: no bit crosses a byte */
+    }
+    return q;
+}
+
 /* Lane i = the sum of the 16 int32 lanes of v[i]: vmath.h's tn_sum16 in integers (exact). */
 static inline __m512i tn_isum16(const __m512i *v) {
     __m512i t[8], u[4];
@@ -71,6 +102,7 @@ static inline __m512i tn_isum16(const __m512i *v) {
 typedef struct {
     _Alignas(64) int16_t qw[8][8][32]; /* [head][block][value]  */
     _Alignas(64) float dql[8][W];      /* [block][lane u H + h] = head h's scale of that block */
+    _Alignas(64) float qsl[8][W];      /* [block][lane u H + h] = the sum of its values (a tq K)  */
     _Alignas(64) float qf[8][256];     /* [head][value]         */
 } tn_aq_query;
 
@@ -95,15 +127,23 @@ static inline __attribute__((always_inline)) __m512 tn_aq_qdots(const int NB, co
     const int NQ = NB / 2, KU = W / H;
     const __m512i lane_key = _mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                                H == 8 ? 3 : H == 4 ? 2 : H == 2 ? 1 : 0);
+    const bool tq = tn_tq_is((uint32_t)tk);
+    const int bits = tq ? (int)((uint32_t)tk - TN_DTYPE_TERN_BASE) / 8 + 1 : 0;
+    const size_t bb = tq ? 4 + 4 * (size_t)bits : 0; /* a tq<b>g32a block */
     __m512 s = _mm512_setzero_ps();
     for (int j = 0; j < NQ; j++) {
         __m512i p[W];
-        _Alignas(32) uint16_t dh[W] = {0};
+        _Alignas(32) uint16_t dh[W] = {0}, mh[W] = {0};
         for (int u = 0; u < KU; u++) {
             if (u < n) {
                 __m512i kw;
                 if (tk == TN_Q8_0) kw = tn_aq_k8((const block_q8_0 *)kr[u] + j), dh[u] = ((const block_q8_0 *)kr[u])[j].d;
-                else kw = tn_aq_k4((const block_q4_0 *)kr[u] + j), dh[u] = ((const block_q4_0 *)kr[u])[j].d;
+                else if (tk == TN_Q4_0) kw = tn_aq_k4((const block_q4_0 *)kr[u] + j), dh[u] = ((const block_q4_0 *)kr[u])[j].d;
+                else {
+                    const uint8_t *blk = kr[u] + (size_t)j * bb;
+                    kw = _mm512_cvtepu8_epi16(tn_aq_tq_codes(blk + 4, bits));
+                    memcpy(&dh[u], blk, 2), memcpy(&mh[u], blk + 2, 2);
+                }
                 for (int h = 0; h < H; h++) p[u * H + h] = _mm512_madd_epi16(kw, _mm512_load_si512((const void *)Q->qw[h][j]));
             } else {
                 for (int h = 0; h < H; h++) p[u * H + h] = _mm512_setzero_si512();
@@ -112,7 +152,13 @@ static inline __attribute__((always_inline)) __m512 tn_aq_qdots(const int NB, co
         const __m512 isum = _mm512_cvtepi32_ps(tn_isum16(p));
         const __m512 dk = _mm512_permutexvar_ps(lane_key, _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)dh)));
         const __m512 dq = _mm512_load_ps(Q->dql[j]);
-        s = _mm512_add_ps(s, tk == TN_Q8_0 ? _mm512_mul_ps(isum, _mm512_mul_ps(dk, dq)) : _mm512_mul_ps(_mm512_mul_ps(isum, dk), dq));
+        if (tq) { /* tn_tq_vec_dot_ref's order: d_q (d_K sum(c q) + m_K sum(q)) */
+            const __m512 mk = _mm512_permutexvar_ps(lane_key, _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)mh)));
+            const __m512 t = _mm512_add_ps(_mm512_mul_ps(dk, isum), _mm512_mul_ps(mk, _mm512_load_ps(Q->qsl[j])));
+            s = _mm512_add_ps(s, _mm512_mul_ps(dq, t));
+        } else {
+            s = _mm512_add_ps(s, tk == TN_Q8_0 ? _mm512_mul_ps(isum, _mm512_mul_ps(dk, dq)) : _mm512_mul_ps(_mm512_mul_ps(isum, dk), dq));
+        }
     }
     return s;
 }
@@ -135,8 +181,19 @@ static inline __attribute__((always_inline)) void tn_aq_vrow(const int NB, int32
             vb[2 * j] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), d);
             vb[2 * j + 1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), d);
         }
-    } else {
+    } else if (tv == TN_F16) {
         for (int b = 0; b < NB; b++) vb[b] = LOADH((const uint16_t *)v + 16 * b);
+    } else { /* tq<b>g32a: d * c + m, the dequantizer's arithmetic */
+        const int bits = (int)((uint32_t)tv - TN_DTYPE_TERN_BASE) / 8 + 1;
+        for (int j = 0; j < NB / 2; j++) {
+            const uint8_t *blk = v + (size_t)j * (4 + 4 * (size_t)bits);
+            const __m256i c = tn_aq_tq_codes(blk + 4, bits);
+            uint16_t dh, mh;
+            memcpy(&dh, blk, 2), memcpy(&mh, blk + 2, 2);
+            const __m512 d = _mm512_set1_ps(_cvtsh_ss(dh)), m = _mm512_set1_ps(_cvtsh_ss(mh));
+            vb[2 * j] = _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(c)))), m);
+            vb[2 * j + 1] = _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(c, 1)))), m);
+        }
     }
 }
 
@@ -268,7 +325,9 @@ static void tn_k_attn_q__avx512(int64_t hd, int64_t T, int64_t nh, int64_t rep, 
                 tn_quantize_row_q8_0_act(qh, qb, hd);
                 for (int j = 0; j < nb / 2; j++) {
                     _mm512_store_si512((void *)Q.qw[h][j], _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)qb[j].qs)));
-                    for (int l = h; l < W; l += H) Q.dql[j][l] = _cvtsh_ss(qb[j].d);
+                    int32_t sum = 0;
+                    for (int i = 0; i < 32; i++) sum += qb[j].qs[i];
+                    for (int l = h; l < W; l += H) Q.dql[j][l] = _cvtsh_ss(qb[j].d), Q.qsl[j][l] = (float)sum;
                 }
             }
         }

@@ -2,13 +2,14 @@
  * attn.c (scalar) — the reference attention kernel (contract in kern.h) and SwiGLU: one query head at a time, online
  * softmax, ggml's flash-attention arithmetic step by step (expf, fmaf, f16 rounding points); the same with
  * soft-capped scores (gemma2), the reference of avx512/attn.c's soft-capped kernel; and over a quantized KV cache
- * (q8_0 / q4_0 rows read in place), the reference of the attn_q kernels.
+ * (q8_0 / q4_0 / tq<b>g32a rows read in place), the reference of the attn_q kernels.
  */
 #include <math.h>
 
 #include "core/fp16.h"
 #include "kern/kern.h"
 #include "quant/quant.h"
+#include "quant/tq.h"
 
 void tn_k_vec_dot_q4_0_q8_0__scalar(int64_t k, float *s, const void *w, const void *x);
 void tn_k_vec_dot_q8_0_q8_0__scalar(int64_t k, float *s, const void *w, const void *x);
@@ -51,7 +52,11 @@ void tn_k_attn_softcap_f16__scalar(int64_t hd, int64_t T, int64_t nh, int64_t re
 static void tn_kv_row_to_f32(int32_t t, const void *p, float *y, int64_t hd) {
     if (t == TN_Q8_0) tn_dequantize_row_q8_0(p, y, hd);
     else if (t == TN_Q4_0) tn_dequantize_row_q4_0(p, y, hd);
-    else
+    else if (tn_tq_is((uint32_t)t)) {
+        tn_tq_params tp;
+        tn_tq_params_of((uint32_t)t, &tp);
+        tn_tq_dequantize_row(&tp, p, y, hd);
+    } else
         for (int64_t i = 0; i < hd; i++) y[i] = tn_fp16_to_fp32(((const uint16_t *)p)[i]);
 }
 
@@ -76,7 +81,11 @@ static void tn_attn1_q(int64_t hd, int64_t T, const float *q, int32_t tk, const 
         float s = 0.0f;
         if (tk == TN_Q8_0) tn_k_vec_dot_q8_0_q8_0__scalar(hd, &s, k, qv);
         else if (tk == TN_Q4_0) tn_k_vec_dot_q4_0_q8_0__scalar(hd, &s, k, qv);
-        else
+        else if (tn_tq_is((uint32_t)tk)) { /* per 32: d_q (d_K sum(c q) + m_K sum(q)), in order */
+            tn_tq_params tp;
+            tn_tq_params_of((uint32_t)tk, &tp);
+            s = tn_tq_vec_dot_ref(&tp, hd, k, (const block_q8_0 *)qv);
+        } else
             for (int64_t i = 0; i < hd; i++) s += tn_fp16_to_fp32(((const uint16_t *)k)[i]) * qv[i];
         s *= scale;
         if (cap > 0) s = cap * tanhf(s);
@@ -94,8 +103,7 @@ static void tn_attn1_q(int64_t hd, int64_t T, const float *q, int32_t tk, const 
         }
         for (int64_t i0 = 0; i0 < hd; i0 += 32) {
             float vb[32];
-            const size_t off = tv == TN_Q8_0 ? (size_t)(i0 / 32) * sizeof(block_q8_0)
-                             : tv == TN_Q4_0 ? (size_t)(i0 / 32) * sizeof(block_q4_0) : (size_t)i0 * 2;
+            const size_t off = tv == TN_F16 ? (size_t)i0 * 2 : tn_kv_head_off(tv, 32, i0 / 32); /* whole blocks of 32 */
             const int64_t n = hd - i0 < 32 ? hd - i0 : 32; /* f16 V may have a tail */
             tn_kv_row_to_f32(tv, v + off, vb, n);
             for (int64_t i = 0; i < n; i++) {
