@@ -32,13 +32,12 @@
 static uint32_t slot_kv_word(uint32_t type, bool rot) { return type | (rot ? SLOT_ROT : 0); }
 
 const char *tn_slot_kv_name(uint32_t t) {
-    static const char *const rot[] = {"f16 rotated", "q8_0 rotated", "q4_0 rotated", "tq2 rotated", "tq3 rotated", "tq4 rotated",
-                                      "tq5 rotated", "tq6 rotated", "tq7 rotated", "tq8 rotated"};
-    const char *n = tern_kv_type_name((int32_t)(t & ~SLOT_ROT));
-    if (!n) return "unknown";
-    if (!(t & SLOT_ROT)) return n;
-    for (size_t i = 0; i < sizeof rot / sizeof *rot; i++)
-        if (!strncmp(rot[i], n, strlen(n)) && rot[i][strlen(n)] == ' ') return rot[i];
+    static const int32_t types[] = {TERN_KV_F16,   TERN_KV_Q8_0,  TERN_KV_Q4_0,  TERN_KV_TQ(2), TERN_KV_TQ(3),
+                                    TERN_KV_TQ(4), TERN_KV_TQ(5), TERN_KV_TQ(6), TERN_KV_TQ(7), TERN_KV_TQ(8)};
+    static const char *const rot[] = {"f16 rotated", "q8_0 rotated", "q4_0 rotated", "tq2 rotated", "tq3 rotated",
+                                      "tq4 rotated", "tq5 rotated", "tq6 rotated", "tq7 rotated", "tq8 rotated"};
+    for (size_t i = 0; i < sizeof types / sizeof *types; i++)
+        if ((t & ~SLOT_ROT) == (uint32_t)types[i]) return t & SLOT_ROT ? rot[i] : tern_kv_type_name(types[i]);
     return "unknown";
 }
 

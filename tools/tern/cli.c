@@ -250,7 +250,8 @@ int tn_cli_cache_type_flag(int argc, char **argv, int *i, int32_t *type_k, int32
     if (!strcmp(a, "--kv-rotate")) {
         const int32_t r = val ? tern_kv_rotate_from_name(val) : -1;
         if (r < 0) {
-            tn_cli_usage_error("--kv-rotate: %s%s%s is not auto, none, k, v or kv", val ? "'" : "", val ? val : "a value", val ? "'" : "");
+            if (val) tn_cli_usage_error("--kv-rotate: '%s' is not auto, none, k, v or kv", val);
+            else tn_cli_usage_error("--kv-rotate needs a value (auto, none, k, v or kv)");
             return -1;
         }
         (*i)++;

@@ -4,19 +4,18 @@
  * share a kv head go through the keys together, 16 keys at a time, their H x hd / 16 accumulators
  * of 16 floats in registers while V is added:
  *   - scores, quantized K: each 32-value block of a key is widened to int16 once (q8_0 sign-
- *     extended; q4_0 nibbles minus 8; tq<b>g32a's codes unpacked from their bit planes) and multiplied into every head's q8_0 query block by
- *     VPMADDWD; the 16 (key, head) vectors of a block are summed exactly by one integer transposing
- *     tree, then the block sums go through the reference's float arithmetic in its order (q8_0:
- *     sumi * (d_K d_q), q4_0: (sumi d_K) d_q, tq: d_q (d_K sumi + m_K sum(q)), blocks added from the
- *     first): the reference's scores
- *     bit for bit. An f16 K is converted once per key and dotted with the (acc16: f16-rounded)
+ *     extended; q4_0 nibbles minus 8; tq<b>g32a's codes unpacked from their bit planes) and
+ *     multiplied into every head's q8_0 query block by VPMADDWD; the 16 (key, head) vectors of a
+ *     block are summed exactly by one integer transposing tree, then the block sums go through the
+ *     reference's float arithmetic in its order (q8_0: sumi * (d_K d_q), q4_0: (sumi d_K) d_q, tq:
+ *     d_q (d_K sumi + m_K sum(q)); blocks added from the first): the reference's scores bit for bit. An f16 K is converted once per key and dotted with the (acc16: f16-rounded)
  *     query in floats, 16 dot products summed by vmath.h's tree (order differs from the reference);
  *   - softmax, per chunk of 16 keys (flash attention's update): a chunk whose maximum exceeds the
  *     running one rescales the accumulators and the sum once, by exp(Mold - M); each key weighs
  *     exp(s - M) through one vector exp (tn_exp512); the sum is kept in 16 lanes. The reference
  *     rescales at every new maximum and calls expf per key;
- *   - V: per key, each 16 values dequantized once (value * d, or d * code + m for tq, the dequantizers' arithmetic; an f16
- *     V converted) and added into every head with one fused multiply-add; the accumulator is f32
+ *   - V: per key, each 16 values dequantized once (value * d, tq: d * code + m, the dequantizers'
+ *     arithmetic; an f16 V converted) and added into every head with one fused multiply-add; the accumulator is f32
  *     for a quantized V, and f16-rounded after every update for an f16 V with acc16.
  * A cache row holds every kv head, so one kv head's K / V slices are a strided read: the rows two
  * chunks ahead are prefetched in software. Parity with the reference: tests/attn/test_attn_q.c
@@ -58,8 +57,8 @@ static inline __m512i tn_aq_k4(const block_q4_0 *b) {
 /* The 32 codes of a tq<b>g32 block (pl: its first plane, after the header) as bytes in element
  * order: the planes (widest first, low bits first) unpacked with shifts and masks (quant/tq.h). */
 static inline __m256i tn_aq_tq_codes(const uint8_t *pl, int bits) {
-    const int wd[8][3] = {{0}, {1}, {2}, {2, 1}, {4}, {4, 1}, {4, 2}, {4, 2, 1}};
-    const int *w = bits == 8 ? (const int[3]){8, 0, 0} : wd[bits];
+    static const int wd[9][3] = {{0}, {1}, {2}, {2, 1}, {4}, {4, 1}, {4, 2}, {4, 2, 1}, {8}}; /* tn_tq_planes */
+    const int *w = wd[bits];
     __m256i q = _mm256_setzero_si256();
     for (int i = 0, sh = 0; i < 3 && w[i]; sh += w[i], i++) {
         __m256i v;
@@ -128,8 +127,10 @@ static inline __attribute__((always_inline)) __m512 tn_aq_qdots(const int NB, co
     const __m512i lane_key = _mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                                H == 8 ? 3 : H == 4 ? 2 : H == 2 ? 1 : 0);
     const bool tq = tn_tq_is((uint32_t)tk);
-    const int bits = tq ? (int)((uint32_t)tk - TN_DTYPE_TERN_BASE) / 8 + 1 : 0;
-    const size_t bb = tq ? 4 + 4 * (size_t)bits : 0; /* a tq<b>g32a block */
+    tn_tq_params tp = {0};
+    if (tq) tn_tq_params_of((uint32_t)tk, &tp);
+    const int bits = tp.bits;
+    const size_t bb = tq ? tn_tq_block_bytes(&tp) : 0; /* a tq<b>g32a block */
     __m512 s = _mm512_setzero_ps();
     for (int j = 0; j < NQ; j++) {
         __m512i p[W];
@@ -184,10 +185,11 @@ static inline __attribute__((always_inline)) void tn_aq_vrow(const int NB, int32
     } else if (tv == TN_F16) {
         for (int b = 0; b < NB; b++) vb[b] = LOADH((const uint16_t *)v + 16 * b);
     } else { /* tq<b>g32a: d * c + m, the dequantizer's arithmetic */
-        const int bits = (int)((uint32_t)tv - TN_DTYPE_TERN_BASE) / 8 + 1;
+        tn_tq_params tp;
+        tn_tq_params_of((uint32_t)tv, &tp);
         for (int j = 0; j < NB / 2; j++) {
-            const uint8_t *blk = v + (size_t)j * (4 + 4 * (size_t)bits);
-            const __m256i c = tn_aq_tq_codes(blk + 4, bits);
+            const uint8_t *blk = v + (size_t)j * tn_tq_block_bytes(&tp);
+            const __m256i c = tn_aq_tq_codes(blk + 4, tp.bits);
             uint16_t dh, mh;
             memcpy(&dh, blk, 2), memcpy(&mh, blk + 2, 2);
             const __m512 d = _mm512_set1_ps(_cvtsh_ss(dh)), m = _mm512_set1_ps(_cvtsh_ss(mh));
