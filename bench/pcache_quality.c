@@ -22,6 +22,9 @@
  *   --only high|medium  that lossy quality only (no lossless row, no memory types)
  *   --try S             (repeatable) a lossy row with steps S instead of the qualities' rows and
  *                       the memory types: sweeps share one reference run
+ *   --kv T              the disk rows' runs keep their KV in memory as T (q8_0, q4_0, tq4, ...;
+ *                       -ctk/-ctv T, rotation auto) instead of f16: what the prompt cache stores
+ *                       and loads for such a cache (the reference stays f16)
  * Not a test: no thresholds; docs/prompt-cache.md reports its output.
  */
 #include <math.h>
@@ -128,7 +131,7 @@ int main(int argc, char **argv) {
     const char *pos[8] = {0}, *try_arg[64];
     tn_pc_steps tries[64];
     int npos = 0, only = 0, ntry = 0;
-    int32_t skip = 0;
+    int32_t skip = 0, kvt = TERN_KV_F16;
     bool pre_rope = false, set[3] = {false, false, false};
     tn_pc_steps steps[3] = {tn_pc_steps_of(TN_PC_LOSSLESS), tn_pc_steps_of(TN_PC_HIGH), tn_pc_steps_of(TN_PC_MEDIUM)};
     for (int i = 1; i < argc; i++) {
@@ -142,13 +145,14 @@ int main(int argc, char **argv) {
             tries[ntry] = tn_pc_steps_of(TN_PC_HIGH), try_arg[ntry] = v;
             bad = !parse_steps(v, &tries[ntry++]), i++;
         } else if (!strcmp(a, "--pre-rope")) pre_rope = true;
+        else if (!strcmp(a, "--kv") && v) kvt = tern_kv_type_from_name(v), i++, bad = kvt < 0;
         else if (!strcmp(a, "--only") && v) only = !strcmp(v, "high") ? TN_PC_HIGH : !strcmp(v, "medium") ? TN_PC_MEDIUM : -1, i++, bad = only < 0;
         else if (a[0] != '-' && npos < 8) pos[npos++] = a;
         else bad = true;
         if (bad) return fprintf(stderr, "pcache_quality: bad argument '%s'%s%s\n", a, v ? " " : "", v ? v : ""), 64;
     }
     if (npos < 2) {
-        fprintf(stderr, "usage: %s MODEL TEXT [P=64] [N=64] [W=8] [THREADS=2] [--skip T] [--high|--medium dK,dV,chK,chV[,mul,n_first[,tK,tV]]] [--pre-rope] [--only high|medium] [--try S]...\n", argv[0]);
+        fprintf(stderr, "usage: %s MODEL TEXT [P=64] [N=64] [W=8] [THREADS=2] [--skip T] [--high|--medium dK,dV,chK,chV[,mul,n_first[,tK,tV]]] [--pre-rope] [--only high|medium] [--try S]... [--kv T]\n", argv[0]);
         return 64;
     }
     for (int q = 1; q < 3; q++) steps[q].keys_pre_rope = pre_rope;
@@ -193,19 +197,23 @@ int main(int argc, char **argv) {
     static const char *qn[] = {"disk: lossless", "disk: high", "disk: medium"};
     for (int qi = 0; qi < 3 + ntry; qi++) {
         if (qi < 3 && only && qi != only) continue;
-        char dir[] = "/tmp/tern-pcq-XXXXXX", name[96];
+        char dir[] = "/tmp/tern-pcq-XXXXXX", name[160];
         if (!mkdtemp(dir)) return fprintf(stderr, "pcache_quality: mkdtemp failed\n"), 74;
         tn_pcache *pc;
-        if (tn_pcache_open(m, dir, 0, qi < 3 ? (tn_pc_quality)qi : TN_PC_HIGH, &pc)) return die("prompt cache");
+        tern_ctx *c0 = make_ctx(m, P + N, threads, kvt); /* the rows the cache is opened for */
+        if (!c0) return die("context");
+        if (tn_pcache_open(m, c0, dir, 0, qi < 3 ? (tn_pc_quality)qi : TN_PC_HIGH, &pc)) return die("prompt cache");
+        tern_ctx_free(c0);
         tn_pcache_set_steps(pc, qi < 3 ? &steps[qi] : &tries[qi - 3]);
-        snprintf(name, sizeof name, "%s%s", qi < 3 ? qn[qi] : "disk: steps ", qi < 3 ? "" : try_arg[qi - 3]);
+        snprintf(name, sizeof name, "%s%s%s%s", qi < 3 ? qn[qi] : "disk: steps ", qi < 3 ? "" : try_arg[qi - 3],
+                 kvt != TERN_KV_F16 ? ", rows " : "", kvt != TERN_KV_F16 ? tern_kv_type_name(kvt) : "");
         score sc = {0, 0, 0, 0};
         for (int32_t w = 0; w < W; w++) {
             const tern_token *t = toks + skip + (size_t)w * (P + N);
-            tern_ctx *c = make_ctx(m, P + N, threads, TERN_KV_F16);
+            tern_ctx *c = make_ctx(m, P + N, threads, kvt);
             if (!c || tern_decode(c, t, P) || tn_pcache_store(pc, c, t, P)) return die("store run");
             tern_ctx_free(c);
-            c = make_ctx(m, P + N, threads, TERN_KV_F16);
+            c = make_ctx(m, P + N, threads, kvt);
             int32_t got = 0;
             if (!c || tn_pcache_load(pc, c, t, P + 1, 0, &got)) return die("load");
             if (got != P) return fprintf(stderr, "pcache_quality: loaded %d of %d tokens\n", got, P), 70;

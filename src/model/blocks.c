@@ -288,6 +288,19 @@ static void tn_kv_store(int32_t type, const float *x, uint8_t *row, int64_t e0, 
     } else kt->slot[TN_F16].from_float(x, (tn_fp16 *)row + e0, n);
 }
 
+void tn_kv_row_to_f32(const tern_ctx *c, int kv, const uint8_t *row, float *x) {
+    const int32_t type = kv ? c->type_v : c->type_k;
+    const int64_t nk = c->hp.n_head_kv, n = nk * c->hp.head_dim;
+    c->kt->slot[type].to_float(row, x, n);
+    if (kv ? c->rot_v : c->rot_k) tn_kv_rot(c, x, nk, true);
+}
+
+void tn_kv_row_from_f32(const tern_ctx *c, int kv, float *x, uint8_t *row) {
+    const int64_t nk = c->hp.n_head_kv;
+    if (kv ? c->rot_v : c->rot_k) tn_kv_rot(c, x, nk, false);
+    tn_kv_store(kv ? c->type_v : c->type_k, x, row, 0, nk * c->hp.head_dim, c->kt);
+}
+
 static void tn_prepare_qkv(tern_ctx *c, const tn_layer *L, const float *rope_cs, const tn_thr *f,
                            const int32_t *const *tables, int64_t t, int32_t h0, int32_t nh, int32_t k0, int32_t nk,
                            uint8_t *Kc, uint8_t *Vc, int64_t ring) {

@@ -54,6 +54,13 @@ typedef struct tn_thr {
     bool acc16;                   /* f16 accumulation (batches under TN_ATTN_F32_ROWS, as llama.cpp) */
 } tn_thr;
 
+/* One cache row of a context (all kv heads of one position) as f32: the K (kv 0) or V (kv 1)
+ * half's type converted (tn_kern_slot to_float) and un-rotated where that half is stored rotated
+ * (--kv-rotate), i.e. the values the forward pass computed up to the type's rounding. */
+void tn_kv_row_to_f32(const tern_ctx *c, int kv, const uint8_t *row, float *x);
+/* The inverse: x (n_head_kv * head_dim values; clobbered: rotated where the half is) written as a
+ * row of the half's type exactly as the forward pass writes a new position's K or V. */
+void tn_kv_row_from_f32(const tern_ctx *c, int kv, float *x, uint8_t *row);
 /* Sets up thread ith's view; returns the first layer to run (c->start_layer, or 0). */
 int32_t tn_blk_begin(tn_thr *T, tern_ctx *c, const tn_batch *b, const int32_t *const *tables,
                      const int32_t *const *swa_tables, int32_t n_out, const int32_t *out_rows, int ith, int nth);

@@ -31,6 +31,7 @@
 #include "core/file.h"
 #include "core/le.h"
 #include "core/rc.h"
+#include "model/blocks.h"
 #include "model/ctx.h"
 #include "model/model.h"
 #include "model/ops.h"
@@ -255,6 +256,7 @@ static double plane_bits(const uint16_t *z, size_t n) {
 #define TN_PC_MODE_PRE_ROPE 8
 #define TN_PC_RC_HDR 5 /* mode, coded bytes (u32) */
 #define TN_PC_MODE_MIXED 16 /* lossy: raw or deltas chosen per channel (a flag before each) */
+#define TN_PC_MODE_ROWS 32  /* a quantized cache's 16 rows as stored in memory (lossless there) */
 /* TN_PC_NCTX integer models: the first token's; then by |previous value|: 0, 1, larger (finer
  * buckets, 2, 3-4, 5-8, coded 0.5% larger on the default model) */
 
@@ -520,6 +522,8 @@ struct tn_pcache {
     tn_pc_quality q;
     int32_t n_layer, n_rot;
     int64_t kv_dim;
+    uint32_t row;        /* the KV row word (tn_pc_row_word): types and rotation of the rows */
+    size_t rb[2];        /* bytes of one K, V row in memory */
     size_t raw_cap, file_cap;
     uint8_t *raw, *file; /* [raw_cap] planes, [file_cap] one file */
     tn_fp16 *plane;      /* [16][kv_dim] */
@@ -527,6 +531,7 @@ struct tn_pcache {
     tn_pc_steps steps;   /* the lossy quality's */
     float *wt;           /* lossy: [n_layer][2][kv_dim] channel weights (tn_pc_channel_weights) */
     tn_pc_models mod;    /* the range coder's models within one block */
+    tn_pc_models mod_keep; /* mod before a lossy plane that may be dropped for the rows */
     unsigned tmp_seq;
     bool warned_io;
     char decision[256];
@@ -629,11 +634,24 @@ static tern_status mkdir_p(const char *path) {
     return tn_err(TERN_ERR_IO, "prompt cache: cannot create directory '%s': %s", path, strerror(errno));
 }
 
-tern_status tn_pcache_open(const tern_model *m, const char *dir, uint64_t max_bytes, tn_pc_quality q, tn_pcache **out) {
+uint32_t tn_pc_row_word(const tern_ctx *c) {
+    if (!c || (c->type_k == TN_F16 && c->type_v == TN_F16)) return TN_PC_ROW_F16;
+    return (uint32_t)c->type_k | (uint32_t)c->type_v << 12 | (uint32_t)c->rot_k << 24 | (uint32_t)c->rot_v << 25;
+}
+
+/* "f16" for f16 rows, else "<K type>[r]-<V type>[r]" (r: stored rotated), e.g. "q8_0r-q4_0" */
+static char *rows_name(const tern_ctx *c) {
+    if (tn_pc_row_word(c) == TN_PC_ROW_F16) return str_printf("f16");
+    return str_printf("%s%s-%s%s", tn_dtype_get((uint32_t)c->type_k)->name, c->rot_k ? "r" : "", tn_dtype_get((uint32_t)c->type_v)->name,
+                      c->rot_v ? "r" : "");
+}
+
+tern_status tn_pcache_open(const tern_model *m, const tern_ctx *c, const char *dir, uint64_t max_bytes, tn_pc_quality q,
+                           tn_pcache **out) {
     *out = NULL;
 #ifndef TERN_HAVE_ZSTD
-    (void)m, (void)dir, (void)max_bytes, (void)q;
-    (void)mkdir_p, (void)scan_dir, (void)quality_name; /* used with zstd */
+    (void)m, (void)c, (void)dir, (void)max_bytes, (void)q;
+    (void)mkdir_p, (void)scan_dir, (void)quality_name, (void)rows_name; /* used with zstd */
     return tn_err(TERN_ERR_UNSUPPORTED, "prompt cache: this tern was built without libzstd (install libzstd-dev and rebuild)");
 #else
     if (!m || !dir || !*dir || q > TN_PC_MEDIUM) return tn_err(TERN_ERR_INVALID_ARG, "prompt cache: invalid arguments");
@@ -647,16 +665,20 @@ tern_status tn_pcache_open(const tern_model *m, const char *dir, uint64_t max_by
     pc->n_layer = m->hp.n_layer;
     pc->kv_dim = (int64_t)m->hp.n_head_kv * m->hp.head_dim;
     pc->n_rot = m->hp.n_rot;
-    /* fingerprint: the GGUF's bytes (metadata, shapes, tensor data), the KV row type, the codec,
-     * the format version */
+    pc->row = tn_pc_row_word(c);
+    pc->rb[0] = c ? c->k_rb : (size_t)pc->kv_dim * 2, pc->rb[1] = c ? c->v_rb : (size_t)pc->kv_dim * 2;
+    /* fingerprint: the GGUF's bytes (metadata, shapes, tensor data), the KV rows' types and
+     * rotation, the codec, the format version */
     uint64_t fp = tn_pc_model_hash(m);
-    fp = mix64(fp ^ ((uint64_t)TN_PC_ROW_F16 << 32 | (uint64_t)q << 16 | TN_PC_VERSION));
+    fp = mix64(fp ^ ((uint64_t)pc->row << 32 | (uint64_t)q << 16 | TN_PC_VERSION));
     pc->fp = fp;
     pc->st.f16_bytes_per_token = 2 * 2 * (uint64_t)pc->n_layer * (uint64_t)pc->kv_dim;
     pc->raw_cap = 2 * (size_t)pc->n_layer * tn_pc_plane_max(pc->kv_dim);
     pc->file_cap = TN_PC_HDR + ZSTD_compressBound(pc->raw_cap) + 4;
     pc->dir = str_printf("%s", dir);
-    pc->sub = str_printf("%s/%016llx-f16-%s-v%d", dir, (unsigned long long)fp, quality_name(q), TN_PC_VERSION);
+    char *rn = rows_name(c);
+    pc->sub = rn ? str_printf("%s/%016llx-%s-%s-v%d", dir, (unsigned long long)fp, rn, quality_name(q), TN_PC_VERSION) : NULL;
+    tn_free(rn);
     pc->raw = tn_malloc(pc->raw_cap);
     pc->file = tn_malloc(pc->file_cap);
     pc->plane = tn_malloc((size_t)TN_PC_NTOK * (size_t)pc->kv_dim * sizeof(tn_fp16));
@@ -705,12 +727,11 @@ tern_status tn_pcache_usable(const tn_pcache *pc, const tern_ctx *c) {
     if (c->kv_swa_blocks) return tn_err(TERN_ERR_UNSUPPORTED, "prompt cache: a paged context with a window pool is not supported");
     /* the cache's fingerprint is the model's: a context whose KV an adapter changes would share files */
     if (c->lora_sites) return tn_err(TERN_ERR_UNSUPPORTED, "prompt cache: not with LoRA adapters (--lora) yet");
-    if (c->type_k != TN_F16 || c->type_v != TN_F16)
-        return tn_err(TERN_ERR_UNSUPPORTED, "prompt cache: stores f16 KV rows only (not with -ctk/-ctv q8_0 or q4_0 yet)");
     if (c->hp.family && c->hp.family->mla) /* its rows are latents, no V rows: another layout */
         return tn_err(TERN_ERR_UNSUPPORTED, "prompt cache: not for %s's latent KV cache yet", c->hp.family->name);
     if (c->hp.n_layer != pc->n_layer || (int64_t)c->hp.n_head_kv * c->hp.head_dim != pc->kv_dim || c->hp.n_rot > pc->n_rot)
         return tn_err(TERN_ERR_INVALID_ARG, "prompt cache: the context is of another model");
+    if (tn_pc_row_word(c) != pc->row) return tn_err(TERN_ERR_INVALID_ARG, "prompt cache: opened for other KV row types or rotation than the context's");
     return TERN_OK;
 }
 
@@ -743,7 +764,7 @@ static tern_status read_block(tn_pcache *pc, const char *path, uint32_t bi, uint
     if (comp != n - TN_PC_HDR - 4) return tn_err(TERN_ERR_FORMAT, "payload of %llu bytes in a file of %zu (truncated?)", (unsigned long long)comp, n);
     if (tn_get_le32(b + n - 4) != tn_pc_crc32(b, n - 4)) return tn_err(TERN_ERR_FORMAT, "CRC-32 mismatch");
     if (tn_get_le64(b + 8) != pc->fp) return tn_err(TERN_ERR_FORMAT, "fingerprint %016llx is another model's", (unsigned long long)tn_get_le64(b + 8));
-    if (tn_get_le32(b + 16) != TN_PC_ROW_F16 || tn_get_le32(b + 20) != (uint32_t)pc->q || tn_get_le32(b + 24) != (uint32_t)pc->n_layer ||
+    if (tn_get_le32(b + 16) != pc->row || tn_get_le32(b + 20) != (uint32_t)pc->q || tn_get_le32(b + 24) != (uint32_t)pc->n_layer ||
         tn_get_le32(b + 28) != (uint32_t)pc->kv_dim || tn_get_le32(b + 32) != TN_PC_NTOK)
         return tn_err(TERN_ERR_FORMAT, "row type, quality or dimensions differ");
     if (tn_get_le32(b + 36) != bi || tn_get_le64(b + 40) != h || tn_get_le64(b + 48) != h2) return tn_err(TERN_ERR_FORMAT, "block index or prefix hashes differ");
@@ -770,6 +791,16 @@ static tern_status unpack_block(tn_pcache *pc, tern_ctx *c, int32_t bi, int32_t 
         for (int kv = 0; kv < 2; kv++) {
             size_t used;
             bool pre = false;
+            const bool f16 = (kv ? c->type_v : c->type_k) == TN_F16;
+            const size_t rb = pc->rb[kv];
+            uint8_t *d = (kv ? c->v_cache : c->k_cache) + ((size_t)c->kv_off[il] + (size_t)dst * TN_PC_NTOK) * rb;
+            if (off < raw_n && pc->raw[off] == TN_PC_MODE_ROWS) { /* a quantized half's rows as they were in memory */
+                if (f16) return tn_err(TERN_ERR_FORMAT, "quantized rows in an f16 cache's plane");
+                if (raw_n - off < 1 + TN_PC_NTOK * rb) return tn_err(TERN_ERR_FORMAT, "rows plane needs %zu bytes, %zu left", 1 + TN_PC_NTOK * rb, raw_n - off);
+                memcpy(d, pc->raw + off + 1, TN_PC_NTOK * rb);
+                off += 1 + TN_PC_NTOK * rb;
+                continue;
+            }
             tern_status s = tn_pc_plane_decode_f32(pc->raw + off, raw_n - off, pc->kv_dim, kv, &pc->mod, pc->plane, pc->xf, &pre, &used);
             if (s) return s;
             off += used;
@@ -778,8 +809,9 @@ static tern_status unpack_block(tn_pcache *pc, tern_ctx *c, int32_t bi, int32_t 
                 tn_pc_rope_plane(&c->hp, c->rope_ff, il, (int64_t)bi * TN_PC_NTOK, pc->xf, pc->cs, 1);
                 for (size_t i = 0; i < pb; i++) pc->plane[i] = tn_fp32_to_fp16(pc->xf[i]);
             }
-            tn_fp16 *d = (tn_fp16 *)(kv ? c->v_cache : c->k_cache) + c->kv_off[il] * pc->kv_dim + (int64_t)dst * TN_PC_NTOK * pc->kv_dim;
-            memcpy(d, pc->plane, pb * sizeof(tn_fp16));
+            if (f16) memcpy(d, pc->plane, pb * sizeof(tn_fp16));
+            else /* decoded values quantized (and rotated) as the forward pass stores a row */
+                for (int t = 0; t < TN_PC_NTOK; t++) tn_kv_row_from_f32(c, kv, pc->xf + (size_t)t * pc->kv_dim, d + (size_t)t * rb);
         }
     if (off != raw_n) return tn_err(TERN_ERR_FORMAT, "%zu bytes after the last plane", raw_n - off);
     return TERN_OK;
@@ -901,15 +933,28 @@ static bool store_one(tn_pcache *pc, const tern_ctx *c, int32_t bi, uint64_t h, 
     tn_pc_models_init(&pc->mod);
     for (int32_t il = 0; il < pc->n_layer; il++)
         for (int kv = 0; kv < 2; kv++) {
-            const tn_fp16 *x = (const tn_fp16 *)(kv ? c->v_cache : c->k_cache) + c->kv_off[il] * pc->kv_dim + (int64_t)src * TN_PC_NTOK * pc->kv_dim;
+            const bool f16 = (kv ? c->type_v : c->type_k) == TN_F16;
+            const size_t rb = pc->rb[kv];
+            const uint8_t *rows = (kv ? c->v_cache : c->k_cache) + ((size_t)c->kv_off[il] + (size_t)src * TN_PC_NTOK) * rb;
+            const tn_fp16 *x = (const tn_fp16 *)rows;
             size_t k = 0;
             if (pc->q != TN_PC_LOSSLESS) { /* keys of a roped layer un-rotated, at the block's positions */
                 const bool pre = !kv && pc->steps.keys_pre_rope && tn_pc_layer_roped(&c->hp, il);
-                for (size_t i = 0; i < pb; i++) pc->xf[i] = tn_fp16_to_fp32(x[i]);
+                if (f16)
+                    for (size_t i = 0; i < pb; i++) pc->xf[i] = tn_fp16_to_fp32(x[i]);
+                else /* a quantized half: its values, un-rotated (--kv-rotate) */
+                    for (int t = 0; t < TN_PC_NTOK; t++) tn_kv_row_to_f32(c, kv, rows + (size_t)t * rb, pc->xf + (size_t)t * pc->kv_dim);
                 if (pre) tn_pc_rope_plane(&c->hp, c->rope_ff, il, (int64_t)bi * TN_PC_NTOK, pc->xf, pc->cs, -1);
                 const float *w = pc->wt ? pc->wt + ((size_t)il * 2 + (size_t)kv) * (size_t)pc->kv_dim : NULL;
+                if (!f16) pc->mod_keep = pc->mod;
                 k = tn_pc_plane_encode_lossy(&pc->steps, il, kv, &pc->mod, pc->xf, w, pc->kv_dim, pre, pc->raw + raw);
+                if (!f16 && k > 1 + TN_PC_NTOK * rb) k = 0, pc->mod = pc->mod_keep; /* the rows are smaller: kept instead */
                 pc->st.planes_pre_rope += pre && k;
+            }
+            if (!k && !f16) { /* kept as cached: a quantized half's rows */
+                pc->raw[raw] = TN_PC_MODE_ROWS;
+                memcpy(pc->raw + raw + 1, rows, TN_PC_NTOK * rb);
+                k = 1 + TN_PC_NTOK * rb;
             }
             if (!k) k = tn_pc_plane_encode(TN_PC_LOSSLESS, il, kv, NULL, x, pc->kv_dim, pc->raw + raw); /* kept as cached */
             if (!k) { /* out of memory: this block is not stored */
@@ -928,7 +973,7 @@ static bool store_one(tn_pcache *pc, const tern_ctx *c, int32_t bi, uint64_t h, 
     memcpy(f, TN_PC_MAGIC, 4);
     tn_put_le32(f + 4, TN_PC_VERSION);
     tn_put_le64(f + 8, pc->fp);
-    tn_put_le32(f + 16, TN_PC_ROW_F16);
+    tn_put_le32(f + 16, pc->row);
     tn_put_le32(f + 20, (uint32_t)pc->q);
     tn_put_le32(f + 24, (uint32_t)pc->n_layer);
     tn_put_le32(f + 28, (uint32_t)pc->kv_dim);

@@ -37,7 +37,13 @@
  * and the tokens are recomputed. The directory is bounded (max_bytes, LRU by mtime: a load
  * touches its files). A full disk (ENOSPC, EDQUOT) turns storing off with one warning.
  *
- * Works on a contiguous CPU context without a sliding-window ring (tern generate, tern chat);
+ * A quantized cache (-ctk/-ctv q8_0, q4_0, tq<b>, rotated or not) is stored the same way: lossless
+ * keeps its rows' bytes as they are in memory (a plane of mode ROWS, then zstd), so a load gives
+ * the same bits; a lossy quality codes the rows' values (converted to f32 and un-rotated) with the
+ * codec above (or keeps the rows where they are smaller: a q4_0 or tq cache at `high`) and a load
+ * quantizes the decoded values into rows as the forward pass writes them.
+ * The row types and rotation are part of the fingerprint: each combination has its own files.
+ * Works on a CPU context without a sliding-window ring (tern generate, tern chat, tern serve);
  * tn_pcache_usable says why not otherwise. Built without libzstd (TERN_HAVE_ZSTD undefined),
  * tn_pcache_open returns TERN_ERR_UNSUPPORTED. Not thread-safe: one tn_pcache per thread; several
  * processes may share a directory (each file is written whole by rename).
@@ -55,7 +61,7 @@
 
 #define TN_PC_VERSION 3 /* 3: lossy key planes coded before RoPE; 2: after it (refused: recomputed) */
 #define TN_PC_HASH_SEED 2 /* tn_pc_model_hash's seed: fixed (slot files keep their model hash) */
-#define TN_PC_ROW_F16 1 /* KV row type of the stored block: f16 rows (the only one so far)     */
+#define TN_PC_ROW_F16 1 /* KV row word of a block of f16 K and V rows (tn_pc_row_word)          */
 #define TN_PC_NTOK 16   /* == TN_KV_BLOCK                                                     */
 
 typedef enum tn_pc_quality { TN_PC_LOSSLESS = 0, TN_PC_HIGH = 1, TN_PC_MEDIUM = 2 } tn_pc_quality;
@@ -158,9 +164,15 @@ typedef struct tn_pcache_stats {
     int64_t planes_pre_rope;                              /* key planes stored before RoPE   */
 } tn_pcache_stats;
 
-/* Opens (creates) dir and the model's subdirectory; max_bytes 0 = unbounded. Hashes the model's
- * GGUF (its bytes are read once). Statuses: UNSUPPORTED (built without zstd), IO (dir). */
-tern_status tn_pcache_open(const tern_model *m, const char *dir, uint64_t max_bytes, tn_pc_quality q, tn_pcache **out);
+/* Opens (creates) dir and the subdirectory of the model and of c's KV rows (their types and
+ * rotation, tn_pc_row_word; c NULL: f16 rows); max_bytes 0 = unbounded. Hashes the model's GGUF
+ * (its bytes are read once). Statuses: UNSUPPORTED (built without zstd), IO (dir). The cache then
+ * serves contexts with those rows only (tn_pcache_usable). */
+tern_status tn_pcache_open(const tern_model *m, const tern_ctx *c, const char *dir, uint64_t max_bytes, tn_pc_quality q,
+                           tn_pcache **out);
+/* The word a file's header and the fingerprint carry for c's KV rows: TN_PC_ROW_F16 for f16 K and
+ * V (c NULL too), else type_k | type_v << 12 | rot_k << 24 | rot_v << 25. */
+uint32_t tn_pc_row_word(const tern_ctx *c);
 /* Replaces a lossy cache's steps (bench/pcache_quality's sweeps; the files decode anywhere). */
 void tn_pcache_set_steps(tn_pcache *pc, const tn_pc_steps *st);
 void tn_pcache_free(tn_pcache *pc);

@@ -1061,7 +1061,7 @@ tern_status tn_engine_create(const tern_model *m, const tn_serve_config *cfg, tn
     if ((s = tn_kv_init(&e->kv, e->ctx->kv_blocks))) goto fail;
     if (e->ctx->kv_swa_blocks > 0 && (s = tn_kv_init(&e->kv_swa, e->ctx->kv_swa_blocks))) goto fail;
     if (cfg->prompt_cache_dir) {
-        if ((s = tn_pcache_open(m, cfg->prompt_cache_dir, cfg->prompt_cache_max_bytes, (tn_pc_quality)cfg->prompt_cache_quality,
+        if ((s = tn_pcache_open(m, e->ctx, cfg->prompt_cache_dir, cfg->prompt_cache_max_bytes, (tn_pc_quality)cfg->prompt_cache_quality,
                                 &e->pc)))
             goto fail;
         if ((s = tn_pcache_usable(e->pc, e->ctx))) goto fail;

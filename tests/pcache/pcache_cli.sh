@@ -3,6 +3,7 @@
 #  - greedy text with a cold cache == with a warm cache == without the cache, and the warm run
 #    says it loaded blocks; lossless: the logits' margins and RMS (--dump-margins) equal those of a
 #    no-cache run split at the same position;
+#  - the same with a quantized cache (-ctk q8_0 -ctv q4_0; lossy with tq4 and q4_0);
 #  - faults made here: a truncated block, a flipped bit, another model's block, an old format
 #    version, two writers at once, kill -9 in the middle of a write (a temp file is left), a full
 #    filesystem (a 1 MiB tmpfs, when root and mount works; else SKIP said), a size bound (LRU);
@@ -60,6 +61,27 @@ for q in high medium; do
   [ "$(loaded "$D/$q.2.err")" -ge 2 ] || fail "$q: nothing loaded"
   [ "$out" == "$ref" ] && s=same || s=different
   echo "ok: quality $q loads; greedy text $s as the reference; $(grep 'bytes/token' "$D/$q.2.err" | head -1)"
+done
+# a quantized in-memory cache (-ctk/-ctv): its own subdirectory (named after the row types, r:
+# rotated), cold == warm == no cache, lossless loads give the no-cache run's logits, lossy loads run
+cp -a "$D/c" "$D/cq" # f16 blocks of this prompt present: not for this cache
+refq=$(gen -ctk q8_0 -ctv q4_0 2>"$D/refq.err") || fail "-ctk q8_0 -ctv q4_0 without the cache"
+coldq=$(gen -ctk q8_0 -ctv q4_0 --prompt-cache "$D/cq" 2>"$D/coldq.err") || fail "-ctk q8_0 cold run exit $?"
+[ "$coldq" == "$refq" ] || fail "-ctk q8_0 cold text differs: '$coldq' vs '$refq'"
+[ "$(loaded "$D/coldq.err")" == 0 ] || fail "-ctk q8_0 cold run loaded f16 blocks"
+ls -d "$D/cq"/*-q8_0r-q4_0-lossless-* >/dev/null 2>&1 || fail "no q8_0r-q4_0 subdirectory: $(ls "$D/cq")"
+warmq=$(gen -ctk q8_0 -ctv q4_0 --prompt-cache "$D/cq" -v --dump-margins "$D/mq1.txt" 2>"$D/warmq.err") || fail "-ctk q8_0 warm run"
+[ "$warmq" == "$refq" ] || fail "-ctk q8_0 warm text differs: '$warmq' vs '$refq'"
+nlq=$(loaded "$D/warmq.err")
+[ "$nlq" == "$nb" ] || fail "-ctk q8_0 warm run loaded '$nlq' blocks, $nb expected"
+gen -ctk q8_0 -ctv q4_0 -b $((nlq * 16)) --dump-margins "$D/mq2.txt" >/dev/null 2>"$D/refq2.err" || fail "-ctk q8_0 run with -b"
+cmp -s <(grep -v '^#' "$D/mq2.txt") <(grep -v '^#' "$D/mq1.txt") || fail "-ctk q8_0 lossless: logits' margins differ from the no-cache run"
+echo "ok: -ctk q8_0 -ctv q4_0: cold == warm == no cache, $nlq blocks loaded; $(grep 'bytes/token' "$D/warmq.err" | head -1)"
+for ct in tq4 q4_0; do
+  gen -ctk $ct -ctv $ct --prompt-cache "$D/qq" --prompt-cache-quality high >/dev/null 2>"$D/qq-$ct.err" || fail "-ctk $ct high cold"
+  gen -ctk $ct -ctv $ct --prompt-cache "$D/qq" --prompt-cache-quality high -v >/dev/null 2>"$D/qq-$ct.2.err" || fail "-ctk $ct high warm"
+  [ "$(loaded "$D/qq-$ct.2.err")" -ge 2 ] || fail "-ctk $ct high: nothing loaded"
+  echo "ok: -ctk $ct -ctv $ct quality high loads; $(grep 'bytes/token' "$D/qq-$ct.2.err" | head -1)"
 done
 lossless_sz=$(du -sb "$D/c" | cut -f1)
 [ -d "$D/q" ] || fail "no lossy dir"

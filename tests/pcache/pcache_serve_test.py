@@ -2,7 +2,9 @@
 """pcache_serve_test.py TERN MODEL TMP — tern serve --prompt-cache DIR: a prompt computed by one
 server is stored on disk; a restarted server (empty prefix cache in memory) loads its blocks
 (usage.prompt_tokens_details.cached_tokens) and answers the same greedy text as `tern generate`
-without any cache; a damaged block file is skipped (warning in the log) with the same text."""
+without any cache; a damaged block file is skipped (warning in the log) with the same text. The
+same with a quantized cache (-ctk q8_0 -ctv q4_0): tern generate's text with those types, its own
+files."""
 import glob, json, os, shutil, subprocess, sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "serve"))
@@ -57,4 +59,21 @@ with Server(tern, model, os.path.join(tmp, "s3"), "--prompt-cache", cache, "--me
     srv.end_clean()
     log = open(srv.log_path).read()
 check("warning: prompt cache: skipping" in log, "damaged files: a warning in the log")
+# a quantized in-memory cache: stored by one server, loaded by a restarted one, same text as
+# tern generate with the same types
+qcache = os.path.join(tmp, "qcache")
+qargs = ["-ctk", "q8_0", "-ctv", "q4_0"]
+refq = subprocess.run([tern, "generate", "-m", model, "-p", PROMPT, "-n", str(N), "--temp", "0", "-t", "1", "--ignore-eos",
+                       "--no-display-prompt"] + qargs, capture_output=True, timeout=120, check=True).stdout.decode()[:-1]
+with Server(tern, model, os.path.join(tmp, "q1"), "--prompt-cache", qcache, "--metrics", *qargs) as srv:
+    text, cached = ask(srv)
+    check(text == refq, f"-ctk q8_0 -ctv q4_0 first server: text equals tern generate's ({text!r} vs {refq!r})")
+    srv.end_clean()
+qfiles = glob.glob(os.path.join(qcache, "*-q8_0r-q4_0-*", "*.tpc"))
+check(len(qfiles) >= 2, f"-ctk q8_0 -ctv q4_0: {len(qfiles)} block files stored in a q8_0r-q4_0 subdirectory")
+with Server(tern, model, os.path.join(tmp, "q2"), "--prompt-cache", qcache, "--metrics", *qargs) as srv:
+    text, cached = ask(srv)
+    check(text == refq, "-ctk q8_0 -ctv q4_0 restarted server: same text")
+    check(cached == 16 * len(qfiles), f"-ctk q8_0 -ctv q4_0 restarted server: {cached} prompt tokens from the disk cache")
+    srv.end_clean()
 finish()

@@ -345,7 +345,7 @@ static void kv_equal(const tern_ctx *a, const tern_ctx *b, int32_t rows) {
 static void load_expect(tern_model *m, const tern_token *toks, int32_t n, int32_t want, int64_t skipped) {
     print_message("load: want %d tokens, %lld skipped\n", want, (long long)skipped);
     tn_pcache *pc = NULL;
-    assert_int_equal(tn_pcache_open(m, dir, 0, TN_PC_LOSSLESS, &pc), TERN_OK);
+    assert_int_equal(tn_pcache_open(m, NULL, dir, 0, TN_PC_LOSSLESS, &pc), TERN_OK);
     tern_ctx *c = new_ctx(m);
     int32_t got = -1;
     assert_int_equal(tn_pcache_load(pc, c, toks, n, 0, &got), TERN_OK);
@@ -392,7 +392,7 @@ static void test_cache_model(void **st) {
     tern_ctx *a = new_ctx(m);
     assert_int_equal(tern_decode(a, toks, 50), TERN_OK);
     tn_pcache *pc = NULL;
-    assert_int_equal(tn_pcache_open(m, dir, 0, TN_PC_LOSSLESS, &pc), TERN_OK);
+    assert_int_equal(tn_pcache_open(m, NULL, dir, 0, TN_PC_LOSSLESS, &pc), TERN_OK);
     assert_int_equal(tn_pcache_store(pc, a, toks, 50), TERN_OK);
     assert_int_equal(tn_pcache_get_stats(pc)->blocks_stored, 3);
     assert_int_equal(tn_pcache_store(pc, a, toks, 50), TERN_OK); /* all on disk: nothing new */
@@ -444,7 +444,7 @@ static void test_cache_model(void **st) {
             tern_model *m2 = NULL;
             assert_int_equal(tern_model_load(model2_path, NULL, &m2), TERN_OK);
             tn_pcache *pc2 = NULL;
-            assert_int_equal(tn_pcache_open(m2, dir, 0, TN_PC_LOSSLESS, &pc2), TERN_OK);
+            assert_int_equal(tn_pcache_open(m2, NULL, dir, 0, TN_PC_LOSSLESS, &pc2), TERN_OK);
             assert_string_not_equal(tn_pcache_subdir(pc2), tn_pcache_subdir(pc)); /* other subdirectory */
             tern_ctx *c2 = new_ctx(m2);
             assert_int_equal(tern_decode(c2, toks, 40), TERN_OK);
@@ -488,7 +488,7 @@ static void test_lossy_model(void **st) {
     tern_ctx *a = new_ctx(m);
     assert_int_equal(tern_decode(a, toks, 50), TERN_OK);
     tn_pcache *pc = NULL;
-    assert_int_equal(tn_pcache_open(m, dir, 0, TN_PC_HIGH, &pc), TERN_OK);
+    assert_int_equal(tn_pcache_open(m, NULL, dir, 0, TN_PC_HIGH, &pc), TERN_OK);
     /* coarse, so errors show; keys before RoPE; steps leaning on the channel weights */
     const tn_pc_steps sp = {{3, 2}, {4, 3}, 2, 1, true, {0.25f, 0}, {8, 4}}; /* weights^8: steps apart by ~2x */
     tn_pcache_set_steps(pc, &sp);
@@ -535,11 +535,11 @@ static void test_lossy_model(void **st) {
     /* keys after RoPE (format 2's way) store no plane before RoPE */
     tn_pcache_free(pc);
     char sub[1024];
-    assert_int_equal(tn_pcache_open(m, dir, 0, TN_PC_HIGH, &pc), TERN_OK);
+    assert_int_equal(tn_pcache_open(m, NULL, dir, 0, TN_PC_HIGH, &pc), TERN_OK);
     snprintf(sub, sizeof sub, "rm -rf '%s'", tn_pcache_subdir(pc));
     tn_pcache_free(pc);
     assert_int_equal(system(sub), 0);
-    assert_int_equal(tn_pcache_open(m, dir, 0, TN_PC_HIGH, &pc), TERN_OK);
+    assert_int_equal(tn_pcache_open(m, NULL, dir, 0, TN_PC_HIGH, &pc), TERN_OK);
     tn_pc_steps post = sp;
     post.keys_pre_rope = false;
     tn_pcache_set_steps(pc, &post);
@@ -551,6 +551,149 @@ static void test_lossy_model(void **st) {
     tern_ctx_free(a);
     tern_ctx_free(b);
     tern_model_free(m);
+}
+
+/* ---- a quantized in-memory cache (-ctk/-ctv) through the prompt cache ------------------------ */
+
+static tern_ctx *quant_ctx(tern_model *m, int32_t tk, int32_t tv, int32_t rot) {
+    tern_ctx_params p;
+    tern_ctx_params_init(&p);
+    p.n_ctx = 64;
+    p.n_threads = 1;
+    p.type_k = tk, p.type_v = tv, p.kv_rotate = rot;
+    tern_ctx *c = NULL;
+    assert_int_equal(tern_ctx_create(m, &p, &c), TERN_OK);
+    return c;
+}
+
+/* value i of a q8_0 (bits 8) or q4_0 (bits 4) row, read here from ggml's block layouts (an f16
+ * scale, then 32 int8 / 16 bytes of nibbles: low nibbles values 0..15, high 16..31, minus 8);
+ * *d: the block's scale */
+static double deq_ref(const uint8_t *row, int bits, int i, double *d) {
+    const uint8_t *b = row + (size_t)(i / 32) * (bits == 8 ? 34 : 18);
+    *d = tn_fp16_to_fp32((tn_fp16)(b[0] | b[1] << 8));
+    const int j = i % 32;
+    const int q = bits == 8 ? (int8_t)b[2 + j] : (j < 16 ? b[2 + j] & 15 : b[2 + j - 16] >> 4) - 8;
+    return *d * q;
+}
+
+/* With -ctk/-ctv quantized (rotated or not) the prompt cache stores and loads the rows:
+ *  - lossless: a fresh context of the same types loads every block with its rows' bytes equal to
+ *    those computed, and the logits after them equal a context that computed the prefix; the
+ *    subdirectory names the row types (r: rotated); a context of other types (or rotation) is
+ *    refused by the cache, and a cache of f16 rows in the same directory finds none of the files.
+ *  - lossy (coarse steps set here, plane term only): each loaded head row is within the codec's
+ *    error (at most half the plane step sqrt(hd) rms(plane) / div, the same in the rotated domain:
+ *    the rotation is orthogonal) plus the requantization's (a scale a value for q4_0, half for
+ *    q8_0) of the computed row, in L2 per head, and the loaded rows do differ from the computed. */
+static void test_quant_rows(void **st) {
+    (void)st;
+#ifndef TERN_HAVE_ZSTD
+    print_message("SKIP: built without libzstd: no prompt cache\n");
+    skip();
+#endif
+    tiny_cfg cfg;
+    tiny_cfg_default(&cfg);
+    cfg.n_embd = 128, cfg.n_head = 4, cfg.n_head_kv = 2; /* heads of 32: whole quantized blocks */
+    tern_model *m = tiny_model_load(&cfg, "pcache-q");
+    assert_non_null(m);
+    tern_token toks[50];
+    for (int i = 0; i < 50; i++) toks[i] = (tern_token)(7 + (i * 41) % 300);
+    char qdir[700], cmd[800];
+    snprintf(qdir, sizeof qdir, "%s.q", dir);
+    static const struct { int32_t k, v, rot; const char *name; } cases[] = {
+        {TERN_KV_Q8_0, TERN_KV_Q4_0, TERN_KV_ROT_AUTO, "-q8_0r-q4_0-"},
+        {TERN_KV_TQ(4), TERN_KV_TQ(3), TERN_KV_ROT_KV, "-tq4g32ar-tq3g32ar-"},
+        {TERN_KV_Q4_0, TERN_KV_F16, TERN_KV_ROT_NONE, "-q4_0-f16-"},
+        {TERN_KV_F16, TERN_KV_Q8_0, TERN_KV_ROT_V, "-f16-q8_0r-"},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        print_message("rows %s lossless\n", cases[ci].name);
+        tern_ctx *a = quant_ctx(m, cases[ci].k, cases[ci].v, cases[ci].rot);
+        assert_int_equal(tern_decode(a, toks, 50), TERN_OK);
+        tn_pcache *pc = NULL;
+        assert_int_equal(tn_pcache_open(m, a, qdir, 0, TN_PC_LOSSLESS, &pc), TERN_OK);
+        assert_non_null(strstr(tn_pcache_subdir(pc), cases[ci].name));
+        assert_int_equal(tn_pcache_store(pc, a, toks, 50), TERN_OK);
+        assert_int_equal(tn_pcache_get_stats(pc)->blocks_stored, 3);
+        tern_ctx *b = quant_ctx(m, cases[ci].k, cases[ci].v, cases[ci].rot);
+        int32_t got = 0;
+        assert_int_equal(tn_pcache_load(pc, b, toks, 50, 0, &got), TERN_OK);
+        assert_int_equal(got, 48);
+        for (int32_t il = 0; il < a->hp.n_layer; il++) {
+            assert_memory_equal(a->k_cache + (size_t)a->kv_off[il] * a->k_rb, b->k_cache + (size_t)b->kv_off[il] * b->k_rb, 48 * a->k_rb);
+            assert_memory_equal(a->v_cache + (size_t)a->kv_off[il] * a->v_rb, b->v_cache + (size_t)b->kv_off[il] * b->v_rb, 48 * a->v_rb);
+        }
+        tern_ctx *c = quant_ctx(m, cases[ci].k, cases[ci].v, cases[ci].rot);
+        assert_int_equal(tern_decode(c, toks, 48), TERN_OK);
+        assert_int_equal(tern_decode(c, toks + 48, 2), TERN_OK);
+        assert_int_equal(tern_decode(b, toks + 48, 2), TERN_OK);
+        assert_memory_equal(tern_get_logits(b, -1), tern_get_logits(c, -1), (size_t)tern_model_n_vocab(m) * sizeof(float));
+        /* another type or rotation: refused; f16 rows: another subdirectory, nothing found */
+        tern_ctx *o = quant_ctx(m, cases[ci].k == TERN_KV_F16 ? TERN_KV_Q8_0 : TERN_KV_F16, cases[ci].v, cases[ci].rot);
+        assert_int_equal(tn_pcache_usable(pc, o), TERN_ERR_INVALID_ARG);
+        assert_int_equal(tn_pcache_load(pc, o, toks, 50, 0, &got), TERN_ERR_INVALID_ARG);
+        tern_ctx_free(o);
+        tn_pcache *pf = NULL;
+        assert_int_equal(tn_pcache_open(m, NULL, qdir, 0, TN_PC_LOSSLESS, &pf), TERN_OK);
+        tern_ctx *f = quant_ctx(m, TERN_KV_F16, TERN_KV_F16, TERN_KV_ROT_AUTO);
+        assert_int_equal(tn_pcache_load(pf, f, toks, 50, 0, &got), TERN_OK);
+        assert_int_equal(got, 0);
+        tern_ctx_free(f);
+        tn_pcache_free(pf);
+        tn_pcache_free(pc);
+        tern_ctx_free(a), tern_ctx_free(b), tern_ctx_free(c);
+    }
+    /* lossy: q8_0 K and q4_0 V, both rotated */
+    tern_ctx *a = quant_ctx(m, TERN_KV_Q8_0, TERN_KV_Q4_0, TERN_KV_ROT_KV);
+    assert_int_equal(tern_decode(a, toks, 50), TERN_OK);
+    tn_pcache *pc = NULL;
+    assert_int_equal(tn_pcache_open(m, a, qdir, 0, TN_PC_HIGH, &pc), TERN_OK);
+    const tn_pc_steps sp = {{2, 1.5f}, {0, 0}, 1, 0, false, {0, 0}, {0, 0}};
+    tn_pcache_set_steps(pc, &sp);
+    assert_int_equal(tn_pcache_store(pc, a, toks, 50), TERN_OK);
+    assert_int_equal(tn_pcache_get_stats(pc)->blocks_stored, 3);
+    tern_ctx *b = quant_ctx(m, TERN_KV_Q8_0, TERN_KV_Q4_0, TERN_KV_ROT_KV);
+    int32_t got = 0;
+    assert_int_equal(tn_pcache_load(pc, b, toks, 50, 0, &got), TERN_OK);
+    assert_int_equal(got, 48);
+    const int hd = a->hp.head_dim, kvd = a->hp.n_head_kv * hd;
+    double worst[2] = {0, 0};
+    int64_t differ[2] = {0, 0};
+    for (int32_t il = 0; il < a->hp.n_layer; il++)
+        for (int kv = 0; kv < 2; kv++) {
+            const size_t rb = kv ? a->v_rb : a->k_rb;
+            const int bits = kv ? 4 : 8;
+            for (int blk = 0; blk < 3; blk++) {
+                const uint8_t *ra = (kv ? a->v_cache : a->k_cache) + ((size_t)a->kv_off[il] + 16 * (size_t)blk) * rb;
+                const uint8_t *rbb = (kv ? b->v_cache : b->k_cache) + ((size_t)b->kv_off[il] + 16 * (size_t)blk) * rb;
+                double ss = 0, d;
+                for (int t = 0; t < 16; t++)
+                    for (int i = 0; i < kvd; i++) ss += pow(deq_ref(ra + (size_t)t * rb, bits, i, &d), 2);
+                const double step = sqrt(ss / (16.0 * kvd)) / sp.div[kv]; /* the codec's plane step, at most */
+                for (int t = 0; t < 16; t++) {
+                    differ[kv] += memcmp(ra + (size_t)t * rb, rbb + (size_t)t * rb, rb) != 0;
+                    for (int h = 0; h < kvd / hd; h++) {
+                        double e2 = 0, q2 = 0, da, db;
+                        for (int i = h * hd; i < (h + 1) * hd; i++) {
+                            e2 += pow(deq_ref(ra + (size_t)t * rb, bits, i, &da) - deq_ref(rbb + (size_t)t * rb, bits, i, &db), 2);
+                            q2 += pow(bits == 8 ? db / 2 : db, 2);
+                        }
+                        const double bound = sqrt(hd) * step / 2 * (1 + 1e-4) + sqrt(q2) + 1e-6;
+                        worst[kv] = fmax(worst[kv], sqrt(e2) / bound);
+                    }
+                }
+            }
+        }
+    print_message("lossy rows: worst head error K %.3f, V %.3f of the bound; rows changed K %lld, V %lld of %d\n", worst[0], worst[1],
+                  (long long)differ[0], (long long)differ[1], 48 * a->hp.n_layer);
+    assert_true(worst[0] <= 1 && worst[1] <= 1);
+    assert_true(differ[0] > 0 && differ[1] > 0);
+    tn_pcache_free(pc);
+    tern_ctx_free(a), tern_ctx_free(b);
+    tern_model_free(m);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", qdir);
+    assert_int_equal(system(cmd), 0);
 }
 
 /* tn_pc_channel_weights recomputed here in double from the f32 tensors as the header defines
@@ -649,6 +792,7 @@ int main(void) {
         cmocka_unit_test(test_rope_plane),
         cmocka_unit_test(test_cache_model),
         cmocka_unit_test(test_lossy_model),
+        cmocka_unit_test(test_quant_rows),
     };
     int r = cmocka_run_group_tests(tests, NULL, NULL);
     unlink(model_path);

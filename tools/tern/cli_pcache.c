@@ -56,7 +56,7 @@ void tn_cli_pcache_log_on(void) { tern_set_log(log_to_stderr, NULL); }
 int tn_cli_pcache_open(tn_cli_pcache *p, const tern_model *m, const tern_ctx *c) {
     if (!p->dir) return TN_EXIT_OK;
     tern_set_log(log_to_stderr, NULL);
-    tern_status s = tn_pcache_open(m, p->dir, (uint64_t)((double)p->max_gb * 1e9), p->quality, &p->pc);
+    tern_status s = tn_pcache_open(m, c, p->dir, (uint64_t)((double)p->max_gb * 1e9), p->quality, &p->pc);
     if (s == TERN_ERR_UNSUPPORTED) return tn_cli_usage_error("--prompt-cache: %s", tern_last_error());
     if (s) { /* a directory that cannot be made (full disk, permissions) costs the cache, not the run */
         fprintf(stderr, "tern: warning: --prompt-cache: %s; running without the prompt cache\n", tern_last_error());
