@@ -31,14 +31,11 @@
 #define SLOT_ROT 0x10000u
 static uint32_t slot_kv_word(uint32_t type, bool rot) { return type | (rot ? SLOT_ROT : 0); }
 
-const char *tn_slot_kv_name(uint32_t t) {
-    static const int32_t types[] = {TERN_KV_F16,   TERN_KV_Q8_0,  TERN_KV_Q4_0,  TERN_KV_TQ(2), TERN_KV_TQ(3),
-                                    TERN_KV_TQ(4), TERN_KV_TQ(5), TERN_KV_TQ(6), TERN_KV_TQ(7), TERN_KV_TQ(8)};
-    static const char *const rot[] = {"f16 rotated", "q8_0 rotated", "q4_0 rotated", "tq2 rotated", "tq3 rotated",
-                                      "tq4 rotated", "tq5 rotated", "tq6 rotated", "tq7 rotated", "tq8 rotated"};
-    for (size_t i = 0; i < sizeof types / sizeof *types; i++)
-        if ((t & ~SLOT_ROT) == (uint32_t)types[i]) return t & SLOT_ROT ? rot[i] : tern_kv_type_name(types[i]);
-    return "unknown";
+const char *tn_slot_kv_name(uint32_t t, char buf[32]) {
+    const char *n = tern_kv_type_name((int32_t)(t & ~SLOT_ROT));
+    if (!n) return "unknown";
+    snprintf(buf, 32, "%s%s", n, t & SLOT_ROT ? " rotated" : "");
+    return buf;
 }
 
 static int64_t kv_dim_of(const tern_ctx *c) { return (int64_t)c->hp.n_head_kv * c->hp.head_dim; }
@@ -180,6 +177,7 @@ tern_status tn_slot_read(const tern_ctx *c, uint64_t model_hash, const char *pat
     }
     img->buf = b, img->n = n;
     const uint32_t tk = tn_get_le32(b + 16), tv = tn_get_le32(b + 20), nb = tn_get_le32(b + 36);
+    char nm[4][32]; /* the four type names of a mismatch */
     if (memcmp(b, SLOT_MAGIC, 4)) s = tn_err(TERN_ERR_FORMAT, "not a tern slot file (bad magic)");
     else if (tn_get_le32(b + 4) != TN_SLOT_VERSION)
         s = tn_err(TERN_ERR_FORMAT, "format version %u (this tern reads %d)", tn_get_le32(b + 4), TN_SLOT_VERSION);
@@ -190,9 +188,9 @@ tern_status tn_slot_read(const tern_ctx *c, uint64_t model_hash, const char *pat
         s = tn_err(TERN_ERR_FORMAT, "saved from another model (fingerprint %016llx, this server's model is %016llx)",
                    (unsigned long long)tn_get_le64(b + 8), (unsigned long long)model_hash);
     else if (tk != slot_kv_word((uint32_t)c->type_k, c->rot_k) || tv != slot_kv_word((uint32_t)c->type_v, c->rot_v))
-        s = tn_err(TERN_ERR_FORMAT, "holds a %s/%s KV cache, this server's is %s/%s (-ctk/-ctv, --kv-rotate)", tn_slot_kv_name(tk),
-                   tn_slot_kv_name(tv), tn_slot_kv_name(slot_kv_word((uint32_t)c->type_k, c->rot_k)),
-                   tn_slot_kv_name(slot_kv_word((uint32_t)c->type_v, c->rot_v)));
+        s = tn_err(TERN_ERR_FORMAT, "holds a %s/%s KV cache, this server's is %s/%s (-ctk/-ctv, --kv-rotate)", tn_slot_kv_name(tk, nm[0]),
+                   tn_slot_kv_name(tv, nm[1]), tn_slot_kv_name(slot_kv_word((uint32_t)c->type_k, c->rot_k), nm[2]),
+                   tn_slot_kv_name(slot_kv_word((uint32_t)c->type_v, c->rot_v), nm[3]));
     else if (tn_get_le32(b + 24) != (uint32_t)c->hp.n_layer || tn_get_le32(b + 28) != (uint32_t)kv_dim_of(c) || tn_get_le32(b + 32) != TN_PC_NTOK ||
              tn_get_le64(b + 40) != c->k_rb || tn_get_le64(b + 48) != c->v_rb)
         s = tn_err(TERN_ERR_FORMAT, "layer count, KV width or block size differ from this model's");

@@ -47,7 +47,8 @@ tern_status tn_slot_read(const tern_ctx *c, uint64_t model_hash, const char *pat
  * exact planes of one block (dst is then partly written). */
 tern_status tn_slot_unpack(tern_ctx *c, const tn_slot_img *img, int32_t j, int32_t dst);
 void tn_slot_img_free(tn_slot_img *img);
-/* Name of a KV row type for messages ("f16", "q8_0", "q4_0"). */
-const char *tn_slot_kv_name(uint32_t t);
+/* Name of a slot file's KV word t for messages ("f16", "q8_0 rotated", "tq3", ...; "unknown"),
+ * written into buf (or a constant). */
+const char *tn_slot_kv_name(uint32_t t, char buf[32]);
 
 #endif

@@ -143,10 +143,11 @@ static void ref_round_tq(int bits, double *x, int64_t n) {
 }
 
 static void ref_round(int32_t type, bool act, double *x, int64_t n) {
-    if (type >= TERN_KV_TQ(2) && type <= TERN_KV_TQ(8) && (type - TERN_KV_TQ(2)) % 8 == 0) {
-        ref_round_tq((type - TERN_KV_TQ(2)) / 8 + 2, x, n);
-        return;
-    }
+    for (int bits = 2; bits <= 8; bits++)
+        if (type == TERN_KV_TQ(bits)) {
+            ref_round_tq(bits, x, n);
+            return;
+        }
     if (type != TN_Q8_0 && type != TN_Q4_0) return;
     float *f = malloc((size_t)n * sizeof *f);
     void *b = malloc((size_t)(n / 32) * sizeof(block_q8_0));
