@@ -130,9 +130,10 @@ def check_run(doc, ev, per_tid, steps, n_layer, rows, evals, ckpts, lora_rank, b
         clock_us = steps * rows / rate * 1e6
         trace_us = ts - st[0]["t0"]
         # the two intervals start a few instructions apart (the trainer's clock before the first
-        # step's span opens): a fixed offset, not a rate, that ASan and a loaded machine stretch to
-        # a few ms on this 80 ms loop, hence the 10 ms on top of the 5%
-        check(abs(trace_us - clock_us) <= 0.05 * clock_us + 10000,
+        # step's span opens): an offset, not a rate, that ASan and a loaded machine stretch (25 ms
+        # of a 180 ms loop seen under ASan with ctest -j2 on a Zen 5-class VM), hence 20% + 10 ms:
+        # a clock in the wrong unit or rate (x1000, x1e-3) still fails by far
+        check(abs(trace_us - clock_us) <= 0.2 * clock_us + 10000,
               "loop time: trace %.0f us vs clock_gettime %.0f us" % (trace_us, clock_us))
     # the summary = sums recomputed from the events
     summ = doc["tern_profile"]
