@@ -51,7 +51,9 @@ def load(path):
 
 
 def check_fills(phase, first, last, order):
-    """phase = first, layers in order, last; back to back within 1%."""
+    """phase = first, layers in order, last; back to back within 5% (the code between spans:
+    under 1% in a release build, 1.4% seen under ASan; an untraced layer would leave a quarter or
+    more of the phase uncovered)."""
     names = [c["name"] for c in phase["children"]]
     layers = [c["args"].get("layer") for c in phase["children"] if c["cat"] == "layer"]
     check(names and names[0] == first and names[-1] == last and len(names) == len(layers) + 2,
@@ -59,7 +61,7 @@ def check_fills(phase, first, last, order):
     check(layers == order, "%s: layers %s (got %s)" % (phase["name"], order, layers))
     dur = phase["t1"] - phase["t0"]
     gaps = dur - sum(c["t1"] - c["t0"] for c in phase["children"])
-    check(dur > 0 and -1e-6 <= gaps <= 0.01 * dur, "%s: its parts fill it within 1%% (%.1f us, gaps %.2f us)" % (phase["name"], dur, gaps))
+    check(dur > 0 and -1e-6 <= gaps <= 0.05 * dur, "%s: its parts fill it within 5%% (%.1f us, gaps %.2f us)" % (phase["name"], dur, gaps))
 
 
 def mm_flops(s, lora_rank):
