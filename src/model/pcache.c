@@ -523,7 +523,6 @@ struct tn_pcache {
     int32_t n_layer, n_rot;
     int64_t kv_dim;
     uint32_t row;        /* the KV row word (tn_pc_row_word): types and rotation of the rows */
-    size_t rb[2];        /* bytes of one K, V row in memory */
     size_t raw_cap, file_cap;
     uint8_t *raw, *file; /* [raw_cap] planes, [file_cap] one file */
     tn_fp16 *plane;      /* [16][kv_dim] */
@@ -666,7 +665,6 @@ tern_status tn_pcache_open(const tern_model *m, const tern_ctx *c, const char *d
     pc->kv_dim = (int64_t)m->hp.n_head_kv * m->hp.head_dim;
     pc->n_rot = m->hp.n_rot;
     pc->row = tn_pc_row_word(c);
-    pc->rb[0] = c ? c->k_rb : (size_t)pc->kv_dim * 2, pc->rb[1] = c ? c->v_rb : (size_t)pc->kv_dim * 2;
     /* fingerprint: the GGUF's bytes (metadata, shapes, tensor data), the KV rows' types and
      * rotation, the codec, the format version */
     uint64_t fp = tn_pc_model_hash(m);
@@ -792,7 +790,7 @@ static tern_status unpack_block(tn_pcache *pc, tern_ctx *c, int32_t bi, int32_t 
             size_t used;
             bool pre = false;
             const bool f16 = (kv ? c->type_v : c->type_k) == TN_F16;
-            const size_t rb = pc->rb[kv];
+            const size_t rb = kv ? c->v_rb : c->k_rb; /* the cache's: tn_pcache_usable matched its row word */
             uint8_t *d = (kv ? c->v_cache : c->k_cache) + ((size_t)c->kv_off[il] + (size_t)dst * TN_PC_NTOK) * rb;
             if (off < raw_n && pc->raw[off] == TN_PC_MODE_ROWS) { /* a quantized half's rows as they were in memory */
                 if (f16) return tn_err(TERN_ERR_FORMAT, "quantized rows in an f16 cache's plane");
@@ -934,7 +932,7 @@ static bool store_one(tn_pcache *pc, const tern_ctx *c, int32_t bi, uint64_t h, 
     for (int32_t il = 0; il < pc->n_layer; il++)
         for (int kv = 0; kv < 2; kv++) {
             const bool f16 = (kv ? c->type_v : c->type_k) == TN_F16;
-            const size_t rb = pc->rb[kv];
+            const size_t rb = kv ? c->v_rb : c->k_rb; /* the cache's: tn_pcache_usable matched its row word */
             const uint8_t *rows = (kv ? c->v_cache : c->k_cache) + ((size_t)c->kv_off[il] + (size_t)src * TN_PC_NTOK) * rb;
             const tn_fp16 *x = (const tn_fp16 *)rows;
             size_t k = 0;
