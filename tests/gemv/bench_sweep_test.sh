@@ -13,8 +13,10 @@ check() { if eval "$2"; then echo "ok: $1"; else echo "FAIL: $1"; fail=1; fi; }
 check "synth tiny f16" '[ -s "$T/tiny-f16.gguf" ]'
 
 # plain bench: the machine line and JSON fields
-"$TERN" bench -m "$T/tiny-f16.gguf" -p 8 -n 4 -r 1 -t 1 > "$T/md" 2>/dev/null
-check "bench md exit 0" '[ $? -eq 0 ]'
+"$TERN" bench -m "$T/tiny-f16.gguf" -p 8 -n 4 -r 1 -t 1 > "$T/md" 2>"$T/mderr"
+rc=$?
+check "bench md exit 0" '[ $rc -eq 0 ]' || true
+[ $rc -eq 0 ] || { echo "--- stderr of the md bench (exit $rc):"; tail -15 "$T/mderr"; echo "--- stdout:"; tail -15 "$T/md"; }
 check "bench md machine line" 'grep -q "^machine: read .* GB/s (1 thread), .* GB/s (1 threads).*f32 FMA .* GFLOP/s, int8 dot .* GOP/s" "$T/md"'
 check "bench md pp and tg rows" '[ $(grep -c "| *\(pp8\|tg4\) |" "$T/md") -eq 2 ]'
 "$TERN" bench -m "$T/tiny-f16.gguf" -p 8 -n 4 -r 1 -t 1 -o json > "$T/json" 2>/dev/null

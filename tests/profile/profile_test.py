@@ -5,7 +5,7 @@ Runs `tern profile -o t.json -- generate -m TINY ... -n 8` on 2 threads and chec
 trace with the json module only: every B has its E on the same tid (names match), spans of a
 thread do not overlap unless nested, timestamps per thread never go back, every tid is named,
 each forward pass contains embed, every layer in order and output, and those add up to the
-forward span within 1% (the gaps are accounted); each decode span lasts what clock_gettime
+forward span within 5% (the gaps are accounted); each decode span lasts what clock_gettime
 measured around the same call within 5%; the summary's self time per op kind equals the
 self times recomputed here from the events within 1%. Then: --summary-only writes no trace,
 --json prints the summary, --svg writes a timeline, bad flags exit 64 naming the problem, an
@@ -56,7 +56,9 @@ def main():
             check(isinstance(e["ts"], (int, float)) and e["ts"] >= 0, "ts is a number >= 0")
     per_tid = spans_of(events)
     check(len([t for t, s in per_tid.items() if any(x["cat"] == "forward" for x in s)]) == 2, "2 threads run forward passes")
-    # each forward: embed, layer 0..n-1 in order, output; they fill it within 1% (gaps accounted)
+    # each forward: embed, layer 0..n-1 in order, output; they fill it within 5% plus 5 us a forward
+    # (the code between the spans and the clock reads; 3.3% seen under ASan on a busy machine; an
+    # untraced layer of the tiny model would leave a gap of a quarter of the forward or more)
     n_layer = None
     for tid, spans in per_tid.items():
         fw = [s for s in spans if s["cat"] == "forward"]
@@ -70,8 +72,9 @@ def main():
             check(layers == list(range(n_layer)), "layers in order 0..%d (got %s)" % (n_layer - 1, layers))
             covered += sum(c["t1"] - c["t0"] for c in s["children"])
         gaps = tot - covered
-        check(tot > 0 and gaps >= -1e-6 and gaps <= 0.01 * tot,
-              "tid %d: layers + embed + output = forward within 1%% (forward %.1f us, gaps %.2f us)" % (tid, tot, gaps))
+        check(tot > 0 and gaps >= -1e-6 and gaps <= 0.05 * tot + 5.0 * len(fw),
+              "tid %d: layers + embed + output = forward within 5%% + 5 us each (forward %.1f us in %d, gaps %.2f us)"
+              % (tid, tot, len(fw), gaps))
     check(n_layer and n_layer > 0, "layers traced")
     # matmuls carry their shape and the bytes they read
     mms = [s for sp in per_tid.values() for s in sp if s["cat"] == "matmul"]
