@@ -14,12 +14,12 @@
  *
  * usage: pcache_quality MODEL TEXT [P=64] [N=64] [W=8] [THREADS=2] [options]
  *   --skip T            windows start T tokens into the text (default 0)
- *   --high S, --medium S  that quality's steps instead of the built-in ones (tn_pc_steps), S =
+ *   --high S, --balanced S, --medium S  that quality's steps instead of the built-in ones (tn_pc_steps), S =
  *                       dK,dV,chK,chV[,mul,n_first[,tiltK,tiltV]]: plane and channel steps per
  *                       RMS for K and V, layers < n_first mul times finer, the plane steps'
  *                       tilts (tn_pc_steps)
  *   --pre-rope          lossy keys coded before RoPE (re-applied at load), for comparison
- *   --only high|medium  that lossy quality only (no lossless row, no memory types)
+ *   --only high|balanced|medium  that lossy quality only (no lossless row, no memory types)
  *   --try S             (repeatable) a lossy row with steps S instead of the qualities' rows and
  *                       the memory types: sweeps share one reference run
  *   --kv T              the disk rows' runs keep their KV in memory as T (q8_0, q4_0, tq4, ...;
@@ -127,35 +127,46 @@ static bool parse_steps(const char *v, tn_pc_steps *st) {
     return (k == 4 || k == 6 || k == 8 || k == 10) && st->div[0] >= 0 && st->div[1] >= 0 && st->div_ch[0] >= 0 && st->div_ch[1] >= 0 && mul > 0;
 }
 
+/* The qualities by their values (tn_pc_quality), as the flags name them. */
+static const char *const qn[TN_PC_N_QUALITY] = {"lossless", "high", "medium", "balanced"};
+
+/* A lossy quality's value from its name; -1 if none. */
+static int quality_of(const char *name) {
+    for (int q = 1; q < TN_PC_N_QUALITY; q++)
+        if (!strcmp(name, qn[q])) return q;
+    return -1;
+}
+
 int main(int argc, char **argv) {
     const char *pos[8] = {0}, *try_arg[64];
     tn_pc_steps tries[64];
     int npos = 0, only = 0, ntry = 0;
     int32_t skip = 0, kvt = TERN_KV_F16;
-    bool pre_rope = false, set[3] = {false, false, false};
-    tn_pc_steps steps[3] = {tn_pc_steps_of(TN_PC_LOSSLESS), tn_pc_steps_of(TN_PC_HIGH), tn_pc_steps_of(TN_PC_MEDIUM)};
+    bool pre_rope = false, set[TN_PC_N_QUALITY] = {false};
+    tn_pc_steps steps[TN_PC_N_QUALITY];
+    for (int q = 0; q < TN_PC_N_QUALITY; q++) steps[q] = tn_pc_steps_of((tn_pc_quality)q);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool bad = false;
         if (!strcmp(a, "--skip") && v) skip = atoi(v), i++, bad = skip < 0;
-        else if ((!strcmp(a, "--high") || !strcmp(a, "--medium")) && v) {
-            const int q = a[2] == 'h' ? TN_PC_HIGH : TN_PC_MEDIUM;
+        else if (!strncmp(a, "--", 2) && quality_of(a + 2) > 0 && v) {
+            const int q = quality_of(a + 2);
             bad = !parse_steps(v, &steps[q]), set[q] = true, i++;
         } else if (!strcmp(a, "--try") && v && ntry < 64) {
             tries[ntry] = tn_pc_steps_of(TN_PC_HIGH), try_arg[ntry] = v;
             bad = !parse_steps(v, &tries[ntry++]), i++;
         } else if (!strcmp(a, "--pre-rope")) pre_rope = true;
         else if (!strcmp(a, "--kv") && v) kvt = tern_kv_type_from_name(v), i++, bad = kvt < 0;
-        else if (!strcmp(a, "--only") && v) only = !strcmp(v, "high") ? TN_PC_HIGH : !strcmp(v, "medium") ? TN_PC_MEDIUM : -1, i++, bad = only < 0;
+        else if (!strcmp(a, "--only") && v) only = quality_of(v), i++, bad = only <= 0;
         else if (a[0] != '-' && npos < 8) pos[npos++] = a;
         else bad = true;
         if (bad) return fprintf(stderr, "pcache_quality: bad argument '%s'%s%s\n", a, v ? " " : "", v ? v : ""), 64;
     }
     if (npos < 2) {
-        fprintf(stderr, "usage: %s MODEL TEXT [P=64] [N=64] [W=8] [THREADS=2] [--skip T] [--high|--medium dK,dV,chK,chV[,mul,n_first[,tK,tV]]] [--pre-rope] [--only high|medium] [--try S]... [--kv T]\n", argv[0]);
+        fprintf(stderr, "usage: %s MODEL TEXT [P=64] [N=64] [W=8] [THREADS=2] [--skip T] [--high|--balanced|--medium dK,dV,chK,chV[,mul,n_first[,tK,tV]]] [--pre-rope] [--only high|balanced|medium] [--try S]... [--kv T]\n", argv[0]);
         return 64;
     }
-    for (int q = 1; q < 3; q++) steps[q].keys_pre_rope = pre_rope;
+    for (int q = 1; q < TN_PC_N_QUALITY; q++) steps[q].keys_pre_rope = pre_rope;
     for (int k = 0; k < ntry; k++) tries[k].keys_pre_rope = pre_rope;
     if (ntry) only = -1; /* the tries' rows only */
     const int32_t P = npos > 2 ? atoi(pos[2]) / 16 * 16 : 64, N = npos > 3 ? atoi(pos[3]) : 64, W = npos > 4 ? atoi(pos[4]) : 8;
@@ -187,25 +198,26 @@ int main(int argc, char **argv) {
     }
     printf("%s: %d windows of a %d-token prefix and %d tokens after it, from token %d%s\n", pos[0], W, P, N, skip,
            pre_rope ? "; keys coded before RoPE" : "");
-    for (int q = 1; q < 3; q++)
+    for (int q = 1; q < TN_PC_N_QUALITY; q++)
         if (set[q])
-            printf("%s steps: K %g/%g tilt %g, V %g/%g tilt %g, layers < %d x%g\n", q == 1 ? "high" : "medium", steps[q].div[0],
+            printf("%s steps: K %g/%g tilt %g, V %g/%g tilt %g, layers < %d x%g\n", qn[q], steps[q].div[0],
                    steps[q].div_ch[0], steps[q].tilt[0], steps[q].div[1], steps[q].div_ch[1], steps[q].tilt[1], steps[q].n_first,
                    steps[q].mul_first);
     printf("| KV | bytes/token | vs f16 KV | mean KLD | max KLD | top-1 agreement |\n|---|---:|---:|---:|---:|---:|\n");
     double f16_bpt = 0;
-    static const char *qn[] = {"disk: lossless", "disk: high", "disk: medium"};
-    for (int qi = 0; qi < 3 + ntry; qi++) {
-        if (qi < 3 && only && qi != only) continue;
+    static const int order[TN_PC_N_QUALITY] = {TN_PC_LOSSLESS, TN_PC_HIGH, TN_PC_BALANCED, TN_PC_MEDIUM};
+    for (int oi = 0; oi < TN_PC_N_QUALITY + ntry; oi++) {
+        const int qi = oi < TN_PC_N_QUALITY ? order[oi] : oi; /* a quality, or TN_PC_N_QUALITY + a try */
+        if (qi < TN_PC_N_QUALITY && only && qi != only) continue;
         char dir[] = "/tmp/tern-pcq-XXXXXX", name[160];
         if (!mkdtemp(dir)) return fprintf(stderr, "pcache_quality: mkdtemp failed\n"), 74;
         tn_pcache *pc;
         tern_ctx *c0 = make_ctx(m, P + N, threads, kvt); /* the rows the cache is opened for */
         if (!c0) return die("context");
-        if (tn_pcache_open(m, c0, dir, 0, qi < 3 ? (tn_pc_quality)qi : TN_PC_HIGH, &pc)) return die("prompt cache");
+        if (tn_pcache_open(m, c0, dir, 0, qi < TN_PC_N_QUALITY ? (tn_pc_quality)qi : TN_PC_HIGH, &pc)) return die("prompt cache");
         tern_ctx_free(c0);
-        tn_pcache_set_steps(pc, qi < 3 ? &steps[qi] : &tries[qi - 3]);
-        snprintf(name, sizeof name, "%s%s%s%s", qi < 3 ? qn[qi] : "disk: steps ", qi < 3 ? "" : try_arg[qi - 3],
+        tn_pcache_set_steps(pc, qi < TN_PC_N_QUALITY ? &steps[qi] : &tries[qi - TN_PC_N_QUALITY]);
+        snprintf(name, sizeof name, "disk: %s%s%s%s", qi < TN_PC_N_QUALITY ? qn[qi] : "steps ", qi < TN_PC_N_QUALITY ? "" : try_arg[qi - TN_PC_N_QUALITY],
                  kvt != TERN_KV_F16 ? ", rows " : "", kvt != TERN_KV_F16 ? tern_kv_type_name(kvt) : "");
         score sc = {0, 0, 0, 0};
         for (int32_t w = 0; w < W; w++) {

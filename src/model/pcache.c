@@ -109,12 +109,13 @@ uint64_t tn_pc_model_hash(const tern_model *m) { return hash_bytes(m->gguf->base
 /* Steps per RMS of each lossy quality: {K, V} plane terms, {K, V} channel terms, finer first
  * layers, tilts, channel-weight exponents (docs/prompt-cache.md: how they were chosen, on which
  * windows). */
-static const tn_pc_steps pc_steps[3] = {
+static const tn_pc_steps pc_steps[TN_PC_N_QUALITY] = {
     [TN_PC_HIGH] = {{12.0f, 12.0f}, {8.0f, 8.0f}, 1.0f, 0, false, {0, 0}, {2.0f, 0}},
+    [TN_PC_BALANCED] = {{3.0f, 2.0f}, {1.0f, 1.0f}, 1.0f, 0, false, {0, 0}, {2.0f, 0}},
     [TN_PC_MEDIUM] = {{1.0f, 0.7f}, {0, 0}, 1.0f, 0, false, {0, 0}, {0, 0}},
 };
 
-tn_pc_steps tn_pc_steps_of(tn_pc_quality q) { return q == TN_PC_HIGH || q == TN_PC_MEDIUM ? pc_steps[q] : pc_steps[TN_PC_LOSSLESS]; }
+tn_pc_steps tn_pc_steps_of(tn_pc_quality q) { return (unsigned)q < TN_PC_N_QUALITY ? pc_steps[q] : pc_steps[TN_PC_LOSSLESS]; }
 
 float tn_pc_div(const tn_pc_steps *st, int kv, int32_t il, bool ch) {
     const float d = ch ? st->div_ch[kv != 0] : st->div[kv != 0];
@@ -544,7 +545,9 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static const char *quality_name(tn_pc_quality q) { return q == TN_PC_LOSSLESS ? "lossless" : q == TN_PC_HIGH ? "high" : "medium"; }
+static const char *quality_name(tn_pc_quality q) {
+    return q == TN_PC_LOSSLESS ? "lossless" : q == TN_PC_HIGH ? "high" : q == TN_PC_BALANCED ? "balanced" : "medium";
+}
 
 static char *str_printf(const char *fmt, ...) TN_PRINTF(1, 2);
 static char *str_printf(const char *fmt, ...) {
@@ -653,7 +656,7 @@ tern_status tn_pcache_open(const tern_model *m, const tern_ctx *c, const char *d
     (void)mkdir_p, (void)scan_dir, (void)quality_name, (void)rows_name; /* used with zstd */
     return tn_err(TERN_ERR_UNSUPPORTED, "prompt cache: this tern was built without libzstd (install libzstd-dev and rebuild)");
 #else
-    if (!m || !dir || !*dir || q > TN_PC_MEDIUM) return tn_err(TERN_ERR_INVALID_ARG, "prompt cache: invalid arguments");
+    if (!m || !dir || !*dir || (unsigned)q >= TN_PC_N_QUALITY) return tn_err(TERN_ERR_INVALID_ARG, "prompt cache: invalid arguments");
     tern_status s = mkdir_p(dir);
     if (s) return s;
     tn_pcache *pc = tn_calloc(1, sizeof *pc);

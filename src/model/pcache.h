@@ -64,7 +64,10 @@
 #define TN_PC_ROW_F16 1 /* KV row word of a block of f16 K and V rows (tn_pc_row_word)          */
 #define TN_PC_NTOK 16   /* == TN_KV_BLOCK                                                     */
 
-typedef enum tn_pc_quality { TN_PC_LOSSLESS = 0, TN_PC_HIGH = 1, TN_PC_MEDIUM = 2 } tn_pc_quality;
+/* The value is stored in every file header (so BALANCED, added later, comes after MEDIUM); from
+ * the finest: lossless, high, balanced, medium. */
+typedef enum tn_pc_quality { TN_PC_LOSSLESS = 0, TN_PC_HIGH = 1, TN_PC_MEDIUM = 2, TN_PC_BALANCED = 3 } tn_pc_quality;
+#define TN_PC_N_QUALITY 4
 
 /* Chained hash of one block of 16 tokens under a parent hash (0 for the first block); seed
  * selects one of independent chains (the serve prefix cache and the file key use seed 0). */
@@ -84,7 +87,8 @@ uint64_t tn_pc_model_hash(const tern_model *m);
  * --pre-rope compares): no gain on the default model and twice the KL divergence on stories260K,
  * so the built-in qualities code keys as cached, after RoPE.
  * Chosen with bench/pcache_quality on tuning windows (docs/prompt-cache.md): high at the KL
- * divergence of the q8_0 cache type, medium under q4_0's at 8x smaller than f16 (default model).
+ * divergence of the q8_0 cache type, balanced at a fifth of the issue's q8_0 bound (0.001) 4.4x
+ * smaller than f16, medium under q4_0's at 8x smaller (default model).
  * The steps travel in the planes: a file decodes whatever steps wrote it. */
 typedef struct tn_pc_steps {
     float div[2], div_ch[2];

@@ -54,14 +54,24 @@ out=$(TERN_PCACHE_PREFILL_TOK_S=1e12 gen --prompt-cache "$D/c" -v 2>"$D/cost.err
 [ "$(loaded "$D/cost.err")" == 1 ] && grep -q "recomputing (cheaper)" "$D/cost.err" || fail "cost model did not choose recomputing"
 echo "ok: cost model: $(grep -o 'load [0-9.]* ms/token.*' "$D/cost.err")"
 
-# lossy qualities: run, store, load, smaller files
-for q in high medium; do
+# lossy qualities: run, store, load from a subdirectory of their own, files smaller from the
+# finest to the coarsest (bytes per token as -v prints them: high > balanced > medium)
+last=""
+for q in high balanced medium; do
   out=$(gen --prompt-cache "$D/q" --prompt-cache-quality $q 2>"$D/$q.err") || fail "$q cold"
   out2=$(gen --prompt-cache "$D/q" --prompt-cache-quality $q -v 2>"$D/$q.2.err") || fail "$q warm"
   [ "$(loaded "$D/$q.2.err")" -ge 2 ] || fail "$q: nothing loaded"
+  ls -d "$D/q"/*-f16-$q-v3 >/dev/null 2>&1 || fail "$q: no subdirectory of its own: $(ls "$D/q")"
+  bpt=$(sed -n 's/.*prompt cache: \([0-9.]*\) bytes\/token on disk.*/\1/p' "$D/$q.2.err" | head -1)
+  [ -n "$bpt" ] || fail "$q: no bytes/token line"
+  [ -z "$last" ] || awk -v a="$bpt" -v b="$last" 'BEGIN { exit !(a < b) }' || fail "$q: $bpt bytes/token, not under the finer quality's $last"
+  last=$bpt
   [ "$out" == "$ref" ] && s=same || s=different
   echo "ok: quality $q loads; greedy text $s as the reference; $(grep 'bytes/token' "$D/$q.2.err" | head -1)"
 done
+gen --prompt-cache "$D/q" --prompt-cache-quality low >/dev/null 2>"$D/badq.err"
+[ $? == 64 ] && grep -q "'low' is not lossless, high, balanced or medium" "$D/badq.err" || fail "a bad quality name: not a usage error naming the choices"
+echo "ok: --prompt-cache-quality low: exit 64 naming the choices"
 # a quantized in-memory cache (-ctk/-ctv): its own subdirectory (named after the row types, r:
 # rotated), cold == warm == no cache, lossless loads give the no-cache run's logits, lossy loads run
 cp -a "$D/c" "$D/cq" # f16 blocks of this prompt present: not for this cache
@@ -167,6 +177,5 @@ cmp -s "$D/c1.out" "$D/c0.out" && cmp -s "$D/c2.out" "$D/c0.out" || fail "chat a
 echo "ok: chat (loaded $(loaded "$D/c2.err") blocks)"
 
 # bad flags: exit 64
-gen --prompt-cache-quality best >/dev/null 2>&1; [ $? == 64 ] || fail "bad quality not exit 64"
 gen --prompt-cache-max-gb -1 >/dev/null 2>&1; [ $? == 64 ] || fail "bad max-gb not exit 64"
 echo "PASS"

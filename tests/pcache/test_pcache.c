@@ -43,6 +43,7 @@
 /* docs/prompt-cache.md's steps: K, V plane; K, V channel; first layers' factor, how many; K, V tilts; K, V weight exponents */
 #define DOC_HIGH 12, 12, 8, 8, 1, 0, 0, 0, 2, 0
 #define DOC_MEDIUM 1, 0.7f, 0, 0, 1, 0, 0, 0, 0, 0
+#define DOC_BALANCED 3, 2, 1, 1, 1, 0, 0, 0, 2, 0
 
 static uint64_t rng = 88172645463325252ull;
 static double urand(void) {
@@ -150,9 +151,10 @@ static double want_step(const float *x, int64_t kvd, int ch, double div, double 
 static void test_steps_table(void **st) {
     (void)st;
     const tn_pc_steps h = tn_pc_steps_of(TN_PC_HIGH), m = tn_pc_steps_of(TN_PC_MEDIUM), l = tn_pc_steps_of(TN_PC_LOSSLESS);
-    const float want[2][10] = {{DOC_HIGH}, {DOC_MEDIUM}};
-    const tn_pc_steps *q[2] = {&h, &m};
-    for (int i = 0; i < 2; i++) {
+    const tn_pc_steps b = tn_pc_steps_of(TN_PC_BALANCED);
+    const float want[3][10] = {{DOC_HIGH}, {DOC_MEDIUM}, {DOC_BALANCED}};
+    const tn_pc_steps *q[3] = {&h, &m, &b};
+    for (int i = 0; i < 3; i++) {
         assert_true(q[i]->div[0] == want[i][0] && q[i]->div[1] == want[i][1]);
         assert_true(q[i]->div_ch[0] == want[i][2] && q[i]->div_ch[1] == want[i][3]);
         assert_true(q[i]->mul_first == want[i][4] && q[i]->n_first == (int32_t)want[i][5]);
@@ -488,6 +490,8 @@ static void test_lossy_model(void **st) {
     tern_ctx *a = new_ctx(m);
     assert_int_equal(tern_decode(a, toks, 50), TERN_OK);
     tn_pcache *pc = NULL;
+    assert_int_equal(tn_pcache_open(m, NULL, dir, 0, (tn_pc_quality)TN_PC_N_QUALITY, &pc), TERN_ERR_INVALID_ARG); /* no such quality */
+    assert_null(pc);
     assert_int_equal(tn_pcache_open(m, NULL, dir, 0, TN_PC_HIGH, &pc), TERN_OK);
     /* coarse, so errors show; keys before RoPE; steps leaning on the channel weights */
     const tn_pc_steps sp = {{3, 2}, {4, 3}, 2, 1, true, {0.25f, 0}, {8, 4}}; /* weights^8: steps apart by ~2x */

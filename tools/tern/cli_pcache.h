@@ -15,7 +15,7 @@
 typedef struct tn_cli_pcache {
     const char *dir;        /* --prompt-cache DIR (NULL: off)                   */
     float max_gb;           /* --prompt-cache-max-gb (0: unbounded)             */
-    tn_pc_quality quality;  /* --prompt-cache-quality lossless|high|medium      */
+    tn_pc_quality quality;  /* --prompt-cache-quality lossless|high|balanced|medium */
     bool verbose;           /* -v: the cost model's decisions and sizes         */
     tn_pcache *pc;
     double prefill_tok_s;   /* remembered by earlier runs (0: unknown)          */
