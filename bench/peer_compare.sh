@@ -11,7 +11,9 @@
 # Roofline: `tern bench` sets each tg repetition against streaming-read passes interleaved with
 # its decode (read_bw_during_gbs); llama.cpp's tg of the same round is set against the read
 # passes of the tern run just before it. Bytes per token = the file's weights less the token
-# embedding (one row of it is read per token), from `tern info`, for either engine's file.
+# embedding (one row of it is read per token), from `tern info`, for either engine's file; for a
+# mixture of experts, the active bytes tern bench counted (its bytes_per_token), scaled by
+# llama.cpp's file size over tern's.
 # The table gives best-of-rounds t/s and their ratio, and the mean over rounds of each engine's
 # % roofline; every round is printed on stderr.
 # Env: TERN (default build/tern), PP (512; 0 skips prefill), TG (128), REPS per tool invocation (2).
@@ -36,12 +38,14 @@ for arg in "$@"; do
   for r in $(seq 1 "$R"); do
     "$TERN" bench -m "$m" -p "$PP" -n "$TG" -r "$REPS" -t "$T" -o json > "$tmp/t.json" 2>/dev/null
     "$LB" -m "$ml" -p "$PP" -n "$TG" -r "$REPS" -t "$T" -o json > "$tmp/l.json" 2>/dev/null
-    python3 - "$tmp/t.json" "$tmp/l.json" "$wl" >> "$tmp/rounds" <<'PY'
+    python3 - "$tmp/t.json" "$tmp/l.json" "$wl" "$wt" >> "$tmp/rounds" <<'PY'
 import json, sys
-t = json.load(open(sys.argv[1])); l = json.load(open(sys.argv[2])); wl = float(sys.argv[3])
+t = json.load(open(sys.argv[1])); l = json.load(open(sys.argv[2])); wl, wt = float(sys.argv[3]), float(sys.argv[4])
 tp = [r for r in t if r["n_prompt"] > 0 and r["n_gen"] == 0]; tg = [r for r in t if r["n_gen"] > 0][0]
 lp = [r for r in l if r["n_prompt"] > 0 and r["n_gen"] == 0]; lg = [r for r in l if r["n_gen"] > 0 and r["n_prompt"] == 0][0]
 bw = tg["read_bw_during_gbs"]
+if tg.get("n_expert", 0) > 0:  # MoE: the active bytes tern counted, in llama.cpp's file's proportion
+    wl = tg["bytes_per_token"] * wl / wt
 print(tp[0]["avg_ts"] if tp else 0, tg["avg_ts"], lp[0]["avg_ts"] if lp else 0, lg["avg_ts"], bw,
       tg["roofline_pct"], 100.0 * wl * lg["avg_ts"] / 1e9 / bw if bw > 0 else 0)
 PY
