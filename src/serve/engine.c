@@ -628,9 +628,10 @@ static void admit(tn_engine *e) {
         }
         const int32_t mem_hits = hits;
         tn_pc_chain chain = {0, 0};
-        /* the disk cache: further blocks into fresh blocks of the cache (not with a draft model:
-         * its own KV of those blocks would be missing; drafts would still be verified, but poor) */
-        if (e->pc && !e->dctx) {
+        /* the disk cache: further blocks into fresh blocks of the cache. The files hold the target's
+         * KV only: a draft model computes its own for them when it catches up (dn below; a draft
+         * prefill costs a fraction of the target's), before any other request can hit them */
+        if (e->pc) {
             for (int32_t j = 0; j < hits; j++) tn_pc_chain_next(&chain, p->prompt + j * TN_KVB);
             const tn_pc_chain mem_chain = chain;
             while ((hits + 1) * TN_KVB <= p->n_prompt - 1 && !(r->plp && r->n_admitted == 0) && tn_kv_available(&e->kv) > 0) {
@@ -688,7 +689,8 @@ static void admit(tn_engine *e) {
         s->ci = r->n_admitted;
         s->active = true;
         s->n_toks = s->n_prompt = p->n_prompt;
-        s->n_done = s->dn = hits * TN_KVB;
+        s->n_done = hits * TN_KVB;
+        s->dn = TN_MIN(mem_hits, hits) * TN_KVB; /* the draft model's KV: the blocks hit in memory only */
         s->n_gen = 0;
         s->n_table = hits;
         s->n_resv = need;

@@ -61,8 +61,11 @@ static void draft_run(tn_engine *e, int n_plan) {
         }
         for (int k = 0; k < nl; k++) {
             tn_seq *s = &e->seqs[e->b_owner[k]];
-            s->draft[pass] = tn_spec_argmax(e->dctx->logits + (size_t)k * e->n_vocab, e->n_vocab);
+            const float *l = e->dctx->logits + (size_t)k * e->n_vocab;
+            s->draft[pass] = tn_spec_argmax(l, e->n_vocab);
             if (pass == 0) s->dn = s->n_done + 1;
+            if (e->cfg.draft_p_min > 0 && tn_spec_prob(l, e->n_vocab, s->draft[pass]) < e->cfg.draft_p_min)
+                s->spec = pass; /* unsure: the drafts before this one only (none at the first) */
         }
     }
     for (int j = 0; j < n_plan; j++) {

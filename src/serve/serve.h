@@ -57,6 +57,7 @@ typedef struct tn_serve_config {
     const char *draft_path; /* --draft FILE: a draft model with the same vocabulary (tn_serve_run
                             * loads it into draft_model, which the engine drafts with greedily) */
     const tern_model *draft_model;
+    float draft_p_min;     /* --draft-p-min: the draft model stops before a token it gives less (0: never) */
     /* LoRA adapters (--lora): n_lora files with their scales, loaded by tn_serve_run into lora,
      * which the engine sets on its context (CPU only) */
     int32_t n_lora;

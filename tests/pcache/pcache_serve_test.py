@@ -4,7 +4,7 @@ server is stored on disk; a restarted server (empty prefix cache in memory) load
 (usage.prompt_tokens_details.cached_tokens) and answers the same greedy text as `tern generate`
 without any cache; a damaged block file is skipped (warning in the log) with the same text. The
 same with a quantized cache (-ctk q8_0 -ctv q4_0): tern generate's text with those types, its own
-files."""
+files. With a draft model: blocks load from disk, the draft computes its own KV for them."""
 import glob, json, os, shutil, subprocess, sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "serve"))
@@ -76,4 +76,25 @@ with Server(tern, model, os.path.join(tmp, "q2"), "--prompt-cache", qcache, "--m
     check(text == refq, "-ctk q8_0 -ctv q4_0 restarted server: same text")
     check(cached == 16 * len(qfiles), f"-ctk q8_0 -ctv q4_0 restarted server: {cached} prompt tokens from the disk cache")
     srv.end_clean()
+# a draft model (--draft, here the model itself, 4 drafts a step): the restarted server loads the
+# blocks from disk as without one, and the draft model computes its own KV for them (the files hold
+# the target's only): the same text, and the drafts as good as the first server's (a draft reading
+# a cache it never filled would be wrong nearly every time)
+dcache = os.path.join(tmp, "dcache")
+dargs = ["--draft", model, "--spec-fixed", "4"]
+ratio = []
+for i, name in enumerate(("d1", "d2")):
+    with Server(tern, model, os.path.join(tmp, name), "--prompt-cache", dcache, "--metrics", *dargs) as srv:
+        text, cached = ask(srv)
+        dfiles = glob.glob(os.path.join(dcache, "*", "*.tpc"))
+        check(text == ref, f"--draft, {'restarted' if i else 'first'} server: text equals tern generate's ({text!r} vs {ref!r})")
+        check(cached == (16 * len(dfiles) if i else 0) and (not i or cached > 0),
+              f"--draft, {'restarted' if i else 'first'} server: {cached} prompt tokens from the disk cache ({len(dfiles)} blocks)")
+        m = srv.wait_idle()
+        d, a = m["tern_spec_drafted_total"], m["tern_spec_accepted_total"]
+        check(d > 0, f"--draft, {name}: {int(d)} tokens drafted")
+        ratio.append(a / d if d else 0.0)
+        srv.end_clean()
+check(ratio[0] >= 0.75 and ratio[1] >= ratio[0] - 0.1,
+      f"--draft: acceptance after loading from disk {ratio[1]:.3f}, first server {ratio[0]:.3f} (>= 0.75, within 0.1)")
 finish()

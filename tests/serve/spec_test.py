@@ -4,7 +4,8 @@ without speculation:
   - greedy: every prompt (some copy-heavy, so drafts are accepted) equals `tern generate --temp 0`
     one at a time, sent alone and 4 / 8 at once, streamed and not, with the adaptive length and
     with fixed lengths (--spec-fixed 4, --draft-max 8 --draft-min 8); with a draft model: the
-    model itself (every draft kept) and its q4_0 requantization (some rejected);
+    model itself (every draft kept) and its q4_0 requantization (some rejected); --draft-p-min on
+    the default model (the same text, fewer drafts than without it);
   - max_tokens and stop strings landing inside an accepted run: the text is the reference's
     prefix (up to the stop string / of max_tokens tokens);
   - seeded sampling (temperature, top_p), penalties, logit_bias and logprobs: the same answer as a
@@ -42,7 +43,9 @@ def generate(p, n):
 for args, what in ((["--spec", "bogus"], "--spec"), (["--draft-max", "4"], "need --spec ngram or --draft"),
                    (["--spec", "ngram", "--draft-max", "0"], "--draft-max"),
                    (["--spec", "ngram", "--draft-min", "5", "--draft-max", "3"], "--draft-min"),
-                   (["--spec", "ngram", "--spec-fixed", "4", "--draft-max", "6"], "contradicts")):
+                   (["--spec", "ngram", "--spec-fixed", "4", "--draft-max", "6"], "contradicts"),
+                   (["--spec", "ngram", "--draft-p-min", "0.5"], "--draft-p-min needs --draft"),
+                   (["--draft", model, "--draft-p-min", "1.5"], "not a probability")):
     r = subprocess.run([tern, "serve", "-m", model, "--port", "0", *args], capture_output=True, timeout=60)
     check(r.returncode == 64 and what.encode() in r.stderr, f"serve {' '.join(args)}: exit {r.returncode}, says {what!r}")
 
@@ -168,7 +171,7 @@ for name, args in (("adaptive", ["--spec", "ngram"]), ("fixed 4", ["--spec", "ng
                    ("draft-min = draft-max = 8", ["--spec", "ngram", "--draft-max", "8", "--draft-min", "8"]),
                    ("draft self", ["--draft", model]), ("draft-q4_0 fixed 4", ["--draft", DRAFT_Q4, "--spec-fixed", "4"])):
     # the step pause makes a step's rows nearly free in the cost model, so the adaptive length speculates
-    srv = Server(tern, model, os.path.join(tmp, name.split()[0]), "-np", "8", "--metrics", "--debug-step-delay", "1", *B32, *args)
+    srv = Server(tern, model, os.path.join(tmp, name.replace(" ", "_")), "-np", "8", "--metrics", "--debug-step-delay", "1", *B32, *args)
     try:
         greedy_checks(srv, name)
         got = sampled(srv)
@@ -190,6 +193,27 @@ for name, args in (("adaptive", ["--spec", "ngram"]), ("fixed 4", ["--spec", "ng
     finally:
         if srv.proc.poll() is None:
             srv.kill()
+
+# --draft-p-min on the shipped default model (a trained one: the tiny random model is never sure of
+# a token), drafting with itself: the same greedy text, fewer tokens drafted than without it, some
+DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "models", "tern-default.gguf")
+KJV = "And God said, Let there be light: and there was light. And God saw the light"
+want = subprocess.run([tern, "generate", "-m", DEFAULT, "-p", KJV, "-n", "48", "--temp", "0", "-t", "1", "--ignore-eos",
+                       "--no-display-prompt"], capture_output=True, timeout=120, check=True).stdout.decode()[:-1]
+drafted = []
+for pmin in ("0", "0.3"):
+    srv = Server(tern, DEFAULT, os.path.join(tmp, "pmin" + pmin), "--metrics", "--draft", DEFAULT, "--spec-fixed", "4",
+                 "--draft-p-min", pmin)
+    try:
+        st, js = srv.post("/v1/completions", {"prompt": KJV, "max_tokens": 48, "temperature": 0, "ignore_eos": True})
+        check(st == 200 and js["choices"][0]["text"] == want, f"--draft-p-min {pmin}: greedy text equals tern generate's")
+        m = srv.wait_idle()
+        drafted.append(m["tern_spec_drafted_total"])
+        srv.end_clean()
+    finally:
+        if srv.proc.poll() is None:
+            srv.kill()
+check(0 < drafted[1] < drafted[0], f"--draft-p-min 0.3: {int(drafted[1])} tokens drafted, {int(drafted[0])} without it")
 
 # without --spec the metrics carry no speculation series
 srv = Server(tern, model, os.path.join(tmp, "nospec"), "--metrics")

@@ -45,6 +45,7 @@ static void serve_usage(FILE *f) {
             "                          repeatable; --lora-scaled FILE S does the same (CPU only)\n"
             "  -md, --draft FILE       speculative decoding with a small draft model of the same vocabulary: it\n"
             "                          drafts greedily, batched over the sequences (--draft-max default 4)\n"
+            "      --draft-p-min P     the draft model stops drafting before a token it gives less than P (default 0)\n"
             "      --no-repack         keep q4_0/q8_0/q4_K/q5_K/q6_K/tq4/tq1 weights in the file layout (no interleaved copy)\n"
             TN_CLI_HOT_EXPERTS_HELP
             "      --slot-save-path DIR  POST /slots/{id}?action=save|restore|erase (llama-server's API) with\n"
@@ -151,6 +152,10 @@ int cmd_serve(int argc, char **argv) {
         } else if (!strcmp(a, "--draft") || !strcmp(a, "-md") || !strcmp(a, "--model-draft")) {
             TN_CLI_NEED_VAL();
             cfg.draft_path = val;
+        } else if (!strcmp(a, "--draft-p-min")) {
+            TN_CLI_NEED_VAL();
+            if (!tn_cli_parse_f32(val, 0.0f, 1.0f, &cfg.draft_p_min))
+                return tn_cli_usage_error("--draft-p-min: '%s' is not a probability in 0..1", val);
         } else if (!strcmp(a, "--spec-ngram")) {
             INT_FLAG(1, 64, cfg.spec_ngram_n);
         } else if (!strcmp(a, "--spec-fixed")) {
@@ -186,6 +191,7 @@ int cmd_serve(int argc, char **argv) {
     if (cfg.draft_min > cfg.draft_max)
         return tn_cli_usage_error("--draft-min %d is more than --draft-max %d", cfg.draft_min, cfg.draft_max);
     if (cfg.spec_ngram && cfg.draft_path) return tn_cli_usage_error("--spec ngram and --draft: choose one drafter");
+    if (cfg.draft_p_min > 0 && !cfg.draft_path) return tn_cli_usage_error("--draft-p-min needs --draft FILE");
     if (!cfg.spec_ngram && !cfg.draft_path && (spec_fixed > 0 || draft_max_set || draft_min_set))
         return tn_cli_usage_error("--draft-max / --draft-min / --spec-fixed need --spec ngram or --draft");
     if (cfg.draft_path && !draft_max_set && spec_fixed == 0) cfg.draft_max = 4; /* a model's drafts cost passes */
