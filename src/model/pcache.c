@@ -536,7 +536,35 @@ struct tn_pcache {
     bool warned_io;
     char decision[256];
     tn_pcache_stats st;
+    /* the background writer (tn_pcache_start_writer): store_block queues a snapshot of the
+     * block's rows; the thread encodes and writes it. mu guards what loads and stores share (the
+     * scratch buffers above, st, total, the files), qmu the queue. */
+    bool writer, wstop;
+    const tern_ctx *wc;        /* the context whose rows the snapshots copy (types, rotation, RoPE) */
+    pthread_t wth;
+    pthread_mutex_t mu, qmu;
+    pthread_cond_t qcv, dcv;   /* a job queued (or stop); the queue drained */
+    struct pc_job *qhead, *qtail;
+    size_t qbytes, qmax;
+    int busy;                  /* a job is being written */
 };
+
+/* A block waiting for the writer: its rows as the cache held them, [n_layer][K, V][16 rows]. */
+typedef struct pc_job {
+    struct pc_job *next;
+    int32_t bi;
+    uint64_t h, h2;
+    tern_token tk[TN_PC_NTOK];
+    size_t size; /* of the whole job */
+    uint8_t rows[];
+} pc_job;
+
+static void pc_lock(tn_pcache *pc) {
+    if (pc->writer) pthread_mutex_lock(&pc->mu);
+}
+static void pc_unlock(tn_pcache *pc) {
+    if (pc->writer) pthread_mutex_unlock(&pc->mu);
+}
 
 
 static double now_s(void) {
@@ -704,6 +732,15 @@ tern_status tn_pcache_open(const tern_model *m, const tern_ctx *c, const char *d
 
 void tn_pcache_free(tn_pcache *pc) {
     if (!pc) return;
+    if (pc->writer) { /* the queued blocks are written first */
+        pthread_mutex_lock(&pc->qmu);
+        pc->wstop = true;
+        pthread_cond_signal(&pc->qcv);
+        pthread_mutex_unlock(&pc->qmu);
+        pthread_join(pc->wth, NULL);
+        pthread_mutex_destroy(&pc->mu), pthread_mutex_destroy(&pc->qmu);
+        pthread_cond_destroy(&pc->qcv), pthread_cond_destroy(&pc->dcv);
+    }
     tn_free(pc->dir);
     tn_free(pc->sub);
     tn_free(pc->raw);
@@ -844,9 +881,11 @@ static tern_status load_one(tn_pcache *pc, tern_ctx *c, int32_t bi, uint64_t h, 
 
 tern_status tn_pcache_load_block(tn_pcache *pc, tern_ctx *c, int32_t bi, tn_pc_chain chain, const tern_token *toks, int32_t dst) {
     uint64_t file_n = 0;
+    pc_lock(pc);
     const double t0 = now_s();
     tern_status s = load_one(pc, c, bi, chain.h, chain.h2, toks, dst, &file_n);
     pc->st.load_s += now_s() - t0;
+    pc_unlock(pc);
     return s;
 }
 
@@ -919,9 +958,10 @@ static int write_atomic(tn_pcache *pc, const char *path, const uint8_t *data, si
     return err;
 }
 
-/* Writes block bi (chain hashes h, h2, tokens tk) from cache block src of c unless its file
- * exists. true when a file was written. */
-static bool store_one(tn_pcache *pc, const tern_ctx *c, int32_t bi, uint64_t h, uint64_t h2, const tern_token *tk, int32_t src) {
+/* Writes block bi (chain hashes h, h2, tokens tk) from cache block src of c, or from snap (a
+ * pc_job's rows) when not NULL, unless its file exists. true when a file was written. */
+static bool store_one(tn_pcache *pc, const tern_ctx *c, int32_t bi, uint64_t h, uint64_t h2, const tern_token *tk, int32_t src,
+                      const uint8_t *snap) {
     if (pc->st.store_off) return false;
     char *path = block_path(pc, h);
     if (!path) return false;
@@ -936,7 +976,8 @@ static bool store_one(tn_pcache *pc, const tern_ctx *c, int32_t bi, uint64_t h, 
         for (int kv = 0; kv < 2; kv++) {
             const bool f16 = (kv ? c->type_v : c->type_k) == TN_F16;
             const size_t rb = kv ? c->v_rb : c->k_rb; /* the cache's: tn_pcache_usable matched its row word */
-            const uint8_t *rows = (kv ? c->v_cache : c->k_cache) + ((size_t)c->kv_off[il] + (size_t)src * TN_PC_NTOK) * rb;
+            const uint8_t *rows = snap ? snap + ((size_t)il * (c->k_rb + c->v_rb) + (kv ? c->k_rb : 0)) * TN_PC_NTOK
+                                       : (kv ? c->v_cache : c->k_cache) + ((size_t)c->kv_off[il] + (size_t)src * TN_PC_NTOK) * rb;
             const tn_fp16 *x = (const tn_fp16 *)rows;
             size_t k = 0;
             if (pc->q != TN_PC_LOSSLESS) { /* keys of a roped layer un-rotated, at the block's positions */
@@ -1006,11 +1047,115 @@ static bool store_one(tn_pcache *pc, const tern_ctx *c, int32_t bi, uint64_t h, 
 }
 #endif
 
+#ifdef TERN_HAVE_ZSTD
+static void *writer_main(void *arg) {
+    tn_pcache *pc = arg;
+    pthread_mutex_lock(&pc->qmu);
+    for (;;) {
+        while (!pc->qhead && !pc->wstop) pthread_cond_wait(&pc->qcv, &pc->qmu);
+        pc_job *j = pc->qhead;
+        if (!j) break; /* stopping, nothing left */
+        pc->qhead = j->next;
+        if (!pc->qhead) pc->qtail = NULL;
+        pc->busy = 1;
+        pthread_mutex_unlock(&pc->qmu);
+        pthread_mutex_lock(&pc->mu);
+        const double t0 = now_s();
+        if (store_one(pc, pc->wc, j->bi, j->h, j->h2, j->tk, 0, j->rows) && pc->max_bytes && pc->total > pc->max_bytes)
+            scan_dir(pc, true);
+        pc->st.store_s += now_s() - t0;
+        pthread_mutex_unlock(&pc->mu);
+        pthread_mutex_lock(&pc->qmu);
+        pc->qbytes -= j->size;
+        pc->busy = 0;
+        tn_free(j);
+        pthread_cond_broadcast(&pc->dcv);
+    }
+    pthread_mutex_unlock(&pc->qmu);
+    return NULL;
+}
+
+/* The writer's side of store_block: a snapshot of cache block src queued (dropped, counted, when
+ * the queue would pass qmax bytes or memory is short). */
+static void queue_block(tn_pcache *pc, const tern_ctx *c, int32_t bi, tn_pc_chain chain, const tern_token *toks, int32_t src) {
+    char *path = block_path(pc, chain.h);
+    const bool there = path && !access(path, F_OK); /* the writer checks again: this only saves a copy */
+    tn_free(path);
+    if (there) return;
+    const size_t plane = (size_t)TN_PC_NTOK * (c->k_rb + c->v_rb), size = sizeof(pc_job) + (size_t)pc->n_layer * plane;
+    pc_job *j = tn_malloc(size);
+    pthread_mutex_lock(&pc->qmu);
+    if (!j || pc->qbytes + size > pc->qmax) {
+        pc->st.blocks_dropped++;
+        pthread_mutex_unlock(&pc->qmu);
+        tn_free(j);
+        return;
+    }
+    pc->qbytes += size; /* counted before the copy: the bound holds */
+    pthread_mutex_unlock(&pc->qmu);
+    j->next = NULL, j->bi = bi, j->h = chain.h, j->h2 = chain.h2, j->size = size;
+    memcpy(j->tk, toks, sizeof j->tk);
+    for (int32_t il = 0; il < pc->n_layer; il++) {
+        const size_t off = ((size_t)c->kv_off[il] + (size_t)src * TN_PC_NTOK);
+        uint8_t *d = j->rows + (size_t)il * plane;
+        memcpy(d, c->k_cache + off * c->k_rb, (size_t)TN_PC_NTOK * c->k_rb);
+        memcpy(d + (size_t)TN_PC_NTOK * c->k_rb, c->v_cache + off * c->v_rb, (size_t)TN_PC_NTOK * c->v_rb);
+    }
+    pthread_mutex_lock(&pc->qmu);
+    if (pc->qtail) pc->qtail->next = j;
+    else pc->qhead = j;
+    pc->qtail = j;
+    pthread_cond_signal(&pc->qcv);
+    pthread_mutex_unlock(&pc->qmu);
+}
+#endif
+
+tern_status tn_pcache_start_writer(tn_pcache *pc, const tern_ctx *c, size_t max_queue_bytes) {
+#ifdef TERN_HAVE_ZSTD
+    if (pc->writer) return TERN_OK;
+    if (pthread_mutex_init(&pc->mu, NULL)) return tn_err(TERN_ERR_NOMEM, "prompt cache: writer lock");
+    if (pthread_mutex_init(&pc->qmu, NULL)) {
+        pthread_mutex_destroy(&pc->mu);
+        return tn_err(TERN_ERR_NOMEM, "prompt cache: writer lock");
+    }
+    if (pthread_cond_init(&pc->qcv, NULL)) {
+        pthread_mutex_destroy(&pc->mu), pthread_mutex_destroy(&pc->qmu);
+        return tn_err(TERN_ERR_NOMEM, "prompt cache: writer condition");
+    }
+    if (pthread_cond_init(&pc->dcv, NULL)) {
+        pthread_mutex_destroy(&pc->mu), pthread_mutex_destroy(&pc->qmu), pthread_cond_destroy(&pc->qcv);
+        return tn_err(TERN_ERR_NOMEM, "prompt cache: writer condition");
+    }
+    pc->wc = c, pc->qmax = max_queue_bytes, pc->wstop = false;
+    if (pthread_create(&pc->wth, NULL, writer_main, pc)) {
+        pthread_mutex_destroy(&pc->mu), pthread_mutex_destroy(&pc->qmu);
+        pthread_cond_destroy(&pc->qcv), pthread_cond_destroy(&pc->dcv);
+        return tn_err(TERN_ERR_NOMEM, "prompt cache: cannot start the writer thread");
+    }
+    pc->writer = true;
+    return TERN_OK;
+#else
+    (void)pc, (void)c, (void)max_queue_bytes;
+    return tn_err(TERN_ERR_UNSUPPORTED, "prompt cache: built without libzstd");
+#endif
+}
+
+void tn_pcache_flush(tn_pcache *pc) {
+    if (!pc->writer) return;
+    pthread_mutex_lock(&pc->qmu);
+    while (pc->qhead || pc->busy) pthread_cond_wait(&pc->dcv, &pc->qmu);
+    pthread_mutex_unlock(&pc->qmu);
+}
+
 tern_status tn_pcache_store_block(tn_pcache *pc, const tern_ctx *c, int32_t bi, tn_pc_chain chain, const tern_token *toks,
                                   int32_t src) {
 #ifdef TERN_HAVE_ZSTD
+    if (pc->writer) {
+        queue_block(pc, c, bi, chain, toks, src);
+        return TERN_OK;
+    }
     const double t0 = now_s();
-    if (store_one(pc, c, bi, chain.h, chain.h2, toks, src) && pc->max_bytes && pc->total > pc->max_bytes) scan_dir(pc, true);
+    if (store_one(pc, c, bi, chain.h, chain.h2, toks, src, NULL) && pc->max_bytes && pc->total > pc->max_bytes) scan_dir(pc, true);
     pc->st.store_s += now_s() - t0;
 #else
     (void)pc, (void)c, (void)bi, (void)chain, (void)toks, (void)src;
@@ -1029,7 +1174,7 @@ tern_status tn_pcache_store(tn_pcache *pc, const tern_ctx *c, const tern_token *
     for (int32_t b = 0; b < nb && !pc->st.store_off; b++) {
         const tern_token *tk = hist + (size_t)b * TN_PC_NTOK;
         tn_pc_chain_next(&ch, tk);
-        wrote |= store_one(pc, c, b, ch.h, ch.h2, tk, b);
+        wrote |= store_one(pc, c, b, ch.h, ch.h2, tk, b, NULL);
     }
     if (wrote && pc->max_bytes && pc->total > pc->max_bytes) scan_dir(pc, true);
     pc->st.store_s += now_s() - t0;

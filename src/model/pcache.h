@@ -166,6 +166,7 @@ typedef struct tn_pcache_stats {
     bool store_off;                                       /* a full disk stopped storing    */
     uint64_t f16_bytes_per_token;                         /* K and V of every layer in f16   */
     int64_t planes_pre_rope;                              /* key planes stored before RoPE   */
+    int64_t blocks_dropped;                               /* not stored: the writer's queue was full */
 } tn_pcache_stats;
 
 /* Opens (creates) dir and the subdirectory of the model and of c's KV rows (their types and
@@ -205,6 +206,17 @@ void tn_pc_chain_next(tn_pc_chain *ch, const tern_token *toks);
 tern_status tn_pcache_load_block(tn_pcache *pc, tern_ctx *c, int32_t bi, tn_pc_chain chain, const tern_token *toks, int32_t dst);
 tern_status tn_pcache_store_block(tn_pcache *pc, const tern_ctx *c, int32_t bi, tn_pc_chain chain, const tern_token *toks,
                                   int32_t src);
+/* Stores in the background (tern serve): from now on tn_pcache_store_block copies the block's rows
+ * from c's cache (the cache block may be reused at once) into a queue of at most max_queue_bytes
+ * and returns; a thread of the cache encodes, compresses and writes them in order. A block that
+ * would pass the bound is not stored (stats blocks_dropped). Loads and the writer's stores then take
+ * turns on the cache's lock. tn_pcache_free writes what is queued before it returns; c must live
+ * until then. Only store_block and load_block may be called while it runs (with tn_pcache_flush);
+ * read the stats after tn_pcache_flush. NOMEM if the thread cannot start (stores stay in the
+ * caller's thread), UNSUPPORTED without zstd. */
+tern_status tn_pcache_start_writer(tn_pcache *pc, const tern_ctx *c, size_t max_queue_bytes);
+/* Waits until every queued block is written (no writer: returns at once). */
+void tn_pcache_flush(tn_pcache *pc);
 /* Prefill speed remembered in the model subdirectory by tn_pcache_note_prefill (0: none yet). */
 double tn_pcache_prefill_speed(const tn_pcache *pc);
 void tn_pcache_note_prefill(tn_pcache *pc, int32_t n_tokens, double seconds);

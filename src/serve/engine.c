@@ -1067,6 +1067,10 @@ tern_status tn_engine_create(const tern_model *m, const tn_serve_config *cfg, tn
                                 &e->pc)))
             goto fail;
         if ((s = tn_pcache_usable(e->pc, e->ctx))) goto fail;
+        /* stores off the engine thread: a block's rows are copied and queued (at most 256 MiB of
+         * them; more are not stored), a thread encodes, compresses, writes and fsyncs them */
+        if (tn_pcache_start_writer(e->pc, e->ctx, (size_t)256 << 20))
+            tn_log(TERN_LOG_WARN, "prompt cache: %s; blocks are stored on the engine thread", tern_last_error());
     }
     if (!cfg->quiet) {
         fprintf(stderr, "tern serve: KV cache %.2f MiB (K %s%s, V %s%s): %d blocks of %d positions",

@@ -4,7 +4,8 @@ server is stored on disk; a restarted server (empty prefix cache in memory) load
 (usage.prompt_tokens_details.cached_tokens) and answers the same greedy text as `tern generate`
 without any cache; a damaged block file is skipped (warning in the log) with the same text. The
 same with a quantized cache (-ctk q8_0 -ctv q4_0): tern generate's text with those types, its own
-files. With a draft model: blocks load from disk, the draft computes its own KV for them."""
+files. With a draft model: blocks load from disk, the draft computes its own KV for them. Stores run
+on a writer thread: a slow disk does not hold up the answer, and the exit writes what is queued."""
 import glob, json, os, shutil, subprocess, sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "serve"))
@@ -76,6 +77,21 @@ with Server(tern, model, os.path.join(tmp, "q2"), "--prompt-cache", qcache, "--m
     check(text == refq, "-ctk q8_0 -ctv q4_0 restarted server: same text")
     check(cached == 16 * len(qfiles), f"-ctk q8_0 -ctv q4_0 restarted server: {cached} prompt tokens from the disk cache")
     srv.end_clean()
+# stores happen on the cache's writer thread: with every file write paused 2 s half-way
+# (TERN_PCACHE_TEST_PAUSE_MS), the answer comes back while the files are still being written (the
+# engine thread does not wait for them), and SIGTERM writes the queued blocks before the exit
+wcache = os.path.join(tmp, "wcache")
+with Server(tern, model, os.path.join(tmp, "w1"), "--prompt-cache", wcache, "--metrics",
+            env={**os.environ, "TERN_PCACHE_TEST_PAUSE_MS": "2000"}) as srv:
+    text, cached = ask(srv)
+    early = len(glob.glob(os.path.join(wcache, "*", "*.tpc")))
+    check(text == ref, "slow disk: text equals tern generate's")
+    check(early < len(files), f"slow disk: answered with {early} of {len(files)} block files written (the writer is behind)")
+    srv.end_clean()
+late = len(glob.glob(os.path.join(wcache, "*", "*.tpc")))
+check(late == len(files), f"slow disk: {late} block files written by the exit ({len(files)} expected)")
+check(not glob.glob(os.path.join(wcache, "*", "*.tmp.*")), "slow disk: no temporary file left")
+
 # a draft model (--draft, here the model itself, 4 drafts a step): the restarted server loads the
 # blocks from disk as without one, and the draft model computes its own KV for them (the files hold
 # the target's only): the same text, and the drafts as good as the first server's (a draft reading

@@ -22,6 +22,7 @@
  *    back) and V are within the bound computed here from the cached values (K un-rotated in
  *    double); the built-in qualities store none before RoPE.
  */
+#include <dirent.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -324,6 +325,17 @@ static void test_rope_plane(void **st) {
 
 /* ---- the cache on a model --------------------------------------------------------------- */
 
+/* A test of the cache itself is skipped (visibly) in a build without libzstd. */
+#ifdef TERN_HAVE_ZSTD
+#define NEED_ZSTD() ((void)0)
+#else
+#define NEED_ZSTD()                                                                                  \
+    do {                                                                                             \
+        print_message("SKIP: built without libzstd: no prompt cache\n");                             \
+        skip();                                                                                      \
+    } while (0)
+#endif
+
 static char model_path[512], model2_path[512], dir[600];
 
 static tern_ctx *new_ctx(tern_model *m) {
@@ -380,19 +392,21 @@ static char *block_file(tn_pcache *pc, const tern_token *toks, int32_t b) {
     return p;
 }
 
+/* The test model loaded into *m, toks[50] = add + (i * mul) % 300, a context that computed them. */
+static tern_ctx *decoded_ctx(tern_model **m, tern_token *toks, int add, int mul) {
+    assert_int_equal(tern_model_load(model_path, NULL, m), TERN_OK);
+    for (int i = 0; i < 50; i++) toks[i] = (tern_token)(add + (i * mul) % 300);
+    tern_ctx *a = new_ctx(*m);
+    assert_int_equal(tern_decode(a, toks, 50), TERN_OK);
+    return a;
+}
+
 static void test_cache_model(void **st) {
     (void)st;
-#ifndef TERN_HAVE_ZSTD
-    print_message("SKIP: built without libzstd: no prompt cache\n");
-    skip();
-#endif
+    NEED_ZSTD();
     tern_model *m = NULL;
-    assert_int_equal(tern_model_load(model_path, NULL, &m), TERN_OK);
     tern_token toks[50];
-    for (int i = 0; i < 50; i++) toks[i] = (tern_token)(3 + (i * 37) % 300);
-    /* a: computes 50 tokens and stores blocks 0..2 */
-    tern_ctx *a = new_ctx(m);
-    assert_int_equal(tern_decode(a, toks, 50), TERN_OK);
+    tern_ctx *a = decoded_ctx(&m, toks, 3, 37); /* a: computes 50 tokens and stores blocks 0..2 */
     tn_pcache *pc = NULL;
     assert_int_equal(tn_pcache_open(m, NULL, dir, 0, TN_PC_LOSSLESS, &pc), TERN_OK);
     assert_int_equal(tn_pcache_store(pc, a, toks, 50), TERN_OK);
@@ -473,16 +487,79 @@ static void test_cache_model(void **st) {
     tern_model_free(m);
 }
 
+/* Files in a cache's subdirectory. */
+static int count_files(const tn_pcache *pc, const char *suffix) {
+    DIR *d = opendir(tn_pcache_subdir(pc));
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) n += strstr(e->d_name, suffix) != NULL;
+    closedir(d);
+    return n;
+}
+
+/* The background writer (tern serve's): blocks queued from a context's cache are written by the
+ * cache's thread in full (loaded into another context, they are the first one's rows bit for bit),
+ * a queue bound drops what does not fit (counted, no file), and freeing the cache writes what is
+ * still queued. */
+static void test_writer(void **st) {
+    (void)st;
+    NEED_ZSTD();
+    tern_model *m = NULL;
+    tern_token toks[50];
+    tern_ctx *a = decoded_ctx(&m, toks, 7, 41);
+    char wd[3][700];
+    tn_pcache *pc[3];
+    for (int k = 0; k < 3; k++) {
+        snprintf(wd[k], sizeof wd[k], "%s/writer%d", dir, k);
+        assert_int_equal(tn_pcache_open(m, NULL, wd[k], 0, TN_PC_LOSSLESS, &pc[k]), TERN_OK);
+        /* 0: room for every block; 1: for none; 2: freed without a flush */
+        assert_int_equal(tn_pcache_start_writer(pc[k], a, k == 1 ? 1 : (size_t)64 << 20), TERN_OK);
+        tn_pc_chain ch = {0, 0};
+        for (int32_t b = 0; b < 3; b++) {
+            tn_pc_chain_next(&ch, toks + 16 * b);
+            assert_int_equal(tn_pcache_store_block(pc[k], a, b, ch, toks + 16 * b, b), TERN_OK);
+        }
+    }
+    tn_pcache_free(pc[2]); /* writes the queued blocks first */
+    for (int k = 0; k < 2; k++) tn_pcache_flush(pc[k]);
+    assert_int_equal(tn_pcache_get_stats(pc[0])->blocks_stored, 3);
+    assert_int_equal(tn_pcache_get_stats(pc[0])->blocks_dropped, 0);
+    assert_int_equal(count_files(pc[0], ".tpc"), 3);
+    assert_int_equal(tn_pcache_get_stats(pc[1])->blocks_stored, 0);
+    assert_int_equal(tn_pcache_get_stats(pc[1])->blocks_dropped, 3);
+    assert_int_equal(count_files(pc[1], ".tpc"), 0);
+    /* loads while the writer runs: a's rows */
+    tern_ctx *b = new_ctx(m);
+    tn_pc_chain ch = {0, 0};
+    for (int32_t bi = 0; bi < 3; bi++) {
+        tn_pc_chain_next(&ch, toks + 16 * bi);
+        assert_int_equal(tn_pcache_load_block(pc[0], b, bi, ch, toks + 16 * bi, bi), TERN_OK);
+    }
+    kv_equal(a, b, 48);
+    tern_ctx_free(b);
+    for (int k = 0; k < 2; k++) tn_pcache_free(pc[k]);
+    /* the cache freed without a flush wrote all three: a fresh cache loads them */
+    assert_int_equal(tn_pcache_open(m, NULL, wd[2], 0, TN_PC_LOSSLESS, &pc[2]), TERN_OK);
+    assert_int_equal(count_files(pc[2], ".tpc"), 3);
+    assert_int_equal(count_files(pc[2], ".tmp."), 0);
+    tern_ctx *c = new_ctx(m);
+    int32_t got = 0;
+    assert_int_equal(tn_pcache_load(pc[2], c, toks, 50, 0, &got), TERN_OK);
+    assert_int_equal(got, 48);
+    kv_equal(a, c, 48);
+    tern_ctx_free(c);
+    tn_pcache_free(pc[2]);
+    tern_ctx_free(a);
+    tern_model_free(m);
+}
+
 /* A lossy store and load on the tiny (RoPE'd) model: every key plane went before RoPE, and each
  * loaded K and V value is within the bound computed here from the cached values alone: V within
  * half its channel's step, K (un-rotated here in double, stepped, rotated back) within half the
  * length of its rotation pair's steps, plus f16 rounding. */
 static void test_lossy_model(void **st) {
     (void)st;
-#ifndef TERN_HAVE_ZSTD
-    print_message("SKIP: built without libzstd: no prompt cache\n");
-    skip();
-#endif
+    NEED_ZSTD();
     tern_model *m = NULL;
     assert_int_equal(tern_model_load(model_path, NULL, &m), TERN_OK);
     tern_token toks[50];
@@ -592,10 +669,7 @@ static double deq_ref(const uint8_t *row, int bits, int i, double *d) {
  *    q8_0) of the computed row, in L2 per head, and the loaded rows do differ from the computed. */
 static void test_quant_rows(void **st) {
     (void)st;
-#ifndef TERN_HAVE_ZSTD
-    print_message("SKIP: built without libzstd: no prompt cache\n");
-    skip();
-#endif
+    NEED_ZSTD();
     tiny_cfg cfg;
     tiny_cfg_default(&cfg);
     cfg.n_embd = 128, cfg.n_head = 4, cfg.n_head_kv = 2; /* heads of 32: whole quantized blocks */
@@ -795,6 +869,7 @@ int main(void) {
         cmocka_unit_test(test_lossy_bound),
         cmocka_unit_test(test_rope_plane),
         cmocka_unit_test(test_cache_model),
+        cmocka_unit_test(test_writer),
         cmocka_unit_test(test_lossy_model),
         cmocka_unit_test(test_quant_rows),
     };
