@@ -1113,27 +1113,17 @@ static void queue_block(tn_pcache *pc, const tern_ctx *c, int32_t bi, tn_pc_chai
 tern_status tn_pcache_start_writer(tn_pcache *pc, const tern_ctx *c, size_t max_queue_bytes) {
 #ifdef TERN_HAVE_ZSTD
     if (pc->writer) return TERN_OK;
-    if (pthread_mutex_init(&pc->mu, NULL)) return tn_err(TERN_ERR_NOMEM, "prompt cache: writer lock");
-    if (pthread_mutex_init(&pc->qmu, NULL)) {
-        pthread_mutex_destroy(&pc->mu);
-        return tn_err(TERN_ERR_NOMEM, "prompt cache: writer lock");
-    }
-    if (pthread_cond_init(&pc->qcv, NULL)) {
-        pthread_mutex_destroy(&pc->mu), pthread_mutex_destroy(&pc->qmu);
-        return tn_err(TERN_ERR_NOMEM, "prompt cache: writer condition");
-    }
-    if (pthread_cond_init(&pc->dcv, NULL)) {
-        pthread_mutex_destroy(&pc->mu), pthread_mutex_destroy(&pc->qmu), pthread_cond_destroy(&pc->qcv);
-        return tn_err(TERN_ERR_NOMEM, "prompt cache: writer condition");
-    }
+    const int made = !pthread_mutex_init(&pc->mu, NULL) + !pthread_mutex_init(&pc->qmu, NULL) +
+                     !pthread_cond_init(&pc->qcv, NULL) + !pthread_cond_init(&pc->dcv, NULL);
     pc->wc = c, pc->qmax = max_queue_bytes, pc->wstop = false;
-    if (pthread_create(&pc->wth, NULL, writer_main, pc)) {
-        pthread_mutex_destroy(&pc->mu), pthread_mutex_destroy(&pc->qmu);
-        pthread_cond_destroy(&pc->qcv), pthread_cond_destroy(&pc->dcv);
-        return tn_err(TERN_ERR_NOMEM, "prompt cache: cannot start the writer thread");
+    if (made == 4 && !pthread_create(&pc->wth, NULL, writer_main, pc)) {
+        pc->writer = true;
+        return TERN_OK;
     }
-    pc->writer = true;
-    return TERN_OK;
+    /* glibc's init calls do not fail; destroying one that did is harmless there */
+    pthread_mutex_destroy(&pc->mu), pthread_mutex_destroy(&pc->qmu);
+    pthread_cond_destroy(&pc->qcv), pthread_cond_destroy(&pc->dcv);
+    return tn_err(TERN_ERR_NOMEM, "prompt cache: cannot start the writer thread");
 #else
     (void)pc, (void)c, (void)max_queue_bytes;
     return tn_err(TERN_ERR_UNSUPPORTED, "prompt cache: built without libzstd");
