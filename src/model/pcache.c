@@ -759,6 +759,14 @@ void tn_pcache_set_steps(tn_pcache *pc, const tn_pc_steps *st) {
 const char *tn_pcache_decision(const tn_pcache *pc) { return pc->decision; }
 const tn_pcache_stats *tn_pcache_get_stats(const tn_pcache *pc) { return &pc->st; }
 
+void tn_pcache_stats_copy(tn_pcache *pc, tn_pcache_stats *out) {
+    pc_lock(pc); /* then the queue's lock (blocks_dropped): never taken the other way round */
+    if (pc->writer) pthread_mutex_lock(&pc->qmu);
+    *out = pc->st;
+    if (pc->writer) pthread_mutex_unlock(&pc->qmu);
+    pc_unlock(pc);
+}
+
 tern_status tn_pcache_usable(const tn_pcache *pc, const tern_ctx *c) {
     if (c->cuda) return tn_err(TERN_ERR_UNSUPPORTED, "prompt cache: works on the CPU device only (the KV cache is on the GPU)");
     if (c->kv_ring) return tn_err(TERN_ERR_UNSUPPORTED, "prompt cache: sliding-window layers keep a ring (use --swa-full)");

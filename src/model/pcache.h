@@ -223,5 +223,8 @@ void tn_pcache_note_prefill(tn_pcache *pc, int32_t n_tokens, double seconds);
 /* A line about the last load decision (cost model), for -v. */
 const char *tn_pcache_decision(const tn_pcache *pc);
 const tn_pcache_stats *tn_pcache_get_stats(const tn_pcache *pc);
+/* A copy of the stats that is safe while the writer runs (another thread may call it: it waits
+ * for a block being stored or loaded). */
+void tn_pcache_stats_copy(tn_pcache *pc, tn_pcache_stats *out);
 
 #endif

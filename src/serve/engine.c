@@ -189,6 +189,11 @@ static bool out_append_utf8(tn_choice *c, const char *s, size_t n, bool final, s
 #include "serve/engine_impl.h"
 
 int32_t tn_engine_n_ctx_seq(const tn_engine *e) { return e->n_ctx_seq; }
+bool tn_engine_pcache_stats(const tn_engine *e, tn_pcache_stats *out) {
+    if (!e->pc) return false;
+    tn_pcache_stats_copy(e->pc, out);
+    return true;
+}
 void tn_engine_cost(const tn_engine *e, double out[3]) { /* the linear summary behind the tern_cost_* gauges */
     const tn_cost *c = &e->sch.cost;
     int32_t np = e->np > 1 ? e->np : 2;

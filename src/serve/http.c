@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "core/base.h"
+#include "model/pcache.h"
 #include "model/spec.h"
 #include "serve/serve.h"
 
@@ -796,7 +797,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case R_METRICS: {
         double cost[3];
         tn_engine_cost(S->eng, cost);
-        return send_owned(c, 200, "text/plain; version=0.0.4", tn_metrics_render(&S->met, S->model_id, cost), 0);
+        tn_pcache_stats pst;
+        const bool pc = tn_engine_pcache_stats(S->eng, &pst);
+        return send_owned(c, 200, "text/plain; version=0.0.4", tn_metrics_render(&S->met, S->model_id, cost, pc ? &pst : NULL), 0);
     }
     default: return send_err(c, 404, "not_found_error", "no such endpoint");
     }

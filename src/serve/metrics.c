@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/base.h"
+#include "model/pcache.h"
 #include "serve/serve.h"
 
 static const double tn_bounds[TN_HIST_N] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
@@ -45,7 +46,7 @@ static void hist(tn_buf *b, const char *name, const char *help, const tn_hist *h
 #define CTR(name, help, v) tn_buf_printf(&b, "# HELP " name " " help "\n# TYPE " name " counter\n" name " %llu\n", (unsigned long long)(v))
 #define GAUGE(name, help, fmt, v) tn_buf_printf(&b, "# HELP " name " " help "\n# TYPE " name " gauge\n" name " " fmt "\n", v)
 
-char *tn_metrics_render(tn_metrics *m, const char *model_id, const double cost[3]) {
+char *tn_metrics_render(tn_metrics *m, const char *model_id, const double cost[3], const tn_pcache_stats *pc) {
     tn_buf b = {0};
     pthread_mutex_lock(&m->mu);
     tn_buf_printf(&b, "# HELP tern_build_info Build information.\n# TYPE tern_build_info gauge\ntern_build_info{version=\"%s\",model=\"%s\"} 1\n",
@@ -100,6 +101,17 @@ char *tn_metrics_render(tn_metrics *m, const char *model_id, const double cost[3
         tn_buf_printf(&b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %llu\n%s_count %llu\n", n,
                       (unsigned long long)m->spec_len[TN_SPEC_LEN_N], n, (unsigned long long)m->spec_len_sum, n,
                       (unsigned long long)m->spec_len[TN_SPEC_LEN_N]);
+    }
+    if (pc) {
+        CTR("tern_prompt_cache_blocks_loaded_total", "Prompt blocks (16 tokens) loaded from the disk cache.", pc->blocks_loaded);
+        CTR("tern_prompt_cache_blocks_stored_total", "Prompt blocks written to the disk cache.", pc->blocks_stored);
+        CTR("tern_prompt_cache_blocks_skipped_total", "Block files found bad (checksum, format, model) and recomputed.",
+            pc->blocks_skipped);
+        CTR("tern_prompt_cache_blocks_dropped_total", "Blocks not stored: the writer's queue was full.", pc->blocks_dropped);
+        CTR("tern_prompt_cache_blocks_evicted_total", "Block files deleted by --prompt-cache-max-gb.", pc->blocks_evicted);
+        CTR("tern_prompt_cache_bytes_loaded_total", "Bytes of block files loaded.", pc->bytes_loaded);
+        CTR("tern_prompt_cache_bytes_stored_total", "Bytes of block files written.", pc->bytes_stored);
+        GAUGE("tern_prompt_cache_store_off", "1 once a full disk stopped storing (serving goes on).", "%d", pc->store_off ? 1 : 0);
     }
     pthread_mutex_unlock(&m->mu);
     return tn_buf_take(&b, NULL);

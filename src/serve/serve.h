@@ -267,7 +267,9 @@ void tn_metrics_init(tn_metrics *m);
 void tn_hist_add(tn_hist *h, double v);
 void tn_metrics_spec_len(tn_metrics *m, int32_t k); /* one chosen speculation length (caller holds mu) */
 /* Prometheus text exposition (malloc'd). */
-char *tn_metrics_render(tn_metrics *m, const char *model_id, const double cost[3]);
+/* pc: the disk prompt cache's counters (NULL: no --prompt-cache, none rendered). */
+struct tn_pcache_stats; /* model/pcache.h */
+char *tn_metrics_render(tn_metrics *m, const char *model_id, const double cost[3], const struct tn_pcache_stats *pc);
 
 /* ---- engine --------------------------------------------------------------------------------- */
 typedef struct tn_engine tn_engine;
@@ -283,6 +285,8 @@ bool tn_engine_idle(tn_engine *e);
 int32_t tn_engine_n_ctx_seq(const tn_engine *e);
 /* cost model: seconds per step base, per decode sequence, per prefill token */
 void tn_engine_cost(const tn_engine *e, double out[3]);
+/* The disk prompt cache's counters (false, *out untouched: no --prompt-cache). Any thread. */
+bool tn_engine_pcache_stats(const tn_engine *e, struct tn_pcache_stats *out);
 
 /* ---- slots (llama-server's /slots API) ----------------------------------------------------------
  * Slot i is the engine's sequence i (--parallel N: slots 0..N-1). It holds the tokens of the

@@ -6,7 +6,7 @@ without any cache; a damaged block file is skipped (warning in the log) with the
 same with a quantized cache (-ctk q8_0 -ctv q4_0): tern generate's text with those types, its own
 files. With a draft model: blocks load from disk, the draft computes its own KV for them. Stores run
 on a writer thread: a slow disk does not hold up the answer, and the exit writes what is queued."""
-import glob, json, os, shutil, subprocess, sys
+import glob, json, os, shutil, subprocess, sys, time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "serve"))
 from serve_lib import Server, check, finish
@@ -28,6 +28,16 @@ ref = subprocess.run([tern, "generate", "-m", model, "-p", PROMPT, "-n", str(N),
                       "--no-display-prompt"], capture_output=True, timeout=120, check=True).stdout.decode()[:-1]
 
 
+def pc_metrics(srv, want_stored=None):
+    """The tern_prompt_cache_* counters; waits (up to 20 s) for the writer to reach want_stored."""
+    t0 = time.time()
+    while True:
+        m = {k[len("tern_prompt_cache_"):]: v for k, v in srv.metrics().items() if k.startswith("tern_prompt_cache_")}
+        if want_stored is None or m.get("blocks_stored_total", 0) >= want_stored or time.time() - t0 > 20:
+            return m
+        time.sleep(0.05)
+
+
 def ask(srv):
     st, body = srv.post("/v1/completions", {"prompt": PROMPT, "max_tokens": N, "temperature": 0, "ignore_eos": True})
     check(st == 200, f"status {st}")
@@ -38,6 +48,9 @@ with Server(tern, model, os.path.join(tmp, "s1"), "--prompt-cache", cache, "--me
     text, cached = ask(srv)
     check(text == ref, f"first server: text equals tern generate's ({text!r} vs {ref!r})")
     check(cached == 0, f"first server: nothing cached ({cached})")
+    m = pc_metrics(srv, 2)
+    check(m.get("blocks_loaded_total") == 0 and m.get("blocks_stored_total", 0) >= 2 and m.get("bytes_stored_total", 0) > 0
+          and m.get("blocks_dropped_total") == 0 and m.get("store_off") == 0, f"first server: /metrics counts the stores ({m})")
     srv.end_clean()
 files = glob.glob(os.path.join(cache, "*", "*.tpc"))
 check(len(files) >= 2, f"{len(files)} block files stored")
@@ -45,6 +58,10 @@ with Server(tern, model, os.path.join(tmp, "s2"), "--prompt-cache", cache, "--me
     text, cached = ask(srv)
     check(text == ref, "restarted server: same text")
     check(cached == 16 * len(files), f"restarted server: {cached} prompt tokens from the disk cache ({len(files)} blocks)")
+    m = pc_metrics(srv)
+    check(m.get("blocks_loaded_total") == len(files) and m.get("blocks_stored_total") == 0 and m.get("blocks_skipped_total") == 0
+          and m.get("bytes_loaded_total") == sum(os.path.getsize(f) for f in files),
+          f"restarted server: /metrics counts {len(files)} loads and their bytes ({m})")
     srv.end_clean()
 # damage every block file: all skipped, recomputed, same text
 for f in files:
@@ -57,6 +74,8 @@ with Server(tern, model, os.path.join(tmp, "s3"), "--prompt-cache", cache, "--me
     text, cached = ask(srv)
     check(text == ref, "damaged files: same text")
     check(cached == 0, f"damaged files: nothing loaded ({cached})")
+    m = pc_metrics(srv)
+    check(m.get("blocks_skipped_total", 0) >= 1 and m.get("blocks_loaded_total") == 0, f"damaged files: /metrics counts the skip ({m})")
     srv.end_clean()
     log = open(srv.log_path).read()
 check("warning: prompt cache: skipping" in log, "damaged files: a warning in the log")
