@@ -536,6 +536,7 @@ struct tn_pcache {
     bool warned_io;
     char decision[256];
     tn_pcache_stats st;
+    double last_load_s;  /* of the last tn_pcache_load_block (the caller's thread only)          */
     /* the background writer (tn_pcache_start_writer): store_block queues a snapshot of the
      * block's rows; the thread encodes and writes it. mu guards what loads and stores share (the
      * scratch buffers above, st, total, the files), qmu the queue. */
@@ -892,10 +893,13 @@ tern_status tn_pcache_load_block(tn_pcache *pc, tern_ctx *c, int32_t bi, tn_pc_c
     pc_lock(pc);
     const double t0 = now_s();
     tern_status s = load_one(pc, c, bi, chain.h, chain.h2, toks, dst, &file_n);
-    pc->st.load_s += now_s() - t0;
+    pc->last_load_s = now_s() - t0;
+    pc->st.load_s += pc->last_load_s;
     pc_unlock(pc);
     return s;
 }
+
+double tn_pcache_last_load_s(const tn_pcache *pc) { return pc->last_load_s; }
 
 void tn_pc_chain_next(tn_pc_chain *ch, const tern_token *toks) {
     ch->h = tn_tok_hash(0, ch->h, toks);

@@ -204,6 +204,9 @@ typedef struct tn_pc_chain {
 } tn_pc_chain;
 void tn_pc_chain_next(tn_pc_chain *ch, const tern_token *toks);
 tern_status tn_pcache_load_block(tn_pcache *pc, tern_ctx *c, int32_t bi, tn_pc_chain chain, const tern_token *toks, int32_t dst);
+/* Seconds the last tn_pcache_load_block spent loading (read, check, decode; not waiting for the
+ * writer): the caller's cost model. */
+double tn_pcache_last_load_s(const tn_pcache *pc);
 tern_status tn_pcache_store_block(tn_pcache *pc, const tern_ctx *c, int32_t bi, tn_pc_chain chain, const tern_token *toks,
                                   int32_t src);
 /* Stores in the background (tern serve): from now on tn_pcache_store_block copies the block's rows

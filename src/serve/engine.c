@@ -189,6 +189,20 @@ static bool out_append_utf8(tn_choice *c, const char *s, size_t n, bool final, s
 #include "serve/engine_impl.h"
 
 int32_t tn_engine_n_ctx_seq(const tn_engine *e) { return e->n_ctx_seq; }
+
+/* After a request's first block loaded from disk: was it slower per token than computing it (the
+ * scheduler's cost per prefill token in a batch, or the configured speed)? Then the rest of the
+ * prompt is recomputed, as tern generate's cost model decides. */
+static bool pc_load_slower(const tn_engine *e) {
+    double per_tok;
+    if (e->cfg.prompt_cache_prefill_tok_s > 0) per_tok = 1.0 / e->cfg.prompt_cache_prefill_tok_s;
+    else {
+        double cost[3];
+        tn_engine_cost(e, cost);
+        per_tok = cost[2];
+    }
+    return per_tok > 0 && tn_pcache_last_load_s(e->pc) / TN_KVB > per_tok;
+}
 bool tn_engine_pcache_stats(const tn_engine *e, tn_pcache_stats *out) {
     if (!e->pc) return false;
     tn_pcache_stats_copy(e->pc, out);
@@ -639,6 +653,7 @@ static void admit(tn_engine *e) {
         if (e->pc) {
             for (int32_t j = 0; j < hits; j++) tn_pc_chain_next(&chain, p->prompt + j * TN_KVB);
             const tn_pc_chain mem_chain = chain;
+            const int32_t disk0 = hits;
             while ((hits + 1) * TN_KVB <= p->n_prompt - 1 && !(r->plp && r->n_admitted == 0) && tn_kv_available(&e->kv) > 0) {
                 tn_pc_chain next = chain;
                 tn_pc_chain_next(&next, p->prompt + hits * TN_KVB);
@@ -652,6 +667,12 @@ static void admit(tn_engine *e) {
                 h = tn_kv_hash(h, p->prompt + (hits - 1) * TN_KVB);
                 e->hbuf[hits] = h;
                 chain = next;
+                if (hits == disk0 + 1 && pc_load_slower(e)) { /* CacheGen's controller: recompute the rest */
+                    lock_met(e);
+                    e->met->pc_declined++;
+                    unlock_met(e);
+                    break;
+                }
             }
             chain = mem_chain; /* publishing (memory and disk) restarts after the memory hits */
         }

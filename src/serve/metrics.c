@@ -112,6 +112,8 @@ char *tn_metrics_render(tn_metrics *m, const char *model_id, const double cost[3
         CTR("tern_prompt_cache_bytes_loaded_total", "Bytes of block files loaded.", pc->bytes_loaded);
         CTR("tern_prompt_cache_bytes_stored_total", "Bytes of block files written.", pc->bytes_stored);
         GAUGE("tern_prompt_cache_store_off", "1 once a full disk stopped storing (serving goes on).", "%d", pc->store_off ? 1 : 0);
+        CTR("tern_prompt_cache_loads_declined_total", "Prompts whose first disk block loaded slower than prefill: the rest recomputed.",
+            m->pc_declined);
     }
     pthread_mutex_unlock(&m->mu);
     return tn_buf_take(&b, NULL);

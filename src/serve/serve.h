@@ -69,6 +69,8 @@ typedef struct tn_serve_config {
     const char *prompt_cache_dir;
     uint64_t prompt_cache_max_bytes; /* --prompt-cache-max-gb (0: unbounded)                   */
     int prompt_cache_quality;        /* a tn_pc_quality                                       */
+    double prompt_cache_prefill_tok_s; /* prefill speed the load decision compares with (0: the
+                                        * engine's cost model; TERN_PCACHE_PREFILL_TOK_S, tests) */
     /* --slot-save-path DIR: POST /slots/{id}?action=save|restore|erase (llama-server's) work with
      * files in DIR (NULL: those answer 501, as llama-server does) */
     const char *slot_save_path;
@@ -261,6 +263,7 @@ typedef struct tn_metrics {
     uint64_t spec_drafted, spec_accepted; /* draft tokens verified, and kept                     */
     uint64_t spec_len[TN_SPEC_LEN_N + 1]; /* chosen lengths: count with k <= tn_spec_len_bounds[i], then all */
     uint64_t spec_len_sum;
+    uint64_t pc_declined;          /* prompts whose disk blocks loaded slower than prefill: rest recomputed */
 } tn_metrics;
 
 void tn_metrics_init(tn_metrics *m);

@@ -174,6 +174,8 @@ int cmd_serve(int argc, char **argv) {
             cfg.prompt_cache_dir = pcf.dir;
             cfg.prompt_cache_max_bytes = (uint64_t)((double)pcf.max_gb * 1e9);
             cfg.prompt_cache_quality = (int)pcf.quality;
+            const char *ov = getenv("TERN_PCACHE_PREFILL_TOK_S"); /* a fixed prefill speed (tests, tuning) */
+            if (ov && atof(ov) > 0) cfg.prompt_cache_prefill_tok_s = atof(ov);
         } else {
             serve_usage(stderr);
             return tn_cli_usage_error("unknown option '%s'", a);
