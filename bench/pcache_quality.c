@@ -127,14 +127,10 @@ static bool parse_steps(const char *v, tn_pc_steps *st) {
     return (k == 4 || k == 6 || k == 8 || k == 10) && st->div[0] >= 0 && st->div[1] >= 0 && st->div_ch[0] >= 0 && st->div_ch[1] >= 0 && mul > 0;
 }
 
-/* The qualities by their values (tn_pc_quality), as the flags name them. */
-static const char *const qn[TN_PC_N_QUALITY] = {"lossless", "high", "medium", "balanced"};
-
-/* A lossy quality's value from its name; -1 if none. */
+/* A lossy quality's value from its name; -1 if none (lossless has no steps). */
 static int quality_of(const char *name) {
-    for (int q = 1; q < TN_PC_N_QUALITY; q++)
-        if (!strcmp(name, qn[q])) return q;
-    return -1;
+    const int q = tn_pc_quality_from_name(name);
+    return q > TN_PC_LOSSLESS ? q : -1;
 }
 
 int main(int argc, char **argv) {
@@ -200,7 +196,7 @@ int main(int argc, char **argv) {
            pre_rope ? "; keys coded before RoPE" : "");
     for (int q = 1; q < TN_PC_N_QUALITY; q++)
         if (set[q])
-            printf("%s steps: K %g/%g tilt %g, V %g/%g tilt %g, layers < %d x%g\n", qn[q], steps[q].div[0],
+            printf("%s steps: K %g/%g tilt %g, V %g/%g tilt %g, layers < %d x%g\n", tn_pc_quality_name((tn_pc_quality)q), steps[q].div[0],
                    steps[q].div_ch[0], steps[q].tilt[0], steps[q].div[1], steps[q].div_ch[1], steps[q].tilt[1], steps[q].n_first,
                    steps[q].mul_first);
     printf("| KV | bytes/token | vs f16 KV | mean KLD | max KLD | top-1 agreement |\n|---|---:|---:|---:|---:|---:|\n");
@@ -217,7 +213,7 @@ int main(int argc, char **argv) {
         if (tn_pcache_open(m, c0, dir, 0, qi < TN_PC_N_QUALITY ? (tn_pc_quality)qi : TN_PC_HIGH, &pc)) return die("prompt cache");
         tern_ctx_free(c0);
         tn_pcache_set_steps(pc, qi < TN_PC_N_QUALITY ? &steps[qi] : &tries[qi - TN_PC_N_QUALITY]);
-        snprintf(name, sizeof name, "disk: %s%s%s%s", qi < TN_PC_N_QUALITY ? qn[qi] : "steps ", qi < TN_PC_N_QUALITY ? "" : try_arg[qi - TN_PC_N_QUALITY],
+        snprintf(name, sizeof name, "disk: %s%s%s%s", qi < TN_PC_N_QUALITY ? tn_pc_quality_name((tn_pc_quality)qi) : "steps ", qi < TN_PC_N_QUALITY ? "" : try_arg[qi - TN_PC_N_QUALITY],
                  kvt != TERN_KV_F16 ? ", rows " : "", kvt != TERN_KV_F16 ? tern_kv_type_name(kvt) : "");
         score sc = {0, 0, 0, 0};
         for (int32_t w = 0; w < W; w++) {

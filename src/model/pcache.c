@@ -574,8 +574,15 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static const char *quality_name(tn_pc_quality q) {
-    return q == TN_PC_LOSSLESS ? "lossless" : q == TN_PC_HIGH ? "high" : q == TN_PC_BALANCED ? "balanced" : "medium";
+static const char *const quality_names[TN_PC_N_QUALITY] = {
+    [TN_PC_LOSSLESS] = "lossless", [TN_PC_HIGH] = "high", [TN_PC_MEDIUM] = "medium", [TN_PC_BALANCED] = "balanced"};
+
+const char *tn_pc_quality_name(tn_pc_quality q) { return (unsigned)q < TN_PC_N_QUALITY ? quality_names[q] : "?"; }
+
+int tn_pc_quality_from_name(const char *name) {
+    for (int q = 0; name && q < TN_PC_N_QUALITY; q++)
+        if (!strcmp(name, quality_names[q])) return q;
+    return -1;
 }
 
 static char *str_printf(const char *fmt, ...) TN_PRINTF(1, 2);
@@ -682,7 +689,7 @@ tern_status tn_pcache_open(const tern_model *m, const tern_ctx *c, const char *d
     *out = NULL;
 #ifndef TERN_HAVE_ZSTD
     (void)m, (void)c, (void)dir, (void)max_bytes, (void)q;
-    (void)mkdir_p, (void)scan_dir, (void)quality_name, (void)rows_name; /* used with zstd */
+    (void)mkdir_p, (void)scan_dir, (void)rows_name; /* used with zstd */
     return tn_err(TERN_ERR_UNSUPPORTED, "prompt cache: this tern was built without libzstd (install libzstd-dev and rebuild)");
 #else
     if (!m || !dir || !*dir || (unsigned)q >= TN_PC_N_QUALITY) return tn_err(TERN_ERR_INVALID_ARG, "prompt cache: invalid arguments");
@@ -707,7 +714,7 @@ tern_status tn_pcache_open(const tern_model *m, const tern_ctx *c, const char *d
     pc->file_cap = TN_PC_HDR + ZSTD_compressBound(pc->raw_cap) + 4;
     pc->dir = str_printf("%s", dir);
     char *rn = rows_name(c);
-    pc->sub = rn ? str_printf("%s/%016llx-%s-%s-v%d", dir, (unsigned long long)fp, rn, quality_name(q), TN_PC_VERSION) : NULL;
+    pc->sub = rn ? str_printf("%s/%016llx-%s-%s-v%d", dir, (unsigned long long)fp, rn, tn_pc_quality_name(q), TN_PC_VERSION) : NULL;
     tn_free(rn);
     pc->raw = tn_malloc(pc->raw_cap);
     pc->file = tn_malloc(pc->file_cap);

@@ -68,6 +68,10 @@
  * the finest: lossless, high, balanced, medium. */
 typedef enum tn_pc_quality { TN_PC_LOSSLESS = 0, TN_PC_HIGH = 1, TN_PC_MEDIUM = 2, TN_PC_BALANCED = 3 } tn_pc_quality;
 #define TN_PC_N_QUALITY 4
+/* A quality's name as the flags and subdirectories spell it ("lossless", "high", "balanced",
+ * "medium"), and back (-1: no such name). */
+const char *tn_pc_quality_name(tn_pc_quality q);
+int tn_pc_quality_from_name(const char *name);
 
 /* Chained hash of one block of 16 tokens under a parent hash (0 for the first block); seed
  * selects one of independent chains (the serve prefix cache and the file key use seed 0). */

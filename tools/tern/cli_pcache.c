@@ -33,11 +33,9 @@ int tn_cli_pcache_flag(int argc, char **argv, int *ip, tn_cli_pcache *p) {
             return tn_cli_usage_error("%s: '%s' is not a size in GB (0..1000000)", a, val ? val : ""), -1;
         i++;
     } else if (!strcmp(a, "--prompt-cache-quality")) {
-        if (val && !strcmp(val, "lossless")) p->quality = TN_PC_LOSSLESS;
-        else if (val && !strcmp(val, "high")) p->quality = TN_PC_HIGH;
-        else if (val && !strcmp(val, "balanced")) p->quality = TN_PC_BALANCED;
-        else if (val && !strcmp(val, "medium")) p->quality = TN_PC_MEDIUM;
-        else return tn_cli_usage_error("%s: '%s' is not lossless, high, balanced or medium", a, val ? val : ""), -1;
+        const int q = tn_pc_quality_from_name(val);
+        if (q < 0) return tn_cli_usage_error("%s: '%s' is not lossless, high, balanced or medium", a, val ? val : ""), -1;
+        p->quality = (tn_pc_quality)q;
         i++;
     } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
         p->verbose = true;
