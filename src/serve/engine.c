@@ -1094,8 +1094,10 @@ tern_status tn_engine_create(const tern_model *m, const tn_serve_config *cfg, tn
             goto fail;
         if ((s = tn_pcache_usable(e->pc, e->ctx))) goto fail;
         /* stores off the engine thread: a block's rows are copied and queued (at most 256 MiB of
-         * them; more are not stored), a thread encodes, compresses, writes and fsyncs them */
-        if (tn_pcache_start_writer(e->pc, e->ctx, (size_t)256 << 20))
+         * them; more are not stored), a thread encodes, compresses, writes and fsyncs them
+         * (TERN_PCACHE_WRITER=0: on the engine thread, for comparison) */
+        const char *wenv = getenv("TERN_PCACHE_WRITER");
+        if (!(wenv && !strcmp(wenv, "0")) && tn_pcache_start_writer(e->pc, e->ctx, (size_t)256 << 20))
             tn_log(TERN_LOG_WARN, "prompt cache: %s; blocks are stored on the engine thread", tern_last_error());
     }
     if (!cfg->quiet) {

@@ -124,6 +124,14 @@ with Server(tern, model, os.path.join(tmp, "w1"), "--prompt-cache", wcache, "--m
 late = len(glob.glob(os.path.join(wcache, "*", "*.tpc")))
 check(late == len(files), f"slow disk: {late} block files written by the exit ({len(files)} expected)")
 check(not glob.glob(os.path.join(wcache, "*", "*.tmp.*")), "slow disk: no temporary file left")
+# the control: stores on the engine thread (TERN_PCACHE_WRITER=0) — the answer waits for them
+wcache0 = os.path.join(tmp, "wcache0")
+with Server(tern, model, os.path.join(tmp, "w0"), "--prompt-cache", wcache0, "--metrics",
+            env={**os.environ, "TERN_PCACHE_TEST_PAUSE_MS": "2000", "TERN_PCACHE_WRITER": "0"}) as srv:
+    text, cached = ask(srv)
+    early = len(glob.glob(os.path.join(wcache0, "*", "*.tpc")))
+    check(text == ref and early == len(files), f"slow disk, no writer thread: answered after all {early} block files were written")
+    srv.end_clean()
 
 # a draft model (--draft, here the model itself, 4 drafts a step): the restarted server loads the
 # blocks from disk as without one, and the draft model computes its own KV for them (the files hold
