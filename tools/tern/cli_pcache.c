@@ -11,6 +11,12 @@
 
 void tn_cli_pcache_init(tn_cli_pcache *p) { memset(p, 0, sizeof *p), p->quality = TN_PC_LOSSLESS; }
 
+double tn_cli_pcache_prefill_env(void) {
+    const char *ov = getenv("TERN_PCACHE_PREFILL_TOK_S");
+    const double v = ov ? atof(ov) : 0.0;
+    return v > 0 ? v : 0.0;
+}
+
 void tn_cli_pcache_usage(FILE *f) {
     fprintf(f, "      --prompt-cache DIR  keep the prompt's KV blocks (16 tokens each) compressed in DIR and load the\n"
                "                          longest cached prefix of later prompts instead of recomputing it\n"
@@ -68,8 +74,7 @@ int tn_cli_pcache_open(tn_cli_pcache *p, const tern_model *m, const tern_ctx *c)
         return tn_cli_usage_error("--prompt-cache: %s", tern_last_error());
     }
     p->prefill_tok_s = tn_pcache_prefill_speed(p->pc);
-    const char *ov = getenv("TERN_PCACHE_PREFILL_TOK_S"); /* a fixed prefill speed for the cost model (tests, tuning) */
-    if (ov && atof(ov) > 0) p->prefill_tok_s = atof(ov);
+    if (tn_cli_pcache_prefill_env() > 0) p->prefill_tok_s = tn_cli_pcache_prefill_env();
     if (p->verbose) fprintf(stderr, "tern: prompt cache: %s\n", tn_pcache_subdir(p->pc));
     return TN_EXIT_OK;
 }

@@ -29,6 +29,9 @@ int tn_cli_pcache_flag(int argc, char **argv, int *i, tn_cli_pcache *p);
 void tn_cli_pcache_log_on(void);
 /* Lines for a usage text. */
 void tn_cli_pcache_usage(FILE *f);
+/* TERN_PCACHE_PREFILL_TOK_S: a fixed prefill speed (tokens/s) for the load-or-recompute decision
+ * (tests, tuning); 0 when unset or not a positive number. */
+double tn_cli_pcache_prefill_env(void);
 /* Opens the cache for m and c when --prompt-cache was given; returns an exit code (errors
  * printed: 64 when this build or this context cannot use it). A directory that cannot be made
  * is a warning: the run goes on without the cache. */

@@ -174,8 +174,6 @@ int cmd_serve(int argc, char **argv) {
             cfg.prompt_cache_dir = pcf.dir;
             cfg.prompt_cache_max_bytes = (uint64_t)((double)pcf.max_gb * 1e9);
             cfg.prompt_cache_quality = (int)pcf.quality;
-            const char *ov = getenv("TERN_PCACHE_PREFILL_TOK_S"); /* a fixed prefill speed (tests, tuning) */
-            if (ov && atof(ov) > 0) cfg.prompt_cache_prefill_tok_s = atof(ov);
         } else {
             serve_usage(stderr);
             return tn_cli_usage_error("unknown option '%s'", a);
@@ -194,6 +192,7 @@ int cmd_serve(int argc, char **argv) {
         return tn_cli_usage_error("--draft-min %d is more than --draft-max %d", cfg.draft_min, cfg.draft_max);
     if (cfg.spec_ngram && cfg.draft_path) return tn_cli_usage_error("--spec ngram and --draft: choose one drafter");
     if (cfg.draft_p_min > 0 && !cfg.draft_path) return tn_cli_usage_error("--draft-p-min needs --draft FILE");
+    cfg.prompt_cache_prefill_tok_s = tn_cli_pcache_prefill_env();
     if (!cfg.spec_ngram && !cfg.draft_path && (spec_fixed > 0 || draft_max_set || draft_min_set))
         return tn_cli_usage_error("--draft-max / --draft-min / --spec-fixed need --spec ngram or --draft");
     if (cfg.draft_path && !draft_max_set && spec_fixed == 0) cfg.draft_max = 4; /* a model's drafts cost passes */
