@@ -77,6 +77,20 @@ typedef void (*tn_attn_q_fn)(int64_t hd, int64_t T, int64_t nh, int64_t rep, con
                              const void *K, size_t k_rb, int32_t tv, const void *V, size_t v_rb, const int32_t *blocks,
                              int64_t block_rows, float scale, float cap, bool acc16, float *out, float *scratch);
 
+/* Attention over a cache whose K is per-channel (quant/kc.h, tqc<kbits>: groups of TN_KC_ROWS = 16
+ * positions, which must be the cache's block_rows) with the newest keys in f16: keys t < Q,
+ * Q = T - T % 16 (complete groups), are read from K (rows k_rb bytes apart, kv head g at
+ * tn_kc_row_bytes(kbits, g * hd) from K), keys Q <= t < T from the window — position t's f16 K row
+ * at Kw + (t % W) * ldw, kv head g hd values further (W >= T - Q). V rows (type tv, as
+ * tn_attn_q_fn) are all in the cache. Scores: complete groups s_t = scale * sum_c q_c (d_c q_tc +
+ * m_c); window keys as tn_attn_fn's f16 K (q rounded to f16 with acc16); V and the softmax as
+ * tn_attn_q_fn; cap > 0 soft-caps. hd % 32 == 0, hd <= TN_KC_MAX_HD. scratch as tn_attn_fn. */
+#define TN_KC_MAX_HD 512
+typedef void (*tn_attn_kc_fn)(int64_t hd, int64_t T, int64_t nh, int64_t rep, const float *q, int kbits, const void *K,
+                              size_t k_rb, const uint16_t *Kw, int64_t ldw, int64_t W, int32_t tv, const void *V,
+                              size_t v_rb, const int32_t *blocks, float scale, float cap, bool acc16, float *out,
+                              float *scratch);
+
 /* Row of position t in a (possibly paged) cache; see tn_attn_fn. */
 static inline int64_t tn_kv_row(const int32_t *blocks, int64_t block_rows, int64_t t) {
     return blocks ? (int64_t)blocks[t / block_rows] * block_rows + t % block_rows : t;
@@ -123,6 +137,7 @@ typedef struct tn_kern_table {
     tn_isa attn_isa;
     tn_attn_softcap_fn attn_softcap;
     tn_attn_q_fn attn_q; /* a quantized KV cache (either of K, V not f16) */
+    tn_attn_kc_fn attn_kc; /* a per-channel K cache (the scalar reference on every ISA) */
     tn_isa attn_q_isa;
     tn_swiglu_fn swiglu;
     tn_isa swiglu_isa;
