@@ -11,6 +11,7 @@
 #include "kern/matmul.h"
 #include "model/ctx.h"
 #include "model/lora.h"
+#include "quant/kc.h"
 
 void tern_model_params_init(tern_model_params *p) {
     memset(p, 0, sizeof *p);
@@ -156,6 +157,9 @@ static void *tn_ctx_alloc(tern_ctx *c, size_t bytes, bool *ok) {
     return p;
 }
 
+static_assert(TERN_KV_TQC(2) == TN_TQC2 && TERN_KV_TQC(4) == TN_TQC4, "TERN_KV_TQC ids are the tqc dtype ids");
+static_assert(TN_KC_ROWS == TN_KV_BLOCK, "a per-channel K group is one cache block");
+
 static tern_status tn_ctx_create_impl(const tern_model *m, const tern_ctx_params *pp, int32_t swa_blocks, tern_ctx **out) {
     if (!out) return tn_err(TERN_ERR_INVALID_ARG, "tern_ctx_create: out is NULL");
     *out = NULL;
@@ -188,7 +192,8 @@ static tern_status tn_ctx_create_impl(const tern_model *m, const tern_ctx_params
     size_t rb[2];
     for (int i = 0; i < 2; i++) {
         const char *kv = i ? "V" : "K", *tname = tern_kv_type_name(types[i]);
-        if (!tname) return tn_err(TERN_ERR_INVALID_ARG, "KV cache type of %s: %d is not f16, q8_0, q4_0 or tq2 .. tq8", kv, types[i]);
+        if (!tname)
+            return tn_err(TERN_ERR_INVALID_ARG, "KV cache type of %s: %d is not f16, q8_0, q4_0, tq2 .. tq8 or (K) tqc2 .. tqc4", kv, types[i]);
         const tn_dtype_traits *tr = tn_dtype_get((uint32_t)types[i]);
         const int64_t unit = mla ? (int64_t)hp->n_lora_kv : hp->head_dim; /* what a block must not cross */
         if (unit % tr->blck_size || row_dim[i] % tr->blck_size)
@@ -197,6 +202,24 @@ static tern_status tn_ctx_create_impl(const tern_model *m, const tern_ctx_params
         if (types[i] != TERN_KV_F16 && p.device != TERN_DEVICE_CPU)
             return tn_err(TERN_ERR_UNSUPPORTED, "%s cache type %s runs on the CPU only (the CUDA backend keeps f16 K/V)", kv, tname);
         rb[i] = (size_t)(row_dim[i] / tr->blck_size) * tr->type_size;
+    }
+    /* per-channel K: groups of one block of positions, the open group in an f16 window */
+    const int32_t kc_bits = types[0] >= TERN_KV_TQC(2) && types[0] <= TERN_KV_TQC(4) ? types[0] - TERN_KV_TQC(0) : 0;
+    if (types[1] >= TERN_KV_TQC(2) && types[1] <= TERN_KV_TQC(4))
+        return tn_err(TERN_ERR_INVALID_ARG, "V cache type %s: per-channel quantization is for K only (use tq%d for V)",
+                      tern_kv_type_name(types[1]), types[1] - TERN_KV_TQC(0));
+    if (kc_bits) {
+        const char *why = NULL;
+        bool sinks = false;
+        for (int32_t il = 0; il < hp->n_layer; il++) sinks |= m->layers[il].w[TN_ROLE_ATTN_SINKS].data != NULL;
+        if (mla) why = "a latent (MLA) cache";
+        else if (hp->n_swa > 0) why = "sliding-window layers";
+        else if (sinks) why = "attention sinks";
+        else if (p.device != TERN_DEVICE_CPU) why = "the CUDA backend";
+        else if (hp->head_dim > TN_KC_MAX_HD) why = "heads over 512 values";
+        if (why)
+            return tn_err(TERN_ERR_UNSUPPORTED, "K cache type %s is not supported with %s (this model: %s)", tern_kv_type_name(types[0]),
+                          why, hp->family ? hp->family->name : "?");
     }
     /* KV cache: kv_rows per global layer; a sliding-window layer keeps a ring of its window plus
      * one batch (a batch writes all its rows before attending) unless swa_full or the GPU runs
@@ -235,7 +258,8 @@ static tern_status tn_ctx_create_impl(const tern_model *m, const tern_ctx_params
         const int32_t r = p.kv_rotate;
         const bool want_k = r == TERN_KV_ROT_AUTO || r == TERN_KV_ROT_K || r == TERN_KV_ROT_KV;
         const bool want_v = r == TERN_KV_ROT_V || r == TERN_KV_ROT_KV;
-        c->rot_k = !mla && want_k && types[0] != TERN_KV_F16;
+        /* per-channel K: its groups are per channel, which a rotation would mix; only when asked */
+        c->rot_k = !mla && want_k && types[0] != TERN_KV_F16 && !(kc_bits && r == TERN_KV_ROT_AUTO);
         c->rot_v = !mla && want_v && types[1] != TERN_KV_F16;
     }
     if (c->rot_k || c->rot_v) {
@@ -259,6 +283,12 @@ static tern_status tn_ctx_create_impl(const tern_model *m, const tern_ctx_params
     if (ok) { /* zeroed so attention over the cache never reads uninitialised rows */
         memset(c->k_cache, 0, (size_t)kv_layer_rows * rb[0]);
         memset(c->v_cache, 0, (size_t)kv_layer_rows * rb[1]);
+    }
+    if (kc_bits) { /* the window holds the open group before a batch and the batch (+ a group for truncation) */
+        c->kc_bits = kc_bits;
+        c->kc_w = TN_PAD(nb, TN_KV_BLOCK) + 2 * TN_KV_BLOCK;
+        c->kc_win = tn_ctx_alloc(c, (size_t)hp->n_layer * (size_t)(c->kc_w * kv_dim) * 2, &ok);
+        c->kc_x = tn_ctx_alloc(c, (size_t)p.n_threads * (size_t)(TN_KV_BLOCK * kv_dim) * sizeof(float), &ok);
     }
     c->x = tn_ctx_alloc(c, (size_t)(nb * d) * sizeof(float), &ok);
     c->xb = tn_ctx_alloc(c, (size_t)(nb * d) * sizeof(float), &ok);
@@ -398,14 +428,17 @@ int32_t tern_kv_rotate_from_name(const char *name) {
 }
 
 const char *tern_kv_type_name(int32_t type) {
-    static const char *const tq[] = {"tq2", "tq3", "tq4", "tq5", "tq6", "tq7", "tq8"};
+    static const char *const tq[] = {"tq2", "tq3", "tq4", "tq5", "tq6", "tq7", "tq8"}, *const tqc[] = {"tqc2", "tqc3", "tqc4"};
     for (int b = 2; b <= 8; b++)
         if (type == TERN_KV_TQ(b)) return tq[b - 2];
+    for (int b = 2; b <= 4; b++)
+        if (type == TERN_KV_TQC(b)) return tqc[b - 2];
     return type == TERN_KV_F16 ? "f16" : type == TERN_KV_Q8_0 ? "q8_0" : type == TERN_KV_Q4_0 ? "q4_0" : NULL;
 }
 int32_t tern_kv_type_from_name(const char *name) {
     static const int32_t types[] = {TERN_KV_F16, TERN_KV_Q8_0, TERN_KV_Q4_0, TERN_KV_TQ(2), TERN_KV_TQ(3), TERN_KV_TQ(4),
-                                    TERN_KV_TQ(5), TERN_KV_TQ(6), TERN_KV_TQ(7), TERN_KV_TQ(8)};
+                                    TERN_KV_TQ(5), TERN_KV_TQ(6), TERN_KV_TQ(7), TERN_KV_TQ(8),
+                                    TERN_KV_TQC(2), TERN_KV_TQC(3), TERN_KV_TQC(4)};
     for (size_t i = 0; name && i < sizeof types / sizeof *types; i++)
         if (!strcasecmp(name, tern_kv_type_name(types[i]))) return types[i];
     return -1;
@@ -418,6 +451,11 @@ tern_status tern_ctx_truncate(tern_ctx *c, int32_t n_past) {
     /* a ring keeps positions n_past - kv_ring .. n_past - 1; the next token at n_past' needs the
      * window n_past' - n_swa + 1 .. n_past' - 1 of it */
     if (c->kv_ring && n_past > 0 && (int64_t)c->n_past - n_past > c->kv_ring - c->hp.n_swa + 1) n_past = 0;
+    /* per-channel K: the new open group's keys must still be in the f16 window (positions
+     * n_past - kc_w .. n_past - 1); else back to the group's start, below which every group is
+     * complete (its quantized rows are what the longer context read too) */
+    if (c->kc_bits && n_past % TN_KV_BLOCK && n_past - n_past % TN_KV_BLOCK < (int64_t)c->n_past - c->kc_w)
+        n_past -= n_past % TN_KV_BLOCK;
     c->n_past = n_past;
     c->n_logits = 0;
     return TERN_OK;

@@ -19,6 +19,7 @@
 #include "model/blocks.h"
 #include "model/lora.h"
 #include "model/ops.h"
+#include "quant/kc.h"
 #include "quant/quant.h"
 #include "quant/tq.h"
 
@@ -113,7 +114,12 @@ static void tn_attend(tern_ctx *c, int ith, int32_t il, const int32_t *blocks, i
     const float scale = hp->attn_scale > 0 ? hp->attn_scale : 1.0f / sqrtf((float)hd);
     float *scratch = c->scores + (size_t)ith * c->scores_stride;
     const int64_t r = nh == 1 ? 1 : rep;
-    if (c->type_k != TN_F16 || c->type_v != TN_F16) /* a quantized cache: its kernel, soft cap included */
+    if (c->kc_bits) /* per-channel K: complete groups from the cache, the open one from the window */
+        c->kt->attn_kc(hd, T, nh, r, q, c->kc_bits, K + kh, k_rb,
+                       c->kc_win + (size_t)il * (size_t)(c->kc_w * hp->n_head_kv * hd) + (size_t)(h0 / rep) * (size_t)hd,
+                       (int64_t)hp->n_head_kv * hd, c->kc_w, c->type_v, V + vh, v_rb, blocks, scale, hp->attn_softcap, acc16, out,
+                       scratch);
+    else if (c->type_k != TN_F16 || c->type_v != TN_F16) /* a quantized cache: its kernel, soft cap included */
         c->kt->attn_q(hd, T, nh, r, q, c->type_k, K + kh, k_rb, c->type_v, V + vh, v_rb, blocks, TN_KV_BLOCK, scale,
                       hp->attn_softcap, acc16, out, scratch);
     else if (hp->attn_softcap > 0) /* gemma2: scores soft-capped before the softmax */
@@ -303,7 +309,7 @@ void tn_kv_row_from_f32(const tern_ctx *c, int kv, float *x, uint8_t *row) {
 
 static void tn_prepare_qkv(tern_ctx *c, const tn_layer *L, const float *rope_cs, const tn_thr *f,
                            const int32_t *const *tables, int64_t t, int32_t h0, int32_t nh, int32_t k0, int32_t nk,
-                           uint8_t *Kc, uint8_t *Vc, int64_t ring) {
+                           uint8_t *Kc, uint8_t *Vc, int64_t ring, uint16_t *Kw) {
     const tn_hparams *hp = &c->hp;
     const tn_batch *b = f->b;
     const int32_t hd = hp->head_dim, kv_dim = hp->n_head_kv * hd;
@@ -327,9 +333,27 @@ static void tn_prepare_qkv(tern_ctx *c, const tn_layer *L, const float *rope_cs,
     if (c->rot_k) tn_kv_rot(c, qt, nh, false), tn_kv_rot(c, kt_, nk, false);
     if (c->rot_v) tn_kv_rot(c, vt, nk, false);
     const int64_t row = ring ? b->pos[t] % ring : tn_kv_row(tables ? tables[b->seq[t]] : NULL, TN_KV_BLOCK, b->pos[t]);
-    tn_kv_store(c->type_k, kt_, Kc + (size_t)row * c->k_rb, (int64_t)k0 * hd, kn, c->kt);
+    if (Kw) /* per-channel K: into the window; its group is quantized when complete (tn_kc_close) */
+        tn_kv_store(TN_F16, kt_, (uint8_t *)(Kw + (size_t)(b->pos[t] % c->kc_w) * (size_t)kv_dim), (int64_t)k0 * hd, kn, c->kt);
+    else tn_kv_store(c->type_k, kt_, Kc + (size_t)row * c->k_rb, (int64_t)k0 * hd, kn, c->kt);
     tn_kv_store(c->type_v, vt, Vc + (size_t)row * c->v_rb, (int64_t)k0 * hd, kn, c->kt);
     TN_SPAN_E(TN_TK_ROPE, "rope_kv_store", -1, 0, 0);
+}
+
+/* Per-channel K: the group ending at position last (complete now) quantized from the layer's
+ * window Kw into its cache rows (contiguous: row = position), kv heads k0 .. k0 + nk - 1 (whole
+ * 32-value chunks, so heads are quantized independently). */
+static void tn_kc_close(tern_ctx *c, int ith, uint8_t *Kc, const uint16_t *Kw, int64_t last, int32_t k0, int32_t nk) {
+    const int64_t hd = c->hp.head_dim, kv_dim = (int64_t)c->hp.n_head_kv * hd, n = (int64_t)nk * hd;
+    float *x = c->kc_x + (size_t)ith * (size_t)(TN_KV_BLOCK * kv_dim);
+    uint8_t *rows[TN_KC_ROWS];
+    for (int r = 0; r < TN_KC_ROWS; r++) {
+        const int64_t p = last - (TN_KC_ROWS - 1) + r;
+        const uint16_t *w = Kw + (size_t)(p % c->kc_w) * (size_t)kv_dim + (size_t)k0 * (size_t)hd;
+        for (int64_t i = 0; i < n; i++) x[r * n + i] = tn_fp16_to_fp32(w[i]);
+        rows[r] = Kc + (size_t)p * c->k_rb + tn_kc_row_bytes(c->kc_bits, (int64_t)k0 * hd);
+    }
+    tn_kc_quantize_group(c->kc_bits, x, n, n, rows);
 }
 
 /* The prefetch span of the pass's next matmul W for this thread (none for NULL, or for the output
@@ -443,18 +467,28 @@ void tn_blk_attention(tn_thr *T, const tn_layer *L, int32_t il) {
     const int32_t *const *tables = T->swa_tables && tn_hp_layer_swa(hp, il) ? T->swa_tables : T->tables;
     const tn_span wo_pf = tn_next_span(T, &L->w[TN_ROLE_ATTN_OUT]);
     const float *rope_cs = !tn_hp_layer_rope(hp, il) ? NULL : tn_hp_layer_swa(hp, il) ? c->rope_cs_swa : c->rope_cs;
+    uint16_t *Kw = c->kc_bits ? c->kc_win + (size_t)il * (size_t)(c->kc_w * hp->n_head_kv * hd) : NULL;
     TN_SPAN_B(TN_TK_ATTENTION, "attention", il, p1 - p0, G, 0, 0);
     /* one token in whole kv groups: a thread's units need only its own heads' RoPE and cache
      * rows, so it prepares them itself and no barrier separates that from the attention */
     if (T->own && G > 1 && !hp->family->qk_norm_full) {
         for (int64_t p = p0; p < p1; p++) {
             const int32_t h0 = (int32_t)(p % nu) * G, k0 = h0 / rep, nk = G / rep;
-            tn_prepare_qkv(c, L, rope_cs, T, tables, 0, h0, G, k0, nk, Kc, Vc, ring);
+            tn_prepare_qkv(c, L, rope_cs, T, tables, 0, h0, G, k0, nk, Kc, Vc, ring, Kw);
+            if (Kw && (b->pos[0] + 1) % TN_KV_BLOCK == 0) tn_kc_close(c, T->ith, Kc, Kw, b->pos[0], k0, nk); /* its own heads */
         }
     } else {
         for (int64_t t = T->t0; t < T->t1; t++)
-            tn_prepare_qkv(c, L, rope_cs, T, tables, t, 0, hp->n_head, 0, hp->n_head_kv, Kc, Vc, ring);
+            tn_prepare_qkv(c, L, rope_cs, T, tables, t, 0, hp->n_head, 0, hp->n_head_kv, Kc, Vc, ring, Kw);
         tn_pool_barrier(c->pool);
+        if (Kw) { /* the groups this batch completes, (group, kv head) pairs spread over the threads */
+            int64_t k = 0;
+            for (int32_t t = 0; t < b->n; t++)
+                if ((b->pos[t] + 1) % TN_KV_BLOCK == 0)
+                    for (int32_t g = 0; g < hp->n_head_kv; g++, k++)
+                        if (k % T->nth == T->ith) tn_kc_close(c, T->ith, Kc, Kw, b->pos[t], g, 1);
+            if (k) tn_pool_barrier(c->pool);
+        }
     }
     /* attention over (token, query-head group) units; one token: attention reads little memory,
      * so meanwhile the start of the thread's static share of Wo (wo_pf) is prefetched into its L2,

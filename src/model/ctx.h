@@ -62,6 +62,11 @@ struct tern_ctx {
     bool rot_k, rot_v;          /* K (and Q) / V (and the attention output) rotated per head   */
     int32_t rot_blk;            /* the rotation's Hadamard block (a power of 2 dividing hd)    */
     float *rot_sign;            /* [head_dim] its random signs (+-1)                           */
+    int32_t kc_bits;            /* > 0: K per channel (type_k TN_TQC<b>, quant/kc.h) of b bits; the
+                                   keys of a group (16 positions) are quantized when it completes */
+    int64_t kc_w;               /* rows of each layer's f16 window: position p at row p % kc_w  */
+    uint16_t *kc_win;           /* [n_layer][kc_w][kv_dim] K of the newest positions, f16        */
+    float *kc_x;                /* [n_threads][TN_KV_BLOCK * kv_dim] a group's keys as floats    */
     int64_t kv_rows;            /* rows per layer = kv_blocks * TN_KV_BLOCK >= n_ctx         */
     int64_t kv_ring;            /* > 0: sliding-window layers keep kv_ring rows, position p
                                    at row p % kv_ring (window + batch; contiguous cache only) */

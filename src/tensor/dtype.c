@@ -152,6 +152,9 @@ static const tn_dtype_traits tn_traits_internal[TN_DTYPE_SLOT_COUNT - TN_DTYPE_I
     {"iq4_nl_r16", QK4_NL, sizeof(block_iq4_nl), true, true, TN_Q8_0},
     {"tq2_0_r16", QK_K, sizeof(block_tq2_0), true, true, TN_Q8_K},
     {"tq1_0_r16", QK_K, sizeof(block_tq2_0), true, true, TN_Q8_K}, /* tq2_0_r16's blocks */
+    {"tqc2", 32, 16, true, false, TN_Q8_0}, /* KV cache rows only (quant/kc.h) */
+    {"tqc3", 32, 20, true, false, TN_Q8_0},
+    {"tqc4", 32, 24, true, false, TN_Q8_0},
 #define TN_C16_SFX_0 ""
 #define TN_C16_SFX_1 "a"
 #define TN_C16_TRAITS(b, g, a) {"tq" #b "g" #g TN_C16_SFX_##a "_c16", g, (a ? 4 : 2) + g * b / 8, true, b > 1, TN_Q8_0},

@@ -81,6 +81,9 @@ typedef enum tn_dtype {
     TN_TQ2_0_R16,                         /* tq2_0 with 16 rows interleaved (repack.h)         */
     TN_TQ1_0_R16,                         /* tq1_0 expanded to tq2_0_r16's chunks (66 bytes a  */
                                           /* block against 54; repack.h)                       */
+    TN_TQC2,                              /* per-channel K rows of the KV cache, b = 2, 3, 4    */
+    TN_TQC3,                              /* (quant/kc.h; 4 b + 8 bytes per 32 values; never a  */
+    TN_TQC4,                              /* tensor type: no kernel slot functions)             */
     TN_DTYPE_C16_BASE, /* tq<b>g<G>[a]_c16, b = 2..8: the tq ids' order (index = tq id - 1024; the
                         * b = 1 ids are unused) — rows with each 512-code super-step rearranged for
                         * the decode kernels (src/quant/repack.h) */

@@ -142,6 +142,25 @@ static void ref_round_tq(int bits, double *x, int64_t n) {
     }
 }
 
+/* tern's per-channel K (TERN_KV_TQC(b)), written here from the format (quant/kc.h): once the 16
+ * positions of a group are in (K rows g[0 .. 16), ld apart, as the f16 values the window held),
+ * per channel d = fp16((max - min) / (2^b - 1)), m = fp16(min), each value the nearest d c + m. */
+static void ref_round_kc_group(int bits, double *g, int64_t ld, int64_t n) {
+    const int nmax = (1 << bits) - 1;
+    for (int64_t i = 0; i < n; i++) {
+        float v[16], mn, mx;
+        for (int t = 0; t < 16; t++) v[t] = tn_fp16_to_fp32(tn_fp32_to_fp16((float)g[t * ld + i]));
+        mn = mx = v[0];
+        for (int t = 1; t < 16; t++) mn = fminf(mn, v[t]), mx = fmaxf(mx, v[t]);
+        const float d = tn_fp16_to_fp32(tn_fp32_to_fp16((mx - mn) / (float)nmax)), m = tn_fp16_to_fp32(tn_fp32_to_fp16(mn));
+        for (int t = 0; t < 16; t++) {
+            long c = d > 0 ? lrint(((double)v[t] - m) / d) : 0;
+            c = c < 0 ? 0 : c > nmax ? nmax : c;
+            g[t * ld + i] = (double)(d * (float)c + m);
+        }
+    }
+}
+
 static void ref_round(int32_t type, bool act, double *x, int64_t n) {
     for (int bits = 2; bits <= 8; bits++)
         if (type == TERN_KV_TQ(bits)) {
@@ -646,13 +665,16 @@ void ref_step(ref_model *r, int32_t token, double *logits, double *layers) {
         }
         if (r->rot_v)
             for (int32_t h = 0; h < hp->n_head_kv; h++) ref_rot_head(r, v + h * hd, false);
-        if (r->type_k != 0 && r->type_k != TN_F16) { /* ref_set_kv_types: each head's K and q rounded */
+        const int kc_bits = r->type_k >= TERN_KV_TQC(2) && r->type_k <= TERN_KV_TQC(4) ? r->type_k - TERN_KV_TQC(0) : 0;
+        if (kc_bits) { /* per-channel K: rounded a group at a time below, q as it is */
+        } else if (r->type_k != 0 && r->type_k != TN_F16) { /* ref_set_kv_types: each head's K and q rounded */
             for (int32_t h = 0; h < hp->n_head_kv; h++) ref_round(r->type_k, false, k + h * hd, hd);
             for (int32_t h = 0; h < hp->n_head; h++) ref_round(TN_Q8_0, true, q + h * hd, hd);
         }
         for (int32_t h = 0; h < hp->n_head_kv; h++) ref_round(r->type_v, false, v + h * hd, hd);
         memcpy(K + (size_t)pos * kvd, k, (size_t)kvd * sizeof *k);
         memcpy(V + (size_t)pos * kvd, v, (size_t)kvd * sizeof *v);
+        if (kc_bits && (pos + 1) % 16 == 0) ref_round_kc_group(kc_bits, K + (size_t)(pos - 15) * kvd, kvd, kvd);
         for (int32_t h = 0; h < hp->n_head; h++) {
             int32_t kh = h / (hp->n_head / hp->n_head_kv);
             double mx = -1e300, sum = 0;

@@ -312,7 +312,7 @@ static void test_bytes_and_refusals(void **state) {
     cp.n_ctx = 32, cp.type_k = 3; /* q4_1: not a cache type */
     c = NULL;
     assert_int_equal(tern_ctx_create(m, &cp, &c), TERN_ERR_INVALID_ARG);
-    assert_non_null(strstr(tern_last_error(), "not f16, q8_0, q4_0 or tq2 .. tq8"));
+    assert_non_null(strstr(tern_last_error(), "not f16, q8_0, q4_0, tq2 .. tq8 or (K) tqc2 .. tqc4"));
     cp.type_k = TERN_KV_TQ(1); /* a tq dtype, but not a cache type */
     assert_int_equal(tern_ctx_create(m, &cp, &c), TERN_ERR_INVALID_ARG);
     assert_null(c);
@@ -338,9 +338,109 @@ static void test_bytes_and_refusals(void **state) {
     assert_string_equal(tern_kv_type_name(TERN_KV_Q4_0), "q4_0");
 }
 
+/* Per-channel K (tqc2..4): a 20-token prefill (a group completes inside the batch) then 30 single
+ * steps (groups complete at 31 and 47) against the reference rounding each complete group per
+ * channel (ref_forward.c, from the format); batched == one token at a time and a small batch, bit
+ * for bit (which keys are read quantized depends on positions only); a truncation inside the
+ * window is exact, a deeper one falls back to the group's start and recomputes the same logits;
+ * KV bytes and refusals. */
+static void test_per_channel_k(void **state) {
+    (void)state;
+    tiny_cfg cfg;
+    tiny_cfg_default(&cfg);
+    tern_model *m = load(&cfg, "kvkc");
+    const int32_t nv = m->hp.n_vocab, N = 50;
+    tern_token toks[50];
+    for (int32_t i = 0; i < N; i++) toks[i] = i < NP ? prompt[i] : step_tok(i);
+    const int32_t pairs[][2] = {{TERN_KV_TQC(3), TERN_KV_F16}, {TERN_KV_TQC(2), TERN_KV_Q8_0}, {TERN_KV_TQC(4), TERN_KV_TQ(4)}};
+    float *lg = malloc((size_t)N * (size_t)nv * sizeof(float)), *l2 = malloc((size_t)nv * sizeof(float));
+    double *rl = malloc((size_t)nv * sizeof *rl);
+    for (size_t ip = 0; ip < sizeof pairs / sizeof *pairs; ip++) {
+        const int32_t tk = pairs[ip][0], tv = pairs[ip][1];
+        tern_ctx *c = make_ctx(m, 64, 0, tk, tv, false);
+        assert_false(c->rot_k); /* auto: per-channel K is not rotated */
+        ref_model *r = ref_create(m, 64);
+        ref_set_kv_types(r, tk, tv);
+        assert_int_equal(tern_decode(c, toks, 20), TERN_OK);
+        for (int32_t i = 0; i < 20; i++) ref_step(r, toks[i], rl, NULL);
+        double worst = 0;
+        for (int32_t i = 20; i <= N; i++) {
+            if (i > 20) {
+                assert_int_equal(tern_decode(c, &toks[i - 1], 1), TERN_OK);
+                ref_step(r, toks[i - 1], rl, NULL);
+            }
+            const double e = rel_err(rl, tern_get_logits(c, -1), nv);
+            /* a code flips where tern's f32 K and the reference's double K round to f16 an ulp
+             * apart at a rounding boundary, moving that key by a whole step (a seventh of the
+             * channel's range at 3 bits): 2e-2, while the rounding itself moves the logits 0.07
+             * (tqc4) .. 0.15 (tqc3) here (checked below: the unrounded reference is at least 4x
+             * further than the worst step) */
+            if (e > 2e-2) fail_msg("K %s V %s after %d tokens: logits rel err %.3g vs the reference", tern_kv_type_name(tk), tern_kv_type_name(tv), i, e);
+            if (e > worst) worst = e;
+        }
+        /* and the unrounded reference is further away than the bound allows: groups were rounded */
+        ref_free(r);
+        r = ref_create(m, 64);
+        ref_set_kv_types(r, 0, tv);
+        for (int32_t i = 0; i < N; i++) ref_step(r, toks[i], rl, NULL);
+        const double e0 = rel_err(rl, tern_get_logits(c, -1), nv);
+        if (e0 < 4 * worst)
+            fail_msg("K %s: %.3g from the unrounded reference, %.3g from the rounded one", tern_kv_type_name(tk), e0, worst);
+        ref_free(r);
+        tern_ctx_free(c);
+        /* one token at a time, and batches of 7, give the same bits */
+        tern_ctx *a = make_ctx(m, 64, 1, tk, tv, false), *b = make_ctx(m, 64, 7, tk, tv, false);
+        for (int32_t i = 0; i < N; i++) {
+            assert_int_equal(tern_decode(a, &toks[i], 1), TERN_OK);
+            memcpy(lg + (size_t)i * nv, tern_get_logits(a, -1), sizeof(float) * (size_t)nv);
+        }
+        for (int32_t i = 0; i < N; i += 7) {
+            const int32_t n = N - i < 7 ? N - i : 7;
+            assert_int_equal(tern_decode(b, &toks[i], n), TERN_OK);
+            assert_memory_equal(tern_get_logits(b, -1), lg + (size_t)(i + n - 1) * nv, sizeof(float) * (size_t)nv);
+        }
+        /* truncation: to 45 (window of b: 7 -> 16 + 32 = 48 rows) is exact; after 50 more... */
+        assert_int_equal(tern_ctx_truncate(b, 45), TERN_OK);
+        assert_int_equal(tern_ctx_n_past(b), 45);
+        assert_int_equal(tern_decode(b, &toks[45], 5), TERN_OK);
+        assert_memory_equal(tern_get_logits(b, -1), lg + (size_t)(N - 1) * nv, sizeof(float) * (size_t)nv);
+        /* a is at 50 with a window of 1 -> 16 + 32 = 48 rows: positions 2..49 are in it, so 1
+         * (group start 0 < 2) falls back to 0, and 20 stays */
+        assert_int_equal(tern_ctx_truncate(a, 20), TERN_OK);
+        assert_int_equal(tern_ctx_n_past(a), 20);
+        assert_int_equal(tern_decode(a, &toks[20], 10), TERN_OK);
+        assert_memory_equal(tern_get_logits(a, -1), lg + (size_t)29 * nv, sizeof(float) * (size_t)nv);
+        assert_int_equal(tern_decode(a, &toks[30], 20), TERN_OK); /* back at 50 */
+        assert_int_equal(tern_ctx_truncate(a, 1), TERN_OK);
+        assert_int_equal(tern_ctx_n_past(a), 0);
+        assert_int_equal(tern_decode(a, toks, 3), TERN_OK);
+        memcpy(l2, tern_get_logits(a, -1), sizeof(float) * (size_t)nv);
+        assert_memory_equal(l2, lg + (size_t)2 * nv, sizeof(float) * (size_t)nv);
+        tern_ctx_free(a), tern_ctx_free(b);
+    }
+    const uint64_t kv_dim = (uint64_t)m->hp.n_head_kv * (uint64_t)m->hp.head_dim, L = (uint64_t)m->hp.n_layer;
+    tern_ctx *c = make_ctx(m, 40, 0, TERN_KV_TQC(3), TERN_KV_Q8_0, false); /* 4 b + 8 bytes per 32 values */
+    assert_int_equal(tern_ctx_kv_bytes(c), L * 48 * (kv_dim / 32 * 20 + kv_dim / 32 * 34));
+    assert_string_equal(tern_kv_type_name(tern_ctx_type_k(c)), "tqc3");
+    tern_ctx_free(c);
+    assert_int_equal(tern_kv_type_from_name("TQC2"), TERN_KV_TQC(2));
+    assert_int_equal(tern_kv_type_from_name("tqc5"), -1);
+    tern_ctx_params cp;
+    tern_ctx_params_init(&cp);
+    cp.n_ctx = 32, cp.type_v = TERN_KV_TQC(3);
+    c = NULL;
+    assert_int_equal(tern_ctx_create(m, &cp, &c), TERN_ERR_INVALID_ARG);
+    assert_non_null(strstr(tern_last_error(), "for K only"));
+    cp.type_v = 0, cp.type_k = TERN_KV_TQC(4), cp.device = TERN_DEVICE_CUDA;
+    assert_int_equal(tern_ctx_create(m, &cp, &c), TERN_ERR_UNSUPPORTED);
+    assert_null(c);
+    tern_model_free(m);
+    free(lg), free(l2), free(rl);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_vs_reference), cmocka_unit_test(test_rotation), cmocka_unit_test(test_q8_close_to_f16),
                                        cmocka_unit_test(test_paged_equals_contiguous), cmocka_unit_test(test_ring_equals_full),
-                                       cmocka_unit_test(test_bytes_and_refusals)};
+                                       cmocka_unit_test(test_bytes_and_refusals), cmocka_unit_test(test_per_channel_k)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -261,13 +261,17 @@ int tn_cli_cache_type_flag(int argc, char **argv, int *i, int32_t *type_k, int32
     const bool is_k = !strcmp(a, "-ctk") || !strcmp(a, "--cache-type-k");
     if (!is_k && strcmp(a, "-ctv") && strcmp(a, "--cache-type-v")) return 0;
     if (!val) {
-        tn_cli_usage_error("%s needs a value (f16, q8_0, q4_0 or tq2 .. tq8)", a);
+        tn_cli_usage_error("%s needs a value (f16, q8_0, q4_0, tq2 .. tq8; for K also tqc2 .. tqc4)", a);
         return -1;
     }
     (*i)++;
     const int32_t t = tern_kv_type_from_name(val);
     if (t < 0) {
-        tn_cli_usage_error("%s: '%s' is not a KV cache type (f16, q8_0, q4_0 or tq2 .. tq8)", a, val);
+        tn_cli_usage_error("%s: '%s' is not a KV cache type (f16, q8_0, q4_0, tq2 .. tq8; for K also tqc2 .. tqc4)", a, val);
+        return -1;
+    }
+    if (!is_k && t >= TERN_KV_TQC(2) && t <= TERN_KV_TQC(4)) {
+        tn_cli_usage_error("%s: '%s' is per-channel quantization, for K only (-ctk); V takes f16, q8_0, q4_0, tq2 .. tq8", a, val);
         return -1;
     }
     *(is_k ? type_k : type_v) = t;

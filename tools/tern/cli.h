@@ -62,14 +62,15 @@ double tn_cli_now(void);
 /* --device cpu|cuda and -ngl/--n-gpu-layers N at argv[*i]: returns 1 when consumed (advancing *i
  * past the value), 0 when argv[*i] is neither, -1 after printing a usage error (exit 64). */
 int tn_cli_device_flag(int argc, char **argv, int *i, int32_t *device, int32_t *n_gpu_layers);
-/* --cache-type-k/-ctk T and --cache-type-v/-ctv T (T: f16, q8_0, q4_0, tq2 .. tq8) at argv[*i], into *type_k /
+/* --cache-type-k/-ctk T and --cache-type-v/-ctv T (T: f16, q8_0, q4_0, tq2 .. tq8; K also tqc2 .. tqc4) at argv[*i], into *type_k /
  * *type_v (TERN_KV_*), and --kv-rotate auto|none|k|v|kv into *kv_rot (TERN_KV_ROT_*). Same
  * contract as tn_cli_device_flag. */
 int tn_cli_cache_type_flag(int argc, char **argv, int *i, int32_t *type_k, int32_t *type_v, int32_t *kv_rot);
 #define TN_CLI_CACHE_TYPE_HELP                                                                                          \
     "  -ctk, --cache-type-k T  K cache type: f16 (default), q8_0, q4_0 (llama.cpp's), tq2 .. tq8 (tern's b-bit\n"      \
-    "                          groups of 32 with scale and offset; quantized types: head size a multiple of 32)\n" \
-    "  -ctv, --cache-type-v T  V cache type: the same\n"                                                \
+    "                          groups of 32 with scale and offset; quantized types: head size a multiple of 32),\n" \
+    "                          tqc2 .. tqc4 (per channel over each 16 positions, b + 2 bits; not in serve)\n"   \
+    "  -ctv, --cache-type-v T  V cache type: f16, q8_0, q4_0, tq2 .. tq8\n"                             \
     "      --kv-rotate R       rotate the heads of a quantized K and/or V: auto (default: K), none, k, v, kv\n"
 /* --hot-experts SIZE (bytes, or with K, M, G, T) at argv[*i]: 1 consumed, 0 not it, -1 after a usage error. */
 int tn_cli_hot_experts_flag(int argc, char **argv, int *i, uint64_t *bytes);

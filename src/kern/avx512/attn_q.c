@@ -27,12 +27,16 @@
 
 #include "kern/avx512/vmath.h"
 #include "kern/kern.h"
+#include "quant/kc.h"
 #include "quant/quant.h"
 #include "quant/tq.h"
 
 void tn_k_attn_q__scalar(int64_t hd, int64_t T, int64_t nh, int64_t rep, const float *q, int32_t tk, const void *K,
                          size_t k_rb, int32_t tv, const void *V, size_t v_rb, const int32_t *blocks, int64_t block_rows,
                          float scale, float cap, bool acc16, float *out, float *scratch);
+void tn_k_attn_kc__scalar(int64_t hd, int64_t T, int64_t nh, int64_t rep, const float *q, int kbits, const void *K,
+                          size_t k_rb, const uint16_t *Kw, int64_t ldw, int64_t W, int32_t tv, const void *V, size_t v_rb,
+                          const int32_t *blocks, float scale, float cap, bool acc16, float *out, float *scratch);
 
 #define W 16
 #define TN_AQ_AHEAD 2 /* chunks of W keys prefetched ahead */
@@ -103,7 +107,54 @@ typedef struct {
     _Alignas(64) float dql[8][W];      /* [block][lane u H + h] = head h's scale of that block */
     _Alignas(64) float qsl[8][W];      /* [block][lane u H + h] = the sum of its values (a tq K)  */
     _Alignas(64) float qf[8][256];     /* [head][value]         */
+    _Alignas(64) float qr[8][256];     /* [head][value] q as it is (per-channel K's complete groups) */
 } tn_aq_query;
+
+/* Per-channel K (quant/kc.h): the scores of one complete group (16 keys, rows kr[u]) for H heads
+ * into sc[h][u]: per 32-channel chunk the group's (d, m) pairs are gathered from its 16 rows (8
+ * bytes a row, together the chunk's 32 pairs in channel order), each head's query scaled by d
+ * (q' = q d) and q . m summed; each key's codes are widened to floats once and dotted with every
+ * head's q', 16 keys summed by vmath.h's tree, then + q . m. The reference sums
+ * q_c (d_c c + m_c) in channel order: the same value up to float reordering. */
+static inline __attribute__((always_inline)) void tn_aq_kc_group(const int NB, const int H, int bits,
+                                                                 const uint8_t *const *kr, const tn_aq_query *Q,
+                                                                 float sc[8][W]) {
+    const size_t cb = (size_t)(4 * bits + 8);
+    __m512 qd[8][16], cm[8];
+    const __m512i ev = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
+    for (int h = 0; h < H; h++) cm[h] = _mm512_setzero_ps();
+    for (int j = 0; j < NB / 2; j++) {
+        _Alignas(64) uint64_t st[16];
+        for (int r = 0; r < 16; r++) memcpy(&st[r], kr[r] + (size_t)j * cb, 8);
+        const __m512 a = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)st)); /* d0 m0 .. d7 m7 */
+        const __m512 b = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)st + 1));
+        const __m512 c = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)st + 2));
+        const __m512 e = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)st + 3));
+        const __m512 d0 = _mm512_permutex2var_ps(a, ev, b), m0 = _mm512_permutex2var_ps(a, od, b); /* channels 0..15 */
+        const __m512 d1 = _mm512_permutex2var_ps(c, ev, e), m1 = _mm512_permutex2var_ps(c, od, e); /* 16..31 */
+        for (int h = 0; h < H; h++) {
+            const __m512 q0 = _mm512_load_ps(Q->qr[h] + 32 * j), q1 = _mm512_load_ps(Q->qr[h] + 32 * j + 16);
+            qd[h][2 * j] = _mm512_mul_ps(q0, d0), qd[h][2 * j + 1] = _mm512_mul_ps(q1, d1);
+            cm[h] = _mm512_fmadd_ps(q0, m0, _mm512_fmadd_ps(q1, m1, cm[h]));
+        }
+    }
+    __m512 dv[8][W];
+    for (int u = 0; u < W; u++) {
+        __m512 cf[16];
+        for (int j = 0; j < NB / 2; j++) {
+            const __m256i c = tn_aq_tq_codes(kr[u] + (size_t)j * cb + 8, bits);
+            cf[2 * j] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(c)));
+            cf[2 * j + 1] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(c, 1)));
+        }
+        for (int h = 0; h < H; h++) {
+            __m512 sv = _mm512_mul_ps(cf[0], qd[h][0]);
+            for (int b = 1; b < NB; b++) sv = _mm512_fmadd_ps(cf[b], qd[h][b], sv);
+            dv[h][u] = sv;
+        }
+    }
+    for (int h = 0; h < H; h++) _mm512_store_ps(sc[h], _mm512_add_ps(tn_sum16(dv[h]), _mm512_set1_ps(_mm512_reduce_add_ps(cm[h]))));
+}
 
 /* dv[h] = 16 floats whose sum is head h's q . k for the f16 K row k (converted once for the H heads). */
 static inline __attribute__((always_inline)) void tn_aq_dots(const int NB, const int H, const uint8_t *k,
@@ -206,8 +257,10 @@ static inline __attribute__((always_inline)) void tn_aq_heads(const int NB, cons
                                                               int64_t T, const tn_aq_query *Q, const uint8_t *K,
                                                               size_t k_rb, const uint8_t *V, size_t v_rb,
                                                               const int32_t *blocks, int64_t block_rows, float scale,
-                                                              float cap, bool acc16, float *out) {
+                                                              float cap, bool acc16, float *out, int kc_bits,
+                                                              const uint16_t *Kw, int64_t ldw, int64_t Wn) {
     const int KU = W / H; /* keys per tree of 16 dot products */
+    const int64_t Qk = kc_bits ? T - T % W : 0; /* per-channel K: keys below Qk in complete groups, the rest in Kw */
     const bool vacc16 = acc16 && tv == TN_F16;
     const size_t kb_last = tn_kv_head_off(tk, NB * W, 1) - 1, vb_last = tn_kv_head_off(tv, NB * W, 1) - 1; /* a head's last byte */
     _Alignas(64) float accm[16][W]; /* the accumulators between chunks: in registers only for the V
@@ -233,12 +286,24 @@ static inline __attribute__((always_inline)) void tn_aq_heads(const int NB, cons
             }
         }
         _Alignas(64) float sc[8][W];
-        for (int i0 = 0; i0 < nt; i0 += KU) { /* KU keys x H heads: 16 dot products, summed at once */
+        if (kc_bits && t0 < Qk) { /* a complete per-channel group: its own scores, then scaled as below */
+            const uint8_t *kr[W];
+            for (int u = 0; u < W; u++) kr[u] = K + (size_t)rows[u] * k_rb;
+            tn_aq_kc_group(NB, H, kc_bits, kr, Q, sc);
+            for (int h = 0; h < H; h++) {
+                __m512 sv = _mm512_mul_ps(_mm512_load_ps(sc[h]), _mm512_set1_ps(scale));
+                if (cap > 0) sv = _mm512_mul_ps(_mm512_set1_ps(cap), tn_tanh512(sv));
+                _mm512_store_ps(sc[h], sv);
+            }
+        }
+        for (int i0 = 0; i0 < nt && !(kc_bits && t0 < Qk); i0 += KU) { /* KU keys x H heads: 16 dot products, summed at once */
             __m512 sv;
-            if (tk == TN_F16) {
+            if (tk == TN_F16 || kc_bits) { /* per-channel K: the open group's f16 keys from the window */
                 __m512 dv[W];
                 for (int u = 0; u < KU; u++) {
-                    if (i0 + u < nt) tn_aq_dots(NB, H, K + (size_t)rows[i0 + u] * k_rb, Q, dv + u * H);
+                    if (i0 + u < nt)
+                        tn_aq_dots(NB, H, kc_bits ? (const uint8_t *)(Kw + (size_t)((t0 + i0 + u) % Wn) * (size_t)ldw) : K + (size_t)rows[i0 + u] * k_rb, Q,
+                                   dv + u * H);
                     else
                         for (int h = 0; h < H; h++) dv[u * H + h] = _mm512_setzero_ps();
                 }
@@ -299,14 +364,10 @@ static inline __attribute__((always_inline)) void tn_aq_heads(const int NB, cons
     }
 }
 
-static void tn_k_attn_q__avx512(int64_t hd, int64_t T, int64_t nh, int64_t rep, const float *q, int32_t tk, const void *K,
-                                size_t k_rb, int32_t tv, const void *V, size_t v_rb, const int32_t *blocks,
-                                int64_t block_rows, float scale, float cap, bool acc16, float *out, float *scratch) {
-    if (hd % 32 || hd > 256) { /* only an f16 pair can have heads that are not whole blocks; the reference */
-        tn_k_attn_q__scalar(hd, T, nh, rep, q, tk, K, k_rb, tv, V, v_rb, blocks, block_rows, scale, cap, acc16, out, scratch);
-        return;
-    }
-    (void)scratch; /* the query and accumulators live on the stack */
+/* Both kernels: kc_bits > 0 is a per-channel K (tk its dtype; Kw, ldw, Wn its window). */
+static void tn_aq_run(int64_t hd, int64_t T, int64_t nh, int64_t rep, const float *q, int32_t tk, const void *K, size_t k_rb,
+                      int32_t tv, const void *V, size_t v_rb, const int32_t *blocks, int64_t block_rows, float scale,
+                      float cap, bool acc16, float *out, int kc_bits, const uint16_t *Kw, int64_t ldw, int64_t Wn) {
     const float sc = cap > 0 ? scale / cap : scale;
     const int nb = (int)(hd / W), hmax = 16 / nb < 8 ? 16 / nb : 8;
     for (int64_t j0 = 0; j0 < nh;) { /* heads j0 .. j0 + H - 1 share kv head j0 / rep */
@@ -317,10 +378,11 @@ static void tn_k_attn_q__avx512(int64_t hd, int64_t T, int64_t nh, int64_t rep, 
         _Alignas(64) tn_aq_query Q;
         for (int h = 0; h < H; h++) {
             const float *qh = q + (j0 + h) * hd;
-            if (tk == TN_F16) {
+            if (tk == TN_F16 || kc_bits) {
                 for (int64_t i = 0; i < hd; i += W) {
                     const __m512 v = _mm512_loadu_ps(qh + i);
                     _mm512_store_ps(Q.qf[h] + i, acc16 ? R16(v) : v);
+                    _mm512_store_ps(Q.qr[h] + i, v);
                 }
             } else {
                 block_q8_0 qb[8];
@@ -334,8 +396,10 @@ static void tn_k_attn_q__avx512(int64_t hd, int64_t T, int64_t nh, int64_t rep, 
             }
         }
         const uint8_t *Kg = (const uint8_t *)K + tn_kv_head_off(tk, hd, g), *Vg = (const uint8_t *)V + tn_kv_head_off(tv, hd, g);
+        const uint16_t *Kwg = kc_bits ? Kw + g * hd : NULL;
         float *o = out + j0 * hd;
-#define TN_AQ_CALL(NB_, H_) tn_aq_heads(NB_, H_, tk, tv, T, &Q, Kg, k_rb, Vg, v_rb, blocks, block_rows, sc, cap, acc16, o)
+#define TN_AQ_CALL(NB_, H_)                                                                                        \
+    tn_aq_heads(NB_, H_, tk, tv, T, &Q, Kg, k_rb, Vg, v_rb, blocks, block_rows, sc, cap, acc16, o, kc_bits, Kwg, ldw, Wn)
         if (nb == 2) {
             if (H == 8) TN_AQ_CALL(2, 8);
             else if (H == 4) TN_AQ_CALL(2, 4);
@@ -362,7 +426,33 @@ static void tn_k_attn_q__avx512(int64_t hd, int64_t T, int64_t nh, int64_t rep, 
     }
 }
 
+static void tn_k_attn_q__avx512(int64_t hd, int64_t T, int64_t nh, int64_t rep, const float *q, int32_t tk, const void *K,
+                                size_t k_rb, int32_t tv, const void *V, size_t v_rb, const int32_t *blocks,
+                                int64_t block_rows, float scale, float cap, bool acc16, float *out, float *scratch) {
+    if (hd % 32 || hd > 256) { /* only an f16 pair can have heads that are not whole blocks; the reference */
+        tn_k_attn_q__scalar(hd, T, nh, rep, q, tk, K, k_rb, tv, V, v_rb, blocks, block_rows, scale, cap, acc16, out, scratch);
+        return;
+    }
+    /* the query and accumulators live on the stack */
+    tn_aq_run(hd, T, nh, rep, q, tk, K, k_rb, tv, V, v_rb, blocks, block_rows, scale, cap, acc16, out, 0, NULL, 0, 0);
+}
+
+/* Per-channel K (kern.h tn_attn_kc_fn): tn_aq_heads with its complete groups scored by
+ * tn_aq_kc_group and the open group's keys read from the window as an f16 K's. */
+static void tn_k_attn_kc__avx512(int64_t hd, int64_t T, int64_t nh, int64_t rep, const float *q, int kbits, const void *K,
+                                 size_t k_rb, const uint16_t *Kw, int64_t ldw, int64_t Wn, int32_t tv, const void *V,
+                                 size_t v_rb, const int32_t *blocks, float scale, float cap, bool acc16, float *out,
+                                 float *scratch) {
+    if (hd % 32 || hd > 256) {
+        tn_k_attn_kc__scalar(hd, T, nh, rep, q, kbits, K, k_rb, Kw, ldw, Wn, tv, V, v_rb, blocks, scale, cap, acc16, out, scratch);
+        return;
+    }
+    tn_aq_run(hd, T, nh, rep, q, (int32_t)TN_TQC2 + kbits - 2, K, k_rb, tv, V, v_rb, blocks, TN_KC_ROWS, scale, cap, acc16,
+              out, kbits, Kw, ldw, Wn);
+}
+
 void tn_kern_register_attn_q_avx512(tn_kern_table *t) {
+    t->attn_kc = tn_k_attn_kc__avx512;
     t->attn_q = tn_k_attn_q__avx512;
     t->attn_q_isa = TN_ISA_AVX512;
 }
