@@ -9,8 +9,12 @@
     of the q8_0 / q4_0 rows;
   - bad values of -ctk / --cache-type-k / -ctv / --cache-type-v / --kv-rotate in generate, chat, bench, perplexity
     and serve exit 64 naming the flag; a model whose head size is not a multiple of 32 (the tiny
-    llama's 16) is refused with a message saying so; tern bench runs with the flags."""
-import os, re, subprocess, sys
+    llama's 16) is refused with a message saying so; tern bench runs with the flags;
+  - per-channel K (-ctk tqc2..4): generate, bench and perplexity run, its K rows 4 b + 8 bytes per 32
+    values; a long prompt through --prompt-cache twice gives the same text, the second run loading
+    its blocks; -ctv tqc3 exits 64 in all five commands, serve -ctk tqc3 too (naming serve), and a
+    sliding-window model (gemma3) is refused naming it."""
+import os, re, shutil, subprocess, sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from serve_lib import Server, check, complete_all, finish
@@ -96,4 +100,36 @@ e = r.stderr.decode()
 check(r.returncode != 0 and "multiple of 32" in e and "16" in e,
       f"head size 16 with -ctk q8_0: exit {r.returncode}, '{e.strip().splitlines()[-1] if e.strip() else ''}'")
 check(run(["generate", "-m", odd, "-p", "hi", "-n", "2", "-ctk", "f16"]).returncode == 0, "head size 16 with -ctk f16 runs")
+
+# per-channel K
+r = run(["generate", "-m", model, "-p", "hi", "-n", "1", "-c", "32768", "-t", "1", "-ctk", "tqc3"])
+m = re.search(r"KV ([0-9.]+) MiB", r.stderr.decode())
+got = float(m.group(1)) if m else -1
+check(r.returncode == 0 and abs(got / mib["f16"] - (20 / 64 + 1) / 2) < 0.02, f"-ctk tqc3: KV {got} MiB, (20/64 + 1) / 2 of f16's {mib['f16']}")
+for cmd in (["bench", "-m", model, "-p", "40", "-n", "20", "-r", "1", "-t", "2", "--no-roofline", "-ctk", "tqc2"],
+            ["perplexity", "-m", model, "-f", data, "-c", "64", "--chunks", "2", "-ctk", "tqc4", "-ctv", "q8_0"]):
+    r = run(cmd)
+    check(r.returncode == 0, f"{cmd[0]} {' '.join(cmd[-4:])} runs (exit {r.returncode})")
+pc = os.path.join(tmp, "pc-tqc")
+shutil.rmtree(pc, ignore_errors=True)
+outs = []
+for i in range(2):
+    r = run(["generate", "-m", model, "-p", " ".join(PROMPTS), "-n", "12", "-c", "1024", "--temp", "0", "-t", "2", "-ctk", "tqc3",
+             "--ignore-eos", "--prompt-cache", pc])
+    e = r.stderr.decode()
+    loaded = re.search(r"prompt cache: (\d+) blocks loaded", e)
+    outs.append((r.returncode, r.stdout, int(loaded.group(1)) if loaded else -1))
+check(outs[0][0] == 0 and outs[0][1] == outs[1][1] and outs[0][2] == 0 and outs[1][2] > 0,
+      f"-ctk tqc3 --prompt-cache: the second run loads {outs[1][2]} blocks and writes the same text")
+for cmd in (["generate", "-m", model, "-p", "hi"], ["chat", "-m", model], ["bench", "-m", model, "-p", "8", "-n", "2"],
+            ["perplexity", "-m", model, "-f", data], ["serve", "-m", model, "--port", "0"]):
+    r = run(cmd + ["-ctv", "tqc3"], timeout=30)
+    e = r.stderr.decode()
+    check(r.returncode == 64 and "for K only" in e, f"{cmd[0]} -ctv tqc3: exit {r.returncode}, '{e.strip().splitlines()[-1] if e.strip() else ''}'")
+r = run(["serve", "-m", model, "--port", "0", "-ctk", "tqc3"], timeout=30)
+e = r.stderr.decode()
+check(r.returncode == 64 and "serve" in e, f"serve -ctk tqc3: exit {r.returncode}, '{e.strip().splitlines()[-1] if e.strip() else ''}'")
+r = run(["generate", "-m", os.path.join(tmp, "gemma3.gguf"), "-p", "hi", "-n", "2", "-ctk", "tqc3"])
+e = r.stderr.decode()
+check(r.returncode != 0 and "sliding-window" in e, f"gemma3 -ctk tqc3: exit {r.returncode}, '{e.strip().splitlines()[-1] if e.strip() else ''}'")
 finish()
