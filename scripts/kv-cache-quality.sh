@@ -21,7 +21,9 @@ for kv in "q8_0 q8_0 none" "q8_0 q8_0 k" "q8_0 q8_0 kv" "q8_0 f16 none" "q8_0 f1
           "q4_0 q4_0 none" "q4_0 q4_0 k" "q4_0 q4_0 kv" "q8_0 q4_0 none" "q8_0 q4_0 k" "q8_0 q4_0 kv" \
           "q4_0 f16 none" "q4_0 f16 k" "f16 q4_0 none" "f16 q4_0 kv" \
           "tq8 tq8 k" "tq4 tq4 none" "tq4 tq4 k" "tq3 tq3 none" "tq3 tq3 k" "tq2 tq2 k" "tq4 tq3 k" \
-          "tq4 f16 k" "tq3 f16 k" "f16 tq4 none" "f16 tq3 none" "f16 tq2 none" "q8_0 tq3 k" "q8_0 tq2 k"; do
+          "tq4 f16 k" "tq3 f16 k" "f16 tq4 none" "f16 tq3 none" "f16 tq2 none" "q8_0 tq3 k" "q8_0 tq2 k" \
+          "tqc4 f16 none" "tqc3 f16 none" "tqc3 f16 k" "tqc2 f16 none" "tqc2 f16 k" "tq2 f16 k" \
+          "tqc3 q8_0 none" "tqc2 q8_0 none" "tqc3 tq3 none" "tqc2 tq3 none"; do
     set -- $kv
     f="$out/tern-$1-$2-$3.out"
     "$tern" perplexity -m "$model" --kl-divergence --kl-divergence-base "$out/tern-f16.kld" -t 1 -ctk "$1" -ctv "$2" \
