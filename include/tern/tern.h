@@ -162,8 +162,8 @@ enum { TERN_KV_F16 = 1, TERN_KV_Q4_0 = 2, TERN_KV_Q8_0 = 8 };
 #define TERN_KV_TQ(b) (1024 + ((b) - 1) * 8 + 1)
 /* TERN_KV_TQC(b), b = 2..4: per-channel K ("tqc<b>", K only; KIVI's layout): each key channel
  * quantized to b bits over the 16 positions of a cache block (b + 2 bits a value), the newest
- * block's keys kept in f16 until it is complete. Contiguous contexts only (not tern serve's paged
- * cache, a prompt cache, sliding-window, latent or attention-sink models). */
+ * block's keys kept in f16 until it is complete (a window per sequence). Not for V, the CUDA
+ * backend, sliding-window, latent (MLA) or attention-sink models. */
 #define TERN_KV_TQC(b) (1118 + (b))
 /* tern_ctx_params kv_rotate */
 enum { TERN_KV_ROT_AUTO = 0, TERN_KV_ROT_NONE = 1, TERN_KV_ROT_K = 2, TERN_KV_ROT_V = 3, TERN_KV_ROT_KV = 4 };

@@ -160,7 +160,7 @@ static void *tn_ctx_alloc(tern_ctx *c, size_t bytes, bool *ok) {
 static_assert(TERN_KV_TQC(2) == TN_TQC2 && TERN_KV_TQC(4) == TN_TQC4, "TERN_KV_TQC ids are the tqc dtype ids");
 static_assert(TN_KC_ROWS == TN_KV_BLOCK, "a per-channel K group is one cache block");
 
-static tern_status tn_ctx_create_impl(const tern_model *m, const tern_ctx_params *pp, int32_t swa_blocks, tern_ctx **out) {
+static tern_status tn_ctx_create_impl(const tern_model *m, const tern_ctx_params *pp, int32_t swa_blocks, int32_t n_seq, tern_ctx **out) {
     if (!out) return tn_err(TERN_ERR_INVALID_ARG, "tern_ctx_create: out is NULL");
     *out = NULL;
     if (!m) return tn_err(TERN_ERR_INVALID_ARG, "tern_ctx_create: model is NULL");
@@ -287,7 +287,8 @@ static tern_status tn_ctx_create_impl(const tern_model *m, const tern_ctx_params
     if (kc_bits) { /* the window holds the open group before a batch and the batch (+ a group for truncation) */
         c->kc_bits = kc_bits;
         c->kc_w = TN_PAD(nb, TN_KV_BLOCK) + 2 * TN_KV_BLOCK;
-        c->kc_win = tn_ctx_alloc(c, (size_t)hp->n_layer * (size_t)(c->kc_w * kv_dim) * 2, &ok);
+        c->kc_nseq = n_seq > 1 ? n_seq : 1;
+        c->kc_win = tn_ctx_alloc(c, (size_t)c->kc_nseq * (size_t)hp->n_layer * (size_t)(c->kc_w * kv_dim) * 2, &ok);
         c->kc_x = tn_ctx_alloc(c, (size_t)p.n_threads * (size_t)(TN_KV_BLOCK * kv_dim) * sizeof(float), &ok);
     }
     c->x = tn_ctx_alloc(c, (size_t)(nb * d) * sizeof(float), &ok);
@@ -379,15 +380,19 @@ static tern_status tn_ctx_create_impl(const tern_model *m, const tern_ctx_params
 }
 
 tern_status tern_ctx_create(const tern_model *m, const tern_ctx_params *p, tern_ctx **out) {
-    return tn_ctx_create_impl(m, p, 0, out);
+    return tn_ctx_create_impl(m, p, 0, 1, out);
 }
 
-tern_status tn_ctx_create_paged(const tern_model *m, const tern_ctx_params *pp, int32_t swa_blocks, tern_ctx **out) {
+tern_status tn_ctx_create_paged_seqs(const tern_model *m, const tern_ctx_params *pp, int32_t swa_blocks, int32_t n_seq,
+                                     tern_ctx **out) {
     tern_ctx_params p;
     tern_ctx_params_init(&p);
     if (pp) memcpy(&p, pp, TN_MIN(sizeof p, pp->struct_size ? pp->struct_size : sizeof p));
     p.swa_full = true; /* without a pool of their own, sliding-window layers keep every position */
-    return tn_ctx_create_impl(m, &p, swa_blocks, out);
+    return tn_ctx_create_impl(m, &p, swa_blocks, n_seq, out);
+}
+tern_status tn_ctx_create_paged(const tern_model *m, const tern_ctx_params *pp, int32_t swa_blocks, tern_ctx **out) {
+    return tn_ctx_create_paged_seqs(m, pp, swa_blocks, 1, out);
 }
 
 void tern_ctx_free(tern_ctx *c) {

@@ -85,8 +85,13 @@ static void tn_kv_rot(const tern_ctx *c, float *x, int64_t nh, bool inverse) {
     }
 }
 
-static void tn_attend(tern_ctx *c, int ith, int32_t il, const int32_t *blocks, int32_t pos, const float *q, int32_t h0,
-                      int32_t nh, bool acc16, float *out) {
+/* Halves from sequence 0's window to sequence seq's (per-channel K). */
+static inline size_t tn_kc_seq_off(const tern_ctx *c, int32_t seq) {
+    return (size_t)seq * (size_t)c->hp.n_layer * (size_t)c->kc_w * (size_t)c->hp.n_head_kv * (size_t)c->hp.head_dim;
+}
+
+static void tn_attend(tern_ctx *c, int ith, int32_t il, const int32_t *blocks, int32_t seq, int32_t pos, const float *q,
+                      int32_t h0, int32_t nh, bool acc16, float *out) {
     const tn_hparams *hp = &c->hp;
     const int32_t hd = hp->head_dim, rep = hp->n_head / hp->n_head_kv;
     const size_t k_rb = c->k_rb, v_rb = c->v_rb;
@@ -116,7 +121,7 @@ static void tn_attend(tern_ctx *c, int ith, int32_t il, const int32_t *blocks, i
     const int64_t r = nh == 1 ? 1 : rep;
     if (c->kc_bits) /* per-channel K: complete groups from the cache, the open one from the window */
         c->kt->attn_kc(hd, T, nh, r, q, c->kc_bits, K + kh, k_rb,
-                       c->kc_win + (size_t)il * (size_t)(c->kc_w * hp->n_head_kv * hd) + (size_t)(h0 / rep) * (size_t)hd,
+                       tn_kc_win(c, seq, il) + (size_t)(h0 / rep) * (size_t)hd,
                        (int64_t)hp->n_head_kv * hd, c->kc_w, c->type_v, V + vh, v_rb, blocks, scale, hp->attn_softcap, acc16, out,
                        scratch);
     else if (c->type_k != TN_F16 || c->type_v != TN_F16) /* a quantized cache: its kernel, soft cap included */
@@ -333,17 +338,19 @@ static void tn_prepare_qkv(tern_ctx *c, const tn_layer *L, const float *rope_cs,
     if (c->rot_k) tn_kv_rot(c, qt, nh, false), tn_kv_rot(c, kt_, nk, false);
     if (c->rot_v) tn_kv_rot(c, vt, nk, false);
     const int64_t row = ring ? b->pos[t] % ring : tn_kv_row(tables ? tables[b->seq[t]] : NULL, TN_KV_BLOCK, b->pos[t]);
-    if (Kw) /* per-channel K: into the window; its group is quantized when complete (tn_kc_close) */
-        tn_kv_store(TN_F16, kt_, (uint8_t *)(Kw + (size_t)(b->pos[t] % c->kc_w) * (size_t)kv_dim), (int64_t)k0 * hd, kn, c->kt);
+    if (Kw) /* per-channel K: into its sequence's window; its group is quantized when complete (tn_kc_close) */
+        tn_kv_store(TN_F16, kt_, (uint8_t *)(Kw + tn_kc_seq_off(c, b->seq[t]) + (size_t)(b->pos[t] % c->kc_w) * (size_t)kv_dim),
+                    (int64_t)k0 * hd, kn, c->kt);
     else tn_kv_store(c->type_k, kt_, Kc + (size_t)row * c->k_rb, (int64_t)k0 * hd, kn, c->kt);
     tn_kv_store(c->type_v, vt, Vc + (size_t)row * c->v_rb, (int64_t)k0 * hd, kn, c->kt);
     TN_SPAN_E(TN_TK_ROPE, "rope_kv_store", -1, 0, 0);
 }
 
-/* Per-channel K: the group ending at position last (complete now) quantized from the layer's
- * window Kw into its cache rows (contiguous: row = position), kv heads k0 .. k0 + nk - 1 (whole
- * 32-value chunks, so heads are quantized independently). */
-static void tn_kc_close(tern_ctx *c, int ith, uint8_t *Kc, const uint16_t *Kw, int64_t last, int32_t k0, int32_t nk) {
+/* Per-channel K: the group ending at position last (complete now) quantized from the sequence's
+ * window Kw (its layer's) into its cache rows (the block of table, or contiguous rows), kv heads
+ * k0 .. k0 + nk - 1 (whole 32-value chunks, so heads are quantized independently). */
+static void tn_kc_close(tern_ctx *c, int ith, uint8_t *Kc, const uint16_t *Kw, const int32_t *table, int64_t last, int32_t k0,
+                        int32_t nk) {
     const int64_t hd = c->hp.head_dim, kv_dim = (int64_t)c->hp.n_head_kv * hd, n = (int64_t)nk * hd;
     float *x = c->kc_x + (size_t)ith * (size_t)(TN_KV_BLOCK * kv_dim);
     uint8_t *rows[TN_KC_ROWS];
@@ -351,7 +358,7 @@ static void tn_kc_close(tern_ctx *c, int ith, uint8_t *Kc, const uint16_t *Kw, i
         const int64_t p = last - (TN_KC_ROWS - 1) + r;
         const uint16_t *w = Kw + (size_t)(p % c->kc_w) * (size_t)kv_dim + (size_t)k0 * (size_t)hd;
         for (int64_t i = 0; i < n; i++) x[r * n + i] = tn_fp16_to_fp32(w[i]);
-        rows[r] = Kc + (size_t)p * c->k_rb + tn_kc_row_bytes(c->kc_bits, (int64_t)k0 * hd);
+        rows[r] = Kc + (size_t)tn_kv_row(table, TN_KV_BLOCK, p) * c->k_rb + tn_kc_row_bytes(c->kc_bits, (int64_t)k0 * hd);
     }
     tn_kc_quantize_group(c->kc_bits, x, n, n, rows);
 }
@@ -467,7 +474,7 @@ void tn_blk_attention(tn_thr *T, const tn_layer *L, int32_t il) {
     const int32_t *const *tables = T->swa_tables && tn_hp_layer_swa(hp, il) ? T->swa_tables : T->tables;
     const tn_span wo_pf = tn_next_span(T, &L->w[TN_ROLE_ATTN_OUT]);
     const float *rope_cs = !tn_hp_layer_rope(hp, il) ? NULL : tn_hp_layer_swa(hp, il) ? c->rope_cs_swa : c->rope_cs;
-    uint16_t *Kw = c->kc_bits ? c->kc_win + (size_t)il * (size_t)(c->kc_w * hp->n_head_kv * hd) : NULL;
+    uint16_t *Kw = c->kc_bits ? tn_kc_win(c, 0, il) : NULL; /* sequence 0's; tn_kc_seq_off moves to another's */
     TN_SPAN_B(TN_TK_ATTENTION, "attention", il, p1 - p0, G, 0, 0);
     /* one token in whole kv groups: a thread's units need only its own heads' RoPE and cache
      * rows, so it prepares them itself and no barrier separates that from the attention */
@@ -475,7 +482,8 @@ void tn_blk_attention(tn_thr *T, const tn_layer *L, int32_t il) {
         for (int64_t p = p0; p < p1; p++) {
             const int32_t h0 = (int32_t)(p % nu) * G, k0 = h0 / rep, nk = G / rep;
             tn_prepare_qkv(c, L, rope_cs, T, tables, 0, h0, G, k0, nk, Kc, Vc, ring, Kw);
-            if (Kw && (b->pos[0] + 1) % TN_KV_BLOCK == 0) tn_kc_close(c, T->ith, Kc, Kw, b->pos[0], k0, nk); /* its own heads */
+            if (Kw && (b->pos[0] + 1) % TN_KV_BLOCK == 0) /* its own heads */
+                tn_kc_close(c, T->ith, Kc, Kw + tn_kc_seq_off(c, b->seq[0]), tables ? tables[b->seq[0]] : NULL, b->pos[0], k0, nk);
         }
     } else {
         for (int64_t t = T->t0; t < T->t1; t++)
@@ -486,7 +494,8 @@ void tn_blk_attention(tn_thr *T, const tn_layer *L, int32_t il) {
             for (int32_t t = 0; t < b->n; t++)
                 if ((b->pos[t] + 1) % TN_KV_BLOCK == 0)
                     for (int32_t g = 0; g < hp->n_head_kv; g++, k++)
-                        if (k % T->nth == T->ith) tn_kc_close(c, T->ith, Kc, Kw, b->pos[t], g, 1);
+                        if (k % T->nth == T->ith)
+                            tn_kc_close(c, T->ith, Kc, Kw + tn_kc_seq_off(c, b->seq[t]), tables ? tables[b->seq[t]] : NULL, b->pos[t], g, 1);
             if (k) tn_pool_barrier(c->pool);
         }
     }
@@ -502,7 +511,7 @@ void tn_blk_attention(tn_thr *T, const tn_layer *L, int32_t il) {
             const size_t a = pf_n * (size_t)(p - p0) / (size_t)(p1 - p0), e = pf_n * (size_t)(p + 1 - p0) / (size_t)(p1 - p0);
             for (size_t o = a & ~(size_t)63; o < e; o += 64) __builtin_prefetch(pf + o, 0, 2); /* prefetcht1: into L2 */
         }
-        tn_attend(c, T->ith, il, tables ? tables[b->seq[t]] : NULL, b->pos[t], c->q + (int64_t)t * qd + (int64_t)h0 * hd,
+        tn_attend(c, T->ith, il, tables ? tables[b->seq[t]] : NULL, b->seq[t], b->pos[t], c->q + (int64_t)t * qd + (int64_t)h0 * hd,
                   h0, G, T->acc16, c->att + (int64_t)t * qd + (int64_t)h0 * hd);
     }
     tn_pool_barrier_pf(c->pool, pf ? NULL : wo_pf.p, wo_pf.n); /* unless attending prefetched it */

@@ -65,7 +65,8 @@ struct tern_ctx {
     int32_t kc_bits;            /* > 0: K per channel (type_k TN_TQC<b>, quant/kc.h) of b bits; the
                                    keys of a group (16 positions) are quantized when it completes */
     int64_t kc_w;               /* rows of each layer's f16 window: position p at row p % kc_w  */
-    uint16_t *kc_win;           /* [n_layer][kc_w][kv_dim] K of the newest positions, f16        */
+    int32_t kc_nseq;            /* windows: one per sequence (batch seq ids 0 .. kc_nseq - 1)    */
+    uint16_t *kc_win;           /* [kc_nseq][n_layer][kc_w][kv_dim] K of the newest positions, f16 */
     float *kc_x;                /* [n_threads][TN_KV_BLOCK * kv_dim] a group's keys as floats    */
     int64_t kv_rows;            /* rows per layer = kv_blocks * TN_KV_BLOCK >= n_ctx         */
     int64_t kv_ring;            /* > 0: sliding-window layers keep kv_ring rows, position p
@@ -200,5 +201,15 @@ void tn_forward_batch_cpu(tern_ctx *c, const tn_batch *b, const int32_t *const *
  * global layers kv_blocks as usual. swa_blocks <= 0, or not smaller than kv_blocks, or a model
  * without sliding-window layers: the same as tern_ctx_create with swa_full. */
 tern_status tn_ctx_create_paged(const tern_model *m, const tern_ctx_params *p, int32_t swa_blocks, tern_ctx **out);
+/* The same with n_seq sequences (batch seq ids 0 .. n_seq - 1): a per-channel K cache (tqc) keeps
+ * an f16 window per sequence; other types ignore n_seq. */
+tern_status tn_ctx_create_paged_seqs(const tern_model *m, const tern_ctx_params *p, int32_t swa_blocks, int32_t n_seq,
+                                     tern_ctx **out);
+
+/* The f16 window rows of sequence seq, layer il (per-channel K; position p at row p % kc_w). */
+static inline uint16_t *tn_kc_win(const tern_ctx *c, int32_t seq, int32_t il) {
+    return c->kc_win + ((size_t)seq * (size_t)c->hp.n_layer + (size_t)il) * (size_t)c->kc_w * (size_t)c->hp.n_head_kv *
+                           (size_t)c->hp.head_dim;
+}
 
 #endif

@@ -1079,7 +1079,7 @@ tern_status tn_engine_create(const tern_model *m, const tn_serve_config *cfg, tn
         e->swa_w = (cp.n_batch + e->n_swa - 2) / TN_KVB + 2; /* blocks one step's window can span */
         swa_blocks = (int32_t)TN_MIN((int64_t)2 * e->np * e->swa_w, INT32_MAX / 2);
     }
-    tern_status s = tn_ctx_create_paged(m, &cp, swa_blocks, &e->ctx);
+    tern_status s = tn_ctx_create_paged_seqs(m, &cp, swa_blocks, e->np, &e->ctx); /* tqc K: a window per sequence */
     if (s) goto fail;
     if (cfg->n_lora > 0 && (s = tern_ctx_set_lora(e->ctx, cfg->lora, cfg->lora_scales, cfg->n_lora))) goto fail;
     /* a request's tokens must not depend on what else is in its batch: on the GPU too */
@@ -1155,7 +1155,7 @@ tern_status tn_engine_create(const tern_model *m, const tn_serve_config *cfg, tn
         tern_ctx_params dcp = cp;
         dcp.device = TERN_DEVICE_CPU;
         dcp.n_batch = e->n_batch;
-        if ((s = tn_ctx_create_paged(cfg->draft_model, &dcp, 0, &e->dctx))) goto fail;
+        if ((s = tn_ctx_create_paged_seqs(cfg->draft_model, &dcp, 0, e->np, &e->dctx))) goto fail;
         if (e->dctx->kv_blocks != e->ctx->kv_blocks || e->dctx->n_logits_cap < e->np) {
             s = tn_err(TERN_ERR_INTERNAL, "--draft: its cache has %d blocks and %d logit rows (the model's %d, %d sequences)",
                        e->dctx->kv_blocks, e->dctx->n_logits_cap, e->ctx->kv_blocks, e->np);

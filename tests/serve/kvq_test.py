@@ -12,8 +12,8 @@
     llama's 16) is refused with a message saying so; tern bench runs with the flags;
   - per-channel K (-ctk tqc2..4): generate, bench and perplexity run, its K rows 4 b + 8 bytes per 32
     values; a long prompt through --prompt-cache twice gives the same text, the second run loading
-    its blocks; -ctv tqc3 exits 64 in all five commands, serve -ctk tqc3 too (naming serve), and a
-    sliding-window model (gemma3) is refused naming it."""
+    its blocks; -ctv tqc3 exits 64 in all five commands, and a sliding-window model (gemma3) is
+    refused naming it; serve with tqc3 / q8_0 and tqc2 / tq4 equals generate as above."""
 import os, re, shutil, subprocess, sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -31,12 +31,38 @@ def run(args, timeout=120):
     return subprocess.run([tern, *args], capture_output=True, timeout=timeout)
 
 
-def generate(model, p, ct, rot):
+def generate(model, p, ctk, ctv, rot):
     r = run(["generate", "-m", model, "-p", p, "-n", str(N), "--temp", "0", "-t", "1", "-b", "16", "--ignore-eos",
-             "--no-display-prompt", "-ctk", ct, "-ctv", ct, "--kv-rotate", rot])
+             "--no-display-prompt", "-ctk", ctk, "-ctv", ctv, "--kv-rotate", rot])
     assert r.returncode == 0, r.stderr
     assert r.stdout.endswith(b"\n")
     return r.stdout[:-1].decode("utf-8", "replace"), r.stderr.decode()
+
+
+def serve_vs_generate(arch, model, ctk, ctv, rot, types):
+    ref, err = {}, ""
+    for p in PROMPTS:
+        ref[p], err = generate(model, p, ctk, ctv, rot)
+    check(types in err, f"{arch} {ctk}/{ctv} {rot}: generate reports the cache types ({err.strip().splitlines()[0]})")
+    name = f"{arch}-{ctk}-{ctv}-{rot}"
+    srv = Server(tern, model, os.path.join(tmp, name), "-np", "4", "-b", "16", "-c", "1024", "--metrics",
+                 "-ctk", ctk, "--cache-type-v", ctv, "--kv-rotate", rot)
+    try:
+        for rnd in ("cold", "prefix-cached"):
+            bad = 0
+            for start in range(0, len(PROMPTS), 4):
+                group = PROMPTS[start:start + 4]
+                for p, r in zip(group, complete_all(srv.url, group, N)):
+                    if r != ref[p]:
+                        bad += 1
+                        print(f"  {name} {rnd}: {p!r}: serve {r!r} != generate {ref[p]!r}")
+            check(bad == 0, f"{name} {rnd}: {len(PROMPTS)} prompts, 4 at a time, equal tern generate -ctk {ctk} -ctv {ctv} --kv-rotate {rot}")
+        srv.end_clean()
+    finally:
+        if srv.proc.poll() is None:
+            srv.kill()
+    log = open(os.path.join(tmp, name, "serve.log")).read()
+    check(f"({types})" in log, f"{name}: serve reports the cache types")
 
 
 for arch in ("qwen3", "gemma3"):
@@ -45,30 +71,11 @@ for arch in ("qwen3", "gemma3"):
                    capture_output=True, timeout=120)
     # auto rotates a quantized K; kv both halves; none neither
     for ct, rot in (("q8_0", "auto"), ("q4_0", "auto"), ("q4_0", "kv"), ("q4_0", "none"), ("tq3", "auto"), ("tq4", "kv")):
-        ref, err = {}, ""
-        for p in PROMPTS:
-            ref[p], err = generate(model, p, ct, rot)
         types = {"auto": f"K {ct} rotated, V {ct}", "kv": f"K {ct} rotated, V {ct} rotated", "none": f"K {ct}, V {ct}"}[rot]
-        check(types in err, f"{arch} {ct} {rot}: generate reports the cache types ({err.strip().splitlines()[0]})")
-        name = f"{arch}-{ct}-{rot}"
-        srv = Server(tern, model, os.path.join(tmp, name), "-np", "4", "-b", "16", "-c", "1024", "--metrics",
-                     "-ctk", ct, "--cache-type-v", ct, "--kv-rotate", rot)
-        try:
-            for rnd in ("cold", "prefix-cached"):
-                bad = 0
-                for start in range(0, len(PROMPTS), 4):
-                    group = PROMPTS[start:start + 4]
-                    for p, r in zip(group, complete_all(srv.url, group, N)):
-                        if r != ref[p]:
-                            bad += 1
-                            print(f"  {name} {rnd}: {p!r}: serve {r!r} != generate {ref[p]!r}")
-                check(bad == 0, f"{name} {rnd}: {len(PROMPTS)} prompts, 4 at a time, equal tern generate -ctk {ct} -ctv {ct} --kv-rotate {rot}")
-            srv.end_clean()
-        finally:
-            if srv.proc.poll() is None:
-                srv.kill()
-        log = open(os.path.join(tmp, name, "serve.log")).read()
-        check(f"({types})" in log, f"{name}: serve reports the cache types")
+        serve_vs_generate(arch, model, ct, ct, rot, types)
+# per-channel K (a window per sequence in serve; auto leaves it unrotated); prompts of 1..3 groups
+serve_vs_generate("qwen3", os.path.join(tmp, "qwen3.gguf"), "tqc3", "q8_0", "auto", "K tqc3, V q8_0")
+serve_vs_generate("qwen3", os.path.join(tmp, "qwen3.gguf"), "tqc2", "tq4", "auto", "K tqc2, V tq4")
 
 # KV bytes (-c 32768, ~16 MiB in f16, printed to 0.1 MiB): f16 rows 2 bytes a value, q8_0 34 bytes per 32, q4_0 18 per 32
 model = os.path.join(tmp, "qwen3.gguf")
@@ -126,9 +133,6 @@ for cmd in (["generate", "-m", model, "-p", "hi"], ["chat", "-m", model], ["benc
     r = run(cmd + ["-ctv", "tqc3"], timeout=30)
     e = r.stderr.decode()
     check(r.returncode == 64 and "for K only" in e, f"{cmd[0]} -ctv tqc3: exit {r.returncode}, '{e.strip().splitlines()[-1] if e.strip() else ''}'")
-r = run(["serve", "-m", model, "--port", "0", "-ctk", "tqc3"], timeout=30)
-e = r.stderr.decode()
-check(r.returncode == 64 and "serve" in e, f"serve -ctk tqc3: exit {r.returncode}, '{e.strip().splitlines()[-1] if e.strip() else ''}'")
 r = run(["generate", "-m", os.path.join(tmp, "gemma3.gguf"), "-p", "hi", "-n", "2", "-ctk", "tqc3"])
 e = r.stderr.decode()
 check(r.returncode != 0 and "sliding-window" in e, f"gemma3 -ctk tqc3: exit {r.returncode}, '{e.strip().splitlines()[-1] if e.strip() else ''}'")

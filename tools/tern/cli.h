@@ -69,7 +69,7 @@ int tn_cli_cache_type_flag(int argc, char **argv, int *i, int32_t *type_k, int32
 #define TN_CLI_CACHE_TYPE_HELP                                                                                          \
     "  -ctk, --cache-type-k T  K cache type: f16 (default), q8_0, q4_0 (llama.cpp's), tq2 .. tq8 (tern's b-bit\n"      \
     "                          groups of 32 with scale and offset; quantized types: head size a multiple of 32),\n" \
-    "                          tqc2 .. tqc4 (per channel over each 16 positions, b + 2 bits; not in serve)\n"   \
+    "                          tqc2 .. tqc4 (per channel over each 16 positions, b + 2 bits)\n"                \
     "  -ctv, --cache-type-v T  V cache type: f16, q8_0, q4_0, tq2 .. tq8\n"                             \
     "      --kv-rotate R       rotate the heads of a quantized K and/or V: auto (default: K), none, k, v, kv\n"
 /* --hot-experts SIZE (bytes, or with K, M, G, T) at argv[*i]: 1 consumed, 0 not it, -1 after a usage error. */

@@ -169,9 +169,6 @@ int cmd_serve(int argc, char **argv) {
                    (dv = tn_cli_lora_flag(argc, argv, &i, &lora)) != 0 ||
                    (dv = tn_cli_cache_type_flag(argc, argv, &i, &cfg.type_k, &cfg.type_v, &cfg.kv_rot)) != 0) {
             if (dv < 0) return TN_EXIT_USAGE;
-            if (cfg.type_k >= TERN_KV_TQC(2) && cfg.type_k <= TERN_KV_TQC(4))
-                return tn_cli_usage_error("%s %s: per-channel K is not in tern serve yet (its paged cache keeps no f16 window "
-                                          "per sequence); use tq4 or q8_0 there", a, tern_kv_type_name(cfg.type_k));
         } else if ((dv = tn_cli_pcache_flag(argc, argv, &i, &pcf)) != 0) {
             if (dv < 0) return TN_EXIT_USAGE;
             cfg.prompt_cache_dir = pcf.dir;
