@@ -37,6 +37,19 @@ dr() { sed -n 's/.*passes, \([0-9]*\) drafted.*/\1/p' "$TMP/$1.err"; }
 # the n-gram drafts of a repetitive prompt are mostly taken under greedy decoding
 acc=$(sed -n 's/.*drafted, \([0-9]*\) accepted (\([0-9.]*\)%).*/\2/p' "$TMP/greedy-ngram.err")
 awk -v a="${acc:-0}" 'BEGIN { exit !(a >= 30) }' && ok "greedy n-gram acceptance ${acc}% (>= 30%)" || bad "greedy n-gram acceptance ${acc:-?}%"
+# per-channel K (-ctk tqc2): rollbacks into the open group and across a group's end stay exact —
+# a draft that disagrees (the model requantized to tq2: some of its drafts rejected) and n-grams
+"$TERN" quantize --allow-requantize "$MODEL" "$TMP/draft-tq2.gguf" tq2 >/dev/null 2>&1 || bad "quantize the tq2 draft"
+P2="And God said, Let there be light: and there was light. And God saw the light, that it was good"
+gen kc-plain -p "$P2" --temp 0 -n 150 --ignore-eos -ctk tqc2 -ctv q8_0
+gen kc-draft -p "$P2" --temp 0 -n 150 --ignore-eos -ctk tqc2 -ctv q8_0 --draft "$TMP/draft-tq2.gguf" --draft-max 7
+gen kc-ngram -p "$P2" --temp 0 -n 150 --ignore-eos -ctk tqc2 -ctv q8_0 --spec ngram
+for v in draft ngram; do
+  cmp -s "$TMP/kc-plain.out" "$TMP/kc-$v.out" && ok "-ctk tqc2 --$v: the text of plain generate" || bad "-ctk tqc2 --$v: text differs"
+done
+da=$(sed -n 's/.*passes, \([0-9]*\) drafted, \([0-9]*\) accepted.*/\1 \2/p' "$TMP/kc-draft.err")
+set -- $da
+[ -n "${2:-}" ] && [ "$2" -lt "$1" ] && ok "-ctk tqc2 tq2 draft: $2 of $1 drafts accepted (rollbacks happened)" || bad "-ctk tqc2 tq2 draft: '${da}'"
 # bad input
 expect() { local want=$1 what=$2; shift 2; "$TERN" generate -m "$MODEL" -p hi -n 2 "$@" >/dev/null 2>"$TMP/err"; local got=$?
   [ "$got" = "$want" ] && ok "$what (exit $got)" || { bad "$what: exit $got, want $want"; head -3 "$TMP/err"; }; }
