@@ -402,7 +402,7 @@ void tern_ctx_free(tern_ctx *c) {
     tn_pool_free(c->pool);
     void *bufs[] = {c->kv_off, c->k_cache, c->v_cache, c->x, c->xb, c->q, c->kv, c->att, c->hb, c->hb2,
                     c->moe_logits, c->moe_sel, c->moe_w, c->moe_off, c->moe_tok, c->moe_row, c->moe_x, c->moe_count, c->moe_touched, c->moe_passes, c->moe_tokens, c->tmp, c->rope_cs, c->rope_cs_swa, c->swa_kv, c->xq, c->pxb, c->pxq, c->mm_next, c->scores, c->logits, c->b_seq, c->b_pos, c->out_rows,
-                    c->b_logits, c->mla_q, c->mla_o, c->mla_a, c->rot_sign};
+                    c->b_logits, c->mla_q, c->mla_o, c->mla_a, c->rot_sign, c->kc_win, c->kc_x};
     for (size_t i = 0; i < TN_ARRAY_LEN(bufs); i++) tn_free_aligned(bufs[i]);
     tn_free(c);
 }
