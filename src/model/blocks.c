@@ -312,6 +312,34 @@ void tn_kv_row_from_f32(const tern_ctx *c, int kv, float *x, uint8_t *row) {
     tn_kv_store(kv ? c->type_v : c->type_k, x, row, 0, nk * c->hp.head_dim, c->kt);
 }
 
+void tn_kv_block_to_f32(const tern_ctx *c, int kv, const uint8_t *rows, float *x) {
+    const size_t rb = kv ? c->v_rb : c->k_rb;
+    const int64_t nk = c->hp.n_head_kv, n = nk * c->hp.head_dim;
+    if (!kv && c->kc_bits) { /* per-channel K: a block is one group */
+        const uint8_t *r[TN_KC_ROWS];
+        for (int t = 0; t < TN_KC_ROWS; t++) r[t] = rows + (size_t)t * rb;
+        tn_kc_dequantize_group(c->kc_bits, r, n, x, n);
+        for (int t = 0; c->rot_k && t < TN_KC_ROWS; t++) tn_kv_rot(c, x + t * n, nk, true);
+        return;
+    }
+    for (int t = 0; t < TN_KV_BLOCK; t++) tn_kv_row_to_f32(c, kv, rows + (size_t)t * rb, x + t * n);
+}
+
+void tn_kv_block_from_f32(const tern_ctx *c, int kv, float *x, uint8_t *rows) {
+    const size_t rb = kv ? c->v_rb : c->k_rb;
+    const int64_t nk = c->hp.n_head_kv, n = nk * c->hp.head_dim;
+    if (!kv && c->kc_bits) {
+        uint8_t *r[TN_KC_ROWS];
+        for (int t = 0; t < TN_KC_ROWS; t++) {
+            if (c->rot_k) tn_kv_rot(c, x + t * n, nk, false);
+            r[t] = rows + (size_t)t * rb;
+        }
+        tn_kc_quantize_group(c->kc_bits, x, n, n, r);
+        return;
+    }
+    for (int t = 0; t < TN_KV_BLOCK; t++) tn_kv_row_from_f32(c, kv, x + t * n, rows + (size_t)t * rb);
+}
+
 static void tn_prepare_qkv(tern_ctx *c, const tn_layer *L, const float *rope_cs, const tn_thr *f,
                            const int32_t *const *tables, int64_t t, int32_t h0, int32_t nh, int32_t k0, int32_t nk,
                            uint8_t *Kc, uint8_t *Vc, int64_t ring, uint16_t *Kw) {

@@ -61,6 +61,10 @@ void tn_kv_row_to_f32(const tern_ctx *c, int kv, const uint8_t *row, float *x);
 /* The inverse: x (n_head_kv * head_dim values; clobbered: rotated where the half is) written as a
  * row of the half's type exactly as the forward pass writes a new position's K or V. */
 void tn_kv_row_from_f32(const tern_ctx *c, int kv, float *x, uint8_t *row);
+/* The same for a whole block of TN_KV_BLOCK rows (rb apart; x: [TN_KV_BLOCK][n_head_kv * head_dim]):
+ * a per-channel K (tqc) block is one group, dequantized / quantized together; other types row by row. */
+void tn_kv_block_to_f32(const tern_ctx *c, int kv, const uint8_t *rows, float *x);
+void tn_kv_block_from_f32(const tern_ctx *c, int kv, float *x, uint8_t *rows);
 /* Sets up thread ith's view; returns the first layer to run (c->start_layer, or 0). */
 int32_t tn_blk_begin(tn_thr *T, tern_ctx *c, const tn_batch *b, const int32_t *const *tables,
                      const int32_t *const *swa_tables, int32_t n_out, const int32_t *out_rows, int ith, int nth);

@@ -865,7 +865,7 @@ static tern_status unpack_block(tn_pcache *pc, tern_ctx *c, int32_t bi, int32_t 
             }
             if (f16) memcpy(d, pc->plane, pb * sizeof(tn_fp16));
             else /* decoded values quantized (and rotated) as the forward pass stores a row */
-                for (int t = 0; t < TN_PC_NTOK; t++) tn_kv_row_from_f32(c, kv, pc->xf + (size_t)t * pc->kv_dim, d + (size_t)t * rb);
+                tn_kv_block_from_f32(c, kv, pc->xf, d);
         }
     if (off != raw_n) return tn_err(TERN_ERR_FORMAT, "%zu bytes after the last plane", raw_n - off);
     return TERN_OK;
@@ -1004,7 +1004,7 @@ static bool store_one(tn_pcache *pc, const tern_ctx *c, int32_t bi, uint64_t h, 
                 if (f16)
                     for (size_t i = 0; i < pb; i++) pc->xf[i] = tn_fp16_to_fp32(x[i]);
                 else /* a quantized half: its values, un-rotated (--kv-rotate) */
-                    for (int t = 0; t < TN_PC_NTOK; t++) tn_kv_row_to_f32(c, kv, rows + (size_t)t * rb, pc->xf + (size_t)t * pc->kv_dim);
+                    tn_kv_block_to_f32(c, kv, rows, pc->xf);
                 if (pre) tn_pc_rope_plane(&c->hp, c->rope_ff, il, (int64_t)bi * TN_PC_NTOK, pc->xf, pc->cs, -1);
                 const float *w = pc->wt ? pc->wt + ((size_t)il * 2 + (size_t)kv) * (size_t)pc->kv_dim : NULL;
                 if (!f16) pc->mod_keep = pc->mod;

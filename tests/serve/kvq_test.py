@@ -12,7 +12,7 @@
     llama's 16) is refused with a message saying so; tern bench runs with the flags;
   - per-channel K (-ctk tqc2..4): generate, bench and perplexity run, its K rows 4 b + 8 bytes per 32
     values; a long prompt through --prompt-cache twice gives the same text, the second run loading
-    its blocks; -ctv tqc3 exits 64 in all five commands, and a sliding-window model (gemma3) is
+    its blocks (and with the lossy `balanced` quality, which re-quantizes whole groups, runs and loads); -ctv tqc3 exits 64 in all five commands, and a sliding-window model (gemma3) is
     refused naming it; serve with tqc3 / q8_0 and tqc2 / tq4 equals generate as above."""
 import os, re, shutil, subprocess, sys
 
@@ -128,6 +128,14 @@ for i in range(2):
     outs.append((r.returncode, r.stdout, int(loaded.group(1)) if loaded else -1))
 check(outs[0][0] == 0 and outs[0][1] == outs[1][1] and outs[0][2] == 0 and outs[1][2] > 0,
       f"-ctk tqc3 --prompt-cache: the second run loads {outs[1][2]} blocks and writes the same text")
+# a lossy disk quality re-quantizes a whole block (one per-channel group) from what it decodes
+for i in range(2):
+    r = run(["generate", "-m", model, "-p", " ".join(PROMPTS), "-n", "12", "-c", "1024", "--temp", "0", "-t", "2", "-ctk", "tqc3",
+             "--ignore-eos", "--prompt-cache", pc, "--prompt-cache-quality", "balanced"])
+    loaded = re.search(r"prompt cache: (\d+) blocks loaded", r.stderr.decode())
+    n = int(loaded.group(1)) if loaded else -1
+    check(r.returncode == 0 and len(r.stdout) > 0 and (i == 0 or n > 0),
+          f"-ctk tqc3 --prompt-cache-quality balanced run {i + 1}: exit {r.returncode}, {n} blocks loaded")
 for cmd in (["generate", "-m", model, "-p", "hi"], ["chat", "-m", model], ["bench", "-m", model, "-p", "8", "-n", "2"],
             ["perplexity", "-m", model, "-f", data], ["serve", "-m", model, "--port", "0"]):
     r = run(cmd + ["-ctv", "tqc3"], timeout=30)
