@@ -204,10 +204,10 @@ static tern_status tn_ctx_create_impl(const tern_model *m, const tern_ctx_params
         rb[i] = (size_t)(row_dim[i] / tr->blck_size) * tr->type_size;
     }
     /* per-channel K: groups of one block of positions, the open group in an f16 window */
-    const int32_t kc_bits = types[0] >= TERN_KV_TQC(2) && types[0] <= TERN_KV_TQC(4) ? types[0] - TERN_KV_TQC(0) : 0;
-    if (types[1] >= TERN_KV_TQC(2) && types[1] <= TERN_KV_TQC(4))
+    const int32_t kc_bits = tn_kc_bits(types[0]);
+    if (tn_kc_bits(types[1]))
         return tn_err(TERN_ERR_INVALID_ARG, "V cache type %s: per-channel quantization is for K only (use tq%d for V)",
-                      tern_kv_type_name(types[1]), types[1] - TERN_KV_TQC(0));
+                      tern_kv_type_name(types[1]), tn_kc_bits(types[1]));
     if (kc_bits) {
         const char *why = NULL;
         bool sinks = false;

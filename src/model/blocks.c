@@ -85,11 +85,6 @@ static void tn_kv_rot(const tern_ctx *c, float *x, int64_t nh, bool inverse) {
     }
 }
 
-/* Halves from sequence 0's window to sequence seq's (per-channel K). */
-static inline size_t tn_kc_seq_off(const tern_ctx *c, int32_t seq) {
-    return (size_t)seq * (size_t)c->hp.n_layer * (size_t)c->kc_w * (size_t)c->hp.n_head_kv * (size_t)c->hp.head_dim;
-}
-
 static void tn_attend(tern_ctx *c, int ith, int32_t il, const int32_t *blocks, int32_t seq, int32_t pos, const float *q,
                       int32_t h0, int32_t nh, bool acc16, float *out) {
     const tn_hparams *hp = &c->hp;
@@ -342,7 +337,7 @@ void tn_kv_block_from_f32(const tern_ctx *c, int kv, float *x, uint8_t *rows) {
 
 static void tn_prepare_qkv(tern_ctx *c, const tn_layer *L, const float *rope_cs, const tn_thr *f,
                            const int32_t *const *tables, int64_t t, int32_t h0, int32_t nh, int32_t k0, int32_t nk,
-                           uint8_t *Kc, uint8_t *Vc, int64_t ring, uint16_t *Kw) {
+                           uint8_t *Kc, uint8_t *Vc, int64_t ring, int32_t il) {
     const tn_hparams *hp = &c->hp;
     const tn_batch *b = f->b;
     const int32_t hd = hp->head_dim, kv_dim = hp->n_head_kv * hd;
@@ -366,8 +361,8 @@ static void tn_prepare_qkv(tern_ctx *c, const tn_layer *L, const float *rope_cs,
     if (c->rot_k) tn_kv_rot(c, qt, nh, false), tn_kv_rot(c, kt_, nk, false);
     if (c->rot_v) tn_kv_rot(c, vt, nk, false);
     const int64_t row = ring ? b->pos[t] % ring : tn_kv_row(tables ? tables[b->seq[t]] : NULL, TN_KV_BLOCK, b->pos[t]);
-    if (Kw) /* per-channel K: into its sequence's window; its group is quantized when complete (tn_kc_close) */
-        tn_kv_store(TN_F16, kt_, (uint8_t *)(Kw + tn_kc_seq_off(c, b->seq[t]) + (size_t)(b->pos[t] % c->kc_w) * (size_t)kv_dim),
+    if (c->kc_bits) /* per-channel K: into its sequence's window; its group is quantized when complete (tn_kc_close) */
+        tn_kv_store(TN_F16, kt_, (uint8_t *)(tn_kc_win(c, b->seq[t], il) + (size_t)(b->pos[t] % c->kc_w) * (size_t)kv_dim),
                     (int64_t)k0 * hd, kn, c->kt);
     else tn_kv_store(c->type_k, kt_, Kc + (size_t)row * c->k_rb, (int64_t)k0 * hd, kn, c->kt);
     tn_kv_store(c->type_v, vt, Vc + (size_t)row * c->v_rb, (int64_t)k0 * hd, kn, c->kt);
@@ -375,10 +370,11 @@ static void tn_prepare_qkv(tern_ctx *c, const tn_layer *L, const float *rope_cs,
 }
 
 /* Per-channel K: the group ending at position last (complete now) quantized from the sequence's
- * window Kw (its layer's) into its cache rows (the block of table, or contiguous rows), kv heads
- * k0 .. k0 + nk - 1 (whole 32-value chunks, so heads are quantized independently). */
-static void tn_kc_close(tern_ctx *c, int ith, uint8_t *Kc, const uint16_t *Kw, const int32_t *table, int64_t last, int32_t k0,
-                        int32_t nk) {
+ * window (sequence seq, layer il) into its cache rows (the block of table, or contiguous rows), kv
+ * heads k0 .. k0 + nk - 1 (whole 32-value chunks, so heads are quantized independently). */
+static void tn_kc_close(tern_ctx *c, int ith, uint8_t *Kc, int32_t seq, int32_t il, const int32_t *table, int64_t last,
+                        int32_t k0, int32_t nk) {
+    const uint16_t *Kw = tn_kc_win(c, seq, il);
     const int64_t hd = c->hp.head_dim, kv_dim = (int64_t)c->hp.n_head_kv * hd, n = (int64_t)nk * hd;
     float *x = c->kc_x + (size_t)ith * (size_t)(TN_KV_BLOCK * kv_dim);
     uint8_t *rows[TN_KC_ROWS];
@@ -502,28 +498,27 @@ void tn_blk_attention(tn_thr *T, const tn_layer *L, int32_t il) {
     const int32_t *const *tables = T->swa_tables && tn_hp_layer_swa(hp, il) ? T->swa_tables : T->tables;
     const tn_span wo_pf = tn_next_span(T, &L->w[TN_ROLE_ATTN_OUT]);
     const float *rope_cs = !tn_hp_layer_rope(hp, il) ? NULL : tn_hp_layer_swa(hp, il) ? c->rope_cs_swa : c->rope_cs;
-    uint16_t *Kw = c->kc_bits ? tn_kc_win(c, 0, il) : NULL; /* sequence 0's; tn_kc_seq_off moves to another's */
     TN_SPAN_B(TN_TK_ATTENTION, "attention", il, p1 - p0, G, 0, 0);
     /* one token in whole kv groups: a thread's units need only its own heads' RoPE and cache
      * rows, so it prepares them itself and no barrier separates that from the attention */
     if (T->own && G > 1 && !hp->family->qk_norm_full) {
         for (int64_t p = p0; p < p1; p++) {
             const int32_t h0 = (int32_t)(p % nu) * G, k0 = h0 / rep, nk = G / rep;
-            tn_prepare_qkv(c, L, rope_cs, T, tables, 0, h0, G, k0, nk, Kc, Vc, ring, Kw);
-            if (Kw && (b->pos[0] + 1) % TN_KV_BLOCK == 0) /* its own heads */
-                tn_kc_close(c, T->ith, Kc, Kw + tn_kc_seq_off(c, b->seq[0]), tables ? tables[b->seq[0]] : NULL, b->pos[0], k0, nk);
+            tn_prepare_qkv(c, L, rope_cs, T, tables, 0, h0, G, k0, nk, Kc, Vc, ring, il);
+            if (c->kc_bits && (b->pos[0] + 1) % TN_KV_BLOCK == 0) /* its own heads */
+                tn_kc_close(c, T->ith, Kc, b->seq[0], il, tables ? tables[b->seq[0]] : NULL, b->pos[0], k0, nk);
         }
     } else {
         for (int64_t t = T->t0; t < T->t1; t++)
-            tn_prepare_qkv(c, L, rope_cs, T, tables, t, 0, hp->n_head, 0, hp->n_head_kv, Kc, Vc, ring, Kw);
+            tn_prepare_qkv(c, L, rope_cs, T, tables, t, 0, hp->n_head, 0, hp->n_head_kv, Kc, Vc, ring, il);
         tn_pool_barrier(c->pool);
-        if (Kw) { /* the groups this batch completes, (group, kv head) pairs spread over the threads */
+        if (c->kc_bits) { /* the groups this batch completes, (group, kv head) pairs spread over the threads */
             int64_t k = 0;
             for (int32_t t = 0; t < b->n; t++)
                 if ((b->pos[t] + 1) % TN_KV_BLOCK == 0)
                     for (int32_t g = 0; g < hp->n_head_kv; g++, k++)
                         if (k % T->nth == T->ith)
-                            tn_kc_close(c, T->ith, Kc, Kw + tn_kc_seq_off(c, b->seq[t]), tables ? tables[b->seq[t]] : NULL, b->pos[t], g, 1);
+                            tn_kc_close(c, T->ith, Kc, b->seq[t], il, tables ? tables[b->seq[t]] : NULL, b->pos[t], g, 1);
             if (k) tn_pool_barrier(c->pool);
         }
     }

@@ -26,7 +26,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tensor/dtype.h"
+
 #define TN_KC_ROWS 16
+
+/* The dtype of b-bit per-channel K rows (b = 2..4), and the bits of a dtype (0: not tqc). */
+static inline int32_t tn_kc_dtype(int bits) { return (int32_t)TN_TQC2 + bits - 2; }
+static inline int tn_kc_bits(int32_t type) { return type >= (int32_t)TN_TQC2 && type <= (int32_t)TN_TQC4 ? type - (int32_t)TN_TQC2 + 2 : 0; }
 
 /* Bytes of a row of n values (n % 32 == 0) at b bits. */
 static inline size_t tn_kc_row_bytes(int bits, int64_t n) { return (size_t)(n / 32) * (size_t)(4 * bits + 8); }

@@ -21,6 +21,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "kern/avx2/simd.h"
 #include "kern/kern.h"
 #include "quant/kc.h"
 #include "quant/quant.h"
@@ -117,10 +118,7 @@ static inline __m256i tn_aq2_codes(const uint8_t *pl, int bits) {
     if (bits == 3) { /* the 1-bit plane: bit n of the u32 after the 2-bit plane is code n's bit 2 */
         uint32_t u;
         memcpy(&u, pl + 8, 4);
-        const __m256i by = _mm256_shuffle_epi8(_mm256_set1_epi32((int)u), _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2,
-                                                                                       2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
-        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-        q = _mm256_or_si256(q, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(by, bit), bit), _mm256_set1_epi8(4)));
+        q = _mm256_or_si256(q, _mm256_and_si256(tn_bits32_to_bytes(u), _mm256_set1_epi8(4)));
     }
     return q;
 }
@@ -247,7 +245,7 @@ static void tn_k_attn_kc__avx2(int64_t hd, int64_t T, int64_t nh, int64_t rep, c
         return;
     }
     const float sc = cap > 0 ? scale / cap : scale;
-    const int32_t tk = (int32_t)TN_TQC2 + kbits - 2;
+    const int32_t tk = tn_kc_dtype(kbits);
     for (int64_t j = 0; j < nh; j++)
         tn_aq2_head(hd, T, q + j * hd, tk, (const uint8_t *)K + tn_kc_row_bytes(kbits, (j / rep) * hd), k_rb, tv,
                     (const uint8_t *)V + tn_kv_head_off(tv, hd, j / rep), v_rb, blocks, TN_KC_ROWS, sc, cap, acc16,

@@ -7,16 +7,10 @@
 #include <string.h>
 
 #include "core/fp16.h"
+#include "kern/avx2/simd.h"
 #include "kern/kern.h"
 #include "kern/tq_list.inc"
 #include "quant/tq.h"
-
-static inline __m256i tq_expand1_avx2(uint32_t u) {
-    const __m256i sh = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0);
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    const __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)u), sh), bit);
-    return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(1));
-}
 
 static inline __m256i tq_dot_u8s8_avx2(__m256i q, __m256i a) {
     const __m256i ones = _mm256_set1_epi16(1);
@@ -38,7 +32,7 @@ static inline __m256i tq_sum_s8_avx2(__m256i a) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), a), _mm256_set1_epi16(1));
 }
 
-#define TQ_EXPAND1(u) tq_expand1_avx2(u)
+#define TQ_EXPAND1(u) _mm256_and_si256(tn_bits32_to_bytes(u), _mm256_set1_epi8(1))
 #define TQ_DOT_U8S8(q, a) (bits == 8 ? tq_dot_u8s8_avx2(q, a) : tq_dot_u7s8_avx2(q, a))
 #define TQ_SUM_S8(a) tq_sum_s8_avx2(a)
 #include "kern/avx2/tq_dot.inc"

@@ -447,7 +447,7 @@ static void tn_k_attn_kc__avx512(int64_t hd, int64_t T, int64_t nh, int64_t rep,
         tn_k_attn_kc__scalar(hd, T, nh, rep, q, kbits, K, k_rb, Kw, ldw, Wn, tv, V, v_rb, blocks, scale, cap, acc16, out, scratch);
         return;
     }
-    tn_aq_run(hd, T, nh, rep, q, (int32_t)TN_TQC2 + kbits - 2, K, k_rb, tv, V, v_rb, blocks, TN_KC_ROWS, scale, cap, acc16,
+    tn_aq_run(hd, T, nh, rep, q, tn_kc_dtype(kbits), K, k_rb, tv, V, v_rb, blocks, TN_KC_ROWS, scale, cap, acc16,
               out, kbits, Kw, ldw, Wn);
 }
 
