@@ -4,7 +4,9 @@
  * each over an m x k matrix that stays in cache (so the kernels' compute, not memory, is timed),
  * one thread, at the CPU's best ISA. The types are timed alternately, each call on its own, best
  * of --reps; printed as ns per 256 weights and relative to vq2. Weights are random (vq2: a valid
- * layout with random indices and codebook; others: random bytes with finite fp16 scales). Nothing
+ * layout with random indices and codebook, general and sign-symmetric ("vq2 sym": entry 128 + k =
+ * -entry k, as tern quantize fits it; the kernel's faster path); others: random bytes with finite
+ * fp16 scales). Nothing
  * here checks results: tests/quantize/test_vq.c does.
  *
  *   bench_vq [--m M] [--k K] [--reps R]
@@ -64,18 +66,26 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_vq: --m >= 1, --k a multiple of 256, --reps >= 1\n");
         return 64;
     }
-    tn_dtype types[] = {TN_VQ2, TN_IQ2_XXS, TN_IQ2_XS, TN_TQ2_0, (tn_dtype)0, (tn_dtype)0};
-    int nt = 4;
+    tn_dtype types[] = {TN_VQ2, TN_VQ2, TN_IQ2_XXS, TN_IQ2_XS, TN_TQ2_0, (tn_dtype)0, (tn_dtype)0};
+    int nt = 5;
     if (tn_dtype_from_name("tq2g64a", &types[nt])) nt++;
     if (tn_dtype_from_name("tq2g256", &types[nt])) nt++;
     const tn_kern_table *kt = tn_kern();
-    uint8_t *w[6], *x[6];
-    size_t rb[6];
-    double best[6];
+    uint8_t *w[7], *x[7];
+    size_t rb[7];
+    double best[7];
     float *y = malloc(sizeof(float) * (size_t)m), *xf = malloc(sizeof(float) * (size_t)k);
     for (int64_t i = 0; i < k; i++) xf[i] = (float)(rnd() % 2001) / 1000.0f - 1.0f;
     for (int t = 0; t < nt; t++) {
         w[t] = make(types[t], m, k, &rb[t]);
+        if (t == 1) { /* the sign-symmetric codebook */
+            int8_t *cb = (int8_t *)w[t] + (size_t)m * rb[t];
+            for (int p = 0; p < TN_VQ_DIM; p++)
+                for (int e = 0; e < TN_VQ_K / 2; e++) {
+                    if (cb[p * TN_VQ_K + e] == -128) cb[p * TN_VQ_K + e] = -127;
+                    cb[p * TN_VQ_K + TN_VQ_K / 2 + e] = (int8_t)-cb[p * TN_VQ_K + e];
+                }
+        }
         const tn_dtype at = tn_dtype_get(types[t])->vec_dot_type;
         x[t] = malloc(tn_dtype_row_size(at, k));
         kt->slot[at].from_float(xf, x[t], k);
@@ -90,7 +100,7 @@ int main(int argc, char **argv) {
         }
     printf("decode kernels, one thread, %lld x %lld (cache-resident), best of %d:\n", (long long)m, (long long)k, reps);
     for (int t = 0; t < nt; t++)
-        printf("  %-8s %-7s %6.2f bpw  %7.1f ns / 256 weights  %5.2fx vq2's time\n", tn_dtype_name(types[t]),
+        printf("  %-8s %-7s %6.2f bpw  %7.1f ns / 256 weights  %5.2fx vq2's time\n", t == 1 ? "vq2 sym" : tn_dtype_name(types[t]),
                tn_isa_name(kt->slot[types[t]].gemm_isa), 8.0 * (double)rb[t] / (double)k,
                1e9 * best[t] / ((double)m * (double)k / 256), best[t] / best[0]);
     for (int t = 0; t < nt; t++) free(w[t]), free(x[t]);

@@ -125,20 +125,27 @@ tern_status tn_vq_fit_codebook(const float *x, int64_t rows, int64_t ne0, const 
             A[i * TN_VQ_DIM + p] = rms > 0 ? wb[64 * p + j] * rms * rms : 0.0f;
         }
     }
+    /* The codebook is sign-symmetric: entry KH + k = -entry k (k < KH), so kernels can look up
+     * half the table and negate (kern/avx512/vq.c). Fitted as k-means over the samples and their
+     * negations: KH free centroids, each sample assigned to the nearest of all 256 entries and
+     * counted, sign-corrected, toward that entry's base centroid. */
+    enum { KH = TN_VQ_K / 2 };
     static _Thread_local float C[TN_VQ_DIM][TN_VQ_K];
-    /* k-means++ seeding: each next centroid drawn with probability ~ weighted squared distance */
+    /* k-means++ seeding of the base centroids: each drawn with probability ~ the weighted squared
+     * distance to the nearest entry (both signs) so far */
     int64_t first = (int64_t)(vq_rng(&rs) % (uint64_t)ns);
-    for (int p = 0; p < TN_VQ_DIM; p++) C[p][0] = U[first * TN_VQ_DIM + p];
+    for (int p = 0; p < TN_VQ_DIM; p++) C[p][0] = U[first * TN_VQ_DIM + p], C[p][KH] = -C[p][0];
     for (int64_t i = 0; i < ns; i++) D[i] = INFINITY;
-    for (int k = 1; k < TN_VQ_K; k++) {
+    for (int k = 1; k < KH; k++) {
         double tot = 0;
         for (int64_t i = 0; i < ns; i++) {
-            float s = 0;
+            float s = 0, t = 0;
             for (int p = 0; p < TN_VQ_DIM; p++) {
-                const float e = U[i * TN_VQ_DIM + p] - C[p][k - 1];
-                s += A[i * TN_VQ_DIM + p] * e * e;
+                const float u = U[i * TN_VQ_DIM + p], a = A[i * TN_VQ_DIM + p];
+                s += a * (u - C[p][k - 1]) * (u - C[p][k - 1]);
+                t += a * (u + C[p][k - 1]) * (u + C[p][k - 1]);
             }
-            if (s < D[i]) D[i] = s;
+            D[i] = fminf(D[i], fminf(s, t));
             tot += D[i];
         }
         int64_t pick = (int64_t)(vq_rng(&rs) % (uint64_t)ns);
@@ -150,33 +157,35 @@ tern_status tn_vq_fit_codebook(const float *x, int64_t rows, int64_t ne0, const 
                     break;
                 }
         }
-        for (int p = 0; p < TN_VQ_DIM; p++) C[p][k] = U[pick * TN_VQ_DIM + p];
+        for (int p = 0; p < TN_VQ_DIM; p++) C[p][k] = U[pick * TN_VQ_DIM + p], C[p][KH + k] = -C[p][k];
     }
-    /* Lloyd iterations: per-component weighted means */
+    /* Lloyd iterations: per-component weighted means of the (sign-corrected) members */
     for (int it = 0; it < VQ_ITERS; it++) {
-        double num[TN_VQ_DIM][TN_VQ_K], den[TN_VQ_DIM][TN_VQ_K];
+        double num[TN_VQ_DIM][KH], den[TN_VQ_DIM][KH];
         memset(num, 0, sizeof num);
         memset(den, 0, sizeof den);
         for (int64_t i = 0; i < ns; i++) {
             asg[i] = vq_nearest((const float (*)[TN_VQ_K])C, U + i * TN_VQ_DIM, A + i * TN_VQ_DIM, &D[i]);
+            const int k = asg[i] % KH;
+            const double sg = asg[i] < KH ? 1.0 : -1.0;
             for (int p = 0; p < TN_VQ_DIM; p++) {
-                num[p][asg[i]] += (double)A[i * TN_VQ_DIM + p] * U[i * TN_VQ_DIM + p];
-                den[p][asg[i]] += A[i * TN_VQ_DIM + p];
+                num[p][k] += sg * A[i * TN_VQ_DIM + p] * U[i * TN_VQ_DIM + p];
+                den[p][k] += A[i * TN_VQ_DIM + p];
             }
         }
-        for (int k = 0; k < TN_VQ_K; k++) {
+        for (int k = 0; k < KH; k++) {
             double dk = 0;
             for (int p = 0; p < TN_VQ_DIM; p++) dk += den[p][k];
             if (dk > 0) {
                 for (int p = 0; p < TN_VQ_DIM; p++)
-                    if (den[p][k] > 0) C[p][k] = (float)(num[p][k] / den[p][k]);
+                    if (den[p][k] > 0) C[p][k] = (float)(num[p][k] / den[p][k]), C[p][KH + k] = -C[p][k];
                 continue;
             }
-            /* empty cluster: move it onto the worst-served sample (then no longer the worst) */
+            /* empty (both signs): move it onto the worst-served sample (then no longer the worst) */
             int64_t w = 0;
             for (int64_t i = 1; i < ns; i++)
                 if (D[i] > D[w]) w = i;
-            for (int p = 0; p < TN_VQ_DIM; p++) C[p][k] = U[w * TN_VQ_DIM + p];
+            for (int p = 0; p < TN_VQ_DIM; p++) C[p][k] = U[w * TN_VQ_DIM + p], C[p][KH + k] = -C[p][k];
             D[w] = 0;
         }
     }
@@ -186,7 +195,10 @@ tern_status tn_vq_fit_codebook(const float *x, int64_t rows, int64_t ne0, const 
         for (int k = 0; k < TN_VQ_K; k++) amax = fmaxf(amax, fabsf(C[p][k]));
     const float is = amax > 0 ? 127.0f / amax : 0.0f;
     for (int p = 0; p < TN_VQ_DIM; p++)
-        for (int k = 0; k < TN_VQ_K; k++) cb[p * TN_VQ_K + k] = (int8_t)lrintf(C[p][k] * is);
+        for (int k = 0; k < KH; k++) {
+            cb[p * TN_VQ_K + k] = (int8_t)lrintf(C[p][k] * is);
+            cb[p * TN_VQ_K + KH + k] = (int8_t)-cb[p * TN_VQ_K + k];
+        }
     return TERN_OK;
 }
 

@@ -5,11 +5,15 @@
  *     test's own reading of the bit layout in docs/formats.md;
  *   - the scalar dot equals a double dot of the test's decode and the q8_K activations' values;
  *   - every ISA's vec_dot and gemm (n = 1..9 columns, k = 1..131 blocks, views of a few rows) match
- *     that double dot to float rounding;
+ *     that double dot to float rounding, with a general codebook, a sign-symmetric one (entry
+ *     128 + k = -entry k: the AVX-512 kernel's half-table path; -128 pairs included), one that is
+ *     symmetric but for one byte (must take the general path), and rows of two tensors (one
+ *     symmetric codebook, one not) in one call;
  *   - quantizer: Gaussian rows of mixed magnitude quantize below the relative MSE of the optimal
  *     2-bit scalar (Lloyd-Max) quantizer of a Gaussian, 0.1175 — a 4-D codebook must beat it — and
  *     above the rate-distortion bound at 2.1875 bits, 2^-4.375; an importance vector lowers the
  *     importance-weighted error; same input and seed -> same bytes; every row header is right;
+ *     the fitted codebook is sign-symmetric (the format's promise for tern's files);
  *   - error feedback with a Hessian (tn_vq_gptq_*): on correlated inputs the layer's output error,
  *     measured through the inputs themselves, is well below the diagonal-only quantizer's with the
  *     same codebook; split rows give the same bytes; bad Hessians are refused;
@@ -42,14 +46,18 @@ static double grand(void) { /* Box-Muller */
     return sqrt(-2 * log(u)) * cos(6.283185307179586 * v);
 }
 
-/* A random tensor of `rows` rows of k weights in the vq2 layout (rows then codebook). */
-static uint8_t *make_tensor(int64_t k, int64_t rows, size_t *rb_out) {
+/* A random tensor of `rows` rows of k weights in the vq2 layout (rows then codebook); cb_kind 0:
+ * a random codebook, 1: sign-symmetric (entry 128 + e = -entry e, wrapping: -(-128) is -128),
+ * 2: symmetric but for the last byte, 3: symmetric, and the rows from 6 on point at a second,
+ * random codebook after it (rows of two tensors at one stride: a kernel must follow each row's
+ * header, and pair only rows of one codebook). */
+static uint8_t *make_tensor_cb(int64_t k, int64_t rows, size_t *rb_out, int cb_kind) {
     const size_t rb = tn_dtype_row_size(TN_VQ2, k), n = tn_dtype_tensor_size(TN_VQ2, k, rows);
     assert_int_equal(n, rb * (size_t)rows + 1024);
-    uint8_t *t = malloc(n);
+    uint8_t *t = malloc(n + 1024);
     for (int64_t r = 0; r < rows; r++) {
         uint8_t *row = t + (size_t)r * rb;
-        const uint32_t off = (uint32_t)((size_t)(rows - r) * rb);
+        const uint32_t off = (uint32_t)((size_t)(rows - r) * rb + (cb_kind == 3 && r >= 6 ? 1024 : 0));
         memcpy(row, &off, 4); /* little-endian host */
         for (size_t i = 4; i < rb; i++) row[i] = (uint8_t)urand();
         for (int64_t b = 0; b < k / 256; b++) { /* sane fp16 scales */
@@ -57,10 +65,18 @@ static uint8_t *make_tensor(int64_t k, int64_t rows, size_t *rb_out) {
             memcpy(row + 4 + (size_t)b * 70, &d, 2);
         }
     }
-    for (int i = 0; i < 1024; i++) t[(size_t)rows * rb + (size_t)i] = (uint8_t)(urand() % 255 + 1); /* -127..127 */
+    uint8_t *cb = t + (size_t)rows * rb;
+    for (int i = 0; i < 2048; i++) cb[i] = (uint8_t)(urand() % 255 + 1); /* no zero entries */
+    if (cb_kind) {
+        cb[0] = 0x80; /* a -128 entry, whose negation wraps to itself */
+        for (int p = 0; p < 4; p++)
+            for (int e = 0; e < 128; e++) cb[256 * p + 128 + e] = (uint8_t)(0u - cb[256 * p + e]);
+        if (cb_kind == 2) cb[1023] ^= 1;
+    }
     *rb_out = rb;
     return t;
 }
+static uint8_t *make_tensor(int64_t k, int64_t rows, size_t *rb_out) { return make_tensor_cb(k, rows, rb_out, 0); }
 
 /* The test's reading of the layout (docs/formats.md): weight 64p + j of block b of the row. */
 static double weight_at(const uint8_t *row, int64_t b, int p, int j) {
@@ -130,10 +146,12 @@ static void test_kernels(void **st) {
     static const int64_t nblk[] = {1, 2, 3, 4, 7, 8, 13, 37, 131}; /* 131: past the gemm's kept biases */
     const tn_isa isas[] = {TN_ISA_SCALAR, TN_ISA_AVX2, TN_ISA_AVX512};
     int checked = 0;
-    for (size_t ib = 0; ib < sizeof nblk / sizeof nblk[0]; ib++) {
-        const int64_t k = nblk[ib] * 256, rows = 11, ncol = 9;
+    const size_t nn = sizeof nblk / sizeof nblk[0];
+    for (size_t ib = 0; ib < 4 * nn; ib++) {
+        const int64_t k = nblk[ib % nn] * 256, rows = 11, ncol = 9;
+        const int cb_kind = (int)(ib / nn); /* general, sign-symmetric, symmetric but for a byte, two codebooks */
         size_t rb;
-        uint8_t *t = make_tensor(k, rows, &rb);
+        uint8_t *t = make_tensor_cb(k, rows, &rb, cb_kind);
         const size_t xb = (size_t)(k / 256) * sizeof(block_q8_K);
         block_q8_K *x = malloc(xb * (size_t)ncol);
         float *xf = malloc(sizeof(float) * (size_t)k);
@@ -151,7 +169,7 @@ static void test_kernels(void **st) {
                 kt->slot[TN_VQ2].vec_dot(k, &s, row, x0);
                 const double tol = 1e-6 * dot_abs(row, x0, k) + 1e-30;
                 if (!(fabs(s - dot_ref(row, x0, k)) <= tol))
-                    fail_msg("vec_dot isa %d k=%lld row %lld: %.9g vs %.9g", (int)isas[a], (long long)k, (long long)r, s,
+                    fail_msg("vec_dot isa %d codebook %d k=%lld row %lld: %.9g vs %.9g", (int)isas[a], cb_kind, (long long)k, (long long)r, s,
                              dot_ref(row, x0, k));
             }
             /* gemm on a view of rows 2..10 (the header finds the codebook from any row) and n = 1..9 */
@@ -165,7 +183,7 @@ static void test_kernels(void **st) {
                         const block_q8_K *xc = (const block_q8_K *)((const uint8_t *)x + xb * (size_t)c);
                         const double ref = dot_ref(row, xc, k), tol = 1e-6 * dot_abs(row, xc, k) + 1e-30;
                         if (!(fabs(y[c * ldy + i] - ref) <= tol))
-                            fail_msg("gemm isa %d k=%lld n=%lld (%lld,%lld): %.9g vs %.9g", (int)isas[a], (long long)k,
+                            fail_msg("gemm isa %d codebook %d k=%lld n=%lld (%lld,%lld): %.9g vs %.9g", (int)isas[a], cb_kind, (long long)k,
                                      (long long)n, (long long)i, (long long)c, y[c * ldy + i], ref);
                         checked++;
                     }
@@ -228,6 +246,10 @@ static void test_quantizer(void **st) {
         memcpy(&off, q + (size_t)r * rb, 4);
         assert_int_equal(off, (size_t)(rows - r) * rb);
     }
+    /* the codebook is sign-symmetric: entry 128 + e = -entry e, component by component */
+    const int8_t *cb = (const int8_t *)(q + (size_t)rows * rb);
+    for (int p = 0; p < 4; p++)
+        for (int e = 0; e < 128; e++) assert_int_equal(cb[256 * p + 128 + e], -cb[256 * p + e]);
     /* determinism */
     uint8_t *q2 = quantize(x, rows, ne0, NULL, 7);
     assert_memory_equal(q, q2, tn_dtype_tensor_size(TN_VQ2, ne0, rows));
