@@ -11,8 +11,9 @@
  * lower half: one VPERMI2B and a masked byte negation on bit 7, 64 weights per 2 instructions.
  * The +128 is taken back with the activations' per-lane sums (VPDPBUSD against ones; the gemm
  * computes them once per activation column for all rows): dword lane l holds vectors 4l .. 4l+3,
- * so lanes 2g, 2g + 1 are scale group g, and one variable shift spreads the 4-bit scales. The
- * gemm looks each block up once per row and multiplies it by up to 4 activation columns.
+ * so lanes 2g, 2g + 1 are scale group g, and one variable shift and a VPERMPS table lookup turn
+ * the 4-bit scales into float multipliers. The gemm looks each block up once per row and
+ * multiplies it by up to 4 activation columns.
  * Integer sums are exact; the float accumulation order differs from the scalar reference
  * (parity-tested within rounding, tests/quantize/test_vq.c).
  */
@@ -61,13 +62,16 @@ static inline void vq_lookup(const vq_tab *T, const block_vq2 *b, __m512i W[TN_V
         for (int p = 0; p < TN_VQ_DIM; p++) W[p] = vq_look(T, p, idx, top, false);
 }
 
-/* Per-lane scale multipliers 2 s + 1 of the block (lane l: group l / 2). */
-static inline __m512i vq_scales(const block_vq2 *b) {
+/* Per-lane scales of a block, d (2 s_g + 1) tab[s_g] / (2 s_g + 1) with lane l in group g = l / 2:
+ * the 4-bit scales shifted into place and looked up in tab (VPERMPS reads an index's low 4 bits),
+ * no integer multiply. tab = vq_odd: d (2 s + 1); tab = vq_odd times an activation scale: that too. */
+static inline __m512 vq_odd(void) { return _mm512_setr_ps(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31); }
+static inline __m512 vq_lane_scales(const block_vq2 *b, __m512 tab) {
     uint32_t sc;
     memcpy(&sc, b->sc, sizeof sc);
     const __m512i sh = _mm512_set_epi32(28, 28, 24, 24, 20, 20, 16, 16, 12, 12, 8, 8, 4, 4, 0, 0);
-    const __m512i s = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32((int)sc), sh), _mm512_set1_epi32(15));
-    return _mm512_add_epi32(_mm512_add_epi32(s, s), _mm512_set1_epi32(1));
+    const __m512 s = _mm512_permutexvar_ps(_mm512_srlv_epi32(_mm512_set1_epi32((int)sc), sh), tab);
+    return _mm512_mul_ps(s, _mm512_cvtph_ps(_mm256_set1_epi16((short)b->d)));
 }
 
 /* 128 * (sum of the activations each dword lane of VPDPBUSD covers): what the +128 of the
@@ -79,12 +83,11 @@ static inline __m512i vq_bias(const block_q8_K *y) {
     return _mm512_slli_epi32(sx, 7);
 }
 
-/* acc += d * xd * (scales * ((W - 128) . X)) per lane; bias = vq_bias(y). */
-static inline __m512 vq_fma(const __m512i W[TN_VQ_DIM], __m512i sv, float d, const block_q8_K *y, __m512i bias, __m512 acc) {
+/* acc += sd * xd * ((W - 128) . X) per lane; sd = vq_lane_scales(b, vq_odd()), bias = vq_bias(y). */
+static inline __m512 vq_fma(const __m512i W[TN_VQ_DIM], __m512 sd, const block_q8_K *y, __m512i bias, __m512 acc) {
     __m512i dot = _mm512_setzero_si512();
     for (int p = 0; p < TN_VQ_DIM; p++) dot = _mm512_dpbusd_epi32(dot, W[p], _mm512_loadu_si512(y->qs + 64 * p));
-    dot = _mm512_mullo_epi32(_mm512_sub_epi32(dot, bias), sv);
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(d * y->d), acc);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(dot, bias)), _mm512_mul_ps(sd, _mm512_set1_ps(y->d)), acc);
 }
 
 static void tn_k_vec_dot_vq2_q8_K__avx512(int64_t k, float *s, const void *w, const void *x) {
@@ -96,7 +99,7 @@ static void tn_k_vec_dot_vq2_q8_K__avx512(int64_t k, float *s, const void *w, co
     for (int64_t i = 0; i < k / TN_VQ_QK; i++) {
         __m512i W[TN_VQ_DIM];
         vq_lookup(&T, &b[i], W);
-        acc = vq_fma(W, vq_scales(&b[i]), _cvtsh_ss(b[i].d), &y[i], vq_bias(&y[i]), acc);
+        acc = vq_fma(W, vq_lane_scales(&b[i], vq_odd()), &y[i], vq_bias(&y[i]), acc);
     }
     *s = _mm512_reduce_add_ps(acc);
 }
@@ -134,25 +137,19 @@ static inline void vq_prefetch(const uint8_t *p) {
 }
 
 /* What decode needs of an activation block for every row: -128 x its lane sums (vq_bias) and the
- * odd scale multipliers 1, 3, .. 31 times its scale, for vq_scales_f's lookup. */
+ * odd scale multipliers 1, 3, .. 31 times its scale, for vq_lane_scales' lookup. */
 typedef struct vq_col {
     __m512i nbias;
     __m512 ysc;
 } vq_col;
 
 static inline vq_col vq_col_of(const block_q8_K *y) {
-    const __m512 odd = _mm512_setr_ps(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-    return (vq_col){_mm512_sub_epi32(_mm512_setzero_si512(), vq_bias(y)), _mm512_mul_ps(odd, _mm512_set1_ps(y->d))};
+    return (vq_col){_mm512_sub_epi32(_mm512_setzero_si512(), vq_bias(y)), _mm512_mul_ps(vq_odd(), _mm512_set1_ps(y->d))};
 }
 
-/* acc += d x (per-lane scale x activation scale) x dot for one row's block. */
+/* acc += (d x per-lane scale x activation scale) x dot for one row's block. */
 static inline __m512 vq_acc(const block_vq2 *b, __m512i dot, __m512 ysc, __m512 acc) {
-    uint32_t sc;
-    memcpy(&sc, b->sc, sizeof sc);
-    const __m512i sh = _mm512_set_epi32(28, 28, 24, 24, 20, 20, 16, 16, 12, 12, 8, 8, 4, 4, 0, 0);
-    const __m512 s = _mm512_permutexvar_ps(_mm512_srlv_epi32(_mm512_set1_epi32((int)sc), sh), ysc);
-    const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16((short)b->d));
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s, d), acc);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), vq_lane_scales(b, ysc), acc);
 }
 
 /* Rows r0 (and r1, when not NULL) of nb blocks against one activation column (col: its vq_col
@@ -234,10 +231,9 @@ static void tn_k_gemm_vq2_q8_K__avx512(int64_t k, int64_t m, int64_t n, const vo
             for (int64_t bi = 0; bi < nb; bi++) {
                 __m512i W[TN_VQ_DIM];
                 vq_lookup(&T, &b[bi], W);
-                const __m512i sv = vq_scales(&b[bi]);
-                const float d = _cvtsh_ss(b[bi].d);
+                const __m512 sd = vq_lane_scales(&b[bi], vq_odd());
                 for (int c = 0; c < nc; c++)
-                    acc[c] = vq_fma(W, sv, d, &yc[c][bi], keep ? bias[c * nb + bi] : vq_bias(&yc[c][bi]), acc[c]);
+                    acc[c] = vq_fma(W, sd, &yc[c][bi], keep ? bias[c * nb + bi] : vq_bias(&yc[c][bi]), acc[c]);
             }
             for (int c = 0; c < nc; c++) y[(j0 + c) * ldy + i] = _mm512_reduce_add_ps(acc[c]);
         }
