@@ -173,6 +173,7 @@ void tn_kern_register_tq_avx512(tn_kern_table *t);
 /* tern codebook (vq) kernels (src/kern/<isa>/vq.c); called after the tq kernels. The avx512
  * ones need AVX512-VBMI and VNNI (registered only on CPUs that have both). */
 void tn_kern_register_vq_scalar(tn_kern_table *t);
+void tn_kern_register_vq_avx2(tn_kern_table *t);
 void tn_kern_register_vq_avx512(tn_kern_table *t);
 /* Decode (n == 1) kernels wrapping the avx512 gemm of q4_0/q8_0/q4_K/q6_K (src/kern/avx512/gemv.c); called last. */
 void tn_kern_register_gemv_avx512(tn_kern_table *t);

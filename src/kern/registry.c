@@ -29,6 +29,7 @@ static void tn_kern_build(void) {
             tn_kern_register_attn_avx2(t);
             tn_kern_register_attn_q_avx2(t);
             tn_kern_register_tq_avx2(t);
+            tn_kern_register_vq_avx2(t);
         }
         if (lvl >= TN_ISA_AVX512) {
             tn_kern_register_avx512(t);

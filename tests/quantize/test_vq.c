@@ -192,7 +192,8 @@ static void test_kernels(void **st) {
         }
         free(t), free(x), free(xf);
     }
-    printf("vq2 kernels: %d gemm outputs checked; avx512 kernel %s\n", checked,
+    printf("vq2 kernels: %d gemm outputs checked; avx2 kernel %s; avx512 kernel %s\n", checked,
+           tn_kern_at(TN_ISA_AVX2) && tn_kern_at(TN_ISA_AVX2)->slot[TN_VQ2].gemm_isa == TN_ISA_AVX2 ? "tested" : "not on this CPU",
            tn_kern_at(TN_ISA_AVX512) && tn_kern_at(TN_ISA_AVX512)->slot[TN_VQ2].vec_dot_isa == TN_ISA_AVX512 ? "tested"
                                                                                                          : "not on this CPU");
 }
