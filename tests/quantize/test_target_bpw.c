@@ -10,6 +10,11 @@
  *     it then) never grows with the target, and every matrix is a tq type of the requested
  *     family; with the default probes (self-generated text) the budget holds too; bad targets (0.2, text,
  *     below the smallest possible file, a llama.cpp TYPE) are usage errors (exit 64) with no file;
+ *   - types: --target-types vq2,q4_K,q8_0 on the tiny model (--calib-chunks 0): bpw <= target and
+ *     within 0.15 of it, every matrix a tq<b>g64a or one of those types (vq2 and q4_K only where a
+ *     row is a multiple of 256), the error printed for a tensor as q8_0 equal to the squared error
+ *     computed here from the reference q8_0 quantizer, the file generates; bad lists (no
+ *     --target-bpw, an unknown type, a tq type, an i-quant without --imatrix) are usage errors;
  *   - moe: on a tiny qwen3moe (8 experts, top 2) with an importance matrix written here (skewed
  *     per-expert counts, one expert never routed), the error --target-bpw prints for an expert
  *     tensor at every width equals the one computed here from the reference quantizer: each
@@ -157,6 +162,17 @@ static bool file_has(const char *path, const char *needle) {
     return strstr(buf, needle) != NULL;
 }
 
+/* Each of the argument patterns (two %s: model, out) is a usage error (exit 64) with no file. */
+static void expect_usage_errors(const char *tern, const char *model, const char *out, const char *const *bad, size_t n) {
+    char args[2048], cmd[4096];
+    for (size_t i = 0; i < n; i++) {
+        snprintf(args, sizeof args, bad[i], model, out);
+        snprintf(cmd, sizeof cmd, "'%s' quantize %s -t 1 2>/dev/null", tern, args);
+        assert_int_equal(run(cmd), 64);
+        assert_int_not_equal(access(out, F_OK), 0);
+    }
+}
+
 static void test_cli(void **st) {
     (void)st;
     const char *tern = getenv("TERN_BIN");
@@ -194,13 +210,7 @@ static void test_cli(void **st) {
     unlink(out);
     static const char *const bad[] = {"--target-bpw 0.2 %s %s tq3", "--target-bpw x %s %s tq3",
                                       "--target-bpw 1.0 %s %s tq3", "--target-bpw 4 %s %s Q4_K_M"};
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        char args[2048];
-        snprintf(args, sizeof args, bad[i], model, out);
-        snprintf(cmd, sizeof cmd, "'%s' quantize %s -t 1 2>/dev/null", tern, args);
-        assert_int_equal(run(cmd), 64);
-        assert_int_not_equal(access(out, F_OK), 0);
-    }
+    expect_usage_errors(tern, model, out, bad, sizeof bad / sizeof bad[0]);
     /* the sizes a plan can reach are known before any tensor is weighed: an unreachable target is
      * refused before the probes (no tensor's predicted KL printed), and a target above the all-8-bit
      * file puts every matrix the plan chooses at 8 bits without measuring */
@@ -222,6 +232,87 @@ static void test_cli(void **st) {
     assert_int_equal(at8, mats);
     unlink(out), unlink(log);
     unlink(model);
+}
+
+/* The error --target-bpw printed for `name` as extra type `type` ("predicted KL as TYPE (B bpw) E"). */
+static bool logged_extra(const char *log, const char *name, const char *type, double *out) {
+    FILE *f = fopen(log, "r");
+    if (!f) return false;
+    char line[1024], nm[256], ty[64];
+    double b, v;
+    bool ok = false;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "target-bpw: %255s predicted KL as %63s (%lf bpw) %lf", nm, ty, &b, &v) == 4 && !strcmp(nm, name) &&
+            !strcmp(ty, type))
+            *out = v, ok = true;
+    fclose(f);
+    return ok;
+}
+
+static void test_cli_types(void **st) {
+    (void)st;
+    const char *tern = getenv("TERN_BIN");
+    if (!tern || !*tern) skip();
+    char model[512], out[512], log[512], cmd[4096];
+    tiny_tmp_path(model, sizeof model, "tbpwx-model");
+    tiny_tmp_path(out, sizeof out, "tbpwx-out");
+    tiny_tmp_path(log, sizeof log, "tbpwx-log");
+    tiny_cfg cfg;
+    tiny_cfg_default(&cfg);
+    assert_int_equal(tiny_model_write(model, &cfg), TERN_OK);
+    const double target = 3.0;
+    snprintf(cmd, sizeof cmd, "'%s' quantize --target-bpw %g --target-types vq2,q4_K,q8_0 --calib-chunks 0 '%s' '%s' tq3g64a -t 2 2>'%s'",
+             tern, target, model, out, log);
+    assert_int_equal(run(cmd), 0);
+    tn_gguf *a, *b;
+    assert_int_equal(tn_gguf_open(model, false, &a), TERN_OK);
+    assert_int_equal(tn_gguf_open(out, false, &b), TERN_OK);
+    double bytes = 0, el = 0;
+    int extra = 0;
+    for (uint64_t i = 0; i < b->n_tensors; i++) {
+        const tn_gguf_tensor *t = &b->tensors[i];
+        bytes += (double)t->nbytes, el += (double)(t->ne[0] * t->ne[1]);
+        if (t->n_dims < 2) continue;
+        tn_tq_params p;
+        const bool fam = tn_tq_is(t->type) && (tn_tq_params_of(t->type, &p), p.group == 64 && p.asym);
+        const bool wide = t->type == TN_VQ2 || t->type == TN_Q4_K;
+        if (!fam && !wide && t->type != TN_Q8_0) fail_msg("%s is %s: not a candidate", t->name, tn_dtype_name(t->type));
+        if (wide && t->ne[0] % 256) fail_msg("%s is %s with rows of %lld", t->name, tn_dtype_name(t->type), (long long)t->ne[0]);
+        extra += !fam;
+    }
+    const double bpw = 8 * bytes / el;
+    print_message("--target-types: %.4f bpw, %d matrices of the extra types\n", bpw, extra);
+    assert_true(bpw <= target && bpw >= target - 0.15);
+    /* the error it weighed blk.0.ffn_down.weight with as q8_0, computed here */
+    const tn_gguf_tensor *o = tn_gguf_find_tensor(a, "blk.0.ffn_down.weight");
+    assert_non_null(o);
+    const int64_t ne0 = o->ne[0], rows = o->ne[1];
+    const size_t rb = tn_dtype_row_size(TN_Q8_0, ne0);
+    uint8_t *q = malloc(rb);
+    float *y = malloc(sizeof(float) * (size_t)ne0);
+    double want = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *x = (const float *)o->data + r * ne0;
+        assert_true(tn_quantize_row_ref(TN_Q8_0, x, q, ne0));
+        assert_true(tn_dequantize_row(TN_Q8_0, q, y, ne0));
+        for (int64_t j = 0; j < ne0; j++) want += ((double)x[j] - y[j]) * ((double)x[j] - y[j]);
+    }
+    free(q), free(y);
+    double got = -1;
+    assert_true(logged_extra(log, "blk.0.ffn_down.weight", "q8_0", &got));
+    print_message("blk.0.ffn_down.weight as q8_0: logged %.6g, computed %.6g\n", got, want);
+    assert_true(fabs(got - want) <= 1e-3 * want);
+    tn_gguf_free(a);
+    tn_gguf_free(b);
+    snprintf(cmd, sizeof cmd, "'%s' generate -m '%s' -p hello -n 4 --temp 0 >/dev/null 2>&1", tern, out);
+    assert_int_equal(run(cmd), 0);
+    unlink(out);
+    static const char *const bad[] = {"--target-types vq2 %s %s tq3g64a", "--target-bpw 3 --target-types vq2,foo %s %s tq3g64a",
+                                      "--target-bpw 3 --target-types tq4 %s %s tq3g64a",
+                                      "--target-bpw 3 --target-types iq2_xs %s %s tq3g64a",
+                                      "--target-bpw 3 --target-types vq2,,q4_K %s %s tq3g64a"};
+    expect_usage_errors(tern, model, out, bad, sizeof bad / sizeof bad[0]);
+    unlink(log), unlink(model);
 }
 
 /* The eight errors --target-bpw printed for `name` ("predicted KL at 1..8 bits"). */
@@ -348,6 +439,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_allocate),
         cmocka_unit_test(test_cli),
+        cmocka_unit_test(test_cli_types),
         cmocka_unit_test(test_moe),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

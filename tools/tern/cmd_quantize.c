@@ -13,7 +13,8 @@
  * file stays byte-identical to llama-quantize --imatrix (quantize.imatrix.* keys included).
  * --target-bpw X (tq TYPE only): per-tensor bit widths of TYPE's family chosen under a whole-file
  * budget of X bits per weight, weighing each tensor's error by its measured KL sensitivity
- * (probes on --calib text, or on text the model generates; docs/quant-quality.md).
+ * (probes on --calib text, or on text the model generates; docs/quant-quality.md);
+ * --target-types LIST adds other types (vq2, llama.cpp's) to every tensor's candidates.
  */
 #include <cblas.h>
 #include <math.h>
@@ -499,6 +500,93 @@ static void err_task(void *arg, int ith, int nth) {
     e->sig[ith] = sig;
 }
 
+/* --target-types: a candidate of another type than the family. The whole tensor is quantized as
+ * the file would hold it (vq2: its codebook fitted first), then each row decoded by the type's
+ * to_float and weighed as in err_task. */
+typedef struct {
+    const err_ctx *e; /* x, imp, mat_w, rows, ne0, mat_rows */
+    const uint8_t *q;
+    size_t rb;
+    tn_dtype type;
+    float *ybuf;  /* [nth][ne0] */
+    double *part; /* [nth]      */
+} err_any_ctx;
+
+static void err_any_task(void *arg, int ith, int nth) {
+    err_any_ctx *a = arg;
+    const err_ctx *e = a->e;
+    int64_t r0, r1;
+    tn_split(e->rows, ith, nth, 1, &r0, &r1);
+    float *yb = a->ybuf + (size_t)ith * (size_t)e->ne0;
+    double acc = 0;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *xr = e->x + r * e->ne0;
+        const float *imp = row_imp(e->imp, e->mat_rows, e->ne0, r);
+        tn_kern()->slot[a->type].to_float(a->q + (size_t)r * a->rb, yb, e->ne0);
+        double ra = 0;
+        for (int64_t j = 0; j < e->ne0; j++) {
+            const double d = (double)xr[j] - yb[j], w = imp ? imp[j] : 1.0;
+            ra += w * d * d;
+        }
+        acc += (e->mat_w ? e->mat_w[e->mat_rows > 0 ? r / e->mat_rows : 0] : 1.0) * ra;
+    }
+    a->part[ith] = acc;
+}
+
+/* The types --target-types accepts: those tern quantizes weights to, besides the tq family. */
+static bool target_extra_ok(tn_dtype t) {
+    switch (t) {
+    case TN_F16:
+    case TN_BF16:
+    case TN_Q4_0:
+    case TN_Q4_1:
+    case TN_Q5_0:
+    case TN_Q5_1:
+    case TN_Q8_0:
+    case TN_Q2_K:
+    case TN_Q3_K:
+    case TN_Q4_K:
+    case TN_Q5_K:
+    case TN_Q6_K:
+    case TN_IQ4_NL:
+    case TN_IQ4_XS:
+    case TN_TQ1_0:
+    case TN_TQ2_0: return true;
+    default: return tn_vq_is(t) || tn_dtype_is_iq_grid(t);
+    }
+}
+
+/* Whether extra type ty can hold tensor t: its block divides ne0; vq2 only for 2-D matrices. */
+static bool target_extra_fits(const tn_gguf_tensor *t, tn_dtype ty) {
+    if (tn_vq_is(ty)) return t->n_dims == 2 && t->ne[0] % TN_VQ_QK == 0;
+    return t->ne[0] % tn_dtype_get(ty)->blck_size == 0;
+}
+
+/* Error of tensor t (x: its floats, e: rows/importance as for the family's widths) as type ty;
+ * *bits its size in bits. q: a buffer of at least tn_dtype_tensor_size(ty, ne0, rows) bytes. */
+static tern_status target_extra_err(const tn_gguf_tensor *t, const err_ctx *e, tn_dtype ty, tn_pool *pool, int nth,
+                                    uint8_t *q, float *ybuf, double *part, double *bits, double *err) {
+    qctx qq;
+    memset(&qq, 0, sizeof qq);
+    qq.task_x = e->x, qq.task_y = q, qq.task_rows = e->rows, qq.task_ne0 = e->ne0, qq.task_type = ty;
+    qq.task_imat = e->imp, qq.task_mat_rows = e->mat_rows;
+    const size_t nbytes = tn_dtype_tensor_size(ty, e->ne0, e->rows);
+    if (tn_vq_is(ty)) {
+        tern_status s = vq_prepare(&qq, t, nbytes);
+        if (s) return s;
+        memcpy(q + nbytes - TN_VQ_CB_BYTES, qq.task_cb, TN_VQ_CB_BYTES);
+    }
+    tn_pool_run(pool, quant_task, &qq);
+    err_any_ctx a = {e, q, tn_dtype_row_size(ty, e->ne0), ty, ybuf, part};
+    memset(part, 0, sizeof *part * (size_t)nth);
+    tn_pool_run(pool, err_any_task, &a);
+    double tot = 0;
+    for (int k = 0; k < nth; k++) tot += part[k];
+    *bits = 8.0 * (double)nbytes;
+    *err = tot;
+    return TERN_OK;
+}
+
 /* Whether --target-bpw chooses tensor i's width (quantizable, not overridden, ne0 a multiple of the
  * family's group); else its bits are fixed by the mix. */
 static bool target_allocatable(const tn_gguf_tensor *t, const tn_qmix_choice *c, const tn_qmix_opts *opts,
@@ -544,14 +632,20 @@ static void target_range(const tn_gguf *g, const size_t *order, const tn_qmix_ch
  * the importance matrix's per-expert counts; expert_used_count / expert_count each without them):
  * a token reads only its experts, so that is the error it adds per token (k_used: the model's
  * expert_used_count). */
+#define TARGET_XT_MAX 8 /* --target-types: extra candidate types at most */
+#define TARGET_NC (8 + TARGET_XT_MAX)
+
 static tern_status plan_target(const tn_gguf *g, const size_t *order, const tn_qmix_tensor *mt, tn_qmix_choice *ch,
-                               size_t n, const tn_qmix_opts *opts, const tn_tq_params *fam, const tn_imatrix *imat, double target, tn_pool *pool,
-                               int nth, float *f32, probe_ctx *pr, bool all8, int64_t k_used, double *achieved) {
+                               size_t n, const tn_qmix_opts *opts, const tn_tq_params *fam, const tn_dtype *xt, int nxt,
+                               const tn_imatrix *imat, double target, tn_pool *pool, int nth, float *f32, probe_ctx *pr,
+                               bool all8, int64_t k_used, double *achieved) {
     tern_status s = TERN_OK;
-    double *bits = calloc(n * 8 + 1, sizeof *bits), *err = calloc(n * 8 + 1, sizeof *err);
+    double *bits = calloc(n * TARGET_NC + 1, sizeof *bits), *err = calloc(n * TARGET_NC + 1, sizeof *err);
+    uint32_t *ctype = calloc(n * TARGET_NC + 1, sizeof *ctype); /* each candidate's type */
     const double **bp = calloc(n + 1, sizeof *bp), **ep = calloc(n + 1, sizeof *ep);
     int *ncand = calloc(n + 1, sizeof *ncand), *choice = calloc(n + 1, sizeof *choice);
     size_t *which = calloc(n + 1, sizeof *which);
+    uint8_t *xq = NULL; /* an extra type's whole tensor */
     uint8_t *qbuf = NULL;
     float *lp = pr ? malloc(sizeof(float) * (size_t)pr->n_vocab) : NULL;
     const int b0 = target < 3 ? 2 : target >= 7 ? 6 : (int)target - 1; /* probe width */
@@ -559,7 +653,7 @@ static tern_status plan_target(const tn_gguf *g, const size_t *order, const tn_q
     double *mat_w = NULL;
     e.part = calloc((size_t)nth + 1, sizeof *e.part);
     e.sig = calloc((size_t)nth + 1, sizeof *e.sig);
-    if (!bits || !err || !bp || !ep || !ncand || !choice || !which || !e.part || !e.sig) {
+    if (!bits || !err || !ctype || !bp || !ep || !ncand || !choice || !which || !e.part || !e.sig) {
         s = tn_err(TERN_ERR_NOMEM, "quantize: out of memory");
         goto out;
     }
@@ -576,13 +670,20 @@ static tern_status plan_target(const tn_gguf *g, const size_t *order, const tn_q
             continue;
         }
         which[na] = i;
-        bp[na] = bits + na * 8;
-        ep[na] = err + na * 8;
+        double *B = bits + na * TARGET_NC, *E = err + na * TARGET_NC;
+        uint32_t *C = ctype + na * TARGET_NC;
+        bp[na] = B;
+        ep[na] = E;
         ncand[na] = 8;
+        for (int b = 1; b <= 8; b++) {
+            tn_tq_params p = *fam;
+            p.bits = b;
+            C[b - 1] = tn_tq_dtype(&p);
+        }
         if (all8) { /* the budget holds every tensor at 8 bits: nothing to weigh */
             tn_tq_params p = *fam;
             p.bits = 8;
-            bits[na * 8 + 7] = 8.0 * (double)tn_dtype_row_size((tn_dtype)tn_tq_dtype(&p), t->ne[0]) * (double)rows;
+            B[7] = 8.0 * (double)tn_dtype_row_size((tn_dtype)tn_tq_dtype(&p), t->ne[0]) * (double)rows;
             na++;
             continue;
         }
@@ -626,8 +727,20 @@ static tern_status plan_target(const tn_gguf *g, const size_t *order, const tn_q
             for (int k = 0; k < nth; k++) tot += e.part[k], sig += e.sig[k];
             (void)sig;
             if (!pr && !strcmp(t->name, "token_embd.weight")) tot /= (double)rows;
-            bits[na * 8 + b - 1] = 8.0 * (double)e.rb * (double)rows;
-            err[na * 8 + b - 1] = tot;
+            B[b - 1] = 8.0 * (double)e.rb * (double)rows;
+            E[b - 1] = tot;
+        }
+        for (int x = 0; x < nxt; x++) { /* --target-types */
+            if (!target_extra_fits(t, xt[x])) continue;
+            free(xq);
+            if (!(xq = malloc(tn_dtype_tensor_size(xt[x], t->ne[0], rows) + 64))) {
+                s = tn_err(TERN_ERR_NOMEM, "quantize: out of memory");
+                goto out;
+            }
+            const int c = ncand[na]++;
+            if ((s = target_extra_err(t, &e, xt[x], pool, nth, xq, e.ybuf, e.part, &B[c], &E[c]))) goto out;
+            if (!pr && !strcmp(t->name, "token_embd.weight")) E[c] /= (double)rows;
+            C[c] = xt[x];
         }
         if (pr) {
             /* measured sensitivity: the KL of the calibration logits with only this tensor at
@@ -657,15 +770,27 @@ static tern_status plan_target(const tn_gguf *g, const size_t *order, const tn_q
                     s = probe_run(pr, lp, &kl, probe_start_layer(pr, t->name));
                     swap_views(pr->m, t->name, saved.type, saved.data, saved.nbytes, NULL);
                     if (s) goto out;
-                    sens[k] = err[na * 8 + pb - 1] > 0 ? kl / err[na * 8 + pb - 1] : 0;
+                    sens[k] = E[pb - 1] > 0 ? kl / E[pb - 1] : 0;
                 }
             }
             if (b0 - 1 < 1) sens[0] = sens[1];
-            for (int b = 1; b <= 8; b++) err[na * 8 + b - 1] *= b >= b0 ? sens[1] : sens[0];
+            for (int b = 1; b <= 8; b++) E[b - 1] *= b >= b0 ? sens[1] : sens[0];
+            /* an extra type: the sensitivity of the family's width it is at least as large as */
+            for (int c = 8; c < ncand[na]; c++) E[c] *= B[c] >= B[b0 - 1] ? sens[1] : sens[0];
         }
         fprintf(stderr, "target-bpw: %-32s predicted KL at 1..8 bits %.2e %.2e %.2e %.2e %.2e %.2e %.2e %.2e\n", t->name,
-                err[na * 8], err[na * 8 + 1], err[na * 8 + 2], err[na * 8 + 3], err[na * 8 + 4], err[na * 8 + 5],
-                err[na * 8 + 6], err[na * 8 + 7]);
+                E[0], E[1], E[2], E[3], E[4], E[5], E[6], E[7]);
+        for (int c = 8; c < ncand[na]; c++)
+            fprintf(stderr, "target-bpw: %-32s predicted KL as %s (%.3f bpw) %.4e\n", t->name, tn_dtype_name((tn_dtype)C[c]),
+                    B[c] / (double)(rows * t->ne[0]), E[c]);
+        /* candidates by size, smallest first (the allocation upgrades from the first) */
+        for (int c = 1; c < ncand[na]; c++)
+            for (int d = c; d > 0 && B[d] < B[d - 1]; d--) {
+                const double tb = B[d], te = E[d];
+                const uint32_t tc = C[d];
+                B[d] = B[d - 1], E[d] = E[d - 1], C[d] = C[d - 1];
+                B[d - 1] = tb, E[d - 1] = te, C[d - 1] = tc;
+            }
         na++;
     }
     const double budget = target * total_el - fixed_bits;
@@ -680,18 +805,19 @@ static tern_status plan_target(const tn_gguf *g, const size_t *order, const tn_q
     }
     double used = fixed_bits;
     for (size_t k = 0; k < na; k++) {
-        tn_tq_params p = *fam;
-        p.bits = choice[k] + 1;
-        ch[which[k]].type = ch[which[k]].wanted = tn_tq_dtype(&p);
+        const uint32_t ty = ctype[k * TARGET_NC + choice[k]];
+        ch[which[k]].type = ch[which[k]].wanted = ty;
         ch[which[k]].fallback = false;
         used += bp[k][choice[k]];
         char nm[32];
-        tn_tq_name(&p, nm, sizeof nm);
+        tn_tq_params p;
+        if (tn_tq_is(ty)) tn_tq_params_of(ty, &p), tn_tq_name(&p, nm, sizeof nm);
+        else snprintf(nm, sizeof nm, "%s", tn_dtype_name((tn_dtype)ty));
         fprintf(stderr, "target-bpw: %-36s -> %s\n", mt[which[k]].name, nm);
     }
     *achieved = used / total_el;
 out:
-    free(bits), free(err), free(bp), free(ep), free(ncand), free(choice), free(which);
+    free(bits), free(err), free(ctype), free(bp), free(ep), free(ncand), free(choice), free(which), free(xq);
     free(e.part), free(e.sig), free(e.qbuf), free(e.ybuf), free(qbuf), free(lp), free(mat_w);
     return s;
 }
@@ -845,6 +971,8 @@ static void usage(void) {
            "                                rounding (llama.cpp types: byte-identical to llama-quantize --imatrix)\n"
            "  --target-bpw X                per-tensor bit widths of TYPE's family (tq<b>g<G>[a]) chosen so the whole\n"
            "                                file has at most X bits per weight, at the least predicted loss\n"
+           "  --target-types LIST           more candidates for --target-bpw besides TYPE's widths, comma-separated:\n"
+           "                                vq2 (2-D matrices, ne0 %% 256 == 0), llama.cpp types (e.g. q4_K,q6_K,q8_0)\n"
            "  --calib FILE                  text whose KL divergence weighs each tensor's error (--target-bpw;\n"
            "                                default: text the model generates itself); with vq2, the text the\n"
            "                                layers' Hessians are collected on (each matrix's rounding errors are\n"
@@ -888,6 +1016,9 @@ int cmd_quantize(int argc, char **argv) {
     const char *imatrix_path = NULL;
     bool allow_requantize = false;
     float target_bpw = 0;
+    const char *target_types = NULL; /* --target-types LIST */
+    tn_dtype xt[TARGET_XT_MAX];
+    int nxt = 0;
     const char *calib_path = NULL;
     int64_t calib_chunks = 16;
     bool calib_chunks_set = false;
@@ -931,6 +1062,8 @@ int cmd_quantize(int argc, char **argv) {
         } else if (!strcmp(a, "--calib-chunks") && more) {
             if (!tn_cli_parse_i64(argv[++i], 0, 100000, &calib_chunks)) { rc = tn_cli_usage_error("bad --calib-chunks '%s'", argv[i]); goto done; }
             calib_chunks_set = true;
+        } else if (!strcmp(a, "--target-types") && more) {
+            target_types = argv[++i];
         } else if (!strcmp(a, "--target-bpw") && more) {
             if (!tn_cli_parse_f32(argv[++i], 0.5f, 64.0f, &target_bpw)) {
                 rc = tn_cli_usage_error("bad --target-bpw '%s' (bits per weight, 0.5 to 64)", argv[i]);
@@ -938,7 +1071,8 @@ int cmd_quantize(int argc, char **argv) {
             }
         } else if (a[0] == '-' && a[1]) {
             static const char *const valued[] = {"-t", "--threads", "--output-tensor-type", "--token-embedding-type",
-                                                 "--tensor-type", "--imatrix", "--target-bpw", "--calib", "--calib-chunks"};
+                                                 "--tensor-type", "--imatrix", "--target-bpw", "--target-types", "--calib",
+                                                 "--calib-chunks"};
             bool known = false;
             for (size_t v = 0; v < sizeof valued / sizeof valued[0]; v++) known |= !strcmp(a, valued[v]);
             rc = known ? tn_cli_usage_error("%s needs a value", a)
@@ -983,6 +1117,38 @@ int cmd_quantize(int argc, char **argv) {
     if (target_bpw > 0 && (ftype != TN_FTYPE_TERN || tn_vq_is(default_type))) {
         rc = tn_cli_usage_error("--target-bpw needs a tern type (tq<b>g<G>[a]: its group size and symmetry), not '%s'", type_name);
         goto done;
+    }
+    if (target_types && !(target_bpw > 0)) {
+        rc = tn_cli_usage_error("--target-types adds candidates to --target-bpw; give --target-bpw X too");
+        goto done;
+    }
+    for (const char *p = target_types; p && *p;) { /* comma-separated type names */
+        const char *e = strchr(p, ',');
+        const size_t len = e ? (size_t)(e - p) : strlen(p);
+        char nm[32];
+        tn_dtype t;
+        if (len == 0 || len >= sizeof nm) {
+            rc = tn_cli_usage_error("bad --target-types '%s' (comma-separated type names, e.g. vq2,q4_K,q6_K)", target_types);
+            goto done;
+        }
+        memcpy(nm, p, len), nm[len] = 0;
+        if (!tn_dtype_from_name(nm, &t) || !target_extra_ok(t)) {
+            rc = tn_cli_usage_error("--target-types: '%s' is not a type tern quantizes to besides the tq family (vq2, "
+                                    "q4_0 .. q8_0, q2_K .. q6_K, iq4_nl, iq4_xs, the i-quants, f16, bf16)", nm);
+            goto done;
+        }
+        if ((tn_dtype_is_iq_grid(t) || tn_iq_needs_weights(t)) && !imatrix_path) {
+            rc = tn_cli_usage_error("--target-types: %s needs an importance matrix (--imatrix)", nm);
+            goto done;
+        }
+        if (nxt == TARGET_XT_MAX) {
+            rc = tn_cli_usage_error("--target-types: at most %d types", TARGET_XT_MAX);
+            goto done;
+        }
+        bool dup = false;
+        for (int k = 0; k < nxt; k++) dup |= xt[k] == t;
+        if (!dup) xt[nxt++] = t;
+        p = e ? e + 1 : p + len;
     }
     if (ftype == TN_FTYPE_MOSTLY_Q2_K_S && !imatrix_path) {
         rc = tn_cli_usage_error("Q2_K_S needs an importance matrix (--imatrix)");
@@ -1073,7 +1239,7 @@ int cmd_quantize(int argc, char **argv) {
             fprintf(stderr, "target-bpw: --calib-chunks 0: tensors are weighed by their %s squared error alone\n",
                     imat ? "importance-weighted" : "plain");
         }
-        s = plan_target(g, order, mt, ch, n, &opts, &tqp, imat, target_bpw, pool, (int)threads, q.f32,
+        s = plan_target(g, order, mt, ch, n, &opts, &tqp, xt, nxt, imat, target_bpw, pool, (int)threads, q.f32,
                         calib_chunks > 0 ? &pr : NULL, target_bpw >= hi_bpw, mm.n_expert_used, &achieved_bpw);
         if (calib_chunks > 0) probe_close(&pr);
         if (s == TERN_ERR_INVALID_ARG) {
