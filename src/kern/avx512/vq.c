@@ -62,9 +62,9 @@ static inline void vq_lookup(const vq_tab *T, const block_vq2 *b, __m512i W[TN_V
         for (int p = 0; p < TN_VQ_DIM; p++) W[p] = vq_look(T, p, idx, top, false);
 }
 
-/* Per-lane scales of a block, d (2 s_g + 1) tab[s_g] / (2 s_g + 1) with lane l in group g = l / 2:
- * the 4-bit scales shifted into place and looked up in tab (VPERMPS reads an index's low 4 bits),
- * no integer multiply. tab = vq_odd: d (2 s + 1); tab = vq_odd times an activation scale: that too. */
+/* Per-lane scales of a block: lane l (scale group g = l / 2) gets fp16(d) * tab[s_g], the 4-bit
+ * scales shifted into place and looked up in tab (VPERMPS reads an index's low 4 bits; no integer
+ * multiply). tab = vq_odd(): d (2 s_g + 1); vq_odd() times an activation scale: that times it. */
 static inline __m512 vq_odd(void) { return _mm512_setr_ps(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31); }
 static inline __m512 vq_lane_scales(const block_vq2 *b, __m512 tab) {
     uint32_t sc;
