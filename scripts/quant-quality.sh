@@ -14,6 +14,8 @@
 #   LLAMA_BIN_DIR  folder with llama.cpp's llama-quantize and llama-imatrix (optional: without it
 #                  the llama.cpp rows are skipped); built outside this repository
 #   WORK           scratch folder (default build/quant-quality)
+#   MODEL=FILE     another base than the default model, on the same tokenizer and corpus (e.g. the
+#                  29M model of docs/speculative.md; its trainer held out the same windows)
 #
 # Data (needs Debian's bible-kjv, installed by scripts/install-test-deps.sh):
 #   - base: the shipped model is q8_0; it is dequantized to F16 (tern quantize ... F16), so "f16
@@ -31,7 +33,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 W=${3:-$ROOT/build/quant-quality}
 mkdir -p "$W"
 W=$(realpath "$W")
-M=$ROOT/models/tern-default.gguf
+M=${MODEL:-$ROOT/models/tern-default.gguf}
 T=${THREADS:-2}
 C=128
 if [ -n "$LL" ] && [ ! -x "$LL/llama-quantize" ]; then echo "no llama-quantize in $LL: skipping llama.cpp rows" >&2; LL=; fi
