@@ -533,29 +533,6 @@ static void err_any_task(void *arg, int ith, int nth) {
     a->part[ith] = acc;
 }
 
-/* The types --target-types accepts: those tern quantizes weights to, besides the tq family. */
-static bool target_extra_ok(tn_dtype t) {
-    switch (t) {
-    case TN_F16:
-    case TN_BF16:
-    case TN_Q4_0:
-    case TN_Q4_1:
-    case TN_Q5_0:
-    case TN_Q5_1:
-    case TN_Q8_0:
-    case TN_Q2_K:
-    case TN_Q3_K:
-    case TN_Q4_K:
-    case TN_Q5_K:
-    case TN_Q6_K:
-    case TN_IQ4_NL:
-    case TN_IQ4_XS:
-    case TN_TQ1_0:
-    case TN_TQ2_0: return true;
-    default: return tn_vq_is(t) || tn_dtype_is_iq_grid(t);
-    }
-}
-
 /* Whether extra type ty can hold tensor t: its block divides ne0; vq2 only for 2-D matrices. */
 static bool target_extra_fits(const tn_gguf_tensor *t, tn_dtype ty) {
     if (tn_vq_is(ty)) return t->n_dims == 2 && t->ne[0] % TN_VQ_QK == 0;
@@ -1126,17 +1103,18 @@ int cmd_quantize(int argc, char **argv) {
         const char *e = strchr(p, ',');
         const size_t len = e ? (size_t)(e - p) : strlen(p);
         char nm[32];
-        tn_dtype t;
         if (len == 0 || len >= sizeof nm) {
             rc = tn_cli_usage_error("bad --target-types '%s' (comma-separated type names, e.g. vq2,q4_K,q6_K)", target_types);
             goto done;
         }
         memcpy(nm, p, len), nm[len] = 0;
-        if (!tn_dtype_from_name(nm, &t) || !target_extra_ok(t)) {
-            rc = tn_cli_usage_error("--target-types: '%s' is not a type tern quantizes to besides the tq family (vq2, "
-                                    "q4_0 .. q8_0, q2_K .. q6_K, iq4_nl, iq4_xs, the i-quants, f16, bf16)", nm);
+        int ti;
+        if (!parse_dtype(nm, &ti) || tn_tq_is((uint32_t)ti)) { /* a tensor type (as --tensor-type), not the family's */
+            rc = tn_cli_usage_error("--target-types: '%s' is not a tensor type besides the tq family (e.g. vq2, q4_K, "
+                                    "q6_K, q8_0, iq4_xs)", nm);
             goto done;
         }
+        const tn_dtype t = (tn_dtype)ti;
         if ((tn_dtype_is_iq_grid(t) || tn_iq_needs_weights(t)) && !imatrix_path) {
             rc = tn_cli_usage_error("--target-types: %s needs an importance matrix (--imatrix)", nm);
             goto done;

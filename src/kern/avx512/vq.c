@@ -169,29 +169,31 @@ static inline __attribute__((always_inline)) void vq_gemv_rows(const vq_tab *T, 
     if (b1) *out1 = _mm512_reduce_add_ps(a1);
 }
 
+/* vq_gemv_rows with its sym and one-row variants chosen at run time. */
+static void vq_gemv_any(const vq_tab *T, const block_vq2 *b0, const block_vq2 *b1, int64_t nb, const block_q8_K *y,
+                        const vq_col *col, size_t pf, float *out0, float *out1) {
+    if (T->sym && b1) vq_gemv_rows(T, b0, b1, nb, y, col, pf, out0, out1, true);
+    else if (T->sym) vq_gemv_rows(T, b0, NULL, nb, y, col, pf, out0, out1, true);
+    else if (b1) vq_gemv_rows(T, b0, b1, nb, y, col, pf, out0, out1, false);
+    else vq_gemv_rows(T, b0, NULL, nb, y, col, pf, out0, out1, false);
+}
+
 /* Decode: rows i and i + h (h = ceil(m / 2)) together, two sequential streams sharing the
- * activation loads (one row alone when the other is past the end or in another tensor). */
+ * activation loads (one row at a time when the other is past the end or in another tensor). */
 static void vq_gemv(vq_tab *T, const int8_t **loaded, const uint8_t *w, size_t w_rb, int64_t m, int64_t nb,
                     const block_q8_K *y, const vq_col *col, float *out) {
     const size_t pf = w_rb * ((VQ_PF_MIN + w_rb - 1) / w_rb);
     const int64_t h = (m + 1) / 2;
     for (int64_t i = 0; i < h; i++) {
-        const uint8_t *r0 = w + (size_t)i * w_rb, *r1 = w + (size_t)(i + h) * w_rb;
-        const int8_t *cb = tn_vq_codebook(r0);
-        if (cb != *loaded) vq_tab_load(T, *loaded = cb); /* rows of one tensor share it */
-        const block_vq2 *b0 = (const block_vq2 *)(r0 + TN_VQ_HDR);
-        const block_vq2 *b1 = i + h < m && tn_vq_codebook(r1) == cb ? (const block_vq2 *)(r1 + TN_VQ_HDR) : NULL;
-        float *o0 = out + i, *o1 = out + i + h;
-        if (T->sym && b1) vq_gemv_rows(T, b0, b1, nb, y, col, pf, o0, o1, true);
-        else if (T->sym) vq_gemv_rows(T, b0, NULL, nb, y, col, pf, o0, o1, true);
-        else if (b1) vq_gemv_rows(T, b0, b1, nb, y, col, pf, o0, o1, false);
-        else vq_gemv_rows(T, b0, NULL, nb, y, col, pf, o0, o1, false);
-        if (i + h < m && !b1) { /* row i + h in another tensor: alone, with its own codebook */
-            const int8_t *cb1 = tn_vq_codebook(r1);
-            if (cb1 != *loaded) vq_tab_load(T, *loaded = cb1);
-            const block_vq2 *c1 = (const block_vq2 *)(r1 + TN_VQ_HDR);
-            if (T->sym) vq_gemv_rows(T, c1, NULL, nb, y, col, pf, o1, o1, true);
-            else vq_gemv_rows(T, c1, NULL, nb, y, col, pf, o1, o1, false);
+        const uint8_t *r[2] = {w + (size_t)i * w_rb, w + (size_t)(i + h) * w_rb};
+        const int nr = i + h < m ? 2 : 1;
+        const bool pair = nr == 2 && tn_vq_codebook(r[0]) == tn_vq_codebook(r[1]);
+        for (int k = 0; k < nr; k += pair ? 2 : 1) {
+            const int8_t *cb = tn_vq_codebook(r[k]);
+            if (cb != *loaded) vq_tab_load(T, *loaded = cb); /* rows of one tensor share it */
+            const block_vq2 *b0 = (const block_vq2 *)(r[k] + TN_VQ_HDR);
+            const block_vq2 *b1 = pair ? (const block_vq2 *)(r[1] + TN_VQ_HDR) : NULL;
+            vq_gemv_any(T, b0, b1, nb, y, col, pf, out + i + k * h, out + i + h);
         }
     }
 }
