@@ -143,7 +143,7 @@ static void test_gemv_parity(void **state) {
                 check_one(ti, ks[ki], ms[mi], 1);
                 checks++;
             }
-        /* small batches through the row kernel (q4_0, q8_0, q6_K: every n up to the slot's gemm_nrow) */
+        /* small batches through the row kernel (q4_0, q8_0, q6_K, f16: every n up to the slot's gemm_nrow) */
         const int32_t nrow = tn_kern_at(TN_ISA_AVX512)->slot[wt].gemm_nrow;
         static const int64_t nsm[] = {2, 3, 4, 5, 7, 8, 9, 16, 17, 32};
         for (size_t ni = 0; ni < sizeof nsm / sizeof nsm[0] && nsm[ni] <= nrow; ni++)
@@ -159,7 +159,7 @@ static void test_gemv_parity(void **state) {
 
 /* The wrapper: n <= gemm_nrow is the row kernel's result, larger n the previous avx512 gemm's, bit
  * for bit; q4_0 and q8_0 take every batch (gemm_nrow, 8 columns per pass), q6_K up to 32 columns
- * (8 per pass over each row), the others decode only. */
+ * (8 per pass over each row), f16 up to 8 (one pass), q4_K decode only. */
 static void test_gemv_wrapper_n_gt_1(void **state) {
     (void)state;
     if (!have_avx512()) return;
@@ -174,7 +174,8 @@ static void test_gemv_wrapper_n_gt_1(void **state) {
             continue;
         }
         assert_true(opt->slot[wt].gemm != prev[ti]); /* wrapped */
-        assert_int_equal(opt->slot[wt].gemm_nrow, (wt == TN_Q4_0 || wt == TN_Q8_0) ? (1 << 30) : wt == TN_Q6_K ? 32 : 1);
+        assert_int_equal(opt->slot[wt].gemm_nrow,
+                         (wt == TN_Q4_0 || wt == TN_Q8_0) ? (1 << 30) : wt == TN_Q6_K ? 32 : wt == TN_F16 ? 8 : 1);
         /* n <= gemm_nrow: the row kernel itself; beyond: the previous gemm */
         const int64_t k = 512, m = 37, ns[] = {2, 5, 9, 33};
         const size_t w_rb = tn_dtype_row_size(wt, k) + 4, x_rb = tn_dtype_row_size(at, k) + 4;

@@ -96,9 +96,13 @@ typedef void (*tn_f_tile_fn)(int64_t k, const uint8_t *w, size_t w_rb, const uin
                                     int64_t ldy) {                                                                     \
         tn_##T##_ftile(1, TN_F_RN, k, w, w_rb, x, x_rb, y, ldy);                                                       \
     }                                                                                                                  \
-    TN_NOINLINE void tn_##T##_fcolr(int64_t k, const uint8_t *w, size_t w_rb, const uint8_t *x, size_t x_rb, float *y, \
+    TN_NOINLINE void tn_##T##_fcol1(int64_t k, const uint8_t *w, size_t w_rb, const uint8_t *x, size_t x_rb, float *y, \
                                     int64_t ldy) {                                                                     \
         tn_##T##_ftile(TN_F_RM, 1, k, w, w_rb, x, x_rb, y, ldy);                                                       \
+    }                                                                                                                  \
+    TN_NOINLINE void tn_##T##_fcol2(int64_t k, const uint8_t *w, size_t w_rb, const uint8_t *x, size_t x_rb, float *y, \
+                                    int64_t ldy) {                                                                     \
+        tn_##T##_ftile(TN_F_RM, 2, k, w, w_rb, x, x_rb, y, ldy);                                                       \
     }                                                                                                                  \
     TN_NOINLINE void tn_##T##_fgemv(int64_t k, const uint8_t *w, size_t w_rb, const uint8_t *x, size_t x_rb, float *y, \
                                     int64_t ldy) {                                                                     \
@@ -111,8 +115,9 @@ typedef void (*tn_f_tile_fn)(int64_t k, const uint8_t *w, size_t w_rb, const uin
     }                                                                                                                  \
     void TN_KNAME(gemm_##T##_##T)(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,          \
                                   size_t x_rb, float *y, int64_t ldy) {                                                \
+        const tn_f_tile_fn cols[TN_F_RN] = {NULL, tn_##T##_fcol1, tn_##T##_fcol2};                                     \
         tn_f_gemm(k, m, n, (const uint8_t *)w, w_rb, (const uint8_t *)x, x_rb, y, ldy, tn_##T##_ffull,                 \
-                  tn_##T##_frow1, tn_##T##_fcolr, tn_##T##_fgemv, tn_##T##_fone);                                      \
+                  tn_##T##_frow1, cols, tn_##T##_fgemv, tn_##T##_fone);                                                \
     }                                                                                                                  \
     void TN_KNAME(vec_dot_##T##_##T)(int64_t k, float *s, const void *w, const void *x) {                              \
         *s = tn_##T##_fdot(k, (const uint8_t *)w, (const uint8_t *)x);                                                 \
@@ -122,8 +127,8 @@ typedef void (*tn_f_tile_fn)(int64_t k, const uint8_t *w, size_t w_rb, const uin
 #define TN_F_XCHUNK_BYTES (256 * 1024)
 
 TN_INLINE void tn_f_gemm(int64_t k, int64_t m, int64_t n, const uint8_t *w, size_t w_rb, const uint8_t *x,
-                         size_t x_rb, float *y, int64_t ldy, tn_f_tile_fn full, tn_f_tile_fn row1, tn_f_tile_fn colr,
-                         tn_f_tile_fn gemv, tn_f_tile_fn one) {
+                         size_t x_rb, float *y, int64_t ldy, tn_f_tile_fn full, tn_f_tile_fn row1,
+                         const tn_f_tile_fn *cols, tn_f_tile_fn gemv, tn_f_tile_fn one) {
     if (n == 1) {
         int64_t i = 0;
         for (; i + TN_F_RM1 <= m; i += TN_F_RM1) gemv(k, w + i * w_rb, w_rb, x, x_rb, y + i, ldy);
@@ -139,7 +144,8 @@ TN_INLINE void tn_f_gemm(int64_t k, int64_t m, int64_t n, const uint8_t *w, size
         for (; i + TN_F_RM <= m; i += TN_F_RM) {
             for (int64_t j = j0; j < jf; j += TN_F_RN)
                 full(k, w + i * w_rb, w_rb, x + j * x_rb, x_rb, y + j * ldy + i, ldy);
-            for (int64_t j = jf; j < j1; j++) colr(k, w + i * w_rb, w_rb, x + j * x_rb, x_rb, y + j * ldy + i, ldy);
+            /* the n % RN last columns in one tile: each weight row is read once per chunk */
+            if (jf < j1) cols[j1 - jf](k, w + i * w_rb, w_rb, x + jf * x_rb, x_rb, y + jf * ldy + i, ldy);
         }
         for (; i < m; i++) {
             for (int64_t j = j0; j < jf; j += TN_F_RN)

@@ -28,7 +28,8 @@
  *     -32 * sum_j sc_j bsum_j (one more VPDPWSSD); one FMA per super-block.
  * Integer sums are exact as in the references; only the float accumulation order differs.
  *
- * tn_kern_register_gemv_avx512 wraps the slot's gemm: n == 1 (q4_0 / q8_0: n <= TN_GEMV_NMAX) goes
+ * tn_kern_register_gemv_avx512 wraps the slot's gemm: n == 1 (q4_0 / q8_0: every n, in passes of
+ * TN_GEMV_NMAX columns; f16: n <= TN_GEMV_F16_NMAX; q6_K: n <= TN_GEMV_Q6K_NMAX) goes
  * here, larger n to the previous (tiled) kernel; the slot's gemm_nrow tells the matmul driver to
  * hand such calls whole thread ranges.
  */
@@ -61,6 +62,7 @@ TN_DECL_GEMV(tn_k_gemv_q6_K_q8_K__avx512)
                                      Zen 4, 1B model, 2 threads: serve steps of 2..32 rows 1.2-2.7x
                                      faster than the tiled gemm, pp512 q4_0 123 -> 137 t/s, q8_0
                                      94 -> 102 t/s. */
+#define TN_GEMV_F16_NMAX 8 /* f16: batches up to this size through the row kernel (one pass) */
 #define TN_GEMV_Q6K_NMAX 32 /* q6_K: batches up to this size through the row kernel (8 columns per
                                 pass over a row in L1); measured on Zen 4, 16000 x 2048 (a 1B
                                 model's output layer per thread), 8 columns: 10.4 ms in the tiled
@@ -587,22 +589,88 @@ static inline void tn_rows_f16(const int NR, const uint16_t *const *wr, int64_t 
     }
 }
 
+/* Small batches (2 <= n <= TN_GEMV_F16_NMAX: the verify step of speculative decoding, a serve
+ * step of a few sequences): the same two row streams, each weight register converted once and
+ * multiplied with up to TN_GEMV_F16_NC activation rows (one accumulator per row and column), so a
+ * pass reads the weights once for all its columns. (Widening the activation rows to an f32 copy
+ * once per call, to save the conversion per column, measured no faster: 4-8 columns slower.) */
+#define TN_GEMV_F16_NC 8
+static inline __attribute__((always_inline)) void tn_rows_f16_nc(const int NR, const int NC, const uint16_t *const *wr,
+                                                                 int64_t k, const uint16_t *const *xh, float *out) {
+    const int64_t k8 = k / 8 * 8;
+    __m256 a[2][TN_GEMV_F16_NC];
+    for (int rr = 0; rr < 2; rr++)
+        for (int c = 0; c < NC; c++) a[rr][c] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < k8; j += 8) {
+        if ((j & 31) == 0)
+            for (int rr = 0; rr < NR; rr++) _mm_prefetch((const char *)(wr[rr] + j) + TN_GEMV_PF, _MM_HINT_T0);
+        __m256 wv[2];
+        for (int rr = 0; rr < NR; rr++) wv[rr] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wr[rr] + j)));
+        for (int c = 0; c < NC; c++) {
+            const __m256 xv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(xh[c] + j)));
+            for (int rr = 0; rr < NR; rr++) a[rr][c] = _mm256_fmadd_ps(wv[rr], xv, a[rr][c]);
+        }
+    }
+    for (int rr = 0; rr < NR; rr++)
+        for (int c = 0; c < NC; c++) {
+            float sum = tn_hsum256(a[rr][c]);
+            for (int64_t j = k8; j < k; j++) sum += tn_fp16_to_fp32(wr[rr][j]) * tn_fp16_to_fp32(xh[c][j]);
+            out[rr * TN_GEMV_F16_NC + c] = sum;
+        }
+}
+
+typedef void (*tn_rows_f16_fn)(int nr, const uint16_t *const *wr, int64_t k, const uint16_t *const *xh, float *out);
+#define TN_ROWS_F16_NC(NC)                                                                                             \
+    static void tn_rows_f16_##NC(int nr, const uint16_t *const *wr, int64_t k, const uint16_t *const *xh,            \
+                                 float *out) {                                                                 \
+        if (nr == 2) tn_rows_f16_nc(2, NC, wr, k, xh, out);                                                            \
+        else tn_rows_f16_nc(1, NC, wr, k, xh, out);                                                                    \
+    }
+TN_ROWS_F16_NC(1)
+TN_ROWS_F16_NC(2)
+TN_ROWS_F16_NC(3)
+TN_ROWS_F16_NC(4)
+TN_ROWS_F16_NC(5)
+TN_ROWS_F16_NC(6)
+TN_ROWS_F16_NC(7)
+TN_ROWS_F16_NC(8)
+static const tn_rows_f16_fn tn_rows_f16_ncs[TN_GEMV_F16_NC + 1] = {
+    NULL, tn_rows_f16_1, tn_rows_f16_2, tn_rows_f16_3, tn_rows_f16_4, tn_rows_f16_5, tn_rows_f16_6, tn_rows_f16_7,
+    tn_rows_f16_8};
+
 void tn_k_gemv_f16_f16__avx512(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,
                                size_t x_rb, float *y, int64_t ldy) {
     const int64_t h = (m + 1) / 2;
-    for (int64_t j = 0; j < n; j++) {
-        const uint16_t *xh = (const uint16_t *)((const uint8_t *)x + (size_t)j * x_rb);
+    if (n == 1) {
+        const uint16_t *xh = (const uint16_t *)x;
         for (int64_t i = 0; i < h; i++) {
             float out[2];
             const uint16_t *wr[2] = {(const uint16_t *)((const uint8_t *)w + (size_t)i * w_rb),
                                      (const uint16_t *)((const uint8_t *)w + (size_t)(i + h) * w_rb)};
             if (i + h < m) {
                 tn_rows_f16(2, wr, k, xh, out);
-                y[j * ldy + i + h] = out[1];
+                y[i + h] = out[1];
             } else {
                 tn_rows_f16(1, wr, k, xh, out);
             }
-            y[j * ldy + i] = out[0];
+            y[i] = out[0];
+        }
+        return;
+    }
+    for (int64_t j0 = 0; j0 < n; j0 += TN_GEMV_F16_NC) { /* passes of up to NC columns */
+        const int nc = (int)(n - j0 < TN_GEMV_F16_NC ? n - j0 : TN_GEMV_F16_NC);
+        const uint16_t *xh[TN_GEMV_F16_NC];
+        for (int c = 0; c < nc; c++) xh[c] = (const uint16_t *)((const uint8_t *)x + (size_t)(j0 + c) * x_rb);
+        for (int64_t i = 0; i < h; i++) {
+            float out[2 * TN_GEMV_F16_NC];
+            const uint16_t *wr[2] = {(const uint16_t *)((const uint8_t *)w + (size_t)i * w_rb),
+                                     (const uint16_t *)((const uint8_t *)w + (size_t)(i + h) * w_rb)};
+            const int nr = i + h < m ? 2 : 1;
+            tn_rows_f16_ncs[nc](nr, wr, k, xh, out);
+            for (int c = 0; c < nc; c++) {
+                y[(j0 + c) * ldy + i] = out[c];
+                if (nr == 2) y[(j0 + c) * ldy + i + h] = out[TN_GEMV_F16_NC + c];
+            }
         }
     }
 }
@@ -630,7 +698,7 @@ static void tn_gemv_wrap_q6_K(int64_t k, int64_t m, int64_t n, const void *w, si
     if (n <= TN_GEMV_Q6K_NMAX) tn_k_gemv_q6_K_q8_K__avx512(k, m, n, w, w_rb, x, x_rb, y, ldy);
     else tn_gemv_prev_q6_K(k, m, n, w, w_rb, x, x_rb, y, ldy);
 }
-TN_GEMV_WRAP(f16, f16, 1)
+TN_GEMV_WRAP(f16, f16, TN_GEMV_F16_NMAX)
 
 #define TN_GEMV_INSTALL(T, wt, nmax)                                                                                   \
     do {                                                                                                               \
@@ -649,5 +717,5 @@ void tn_kern_register_gemv_avx512(tn_kern_table *t) {
     TN_GEMV_INSTALL(TN_Q8_0, q8_0, TN_GEMV_NBATCH);
     TN_GEMV_INSTALL(TN_Q4_K, q4_K, 1);
     TN_GEMV_INSTALL(TN_Q6_K, q6_K, TN_GEMV_Q6K_NMAX);
-    TN_GEMV_INSTALL(TN_F16, f16, 1);
+    TN_GEMV_INSTALL(TN_F16, f16, TN_GEMV_F16_NMAX);
 }
