@@ -595,26 +595,44 @@ static inline void tn_rows_f16(const int NR, const uint16_t *const *wr, int64_t 
  * pass reads the weights once for all its columns. (Widening the activation rows to an f32 copy
  * once per call, to save the conversion per column, measured no faster: 4-8 columns slower.) */
 #define TN_GEMV_F16_NC 8
+/* U independent accumulators per row and column (the k steps of 8 take turns), so 8 or more FMA
+ * chains are in flight: fewer columns are bound by the FMA latency, not its throughput. */
+#define TN_F16_U(NC) ((NC) >= 5 ? 1 : (NC) == 1 ? 4 : 2)
 static inline __attribute__((always_inline)) void tn_rows_f16_nc(const int NR, const int NC, const uint16_t *const *wr,
                                                                  int64_t k, const uint16_t *const *xh, float *out) {
-    const int64_t k8 = k / 8 * 8;
-    __m256 a[2][TN_GEMV_F16_NC];
+    const int U = TN_F16_U(NC);
+    const int64_t k8 = k / 8 * 8, ku = k / (8 * U) * (8 * U);
+    __m256 a[2][TN_GEMV_F16_NC][4];
     for (int rr = 0; rr < 2; rr++)
-        for (int c = 0; c < NC; c++) a[rr][c] = _mm256_setzero_ps();
-    for (int64_t j = 0; j < k8; j += 8) {
-        if ((j & 31) == 0)
-            for (int rr = 0; rr < NR; rr++) _mm_prefetch((const char *)(wr[rr] + j) + TN_GEMV_PF, _MM_HINT_T0);
+        for (int c = 0; c < NC; c++)
+            for (int u = 0; u < U; u++) a[rr][c][u] = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j < ku; j += 8 * U)
+        for (int u = 0; u < U; u++) {
+            const int64_t l = j + 8 * u;
+            if ((l & 31) == 0)
+                for (int rr = 0; rr < NR; rr++) _mm_prefetch((const char *)(wr[rr] + l) + TN_GEMV_PF, _MM_HINT_T0);
+            __m256 wv[2];
+            for (int rr = 0; rr < NR; rr++) wv[rr] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wr[rr] + l)));
+            for (int c = 0; c < NC; c++) {
+                const __m256 xv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(xh[c] + l)));
+                for (int rr = 0; rr < NR; rr++) a[rr][c][u] = _mm256_fmadd_ps(wv[rr], xv, a[rr][c][u]);
+            }
+        }
+    for (; j < k8; j += 8) {
         __m256 wv[2];
         for (int rr = 0; rr < NR; rr++) wv[rr] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wr[rr] + j)));
         for (int c = 0; c < NC; c++) {
             const __m256 xv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(xh[c] + j)));
-            for (int rr = 0; rr < NR; rr++) a[rr][c] = _mm256_fmadd_ps(wv[rr], xv, a[rr][c]);
+            for (int rr = 0; rr < NR; rr++) a[rr][c][0] = _mm256_fmadd_ps(wv[rr], xv, a[rr][c][0]);
         }
     }
     for (int rr = 0; rr < NR; rr++)
         for (int c = 0; c < NC; c++) {
-            float sum = tn_hsum256(a[rr][c]);
-            for (int64_t j = k8; j < k; j++) sum += tn_fp16_to_fp32(wr[rr][j]) * tn_fp16_to_fp32(xh[c][j]);
+            __m256 t = a[rr][c][0];
+            for (int u = 1; u < U; u++) t = _mm256_add_ps(t, a[rr][c][u]);
+            float sum = tn_hsum256(t);
+            for (int64_t l = k8; l < k; l++) sum += tn_fp16_to_fp32(wr[rr][l]) * tn_fp16_to_fp32(xh[c][l]);
             out[rr * TN_GEMV_F16_NC + c] = sum;
         }
 }
