@@ -591,8 +591,8 @@ static inline void tn_rows_f16(const int NR, const uint16_t *const *wr, int64_t 
 
 /* Small batches (2 <= n <= TN_GEMV_F16_NMAX: the verify step of speculative decoding, a serve
  * step of a few sequences): the same two row streams, each weight register converted once and
- * multiplied with up to TN_GEMV_F16_NC activation rows (one accumulator per row and column), so a
- * pass reads the weights once for all its columns. (Widening the activation rows to an f32 copy
+ * multiplied with up to TN_GEMV_F16_NC activation rows (TN_F16_U accumulators per row and
+ * column), so a pass reads the weights once for all its columns. (Widening the activation rows to an f32 copy
  * once per call, to save the conversion per column, measured no faster: 4-8 columns slower.) */
 #define TN_GEMV_F16_NC 8
 /* U independent accumulators per row and column (the k steps of 8 take turns), so 8 or more FMA
@@ -639,8 +639,8 @@ static inline __attribute__((always_inline)) void tn_rows_f16_nc(const int NR, c
 
 typedef void (*tn_rows_f16_fn)(int nr, const uint16_t *const *wr, int64_t k, const uint16_t *const *xh, float *out);
 #define TN_ROWS_F16_NC(NC)                                                                                             \
-    static void tn_rows_f16_##NC(int nr, const uint16_t *const *wr, int64_t k, const uint16_t *const *xh,            \
-                                 float *out) {                                                                 \
+    static void tn_rows_f16_##NC(int nr, const uint16_t *const *wr, int64_t k, const uint16_t *const *xh,              \
+                                 float *out) {                                                                         \
         if (nr == 2) tn_rows_f16_nc(2, NC, wr, k, xh, out);                                                            \
         else tn_rows_f16_nc(1, NC, wr, k, xh, out);                                                                    \
     }
