@@ -568,30 +568,9 @@ static inline float tn_hsum256(__m256 t) {
     return _mm_cvtss_f32(h);
 }
 
-static inline void tn_rows_f16(const int NR, const uint16_t *const *wr, int64_t k, const uint16_t *xh, float *out) {
-    const int64_t k32 = k / 32 * 32;
-    __m256 a[2][4];
-    for (int rr = 0; rr < 2; rr++)
-        for (int q = 0; q < 4; q++) a[rr][q] = _mm256_setzero_ps();
-    for (int64_t j = 0; j < k32; j += 32) {
-        for (int rr = 0; rr < NR; rr++) _mm_prefetch((const char *)(wr[rr] + j) + TN_GEMV_PF, _MM_HINT_T0);
-        for (int q = 0; q < 4; q++) {
-            const __m256 xv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(xh + j + 8 * q)));
-            for (int rr = 0; rr < NR; rr++)
-                a[rr][q] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wr[rr] + j + 8 * q))), xv,
-                                           a[rr][q]);
-        }
-    }
-    for (int rr = 0; rr < NR; rr++) {
-        float sum = tn_hsum256(_mm256_add_ps(_mm256_add_ps(a[rr][0], a[rr][1]), _mm256_add_ps(a[rr][2], a[rr][3])));
-        for (int64_t j = k32; j < k; j++) sum += tn_fp16_to_fp32(wr[rr][j]) * tn_fp16_to_fp32(xh[j]);
-        out[rr] = sum;
-    }
-}
-
-/* Small batches (2 <= n <= TN_GEMV_F16_NMAX: the verify step of speculative decoding, a serve
- * step of a few sequences): the same two row streams, each weight register converted once and
- * multiplied with up to TN_GEMV_F16_NC activation rows (TN_F16_U accumulators per row and
+/* Decode (n == 1) and small batches (n <= TN_GEMV_F16_NMAX: the verify step of speculative
+ * decoding, a serve step of a few sequences) alike: the two row streams, each weight register
+ * converted once and multiplied with up to TN_GEMV_F16_NC activation rows (TN_F16_U accumulators per row and
  * column), so a pass reads the weights once for all its columns. (Widening the activation rows to an f32 copy
  * once per call, to save the conversion per column, measured no faster: 4-8 columns slower.) */
 #define TN_GEMV_F16_NC 8
@@ -659,22 +638,6 @@ static const tn_rows_f16_fn tn_rows_f16_ncs[TN_GEMV_F16_NC + 1] = {
 void tn_k_gemv_f16_f16__avx512(int64_t k, int64_t m, int64_t n, const void *w, size_t w_rb, const void *x,
                                size_t x_rb, float *y, int64_t ldy) {
     const int64_t h = (m + 1) / 2;
-    if (n == 1) {
-        const uint16_t *xh = (const uint16_t *)x;
-        for (int64_t i = 0; i < h; i++) {
-            float out[2];
-            const uint16_t *wr[2] = {(const uint16_t *)((const uint8_t *)w + (size_t)i * w_rb),
-                                     (const uint16_t *)((const uint8_t *)w + (size_t)(i + h) * w_rb)};
-            if (i + h < m) {
-                tn_rows_f16(2, wr, k, xh, out);
-                y[i + h] = out[1];
-            } else {
-                tn_rows_f16(1, wr, k, xh, out);
-            }
-            y[i] = out[0];
-        }
-        return;
-    }
     for (int64_t j0 = 0; j0 < n; j0 += TN_GEMV_F16_NC) { /* passes of up to NC columns */
         const int nc = (int)(n - j0 < TN_GEMV_F16_NC ? n - j0 : TN_GEMV_F16_NC);
         const uint16_t *xh[TN_GEMV_F16_NC];
