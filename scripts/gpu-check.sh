@@ -2,7 +2,8 @@
 # One GPU session's checks for the CUDA backend, in one go, results in OUT (default gpu-results/):
 #   nvidia-smi and `tern info`; the GPU tests (test_cuda gpu: kernel parity for every type, forward
 #   against the double-precision reference, paged batches, -ngl splits, stories260K greedy vs the
-#   CPU); the default model's greedy text on GPU and CPU; `tern serve --device cuda` under the serve
+#   CPU); the default model's greedy text on GPU and CPU, and that of synthetic smollm3, gemma3,
+#   gemma2 and phi3 files; `tern serve --device cuda` under the serve
 #   test suite's scripts; and the benchmarks on a 1B-class synthetic model (Q4_0, Q8_0, tq2/3/4,
 #   F16): decode and pp512 against the card's copy bandwidth and fp16 peak, measured in the same run.
 #
@@ -62,6 +63,18 @@ step greedy_default 60 bash -c "
   '$BIN' generate -m $M0 -p 'And God said' -n 64 --temp 0 -t 4 2>$TMPD/c.err >$TMPD/cpu.txt; e2=\$?
   cat $TMPD/g.err; echo '--- gpu:'; cat $TMPD/gpu.txt; echo; echo '--- cpu:'; cat $TMPD/cpu.txt; echo
   [ \$e1 = 0 ] && [ \$e2 = 0 ] && cmp $TMPD/gpu.txt $TMPD/cpu.txt && echo 'greedy text identical'"
+
+# the other families on the GPU (synthetic small models): greedy text on GPU and CPU, and their
+# speed on the card
+for a in smollm3 gemma3 gemma2 phi3; do
+    step "greedy_$a" 90 bash -c "
+      '$BIN' synth -o $TMPD/$a.gguf --arch $a --preset small --type q8_0 >/dev/null || exit 3
+      '$BIN' generate -m $TMPD/$a.gguf -p 'Once upon a time' -n 48 --temp 0 --device cuda 2>$TMPD/g.err >$TMPD/gpu.txt; e1=\$?
+      '$BIN' generate -m $TMPD/$a.gguf -p 'Once upon a time' -n 48 --temp 0 -t 4 2>$TMPD/c.err >$TMPD/cpu.txt; e2=\$?
+      cat $TMPD/g.err; echo '--- gpu:'; cat $TMPD/gpu.txt; echo; echo '--- cpu:'; cat $TMPD/cpu.txt; echo
+      [ \$e1 = 0 ] && [ \$e2 = 0 ] && '$BIN' bench --device cuda -m $TMPD/$a.gguf -p 128 -n 64 -r 2
+      [ \$e1 = 0 ] && [ \$e2 = 0 ] && cmp $TMPD/gpu.txt $TMPD/cpu.txt && echo 'greedy text identical'"
+done
 
 if [ "${GPU_CHECK_QUICK:-0}" != 1 ]; then
     # 1B-class synthetic model (Llama-3.2-1B shapes): F16, then each type quantized from it

@@ -29,6 +29,7 @@ enum { W_Q, W_K, W_V, W_O, W_GATE, W_UP, W_DOWN, W_N };
  * Wdown. */
 typedef struct {
     float *attn_norm, *ffn_norm, *bq, *bk, *bv, *bqkv, *q_norm, *k_norm;
+    float *attn_post_norm, *ffn_post_norm; /* gemma: the products normed before the residual add */
     tn_cw w[W_N];
     tn_cw qkv, gu;
     bool fused_qkv, fused_gu;
@@ -54,9 +55,10 @@ struct tn_cuda_ctx {
     uint16_t *Kc, *Vc; /* [n_layers][kv_rows][kv_dim] */
     int32_t *d_ints;   /* pos[n], kvrow[n], tbl_off[n], out_rows[n], tbl[...] */
     float *d_cs;       /* [n][n_rot] */
+    float *d_cs_swa;   /* [n][n_rot]: sliding-window layers' own RoPE base and scale (gemma3) */
     int64_t tbl_cap;
     /* pinned host staging */
-    float *h_x, *h_cs;
+    float *h_x, *h_cs, *h_cs_swa;
     int32_t *h_ints;
     const void *q_src, *h_src; /* activations currently quantized / converted (NULL: none) */
     int cuerr;
@@ -399,6 +401,7 @@ static void ctx_release(tn_cuda_ctx *g) {
     if (g->st) cudaStreamDestroy(g->st);
     cudaFreeHost(g->h_x);
     cudaFreeHost(g->h_cs);
+    cudaFreeHost(g->h_cs_swa);
     cudaFreeHost(g->h_ints);
     cudaGetLastError();
     tn_free(g->allocs);
@@ -424,16 +427,22 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
     const tn_hparams *hp = &c->hp;
     if (ngl < 0 || ngl > hp->n_layer) ngl = hp->n_layer;
     if (hp->head_dim > 256) return tn_err(TERN_ERR_UNSUPPORTED, "cuda: head size %d above 256", hp->head_dim);
-    /* the block the GPU runs: llama's, with qwen2's biases and qwen3's q/k norms; other families
-     * (smollm3's NoPE layers, gemma3's GeGLU, post-norms and sliding window) are refused */
+    /* the block the GPU runs: llama's, with qwen2's biases, qwen3's and gemma3's per-head q/k norms,
+     * smollm3's NoPE layers, gemma's GeGLU, post norms, sliding windows and soft caps, phi3's fused
+     * matrices (bound as row slices) and LongRoPE (the host's RoPE tables); the rest is refused */
     if (hp->family && hp->family->mla) /* its latent KV cache and absorbed projections are CPU-only */
         return tn_err(TERN_ERR_UNSUPPORTED, "cuda: architecture %s (multi-head latent attention) does not run on the GPU yet; "
                       "run it on the CPU", hp->family->name);
     if (hp->n_expert > 0) /* no MoE block on the GPU: Mixtral-style llama files included */
         return tn_err(TERN_ERR_UNSUPPORTED, "cuda: %s with %d experts: mixture-of-experts layers do not run on the GPU yet; "
                       "run it on the CPU", hp->family ? hp->family->name : "?", hp->n_expert);
-    if (hp->arch != TN_ARCH_LLAMA && hp->arch != TN_ARCH_QWEN2 && hp->arch != TN_ARCH_QWEN3)
-        return tn_err(TERN_ERR_UNSUPPORTED, "cuda: architecture %s does not run on the GPU yet (llama, qwen2, qwen3 do); run it on the CPU",
+    const bool arch_ok = hp->arch == TN_ARCH_LLAMA || hp->arch == TN_ARCH_QWEN2 || hp->arch == TN_ARCH_QWEN3 ||
+                         hp->arch == TN_ARCH_SMOLLM3 || hp->arch == TN_ARCH_GEMMA3 || hp->arch == TN_ARCH_GEMMA2 ||
+                         hp->arch == TN_ARCH_PHI3;
+    if (!arch_ok || (hp->family && hp->family->qk_norm_full) || (hp->ffn != TN_FFN_SWIGLU && hp->ffn != TN_FFN_GEGLU))
+        return tn_err(TERN_ERR_UNSUPPORTED,
+                      "cuda: architecture %s does not run on the GPU yet (llama, qwen2, qwen3, smollm3, gemma2, gemma3, phi3 do); "
+                      "run it on the CPU",
                       hp->family ? hp->family->name : "?");
     tn_cuda_ctx *g = tn_calloc(1, sizeof *g);
     if (!g) return tn_err(TERN_ERR_NOMEM, "cuda: out of memory");
@@ -465,7 +474,7 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
         const tn_tensor *ts[W_N] = {&R[TN_ROLE_ATTN_Q],   &R[TN_ROLE_ATTN_K], &R[TN_ROLE_ATTN_V], &R[TN_ROLE_ATTN_OUT],
                                     &R[TN_ROLE_FFN_GATE], &R[TN_ROLE_FFN_UP], &R[TN_ROLE_FFN_DOWN]};
         /* a block the GPU path does not run yet is refused by name, not computed wrongly */
-        static const int unsupported[] = {TN_ROLE_ATTN_POST_NORM, TN_ROLE_FFN_POST_NORM};
+        static const int unsupported[] = {TN_ROLE_ATTN_SINKS, TN_ROLE_ATTN_OUT_B};
         for (size_t u = 0; u < sizeof unsupported / sizeof unsupported[0]; u++)
             if (R[unsupported[u]].data) {
                 s = tn_err(TERN_ERR_UNSUPPORTED, "cuda: tensor '%s' (%s): this block is not on the GPU yet; run on the CPU",
@@ -504,6 +513,8 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
         G->bv = upload_f32(g, bv, &ok);
         G->q_norm = upload_f32(g, &R[TN_ROLE_ATTN_Q_NORM], &ok); /* qwen3: per-head RMSNorm of q and k */
         G->k_norm = upload_f32(g, &R[TN_ROLE_ATTN_K_NORM], &ok);
+        G->attn_post_norm = upload_f32(g, &R[TN_ROLE_ATTN_POST_NORM], &ok); /* gemma */
+        G->ffn_post_norm = upload_f32(g, &R[TN_ROLE_FFN_POST_NORM], &ok);
     }
     if (ok && g->has_output) {
         if ((s = upload_weight(g, &m->output, &g->output))) goto fail;
@@ -540,13 +551,15 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
     g->tbl_cap = (int64_t)nb * (c->kv_blocks + 1);
     g->d_ints = dalloc(g, (size_t)ints_needed(c, g->tbl_cap) * 4, &ok);
     g->d_cs = dalloc(g, (size_t)(nb * hp->n_rot) * 4, &ok);
+    if (hp->n_swa > 0) g->d_cs_swa = dalloc(g, (size_t)(nb * hp->n_rot) * 4, &ok);
     if (!ok) {
         s = TERN_ERR_NOMEM;
         goto fail;
     }
     if (cudaMallocHost((void **)&g->h_x, (size_t)(nb * d) * 4) != cudaSuccess ||
         cudaMallocHost((void **)&g->h_cs, (size_t)(nb * hp->n_rot) * 4) != cudaSuccess ||
-        cudaMallocHost((void **)&g->h_ints, (size_t)ints_needed(c, g->tbl_cap) * 4) != cudaSuccess) {
+        cudaMallocHost((void **)&g->h_ints, (size_t)ints_needed(c, g->tbl_cap) * 4) != cudaSuccess ||
+        (hp->n_swa > 0 && cudaMallocHost((void **)&g->h_cs_swa, (size_t)(nb * hp->n_rot) * 4) != cudaSuccess)) {
         cudaGetLastError();
         s = tn_err(TERN_ERR_NOMEM, "cuda: cannot allocate pinned host buffers");
         goto fail;
@@ -696,6 +709,19 @@ static bool q8_for(const tn_cuda_ctx *g, const tn_cw *w, int64_t n) {
     return tn_cw_is_code(w->kind) && use_gemv(g, w, n) && w->k % 32 == 0;
 }
 
+/* x += W in (n rows of W's row length); with a post norm (gemma) x += rmsnorm(W in) * post, the
+ * product first into xb (free by then: the block's input norm was consumed by its first matmul). */
+static void proj_add(tn_cuda_ctx *g, const char *label, const tn_cw *w, const float *in, int64_t ldin, int64_t n,
+                     const float *post, float eps) {
+    if (!post) {
+        mm(g, label, w, in, ldin, n, g->x, w->m, NULL, 1);
+        return;
+    }
+    mm(g, label, w, in, ldin, n, g->xb, w->m, NULL, 0);
+    fresh(g);
+    CKL("post_norm", tn_cu_rmsnorm_add(g->x, g->xb, post, n, w->m, eps, g->st));
+}
+
 /* The layers on the GPU and, when it holds them all, the final norm and the logits of the n_out
  * rows in d_orow: kernel launches only (a CUDA graph captures them for one-token steps). */
 static void run_layers(tn_cuda_ctx *g, const tern_ctx *c, int64_t n, int32_t n_out) {
@@ -703,13 +729,22 @@ static void run_layers(tn_cuda_ctx *g, const tern_ctx *c, int64_t n, int32_t n_o
     const int64_t d = hp->n_embd, hd = hp->head_dim, qd = (int64_t)hp->n_head * hd;
     const int64_t kv_dim = (int64_t)hp->n_head_kv * hd, ff = hp->n_ff;
     int32_t *d_pos = g->d_ints, *d_kvrow = d_pos + n, *d_toff = d_kvrow + n, *d_orow = d_toff + n, *d_tbl = d_orow + n;
-    const float scale = 1.0f / sqrtf((float)hd);
+    /* scores q.k * scale (the family's, or 1/sqrt(hd)); soft-capped (gemma2): scale / cap, then
+     * cap * tanh, as the CPU computes them */
+    const float cap = hp->attn_softcap > 0 ? hp->attn_softcap : 0.0f;
+    const float scale = (hp->attn_scale > 0 ? hp->attn_scale : 1.0f / sqrtf((float)hd)) / (cap > 0 ? cap : 1.0f);
+    const int act = hp->ffn == TN_FFN_GEGLU ? TN_CU_GELU : TN_CU_SILU;
     /* one token: the attention kernel does the RoPE and cache store (the same bits, a launch fewer) */
     const bool rope1 = g->fuse_rope && n == 1;
     for (int32_t il = 0; il < g->n_layers; il++) {
         const tn_cu_layer *L = &g->L[il];
         uint16_t *Kc = g->Kc + (size_t)il * (size_t)c->kv_rows * (size_t)kv_dim;
         uint16_t *Vc = g->Vc + (size_t)il * (size_t)c->kv_rows * (size_t)kv_dim;
+        /* sliding-window layers: the last n_swa positions and their own RoPE table; NoPE layers
+         * (smollm3): no rotation (q/k norms and the cache store still run) */
+        const bool swa = tn_hp_layer_swa(hp, il);
+        const int n_rot = tn_hp_layer_rope(hp, il) ? hp->n_rot : 0, window = swa ? hp->n_swa : 0;
+        const float *cs = swa ? g->d_cs_swa : g->d_cs;
         /* attention block */
         const bool qa = q8_for(g, L->fused_qkv ? &L->qkv : &L->w[W_Q], n);
         CKL("norm", tn_cu_rmsnorm(g->x, NULL, g->xb, L->attn_norm, n, d, hp->rms_eps, qa ? &g->xq : NULL, g->st));
@@ -729,18 +764,18 @@ static void run_layers(tn_cuda_ctx *g, const tern_ctx *c, int64_t n, int32_t n_o
             mm(g, "qkv", &L->w[W_V], g->xb, d, n, v, kv_dim, L->bv, 0);
         }
         /* one token: the attention kernel rotates and stores the new row itself */
-        const tn_cu_rope rope = {k, v, ldk, L->q_norm, L->k_norm, hp->rms_eps, g->d_cs, hp->n_rot, hp->rope_mode == TN_ROPE_NEOX,
+        const tn_cu_rope rope = {k, v, ldk, L->q_norm, L->k_norm, hp->rms_eps, cs, n_rot, hp->rope_mode == TN_ROPE_NEOX,
                                  d_kvrow, Kc, Vc};
         if (!rope1)
-            CKL("rope_store", tn_cu_rope_store(q, ldq, k, v, ldk, L->q_norm, L->k_norm, hp->rms_eps, g->d_cs, hp->n_rot,
+            CKL("rope_store", tn_cu_rope_store(q, ldq, k, v, ldk, L->q_norm, L->k_norm, hp->rms_eps, cs, n_rot,
                                                hp->rope_mode == TN_ROPE_NEOX, n, hp->n_head, hp->n_head_kv, (int)hd, d_kvrow, Kc,
                                                Vc, g->st));
         const bool qo = q8_for(g, &L->w[W_O], n) && hd % 32 == 0;
-        CKL("attention", tn_cu_attention(q, ldq, Kc, Vc, n, hp->n_head, hp->n_head_kv, (int)hd, d_pos, d_toff, d_tbl, scale,
-                                         g->att, qo ? &g->xq : NULL, rope1 ? &rope : NULL, g->st));
+        CKL("attention", tn_cu_attention(q, ldq, Kc, Vc, n, hp->n_head, hp->n_head_kv, (int)hd, d_pos, d_toff, d_tbl, scale, cap,
+                                         window, g->att, qo ? &g->xq : NULL, rope1 ? &rope : NULL, g->st));
         fresh(g);
         if (qo) g->q_src = g->att;
-        mm(g, "wo", &L->w[W_O], g->att, qd, n, g->x, d, NULL, 1);
+        proj_add(g, "wo", &L->w[W_O], g->att, qd, n, L->attn_post_norm, hp->rms_eps);
         /* feed-forward block */
         const bool qf = q8_for(g, L->fused_gu ? &L->gu : &L->w[W_GATE], n);
         CKL("norm", tn_cu_rmsnorm(g->x, NULL, g->xb, L->ffn_norm, n, d, hp->rms_eps, qf ? &g->xq : NULL, g->st));
@@ -750,17 +785,17 @@ static void run_layers(tn_cuda_ctx *g, const tern_ctx *c, int64_t n, int32_t n_o
         if (L->fused_gu) {
             mm(g, "gate_up", &L->gu, g->xb, d, n, g->hb, 2 * ff, NULL, 0);
             const bool qd = q8_for(g, &L->w[W_DOWN], n);
-            CKL("swiglu", tn_cu_swiglu_pair(g->hb, g->hb2, n, ff, qd ? &g->xq : NULL, g->st));
+            CKL("swiglu", tn_cu_swiglu_pair(g->hb, g->hb2, n, ff, act, qd ? &g->xq : NULL, g->st));
             h = g->hb2;
             fresh(g);
             if (qd) g->q_src = h;
         } else {
             mm(g, "gate_up", &L->w[W_GATE], g->xb, d, n, g->hb, ff, NULL, 0);
             mm(g, "gate_up", &L->w[W_UP], g->xb, d, n, g->hb2, ff, NULL, 0);
-            CKL("swiglu", tn_cu_swiglu(g->hb, g->hb2, n * ff, g->st));
+            CKL("swiglu", tn_cu_swiglu(g->hb, g->hb2, n * ff, act, g->st));
             fresh(g);
         }
-        mm(g, "down", &L->w[W_DOWN], h, ff, n, g->x, d, NULL, 1);
+        proj_add(g, "down", &L->w[W_DOWN], h, ff, n, L->ffn_post_norm, hp->rms_eps);
     }
     if (g->has_output && n_out > 0) {
         const bool qout = q8_for(g, &g->output, n_out);
@@ -768,6 +803,8 @@ static void run_layers(tn_cuda_ctx *g, const tern_ctx *c, int64_t n, int32_t n_o
         fresh(g);
         if (qout) g->q_src = g->xb;
         mm(g, "output", &g->output, g->xb, d, n_out, g->logits, hp->n_vocab, NULL, 0);
+        if (hp->logit_softcap > 0) /* gemma: logits = cap * tanh(logits / cap) */
+            CKL("softcap", tn_cu_softcap(g->logits, (int64_t)n_out * hp->n_vocab, hp->logit_softcap, g->st));
     }
 }
 
@@ -788,9 +825,16 @@ tern_status tn_cuda_forward_batch(tern_ctx *c, const tn_batch *b, const int32_t 
     int64_t nt = 0, last_len = 0;
     int32_t last_off = -1;
     const int32_t *last_tb = NULL;
+    tn_hparams hs = *hp; /* sliding-window layers' RoPE: their own base and scale */
+    hs.rope_freq_base = hp->rope_base_swa, hs.rope_freq_scale = hp->rope_scale_swa;
     for (int64_t t = 0; t < n; t++) {
-        tn_tensor_get_row(&m->tok_embd, b->tok[t], g->h_x + t * d);
-        tn_op_rope_cache(hp, m->rope_freqs.data, b->pos[t], g->h_cs + t * hp->n_rot);
+        float *xt = g->h_x + t * d;
+        tn_tensor_get_row(&m->tok_embd, b->tok[t], xt);
+        if (hp->embd_scale > 0) /* gemma: x * sqrt(n_embd) */
+            for (int64_t i = 0; i < d; i++) xt[i] *= hp->embd_scale;
+        /* the context's frequency factors: LongRoPE's long or short set (phi3), else the file's */
+        tn_op_rope_cache(hp, c->rope_ff, b->pos[t], g->h_cs + t * hp->n_rot);
+        if (g->h_cs_swa) tn_op_rope_cache(&hs, c->rope_ff, b->pos[t], g->h_cs_swa + t * hp->n_rot);
         pos[t] = b->pos[t];
         const int32_t *tb = tables ? tables[b->seq[t]] : NULL;
         kvrow[t] = (int32_t)tn_kv_row(tb, TN_KV_BLOCK, b->pos[t]);
@@ -813,6 +857,8 @@ tern_status tn_cuda_forward_batch(tern_ctx *c, const tn_batch *b, const int32_t 
     for (int32_t j = 0; j < n_out; j++) orow[j] = c->out_rows[j];
     CKL("h2d", cudaMemcpyAsync(g->x, g->h_x, (size_t)(n * d) * 4, cudaMemcpyHostToDevice, g->st));
     CKL("h2d", cudaMemcpyAsync(g->d_cs, g->h_cs, (size_t)(n * hp->n_rot) * 4, cudaMemcpyHostToDevice, g->st));
+    if (g->h_cs_swa)
+        CKL("h2d", cudaMemcpyAsync(g->d_cs_swa, g->h_cs_swa, (size_t)(n * hp->n_rot) * 4, cudaMemcpyHostToDevice, g->st));
     CKL("h2d", cudaMemcpyAsync(g->d_ints, g->h_ints, (size_t)(4 * n + nt) * 4, cudaMemcpyHostToDevice, g->st));
 
     /* one-token decode with logits: a CUDA graph of every kernel of the step (captured once) */

@@ -119,19 +119,28 @@ typedef struct tn_cu_rope {
     uint16_t *Kc, *Vc;
 } tn_cu_rope;
 /* Causal attention: token t (query q[t*ldq ..], n_head*hd floats) attends positions 0 .. pos[t] of its
- * sequence; position p's cache row is p (tbl_off[t] < 0) or tbl[tbl_off[t] + p/16]*16 + p%16.
+ * sequence (window > 0: only the last window of them, a sliding-window layer); position p's cache
+ * row is p (tbl_off[t] < 0) or tbl[tbl_off[t] + p/16]*16 + p%16. Scores are q.k * scale, with
+ * cap > 0 then cap * tanh(score) (gemma2; pass scale already divided by cap, as the CPU does).
  * out [n][n_head*hd]. Online softmax in f32. xq != NULL (hd % 32 == 0): out also quantized into it.
  * rope != NULL: q is the qkv product as it comes (not yet rotated; it stays so) and the kernel
  * does tn_cu_rope_store's work itself (bit for bit), for batches where no token reads another's
  * new row. */
 int tn_cu_attention(const float *q, int64_t ldq, const uint16_t *Kc, const uint16_t *Vc, int64_t n, int n_head, int n_head_kv,
-                    int hd, const int32_t *pos, const int32_t *tbl_off, const int32_t *tbl, float scale, float *out,
-                    const tn_cq *xq, const tn_cu_rope *rope, void *stream);
-/* g[i] = silu(g[i]) * u[i], i < n. */
-int tn_cu_swiglu(float *g, const float *u, int64_t n, void *stream);
-/* h[t][i] = silu(gu[t][i]) * gu[t][ff + i] (gate and up computed as one matrix), i < ff, t < n;
+                    int hd, const int32_t *pos, const int32_t *tbl_off, const int32_t *tbl, float scale, float cap,
+                    int window, float *out, const tn_cq *xq, const tn_cu_rope *rope, void *stream);
+/* x[j] += rmsnorm(y[j]) * w for rows j < n of d (post-attention / post-FFN norms before the
+ * residual add; sum of squares in double). */
+int tn_cu_rmsnorm_add(float *x, const float *y, const float *w, int64_t n, int64_t d, float eps, void *stream);
+/* y[i] = cap * tanh(y[i] / cap), i < n (final logit soft-capping; cap > 0). */
+int tn_cu_softcap(float *y, int64_t n, float cap, void *stream);
+/* Gated activations: act(gate) * up with act silu (SwiGLU) or Gemma's tanh GELU (GeGLU). */
+enum { TN_CU_SILU = 0, TN_CU_GELU = 1 };
+/* g[i] = act(g[i]) * u[i], i < n. */
+int tn_cu_swiglu(float *g, const float *u, int64_t n, int act, void *stream);
+/* h[t][i] = act(gu[t][i]) * gu[t][ff + i] (gate and up computed as one matrix), i < ff, t < n;
  * xq != NULL: h also quantized into it. */
-int tn_cu_swiglu_pair(const float *gu, float *h, int64_t n, int64_t ff, const tn_cq *xq, void *stream);
+int tn_cu_swiglu_pair(const float *gu, float *h, int64_t n, int64_t ff, int act, const tn_cq *xq, void *stream);
 /* Streams: read src and write dst (n bytes), for the bandwidth measurement. */
 int tn_cu_copy_kernel(const void *src, void *dst, size_t n, void *stream);
 

@@ -779,10 +779,9 @@ extern "C" int tn_cu_f32_to_f16(const float *x, int64_t ldx, int64_t k, int64_t 
 /* ---- norms, RoPE, attention, activations --------------------------------------------------------- */
 
 /* y[j] = rmsnorm(x row) * w; with xq.q != NULL also y[j] quantized to q8 blocks (d % 32 == 0) */
-__global__ void k_rmsnorm(const float *x, const int32_t *rows, float *y, const float *w, int64_t d, float eps, tn_cq xq) {
-    gdc_enter();
-    const int64_t j = blockIdx.x;
-    const float *xr = x + (rows ? (int64_t)rows[j] : j) * d;
+/* 1 / rms(xr) of a row of d floats, by the whole block (the float squares summed in double, as the
+ * CPU): every thread gets it */
+__device__ __forceinline__ float rms_scale_block(const float *xr, int64_t d, float eps) {
     __shared__ double part[32];
     double s = 0;
     for (int64_t i = threadIdx.x; i < d; i += blockDim.x) s += (double)(xr[i] * xr[i]);
@@ -796,7 +795,14 @@ __global__ void k_rmsnorm(const float *x, const int32_t *rows, float *y, const f
         part[0] = t;
     }
     __syncthreads();
-    const float scale = 1.0f / sqrtf((float)(part[0] / (double)d) + eps);
+    return 1.0f / sqrtf((float)(part[0] / (double)d) + eps);
+}
+
+__global__ void k_rmsnorm(const float *x, const int32_t *rows, float *y, const float *w, int64_t d, float eps, tn_cq xq) {
+    gdc_enter();
+    const int64_t j = blockIdx.x;
+    const float *xr = x + (rows ? (int64_t)rows[j] : j) * d;
+    const float scale = rms_scale_block(xr, d, eps);
     if (!xq.q) {
         for (int64_t i = threadIdx.x; i < d; i += blockDim.x) y[j * d + i] = (xr[i] * scale) * w[i];
         return;
@@ -815,6 +821,34 @@ extern "C" int tn_cu_rmsnorm(const float *x, const int32_t *rows, float *y, cons
     const tn_cq none = {NULL, NULL, NULL};
     if (xq && d % 32 != 0) return (int)cudaErrorInvalidValue;
     launch(k_rmsnorm, (unsigned)n, 1024, 0, (cudaStream_t)stream, x, rows, y, w, d, eps, xq ? *xq : none);
+    return tn_cu_err();
+}
+
+/* x[j] += rmsnorm(y[j]) * w, a block per row (gemma's post-attention and post-FFN norms: the CPU's
+ * tn_op_rmsnorm of the product, then the residual add) */
+__global__ void k_rmsnorm_add(float *x, const float *y, const float *w, int64_t d, float eps) {
+    gdc_enter();
+    const int64_t j = blockIdx.x;
+    const float *yr = y + j * d;
+    const float scale = rms_scale_block(yr, d, eps);
+    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) x[j * d + i] += (yr[i] * scale) * w[i];
+}
+extern "C" int tn_cu_rmsnorm_add(float *x, const float *y, const float *w, int64_t n, int64_t d, float eps, void *stream) {
+    if (n == 0) return 0;
+    launch(k_rmsnorm_add, (unsigned)n, 1024, 0, (cudaStream_t)stream, x, y, w, d, eps);
+    return tn_cu_err();
+}
+
+/* y[i] = cap * tanh(y[i] / cap), i < n (final logit soft-capping, as the CPU writes it) */
+__global__ void k_softcap(float *y, int64_t n, float cap) {
+    gdc_enter();
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = tanhf(y[i] * (1.0f / cap)) * cap;
+}
+extern "C" int tn_cu_softcap(float *y, int64_t n, float cap, void *stream) {
+    if (n == 0) return 0;
+    if (!(cap > 0.0f)) return (int)cudaErrorInvalidValue;
+    launch(k_softcap, (unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream, y, n, cap);
     return tn_cu_err();
 }
 
@@ -905,7 +939,7 @@ extern "C" int tn_cu_rope_store(float *q, int64_t ldq, float *k, const float *v,
  * there). The same functions as k_rope_store, so the same bits. */
 __global__ void k_attn_block(const float *q, int64_t ldq, const __half *Kc, const __half *Vc, int64_t n, int n_head,
                              int n_head_kv, int hd, const int32_t *pos, const int32_t *tbl_off, const int32_t *tbl,
-                             float scale, float *out, tn_cq xq, tn_cu_rope ar) {
+                             float scale, float cap, int window, float *out, tn_cq xq, tn_cu_rope ar) {
     gdc_enter();
     __shared__ __align__(16) float qs[2 * ATT_THREADS];
     __shared__ float sc[ATT_CHUNK];
@@ -942,14 +976,15 @@ __global__ void k_attn_block(const float *q, int64_t ldq, const __half *Kc, cons
             }
         }
     }
-    const int T = pos[t] + 1, off = tbl_off[t];
+    /* positions p_lo .. T - 1: all, or the last `window` on a sliding-window layer */
+    const int T = pos[t] + 1, off = tbl_off[t], p_lo = window > 0 && T > window ? T - window : 0;
     const int G = hd <= ATT_THREADS ? ATT_THREADS / hd : 1;
     const int gi = hd <= ATT_THREADS ? tid / hd : 0, d0 = hd <= ATT_THREADS ? tid % hd : tid;
     const bool active = gi < G;
     const bool vec = (hd & 7) == 0 && (kv_dim & 7) == 0;
     float acc0 = 0.0f, acc1 = 0.0f, mx = -INFINITY, l = 0.0f;
     __syncthreads();
-    for (int p0 = 0; p0 < T; p0 += ATT_CHUNK) {
+    for (int p0 = p_lo; p0 < T; p0 += ATT_CHUNK) {
         const int np = min(ATT_CHUNK, T - p0);
         float cmax = -INFINITY;
         for (int j = tid; j < np; j += ATT_THREADS) {
@@ -973,7 +1008,8 @@ __global__ void k_attn_block(const float *q, int64_t ldq, const __half *Kc, cons
             } else {
                 for (int i = 0; i < hd; i++) dot += qs[i] * __half2float(kr[i]);
             }
-            const float s = dot * scale;
+            float s = dot * scale;
+            if (cap > 0.0f) s = cap * tanhf(s); /* soft-capped scores (gemma2): scale is then 1/(sqrt(hd) cap) */
             sc[j] = s;
             cmax = fmaxf(cmax, s);
         }
@@ -1031,32 +1067,41 @@ __global__ void k_attn_block(const float *q, int64_t ldq, const __half *Kc, cons
 }
 extern "C" int tn_cu_attention(const float *q, int64_t ldq, const uint16_t *Kc, const uint16_t *Vc, int64_t n, int n_head,
                                int n_head_kv, int hd, const int32_t *pos, const int32_t *tbl_off, const int32_t *tbl,
-                               float scale, float *out, const tn_cq *xq, const tn_cu_rope *rope, void *stream) {
-    if (hd > 256 || (xq && hd % 32 != 0) || (rope && (rope->n_rot > hd || rope->n_rot % 2 != 0))) return (int)cudaErrorInvalidValue;
+                               float scale, float cap, int window, float *out, const tn_cq *xq, const tn_cu_rope *rope,
+                               void *stream) {
+    if (hd > 256 || (xq && hd % 32 != 0) || (rope && (rope->n_rot > hd || rope->n_rot % 2 != 0)) || window < 0 || cap < 0.0f)
+        return (int)cudaErrorInvalidValue;
     const tn_cq none = {NULL, NULL, NULL};
     tn_cu_rope ar = {};
     if (rope) ar = *rope;
     const int64_t units = n * n_head;
     if (units == 0) return 0;
     launch(k_attn_block, (unsigned)units, ATT_THREADS, 0, (cudaStream_t)stream, q, ldq, (const __half *)Kc, (const __half *)Vc, n,
-           n_head, n_head_kv, hd, pos, tbl_off, tbl, scale, out, xq ? *xq : none, ar);
+           n_head, n_head_kv, hd, pos, tbl_off, tbl, scale, cap, window, out, xq ? *xq : none, ar);
     return tn_cu_err();
 }
 
-__global__ void k_swiglu(float *g, const float *u, int64_t n) {
+/* act(g) * u as the CPU's references write it: silu (TN_CU_SILU) g / (1 + exp(-g)) * u, or Gemma's
+ * tanh GELU (TN_CU_GELU) 0.5 g (1 + tanh(sqrt(2/pi) g (1 + 0.044715 g^2))) u */
+__device__ __forceinline__ float glu(float g, float u, int act) {
+    if (act == TN_CU_GELU) return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * g * (1.0f + 0.044715f * g * g))) * u;
+    return g / (1.0f + expf(-g)) * u;
+}
+
+__global__ void k_swiglu(float *g, const float *u, int64_t n, int act) {
     gdc_enter();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    if (i < n) g[i] = glu(g[i], u[i], act);
 }
-extern "C" int tn_cu_swiglu(float *g, const float *u, int64_t n, void *stream) {
+extern "C" int tn_cu_swiglu(float *g, const float *u, int64_t n, int act, void *stream) {
     if (n == 0) return 0;
-    launch(k_swiglu, (unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream, g, u, n);
+    launch(k_swiglu, (unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream, g, u, n, act);
     return tn_cu_err();
 }
 
 /* gate and up side by side per token: gu[t] = [gate (ff) | up (ff)] -> h[t][i]; with xq.q != NULL
  * (ff % 32 == 0) also h quantized to q8 blocks, one warp per block */
-__global__ void k_swiglu_pair(const float *gu, float *h, int64_t n, int64_t ff, tn_cq xq) {
+__global__ void k_swiglu_pair(const float *gu, float *h, int64_t n, int64_t ff, int act, tn_cq xq) {
     gdc_enter();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (xq.q) { /* whole warps: n*ff is a multiple of 32 */
@@ -1065,16 +1110,15 @@ __global__ void k_swiglu_pair(const float *gu, float *h, int64_t n, int64_t ff, 
         return;
     }
     const int64_t t = i / ff, j = i % ff;
-    const float g = gu[t * 2 * ff + j], u = gu[t * 2 * ff + ff + j];
-    const float v = g / (1.0f + expf(-g)) * u;
+    const float v = glu(gu[t * 2 * ff + j], gu[t * 2 * ff + ff + j], act);
     h[i] = v;
     if (xq.q) q8_block(v, threadIdx.x % WARP, i / 32, i - threadIdx.x % WARP, xq);
 }
-extern "C" int tn_cu_swiglu_pair(const float *gu, float *h, int64_t n, int64_t ff, const tn_cq *xq, void *stream) {
+extern "C" int tn_cu_swiglu_pair(const float *gu, float *h, int64_t n, int64_t ff, int act, const tn_cq *xq, void *stream) {
     if (n * ff == 0) return 0;
     const tn_cq none = {NULL, NULL, NULL};
     if (xq && ff % 32 != 0) return (int)cudaErrorInvalidValue;
-    launch(k_swiglu_pair, (unsigned)((n * ff + 255) / 256), 256, 0, (cudaStream_t)stream, gu, h, n, ff, xq ? *xq : none);
+    launch(k_swiglu_pair, (unsigned)((n * ff + 255) / 256), 256, 0, (cudaStream_t)stream, gu, h, n, ff, act, xq ? *xq : none);
     return tn_cu_err();
 }
 

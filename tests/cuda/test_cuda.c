@@ -19,7 +19,7 @@
  *    same token alone (what tern serve's batch invariance rests on);
  *  - the cuBLAS path (float types above 8 tokens, code types above 64) rounds weights and
  *    activations to fp16 (2^-11 relative each): bound 2e-3 * sum_i |w_i a_i|.
- * Forward (GPU): tiny random llama, qwen2 and qwen3 models of several types, against the independent double-precision
+ * Forward (GPU): tiny random llama, qwen2, qwen3, smollm3, gemma3, gemma2 and phi3 models of several types, against the independent double-precision
  * reference (tests/model/ref_forward.c) with test_forward's bounds (same roundings as the CPU
  * path: K/V in f16, activations to q8 for the code types; the prefill's fp16 GEMM rounds like
  * f16 weights do) and against tern's CPU logits; a paged two-sequence batch (tn_forward_batch
@@ -283,10 +283,13 @@ static void free_pair(tern_ctx *a, tern_ctx *b, tern_model *m) {
     tern_model_free(m);
 }
 
-static tern_ctx *make_ctx(const tern_model *m, int device, int ngl, int n_ctx) {
+/* swa_full: sliding-window layers keep every position (a CPU context that takes block tables for
+ * every layer, as the GPU's does) */
+static tern_ctx *make_ctx_swa(const tern_model *m, int device, int ngl, int n_ctx, bool swa_full) {
     tern_ctx_params cp;
     tern_ctx_params_init(&cp);
     cp.n_ctx = n_ctx;
+    cp.swa_full = swa_full;
     cp.n_threads = 2;
     cp.device = device;
     cp.n_gpu_layers = ngl;
@@ -294,6 +297,7 @@ static tern_ctx *make_ctx(const tern_model *m, int device, int ngl, int n_ctx) {
     if (tern_ctx_create(m, &cp, &c)) fail_msg("context (device %d, ngl %d): %s", device, ngl, tern_last_error());
     return c;
 }
+static tern_ctx *make_ctx(const tern_model *m, int device, int ngl, int n_ctx) { return make_ctx_swa(m, device, ngl, n_ctx, false); }
 
 static void forward_case(tiny_cfg cfg, int ngl) {
     tern_model *m = load_cfg(&cfg, "cuda_fwd");
@@ -359,6 +363,43 @@ static void test_forward_types(void **state) {
     forward_case(cfg, -1);
 }
 
+/* The other families the GPU runs, shaped as test_forward shapes them, against the same reference
+ * and bounds: smollm3 (no RoPE on layers 3 and 7), gemma3 (embeddings * sqrt(n_embd), post norms,
+ * per-head q/k norms, GeGLU, 7 layers with a sliding window of 4 on all but layer 5 and their own
+ * RoPE base, so the 20 positions of a run outgrow the window; final soft cap and tied output),
+ * gemma2 (scores soft-capped at 1 and logits at 3, windows on the even layers), phi3 (q, k, v and
+ * gate, up as row slices of fused matrices; 48 of 64 dims rotated; LongRoPE's long factors
+ * (original context 16 < 32) and short ones (64), the rotated dims scaled by 1.2). */
+static void test_forward_families(void **state) {
+    (void)state;
+    tiny_cfg cfg;
+    tiny_cfg_default(&cfg);
+    cfg.arch = "smollm3", cfg.n_layer = 8, cfg.wtype = TN_Q8_0;
+    forward_case(cfg, -1);
+    tiny_cfg_default(&cfg);
+    cfg.arch = "gemma3", cfg.n_layer = 7, cfg.head_dim = 128, cfg.n_swa = 4, cfg.rope_base = 1e6f;
+    cfg.wtype = TN_Q8_0;
+    forward_case(cfg, -1);
+    cfg.wtype = TN_Q4_0;
+    forward_case(cfg, -1);
+    cfg.wtype = TN_F16, cfg.softcap = 3.0f, cfg.tied = true, cfg.out_type = TN_F16;
+    forward_case(cfg, -1);
+    forward_case(cfg, 3); /* layers 0-2 on the GPU, the rest and the soft cap on the CPU */
+    tiny_cfg_default(&cfg);
+    cfg.arch = "gemma2", cfg.n_layer = 4, cfg.head_dim = 128, cfg.n_swa = 4, cfg.tied = true;
+    cfg.attn_softcap = 1.0f, cfg.softcap = 3.0f;
+    cfg.wtype = TN_Q8_0, cfg.out_type = TN_Q8_0;
+    forward_case(cfg, -1);
+    cfg.wtype = TN_F16, cfg.out_type = TN_F16;
+    forward_case(cfg, -1);
+    tiny_cfg_default(&cfg);
+    cfg.arch = "phi3", cfg.n_rot = 48, cfg.rope_attn_factor = 1.2f;
+    cfg.wtype = TN_Q8_0, cfg.n_ctx_orig = 16;
+    forward_case(cfg, -1);
+    cfg.wtype = TN_Q4_K, cfg.n_ctx_orig = 64;
+    forward_case(cfg, -1);
+}
+
 static void test_layer_split(void **state) {
     (void)state;
     tiny_cfg cfg;
@@ -419,10 +460,13 @@ static void test_fusion_equivalence(void **state) {
         const char *arch;
         tn_dtype w, out;
         bool tied, tq; /* tq: tq3g64a weights */
+        int n_layer;   /* 0: the default */
     } cases[] = {
-        {"llama", TN_Q4_0, TN_Q6_K, false, false}, {"llama", TN_F16, TN_F32, false, false},
-        {"qwen2", TN_Q8_0, TN_Q8_0, false, false}, {"qwen3", TN_Q4_K, TN_Q4_0, false, false},
-        {"llama", TN_F32, TN_Q6_K, true, true},
+        {"llama", TN_Q4_0, TN_Q6_K, false, false, 0}, {"llama", TN_F16, TN_F32, false, false, 0},
+        {"qwen2", TN_Q8_0, TN_Q8_0, false, false, 0}, {"qwen3", TN_Q4_K, TN_Q4_0, false, false, 0},
+        {"llama", TN_F32, TN_Q6_K, true, true, 0},
+        {"smollm3", TN_Q8_0, TN_Q8_0, false, false, 4}, /* layer 3 without RoPE */
+        {"gemma3", TN_Q4_0, TN_Q8_0, false, false, 7},  /* windows of 4 on 6 of 7 layers, their RoPE base */
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         tiny_cfg cfg;
@@ -431,6 +475,8 @@ static void test_fusion_equivalence(void **state) {
         cfg.wtype = cases[ci].tq ? (tn_dtype)tn_tq_dtype(&(tn_tq_params){3, 64, true}) : cases[ci].w;
         cfg.out_type = cases[ci].out;
         cfg.tied = cases[ci].tied;
+        if (cases[ci].n_layer) cfg.n_layer = cases[ci].n_layer;
+        if (!strcmp(cfg.arch, "gemma3")) cfg.head_dim = 128, cfg.n_swa = 4, cfg.rope_base = 1e6f;
         tern_model *m = load_cfg(&cfg, "cuda_fuse");
         const int32_t nv = (int32_t)cfg.n_vocab;
         const int steps = 6;
@@ -457,14 +503,12 @@ static void test_fusion_equivalence(void **state) {
 }
 
 /* Two sequences in one batch with paged block tables (tern serve's use): the GPU's logits equal
- * the CPU's for the same batch and tables. */
-static void test_paged_batch(void **state) {
-    (void)state;
-    tiny_cfg cfg;
-    tiny_cfg_default(&cfg);
-    cfg.wtype = TN_Q4_0;
+ * the CPU's for the same batch and tables; llama Q4_0, and gemma3 Q8_0 with a sliding window of 4
+ * (the CPU context keeping every position of its window layers, so that both read the same tables). */
+static void paged_case(tiny_cfg cfg) {
     tern_model *m = load_cfg(&cfg, "cuda_paged");
-    tern_ctx *g = make_ctx(m, TERN_DEVICE_CUDA, -1, 64), *c = make_ctx(m, TERN_DEVICE_CPU, -1, 64);
+    const bool swa = cfg.n_swa > 0;
+    tern_ctx *g = make_ctx(m, TERN_DEVICE_CUDA, -1, 64), *c = make_ctx_swa(m, TERN_DEVICE_CPU, -1, 64, swa);
     const int32_t nv = (int32_t)cfg.n_vocab;
     /* sequence 0 in blocks 3, 1; sequence 1 in blocks 0, 2 */
     const int32_t tb0[] = {3, 1}, tb1[] = {0, 2};
@@ -486,10 +530,19 @@ static void test_paged_batch(void **state) {
         assert_int_equal(g->n_logits, 2);
         assert_int_equal(c->n_logits, 2);
         const double e0 = rel_err_f(c->logits, g->logits, nv), e1 = rel_err_f(c->logits + nv, g->logits + nv, nv);
-        printf("  paged round %d: rel err vs CPU %.2e, %.2e\n", round, e0, e1);
+        printf("  %-6s paged round %d: rel err vs CPU %.2e, %.2e\n", cfg.arch, round, e0, e1);
         assert_true(e0 < 4e-2 && e1 < 4e-2);
     }
     free_pair(g, c, m);
+}
+static void test_paged_batch(void **state) {
+    (void)state;
+    tiny_cfg cfg;
+    tiny_cfg_default(&cfg);
+    cfg.wtype = TN_Q4_0;
+    paged_case(cfg);
+    cfg.arch = "gemma3", cfg.n_layer = 7, cfg.head_dim = 128, cfg.n_swa = 4, cfg.rope_base = 1e6f, cfg.wtype = TN_Q8_0;
+    paged_case(cfg);
 }
 
 /* stories260K (real weights, head size 8, n_ff 172): 64 greedy tokens on the GPU equal the CPU's,
@@ -564,7 +617,8 @@ int main(int argc, char **argv) {
         return 77;
     }
     const struct CMUnitTest gpu[] = {
-        cmocka_unit_test(test_kernel_parity), cmocka_unit_test(test_forward_types), cmocka_unit_test(test_layer_split),
+        cmocka_unit_test(test_kernel_parity), cmocka_unit_test(test_forward_types), cmocka_unit_test(test_forward_families),
+        cmocka_unit_test(test_layer_split),
         cmocka_unit_test(test_paged_batch),   cmocka_unit_test(test_stories_greedy),
         cmocka_unit_test(test_graph_equivalence), cmocka_unit_test(test_fusion_equivalence),
     };
