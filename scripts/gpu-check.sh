@@ -2,8 +2,8 @@
 # One GPU session's checks for the CUDA backend, in one go, results in OUT (default gpu-results/):
 #   nvidia-smi and `tern info`; the GPU tests (test_cuda gpu: kernel parity for every type, forward
 #   against the double-precision reference, paged batches, -ngl splits, stories260K greedy vs the
-#   CPU); the default model's greedy text on GPU and CPU, and that of synthetic smollm3, gemma3,
-#   gemma2 and phi3 files; `tern serve --device cuda` under the serve
+#   CPU); the default model's greedy text on GPU and CPU (f16, q8_0 and q4_0 KV caches), and that
+#   of synthetic smollm3, gemma3, gemma2 and phi3 files; `tern serve --device cuda` under the serve
 #   test suite's scripts; and the benchmarks on a 1B-class synthetic model (Q4_0, Q8_0, tq2/3/4,
 #   F16): decode and pp512 against the card's copy bandwidth and fp16 peak, measured in the same run.
 #
@@ -64,6 +64,16 @@ step greedy_default 60 bash -c "
   cat $TMPD/g.err; echo '--- gpu:'; cat $TMPD/gpu.txt; echo; echo '--- cpu:'; cat $TMPD/cpu.txt; echo
   [ \$e1 = 0 ] && [ \$e2 = 0 ] && cmp $TMPD/gpu.txt $TMPD/cpu.txt && echo 'greedy text identical'"
 
+# a quantized KV cache on the GPU: the default model's greedy text with q8_0 K/V and q4_0 K/V (K
+# rotated, the default) on GPU and CPU
+for kvt in q8_0 q4_0; do
+    step "greedy_default_kv_$kvt" 60 bash -c "
+      '$BIN' generate -m $M0 -p 'And God said' -n 64 --temp 0 -ctk $kvt -ctv $kvt --device cuda 2>$TMPD/g.err >$TMPD/gpu.txt; e1=\$?
+      '$BIN' generate -m $M0 -p 'And God said' -n 64 --temp 0 -ctk $kvt -ctv $kvt -t 4 2>$TMPD/c.err >$TMPD/cpu.txt; e2=\$?
+      cat $TMPD/g.err; echo '--- gpu:'; cat $TMPD/gpu.txt; echo; echo '--- cpu:'; cat $TMPD/cpu.txt; echo
+      [ \$e1 = 0 ] && [ \$e2 = 0 ] && cmp $TMPD/gpu.txt $TMPD/cpu.txt && echo 'greedy text identical'"
+done
+
 # the other families on the GPU (synthetic small models): greedy text on GPU and CPU, and their
 # speed on the card
 for a in smollm3 gemma3 gemma2 phi3; do
@@ -119,6 +129,9 @@ for t in ${GPU_CHECK_SERVE:-http batch_equiv features best_of_echo fault slo}; d
         step "serve_$t" 120 python3 "tests/serve/${t}_test.py" "$BIN" "$TMPD/tiny-q8_0.gguf" "$TMPD/s-$t"
     fi
 done
+# batch invariance with a quantized cache in paged blocks
+TERN_SERVE_ARGS="--device cuda -ctk q8_0 -ctv q4_0" step serve_batch_equiv_kvq 120 python3 tests/serve/batch_equiv_test.py \
+    "$BIN" "$TMPD/tiny-q8_0.gguf" "$TMPD/s-beq"
 unset TERN_SERVE_ARGS
 
 echo "results in $OUT"

@@ -52,7 +52,8 @@ struct tn_cuda_ctx {
     tn_cq xq;
     uint16_t *xh, *wh; /* fp16 activations, fp16 weight tile for the GEMM path */
     int64_t wh_elems;
-    uint16_t *Kc, *Vc; /* [n_layers][kv_rows][kv_dim] */
+    uint8_t *Kc, *Vc;  /* [n_layers][kv_rows] rows of k_rb / v_rb bytes (kern_cuda.h tn_cu_kv) */
+    tn_cu_kv kv;       /* the cache's types, row bytes and rotation (rot_sign on the device) */
     int32_t *d_ints;   /* pos[n], kvrow[n], tbl_off[n], out_rows[n], tbl[...] */
     float *d_cs;       /* [n][n_rot] */
     float *d_cs_swa;   /* [n][n_rot]: sliding-window layers' own RoPE base and scale (gemma3) */
@@ -418,9 +419,15 @@ static int64_t ints_needed(const tern_ctx *c, int64_t tbl) { return 4 * (int64_t
 
 tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
     *out = NULL;
-    if (c->type_k != TN_F16 || c->type_v != TN_F16) /* its kernels read f16 K/V rows only */
-        return tn_err(TERN_ERR_UNSUPPORTED, "cuda: the KV cache must be f16 (K %s, V %s asked): use the CPU for quantized caches",
-                      tn_dtype_name((uint32_t)c->type_k), tn_dtype_name((uint32_t)c->type_v));
+    /* its kernels read f16, q8_0 and q4_0 K/V rows (tq and per-channel caches are the CPU's) */
+    const int32_t kvt[2] = {c->type_k, c->type_v};
+    int cut[2];
+    for (int i = 0; i < 2; i++) {
+        cut[i] = kvt[i] == TN_F16 ? TN_CU_KV_F16 : kvt[i] == TN_Q8_0 ? TN_CU_KV_Q8_0 : kvt[i] == TN_Q4_0 ? TN_CU_KV_Q4_0 : -1;
+        if (cut[i] < 0 || c->kc_bits)
+            return tn_err(TERN_ERR_UNSUPPORTED, "cuda: %s cache type %s runs on the CPU only (the GPU keeps f16, q8_0 or q4_0 K/V)",
+                          i ? "V" : "K", tern_kv_type_name(kvt[i]) ? tern_kv_type_name(kvt[i]) : tn_dtype_name((uint32_t)kvt[i]));
+    }
     const char *why = NULL;
     if (tn_cuda_device_count(&why) < 1) return tn_err(TERN_ERR_UNSUPPORTED, "cuda: no usable device (%s)", why);
     const tern_model *m = c->model;
@@ -541,13 +548,16 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
         g->wh = dalloc(g, (size_t)max_mk * 2, &ok);
         g->wh_elems = max_mk;
     }
-    const size_t kv_elems = (size_t)ngl * (size_t)c->kv_rows * (size_t)kv_dim;
-    g->Kc = dalloc(g, kv_elems * 2, &ok);
-    g->Vc = dalloc(g, kv_elems * 2, &ok);
+    /* the cache in the context's types: rows of c->k_rb / c->v_rb bytes, as the CPU's */
+    const size_t kv_rows_all = (size_t)ngl * (size_t)c->kv_rows;
+    g->Kc = dalloc(g, kv_rows_all * c->k_rb, &ok);
+    g->Vc = dalloc(g, kv_rows_all * c->v_rb, &ok);
     if (ok) {
-        cudaMemset(g->Kc, 0, kv_elems * 2);
-        cudaMemset(g->Vc, 0, kv_elems * 2);
+        cudaMemset(g->Kc, 0, kv_rows_all * c->k_rb);
+        cudaMemset(g->Vc, 0, kv_rows_all * c->v_rb);
     }
+    g->kv = (tn_cu_kv){cut[0], cut[1], (int64_t)c->k_rb, (int64_t)c->v_rb, NULL, c->rot_blk, c->rot_k, c->rot_v};
+    if (c->rot_k || c->rot_v) g->kv.rot_sign = dupload(g, c->rot_sign, (size_t)hp->head_dim * sizeof(float), &ok);
     g->tbl_cap = (int64_t)nb * (c->kv_blocks + 1);
     g->d_ints = dalloc(g, (size_t)ints_needed(c, g->tbl_cap) * 4, &ok);
     g->d_cs = dalloc(g, (size_t)(nb * hp->n_rot) * 4, &ok);
@@ -738,8 +748,8 @@ static void run_layers(tn_cuda_ctx *g, const tern_ctx *c, int64_t n, int32_t n_o
     const bool rope1 = g->fuse_rope && n == 1;
     for (int32_t il = 0; il < g->n_layers; il++) {
         const tn_cu_layer *L = &g->L[il];
-        uint16_t *Kc = g->Kc + (size_t)il * (size_t)c->kv_rows * (size_t)kv_dim;
-        uint16_t *Vc = g->Vc + (size_t)il * (size_t)c->kv_rows * (size_t)kv_dim;
+        uint8_t *Kc = g->Kc + (size_t)il * (size_t)c->kv_rows * c->k_rb;
+        uint8_t *Vc = g->Vc + (size_t)il * (size_t)c->kv_rows * c->v_rb;
         /* sliding-window layers: the last n_swa positions and their own RoPE table; NoPE layers
          * (smollm3): no rotation (q/k norms and the cache store still run) */
         const bool swa = tn_hp_layer_swa(hp, il);
@@ -769,10 +779,10 @@ static void run_layers(tn_cuda_ctx *g, const tern_ctx *c, int64_t n, int32_t n_o
         if (!rope1)
             CKL("rope_store", tn_cu_rope_store(q, ldq, k, v, ldk, L->q_norm, L->k_norm, hp->rms_eps, cs, n_rot,
                                                hp->rope_mode == TN_ROPE_NEOX, n, hp->n_head, hp->n_head_kv, (int)hd, d_kvrow, Kc,
-                                               Vc, g->st));
+                                               Vc, &g->kv, g->st));
         const bool qo = q8_for(g, &L->w[W_O], n) && hd % 32 == 0;
         CKL("attention", tn_cu_attention(q, ldq, Kc, Vc, n, hp->n_head, hp->n_head_kv, (int)hd, d_pos, d_toff, d_tbl, scale, cap,
-                                         window, g->att, qo ? &g->xq : NULL, rope1 ? &rope : NULL, g->st));
+                                         window, g->att, qo ? &g->xq : NULL, rope1 ? &rope : NULL, &g->kv, g->st));
         fresh(g);
         if (qo) g->q_src = g->att;
         proj_add(g, "wo", &L->w[W_O], g->att, qd, n, L->attn_post_norm, hp->rms_eps);

@@ -91,6 +91,18 @@ int tn_cu_dequant_f16(const tn_cw *w, int64_t r0, int64_t nr, uint16_t *out, voi
 int tn_cu_dequant_f32(const tn_cw *w, int64_t r0, int64_t nr, float *out, void *stream);
 /* x [n][k] f32 (stride ldx) -> fp16 [n][k]. */
 int tn_cu_f32_to_f16(const float *x, int64_t ldx, int64_t k, int64_t n, uint16_t *out, void *stream);
+/* The GPU's KV cache: rows of K and of V of type f16, q8_0 or q4_0 (ggml's blocks of 32 values:
+ * an fp16 scale, then 32 int8 or 16 bytes of 4-bit codes), k_rb / v_rb bytes per row (n_head_kv
+ * heads of whole blocks); with rot_k / rot_v each head of q and k / of v is rotated by H D before it
+ * is stored (tern's cache rotation, blocks.c tn_kv_rot: signs D = rot_sign [head size], H the
+ * normalized Walsh-Hadamard matrix in blocks of rot_blk), and attention outputs rotated back. */
+enum { TN_CU_KV_F16 = 0, TN_CU_KV_Q8_0, TN_CU_KV_Q4_0 };
+typedef struct tn_cu_kv {
+    int tk, tv;
+    int64_t k_rb, v_rb;
+    const float *rot_sign;
+    int rot_blk, rot_k, rot_v;
+} tn_cu_kv;
 /* y[n][d] = rmsnorm(x rows) * w (sum of squares in double, as the CPU). rows: x row of output j
  * is rows[j] (NULL: j). xq != NULL: y is also quantized into it as tn_cu_quantize_q8 would. */
 int tn_cu_rmsnorm(const float *x, const int32_t *rows, float *y, const float *w, int64_t n, int64_t d, float eps,
@@ -99,11 +111,13 @@ int tn_cu_rmsnorm(const float *x, const int32_t *rows, float *y, const float *w,
 int tn_cu_add_bias(float *y, const float *b, int64_t n, int64_t d, void *stream);
 /* Per token t: with qn / kn (qwen3) every query / key head RMS-normed by them first (eps; sum of
  * squares in double, as the CPU); RoPE (cs [n][n_rot] cos/sin pairs; neox = half split) on its
- * n_head query heads of q [n][ldq] and n_head_kv key heads of k [n][ldk]; then k and v [n][ldk]
- * rows stored as fp16 in the caches at row kvrow[t] (stride kv_dim = n_head_kv * hd). */
-int tn_cu_rope_store(float *q, int64_t ldq, float *k, const float *v, int64_t ldk, const float *qn, const float *kn,
+ * n_head query heads of q [n][ldq] and n_head_kv key heads of k [n][ldk]; a rotated cache (kv):
+ * q, k (and v) heads rotated in place; then k and v [n][ldk] rows stored in the caches at row
+ * kvrow[t] in kv's types (NULL: f16, rows of kv_dim = n_head_kv * hd halves), quantized blocks by
+ * the CPU's reference quantizers. */
+int tn_cu_rope_store(float *q, int64_t ldq, float *k, float *v, int64_t ldk, const float *qn, const float *kn,
                      float eps, const float *cs, int n_rot, int neox, int64_t n, int n_head, int n_head_kv, int hd,
-                     const int32_t *kvrow, uint16_t *Kc, uint16_t *Vc, void *stream);
+                     const int32_t *kvrow, void *Kc, void *Vc, const tn_cu_kv *kv, void *stream);
 /* The RoPE and cache store of k_rope_store done inside the attention kernel (one-token steps:
  * each token's only new cache row is its own): the new rows k, v [n][ldk] (the qkv product),
  * qwen3's per-head norms qn / kn (NULL: none; eps), cos/sin cs [n][n_rot] (neox: half split), the
@@ -116,19 +130,20 @@ typedef struct tn_cu_rope {
     const float *cs;
     int n_rot, neox;
     const int32_t *kvrow;
-    uint16_t *Kc, *Vc;
+    void *Kc, *Vc;
 } tn_cu_rope;
 /* Causal attention: token t (query q[t*ldq ..], n_head*hd floats) attends positions 0 .. pos[t] of its
  * sequence (window > 0: only the last window of them, a sliding-window layer); position p's cache
  * row is p (tbl_off[t] < 0) or tbl[tbl_off[t] + p/16]*16 + p%16. Scores are q.k * scale, with
  * cap > 0 then cap * tanh(score) (gemma2; pass scale already divided by cap, as the CPU does).
+ * K and V rows in kv's types (NULL: f16); a quantized K is dotted with the query as q8 blocks.
  * out [n][n_head*hd]. Online softmax in f32. xq != NULL (hd % 32 == 0): out also quantized into it.
  * rope != NULL: q is the qkv product as it comes (not yet rotated; it stays so) and the kernel
  * does tn_cu_rope_store's work itself (bit for bit), for batches where no token reads another's
  * new row. */
-int tn_cu_attention(const float *q, int64_t ldq, const uint16_t *Kc, const uint16_t *Vc, int64_t n, int n_head, int n_head_kv,
+int tn_cu_attention(const float *q, int64_t ldq, const void *Kc, const void *Vc, int64_t n, int n_head, int n_head_kv,
                     int hd, const int32_t *pos, const int32_t *tbl_off, const int32_t *tbl, float scale, float cap,
-                    int window, float *out, const tn_cq *xq, const tn_cu_rope *rope, void *stream);
+                    int window, float *out, const tn_cq *xq, const tn_cu_rope *rope, const tn_cu_kv *kv, void *stream);
 /* x[j] += rmsnorm(y[j]) * w for rows j < n of d (post-attention / post-FFN norms before the
  * residual add; sum of squares in double). */
 int tn_cu_rmsnorm_add(float *x, const float *y, const float *w, int64_t n, int64_t d, float eps, void *stream);

@@ -884,11 +884,118 @@ __device__ __forceinline__ void rope_pair(float *x, int i0, const float *c, int 
     x[b] = __fadd_rn(__fmul_rn(x0, si), __fmul_rn(x1, co));
 }
 
+/* tern's rotation of a quantized cache's heads (blocks.c tn_kv_rot) on one head x [hd] in place, by
+ * one warp: forward x <- H (D x), inverse x <- D (H x), with D = diag(sg) and H the normalized
+ * Walsh-Hadamard matrix in blocks of B (a power of 2 dividing hd); the CPU's butterflies, element for
+ * element (a + d, a - d per stage, then the scale 1/sqrt(B)). */
+__device__ void kv_rot_warp(float *x, int hd, const float *sg, int B, bool inverse, int lane) {
+    if (!inverse) {
+        for (int i = lane; i < hd; i += WARP) x[i] *= sg[i];
+        __syncwarp();
+    }
+    const int hb = B / 2;
+    for (int len = 1; len < B; len <<= 1) {
+        for (int p = lane; p < hd / 2; p += WARP) { /* pair p: block p / hb, its (p % hb)-th pair at this stage */
+            const int r = p % hb, j = (p / hb) * B + (r / len) * 2 * len + r % len;
+            const float a = x[j], d = x[j + len];
+            x[j] = a + d, x[j + len] = a - d;
+        }
+        __syncwarp();
+    }
+    const float s = 1.0f / sqrtf((float)B);
+    for (int i = lane; i < hd; i += WARP) x[i] *= s;
+    __syncwarp();
+    if (inverse) {
+        for (int i = lane; i < hd; i += WARP) x[i] *= sg[i];
+        __syncwarp();
+    }
+}
+
+/* Bytes of a head's first value in a cache row: f16 2 per value, q8_0 34 per 32, q4_0 18 per 32. */
+__device__ __forceinline__ int64_t kv_head_off(int type, int64_t h, int hd) {
+    return type == TN_CU_KV_F16 ? h * hd * 2 : h * (hd / 32) * (type == TN_CU_KV_Q8_0 ? 34 : 18);
+}
+
+/* Stores value v (lane's element of a block of 32) as element e0 + lane of a cache row of type t, by
+ * the whole warp: f16 as it is; q8_0 / q4_0 with ggml's reference quantizers (the CPU's
+ * tn_quantize_row_q8_0_ref / _q4_0_ref, so the CPU and the GPU store the same bytes): q8_0 d =
+ * amax/127, q = roundf(x / d); q4_0 d = max/-8 (max: the first element of largest magnitude, sign
+ * kept), q = min(15, (int)(x / d + 8.5)), element j in the low nibble of byte j, j + 16 in the high. */
+__device__ __forceinline__ void kv_store_warp(uint8_t *row, int t, int64_t e0, float v, int lane) {
+    if (t == TN_CU_KV_F16) {
+        ((__half *)row)[e0 + lane] = __float2half_rn(v);
+        return;
+    }
+    const int64_t blk = e0 / 32;
+    const float av = fabsf(v);
+    if (t == TN_CU_KV_Q8_0) {
+        const float d = warp_max(av) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint8_t *b = row + blk * 34;
+        b[2 + lane] = (uint8_t)(int8_t)roundf(v * id);
+        if (lane == 0) *(__half *)b = __float2half_rn(d);
+        return;
+    }
+    /* q4_0: the lowest lane holding the largest magnitude */
+    float am = av;
+    int al = lane;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float om = __shfl_xor_sync(0xffffffffu, am, o);
+        const int ol = __shfl_xor_sync(0xffffffffu, al, o);
+        if (om > am || (om == am && ol < al)) am = om, al = ol;
+    }
+    const float mx = __shfl_sync(0xffffffffu, v, al);
+    const float d = mx / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    const float hi_v = __shfl_down_sync(0xffffffffu, v, 16); /* element lane + 16 for lanes < 16 */
+    uint8_t *b = row + blk * 18;
+    if (lane < 16) {
+        int lo = (int)__fadd_rn(__fmul_rn(v, id), 8.5f), hi = (int)__fadd_rn(__fmul_rn(hi_v, id), 8.5f); /* no fused multiply-add: the CPU's bytes */
+        lo = lo < 15 ? lo : 15;
+        hi = hi < 15 ? hi : 15;
+        b[2 + lane] = (uint8_t)(lo | (hi << 4));
+    }
+    if (lane == 0) *(__half *)b = __float2half_rn(d);
+}
+
+/* Value i (of a head starting at p) of a cache row of type t, as the CPU dequantizes it. */
+__device__ __forceinline__ float kv_value(const uint8_t *p, int t, int i) {
+    if (t == TN_CU_KV_F16) return __half2float(((const __half *)p)[i]);
+    if (t == TN_CU_KV_Q8_0) {
+        const uint8_t *b = p + (i / 32) * 34;
+        return (float)(int8_t)b[2 + i % 32] * h2f(*(const uint16_t *)b);
+    }
+    const uint8_t *b = p + (i / 32) * 18;
+    const int j = i % 32, q = j < 16 ? (b[2 + j] & 15) : (b[2 + j - 16] >> 4);
+    return (float)(q - 8) * h2f(*(const uint16_t *)b);
+}
+
+/* q . k for a quantized K head at p (q8_0 or q4_0 blocks) and the query as q8 blocks (qq codes, qd
+ * fp16-rounded scales): per block the integer sum, then sum += sumi * (d_k * d_q) in block order,
+ * as the CPU's vec_dot_q8_0_q8_0 / q4_0_q8_0 reference. */
+__device__ __forceinline__ float kv_dot_q(const uint8_t *p, int t, const int8_t *qq, const float *qd, int hd) {
+    float s = 0.0f;
+    for (int b = 0; b < hd / 32; b++) {
+        int sumi = 0;
+        const int8_t *qb = qq + b * 32;
+        if (t == TN_CU_KV_Q8_0) {
+            const uint8_t *kb = p + b * 34;
+            for (int i = 0; i < 32; i++) sumi += (int)(int8_t)kb[2 + i] * (int)qb[i];
+            s += (float)sumi * (h2f(*(const uint16_t *)kb) * qd[b]);
+        } else {
+            const uint8_t *kb = p + b * 18;
+            for (int j = 0; j < 16; j++) sumi += ((kb[2 + j] & 15) - 8) * (int)qb[j] + ((kb[2 + j] >> 4) - 8) * (int)qb[j + 16];
+            s += (float)sumi * (h2f(*(const uint16_t *)kb) * qd[b]);
+        }
+    }
+    return s;
+}
+
 /* block per token: a warp per head for the q/k norms (qwen3), then one thread per rotated pair
- * (query heads, then key heads), then the cache rows */
-__global__ void k_rope_store(float *q, int64_t ldq, float *k, const float *v, int64_t ldk, const float *qn, const float *kn,
+ * (query heads, then key heads), then (a quantized cache) the cache's rotation of each q, k and v
+ * head, a warp per head, then the cache rows, a warp per block of 32 values */
+__global__ void k_rope_store(float *q, int64_t ldq, float *k, float *v, int64_t ldk, const float *qn, const float *kn,
                              float eps, const float *cs, int n_rot, int neox, int n_head, int n_head_kv, int hd,
-                             const int32_t *kvrow, __half *Kc, __half *Vc) {
+                             const int32_t *kvrow, uint8_t *Kc, uint8_t *Vc, tn_cu_kv kv) {
     gdc_enter();
     const int64_t t = blockIdx.x;
     const int lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
@@ -909,19 +1016,42 @@ __global__ void k_rope_store(float *q, int64_t ldq, float *k, const float *v, in
         rope_pair(x, 2 * (u % np), c, n_rot, neox);
     }
     __syncthreads();
+    if (kv.rot_k || kv.rot_v) { /* q and k heads (rot_k), then v heads (rot_v) */
+        for (int h = threadIdx.x / WARP; h < n_head + 2 * n_head_kv; h += nw) {
+            const bool isv = h >= n_head + n_head_kv;
+            if (isv ? !kv.rot_v : !kv.rot_k) continue;
+            float *x = h < n_head ? q + t * ldq + (int64_t)h * hd
+                       : isv      ? v + t * ldk + (int64_t)(h - n_head - n_head_kv) * hd
+                                  : k + t * ldk + (int64_t)(h - n_head) * hd;
+            kv_rot_warp(x, hd, kv.rot_sign, kv.rot_blk, false, lane);
+        }
+        __syncthreads();
+    }
     const int kv_dim = n_head_kv * hd;
     const int64_t row = kvrow[t];
-    for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {
-        Kc[row * kv_dim + i] = __float2half_rn(k[t * ldk + i]);
-        Vc[row * kv_dim + i] = __float2half_rn(v[t * ldk + i]);
+    if (kv.tk == TN_CU_KV_F16 && kv.tv == TN_CU_KV_F16) {
+        for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {
+            ((__half *)Kc)[row * kv_dim + i] = __float2half_rn(k[t * ldk + i]);
+            ((__half *)Vc)[row * kv_dim + i] = __float2half_rn(v[t * ldk + i]);
+        }
+        return;
+    }
+    for (int b = threadIdx.x / WARP; b < 2 * (kv_dim / 32); b += nw) { /* K blocks, then V blocks (kv_dim % 32 == 0) */
+        const bool isv = b >= kv_dim / 32;
+        const int64_t e0 = (int64_t)(isv ? b - kv_dim / 32 : b) * 32;
+        kv_store_warp(isv ? Vc + row * kv.v_rb : Kc + row * kv.k_rb, isv ? kv.tv : kv.tk, e0,
+                      isv ? v[t * ldk + e0 + lane] : k[t * ldk + e0 + lane], lane);
     }
 }
-extern "C" int tn_cu_rope_store(float *q, int64_t ldq, float *k, const float *v, int64_t ldk, const float *qn, const float *kn,
+extern "C" int tn_cu_rope_store(float *q, int64_t ldq, float *k, float *v, int64_t ldk, const float *qn, const float *kn,
                                 float eps, const float *cs, int n_rot, int neox, int64_t n, int n_head, int n_head_kv, int hd,
-                                const int32_t *kvrow, uint16_t *Kc, uint16_t *Vc, void *stream) {
+                                const int32_t *kvrow, void *Kc, void *Vc, const tn_cu_kv *kv, void *stream) {
     if (n == 0) return 0;
+    const tn_cu_kv f16 = {TN_CU_KV_F16, TN_CU_KV_F16, 0, 0, NULL, 0, 0, 0};
+    const tn_cu_kv kvv = kv ? *kv : f16;
+    if ((kvv.tk != TN_CU_KV_F16 || kvv.tv != TN_CU_KV_F16 || kvv.rot_k || kvv.rot_v) && hd % 32 != 0) return (int)cudaErrorInvalidValue;
     launch(k_rope_store, (unsigned)n, 256, 0, (cudaStream_t)stream, q, ldq, k, v, ldk, qn, kn, eps, cs, n_rot, neox, n_head,
-           n_head_kv, hd, kvrow, (__half *)Kc, (__half *)Vc);
+           n_head_kv, hd, kvrow, (uint8_t *)Kc, (uint8_t *)Vc, kvv);
     return tn_cu_err();
 }
 
@@ -932,29 +1062,42 @@ extern "C" int tn_cu_rope_store(float *q, int64_t ldq, float *k, const float *v,
  * block takes the chunk's max and sum, then thread (g, d) accumulates dimension d of V over the
  * chunk's positions g, g+G, .. (G = 256/hd groups; rows read whole by consecutive threads), and
  * the groups are summed at the end. f32 throughout; K, V in f16 as the cache holds them. */
+/* A quantized cache (kv.tk / kv.tv q8_0 or q4_0): a quantized K is dotted with the query as q8
+ * blocks (the CPU's activation quantizer), integer sums per block, as the CPU's attention over such
+ * a cache; V values are dequantized as they are accumulated. A rotated cache (kv.rot_k, kv.rot_v):
+ * the query (rot_k) is rotated like the keys were, and the output (rot_v) rotated back. */
 /* With ar.cs (one-token steps, kern_cuda.h's tn_cu_rope): the block first does what k_rope_store
  * would for its head: the query head's norm and RoPE in shared memory, and its key/value head's
  * new row normed, rotated and rounded to fp16, which it uses for the token's own position (the
  * leader of each group of query heads stores it to the cache: no block of this launch reads it
  * there). The same functions as k_rope_store, so the same bits. */
-__global__ void k_attn_block(const float *q, int64_t ldq, const __half *Kc, const __half *Vc, int64_t n, int n_head,
+__global__ void k_attn_block(const float *q, int64_t ldq, const uint8_t *Kc, const uint8_t *Vc, int64_t n, int n_head,
                              int n_head_kv, int hd, const int32_t *pos, const int32_t *tbl_off, const int32_t *tbl,
-                             float scale, float cap, int window, float *out, tn_cq xq, tn_cu_rope ar) {
+                             float scale, float cap, int window, float *out, tn_cq xq, tn_cu_rope ar, tn_cu_kv kv) {
     gdc_enter();
     __shared__ __align__(16) float qs[2 * ATT_THREADS];
     __shared__ float sc[ATT_CHUNK];
     __shared__ int32_t rows[ATT_CHUNK];
     __shared__ float red[ATT_THREADS / WARP];
     __shared__ float part[ATT_THREADS];
-    __shared__ __align__(16) float kf[ATT_THREADS];
+    __shared__ __align__(16) float kf[ATT_THREADS], vf[ATT_THREADS];
+    /* the token's own new K and V rows (one head) as the cache stores them: f16, or q8_0 / q4_0 blocks */
     __shared__ __align__(16) __half kh[ATT_THREADS], vh[ATT_THREADS];
+    __shared__ int8_t qq[ATT_THREADS]; /* a quantized K: the query as q8 blocks */
+    __shared__ float qd[ATT_THREADS / 32];
     const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
     const int64_t t = blockIdx.x / n_head;
     const int h = (int)(blockIdx.x % n_head), kvh = h / (n_head / n_head_kv), kv_dim = n_head_kv * hd;
+    const bool f16kv = kv.tk == TN_CU_KV_F16 && kv.tv == TN_CU_KV_F16;
+    const int64_t k_rb = f16kv ? (int64_t)kv_dim * 2 : kv.k_rb, v_rb = f16kv ? (int64_t)kv_dim * 2 : kv.v_rb;
+    const int64_t koff = kv_head_off(kv.tk, kvh, hd), voff = kv_head_off(kv.tv, kvh, hd);
     for (int i = tid; i < hd; i += ATT_THREADS) qs[i] = q[t * ldq + (int64_t)h * hd + i];
     const bool fused = ar.cs != nullptr;
     if (fused) {
-        for (int i = tid; i < hd; i += ATT_THREADS) kf[i] = ar.k[t * ar.ldk + (int64_t)kvh * hd + i];
+        for (int i = tid; i < hd; i += ATT_THREADS) {
+            kf[i] = ar.k[t * ar.ldk + (int64_t)kvh * hd + i];
+            vf[i] = ar.v[t * ar.ldk + (int64_t)kvh * hd + i];
+        }
         __syncthreads();
         if (ar.qn && warp == 0) head_norm_warp(qs, hd, ar.qn, ar.eps, lane);
         if (ar.kn && warp == 1) head_norm_warp(kf, hd, ar.kn, ar.eps, lane);
@@ -963,17 +1106,37 @@ __global__ void k_attn_block(const float *q, int64_t ldq, const __half *Kc, cons
         for (int u = tid; u < 2 * np2; u += ATT_THREADS)
             rope_pair(u < np2 ? qs : kf, 2 * (u % np2), ar.cs + t * ar.n_rot, ar.n_rot, ar.neox);
         __syncthreads();
-        for (int i = tid; i < hd; i += ATT_THREADS) {
-            kh[i] = __float2half_rn(kf[i]);
-            vh[i] = __float2half_rn(ar.v[t * ar.ldk + (int64_t)kvh * hd + i]);
+        if (kv.rot_k && warp == 0) kv_rot_warp(qs, hd, kv.rot_sign, kv.rot_blk, false, lane);
+        if (kv.rot_k && warp == 1) kv_rot_warp(kf, hd, kv.rot_sign, kv.rot_blk, false, lane);
+        if (kv.rot_v && warp == 2) kv_rot_warp(vf, hd, kv.rot_sign, kv.rot_blk, false, lane);
+        __syncthreads();
+        if (f16kv) {
+            for (int i = tid; i < hd; i += ATT_THREADS) {
+                kh[i] = __float2half_rn(kf[i]);
+                vh[i] = __float2half_rn(vf[i]);
+            }
+        } else {
+            for (int b = warp; b < 2 * (hd / 32); b += ATT_THREADS / WARP) { /* the head's K blocks, then its V blocks */
+                const bool isv = b >= hd / 32;
+                const int e0 = (isv ? b - hd / 32 : b) * 32;
+                kv_store_warp((uint8_t *)(isv ? vh : kh), isv ? kv.tv : kv.tk, e0, (isv ? vf : kf)[e0 + lane], lane);
+            }
         }
         __syncthreads();
-        if (h % (n_head / n_head_kv) == 0) {
+        if (h % (n_head / n_head_kv) == 0) { /* the group's leader stores the row's bytes */
             const int64_t r = ar.kvrow[t];
-            for (int i = tid; i < hd; i += ATT_THREADS) {
-                ((__half *)ar.Kc)[r * kv_dim + (int64_t)kvh * hd + i] = kh[i];
-                ((__half *)ar.Vc)[r * kv_dim + (int64_t)kvh * hd + i] = vh[i];
-            }
+            const int kb = (int)(kv_head_off(kv.tk, 1, hd)), vb = (int)(kv_head_off(kv.tv, 1, hd)); /* a head's bytes */
+            for (int i = tid; i < kb; i += ATT_THREADS) ((uint8_t *)ar.Kc)[r * k_rb + koff + i] = ((const uint8_t *)kh)[i];
+            for (int i = tid; i < vb; i += ATT_THREADS) ((uint8_t *)ar.Vc)[r * v_rb + voff + i] = ((const uint8_t *)vh)[i];
+        }
+    } /* else: the query was normed, rotated (and turned, rot_k) by k_rope_store */
+    if (kv.tk != TN_CU_KV_F16) { /* the query as q8 blocks, a warp per block, as the CPU's activation quantizer */
+        __syncthreads();
+        for (int b = warp; b < hd / 32; b += ATT_THREADS / WARP) {
+            const float x = qs[b * 32 + lane], amax = warp_max(fabsf(x));
+            const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+            qq[b * 32 + lane] = (int8_t)__float2int_rn(x * id);
+            if (lane == 0) qd[b] = __half2float(__float2half_rn(amax / 127.0f));
         }
     }
     /* positions p_lo .. T - 1: all, or the last `window` on a sliding-window layer */
@@ -992,9 +1155,12 @@ __global__ void k_attn_block(const float *q, int64_t ldq, const __half *Kc, cons
             const int64_t row = off < 0 ? p : (int64_t)tbl[off + p / 16] * 16 + p % 16;
             const bool own = fused && p == T - 1; /* the new row, in shared memory */
             rows[j] = own ? -1 : (int32_t)row;
-            const __half *kr = own ? kh : Kc + row * kv_dim + (int64_t)kvh * hd;
+            const uint8_t *krow = own ? (const uint8_t *)kh : Kc + row * k_rb + koff;
             float dot = 0.0f;
-            if (vec) {
+            if (kv.tk != TN_CU_KV_F16) {
+                dot = kv_dot_q(krow, kv.tk, qq, qd, hd);
+            } else if (vec) {
+                const __half *kr = (const __half *)krow;
 #pragma unroll 8 /* the row's loads in flight together (hd <= 64: all of them) */
                 for (int i = 0; i < hd; i += 8) {
                     const uint4 u = *(const uint4 *)(kr + i);
@@ -1006,6 +1172,7 @@ __global__ void k_attn_block(const float *q, int64_t ldq, const __half *Kc, cons
                     }
                 }
             } else {
+                const __half *kr = (const __half *)krow;
                 for (int i = 0; i < hd; i++) dot += qs[i] * __half2float(kr[i]);
             }
             float s = dot * scale;
@@ -1035,13 +1202,18 @@ __global__ void k_attn_block(const float *q, int64_t ldq, const __half *Kc, cons
         mx = mnew;
         acc0 *= corr;
         acc1 *= corr;
-        if (active) {
+        if (active && kv.tv == TN_CU_KV_F16) {
 #pragma unroll 8
             for (int j = gi; j < np; j += G) {
-                const __half *vr = rows[j] < 0 ? vh : Vc + (int64_t)rows[j] * kv_dim + (int64_t)kvh * hd;
+                const __half *vr = rows[j] < 0 ? vh : (const __half *)(Vc + (int64_t)rows[j] * v_rb + voff);
                 const float pj = sc[j];
                 acc0 += pj * __half2float(vr[d0]);
                 if (hd > ATT_THREADS && d0 + ATT_THREADS < hd) acc1 += pj * __half2float(vr[d0 + ATT_THREADS]);
+            }
+        } else if (active) {
+            for (int j = gi; j < np; j += G) {
+                const uint8_t *vr = rows[j] < 0 ? (const uint8_t *)vh : Vc + (int64_t)rows[j] * v_rb + voff;
+                acc0 += sc[j] * kv_value(vr, kv.tv, d0);
             }
         }
         __syncthreads(); /* sc, rows and red are rewritten by the next chunk */
@@ -1050,14 +1222,25 @@ __global__ void k_attn_block(const float *q, int64_t ldq, const __half *Kc, cons
     if (hd <= ATT_THREADS) {
         if (active) part[tid] = acc0;
         __syncthreads();
+        float s = 0.0f;
         if (tid < hd) {
-            float s = 0.0f;
             for (int g = 0; g < G; g++) s += part[g * hd + tid];
-            o[tid] = s / l;
+            s /= l;
+        }
+        if (kv.rot_v) { /* the output rotated back (D H), in shared memory */
+            __syncthreads();
+            if (tid < hd) kf[tid] = s;
+            __syncthreads();
+            if (warp == 0) kv_rot_warp(kf, hd, kv.rot_sign, kv.rot_blk, true, lane);
+            __syncthreads();
+            if (tid < hd) s = kf[tid];
+        }
+        if (tid < hd) {
+            o[tid] = s;
             /* the output quantized for Wo as it is written (hd % 32 == 0: whole warps, whole blocks) */
             if (xq.q) {
                 const int64_t e = t * (int64_t)n_head * hd + (int64_t)h * hd + tid;
-                q8_block(s / l, lane, e / 32, e - lane, xq);
+                q8_block(s, lane, e / 32, e - lane, xq);
             }
         }
     } else {
@@ -1065,19 +1248,23 @@ __global__ void k_attn_block(const float *q, int64_t ldq, const __half *Kc, cons
         if (d0 + ATT_THREADS < hd) o[d0 + ATT_THREADS] = acc1 / l;
     }
 }
-extern "C" int tn_cu_attention(const float *q, int64_t ldq, const uint16_t *Kc, const uint16_t *Vc, int64_t n, int n_head,
+extern "C" int tn_cu_attention(const float *q, int64_t ldq, const void *Kc, const void *Vc, int64_t n, int n_head,
                                int n_head_kv, int hd, const int32_t *pos, const int32_t *tbl_off, const int32_t *tbl,
                                float scale, float cap, int window, float *out, const tn_cq *xq, const tn_cu_rope *rope,
-                               void *stream) {
-    if (hd > 256 || (xq && hd % 32 != 0) || (rope && (rope->n_rot > hd || rope->n_rot % 2 != 0)) || window < 0 || cap < 0.0f)
+                               const tn_cu_kv *kv, void *stream) {
+    const tn_cu_kv f16 = {TN_CU_KV_F16, TN_CU_KV_F16, 0, 0, NULL, 0, 0, 0};
+    const tn_cu_kv kvv = kv ? *kv : f16;
+    const bool plain = kvv.tk == TN_CU_KV_F16 && kvv.tv == TN_CU_KV_F16 && !kvv.rot_k && !kvv.rot_v;
+    if (hd > 256 || (xq && hd % 32 != 0) || (rope && (rope->n_rot > hd || rope->n_rot % 2 != 0)) || window < 0 || cap < 0.0f ||
+        (!plain && hd % 32 != 0))
         return (int)cudaErrorInvalidValue;
     const tn_cq none = {NULL, NULL, NULL};
     tn_cu_rope ar = {};
     if (rope) ar = *rope;
     const int64_t units = n * n_head;
     if (units == 0) return 0;
-    launch(k_attn_block, (unsigned)units, ATT_THREADS, 0, (cudaStream_t)stream, q, ldq, (const __half *)Kc, (const __half *)Vc, n,
-           n_head, n_head_kv, hd, pos, tbl_off, tbl, scale, cap, window, out, xq ? *xq : none, ar);
+    launch(k_attn_block, (unsigned)units, ATT_THREADS, 0, (cudaStream_t)stream, q, ldq, (const uint8_t *)Kc, (const uint8_t *)Vc, n,
+           n_head, n_head_kv, hd, pos, tbl_off, tbl, scale, cap, window, out, xq ? *xq : none, ar, kvv);
     return tn_cu_err();
 }
 

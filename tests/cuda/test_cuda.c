@@ -22,7 +22,8 @@
  * Forward (GPU): tiny random llama, qwen2, qwen3, smollm3, gemma3, gemma2 and phi3 models of several types, against the independent double-precision
  * reference (tests/model/ref_forward.c) with test_forward's bounds (same roundings as the CPU
  * path: K/V in f16, activations to q8 for the code types; the prefill's fp16 GEMM rounds like
- * f16 weights do) and against tern's CPU logits; a paged two-sequence batch (tn_forward_batch
+ * f16 weights do) and against tern's CPU logits; quantized KV caches (q8_0, q4_0, rotated or not)
+ * against the reference rounding K / V alike; a paged two-sequence batch (tn_forward_batch
  * with block tables, as tern serve runs it); layers split between GPU and CPU (-ngl).
  */
 #include <math.h>
@@ -283,6 +284,9 @@ static void free_pair(tern_ctx *a, tern_ctx *b, tern_model *m) {
     tern_model_free(m);
 }
 
+/* The KV cache of the contexts make_ctx creates (tern_ctx_params type_k, type_v, kv_rotate). */
+static int32_t g_tk = TERN_KV_F16, g_tv = TERN_KV_F16, g_rot = TERN_KV_ROT_AUTO;
+
 /* swa_full: sliding-window layers keep every position (a CPU context that takes block tables for
  * every layer, as the GPU's does) */
 static tern_ctx *make_ctx_swa(const tern_model *m, int device, int ngl, int n_ctx, bool swa_full) {
@@ -290,6 +294,7 @@ static tern_ctx *make_ctx_swa(const tern_model *m, int device, int ngl, int n_ct
     tern_ctx_params_init(&cp);
     cp.n_ctx = n_ctx;
     cp.swa_full = swa_full;
+    cp.type_k = g_tk, cp.type_v = g_tv, cp.kv_rotate = g_rot;
     cp.n_threads = 2;
     cp.device = device;
     cp.n_gpu_layers = ngl;
@@ -304,6 +309,9 @@ static void forward_case(tiny_cfg cfg, int ngl) {
     const int32_t nv = (int32_t)cfg.n_vocab;
     tern_ctx *g = make_ctx(m, TERN_DEVICE_CUDA, ngl, 32), *c = make_ctx(m, TERN_DEVICE_CPU, -1, 32);
     ref_model *r = ref_create(m, 32);
+    /* a quantized cache: the reference rounds K / V (and the query) as it, rotated as the context is */
+    ref_set_kv_types(r, g_tk, g_tv);
+    if (g->rot_k || g->rot_v) ref_set_kv_rot(r, g->rot_k, g->rot_v, g->rot_sign);
     double *rl = malloc(sizeof(double) * (size_t)nv);
     const tern_token prompt[] = {1, 270, 5, 300, 261, 380, 100, 259, 3, 17, 44, 99}; /* 12: the GEMM path */
     const int32_t np = (int32_t)(sizeof prompt / sizeof prompt[0]);
@@ -326,8 +334,9 @@ static void forward_case(tiny_cfg cfg, int ngl) {
         worst_cpu = ec > worst_cpu ? ec : worst_cpu;
         t = (tern_token)(259 + (step * 37) % 100);
     }
-    printf("  %-6s %-8s ngl %2d: worst logits rel err vs reference %.2e (bound %.0e), vs tern CPU %.2e\n", cfg.arch,
-           tn_dtype_name(cfg.wtype), ngl, worst, tol, worst_cpu);
+    printf("  %-6s %-8s ngl %2d K %-4s V %-4s rot %d%d: worst logits rel err vs reference %.2e (bound %.0e), vs tern CPU %.2e\n",
+           cfg.arch, tn_dtype_name(cfg.wtype), ngl, tern_kv_type_name(g_tk), tern_kv_type_name(g_tv), g->rot_k, g->rot_v, worst, tol,
+           worst_cpu);
     ref_free(r);
     free(rl);
     free_pair(g, c, m);
@@ -400,6 +409,35 @@ static void test_forward_families(void **state) {
     forward_case(cfg, -1);
 }
 
+/* Quantized KV caches on the GPU (q8_0, q4_0 K and V; rows stored with the CPU's reference
+ * quantizers, a quantized K dotted with the query as q8 blocks), against the reference rounding K /
+ * V (and the query) the same way, with test_kv_quant's bound for f32 weights (5e-3): K and V both
+ * q8_0, both q4_0, q8_0 K with f16 V, f16 K with q4_0 V; K rotated (the default for a quantized K),
+ * both halves rotated, neither; gemma3 (head size 128, sliding window) with q8_0 / q8_0; and -ngl 1
+ * (layer 1 and its cache on the CPU). */
+static void test_kv_types(void **state) {
+    (void)state;
+    tiny_cfg cfg;
+    tiny_cfg_default(&cfg);
+    const int32_t tk[] = {TERN_KV_Q8_0, TERN_KV_Q4_0, TERN_KV_Q8_0, TERN_KV_F16};
+    const int32_t tv[] = {TERN_KV_Q8_0, TERN_KV_Q4_0, TERN_KV_F16, TERN_KV_Q4_0};
+    for (size_t i = 0; i < sizeof tk / sizeof tk[0]; i++) {
+        g_tk = tk[i], g_tv = tv[i];
+        forward_case(cfg, -1);
+    }
+    g_tk = g_tv = TERN_KV_Q4_0;
+    g_rot = TERN_KV_ROT_KV;
+    forward_case(cfg, -1);
+    g_rot = TERN_KV_ROT_NONE;
+    forward_case(cfg, -1);
+    g_rot = TERN_KV_ROT_AUTO;
+    g_tk = g_tv = TERN_KV_Q8_0;
+    forward_case(cfg, 1);
+    cfg.arch = "gemma3", cfg.n_layer = 7, cfg.head_dim = 128, cfg.n_swa = 4, cfg.rope_base = 1e6f;
+    forward_case(cfg, -1);
+    g_tk = g_tv = TERN_KV_F16;
+}
+
 static void test_layer_split(void **state) {
     (void)state;
     tiny_cfg cfg;
@@ -460,8 +498,9 @@ static void test_fusion_equivalence(void **state) {
         const char *arch;
         tn_dtype w, out;
         bool tied, tq; /* tq: tq3g64a weights */
-        int n_layer;   /* 0: the default */
+        int n_layer;   /* 0: the default; -1: the default with a q4_0 K / q8_0 V cache, both rotated */
     } cases[] = {
+        {"qwen3", TN_Q8_0, TN_Q8_0, false, false, -1},
         {"llama", TN_Q4_0, TN_Q6_K, false, false, 0}, {"llama", TN_F16, TN_F32, false, false, 0},
         {"qwen2", TN_Q8_0, TN_Q8_0, false, false, 0}, {"qwen3", TN_Q4_K, TN_Q4_0, false, false, 0},
         {"llama", TN_F32, TN_Q6_K, true, true, 0},
@@ -475,7 +514,8 @@ static void test_fusion_equivalence(void **state) {
         cfg.wtype = cases[ci].tq ? (tn_dtype)tn_tq_dtype(&(tn_tq_params){3, 64, true}) : cases[ci].w;
         cfg.out_type = cases[ci].out;
         cfg.tied = cases[ci].tied;
-        if (cases[ci].n_layer) cfg.n_layer = cases[ci].n_layer;
+        if (cases[ci].n_layer > 0) cfg.n_layer = cases[ci].n_layer;
+        if (cases[ci].n_layer < 0) g_tk = TERN_KV_Q4_0, g_tv = TERN_KV_Q8_0, g_rot = TERN_KV_ROT_KV;
         if (!strcmp(cfg.arch, "gemma3")) cfg.head_dim = 128, cfg.n_swa = 4, cfg.rope_base = 1e6f;
         tern_model *m = load_cfg(&cfg, "cuda_fuse");
         const int32_t nv = (int32_t)cfg.n_vocab;
@@ -495,8 +535,10 @@ static void test_fusion_equivalence(void **state) {
             if (memcmp(a + (size_t)step * nv, b + (size_t)step * nv, sizeof(float) * (size_t)nv) != 0)
                 fail_msg("%s %s (output %s): step %d: fused / paired / prefetching launches and plain kernels give different logits",
                          cfg.arch, tn_dtype_name(cfg.wtype), tn_dtype_name(cfg.out_type), step);
-        printf("  %-6s %-9s output %-5s: %d decode steps bit-identical with and without the fusion, row pairs and prefetch\n", cfg.arch,
-               tn_dtype_name(cfg.wtype), tn_dtype_name(cfg.out_type), steps);
+        printf("  %-6s %-9s output %-5s K %-4s V %-4s: %d decode steps bit-identical with and without the fusion, row pairs and "
+               "prefetch\n", cfg.arch, tn_dtype_name(cfg.wtype), tn_dtype_name(cfg.out_type), tern_kv_type_name(g_tk),
+               tern_kv_type_name(g_tv), steps);
+        g_tk = g_tv = TERN_KV_F16, g_rot = TERN_KV_ROT_AUTO;
         free(a), free(b);
         tern_model_free(m);
     }
@@ -543,6 +585,9 @@ static void test_paged_batch(void **state) {
     paged_case(cfg);
     cfg.arch = "gemma3", cfg.n_layer = 7, cfg.head_dim = 128, cfg.n_swa = 4, cfg.rope_base = 1e6f, cfg.wtype = TN_Q8_0;
     paged_case(cfg);
+    g_tk = TERN_KV_Q4_0, g_tv = TERN_KV_Q8_0; /* quantized rows in paged blocks, K rotated */
+    paged_case(cfg);
+    g_tk = g_tv = TERN_KV_F16;
 }
 
 /* stories260K (real weights, head size 8, n_ff 172): 64 greedy tokens on the GPU equal the CPU's,
@@ -618,7 +663,7 @@ int main(int argc, char **argv) {
     }
     const struct CMUnitTest gpu[] = {
         cmocka_unit_test(test_kernel_parity), cmocka_unit_test(test_forward_types), cmocka_unit_test(test_forward_families),
-        cmocka_unit_test(test_layer_split),
+        cmocka_unit_test(test_kv_types),      cmocka_unit_test(test_layer_split),
         cmocka_unit_test(test_paged_batch),   cmocka_unit_test(test_stories_greedy),
         cmocka_unit_test(test_graph_equivalence), cmocka_unit_test(test_fusion_equivalence),
     };

@@ -17,7 +17,7 @@
  *   - KV bytes: n_layer * rows * (K row bytes + V row bytes) with ggml's block sizes (34 bytes per
  *     32 values for q8_0, 18 for q4_0);
  *   - refusals: a head size that is not a multiple of 32, an unknown type (TERN_ERR_INVALID_ARG
- *     naming it), the CUDA device with a quantized cache (TERN_ERR_UNSUPPORTED).
+ *     naming it), the CUDA device with a tq cache (TERN_ERR_UNSUPPORTED; it keeps f16, q8_0, q4_0).
  */
 #include <math.h>
 #include <setjmp.h>
@@ -316,7 +316,7 @@ static void test_bytes_and_refusals(void **state) {
     cp.type_k = TERN_KV_TQ(1); /* a tq dtype, but not a cache type */
     assert_int_equal(tern_ctx_create(m, &cp, &c), TERN_ERR_INVALID_ARG);
     assert_null(c);
-    cp.type_k = TERN_KV_Q8_0, cp.device = TERN_DEVICE_CUDA;
+    cp.type_k = TERN_KV_TQ(4), cp.device = TERN_DEVICE_CUDA; /* the GPU keeps f16, q8_0 and q4_0 only */
     assert_int_equal(tern_ctx_create(m, &cp, &c), TERN_ERR_UNSUPPORTED);
     assert_non_null(strstr(tern_last_error(), "CPU only"));
     assert_null(c);
