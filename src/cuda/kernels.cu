@@ -101,10 +101,20 @@ __device__ __forceinline__ void gdc_enter(void) {
 __device__ __forceinline__ void prefetch_l2(const void *p, size_t n) {
     const uintptr_t a1 = (uintptr_t)p + n;
     for (uintptr_t a = ((uintptr_t)p & ~(uintptr_t)127) + 128u * threadIdx.x; a < a1; a += 128u * blockDim.x)
+#ifndef TN_CUDA_EMU /* the emulator (tests/cuda/emu) has no caches to prefetch into */
         asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+#else
+        (void)a;
+#endif
 }
 /* One line into L1 (a hint: the next row a warp of a GEMV will read, while it computes this one) */
-__device__ __forceinline__ void prefetch_l1(const void *p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
+__device__ __forceinline__ void prefetch_l1(const void *p) {
+#ifndef TN_CUDA_EMU
+    asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+#else
+    (void)p;
+#endif
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -120,9 +130,14 @@ __device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__ushort_
 
 /* unsigned bytes of a times signed bytes of b, summed into c */
 __device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c) {
+#ifndef TN_CUDA_EMU
     int r;
     asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
     return r;
+#else
+    for (int i = 0; i < 4; i++) c += (int)((a >> (8 * i)) & 255u) * (int)(int8_t)(b >> (8 * i));
+    return c;
+#endif
 }
 
 /* the q8 block of 32 values v (one per lane) at block index blk: as k_quantize_q8 */
@@ -1316,6 +1331,10 @@ extern "C" int tn_cu_copy_kernel(const void *src, void *dst, size_t n, void *str
     int dev = 0, sms = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+#ifndef TN_CUDA_EMU
     k_copy<<<(unsigned)(sms * 8), 512, 0, (cudaStream_t)stream>>>((const uint4 *)src, (uint4 *)dst, n / 16);
+#else
+    launch(k_copy, (unsigned)(sms * 8), 512, 0, (cudaStream_t)stream, (const uint4 *)src, (uint4 *)dst, n / 16);
+#endif
     return tn_cu_err();
 }

@@ -1,0 +1,300 @@
+/*
+ * tn_cuda_emu.h — a CUDA emulator for tern's tests: the part of the CUDA runtime, cuBLAS and the
+ * device language that src/cuda/ uses, on the CPU. tests/cuda/emu/include's cuda_runtime.h,
+ * cuda_runtime_api.h, cuda_fp16.h, cuda_bf16.h and cublas_v2.h all include this file, so
+ * src/cuda/backend.c (as C) and src/cuda/kernels.cu (as C++, TN_CUDA_EMU defined) compile against
+ * it unchanged; test_cuda_emu then runs test_cuda's GPU tests on a machine without a GPU.
+ *
+ * What it models: device memory is host memory; streams, events and copies are synchronous; a
+ * kernel launch runs its blocks one after another, each block's threads as cooperative fibers
+ * (one OS thread) that switch only at __syncthreads, __syncwarp and the warp shuffles — a barrier
+ * is kept when every live thread of the block (or of the warp) has reached it, and a block whose
+ * threads wait at different barriers is reported as a deadlock. __shared__ variables are static
+ * (blocks do not overlap). Arithmetic is the host's IEEE float (built with -ffp-contract=off, so
+ * __fmul_rn and friends round as on the GPU); libm's expf, tanhf differ from CUDA's by a few ulp.
+ * What it does not model: timing, memory coalescing, occupancy, races between blocks, alignment
+ * faults, CUDA graphs (capture reports "not supported"; the backend then launches kernel by
+ * kernel) and programmatic dependent launch (a no-op). It checks logic, not speed: results
+ * computed here are what the same code computes on a GPU up to libm's last bits.
+ */
+#ifndef TN_CUDA_EMU_H
+#define TN_CUDA_EMU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- runtime API (C) ------------------------------------------------------------------------ */
+
+typedef enum cudaError {
+    cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
+    cudaErrorMemoryAllocation = 2,
+    cudaErrorInvalidConfiguration = 9,
+    cudaErrorNoDevice = 100,
+    cudaErrorInsufficientDriver = 35,
+    cudaErrorNotSupported = 801,
+    cudaErrorLaunchFailure = 719,
+    cudaErrorStreamCaptureUnsupported = 900,
+} cudaError_t;
+
+typedef struct tn_emu_stream *cudaStream_t;
+typedef struct tn_emu_event *cudaEvent_t;
+typedef struct tn_emu_graph *cudaGraph_t;
+typedef struct tn_emu_graph_exec *cudaGraphExec_t;
+
+enum cudaMemcpyKind { cudaMemcpyHostToHost = 0, cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, cudaMemcpyDeviceToDevice = 3, cudaMemcpyDefault = 4 };
+enum cudaStreamCaptureMode { cudaStreamCaptureModeGlobal = 0, cudaStreamCaptureModeThreadLocal = 1, cudaStreamCaptureModeRelaxed = 2 };
+enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16 };
+#define cudaStreamNonBlocking 0x01
+
+struct cudaDeviceProp {
+    char name[256];
+    size_t totalGlobalMem;
+    int major, minor, multiProcessorCount;
+};
+
+cudaError_t cudaGetDeviceCount(int *n);
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int dev);
+cudaError_t cudaSetDevice(int dev);
+cudaError_t cudaGetDevice(int *dev);
+cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr a, int dev);
+cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b);
+cudaError_t cudaDriverGetVersion(int *v);
+cudaError_t cudaRuntimeGetVersion(int *v);
+cudaError_t cudaGetLastError(void);
+const char *cudaGetErrorString(cudaError_t e);
+cudaError_t cudaDeviceSynchronize(void);
+cudaError_t cudaMalloc(void **p, size_t n);
+cudaError_t cudaFree(void *p);
+cudaError_t cudaMallocHost(void **p, size_t n);
+cudaError_t cudaFreeHost(void *p);
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind k);
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind k, cudaStream_t s);
+cudaError_t cudaMemset(void *p, int v, size_t n);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
+cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode m);
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long flags);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s);
+cudaError_t cudaGraphDestroy(cudaGraph_t g);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e);
+cudaError_t cudaEventCreate(cudaEvent_t *e);
+cudaError_t cudaEventDestroy(cudaEvent_t e);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
+cudaError_t cudaEventSynchronize(cudaEvent_t e);
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b);
+
+/* ---- cuBLAS (the one product the backend calls) --------------------------------------------- */
+
+typedef struct tn_emu_blas *cublasHandle_t;
+typedef enum { CUBLAS_STATUS_SUCCESS = 0, CUBLAS_STATUS_INVALID_VALUE = 7, CUBLAS_STATUS_NOT_SUPPORTED = 15 } cublasStatus_t;
+typedef enum { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 } cublasOperation_t;
+typedef enum { CUDA_R_32F = 0, CUDA_R_16F = 2 } cudaDataType;
+typedef enum { CUBLAS_COMPUTE_32F = 68 } cublasComputeType_t;
+typedef enum { CUBLAS_GEMM_DEFAULT = -1 } cublasGemmAlgo_t;
+cublasStatus_t cublasCreate(cublasHandle_t *h);
+cublasStatus_t cublasDestroy(cublasHandle_t h);
+cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s);
+/* C = alpha op(A) op(B) + beta C, column-major; A and B fp16, C f32, sums in f32 */
+cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void *alpha,
+                            const void *A, cudaDataType at, int lda, const void *B, cudaDataType bt, int ldb, const void *beta,
+                            void *C, cudaDataType ct, int ldc, cublasComputeType_t comp, cublasGemmAlgo_t algo);
+
+/* the launch the emulator runs: grid and block sizes, the body run once per thread */
+typedef struct { unsigned x, y, z; } tn_emu_dim;
+cudaError_t tn_emu_run(tn_emu_dim grid, tn_emu_dim block, void (*body)(void *), void *arg);
+void tn_emu_sync_block(void);
+void tn_emu_sync_warp(void);
+/* warp exchange: this lane's 8 bytes in, lane src's 8 bytes out (a warp-wide collective) */
+uint64_t tn_emu_shfl(uint64_t v, int src);
+/* counts of what the emulator ran (tests print them) */
+void tn_emu_stats(long *launches, long *blocks, long *switches);
+
+#ifdef __cplusplus
+}
+#endif
+
+/* ---- the device language (C++: src/cuda/kernels.cu) ---------------------------------------- */
+#ifdef __cplusplus
+#include <math.h>
+#include <string.h>
+#include <tuple>
+#include <utility>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+#define __launch_bounds__(...)
+
+struct dim3 {
+    unsigned x, y, z;
+    dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
+    dim3(const tn_emu_dim &d) : x(d.x), y(d.y), z(d.z) {}
+};
+/* the running thread's indices: set by the scheduler before it resumes a thread */
+extern thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+struct float2 { float x, y; };
+struct __align__(16) float4 { float x, y, z, w; };
+struct __align__(16) int4 { int x, y, z, w; };
+struct __align__(16) uint4 { unsigned x, y, z, w; };
+struct __align__(8) uint2 { unsigned x, y; };
+static inline float4 make_float4(float a, float b, float c, float d) { return float4{a, b, c, d}; }
+
+/* fp16 and bf16 as their bits, converted with round-to-nearest-even */
+struct __half {
+    uint16_t x;
+};
+struct __align__(4) __half2 {
+    __half x, y;
+};
+struct __nv_bfloat16 {
+    uint16_t x;
+};
+static inline float __half2float(__half h) {
+    const uint32_t s = (uint32_t)(h.x & 0x8000) << 16, e = (h.x >> 10) & 31, m = h.x & 1023;
+    uint32_t u;
+    if (e == 0) {
+        if (m == 0) u = s;
+        else { /* subnormal: m 2^-24 */
+            float f = (float)m * 5.9604644775390625e-08f;
+            memcpy(&u, &f, 4);
+            u |= s;
+        }
+    } else if (e == 31) u = s | 0x7f800000u | (m << 13);
+    else u = s | ((e + 112) << 23) | (m << 13);
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline __half __float2half_rn(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    const uint16_t s = (uint16_t)((u >> 16) & 0x8000);
+    const uint32_t a = u & 0x7fffffffu;
+    __half h;
+    if (a > 0x7f800000u) { h.x = (uint16_t)(s | 0x7e00); return h; } /* NaN */
+    if (a >= 0x477ff000u) { h.x = (uint16_t)(s | 0x7c00); return h; } /* rounds to inf */
+    if (a < 0x38800000u) {                                             /* subnormal or zero in fp16 */
+        float af;
+        memcpy(&af, &a, 4);
+        const float q = nearbyintf(af * 16777216.0f); /* units of 2^-24, half to even */
+        h.x = (uint16_t)(s | (uint16_t)q);
+        return h;
+    }
+    uint32_t r = a - 0x38000000u; /* rebias 127 -> 15 */
+    const uint32_t lsb = (r >> 13) & 1u;
+    r += 0x0fffu + lsb;
+    h.x = (uint16_t)(s | (uint16_t)(r >> 13));
+    return h;
+}
+static inline __half __ushort_as_half(unsigned short v) { return __half{(uint16_t)v}; }
+static inline float2 __half22float2(__half2 h) { return float2{__half2float(h.x), __half2float(h.y)}; }
+static inline __half2 __floats2half2_rn(float a, float b) { return __half2{__float2half_rn(a), __float2half_rn(b)}; }
+
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
+static inline int __float2int_rn(float x) { return (int)nearbyintf(x); }
+static inline float __uint_as_float(unsigned v) {
+    float f;
+    memcpy(&f, &v, 4);
+    return f;
+}
+static inline unsigned __float_as_uint(float f) {
+    unsigned v;
+    memcpy(&v, &f, 4);
+    return v;
+}
+static inline int __dp4a(int a, int b, int c) { /* signed bytes of a times signed bytes of b, into c */
+    for (int i = 0; i < 4; i++) c += (int)(int8_t)(a >> (8 * i)) * (int)(int8_t)(b >> (8 * i));
+    return c;
+}
+static inline int min(int a, int b) { return a < b ? a : b; }
+static inline int max(int a, int b) { return a > b ? a : b; }
+static inline long long min(long long a, long long b) { return a < b ? a : b; }
+static inline long long max(long long a, long long b) { return a > b ? a : b; }
+static inline long min(long a, long b) { return a < b ? a : b; }
+static inline long max(long a, long b) { return a > b ? a : b; }
+static inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+static inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
+
+static inline void __syncthreads(void) { tn_emu_sync_block(); }
+static inline void __syncwarp(unsigned mask = 0xffffffffu) {
+    (void)mask;
+    tn_emu_sync_warp();
+}
+template <typename T> static inline T tn_emu_shfl_t(T v, int src) {
+    static_assert(sizeof(T) <= 8, "shuffle of more than 8 bytes");
+    uint64_t u = 0;
+    memcpy(&u, &v, sizeof v);
+    u = tn_emu_shfl(u, src);
+    T r;
+    memcpy(&r, &u, sizeof r);
+    return r;
+}
+static inline int tn_emu_lane(void) { return (int)((threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) % 32u); }
+template <typename T> static inline T __shfl_sync(unsigned mask, T v, int src, int width = 32) {
+    (void)mask, (void)width;
+    return tn_emu_shfl_t(v, src & 31);
+}
+template <typename T> static inline T __shfl_xor_sync(unsigned mask, T v, int m, int width = 32) {
+    (void)mask, (void)width;
+    return tn_emu_shfl_t(v, tn_emu_lane() ^ m);
+}
+template <typename T> static inline T __shfl_down_sync(unsigned mask, T v, unsigned d, int width = 32) {
+    (void)mask, (void)width;
+    const int l = tn_emu_lane();
+    return tn_emu_shfl_t(v, l + (int)d < 32 ? l + (int)d : l);
+}
+
+/* launches: the launch configuration and cudaLaunchKernelEx as the runtime declares them */
+typedef enum { cudaLaunchAttributeProgrammaticStreamSerialization = 5 } cudaLaunchAttributeID;
+typedef struct {
+    cudaLaunchAttributeID id;
+    union {
+        int programmaticStreamSerializationAllowed;
+    } val;
+} cudaLaunchAttribute;
+typedef struct {
+    dim3 gridDim, blockDim;
+    size_t dynamicSmemBytes;
+    cudaStream_t stream;
+    cudaLaunchAttribute *attrs;
+    unsigned numAttrs;
+} cudaLaunchConfig_t;
+
+template <typename K, typename Tup> struct tn_emu_call {
+    K k;
+    Tup args;
+    static void run(void *p) {
+        tn_emu_call *c = (tn_emu_call *)p;
+        std::apply(c->k, c->args); /* each thread gets its own copies of the parameters */
+    }
+};
+template <typename... KArgs, typename... Act>
+static inline cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t *cfg, void (*k)(KArgs...), Act &&...args) {
+    typedef std::tuple<KArgs...> Tup;
+    tn_emu_call<void (*)(KArgs...), Tup> c{k, Tup((KArgs)args...)};
+    return tn_emu_run(tn_emu_dim{cfg->gridDim.x, cfg->gridDim.y, cfg->gridDim.z},
+                      tn_emu_dim{cfg->blockDim.x, cfg->blockDim.y, cfg->blockDim.z}, &tn_emu_call<void (*)(KArgs...), Tup>::run, &c);
+}
+template <typename T> static inline cudaError_t cudaMemcpyToSymbol(T &sym, const void *src, size_t n, size_t off = 0,
+                                                                   cudaMemcpyKind k = cudaMemcpyHostToDevice) {
+    (void)k;
+    memcpy((char *)&sym + off, src, n);
+    return cudaSuccess;
+}
+#endif /* __cplusplus */
+
+#endif
