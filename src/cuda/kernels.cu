@@ -992,17 +992,20 @@ __device__ __forceinline__ float kv_dot_q(const uint8_t *p, int t, const int8_t 
     for (int b = 0; b < hd / 32; b++) {
         int sumi = 0;
         const int8_t *qb = qq + b * 32;
-        if (t == TN_CU_KV_Q8_0) {
-            const uint8_t *kb = p + b * 34;
+        const uint8_t *kb = p + b * (t == TN_CU_KV_Q8_0 ? 34 : 18);
+        if (t == TN_CU_KV_Q8_0)
             for (int i = 0; i < 32; i++) sumi += (int)(int8_t)kb[2 + i] * (int)qb[i];
-            s += (float)sumi * (h2f(*(const uint16_t *)kb) * qd[b]);
-        } else {
-            const uint8_t *kb = p + b * 18;
+        else
             for (int j = 0; j < 16; j++) sumi += ((kb[2 + j] & 15) - 8) * (int)qb[j] + ((kb[2 + j] >> 4) - 8) * (int)qb[j + 16];
-            s += (float)sumi * (h2f(*(const uint16_t *)kb) * qd[b]);
-        }
+        s += (float)sumi * (h2f(*(const uint16_t *)kb) * qd[b]);
     }
     return s;
+}
+
+/* kv, or the f16 cache without rotation where the caller passes none */
+static tn_cu_kv kv_or_f16(const tn_cu_kv *kv) {
+    const tn_cu_kv f16 = {TN_CU_KV_F16, TN_CU_KV_F16, 0, 0, NULL, 0, 0, 0};
+    return kv ? *kv : f16;
 }
 
 /* block per token: a warp per head for the q/k norms (qwen3), then one thread per rotated pair
@@ -1062,8 +1065,7 @@ extern "C" int tn_cu_rope_store(float *q, int64_t ldq, float *k, float *v, int64
                                 float eps, const float *cs, int n_rot, int neox, int64_t n, int n_head, int n_head_kv, int hd,
                                 const int32_t *kvrow, void *Kc, void *Vc, const tn_cu_kv *kv, void *stream) {
     if (n == 0) return 0;
-    const tn_cu_kv f16 = {TN_CU_KV_F16, TN_CU_KV_F16, 0, 0, NULL, 0, 0, 0};
-    const tn_cu_kv kvv = kv ? *kv : f16;
+    const tn_cu_kv kvv = kv_or_f16(kv);
     if ((kvv.tk != TN_CU_KV_F16 || kvv.tv != TN_CU_KV_F16 || kvv.rot_k || kvv.rot_v) && hd % 32 != 0) return (int)cudaErrorInvalidValue;
     launch(k_rope_store, (unsigned)n, 256, 0, (cudaStream_t)stream, q, ldq, k, v, ldk, qn, kn, eps, cs, n_rot, neox, n_head,
            n_head_kv, hd, kvrow, (uint8_t *)Kc, (uint8_t *)Vc, kvv);
@@ -1098,8 +1100,9 @@ __global__ void k_attn_block(const float *q, int64_t ldq, const uint8_t *Kc, con
     __shared__ __align__(16) float kf[ATT_THREADS], vf[ATT_THREADS];
     /* the token's own new K and V rows (one head) as the cache stores them: f16, or q8_0 / q4_0 blocks */
     __shared__ __align__(16) __half kh[ATT_THREADS], vh[ATT_THREADS];
-    __shared__ int8_t qq[ATT_THREADS]; /* a quantized K: the query as q8 blocks */
+    __shared__ int8_t qq[ATT_THREADS]; /* a quantized K: the query as q8 blocks (codes, scales, sums) */
     __shared__ float qd[ATT_THREADS / 32];
+    __shared__ int32_t qsum[ATT_THREADS / 32];
     const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
     const int64_t t = blockIdx.x / n_head;
     const int h = (int)(blockIdx.x % n_head), kvh = h / (n_head / n_head_kv), kv_dim = n_head_kv * hd;
@@ -1147,12 +1150,8 @@ __global__ void k_attn_block(const float *q, int64_t ldq, const uint8_t *Kc, con
     } /* else: the query was normed, rotated (and turned, rot_k) by k_rope_store */
     if (kv.tk != TN_CU_KV_F16) { /* the query as q8 blocks, a warp per block, as the CPU's activation quantizer */
         __syncthreads();
-        for (int b = warp; b < hd / 32; b += ATT_THREADS / WARP) {
-            const float x = qs[b * 32 + lane], amax = warp_max(fabsf(x));
-            const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-            qq[b * 32 + lane] = (int8_t)__float2int_rn(x * id);
-            if (lane == 0) qd[b] = __half2float(__float2half_rn(amax / 127.0f));
-        }
+        const tn_cq sq = {qq, qd, qsum};
+        for (int b = warp; b < hd / 32; b += ATT_THREADS / WARP) q8_block(qs[b * 32 + lane], lane, b, b * 32, sq);
     }
     /* positions p_lo .. T - 1: all, or the last `window` on a sliding-window layer */
     const int T = pos[t] + 1, off = tbl_off[t], p_lo = window > 0 && T > window ? T - window : 0;
@@ -1267,8 +1266,7 @@ extern "C" int tn_cu_attention(const float *q, int64_t ldq, const void *Kc, cons
                                int n_head_kv, int hd, const int32_t *pos, const int32_t *tbl_off, const int32_t *tbl,
                                float scale, float cap, int window, float *out, const tn_cq *xq, const tn_cu_rope *rope,
                                const tn_cu_kv *kv, void *stream) {
-    const tn_cu_kv f16 = {TN_CU_KV_F16, TN_CU_KV_F16, 0, 0, NULL, 0, 0, 0};
-    const tn_cu_kv kvv = kv ? *kv : f16;
+    const tn_cu_kv kvv = kv_or_f16(kv);
     const bool plain = kvv.tk == TN_CU_KV_F16 && kvv.tv == TN_CU_KV_F16 && !kvv.rot_k && !kvv.rot_v;
     if (hd > 256 || (xq && hd % 32 != 0) || (rope && (rope->n_rot > hd || rope->n_rot % 2 != 0)) || window < 0 || cap < 0.0f ||
         (!plain && hd % 32 != 0))

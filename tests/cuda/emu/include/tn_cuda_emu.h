@@ -127,6 +127,8 @@ void tn_emu_stats(long *launches, long *blocks, long *switches);
 #include <tuple>
 #include <utility>
 
+#include "core/fp16.h"
+
 #define __global__
 #define __device__
 #define __host__
@@ -150,7 +152,8 @@ struct __align__(16) uint4 { unsigned x, y, z, w; };
 struct __align__(8) uint2 { unsigned x, y; };
 static inline float4 make_float4(float a, float b, float c, float d) { return float4{a, b, c, d}; }
 
-/* fp16 and bf16 as their bits, converted with round-to-nearest-even */
+/* fp16 and bf16 as their bits, converted as the CPU converts them (core/fp16.h: round to nearest
+ * even, subnormals, inf and NaN as the hardware) */
 struct __half {
     uint16_t x;
 };
@@ -160,43 +163,8 @@ struct __align__(4) __half2 {
 struct __nv_bfloat16 {
     uint16_t x;
 };
-static inline float __half2float(__half h) {
-    const uint32_t s = (uint32_t)(h.x & 0x8000) << 16, e = (h.x >> 10) & 31, m = h.x & 1023;
-    uint32_t u;
-    if (e == 0) {
-        if (m == 0) u = s;
-        else { /* subnormal: m 2^-24 */
-            float f = (float)m * 5.9604644775390625e-08f;
-            memcpy(&u, &f, 4);
-            u |= s;
-        }
-    } else if (e == 31) u = s | 0x7f800000u | (m << 13);
-    else u = s | ((e + 112) << 23) | (m << 13);
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static inline __half __float2half_rn(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    const uint16_t s = (uint16_t)((u >> 16) & 0x8000);
-    const uint32_t a = u & 0x7fffffffu;
-    __half h;
-    if (a > 0x7f800000u) { h.x = (uint16_t)(s | 0x7e00); return h; } /* NaN */
-    if (a >= 0x477ff000u) { h.x = (uint16_t)(s | 0x7c00); return h; } /* rounds to inf */
-    if (a < 0x38800000u) {                                             /* subnormal or zero in fp16 */
-        float af;
-        memcpy(&af, &a, 4);
-        const float q = nearbyintf(af * 16777216.0f); /* units of 2^-24, half to even */
-        h.x = (uint16_t)(s | (uint16_t)q);
-        return h;
-    }
-    uint32_t r = a - 0x38000000u; /* rebias 127 -> 15 */
-    const uint32_t lsb = (r >> 13) & 1u;
-    r += 0x0fffu + lsb;
-    h.x = (uint16_t)(s | (uint16_t)(r >> 13));
-    return h;
-}
+static inline float __half2float(__half h) { return tn_fp16_to_fp32(h.x); }
+static inline __half __float2half_rn(float f) { return __half{tn_fp32_to_fp16(f)}; }
 static inline __half __ushort_as_half(unsigned short v) { return __half{(uint16_t)v}; }
 static inline float2 __half22float2(__half2 h) { return float2{__half2float(h.x), __half2float(h.y)}; }
 static inline __half2 __floats2half2_rn(float a, float b) { return __half2{__float2half_rn(a), __float2half_rn(b)}; }
@@ -206,16 +174,8 @@ static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fsub_rn(float a, float b) { return a - b; }
 static inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
 static inline int __float2int_rn(float x) { return (int)nearbyintf(x); }
-static inline float __uint_as_float(unsigned v) {
-    float f;
-    memcpy(&f, &v, 4);
-    return f;
-}
-static inline unsigned __float_as_uint(float f) {
-    unsigned v;
-    memcpy(&v, &f, 4);
-    return v;
-}
+static inline float __uint_as_float(unsigned v) { return tn_bits_f32(v); }
+static inline unsigned __float_as_uint(float f) { return tn_f32_bits(f); }
 static inline int __dp4a(int a, int b, int c) { /* signed bytes of a times signed bytes of b, into c */
     for (int i = 0; i < 4; i++) c += (int)(int8_t)(a >> (8 * i)) * (int)(int8_t)(b >> (8 * i));
     return c;
