@@ -64,9 +64,9 @@ step greedy_default 60 bash -c "
   cat $TMPD/g.err; echo '--- gpu:'; cat $TMPD/gpu.txt; echo; echo '--- cpu:'; cat $TMPD/cpu.txt; echo
   [ \$e1 = 0 ] && [ \$e2 = 0 ] && cmp $TMPD/gpu.txt $TMPD/cpu.txt && echo 'greedy text identical'"
 
-# a quantized KV cache on the GPU: the default model's greedy text with q8_0 K/V and q4_0 K/V (K
+# a quantized KV cache on the GPU: the default model's greedy text with q8_0, q4_0 and tq4 K/V (K
 # rotated, the default) on GPU and CPU
-for kvt in q8_0 q4_0; do
+for kvt in q8_0 q4_0 tq4; do
     step "greedy_default_kv_$kvt" 60 bash -c "
       '$BIN' generate -m $M0 -p 'And God said' -n 64 --temp 0 -ctk $kvt -ctv $kvt --device cuda 2>$TMPD/g.err >$TMPD/gpu.txt; e1=\$?
       '$BIN' generate -m $M0 -p 'And God said' -n 64 --temp 0 -ctk $kvt -ctv $kvt -t 4 2>$TMPD/c.err >$TMPD/cpu.txt; e2=\$?

@@ -419,13 +419,16 @@ static int64_t ints_needed(const tern_ctx *c, int64_t tbl) { return 4 * (int64_t
 
 tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
     *out = NULL;
-    /* its kernels read f16, q8_0 and q4_0 K/V rows (tq and per-channel caches are the CPU's) */
+    /* its kernels read f16, q8_0, q4_0 and tq2..tq8 K/V rows (per-channel K is the CPU's) */
     const int32_t kvt[2] = {c->type_k, c->type_v};
     int cut[2];
     for (int i = 0; i < 2; i++) {
         cut[i] = kvt[i] == TN_F16 ? TN_CU_KV_F16 : kvt[i] == TN_Q8_0 ? TN_CU_KV_Q8_0 : kvt[i] == TN_Q4_0 ? TN_CU_KV_Q4_0 : -1;
-        if (cut[i] < 0 || c->kc_bits)
-            return tn_err(TERN_ERR_UNSUPPORTED, "cuda: %s cache type %s runs on the CPU only (the GPU keeps f16, q8_0 or q4_0 K/V)",
+        for (int b = 2; b <= 8; b++)
+            if (kvt[i] == TERN_KV_TQ(b)) cut[i] = TN_CU_KV_TQ(b);
+        if (cut[i] < 0)
+            return tn_err(TERN_ERR_UNSUPPORTED,
+                          "cuda: %s cache type %s runs on the CPU only (the GPU keeps f16, q8_0, q4_0 or tq2 .. tq8 K/V)",
                           i ? "V" : "K", tern_kv_type_name(kvt[i]) ? tern_kv_type_name(kvt[i]) : tn_dtype_name((uint32_t)kvt[i]));
     }
     const char *why = NULL;

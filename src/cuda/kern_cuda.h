@@ -92,11 +92,14 @@ int tn_cu_dequant_f32(const tn_cw *w, int64_t r0, int64_t nr, float *out, void *
 /* x [n][k] f32 (stride ldx) -> fp16 [n][k]. */
 int tn_cu_f32_to_f16(const float *x, int64_t ldx, int64_t k, int64_t n, uint16_t *out, void *stream);
 /* The GPU's KV cache: rows of K and of V of type f16, q8_0 or q4_0 (ggml's blocks of 32 values:
- * an fp16 scale, then 32 int8 or 16 bytes of 4-bit codes), k_rb / v_rb bytes per row (n_head_kv
- * heads of whole blocks); with rot_k / rot_v each head of q and k / of v is rotated by H D before it
- * is stored (tern's cache rotation, blocks.c tn_kv_rot: signs D = rot_sign [head size], H the
- * normalized Walsh-Hadamard matrix in blocks of rot_blk), and attention outputs rotated back. */
+ * an fp16 scale, then 32 int8 or 16 bytes of 4-bit codes) or tq<b>g32a, b = 2..8 (TN_CU_KV_TQ(b):
+ * an fp16 scale d and offset m, then 32 b-bit codes in tq's planes, value d c + m; quant/tq.h),
+ * k_rb / v_rb bytes per row (n_head_kv heads of whole blocks); with rot_k / rot_v each head of q
+ * and k / of v is rotated by H D before it is stored (tern's cache rotation, blocks.c tn_kv_rot:
+ * signs D = rot_sign [head size], H the normalized Walsh-Hadamard matrix in blocks of rot_blk), and
+ * attention outputs rotated back. */
 enum { TN_CU_KV_F16 = 0, TN_CU_KV_Q8_0, TN_CU_KV_Q4_0 };
+#define TN_CU_KV_TQ(b) (16 + (b))
 typedef struct tn_cu_kv {
     int tk, tv;
     int64_t k_rb, v_rb;

@@ -926,9 +926,47 @@ __device__ void kv_rot_warp(float *x, int hd, const float *sg, int B, bool inver
     }
 }
 
-/* Bytes of a head's first value in a cache row: f16 2 per value, q8_0 34 per 32, q4_0 18 per 32. */
+/* The bits of a tq<b>g32a cache type (TN_CU_KV_TQ(b)), 0 for the others */
+__device__ __forceinline__ int kv_tq_bits(int type) { return type >= TN_CU_KV_TQ(2) ? type - TN_CU_KV_TQ(0) : 0; }
+/* Bytes of a block of 32 values of a quantized cache type: q8_0 34, q4_0 18, tq<b>g32a 4 + 4 b. */
+__device__ __forceinline__ int kv_block_bytes(int type) {
+    return type == TN_CU_KV_Q8_0 ? 34 : type == TN_CU_KV_Q4_0 ? 18 : 4 + 4 * kv_tq_bits(type);
+}
+/* Bytes of a head's first value in a cache row: f16 2 per value, the quantized types a block per 32. */
 __device__ __forceinline__ int64_t kv_head_off(int type, int64_t h, int hd) {
-    return type == TN_CU_KV_F16 ? h * hd * 2 : h * (hd / 32) * (type == TN_CU_KV_Q8_0 ? 34 : 18);
+    return type == TN_CU_KV_F16 ? h * hd * 2 : h * (hd / 32) * kv_block_bytes(type);
+}
+
+/* The plane widths of b bits, widest first (tq.h; 0 after the last): 2 | 2+1 | 4 | 4+1 | 4+2 | 4+2+1 | 8 */
+__device__ __forceinline__ int tq_plane_width(int bits, int i) {
+    const int w0 = bits >= 8 ? 8 : bits >= 4 ? 4 : bits >= 2 ? 2 : 1;
+    const int r = bits - w0, w1 = r >= 2 ? 2 : r, w2 = r - w1;
+    return i == 0 ? w0 : i == 1 ? w1 : w2;
+}
+
+/* Writes one plane of width w of a chunk of 32 codes (lane n holds p, its w bits for this plane) to
+ * dst (4 w bytes, 4-aligned) in tq's order, by the whole warp: w = 8 byte j = v[j]; 4 byte j = v[j] |
+ * v[j+16] << 4; 2 byte j = v[j] | v[j+8] << 2 | v[j+16] << 4 | v[j+24] << 6; 1 bit n = v[n]. Each
+ * lane shifts its code to its place in its 32-bit word, the lanes of a word OR theirs together
+ * (butterflies over the lane bits that do not change the word), and the word's first lane stores it. */
+__device__ __forceinline__ void tq_pack_plane(uint8_t *dst, uint32_t p, int w, int lane) {
+    const int nb = 4 * w; /* the plane's bytes */
+    uint32_t v = w == 1 ? p << lane : p << (8 * (lane % 4) + w * (lane / nb));
+    for (int o = 1; o < WARP; o <<= 1) /* w is the warp's: every lane takes the same branches */
+        if (w == 1 || o < 4 || o >= nb) v |= __shfl_xor_sync(0xffffffffu, v, o);
+    if (w == 1 ? lane == 0 : lane % 4 == 0 && lane < nb) ((uint32_t *)dst)[w == 1 ? 0 : lane / 4] = v;
+}
+/* Code i (0..31) of a tq<b>g32a block's planes (at codes) */
+__device__ __forceinline__ int tq_code(const uint8_t *codes, int bits, int i) {
+    int c = 0, s = 0;
+    for (int pl = 0; pl < 3; pl++) {
+        const int w = tq_plane_width(bits, pl);
+        if (!w) break;
+        const int v = w == 1 ? (codes[i / 8] >> (i % 8)) & 1 : (codes[i % (4 * w)] >> (w * (i / (4 * w)))) & ((1 << w) - 1);
+        c |= v << s;
+        s += w, codes += 4 * w;
+    }
+    return c;
 }
 
 /* Stores value v (lane's element of a block of 32) as element e0 + lane of a cache row of type t, by
@@ -943,6 +981,28 @@ __device__ __forceinline__ void kv_store_warp(uint8_t *row, int t, int64_t e0, f
     }
     const int64_t blk = e0 / 32;
     const float av = fabsf(v);
+    if (kv_tq_bits(t)) { /* tn_tq_quantize_row_rtn: d = (max - min) / (2^b - 1), m = min, both rounded to
+                          * fp16, c = clamp(rint((x - m) / d)) against the rounded values (tn_tq_finish_group) */
+        const int bits = kv_tq_bits(t), nmax = (1 << bits) - 1;
+        const float mn = -warp_max(-v), mx = warp_max(v);
+        const __half dh = __float2half_rn(__fsub_rn(mx, mn) / (float)nmax), mh = __float2half_rn(mn);
+        const float d = __half2float(dh), m = __half2float(mh);
+        int c = 0;
+        if (d != 0.0f) {
+            c = __float2int_rn(__fmul_rn(__fsub_rn(v, m), 1.0f / d));
+            c = c < 0 ? 0 : c > nmax ? nmax : c;
+        }
+        uint8_t *b = row + blk * (4 + 4 * bits);
+        if (lane == 0) ((__half *)b)[0] = dh, ((__half *)b)[1] = mh;
+        uint8_t *codes = b + 4;
+        for (int pl = 0, s = 0; pl < 3; pl++) {
+            const int w = tq_plane_width(bits, pl);
+            if (!w) break;
+            tq_pack_plane(codes, ((uint32_t)c >> s) & ((1u << w) - 1u), w, lane);
+            s += w, codes += 4 * w;
+        }
+        return;
+    }
     if (t == TN_CU_KV_Q8_0) {
         const float d = warp_max(av) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
         uint8_t *b = row + blk * 34;
@@ -979,15 +1039,49 @@ __device__ __forceinline__ float kv_value(const uint8_t *p, int t, int i) {
         const uint8_t *b = p + (i / 32) * 34;
         return (float)(int8_t)b[2 + i % 32] * h2f(*(const uint16_t *)b);
     }
+    if (kv_tq_bits(t)) { /* d c + m */
+        const uint8_t *b = p + (i / 32) * kv_block_bytes(t);
+        return __fadd_rn(__fmul_rn(h2f(((const uint16_t *)b)[0]), (float)tq_code(b + 4, kv_tq_bits(t), i % 32)),
+                         h2f(((const uint16_t *)b)[1]));
+    }
     const uint8_t *b = p + (i / 32) * 18;
     const int j = i % 32, q = j < 16 ? (b[2 + j] & 15) : (b[2 + j - 16] >> 4);
     return (float)(q - 8) * h2f(*(const uint16_t *)b);
 }
 
-/* q . k for a quantized K head at p (q8_0 or q4_0 blocks) and the query as q8 blocks (qq codes, qd
- * fp16-rounded scales): per block the integer sum, then sum += sumi * (d_k * d_q) in block order,
- * as the CPU's vec_dot_q8_0_q8_0 / q4_0_q8_0 reference. */
-__device__ __forceinline__ float kv_dot_q(const uint8_t *p, int t, const int8_t *qq, const float *qd, int hd) {
+/* q . k for a tq<B>g32a K head at p and the query as q8 blocks (codes qq, 16-byte aligned; scales qd;
+ * sums qs): per block d_q (d_k sum(c q) + m_k sum(q)), summed in block order, as the CPU's
+ * tn_tq_vec_dot_ref (rounded operations: no contraction to fused multiply-adds). */
+template <int B> __device__ float kv_dot_tq(const uint8_t *p, const int8_t *qq, const float *qd, const int32_t *qs, int hd) {
+    float s = 0.0f;
+    for (int b = 0; b < hd / 32; b++) {
+        const uint8_t *kb = p + b * (4 + 4 * B);
+        uint32_t c[8];
+        load_chunk<B>(kb + 4, 0, 1, c);
+        const int *a = (const int *)(qq + b * 32);
+        int sq = 0;
+#pragma unroll
+        for (int g = 0; g < 8; g++) sq = dp4a_us(c[g], a[g], sq);
+        const float d = h2f(((const uint16_t *)kb)[0]), m = h2f(((const uint16_t *)kb)[1]);
+        s = __fadd_rn(s, __fmul_rn(qd[b], __fadd_rn(__fmul_rn(d, (float)sq), __fmul_rn(m, (float)qs[b]))));
+    }
+    return s;
+}
+
+/* q . k for a quantized K head at p and the query as q8 blocks (qq codes, qd fp16-rounded scales, qs
+ * sums): q8_0 / q4_0 per block the integer sum, then sum += sumi * (d_k * d_q) in block order, as
+ * the CPU's vec_dot_q8_0_q8_0 / q4_0_q8_0 reference; tq<b>g32a kv_dot_tq. */
+__device__ __forceinline__ float kv_dot_q(const uint8_t *p, int t, const int8_t *qq, const float *qd, const int32_t *qs, int hd) {
+    switch (kv_tq_bits(t)) {
+    case 2: return kv_dot_tq<2>(p, qq, qd, qs, hd);
+    case 3: return kv_dot_tq<3>(p, qq, qd, qs, hd);
+    case 4: return kv_dot_tq<4>(p, qq, qd, qs, hd);
+    case 5: return kv_dot_tq<5>(p, qq, qd, qs, hd);
+    case 6: return kv_dot_tq<6>(p, qq, qd, qs, hd);
+    case 7: return kv_dot_tq<7>(p, qq, qd, qs, hd);
+    case 8: return kv_dot_tq<8>(p, qq, qd, qs, hd);
+    default: break;
+    }
     float s = 0.0f;
     for (int b = 0; b < hd / 32; b++) {
         int sumi = 0;
@@ -1100,7 +1194,7 @@ __global__ void k_attn_block(const float *q, int64_t ldq, const uint8_t *Kc, con
     __shared__ __align__(16) float kf[ATT_THREADS], vf[ATT_THREADS];
     /* the token's own new K and V rows (one head) as the cache stores them: f16, or q8_0 / q4_0 blocks */
     __shared__ __align__(16) __half kh[ATT_THREADS], vh[ATT_THREADS];
-    __shared__ int8_t qq[ATT_THREADS]; /* a quantized K: the query as q8 blocks (codes, scales, sums) */
+    __shared__ __align__(16) int8_t qq[ATT_THREADS]; /* a quantized K: the query as q8 blocks (codes, scales, sums) */
     __shared__ float qd[ATT_THREADS / 32];
     __shared__ int32_t qsum[ATT_THREADS / 32];
     const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
@@ -1172,7 +1266,7 @@ __global__ void k_attn_block(const float *q, int64_t ldq, const uint8_t *Kc, con
             const uint8_t *krow = own ? (const uint8_t *)kh : Kc + row * k_rb + koff;
             float dot = 0.0f;
             if (kv.tk != TN_CU_KV_F16) {
-                dot = kv_dot_q(krow, kv.tk, qq, qd, hd);
+                dot = kv_dot_q(krow, kv.tk, qq, qd, qsum, hd);
             } else if (vec) {
                 const __half *kr = (const __half *)krow;
 #pragma unroll 8 /* the row's loads in flight together (hd <= 64: all of them) */

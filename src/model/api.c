@@ -199,9 +199,9 @@ static tern_status tn_ctx_create_impl(const tern_model *m, const tern_ctx_params
         if (unit % tr->blck_size || row_dim[i] % tr->blck_size)
             return tn_err(TERN_ERR_INVALID_ARG, "%s cache type %s needs a head size that is a multiple of %lld; this model's is %lld",
                           kv, tname, (long long)tr->blck_size, (long long)(mla ? row_dim[0] : hp->head_dim));
-        if (types[i] != TERN_KV_F16 && types[i] != TERN_KV_Q8_0 && types[i] != TERN_KV_Q4_0 && p.device != TERN_DEVICE_CPU)
-            return tn_err(TERN_ERR_UNSUPPORTED, "%s cache type %s runs on the CPU only (the CUDA backend keeps f16, q8_0 or q4_0 K/V)",
-                          kv, tname);
+        if (tn_kc_bits(types[i]) && p.device != TERN_DEVICE_CPU)
+            return tn_err(TERN_ERR_UNSUPPORTED,
+                          "%s cache type %s runs on the CPU only (the CUDA backend keeps f16, q8_0, q4_0 or tq2 .. tq8 K/V)", kv, tname);
         rb[i] = (size_t)(row_dim[i] / tr->blck_size) * tr->type_size;
     }
     /* per-channel K: groups of one block of positions, the open group in an f16 window */

@@ -423,8 +423,11 @@ static void test_kv_types(void **state) {
      * move K / V values across q8_0 / q4_0 rounding boundaries the reference does not cross
      * (measured: 5.7e-3 with q8_0 K / V), which is cuBLAS's rounding, not the cache's */
     setenv("TERN_CUDA_PREFILL", "gemv", 1);
-    const int32_t tk[] = {TERN_KV_Q8_0, TERN_KV_Q4_0, TERN_KV_Q8_0, TERN_KV_F16};
-    const int32_t tv[] = {TERN_KV_Q8_0, TERN_KV_Q4_0, TERN_KV_F16, TERN_KV_Q4_0};
+    /* tq<b>g32a: every plane width (2, 2+1, 4, 4+1, 4+2, 4+2+1, 8) as K and as V */
+    const int32_t tk[] = {TERN_KV_Q8_0,  TERN_KV_Q4_0,  TERN_KV_Q8_0,  TERN_KV_F16,
+                          TERN_KV_TQ(4), TERN_KV_TQ(8), TERN_KV_TQ(7), TERN_KV_TQ(5)};
+    const int32_t tv[] = {TERN_KV_Q8_0,  TERN_KV_Q4_0,  TERN_KV_F16,   TERN_KV_Q4_0,
+                          TERN_KV_TQ(3), TERN_KV_TQ(2), TERN_KV_TQ(6), TERN_KV_F16};
     for (size_t i = 0; i < sizeof tk / sizeof tk[0]; i++) {
         g_tk = tk[i], g_tv = tv[i];
         forward_case(cfg, -1);
@@ -438,6 +441,8 @@ static void test_kv_types(void **state) {
     g_tk = g_tv = TERN_KV_Q8_0;
     forward_case(cfg, 1);
     cfg.arch = "gemma3", cfg.n_layer = 7, cfg.head_dim = 128, cfg.n_swa = 4, cfg.rope_base = 1e6f;
+    forward_case(cfg, -1);
+    g_tk = TERN_KV_TQ(3), g_tv = TERN_KV_Q4_0;
     forward_case(cfg, -1);
     g_tk = g_tv = TERN_KV_F16;
     unsetenv("TERN_CUDA_PREFILL");
@@ -616,11 +621,13 @@ static void test_paged_batch(void **state) {
      * against the reference in test_forward_families and against itself alone here). The two
      * still differ where a K or V value the CPU and the GPU sum in different orders lies within an
      * ulp of a rounding boundary and is stored one code apart (measured: 6e-3 and 1.6e-4 at one
-     * position, 1e-7 elsewhere; CPU alone == CPU paged and GPU alone == GPU paged, bit for bit) */
+     * position, 1e-7 elsewhere; CPU alone == CPU paged and GPU alone == GPU paged, bit for bit;
+     * with a tq3 K a code apart is a step of a seventh of the block's range: 2.2-2.7e-2 on sequence 1,
+     * while both are 3e-7 from the reference with f32 weights, test_kv_types) */
     cfg.arch = "gemma3", cfg.n_layer = 7, cfg.head_dim = 128, cfg.n_swa = 4, cfg.rope_base = 1e6f, cfg.wtype = TN_Q8_0;
     g_tk = g_tv = TERN_KV_Q8_0;
     paged_case(cfg);
-    g_tk = TERN_KV_Q4_0, g_tv = TERN_KV_Q8_0; /* quantized rows in paged blocks, K rotated */
+    g_tk = TERN_KV_TQ(3), g_tv = TERN_KV_Q4_0; /* tq and q4_0 rows in paged blocks, K rotated */
     paged_case(cfg);
     g_tk = g_tv = TERN_KV_F16;
 }

@@ -316,9 +316,9 @@ static void test_bytes_and_refusals(void **state) {
     cp.type_k = TERN_KV_TQ(1); /* a tq dtype, but not a cache type */
     assert_int_equal(tern_ctx_create(m, &cp, &c), TERN_ERR_INVALID_ARG);
     assert_null(c);
-    cp.type_k = TERN_KV_TQ(4), cp.device = TERN_DEVICE_CUDA; /* the GPU keeps f16, q8_0 and q4_0 only */
+    cp.type_k = TERN_KV_TQC(3), cp.device = TERN_DEVICE_CUDA; /* the GPU keeps f16, q8_0, q4_0 and tq2..tq8 */
     assert_int_equal(tern_ctx_create(m, &cp, &c), TERN_ERR_UNSUPPORTED);
-    assert_non_null(strstr(tern_last_error(), "CPU only"));
+    assert_non_null(strstr(tern_last_error(), "K cache type tqc3 runs on the CPU only"));
     assert_null(c);
     tern_model_free(m);
     /* head size 48 (n_embd 192 over 4 heads): not whole blocks of 32 */
