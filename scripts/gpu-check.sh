@@ -101,7 +101,8 @@ if [ "${GPU_CHECK_QUICK:-0}" != 1 ]; then
     done
     # decode with each one-token fusion and launch setting away from its default (docs/cuda.md),
     # then all off; the defaults again last, to see the drift within the run
-    for v in rows1:TERN_CUDA_GEMV_ROWS=1 norope:TERN_CUDA_FUSE_ROPE=0 noprefetch:TERN_CUDA_PREFETCH=0 \
+    for v in rows1:TERN_CUDA_GEMV_ROWS=1 norope:TERN_CUDA_FUSE_ROPE=0 nonorm:TERN_CUDA_FUSE_NORM=0 noglu:TERN_CUDA_FUSE_GLU=0 \
+        noprefetch:TERN_CUDA_PREFETCH=0 \
         noearly:TERN_CUDA_EARLY=0 bps16:TERN_CUDA_GEMV_BPS=16 \
         "alloff:TERN_CUDA_FUSE=0 TERN_CUDA_PREFETCH=0 TERN_CUDA_EARLY=0 TERN_CUDA_GEMV_BPS=0 TERN_CUDA_GEMV_ROWS=1" \
         default:TERN_CUDA_X=1; do

@@ -69,6 +69,14 @@ struct tn_cuda_ctx {
     /* one-token steps: RoPE and the cache store done by the attention kernel (TERN_CUDA_FUSE_ROPE=0
      * or TERN_CUDA_FUSE=0: k_rope_store first) */
     bool fuse_rope;
+    /* one-token steps: the RMSNorm after Wo and after Wdown done by the product's last block
+     * (tn_cu_tail; d_cnt its block count) instead of a launch of its own (TERN_CUDA_FUSE_NORM=0 or
+     * TERN_CUDA_FUSE=0: the norm kernel) */
+    bool fuse_norm;
+    /* one-token steps: the gate|up product writes act(gate) up itself (and its q8 blocks, by its
+     * last block) instead of a GLU launch (TERN_CUDA_FUSE_GLU=0 or TERN_CUDA_FUSE=0: the GLU kernel) */
+    bool fuse_glu;
+    int *d_cnt;
     /* the GEMV kernels (batch-invariant) up to this many tokens, fp16 + cuBLAS above: code-path
      * types 64, float-path types TN_CU_GEMV_MAXN; batch-invariant contexts (tern serve) and
      * TERN_CUDA_PREFILL=gemv: no limit; TERN_CUDA_PREFILL=cublas: TN_CU_GEMV_MAXN for both */
@@ -565,6 +573,8 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
     g->d_ints = dalloc(g, (size_t)ints_needed(c, g->tbl_cap) * 4, &ok);
     g->d_cs = dalloc(g, (size_t)(nb * hp->n_rot) * 4, &ok);
     if (hp->n_swa > 0) g->d_cs_swa = dalloc(g, (size_t)(nb * hp->n_rot) * 4, &ok);
+    g->d_cnt = dalloc(g, sizeof(int), &ok);
+    if (ok) cudaMemset(g->d_cnt, 0, sizeof(int));
     if (!ok) {
         s = TERN_ERR_NOMEM;
         goto fail;
@@ -580,6 +590,8 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
     const char *ge = getenv("TERN_CUDA_GRAPH");
     g->use_graph = !(ge && !strcmp(ge, "0"));
     g->fuse_rope = env_int("TERN_CUDA_FUSE", 1) != 0 && env_int("TERN_CUDA_FUSE_ROPE", 1) != 0;
+    g->fuse_norm = env_int("TERN_CUDA_FUSE", 1) != 0 && env_int("TERN_CUDA_FUSE_NORM", 1) != 0;
+    g->fuse_glu = env_int("TERN_CUDA_FUSE", 1) != 0 && env_int("TERN_CUDA_FUSE_GLU", 1) != 0;
     /* programmatic dependent launch on Hopper and later, unless TERN_CUDA_PDL=0; the GEMVs'
      * prefetch and grid (kern_cuda.h, tn_cu_configure): TERN_CUDA_EARLY, TERN_CUDA_PREFETCH,
      * TERN_CUDA_GEMV_BPS (blocks per multiprocessor, 0: a block per row group), TERN_CUDA_GEMV_ROWS
@@ -682,15 +694,17 @@ void tn_cuda_set_batch_invariant(tn_cuda_ctx *g, bool on) {
     g->tile_max_float = on ? INT64_MAX : TN_CU_GEMV_MAXN;
 }
 
-/* y[n][ldy] (+)= W x (+ bias); x [n][k] rows of stride ldx. */
-static void mm(tn_cuda_ctx *g, const char *label, const tn_cw *w, const float *x, int64_t ldx, int64_t n, float *y,
-               int64_t ldy, const float *bias, int acc) {
+/* y[n][ldy] (+)= W x (+ bias); x [n][k] rows of stride ldx; with tail (one token), the norm after it
+ * (tn_cu_tail) done by the product's kernel. */
+static void mm_tail(tn_cuda_ctx *g, const char *label, const tn_cw *w, const float *x, int64_t ldx, int64_t n, float *y,
+                    int64_t ldy, const float *bias, int acc, const tn_cu_tail *tail) {
     if (use_gemv(g, w, n)) {
         if (tn_cw_is_code(w->kind) && g->q_src != x) {
             CKL("quantize", tn_cu_quantize_q8(x, ldx, w->k, n, g->xq, g->st));
             g->q_src = x;
         }
-        CKL(label, tn_cu_gemv(w, x, ldx, &g->xq, n, y, ldy, bias, acc, g->st));
+        if (tail) CKL(label, tn_cu_gemv_tail(w, x, ldx, &g->xq, y, bias, acc, tail, g->st));
+        else CKL(label, tn_cu_gemv(w, x, ldx, &g->xq, n, y, ldy, bias, acc, g->st));
         return;
     }
     if (g->h_src != x) {
@@ -713,6 +727,11 @@ static void mm(tn_cuda_ctx *g, const char *label, const tn_cw *w, const float *x
         if (bs != CUBLAS_STATUS_SUCCESS && !g->cuerr) g->cuerr = (int)cudaErrorLaunchFailure;
     }
     if (bias) CKL("bias", tn_cu_add_bias(y, bias, n, ldy, g->st));
+    if (tail) CKL("norm", tn_cu_rmsnorm(tail->x, NULL, tail->y, tail->w, 1, tail->d, tail->eps, tail->xq.q ? &tail->xq : NULL, g->st));
+}
+static void mm(tn_cuda_ctx *g, const char *label, const tn_cw *w, const float *x, int64_t ldx, int64_t n, float *y,
+               int64_t ldy, const float *bias, int acc) {
+    mm_tail(g, label, w, x, ldx, n, y, ldy, bias, acc, NULL);
 }
 
 static void fresh(tn_cuda_ctx *g) { g->q_src = g->h_src = NULL; }
@@ -723,11 +742,12 @@ static bool q8_for(const tn_cuda_ctx *g, const tn_cw *w, int64_t n) {
 }
 
 /* x += W in (n rows of W's row length); with a post norm (gemma) x += rmsnorm(W in) * post, the
- * product first into xb (free by then: the block's input norm was consumed by its first matmul). */
+ * product first into xb (free by then: the block's input norm was consumed by its first matmul).
+ * tail (no post norm): the next norm, done by the product's kernel. */
 static void proj_add(tn_cuda_ctx *g, const char *label, const tn_cw *w, const float *in, int64_t ldin, int64_t n,
-                     const float *post, float eps) {
+                     const float *post, float eps, const tn_cu_tail *tail) {
     if (!post) {
-        mm(g, label, w, in, ldin, n, g->x, w->m, NULL, 1);
+        mm_tail(g, label, w, in, ldin, n, g->x, w->m, NULL, 1, tail);
         return;
     }
     mm(g, label, w, in, ldin, n, g->xb, w->m, NULL, 0);
@@ -749,6 +769,10 @@ static void run_layers(tn_cuda_ctx *g, const tern_ctx *c, int64_t n, int32_t n_o
     const int act = hp->ffn == TN_FFN_GEGLU ? TN_CU_GELU : TN_CU_SILU;
     /* one token: the attention kernel does the RoPE and cache store (the same bits, a launch fewer) */
     const bool rope1 = g->fuse_rope && n == 1;
+    /* one token: the norm after Wo and after Wdown by the product's last block (the same bits) */
+    const bool tails = g->fuse_norm && n == 1;
+    const tn_cq noq = {NULL, NULL, NULL};
+    bool normed = false; /* the block's input norm is done (by the tail of the product before) */
     for (int32_t il = 0; il < g->n_layers; il++) {
         const tn_cu_layer *L = &g->L[il];
         uint8_t *Kc = g->Kc + (size_t)il * (size_t)c->kv_rows * c->k_rb;
@@ -760,7 +784,7 @@ static void run_layers(tn_cuda_ctx *g, const tern_ctx *c, int64_t n, int32_t n_o
         const float *cs = swa ? g->d_cs_swa : g->d_cs;
         /* attention block */
         const bool qa = q8_for(g, L->fused_qkv ? &L->qkv : &L->w[W_Q], n);
-        CKL("norm", tn_cu_rmsnorm(g->x, NULL, g->xb, L->attn_norm, n, d, hp->rms_eps, qa ? &g->xq : NULL, g->st));
+        if (!normed) CKL("norm", tn_cu_rmsnorm(g->x, NULL, g->xb, L->attn_norm, n, d, hp->rms_eps, qa ? &g->xq : NULL, g->st));
         fresh(g);
         if (qa) g->q_src = g->xb;
         float *q = g->q, *k, *v;
@@ -788,14 +812,25 @@ static void run_layers(tn_cuda_ctx *g, const tern_ctx *c, int64_t n, int32_t n_o
                                          window, g->att, qo ? &g->xq : NULL, rope1 ? &rope : NULL, &g->kv, g->st));
         fresh(g);
         if (qo) g->q_src = g->att;
-        proj_add(g, "wo", &L->w[W_O], g->att, qd, n, L->attn_post_norm, hp->rms_eps);
-        /* feed-forward block */
+        /* feed-forward block: its norm by Wo's tail, or a launch */
         const bool qf = q8_for(g, L->fused_gu ? &L->gu : &L->w[W_GATE], n);
-        CKL("norm", tn_cu_rmsnorm(g->x, NULL, g->xb, L->ffn_norm, n, d, hp->rms_eps, qf ? &g->xq : NULL, g->st));
+        const tn_cu_tail tf = {g->d_cnt, g->x, g->xb, L->ffn_norm, hp->rms_eps, d, qf ? g->xq : noq};
+        const bool tail_f = tails && !L->attn_post_norm;
+        proj_add(g, "wo", &L->w[W_O], g->att, qd, n, L->attn_post_norm, hp->rms_eps, tail_f ? &tf : NULL);
+        if (!tail_f) CKL("norm", tn_cu_rmsnorm(g->x, NULL, g->xb, L->ffn_norm, n, d, hp->rms_eps, qf ? &g->xq : NULL, g->st));
         fresh(g);
         if (qf) g->q_src = g->xb;
         float *h = g->hb;
-        if (L->fused_gu) {
+        if (L->fused_gu && g->fuse_glu && n == 1 && qf && ff % 32 == 0) {
+            /* one token: each warp a gate row and its up row, h = act(gate) up written by the
+             * product, its q8 blocks for Wdown by the last block (the same bits as below) */
+            const bool qd = q8_for(g, &L->w[W_DOWN], n);
+            const tn_cu_tail tg = {g->d_cnt, g->hb2, NULL, NULL, 0.0f, ff, g->xq};
+            CKL("gate_up", tn_cu_gemv_glu(&L->gu, &g->xq, g->hb, g->hb2, act, qd ? &tg : NULL, g->st));
+            h = g->hb2;
+            fresh(g);
+            if (qd) g->q_src = h;
+        } else if (L->fused_gu) {
             mm(g, "gate_up", &L->gu, g->xb, d, n, g->hb, 2 * ff, NULL, 0);
             const bool qd = q8_for(g, &L->w[W_DOWN], n);
             CKL("swiglu", tn_cu_swiglu_pair(g->hb, g->hb2, n, ff, act, qd ? &g->xq : NULL, g->st));
@@ -808,11 +843,24 @@ static void run_layers(tn_cuda_ctx *g, const tern_ctx *c, int64_t n, int32_t n_o
             CKL("swiglu", tn_cu_swiglu(g->hb, g->hb2, n * ff, act, g->st));
             fresh(g);
         }
-        proj_add(g, "down", &L->w[W_DOWN], h, ff, n, L->ffn_post_norm, hp->rms_eps);
+        /* the next norm by Wdown's tail: the next layer's attention norm, or (one token wanting
+         * its logits) the output norm */
+        const tn_cu_layer *Ln = il + 1 < g->n_layers ? &g->L[il + 1] : NULL;
+        tn_cu_tail tn = {g->d_cnt, g->x, g->xb, NULL, hp->rms_eps, d, noq};
+        if (Ln) {
+            tn.w = Ln->attn_norm;
+            if (q8_for(g, Ln->fused_qkv ? &Ln->qkv : &Ln->w[W_Q], n)) tn.xq = g->xq;
+        } else if (g->has_output && n_out == 1) {
+            tn.w = g->output_norm;
+            if (q8_for(g, &g->output, n_out)) tn.xq = g->xq;
+        }
+        normed = tails && !L->ffn_post_norm && tn.w;
+        proj_add(g, "down", &L->w[W_DOWN], h, ff, n, L->ffn_post_norm, hp->rms_eps, normed ? &tn : NULL);
     }
     if (g->has_output && n_out > 0) {
         const bool qout = q8_for(g, &g->output, n_out);
-        CKL("norm", tn_cu_rmsnorm(g->x, d_orow, g->xb, g->output_norm, n_out, d, hp->rms_eps, qout ? &g->xq : NULL, g->st));
+        if (!normed) /* (one token: by the last Wdown's tail; its row is the only one, d_orow[0] = 0) */
+            CKL("norm", tn_cu_rmsnorm(g->x, d_orow, g->xb, g->output_norm, n_out, d, hp->rms_eps, qout ? &g->xq : NULL, g->st));
         fresh(g);
         if (qout) g->q_src = g->xb;
         mm(g, "output", &g->output, g->xb, d, n_out, g->logits, hp->n_vocab, NULL, 0);

@@ -85,6 +85,33 @@ int tn_cu_quantize_q8(const float *x, int64_t ldx, int64_t k, int64_t n, tn_cq o
 #define TN_CU_GEMV_MAXN 8
 int tn_cu_gemv(const tn_cw *w, const float *x, int64_t ldx, const tn_cq *xq, int64_t n, float *y, int64_t ldy,
                const float *bias, int accumulate, void *stream);
+/* The RMSNorm that follows a one-token GEMV adding into the residual stream (Wo, Wdown), done by
+ * that GEMV's last block to finish (blocks count themselves on cnt, one int of device memory that
+ * the last resets to 0): y [d] = rmsnorm(x [d]) * w and, with xq.q, its q8 blocks, as tn_cu_rmsnorm
+ * computes them (the same bits), without a launch of its own. */
+typedef struct tn_cu_tail {
+    int *cnt;
+    const float *x;
+    float *y;
+    const float *w;
+    float eps;
+    int64_t d;
+    tn_cq xq;
+} tn_cu_tail;
+/* tn_cu_gemv (n = 1) followed by tail's norm (NULL: none); where the product's kernel cannot run
+ * the tail (rows not whole groups of 8), the norm is launched after it. A tail with w NULL is no
+ * norm: x's q8 blocks only (y unused). */
+int tn_cu_gemv_tail(const tn_cw *w, const float *x, int64_t ldx, const tn_cq *xq, float *y, const float *bias, int accumulate,
+                    const tn_cu_tail *tail, void *stream);
+/* One token through a gate|up matrix w (code type, rows [gate (ff) | up (ff)], q8 activations xq):
+ * h [ff] = act(gate) * up as tn_cu_swiglu_pair computes it, with a warp computing gate row i and up
+ * row i together and writing h[i]; tail (w NULL, x = h): h's q8 blocks for Wdown by the last block.
+ * With rows one per warp (TERN_CUDA_GEMV_ROWS=1): the product into gu [2 ff], then the GLU kernel. */
+typedef struct tn_cu_glu {
+    float *h;
+    int act;
+} tn_cu_glu;
+int tn_cu_gemv_glu(const tn_cw *w, const tn_cq *xq, float *gu, float *h, int act, const tn_cu_tail *tail, void *stream);
 /* Rows r0 .. r0 + nr - 1 of w as fp16 into out[nr][k] (prefill: then a cuBLAS GEMM). */
 int tn_cu_dequant_f16(const tn_cw *w, int64_t r0, int64_t nr, uint16_t *out, void *stream);
 /* Rows of w as f32 (tests). */

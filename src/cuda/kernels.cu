@@ -153,6 +153,72 @@ __device__ __forceinline__ void q8_block(float v, int lane, int64_t blk, int64_t
     }
 }
 
+/* The same q8 block by one thread (values v[0..32) at block index blk; reads through ld, which may
+ * bypass L1): the same arithmetic as q8_block, so the same bytes. Two passes over the values (the
+ * scale, then the codes) rather than 32 of them in registers. */
+template <typename F> __device__ __forceinline__ void q8_thread(F v, int64_t blk, tn_cq xq) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(v(j)));
+    const float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    int s = 0;
+    for (int j = 0; j < 32; j++) {
+        const int qi = __float2int_rn(v(j) * id);
+        xq.q[blk * 32 + j] = (int8_t)qi;
+        s += qi;
+    }
+    xq.d[blk] = __half2float(__float2half_rn(d));
+    xq.s[blk] = s;
+}
+
+/* 1 / rms(xr) of a row of d floats, by the whole block, every thread gets it: the float squares
+ * summed in double (as the CPU) in an order that does not depend on the block's size — 128 lanes,
+ * lane l summing elements l, l + 128, .. in turn, each warp's 32 lanes by its butterfly, the four
+ * warps' sums in order — so the norm kernel and a GEMV's norm tail (blocks of 1024 and 128 threads)
+ * give the same bits. CG: loads through L2 only (data other blocks of the running kernel wrote). */
+template <bool CG> __device__ __forceinline__ float rms_scale_block(const float *xr, int64_t d, float eps) {
+    __shared__ double part[4];
+    const int lane = threadIdx.x % WARP;
+    for (int vw = threadIdx.x / WARP; vw < 4; vw += blockDim.x / WARP) {
+        double s = 0;
+        for (int64_t i = vw * WARP + lane; i < d; i += 4 * WARP) {
+            const float v = CG ? __ldcg(xr + i) : xr[i];
+            s += (double)(v * v);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (lane == 0) part[vw] = s;
+    }
+    __syncthreads();
+    const double t = ((part[0] + part[1]) + part[2]) + part[3];
+    __syncthreads(); /* part is free again */
+    return 1.0f / sqrtf((float)(t / (double)d) + eps);
+}
+
+/* The end of a one-token GEMV with a norm tail (tn_cu_tail): every thread's rows made visible, the
+ * block counted; the last block of the grid computes the norm of the finished x (read through L2:
+ * this block's L1 may hold lines of x from before the other blocks' writes) as k_rmsnorm does, its
+ * q8 blocks a thread each, and resets the count. All threads of the block call it. */
+__device__ __forceinline__ void norm_tail(const tn_cu_tail &t) {
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(t.cnt, 1) == (int)gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (!t.w) { /* no norm: x's q8 blocks (the GLU's output for Wdown) */
+        for (int64_t b = threadIdx.x; b < t.d / 32; b += blockDim.x) q8_thread([&](int j) { return __ldcg(t.x + b * 32 + j); }, b, t.xq);
+        if (threadIdx.x == 0) *t.cnt = 0;
+        return;
+    }
+    const float scale = rms_scale_block<true>(t.x, t.d, t.eps);
+    for (int64_t i = threadIdx.x; i < t.d; i += blockDim.x) t.y[i] = (__ldcg(t.x + i) * scale) * t.w[i];
+    if (t.xq.q)
+        for (int64_t b = threadIdx.x; b < t.d / 32; b += blockDim.x)
+            q8_thread([&](int j) { return (__ldcg(t.x + b * 32 + j) * scale) * t.w[b * 32 + j]; }, b, t.xq);
+    if (threadIdx.x == 0) *t.cnt = 0;
+}
+
 /* ---- activations ------------------------------------------------------------------------------ */
 
 /* one warp per block of 32, as the CPU's activation quantizer (quant_act.c, ggml's x86 path):
@@ -312,6 +378,33 @@ __device__ __forceinline__ void gemv_finish_rows(const float (&acc)[R], int wpr,
     __syncthreads();
 }
 
+/* act(g) * u as the CPU's references write it: silu (TN_CU_SILU) g / (1 + exp(-g)) * u, or Gemma's
+ * tanh GELU (TN_CU_GELU) 0.5 g (1 + tanh(sqrt(2/pi) g (1 + 0.044715 g^2))) u */
+__device__ __forceinline__ float glu(float g, float u, int act) {
+    if (act == TN_CU_GELU) return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * g * (1.0f + 0.044715f * g * g))) * u;
+    return g / (1.0f + expf(-g)) * u;
+}
+
+/* The end of a one-token step of a GEMV warp that computed the gate row i and the up row i + m/2 of
+ * a gate|up matrix (tn_cu_glu): both reduced as gemv_finish_rows reduces a row (+ 0.0f for the
+ * absent bias), then h[i] = act(gate) * up as k_swiglu_pair computes it — the same bits. */
+__device__ __forceinline__ void gemv_finish_glu(const float (&acc)[2], int wpr, int64_t i, int64_t half, tn_cu_glu gl) {
+    __shared__ float red[GEMV_WARPS_MAX][2];
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const float v = warp_sum(acc[r]);
+        if (lane == 0) red[warp][r] = v;
+    }
+    __syncthreads();
+    if (warp % wpr == 0 && lane == 0 && i < half) {
+        float g = red[warp][0], u = red[warp][1];
+        for (int p = 1; p < wpr; p++) g += red[warp + p][0], u += red[warp + p][1];
+        gl.h[i] = glu(g + 0.0f, u + 0.0f, gl.act);
+    }
+    __syncthreads();
+}
+
 /* KIND: 0 tq (unsigned codes; sym offset (2^B-1)/2 or asym m), 1 q4_0 (offset 8), 2 q8_0 (signed),
  * 3 q5_0 (offset 16). Any number of tokens, in tiles of NT (TN_CU_GEMV_MAXN, or 1 for one-token
  * steps): every output is the same sequence of operations whatever n and NT are (lane partial sums
@@ -324,31 +417,38 @@ __device__ __forceinline__ void gemv_finish_rows(const float (&acc)[R], int wpr,
 template <int B, int KIND, bool ASYM, int NT, int R>
 __global__ void __launch_bounds__(GEMV_WARPS_MAX * WARP, R == 1 ? GEMV_MIN_BLOCKS : GEMV_MIN_BLOCKS_R)
     k_gemv_code(tn_cw w, const int8_t *xq, const float *xd, const int32_t *xs, int n, float *y, int64_t ldy, const float *bias,
-                int accumulate, int wpr) {
+                int accumulate, int wpr, tn_cu_tail tail, tn_cu_glu gl) {
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, part = warp % wpr, rpb = GEMV_WARPS_MAX / wpr * R;
     const int64_t nc = w.k / 32, nbr = w.k / w.group;
     const int cpb = w.group / 32;
+    /* gate|up pairs (R == 2): warp row "row0" is the pair (row0, row0 + half), a row group rpb / 2 pairs */
+    const bool pair = R == 2 && gl.h != nullptr;
+    const int64_t half = w.m / 2, units = pair ? half : w.m, upg = pair ? rpb / 2 : rpb;
     int64_t rg0, rg1;
-    gemv_rows(w.m, rpb, &rg0, &rg1);
+    gemv_rows(units, upg, &rg0, &rg1);
     if (d_prefetch && rg0 < rg1) {
-        const int64_t r0 = rg0 * rpb, nr = min(w.m, rg1 * rpb) - r0;
-        prefetch_l2((const uint8_t *)w.data + r0 * (int64_t)w.row_bytes, (size_t)(nr * (int64_t)w.row_bytes));
-        prefetch_l2(w.d + r0 * nbr, (size_t)(nr * nbr * 2));
-        if (ASYM) prefetch_l2(w.mn + r0 * nbr, (size_t)(nr * nbr * 2));
+        const int64_t r0 = rg0 * upg, nr = min(units, rg1 * upg) - r0;
+        for (int h = 0; h < (pair ? 2 : 1); h++) {
+            const int64_t a = r0 + h * half;
+            prefetch_l2((const uint8_t *)w.data + a * (int64_t)w.row_bytes, (size_t)(nr * (int64_t)w.row_bytes));
+            prefetch_l2(w.d + a * nbr, (size_t)(nr * nbr * 2));
+            if (ASYM) prefetch_l2(w.mn + a * nbr, (size_t)(nr * nbr * 2));
+        }
     }
     gdc_wait();
     const float off = KIND == 1 ? 8.0f : KIND == 3 ? 16.0f : (float)((1 << B) - 1) * 0.5f;
     for (int64_t rg = rg0; rg < rg1; rg++) {
-        if (R > 1) { /* one token (n == 1), rows row0 .. row0 + R - 1 */
-            const int64_t row0 = (rg * (GEMV_WARPS_MAX / wpr) + warp / wpr) * R;
+        if (R > 1) { /* one token (n == 1), rows row0 + r * rstep, r < R: consecutive, or a gate|up pair */
+            const int64_t row0 = (rg * (GEMV_WARPS_MAX / wpr) + warp / wpr) * (pair ? 1 : R);
+            const int64_t rstep = pair ? half : 1, lim = pair ? half : w.m;
             float acc[R];
 #pragma unroll
             for (int r = 0; r < R; r++) acc[r] = 0.0f;
-            for (int64_t ci = lane + (int64_t)WARP * part; row0 < w.m && ci < nc; ci += (int64_t)WARP * wpr) {
+            for (int64_t ci = lane + (int64_t)WARP * part; row0 < lim && ci < nc; ci += (int64_t)WARP * wpr) {
                 uint32_t q[R][8];
 #pragma unroll
                 for (int r = 0; r < R; r++) {
-                    const int64_t row = row0 + r < w.m ? row0 + r : row0;
+                    const int64_t row = row0 + r * rstep < w.m ? row0 + r * rstep : row0;
                     load_chunk<B>((const uint8_t *)w.data + row * (int64_t)w.row_bytes, ci, cpb, q[r]);
                 }
                 const int4 *a4 = (const int4 *)(xq + ci * 32);
@@ -358,7 +458,7 @@ __global__ void __launch_bounds__(GEMV_WARPS_MAX * WARP, R == 1 ? GEMV_MIN_BLOCK
                 const float sa = (float)xs[ci];
 #pragma unroll
                 for (int r = 0; r < R; r++) {
-                    const int64_t row = row0 + r < w.m ? row0 + r : row0;
+                    const int64_t row = row0 + r * rstep < w.m ? row0 + r * rstep : row0;
                     const float d = h2f(w.d[row * nbr + ci / cpb]);
                     const float m = ASYM ? h2f(w.mn[row * nbr + ci / cpb]) : 0.0f;
                     int sq = 0;
@@ -370,6 +470,12 @@ __global__ void __launch_bounds__(GEMV_WARPS_MAX * WARP, R == 1 ? GEMV_MIN_BLOCK
                         for (int g = 0; g < 8; g++) sq = dp4a_us(q[r][g], a[g], sq);
                     }
                     acc[r] = chunk_acc<KIND, ASYM>(acc[r], da, d, m, sq, sa, off);
+                }
+            }
+            if constexpr (R == 2) {
+                if (pair) {
+                    gemv_finish_glu(acc, wpr, row0, half, gl);
+                    continue;
                 }
             }
             gemv_finish_rows<R>(acc, wpr, row0, w.m, y, bias, accumulate);
@@ -421,6 +527,8 @@ __global__ void __launch_bounds__(GEMV_WARPS_MAX * WARP, R == 1 ? GEMV_MIN_BLOCK
             gemv_finish(acc, nt, wpr, valid, row, t0, y, ldy, bias, accumulate);
         }
     }
+    if constexpr (NT == 1) /* one-token steps only (the tiles' registers stay theirs) */
+        if (tail.cnt) norm_tail(tail);
 }
 template <int B, int KIND, bool ASYM>
 __global__ void k_dequant_code(tn_cw w, int64_t r0, int64_t nr, void *out, int f16) {
@@ -527,7 +635,8 @@ template <int KIND> __device__ __forceinline__ void load8(const uint8_t *rowp, i
 
 template <int KIND, int NT>
 __global__ void __launch_bounds__(GEMV_WARPS_MAX * WARP, GEMV_MIN_BLOCKS)
-    k_gemv_float(tn_cw w, const float *x, int64_t ldx, int n, float *y, int64_t ldy, const float *bias, int accumulate, int wpr) {
+    k_gemv_float(tn_cw w, const float *x, int64_t ldx, int n, float *y, int64_t ldy, const float *bias, int accumulate, int wpr,
+                 tn_cu_tail tail) {
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, part = warp % wpr, rpb = GEMV_WARPS_MAX / wpr;
     int64_t rg0, rg1;
     gemv_rows(w.m, rpb, &rg0, &rg1);
@@ -565,6 +674,8 @@ __global__ void __launch_bounds__(GEMV_WARPS_MAX * WARP, GEMV_MIN_BLOCKS)
             gemv_finish(acc, nt, wpr, valid, row, t0, y, ldy, bias, accumulate);
         }
     }
+    if constexpr (NT == 1) /* one-token steps only (the tiles' registers stay theirs) */
+        if (tail.cnt) norm_tail(tail);
 }
 template <int KIND> __global__ void k_dequant_float(tn_cw w, int64_t r0, int64_t nr, void *out, int f16) {
     gdc_wait();
@@ -646,9 +757,10 @@ static gemv_launch gemv_shape(const tn_cw *w, int R) {
 }
 
 template <int B, bool ASYM, int NT, int R>
-static void launch_gemv_tq(const tn_cw *w, const tn_cq *xq, int n, float *y, int64_t ldy, const float *bias, int acc, cudaStream_t st) {
+static void launch_gemv_tq(const tn_cw *w, const tn_cq *xq, int n, float *y, int64_t ldy, const float *bias, int acc,
+                           const tn_cu_tail &tail, const tn_cu_glu &gl, cudaStream_t st) {
     const gemv_launch L = gemv_shape(w, R);
-    launch(k_gemv_code<B, 0, ASYM, NT, R>, L.grid, L.block, 0, st, *w, xq->q, xq->d, xq->s, n, y, ldy, bias, acc, L.wpr);
+    launch(k_gemv_code<B, 0, ASYM, NT, R>, L.grid, L.block, 0, st, *w, xq->q, xq->d, xq->s, n, y, ldy, bias, acc, L.wpr, tail, gl);
 }
 template <int B, bool ASYM> static void launch_dq_tq(const tn_cw *w, int64_t r0, int64_t nr, void *out, int f16,
                                                    cudaStream_t st) {
@@ -679,13 +791,13 @@ extern "C" int tn_cu_quantize_q8(const float *x, int64_t ldx, int64_t k, int64_t
 /* The launch of a GEMV with NT-token tiles; R rows per warp for the code path (NT = 1 only). */
 template <int NT, int R>
 static int gemv_run(const tn_cw *w, const float *x, int64_t ldx, const tn_cq *xq, int nn, float *y, int64_t ldy,
-                    const float *bias, int accumulate, cudaStream_t st) {
+                    const float *bias, int accumulate, const tn_cu_tail &tail, const tn_cu_glu &gl, cudaStream_t st) {
     const gemv_launch L1 = gemv_shape(w, 1), LR = gemv_shape(w, R);
-#define GEMV_FLOAT(K) launch(k_gemv_float<K, NT>, L1.grid, L1.block, 0, st, *w, x, ldx, nn, y, ldy, bias, accumulate, L1.wpr)
+#define GEMV_FLOAT(K) launch(k_gemv_float<K, NT>, L1.grid, L1.block, 0, st, *w, x, ldx, nn, y, ldy, bias, accumulate, L1.wpr, tail)
 #define GEMV_CODE(B, K)                                                                                                  \
     launch(k_gemv_code<B, K, false, NT, R>, LR.grid, LR.block, 0, st, *w, xq->q, xq->d, xq->s, nn, y, ldy, bias, accumulate, \
-           LR.wpr)
-#define GEMV_TQ(B, A) launch_gemv_tq<B, A, NT, R>(w, xq, nn, y, ldy, bias, accumulate, st)
+           LR.wpr, tail, gl)
+#define GEMV_TQ(B, A) launch_gemv_tq<B, A, NT, R>(w, xq, nn, y, ldy, bias, accumulate, tail, gl, st)
     switch (w->kind) {
     case TN_CW_F32: GEMV_FLOAT(TN_CW_F32); break;
     case TN_CW_F16: GEMV_FLOAT(TN_CW_F16); break;
@@ -725,9 +837,11 @@ static int gemv_run(const tn_cw *w, const float *x, int64_t ldx, const tn_cq *xq
     return tn_cu_err();
 }
 
-extern "C" int tn_cu_gemv(const tn_cw *w, const float *x, int64_t ldx, const tn_cq *xq, int64_t n, float *y, int64_t ldy,
-                          const float *bias, int accumulate, void *stream) {
-    if (n < 1 || n > (1 << 24)) return (int)cudaErrorInvalidValue;
+static int gemv(const tn_cw *w, const float *x, int64_t ldx, const tn_cq *xq, int64_t n, float *y, int64_t ldy, const float *bias,
+                int accumulate, const tn_cu_tail *tailp, const tn_cu_glu *glp, void *stream) {
+    if (n < 1 || n > (1 << 24) || (tailp && n != 1)) return (int)cudaErrorInvalidValue;
+    const tn_cu_tail tail = tailp ? *tailp : tn_cu_tail{};
+    const tn_cu_glu gl = glp ? *glp : tn_cu_glu{};
     cudaStream_t st = (cudaStream_t)stream;
     const unsigned blk = GEMV_WARPS_MAX * WARP, grid1 = (unsigned)((w->m + GEMV_WARPS_MAX - 1) / GEMV_WARPS_MAX);
     const int nn = (int)n;
@@ -736,13 +850,35 @@ extern "C" int tn_cu_gemv(const tn_cw *w, const float *x, int64_t ldx, const tn_
         if (w->kind == TN_CW_F32) launch(k_gemv_plain1<TN_CW_F32>, grid1, blk, 0, st, *w, x, ldx, nn, y, ldy, bias, accumulate);
         if (w->kind == TN_CW_F16) launch(k_gemv_plain1<TN_CW_F16>, grid1, blk, 0, st, *w, x, ldx, nn, y, ldy, bias, accumulate);
         if (w->kind == TN_CW_BF16) launch(k_gemv_plain1<TN_CW_BF16>, grid1, blk, 0, st, *w, x, ldx, nn, y, ldy, bias, accumulate);
+        /* no tail in this kernel: the norm on its own */
+        if (tailp) return tn_cu_rmsnorm(tail.x, NULL, tail.y, tail.w, 1, tail.d, tail.eps, tail.xq.q ? &tail.xq : NULL, stream);
         return tn_cu_err();
     }
     const tn_cq none = {NULL, NULL, NULL};
     if (!xq) xq = &none;
-    if (nn > 1) return gemv_run<TN_CU_GEMV_MAXN, 1>(w, x, ldx, xq, nn, y, ldy, bias, accumulate, st);
-    return g_rows == 2 ? gemv_run<1, 2>(w, x, ldx, xq, nn, y, ldy, bias, accumulate, st)
-                       : gemv_run<1, 1>(w, x, ldx, xq, nn, y, ldy, bias, accumulate, st);
+    if (nn > 1) return gemv_run<TN_CU_GEMV_MAXN, 1>(w, x, ldx, xq, nn, y, ldy, bias, accumulate, tail, gl, st);
+    return g_rows == 2 ? gemv_run<1, 2>(w, x, ldx, xq, nn, y, ldy, bias, accumulate, tail, gl, st)
+                       : gemv_run<1, 1>(w, x, ldx, xq, nn, y, ldy, bias, accumulate, tail, gl, st);
+}
+extern "C" int tn_cu_gemv(const tn_cw *w, const float *x, int64_t ldx, const tn_cq *xq, int64_t n, float *y, int64_t ldy,
+                          const float *bias, int accumulate, void *stream) {
+    return gemv(w, x, ldx, xq, n, y, ldy, bias, accumulate, NULL, NULL, stream);
+}
+extern "C" int tn_cu_gemv_tail(const tn_cw *w, const float *x, int64_t ldx, const tn_cq *xq, float *y, const float *bias,
+                               int accumulate, const tn_cu_tail *tail, void *stream) {
+    if (!tail || !tail->cnt || (tail->xq.q && tail->d % 32 != 0)) return (int)cudaErrorInvalidValue;
+    return gemv(w, x, ldx, xq, 1, y, w->m, bias, accumulate, tail, NULL, stream);
+}
+extern "C" int tn_cu_gemv_glu(const tn_cw *w, const tn_cq *xq, float *gu, float *h, int act, const tn_cu_tail *tail,
+                              void *stream) {
+    if (!tn_cw_is_code(w->kind) || w->m % 2 != 0 || w->k % 32 != 0 || (tail && (!tail->cnt || tail->w || !tail->xq.q || tail->x != h)))
+        return (int)cudaErrorInvalidValue;
+    if (g_rows != 2) { /* rows one at a time: the product, then the GLU kernel */
+        const int e = gemv(w, NULL, w->k, xq, 1, gu, w->m, NULL, 0, NULL, NULL, stream);
+        return e ? e : tn_cu_swiglu_pair(gu, h, 1, w->m / 2, act, tail ? &tail->xq : NULL, stream);
+    }
+    const tn_cu_glu gl = {h, act};
+    return gemv(w, NULL, w->k, xq, 1, gu, w->m, NULL, 0, tail, &gl, stream);
 }
 
 static int dequant(const tn_cw *w, int64_t r0, int64_t nr, void *out, int f16, cudaStream_t st) {
@@ -793,31 +929,13 @@ extern "C" int tn_cu_f32_to_f16(const float *x, int64_t ldx, int64_t k, int64_t 
 
 /* ---- norms, RoPE, attention, activations --------------------------------------------------------- */
 
-/* y[j] = rmsnorm(x row) * w; with xq.q != NULL also y[j] quantized to q8 blocks (d % 32 == 0) */
-/* 1 / rms(xr) of a row of d floats, by the whole block (the float squares summed in double, as the
- * CPU): every thread gets it */
-__device__ __forceinline__ float rms_scale_block(const float *xr, int64_t d, float eps) {
-    __shared__ double part[32];
-    double s = 0;
-    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) s += (double)(xr[i] * xr[i]);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (threadIdx.x % WARP == 0) part[threadIdx.x / WARP] = s;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        double t = 0;
-        for (unsigned i = 0; i < blockDim.x / WARP; i++) t += part[i];
-        part[0] = t;
-    }
-    __syncthreads();
-    return 1.0f / sqrtf((float)(part[0] / (double)d) + eps);
-}
-
+/* y[j] = rmsnorm(x row) * w, a block per row; with xq.q != NULL also y[j] quantized to q8 blocks
+ * (d % 32 == 0) */
 __global__ void k_rmsnorm(const float *x, const int32_t *rows, float *y, const float *w, int64_t d, float eps, tn_cq xq) {
     gdc_enter();
     const int64_t j = blockIdx.x;
     const float *xr = x + (rows ? (int64_t)rows[j] : j) * d;
-    const float scale = rms_scale_block(xr, d, eps);
+    const float scale = rms_scale_block<false>(xr, d, eps);
     if (!xq.q) {
         for (int64_t i = threadIdx.x; i < d; i += blockDim.x) y[j * d + i] = (xr[i] * scale) * w[i];
         return;
@@ -845,7 +963,7 @@ __global__ void k_rmsnorm_add(float *x, const float *y, const float *w, int64_t 
     gdc_enter();
     const int64_t j = blockIdx.x;
     const float *yr = y + j * d;
-    const float scale = rms_scale_block(yr, d, eps);
+    const float scale = rms_scale_block<false>(yr, d, eps);
     for (int64_t i = threadIdx.x; i < d; i += blockDim.x) x[j * d + i] += (yr[i] * scale) * w[i];
 }
 extern "C" int tn_cu_rmsnorm_add(float *x, const float *y, const float *w, int64_t n, int64_t d, float eps, void *stream) {
@@ -1373,13 +1491,6 @@ extern "C" int tn_cu_attention(const float *q, int64_t ldq, const void *Kc, cons
     launch(k_attn_block, (unsigned)units, ATT_THREADS, 0, (cudaStream_t)stream, q, ldq, (const uint8_t *)Kc, (const uint8_t *)Vc, n,
            n_head, n_head_kv, hd, pos, tbl_off, tbl, scale, cap, window, out, xq ? *xq : none, ar, kvv);
     return tn_cu_err();
-}
-
-/* act(g) * u as the CPU's references write it: silu (TN_CU_SILU) g / (1 + exp(-g)) * u, or Gemma's
- * tanh GELU (TN_CU_GELU) 0.5 g (1 + tanh(sqrt(2/pi) g (1 + 0.044715 g^2))) u */
-__device__ __forceinline__ float glu(float g, float u, int act) {
-    if (act == TN_CU_GELU) return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * g * (1.0f + 0.044715f * g * g))) * u;
-    return g / (1.0f + expf(-g)) * u;
 }
 
 __global__ void k_swiglu(float *g, const float *u, int64_t n, int act) {

@@ -490,13 +490,15 @@ static void test_graph_equivalence(void **state) {
     free_pair(a, b, m);
 }
 
-/* One-token steps fuse RoPE + cache store into the attention kernel, run code-path GEMVs two rows
- * per warp, launch GEMV grids that prefetch their weights (here also capped at 3 blocks per
- * multiprocessor, each walking its rows) and let the small kernels trigger the next launch
- * early. All of that against all off (TERN_CUDA_FUSE=0, TERN_CUDA_GEMV_BPS=0,
- * TERN_CUDA_PREFETCH=0, TERN_CUDA_EARLY=0, TERN_CUDA_GEMV_ROWS=1). The logits must be bit-identical, for code-path and float-path weights and
- * outputs, biases (qwen2) and per-head norms (qwen3). The contexts run one after the other: the
- * launch settings are process-wide. */
+/* One-token steps fuse RoPE + cache store into the attention kernel, the RMSNorms after Wo and
+ * Wdown into those products' last blocks and the GLU into the gate|up product, run code-path GEMVs
+ * two rows per warp, launch GEMV grids that prefetch their weights (here also capped at 3 blocks
+ * per multiprocessor, each walking its rows) and let the small kernels trigger the next launch
+ * early. All of that, and the defaults with one row per warp, against all off (TERN_CUDA_FUSE=0,
+ * TERN_CUDA_GEMV_BPS=0, TERN_CUDA_PREFETCH=0, TERN_CUDA_EARLY=0, TERN_CUDA_GEMV_ROWS=1). The
+ * logits must be bit-identical, for code-path and float-path weights and outputs, biases (qwen2)
+ * and per-head norms (qwen3). The contexts run one after the other: the launch settings are
+ * process-wide. */
 static void decode_logits(const tern_model *m, int32_t nv, int steps, float *out) {
     tern_ctx *c = make_ctx(m, TERN_DEVICE_CUDA, -1, 32);
     const tern_token prompt[] = {1, 270, 5, 300};
@@ -540,6 +542,7 @@ static void test_fusion_equivalence(void **state) {
         const int32_t nv = (int32_t)cfg.n_vocab;
         const int steps = 6;
         float *a = malloc(sizeof(float) * (size_t)nv * steps), *b = malloc(sizeof(float) * (size_t)nv * steps);
+        float *r1 = malloc(sizeof(float) * (size_t)nv * steps);
         for (size_t i = 0; i < sizeof on / sizeof on[0]; i++) setenv(on[i], "1", 1); /* all on, 3 blocks per SM, 2 rows */
         setenv("TERN_CUDA_GEMV_BPS", "3", 1);
         setenv("TERN_CUDA_GEMV_ROWS", "2", 1);
@@ -549,16 +552,21 @@ static void test_fusion_equivalence(void **state) {
         setenv("TERN_CUDA_GEMV_ROWS", "1", 1);
         decode_logits(m, nv, steps, b);
         for (size_t i = 0; i < sizeof off / sizeof off[0]; i++) unsetenv(off[i]);
+        /* the defaults (a block per row group) with one row per warp: the norm tails in the one-row
+         * kernels, the GLU through its kernel */
+        setenv("TERN_CUDA_GEMV_ROWS", "1", 1);
+        decode_logits(m, nv, steps, r1);
         unsetenv("TERN_CUDA_GEMV_ROWS");
         for (int step = 0; step < steps; step++)
-            if (memcmp(a + (size_t)step * nv, b + (size_t)step * nv, sizeof(float) * (size_t)nv) != 0)
+            if (memcmp(a + (size_t)step * nv, b + (size_t)step * nv, sizeof(float) * (size_t)nv) != 0 ||
+                memcmp(r1 + (size_t)step * nv, b + (size_t)step * nv, sizeof(float) * (size_t)nv) != 0)
                 fail_msg("%s %s (output %s): step %d: fused / paired / prefetching launches and plain kernels give different logits",
                          cfg.arch, tn_dtype_name(cfg.wtype), tn_dtype_name(cfg.out_type), step);
         printf("  %-6s %-9s output %-5s K %-4s V %-4s: %d decode steps bit-identical with and without the fusion, row pairs and "
                "prefetch\n", cfg.arch, tn_dtype_name(cfg.wtype), tn_dtype_name(cfg.out_type), tern_kv_type_name(g_tk),
                tern_kv_type_name(g_tv), steps);
         g_tk = g_tv = TERN_KV_F16, g_rot = TERN_KV_ROT_AUTO;
-        free(a), free(b);
+        free(a), free(b), free(r1);
         tern_model_free(m);
     }
 }

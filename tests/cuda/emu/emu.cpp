@@ -8,7 +8,9 @@
  * all its live threads wait at __syncthreads. Anything else — a warp split between barriers, a
  * block whose threads wait at different kinds — is a deadlock on a GPU too, and aborts with the
  * block and thread named. Fibers switch with _setjmp/_longjmp after their first entry (no signal
- * mask system call per switch).
+ * mask system call per switch), and live as long as the emulator: a fiber that finishes the kernel
+ * body parks at the top of its loop, and the next block (of any launch) that has a thread of its
+ * index resumes it there — a fiber is created once, not per block.
  */
 #include <setjmp.h>
 #include <stdio.h>
@@ -65,9 +67,12 @@ void trampoline() {
         me.started = true;
         setcontext(&E.sched_uc); /* back to the scheduler's swapcontext, which returns */
     }
-    E.body(E.arg);
-    E.f[(size_t)E.cur].state = DONE;
-    _longjmp(E.sched, 1);
+    for (;;) { /* a block's thread, then parked until a later block resumes it (E.f may have moved: index it anew) */
+        E.body(E.arg);
+        Fiber &t = E.f[(size_t)E.cur];
+        t.state = DONE;
+        if (!_setjmp(t.jb)) _longjmp(E.sched, 1);
+    }
 }
 
 [[noreturn]] void deadlock(const char *what) {
@@ -94,13 +99,11 @@ __attribute__((noinline)) void resume(int i) {
     jump_into(&t.jb);
 }
 
-/* thread i of the block, ready to start at the trampoline on its own stack (a frame of its own:
- * getcontext counts as returning twice) */
+/* fiber i, ready to start at the trampoline on its own stack (a frame of its own: getcontext
+ * counts as returning twice) */
 __attribute__((noinline)) void init_fiber(int i) {
     Fiber &t = E.f[(size_t)i];
-    t.state = RUN;
     t.started = false;
-    t.tid = tn_emu_dim{(unsigned)i % E.block.x, ((unsigned)i / E.block.x) % E.block.y, (unsigned)i / (E.block.x * E.block.y)};
     getcontext(&t.uc);
     t.uc.uc_stack.ss_sp = E.stacks[(size_t)i];
     t.uc.uc_stack.ss_size = STACK;
@@ -110,7 +113,12 @@ __attribute__((noinline)) void init_fiber(int i) {
 
 void run_block() {
     const int n = E.n;
-    for (int i = 0; i < n; i++) init_fiber(i);
+    for (int i = 0; i < n; i++) { /* thread i of this block: fiber i, created at its first block */
+        Fiber &t = E.f[(size_t)i];
+        if (!t.started) init_fiber(i);
+        t.state = RUN;
+        t.tid = tn_emu_dim{(unsigned)i % E.block.x, ((unsigned)i / E.block.x) % E.block.y, (unsigned)i / (E.block.x * E.block.y)};
+    }
     const int nw = (n + 31) / 32;
     for (;;) {
         for (int i = 0; i < n; i++)

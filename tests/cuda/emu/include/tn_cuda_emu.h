@@ -218,6 +218,16 @@ template <typename T> static inline T __shfl_down_sync(unsigned mask, T v, unsig
     return tn_emu_shfl_t(v, l + (int)d < 32 ? l + (int)d : l);
 }
 
+/* atomics, fences and L2 loads: one OS thread runs every fiber and switches only at barriers and
+ * shuffles, so a read-modify-write is atomic as it is and memory is coherent */
+static inline int atomicAdd(int *p, int v) {
+    const int old = *p;
+    *p = old + v;
+    return old;
+}
+static inline void __threadfence(void) {}
+template <typename T> static inline T __ldcg(const T *p) { return *p; }
+
 /* launches: the launch configuration and cudaLaunchKernelEx as the runtime declares them */
 typedef enum { cudaLaunchAttributeProgrammaticStreamSerialization = 5 } cudaLaunchAttributeID;
 typedef struct {
