@@ -821,12 +821,12 @@ static void run_layers(tn_cuda_ctx *g, const tern_ctx *c, int64_t n, int32_t n_o
         fresh(g);
         if (qf) g->q_src = g->xb;
         float *h = g->hb;
-        if (L->fused_gu && g->fuse_glu && n == 1 && qf && ff % 32 == 0) {
+        if (L->fused_gu && g->fuse_glu && n == 1 && ff % 32 == 0 && (tn_cw_is_code(L->gu.kind) ? qf : d % 8 == 0)) {
             /* one token: each warp a gate row and its up row, h = act(gate) up written by the
              * product, its q8 blocks for Wdown by the last block (the same bits as below) */
             const bool qd = q8_for(g, &L->w[W_DOWN], n);
             const tn_cu_tail tg = {g->d_cnt, g->hb2, NULL, NULL, 0.0f, ff, g->xq};
-            CKL("gate_up", tn_cu_gemv_glu(&L->gu, &g->xq, g->hb, g->hb2, act, qd ? &tg : NULL, g->st));
+            CKL("gate_up", tn_cu_gemv_glu(&L->gu, g->xb, &g->xq, g->hb, g->hb2, act, qd ? &tg : NULL, g->st));
             h = g->hb2;
             fresh(g);
             if (qd) g->q_src = h;

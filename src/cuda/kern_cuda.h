@@ -103,15 +103,17 @@ typedef struct tn_cu_tail {
  * norm: x's q8 blocks only (y unused). */
 int tn_cu_gemv_tail(const tn_cw *w, const float *x, int64_t ldx, const tn_cq *xq, float *y, const float *bias, int accumulate,
                     const tn_cu_tail *tail, void *stream);
-/* One token through a gate|up matrix w (code type, rows [gate (ff) | up (ff)], q8 activations xq):
- * h [ff] = act(gate) * up as tn_cu_swiglu_pair computes it, with a warp computing gate row i and up
- * row i together and writing h[i]; tail (w NULL, x = h): h's q8 blocks for Wdown by the last block.
- * With rows one per warp (TERN_CUDA_GEMV_ROWS=1): the product into gu [2 ff], then the GLU kernel. */
+/* One token through a gate|up matrix w (rows [gate (ff) | up (ff)]; activations xq (q8, code types)
+ * or x (f32, the others; k % 8 == 0, 16-byte aligned)): h [ff] = act(gate) * up as
+ * tn_cu_swiglu_pair computes it, a warp computing gate row i and up row i and writing h[i]; tail
+ * (w NULL, x = h, ff % 32 == 0): h's q8 blocks for Wdown by the last block. Code types with rows
+ * one per warp (TERN_CUDA_GEMV_ROWS=1): the product into gu [2 ff], then the GLU kernel. */
 typedef struct tn_cu_glu {
     float *h;
     int act;
 } tn_cu_glu;
-int tn_cu_gemv_glu(const tn_cw *w, const tn_cq *xq, float *gu, float *h, int act, const tn_cu_tail *tail, void *stream);
+int tn_cu_gemv_glu(const tn_cw *w, const float *x, const tn_cq *xq, float *gu, float *h, int act, const tn_cu_tail *tail,
+                   void *stream);
 /* Rows r0 .. r0 + nr - 1 of w as fp16 into out[nr][k] (prefill: then a cuBLAS GEMM). */
 int tn_cu_dequant_f16(const tn_cw *w, int64_t r0, int64_t nr, uint16_t *out, void *stream);
 /* Rows of w as f32 (tests). */

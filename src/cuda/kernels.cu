@@ -633,19 +633,47 @@ template <int KIND> __device__ __forceinline__ void load8(const uint8_t *rowp, i
     }
 }
 
+/* acc plus the dot product of 8 weights v and 8 activations at xp: one expression that every
+ * float-path variant (token tiles, one token, gate|up pairs) inlines, so they compile to the same
+ * operations (test_cuda checks their bits) */
+__device__ __forceinline__ float dot8(float acc, const float v[8], const float *xp) {
+    const float4 a = ((const float4 *)xp)[0], b = ((const float4 *)xp)[1];
+    return acc + (v[0] * a.x + v[1] * a.y + v[2] * a.z + v[3] * a.w + v[4] * b.x + v[5] * b.y + v[6] * b.z + v[7] * b.w);
+}
+
+/* With gl.h (one token): gate|up pairs as k_gemv_code's, a warp's gate row i, then its up row i + m/2. */
 template <int KIND, int NT>
 __global__ void __launch_bounds__(GEMV_WARPS_MAX * WARP, GEMV_MIN_BLOCKS)
     k_gemv_float(tn_cw w, const float *x, int64_t ldx, int n, float *y, int64_t ldy, const float *bias, int accumulate, int wpr,
-                 tn_cu_tail tail) {
+                 tn_cu_tail tail, tn_cu_glu gl) {
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, part = warp % wpr, rpb = GEMV_WARPS_MAX / wpr;
+    const bool pair = NT == 1 && gl.h != nullptr;
+    const int64_t half = w.m / 2, units = pair ? half : w.m;
     int64_t rg0, rg1;
-    gemv_rows(w.m, rpb, &rg0, &rg1);
+    gemv_rows(units, rpb, &rg0, &rg1);
     if (d_prefetch && rg0 < rg1) {
-        const int64_t r0 = rg0 * rpb, nr = min(w.m, rg1 * rpb) - r0;
-        prefetch_l2((const uint8_t *)w.data + r0 * (int64_t)w.row_bytes, (size_t)(nr * (int64_t)w.row_bytes));
+        const int64_t r0 = rg0 * rpb, nr = min(units, rg1 * rpb) - r0;
+        for (int h = 0; h < (pair ? 2 : 1); h++)
+            prefetch_l2((const uint8_t *)w.data + (r0 + h * half) * (int64_t)w.row_bytes, (size_t)(nr * (int64_t)w.row_bytes));
     }
     gdc_wait();
     for (int64_t rg = rg0; rg < rg1; rg++) {
+        if (pair) {
+            const int64_t i = rg * rpb + warp / wpr;
+            const bool valid = i < half;
+            float acc[2] = {0.0f, 0.0f};
+            for (int r = 0; r < 2; r++) {
+                const uint8_t *rowp = (const uint8_t *)w.data + (valid ? i + r * half : 0) * (int64_t)w.row_bytes;
+#pragma unroll 4
+                for (int64_t e0 = ((int64_t)lane + (int64_t)WARP * part) * 8; valid && e0 < w.k; e0 += (int64_t)WARP * wpr * 8) {
+                    float v[8];
+                    load8<KIND>(rowp, e0, v);
+                    acc[r] = dot8(acc[r], v, x + e0);
+                }
+            }
+            gemv_finish_glu(acc, wpr, i, half, gl);
+            continue;
+        }
         const int64_t row = rg * rpb + warp / wpr;
         const bool valid = row < w.m;
         const uint8_t *rowp = (const uint8_t *)w.data + (valid ? row : 0) * (int64_t)w.row_bytes;
@@ -666,9 +694,7 @@ __global__ void __launch_bounds__(GEMV_WARPS_MAX * WARP, GEMV_MIN_BLOCKS)
 #pragma unroll
                 for (int t = 0; t < NT; t++) {
                     if (t >= nt) break;
-                    const float4 *xp = (const float4 *)(x + (int64_t)(t0 + t) * ldx + e0);
-                    const float4 a = xp[0], b = xp[1];
-                    acc[t] += v[0] * a.x + v[1] * a.y + v[2] * a.z + v[3] * a.w + v[4] * b.x + v[5] * b.y + v[6] * b.z + v[7] * b.w;
+                    acc[t] = dot8(acc[t], v, x + (int64_t)(t0 + t) * ldx + e0);
                 }
             }
             gemv_finish(acc, nt, wpr, valid, row, t0, y, ldy, bias, accumulate);
@@ -793,7 +819,8 @@ template <int NT, int R>
 static int gemv_run(const tn_cw *w, const float *x, int64_t ldx, const tn_cq *xq, int nn, float *y, int64_t ldy,
                     const float *bias, int accumulate, const tn_cu_tail &tail, const tn_cu_glu &gl, cudaStream_t st) {
     const gemv_launch L1 = gemv_shape(w, 1), LR = gemv_shape(w, R);
-#define GEMV_FLOAT(K) launch(k_gemv_float<K, NT>, L1.grid, L1.block, 0, st, *w, x, ldx, nn, y, ldy, bias, accumulate, L1.wpr, tail)
+#define GEMV_FLOAT(K) \
+    launch(k_gemv_float<K, NT>, L1.grid, L1.block, 0, st, *w, x, ldx, nn, y, ldy, bias, accumulate, L1.wpr, tail, gl)
 #define GEMV_CODE(B, K)                                                                                                  \
     launch(k_gemv_code<B, K, false, NT, R>, LR.grid, LR.block, 0, st, *w, xq->q, xq->d, xq->s, nn, y, ldy, bias, accumulate, \
            LR.wpr, tail, gl)
@@ -850,7 +877,8 @@ static int gemv(const tn_cw *w, const float *x, int64_t ldx, const tn_cq *xq, in
         if (w->kind == TN_CW_F32) launch(k_gemv_plain1<TN_CW_F32>, grid1, blk, 0, st, *w, x, ldx, nn, y, ldy, bias, accumulate);
         if (w->kind == TN_CW_F16) launch(k_gemv_plain1<TN_CW_F16>, grid1, blk, 0, st, *w, x, ldx, nn, y, ldy, bias, accumulate);
         if (w->kind == TN_CW_BF16) launch(k_gemv_plain1<TN_CW_BF16>, grid1, blk, 0, st, *w, x, ldx, nn, y, ldy, bias, accumulate);
-        /* no tail in this kernel: the norm on its own */
+        /* no tail in this kernel: the norm (or the quantization) on its own */
+        if (tailp && !tail.w) return tn_cu_quantize_q8(tail.x, tail.d, tail.d, 1, tail.xq, stream);
         if (tailp) return tn_cu_rmsnorm(tail.x, NULL, tail.y, tail.w, 1, tail.d, tail.eps, tail.xq.q ? &tail.xq : NULL, stream);
         return tn_cu_err();
     }
@@ -869,16 +897,18 @@ extern "C" int tn_cu_gemv_tail(const tn_cw *w, const float *x, int64_t ldx, cons
     if (!tail || !tail->cnt || (tail->xq.q && tail->d % 32 != 0)) return (int)cudaErrorInvalidValue;
     return gemv(w, x, ldx, xq, 1, y, w->m, bias, accumulate, tail, NULL, stream);
 }
-extern "C" int tn_cu_gemv_glu(const tn_cw *w, const tn_cq *xq, float *gu, float *h, int act, const tn_cu_tail *tail,
+extern "C" int tn_cu_gemv_glu(const tn_cw *w, const float *x, const tn_cq *xq, float *gu, float *h, int act, const tn_cu_tail *tail,
                               void *stream) {
-    if (!tn_cw_is_code(w->kind) || w->m % 2 != 0 || w->k % 32 != 0 || (tail && (!tail->cnt || tail->w || !tail->xq.q || tail->x != h)))
+    const bool code = tn_cw_is_code(w->kind);
+    if (w->m % 2 != 0 || (code ? w->k % 32 != 0 : w->k % 8 != 0 || ((uintptr_t)x & 15) != 0) ||
+        (tail && (!tail->cnt || tail->w || !tail->xq.q || tail->x != h || (w->m / 2) % 32 != 0)))
         return (int)cudaErrorInvalidValue;
-    if (g_rows != 2) { /* rows one at a time: the product, then the GLU kernel */
-        const int e = gemv(w, NULL, w->k, xq, 1, gu, w->m, NULL, 0, NULL, NULL, stream);
+    if (code && g_rows != 2) { /* code rows one at a time: the product, then the GLU kernel */
+        const int e = gemv(w, x, w->k, xq, 1, gu, w->m, NULL, 0, NULL, NULL, stream);
         return e ? e : tn_cu_swiglu_pair(gu, h, 1, w->m / 2, act, tail ? &tail->xq : NULL, stream);
     }
     const tn_cu_glu gl = {h, act};
-    return gemv(w, NULL, w->k, xq, 1, gu, w->m, NULL, 0, tail, &gl, stream);
+    return gemv(w, x, w->k, xq, 1, gu, w->m, NULL, 0, tail, &gl, stream);
 }
 
 static int dequant(const tn_cw *w, int64_t r0, int64_t nr, void *out, int f16, cudaStream_t st) {
