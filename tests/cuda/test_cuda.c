@@ -319,7 +319,13 @@ static void forward_case(tiny_cfg cfg, int ngl) {
     assert_int_equal(tern_decode(c, prompt, np), TERN_OK);
     for (int32_t i = 0; i < np; i++) ref_step(r, prompt[i], rl, NULL);
     const tn_dtype wt = cfg.wtype == TN_F32 ? cfg.out_type : cfg.wtype;
-    const double tol = wt == TN_F32 || wt == TN_F16 ? 5e-3 : 4e-2;
+    /* a cache of 16 levels or fewer (q4_0, tq2..tq4): a K or V value that the GPU's f32 sums and the
+     * reference's doubles put on either side of a rounding boundary is stored a whole code apart
+     * (measured: one such value moved the logits by 5.95e-3 with q4_0 K / V, a change of the f32
+     * dot product's rounding order; the same cases are ~3e-7 from the reference otherwise) */
+    const bool coarse = g_tk == TERN_KV_Q4_0 || g_tv == TERN_KV_Q4_0 || g_tk == TERN_KV_TQ(2) || g_tv == TERN_KV_TQ(2) ||
+                        g_tk == TERN_KV_TQ(3) || g_tv == TERN_KV_TQ(3) || g_tk == TERN_KV_TQ(4) || g_tv == TERN_KV_TQ(4);
+    const double tol = wt == TN_F32 || wt == TN_F16 ? (coarse ? 2e-2 : 5e-3) : 4e-2;
     double worst = rel_err(rl, tern_get_logits(g, -1), nv), worst_cpu = rel_err_f(tern_get_logits(c, -1), tern_get_logits(g, -1), nv);
     if (worst > tol) fail_msg("%s ngl %d: prefill logits rel err %.3g > %.3g", tn_dtype_name(cfg.wtype), ngl, worst, tol);
     tern_token t = 261;
@@ -409,9 +415,10 @@ static void test_forward_families(void **state) {
     forward_case(cfg, -1);
 }
 
-/* Quantized KV caches on the GPU (q8_0, q4_0 K and V; rows stored with the CPU's reference
+/* Quantized KV caches on the GPU (q8_0, q4_0 and tq K and V; rows stored with the CPU's reference
  * quantizers, a quantized K dotted with the query as q8 blocks), against the reference rounding K /
- * V (and the query) the same way, with test_kv_quant's bound for f32 weights (5e-3): K and V both
+ * V (and the query) the same way, with test_kv_quant's bound for f32 weights (5e-3; 2e-2 for caches
+ * of 16 levels or fewer, forward_case says why): K and V both
  * q8_0, both q4_0, q8_0 K with f16 V, f16 K with q4_0 V; K rotated (the default for a quantized K),
  * both halves rotated, neither; gemma3 (head size 128, sliding window) with q8_0 / q8_0; and -ngl 1
  * (layer 1 and its cache on the CPU). */
