@@ -41,6 +41,7 @@ struct Fiber {
 struct Emu {
     std::vector<Fiber> f;
     std::vector<char *> stacks;
+    std::vector<size_t> order; /* the launch's blocks in the order they run */
     jmp_buf sched;
     ucontext_t sched_uc;
     int cur = -1, n = 0;
@@ -193,14 +194,27 @@ cudaError_t tn_emu_run(tn_emu_dim grid, tn_emu_dim block, void (*body)(void *), 
     E.grid = grid, E.block = block, E.body = body, E.arg = arg;
     gridDim = dim3(grid), blockDim = dim3(block);
     E.launches++;
-    for (unsigned z = 0; z < grid.z; z++)
-        for (unsigned y = 0; y < grid.y; y++)
-            for (unsigned x = 0; x < grid.x; x++) {
-                E.bidx = tn_emu_dim{x, y, z};
-                blockIdx = dim3(x, y, z);
-                E.blocks++;
-                run_block();
-            }
+    /* the blocks in a shuffled order (a fixed sequence per launch): a GPU runs them in any order,
+     * so a kernel whose result depends on it (which block is last, one block reading what another
+     * wrote) gives different results here from run to run of its launches */
+    const size_t nb = (size_t)grid.x * grid.y * grid.z;
+    E.order.resize(nb);
+    for (size_t i = 0; i < nb; i++) E.order[i] = i;
+    uint64_t r = 0x9E3779B97F4A7C15ull * (uint64_t)E.launches;
+    for (size_t i = nb; i > 1; i--) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        const size_t j = (size_t)((r >> 33) % i);
+        const size_t t = E.order[i - 1];
+        E.order[i - 1] = E.order[j], E.order[j] = t;
+    }
+    for (size_t i = 0; i < nb; i++) {
+        const size_t b = E.order[i];
+        const unsigned x = (unsigned)(b % grid.x), y = (unsigned)(b / grid.x % grid.y), z = (unsigned)(b / ((size_t)grid.x * grid.y));
+        E.bidx = tn_emu_dim{x, y, z};
+        blockIdx = dim3(x, y, z);
+        E.blocks++;
+        run_block();
+    }
     return cudaSuccess;
 }
 

@@ -6,8 +6,9 @@
  * it unchanged; test_cuda_emu then runs test_cuda's GPU tests on a machine without a GPU.
  *
  * What it models: device memory is host memory; streams, events and copies are synchronous; a
- * kernel launch runs its blocks one after another, each block's threads as cooperative fibers
- * (one OS thread) that switch only at __syncthreads, __syncwarp and the warp shuffles — a barrier
+ * kernel launch runs its blocks one after another (in a shuffled order, as a GPU may), each
+ * block's threads as cooperative fibers (one OS thread) that switch only at __syncthreads,
+ * __syncwarp and the warp shuffles — a barrier
  * is kept when every live thread of the block (or of the warp) has reached it, and a block whose
  * threads wait at different barriers is reported as a deadlock. __shared__ variables are static
  * (blocks do not overlap). Arithmetic is the host's IEEE float (built with -ffp-contract=off, so
