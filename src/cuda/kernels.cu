@@ -153,8 +153,8 @@ __device__ __forceinline__ void q8_block(float v, int lane, int64_t blk, int64_t
     }
 }
 
-/* The same q8 block by one thread (values v[0..32) at block index blk; reads through ld, which may
- * bypass L1): the same arithmetic as q8_block, so the same bytes. Two passes over the values (the
+/* The same q8 block by one thread: value j of block blk is v(j) (a function: the caller's loads and
+ * arithmetic), the same arithmetic as q8_block, so the same bytes. Two passes over the values (the
  * scale, then the codes) rather than 32 of them in registers. */
 template <typename F> __device__ __forceinline__ void q8_thread(F v, int64_t blk, tn_cq xq) {
     float amax = 0.0f;
@@ -1140,7 +1140,7 @@ __device__ __forceinline__ void kv_store_warp(uint8_t *row, int t, int64_t e0, f
             c = __float2int_rn(__fmul_rn(__fsub_rn(v, m), 1.0f / d));
             c = c < 0 ? 0 : c > nmax ? nmax : c;
         }
-        uint8_t *b = row + blk * (4 + 4 * bits);
+        uint8_t *b = row + blk * kv_block_bytes(t);
         if (lane == 0) ((__half *)b)[0] = dh, ((__half *)b)[1] = mh;
         uint8_t *codes = b + 4;
         for (int pl = 0, s = 0; pl < 3; pl++) {
@@ -1234,7 +1234,7 @@ __device__ __forceinline__ float kv_dot_q(const uint8_t *p, int t, const int8_t 
     for (int b = 0; b < hd / 32; b++) {
         int sumi = 0;
         const int8_t *qb = qq + b * 32;
-        const uint8_t *kb = p + b * (t == TN_CU_KV_Q8_0 ? 34 : 18);
+        const uint8_t *kb = p + b * kv_block_bytes(t);
         if (t == TN_CU_KV_Q8_0)
             for (int i = 0; i < 32; i++) sumi += (int)(int8_t)kb[2 + i] * (int)qb[i];
         else
