@@ -206,16 +206,12 @@ __device__ __forceinline__ void norm_tail(const tn_cu_tail &t) {
     __syncthreads();
     if (!last) return;
     __threadfence();
-    if (!t.w) { /* no norm: x's q8 blocks (the GLU's output for Wdown) */
-        for (int64_t b = threadIdx.x; b < t.d / 32; b += blockDim.x) q8_thread([&](int j) { return __ldcg(t.x + b * 32 + j); }, b, t.xq);
-        if (threadIdx.x == 0) *t.cnt = 0;
-        return;
-    }
-    const float scale = rms_scale_block<true>(t.x, t.d, t.eps);
-    for (int64_t i = threadIdx.x; i < t.d; i += blockDim.x) t.y[i] = (__ldcg(t.x + i) * scale) * t.w[i];
+    /* no norm (w NULL): x's q8 blocks only (the GLU's output for Wdown) */
+    const float scale = t.w ? rms_scale_block<true>(t.x, t.d, t.eps) : 1.0f;
+    const auto v = [&](int64_t i) { return t.w ? (__ldcg(t.x + i) * scale) * t.w[i] : __ldcg(t.x + i); };
+    for (int64_t i = threadIdx.x; t.w && i < t.d; i += blockDim.x) t.y[i] = v(i);
     if (t.xq.q)
-        for (int64_t b = threadIdx.x; b < t.d / 32; b += blockDim.x)
-            q8_thread([&](int j) { return (__ldcg(t.x + b * 32 + j) * scale) * t.w[b * 32 + j]; }, b, t.xq);
+        for (int64_t b = threadIdx.x; b < t.d / 32; b += blockDim.x) q8_thread([&](int j) { return v(b * 32 + j); }, b, t.xq);
     if (threadIdx.x == 0) *t.cnt = 0;
 }
 
@@ -258,16 +254,16 @@ __device__ __forceinline__ void store8(void *out, int64_t o, const float v[8], i
 
 /* ---- code-path weights -------------------------------------------------------------------------- */
 
-/* Plane widths of b bits, widest first (tq.h): b = 8 | 4 | 2 | 1 | 2+1 | 4+1 | 4+2 | 4+2+1 */
-template <int B> struct planes;
-template <> struct planes<1> { static constexpr int w0 = 1, w1 = 0, w2 = 0; };
-template <> struct planes<2> { static constexpr int w0 = 2, w1 = 0, w2 = 0; };
-template <> struct planes<3> { static constexpr int w0 = 2, w1 = 1, w2 = 0; };
-template <> struct planes<4> { static constexpr int w0 = 4, w1 = 0, w2 = 0; };
-template <> struct planes<5> { static constexpr int w0 = 4, w1 = 1, w2 = 0; };
-template <> struct planes<6> { static constexpr int w0 = 4, w1 = 2, w2 = 0; };
-template <> struct planes<7> { static constexpr int w0 = 4, w1 = 2, w2 = 1; };
-template <> struct planes<8> { static constexpr int w0 = 8, w1 = 0, w2 = 0; };
+/* Plane i's width for b bits, widest first, 0 after the last (tq.h): b = 8 | 4 | 2 | 1 | 2+1 | 4+1 |
+ * 4+2 | 4+2+1. The weight kernels take it at compile time (planes<B>), the tq KV rows at run time. */
+__host__ __device__ constexpr int tq_plane_width(int bits, int i) {
+    const int w0 = bits >= 8 ? 8 : bits >= 4 ? 4 : bits >= 2 ? 2 : 1;
+    const int r = bits - w0, w1 = r >= 2 ? 2 : r;
+    return i == 0 ? w0 : i == 1 ? w1 : r - w1;
+}
+template <int B> struct planes {
+    static constexpr int w0 = tq_plane_width(B, 0), w1 = tq_plane_width(B, 1), w2 = tq_plane_width(B, 2);
+};
 
 /* ORs the codes of one plane piece (4*W bytes at p) shifted by S into q[g] (codes 4g .. 4g+3). */
 template <int W, int S> __device__ __forceinline__ void unpack_plane(const uint32_t *p, uint32_t q[8]) {
@@ -1083,13 +1079,6 @@ __device__ __forceinline__ int kv_block_bytes(int type) {
 /* Bytes of a head's first value in a cache row: f16 2 per value, the quantized types a block per 32. */
 __device__ __forceinline__ int64_t kv_head_off(int type, int64_t h, int hd) {
     return type == TN_CU_KV_F16 ? h * hd * 2 : h * (hd / 32) * kv_block_bytes(type);
-}
-
-/* The plane widths of b bits, widest first (tq.h; 0 after the last): 2 | 2+1 | 4 | 4+1 | 4+2 | 4+2+1 | 8 */
-__device__ __forceinline__ int tq_plane_width(int bits, int i) {
-    const int w0 = bits >= 8 ? 8 : bits >= 4 ? 4 : bits >= 2 ? 2 : 1;
-    const int r = bits - w0, w1 = r >= 2 ? 2 : r, w2 = r - w1;
-    return i == 0 ? w0 : i == 1 ? w1 : w2;
 }
 
 /* Writes one plane of width w of a chunk of 32 codes (lane n holds p, its w bits for this plane) to
