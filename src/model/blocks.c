@@ -847,6 +847,43 @@ static void tn_moe_route_ds(const tn_hparams *hp, float *p, const float *bias, i
         for (int32_t j = 0; j < k; j++) w[j] *= hp->moe_scale;
 }
 
+void tn_moe_route_token(const tn_hparams *hp, const tn_layer *L, float *lg, int32_t *sel, float *w) {
+    const int32_t ne = hp->n_expert, k = hp->n_expert_used;
+    const float *rb = L->w[TN_ROLE_FFN_GATE_INP_B].data; /* gpt-oss: the router's bias */
+    if (rb)
+        for (int32_t e = 0; e < ne; e++) lg[e] += rb[e];
+    if (hp->family->mla) tn_moe_route_ds(hp, lg, L->w[TN_ROLE_FFN_EXP_PROBS_B].data, sel, w);
+    else if (hp->family->moe_gating == TN_MOE_SOFTMAX_WEIGHT) tn_moe_route_topk_softmax(lg, ne, k, hp->family->moe_renorm, sel, w);
+    else tn_moe_route(lg, ne, k, hp->family->moe_renorm, sel, w);
+}
+
+void tn_moe_group(tern_ctx *c, const tn_layer *L, int32_t il, int32_t n) {
+    const int32_t ne = c->hp.n_expert, k = c->hp.n_expert_used;
+    const int64_t R = (int64_t)n * k;
+    const tn_tensor *Wg = &L->w[TN_ROLE_FFN_GATE_EXPS];
+    int32_t *off = c->moe_off;
+    memset(off, 0, sizeof(int32_t) * (size_t)(ne + 1));
+    for (int64_t r = 0; r < R; r++) off[c->moe_sel[r] + 1]++;
+    for (int32_t e = 0; e < ne; e++) off[e + 1] += off[e];
+    for (int64_t r = 0; r < R; r++) { /* moe_row as the cursor of each expert, then the row */
+        const int32_t e = c->moe_sel[r], g = off[e]++;
+        c->moe_tok[g] = (int32_t)(r / k), c->moe_row[r] = g;
+    }
+    for (int32_t e = ne; e > 0; e--) off[e] = off[e - 1]; /* the cursors ended at the next start */
+    off[0] = 0;
+    if (c->moe_count) { /* usage (tern bench): this batch's rows per expert, experts run */
+        uint64_t *cnt = c->moe_count + (int64_t)il * ne;
+        int32_t used = 0;
+        for (int32_t e = 0; e < ne; e++) cnt[e] += (uint64_t)(off[e + 1] - off[e]), used += off[e + 1] > off[e];
+        c->moe_rows += (uint64_t)R;
+        if (Wg->hot) /* rows whose expert is in fast memory (tier.c) */
+            for (int32_t e = 0; e < ne; e++)
+                if (off[e + 1] > off[e] && atomic_load_explicit(&Wg->hot[e], memory_order_relaxed))
+                    c->moe_rows_hot += (uint64_t)(off[e + 1] - off[e]);
+        c->moe_touched[il] += (uint64_t)used, c->moe_passes[il]++, c->moe_tokens[il] += (uint64_t)n;
+    }
+}
+
 void tn_blk_moe(tn_thr *T, const tn_layer *L, int32_t il) {
     tern_ctx *c = T->c;
     const tn_kern_table *kt = c->kt;
@@ -868,42 +905,9 @@ void tn_blk_moe(tn_thr *T, const tn_layer *L, int32_t il) {
     TN_SPAN_E(TN_TK_MATMUL, "ffn_gate_inp", il, r1 - r0, (r1 - r0) * (int64_t)tn_dtype_row_size(Wr->type, d));
     tn_pool_barrier(pool);
     TN_SPAN_B(TN_TK_ROUTE, "moe_route", il, n, ne, k, 0);
-    const float *rb = L->w[TN_ROLE_FFN_GATE_INP_B].data; /* gpt-oss: the router's bias */
-    for (int64_t t = T->t0; t < T->t1; t++) {
-        float *lg = c->moe_logits + t * ne;
-        if (rb)
-            for (int32_t e = 0; e < ne; e++) lg[e] += rb[e];
-        if (hp->family->mla) tn_moe_route_ds(hp, lg, L->w[TN_ROLE_FFN_EXP_PROBS_B].data, c->moe_sel + t * k, c->moe_w + t * k);
-        else if (hp->family->moe_gating == TN_MOE_SOFTMAX_WEIGHT)
-            tn_moe_route_topk_softmax(lg, ne, k, hp->family->moe_renorm, c->moe_sel + t * k, c->moe_w + t * k);
-        else tn_moe_route(lg, ne, k, hp->family->moe_renorm, c->moe_sel + t * k, c->moe_w + t * k);
-    }
+    for (int64_t t = T->t0; t < T->t1; t++) tn_moe_route_token(hp, L, c->moe_logits + t * ne, c->moe_sel + t * k, c->moe_w + t * k);
     tn_pool_barrier(pool);
-    /* the routed rows grouped by expert (a counting sort, tokens in batch order within an
-     * expert): expert e's rows are moe_off[e] .. moe_off[e + 1] - 1 */
-    if (ith == 0) {
-        int32_t *off = c->moe_off;
-        memset(off, 0, sizeof(int32_t) * (size_t)(ne + 1));
-        for (int64_t r = 0; r < R; r++) off[c->moe_sel[r] + 1]++;
-        for (int32_t e = 0; e < ne; e++) off[e + 1] += off[e];
-        for (int64_t r = 0; r < R; r++) { /* moe_row as the cursor of each expert, then the row */
-            const int32_t e = c->moe_sel[r], g = off[e]++;
-            c->moe_tok[g] = (int32_t)(r / k), c->moe_row[r] = g;
-        }
-        for (int32_t e = ne; e > 0; e--) off[e] = off[e - 1]; /* the cursors ended at the next start */
-        off[0] = 0;
-        if (c->moe_count) { /* usage (tern bench): this batch's rows per expert, experts run */
-            uint64_t *cnt = c->moe_count + (int64_t)il * ne;
-            int32_t used = 0;
-            for (int32_t e = 0; e < ne; e++) cnt[e] += (uint64_t)(off[e + 1] - off[e]), used += off[e + 1] > off[e];
-            c->moe_rows += (uint64_t)R;
-            if (Wg->hot) /* rows whose expert is in fast memory (tier.c) */
-                for (int32_t e = 0; e < ne; e++)
-                    if (off[e + 1] > off[e] && atomic_load_explicit(&Wg->hot[e], memory_order_relaxed))
-                        c->moe_rows_hot += (uint64_t)(off[e + 1] - off[e]);
-            c->moe_touched[il] += (uint64_t)used, c->moe_passes[il]++, c->moe_tokens[il] += (uint64_t)n;
-        }
-    }
+    if (ith == 0) tn_moe_group(c, L, il, n);
     tn_pool_barrier(pool);
     TN_SPAN_E(TN_TK_ROUTE, "moe_route", il, 0, 0);
     const int32_t *off = c->moe_off;

@@ -95,6 +95,16 @@ void tn_blk_up_relu_sqr(tn_thr *T, const tn_layer *L, int32_t il);
  * token x += sum over its slots, in slot order, of weight * expert output. A token's arithmetic
  * does not depend on the rest of the batch. */
 void tn_blk_moe(tn_thr *T, const tn_layer *L, int32_t il);
+/* One token's routing, as tn_blk_moe routes it: its router logits lg[n_expert] (the router's bias
+ * added, then overwritten with the probabilities) into the chosen experts sel[n_expert_used] (best
+ * first) and their weights w[n_expert_used], by the family's rule (softmax and top-k, weights
+ * renormalised where the family does; gpt-oss's softmax over the top-k logits; DeepSeek's groups,
+ * sigmoid and bias). The CUDA backend routes with it too. */
+void tn_moe_route_token(const tn_hparams *hp, const tn_layer *L, float *lg, int32_t *sel, float *w);
+/* The n tokens' routed rows (c->moe_sel) grouped by expert, a counting sort keeping batch order
+ * within an expert: expert e's rows moe_off[e] .. moe_off[e + 1] - 1, moe_tok[row] its token,
+ * moe_row[t * k + j] the row of token t's slot j; usage counted for tern bench (c->moe_count). */
+void tn_moe_group(tern_ctx *c, const tn_layer *L, int32_t il, int32_t n);
 /* A layer's shared expert (tn_layer_shexp): hb = silu(Wgate_sh xb) * (Wup_sh xb), then per token
  * x += g * Wdown_sh hb with g = sigmoid(ffn_gate_inp_shexp . xb) (1 without the gate vector).
  * Reads xb as tn_blk_moe left it. At the closing barrier this thread's share of next is prefetched. */
