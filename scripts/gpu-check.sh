@@ -3,7 +3,7 @@
 #   nvidia-smi and `tern info`; the GPU tests (test_cuda gpu: kernel parity for every type, forward
 #   against the double-precision reference, paged batches, -ngl splits, stories260K greedy vs the
 #   CPU); the default model's greedy text on GPU and CPU (f16, q8_0 and q4_0 KV caches), and that
-#   of synthetic smollm3, gemma3, gemma2 and phi3 files; `tern serve --device cuda` under the serve
+#   of synthetic smollm3, gemma3, gemma2, phi3, qwen3moe and qwen2moe files; `tern serve --device cuda` under the serve
 #   test suite's scripts; and the benchmarks on a 1B-class synthetic model (Q4_0, Q8_0, tq2/3/4,
 #   F16): decode and pp512 against the card's copy bandwidth and fp16 peak, measured in the same run.
 #
@@ -76,9 +76,10 @@ done
 
 # the other families on the GPU (synthetic small models): greedy text on GPU and CPU, and their
 # speed on the card
-for a in smollm3 gemma3 gemma2 phi3; do
+for a in smollm3 gemma3 gemma2 phi3 qwen3moe qwen2moe; do
+    case $a in *moe) preset=tiny ;; *) preset=small ;; esac
     step "greedy_$a" 90 bash -c "
-      '$BIN' synth -o $TMPD/$a.gguf --arch $a --preset small --type q8_0 >/dev/null || exit 3
+      '$BIN' synth -o $TMPD/$a.gguf --arch $a --preset $preset --type q8_0 >/dev/null || exit 3
       '$BIN' generate -m $TMPD/$a.gguf -p 'Once upon a time' -n 48 --temp 0 --device cuda 2>$TMPD/g.err >$TMPD/gpu.txt; e1=\$?
       '$BIN' generate -m $TMPD/$a.gguf -p 'Once upon a time' -n 48 --temp 0 -t 4 2>$TMPD/c.err >$TMPD/cpu.txt; e2=\$?
       cat $TMPD/g.err; echo '--- gpu:'; cat $TMPD/gpu.txt; echo; echo '--- cpu:'; cat $TMPD/cpu.txt; echo

@@ -19,6 +19,7 @@
 #include "cuda/kern_cuda.h"
 #include "core/fp16.h"
 #include "model/arch/arch.h"
+#include "model/blocks.h"
 #include "model/ops.h"
 #include "quant/tq.h"
 
@@ -33,6 +34,16 @@ typedef struct {
     tn_cw w[W_N];
     tn_cw qkv, gu;
     bool fused_qkv, fused_gu;
+    /* mixture of experts (the layer has a router): each expert matrix as one matrix of every
+     * expert's rows (expert e's gate|up rows e 2 ff_exp .., its down rows e n_embd ..; egu when
+     * gate and up share a type, else eg and eu); a shared expert (qwen2moe) likewise, with its
+     * f32 gate vector */
+    bool moe, shexp;
+    tn_cw router, egu, eg, eu, edown;
+    bool fused_egu;
+    tn_cw sgu, sg, su, sdown;
+    bool fused_sgu;
+    float *sgate;
 } tn_cu_layer;
 
 struct tn_cuda_ctx {
@@ -49,6 +60,11 @@ struct tn_cuda_ctx {
     uint64_t bytes;
     /* scratch for n_batch tokens */
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2, *logits;
+    /* mixture of experts: router logits [n][n_expert], routed rows' inputs and outputs
+     * [n n_expert_used][n_embd], each routed row's token and each slot's row and weight
+     * (d_moe: tok [R], row [R], w [R] as floats' bits; h_moe its pinned staging) */
+    float *rl, *xg, *ey;
+    int32_t *d_moe, *h_moe;
     tn_cq xq;
     uint16_t *xh, *wh; /* fp16 activations, fp16 weight tile for the GEMM path */
     int64_t wh_elems;
@@ -392,6 +408,48 @@ static tern_status upload_stacked(tn_cuda_ctx *g, const tn_tensor *const *ts, in
     return s;
 }
 
+/* A 3-D expert matrix [n_expert][rows][k] as one matrix of every expert's rows; with b (up beside
+ * gate a, of the same type and row length) interleaved per expert into *ab (expert e's a rows then
+ * its b rows: one gate|up matrix per expert, as a dense layer's gu) and *fused set; otherwise a into
+ * *wa (or *ab when b is NULL) and b into *wb. */
+static tern_status upload_experts(tn_cuda_ctx *g, const tn_tensor *a, const tn_tensor *b, tn_cw *ab, tn_cw *wa, tn_cw *wb, bool *fused) {
+    const int64_t ne = a->ne[2] > 0 ? a->ne[2] : 1;
+    if (b) {
+        tn_tensor *v = tn_malloc(sizeof *v * (size_t)(2 * ne));
+        const tn_tensor **ts = tn_malloc(sizeof *ts * (size_t)(2 * ne));
+        tern_status s = TERN_OK;
+        if (!v || !ts) s = tn_err(TERN_ERR_NOMEM, "cuda: out of host memory");
+        for (int64_t e = 0; !s && e < ne; e++) {
+            v[2 * e] = tn_expert_view(a, e), v[2 * e + 1] = tn_expert_view(b, e);
+            ts[2 * e] = &v[2 * e], ts[2 * e + 1] = &v[2 * e + 1];
+        }
+        if (!s) s = upload_stacked(g, ts, (int)(2 * ne), ab, fused);
+        tn_free(v);
+        tn_free(ts);
+        if (s || *fused) return s;
+    }
+    tn_tensor T = *a;
+    T.ne[1] = a->ne[1] * ne, T.ne[2] = 1;
+    tern_status s = upload_weight(g, &T, b ? wa : ab);
+    if (s || !b) return s;
+    T = *b;
+    T.ne[1] = b->ne[1] * (b->ne[2] > 0 ? b->ne[2] : 1), T.ne[2] = 1;
+    return upload_weight(g, &T, wb);
+}
+
+/* Rows r0 .. r0 + nr - 1 of w as a matrix of their own (an expert of a stacked expert matrix). */
+static tn_cw cw_rows(const tn_cw *w, int64_t r0, int64_t nr) {
+    tn_cw v = *w;
+    v.m = nr;
+    v.data = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
+    if (tn_cw_is_code(w->kind)) {
+        const int64_t nbr = w->k / w->group;
+        v.d = w->d + r0 * nbr;
+        if (w->mn) v.mn = w->mn + r0 * nbr;
+    }
+    return v;
+}
+
 /* ---- context ------------------------------------------------------------------------------------ */
 
 
@@ -412,6 +470,7 @@ static void ctx_release(tn_cuda_ctx *g) {
     cudaFreeHost(g->h_cs);
     cudaFreeHost(g->h_cs_swa);
     cudaFreeHost(g->h_ints);
+    cudaFreeHost(g->h_moe);
     cudaGetLastError();
     tn_free(g->allocs);
     tn_free(g->L);
@@ -451,15 +510,13 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
     if (hp->family && hp->family->mla) /* its latent KV cache and absorbed projections are CPU-only */
         return tn_err(TERN_ERR_UNSUPPORTED, "cuda: architecture %s (multi-head latent attention) does not run on the GPU yet; "
                       "run it on the CPU", hp->family->name);
-    if (hp->n_expert > 0) /* no MoE block on the GPU: Mixtral-style llama files included */
-        return tn_err(TERN_ERR_UNSUPPORTED, "cuda: %s with %d experts: mixture-of-experts layers do not run on the GPU yet; "
-                      "run it on the CPU", hp->family ? hp->family->name : "?", hp->n_expert);
     const bool arch_ok = hp->arch == TN_ARCH_LLAMA || hp->arch == TN_ARCH_QWEN2 || hp->arch == TN_ARCH_QWEN3 ||
                          hp->arch == TN_ARCH_SMOLLM3 || hp->arch == TN_ARCH_GEMMA3 || hp->arch == TN_ARCH_GEMMA2 ||
-                         hp->arch == TN_ARCH_PHI3;
+                         hp->arch == TN_ARCH_PHI3 || hp->arch == TN_ARCH_QWEN3MOE || hp->arch == TN_ARCH_QWEN2MOE;
     if (!arch_ok || (hp->family && hp->family->qk_norm_full) || (hp->ffn != TN_FFN_SWIGLU && hp->ffn != TN_FFN_GEGLU))
         return tn_err(TERN_ERR_UNSUPPORTED,
-                      "cuda: architecture %s does not run on the GPU yet (llama, qwen2, qwen3, smollm3, gemma2, gemma3, phi3 do); "
+                      "cuda: architecture %s does not run on the GPU yet (llama, qwen2, qwen3, smollm3, gemma2, gemma3, phi3, qwen3moe, "
+                      "qwen2moe do); "
                       "run it on the CPU",
                       hp->family ? hp->family->name : "?");
     tn_cuda_ctx *g = tn_calloc(1, sizeof *g);
@@ -492,7 +549,9 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
         const tn_tensor *ts[W_N] = {&R[TN_ROLE_ATTN_Q],   &R[TN_ROLE_ATTN_K], &R[TN_ROLE_ATTN_V], &R[TN_ROLE_ATTN_OUT],
                                     &R[TN_ROLE_FFN_GATE], &R[TN_ROLE_FFN_UP], &R[TN_ROLE_FFN_DOWN]};
         /* a block the GPU path does not run yet is refused by name, not computed wrongly */
-        static const int unsupported[] = {TN_ROLE_ATTN_SINKS, TN_ROLE_ATTN_OUT_B};
+        static const int unsupported[] = {TN_ROLE_ATTN_SINKS,      TN_ROLE_ATTN_OUT_B,    TN_ROLE_FFN_GATE_INP_B,
+                                          TN_ROLE_FFN_GATE_EXPS_B, TN_ROLE_FFN_UP_EXPS_B, TN_ROLE_FFN_DOWN_EXPS_B,
+                                          TN_ROLE_FFN_EXP_PROBS_B};
         for (size_t u = 0; u < sizeof unsupported / sizeof unsupported[0]; u++)
             if (R[unsupported[u]].data) {
                 s = tn_err(TERN_ERR_UNSUPPORTED, "cuda: tensor '%s' (%s): this block is not on the GPU yet; run on the CPU",
@@ -500,9 +559,33 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
                 goto fail;
             }
         if ((s = upload_stacked(g, ts, 3, &G->qkv, &G->fused_qkv))) goto fail;
-        if ((s = upload_stacked(g, ts + W_GATE, 2, &G->gu, &G->fused_gu))) goto fail;
+        G->moe = tn_layer_moe(L);
+        if (G->moe) { /* the router, the experts, a shared expert; no dense gate, up, down */
+            if ((s = upload_weight(g, &R[TN_ROLE_FFN_GATE_INP], &G->router)) ||
+                (s = upload_experts(g, &R[TN_ROLE_FFN_GATE_EXPS], &R[TN_ROLE_FFN_UP_EXPS], &G->egu, &G->eg, &G->eu, &G->fused_egu)) ||
+                (s = upload_experts(g, &R[TN_ROLE_FFN_DOWN_EXPS], NULL, &G->edown, NULL, NULL, NULL)))
+                goto fail;
+            const int64_t ffe = hp->n_ff_exp;
+            max_k = TN_MAX(max_k, ffe);
+            max_mk = TN_MAX(max_mk, TN_MAX(2 * ffe * G->edown.k, G->router.m * G->router.k));
+            max_mk = TN_MAX(max_mk, hp->n_embd * ffe);
+            G->shexp = tn_layer_shexp(L);
+            if (G->shexp) {
+                const tn_tensor *sh[3] = {&R[TN_ROLE_FFN_GATE_SHEXP], &R[TN_ROLE_FFN_UP_SHEXP], &R[TN_ROLE_FFN_DOWN_SHEXP]};
+                if ((s = upload_stacked(g, sh, 2, &G->sgu, &G->fused_sgu))) goto fail;
+                if ((!G->fused_sgu && ((s = upload_weight(g, sh[0], &G->sg)) || (s = upload_weight(g, sh[1], &G->su)))) ||
+                    (s = upload_weight(g, sh[2], &G->sdown)))
+                    goto fail;
+                max_k = TN_MAX(max_k, G->sdown.k);
+                max_mk = TN_MAX(max_mk, TN_MAX(2 * G->sdown.m * G->sdown.k, G->sdown.m * G->sdown.k));
+                G->sgate = upload_f32(g, &R[TN_ROLE_FFN_GATE_INP_SHEXP], &ok);
+            }
+        } else if ((s = upload_stacked(g, ts + W_GATE, 2, &G->gu, &G->fused_gu))) {
+            goto fail;
+        }
         for (int i = 0; i < W_N; i++) {
             if ((i <= W_V && G->fused_qkv) || ((i == W_GATE || i == W_UP) && G->fused_gu)) continue;
+            if (i >= W_GATE && G->moe) continue;
             if ((s = upload_weight(g, ts[i], &G->w[i]))) goto fail;
             max_k = TN_MAX(max_k, G->w[i].k);
             max_mk = TN_MAX(max_mk, G->w[i].m * G->w[i].k);
@@ -540,7 +623,10 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
         g->output_norm = upload_f32(g, &m->output_norm, &ok);
     }
     const int64_t nb = c->n_batch, d = hp->n_embd, qd = (int64_t)hp->n_head * hp->head_dim;
-    const int64_t kv_dim = (int64_t)hp->n_head_kv * hp->head_dim, ff = hp->n_ff;
+    const int64_t kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    const bool moe = hp->n_expert > 0;
+    /* the widest FFN: dense layers', the experts' and a shared expert's */
+    const int64_t ff = moe ? TN_MAX(hp->n_ff, TN_MAX(hp->n_ff_exp, hp->n_ff_shexp)) : hp->n_ff;
     const int64_t wide = TN_MAX(TN_MAX(d, qd), ff);
     g->x = dalloc(g, (size_t)(nb * d) * 4, &ok);
     g->xb = dalloc(g, (size_t)(nb * wide) * 4, &ok);
@@ -551,6 +637,13 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
     g->hb = dalloc(g, (size_t)(nb * 2 * ff) * 4, &ok); /* gate and up side by side when fused */
     g->hb2 = dalloc(g, (size_t)(nb * ff) * 4, &ok);
     if (g->has_output) g->logits = dalloc(g, (size_t)c->n_logits_cap * (size_t)hp->n_vocab * 4, &ok);
+    if (moe) {
+        const int64_t R = nb * hp->n_expert_used;
+        g->rl = dalloc(g, (size_t)(nb * hp->n_expert) * 4, &ok);
+        g->xg = dalloc(g, (size_t)(R * d) * 4, &ok);
+        g->ey = dalloc(g, (size_t)(R * d) * 4, &ok);
+        g->d_moe = dalloc(g, (size_t)(3 * R) * 4, &ok);
+    }
     g->xq.q = dalloc(g, (size_t)(nb * max_k), &ok);
     g->xq.d = dalloc(g, (size_t)(nb * max_k / 32) * 4, &ok);
     g->xq.s = dalloc(g, (size_t)(nb * max_k / 32) * 4, &ok);
@@ -582,13 +675,15 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
     if (cudaMallocHost((void **)&g->h_x, (size_t)(nb * d) * 4) != cudaSuccess ||
         cudaMallocHost((void **)&g->h_cs, (size_t)(nb * hp->n_rot) * 4) != cudaSuccess ||
         cudaMallocHost((void **)&g->h_ints, (size_t)ints_needed(c, g->tbl_cap) * 4) != cudaSuccess ||
-        (hp->n_swa > 0 && cudaMallocHost((void **)&g->h_cs_swa, (size_t)(nb * hp->n_rot) * 4) != cudaSuccess)) {
+        (hp->n_swa > 0 && cudaMallocHost((void **)&g->h_cs_swa, (size_t)(nb * hp->n_rot) * 4) != cudaSuccess) ||
+        (moe && cudaMallocHost((void **)&g->h_moe, (size_t)(3 * nb * hp->n_expert_used) * 4) != cudaSuccess)) {
         cudaGetLastError();
         s = tn_err(TERN_ERR_NOMEM, "cuda: cannot allocate pinned host buffers");
         goto fail;
     }
     const char *ge = getenv("TERN_CUDA_GRAPH");
-    g->use_graph = !(ge && !strcmp(ge, "0"));
+    /* (a mixture of experts routes on the host between its kernels: no graph of the whole step) */
+    g->use_graph = !(ge && !strcmp(ge, "0")) && !moe;
     g->fuse_rope = env_int("TERN_CUDA_FUSE", 1) != 0 && env_int("TERN_CUDA_FUSE_ROPE", 1) != 0;
     g->fuse_norm = env_int("TERN_CUDA_FUSE", 1) != 0 && env_int("TERN_CUDA_FUSE_NORM", 1) != 0;
     g->fuse_glu = env_int("TERN_CUDA_FUSE", 1) != 0 && env_int("TERN_CUDA_FUSE_GLU", 1) != 0;
@@ -755,12 +850,91 @@ static void proj_add(tn_cuda_ctx *g, const char *label, const tn_cw *w, const fl
     CKL("post_norm", tn_cu_rmsnorm_add(g->x, g->xb, post, n, w->m, eps, g->st));
 }
 
+/* h = act(Wgate x) * (Wup x) for n rows of x (stride ldx): gu the gate|up matrix (gate rows, then
+ * as many up rows), or wg and wu apart (gu NULL); down the product that reads h (whose q8 blocks
+ * the last kernel writes where down reads them). Returns h: hb2, or hb (gate and up apart). */
+static const float *ffn_glu(tn_cuda_ctx *g, const tn_cw *gu, const tn_cw *wg, const tn_cw *wu, const tn_cw *down, const float *x,
+                            int64_t ldx, int64_t n, int act) {
+    const bool qd = q8_for(g, down, n);
+    if (!gu) {
+        const int64_t ff = wg->m;
+        mm(g, "gate_up", wg, x, ldx, n, g->hb, ff, NULL, 0);
+        mm(g, "gate_up", wu, x, ldx, n, g->hb2, ff, NULL, 0);
+        CKL("swiglu", tn_cu_swiglu(g->hb, g->hb2, n * ff, act, g->st));
+        fresh(g);
+        return g->hb;
+    }
+    const int64_t ff = gu->m / 2;
+    const bool code = tn_cw_is_code(gu->kind);
+    if (g->fuse_glu && n == 1 && ff % 32 == 0 && (code ? gu->k % 32 == 0 : gu->k % 8 == 0 && ldx % 4 == 0)) {
+        /* one token: each warp a gate row and its up row, h = act(gate) up written by the product,
+         * its q8 blocks for Wdown by the last block (the same bits as below) */
+        if (code && g->q_src != x) {
+            CKL("quantize", tn_cu_quantize_q8(x, ldx, gu->k, 1, g->xq, g->st));
+            g->q_src = x;
+        }
+        const tn_cu_tail tg = {g->d_cnt, g->hb2, NULL, NULL, 0.0f, ff, g->xq};
+        CKL("gate_up", tn_cu_gemv_glu(gu, x, &g->xq, g->hb, g->hb2, act, qd ? &tg : NULL, g->st));
+    } else {
+        mm(g, "gate_up", gu, x, ldx, n, g->hb, 2 * ff, NULL, 0);
+        CKL("swiglu", tn_cu_swiglu_pair(g->hb, g->hb2, n, ff, act, qd ? &g->xq : NULL, g->st));
+    }
+    fresh(g);
+    if (qd) g->q_src = g->hb2;
+    return g->hb2;
+}
+
+/* A mixture-of-experts FFN on the normed rows xb (n of them): the router's logits to the host,
+ * each token routed there by the CPU's own routing (tn_moe_route_token) and the rows grouped by
+ * expert (tn_moe_group); the rows' inputs gathered, each chosen expert's gate|up, GLU and down over
+ * its rows, then x += the slots' weighted outputs in slot order, and a shared expert's gated
+ * output. The same steps as the CPU's tn_blk_moe and tn_blk_shexp. */
+static void moe_ffn(tn_cuda_ctx *g, tern_ctx *c, int32_t il, int64_t n, int act) {
+    const tn_hparams *hp = &c->hp;
+    const tn_cu_layer *L = &g->L[il];
+    const tn_layer *Lh = &c->model->layers[il];
+    const int32_t ne = hp->n_expert, k = hp->n_expert_used;
+    const int64_t d = hp->n_embd, ffe = hp->n_ff_exp, R = n * k;
+    mm(g, "router", &L->router, g->xb, d, n, g->rl, ne, NULL, 0);
+    CKL("d2h", cudaMemcpyAsync(c->moe_logits, g->rl, (size_t)(n * ne) * 4, cudaMemcpyDeviceToHost, g->st));
+    CK(cudaStreamSynchronize(g->st));
+    if (g->cuerr) return;
+    for (int64_t t = 0; t < n; t++) tn_moe_route_token(hp, Lh, c->moe_logits + t * ne, c->moe_sel + t * k, c->moe_w + t * k);
+    tn_moe_group(c, Lh, il, (int32_t)n);
+    int32_t *tok = g->d_moe, *row = tok + R;
+    const float *w = (const float *)(row + R);
+    memcpy(g->h_moe, c->moe_tok, (size_t)R * 4);
+    memcpy(g->h_moe + R, c->moe_row, (size_t)R * 4);
+    memcpy(g->h_moe + 2 * R, c->moe_w, (size_t)R * 4);
+    CKL("h2d", cudaMemcpyAsync(g->d_moe, g->h_moe, (size_t)(3 * R) * 4, cudaMemcpyHostToDevice, g->st));
+    CKL("gather", tn_cu_gather_rows(g->xb, tok, R, d, g->xg, g->st));
+    const int32_t *off = c->moe_off;
+    for (int32_t e = 0; e < ne; e++) {
+        const int64_t r0 = off[e], nr = off[e + 1] - off[e];
+        if (nr == 0) continue;
+        fresh(g); /* xg's rows: new contents at addresses used before */
+        const tn_cw gu = L->fused_egu ? cw_rows(&L->egu, 2 * ffe * e, 2 * ffe) : (tn_cw){0};
+        const tn_cw eg = L->fused_egu ? gu : cw_rows(&L->eg, ffe * e, ffe), eu = L->fused_egu ? gu : cw_rows(&L->eu, ffe * e, ffe);
+        const tn_cw dn = cw_rows(&L->edown, d * e, d);
+        const float *h = ffn_glu(g, L->fused_egu ? &gu : NULL, &eg, &eu, &dn, g->xg + r0 * d, d, nr, act);
+        mm(g, "down_exps", &dn, h, ffe, nr, g->ey + r0 * d, d, NULL, 0);
+    }
+    CKL("moe_combine", tn_cu_moe_combine(g->x, g->ey, row, w, n, k, d, g->st));
+    fresh(g);
+    if (L->shexp) { /* x += sigmoid(gate . xb) * Wdown_sh (act(Wgate_sh xb) * Wup_sh xb) */
+        const float *h = ffn_glu(g, L->fused_sgu ? &L->sgu : NULL, &L->sg, &L->su, &L->sdown, g->xb, d, n, act);
+        mm(g, "down_shexp", &L->sdown, h, L->sdown.k, n, g->ey, d, NULL, 0);
+        CKL("gate_add", tn_cu_gate_add(g->x, g->ey, g->xb, L->sgate, n, d, g->st));
+        fresh(g);
+    }
+}
+
 /* The layers on the GPU and, when it holds them all, the final norm and the logits of the n_out
  * rows in d_orow: kernel launches only (a CUDA graph captures them for one-token steps). */
-static void run_layers(tn_cuda_ctx *g, const tern_ctx *c, int64_t n, int32_t n_out) {
+static void run_layers(tn_cuda_ctx *g, tern_ctx *c, int64_t n, int32_t n_out) {
     const tn_hparams *hp = &c->hp;
     const int64_t d = hp->n_embd, hd = hp->head_dim, qd = (int64_t)hp->n_head * hd;
-    const int64_t kv_dim = (int64_t)hp->n_head_kv * hd, ff = hp->n_ff;
+    const int64_t kv_dim = (int64_t)hp->n_head_kv * hd;
     int32_t *d_pos = g->d_ints, *d_kvrow = d_pos + n, *d_toff = d_kvrow + n, *d_orow = d_toff + n, *d_tbl = d_orow + n;
     /* scores q.k * scale (the family's, or 1/sqrt(hd)); soft-capped (gemma2): scale / cap, then
      * cap * tanh, as the CPU computes them */
@@ -813,36 +987,19 @@ static void run_layers(tn_cuda_ctx *g, const tern_ctx *c, int64_t n, int32_t n_o
         fresh(g);
         if (qo) g->q_src = g->att;
         /* feed-forward block: its norm by Wo's tail, or a launch */
-        const bool qf = q8_for(g, L->fused_gu ? &L->gu : &L->w[W_GATE], n);
+        const bool qf = q8_for(g, L->moe ? &L->router : L->fused_gu ? &L->gu : &L->w[W_GATE], n);
         const tn_cu_tail tf = {g->d_cnt, g->x, g->xb, L->ffn_norm, hp->rms_eps, d, qf ? g->xq : noq};
         const bool tail_f = tails && !L->attn_post_norm;
         proj_add(g, "wo", &L->w[W_O], g->att, qd, n, L->attn_post_norm, hp->rms_eps, tail_f ? &tf : NULL);
         if (!tail_f) CKL("norm", tn_cu_rmsnorm(g->x, NULL, g->xb, L->ffn_norm, n, d, hp->rms_eps, qf ? &g->xq : NULL, g->st));
         fresh(g);
         if (qf) g->q_src = g->xb;
-        float *h = g->hb;
-        if (L->fused_gu && g->fuse_glu && n == 1 && ff % 32 == 0 && (tn_cw_is_code(L->gu.kind) ? qf : d % 8 == 0)) {
-            /* one token: each warp a gate row and its up row, h = act(gate) up written by the
-             * product, its q8 blocks for Wdown by the last block (the same bits as below) */
-            const bool qd = q8_for(g, &L->w[W_DOWN], n);
-            const tn_cu_tail tg = {g->d_cnt, g->hb2, NULL, NULL, 0.0f, ff, g->xq};
-            CKL("gate_up", tn_cu_gemv_glu(&L->gu, g->xb, &g->xq, g->hb, g->hb2, act, qd ? &tg : NULL, g->st));
-            h = g->hb2;
-            fresh(g);
-            if (qd) g->q_src = h;
-        } else if (L->fused_gu) {
-            mm(g, "gate_up", &L->gu, g->xb, d, n, g->hb, 2 * ff, NULL, 0);
-            const bool qd = q8_for(g, &L->w[W_DOWN], n);
-            CKL("swiglu", tn_cu_swiglu_pair(g->hb, g->hb2, n, ff, act, qd ? &g->xq : NULL, g->st));
-            h = g->hb2;
-            fresh(g);
-            if (qd) g->q_src = h;
-        } else {
-            mm(g, "gate_up", &L->w[W_GATE], g->xb, d, n, g->hb, ff, NULL, 0);
-            mm(g, "gate_up", &L->w[W_UP], g->xb, d, n, g->hb2, ff, NULL, 0);
-            CKL("swiglu", tn_cu_swiglu(g->hb, g->hb2, n * ff, act, g->st));
-            fresh(g);
+        if (L->moe) { /* x += the routed experts' weighted sum (+ the shared expert); the next norm a launch */
+            moe_ffn(g, c, il, n, act);
+            normed = false;
+            continue;
         }
+        const float *h = ffn_glu(g, L->fused_gu ? &L->gu : NULL, &L->w[W_GATE], &L->w[W_UP], &L->w[W_DOWN], g->xb, d, n, act);
         /* the next norm by Wdown's tail: the next layer's attention norm, or (one token wanting
          * its logits) the output norm */
         const tn_cu_layer *Ln = il + 1 < g->n_layers ? &g->L[il + 1] : NULL;
@@ -855,7 +1012,7 @@ static void run_layers(tn_cuda_ctx *g, const tern_ctx *c, int64_t n, int32_t n_o
             if (q8_for(g, &g->output, n_out)) tn.xq = g->xq;
         }
         normed = tails && !L->ffn_post_norm && tn.w;
-        proj_add(g, "down", &L->w[W_DOWN], h, ff, n, L->ffn_post_norm, hp->rms_eps, normed ? &tn : NULL);
+        proj_add(g, "down", &L->w[W_DOWN], h, L->w[W_DOWN].k, n, L->ffn_post_norm, hp->rms_eps, normed ? &tn : NULL);
     }
     if (g->has_output && n_out > 0) {
         const bool qout = q8_for(g, &g->output, n_out);

@@ -188,6 +188,14 @@ int tn_cu_swiglu(float *g, const float *u, int64_t n, int act, void *stream);
 /* h[t][i] = act(gu[t][i]) * gu[t][ff + i] (gate and up computed as one matrix), i < ff, t < n;
  * xq != NULL: h also quantized into it. */
 int tn_cu_swiglu_pair(const float *gu, float *h, int64_t n, int64_t ff, int act, const tn_cq *xq, void *stream);
+/* Mixture of experts (the routing itself is the host's: model/blocks.h tn_moe_route_token):
+ * dst[r] = src[idx[r]] for r < n, rows of d floats (each routed row's input, grouped by expert). */
+int tn_cu_gather_rows(const float *src, const int32_t *idx, int64_t n, int64_t d, float *dst, void *stream);
+/* x[t] += sum over slots j < k, in order, of w[t k + j] * out[row[t k + j]] (rows of d), t < n. */
+int tn_cu_moe_combine(float *x, const float *out, const int32_t *row, const float *w, int64_t n, int k, int64_t d, void *stream);
+/* A shared expert's output y added to x: x[t] += sigmoid(gw . xb[t]) * y[t] (dot in double), or
+ * x[t] += y[t] without gw; rows of d, t < n. */
+int tn_cu_gate_add(float *x, const float *y, const float *xb, const float *gw, int64_t n, int64_t d, void *stream);
 /* Streams: read src and write dst (n bytes), for the bandwidth measurement. */
 int tn_cu_copy_kernel(const void *src, void *dst, size_t n, void *stream);
 

@@ -1546,6 +1546,71 @@ extern "C" int tn_cu_swiglu_pair(const float *gu, float *h, int64_t n, int64_t f
     return tn_cu_err();
 }
 
+/* ---- mixture of experts ------------------------------------------------------------------------ */
+
+/* dst[r] = src[idx[r]], rows of d floats (a block per row): the routed rows' inputs grouped by expert */
+__global__ void k_gather_rows(const float *src, const int32_t *idx, float *dst, int64_t d) {
+    gdc_enter();
+    const int64_t r = blockIdx.x, s = idx[r];
+    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) dst[r * d + i] = src[s * d + i];
+}
+extern "C" int tn_cu_gather_rows(const float *src, const int32_t *idx, int64_t n, int64_t d, float *dst, void *stream) {
+    if (n == 0) return 0;
+    launch(k_gather_rows, (unsigned)n, 256, 0, (cudaStream_t)stream, src, idx, dst, d);
+    return tn_cu_err();
+}
+
+/* x[t] += sum_j w[t k + j] * out[row[t k + j]], the slots in order, as the CPU's tn_blk_moe adds
+ * them (the first product, then each next one added, then the sum into x) */
+__global__ void k_moe_combine(float *x, const float *out, const int32_t *row, const float *w, int k, int64_t d) {
+    gdc_enter();
+    const int64_t t = blockIdx.x;
+    const int32_t *rt = row + t * k;
+    const float *wt = w + t * k;
+    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+        float acc = wt[0] * out[(int64_t)rt[0] * d + i];
+        for (int j = 1; j < k; j++) acc += wt[j] * out[(int64_t)rt[j] * d + i];
+        x[t * d + i] += acc;
+    }
+}
+extern "C" int tn_cu_moe_combine(float *x, const float *out, const int32_t *row, const float *w, int64_t n, int k, int64_t d,
+                                 void *stream) {
+    if (n == 0) return 0;
+    if (k < 1) return (int)cudaErrorInvalidValue;
+    launch(k_moe_combine, (unsigned)n, 256, 0, (cudaStream_t)stream, x, out, row, w, k, d);
+    return tn_cu_err();
+}
+
+/* x[t] += g y[t] with g = sigmoid(gw . xb[t]) (the dot product in double, as the CPU's
+ * tn_blk_shexp; gw NULL: g = 1), a block of 256 per token */
+__global__ void k_gate_add(float *x, const float *y, const float *xb, const float *gw, int64_t d) {
+    gdc_enter();
+    __shared__ double part[8];
+    __shared__ float gs;
+    const int64_t t = blockIdx.x;
+    if (gw) {
+        double s = 0;
+        for (int64_t i = threadIdx.x; i < d; i += blockDim.x) s += (double)gw[i] * (double)xb[t * d + i];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (threadIdx.x % WARP == 0) part[threadIdx.x / WARP] = s;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            double dot = 0;
+            for (int i = 0; i < (int)blockDim.x / WARP; i++) dot += part[i];
+            gs = (float)(1.0 / (1.0 + exp(-dot)));
+        }
+        __syncthreads();
+    }
+    const float g = gw ? gs : 1.0f;
+    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) x[t * d + i] += g * y[t * d + i];
+}
+extern "C" int tn_cu_gate_add(float *x, const float *y, const float *xb, const float *gw, int64_t n, int64_t d, void *stream) {
+    if (n == 0) return 0;
+    launch(k_gate_add, (unsigned)n, 256, 0, (cudaStream_t)stream, x, y, xb, gw, d);
+    return tn_cu_err();
+}
+
 __global__ void k_copy(const uint4 *src, uint4 *dst, size_t n16) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n16; i += (size_t)gridDim.x * blockDim.x) dst[i] = src[i];
 }

@@ -24,7 +24,8 @@
  * path: K/V in f16, activations to q8 for the code types; the prefill's fp16 GEMM rounds like
  * f16 weights do) and against tern's CPU logits; quantized KV caches (q8_0, q4_0, rotated or not)
  * against the reference rounding K / V alike; a paged two-sequence batch (tn_forward_batch
- * with block tables, as tern serve runs it); layers split between GPU and CPU (-ngl).
+ * with block tables, as tern serve runs it); layers split between GPU and CPU (-ngl); mixtures of
+ * experts (qwen3moe, qwen2moe with its shared expert, Mixtral-style llama) against the reference.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -346,9 +347,13 @@ static void forward_case(tiny_cfg cfg, int ngl) {
         worst_cpu = ec > worst_cpu ? ec : worst_cpu;
         t = (tern_token)(259 + (step * 37) % 100);
     }
-    printf("  %-6s %-8s ngl %2d K %-4s V %-4s rot %d%d: worst logits rel err vs reference %.2e (bound %.0e), vs tern CPU %.2e\n",
+    /* (MoE: the CPU's and the GPU's rounding can route a token to different experts where the
+     * reference's closest decision is near a tie; the reference bound is what is asserted) */
+    printf("  %-6s %-8s ngl %2d K %-4s V %-4s rot %d%d: worst logits rel err vs reference %.2e (bound %.0e), vs tern CPU %.2e",
            cfg.arch, tn_dtype_name(cfg.wtype), ngl, tern_kv_type_name(g_tk), tern_kv_type_name(g_tv), g->rot_k, g->rot_v, worst, tol,
            worst_cpu);
+    if (cfg.n_expert > 0) printf(", closest routing %.2e", ref_min_route_gap(r));
+    printf("\n");
     ref_free(r);
     free(rl);
     free_pair(g, c, m);
@@ -419,6 +424,26 @@ static void test_forward_families(void **state) {
     forward_case(cfg, -1);
     cfg.wtype = TN_Q4_K, cfg.n_ctx_orig = 64;
     forward_case(cfg, -1);
+}
+
+/* Mixture of experts on the GPU (the router's logits routed on the host by the CPU's own routing,
+ * each chosen expert's gate|up, GLU and down over its gathered rows, the slots' weighted sum in
+ * slot order): qwen3moe (per-head q/k norms, heads of 128, weights renormalised), qwen2moe (q/k/v
+ * biases, probabilities as they are, a shared expert of 320 rows gated by sigmoid(g . x)), llama
+ * with experts (Mixtral's shape), F32 / Q8_0 / Q4_K / tq3 experts, a 12-token prefill and decode
+ * steps, against the independent reference with forward_case's bounds; qwen3moe with layer 1 on the
+ * CPU (-ngl 1). */
+static void test_forward_moe(void **state) {
+    (void)state;
+    const tn_dtype tq3 = (tn_dtype)tn_tq_dtype(&(tn_tq_params){3, 64, true});
+    const struct {
+        const char *arch;
+        tn_dtype w;
+    } cases[] = {{"qwen3moe", TN_F32}, {"qwen3moe", TN_Q8_0}, {"qwen3moe", TN_Q4_K}, {"qwen3moe", tq3},
+                 {"qwen2moe", TN_F32}, {"qwen2moe", TN_Q8_0}, {"qwen2moe", tq3}, /* experts of 128: no K-quant */
+                 {"llama", TN_F32},    {"llama", TN_Q8_0},    {"llama", TN_Q4_K}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) forward_case(tiny_cfg_moe(cases[i].arch, cases[i].w), -1);
+    forward_case(tiny_cfg_moe("qwen3moe", TN_Q8_0), 1);
 }
 
 /* Quantized KV caches on the GPU (q8_0, q4_0 and tq K and V; rows stored with the CPU's reference
@@ -532,8 +557,10 @@ static void test_fusion_equivalence(void **state) {
         const char *arch;
         tn_dtype w, out;
         bool tied, tq; /* tq: tq3g64a weights */
-        int n_layer;   /* 0: the default; -1: the default with a q4_0 K / q8_0 V cache, both rotated */
+        int n_layer;   /* 0: the default; -1: the default with a q4_0 K / q8_0 V cache, both rotated;
+                        * -2: tiny_cfg_moe's mixture of experts */
     } cases[] = {
+        {"qwen3moe", TN_Q8_0, TN_Q8_0, false, false, -2}, {"qwen2moe", TN_F32, TN_Q8_0, false, false, -2},
         {"qwen3", TN_Q8_0, TN_Q8_0, false, false, -1},
         {"llama", TN_Q4_0, TN_Q6_K, false, false, 0}, {"llama", TN_F16, TN_F32, false, false, 0},
         {"qwen2", TN_Q8_0, TN_Q8_0, false, false, 0}, {"qwen3", TN_Q4_K, TN_Q4_0, false, false, 0},
@@ -544,12 +571,13 @@ static void test_fusion_equivalence(void **state) {
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         tiny_cfg cfg;
         tiny_cfg_default(&cfg);
+        if (cases[ci].n_layer == -2) cfg = tiny_cfg_moe(cases[ci].arch, cases[ci].w);
         cfg.arch = cases[ci].arch;
         cfg.wtype = cases[ci].tq ? (tn_dtype)tn_tq_dtype(&(tn_tq_params){3, 64, true}) : cases[ci].w;
         cfg.out_type = cases[ci].out;
         cfg.tied = cases[ci].tied;
         if (cases[ci].n_layer > 0) cfg.n_layer = cases[ci].n_layer;
-        if (cases[ci].n_layer < 0) g_tk = TERN_KV_Q4_0, g_tv = TERN_KV_Q8_0, g_rot = TERN_KV_ROT_KV;
+        if (cases[ci].n_layer == -1) g_tk = TERN_KV_Q4_0, g_tv = TERN_KV_Q8_0, g_rot = TERN_KV_ROT_KV;
         if (!strcmp(cfg.arch, "gemma3")) cfg.head_dim = 128, cfg.n_swa = 4, cfg.rope_base = 1e6f;
         tern_model *m = load_cfg(&cfg, "cuda_fuse");
         const int32_t nv = (int32_t)cfg.n_vocab;
@@ -651,6 +679,7 @@ static void test_paged_batch(void **state) {
     g_tk = TERN_KV_TQ(3), g_tv = TERN_KV_Q4_0; /* tq and q4_0 rows in paged blocks, K rotated */
     paged_case(cfg);
     g_tk = g_tv = TERN_KV_F16;
+    paged_case(tiny_cfg_moe("qwen3moe", TN_Q8_0)); /* experts over rows of both sequences */
 }
 
 /* stories260K (real weights, head size 8, n_ff 172): 64 greedy tokens on the GPU equal the CPU's,
@@ -730,6 +759,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup(test_kernel_parity, reset_settings),
         cmocka_unit_test_setup(test_forward_types, reset_settings),
         cmocka_unit_test_setup(test_forward_families, reset_settings),
+        cmocka_unit_test_setup(test_forward_moe, reset_settings),
         cmocka_unit_test_setup(test_kv_types, reset_settings),
         cmocka_unit_test_setup(test_layer_split, reset_settings),
         cmocka_unit_test_setup(test_paged_batch, reset_settings),

@@ -284,41 +284,6 @@ static void test_phi3(void **state) {
     run_cfg(cfg, 2); /* full rotary, no attention factor, the output tied */
 }
 
-/* A tiny mixture-of-experts config: 8 experts, top 2, experts of 256 rows (qwen3moe's own
- * expert_feed_forward_length, the others n_ff), 2 layers over n_embd 256. */
-static tiny_cfg moe_cfg(const char *arch, tn_dtype wt) {
-    tiny_cfg cfg;
-    tiny_cfg_default(&cfg);
-    cfg.arch = arch, cfg.wtype = wt;
-    cfg.n_expert = 8, cfg.n_expert_used = 2;
-    /* seed 1: chosen so that the Q8_0 runs pass. A routing decision near a tie can go either
-     * way under Q8_0's activation rounding, and then tern and the reference run different
-     * experts; at seed 7 (the default) qwen3moe Q8_0 is 5.3% off at layer 1 with its closest
-     * decision 5e-4 apart (a flip is the likely cause, not proven). The closest gap is printed. */
-    cfg.seed = 1;
-    if (!strcmp(arch, "qwen3moe")) cfg.n_ff_exp = 256, cfg.head_dim = 128;
-    else cfg.n_ff = 256;
-    if (!strcmp(arch, "qwen2moe")) cfg.n_ff_exp = 128, cfg.n_ff_shexp = 320; /* experts of 128, a shared expert of 320 */
-    if (!strcmp(arch, "gpt-oss")) /* top 4 of 8 experts of 128, heads of 64, a window of 4 on the even layers, YaRN
-                                   * (factor 32 over 16 positions) */
-        cfg.n_ff_exp = 128, cfg.n_expert_used = 4, cfg.head_dim = 64, cfg.n_swa = 4, cfg.n_ctx_orig = 16, cfg.yarn_factor = 32;
-    if (!strcmp(arch, "olmoe")) cfg.n_head_kv = cfg.n_head; /* OLMoE's shape: no GQA */
-    if (!strncmp(arch, "deepseek2", 9)) { /* 3 layers, the first dense; 4 heads of 64 + 32 rotated over a latent
-                                           * of 64, values of 64, 2 shared experts of 128, YaRN (factor 40 over 16
-                                           * positions); -v3: q of rank 64 and V3's routing; -kvb: one attn_kv_b */
-        cfg.arch = "deepseek2";
-        cfg.n_layer = 3, cfg.n_head_kv = 1, cfg.head_dim = 96, cfg.n_rot = 32, cfg.kv_lora = 64, cfg.v_head = 64;
-        cfg.dense_lead = 1, cfg.n_shared = 2, cfg.n_ff_exp = 128, cfg.yarn_factor = 40, cfg.n_ctx_orig = 16;
-        cfg.q_lora = !strcmp(arch, "deepseek2-v3") ? 64 : 0, cfg.v3 = !strcmp(arch, "deepseek2-v3");
-        cfg.kv_b = !strcmp(arch, "deepseek2-kvb");
-        /* seed 3: at seed 1 Q8_0 is 14% off at layer 1 with a routing decision 4.9e-4 from a tie (a
-         * flip, likely); seeds 2, 4, 5 pass F32 and end 4.4% off at Q8_0 (3 layers of ~10 rounded
-         * products against the bound's 2 of 7) */
-        cfg.seed = getenv("DS_SEED") ? (uint64_t)atoi(getenv("DS_SEED")) : 3;
-    }
-    return cfg;
-}
-
 /* Mixture of experts against the reference (its own routing: softmax, top-k, renormalised for
  * qwen3moe and Mixtral-style llama, not for olmoe; experts read from the file's 3-D tensors):
  * qwen3moe (per-head q/k norms, head_dim 128), olmoe (q/k norms over whole rows), llama with
@@ -336,7 +301,7 @@ static void test_moe(void **state) {
         for (size_t i = 0; i < (a == 7 ? 1u : 2u); i++) /* kv_b: F32 only (its split into f32 k_b / v_b at load
                                                           * dequantizes exactly; at Q8_0 a routing decision of
                                                           * this seed flips, 10% off at layer 2) */
-            run_cfg(moe_cfg(archs[a], types[i]), (int)((a + i) % 3) + 1);
+            run_cfg(tiny_cfg_moe(archs[a], types[i]), (int)((a + i) % 3) + 1);
 }
 
 /* Sequence 0's 9-token prompt alone in a batch, and interleaved with sequence 1's 7 tokens: the
@@ -388,7 +353,7 @@ static void test_moe_mixed_batch(void **state) {
     const char *archs[] = {"qwen3moe", "olmoe", "qwen2moe", "gpt-oss", "deepseek2-v3"};
     const tn_dtype types[] = {TN_F32, TN_Q8_0};
     for (int v = 0; v < 10; v++) {
-        tiny_cfg cfg = moe_cfg(archs[v % 5], types[v / 5]);
+        tiny_cfg cfg = tiny_cfg_moe(archs[v % 5], types[v / 5]);
         char path[512];
         tiny_tmp_path(path, sizeof path, "moemix");
         assert_int_equal(tiny_model_write(path, &cfg), TERN_OK);
@@ -460,7 +425,7 @@ static void test_moe_kquant_prefill(void **state) {
     (void)state;
     const tn_dtype types[] = {TN_Q4_K, TN_Q5_K, TN_Q6_K};
     for (int v = 0; v < 3; v++) {
-        tiny_cfg cfg = moe_cfg("olmoe", types[v]);
+        tiny_cfg cfg = tiny_cfg_moe("olmoe", types[v]);
         cfg.n_embd = 512, cfg.n_ff = 2304;
         tern_model *m = tiny_model_load(&cfg, "moekq");
         assert_non_null(m);
@@ -516,7 +481,7 @@ static void test_moe_prefill_vs_decode(void **state) {
     const char *archs[] = {"qwen3moe", "olmoe", "llama", "qwen2moe", "gpt-oss", "deepseek2", "deepseek2-v3"};
     const tn_dtype types[] = {TN_F32, TN_Q8_0};
     for (int v = 0; v < 14; v++) {
-        tiny_cfg cfg = moe_cfg(archs[v % 7], types[v / 7]);
+        tiny_cfg cfg = tiny_cfg_moe(archs[v % 7], types[v / 7]);
         tern_model *m = tiny_model_load(&cfg, "moepd");
         assert_non_null(m);
         char name[64];
@@ -531,7 +496,7 @@ static void test_moe_prefill_vs_decode(void **state) {
  * v_head) values (4 * (96 + 64)): 192 bytes a layer instead of 1280, 6.7x smaller. */
 static void test_mla_cache_size(void **state) {
     (void)state;
-    tiny_cfg cfg = moe_cfg("deepseek2", TN_F32);
+    tiny_cfg cfg = tiny_cfg_moe("deepseek2", TN_F32);
     tern_model *m = tiny_model_load(&cfg, "mlakv");
     assert_non_null(m);
     tern_ctx_params cp;
