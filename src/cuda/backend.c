@@ -65,6 +65,10 @@ struct tn_cuda_ctx {
      * (d_moe: tok [R], row [R], w [R] as floats' bits; h_moe its pinned staging) */
     float *rl, *xg, *ey;
     int32_t *d_moe, *h_moe;
+    /* one-token steps route on the GPU (tn_cu_moe_route, expert GEMVs over (token, slot) pairs):
+     * no synchronisation, and the step is a CUDA graph again; where a layer's shapes or routing
+     * do not allow it, or TERN_CUDA_MOE_HOST=1, every step routes on the host */
+    bool moe_dev;
     tn_cq xq;
     uint16_t *xh, *wh; /* fp16 activations, fp16 weight tile for the GEMM path */
     int64_t wh_elems;
@@ -484,6 +488,23 @@ void tn_cuda_ctx_free(tn_cuda_ctx *g) {
 
 static int64_t ints_needed(const tern_ctx *c, int64_t tbl) { return 4 * (int64_t)c->n_batch + tbl; }
 
+/* Whether the one-token steps of every MoE layer on the GPU can route there: softmax gating of at
+ * most 512 experts and 32 slots, and expert matrices the pair GEMVs take (code types: rows of
+ * whole q8 blocks; float types: of whole groups of 8), the GLU's output in whole q8 blocks. */
+static bool moe_dev_ok(const tn_cuda_ctx *g, const tn_hparams *hp) {
+    if (hp->family->mla || hp->family->moe_gating == TN_MOE_SOFTMAX_WEIGHT || hp->n_expert > 512 || hp->n_expert_used > 32 ||
+        hp->n_ff_exp % 32 != 0 || hp->n_embd % 32 != 0)
+        return false;
+    for (int32_t il = 0; il < g->n_layers; il++) {
+        const tn_cu_layer *L = &g->L[il];
+        if (!L->moe) continue;
+        const tn_cw *ws[3] = {L->fused_egu ? &L->egu : &L->eg, L->fused_egu ? &L->egu : &L->eu, &L->edown};
+        for (int i = 0; i < 3; i++)
+            if (ws[i]->k % (tn_cw_is_code(ws[i]->kind) ? 32 : 8) != 0) return false;
+    }
+    return true;
+}
+
 tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
     *out = NULL;
     /* its kernels read f16, q8_0, q4_0 and tq2..tq8 K/V rows (per-channel K is the CPU's) */
@@ -628,25 +649,28 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
     /* the widest FFN: dense layers', the experts' and a shared expert's */
     const int64_t ff = moe ? TN_MAX(hp->n_ff, TN_MAX(hp->n_ff_exp, hp->n_ff_shexp)) : hp->n_ff;
     const int64_t wide = TN_MAX(TN_MAX(d, qd), ff);
+    /* one-token steps routed on the GPU: the k pairs' gate|up rows and their q8 blocks at once */
+    const int64_t pairs_ff = moe ? (int64_t)hp->n_expert_used * hp->n_ff_exp : 0;
     g->x = dalloc(g, (size_t)(nb * d) * 4, &ok);
     g->xb = dalloc(g, (size_t)(nb * wide) * 4, &ok);
     g->q = dalloc(g, (size_t)(nb * (qd + 2 * kv_dim)) * 4, &ok); /* q, k, v side by side when fused */
     g->k = dalloc(g, (size_t)(nb * kv_dim) * 4, &ok);
     g->v = dalloc(g, (size_t)(nb * kv_dim) * 4, &ok);
     g->att = dalloc(g, (size_t)(nb * qd) * 4, &ok);
-    g->hb = dalloc(g, (size_t)(nb * 2 * ff) * 4, &ok); /* gate and up side by side when fused */
-    g->hb2 = dalloc(g, (size_t)(nb * ff) * 4, &ok);
+    g->hb = dalloc(g, (size_t)TN_MAX(nb * 2 * ff, 2 * pairs_ff) * 4, &ok); /* gate and up side by side when fused */
+    g->hb2 = dalloc(g, (size_t)TN_MAX(nb * ff, pairs_ff) * 4, &ok);
     if (g->has_output) g->logits = dalloc(g, (size_t)c->n_logits_cap * (size_t)hp->n_vocab * 4, &ok);
     if (moe) {
         const int64_t R = nb * hp->n_expert_used;
         g->rl = dalloc(g, (size_t)(nb * hp->n_expert) * 4, &ok);
         g->xg = dalloc(g, (size_t)(R * d) * 4, &ok);
         g->ey = dalloc(g, (size_t)(R * d) * 4, &ok);
-        g->d_moe = dalloc(g, (size_t)(3 * R) * 4, &ok);
+        g->d_moe = dalloc(g, (size_t)(4 * R) * 4, &ok); /* tok, row, w (host routing) or sel (GPU routing) */
     }
-    g->xq.q = dalloc(g, (size_t)(nb * max_k), &ok);
-    g->xq.d = dalloc(g, (size_t)(nb * max_k / 32) * 4, &ok);
-    g->xq.s = dalloc(g, (size_t)(nb * max_k / 32) * 4, &ok);
+    const int64_t xq_n = TN_MAX(nb * max_k, pairs_ff);
+    g->xq.q = dalloc(g, (size_t)xq_n, &ok);
+    g->xq.d = dalloc(g, (size_t)(xq_n / 32) * 4, &ok);
+    g->xq.s = dalloc(g, (size_t)(xq_n / 32) * 4, &ok);
     if (nb > TN_CU_GEMV_MAXN) { /* float-path types (and TERN_CUDA_PREFILL=cublas) above 8 tokens */
         g->xh = dalloc(g, (size_t)(nb * max_k) * 2, &ok);
         g->wh = dalloc(g, (size_t)max_mk * 2, &ok);
@@ -682,8 +706,9 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
         goto fail;
     }
     const char *ge = getenv("TERN_CUDA_GRAPH");
-    /* (a mixture of experts routes on the host between its kernels: no graph of the whole step) */
-    g->use_graph = !(ge && !strcmp(ge, "0")) && !moe;
+    g->moe_dev = moe && env_int("TERN_CUDA_MOE_HOST", 0) == 0 && moe_dev_ok(g, hp);
+    /* (a mixture of experts routed on the host stops between its kernels: no graph of the step) */
+    g->use_graph = !(ge && !strcmp(ge, "0")) && (!moe || g->moe_dev);
     g->fuse_rope = env_int("TERN_CUDA_FUSE", 1) != 0 && env_int("TERN_CUDA_FUSE_ROPE", 1) != 0;
     g->fuse_norm = env_int("TERN_CUDA_FUSE", 1) != 0 && env_int("TERN_CUDA_FUSE_NORM", 1) != 0;
     g->fuse_glu = env_int("TERN_CUDA_FUSE", 1) != 0 && env_int("TERN_CUDA_FUSE_GLU", 1) != 0;
@@ -884,6 +909,46 @@ static const float *ffn_glu(tn_cuda_ctx *g, const tn_cw *gu, const tn_cw *wg, co
     return g->hb2;
 }
 
+/* One token's routed experts without the host (the router's logits in rl): routed by
+ * tn_cu_moe_route into (token, slot) pairs, each pair's expert gate|up and GLU (its q8 blocks by
+ * the last block) and down by the pair GEMVs, then the slots' weighted sum in slot order, as
+ * moe_ffn computes them. */
+static void moe_ffn_dev(tn_cuda_ctx *g, const tern_ctx *c, const tn_cu_layer *L, int32_t k, int act) {
+    const tn_hparams *hp = &c->hp;
+    const int64_t d = hp->n_embd, ffe = hp->n_ff_exp;
+    int32_t *sel = g->d_moe + 3 * k, *row = g->d_moe + k;
+    float *w = (float *)(g->d_moe + 2 * k);
+    CKL("moe_route", tn_cu_moe_route(g->rl, 1, hp->n_expert, k, hp->family->moe_renorm, sel, w, row, g->st));
+    const tn_cw *gu = L->fused_egu ? &L->egu : NULL;
+    const bool code_gu = tn_cw_is_code((gu ? gu : &L->eg)->kind), code_dn = tn_cw_is_code(L->edown.kind);
+    if (code_gu && g->q_src != g->xb) { /* the router's type may not have needed xb's q8 blocks */
+        CKL("quantize", tn_cu_quantize_q8(g->xb, d, d, 1, g->xq, g->st));
+        g->q_src = g->xb;
+    }
+    const tn_cu_ex xk = {sel, gu ? 2 * ffe : ffe, k, k}, x1 = {sel, d, 1, k};
+    float *h;
+    if (gu) { /* h [k][ffe] = act(gate) up, fused (its q8 blocks for down by the last block) or the GLU kernel */
+        const tn_cu_glu gl = {g->hb2, act};
+        const tn_cu_tail tg = {g->d_cnt, g->hb2, NULL, NULL, 0.0f, k * ffe, g->xq};
+        if (g->fuse_glu) {
+            CKL("gate_up_exps", tn_cu_gemv_experts(gu, &xk, g->xb, d, &g->xq, g->hb, 2 * ffe, &gl, code_dn ? &tg : NULL, g->st));
+        } else {
+            CKL("gate_up_exps", tn_cu_gemv_experts(gu, &xk, g->xb, d, &g->xq, g->hb, 2 * ffe, NULL, NULL, g->st));
+            CKL("swiglu", tn_cu_swiglu_pair(g->hb, g->hb2, k, ffe, act, code_dn ? &g->xq : NULL, g->st));
+        }
+        h = g->hb2;
+    } else { /* gate and up of different types: both products, the GLU kernel, then h's q8 blocks */
+        CKL("gate_up_exps", tn_cu_gemv_experts(&L->eg, &xk, g->xb, d, &g->xq, g->hb, ffe, NULL, NULL, g->st));
+        CKL("gate_up_exps", tn_cu_gemv_experts(&L->eu, &xk, g->xb, d, &g->xq, g->hb2, ffe, NULL, NULL, g->st));
+        CKL("swiglu", tn_cu_swiglu(g->hb, g->hb2, k * ffe, act, g->st));
+        h = g->hb;
+        if (code_dn) CKL("quantize", tn_cu_quantize_q8(h, ffe, ffe, k, g->xq, g->st));
+    }
+    fresh(g);
+    CKL("down_exps", tn_cu_gemv_experts(&L->edown, &x1, h, ffe, &g->xq, g->ey, d, NULL, NULL, g->st));
+    CKL("moe_combine", tn_cu_moe_combine(g->x, g->ey, row, w, 1, k, d, g->st));
+}
+
 /* A mixture-of-experts FFN on the normed rows xb (n of them): the router's logits to the host,
  * each token routed there by the CPU's own routing (tn_moe_route_token) and the rows grouped by
  * expert (tn_moe_group); the rows' inputs gathered, each chosen expert's gate|up, GLU and down over
@@ -896,30 +961,34 @@ static void moe_ffn(tn_cuda_ctx *g, tern_ctx *c, int32_t il, int64_t n, int act)
     const int32_t ne = hp->n_expert, k = hp->n_expert_used;
     const int64_t d = hp->n_embd, ffe = hp->n_ff_exp, R = n * k;
     mm(g, "router", &L->router, g->xb, d, n, g->rl, ne, NULL, 0);
-    CKL("d2h", cudaMemcpyAsync(c->moe_logits, g->rl, (size_t)(n * ne) * 4, cudaMemcpyDeviceToHost, g->st));
-    CK(cudaStreamSynchronize(g->st));
-    if (g->cuerr) return;
-    for (int64_t t = 0; t < n; t++) tn_moe_route_token(hp, Lh, c->moe_logits + t * ne, c->moe_sel + t * k, c->moe_w + t * k);
-    tn_moe_group(c, Lh, il, (int32_t)n);
-    int32_t *tok = g->d_moe, *row = tok + R;
-    const float *w = (const float *)(row + R);
-    memcpy(g->h_moe, c->moe_tok, (size_t)R * 4);
-    memcpy(g->h_moe + R, c->moe_row, (size_t)R * 4);
-    memcpy(g->h_moe + 2 * R, c->moe_w, (size_t)R * 4);
-    CKL("h2d", cudaMemcpyAsync(g->d_moe, g->h_moe, (size_t)(3 * R) * 4, cudaMemcpyHostToDevice, g->st));
-    CKL("gather", tn_cu_gather_rows(g->xb, tok, R, d, g->xg, g->st));
-    const int32_t *off = c->moe_off;
-    for (int32_t e = 0; e < ne; e++) {
-        const int64_t r0 = off[e], nr = off[e + 1] - off[e];
-        if (nr == 0) continue;
-        fresh(g); /* xg's rows: new contents at addresses used before */
-        const tn_cw gu = L->fused_egu ? cw_rows(&L->egu, 2 * ffe * e, 2 * ffe) : (tn_cw){0};
-        const tn_cw eg = L->fused_egu ? gu : cw_rows(&L->eg, ffe * e, ffe), eu = L->fused_egu ? gu : cw_rows(&L->eu, ffe * e, ffe);
-        const tn_cw dn = cw_rows(&L->edown, d * e, d);
-        const float *h = ffn_glu(g, L->fused_egu ? &gu : NULL, &eg, &eu, &dn, g->xg + r0 * d, d, nr, act);
-        mm(g, "down_exps", &dn, h, ffe, nr, g->ey + r0 * d, d, NULL, 0);
+    if (g->moe_dev && n == 1) {
+        moe_ffn_dev(g, c, L, k, act);
+    } else {
+        CKL("d2h", cudaMemcpyAsync(c->moe_logits, g->rl, (size_t)(n * ne) * 4, cudaMemcpyDeviceToHost, g->st));
+        CK(cudaStreamSynchronize(g->st));
+        if (g->cuerr) return;
+        for (int64_t t = 0; t < n; t++) tn_moe_route_token(hp, Lh, c->moe_logits + t * ne, c->moe_sel + t * k, c->moe_w + t * k);
+        tn_moe_group(c, Lh, il, (int32_t)n);
+        int32_t *tok = g->d_moe, *row = tok + R;
+        const float *w = (const float *)(row + R);
+        memcpy(g->h_moe, c->moe_tok, (size_t)R * 4);
+        memcpy(g->h_moe + R, c->moe_row, (size_t)R * 4);
+        memcpy(g->h_moe + 2 * R, c->moe_w, (size_t)R * 4);
+        CKL("h2d", cudaMemcpyAsync(g->d_moe, g->h_moe, (size_t)(3 * R) * 4, cudaMemcpyHostToDevice, g->st));
+        CKL("gather", tn_cu_gather_rows(g->xb, tok, R, d, g->xg, g->st));
+        const int32_t *off = c->moe_off;
+        for (int32_t e = 0; e < ne; e++) {
+            const int64_t r0 = off[e], nr = off[e + 1] - off[e];
+            if (nr == 0) continue;
+            fresh(g); /* xg's rows: new contents at addresses used before */
+            const tn_cw gu = L->fused_egu ? cw_rows(&L->egu, 2 * ffe * e, 2 * ffe) : (tn_cw){0};
+            const tn_cw eg = L->fused_egu ? gu : cw_rows(&L->eg, ffe * e, ffe), eu = L->fused_egu ? gu : cw_rows(&L->eu, ffe * e, ffe);
+            const tn_cw dn = cw_rows(&L->edown, d * e, d);
+            const float *h = ffn_glu(g, L->fused_egu ? &gu : NULL, &eg, &eu, &dn, g->xg + r0 * d, d, nr, act);
+            mm(g, "down_exps", &dn, h, ffe, nr, g->ey + r0 * d, d, NULL, 0);
+        }
+        CKL("moe_combine", tn_cu_moe_combine(g->x, g->ey, row, w, n, k, d, g->st));
     }
-    CKL("moe_combine", tn_cu_moe_combine(g->x, g->ey, row, w, n, k, d, g->st));
     fresh(g);
     if (L->shexp) { /* x += sigmoid(gate . xb) * Wdown_sh (act(Wgate_sh xb) * Wup_sh xb) */
         const float *h = ffn_glu(g, L->fused_sgu ? &L->sgu : NULL, &L->sg, &L->su, &L->sdown, g->xb, d, n, act);

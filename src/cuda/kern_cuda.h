@@ -114,6 +114,30 @@ typedef struct tn_cu_glu {
 } tn_cu_glu;
 int tn_cu_gemv_glu(const tn_cw *w, const float *x, const tn_cq *xq, float *gu, float *h, int act, const tn_cu_tail *tail,
                    void *stream);
+/* A GEMV over (token, slot) pairs of a mixture of experts routed on the GPU (one-token steps): w
+ * holds every expert's rows (expert e: rows e rows .. (e + 1) rows - 1); pair p (blockIdx.y of the
+ * launch, p < pairs) multiplies expert sel[p]'s rows with input row p / div (div: slots per token
+ * for the experts' gate|up, 1 for their down, whose input is the pair's own row) into output row
+ * p. The expert is read from device memory after the kernel's wait, so the launch does not depend
+ * on the host knowing the routing (a CUDA graph replays it). */
+typedef struct tn_cu_ex {
+    const int32_t *sel;
+    int64_t rows;
+    int div, pairs;
+} tn_cu_ex;
+/* y[p][i] = dot(row i of expert sel[p] of w, input row p / div) for i < rows, p < pairs (ldy the
+ * stride of y's rows); with glu (w's experts are gate|up matrices of 2 ff rows; tn_cu_gemv_glu's
+ * contract per pair): h[p][i] = act(gate) up, y unused where the GLU is fused (else the product
+ * into y, then the GLU kernel), and tail (w NULL, x = h, ff % 32 == 0, d = pairs ff): h's q8 blocks
+ * by the last block. Code types need k % 32 == 0, float types k % 8 == 0 and 16-byte rows. */
+int tn_cu_gemv_experts(const tn_cw *w, const tn_cu_ex *ex, const float *x, int64_t ldx, const tn_cq *xq, float *y, int64_t ldy,
+                       const tn_cu_glu *glu, const tn_cu_tail *tail, void *stream);
+/* Each of n tokens routed on the GPU from its router logits lg[t][ne] (ne <= 512) as the CPU's
+ * tn_moe_route_token routes with softmax gating: p = softmax(lg) (exp(l - max) summed in double,
+ * times 1 / sum), the k largest p (equal: the lower index first) into sel[t][k], their p into
+ * w[t][k] (divided by their sum, clamped below at 2^-14, when renorm), and row[t k + j] = t k + j
+ * (the pairs' output rows, for tn_cu_moe_combine). */
+int tn_cu_moe_route(const float *lg, int64_t n, int ne, int k, int renorm, int32_t *sel, float *w, int32_t *row, void *stream);
 /* Rows r0 .. r0 + nr - 1 of w as fp16 into out[nr][k] (prefill: then a cuBLAS GEMM). */
 int tn_cu_dequant_f16(const tn_cw *w, int64_t r0, int64_t nr, uint16_t *out, void *stream);
 /* Rows of w as f32 (tests). */

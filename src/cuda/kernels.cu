@@ -202,7 +202,7 @@ __device__ __forceinline__ void norm_tail(const tn_cu_tail &t) {
     __shared__ int last;
     __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(t.cnt, 1) == (int)gridDim.x - 1;
+    if (threadIdx.x == 0) last = atomicAdd(t.cnt, 1) == (int)(gridDim.x * gridDim.y) - 1;
     __syncthreads();
     if (!last) return;
     __threadfence();
@@ -413,8 +413,10 @@ __device__ __forceinline__ void gemv_finish_glu(const float (&acc)[2], int wpr, 
 template <int B, int KIND, bool ASYM, int NT, int R>
 __global__ void __launch_bounds__(GEMV_WARPS_MAX * WARP, R == 1 ? GEMV_MIN_BLOCKS : GEMV_MIN_BLOCKS_R)
     k_gemv_code(tn_cw w, const int8_t *xq, const float *xd, const int32_t *xs, int n, float *y, int64_t ldy, const float *bias,
-                int accumulate, int wpr, tn_cu_tail tail, tn_cu_glu gl) {
+                int accumulate, int wpr, tn_cu_tail tail, tn_cu_glu gl, tn_cu_ex ex) {
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, part = warp % wpr, rpb = GEMV_WARPS_MAX / wpr * R;
+    if constexpr (NT == 1) /* a (token, slot) pair per blockIdx.y: an expert's rows (which, after the wait) */
+        if (ex.sel) w.m = ex.rows;
     const int64_t nc = w.k / 32, nbr = w.k / w.group;
     const int cpb = w.group / 32;
     /* gate|up pairs (R == 2): warp row "row0" is the pair (row0, row0 + half), a row group rpb / 2 pairs */
@@ -422,7 +424,7 @@ __global__ void __launch_bounds__(GEMV_WARPS_MAX * WARP, R == 1 ? GEMV_MIN_BLOCK
     const int64_t half = w.m / 2, units = pair ? half : w.m, upg = pair ? rpb / 2 : rpb;
     int64_t rg0, rg1;
     gemv_rows(units, upg, &rg0, &rg1);
-    if (d_prefetch && rg0 < rg1) {
+    if (d_prefetch && (NT > 1 || !ex.sel) && rg0 < rg1) {
         const int64_t r0 = rg0 * upg, nr = min(units, rg1 * upg) - r0;
         for (int h = 0; h < (pair ? 2 : 1); h++) {
             const int64_t a = r0 + h * half;
@@ -432,6 +434,15 @@ __global__ void __launch_bounds__(GEMV_WARPS_MAX * WARP, R == 1 ? GEMV_MIN_BLOCK
         }
     }
     gdc_wait();
+    if constexpr (NT == 1) if (ex.sel) { /* the pair's expert, input row and output row */
+        const int64_t p = blockIdx.y, e = ex.sel[p], r = p / ex.div;
+        w.data = (const uint8_t *)w.data + e * w.m * (int64_t)w.row_bytes;
+        w.d += e * w.m * nbr;
+        if (ASYM) w.mn += e * w.m * nbr;
+        xq += r * w.k, xd += r * nc, xs += r * nc;
+        y += p * ldy;
+        if (gl.h) gl.h += p * half;
+    }
     const float off = KIND == 1 ? 8.0f : KIND == 3 ? 16.0f : (float)((1 << B) - 1) * 0.5f;
     for (int64_t rg = rg0; rg < rg1; rg++) {
         if (R > 1) { /* one token (n == 1), rows row0 + r * rstep, r < R: consecutive, or a gate|up pair */
@@ -641,18 +652,27 @@ __device__ __forceinline__ float dot8(float acc, const float v[8], const float *
 template <int KIND, int NT>
 __global__ void __launch_bounds__(GEMV_WARPS_MAX * WARP, GEMV_MIN_BLOCKS)
     k_gemv_float(tn_cw w, const float *x, int64_t ldx, int n, float *y, int64_t ldy, const float *bias, int accumulate, int wpr,
-                 tn_cu_tail tail, tn_cu_glu gl) {
+                 tn_cu_tail tail, tn_cu_glu gl, tn_cu_ex ex) {
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, part = warp % wpr, rpb = GEMV_WARPS_MAX / wpr;
+    if constexpr (NT == 1) /* as k_gemv_code */
+        if (ex.sel) w.m = ex.rows;
     const bool pair = NT == 1 && gl.h != nullptr;
     const int64_t half = w.m / 2, units = pair ? half : w.m;
     int64_t rg0, rg1;
     gemv_rows(units, rpb, &rg0, &rg1);
-    if (d_prefetch && rg0 < rg1) {
+    if (d_prefetch && (NT > 1 || !ex.sel) && rg0 < rg1) {
         const int64_t r0 = rg0 * rpb, nr = min(units, rg1 * rpb) - r0;
         for (int h = 0; h < (pair ? 2 : 1); h++)
             prefetch_l2((const uint8_t *)w.data + (r0 + h * half) * (int64_t)w.row_bytes, (size_t)(nr * (int64_t)w.row_bytes));
     }
     gdc_wait();
+    if constexpr (NT == 1) if (ex.sel) {
+        const int64_t p = blockIdx.y, e = ex.sel[p];
+        w.data = (const uint8_t *)w.data + e * w.m * (int64_t)w.row_bytes;
+        x += p / ex.div * ldx;
+        y += p * ldy;
+        if (gl.h) gl.h += p * half;
+    }
     for (int64_t rg = rg0; rg < rg1; rg++) {
         if (pair) {
             const int64_t i = rg * rpb + warp / wpr;
@@ -780,9 +800,10 @@ static gemv_launch gemv_shape(const tn_cw *w, int R) {
 
 template <int B, bool ASYM, int NT, int R>
 static void launch_gemv_tq(const tn_cw *w, const tn_cq *xq, int n, float *y, int64_t ldy, const float *bias, int acc,
-                           const tn_cu_tail &tail, const tn_cu_glu &gl, cudaStream_t st) {
+                           const tn_cu_tail &tail, const tn_cu_glu &gl, const tn_cu_ex &ex, unsigned gy, cudaStream_t st) {
     const gemv_launch L = gemv_shape(w, R);
-    launch(k_gemv_code<B, 0, ASYM, NT, R>, L.grid, L.block, 0, st, *w, xq->q, xq->d, xq->s, n, y, ldy, bias, acc, L.wpr, tail, gl);
+    launch(k_gemv_code<B, 0, ASYM, NT, R>, dim3(L.grid, gy), L.block, 0, st, *w, xq->q, xq->d, xq->s, n, y, ldy, bias, acc, L.wpr,
+           tail, gl, ex);
 }
 template <int B, bool ASYM> static void launch_dq_tq(const tn_cw *w, int64_t r0, int64_t nr, void *out, int f16,
                                                    cudaStream_t st) {
@@ -813,14 +834,15 @@ extern "C" int tn_cu_quantize_q8(const float *x, int64_t ldx, int64_t k, int64_t
 /* The launch of a GEMV with NT-token tiles; R rows per warp for the code path (NT = 1 only). */
 template <int NT, int R>
 static int gemv_run(const tn_cw *w, const float *x, int64_t ldx, const tn_cq *xq, int nn, float *y, int64_t ldy,
-                    const float *bias, int accumulate, const tn_cu_tail &tail, const tn_cu_glu &gl, cudaStream_t st) {
+                    const float *bias, int accumulate, const tn_cu_tail &tail, const tn_cu_glu &gl, const tn_cu_ex &ex, unsigned gy,
+                    cudaStream_t st) {
     const gemv_launch L1 = gemv_shape(w, 1), LR = gemv_shape(w, R);
 #define GEMV_FLOAT(K) \
-    launch(k_gemv_float<K, NT>, L1.grid, L1.block, 0, st, *w, x, ldx, nn, y, ldy, bias, accumulate, L1.wpr, tail, gl)
+    launch(k_gemv_float<K, NT>, dim3(L1.grid, gy), L1.block, 0, st, *w, x, ldx, nn, y, ldy, bias, accumulate, L1.wpr, tail, gl, ex)
 #define GEMV_CODE(B, K)                                                                                                  \
-    launch(k_gemv_code<B, K, false, NT, R>, LR.grid, LR.block, 0, st, *w, xq->q, xq->d, xq->s, nn, y, ldy, bias, accumulate, \
-           LR.wpr, tail, gl)
-#define GEMV_TQ(B, A) launch_gemv_tq<B, A, NT, R>(w, xq, nn, y, ldy, bias, accumulate, tail, gl, st)
+    launch(k_gemv_code<B, K, false, NT, R>, dim3(LR.grid, gy), LR.block, 0, st, *w, xq->q, xq->d, xq->s, nn, y, ldy, bias,      \
+           accumulate, LR.wpr, tail, gl, ex)
+#define GEMV_TQ(B, A) launch_gemv_tq<B, A, NT, R>(w, xq, nn, y, ldy, bias, accumulate, tail, gl, ex, gy, st)
     switch (w->kind) {
     case TN_CW_F32: GEMV_FLOAT(TN_CW_F32); break;
     case TN_CW_F16: GEMV_FLOAT(TN_CW_F16); break;
@@ -861,7 +883,7 @@ static int gemv_run(const tn_cw *w, const float *x, int64_t ldx, const tn_cq *xq
 }
 
 static int gemv(const tn_cw *w, const float *x, int64_t ldx, const tn_cq *xq, int64_t n, float *y, int64_t ldy, const float *bias,
-                int accumulate, const tn_cu_tail *tailp, const tn_cu_glu *glp, void *stream) {
+                int accumulate, const tn_cu_tail *tailp, const tn_cu_glu *glp, void *stream, const tn_cu_ex *exq = nullptr) {
     if (n < 1 || n > (1 << 24) || (tailp && n != 1)) return (int)cudaErrorInvalidValue;
     const tn_cu_tail tail = tailp ? *tailp : tn_cu_tail{};
     const tn_cu_glu gl = glp ? *glp : tn_cu_glu{};
@@ -880,9 +902,11 @@ static int gemv(const tn_cw *w, const float *x, int64_t ldx, const tn_cq *xq, in
     }
     const tn_cq none = {NULL, NULL, NULL};
     if (!xq) xq = &none;
-    if (nn > 1) return gemv_run<TN_CU_GEMV_MAXN, 1>(w, x, ldx, xq, nn, y, ldy, bias, accumulate, tail, gl, st);
-    return g_rows == 2 ? gemv_run<1, 2>(w, x, ldx, xq, nn, y, ldy, bias, accumulate, tail, gl, st)
-                       : gemv_run<1, 1>(w, x, ldx, xq, nn, y, ldy, bias, accumulate, tail, gl, st);
+    const tn_cu_ex ex = exq ? *exq : tn_cu_ex{};
+    const unsigned gy = exq ? (unsigned)exq->pairs : 1u;
+    if (nn > 1) return gemv_run<TN_CU_GEMV_MAXN, 1>(w, x, ldx, xq, nn, y, ldy, bias, accumulate, tail, gl, ex, gy, st);
+    return g_rows == 2 ? gemv_run<1, 2>(w, x, ldx, xq, nn, y, ldy, bias, accumulate, tail, gl, ex, gy, st)
+                       : gemv_run<1, 1>(w, x, ldx, xq, nn, y, ldy, bias, accumulate, tail, gl, ex, gy, st);
 }
 extern "C" int tn_cu_gemv(const tn_cw *w, const float *x, int64_t ldx, const tn_cq *xq, int64_t n, float *y, int64_t ldy,
                           const float *bias, int accumulate, void *stream) {
@@ -905,6 +929,83 @@ extern "C" int tn_cu_gemv_glu(const tn_cw *w, const float *x, const tn_cq *xq, f
     }
     const tn_cu_glu gl = {h, act};
     return gemv(w, x, w->k, xq, 1, gu, w->m, NULL, 0, tail, &gl, stream);
+}
+
+extern "C" int tn_cu_gemv_experts(const tn_cw *w, const tn_cu_ex *ex, const float *x, int64_t ldx, const tn_cq *xq, float *y,
+                                  int64_t ldy, const tn_cu_glu *glu, const tn_cu_tail *tail, void *stream) {
+    const bool code = tn_cw_is_code(w->kind);
+    if (!ex || !ex->sel || ex->pairs < 1 || ex->pairs > 65535 || ex->div < 1 || ex->rows < 1 ||
+        (code ? w->k % 32 != 0 : w->k % 8 != 0 || ldx % 4 != 0 || ((uintptr_t)x & 15) != 0) || (glu && ex->rows % 2 != 0) ||
+        (tail && (!glu || !tail->cnt || tail->w || !tail->xq.q || tail->x != glu->h || (ex->rows / 2) % 32 != 0 ||
+                  tail->d != ex->pairs * (ex->rows / 2))))
+        return (int)cudaErrorInvalidValue;
+    tn_cw v = *w; /* an expert's shape: the kernels pick the launch by it */
+    v.m = ex->rows;
+    if (glu && code && g_rows != 2) { /* code rows one at a time: the product, then the GLU kernel (as tn_cu_gemv_glu) */
+        const int e = gemv(&v, x, ldx, xq, 1, y, ldy, NULL, 0, NULL, NULL, stream, ex);
+        return e ? e : tn_cu_swiglu_pair(y, glu->h, ex->pairs, ex->rows / 2, glu->act, tail ? &tail->xq : NULL, stream);
+    }
+    return gemv(&v, x, ldx, xq, 1, y, ldy, NULL, 0, tail, glu, stream, ex);
+}
+
+/* A warp per token: tn_cu_moe_route's contract, the CPU's arithmetic (the exponentials in parallel,
+ * the double sums by one lane in expert order, the top k by k warp-wide arg-maxes) */
+#define MOE_ROUTE_MAX 512
+__global__ void k_moe_route(const float *lg, int ne, int k, int renorm, int32_t *sel, float *w, int32_t *row) {
+    gdc_enter();
+    __shared__ float p[MOE_ROUTE_MAX];
+    __shared__ float inv_s;
+    const int64_t t = blockIdx.x;
+    const int lane = threadIdx.x;
+    const float *l = lg + t * ne;
+    float mx = -INFINITY;
+    for (int e = lane; e < ne; e += WARP) mx = fmaxf(mx, l[e]);
+    mx = warp_max(mx);
+    for (int e = lane; e < ne; e += WARP) p[e] = expf(l[e] - mx);
+    __syncwarp();
+    if (lane == 0) {
+        double sum = 0;
+        for (int e = 0; e < ne; e++) sum += (double)p[e];
+        inv_s = (float)(1.0 / sum);
+    }
+    __syncwarp();
+    const float inv = inv_s;
+    for (int e = lane; e < ne; e += WARP) p[e] *= inv;
+    __syncwarp();
+    float wj = 0.0f, ws = 0.0f; /* lane j < k: slot j's weight */
+    for (int j = 0; j < k; j++) {
+        /* the largest p not yet taken (taken ones hold -inf: every softmax value is above it),
+         * the lower index among equals: lane-wise in expert order, then across the lanes */
+        float bv = -INFINITY;
+        int bi = -1;
+        for (int e = lane; e < ne; e += WARP)
+            if (bi < 0 || p[e] > bv) bv = p[e], bi = e;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
+        }
+        if (lane == j) wj = bv;
+        if (lane == 0) sel[t * k + j] = bi, row[t * k + j] = (int32_t)(t * k + j);
+        __syncwarp();
+        if (lane == 0) p[bi] = -INFINITY;
+        __syncwarp();
+    }
+    if (renorm) { /* divided by their sum (in double, slot order), clamped below at 2^-14 */
+        double sum = 0;
+        for (int j = 0; j < k; j++) sum += (double)__shfl_sync(0xffffffffu, wj, j);
+        ws = fmaxf((float)sum, 6.103515625e-5f);
+        wj /= ws;
+    }
+    if (lane < k) w[t * k + lane] = wj;
+}
+extern "C" int tn_cu_moe_route(const float *lg, int64_t n, int ne, int k, int renorm, int32_t *sel, float *w, int32_t *row,
+                               void *stream) {
+    if (n == 0) return 0;
+    if (ne < 1 || ne > MOE_ROUTE_MAX || k < 1 || k > WARP || k > ne) return (int)cudaErrorInvalidValue;
+    launch(k_moe_route, (unsigned)n, WARP, 0, (cudaStream_t)stream, lg, ne, k, renorm, sel, w, row);
+    return tn_cu_err();
 }
 
 static int dequant(const tn_cw *w, int64_t r0, int64_t nr, void *out, int f16, cudaStream_t st) {

@@ -492,6 +492,8 @@ static int reset_settings(void **state) {
     (void)state;
     g_tk = g_tv = TERN_KV_F16, g_rot = TERN_KV_ROT_AUTO;
     unsetenv("TERN_CUDA_PREFILL");
+    unsetenv("TERN_CUDA_MOE_HOST");
+    unsetenv("TERN_CUDA_FUSE_GLU");
     return 0;
 }
 
@@ -505,27 +507,31 @@ static void test_layer_split(void **state) {
 }
 
 /* One-token steps replay a captured CUDA graph; with TERN_CUDA_GRAPH=0 the same kernels are
- * launched one by one: the logits must be bit-identical. */
+ * launched one by one: the logits must be bit-identical (llama tq3g64a; qwen3moe Q8_0, whose
+ * one-token steps route their experts on the GPU inside the graph). */
 static void test_graph_equivalence(void **state) {
     (void)state;
-    tiny_cfg cfg;
-    tiny_cfg_default(&cfg);
-    cfg.wtype = (tn_dtype)tn_tq_dtype(&(tn_tq_params){3, 64, true});
-    tern_model *m = load_cfg(&cfg, "cuda_graph");
-    tern_ctx *a = make_ctx(m, TERN_DEVICE_CUDA, -1, 32);
-    setenv("TERN_CUDA_GRAPH", "0", 1);
-    tern_ctx *b = make_ctx(m, TERN_DEVICE_CUDA, -1, 32);
-    unsetenv("TERN_CUDA_GRAPH");
-    const int32_t nv = (int32_t)cfg.n_vocab;
-    tern_token t = 7;
-    for (int step = 0; step < 10; step++) {
-        assert_int_equal(tern_decode(a, &t, 1), TERN_OK);
-        assert_int_equal(tern_decode(b, &t, 1), TERN_OK);
-        if (memcmp(tern_get_logits(a, -1), tern_get_logits(b, -1), sizeof(float) * (size_t)nv) != 0)
-            fail_msg("step %d: graph and one-by-one launches give different logits", step);
-        t = (tern_token)(11 + step * 29 % 350);
+    for (int mi = 0; mi < 2; mi++) {
+        tiny_cfg cfg;
+        tiny_cfg_default(&cfg);
+        cfg.wtype = (tn_dtype)tn_tq_dtype(&(tn_tq_params){3, 64, true});
+        if (mi == 1) cfg = tiny_cfg_moe("qwen3moe", TN_Q8_0);
+        tern_model *m = load_cfg(&cfg, "cuda_graph");
+        tern_ctx *a = make_ctx(m, TERN_DEVICE_CUDA, -1, 32);
+        setenv("TERN_CUDA_GRAPH", "0", 1);
+        tern_ctx *b = make_ctx(m, TERN_DEVICE_CUDA, -1, 32);
+        unsetenv("TERN_CUDA_GRAPH");
+        const int32_t nv = (int32_t)cfg.n_vocab;
+        tern_token t = 7;
+        for (int step = 0; step < 10; step++) {
+            assert_int_equal(tern_decode(a, &t, 1), TERN_OK);
+            assert_int_equal(tern_decode(b, &t, 1), TERN_OK);
+            if (memcmp(tern_get_logits(a, -1), tern_get_logits(b, -1), sizeof(float) * (size_t)nv) != 0)
+                fail_msg("%s step %d: graph and one-by-one launches give different logits", cfg.arch, step);
+            t = (tern_token)(11 + step * 29 % 350);
+        }
+        free_pair(a, b, m);
     }
-    free_pair(a, b, m);
 }
 
 /* One-token steps fuse RoPE + cache store into the attention kernel, the RMSNorms after Wo and
@@ -608,6 +614,48 @@ static void test_fusion_equivalence(void **state) {
                tern_kv_type_name(g_tv), steps);
         g_tk = g_tv = TERN_KV_F16, g_rot = TERN_KV_ROT_AUTO;
         free(a), free(b), free(r1);
+        tern_model_free(m);
+    }
+}
+
+/* One-token steps of a mixture of experts route on the GPU (tn_cu_moe_route; the experts' GEMVs
+ * read each (token, slot) pair's expert from device memory); TERN_CUDA_MOE_HOST=1 routes them on
+ * the host as batches are (tn_moe_route_token). The two must choose the same experts and give the
+ * same logits up to the last bits of the softmax's exponentials (CUDA's expf against libm's; 1e-5
+ * relative, where a different expert or weight moves them by 1e-2 or more; the emulator, with
+ * libm on both sides, gives the same bits): qwen3moe Q8_0 (renormalised weights, fused gate|up
+ * with its q8 tail), qwen2moe F32 (float experts, probabilities as they are, the shared expert
+ * after), Mixtral-style llama Q4_K; and qwen3moe with the GLU not fused (TERN_CUDA_FUSE_GLU=0). */
+static void test_moe_device_routing(void **state) {
+    (void)state;
+    const struct {
+        const char *arch;
+        tn_dtype w;
+        bool noglu;
+    } cases[] = {{"qwen3moe", TN_Q8_0, false}, {"qwen2moe", TN_F32, false}, {"llama", TN_Q4_K, false}, {"qwen3moe", TN_Q8_0, true}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        tiny_cfg cfg = tiny_cfg_moe(cases[ci].arch, cases[ci].w);
+        tern_model *m = load_cfg(&cfg, "cuda_moe_route");
+        const int32_t nv = (int32_t)cfg.n_vocab;
+        const int steps = 6;
+        float *a = malloc(sizeof(float) * (size_t)nv * steps), *b = malloc(sizeof(float) * (size_t)nv * steps);
+        if (cases[ci].noglu) setenv("TERN_CUDA_FUSE_GLU", "0", 1);
+        decode_logits(m, nv, steps, a);
+        setenv("TERN_CUDA_MOE_HOST", "1", 1);
+        decode_logits(m, nv, steps, b);
+        unsetenv("TERN_CUDA_MOE_HOST");
+        unsetenv("TERN_CUDA_FUSE_GLU");
+        double worst = 0;
+        bool same = true;
+        for (int step = 0; step < steps; step++) {
+            const double e = rel_err_f(b + (size_t)step * nv, a + (size_t)step * nv, nv);
+            worst = e > worst ? e : worst;
+            same = same && memcmp(a + (size_t)step * nv, b + (size_t)step * nv, sizeof(float) * (size_t)nv) == 0;
+        }
+        printf("  %-8s %-5s%s: %d decode steps routed on the GPU vs on the host: rel err %.2e (%s)\n", cfg.arch,
+               tn_dtype_name(cfg.wtype), cases[ci].noglu ? " (GLU kernel)" : "", steps, worst, same ? "bit-identical" : "differ");
+        if (worst > 1e-5) fail_msg("%s %s: GPU routing differs from the host's: rel err %.3g", cfg.arch, tn_dtype_name(cfg.wtype), worst);
+        free(a), free(b);
         tern_model_free(m);
     }
 }
@@ -766,6 +814,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup(test_stories_greedy, reset_settings),
         cmocka_unit_test_setup(test_graph_equivalence, reset_settings),
         cmocka_unit_test_setup(test_fusion_equivalence, reset_settings),
+        cmocka_unit_test_setup(test_moe_device_routing, reset_settings),
     };
     return cmocka_run_group_tests(gpu, NULL, NULL);
 }
