@@ -5,7 +5,8 @@
 #   CPU); the default model's greedy text on GPU and CPU (f16, q8_0 and q4_0 KV caches), and that
 #   of synthetic smollm3, gemma3, gemma2, phi3, qwen3moe and qwen2moe files; `tern serve --device cuda` under the serve
 #   test suite's scripts; and the benchmarks on a 1B-class synthetic model (Q4_0, Q8_0, tq2/3/4,
-#   F16): decode and pp512 against the card's copy bandwidth and fp16 peak, measured in the same run.
+#   F16): decode and pp512 against the card's copy bandwidth and fp16 peak, measured in the same run;
+#   and on its Mixtral-style mixture of experts (8 experts, top 2, Q4_0).
 #
 # usage: scripts/gpu-check.sh [OUT]
 #   TERN_BIN, TERN_TEST_CUDA  the binaries (default build/tern, build/tests/cuda/test_cuda)
@@ -117,6 +118,13 @@ if [ "${GPU_CHECK_QUICK:-0}" != 1 ]; then
     # where the time goes: every launch timed (TERN_CUDA_PROFILE=1; no graph), decode and prefill
     TERN_CUDA_PROFILE=1 step profile_q4_0_tg 60 "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" -p 0 -n 64 -r 1
     TERN_CUDA_PROFILE=1 step profile_q4_0_pp 60 "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" -p 512 -n 0 -r 1
+    # a mixture of experts: the 1B shapes with 8 experts of n_ff rows per layer, top 2 (Mixtral-style,
+    # 3.8 GB of weights, about 1 GB read per token), one-token steps routed on the GPU and on the host
+    step synth_moe 180 "$BIN" synth -o "$TMPD/moe-q4_0.gguf" --preset 1b --experts 8 --top-k 2 --type q4_0
+    step bench_moe_q4_0 120 "$BIN" bench --device cuda -m "$TMPD/moe-q4_0.gguf" -p 512 -n 128 -r 3 -o json
+    step bench_moe_q4_0_host 90 env TERN_CUDA_MOE_HOST=1 "$BIN" bench --device cuda -m "$TMPD/moe-q4_0.gguf" -p 0 -n 64 -r 3 -o json
+    [ -n "$PEER" ] && step peer_moe_q4_0 120 "$PEER" -m "$TMPD/moe-q4_0.gguf" -p 512 -n 128 -r 3 -ngl 99 -fa 1 -o jsonl
+    TERN_CUDA_PROFILE=1 step profile_moe_tg 60 "$BIN" bench --device cuda -m "$TMPD/moe-q4_0.gguf" -p 0 -n 32 -r 1
     # layers split between GPU and CPU: half the layers on the GPU
     step bench_q4_0_ngl8 90 "$BIN" bench --device cuda -ngl 8 -m "$TMPD/1b-q4_0.gguf" -p 64 -n 16 -r 1 -t "$(nproc)"
 fi
