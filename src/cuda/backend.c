@@ -588,8 +588,8 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
                 goto fail;
             const int64_t ffe = hp->n_ff_exp;
             max_k = TN_MAX(max_k, ffe);
-            max_mk = TN_MAX(max_mk, TN_MAX(2 * ffe * G->edown.k, G->router.m * G->router.k));
-            max_mk = TN_MAX(max_mk, hp->n_embd * ffe);
+            /* an expert's gate|up (2 ffe rows of n_embd) as the largest matrix cuBLAS gets in one piece */
+            max_mk = TN_MAX(max_mk, TN_MAX(2 * ffe * hp->n_embd, G->router.m * G->router.k));
             G->shexp = tn_layer_shexp(L);
             if (G->shexp) {
                 const tn_tensor *sh[3] = {&R[TN_ROLE_FFN_GATE_SHEXP], &R[TN_ROLE_FFN_UP_SHEXP], &R[TN_ROLE_FFN_DOWN_SHEXP]};
