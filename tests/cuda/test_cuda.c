@@ -432,7 +432,7 @@ static void test_forward_families(void **state) {
  * biases, probabilities as they are, a shared expert of 320 rows gated by sigmoid(g . x)), llama
  * with experts (Mixtral's shape), F32 / Q8_0 / Q4_K / tq3 experts, a 12-token prefill and decode
  * steps, against the independent reference with forward_case's bounds; qwen3moe with layer 1 on the
- * CPU (-ngl 1). */
+ * CPU (-ngl 1), and with 2 experts over every prompt row (fp16 + cuBLAS for the experts). */
 static void test_forward_moe(void **state) {
     (void)state;
     const tn_dtype tq3 = (tn_dtype)tn_tq_dtype(&(tn_tq_params){3, 64, true});
@@ -444,6 +444,15 @@ static void test_forward_moe(void **state) {
                  {"llama", TN_F32},    {"llama", TN_Q8_0},    {"llama", TN_Q4_K}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) forward_case(tiny_cfg_moe(cases[i].arch, cases[i].w), -1);
     forward_case(tiny_cfg_moe("qwen3moe", TN_Q8_0), 1);
+    /* 2 experts, both chosen: each expert gets all 12 prompt rows, above the GEMV kernels' 8 (F32)
+     * and, with TERN_CUDA_PREFILL=cublas, for Q8_0 too: the experts through fp16 + cuBLAS */
+    tiny_cfg c2 = tiny_cfg_moe("qwen3moe", TN_F32);
+    c2.n_expert = 2;
+    forward_case(c2, -1);
+    setenv("TERN_CUDA_PREFILL", "cublas", 1);
+    c2.wtype = TN_Q8_0;
+    forward_case(c2, -1);
+    unsetenv("TERN_CUDA_PREFILL");
 }
 
 /* Quantized KV caches on the GPU (q8_0, q4_0 and tq K and V; rows stored with the CPU's reference
