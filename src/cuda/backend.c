@@ -65,9 +65,11 @@ struct tn_cuda_ctx {
      * (d_moe: tok [R], row [R], w [R] as floats' bits; h_moe its pinned staging) */
     float *rl, *xg, *ey;
     int32_t *d_moe, *h_moe;
-    /* one-token steps route on the GPU (tn_cu_moe_route, expert GEMVs over (token, slot) pairs):
-     * no synchronisation, and the step is a CUDA graph again; where a layer's shapes or routing
-     * do not allow it, or TERN_CUDA_MOE_HOST=1, every step routes on the host */
+    /* batches up to the GEMV kernels' size (one-token steps; any batch in a batch-invariant
+     * context) route on the GPU (tn_cu_moe_route, expert GEMVs over (token, slot) pairs): no
+     * synchronisation, a CUDA graph for one-token steps, and a token's experts computed the same
+     * way whatever its batch; larger batches, or every batch where a layer's shapes or routing do
+     * not allow it or TERN_CUDA_MOE_HOST=1, route on the host */
     bool moe_dev;
     tn_cq xq;
     uint16_t *xh, *wh; /* fp16 activations, fp16 weight tile for the GEMM path */
@@ -649,8 +651,8 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
     /* the widest FFN: dense layers', the experts' and a shared expert's */
     const int64_t ff = moe ? TN_MAX(hp->n_ff, TN_MAX(hp->n_ff_exp, hp->n_ff_shexp)) : hp->n_ff;
     const int64_t wide = TN_MAX(TN_MAX(d, qd), ff);
-    /* one-token steps routed on the GPU: the k pairs' gate|up rows and their q8 blocks at once */
-    const int64_t pairs_ff = moe ? (int64_t)hp->n_expert_used * hp->n_ff_exp : 0;
+    /* batches routed on the GPU: every (token, slot) pair's gate|up rows and their q8 blocks at once */
+    const int64_t pairs_ff = moe ? nb * hp->n_expert_used * hp->n_ff_exp : 0;
     g->x = dalloc(g, (size_t)(nb * d) * 4, &ok);
     g->xb = dalloc(g, (size_t)(nb * wide) * 4, &ok);
     g->q = dalloc(g, (size_t)(nb * (qd + 2 * kv_dim)) * 4, &ok); /* q, k, v side by side when fused */
@@ -909,44 +911,44 @@ static const float *ffn_glu(tn_cuda_ctx *g, const tn_cw *gu, const tn_cw *wg, co
     return g->hb2;
 }
 
-/* One token's routed experts without the host (the router's logits in rl): routed by
- * tn_cu_moe_route into (token, slot) pairs, each pair's expert gate|up and GLU (its q8 blocks by
- * the last block) and down by the pair GEMVs, then the slots' weighted sum in slot order, as
- * moe_ffn computes them. */
-static void moe_ffn_dev(tn_cuda_ctx *g, const tern_ctx *c, const tn_cu_layer *L, int32_t k, int act) {
+/* n tokens' routed experts without the host (the router's logits in rl): routed by
+ * tn_cu_moe_route into n k (token, slot) pairs, each pair's expert gate|up and GLU (its q8 blocks
+ * by the last block) and down by the pair GEMVs (one-token kernels: a pair's result is the same in
+ * any batch), then the slots' weighted sum in slot order, as moe_ffn computes them. */
+static void moe_ffn_dev(tn_cuda_ctx *g, const tern_ctx *c, const tn_cu_layer *L, int64_t n, int32_t k, int act) {
     const tn_hparams *hp = &c->hp;
-    const int64_t d = hp->n_embd, ffe = hp->n_ff_exp;
-    int32_t *sel = g->d_moe + 3 * k, *row = g->d_moe + k;
-    float *w = (float *)(g->d_moe + 2 * k);
-    CKL("moe_route", tn_cu_moe_route(g->rl, 1, hp->n_expert, k, hp->family->moe_renorm, sel, w, row, g->st));
+    const int64_t d = hp->n_embd, ffe = hp->n_ff_exp, P = n * k;
+    int32_t *sel = g->d_moe + 3 * P, *row = g->d_moe + P;
+    float *w = (float *)(g->d_moe + 2 * P);
+    CKL("moe_route", tn_cu_moe_route(g->rl, n, hp->n_expert, k, hp->family->moe_renorm, sel, w, row, g->st));
     const tn_cw *gu = L->fused_egu ? &L->egu : NULL;
     const bool code_gu = tn_cw_is_code((gu ? gu : &L->eg)->kind), code_dn = tn_cw_is_code(L->edown.kind);
     if (code_gu && g->q_src != g->xb) { /* the router's type may not have needed xb's q8 blocks */
-        CKL("quantize", tn_cu_quantize_q8(g->xb, d, d, 1, g->xq, g->st));
+        CKL("quantize", tn_cu_quantize_q8(g->xb, d, d, n, g->xq, g->st));
         g->q_src = g->xb;
     }
-    const tn_cu_ex xk = {sel, gu ? 2 * ffe : ffe, k, k}, x1 = {sel, d, 1, k};
+    const tn_cu_ex xk = {sel, gu ? 2 * ffe : ffe, k, (int)P}, x1 = {sel, d, 1, (int)P};
     float *h;
     if (gu) { /* h [k][ffe] = act(gate) up, fused (its q8 blocks for down by the last block) or the GLU kernel */
         const tn_cu_glu gl = {g->hb2, act};
-        const tn_cu_tail tg = {g->d_cnt, g->hb2, NULL, NULL, 0.0f, k * ffe, g->xq};
+        const tn_cu_tail tg = {g->d_cnt, g->hb2, NULL, NULL, 0.0f, P * ffe, g->xq};
         if (g->fuse_glu) {
             CKL("gate_up_exps", tn_cu_gemv_experts(gu, &xk, g->xb, d, &g->xq, g->hb, 2 * ffe, &gl, code_dn ? &tg : NULL, g->st));
         } else {
             CKL("gate_up_exps", tn_cu_gemv_experts(gu, &xk, g->xb, d, &g->xq, g->hb, 2 * ffe, NULL, NULL, g->st));
-            CKL("swiglu", tn_cu_swiglu_pair(g->hb, g->hb2, k, ffe, act, code_dn ? &g->xq : NULL, g->st));
+            CKL("swiglu", tn_cu_swiglu_pair(g->hb, g->hb2, P, ffe, act, code_dn ? &g->xq : NULL, g->st));
         }
         h = g->hb2;
     } else { /* gate and up of different types: both products, the GLU kernel, then h's q8 blocks */
         CKL("gate_up_exps", tn_cu_gemv_experts(&L->eg, &xk, g->xb, d, &g->xq, g->hb, ffe, NULL, NULL, g->st));
         CKL("gate_up_exps", tn_cu_gemv_experts(&L->eu, &xk, g->xb, d, &g->xq, g->hb2, ffe, NULL, NULL, g->st));
-        CKL("swiglu", tn_cu_swiglu(g->hb, g->hb2, k * ffe, act, g->st));
+        CKL("swiglu", tn_cu_swiglu(g->hb, g->hb2, P * ffe, act, g->st));
         h = g->hb;
-        if (code_dn) CKL("quantize", tn_cu_quantize_q8(h, ffe, ffe, k, g->xq, g->st));
+        if (code_dn) CKL("quantize", tn_cu_quantize_q8(h, ffe, ffe, P, g->xq, g->st));
     }
     fresh(g);
     CKL("down_exps", tn_cu_gemv_experts(&L->edown, &x1, h, ffe, &g->xq, g->ey, d, NULL, NULL, g->st));
-    CKL("moe_combine", tn_cu_moe_combine(g->x, g->ey, row, w, 1, k, d, g->st));
+    CKL("moe_combine", tn_cu_moe_combine(g->x, g->ey, row, w, n, k, d, g->st));
 }
 
 /* A mixture-of-experts FFN on the normed rows xb (n of them): the router's logits to the host,
@@ -961,8 +963,9 @@ static void moe_ffn(tn_cuda_ctx *g, tern_ctx *c, int32_t il, int64_t n, int act)
     const int32_t ne = hp->n_expert, k = hp->n_expert_used;
     const int64_t d = hp->n_embd, ffe = hp->n_ff_exp, R = n * k;
     mm(g, "router", &L->router, g->xb, d, n, g->rl, ne, NULL, 0);
-    if (g->moe_dev && n == 1) {
-        moe_ffn_dev(g, c, L, k, act);
+    /* batches of the GEMV kernels' size route on the GPU (any batch where batch-invariant) */
+    if (g->moe_dev && n <= g->tile_max_code && R <= 65535) {
+        moe_ffn_dev(g, c, L, n, k, act);
     } else {
         CKL("d2h", cudaMemcpyAsync(c->moe_logits, g->rl, (size_t)(n * ne) * 4, cudaMemcpyDeviceToHost, g->st));
         CK(cudaStreamSynchronize(g->st));

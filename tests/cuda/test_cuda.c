@@ -426,13 +426,14 @@ static void test_forward_families(void **state) {
     forward_case(cfg, -1);
 }
 
-/* Mixture of experts on the GPU (the router's logits routed on the host by the CPU's own routing,
- * each chosen expert's gate|up, GLU and down over its gathered rows, the slots' weighted sum in
- * slot order): qwen3moe (per-head q/k norms, heads of 128, weights renormalised), qwen2moe (q/k/v
+/* Mixture of experts on the GPU (batches up to 64 tokens routed on the GPU into (token, slot)
+ * pairs, larger ones on the host by the CPU's own routing and grouped by expert; the slots'
+ * weighted sum in slot order): qwen3moe (per-head q/k norms, heads of 128, weights renormalised), qwen2moe (q/k/v
  * biases, probabilities as they are, a shared expert of 320 rows gated by sigmoid(g . x)), llama
  * with experts (Mixtral's shape), F32 / Q8_0 / Q4_K / tq3 experts, a 12-token prefill and decode
  * steps, against the independent reference with forward_case's bounds; qwen3moe with layer 1 on the
- * CPU (-ngl 1), and with 2 experts over every prompt row (fp16 + cuBLAS for the experts). */
+ * CPU (-ngl 1); routed on the host (TERN_CUDA_MOE_HOST=1), and so with 2 experts over every prompt
+ * row (fp16 + cuBLAS for the experts). */
 static void test_forward_moe(void **state) {
     (void)state;
     const tn_dtype tq3 = (tn_dtype)tn_tq_dtype(&(tn_tq_params){3, 64, true});
@@ -444,8 +445,11 @@ static void test_forward_moe(void **state) {
                  {"llama", TN_F32},    {"llama", TN_Q8_0},    {"llama", TN_Q4_K}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) forward_case(tiny_cfg_moe(cases[i].arch, cases[i].w), -1);
     forward_case(tiny_cfg_moe("qwen3moe", TN_Q8_0), 1);
-    /* 2 experts, both chosen: each expert gets all 12 prompt rows, above the GEMV kernels' 8 (F32)
-     * and, with TERN_CUDA_PREFILL=cublas, for Q8_0 too: the experts through fp16 + cuBLAS */
+    /* routed on the host (as batches above 64 tokens are), grouped by expert: the Q8_0 case again;
+     * then 2 experts, both chosen: each expert gets all 12 prompt rows, above the GEMV kernels' 8
+     * (F32) and, with TERN_CUDA_PREFILL=cublas, for Q8_0 too: the experts through fp16 + cuBLAS */
+    setenv("TERN_CUDA_MOE_HOST", "1", 1);
+    forward_case(tiny_cfg_moe("qwen3moe", TN_Q8_0), -1);
     tiny_cfg c2 = tiny_cfg_moe("qwen3moe", TN_F32);
     c2.n_expert = 2;
     forward_case(c2, -1);
@@ -453,6 +457,7 @@ static void test_forward_moe(void **state) {
     c2.wtype = TN_Q8_0;
     forward_case(c2, -1);
     unsetenv("TERN_CUDA_PREFILL");
+    unsetenv("TERN_CUDA_MOE_HOST");
 }
 
 /* Quantized KV caches on the GPU (q8_0, q4_0 and tq K and V; rows stored with the CPU's reference
@@ -627,9 +632,10 @@ static void test_fusion_equivalence(void **state) {
     }
 }
 
-/* One-token steps of a mixture of experts route on the GPU (tn_cu_moe_route; the experts' GEMVs
- * read each (token, slot) pair's expert from device memory); TERN_CUDA_MOE_HOST=1 routes them on
- * the host as batches are (tn_moe_route_token). The two must choose the same experts and give the
+/* Batches of up to 64 tokens of a mixture of experts route on the GPU (tn_cu_moe_route; the
+ * experts' GEMVs read each (token, slot) pair's expert from device memory); TERN_CUDA_MOE_HOST=1
+ * routes them on the host as larger batches are (tn_moe_route_token): a 4-token prompt, then
+ * decode steps. The two must choose the same experts and give the
  * same logits up to the last bits of the softmax's exponentials (CUDA's expf against libm's; 1e-5
  * relative, where a different expert or weight moves them by 1e-2 or more; the emulator, with
  * libm on both sides, gives the same bits): qwen3moe Q8_0 (renormalised weights, fused gate|up
@@ -661,7 +667,7 @@ static void test_moe_device_routing(void **state) {
             worst = e > worst ? e : worst;
             same = same && memcmp(a + (size_t)step * nv, b + (size_t)step * nv, sizeof(float) * (size_t)nv) == 0;
         }
-        printf("  %-8s %-5s%s: %d decode steps routed on the GPU vs on the host: rel err %.2e (%s)\n", cfg.arch,
+        printf("  %-8s %-5s%s: prompt and %d decode steps routed on the GPU vs on the host: rel err %.2e (%s)\n", cfg.arch,
                tn_dtype_name(cfg.wtype), cases[ci].noglu ? " (GLU kernel)" : "", steps, worst, same ? "bit-identical" : "differ");
         if (worst > 1e-5) fail_msg("%s %s: GPU routing differs from the host's: rel err %.3g", cfg.arch, tn_dtype_name(cfg.wtype), worst);
         free(a), free(b);
