@@ -666,12 +666,11 @@ __global__ void __launch_bounds__(GEMV_WARPS_MAX * WARP, GEMV_MIN_BLOCKS)
             prefetch_l2((const uint8_t *)w.data + (r0 + h * half) * (int64_t)w.row_bytes, (size_t)(nr * (int64_t)w.row_bytes));
     }
     gdc_wait();
-    if constexpr (NT == 1) if (ex.sel) {
+    if constexpr (NT == 1) if (ex.sel) { /* the pair's expert and input row (its output row where it is written:
+                                           * held across the loop, the offsets cost the Q6_K kernel a spill) */
         const int64_t p = blockIdx.y, e = ex.sel[p];
         w.data = (const uint8_t *)w.data + e * w.m * (int64_t)w.row_bytes;
         x += p / ex.div * ldx;
-        y += p * ldy;
-        if (gl.h) gl.h += p * half;
     }
     for (int64_t rg = rg0; rg < rg1; rg++) {
         if (pair) {
@@ -687,7 +686,9 @@ __global__ void __launch_bounds__(GEMV_WARPS_MAX * WARP, GEMV_MIN_BLOCKS)
                     acc[r] = dot8(acc[r], v, x + e0);
                 }
             }
-            gemv_finish_glu(acc, wpr, i, half, gl);
+            tn_cu_glu gp = gl; /* a pair's h row (offsets applied here, not held across the loop) */
+            if (ex.sel) gp.h += blockIdx.y * half;
+            gemv_finish_glu(acc, wpr, i, half, gp);
             continue;
         }
         const int64_t row = rg * rpb + warp / wpr;
@@ -713,7 +714,7 @@ __global__ void __launch_bounds__(GEMV_WARPS_MAX * WARP, GEMV_MIN_BLOCKS)
                     acc[t] = dot8(acc[t], v, x + (int64_t)(t0 + t) * ldx + e0);
                 }
             }
-            gemv_finish(acc, nt, wpr, valid, row, t0, y, ldy, bias, accumulate);
+            gemv_finish(acc, nt, wpr, valid, row, t0, NT == 1 && ex.sel ? y + blockIdx.y * ldy : y, ldy, bias, accumulate);
         }
     }
     if constexpr (NT == 1) /* one-token steps only (the tiles' registers stay theirs) */
