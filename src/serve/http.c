@@ -954,10 +954,9 @@ int tn_serve_run(const tn_serve_config *cfg) {
             break;
         }
     }
-    if (second) {
-        fprintf(stderr, "tern serve: second signal: exiting now\n");
-        _exit(130);
-    }
+    /* a second signal during the drain: stop waiting, cancel what runs and exit 130 (the
+     * shell's code for an interrupted command) as soon as the responses are closed */
+    if (second) fprintf(stderr, "tern serve: second signal: cancelling every request\n");
     tn_engine_cancel_all(S->eng);
     for (int i = 0; i < 40 && !tn_engine_idle(S->eng); i++) {
         struct timespec ts = {0, 25000000};
@@ -966,11 +965,12 @@ int tn_serve_run(const tn_serve_config *cfg) {
     atomic_store(&S->draining, 2);
     /* the engine is idle once the last token is out, but its response may still be on the way
      * to the client: stopping the daemon now would cut the connection (curl: code 000) */
-    for (int i = 0; i < 200 && atomic_load(&S->open_requests) > 0; i++) {
+    for (int i = 0; i < (second ? 40 : 200) && atomic_load(&S->open_requests) > 0; i++) {
         struct timespec ts = {0, 25000000};
         nanosleep(&ts, NULL);
     }
-    fprintf(stderr, "tern serve: drained; bye\n");
+    fprintf(stderr, "tern serve: %s; bye\n", second ? "cancelled" : "drained");
+    if (second) rc = 130;
 done:
     if (d) MHD_stop_daemon(d);
     tn_engine_destroy(S->eng);
