@@ -274,16 +274,22 @@ static tern_status tn_ctx_create_impl(const tern_model *m, const tern_ctx_params
             c->rot_sign[i] = (y ^ (y >> 31)) >> 63 ? -1.0f : 1.0f;
         }
     }
+    /* on the GPU (tn_cuda_ctx_create) layers 0 .. ngl - 1 keep their cache in device memory: the
+     * host holds rows only for the layers the CPU runs (kv_bytes stays the whole cache's size) */
+    const int32_t gpu_layers = p.device != TERN_DEVICE_CUDA ? 0
+                               : p.n_gpu_layers < 0 || p.n_gpu_layers > hp->n_layer ? hp->n_layer
+                                                                                      : p.n_gpu_layers;
+    int64_t host_rows = 0;
     c->kv_off = tn_ctx_alloc(c, (size_t)hp->n_layer * sizeof(int64_t), &ok);
-    for (int64_t il = 0, off = 0; ok && il < hp->n_layer; il++) {
-        c->kv_off[il] = off;
-        off += kv_ring && tn_hp_layer_swa(hp, (int32_t)il) ? kv_ring : kv_rows;
+    for (int64_t il = 0; ok && il < hp->n_layer; il++) {
+        c->kv_off[il] = host_rows;
+        if (il >= gpu_layers) host_rows += kv_ring && tn_hp_layer_swa(hp, (int32_t)il) ? kv_ring : kv_rows;
     }
-    c->k_cache = tn_ctx_alloc(c, (size_t)kv_layer_rows * rb[0], &ok);
-    c->v_cache = tn_ctx_alloc(c, (size_t)kv_layer_rows * rb[1], &ok);
+    c->k_cache = tn_ctx_alloc(c, (size_t)host_rows * rb[0], &ok);
+    c->v_cache = tn_ctx_alloc(c, (size_t)host_rows * rb[1], &ok);
     if (ok) { /* zeroed so attention over the cache never reads uninitialised rows */
-        memset(c->k_cache, 0, (size_t)kv_layer_rows * rb[0]);
-        memset(c->v_cache, 0, (size_t)kv_layer_rows * rb[1]);
+        memset(c->k_cache, 0, (size_t)host_rows * rb[0]);
+        memset(c->v_cache, 0, (size_t)host_rows * rb[1]);
     }
     if (kc_bits) { /* the window holds the open group before a batch and the batch (+ a group for truncation) */
         c->kc_bits = kc_bits;

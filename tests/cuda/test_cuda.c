@@ -518,6 +518,24 @@ static void test_layer_split(void **state) {
     cfg.wtype = TN_Q8_0;
     forward_case(cfg, 0); /* every layer on the CPU, the GPU idle */
     forward_case(cfg, 1); /* one layer on each */
+    /* the host keeps cache rows only for the layers the CPU runs: against a CPU context of the same
+     * shape, a context with every layer on the GPU holds the whole cache less on the host, one
+     * with 1 of 2 layers half of it, one with none all of it (the whole cache's size, kv_bytes,
+     * is the same in all) */
+    tern_model *m = load_cfg(&cfg, "cuda_host_kv");
+    tern_ctx *cpu = make_ctx(m, TERN_DEVICE_CPU, -1, 512);
+    const uint64_t kvb = tern_ctx_kv_bytes(cpu);
+    for (int ngl = -1; ngl <= 1; ngl++) {
+        tern_ctx *g = make_ctx(m, TERN_DEVICE_CUDA, ngl, 512);
+        const uint64_t saved = cpu->bytes - g->bytes, want = ngl < 0 ? kvb : ngl == 1 ? kvb / 2 : 0;
+        printf("  ngl %2d: host bytes %llu (CPU context %llu), KV cache %llu bytes, %llu of them not on the host\n", ngl,
+               (unsigned long long)g->bytes, (unsigned long long)cpu->bytes, (unsigned long long)kvb, (unsigned long long)saved);
+        assert_true(tern_ctx_kv_bytes(g) == kvb);
+        assert_true(saved == want);
+        tern_ctx_free(g);
+    }
+    tern_ctx_free(cpu);
+    tern_model_free(m);
 }
 
 /* One-token steps replay a captured CUDA graph; with TERN_CUDA_GRAPH=0 the same kernels are
