@@ -918,35 +918,35 @@ extern "C" int tn_cu_gemv_tail(const tn_cw *w, const float *x, int64_t ldx, cons
     if (!tail || !tail->cnt || (tail->xq.q && tail->d % 32 != 0)) return (int)cudaErrorInvalidValue;
     return gemv(w, x, ldx, xq, 1, y, w->m, bias, accumulate, tail, NULL, stream);
 }
+/* One token's gate|up product w (rows [gate | up], ff = w->m / 2 each) with its GLU into h (the q8
+ * tail's contract checked here), for one token or, with ex, for ex->pairs (token, slot) pairs (h and
+ * gu rows per pair): fused into the product, or (code rows one at a time) the product into gu, then
+ * the GLU kernel. */
+static int gemv_glu(const tn_cw *w, const float *x, int64_t ldx, const tn_cq *xq, float *gu, int64_t ldgu, const tn_cu_glu &gl,
+                    const tn_cu_tail *tail, void *stream, const tn_cu_ex *ex) {
+    const int64_t ff = w->m / 2, pairs = ex ? ex->pairs : 1;
+    if (w->m % 2 != 0 || (tail && (!tail->cnt || tail->w || !tail->xq.q || tail->x != gl.h || ff % 32 != 0 || tail->d != pairs * ff)))
+        return (int)cudaErrorInvalidValue;
+    if (tn_cw_is_code(w->kind) && g_rows != 2) {
+        const int e = gemv(w, x, ldx, xq, 1, gu, ldgu, NULL, 0, NULL, NULL, stream, ex);
+        return e ? e : tn_cu_swiglu_pair(gu, gl.h, pairs, ff, gl.act, tail ? &tail->xq : NULL, stream);
+    }
+    return gemv(w, x, ldx, xq, 1, gu, ldgu, NULL, 0, tail, &gl, stream, ex);
+}
 extern "C" int tn_cu_gemv_glu(const tn_cw *w, const float *x, const tn_cq *xq, float *gu, float *h, int act, const tn_cu_tail *tail,
                               void *stream) {
-    const bool code = tn_cw_is_code(w->kind);
-    if (w->m % 2 != 0 || (code ? w->k % 32 != 0 : w->k % 8 != 0 || ((uintptr_t)x & 15) != 0) ||
-        (tail && (!tail->cnt || tail->w || !tail->xq.q || tail->x != h || (w->m / 2) % 32 != 0)))
-        return (int)cudaErrorInvalidValue;
-    if (code && g_rows != 2) { /* code rows one at a time: the product, then the GLU kernel */
-        const int e = gemv(w, x, w->k, xq, 1, gu, w->m, NULL, 0, NULL, NULL, stream);
-        return e ? e : tn_cu_swiglu_pair(gu, h, 1, w->m / 2, act, tail ? &tail->xq : NULL, stream);
-    }
-    const tn_cu_glu gl = {h, act};
-    return gemv(w, x, w->k, xq, 1, gu, w->m, NULL, 0, tail, &gl, stream);
+    if (tn_cw_is_code(w->kind) ? w->k % 32 != 0 : w->k % 8 != 0 || ((uintptr_t)x & 15) != 0) return (int)cudaErrorInvalidValue;
+    return gemv_glu(w, x, w->k, xq, gu, w->m, tn_cu_glu{h, act}, tail, stream, NULL);
 }
 
 extern "C" int tn_cu_gemv_experts(const tn_cw *w, const tn_cu_ex *ex, const float *x, int64_t ldx, const tn_cq *xq, float *y,
                                   int64_t ldy, const tn_cu_glu *glu, const tn_cu_tail *tail, void *stream) {
-    const bool code = tn_cw_is_code(w->kind);
-    if (!ex || !ex->sel || ex->pairs < 1 || ex->pairs > 65535 || ex->div < 1 || ex->rows < 1 ||
-        (code ? w->k % 32 != 0 : w->k % 8 != 0 || ldx % 4 != 0 || ((uintptr_t)x & 15) != 0) || (glu && ex->rows % 2 != 0) ||
-        (tail && (!glu || !tail->cnt || tail->w || !tail->xq.q || tail->x != glu->h || (ex->rows / 2) % 32 != 0 ||
-                  tail->d != ex->pairs * (ex->rows / 2))))
+    if (!ex || !ex->sel || ex->pairs < 1 || ex->pairs > 65535 || ex->div < 1 || ex->rows < 1 || (tail && !glu) ||
+        (tn_cw_is_code(w->kind) ? w->k % 32 != 0 : w->k % 8 != 0 || ldx % 4 != 0 || ((uintptr_t)x & 15) != 0))
         return (int)cudaErrorInvalidValue;
     tn_cw v = *w; /* an expert's shape: the kernels pick the launch by it */
     v.m = ex->rows;
-    if (glu && code && g_rows != 2) { /* code rows one at a time: the product, then the GLU kernel (as tn_cu_gemv_glu) */
-        const int e = gemv(&v, x, ldx, xq, 1, y, ldy, NULL, 0, NULL, NULL, stream, ex);
-        return e ? e : tn_cu_swiglu_pair(y, glu->h, ex->pairs, ex->rows / 2, glu->act, tail ? &tail->xq : NULL, stream);
-    }
-    return gemv(&v, x, ldx, xq, 1, y, ldy, NULL, 0, tail, glu, stream, ex);
+    return glu ? gemv_glu(&v, x, ldx, xq, y, ldy, *glu, tail, stream, ex) : gemv(&v, x, ldx, xq, 1, y, ldy, NULL, 0, NULL, NULL, stream, ex);
 }
 
 /* A warp per token: tn_cu_moe_route's contract, the CPU's arithmetic (the exponentials in parallel,

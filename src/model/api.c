@@ -373,7 +373,7 @@ static tern_status tn_ctx_create_impl(const tern_model *m, const tern_ctx_params
         return s;
     }
     if (p.device == TERN_DEVICE_CUDA) {
-        s = tn_cuda_ctx_create(c, p.n_gpu_layers, &c->cuda);
+        s = tn_cuda_ctx_create(c, gpu_layers, &c->cuda); /* the layers whose rows the host left out */
         if (s) {
             tern_ctx_free(c);
             return s;
