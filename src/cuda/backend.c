@@ -307,6 +307,11 @@ static tern_status upload_weight(tn_cuda_ctx *g, const tn_tensor *t, tn_cw *w) {
     case TN_Q4_K: w->kind = TN_CW_Q4_K; break;
     case TN_Q6_K: w->kind = TN_CW_Q6_K; break;
     case TN_Q5_K: w->kind = TN_CW_Q5_K; break;
+    case TN_Q2_K: w->kind = TN_CW_Q2_K; break;
+    case TN_Q3_K: w->kind = TN_CW_Q3_K; break;
+    case TN_IQ4_XS: w->kind = TN_CW_IQ4_XS; break;
+    case TN_IQ4_NL: w->kind = TN_CW_IQ4_NL; break;
+    case TN_MXFP4: w->kind = TN_CW_MXFP4; break;
     case TN_Q4_0: w->kind = TN_CW_Q4_0, tp = (tn_tq_params){4, 32, false}; break;
     case TN_Q8_0: w->kind = TN_CW_Q8_0, tp = (tn_tq_params){8, 32, false}; break;
     case TN_Q5_0: w->kind = TN_CW_Q5_0, tp = (tn_tq_params){5, 32, false}; break;
@@ -323,19 +328,39 @@ static tern_status upload_weight(tn_cuda_ctx *g, const tn_tensor *t, tn_cw *w) {
                           t->name, tn_dtype_name(t->type));
         return tn_err(TERN_ERR_UNSUPPORTED,
                       "cuda: tensor '%s' has type %s, which the CUDA backend does not run (F32, F16, BF16, Q8_0, Q4_0, Q4_1, "
-                      "Q5_0, Q5_1, Q4_K, Q5_K, Q6_K and tern's tq<b>g<G>; not yet the i-quants, mxfp4 or ggml's tq1_0 / "
-                      "tq2_0: run them on the CPU)",
+                      "Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4 and tern's tq<b>g<G>; not yet the "
+                      "other i-quants or ggml's tq1_0 / tq2_0: run them on the CPU)",
                       t->name, tn_dtype_name(t->type));
     }
-    if ((tn_cw_is_code(w->kind) && k % tp.group != 0) || ((w->kind == TN_CW_Q4_K || w->kind == TN_CW_Q5_K || w->kind == TN_CW_Q6_K) && k % 256 != 0))
+    const int64_t blck = tn_dtype_get(t->type)->blck_size; /* elements per file block */
+    if ((tn_cw_is_code(w->kind) && k % tp.group != 0) || (!tn_cw_is_code(w->kind) && blck > 1 && k % blck != 0))
         return tn_err(TERN_ERR_UNSUPPORTED, "cuda: tensor '%s': row length %lld is not a multiple of the kernels' block",
                       t->name, (long long)k);
-    if (w->kind == TN_CW_Q6_K) { /* each 210-byte block in a 224-byte slot (aligned loads) */
+    if (w->kind == TN_CW_Q6_K || w->kind == TN_CW_Q3_K) { /* each block in a slot of 8-byte aligned parts */
+        const size_t bb = w->kind == TN_CW_Q6_K ? 210 : 110, stride = w->kind == TN_CW_Q6_K ? TN_CU_Q6K_STRIDE : TN_CU_Q3K_STRIDE;
         const int64_t nb = k / 256;
-        w->row_bytes = (size_t)nb * TN_CU_Q6K_STRIDE;
+        w->row_bytes = (size_t)nb * stride;
         uint8_t *buf = tn_calloc((size_t)m, w->row_bytes);
         if (!buf) return tn_err(TERN_ERR_NOMEM, "cuda: out of host memory padding '%s'", t->name);
-        for (int64_t i = 0; i < m * nb; i++) memcpy(buf + (size_t)i * TN_CU_Q6K_STRIDE, (const uint8_t *)t->data + (size_t)i * 210, 210);
+        for (int64_t i = 0; i < m * nb; i++) memcpy(buf + (size_t)i * stride, (const uint8_t *)t->data + (size_t)i * bb, bb);
+        w->data = dupload(g, buf, w->row_bytes * (size_t)m, &ok);
+        tn_free(buf);
+        return ok ? TERN_OK : tn_err_prefix(TERN_ERR_NOMEM, "cuda: tensor '%s'", t->name);
+    }
+    if (w->kind == TN_CW_IQ4_NL || w->kind == TN_CW_MXFP4) { /* a row: its blocks' codes, then their scales */
+        const size_t hdr = w->kind == TN_CW_IQ4_NL ? 2 : 1, bb = hdr + 16; /* iq4_nl: d, qs[16]; mxfp4: e, qs[16] */
+        const int64_t nb = k / 32;
+        w->row_bytes = ((size_t)nb * bb + 15) / 16 * 16;
+        uint8_t *buf = tn_calloc((size_t)m, w->row_bytes);
+        if (!buf) return tn_err(TERN_ERR_NOMEM, "cuda: out of host memory rearranging '%s'", t->name);
+        for (int64_t r = 0; r < m; r++) {
+            const uint8_t *src = (const uint8_t *)t->data + (size_t)(r * nb) * bb;
+            uint8_t *dst = buf + (size_t)r * w->row_bytes;
+            for (int64_t b = 0; b < nb; b++) {
+                memcpy(dst + b * 16, src + (size_t)b * bb + hdr, 16);
+                memcpy(dst + nb * 16 + b * (int64_t)hdr, src + (size_t)b * bb, hdr);
+            }
+        }
         w->data = dupload(g, buf, w->row_bytes * (size_t)m, &ok);
         tn_free(buf);
         return ok ? TERN_OK : tn_err_prefix(TERN_ERR_NOMEM, "cuda: tensor '%s'", t->name);

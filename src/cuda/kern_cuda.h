@@ -3,8 +3,11 @@
  * only: backend.c (the C side of the backend) owns the model, the context and every buffer.
  *
  * Device weight formats (made at upload by backend.c, tn_cuda_weight):
- *   float path  — the file's bytes as they are: F32, F16, BF16, Q4_K, Q5_K, Q6_K (Q6_K's 210-byte
- *                 blocks each padded to TN_CU_Q6K_STRIDE); activations stay f32.
+ *   float path  — the file's bytes as they are: F32, F16, BF16, Q2_K, Q4_K, Q5_K, IQ4_XS; Q3_K's
+ *                 110-byte and Q6_K's 210-byte blocks each padded to TN_CU_Q3K_STRIDE /
+ *                 TN_CU_Q6K_STRIDE; IQ4_NL and MXFP4 (blocks of 32) as rows of their codes (16
+ *                 bytes a block) followed by their scales (fp16 d / e8m0 bytes), each row padded
+ *                 to a multiple of 16 bytes. Activations stay f32.
  *   code path   — Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and every tq<b>g<G>[a] in a split layout: the block headers moved
  *                 out into fp16 arrays d[m][k/G] (and m[m][k/G] for asymmetric tq), the code bytes
  *                 of each row back to back (row stride k*b/8, a multiple of 4 bytes). Within a
@@ -34,6 +37,11 @@ enum {
     TN_CW_Q4_K,
     TN_CW_Q6_K,
     TN_CW_Q5_K,
+    TN_CW_Q2_K,
+    TN_CW_Q3_K,
+    TN_CW_IQ4_XS,
+    TN_CW_IQ4_NL,
+    TN_CW_MXFP4,
     TN_CW_Q4_0, /* code path from here on */
     TN_CW_Q8_0,
     TN_CW_Q5_0,
@@ -51,6 +59,8 @@ typedef struct tn_cw {
 
 /* Q6_K blocks (210 bytes) are uploaded each in a 224-byte slot, so that their parts are 8-byte aligned */
 #define TN_CU_Q6K_STRIDE 224
+/* Q3_K blocks (110 bytes) likewise in 112-byte slots */
+#define TN_CU_Q3K_STRIDE 112
 
 static inline int tn_cw_is_code(int kind) { return kind >= TN_CW_Q4_0; }
 

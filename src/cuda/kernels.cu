@@ -576,8 +576,25 @@ __device__ __forceinline__ void kq_scale_min(const uint8_t *sc, int j, int *s, i
     else *s = (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4), *m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
 }
 
-/* Elements e0 .. e0+7 (e0 % 8 == 0) of a row of the file type, as floats. */
-template <int KIND> __device__ __forceinline__ void load8(const uint8_t *rowp, int64_t e0, float v[8]) {
+/* ggml's 16-entry tables of iq4_nl / iq4_xs (kvalues_iq4nl) and of mxfp4 (kvalues_mxfp4, e2m1
+ * doubled), as bytes of two 64-bit constants: entry q is byte q % 8 of the (q < 8 ? lo : hi) word. */
+__device__ __forceinline__ int iq4nl_value(uint32_t q) {
+    const uint64_t lo = 0xF6EADDCFBFAD9881ull /* -127 -104 -83 -65 -49 -35 -22 -10 */,
+                   hi = 0x7159453526190D01ull /* 1 13 25 38 53 69 89 113 */;
+    return (int)(int8_t)(uint8_t)(((q & 8) ? hi : lo) >> (8 * (q & 7)));
+}
+__device__ __forceinline__ int mxfp4_value(uint32_t q) {
+    const uint64_t lo = 0x0C08060403020100ull /* 0 1 2 3 4 6 8 12 */, hi = 0xF4F8FAFCFDFEFF00ull /* 0 -1 -2 -3 -4 -6 -8 -12 */;
+    return (int)(int8_t)(uint8_t)(((q & 8) ? hi : lo) >> (8 * (q & 7)));
+}
+/* 2^(e-128): e8m0's value halved (the table above is doubled), as ggml_e8m0_to_fp32_half */
+__device__ __forceinline__ float e8m0_half(uint32_t e) {
+    return __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+}
+
+/* Elements e0 .. e0+7 (e0 % 8 == 0) of a row (k elements) of the file type, as floats. */
+template <int KIND> __device__ __forceinline__ void load8(const uint8_t *rowp, int64_t e0, int64_t k, float v[8]) {
+    (void)k;
     if (KIND == TN_CW_F32) {
         const float4 *p = (const float4 *)(rowp + e0 * 4);
         const float4 a = p[0], b = p[1];
@@ -637,6 +654,57 @@ template <int KIND> __device__ __forceinline__ void load8(const uint8_t *rowp, i
             const int q = (int)(((qd < 2 ? lo & 0xF : lo >> 4) | (((hi >> (2 * qd)) & 3u) << 4))) - 32;
             v[i] = ds * (float)q;
         }
+    } else if (KIND == TN_CW_Q2_K) { /* 84-byte blocks of 256: scales[16] (4-bit scale | 4-bit min), qs[64], d, dmin */
+        const uint8_t *b = rowp + (e0 / 256) * 84;
+        const int e = (int)(e0 % 256);
+        const uint32_t sc = b[e / 16]; /* e .. e+7 share a group of 16 */
+        const float d = h2f(*(const uint16_t *)(b + 80)), dmin = h2f(*(const uint16_t *)(b + 82));
+        const float dl = d * (float)(sc & 0xF), ml = dmin * (float)(sc >> 4);
+        const uint32_t *qp = (const uint32_t *)(b + 16 + 32 * (e / 128) + e % 32); /* blocks are 4-byte aligned */
+        const uint32_t w[2] = {qp[0], qp[1]};
+        const int sh = 2 * ((e % 128) / 32);
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] = dl * (float)((w[i / 4] >> (8 * (i % 4) + sh)) & 3u) - ml;
+    } else if (KIND == TN_CW_Q3_K) { /* blocks padded to 112 bytes at upload: hmask[32], qs[64], scales[12], d */
+        const uint8_t *b = rowp + (e0 / 256) * TN_CU_Q3K_STRIDE;
+        const int e = (int)(e0 % 256), j = e / 16;
+        const uint8_t *sc = b + 96;
+        const int lo = j < 8 ? sc[j] & 0xF : sc[j - 8] >> 4, hi = (sc[8 + j % 4] >> (2 * (j / 4))) & 3;
+        const float dl = h2f(*(const uint16_t *)(b + 108)) * (float)((lo | (hi << 4)) - 32);
+        const uint2 q = *(const uint2 *)(b + 32 + 32 * (e / 128) + e % 32);
+        const uint2 h = *(const uint2 *)(b + e % 32);
+        const uint32_t qw[2] = {q.x, q.y}, hw[2] = {h.x, h.y};
+        const int sh = 2 * ((e % 128) / 32), hb = e / 32;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int low = (int)((qw[i / 4] >> (8 * (i % 4) + sh)) & 3u), high = (int)((hw[i / 4] >> (8 * (i % 4) + hb)) & 1u);
+            v[i] = dl * (float)(low - (high ? 0 : 4));
+        }
+    } else if (KIND == TN_CW_IQ4_XS) { /* 136-byte blocks of 256: d, scales_h, scales_l[4], qs[128] */
+        const uint8_t *b = rowp + (e0 / 256) * 136;
+        const int e = (int)(e0 % 256), ib = e / 32;
+        const uint32_t sh = *(const uint16_t *)(b + 2);
+        const int ls = (int)(((b[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3u) << 4));
+        const float dl = h2f(*(const uint16_t *)b) * (float)(ls - 32);
+        const uint2 u = *(const uint2 *)(b + 8 + 16 * ib + e % 16);
+        const uint32_t w[2] = {u.x, u.y};
+        const int s = (e % 32) < 16 ? 0 : 4; /* elements 0-15 of a sub-block: low nibbles; 16-31: high */
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] = dl * (float)iq4nl_value((w[i / 4] >> (8 * (i % 4) + s)) & 0xFu);
+    } else if (KIND == TN_CW_IQ4_NL || KIND == TN_CW_MXFP4) { /* a row: codes [k/32][16], then the k/32 scales */
+        const int64_t blk = e0 / 32;
+        const uint2 u = *(const uint2 *)(rowp + blk * 16 + e0 % 16);
+        const uint32_t w[2] = {u.x, u.y};
+        const int s = (e0 % 32) < 16 ? 0 : 4;
+        if (KIND == TN_CW_IQ4_NL) {
+            const float d = h2f(*(const uint16_t *)(rowp + k / 2 + blk * 2));
+#pragma unroll
+            for (int i = 0; i < 8; i++) v[i] = d * (float)iq4nl_value((w[i / 4] >> (8 * (i % 4) + s)) & 0xFu);
+        } else {
+            const float d = e8m0_half(rowp[k / 2 + blk]);
+#pragma unroll
+            for (int i = 0; i < 8; i++) v[i] = (float)mxfp4_value((w[i / 4] >> (8 * (i % 4) + s)) & 0xFu) * d;
+        }
     }
 }
 
@@ -682,7 +750,7 @@ __global__ void __launch_bounds__(GEMV_WARPS_MAX * WARP, GEMV_MIN_BLOCKS)
 #pragma unroll 4
                 for (int64_t e0 = ((int64_t)lane + (int64_t)WARP * part) * 8; valid && e0 < w.k; e0 += (int64_t)WARP * wpr * 8) {
                     float v[8];
-                    load8<KIND>(rowp, e0, v);
+                    load8<KIND>(rowp, e0, w.k, v);
                     acc[r] = dot8(acc[r], v, x + e0);
                 }
             }
@@ -707,7 +775,7 @@ __global__ void __launch_bounds__(GEMV_WARPS_MAX * WARP, GEMV_MIN_BLOCKS)
 #pragma unroll(NT == 1 ? 4 : 1) /* one token: four loads of a lane in flight */
             for (int64_t e0 = ((int64_t)lane + (int64_t)WARP * part) * 8; valid && e0 < w.k; e0 += (int64_t)WARP * wpr * 8) {
                 float v[8];
-                load8<KIND>(rowp, e0, v);
+                load8<KIND>(rowp, e0, w.k, v);
 #pragma unroll
                 for (int t = 0; t < NT; t++) {
                     if (t >= nt) break;
@@ -727,7 +795,7 @@ template <int KIND> __global__ void k_dequant_float(tn_cw w, int64_t r0, int64_t
     if (i >= nr * n8) return;
     const int64_t row = r0 + i / n8, e0 = (i % n8) * 8;
     float v[8];
-    load8<KIND>((const uint8_t *)w.data + row * (int64_t)w.row_bytes, e0, v);
+    load8<KIND>((const uint8_t *)w.data + row * (int64_t)w.row_bytes, e0, w.k, v);
     store8(out, (i / n8) * w.k + e0, v, f16);
 }
 
@@ -851,6 +919,11 @@ static int gemv_run(const tn_cw *w, const float *x, int64_t ldx, const tn_cq *xq
     case TN_CW_Q4_K: GEMV_FLOAT(TN_CW_Q4_K); break;
     case TN_CW_Q6_K: GEMV_FLOAT(TN_CW_Q6_K); break;
     case TN_CW_Q5_K: GEMV_FLOAT(TN_CW_Q5_K); break;
+    case TN_CW_Q2_K: GEMV_FLOAT(TN_CW_Q2_K); break;
+    case TN_CW_Q3_K: GEMV_FLOAT(TN_CW_Q3_K); break;
+    case TN_CW_IQ4_XS: GEMV_FLOAT(TN_CW_IQ4_XS); break;
+    case TN_CW_IQ4_NL: GEMV_FLOAT(TN_CW_IQ4_NL); break;
+    case TN_CW_MXFP4: GEMV_FLOAT(TN_CW_MXFP4); break;
     case TN_CW_Q4_0: GEMV_CODE(4, 1); break;
     case TN_CW_Q8_0: GEMV_CODE(8, 2); break;
     case TN_CW_Q5_0: GEMV_CODE(5, 3); break;
@@ -1030,6 +1103,11 @@ static int dequant(const tn_cw *w, int64_t r0, int64_t nr, void *out, int f16, c
     case TN_CW_Q8_0: launch(k_dequant_code<8, 2, false>, gc, 256, 0, st, *w, r0, nr, out, f16); break;
     case TN_CW_Q5_0: launch(k_dequant_code<5, 3, false>, gc, 256, 0, st, *w, r0, nr, out, f16); break;
     case TN_CW_Q5_K: launch(k_dequant_float<TN_CW_Q5_K>, gf, 256, 0, st, *w, r0, nr, out, f16); break;
+    case TN_CW_Q2_K: launch(k_dequant_float<TN_CW_Q2_K>, gf, 256, 0, st, *w, r0, nr, out, f16); break;
+    case TN_CW_Q3_K: launch(k_dequant_float<TN_CW_Q3_K>, gf, 256, 0, st, *w, r0, nr, out, f16); break;
+    case TN_CW_IQ4_XS: launch(k_dequant_float<TN_CW_IQ4_XS>, gf, 256, 0, st, *w, r0, nr, out, f16); break;
+    case TN_CW_IQ4_NL: launch(k_dequant_float<TN_CW_IQ4_NL>, gf, 256, 0, st, *w, r0, nr, out, f16); break;
+    case TN_CW_MXFP4: launch(k_dequant_float<TN_CW_MXFP4>, gf, 256, 0, st, *w, r0, nr, out, f16); break;
     case TN_CW_TQ: TQ_SWITCH(launch_dq_tq, w, r0, nr, out, f16, st); break;
     default: return (int)cudaErrorInvalidValue;
     }

@@ -6,7 +6,8 @@
  * is refused. The GPU tests below exit 77 (skipped, with the reason printed) where no device is.
  *
  * Kernels (GPU): every weight type the backend runs — F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
- * Q5_1, Q4_K, Q5_K, Q6_K and all 64 tq<b>g<G>[a] — quantized with tern's reference quantizers, at row counts and lengths
+ * Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4 and all 64 tq<b>g<G>[a] — quantized
+ * with tern's reference quantizers, at row counts and lengths
  * equal to, below, above and off the kernels' tiles (m = 1, 3, 4, 5, 33, and 131 for the ggml
  * types; k = 2048 and 4096, where a row is split across 2 and 4 warps; k = one block,
  * several, odd multiples), and n = 1, 3, 8, 9, 17 tokens (GEMV kernels) and 17 or 70 (cuBLAS):
@@ -234,9 +235,10 @@ static void check_type(tn_dtype t, int64_t m, int64_t k, double *worst_gemv, dou
 static void test_kernel_parity(void **state) {
     (void)state;
     tn_cuda_test_gemv_launch(false, 0, 1); /* a block per row group, one row per warp; check_type also runs the others */
-    tn_dtype types[16 + 64];
+    tn_dtype types[32 + 64];
     int nt = 0;
-    const tn_dtype ggml[] = {TN_F32, TN_F16, TN_BF16, TN_Q8_0, TN_Q4_0, TN_Q4_1, TN_Q5_0, TN_Q5_1, TN_Q4_K, TN_Q5_K, TN_Q6_K};
+    const tn_dtype ggml[] = {TN_F32,  TN_F16,  TN_BF16, TN_Q8_0, TN_Q4_0,   TN_Q4_1,   TN_Q5_0,  TN_Q5_1,
+                             TN_Q2_K, TN_Q3_K, TN_Q4_K, TN_Q5_K, TN_Q6_K, TN_IQ4_NL, TN_IQ4_XS, TN_MXFP4};
     for (size_t i = 0; i < sizeof ggml / sizeof ggml[0]; i++) types[nt++] = ggml[i];
     for (int i = 0; i < TN_DTYPE_TQ_COUNT; i++) types[nt++] = (tn_dtype)(TN_DTYPE_TERN_BASE + i);
     const int64_t ms[] = {1, 3, 4, 5, 33, 131};
@@ -363,7 +365,8 @@ static void test_forward_types(void **state) {
     (void)state;
     tiny_cfg cfg;
     tiny_cfg_default(&cfg);
-    const tn_dtype types[] = {TN_F32, TN_F16, TN_BF16, TN_Q8_0, TN_Q4_0, TN_Q4_1, TN_Q5_0, TN_Q5_1, TN_Q4_K, TN_Q5_K, TN_Q6_K};
+    const tn_dtype types[] = {TN_F32,  TN_F16,  TN_BF16, TN_Q8_0, TN_Q4_0,   TN_Q4_1,   TN_Q5_0,  TN_Q5_1,
+                              TN_Q2_K, TN_Q3_K, TN_Q4_K, TN_Q5_K, TN_Q6_K, TN_IQ4_NL, TN_IQ4_XS, TN_MXFP4};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         cfg.wtype = types[i];
         forward_case(cfg, -1);
@@ -441,6 +444,7 @@ static void test_forward_moe(void **state) {
         const char *arch;
         tn_dtype w;
     } cases[] = {{"qwen3moe", TN_F32}, {"qwen3moe", TN_Q8_0}, {"qwen3moe", TN_Q4_K}, {"qwen3moe", tq3},
+                 {"qwen3moe", TN_MXFP4}, {"qwen3moe", TN_IQ4_XS}, /* llama.cpp's MXFP4_MOE and IQ4_XS files */
                  {"qwen2moe", TN_F32}, {"qwen2moe", TN_Q8_0}, {"qwen2moe", tq3}, /* experts of 128: no K-quant */
                  {"llama", TN_F32},    {"llama", TN_Q8_0},    {"llama", TN_Q4_K}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) forward_case(tiny_cfg_moe(cases[i].arch, cases[i].w), -1);
