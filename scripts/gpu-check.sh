@@ -3,9 +3,9 @@
 #   nvidia-smi and `tern info`; the GPU tests (test_cuda gpu: kernel parity for every type, forward
 #   against the double-precision reference, paged batches, -ngl splits, stories260K greedy vs the
 #   CPU); the default model's greedy text on GPU and CPU (f16, q8_0 and q4_0 KV caches), and that
-#   of synthetic smollm3, gemma3, gemma2, phi3, qwen3moe and qwen2moe files; `tern serve --device cuda` under the serve
-#   test suite's scripts; and the benchmarks on a 1B-class synthetic model (Q4_0, Q8_0, tq2/3/4,
-#   F16): decode and pp512 against the card's copy bandwidth and fp16 peak, measured in the same run;
+#   of synthetic smollm3, gemma3, gemma2, phi3, qwen3moe, qwen2moe and gpt-oss files; `tern serve --device cuda` under
+#   the serve test suite's scripts; and the benchmarks on a 1B-class synthetic model (Q4_0, Q8_0, tq2/3/4,
+#   F16, Q4_K_M, IQ4_XS, Q3_K_M): decode and pp512 against the card's copy bandwidth and fp16 peak, measured in the same run;
 #   and on its Mixtral-style mixture of experts (8 experts, top 2, Q4_0).
 #
 # usage: scripts/gpu-check.sh [OUT]
@@ -77,8 +77,8 @@ done
 
 # the other families on the GPU (synthetic small models): greedy text on GPU and CPU, and their
 # speed on the card
-for a in smollm3 gemma3 gemma2 phi3 qwen3moe qwen2moe; do
-    case $a in *moe) preset=tiny ;; *) preset=small ;; esac
+for a in smollm3 gemma3 gemma2 phi3 qwen3moe qwen2moe gpt-oss; do
+    case $a in *moe | gpt-oss) preset=tiny ;; *) preset=small ;; esac
     step "greedy_$a" 90 bash -c "
       '$BIN' synth -o $TMPD/$a.gguf --arch $a --preset $preset --type q8_0 >/dev/null || exit 3
       '$BIN' generate -m $TMPD/$a.gguf -p 'Once upon a time' -n 48 --temp 0 --device cuda 2>$TMPD/g.err >$TMPD/gpu.txt; e1=\$?
@@ -91,13 +91,13 @@ done
 if [ "${GPU_CHECK_QUICK:-0}" != 1 ]; then
     # 1B-class synthetic model (Llama-3.2-1B shapes): F16, then each type quantized from it
     step synth_1b 120 "$BIN" synth -o "$TMPD/1b-f16.gguf" --preset 1b --type f16
-    for ty in q4_0 q8_0 tq2 tq3 tq4; do
+    for ty in q4_0 q8_0 tq2 tq3 tq4 q4_K_M iq4_xs q3_K_M; do
         step "quantize_$ty" 90 "$BIN" quantize -t "$(nproc)" "$TMPD/1b-f16.gguf" "$TMPD/1b-$ty.gguf" "$ty"
     done
     # each type, and llama.cpp's CUDA build on the same file right after it where it reads the type
-    for ty in q4_0 q8_0 tq2 tq3 tq4 f16; do
+    for ty in q4_0 q8_0 tq2 tq3 tq4 f16 q4_K_M iq4_xs q3_K_M; do
         step "bench_$ty" 90 "$BIN" bench --device cuda -m "$TMPD/1b-$ty.gguf" -p 512 -n 128 -r 3 -o json
-        case $ty in q4_0 | q8_0 | f16)
+        case $ty in q4_0 | q8_0 | f16 | q4_K_M | iq4_xs | q3_K_M)
             [ -n "$PEER" ] && step "peer_$ty" 120 "$PEER" -m "$TMPD/1b-$ty.gguf" -p 512 -n 128 -r 3 -ngl 99 -fa 1 -o jsonl ;;
         esac
     done

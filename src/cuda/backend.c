@@ -21,6 +21,7 @@
 #include "model/arch/arch.h"
 #include "model/blocks.h"
 #include "model/ops.h"
+#include "quant/iq_grid.h"
 #include "quant/tq.h"
 
 enum { W_Q, W_K, W_V, W_O, W_GATE, W_UP, W_DOWN, W_N };
@@ -44,6 +45,10 @@ typedef struct {
     tn_cw sgu, sg, su, sdown;
     bool fused_sgu;
     float *sgate;
+    /* gpt-oss: attention sinks [n_head], Wo's bias, the router's bias, the experts' biases
+     * ([n_expert][rows] of egu — gate and up interleaved per expert as its rows — or of eg, eu,
+     * and of edown) */
+    float *sinks, *bo, *brouter, *egu_b, *eg_b, *eu_b, *edown_b;
 } tn_cu_layer;
 
 struct tn_cuda_ctx {
@@ -58,6 +63,7 @@ struct tn_cuda_ctx {
     void **allocs;
     size_t n_allocs, cap_allocs;
     uint64_t bytes;
+    const void *iq_grid[6]; /* the codebook i-quants' grids on the device, uploaded at first use */
     /* scratch for n_batch tokens */
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2, *logits;
     /* mixture of experts: router logits [n][n_expert], routed rows' inputs and outputs
@@ -293,6 +299,25 @@ static void *dupload(tn_cuda_ctx *g, const void *src, size_t bytes, bool *ok) {
 
 /* ---- weights ----------------------------------------------------------------------------------- */
 
+/* The grid of codebook i-quant kind (iq1_s and iq1_m share one) on the device, uploaded once per
+ * context. */
+static const void *iq_grid(tn_cuda_ctx *g, int kind, bool *ok) {
+    static const struct {
+        int kind, slot;
+        const void *grid;
+        size_t bytes;
+    } G[] = {{TN_CW_IQ2_XXS, 0, tn_iq2xxs_grid, sizeof tn_iq2xxs_grid}, {TN_CW_IQ2_XS, 1, tn_iq2xs_grid, sizeof tn_iq2xs_grid},
+             {TN_CW_IQ2_S, 2, tn_iq2s_grid, sizeof tn_iq2s_grid},       {TN_CW_IQ3_XXS, 3, tn_iq3xxs_grid, sizeof tn_iq3xxs_grid},
+             {TN_CW_IQ3_S, 4, tn_iq3s_grid, sizeof tn_iq3s_grid},       {TN_CW_IQ1_S, 5, tn_iq1s_grid, sizeof tn_iq1s_grid},
+             {TN_CW_IQ1_M, 5, tn_iq1s_grid, sizeof tn_iq1s_grid}};
+    for (size_t i = 0; i < sizeof G / sizeof G[0]; i++)
+        if (G[i].kind == kind) {
+            if (!g->iq_grid[G[i].slot]) g->iq_grid[G[i].slot] = dupload(g, G[i].grid, G[i].bytes, ok);
+            return g->iq_grid[G[i].slot];
+        }
+    return NULL;
+}
+
 static tern_status upload_weight(tn_cuda_ctx *g, const tn_tensor *t, tn_cw *w) {
     memset(w, 0, sizeof *w);
     const int64_t k = t->ne[0], m = t->ne[1] ? t->ne[1] : 1;
@@ -312,6 +337,13 @@ static tern_status upload_weight(tn_cuda_ctx *g, const tn_tensor *t, tn_cw *w) {
     case TN_IQ4_XS: w->kind = TN_CW_IQ4_XS; break;
     case TN_IQ4_NL: w->kind = TN_CW_IQ4_NL; break;
     case TN_MXFP4: w->kind = TN_CW_MXFP4; break;
+    case TN_IQ2_XXS: w->kind = TN_CW_IQ2_XXS; break;
+    case TN_IQ2_XS: w->kind = TN_CW_IQ2_XS; break;
+    case TN_IQ2_S: w->kind = TN_CW_IQ2_S; break;
+    case TN_IQ3_XXS: w->kind = TN_CW_IQ3_XXS; break;
+    case TN_IQ3_S: w->kind = TN_CW_IQ3_S; break;
+    case TN_IQ1_S: w->kind = TN_CW_IQ1_S; break;
+    case TN_IQ1_M: w->kind = TN_CW_IQ1_M; break;
     case TN_Q4_0: w->kind = TN_CW_Q4_0, tp = (tn_tq_params){4, 32, false}; break;
     case TN_Q8_0: w->kind = TN_CW_Q8_0, tp = (tn_tq_params){8, 32, false}; break;
     case TN_Q5_0: w->kind = TN_CW_Q5_0, tp = (tn_tq_params){5, 32, false}; break;
@@ -328,8 +360,8 @@ static tern_status upload_weight(tn_cuda_ctx *g, const tn_tensor *t, tn_cw *w) {
                           t->name, tn_dtype_name(t->type));
         return tn_err(TERN_ERR_UNSUPPORTED,
                       "cuda: tensor '%s' has type %s, which the CUDA backend does not run (F32, F16, BF16, Q8_0, Q4_0, Q4_1, "
-                      "Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4 and tern's tq<b>g<G>; not yet the "
-                      "other i-quants or ggml's tq1_0 / tq2_0: run them on the CPU)",
+                      "Q5_0, Q5_1, Q2_K .. Q6_K, the i-quants IQ1_S .. IQ4_XS, MXFP4 and tern's tq<b>g<G>; not yet "
+                      "ggml's tq1_0 / tq2_0: run them on the CPU)",
                       t->name, tn_dtype_name(t->type));
     }
     const int64_t blck = tn_dtype_get(t->type)->blck_size; /* elements per file block */
@@ -366,6 +398,8 @@ static tern_status upload_weight(tn_cuda_ctx *g, const tn_tensor *t, tn_cw *w) {
         return ok ? TERN_OK : tn_err_prefix(TERN_ERR_NOMEM, "cuda: tensor '%s'", t->name);
     }
     if (!tn_cw_is_code(w->kind)) {
+        if (w->kind >= TN_CW_IQ2_XXS && w->kind <= TN_CW_IQ1_M && !(w->grid = iq_grid(g, w->kind, &ok)))
+            return tn_err_prefix(TERN_ERR_NOMEM, "cuda: the grid of '%s'", t->name);
         w->row_bytes = tn_dtype_row_size(t->type, k);
         w->data = dupload(g, t->data, w->row_bytes * (size_t)m, &ok);
         return ok ? TERN_OK : tn_err_prefix(TERN_ERR_NOMEM, "cuda: tensor '%s'", t->name);
@@ -519,7 +553,7 @@ static int64_t ints_needed(const tern_ctx *c, int64_t tbl) { return 4 * (int64_t
  * most 512 experts and 32 slots, and expert matrices the pair GEMVs take (code types: rows of
  * whole q8 blocks; float types: of whole groups of 8), the GLU's output in whole q8 blocks. */
 static bool moe_dev_ok(const tn_cuda_ctx *g, const tn_hparams *hp) {
-    if (hp->family->mla || hp->family->moe_gating == TN_MOE_SOFTMAX_WEIGHT || hp->n_expert > 512 || hp->n_expert_used > 32 ||
+    if (hp->family->mla || hp->n_expert > 512 || hp->n_expert_used > 32 ||
         hp->n_ff_exp % 32 != 0 || hp->n_embd % 32 != 0)
         return false;
     for (int32_t il = 0; il < g->n_layers; il++) {
@@ -560,11 +594,13 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
                       "run it on the CPU", hp->family->name);
     const bool arch_ok = hp->arch == TN_ARCH_LLAMA || hp->arch == TN_ARCH_QWEN2 || hp->arch == TN_ARCH_QWEN3 ||
                          hp->arch == TN_ARCH_SMOLLM3 || hp->arch == TN_ARCH_GEMMA3 || hp->arch == TN_ARCH_GEMMA2 ||
-                         hp->arch == TN_ARCH_PHI3 || hp->arch == TN_ARCH_QWEN3MOE || hp->arch == TN_ARCH_QWEN2MOE;
-    if (!arch_ok || (hp->family && hp->family->qk_norm_full) || (hp->ffn != TN_FFN_SWIGLU && hp->ffn != TN_FFN_GEGLU))
+                         hp->arch == TN_ARCH_PHI3 || hp->arch == TN_ARCH_QWEN3MOE || hp->arch == TN_ARCH_QWEN2MOE ||
+                         hp->arch == TN_ARCH_GPT_OSS;
+    if (!arch_ok || (hp->family && hp->family->qk_norm_full) ||
+        (hp->ffn != TN_FFN_SWIGLU && hp->ffn != TN_FFN_GEGLU && hp->ffn != TN_FFN_SWIGLU_OAI))
         return tn_err(TERN_ERR_UNSUPPORTED,
                       "cuda: architecture %s does not run on the GPU yet (llama, qwen2, qwen3, smollm3, gemma2, gemma3, phi3, qwen3moe, "
-                      "qwen2moe do); "
+                      "qwen2moe, gpt-oss do); "
                       "run it on the CPU",
                       hp->family ? hp->family->name : "?");
     tn_cuda_ctx *g = tn_calloc(1, sizeof *g);
@@ -597,9 +633,7 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
         const tn_tensor *ts[W_N] = {&R[TN_ROLE_ATTN_Q],   &R[TN_ROLE_ATTN_K], &R[TN_ROLE_ATTN_V], &R[TN_ROLE_ATTN_OUT],
                                     &R[TN_ROLE_FFN_GATE], &R[TN_ROLE_FFN_UP], &R[TN_ROLE_FFN_DOWN]};
         /* a block the GPU path does not run yet is refused by name, not computed wrongly */
-        static const int unsupported[] = {TN_ROLE_ATTN_SINKS,      TN_ROLE_ATTN_OUT_B,    TN_ROLE_FFN_GATE_INP_B,
-                                          TN_ROLE_FFN_GATE_EXPS_B, TN_ROLE_FFN_UP_EXPS_B, TN_ROLE_FFN_DOWN_EXPS_B,
-                                          TN_ROLE_FFN_EXP_PROBS_B};
+        static const int unsupported[] = {TN_ROLE_FFN_EXP_PROBS_B};
         for (size_t u = 0; u < sizeof unsupported / sizeof unsupported[0]; u++)
             if (R[unsupported[u]].data) {
                 s = tn_err(TERN_ERR_UNSUPPORTED, "cuda: tensor '%s' (%s): this block is not on the GPU yet; run on the CPU",
@@ -614,6 +648,34 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
                 (s = upload_experts(g, &R[TN_ROLE_FFN_DOWN_EXPS], NULL, &G->edown, NULL, NULL, NULL)))
                 goto fail;
             const int64_t ffe = hp->n_ff_exp;
+            const tn_tensor *gb = &R[TN_ROLE_FFN_GATE_EXPS_B], *ub = &R[TN_ROLE_FFN_UP_EXPS_B], *db = &R[TN_ROLE_FFN_DOWN_EXPS_B];
+            if (gb->data || ub->data || db->data) { /* gpt-oss: every expert matrix with its biases */
+                const int64_t ne = hp->n_expert;
+                if (!gb->data || !ub->data || !db->data || gb->type != TN_F32 || ub->type != TN_F32 || gb->ne[0] != ffe ||
+                    ub->ne[0] != ffe || (gb->ne[1] > 0 ? gb->ne[1] : 1) != ne || (ub->ne[1] > 0 ? ub->ne[1] : 1) != ne) {
+                    s = tn_err(TERN_ERR_UNSUPPORTED, "cuda: layer %d: expert biases must be f32 [%lld][%d] on gate, up and down", il,
+                               (long long)ffe, (int)ne);
+                    goto fail;
+                }
+                if (G->fused_egu) { /* interleaved as egu's rows: expert e's gate biases, then its up biases */
+                    float *bb = tn_malloc(sizeof(float) * (size_t)(2 * ffe * ne));
+                    if (!bb) {
+                        s = tn_err(TERN_ERR_NOMEM, "cuda: out of host memory");
+                        goto fail;
+                    }
+                    for (int64_t e = 0; e < ne; e++) {
+                        memcpy(bb + 2 * ffe * e, (const float *)gb->data + ffe * e, sizeof(float) * (size_t)ffe);
+                        memcpy(bb + 2 * ffe * e + ffe, (const float *)ub->data + ffe * e, sizeof(float) * (size_t)ffe);
+                    }
+                    G->egu_b = dupload(g, bb, sizeof(float) * (size_t)(2 * ffe * ne), &ok);
+                    tn_free(bb);
+                } else {
+                    G->eg_b = upload_f32(g, gb, &ok);
+                    G->eu_b = upload_f32(g, ub, &ok);
+                }
+                G->edown_b = upload_f32(g, db, &ok);
+            }
+            G->brouter = upload_f32(g, &R[TN_ROLE_FFN_GATE_INP_B], &ok);
             max_k = TN_MAX(max_k, ffe);
             /* an expert's gate|up (2 ffe rows of n_embd) as the largest matrix cuBLAS gets in one piece */
             max_mk = TN_MAX(max_mk, TN_MAX(2 * ffe * hp->n_embd, G->router.m * G->router.k));
@@ -662,7 +724,9 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
         G->bv = upload_f32(g, bv, &ok);
         G->q_norm = upload_f32(g, &R[TN_ROLE_ATTN_Q_NORM], &ok); /* qwen3: per-head RMSNorm of q and k */
         G->k_norm = upload_f32(g, &R[TN_ROLE_ATTN_K_NORM], &ok);
-        G->attn_post_norm = upload_f32(g, &R[TN_ROLE_ATTN_POST_NORM], &ok); /* gemma */
+        G->attn_post_norm = upload_f32(g, &R[TN_ROLE_ATTN_POST_NORM], &ok); /* gemma (gpt-oss's is its ffn_norm: llama.c) */
+        G->sinks = upload_f32(g, &R[TN_ROLE_ATTN_SINKS], &ok); /* gpt-oss */
+        G->bo = upload_f32(g, &R[TN_ROLE_ATTN_OUT_B], &ok);
         G->ffn_post_norm = upload_f32(g, &R[TN_ROLE_FFN_POST_NORM], &ok);
     }
     if (ok && g->has_output) {
@@ -734,6 +798,14 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
     }
     const char *ge = getenv("TERN_CUDA_GRAPH");
     g->moe_dev = moe && env_int("TERN_CUDA_MOE_HOST", 0) == 0 && moe_dev_ok(g, hp);
+    for (int32_t il = 0; moe && il < g->n_layers; il++) /* experts with biases (gpt-oss): every batch routed on the GPU */
+        if (g->L[il].edown_b && (!moe_dev_ok(g, hp) || nb * hp->n_expert_used > 65535)) {
+            s = tn_err(TERN_ERR_UNSUPPORTED,
+                       "cuda: layer %d: experts with biases route on the GPU only, which needs at most 512 experts, 32 used, "
+                       "n_embd and the experts' rows multiples of 32, and n_batch * experts used <= 65535 (n_batch %lld)",
+                       il, (long long)nb);
+            goto fail;
+        }
     /* (a mixture of experts routed on the host stops between its kernels: no graph of the step) */
     g->use_graph = !(ge && !strcmp(ge, "0")) && (!moe || g->moe_dev);
     g->fuse_rope = env_int("TERN_CUDA_FUSE", 1) != 0 && env_int("TERN_CUDA_FUSE_ROPE", 1) != 0;
@@ -891,13 +963,13 @@ static bool q8_for(const tn_cuda_ctx *g, const tn_cw *w, int64_t n) {
 /* x += W in (n rows of W's row length); with a post norm (gemma) x += rmsnorm(W in) * post, the
  * product first into xb (free by then: the block's input norm was consumed by its first matmul).
  * tail (no post norm): the next norm, done by the product's kernel. */
-static void proj_add(tn_cuda_ctx *g, const char *label, const tn_cw *w, const float *in, int64_t ldin, int64_t n,
+static void proj_add(tn_cuda_ctx *g, const char *label, const tn_cw *w, const float *bias, const float *in, int64_t ldin, int64_t n,
                      const float *post, float eps, const tn_cu_tail *tail) {
     if (!post) {
-        mm_tail(g, label, w, in, ldin, n, g->x, w->m, NULL, 1, tail);
+        mm_tail(g, label, w, in, ldin, n, g->x, w->m, bias, 1, tail);
         return;
     }
-    mm(g, label, w, in, ldin, n, g->xb, w->m, NULL, 0);
+    mm(g, label, w, in, ldin, n, g->xb, w->m, bias, 0);
     fresh(g);
     CKL("post_norm", tn_cu_rmsnorm_add(g->x, g->xb, post, n, w->m, eps, g->st));
 }
@@ -945,7 +1017,8 @@ static void moe_ffn_dev(tn_cuda_ctx *g, const tern_ctx *c, const tn_cu_layer *L,
     const int64_t d = hp->n_embd, ffe = hp->n_ff_exp, P = n * k;
     int32_t *sel = g->d_moe + 3 * P, *row = g->d_moe + P;
     float *w = (float *)(g->d_moe + 2 * P);
-    CKL("moe_route", tn_cu_moe_route(g->rl, n, hp->n_expert, k, hp->family->moe_renorm, sel, w, row, g->st));
+    const int gating = hp->family->moe_gating == TN_MOE_SOFTMAX_WEIGHT ? TN_CU_GATE_TOPK_SOFTMAX : TN_CU_GATE_SOFTMAX;
+    CKL("moe_route", tn_cu_moe_route(g->rl, n, hp->n_expert, k, gating, hp->family->moe_renorm, sel, w, row, g->st));
     const tn_cw *gu = L->fused_egu ? &L->egu : NULL;
     const bool code_gu = tn_cw_is_code((gu ? gu : &L->eg)->kind), code_dn = tn_cw_is_code(L->edown.kind);
     if (code_gu && g->q_src != g->xb) { /* the router's type may not have needed xb's q8 blocks */
@@ -957,22 +1030,22 @@ static void moe_ffn_dev(tn_cuda_ctx *g, const tern_ctx *c, const tn_cu_layer *L,
     if (gu) { /* h [k][ffe] = act(gate) up, fused (its q8 blocks for down by the last block) or the GLU kernel */
         const tn_cu_glu gl = {g->hb2, act};
         const tn_cu_tail tg = {g->d_cnt, g->hb2, NULL, NULL, 0.0f, P * ffe, g->xq};
-        if (g->fuse_glu) {
-            CKL("gate_up_exps", tn_cu_gemv_experts(gu, &xk, g->xb, d, &g->xq, g->hb, 2 * ffe, &gl, code_dn ? &tg : NULL, g->st));
+        if (g->fuse_glu && !L->egu_b) { /* (biases: added before the GLU, by the product without it) */
+            CKL("gate_up_exps", tn_cu_gemv_experts(gu, &xk, g->xb, d, &g->xq, g->hb, 2 * ffe, NULL, &gl, code_dn ? &tg : NULL, g->st));
         } else {
-            CKL("gate_up_exps", tn_cu_gemv_experts(gu, &xk, g->xb, d, &g->xq, g->hb, 2 * ffe, NULL, NULL, g->st));
+            CKL("gate_up_exps", tn_cu_gemv_experts(gu, &xk, g->xb, d, &g->xq, g->hb, 2 * ffe, L->egu_b, NULL, NULL, g->st));
             CKL("swiglu", tn_cu_swiglu_pair(g->hb, g->hb2, P, ffe, act, code_dn ? &g->xq : NULL, g->st));
         }
         h = g->hb2;
     } else { /* gate and up of different types: both products, the GLU kernel, then h's q8 blocks */
-        CKL("gate_up_exps", tn_cu_gemv_experts(&L->eg, &xk, g->xb, d, &g->xq, g->hb, ffe, NULL, NULL, g->st));
-        CKL("gate_up_exps", tn_cu_gemv_experts(&L->eu, &xk, g->xb, d, &g->xq, g->hb2, ffe, NULL, NULL, g->st));
+        CKL("gate_up_exps", tn_cu_gemv_experts(&L->eg, &xk, g->xb, d, &g->xq, g->hb, ffe, L->eg_b, NULL, NULL, g->st));
+        CKL("gate_up_exps", tn_cu_gemv_experts(&L->eu, &xk, g->xb, d, &g->xq, g->hb2, ffe, L->eu_b, NULL, NULL, g->st));
         CKL("swiglu", tn_cu_swiglu(g->hb, g->hb2, P * ffe, act, g->st));
         h = g->hb;
         if (code_dn) CKL("quantize", tn_cu_quantize_q8(h, ffe, ffe, P, g->xq, g->st));
     }
     fresh(g);
-    CKL("down_exps", tn_cu_gemv_experts(&L->edown, &x1, h, ffe, &g->xq, g->ey, d, NULL, NULL, g->st));
+    CKL("down_exps", tn_cu_gemv_experts(&L->edown, &x1, h, ffe, &g->xq, g->ey, d, L->edown_b, NULL, NULL, g->st));
     CKL("moe_combine", tn_cu_moe_combine(g->x, g->ey, row, w, n, k, d, g->st));
 }
 
@@ -987,9 +1060,10 @@ static void moe_ffn(tn_cuda_ctx *g, tern_ctx *c, int32_t il, int64_t n, int act)
     const tn_layer *Lh = &c->model->layers[il];
     const int32_t ne = hp->n_expert, k = hp->n_expert_used;
     const int64_t d = hp->n_embd, ffe = hp->n_ff_exp, R = n * k;
-    mm(g, "router", &L->router, g->xb, d, n, g->rl, ne, NULL, 0);
-    /* batches of the GEMV kernels' size route on the GPU (any batch where batch-invariant) */
-    if (g->moe_dev && n <= g->tile_max_code && R <= 65535) {
+    mm(g, "router", &L->router, g->xb, d, n, g->rl, ne, L->brouter, 0);
+    /* batches of the GEMV kernels' size route on the GPU (any batch where batch-invariant); experts
+     * with biases (gpt-oss) every batch: the host path's products have none */
+    if ((g->moe_dev && n <= g->tile_max_code && R <= 65535) || L->edown_b) {
         moe_ffn_dev(g, c, L, n, k, act);
     } else {
         CKL("d2h", cudaMemcpyAsync(c->moe_logits, g->rl, (size_t)(n * ne) * 4, cudaMemcpyDeviceToHost, g->st));
@@ -1037,7 +1111,7 @@ static void run_layers(tn_cuda_ctx *g, tern_ctx *c, int64_t n, int32_t n_out) {
      * cap * tanh, as the CPU computes them */
     const float cap = hp->attn_softcap > 0 ? hp->attn_softcap : 0.0f;
     const float scale = (hp->attn_scale > 0 ? hp->attn_scale : 1.0f / sqrtf((float)hd)) / (cap > 0 ? cap : 1.0f);
-    const int act = hp->ffn == TN_FFN_GEGLU ? TN_CU_GELU : TN_CU_SILU;
+    const int act = hp->ffn == TN_FFN_GEGLU ? TN_CU_GELU : hp->ffn == TN_FFN_SWIGLU_OAI ? TN_CU_SWIGLU_OAI : TN_CU_SILU;
     /* one token: the attention kernel does the RoPE and cache store (the same bits, a launch fewer) */
     const bool rope1 = g->fuse_rope && n == 1;
     /* one token: the norm after Wo and after Wdown by the product's last block (the same bits) */
@@ -1080,14 +1154,14 @@ static void run_layers(tn_cuda_ctx *g, tern_ctx *c, int64_t n, int32_t n_out) {
                                                Vc, &g->kv, g->st));
         const bool qo = q8_for(g, &L->w[W_O], n) && hd % 32 == 0;
         CKL("attention", tn_cu_attention(q, ldq, Kc, Vc, n, hp->n_head, hp->n_head_kv, (int)hd, d_pos, d_toff, d_tbl, scale, cap,
-                                         window, g->att, qo ? &g->xq : NULL, rope1 ? &rope : NULL, &g->kv, g->st));
+                                         window, L->sinks, g->att, qo ? &g->xq : NULL, rope1 ? &rope : NULL, &g->kv, g->st));
         fresh(g);
         if (qo) g->q_src = g->att;
         /* feed-forward block: its norm by Wo's tail, or a launch */
         const bool qf = q8_for(g, L->moe ? &L->router : L->fused_gu ? &L->gu : &L->w[W_GATE], n);
         const tn_cu_tail tf = {g->d_cnt, g->x, g->xb, L->ffn_norm, hp->rms_eps, d, qf ? g->xq : noq};
         const bool tail_f = tails && !L->attn_post_norm;
-        proj_add(g, "wo", &L->w[W_O], g->att, qd, n, L->attn_post_norm, hp->rms_eps, tail_f ? &tf : NULL);
+        proj_add(g, "wo", &L->w[W_O], L->bo, g->att, qd, n, L->attn_post_norm, hp->rms_eps, tail_f ? &tf : NULL);
         if (!tail_f) CKL("norm", tn_cu_rmsnorm(g->x, NULL, g->xb, L->ffn_norm, n, d, hp->rms_eps, qf ? &g->xq : NULL, g->st));
         fresh(g);
         if (qf) g->q_src = g->xb;
@@ -1109,7 +1183,7 @@ static void run_layers(tn_cuda_ctx *g, tern_ctx *c, int64_t n, int32_t n_out) {
             if (q8_for(g, &g->output, n_out)) tn.xq = g->xq;
         }
         normed = tails && !L->ffn_post_norm && tn.w;
-        proj_add(g, "down", &L->w[W_DOWN], h, L->w[W_DOWN].k, n, L->ffn_post_norm, hp->rms_eps, normed ? &tn : NULL);
+        proj_add(g, "down", &L->w[W_DOWN], NULL, h, L->w[W_DOWN].k, n, L->ffn_post_norm, hp->rms_eps, normed ? &tn : NULL);
     }
     if (g->has_output && n_out > 0) {
         const bool qout = q8_for(g, &g->output, n_out);

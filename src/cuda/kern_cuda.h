@@ -7,7 +7,9 @@
  *                 110-byte and Q6_K's 210-byte blocks each padded to TN_CU_Q3K_STRIDE /
  *                 TN_CU_Q6K_STRIDE; IQ4_NL and MXFP4 (blocks of 32) as rows of their codes (16
  *                 bytes a block) followed by their scales (fp16 d / e8m0 bytes), each row padded
- *                 to a multiple of 16 bytes. Activations stay f32.
+ *                 to a multiple of 16 bytes; the codebook i-quants IQ1_S, IQ1_M, IQ2_XXS,
+ *                 IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S as the file's blocks (read by bytes and 16-bit
+ *                 words), their grid uploaded beside them. Activations stay f32.
  *   code path   — Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and every tq<b>g<G>[a] in a split layout: the block headers moved
  *                 out into fp16 arrays d[m][k/G] (and m[m][k/G] for asymmetric tq), the code bytes
  *                 of each row back to back (row stride k*b/8, a multiple of 4 bytes). Within a
@@ -42,6 +44,13 @@ enum {
     TN_CW_IQ4_XS,
     TN_CW_IQ4_NL,
     TN_CW_MXFP4,
+    TN_CW_IQ2_XXS, /* ggml's codebook i-quants: the file's blocks, grid (tn_cw.grid) on the device */
+    TN_CW_IQ2_XS,
+    TN_CW_IQ2_S,
+    TN_CW_IQ3_XXS,
+    TN_CW_IQ3_S,
+    TN_CW_IQ1_S,
+    TN_CW_IQ1_M,
     TN_CW_Q4_0, /* code path from here on */
     TN_CW_Q8_0,
     TN_CW_Q5_0,
@@ -55,6 +64,7 @@ typedef struct tn_cw {
     const void *data;       /* float path: rows of the file type; code path: the codes         */
     size_t row_bytes;       /* bytes per row of data                                           */
     const uint16_t *d, *mn; /* code path: fp16 scales [m][k/group] (mn: asymmetric offsets)   */
+    const void *grid;       /* codebook i-quants: their grid on the device (quant/iq_grid.h)    */
 } tn_cw;
 
 /* Q6_K blocks (210 bytes) are uploaded each in a 224-byte slot, so that their parts are 8-byte aligned */
@@ -139,15 +149,21 @@ typedef struct tn_cu_ex {
  * stride of y's rows); with glu (w's experts are gate|up matrices of 2 ff rows; tn_cu_gemv_glu's
  * contract per pair): h[p][i] = act(gate) up, y unused where the GLU is fused (else the product
  * into y, then the GLU kernel), and tail (w NULL, x = h, ff % 32 == 0, d = pairs ff): h's q8 blocks
- * by the last block. Code types need k % 32 == 0, float types k % 8 == 0 and 16-byte rows. */
+ * by the last block. Code types need k % 32 == 0, float types k % 8 == 0 and 16-byte rows. bias
+ * (without glu; NULL: none): the experts' biases [n_expert][rows], expert sel[p]'s added to pair p's
+ * outputs (gpt-oss). */
 int tn_cu_gemv_experts(const tn_cw *w, const tn_cu_ex *ex, const float *x, int64_t ldx, const tn_cq *xq, float *y, int64_t ldy,
-                       const tn_cu_glu *glu, const tn_cu_tail *tail, void *stream);
+                       const float *bias, const tn_cu_glu *glu, const tn_cu_tail *tail, void *stream);
 /* Each of n tokens routed on the GPU from its router logits lg[t][ne] (ne <= 512) as the CPU's
- * tn_moe_route_token routes with softmax gating: p = softmax(lg) (exp(l - max) summed in double,
- * times 1 / sum), the k largest p (equal: the lower index first) into sel[t][k], their p into
- * w[t][k] (divided by their sum, clamped below at 2^-14, when renorm), and row[t k + j] = t k + j
- * (the pairs' output rows, for tn_cu_moe_combine). */
-int tn_cu_moe_route(const float *lg, int64_t n, int ne, int k, int renorm, int32_t *sel, float *w, int32_t *row, void *stream);
+ * tn_moe_route_token routes: gating TN_CU_GATE_SOFTMAX, p = softmax(lg) (exp(l - max) summed in
+ * double, times 1 / sum), the k largest p (equal: the lower index first) into sel[t][k], their p
+ * into w[t][k]; TN_CU_GATE_TOPK_SOFTMAX (gpt-oss), the k largest logits, their softmax into w
+ * (exp(l - best), the sum in double in slot order, times 1 / sum). Then w divided by its sum,
+ * clamped below at 2^-14, when renorm, and row[t k + j] = t k + j (the pairs' output rows, for
+ * tn_cu_moe_combine). */
+enum { TN_CU_GATE_SOFTMAX = 0, TN_CU_GATE_TOPK_SOFTMAX = 1 };
+int tn_cu_moe_route(const float *lg, int64_t n, int ne, int k, int gating, int renorm, int32_t *sel, float *w, int32_t *row,
+                    void *stream);
 /* Rows r0 .. r0 + nr - 1 of w as fp16 into out[nr][k] (prefill: then a cuBLAS GEMM). */
 int tn_cu_dequant_f16(const tn_cw *w, int64_t r0, int64_t nr, uint16_t *out, void *stream);
 /* Rows of w as f32 (tests). */
@@ -206,17 +222,19 @@ typedef struct tn_cu_rope {
  * out [n][n_head*hd]. Online softmax in f32. xq != NULL (hd % 32 == 0): out also quantized into it.
  * rope != NULL: q is the qkv product as it comes (not yet rotated; it stays so) and the kernel
  * does tn_cu_rope_store's work itself (bit for bit), for batches where no token reads another's
- * new row. */
+ * new row. sinks [n_head] (gpt-oss; NULL: none): head h's softmax denominator has exp(sinks[h])
+ * more (relative to the running maximum). */
 int tn_cu_attention(const float *q, int64_t ldq, const void *Kc, const void *Vc, int64_t n, int n_head, int n_head_kv,
                     int hd, const int32_t *pos, const int32_t *tbl_off, const int32_t *tbl, float scale, float cap,
-                    int window, float *out, const tn_cq *xq, const tn_cu_rope *rope, const tn_cu_kv *kv, void *stream);
+                    int window, const float *sinks, float *out, const tn_cq *xq, const tn_cu_rope *rope, const tn_cu_kv *kv,
+                    void *stream);
 /* x[j] += rmsnorm(y[j]) * w for rows j < n of d (post-attention / post-FFN norms before the
  * residual add; sum of squares in double). */
 int tn_cu_rmsnorm_add(float *x, const float *y, const float *w, int64_t n, int64_t d, float eps, void *stream);
 /* y[i] = cap * tanh(y[i] / cap), i < n (final logit soft-capping; cap > 0). */
 int tn_cu_softcap(float *y, int64_t n, float cap, void *stream);
 /* Gated activations: act(gate) * up with act silu (SwiGLU) or Gemma's tanh GELU (GeGLU). */
-enum { TN_CU_SILU = 0, TN_CU_GELU = 1 };
+enum { TN_CU_SILU = 0, TN_CU_GELU = 1, TN_CU_SWIGLU_OAI = 2 /* gpt-oss: min(g, 7) sigmoid(1.702 min(g, 7)) (clamp(u, +-7) + 1) */ };
 /* g[i] = act(g[i]) * u[i], i < n. */
 int tn_cu_swiglu(float *g, const float *u, int64_t n, int act, void *stream);
 /* h[t][i] = act(gu[t][i]) * gu[t][ff + i] (gate and up computed as one matrix), i < ff, t < n;

@@ -378,6 +378,10 @@ __device__ __forceinline__ void gemv_finish_rows(const float (&acc)[R], int wpr,
  * tanh GELU (TN_CU_GELU) 0.5 g (1 + tanh(sqrt(2/pi) g (1 + 0.044715 g^2))) u */
 __device__ __forceinline__ float glu(float g, float u, int act) {
     if (act == TN_CU_GELU) return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * g * (1.0f + 0.044715f * g * g))) * u;
+    if (act == TN_CU_SWIGLU_OAI) { /* gpt-oss: as tn_op_swiglu_oai (alpha 1.702, limit 7) */
+        const float x = fminf(g, 7.0f), y = fmaxf(-7.0f, fminf(u, 7.0f));
+        return x / (1.0f + expf(1.702f * (-x))) * (y + 1.0f);
+    }
     return g / (1.0f + expf(-g)) * u;
 }
 
@@ -442,6 +446,7 @@ __global__ void __launch_bounds__(GEMV_WARPS_MAX * WARP, R == 1 ? GEMV_MIN_BLOCK
         xq += r * w.k, xd += r * nc, xs += r * nc;
         y += p * ldy;
         if (gl.h) gl.h += p * half;
+        if (bias) bias += e * w.m; /* the expert's biases (gpt-oss) */
     }
     const float off = KIND == 1 ? 8.0f : KIND == 3 ? 16.0f : (float)((1 << B) - 1) * 0.5f;
     for (int64_t rg = rg0; rg < rg1; rg++) {
@@ -592,9 +597,82 @@ __device__ __forceinline__ float e8m0_half(uint32_t e) {
     return __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
 }
 
-/* Elements e0 .. e0+7 (e0 % 8 == 0) of a row (k elements) of the file type, as floats. */
-template <int KIND> __device__ __forceinline__ void load8(const uint8_t *rowp, int64_t e0, int64_t k, float v[8]) {
-    (void)k;
+/* The codebook i-quants (quant/quant_iq2.c tn_iq_sub_decode has the layouts): blocks of 256 in 8
+ * sub-blocks of 32, each 4 groups of 8 elements; a group is one 8-byte grid entry (iq2, iq1) or
+ * two 4-byte ones (iq3), with a sign byte (iq2, iq3; 7 stored bits and even parity for iq2_xxs,
+ * iq2_xs, iq3_xxs) or a shift of +-1/8 (iq1). Blocks are only 2-byte aligned: bytes and 16-bit
+ * words. */
+__device__ __forceinline__ uint32_t rd16(const uint8_t *p) { return *(const uint16_t *)p; }
+__device__ __forceinline__ uint32_t rd32_2(const uint8_t *p) { return rd16(p) | rd16(p + 2) << 16; }
+__device__ __forceinline__ uint32_t iq_signs7(uint32_t s7) {
+    s7 &= 127;
+    return s7 | (uint32_t)(__popc(s7) & 1) << 7;
+}
+/* v[j] = db * (+-byte j of e), minus where bit j of sg is set (ggml's db * grid * sign) */
+__device__ __forceinline__ void iq_grid8(uint64_t e, uint32_t sg, float db, float v[8]) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const int g = (int)((e >> (8 * j)) & 0xFF);
+        v[j] = db * (float)((sg >> j) & 1u ? -g : g);
+    }
+}
+/* v[j] = db * (signed byte j of e + delta) (iq1) */
+__device__ __forceinline__ void iq1_grid8(uint64_t e, float delta, float db, float v[8]) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) v[j] = db * ((float)(int8_t)(uint8_t)(e >> (8 * j)) + delta);
+}
+#define TN_IQ1_DELTA_F 0.125f
+
+/* Elements e0 .. e0+7 (e0 % 8 == 0) of a row (k elements) of the file type, as floats; grid: the
+ * codebook of the i-quants. */
+template <int KIND>
+__device__ __forceinline__ void load8(const uint8_t *rowp, int64_t e0, int64_t k, const void *grid, float v[8]) {
+    (void)k, (void)grid;
+    if (KIND >= TN_CW_IQ2_XXS && KIND <= TN_CW_IQ1_M) { /* group l of sub-block ib; h: its half (scales per 16) */
+        const int e = (int)(e0 % 256), ib = e / 32, l = (e % 32) / 8, h = (e % 32) / 16;
+        const uint64_t *g8 = (const uint64_t *)grid;
+        const uint32_t *g4 = (const uint32_t *)grid;
+        if (KIND == TN_CW_IQ2_XXS) { /* 66 bytes: d, then per sub-block 4 grid bytes and 32 bits of signs | scale << 28 */
+            const uint8_t *b = rowp + (e0 / 256) * 66, *qs = b + 2 + 8 * ib;
+            const uint32_t sg = rd32_2(qs + 4);
+            const float db = h2f((uint16_t)rd16(b)) * (0.5f + (float)(sg >> 28)) * 0.25f;
+            iq_grid8(g8[qs[l]], iq_signs7(sg >> (7 * l)), db, v);
+        } else if (KIND == TN_CW_IQ2_XS) { /* 74 bytes: d, qs u16[32] (9-bit index | 7 sign bits << 9), scales[8] */
+            const uint8_t *b = rowp + (e0 / 256) * 74;
+            const uint32_t q = rd16(b + 2 + 2 * (4 * ib + l)), s = (b[66 + ib] >> (4 * h)) & 15u;
+            const float db = h2f((uint16_t)rd16(b)) * (0.5f + (float)s) * 0.25f;
+            iq_grid8(g8[q & 511], iq_signs7(q >> 9), db, v);
+        } else if (KIND == TN_CW_IQ2_S) { /* 82 bytes: d, qs[32] index bytes, signs[32], qh[8], scales[8] */
+            const uint8_t *b = rowp + (e0 / 256) * 82;
+            const uint32_t idx = b[2 + 4 * ib + l] | ((b[66 + ib] >> (2 * l)) & 3u) << 8, s = (b[74 + ib] >> (4 * h)) & 15u;
+            const float db = h2f((uint16_t)rd16(b)) * (0.5f + (float)s) * 0.25f;
+            iq_grid8(g8[idx], b[34 + 4 * ib + l], db, v);
+        } else if (KIND == TN_CW_IQ3_XXS) { /* 98 bytes: d, qs[64] (8 index bytes a sub-block), 32 bits of signs | scale << 28 each */
+            const uint8_t *b = rowp + (e0 / 256) * 98, *qs = b + 2 + 8 * ib;
+            const uint32_t sg = rd32_2(b + 66 + 4 * ib);
+            const float db = h2f((uint16_t)rd16(b)) * (0.5f + (float)(sg >> 28)) * 0.5f;
+            iq_grid8((uint64_t)g4[qs[2 * l]] | (uint64_t)g4[qs[2 * l + 1]] << 32, iq_signs7(sg >> (7 * l)), db, v);
+        } else if (KIND == TN_CW_IQ3_S) { /* 110 bytes: d, qs[64], qh[8], signs[32], scales[4] */
+            const uint8_t *b = rowp + (e0 / 256) * 110, *qs = b + 2 + 8 * ib;
+            const uint32_t qh = b[66 + ib], s = (b[106 + ib / 2] >> (4 * (ib % 2))) & 15u;
+            const uint32_t i0 = qs[2 * l] | ((qh >> (2 * l)) & 1u) << 8, i1 = qs[2 * l + 1] | ((qh >> (2 * l + 1)) & 1u) << 8;
+            const float db = h2f((uint16_t)rd16(b)) * (float)(1 + 2 * (int)s);
+            iq_grid8((uint64_t)g4[i0] | (uint64_t)g4[i1] << 32, b[74 + 4 * ib + l], db, v);
+        } else if (KIND == TN_CW_IQ1_S) { /* 50 bytes: d, qs[32], qh u16[8] (3 index bits a group, scale, shift sign) */
+            const uint8_t *b = rowp + (e0 / 256) * 50;
+            const uint32_t qh = rd16(b + 34 + 2 * ib);
+            const float db = h2f((uint16_t)rd16(b)) * (float)(2 * (int)((qh >> 12) & 7u) + 1);
+            iq1_grid8(g8[b[2 + 4 * ib + l] | ((qh >> (3 * l)) & 7u) << 8], (qh & 0x8000u) ? -TN_IQ1_DELTA_F : TN_IQ1_DELTA_F, db, v);
+        } else { /* IQ1_M, 56 bytes: qs[32], qh[16] (a nibble a group: 3 index bits, shift sign), scales[8] (and d's nibbles) */
+            const uint8_t *b = rowp + (e0 / 256) * 56;
+            const uint32_t s0 = rd16(b + 48), s1 = rd16(b + 50), s2 = rd16(b + 52), s3 = rd16(b + 54);
+            const float d = h2f((uint16_t)((s0 >> 12) | ((s1 >> 8) & 0x00F0u) | ((s2 >> 4) & 0x0F00u) | (s3 & 0xF000u)));
+            const uint32_t sc = rd16(b + 48 + 2 * (ib / 2)), hq = (b[32 + 2 * ib + l / 2] >> (4 * (l % 2))) & 15u;
+            const float db = d * (float)(2 * (int)((sc >> (6 * (ib % 2) + 3 * h)) & 7u) + 1);
+            iq1_grid8(g8[b[4 * ib + l] | (hq & 7u) << 8], (hq & 8u) ? -TN_IQ1_DELTA_F : TN_IQ1_DELTA_F, db, v);
+        }
+        return;
+    }
     if (KIND == TN_CW_F32) {
         const float4 *p = (const float4 *)(rowp + e0 * 4);
         const float4 a = p[0], b = p[1];
@@ -734,8 +812,8 @@ __global__ void __launch_bounds__(GEMV_WARPS_MAX * WARP, GEMV_MIN_BLOCKS)
             prefetch_l2((const uint8_t *)w.data + (r0 + h * half) * (int64_t)w.row_bytes, (size_t)(nr * (int64_t)w.row_bytes));
     }
     gdc_wait();
-    if constexpr (NT == 1) if (ex.sel) { /* the pair's expert and input row (its output row where it is written:
-                                           * held across the loop, the offsets cost the Q6_K kernel a spill) */
+    if constexpr (NT == 1) if (ex.sel) { /* the pair's expert and input row (its output row and biases where they are
+                                           * written: held across the loop, the offsets cost the Q6_K kernel a spill) */
         const int64_t p = blockIdx.y, e = ex.sel[p];
         w.data = (const uint8_t *)w.data + e * w.m * (int64_t)w.row_bytes;
         x += p / ex.div * ldx;
@@ -750,7 +828,7 @@ __global__ void __launch_bounds__(GEMV_WARPS_MAX * WARP, GEMV_MIN_BLOCKS)
 #pragma unroll 4
                 for (int64_t e0 = ((int64_t)lane + (int64_t)WARP * part) * 8; valid && e0 < w.k; e0 += (int64_t)WARP * wpr * 8) {
                     float v[8];
-                    load8<KIND>(rowp, e0, w.k, v);
+                    load8<KIND>(rowp, e0, w.k, w.grid, v);
                     acc[r] = dot8(acc[r], v, x + e0);
                 }
             }
@@ -775,14 +853,15 @@ __global__ void __launch_bounds__(GEMV_WARPS_MAX * WARP, GEMV_MIN_BLOCKS)
 #pragma unroll(NT == 1 ? 4 : 1) /* one token: four loads of a lane in flight */
             for (int64_t e0 = ((int64_t)lane + (int64_t)WARP * part) * 8; valid && e0 < w.k; e0 += (int64_t)WARP * wpr * 8) {
                 float v[8];
-                load8<KIND>(rowp, e0, w.k, v);
+                load8<KIND>(rowp, e0, w.k, w.grid, v);
 #pragma unroll
                 for (int t = 0; t < NT; t++) {
                     if (t >= nt) break;
                     acc[t] = dot8(acc[t], v, x + (int64_t)(t0 + t) * ldx + e0);
                 }
             }
-            gemv_finish(acc, nt, wpr, valid, row, t0, NT == 1 && ex.sel ? y + blockIdx.y * ldy : y, ldy, bias, accumulate);
+            gemv_finish(acc, nt, wpr, valid, row, t0, NT == 1 && ex.sel ? y + blockIdx.y * ldy : y, ldy,
+                        NT == 1 && ex.sel && bias ? bias + ex.sel[blockIdx.y] * w.m : bias, accumulate); /* the expert's biases */
         }
     }
     if constexpr (NT == 1) /* one-token steps only (the tiles' registers stay theirs) */
@@ -795,7 +874,7 @@ template <int KIND> __global__ void k_dequant_float(tn_cw w, int64_t r0, int64_t
     if (i >= nr * n8) return;
     const int64_t row = r0 + i / n8, e0 = (i % n8) * 8;
     float v[8];
-    load8<KIND>((const uint8_t *)w.data + row * (int64_t)w.row_bytes, e0, w.k, v);
+    load8<KIND>((const uint8_t *)w.data + row * (int64_t)w.row_bytes, e0, w.k, w.grid, v);
     store8(out, (i / n8) * w.k + e0, v, f16);
 }
 
@@ -924,6 +1003,13 @@ static int gemv_run(const tn_cw *w, const float *x, int64_t ldx, const tn_cq *xq
     case TN_CW_IQ4_XS: GEMV_FLOAT(TN_CW_IQ4_XS); break;
     case TN_CW_IQ4_NL: GEMV_FLOAT(TN_CW_IQ4_NL); break;
     case TN_CW_MXFP4: GEMV_FLOAT(TN_CW_MXFP4); break;
+    case TN_CW_IQ2_XXS: GEMV_FLOAT(TN_CW_IQ2_XXS); break;
+    case TN_CW_IQ2_XS: GEMV_FLOAT(TN_CW_IQ2_XS); break;
+    case TN_CW_IQ2_S: GEMV_FLOAT(TN_CW_IQ2_S); break;
+    case TN_CW_IQ3_XXS: GEMV_FLOAT(TN_CW_IQ3_XXS); break;
+    case TN_CW_IQ3_S: GEMV_FLOAT(TN_CW_IQ3_S); break;
+    case TN_CW_IQ1_S: GEMV_FLOAT(TN_CW_IQ1_S); break;
+    case TN_CW_IQ1_M: GEMV_FLOAT(TN_CW_IQ1_M); break;
     case TN_CW_Q4_0: GEMV_CODE(4, 1); break;
     case TN_CW_Q8_0: GEMV_CODE(8, 2); break;
     case TN_CW_Q5_0: GEMV_CODE(5, 3); break;
@@ -1013,38 +1099,42 @@ extern "C" int tn_cu_gemv_glu(const tn_cw *w, const float *x, const tn_cq *xq, f
 }
 
 extern "C" int tn_cu_gemv_experts(const tn_cw *w, const tn_cu_ex *ex, const float *x, int64_t ldx, const tn_cq *xq, float *y,
-                                  int64_t ldy, const tn_cu_glu *glu, const tn_cu_tail *tail, void *stream) {
-    if (!ex || !ex->sel || ex->pairs < 1 || ex->pairs > 65535 || ex->div < 1 || ex->rows < 1 || (tail && !glu) ||
+                                  int64_t ldy, const float *bias, const tn_cu_glu *glu, const tn_cu_tail *tail, void *stream) {
+    if (!ex || !ex->sel || ex->pairs < 1 || ex->pairs > 65535 || ex->div < 1 || ex->rows < 1 || (tail && !glu) || (bias && glu) ||
         (tn_cw_is_code(w->kind) ? w->k % 32 != 0 : w->k % 8 != 0 || ldx % 4 != 0 || ((uintptr_t)x & 15) != 0))
         return (int)cudaErrorInvalidValue;
     tn_cw v = *w; /* an expert's shape: the kernels pick the launch by it */
     v.m = ex->rows;
-    return glu ? gemv_glu(&v, x, ldx, xq, y, ldy, *glu, tail, stream, ex) : gemv(&v, x, ldx, xq, 1, y, ldy, NULL, 0, NULL, NULL, stream, ex);
+    return glu ? gemv_glu(&v, x, ldx, xq, y, ldy, *glu, tail, stream, ex) : gemv(&v, x, ldx, xq, 1, y, ldy, bias, 0, NULL, NULL, stream, ex);
 }
 
 /* A warp per token: tn_cu_moe_route's contract, the CPU's arithmetic (the exponentials in parallel,
  * the double sums by one lane in expert order, the top k by k warp-wide arg-maxes) */
 #define MOE_ROUTE_MAX 512
-__global__ void k_moe_route(const float *lg, int ne, int k, int renorm, int32_t *sel, float *w, int32_t *row) {
+__global__ void k_moe_route(const float *lg, int ne, int k, int gating, int renorm, int32_t *sel, float *w, int32_t *row) {
     gdc_enter();
     __shared__ float p[MOE_ROUTE_MAX];
     __shared__ float inv_s;
     const int64_t t = blockIdx.x;
     const int lane = threadIdx.x;
     const float *l = lg + t * ne;
-    float mx = -INFINITY;
-    for (int e = lane; e < ne; e += WARP) mx = fmaxf(mx, l[e]);
-    mx = warp_max(mx);
-    for (int e = lane; e < ne; e += WARP) p[e] = expf(l[e] - mx);
-    __syncwarp();
-    if (lane == 0) {
-        double sum = 0;
-        for (int e = 0; e < ne; e++) sum += (double)p[e];
-        inv_s = (float)(1.0 / sum);
+    if (gating == TN_CU_GATE_TOPK_SOFTMAX) { /* the top k of the logits themselves */
+        for (int e = lane; e < ne; e += WARP) p[e] = l[e];
+    } else {
+        float mx = -INFINITY;
+        for (int e = lane; e < ne; e += WARP) mx = fmaxf(mx, l[e]);
+        mx = warp_max(mx);
+        for (int e = lane; e < ne; e += WARP) p[e] = expf(l[e] - mx);
+        __syncwarp();
+        if (lane == 0) {
+            double sum = 0;
+            for (int e = 0; e < ne; e++) sum += (double)p[e];
+            inv_s = (float)(1.0 / sum);
+        }
+        __syncwarp();
+        const float inv = inv_s;
+        for (int e = lane; e < ne; e += WARP) p[e] *= inv;
     }
-    __syncwarp();
-    const float inv = inv_s;
-    for (int e = lane; e < ne; e += WARP) p[e] *= inv;
     __syncwarp();
     float wj = 0.0f, ws = 0.0f; /* lane j < k: slot j's weight */
     for (int j = 0; j < k; j++) {
@@ -1066,6 +1156,13 @@ __global__ void k_moe_route(const float *lg, int ne, int k, int renorm, int32_t 
         if (lane == 0) p[bi] = -INFINITY;
         __syncwarp();
     }
+    if (gating == TN_CU_GATE_TOPK_SOFTMAX) { /* the softmax of the k chosen logits: exp(l - best), the double sum in slot order */
+        const float best = __shfl_sync(0xffffffffu, wj, 0);
+        const float ej = lane < k ? expf(wj - best) : 0.0f;
+        double sum = 0;
+        for (int j = 0; j < k; j++) sum += (double)__shfl_sync(0xffffffffu, ej, j);
+        wj = ej * (float)(1.0 / sum);
+    }
     if (renorm) { /* divided by their sum (in double, slot order), clamped below at 2^-14 */
         double sum = 0;
         for (int j = 0; j < k; j++) sum += (double)__shfl_sync(0xffffffffu, wj, j);
@@ -1074,11 +1171,11 @@ __global__ void k_moe_route(const float *lg, int ne, int k, int renorm, int32_t 
     }
     if (lane < k) w[t * k + lane] = wj;
 }
-extern "C" int tn_cu_moe_route(const float *lg, int64_t n, int ne, int k, int renorm, int32_t *sel, float *w, int32_t *row,
-                               void *stream) {
+extern "C" int tn_cu_moe_route(const float *lg, int64_t n, int ne, int k, int gating, int renorm, int32_t *sel, float *w,
+                               int32_t *row, void *stream) {
     if (n == 0) return 0;
     if (ne < 1 || ne > MOE_ROUTE_MAX || k < 1 || k > WARP || k > ne) return (int)cudaErrorInvalidValue;
-    launch(k_moe_route, (unsigned)n, WARP, 0, (cudaStream_t)stream, lg, ne, k, renorm, sel, w, row);
+    launch(k_moe_route, (unsigned)n, WARP, 0, (cudaStream_t)stream, lg, ne, k, gating, renorm, sel, w, row);
     return tn_cu_err();
 }
 
@@ -1108,6 +1205,13 @@ static int dequant(const tn_cw *w, int64_t r0, int64_t nr, void *out, int f16, c
     case TN_CW_IQ4_XS: launch(k_dequant_float<TN_CW_IQ4_XS>, gf, 256, 0, st, *w, r0, nr, out, f16); break;
     case TN_CW_IQ4_NL: launch(k_dequant_float<TN_CW_IQ4_NL>, gf, 256, 0, st, *w, r0, nr, out, f16); break;
     case TN_CW_MXFP4: launch(k_dequant_float<TN_CW_MXFP4>, gf, 256, 0, st, *w, r0, nr, out, f16); break;
+    case TN_CW_IQ2_XXS: launch(k_dequant_float<TN_CW_IQ2_XXS>, gf, 256, 0, st, *w, r0, nr, out, f16); break;
+    case TN_CW_IQ2_XS: launch(k_dequant_float<TN_CW_IQ2_XS>, gf, 256, 0, st, *w, r0, nr, out, f16); break;
+    case TN_CW_IQ2_S: launch(k_dequant_float<TN_CW_IQ2_S>, gf, 256, 0, st, *w, r0, nr, out, f16); break;
+    case TN_CW_IQ3_XXS: launch(k_dequant_float<TN_CW_IQ3_XXS>, gf, 256, 0, st, *w, r0, nr, out, f16); break;
+    case TN_CW_IQ3_S: launch(k_dequant_float<TN_CW_IQ3_S>, gf, 256, 0, st, *w, r0, nr, out, f16); break;
+    case TN_CW_IQ1_S: launch(k_dequant_float<TN_CW_IQ1_S>, gf, 256, 0, st, *w, r0, nr, out, f16); break;
+    case TN_CW_IQ1_M: launch(k_dequant_float<TN_CW_IQ1_M>, gf, 256, 0, st, *w, r0, nr, out, f16); break;
     case TN_CW_TQ: TQ_SWITCH(launch_dq_tq, w, r0, nr, out, f16, st); break;
     default: return (int)cudaErrorInvalidValue;
     }
@@ -1501,7 +1605,8 @@ extern "C" int tn_cu_rope_store(float *q, int64_t ldq, float *k, float *v, int64
  * there). The same functions as k_rope_store, so the same bits. */
 __global__ void k_attn_block(const float *q, int64_t ldq, const uint8_t *Kc, const uint8_t *Vc, int64_t n, int n_head,
                              int n_head_kv, int hd, const int32_t *pos, const int32_t *tbl_off, const int32_t *tbl,
-                             float scale, float cap, int window, float *out, tn_cq xq, tn_cu_rope ar, tn_cu_kv kv) {
+                             float scale, float cap, int window, const float *sinks, float *out, tn_cq xq, tn_cu_rope ar,
+                             tn_cu_kv kv) {
     gdc_enter();
     __shared__ __align__(16) float qs[2 * ATT_THREADS];
     __shared__ float sc[ATT_CHUNK];
@@ -1643,6 +1748,7 @@ __global__ void k_attn_block(const float *q, int64_t ldq, const uint8_t *Kc, con
         }
         __syncthreads(); /* sc, rows and red are rewritten by the next chunk */
     }
+    if (sinks) l += expf(sinks[h] - mx); /* gpt-oss: one more logit in the denominator */
     float *o = out + t * (int64_t)n_head * hd + (int64_t)h * hd;
     if (hd <= ATT_THREADS) {
         if (active) part[tid] = acc0;
@@ -1675,8 +1781,8 @@ __global__ void k_attn_block(const float *q, int64_t ldq, const uint8_t *Kc, con
 }
 extern "C" int tn_cu_attention(const float *q, int64_t ldq, const void *Kc, const void *Vc, int64_t n, int n_head,
                                int n_head_kv, int hd, const int32_t *pos, const int32_t *tbl_off, const int32_t *tbl,
-                               float scale, float cap, int window, float *out, const tn_cq *xq, const tn_cu_rope *rope,
-                               const tn_cu_kv *kv, void *stream) {
+                               float scale, float cap, int window, const float *sinks, float *out, const tn_cq *xq,
+                               const tn_cu_rope *rope, const tn_cu_kv *kv, void *stream) {
     const tn_cu_kv kvv = kv_or_f16(kv);
     const bool plain = kvv.tk == TN_CU_KV_F16 && kvv.tv == TN_CU_KV_F16 && !kvv.rot_k && !kvv.rot_v;
     if (hd > 256 || (xq && hd % 32 != 0) || (rope && (rope->n_rot > hd || rope->n_rot % 2 != 0)) || window < 0 || cap < 0.0f ||
@@ -1688,7 +1794,7 @@ extern "C" int tn_cu_attention(const float *q, int64_t ldq, const void *Kc, cons
     const int64_t units = n * n_head;
     if (units == 0) return 0;
     launch(k_attn_block, (unsigned)units, ATT_THREADS, 0, (cudaStream_t)stream, q, ldq, (const uint8_t *)Kc, (const uint8_t *)Vc, n,
-           n_head, n_head_kv, hd, pos, tbl_off, tbl, scale, cap, window, out, xq ? *xq : none, ar, kvv);
+           n_head, n_head_kv, hd, pos, tbl_off, tbl, scale, cap, window, sinks, out, xq ? *xq : none, ar, kvv);
     return tn_cu_err();
 }
 

@@ -177,6 +177,7 @@ static inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c);
 static inline int __float2int_rn(float x) { return (int)nearbyintf(x); }
 static inline float __uint_as_float(unsigned v) { return tn_bits_f32(v); }
 static inline unsigned __float_as_uint(float f) { return tn_f32_bits(f); }
+static inline int __popc(unsigned v) { return __builtin_popcount(v); }
 static inline int __dp4a(int a, int b, int c) { /* signed bytes of a times signed bytes of b, into c */
     for (int i = 0; i < 4; i++) c += (int)(int8_t)(a >> (8 * i)) * (int)(int8_t)(b >> (8 * i));
     return c;
