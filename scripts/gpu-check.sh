@@ -3,7 +3,7 @@
 #   nvidia-smi and `tern info`; the GPU tests (test_cuda gpu: kernel parity for every type, forward
 #   against the double-precision reference, paged batches, -ngl splits, stories260K greedy vs the
 #   CPU); the default model's greedy text on GPU and CPU (f16, q8_0 and q4_0 KV caches), and that
-#   of synthetic smollm3, gemma3, gemma2, phi3, qwen3moe, qwen2moe and gpt-oss files; `tern serve --device cuda` under
+#   of synthetic smollm3, gemma3, gemma2, phi3, qwen3moe, qwen2moe, gpt-oss and olmoe files; `tern serve --device cuda` under
 #   the serve test suite's scripts; and the benchmarks on a 1B-class synthetic model (Q4_0, Q8_0, tq2/3/4,
 #   F16, Q4_K_M, IQ4_XS, Q3_K_M): decode and pp512 against the card's copy bandwidth and fp16 peak, measured in the same run;
 #   and on its Mixtral-style mixture of experts (8 experts, top 2, Q4_0).
@@ -77,7 +77,7 @@ done
 
 # the other families on the GPU (synthetic small models): greedy text on GPU and CPU, and their
 # speed on the card
-for a in smollm3 gemma3 gemma2 phi3 qwen3moe qwen2moe gpt-oss; do
+for a in smollm3 gemma3 gemma2 phi3 qwen3moe qwen2moe gpt-oss olmoe; do
     case $a in *moe | gpt-oss) preset=tiny ;; *) preset=small ;; esac
     step "greedy_$a" 90 bash -c "
       '$BIN' synth -o $TMPD/$a.gguf --arch $a --preset $preset --type q8_0 >/dev/null || exit 3

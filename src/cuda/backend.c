@@ -49,6 +49,7 @@ typedef struct {
      * ([n_expert][rows] of egu — gate and up interleaved per expert as its rows — or of eg, eu,
      * and of edown) */
     float *sinks, *bo, *brouter, *egu_b, *eg_b, *eu_b, *edown_b;
+    bool qk_full; /* olmoe: q_norm / k_norm over the whole q and k rows, not per head */
 } tn_cu_layer;
 
 struct tn_cuda_ctx {
@@ -344,6 +345,8 @@ static tern_status upload_weight(tn_cuda_ctx *g, const tn_tensor *t, tn_cw *w) {
     case TN_IQ3_S: w->kind = TN_CW_IQ3_S; break;
     case TN_IQ1_S: w->kind = TN_CW_IQ1_S; break;
     case TN_IQ1_M: w->kind = TN_CW_IQ1_M; break;
+    case TN_TQ1_0: w->kind = TN_CW_TQ1_0; break;
+    case TN_TQ2_0: w->kind = TN_CW_TQ2_0; break;
     case TN_Q4_0: w->kind = TN_CW_Q4_0, tp = (tn_tq_params){4, 32, false}; break;
     case TN_Q8_0: w->kind = TN_CW_Q8_0, tp = (tn_tq_params){8, 32, false}; break;
     case TN_Q5_0: w->kind = TN_CW_Q5_0, tp = (tn_tq_params){5, 32, false}; break;
@@ -360,8 +363,8 @@ static tern_status upload_weight(tn_cuda_ctx *g, const tn_tensor *t, tn_cw *w) {
                           t->name, tn_dtype_name(t->type));
         return tn_err(TERN_ERR_UNSUPPORTED,
                       "cuda: tensor '%s' has type %s, which the CUDA backend does not run (F32, F16, BF16, Q8_0, Q4_0, Q4_1, "
-                      "Q5_0, Q5_1, Q2_K .. Q6_K, the i-quants IQ1_S .. IQ4_XS, MXFP4 and tern's tq<b>g<G>; not yet "
-                      "ggml's tq1_0 / tq2_0: run them on the CPU)",
+                      "Q5_0, Q5_1, Q2_K .. Q6_K, the i-quants IQ1_S .. IQ4_XS, MXFP4, TQ1_0, TQ2_0 and tern's tq<b>g<G>: "
+                      "run it on the CPU)",
                       t->name, tn_dtype_name(t->type));
     }
     const int64_t blck = tn_dtype_get(t->type)->blck_size; /* elements per file block */
@@ -595,12 +598,12 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
     const bool arch_ok = hp->arch == TN_ARCH_LLAMA || hp->arch == TN_ARCH_QWEN2 || hp->arch == TN_ARCH_QWEN3 ||
                          hp->arch == TN_ARCH_SMOLLM3 || hp->arch == TN_ARCH_GEMMA3 || hp->arch == TN_ARCH_GEMMA2 ||
                          hp->arch == TN_ARCH_PHI3 || hp->arch == TN_ARCH_QWEN3MOE || hp->arch == TN_ARCH_QWEN2MOE ||
-                         hp->arch == TN_ARCH_GPT_OSS;
-    if (!arch_ok || (hp->family && hp->family->qk_norm_full) ||
+                         hp->arch == TN_ARCH_GPT_OSS || hp->arch == TN_ARCH_OLMOE;
+    if (!arch_ok ||
         (hp->ffn != TN_FFN_SWIGLU && hp->ffn != TN_FFN_GEGLU && hp->ffn != TN_FFN_SWIGLU_OAI))
         return tn_err(TERN_ERR_UNSUPPORTED,
                       "cuda: architecture %s does not run on the GPU yet (llama, qwen2, qwen3, smollm3, gemma2, gemma3, phi3, qwen3moe, "
-                      "qwen2moe, gpt-oss do); "
+                      "qwen2moe, gpt-oss, olmoe do); "
                       "run it on the CPU",
                       hp->family ? hp->family->name : "?");
     tn_cuda_ctx *g = tn_calloc(1, sizeof *g);
@@ -724,6 +727,7 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
         G->bv = upload_f32(g, bv, &ok);
         G->q_norm = upload_f32(g, &R[TN_ROLE_ATTN_Q_NORM], &ok); /* qwen3: per-head RMSNorm of q and k */
         G->k_norm = upload_f32(g, &R[TN_ROLE_ATTN_K_NORM], &ok);
+        G->qk_full = hp->family && hp->family->qk_norm_full;
         G->attn_post_norm = upload_f32(g, &R[TN_ROLE_ATTN_POST_NORM], &ok); /* gemma (gpt-oss's is its ffn_norm: llama.c) */
         G->sinks = upload_f32(g, &R[TN_ROLE_ATTN_SINKS], &ok); /* gpt-oss */
         G->bo = upload_f32(g, &R[TN_ROLE_ATTN_OUT_B], &ok);
@@ -1145,11 +1149,15 @@ static void run_layers(tn_cuda_ctx *g, tern_ctx *c, int64_t n, int32_t n_out) {
             mm(g, "qkv", &L->w[W_K], g->xb, d, n, k, kv_dim, L->bk, 0);
             mm(g, "qkv", &L->w[W_V], g->xb, d, n, v, kv_dim, L->bv, 0);
         }
+        /* q / k norms: per head in the RoPE (or attention) kernel; over whole rows (olmoe) first, here */
+        const float *qn = L->qk_full ? NULL : L->q_norm, *kn = L->qk_full ? NULL : L->k_norm;
+        if (L->qk_full && L->q_norm) CKL("qk_norm", tn_cu_rmsnorm_rows(q, ldq, n, qd, L->q_norm, hp->rms_eps, g->st));
+        if (L->qk_full && L->k_norm) CKL("qk_norm", tn_cu_rmsnorm_rows(k, ldk, n, kv_dim, L->k_norm, hp->rms_eps, g->st));
         /* one token: the attention kernel rotates and stores the new row itself */
-        const tn_cu_rope rope = {k, v, ldk, L->q_norm, L->k_norm, hp->rms_eps, cs, n_rot, hp->rope_mode == TN_ROPE_NEOX,
+        const tn_cu_rope rope = {k, v, ldk, qn, kn, hp->rms_eps, cs, n_rot, hp->rope_mode == TN_ROPE_NEOX,
                                  d_kvrow, Kc, Vc};
         if (!rope1)
-            CKL("rope_store", tn_cu_rope_store(q, ldq, k, v, ldk, L->q_norm, L->k_norm, hp->rms_eps, cs, n_rot,
+            CKL("rope_store", tn_cu_rope_store(q, ldq, k, v, ldk, qn, kn, hp->rms_eps, cs, n_rot,
                                                hp->rope_mode == TN_ROPE_NEOX, n, hp->n_head, hp->n_head_kv, (int)hd, d_kvrow, Kc,
                                                Vc, &g->kv, g->st));
         const bool qo = q8_for(g, &L->w[W_O], n) && hd % 32 == 0;

@@ -9,7 +9,8 @@
  *                 bytes a block) followed by their scales (fp16 d / e8m0 bytes), each row padded
  *                 to a multiple of 16 bytes; the codebook i-quants IQ1_S, IQ1_M, IQ2_XXS,
  *                 IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S as the file's blocks (read by bytes and 16-bit
- *                 words), their grid uploaded beside them. Activations stay f32.
+ *                 words), their grid uploaded beside them; ggml's ternary TQ1_0 / TQ2_0 as the
+ *                 file's blocks. Activations stay f32.
  *   code path   — Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and every tq<b>g<G>[a] in a split layout: the block headers moved
  *                 out into fp16 arrays d[m][k/G] (and m[m][k/G] for asymmetric tq), the code bytes
  *                 of each row back to back (row stride k*b/8, a multiple of 4 bytes). Within a
@@ -51,6 +52,8 @@ enum {
     TN_CW_IQ3_S,
     TN_CW_IQ1_S,
     TN_CW_IQ1_M,
+    TN_CW_TQ1_0, /* ggml's ternary types (not tern's tq<b>g<G>) */
+    TN_CW_TQ2_0,
     TN_CW_Q4_0, /* code path from here on */
     TN_CW_Q8_0,
     TN_CW_Q5_0,
@@ -189,6 +192,9 @@ typedef struct tn_cu_kv {
  * is rows[j] (NULL: j). xq != NULL: y is also quantized into it as tn_cu_quantize_q8 would. */
 int tn_cu_rmsnorm(const float *x, const int32_t *rows, float *y, const float *w, int64_t n, int64_t d, float eps,
                   const tn_cq *xq, void *stream);
+/* x[j] = rmsnorm(x[j]) * w in place for rows j < n of d at stride ldx (sum of squares in double, as
+ * the CPU; olmoe's whole-row q and k norms). */
+int tn_cu_rmsnorm_rows(float *x, int64_t ldx, int64_t n, int64_t d, const float *w, float eps, void *stream);
 /* y[i] += b[i % d] for i < n*d. */
 int tn_cu_add_bias(float *y, const float *b, int64_t n, int64_t d, void *stream);
 /* Per token t: with qn / kn (qwen3) every query / key head RMS-normed by them first (eps; sum of

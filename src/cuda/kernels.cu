@@ -673,6 +673,32 @@ __device__ __forceinline__ void load8(const uint8_t *rowp, int64_t e0, int64_t k
         }
         return;
     }
+    if (KIND == TN_CW_TQ1_0) { /* 54 bytes: qs[48], qh[4] (5 / 4 base-3 digits a byte), d; value (trit - 1) d */
+        const uint8_t *b = rowp + (e0 / 256) * 54;
+        const int e = (int)(e0 % 256);
+        const float d = h2f((uint16_t)rd16(b + 52));
+        /* elements 0-159: digit e/32 of qs[e%32]; 160-239: digit (e-160)/16 of qs[32 + (e-160)%16];
+         * 240-255: digit (e-240)/4 of qh[(e-240)%4] (quant_iq.c tq1_trits) */
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int ei = e + i;
+            const uint32_t byte = ei < 160 ? b[ei % 32] : ei < 240 ? b[32 + (ei - 160) % 16] : b[48 + (ei - 240) % 4];
+            const int n = ei < 160 ? ei / 32 : ei < 240 ? (ei - 160) / 16 : (ei - 240) / 4;
+            const uint32_t p3 = n == 0 ? 1u : n == 1 ? 3u : n == 2 ? 9u : n == 3 ? 27u : 81u;
+            const int t = (int)((((byte * p3) & 0xFFu) * 3u) >> 8);
+            v[i] = (float)(t - 1) * d;
+        }
+        return;
+    }
+    if (KIND == TN_CW_TQ2_0) { /* 66 bytes: qs[64] (2-bit codes, 4 to a byte), d; value (q - 1) d */
+        const uint8_t *b = rowp + (e0 / 256) * 66;
+        const int e = (int)(e0 % 256), sh = 2 * ((e % 128) / 32);
+        const float d = h2f((uint16_t)rd16(b + 64));
+        const uint8_t *q = b + 32 * (e / 128) + e % 32;
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] = (float)((int)((q[i] >> sh) & 3u) - 1) * d;
+        return;
+    }
     if (KIND == TN_CW_F32) {
         const float4 *p = (const float4 *)(rowp + e0 * 4);
         const float4 a = p[0], b = p[1];
@@ -979,6 +1005,12 @@ extern "C" int tn_cu_quantize_q8(const float *x, int64_t ldx, int64_t k, int64_t
     return tn_cu_err();
 }
 
+/* Every float-path kind (kern_cuda.h): the GEMV and dequantization switches take their cases from this list. */
+#define FLOAT_KINDS(X)                                                                                                        \
+    X(TN_CW_F32) X(TN_CW_F16) X(TN_CW_BF16) X(TN_CW_Q2_K) X(TN_CW_Q3_K) X(TN_CW_Q4_K) X(TN_CW_Q5_K) X(TN_CW_Q6_K)            \
+    X(TN_CW_IQ4_XS) X(TN_CW_IQ4_NL) X(TN_CW_MXFP4) X(TN_CW_IQ2_XXS) X(TN_CW_IQ2_XS) X(TN_CW_IQ2_S) X(TN_CW_IQ3_XXS)         \
+    X(TN_CW_IQ3_S) X(TN_CW_IQ1_S) X(TN_CW_IQ1_M) X(TN_CW_TQ1_0) X(TN_CW_TQ2_0)
+
 /* The launch of a GEMV with NT-token tiles; R rows per warp for the code path (NT = 1 only). */
 template <int NT, int R>
 static int gemv_run(const tn_cw *w, const float *x, int64_t ldx, const tn_cq *xq, int nn, float *y, int64_t ldy,
@@ -990,26 +1022,11 @@ static int gemv_run(const tn_cw *w, const float *x, int64_t ldx, const tn_cq *xq
 #define GEMV_CODE(B, K)                                                                                                  \
     launch(k_gemv_code<B, K, false, NT, R>, dim3(LR.grid, gy), LR.block, 0, st, *w, xq->q, xq->d, xq->s, nn, y, ldy, bias,      \
            accumulate, LR.wpr, tail, gl, ex)
+#define GEMV_FLOAT_CASE(K) \
+    case K: GEMV_FLOAT(K); break;
 #define GEMV_TQ(B, A) launch_gemv_tq<B, A, NT, R>(w, xq, nn, y, ldy, bias, accumulate, tail, gl, ex, gy, st)
     switch (w->kind) {
-    case TN_CW_F32: GEMV_FLOAT(TN_CW_F32); break;
-    case TN_CW_F16: GEMV_FLOAT(TN_CW_F16); break;
-    case TN_CW_BF16: GEMV_FLOAT(TN_CW_BF16); break;
-    case TN_CW_Q4_K: GEMV_FLOAT(TN_CW_Q4_K); break;
-    case TN_CW_Q6_K: GEMV_FLOAT(TN_CW_Q6_K); break;
-    case TN_CW_Q5_K: GEMV_FLOAT(TN_CW_Q5_K); break;
-    case TN_CW_Q2_K: GEMV_FLOAT(TN_CW_Q2_K); break;
-    case TN_CW_Q3_K: GEMV_FLOAT(TN_CW_Q3_K); break;
-    case TN_CW_IQ4_XS: GEMV_FLOAT(TN_CW_IQ4_XS); break;
-    case TN_CW_IQ4_NL: GEMV_FLOAT(TN_CW_IQ4_NL); break;
-    case TN_CW_MXFP4: GEMV_FLOAT(TN_CW_MXFP4); break;
-    case TN_CW_IQ2_XXS: GEMV_FLOAT(TN_CW_IQ2_XXS); break;
-    case TN_CW_IQ2_XS: GEMV_FLOAT(TN_CW_IQ2_XS); break;
-    case TN_CW_IQ2_S: GEMV_FLOAT(TN_CW_IQ2_S); break;
-    case TN_CW_IQ3_XXS: GEMV_FLOAT(TN_CW_IQ3_XXS); break;
-    case TN_CW_IQ3_S: GEMV_FLOAT(TN_CW_IQ3_S); break;
-    case TN_CW_IQ1_S: GEMV_FLOAT(TN_CW_IQ1_S); break;
-    case TN_CW_IQ1_M: GEMV_FLOAT(TN_CW_IQ1_M); break;
+    FLOAT_KINDS(GEMV_FLOAT_CASE)
     case TN_CW_Q4_0: GEMV_CODE(4, 1); break;
     case TN_CW_Q8_0: GEMV_CODE(8, 2); break;
     case TN_CW_Q5_0: GEMV_CODE(5, 3); break;
@@ -1037,6 +1054,7 @@ static int gemv_run(const tn_cw *w, const float *x, int64_t ldx, const tn_cq *xq
     default: return (int)cudaErrorInvalidValue;
     }
 #undef GEMV_FLOAT
+#undef GEMV_FLOAT_CASE
 #undef GEMV_CODE
 #undef GEMV_TQ
     return tn_cu_err();
@@ -1138,7 +1156,7 @@ __global__ void k_moe_route(const float *lg, int ne, int k, int gating, int reno
     __syncwarp();
     float wj = 0.0f, ws = 0.0f; /* lane j < k: slot j's weight */
     for (int j = 0; j < k; j++) {
-        /* the largest p not yet taken (taken ones hold -inf: every softmax value is above it),
+        /* the largest p not yet taken (taken ones hold -inf: every probability or finite logit is above it),
          * the lower index among equals: lane-wise in expert order, then across the lanes */
         float bv = -INFINITY;
         int bi = -1;
@@ -1191,27 +1209,13 @@ static int dequant(const tn_cw *w, int64_t r0, int64_t nr, void *out, int f16, c
         return tn_cu_err();
     }
     switch (w->kind) {
-    case TN_CW_F32: launch(k_dequant_float<TN_CW_F32>, gf, 256, 0, st, *w, r0, nr, out, f16); break;
-    case TN_CW_F16: launch(k_dequant_float<TN_CW_F16>, gf, 256, 0, st, *w, r0, nr, out, f16); break;
-    case TN_CW_BF16: launch(k_dequant_float<TN_CW_BF16>, gf, 256, 0, st, *w, r0, nr, out, f16); break;
-    case TN_CW_Q4_K: launch(k_dequant_float<TN_CW_Q4_K>, gf, 256, 0, st, *w, r0, nr, out, f16); break;
-    case TN_CW_Q6_K: launch(k_dequant_float<TN_CW_Q6_K>, gf, 256, 0, st, *w, r0, nr, out, f16); break;
+#define DEQUANT_FLOAT_CASE(K) \
+    case K: launch(k_dequant_float<K>, gf, 256, 0, st, *w, r0, nr, out, f16); break;
+    FLOAT_KINDS(DEQUANT_FLOAT_CASE)
+#undef DEQUANT_FLOAT_CASE
     case TN_CW_Q4_0: launch(k_dequant_code<4, 1, false>, gc, 256, 0, st, *w, r0, nr, out, f16); break;
     case TN_CW_Q8_0: launch(k_dequant_code<8, 2, false>, gc, 256, 0, st, *w, r0, nr, out, f16); break;
     case TN_CW_Q5_0: launch(k_dequant_code<5, 3, false>, gc, 256, 0, st, *w, r0, nr, out, f16); break;
-    case TN_CW_Q5_K: launch(k_dequant_float<TN_CW_Q5_K>, gf, 256, 0, st, *w, r0, nr, out, f16); break;
-    case TN_CW_Q2_K: launch(k_dequant_float<TN_CW_Q2_K>, gf, 256, 0, st, *w, r0, nr, out, f16); break;
-    case TN_CW_Q3_K: launch(k_dequant_float<TN_CW_Q3_K>, gf, 256, 0, st, *w, r0, nr, out, f16); break;
-    case TN_CW_IQ4_XS: launch(k_dequant_float<TN_CW_IQ4_XS>, gf, 256, 0, st, *w, r0, nr, out, f16); break;
-    case TN_CW_IQ4_NL: launch(k_dequant_float<TN_CW_IQ4_NL>, gf, 256, 0, st, *w, r0, nr, out, f16); break;
-    case TN_CW_MXFP4: launch(k_dequant_float<TN_CW_MXFP4>, gf, 256, 0, st, *w, r0, nr, out, f16); break;
-    case TN_CW_IQ2_XXS: launch(k_dequant_float<TN_CW_IQ2_XXS>, gf, 256, 0, st, *w, r0, nr, out, f16); break;
-    case TN_CW_IQ2_XS: launch(k_dequant_float<TN_CW_IQ2_XS>, gf, 256, 0, st, *w, r0, nr, out, f16); break;
-    case TN_CW_IQ2_S: launch(k_dequant_float<TN_CW_IQ2_S>, gf, 256, 0, st, *w, r0, nr, out, f16); break;
-    case TN_CW_IQ3_XXS: launch(k_dequant_float<TN_CW_IQ3_XXS>, gf, 256, 0, st, *w, r0, nr, out, f16); break;
-    case TN_CW_IQ3_S: launch(k_dequant_float<TN_CW_IQ3_S>, gf, 256, 0, st, *w, r0, nr, out, f16); break;
-    case TN_CW_IQ1_S: launch(k_dequant_float<TN_CW_IQ1_S>, gf, 256, 0, st, *w, r0, nr, out, f16); break;
-    case TN_CW_IQ1_M: launch(k_dequant_float<TN_CW_IQ1_M>, gf, 256, 0, st, *w, r0, nr, out, f16); break;
     case TN_CW_TQ: TQ_SWITCH(launch_dq_tq, w, r0, nr, out, f16, st); break;
     default: return (int)cudaErrorInvalidValue;
     }
@@ -1264,6 +1268,21 @@ extern "C" int tn_cu_rmsnorm(const float *x, const int32_t *rows, float *y, cons
     const tn_cq none = {NULL, NULL, NULL};
     if (xq && d % 32 != 0) return (int)cudaErrorInvalidValue;
     launch(k_rmsnorm, (unsigned)n, 1024, 0, (cudaStream_t)stream, x, rows, y, w, d, eps, xq ? *xq : none);
+    return tn_cu_err();
+}
+
+/* x[j] = rmsnorm(x[j]) * w in place, rows j < n of d at stride ldx, a block per row (olmoe's norms
+ * over the whole q and k rows of the qkv product) */
+__global__ void k_rmsnorm_rows(float *x, int64_t ldx, const float *w, int64_t d, float eps) {
+    gdc_enter();
+    float *xr = x + (int64_t)blockIdx.x * ldx;
+    const float scale = rms_scale_block<false>(xr, d, eps);
+    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) xr[i] = (xr[i] * scale) * w[i];
+}
+extern "C" int tn_cu_rmsnorm_rows(float *x, int64_t ldx, int64_t n, int64_t d, const float *w, float eps, void *stream) {
+    if (n == 0) return 0;
+    if (ldx < d) return (int)cudaErrorInvalidValue;
+    launch(k_rmsnorm_rows, (unsigned)n, 1024, 0, (cudaStream_t)stream, x, ldx, w, d, eps);
     return tn_cu_err();
 }
 

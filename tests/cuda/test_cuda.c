@@ -7,7 +7,7 @@
  *
  * Kernels (GPU): every weight type the backend runs — F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
  * Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4, the codebook i-quants IQ1_S, IQ1_M,
- * IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S and all 64 tq<b>g<G>[a] — quantized with tern's reference
+ * IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, ggml's TQ1_0 / TQ2_0 and all 64 tq<b>g<G>[a] — quantized with tern's reference
  * quantizers (ggml's, with uniform importance, for the codebook ones), at row counts and lengths
  * equal to, below, above and off the kernels' tiles (m = 1, 3, 4, 5, 33, and 131 for the ggml
  * types; k = 2048 and 4096, where a row is split across 2 and 4 warps; k = one block,
@@ -27,7 +27,7 @@
  * f16 weights do) and against tern's CPU logits; quantized KV caches (q8_0, q4_0, rotated or not)
  * against the reference rounding K / V alike; a paged two-sequence batch (tn_forward_batch
  * with block tables, as tern serve runs it); layers split between GPU and CPU (-ngl); mixtures of
- * experts (qwen3moe, qwen2moe with its shared expert, Mixtral-style llama) against the reference.
+ * experts (qwen3moe, qwen2moe with its shared expert, gpt-oss, olmoe, Mixtral-style llama) against the reference.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -246,7 +246,7 @@ static void test_kernel_parity(void **state) {
     int nt = 0;
     const tn_dtype ggml[] = {TN_F32,  TN_F16,  TN_BF16, TN_Q8_0, TN_Q4_0,   TN_Q4_1,   TN_Q5_0,  TN_Q5_1,
                              TN_Q2_K, TN_Q3_K, TN_Q4_K, TN_Q5_K, TN_Q6_K, TN_IQ4_NL, TN_IQ4_XS, TN_MXFP4,
-                             TN_IQ1_S, TN_IQ1_M, TN_IQ2_XXS, TN_IQ2_XS, TN_IQ2_S, TN_IQ3_XXS, TN_IQ3_S};
+                             TN_IQ1_S, TN_IQ1_M, TN_IQ2_XXS, TN_IQ2_XS, TN_IQ2_S, TN_IQ3_XXS, TN_IQ3_S, TN_TQ1_0, TN_TQ2_0};
     for (size_t i = 0; i < sizeof ggml / sizeof ggml[0]; i++) types[nt++] = ggml[i];
     for (int i = 0; i < TN_DTYPE_TQ_COUNT; i++) types[nt++] = (tn_dtype)(TN_DTYPE_TERN_BASE + i);
     const int64_t ms[] = {1, 3, 4, 5, 33, 131};
@@ -377,7 +377,7 @@ static void test_forward_types(void **state) {
     tiny_cfg_default(&cfg);
     const tn_dtype types[] = {TN_F32,    TN_F16,    TN_BF16,   TN_Q8_0,    TN_Q4_0,   TN_Q4_1,    TN_Q5_0,  TN_Q5_1,
                               TN_Q2_K,   TN_Q3_K,   TN_Q4_K,   TN_Q5_K,    TN_Q6_K,   TN_IQ4_NL,  TN_IQ4_XS, TN_MXFP4,
-                              TN_IQ1_S,  TN_IQ1_M,  TN_IQ2_XXS, TN_IQ2_XS, TN_IQ2_S,  TN_IQ3_XXS, TN_IQ3_S};
+                              TN_IQ1_S,  TN_IQ1_M,  TN_IQ2_XXS, TN_IQ2_XS, TN_IQ2_S,  TN_IQ3_XXS, TN_IQ3_S, TN_TQ1_0, TN_TQ2_0};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         cfg.wtype = types[i];
         forward_case(cfg, -1);
@@ -458,7 +458,8 @@ static void test_forward_moe(void **state) {
                  {"qwen3moe", TN_MXFP4}, {"qwen3moe", TN_IQ4_XS}, /* llama.cpp's MXFP4_MOE and IQ4_XS files */
                  {"qwen2moe", TN_F32}, {"qwen2moe", TN_Q8_0}, {"qwen2moe", tq3}, /* experts of 128: no K-quant */
                  {"llama", TN_F32},    {"llama", TN_Q8_0},    {"llama", TN_Q4_K},
-                 {"gpt-oss", TN_F32},  {"gpt-oss", TN_MXFP4}}; /* sinks, biases, top-k softmax, clamped SwiGLU, YaRN */
+                 {"gpt-oss", TN_F32},  {"gpt-oss", TN_MXFP4}, /* sinks, biases, top-k softmax, clamped SwiGLU, YaRN */
+                 {"olmoe", TN_F32}}; /* q and k normed over whole rows */
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) forward_case(tiny_cfg_moe(cases[i].arch, cases[i].w), -1);
     /* gpt-oss Q8_0 at seed 3: at seeds 1 and 4 tern's CPU and GPU agree (1.8e-2) and are both 0.27 /
      * 0.33 from the reference at one decode step — a routing decision taken the other way under
@@ -467,6 +468,11 @@ static void test_forward_moe(void **state) {
     tiny_cfg go = tiny_cfg_moe("gpt-oss", TN_Q8_0);
     go.seed = 3;
     forward_case(go, -1);
+    /* olmoe Q8_0 at seed 3: at seed 1 one routing decision is 1.1e-5 from a tie and the GPU takes
+     * the other expert there (4.3e-2 from the reference at one step, the CPU 1.1e-2) */
+    tiny_cfg om = tiny_cfg_moe("olmoe", TN_Q8_0);
+    om.seed = 3;
+    forward_case(om, -1);
     forward_case(tiny_cfg_moe("qwen3moe", TN_Q8_0), 1);
     /* routed on the host (as batches above 64 tokens are), grouped by expert: the Q8_0 case again;
      * then 2 experts, both chosen: each expert gets all 12 prompt rows, above the GEMV kernels' 8
@@ -623,6 +629,7 @@ static void test_fusion_equivalence(void **state) {
     } cases[] = {
         {"qwen3moe", TN_Q8_0, TN_Q8_0, false, false, -2}, {"qwen2moe", TN_F32, TN_Q8_0, false, false, -2},
         {"gpt-oss", TN_Q8_0, TN_Q8_0, false, false, -2}, /* sinks, biases (Wo's by its tail kernel), windows */
+        {"olmoe", TN_Q8_0, TN_Q8_0, false, false, -2},   /* whole-row q/k norms before the fused RoPE */
         {"qwen3", TN_Q8_0, TN_Q8_0, false, false, -1},
         {"llama", TN_Q4_0, TN_Q6_K, false, false, 0}, {"llama", TN_F16, TN_F32, false, false, 0},
         {"qwen2", TN_Q8_0, TN_Q8_0, false, false, 0}, {"qwen3", TN_Q4_K, TN_Q4_0, false, false, 0},
