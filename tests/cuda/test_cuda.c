@@ -27,7 +27,8 @@
  * f16 weights do) and against tern's CPU logits; quantized KV caches (q8_0, q4_0, rotated or not)
  * against the reference rounding K / V alike; a paged two-sequence batch (tn_forward_batch
  * with block tables, as tern serve runs it); layers split between GPU and CPU (-ngl); mixtures of
- * experts (qwen3moe, qwen2moe with its shared expert, gpt-oss, olmoe, Mixtral-style llama) against the reference.
+ * experts (qwen3moe, qwen2moe with its shared expert, gpt-oss, olmoe, Mixtral-style llama) against the reference;
+ * what the GPU does not run (deepseek2, a tqc K cache, a gpt-oss batch it cannot route) refused by name.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -795,6 +796,32 @@ static void test_paged_batch(void **state) {
     paged_case(tiny_cfg_moe("gpt-oss", TN_MXFP4)); /* sinks and windows over paged rows, experts with biases */
 }
 
+/* What the GPU does not run is refused when the context is made, with a message naming it, never
+ * computed wrongly: deepseek2's latent attention, a per-channel K cache (tqc3), and a gpt-oss
+ * context whose batches the GPU cannot route (n_batch 16384 x 4 experts used > 65535 pairs). */
+static void expect_refused(const tiny_cfg *cfg, int32_t n_batch, int32_t type_k, const char *what) {
+    tern_model *m = load_cfg(cfg, "cuda_refuse");
+    tern_ctx_params cp;
+    tern_ctx_params_init(&cp);
+    cp.n_ctx = n_batch > 32 ? n_batch : 32, cp.n_batch = n_batch, cp.type_k = type_k; /* (n_batch is at most n_ctx) */
+    cp.device = TERN_DEVICE_CUDA;
+    tern_ctx *c = NULL;
+    const tern_status s = tern_ctx_create(m, &cp, &c);
+    if (s != TERN_ERR_UNSUPPORTED || c || !strstr(tern_last_error(), what))
+        fail_msg("%s: status %d, message '%s' (wanted TERN_ERR_UNSUPPORTED naming '%s')", cfg->arch, (int)s, tern_last_error(), what);
+    printf("  refused: %s\n", tern_last_error());
+    tern_model_free(m);
+}
+static void test_refusals(void **state) {
+    (void)state;
+    const tiny_cfg ds = tiny_cfg_moe("deepseek2", TN_F32), go = tiny_cfg_moe("gpt-oss", TN_F32);
+    tiny_cfg ll;
+    tiny_cfg_default(&ll);
+    expect_refused(&ds, 512, TERN_KV_F16, "multi-head latent attention");
+    expect_refused(&ll, 512, TERN_KV_TQC(3), "runs on the CPU only");
+    expect_refused(&go, 16384, TERN_KV_F16, "experts with biases route on the GPU only");
+}
+
 /* stories260K (real weights, head size 8, n_ff 172): 64 greedy tokens on the GPU equal the CPU's,
  * or part at a near-tie (top-2 margin below 0.25 on the CPU's logits: test_greedy_stories.c says
  * why 0.25). Needs ../shared. */
@@ -880,6 +907,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup(test_graph_equivalence, reset_settings),
         cmocka_unit_test_setup(test_fusion_equivalence, reset_settings),
         cmocka_unit_test_setup(test_moe_device_routing, reset_settings),
+        cmocka_unit_test_setup(test_refusals, reset_settings),
     };
     return cmocka_run_group_tests(gpu, NULL, NULL);
 }
