@@ -802,14 +802,6 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
     }
     const char *ge = getenv("TERN_CUDA_GRAPH");
     g->moe_dev = moe && env_int("TERN_CUDA_MOE_HOST", 0) == 0 && moe_dev_ok(g, hp);
-    for (int32_t il = 0; moe && il < g->n_layers; il++) /* experts with biases (gpt-oss): every batch routed on the GPU */
-        if (g->L[il].edown_b && (!moe_dev_ok(g, hp) || nb * hp->n_expert_used > 65535)) {
-            s = tn_err(TERN_ERR_UNSUPPORTED,
-                       "cuda: layer %d: experts with biases route on the GPU only, which needs at most 512 experts, 32 used, "
-                       "n_embd and the experts' rows multiples of 32, and n_batch * experts used <= 65535 (n_batch %lld)",
-                       il, (long long)nb);
-            goto fail;
-        }
     /* (a mixture of experts routed on the host stops between its kernels: no graph of the step) */
     g->use_graph = !(ge && !strcmp(ge, "0")) && (!moe || g->moe_dev);
     g->fuse_rope = env_int("TERN_CUDA_FUSE", 1) != 0 && env_int("TERN_CUDA_FUSE_ROPE", 1) != 0;
@@ -978,23 +970,24 @@ static void proj_add(tn_cuda_ctx *g, const char *label, const tn_cw *w, const fl
     CKL("post_norm", tn_cu_rmsnorm_add(g->x, g->xb, post, n, w->m, eps, g->st));
 }
 
-/* h = act(Wgate x) * (Wup x) for n rows of x (stride ldx): gu the gate|up matrix (gate rows, then
- * as many up rows), or wg and wu apart (gu NULL); down the product that reads h (whose q8 blocks
- * the last kernel writes where down reads them). Returns h: hb2, or hb (gate and up apart). */
-static const float *ffn_glu(tn_cuda_ctx *g, const tn_cw *gu, const tn_cw *wg, const tn_cw *wu, const tn_cw *down, const float *x,
-                            int64_t ldx, int64_t n, int act) {
+/* h = act(Wgate x + bg) * (Wup x + bu) for n rows of x (stride ldx): gu the gate|up matrix (gate
+ * rows, then as many up rows; b its biases, gate's then up's, or NULL), or wg and wu apart (gu NULL;
+ * b NULL or gate's biases, bu up's); down the product that reads h (whose q8 blocks the last kernel
+ * writes where down reads them). Returns h: hb2, or hb (gate and up apart). */
+static const float *ffn_glu(tn_cuda_ctx *g, const tn_cw *gu, const tn_cw *wg, const tn_cw *wu, const float *b, const float *bu,
+                            const tn_cw *down, const float *x, int64_t ldx, int64_t n, int act) {
     const bool qd = q8_for(g, down, n);
     if (!gu) {
         const int64_t ff = wg->m;
-        mm(g, "gate_up", wg, x, ldx, n, g->hb, ff, NULL, 0);
-        mm(g, "gate_up", wu, x, ldx, n, g->hb2, ff, NULL, 0);
+        mm(g, "gate_up", wg, x, ldx, n, g->hb, ff, b, 0);
+        mm(g, "gate_up", wu, x, ldx, n, g->hb2, ff, bu, 0);
         CKL("swiglu", tn_cu_swiglu(g->hb, g->hb2, n * ff, act, g->st));
         fresh(g);
         return g->hb;
     }
     const int64_t ff = gu->m / 2;
     const bool code = tn_cw_is_code(gu->kind);
-    if (g->fuse_glu && n == 1 && ff % 32 == 0 && (code ? gu->k % 32 == 0 : gu->k % 8 == 0 && ldx % 4 == 0)) {
+    if (g->fuse_glu && n == 1 && !b && ff % 32 == 0 && (code ? gu->k % 32 == 0 : gu->k % 8 == 0 && ldx % 4 == 0)) {
         /* one token: each warp a gate row and its up row, h = act(gate) up written by the product,
          * its q8 blocks for Wdown by the last block (the same bits as below) */
         if (code && g->q_src != x) {
@@ -1004,7 +997,7 @@ static const float *ffn_glu(tn_cuda_ctx *g, const tn_cw *gu, const tn_cw *wg, co
         const tn_cu_tail tg = {g->d_cnt, g->hb2, NULL, NULL, 0.0f, ff, g->xq};
         CKL("gate_up", tn_cu_gemv_glu(gu, x, &g->xq, g->hb, g->hb2, act, qd ? &tg : NULL, g->st));
     } else {
-        mm(g, "gate_up", gu, x, ldx, n, g->hb, 2 * ff, NULL, 0);
+        mm(g, "gate_up", gu, x, ldx, n, g->hb, 2 * ff, b, 0);
         CKL("swiglu", tn_cu_swiglu_pair(g->hb, g->hb2, n, ff, act, qd ? &g->xq : NULL, g->st));
     }
     fresh(g);
@@ -1022,7 +1015,7 @@ static void moe_ffn_dev(tn_cuda_ctx *g, const tern_ctx *c, const tn_cu_layer *L,
     int32_t *sel = g->d_moe + 3 * P, *row = g->d_moe + P;
     float *w = (float *)(g->d_moe + 2 * P);
     const int gating = hp->family->moe_gating == TN_MOE_SOFTMAX_WEIGHT ? TN_CU_GATE_TOPK_SOFTMAX : TN_CU_GATE_SOFTMAX;
-    CKL("moe_route", tn_cu_moe_route(g->rl, n, hp->n_expert, k, gating, hp->family->moe_renorm, sel, w, row, g->st));
+    CKL("moe_route", tn_cu_moe_route(g->rl, L->brouter, n, hp->n_expert, k, gating, hp->family->moe_renorm, sel, w, row, g->st));
     const tn_cw *gu = L->fused_egu ? &L->egu : NULL;
     const bool code_gu = tn_cw_is_code((gu ? gu : &L->eg)->kind), code_dn = tn_cw_is_code(L->edown.kind);
     if (code_gu && g->q_src != g->xb) { /* the router's type may not have needed xb's q8 blocks */
@@ -1064,10 +1057,10 @@ static void moe_ffn(tn_cuda_ctx *g, tern_ctx *c, int32_t il, int64_t n, int act)
     const tn_layer *Lh = &c->model->layers[il];
     const int32_t ne = hp->n_expert, k = hp->n_expert_used;
     const int64_t d = hp->n_embd, ffe = hp->n_ff_exp, R = n * k;
-    mm(g, "router", &L->router, g->xb, d, n, g->rl, ne, L->brouter, 0);
-    /* batches of the GEMV kernels' size route on the GPU (any batch where batch-invariant); experts
-     * with biases (gpt-oss) every batch: the host path's products have none */
-    if ((g->moe_dev && n <= g->tile_max_code && R <= 65535) || L->edown_b) {
+    /* (the router's bias, gpt-oss, is added by the routing: tn_cu_moe_route, or tn_moe_route_token on the host) */
+    mm(g, "router", &L->router, g->xb, d, n, g->rl, ne, NULL, 0);
+    /* batches of the GEMV kernels' size route on the GPU (any batch where batch-invariant) */
+    if (g->moe_dev && n <= g->tile_max_code && R <= 65535) {
         moe_ffn_dev(g, c, L, n, k, act);
     } else {
         CKL("d2h", cudaMemcpyAsync(c->moe_logits, g->rl, (size_t)(n * ne) * 4, cudaMemcpyDeviceToHost, g->st));
@@ -1090,14 +1083,17 @@ static void moe_ffn(tn_cuda_ctx *g, tern_ctx *c, int32_t il, int64_t n, int act)
             const tn_cw gu = L->fused_egu ? cw_rows(&L->egu, 2 * ffe * e, 2 * ffe) : (tn_cw){0};
             const tn_cw eg = L->fused_egu ? gu : cw_rows(&L->eg, ffe * e, ffe), eu = L->fused_egu ? gu : cw_rows(&L->eu, ffe * e, ffe);
             const tn_cw dn = cw_rows(&L->edown, d * e, d);
-            const float *h = ffn_glu(g, L->fused_egu ? &gu : NULL, &eg, &eu, &dn, g->xg + r0 * d, d, nr, act);
-            mm(g, "down_exps", &dn, h, ffe, nr, g->ey + r0 * d, d, NULL, 0);
+            /* gpt-oss: the expert's biases */
+            const float *b = L->egu_b ? L->egu_b + 2 * ffe * e : L->eg_b ? L->eg_b + ffe * e : NULL;
+            const float *h = ffn_glu(g, L->fused_egu ? &gu : NULL, &eg, &eu, b, L->eu_b ? L->eu_b + ffe * e : NULL, &dn,
+                                     g->xg + r0 * d, d, nr, act);
+            mm(g, "down_exps", &dn, h, ffe, nr, g->ey + r0 * d, d, L->edown_b ? L->edown_b + d * e : NULL, 0);
         }
         CKL("moe_combine", tn_cu_moe_combine(g->x, g->ey, row, w, n, k, d, g->st));
     }
     fresh(g);
     if (L->shexp) { /* x += sigmoid(gate . xb) * Wdown_sh (act(Wgate_sh xb) * Wup_sh xb) */
-        const float *h = ffn_glu(g, L->fused_sgu ? &L->sgu : NULL, &L->sg, &L->su, &L->sdown, g->xb, d, n, act);
+        const float *h = ffn_glu(g, L->fused_sgu ? &L->sgu : NULL, &L->sg, &L->su, NULL, NULL, &L->sdown, g->xb, d, n, act);
         mm(g, "down_shexp", &L->sdown, h, L->sdown.k, n, g->ey, d, NULL, 0);
         CKL("gate_add", tn_cu_gate_add(g->x, g->ey, g->xb, L->sgate, n, d, g->st));
         fresh(g);
@@ -1178,7 +1174,8 @@ static void run_layers(tn_cuda_ctx *g, tern_ctx *c, int64_t n, int32_t n_out) {
             normed = false;
             continue;
         }
-        const float *h = ffn_glu(g, L->fused_gu ? &L->gu : NULL, &L->w[W_GATE], &L->w[W_UP], &L->w[W_DOWN], g->xb, d, n, act);
+        const float *h = ffn_glu(g, L->fused_gu ? &L->gu : NULL, &L->w[W_GATE], &L->w[W_UP], NULL, NULL, &L->w[W_DOWN], g->xb, d, n,
+                                 act);
         /* the next norm by Wdown's tail: the next layer's attention norm, or (one token wanting
          * its logits) the output norm */
         const tn_cu_layer *Ln = il + 1 < g->n_layers ? &g->L[il + 1] : NULL;

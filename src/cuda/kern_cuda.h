@@ -157,16 +157,16 @@ typedef struct tn_cu_ex {
  * outputs (gpt-oss). */
 int tn_cu_gemv_experts(const tn_cw *w, const tn_cu_ex *ex, const float *x, int64_t ldx, const tn_cq *xq, float *y, int64_t ldy,
                        const float *bias, const tn_cu_glu *glu, const tn_cu_tail *tail, void *stream);
-/* Each of n tokens routed on the GPU from its router logits lg[t][ne] (ne <= 512) as the CPU's
- * tn_moe_route_token routes: gating TN_CU_GATE_SOFTMAX, p = softmax(lg) (exp(l - max) summed in
+/* Each of n tokens routed on the GPU from its router logits lg[t][ne] (ne <= 512; plus bias[ne]
+ * where not NULL, gpt-oss's router bias) as the CPU's tn_moe_route_token routes: gating TN_CU_GATE_SOFTMAX, p = softmax(lg) (exp(l - max) summed in
  * double, times 1 / sum), the k largest p (equal: the lower index first) into sel[t][k], their p
  * into w[t][k]; TN_CU_GATE_TOPK_SOFTMAX (gpt-oss), the k largest logits, their softmax into w
  * (exp(l - best), the sum in double in slot order, times 1 / sum). Then w divided by its sum,
  * clamped below at 2^-14, when renorm, and row[t k + j] = t k + j (the pairs' output rows, for
  * tn_cu_moe_combine). */
 enum { TN_CU_GATE_SOFTMAX = 0, TN_CU_GATE_TOPK_SOFTMAX = 1 };
-int tn_cu_moe_route(const float *lg, int64_t n, int ne, int k, int gating, int renorm, int32_t *sel, float *w, int32_t *row,
-                    void *stream);
+int tn_cu_moe_route(const float *lg, const float *bias, int64_t n, int ne, int k, int gating, int renorm, int32_t *sel, float *w,
+                    int32_t *row, void *stream);
 /* Rows r0 .. r0 + nr - 1 of w as fp16 into out[nr][k] (prefill: then a cuBLAS GEMM). */
 int tn_cu_dequant_f16(const tn_cw *w, int64_t r0, int64_t nr, uint16_t *out, void *stream);
 /* Rows of w as f32 (tests). */

@@ -1129,20 +1129,21 @@ extern "C" int tn_cu_gemv_experts(const tn_cw *w, const tn_cu_ex *ex, const floa
 /* A warp per token: tn_cu_moe_route's contract, the CPU's arithmetic (the exponentials in parallel,
  * the double sums by one lane in expert order, the top k by k warp-wide arg-maxes) */
 #define MOE_ROUTE_MAX 512
-__global__ void k_moe_route(const float *lg, int ne, int k, int gating, int renorm, int32_t *sel, float *w, int32_t *row) {
+__global__ void k_moe_route(const float *lg, const float *bias, int ne, int k, int gating, int renorm, int32_t *sel, float *w,
+                            int32_t *row) {
     gdc_enter();
     __shared__ float p[MOE_ROUTE_MAX];
     __shared__ float inv_s;
     const int64_t t = blockIdx.x;
     const int lane = threadIdx.x;
     const float *l = lg + t * ne;
-    if (gating == TN_CU_GATE_TOPK_SOFTMAX) { /* the top k of the logits themselves */
-        for (int e = lane; e < ne; e += WARP) p[e] = l[e];
-    } else {
+    for (int e = lane; e < ne; e += WARP) p[e] = bias ? l[e] + bias[e] : l[e]; /* (the router's bias: gpt-oss) */
+    __syncwarp();
+    if (gating != TN_CU_GATE_TOPK_SOFTMAX) { /* (top-k softmax: the top k of the logits themselves) */
         float mx = -INFINITY;
-        for (int e = lane; e < ne; e += WARP) mx = fmaxf(mx, l[e]);
+        for (int e = lane; e < ne; e += WARP) mx = fmaxf(mx, p[e]);
         mx = warp_max(mx);
-        for (int e = lane; e < ne; e += WARP) p[e] = expf(l[e] - mx);
+        for (int e = lane; e < ne; e += WARP) p[e] = expf(p[e] - mx);
         __syncwarp();
         if (lane == 0) {
             double sum = 0;
@@ -1189,11 +1190,11 @@ __global__ void k_moe_route(const float *lg, int ne, int k, int gating, int reno
     }
     if (lane < k) w[t * k + lane] = wj;
 }
-extern "C" int tn_cu_moe_route(const float *lg, int64_t n, int ne, int k, int gating, int renorm, int32_t *sel, float *w,
-                               int32_t *row, void *stream) {
+extern "C" int tn_cu_moe_route(const float *lg, const float *bias, int64_t n, int ne, int k, int gating, int renorm, int32_t *sel,
+                               float *w, int32_t *row, void *stream) {
     if (n == 0) return 0;
     if (ne < 1 || ne > MOE_ROUTE_MAX || k < 1 || k > WARP || k > ne) return (int)cudaErrorInvalidValue;
-    launch(k_moe_route, (unsigned)n, WARP, 0, (cudaStream_t)stream, lg, ne, k, gating, renorm, sel, w, row);
+    launch(k_moe_route, (unsigned)n, WARP, 0, (cudaStream_t)stream, lg, bias, ne, k, gating, renorm, sel, w, row);
     return tn_cu_err();
 }
 
