@@ -22,6 +22,7 @@
 #include "model/blocks.h"
 #include "model/ops.h"
 #include "quant/iq_grid.h"
+#include "quant/quant.h"
 #include "quant/tq.h"
 
 enum { W_Q, W_K, W_V, W_O, W_GATE, W_UP, W_DOWN, W_N };
@@ -196,7 +197,12 @@ tern_status tn_cuda_device_info(int dev, tn_cuda_info *out) {
 const char *tn_cuda_kernel_name(tn_dtype t) {
     if (tn_tq_is(t) || t == TN_Q4_0 || t == TN_Q4_1 || t == TN_Q5_0 || t == TN_Q5_1 || t == TN_Q8_0)
         return "split layout; dp4a GEMV on q8 activations (one template over widths), token tiles for any batch";
-    if (t == TN_F32 || t == TN_F16 || t == TN_BF16 || t == TN_Q4_K || t == TN_Q5_K || t == TN_Q6_K)
+    if (tn_dtype_is_iq_grid(t))
+        return "file layout, codebook grid on the device; decode: f32 GEMV dequantizing in registers; prefill: fp16 dequant + cuBLAS";
+    if (t == TN_IQ4_NL || t == TN_MXFP4)
+        return "codes then scales per row; decode: f32 GEMV dequantizing in registers; prefill: fp16 dequant + cuBLAS";
+    if (t == TN_F32 || t == TN_F16 || t == TN_BF16 || t == TN_Q2_K || t == TN_Q3_K || t == TN_Q4_K || t == TN_Q5_K ||
+        t == TN_Q6_K || t == TN_IQ4_XS || t == TN_TQ1_0 || t == TN_TQ2_0)
         return "file layout; decode: f32 GEMV dequantizing in registers; prefill: fp16 dequant + cuBLAS";
     return NULL;
 }

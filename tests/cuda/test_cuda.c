@@ -253,6 +253,7 @@ static void test_kernel_parity(void **state) {
     const int64_t ms[] = {1, 3, 4, 5, 33, 131};
     for (int ti = 0; ti < nt; ti++) {
         const tn_dtype t = types[ti];
+        if (!tn_cuda_kernel_name(t)) fail_msg("%s: tern info names no kernel for it", tn_dtype_name(t));
         int64_t g = tn_dtype_get(t)->blck_size;
         if (t == TN_F32 || t == TN_F16 || t == TN_BF16) g = 8;
         if (tn_tq_is(t)) {

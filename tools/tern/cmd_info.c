@@ -90,7 +90,8 @@ static void print_cpu(void) {
                    gi.name, gi.cc_major, gi.cc_minor, gi.n_sm, (double)gi.mem_total / 1073741824.0,
                    (double)gi.mem_free / 1073741824.0, gi.driver_version, gi.runtime_version);
     }
-    static const tn_dtype shown[] = {TN_F32, TN_F16, TN_BF16, TN_Q8_0, TN_Q4_0, TN_Q4_K, TN_Q6_K};
+    static const tn_dtype shown[] = {TN_F32, TN_F16, TN_BF16, TN_Q8_0, TN_Q4_0, TN_Q2_K, TN_Q4_K, TN_Q6_K, TN_IQ4_XS, TN_IQ4_NL,
+                                     TN_IQ2_XXS, TN_MXFP4};
     for (size_t i = 0; i < sizeof shown / sizeof shown[0]; i++)
         printf("  %-7s %s\n", tn_dtype_name(shown[i]), tn_cuda_kernel_name(shown[i]));
     printf("  %-7s %s\n", "tq1..8", tn_cuda_kernel_name((tn_dtype)TN_DTYPE_TERN_BASE));
