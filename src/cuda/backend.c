@@ -22,7 +22,6 @@
 #include "model/blocks.h"
 #include "model/ops.h"
 #include "quant/iq_grid.h"
-#include "quant/quant.h"
 #include "quant/tq.h"
 
 enum { W_Q, W_K, W_V, W_O, W_GATE, W_UP, W_DOWN, W_N };
@@ -194,17 +193,47 @@ tern_status tn_cuda_device_info(int dev, tn_cuda_info *out) {
     return TERN_OK;
 }
 
+/* The device kind of file type t (kern_cuda.h), or -1 for a type the GPU does not run. */
+static int cw_kind_of(tn_dtype t) {
+    switch ((int)t) {
+    case TN_F32: return TN_CW_F32;
+    case TN_F16: return TN_CW_F16;
+    case TN_BF16: return TN_CW_BF16;
+    case TN_Q4_K: return TN_CW_Q4_K;
+    case TN_Q6_K: return TN_CW_Q6_K;
+    case TN_Q5_K: return TN_CW_Q5_K;
+    case TN_Q2_K: return TN_CW_Q2_K;
+    case TN_Q3_K: return TN_CW_Q3_K;
+    case TN_IQ4_XS: return TN_CW_IQ4_XS;
+    case TN_IQ4_NL: return TN_CW_IQ4_NL;
+    case TN_MXFP4: return TN_CW_MXFP4;
+    case TN_IQ2_XXS: return TN_CW_IQ2_XXS;
+    case TN_IQ2_XS: return TN_CW_IQ2_XS;
+    case TN_IQ2_S: return TN_CW_IQ2_S;
+    case TN_IQ3_XXS: return TN_CW_IQ3_XXS;
+    case TN_IQ3_S: return TN_CW_IQ3_S;
+    case TN_IQ1_S: return TN_CW_IQ1_S;
+    case TN_IQ1_M: return TN_CW_IQ1_M;
+    case TN_TQ1_0: return TN_CW_TQ1_0;
+    case TN_TQ2_0: return TN_CW_TQ2_0;
+    case TN_Q4_0: return TN_CW_Q4_0;
+    case TN_Q8_0: return TN_CW_Q8_0;
+    case TN_Q5_0: return TN_CW_Q5_0;
+    case TN_Q4_1: /* tq4g32a */
+    case TN_Q5_1: return TN_CW_TQ; /* tq5g32a once qh moves */
+    default: return tn_tq_is(t) ? TN_CW_TQ : -1;
+    }
+}
+
 const char *tn_cuda_kernel_name(tn_dtype t) {
-    if (tn_tq_is(t) || t == TN_Q4_0 || t == TN_Q4_1 || t == TN_Q5_0 || t == TN_Q5_1 || t == TN_Q8_0)
-        return "split layout; dp4a GEMV on q8 activations (one template over widths), token tiles for any batch";
-    if (tn_dtype_is_iq_grid(t))
+    const int kind = cw_kind_of(t);
+    if (kind < 0) return NULL;
+    if (tn_cw_is_code(kind)) return "split layout; dp4a GEMV on q8 activations (one template over widths), token tiles for any batch";
+    if (kind >= TN_CW_IQ2_XXS && kind <= TN_CW_IQ1_M)
         return "file layout, codebook grid on the device; decode: f32 GEMV dequantizing in registers; prefill: fp16 dequant + cuBLAS";
-    if (t == TN_IQ4_NL || t == TN_MXFP4)
+    if (kind == TN_CW_IQ4_NL || kind == TN_CW_MXFP4)
         return "codes then scales per row; decode: f32 GEMV dequantizing in registers; prefill: fp16 dequant + cuBLAS";
-    if (t == TN_F32 || t == TN_F16 || t == TN_BF16 || t == TN_Q2_K || t == TN_Q3_K || t == TN_Q4_K || t == TN_Q5_K ||
-        t == TN_Q6_K || t == TN_IQ4_XS || t == TN_TQ1_0 || t == TN_TQ2_0)
-        return "file layout; decode: f32 GEMV dequantizing in registers; prefill: fp16 dequant + cuBLAS";
-    return NULL;
+    return "file layout; decode: f32 GEMV dequantizing in registers; prefill: fp16 dequant + cuBLAS";
 }
 
 /* ---- peaks ---------------------------------------------------------------------------------------- */
@@ -332,35 +361,16 @@ static tern_status upload_weight(tn_cuda_ctx *g, const tn_tensor *t, tn_cw *w) {
     w->k = k;
     bool ok = true;
     tn_tq_params tp = {0, 0, false};
+    w->kind = cw_kind_of(t->type);
     switch ((int)t->type) {
-    case TN_F32: w->kind = TN_CW_F32; break;
-    case TN_F16: w->kind = TN_CW_F16; break;
-    case TN_BF16: w->kind = TN_CW_BF16; break;
-    case TN_Q4_K: w->kind = TN_CW_Q4_K; break;
-    case TN_Q6_K: w->kind = TN_CW_Q6_K; break;
-    case TN_Q5_K: w->kind = TN_CW_Q5_K; break;
-    case TN_Q2_K: w->kind = TN_CW_Q2_K; break;
-    case TN_Q3_K: w->kind = TN_CW_Q3_K; break;
-    case TN_IQ4_XS: w->kind = TN_CW_IQ4_XS; break;
-    case TN_IQ4_NL: w->kind = TN_CW_IQ4_NL; break;
-    case TN_MXFP4: w->kind = TN_CW_MXFP4; break;
-    case TN_IQ2_XXS: w->kind = TN_CW_IQ2_XXS; break;
-    case TN_IQ2_XS: w->kind = TN_CW_IQ2_XS; break;
-    case TN_IQ2_S: w->kind = TN_CW_IQ2_S; break;
-    case TN_IQ3_XXS: w->kind = TN_CW_IQ3_XXS; break;
-    case TN_IQ3_S: w->kind = TN_CW_IQ3_S; break;
-    case TN_IQ1_S: w->kind = TN_CW_IQ1_S; break;
-    case TN_IQ1_M: w->kind = TN_CW_IQ1_M; break;
-    case TN_TQ1_0: w->kind = TN_CW_TQ1_0; break;
-    case TN_TQ2_0: w->kind = TN_CW_TQ2_0; break;
-    case TN_Q4_0: w->kind = TN_CW_Q4_0, tp = (tn_tq_params){4, 32, false}; break;
-    case TN_Q8_0: w->kind = TN_CW_Q8_0, tp = (tn_tq_params){8, 32, false}; break;
-    case TN_Q5_0: w->kind = TN_CW_Q5_0, tp = (tn_tq_params){5, 32, false}; break;
-    case TN_Q4_1: w->kind = TN_CW_TQ, tp = (tn_tq_params){4, 32, true}; break; /* x = d q + m: tq4g32a */
-    case TN_Q5_1: w->kind = TN_CW_TQ, tp = (tn_tq_params){5, 32, true}; break; /* tq5g32a once qh moves */
+    case TN_Q4_0: tp = (tn_tq_params){4, 32, false}; break;
+    case TN_Q8_0: tp = (tn_tq_params){8, 32, false}; break;
+    case TN_Q5_0: tp = (tn_tq_params){5, 32, false}; break;
+    case TN_Q4_1: tp = (tn_tq_params){4, 32, true}; break; /* x = d q + m: tq4g32a */
+    case TN_Q5_1: tp = (tn_tq_params){5, 32, true}; break; /* tq5g32a once qh moves */
     default:
+        if (w->kind >= 0 && !tn_cw_is_code(w->kind)) break; /* the float path: the file's blocks */
         if (tn_tq_is(t->type)) {
-            w->kind = TN_CW_TQ;
             tn_tq_params_of(t->type, &tp);
             break;
         }
