@@ -5,7 +5,8 @@
 #   CPU); the default model's greedy text on GPU and CPU (f16, q8_0 and q4_0 KV caches), and that
 #   of synthetic smollm3, gemma3, gemma2, phi3, qwen3moe, qwen2moe, gpt-oss and olmoe files; `tern serve --device cuda` under
 #   the serve test suite's scripts; and the benchmarks on a 1B-class synthetic model (Q4_0, Q8_0, tq2/3/4,
-#   F16, Q4_K_M, IQ4_XS, Q3_K_M): decode and pp512 against the card's copy bandwidth and fp16 peak, measured in the same run;
+#   F16, Q4_K_M, IQ4_XS, Q3_K_M): decode and pp512 against the card's copy bandwidth and fp16 peak, measured in the same run,
+#   and decode with the persistent kernel (TERN_CUDA_PERSIST=1);
 #   and on its Mixtral-style mixture of experts (8 experts, top 2, Q4_0).
 #
 # usage: scripts/gpu-check.sh [OUT]
@@ -65,6 +66,13 @@ step greedy_default 60 bash -c "
   cat $TMPD/g.err; echo '--- gpu:'; cat $TMPD/gpu.txt; echo; echo '--- cpu:'; cat $TMPD/cpu.txt; echo
   [ \$e1 = 0 ] && [ \$e2 = 0 ] && cmp $TMPD/gpu.txt $TMPD/cpu.txt && echo 'greedy text identical'"
 
+# the same with one-token steps in the persistent kernel (TERN_CUDA_PERSIST=1)
+step greedy_default_persist 60 bash -c "
+  TERN_CUDA_PERSIST=1 '$BIN' generate -m $M0 -p 'And God said' -n 64 --temp 0 --device cuda 2>$TMPD/g.err >$TMPD/gpu.txt; e1=\$?
+  '$BIN' generate -m $M0 -p 'And God said' -n 64 --temp 0 -t 4 2>$TMPD/c.err >$TMPD/cpu.txt; e2=\$?
+  cat $TMPD/g.err; echo '--- gpu:'; cat $TMPD/gpu.txt; echo; echo '--- cpu:'; cat $TMPD/cpu.txt; echo
+  [ \$e1 = 0 ] && [ \$e2 = 0 ] && cmp $TMPD/gpu.txt $TMPD/cpu.txt && echo 'greedy text identical'"
+
 # a quantized KV cache on the GPU: the default model's greedy text with q8_0, q4_0 and tq4 K/V (K
 # rotated, the default) on GPU and CPU
 for kvt in q8_0 q4_0 tq4; do
@@ -101,6 +109,18 @@ if [ "${GPU_CHECK_QUICK:-0}" != 1 ]; then
             [ -n "$PEER" ] && step "peer_$ty" 120 "$PEER" -m "$TMPD/1b-$ty.gguf" -p 512 -n 128 -r 3 -ngl 99 -fa 1 -o jsonl ;;
         esac
     done
+    # one-token steps as one persistent kernel (TERN_CUDA_PERSIST=1: every layer in one cooperative
+    # launch, grid barriers between its stages), each code type, then Q4_0 on half and a third of
+    # the grid it picks (blocks per SM 1 of 2), and its profile (the persistent kernel timed alone)
+    for ty in q4_0 q8_0 tq2 tq3 tq4; do
+        step "bench_${ty}_persist" 60 env TERN_CUDA_PERSIST=1 "$BIN" bench --device cuda -m "$TMPD/1b-$ty.gguf" -p 0 -n 128 -r 5 -o json
+    done
+    sms=$(nvidia-smi --query-gpu=multiprocessor_count --format=csv,noheader 2>/dev/null | head -1 | tr -dc 0-9)
+    [ -n "$sms" ] && step bench_q4_0_persist_1bps 60 env TERN_CUDA_PERSIST=1 TERN_CUDA_PERSIST_GRID="$sms" \
+        "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" -p 0 -n 128 -r 5 -o json
+    step bench_q4_0_persist_nopf 60 env TERN_CUDA_PERSIST=1 TERN_CUDA_PREFETCH=0 "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" \
+        -p 0 -n 128 -r 5 -o json
+    TERN_CUDA_PERSIST=1 TERN_CUDA_PROFILE=1 step profile_q4_0_persist 60 "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" -p 0 -n 64 -r 1
     # decode with each one-token fusion and launch setting away from its default (docs/cuda.md),
     # then all off; the defaults again last, to see the drift within the run
     for v in rows1:TERN_CUDA_GEMV_ROWS=1 norope:TERN_CUDA_FUSE_ROPE=0 nonorm:TERN_CUDA_FUSE_NORM=0 noglu:TERN_CUDA_FUSE_GLU=0 \

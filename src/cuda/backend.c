@@ -106,6 +106,13 @@ struct tn_cuda_ctx {
      * last block) instead of a GLU launch (TERN_CUDA_FUSE_GLU=0 or TERN_CUDA_FUSE=0: the GLU kernel) */
     bool fuse_glu;
     int *d_cnt;
+    /* one-token steps as one persistent kernel (TERN_CUDA_PERSIST=1, tn_cu_persist): its layers on
+     * the device (d_players), layer 0 on the host, the grid barrier's two counters, its grid
+     * (TERN_CUDA_PERSIST_GRID blocks; 0: as many as fit at once) */
+    bool persist;
+    tn_cu_player *d_players, h_player0;
+    unsigned *d_bar;
+    int persist_grid;
     /* the GEMV kernels (batch-invariant) up to this many tokens, fp16 + cuBLAS above: code-path
      * types 64, float-path types TN_CU_GEMV_MAXN; batch-invariant contexts (tern serve) and
      * TERN_CUDA_PREFILL=gemv: no limit; TERN_CUDA_PREFILL=cublas: TN_CU_GEMV_MAXN for both */
@@ -129,6 +136,8 @@ struct tn_cuda_ctx {
 };
 
 static void prof_print(const tn_cuda_ctx *g);
+
+bool tn_cuda_persistent(const tn_cuda_ctx *g) { return g && g->persist; }
 
 static const char *tn_cu_errstr(int e) { return cudaGetErrorString((cudaError_t)e); }
 
@@ -585,6 +594,67 @@ static bool moe_dev_ok(const tn_cuda_ctx *g, const tn_hparams *hp) {
     return true;
 }
 
+/* The persistent kernel's arguments for a one-token step (the buffers never move). */
+static tn_cu_persist_args persist_args(const tn_cuda_ctx *g, const tern_ctx *c) {
+    const tn_hparams *hp = &c->hp;
+    const float cap = hp->attn_softcap > 0 ? hp->attn_softcap : 0.0f;
+    const int64_t hd = hp->head_dim;
+    tn_cu_persist_args a = {0};
+    a.L = g->d_players;
+    a.n_layers = g->n_layers;
+    a.x = g->x, a.q = g->q, a.att = g->att, a.h = g->hb2, a.xb = g->xb;
+    a.xq = g->xq;
+    a.out_norm = g->output_norm;
+    a.out_q8 = tn_cw_is_code(g->output.kind) && g->output.k % 32 == 0;
+    a.d = hp->n_embd, a.ff = hp->n_ff;
+    a.n_head = hp->n_head, a.n_head_kv = hp->n_head_kv, a.hd = (int)hd;
+    a.neox = hp->rope_mode == TN_ROPE_NEOX;
+    a.act = hp->ffn == TN_FFN_GEGLU ? TN_CU_GELU : hp->ffn == TN_FFN_SWIGLU_OAI ? TN_CU_SWIGLU_OAI : TN_CU_SILU;
+    a.eps = hp->rms_eps;
+    a.scale = (hp->attn_scale > 0 ? hp->attn_scale : 1.0f / sqrtf((float)hd)) / (cap > 0 ? cap : 1.0f);
+    a.cap = cap;
+    a.pos = g->d_ints, a.kvrow = g->d_ints + 1, a.toff = g->d_ints + 2, a.tbl = g->d_ints + 4; /* run_layers' layout for n = 1 */
+    a.kv = g->kv;
+    a.bar = g->d_bar;
+    return a;
+}
+
+/* TERN_CUDA_PERSIST=1: one-token steps as one persistent kernel where every layer is a dense block
+ * the kernel runs (qkv and gate|up fused, no post norms, whole-row q/k norms or experts; the four
+ * matrices of one code kind throughout: tn_cu_persist's contract); else launch by launch. */
+static void persist_setup(tn_cuda_ctx *g, const tern_ctx *c, bool *ok) {
+    const tn_hparams *hp = &c->hp;
+    if (env_int("TERN_CUDA_PERSIST", 0) == 0 || !g->has_output || g->n_layers < 1) return;
+    tn_cu_player *P = tn_calloc((size_t)g->n_layers, sizeof *P);
+    if (!P) return;
+    bool fit = true;
+    for (int32_t il = 0; il < g->n_layers && fit; il++) {
+        const tn_cu_layer *L = &g->L[il];
+        fit = L->fused_qkv && L->fused_gu && !L->moe && !L->attn_post_norm && !L->ffn_post_norm && !L->qk_full;
+        if (!fit) break;
+        const bool swa = tn_hp_layer_swa(hp, il);
+        P[il] = (tn_cu_player){L->qkv, L->w[W_O], L->gu, L->w[W_DOWN], L->bqkv, L->bo, L->attn_norm, L->ffn_norm,
+                               L->q_norm, L->k_norm, L->sinks,
+                               g->Kc + (size_t)il * (size_t)c->kv_rows * c->k_rb, g->Vc + (size_t)il * (size_t)c->kv_rows * c->v_rb,
+                               swa ? g->d_cs_swa : g->d_cs, tn_hp_layer_rope(hp, il) ? hp->n_rot : 0, swa ? hp->n_swa : 0};
+        const tn_cw *ws[4] = {&P[il].qkv, &P[il].wo, &P[il].gu, &P[il].down};
+        const tn_cw *w0[4] = {&P[0].qkv, &P[0].wo, &P[0].gu, &P[0].down};
+        for (int i = 0; i < 4; i++) /* L0's kind and shapes (the kernel's template and stage layouts) */
+            fit = fit && ws[i]->kind == w0[0]->kind && ws[i]->bits == w0[0]->bits && ws[i]->asym == w0[0]->asym &&
+                  ws[i]->m == w0[i]->m && ws[i]->k == w0[i]->k;
+    }
+    if (fit) {
+        g->d_bar = dalloc(g, 2 * sizeof(unsigned), ok);
+        g->d_players = dupload(g, P, sizeof *P * (size_t)g->n_layers, ok);
+        if (*ok) cudaMemset(g->d_bar, 0, 2 * sizeof(unsigned));
+        g->h_player0 = P[0];
+        const tn_cu_persist_args a = persist_args(g, c);
+        g->persist = *ok && tn_cu_persist_check(&a, &P[0]) == 0;
+        g->persist_grid = env_int("TERN_CUDA_PERSIST_GRID", 0);
+    }
+    tn_free(P);
+}
+
 tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
     *out = NULL;
     /* its kernels read f16, q8_0, q4_0 and tq2..tq8 K/V rows (per-channel K is the CPU's) */
@@ -823,6 +893,12 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
     g->fuse_rope = env_int("TERN_CUDA_FUSE", 1) != 0 && env_int("TERN_CUDA_FUSE_ROPE", 1) != 0;
     g->fuse_norm = env_int("TERN_CUDA_FUSE", 1) != 0 && env_int("TERN_CUDA_FUSE_NORM", 1) != 0;
     g->fuse_glu = env_int("TERN_CUDA_FUSE", 1) != 0 && env_int("TERN_CUDA_FUSE_GLU", 1) != 0;
+    persist_setup(g, c, &ok);
+    if (g->persist) g->use_graph = false; /* a step is two launches: nothing for a graph to save */
+    if (!ok) {
+        s = TERN_ERR_NOMEM;
+        goto fail;
+    }
     /* programmatic dependent launch on Hopper and later, unless TERN_CUDA_PDL=0; the GEMVs'
      * prefetch and grid (kern_cuda.h, tn_cu_configure): TERN_CUDA_EARLY, TERN_CUDA_PREFETCH,
      * TERN_CUDA_GEMV_BPS (blocks per multiprocessor, 0: a block per row group), TERN_CUDA_GEMV_ROWS
@@ -1134,7 +1210,23 @@ static void run_layers(tn_cuda_ctx *g, tern_ctx *c, int64_t n, int32_t n_out) {
     const bool tails = g->fuse_norm && n == 1;
     const tn_cq noq = {NULL, NULL, NULL};
     bool normed = false; /* the block's input norm is done (by the tail of the product before) */
-    for (int32_t il = 0; il < g->n_layers; il++) {
+    /* one token wanting its logits: every layer in one persistent kernel, which leaves the output
+     * norm in xb (and its q8 blocks for a code-path output) as the last Wdown's tail would */
+    bool persist = g->persist && n == 1 && n_out == 1;
+    if (persist) {
+        const tn_cu_persist_args pa = persist_args(g, c);
+        const int pi = prof_begin(g, "persist");
+        const int e = tn_cu_persist(&pa, &g->h_player0, g->persist_grid, g->st);
+        prof_end(g, pi);
+        if (e) { /* not launched (a grid the device cannot hold at once): launch by launch from now on */
+            cudaGetLastError();
+            fprintf(stderr, "tern: cuda: the persistent kernel did not launch (%s); one-token steps run launch by launch\n",
+                    tn_cu_errstr(e));
+            g->persist = persist = false;
+        }
+        normed = persist;
+    }
+    for (int32_t il = 0; il < (persist ? 0 : g->n_layers); il++) {
         const tn_cu_layer *L = &g->L[il];
         uint8_t *Kc = g->Kc + (size_t)il * (size_t)c->kv_rows * c->k_rb;
         uint8_t *Vc = g->Vc + (size_t)il * (size_t)c->kv_rows * c->v_rb;

@@ -35,6 +35,9 @@ void tn_cuda_ctx_free(tn_cuda_ctx *g);
  * result for a token does not depend on the batch it is in (prefill slower than through cuBLAS).
  * Default off: batches above 64 tokens (code-path types) or 8 (float types) use cuBLAS. */
 void tn_cuda_set_batch_invariant(tn_cuda_ctx *g, bool on);
+/* Whether g runs one-token steps as one persistent kernel (TERN_CUDA_PERSIST=1 and a model it
+ * takes: kern_cuda.h tn_cu_persist). */
+bool tn_cuda_persistent(const tn_cuda_ctx *g);
 /* The forward pass of tn_forward_batch on the GPU (and the CPU for layers past n_gpu_layers).
  * Returns TERN_OK or the CUDA error that stopped it. */
 tern_status tn_cuda_forward_batch(tern_ctx *c, const tn_batch *b, const int32_t *const *tables);

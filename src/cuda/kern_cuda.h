@@ -254,6 +254,46 @@ int tn_cu_moe_combine(float *x, const float *out, const int32_t *row, const floa
 /* A shared expert's output y added to x: x[t] += sigmoid(gw . xb[t]) * y[t] (dot in double), or
  * x[t] += y[t] without gw; rows of d, t < n. */
 int tn_cu_gate_add(float *x, const float *y, const float *xb, const float *gw, int64_t n, int64_t d, void *stream);
+/* The persistent decode kernel (TERN_CUDA_PERSIST=1): one cooperative launch runs every layer of a
+ * one-token step, its stages (qkv product, attention, Wo, gate|up with the GLU, Wdown) separated
+ * by grid-wide barriers instead of launches, each block prefetching its rows of the next product
+ * into L2 while the stage before runs. A layer's matrices, uploaded once (device memory): */
+typedef struct tn_cu_player {
+    tn_cw qkv, wo, gu, down;         /* one code kind (the kernel's template) in every layer        */
+    const float *bqkv, *bo;          /* biases (NULL: none)                                         */
+    const float *attn_norm, *ffn_norm;
+    const float *qn, *kn;            /* qwen3's per-head q / k norms (NULL: none)                   */
+    const float *sinks;              /* gpt-oss-style attention sinks (NULL: none)                  */
+    void *Kc, *Vc;                   /* the layer's caches                                          */
+    const float *cs;                 /* its cos/sin row (sliding-window layers: their own table)    */
+    int n_rot, window;               /* 0 rotated dimensions: no RoPE; window 0: every position     */
+} tn_cu_player;
+typedef struct tn_cu_persist_args {
+    const tn_cu_player *L; /* [n_layers], device memory */
+    int n_layers;
+    float *x;              /* the residual stream [d]: the embedding in, the last layer's out   */
+    float *q;              /* the qkv product [n_head hd + 2 n_head_kv hd]                      */
+    float *att, *h;        /* attention output [n_head hd], GLU output [ff]                     */
+    float *xb;             /* out: rmsnorm(x) * out_norm [d]                                    */
+    tn_cq xq;              /* q8 activations (max(n_head hd, ff) values); out: xb's, with out_q8 */
+    const float *out_norm;
+    int out_q8;
+    int64_t d, ff;
+    int n_head, n_head_kv, hd, neox, act;
+    float eps, scale, cap; /* attention: scale (already divided by cap), soft cap (0: none) */
+    const int32_t *pos, *toff, *tbl, *kvrow; /* as tn_cu_attention's and tn_cu_rope's        */
+    tn_cu_kv kv;
+    unsigned *bar;         /* 2 unsigned of device memory, zeroed once: the grid barrier        */
+} tn_cu_persist_args;
+/* Runs a's layers for one token, as the kernels above would one launch at a time (the same bits: the
+ * same device functions, the norms' q8 blocks computed by every block from the residual stream);
+ * L0 is layer 0 on the host (its kind and shapes choose the kernel). grid: blocks (0: as many as
+ * fit the GPU at once). Needs (tn_cu_persist_check: 0, else cudaErrorInvalidValue) every layer's
+ * four matrices of L0's kind — Q4_0, Q5_0, Q8_0 or an asymmetric tq (tq<b>g<G>a, Q4_1, Q5_1) —,
+ * k % 32 == 0, d and ff multiples of 32, d <= 8192, hd % 32 == 0 and <= 256 (the caller checks
+ * that the other layers are as L0). */
+int tn_cu_persist_check(const tn_cu_persist_args *a, const tn_cu_player *L0);
+int tn_cu_persist(const tn_cu_persist_args *a, const tn_cu_player *L0, int grid, void *stream);
 /* Streams: read src and write dst (n bytes), for the bandwidth measurement. */
 int tn_cu_copy_kernel(const void *src, void *dst, size_t n, void *stream);
 

@@ -353,10 +353,10 @@ __device__ __forceinline__ float chunk_acc(float acc, float da, float d, float m
 /* The end of a one-token step of a GEMV warp that computed R rows at once (k_gemv_code with R > 1):
  * row0 + r for r < R, each reduced exactly as gemv_finish reduces a token (the warp's butterfly,
  * then the parts of the row in part order), so its bits are those of the row computed alone. */
-template <int R>
+template <int R, int NW = GEMV_WARPS_MAX>
 __device__ __forceinline__ void gemv_finish_rows(const float (&acc)[R], int wpr, int64_t row0, int64_t m, float *y,
                                                  const float *bias, int accumulate) {
-    __shared__ float red[GEMV_WARPS_MAX][R];
+    __shared__ float red[NW][R];
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
 #pragma unroll
     for (int r = 0; r < R; r++) {
@@ -388,8 +388,9 @@ __device__ __forceinline__ float glu(float g, float u, int act) {
 /* The end of a one-token step of a GEMV warp that computed the gate row i and the up row i + m/2 of
  * a gate|up matrix (tn_cu_glu): both reduced as gemv_finish_rows reduces a row (+ 0.0f for the
  * absent bias), then h[i] = act(gate) * up as k_swiglu_pair computes it — the same bits. */
+template <int NW = GEMV_WARPS_MAX>
 __device__ __forceinline__ void gemv_finish_glu(const float (&acc)[2], int wpr, int64_t i, int64_t half, tn_cu_glu gl) {
-    __shared__ float red[GEMV_WARPS_MAX][2];
+    __shared__ float red[NW][2];
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -403,6 +404,61 @@ __device__ __forceinline__ void gemv_finish_glu(const float (&acc)[2], int wpr, 
         gl.h[i] = glu(g + 0.0f, u + 0.0f, gl.act);
     }
     __syncthreads();
+}
+
+/* One row group rg of a one-token GEMV whose warps take R rows at once (k_gemv_code with R > 1, and
+ * the persistent kernel's stages): a block of NW warps, wpr warps a row; warp row row0 is R
+ * consecutive rows, or (pair) the gate|up pair (row0, row0 + m/2) whose GLU it writes to gl.h. xq,
+ * xd, xs: the token's q8 activations (device or shared memory). Every caller computes a row with the
+ * same operations in the same order, so the same bits. */
+template <int B, int KIND, bool ASYM, int R, int NW>
+__device__ __forceinline__ void gemv_code_rows(const tn_cw &w, const int8_t *xq, const float *xd, const int32_t *xs, int64_t rg,
+                                               int wpr, bool pair, float *y, const float *bias, int accumulate,
+                                               const tn_cu_glu &gl) {
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, part = warp % wpr;
+    const int64_t nc = w.k / 32, nbr = w.k / w.group, half = w.m / 2;
+    const int cpb = w.group / 32;
+    const float off = KIND == 1 ? 8.0f : KIND == 3 ? 16.0f : (float)((1 << B) - 1) * 0.5f;
+    const int64_t row0 = (rg * (NW / wpr) + warp / wpr) * (pair ? 1 : R);
+    const int64_t rstep = pair ? half : 1, lim = pair ? half : w.m;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;
+    for (int64_t ci = lane + (int64_t)WARP * part; row0 < lim && ci < nc; ci += (int64_t)WARP * wpr) {
+        uint32_t q[R][8];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const int64_t row = row0 + r * rstep < w.m ? row0 + r * rstep : row0;
+            load_chunk<B>((const uint8_t *)w.data + row * (int64_t)w.row_bytes, ci, cpb, q[r]);
+        }
+        const int4 *a4 = (const int4 *)(xq + ci * 32);
+        const int4 a0 = a4[0], a1 = a4[1];
+        const int a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+        const float da = xd[ci];
+        const float sa = (float)xs[ci];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const int64_t row = row0 + r * rstep < w.m ? row0 + r * rstep : row0;
+            const float d = h2f(w.d[row * nbr + ci / cpb]);
+            const float m = ASYM ? h2f(w.mn[row * nbr + ci / cpb]) : 0.0f;
+            int sq = 0;
+            if (KIND == 2) {
+#pragma unroll
+                for (int g = 0; g < 8; g++) sq = __dp4a((int)q[r][g], a[g], sq);
+            } else {
+#pragma unroll
+                for (int g = 0; g < 8; g++) sq = dp4a_us(q[r][g], a[g], sq);
+            }
+            acc[r] = chunk_acc<KIND, ASYM>(acc[r], da, d, m, sq, sa, off);
+        }
+    }
+    if constexpr (R == 2) {
+        if (pair) {
+            gemv_finish_glu<NW>(acc, wpr, row0, half, gl);
+            return;
+        }
+    }
+    gemv_finish_rows<R, NW>(acc, wpr, row0, w.m, y, bias, accumulate);
 }
 
 /* KIND: 0 tq (unsigned codes; sym offset (2^B-1)/2 or asym m), 1 q4_0 (offset 8), 2 q8_0 (signed),
@@ -450,47 +506,8 @@ __global__ void __launch_bounds__(GEMV_WARPS_MAX * WARP, R == 1 ? GEMV_MIN_BLOCK
     }
     const float off = KIND == 1 ? 8.0f : KIND == 3 ? 16.0f : (float)((1 << B) - 1) * 0.5f;
     for (int64_t rg = rg0; rg < rg1; rg++) {
-        if (R > 1) { /* one token (n == 1), rows row0 + r * rstep, r < R: consecutive, or a gate|up pair */
-            const int64_t row0 = (rg * (GEMV_WARPS_MAX / wpr) + warp / wpr) * (pair ? 1 : R);
-            const int64_t rstep = pair ? half : 1, lim = pair ? half : w.m;
-            float acc[R];
-#pragma unroll
-            for (int r = 0; r < R; r++) acc[r] = 0.0f;
-            for (int64_t ci = lane + (int64_t)WARP * part; row0 < lim && ci < nc; ci += (int64_t)WARP * wpr) {
-                uint32_t q[R][8];
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-                    const int64_t row = row0 + r * rstep < w.m ? row0 + r * rstep : row0;
-                    load_chunk<B>((const uint8_t *)w.data + row * (int64_t)w.row_bytes, ci, cpb, q[r]);
-                }
-                const int4 *a4 = (const int4 *)(xq + ci * 32);
-                const int4 a0 = a4[0], a1 = a4[1];
-                const int a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
-                const float da = xd[ci];
-                const float sa = (float)xs[ci];
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-                    const int64_t row = row0 + r * rstep < w.m ? row0 + r * rstep : row0;
-                    const float d = h2f(w.d[row * nbr + ci / cpb]);
-                    const float m = ASYM ? h2f(w.mn[row * nbr + ci / cpb]) : 0.0f;
-                    int sq = 0;
-                    if (KIND == 2) {
-#pragma unroll
-                        for (int g = 0; g < 8; g++) sq = __dp4a((int)q[r][g], a[g], sq);
-                    } else {
-#pragma unroll
-                        for (int g = 0; g < 8; g++) sq = dp4a_us(q[r][g], a[g], sq);
-                    }
-                    acc[r] = chunk_acc<KIND, ASYM>(acc[r], da, d, m, sq, sa, off);
-                }
-            }
-            if constexpr (R == 2) {
-                if (pair) {
-                    gemv_finish_glu(acc, wpr, row0, half, gl);
-                    continue;
-                }
-            }
-            gemv_finish_rows<R>(acc, wpr, row0, w.m, y, bias, accumulate);
+        if constexpr (R > 1) { /* one token (n == 1): R consecutive rows, or a gate|up pair, a warp */
+            gemv_code_rows<B, KIND, ASYM, R, GEMV_WARPS_MAX>(w, xq, xd, xs, rg, wpr, pair, y, bias, accumulate, gl);
             continue;
         }
         const int64_t row = rg * rpb + warp / wpr;
@@ -1623,11 +1640,12 @@ extern "C" int tn_cu_rope_store(float *q, int64_t ldq, float *k, float *v, int64
  * new row normed, rotated and rounded to fp16, which it uses for the token's own position (the
  * leader of each group of query heads stores it to the cache: no block of this launch reads it
  * there). The same functions as k_rope_store, so the same bits. */
-__global__ void k_attn_block(const float *q, int64_t ldq, const uint8_t *Kc, const uint8_t *Vc, int64_t n, int n_head,
-                             int n_head_kv, int hd, const int32_t *pos, const int32_t *tbl_off, const int32_t *tbl,
-                             float scale, float cap, int window, const float *sinks, float *out, tn_cq xq, tn_cu_rope ar,
-                             tn_cu_kv kv) {
-    gdc_enter();
+/* (The body of block `unit` = token * n_head + head; k_attn_block and the persistent kernel call it
+ * with ATT_THREADS threads.) */
+__device__ __forceinline__ void attn_unit(int64_t unit, const float *q, int64_t ldq, const uint8_t *Kc, const uint8_t *Vc,
+                                          int n_head, int n_head_kv, int hd, const int32_t *pos, const int32_t *tbl_off,
+                                          const int32_t *tbl, float scale, float cap, int window, const float *sinks, float *out,
+                                          const tn_cq &xq, const tn_cu_rope &ar, const tn_cu_kv &kv) {
     __shared__ __align__(16) float qs[2 * ATT_THREADS];
     __shared__ float sc[ATT_CHUNK];
     __shared__ int32_t rows[ATT_CHUNK];
@@ -1640,8 +1658,8 @@ __global__ void k_attn_block(const float *q, int64_t ldq, const uint8_t *Kc, con
     __shared__ float qd[ATT_THREADS / 32];
     __shared__ int32_t qsum[ATT_THREADS / 32];
     const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
-    const int64_t t = blockIdx.x / n_head;
-    const int h = (int)(blockIdx.x % n_head), kvh = h / (n_head / n_head_kv), kv_dim = n_head_kv * hd;
+    const int64_t t = unit / n_head;
+    const int h = (int)(unit % n_head), kvh = h / (n_head / n_head_kv), kv_dim = n_head_kv * hd;
     const bool f16kv = kv.tk == TN_CU_KV_F16 && kv.tv == TN_CU_KV_F16;
     const int64_t k_rb = f16kv ? (int64_t)kv_dim * 2 : kv.k_rb, v_rb = f16kv ? (int64_t)kv_dim * 2 : kv.v_rb;
     const int64_t koff = kv_head_off(kv.tk, kvh, hd), voff = kv_head_off(kv.tv, kvh, hd);
@@ -1799,6 +1817,13 @@ __global__ void k_attn_block(const float *q, int64_t ldq, const uint8_t *Kc, con
         if (d0 + ATT_THREADS < hd) o[d0 + ATT_THREADS] = acc1 / l;
     }
 }
+__global__ void k_attn_block(const float *q, int64_t ldq, const uint8_t *Kc, const uint8_t *Vc, int64_t n, int n_head, int n_head_kv, int hd,
+                 const int32_t *pos, const int32_t *tbl_off, const int32_t *tbl, float scale, float cap, int window,
+                 const float *sinks, float *out, tn_cq xq, tn_cu_rope ar, tn_cu_kv kv) {
+    (void)n;
+    gdc_enter();
+    attn_unit(blockIdx.x, q, ldq, Kc, Vc, n_head, n_head_kv, hd, pos, tbl_off, tbl, scale, cap, window, sinks, out, xq, ar, kv);
+}
 extern "C" int tn_cu_attention(const float *q, int64_t ldq, const void *Kc, const void *Vc, int64_t n, int n_head,
                                int n_head_kv, int hd, const int32_t *pos, const int32_t *tbl_off, const int32_t *tbl,
                                float scale, float cap, int window, const float *sinks, float *out, const tn_cq *xq,
@@ -1916,6 +1941,264 @@ extern "C" int tn_cu_gate_add(float *x, const float *y, const float *xb, const f
     launch(k_gate_add, (unsigned)n, 256, 0, (cudaStream_t)stream, x, y, xb, gw, d);
     return tn_cu_err();
 }
+
+/* ---- the persistent decode kernel (tn_cu_persist) ------------------------------------------------- */
+
+#define PS_WARPS (ATT_THREADS / WARP) /* a block: the attention's 256 threads, 8 GEMV warps */
+#define PS_DMAX 8192                  /* the largest n_embd whose q8 activations a block keeps in shared memory */
+#define PS_MIN_BLOCKS 2               /* blocks per multiprocessor the registers allow */
+
+/* Every thread of every block of a cooperative launch waits here until all have arrived; what any
+ * wrote before is then visible to all (thread 0: a gpu-scope fence before its arrival, a gpu-scope
+ * acquire load once the generation has moved, which also drops the multiprocessor's stale L1
+ * lines — the pattern of cooperative groups' grid sync). bar[0] counts arrivals, bar[1] is the
+ * generation the last arrival advances. */
+#ifndef TN_CUDA_EMU
+/* thread 0's part, not inlined: its registers are not the kernel's */
+__device__ __noinline__ void grid_arrive_wait(unsigned *bar) {
+    volatile unsigned *gen = bar + 1;
+    const unsigned g = *gen; /* cannot advance before this block arrives */
+    __threadfence();
+    if (atomicAdd(bar, 1u) == gridDim.x - 1) {
+        atomicExch(bar, 0u); /* no block arrives again before the release below */
+        __threadfence();
+        atomicAdd(bar + 1, 1u);
+    } else { /* a block that never arrives (a bug, not a wait) stops the kernel after 10 s: an error, not a hang */
+        uint64_t t0, t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+        while (*gen == g) {
+            __nanosleep(20);
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+            if (t - t0 > 10000000000ull) __trap();
+        }
+    }
+    asm volatile("{ .reg .u32 t; ld.acquire.gpu.u32 t, [%0]; }" ::"l"(bar + 1) : "memory");
+}
+#endif
+__device__ __forceinline__ void grid_sync(unsigned *bar) {
+#ifdef TN_CUDA_EMU
+    (void)bar;
+    tn_emu_sync_grid();
+#else
+    __syncthreads();
+    if (threadIdx.x == 0) grid_arrive_wait(bar);
+    __syncthreads();
+#endif
+}
+
+/* This block's share [*u0, *u1) of units 0 .. n - 1, contiguous, in steps of align units. */
+__device__ __forceinline__ void ps_share(int64_t n, int64_t align, int64_t *u0, int64_t *u1) {
+    const int64_t na = (n + align - 1) / align, per = (na + gridDim.x - 1) / gridDim.x;
+    *u0 = min(n, (int64_t)blockIdx.x * per * align);
+    *u1 = min(n, *u0 + per * align);
+}
+
+/* A persistent GEMV stage's row groups: gemv_code_rows' (R = 2: two rows a warp, or one gate|up
+ * pair), PS_WARPS / wpr warp rows a group; a gate|up product's blocks take whole q8 blocks of 32 GLU
+ * outputs, which they quantize themselves (ps_gemv_glu). */
+struct ps_rows {
+    int64_t units, upg, align; /* rows (pairs), units per group, groups per share step */
+};
+__device__ __forceinline__ ps_rows ps_rows_of(const tn_cw &w, int wpr, bool pair) {
+    ps_rows r;
+    r.upg = PS_WARPS / wpr * (pair ? 1 : 2);
+    r.units = pair ? w.m / 2 : w.m;
+    r.align = pair ? 32 / r.upg : 1;
+    return r;
+}
+/* Prefetches this block's rows of w (its share as the stage that reads them will take it) into L2,
+ * where the whole matrix is at most pf bytes (a share of the L2 cache). */
+__device__ __forceinline__ void ps_prefetch(const tn_cw &w, int wpr, bool pair, int64_t pf, bool asym) {
+    const int64_t nbr = w.k / w.group;
+    if (!d_prefetch || w.m * ((int64_t)w.row_bytes + nbr * (asym ? 4 : 2)) > pf) return;
+    const ps_rows r = ps_rows_of(w, wpr, pair);
+    int64_t g0, g1;
+    ps_share((r.units + r.upg - 1) / r.upg, r.align, &g0, &g1);
+    const int64_t u0 = g0 * r.upg, nu = min(r.units, g1 * r.upg) - u0;
+    if (nu <= 0) return;
+    for (int hlf = 0; hlf < (pair ? 2 : 1); hlf++) {
+        const int64_t a = u0 + hlf * r.units;
+        prefetch_l2((const uint8_t *)w.data + a * (int64_t)w.row_bytes, (size_t)(nu * (int64_t)w.row_bytes));
+        prefetch_l2(w.d + a * nbr, (size_t)(nu * nbr * 2));
+        if (asym) prefetch_l2(w.mn + a * nbr, (size_t)(nu * nbr * 2));
+    }
+}
+/* y (+)= w x (+ bias) for this block's share of the rows; returns its first and last unit */
+template <int B, int KIND, bool ASYM>
+__device__ __forceinline__ void ps_gemv(const tn_cw &w, int wpr, const int8_t *xq, const float *xd, const int32_t *xs, float *y,
+                                        const float *bias, int accumulate, const tn_cu_glu *gl, int64_t *u0, int64_t *u1) {
+    const bool pair = gl != nullptr;
+    const ps_rows r = ps_rows_of(w, wpr, pair);
+    int64_t g0, g1;
+    ps_share((r.units + r.upg - 1) / r.upg, r.align, &g0, &g1);
+    const tn_cu_glu none = {nullptr, 0};
+    for (int64_t rg = g0; rg < g1; rg++)
+        gemv_code_rows<B, KIND, ASYM, 2, PS_WARPS>(w, xq, xd, xs, rg, wpr, pair, y, bias, accumulate, pair ? *gl : none);
+    *u0 = g0 * r.upg, *u1 = min(r.units, g1 * r.upg);
+}
+/* q8 blocks b0 .. b0 + 3 (those below nb) of the values val(i), by a warp: q8_block's arithmetic
+ * for four blocks at once, their shuffles interleaved (the maximum and the sum of integers are exact
+ * in any order: the same bytes) */
+template <typename F> __device__ __forceinline__ void q8_block4(F val, int64_t b0, int64_t nb, int lane, const tn_cq &xq) {
+    float v[4], am[4], sm[4];
+    int qi[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        v[j] = b0 + j < nb ? val((b0 + j) * 32 + lane) : 0.0f;
+        am[j] = fabsf(v[j]);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int j = 0; j < 4; j++) am[j] = fmaxf(am[j], __shfl_xor_sync(0xffffffffu, am[j], o));
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const float id = am[j] != 0.0f ? 127.0f / am[j] : 0.0f;
+        qi[j] = __float2int_rn(v[j] * id);
+        sm[j] = (float)qi[j];
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int j = 0; j < 4; j++) sm[j] += __shfl_xor_sync(0xffffffffu, sm[j], o);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        if (b0 + j >= nb) break;
+        xq.q[(b0 + j) * 32 + lane] = (int8_t)qi[j];
+        if (lane == 0) {
+            xq.d[b0 + j] = __half2float(__float2half_rn(am[j] / 127.0f));
+            xq.s[b0 + j] = (int32_t)sm[j];
+        }
+    }
+}
+/* rmsnorm(x) * w as q8 blocks into this block's shared memory (x written by other blocks: read
+ * through L2), the arithmetic of k_rmsnorm and norm_tail, so the same bytes */
+__device__ __forceinline__ void ps_norm_q8(const float *x, const float *w, int64_t d, float eps, const tn_cq &sq) {
+    const float scale = rms_scale_block<true>(x, d, eps);
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    for (int64_t b0 = 4 * warp; b0 < d / 32; b0 += 4 * PS_WARPS)
+        q8_block4([&](int64_t i) { return (__ldcg(x + i) * scale) * w[i]; }, b0, d / 32, lane, sq);
+    __syncthreads();
+}
+
+template <int B, int KIND, bool ASYM>
+__global__ void __launch_bounds__(ATT_THREADS, PS_MIN_BLOCKS) k_persist(tn_cu_persist_args a, int wq, int wo, int wg, int wd,
+                                                                       int64_t pf) {
+    __shared__ __align__(16) int8_t s_q[PS_DMAX];
+    __shared__ float s_d[PS_DMAX / 32];
+    __shared__ int32_t s_s[PS_DMAX / 32];
+    const tn_cq sq = {s_q, s_d, s_s};
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int64_t d = a.d, qd = (int64_t)a.n_head * a.hd, kvd = (int64_t)a.n_head_kv * a.hd, ldq = qd + 2 * kvd;
+    const tn_cu_glu gl = {a.h, a.act};
+    int64_t u0, u1;
+    for (int il = 0; il < a.n_layers; il++) {
+        const tn_cu_player *L = a.L + il;
+        /* q k v = Wqkv rmsnorm(x) (+ b): every block normalizes x itself */
+        ps_prefetch(L->wo, wo, false, pf, ASYM);
+        ps_norm_q8(a.x, L->attn_norm, d, a.eps, sq);
+        ps_gemv<B, KIND, ASYM>(L->qkv, wq, s_q, s_d, s_s, a.q, L->bqkv, 0, nullptr, &u0, &u1);
+        grid_sync(a.bar);
+        /* attention, a head a block: q / k norms, RoPE and the cache store of the new row fused, as
+         * one-token steps run it; the output and its q8 blocks for Wo */
+        ps_prefetch(L->gu, wg, true, pf, ASYM);
+        const tn_cu_rope ar = {a.q + qd, a.q + qd + kvd, ldq, L->qn, L->kn, a.eps, L->cs, L->n_rot, a.neox, a.kvrow, L->Kc, L->Vc};
+        for (int64_t u = blockIdx.x; u < a.n_head; u += gridDim.x) {
+            attn_unit(u, a.q, ldq, (const uint8_t *)L->Kc, (const uint8_t *)L->Vc, a.n_head, a.n_head_kv, a.hd, a.pos, a.toff, a.tbl,
+                      a.scale, a.cap, L->window, L->sinks, a.att, a.xq, ar, a.kv);
+            __syncthreads();
+        }
+        grid_sync(a.bar);
+        /* x += Wo att (+ bo) */
+        ps_prefetch(L->down, wd, false, pf, ASYM);
+        ps_gemv<B, KIND, ASYM>(L->wo, wo, a.xq.q, a.xq.d, a.xq.s, a.x, L->bo, 1, nullptr, &u0, &u1);
+        grid_sync(a.bar);
+        /* h = act(gate) up of rmsnorm(x) (every block normalizes x itself); each block quantizes the
+         * whole q8 blocks of h it computed, for Wdown */
+        if (il + 1 < a.n_layers) ps_prefetch(a.L[il + 1].qkv, wq, false, pf, ASYM);
+        ps_norm_q8(a.x, L->ffn_norm, d, a.eps, sq);
+        ps_gemv<B, KIND, ASYM>(L->gu, wg, s_q, s_d, s_s, nullptr, nullptr, 0, &gl, &u0, &u1);
+        for (int64_t b = u0 / 32 + warp; b < u1 / 32; b += PS_WARPS) q8_block(a.h[b * 32 + lane], lane, b, b * 32, a.xq);
+        grid_sync(a.bar);
+        /* x += Wdown h */
+        ps_gemv<B, KIND, ASYM>(L->down, wd, a.xq.q, a.xq.d, a.xq.s, a.x, nullptr, 1, nullptr, &u0, &u1);
+        grid_sync(a.bar);
+    }
+    /* the output norm, by one block: xb and (a code-path output) its q8 blocks, as the last Wdown's
+     * norm tail writes them */
+    if (blockIdx.x != 0) return;
+    const float scale = rms_scale_block<true>(a.x, d, a.eps);
+    for (int64_t b = warp; b < d / 32; b += PS_WARPS) {
+        const int64_t i = b * 32 + lane;
+        const float v = (__ldcg(a.x + i) * scale) * a.out_norm[i];
+        a.xb[i] = v;
+        if (a.out_q8) q8_block(v, lane, b, b * 32, a.xq);
+    }
+}
+
+template <int B, int KIND, bool ASYM>
+static int launch_persist(const tn_cu_persist_args *a, const tn_cu_player *L0, int grid, cudaStream_t st) {
+    void (*k)(tn_cu_persist_args, int, int, int, int, int64_t) = k_persist<B, KIND, ASYM>;
+    int dev = 0, l2 = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev);
+    if (grid <= 0) {
+        int per = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k, ATT_THREADS, 0) != cudaSuccess || per < 1) return tn_cu_err();
+        grid = min(per, PS_MIN_BLOCKS) * (g_sms > 0 ? g_sms : 1);
+    }
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)grid);
+    cfg.blockDim = dim3(ATT_THREADS);
+    cfg.stream = st;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeCooperative; /* every block resident at once, or the launch fails */
+    at[0].val.cooperative = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    /* a quarter of L2 for the next product's rows, fetched while a stage runs */
+    cudaLaunchKernelEx(&cfg, k, *a, gemv_wpr(&L0->qkv), gemv_wpr(&L0->wo), gemv_wpr(&L0->gu), gemv_wpr(&L0->down), (int64_t)l2 / 4);
+    return tn_cu_err();
+}
+
+extern "C" int tn_cu_persist_check(const tn_cu_persist_args *a, const tn_cu_player *L0) {
+    const tn_cw *ws[4] = {&L0->qkv, &L0->wo, &L0->gu, &L0->down};
+    for (int i = 0; i < 4; i++)
+        if (!tn_cw_is_code(ws[i]->kind) || ws[i]->kind != L0->qkv.kind || ws[i]->bits != L0->qkv.bits ||
+            ws[i]->asym != L0->qkv.asym || ws[i]->k % 32 != 0)
+            return (int)cudaErrorInvalidValue;
+    if (a->n_layers < 1 || a->d % 32 != 0 || a->d > PS_DMAX || a->ff % 32 != 0 || L0->gu.m != 2 * a->ff || a->hd % 32 != 0 ||
+        a->hd > ATT_THREADS || L0->qkv.k != a->d || L0->gu.k != a->d || L0->down.k != a->ff || L0->wo.m != a->d ||
+        L0->down.m != a->d || L0->wo.k != (int64_t)a->n_head * a->hd || !a->bar)
+        return (int)cudaErrorInvalidValue;
+    const bool tq = L0->qkv.kind == TN_CW_TQ && L0->qkv.asym && L0->qkv.bits >= 1 && L0->qkv.bits <= 8;
+    return tq || L0->qkv.kind == TN_CW_Q4_0 || L0->qkv.kind == TN_CW_Q8_0 || L0->qkv.kind == TN_CW_Q5_0 ? 0
+                                                                                                        : (int)cudaErrorInvalidValue;
+}
+
+extern "C" int tn_cu_persist(const tn_cu_persist_args *a, const tn_cu_player *L0, int grid, void *stream) {
+    const int e = tn_cu_persist_check(a, L0);
+    if (e) return e;
+    cudaStream_t st = (cudaStream_t)stream;
+    switch (L0->qkv.kind) {
+    case TN_CW_Q4_0: return launch_persist<4, 1, false>(a, L0, grid, st);
+    case TN_CW_Q8_0: return launch_persist<8, 2, false>(a, L0, grid, st);
+    case TN_CW_Q5_0: return launch_persist<5, 3, false>(a, L0, grid, st);
+    default: break;
+    }
+    switch (L0->qkv.bits) {
+    case 1: return launch_persist<1, 0, true>(a, L0, grid, st);
+    case 2: return launch_persist<2, 0, true>(a, L0, grid, st);
+    case 3: return launch_persist<3, 0, true>(a, L0, grid, st);
+    case 4: return launch_persist<4, 0, true>(a, L0, grid, st);
+    case 5: return launch_persist<5, 0, true>(a, L0, grid, st);
+    case 6: return launch_persist<6, 0, true>(a, L0, grid, st);
+    case 7: return launch_persist<7, 0, true>(a, L0, grid, st);
+    case 8: return launch_persist<8, 0, true>(a, L0, grid, st);
+    default: return (int)cudaErrorInvalidValue;
+    }
+}
+
 
 __global__ void k_copy(const uint4 *src, uint4 *dst, size_t n16) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n16; i += (size_t)gridDim.x * blockDim.x) dst[i] = src[i];

@@ -72,6 +72,10 @@ void tn_cuda_test_gemv_launch(bool prefetch, int grid_cap, int rows) {
     TN_UNUSED(rows);
 }
 
+bool tn_cuda_persistent(const tn_cuda_ctx *g) {
+    (void)g;
+    return false;
+}
 void tn_cuda_set_batch_invariant(tn_cuda_ctx *g, bool on) {
     TN_UNUSED(g);
     TN_UNUSED(on);

@@ -540,6 +540,8 @@ static int reset_settings(void **state) {
     unsetenv("TERN_CUDA_PREFILL");
     unsetenv("TERN_CUDA_MOE_HOST");
     unsetenv("TERN_CUDA_FUSE_GLU");
+    unsetenv("TERN_CUDA_PERSIST");
+    unsetenv("TERN_CUDA_PERSIST_GRID");
     return 0;
 }
 
@@ -680,6 +682,100 @@ static void test_fusion_equivalence(void **state) {
                tern_kv_type_name(g_tv), steps);
         g_tk = g_tv = TERN_KV_F16, g_rot = TERN_KV_ROT_AUTO;
         free(a), free(b), free(r1);
+        tern_model_free(m);
+    }
+}
+
+/* TERN_CUDA_PERSIST=1: a one-token step runs every layer in one cooperative launch, its stages
+ * separated by grid barriers (tn_cu_persist; under the emulator every block's threads live at once
+ * and run phase by phase in shuffled orders). The same device functions as the launches, the
+ * norms' q8 blocks computed by every block itself: the logits must be bit-identical to launch by
+ * launch, for grids of 3, 4 (the default here) and 7 blocks (more blocks than heads: some idle in
+ * the attention stage, blocks with no rows), contiguous and paged caches. Q4_0 (a Q6_K output,
+ * from f32 activations), Q8_0 (a code-path output: its q8 blocks from the kernel), tq3g64a, Q5_0
+ * with qwen2's biases, Q4_1 (asymmetric) with qwen3's head norms over rotated q4_0 K / q8_0 V
+ * caches, smollm3's layer without RoPE; models the kernel does not take (float weights, gemma3's
+ * post norms) run launch by launch. */
+static void persist_decode(const tern_model *m, int32_t nv, int steps, bool paged, float *out, bool *persisted) {
+    tern_ctx *c = make_ctx(m, TERN_DEVICE_CUDA, -1, 64);
+    *persisted = tn_cuda_persistent(c->cuda);
+    const int32_t tb[] = {3, 1, 2, 0};
+    const int32_t *tables[] = {tb};
+    tern_token tok[4] = {1, 270, 5, 300};
+    int32_t seq[4] = {0, 0, 0, 0}, pos[4] = {0, 1, 2, 3};
+    int8_t lg[4] = {0, 0, 0, 1};
+    tn_batch b = {4, tok, seq, pos, lg};
+    tn_forward_batch(c, &b, paged ? tables : NULL, NULL);
+    assert_int_equal(c->dev_status, TERN_OK);
+    for (int step = 0; step < steps; step++) {
+        tern_token t = (tern_token)(7 + step * 29 % 350);
+        int32_t p = 4 + step, s0 = 0;
+        int8_t l1 = 1;
+        tn_batch b1 = {1, &t, &s0, &p, &l1};
+        tn_forward_batch(c, &b1, paged ? tables : NULL, NULL);
+        assert_int_equal(c->dev_status, TERN_OK);
+        assert_int_equal(c->n_logits, 1);
+        memcpy(out + (size_t)step * (size_t)nv, c->logits, sizeof(float) * (size_t)nv);
+    }
+    tern_ctx_free(c);
+}
+static void test_persist_equivalence(void **state) {
+    (void)state;
+    struct {
+        const char *arch;
+        tn_dtype w, out;
+        int tq;     /* tq3g64a weights */
+        int kvq;    /* q4_0 K / q8_0 V, rotated */
+        int n_layer;
+        bool takes; /* the persistent kernel runs it */
+    } cases[] = {
+        {"llama", TN_Q4_0, TN_Q6_K, 0, 0, 0, true},   {"llama", TN_Q8_0, TN_Q8_0, 0, 0, 0, true},
+        {"llama", TN_F32, TN_Q8_0, 1, 0, 0, true},    {"qwen2", TN_Q5_0, TN_Q4_0, 0, 0, 0, true},
+        {"qwen3", TN_Q4_1, TN_Q8_0, 0, 1, 0, true},   {"smollm3", TN_Q8_0, TN_Q8_0, 0, 0, 4, true},
+        {"llama", TN_F16, TN_F32, 0, 0, 0, false},    {"gemma3", TN_Q4_0, TN_Q8_0, 0, 0, 3, false},
+    };
+    const char *grids[] = {"0", "3", "7"};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        tiny_cfg cfg;
+        tiny_cfg_default(&cfg);
+        cfg.arch = cases[ci].arch;
+        cfg.wtype = cases[ci].tq ? (tn_dtype)tn_tq_dtype(&(tn_tq_params){3, 64, true}) : cases[ci].w;
+        cfg.out_type = cases[ci].out;
+        if (cases[ci].n_layer > 0) cfg.n_layer = cases[ci].n_layer;
+        if (!strcmp(cfg.arch, "gemma3")) cfg.head_dim = 128, cfg.n_swa = 4, cfg.rope_base = 1e6f;
+        if (cases[ci].kvq) g_tk = TERN_KV_Q4_0, g_tv = TERN_KV_Q8_0, g_rot = TERN_KV_ROT_KV;
+        tern_model *m = load_cfg(&cfg, "cuda_persist");
+        const int32_t nv = (int32_t)cfg.n_vocab;
+        const int steps = 5;
+        float *ref = malloc(sizeof(float) * (size_t)nv * steps), *got = malloc(sizeof(float) * (size_t)nv * steps);
+        for (int paged = 0; paged < 2; paged++) {
+            bool persisted = true;
+            unsetenv("TERN_CUDA_PERSIST");
+            persist_decode(m, nv, steps, paged, ref, &persisted);
+            assert_false(persisted); /* off by default */
+            for (size_t gi = 0; gi < sizeof grids / sizeof grids[0]; gi++) {
+                setenv("TERN_CUDA_PERSIST", "1", 1);
+                setenv("TERN_CUDA_PERSIST_GRID", grids[gi], 1);
+                persist_decode(m, nv, steps, paged, got, &persisted);
+                unsetenv("TERN_CUDA_PERSIST");
+                unsetenv("TERN_CUDA_PERSIST_GRID");
+                if (persisted != cases[ci].takes)
+                    fail_msg("%s %s: the persistent kernel %s it", cfg.arch, tn_dtype_name(cfg.wtype), persisted ? "takes" : "refuses");
+                for (int step = 0; step < steps; step++)
+                    if (memcmp(ref + (size_t)step * nv, got + (size_t)step * nv, sizeof(float) * (size_t)nv) != 0)
+                        fail_msg("%s %s (output %s) %s grid %s: step %d: the persistent kernel's logits differ from launch by launch "
+                                 "(rel %.2e)", cfg.arch, tn_dtype_name(cfg.wtype), tn_dtype_name(cfg.out_type),
+                                 paged ? "paged" : "contiguous", grids[gi], step,
+                                 rel_err_f(ref + (size_t)step * nv, got + (size_t)step * nv, nv));
+                printf("  %-7s %-8s output %-5s K %-4s V %-4s %-10s grid %s: %s, %d decode steps bit-identical\n",
+                       cfg.arch, tn_dtype_name(cfg.wtype), tn_dtype_name(cfg.out_type), tern_kv_type_name(g_tk),
+                       tern_kv_type_name(g_tv), paged ? "paged" : "contiguous", grids[gi],
+                       persisted ? "persistent" : "launch by launch", steps);
+                if (!persisted) break;
+            }
+        }
+        g_tk = g_tv = TERN_KV_F16, g_rot = TERN_KV_ROT_AUTO;
+        free(ref), free(got);
         tern_model_free(m);
     }
 }
@@ -909,6 +1005,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup(test_fusion_equivalence, reset_settings),
         cmocka_unit_test_setup(test_moe_device_routing, reset_settings),
         cmocka_unit_test_setup(test_refusals, reset_settings),
+        cmocka_unit_test_setup(test_persist_equivalence, reset_settings),
     };
     return cmocka_run_group_tests(gpu, NULL, NULL);
 }

@@ -26,7 +26,7 @@
 
 namespace {
 
-enum { RUN = 0, WAIT_BLOCK, WAIT_WARP, DONE };
+enum { RUN = 0, WAIT_BLOCK, WAIT_WARP, DONE, WAIT_GRID };
 const size_t STACK = 256 << 10;
 
 struct Fiber {
@@ -44,7 +44,7 @@ struct Emu {
     std::vector<size_t> order; /* the launch's blocks in the order they run */
     jmp_buf sched;
     ucontext_t sched_uc;
-    int cur = -1, n = 0;
+    int cur = -1, n = 0, base = 0; /* the running block's threads: fibers base .. base + n - 1 */
     tn_emu_dim grid{1, 1, 1}, block{1, 1, 1}, bidx{0, 0, 0};
     void (*body)(void *) = nullptr;
     void *arg = nullptr;
@@ -79,7 +79,7 @@ void trampoline() {
 [[noreturn]] void deadlock(const char *what) {
     fprintf(stderr, "tern CUDA emulator: %s in block (%u,%u,%u) of a launch of %ux%ux%u blocks x %ux%ux%u threads; states:", what,
             E.bidx.x, E.bidx.y, E.bidx.z, E.grid.x, E.grid.y, E.grid.z, E.block.x, E.block.y, E.block.z);
-    for (int i = 0; i < E.n; i++) fprintf(stderr, "%s%d", i % 32 ? "" : " | ", E.f[(size_t)i].state);
+    for (int i = 0; i < E.n; i++) fprintf(stderr, "%s%d", i % 32 ? "" : " | ", E.f[(size_t)(E.base + i)].state);
     fprintf(stderr, "\n");
     abort();
 }
@@ -112,44 +112,53 @@ __attribute__((noinline)) void init_fiber(int i) {
     makecontext(&t.uc, trampoline, 0);
 }
 
-void run_block() {
-    const int n = E.n;
-    for (int i = 0; i < n; i++) { /* thread i of this block: fiber i, created at its first block */
-        Fiber &t = E.f[(size_t)i];
-        if (!t.started) init_fiber(i);
+/* the block's threads, ready to run from the kernel's start: fibers base .. base + n - 1, created
+ * at their first block */
+void init_block(int base) {
+    for (int i = 0; i < E.n; i++) {
+        Fiber &t = E.f[(size_t)(base + i)];
+        if (!t.started) init_fiber(base + i);
         t.state = RUN;
         t.tid = tn_emu_dim{(unsigned)i % E.block.x, ((unsigned)i / E.block.x) % E.block.y, (unsigned)i / (E.block.x * E.block.y)};
     }
+}
+
+/* Runs the block whose threads are fibers base .. base + n - 1 until every thread has returned, or
+ * (a cooperative launch) every live thread waits at the grid barrier. */
+void run_block(int base) {
+    const int n = E.n;
+    E.base = base;
     const int nw = (n + 31) / 32;
     for (;;) {
-        for (int i = 0; i < n; i++)
+        for (int i = base; i < base + n; i++)
             if (E.f[(size_t)i].state == RUN) resume(i);
         E.cur = -1;
-        int live = 0, wblock = 0;
+        int live = 0, wblock = 0, wgrid = 0;
         bool released = false;
         for (int w = 0; w < nw; w++) {
             int wl = 0, ww = 0;
-            for (int i = w * 32; i < n && i < w * 32 + 32; i++) {
+            for (int i = base + w * 32; i < base + n && i < base + w * 32 + 32; i++) {
                 const int s = E.f[(size_t)i].state;
                 if (s == DONE) continue;
                 wl++, live++;
                 if (s == WAIT_WARP) ww++;
                 if (s == WAIT_BLOCK) wblock++;
+                if (s == WAIT_GRID) wgrid++;
             }
             if (wl > 0 && ww == wl) {
-                for (int i = w * 32; i < n && i < w * 32 + 32; i++)
+                for (int i = base + w * 32; i < base + n && i < base + w * 32 + 32; i++)
                     if (E.f[(size_t)i].state == WAIT_WARP) E.f[(size_t)i].state = RUN;
                 released = true;
             }
         }
-        if (live == 0) return;
+        if (live == 0 || (wgrid > 0 && wgrid == live)) return;
         if (released) continue;
         if (wblock == live) {
-            for (int i = 0; i < n; i++)
+            for (int i = base; i < base + n; i++)
                 if (E.f[(size_t)i].state == WAIT_BLOCK) E.f[(size_t)i].state = RUN;
             continue;
         }
-        deadlock("threads wait at different barriers (a warp split between __syncwarp/shuffles and __syncthreads)");
+        deadlock("threads wait at different barriers (a warp split between __syncwarp/shuffles and __syncthreads, or a grid barrier)");
     }
 }
 
@@ -177,47 +186,107 @@ thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 extern "C" {
 
-cudaError_t tn_emu_run(tn_emu_dim grid, tn_emu_dim block, void (*body)(void *), void *arg) {
-    const unsigned nt = block.x * block.y * block.z;
-    if (nt == 0 || nt > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0) return E.last = cudaErrorInvalidConfiguration;
+namespace {
+/* fibers and stacks for nf threads; the launch's sizes */
+cudaError_t launch_setup(tn_emu_dim grid, tn_emu_dim block, void (*body)(void *), void *arg, size_t nf) {
     if (E.cur >= 0) {
         fprintf(stderr, "tern CUDA emulator: a launch from device code\n");
         abort();
     }
-    if (E.f.size() < nt) E.f.resize(nt);
-    while (E.stacks.size() < nt) {
-        void *p = mmap(nullptr, STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (E.f.size() < nf) E.f.resize(nf);
+    while (E.stacks.size() < nf) {
+        void *p = mmap(nullptr, STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (p == MAP_FAILED) return E.last = cudaErrorMemoryAllocation;
         E.stacks.push_back((char *)p);
     }
-    E.n = (int)nt;
+    E.n = (int)(block.x * block.y * block.z);
     E.grid = grid, E.block = block, E.body = body, E.arg = arg;
     gridDim = dim3(grid), blockDim = dim3(block);
     E.launches++;
-    /* the blocks in a shuffled order (a fixed sequence per launch): a GPU runs them in any order,
-     * so a kernel whose result depends on it (which block is last, one block reading what another
-     * wrote) gives different results here from run to run of its launches */
-    const size_t nb = (size_t)grid.x * grid.y * grid.z;
+    return cudaSuccess;
+}
+/* the launch's blocks in a shuffled order (a fixed sequence per launch and phase): a GPU runs them
+ * in any order, so a kernel whose result depends on it (which block is last, one block reading
+ * what another wrote) gives different results here from run to run of its launches */
+void shuffle_blocks(size_t nb, uint64_t salt) {
     E.order.resize(nb);
     for (size_t i = 0; i < nb; i++) E.order[i] = i;
-    uint64_t r = 0x9E3779B97F4A7C15ull * (uint64_t)E.launches;
+    uint64_t r = 0x9E3779B97F4A7C15ull * (uint64_t)E.launches + salt;
     for (size_t i = nb; i > 1; i--) {
         r = r * 6364136223846793005ull + 1442695040888963407ull;
         const size_t j = (size_t)((r >> 33) % i);
         const size_t t = E.order[i - 1];
         E.order[i - 1] = E.order[j], E.order[j] = t;
     }
+}
+void enter_block(size_t b) {
+    const tn_emu_dim g = E.grid;
+    const unsigned x = (unsigned)(b % g.x), y = (unsigned)(b / g.x % g.y), z = (unsigned)(b / ((size_t)g.x * g.y));
+    E.bidx = tn_emu_dim{x, y, z};
+    blockIdx = dim3(x, y, z);
+}
+bool bad_dims(tn_emu_dim grid, tn_emu_dim block) {
+    const unsigned nt = block.x * block.y * block.z;
+    return nt == 0 || nt > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0;
+}
+} // namespace
+
+cudaError_t tn_emu_run(tn_emu_dim grid, tn_emu_dim block, void (*body)(void *), void *arg) {
+    if (bad_dims(grid, block)) return E.last = cudaErrorInvalidConfiguration;
+    const cudaError_t e = launch_setup(grid, block, body, arg, (size_t)block.x * block.y * block.z);
+    if (e != cudaSuccess) return e;
+    const size_t nb = (size_t)grid.x * grid.y * grid.z;
+    shuffle_blocks(nb, 0);
     for (size_t i = 0; i < nb; i++) {
-        const size_t b = E.order[i];
-        const unsigned x = (unsigned)(b % grid.x), y = (unsigned)(b / grid.x % grid.y), z = (unsigned)(b / ((size_t)grid.x * grid.y));
-        E.bidx = tn_emu_dim{x, y, z};
-        blockIdx = dim3(x, y, z);
+        enter_block(E.order[i]);
         E.blocks++;
-        run_block();
+        init_block(0);
+        run_block(0);
     }
     return cudaSuccess;
 }
 
+/* A cooperative launch: every block's threads live at once (fibers of their own), run block by
+ * block in phases between grid barriers (tn_emu_sync_grid): each block runs until all its live
+ * threads wait at the barrier, then the next; when every block waits, all go on, in a new order.
+ * __shared__ variables are static here, so a kernel must not keep shared values across a grid
+ * barrier (nor can it on a GPU that runs other blocks' phases meanwhile: it may, but tern's
+ * persistent kernel does not rely on it). A block that returns while others wait at a barrier is a
+ * deadlock on a GPU, and here. */
+cudaError_t tn_emu_run_coop(tn_emu_dim grid, tn_emu_dim block, void (*body)(void *), void *arg) {
+    if (bad_dims(grid, block)) return E.last = cudaErrorInvalidConfiguration;
+    const size_t nt = (size_t)block.x * block.y * block.z, nb = (size_t)grid.x * grid.y * grid.z;
+    if (nb * nt > 65536) return E.last = cudaErrorInvalidConfiguration; /* the emulator's limit on live threads */
+    const cudaError_t e = launch_setup(grid, block, body, arg, nb * nt);
+    if (e != cudaSuccess) return e;
+    for (size_t b = 0; b < nb; b++) {
+        enter_block(b);
+        init_block((int)(b * nt));
+    }
+    E.blocks += (long)nb;
+    for (uint64_t phase = 0;; phase++) {
+        shuffle_blocks(nb, phase);
+        for (size_t i = 0; i < nb; i++) {
+            enter_block(E.order[i]);
+            run_block((int)(E.order[i] * nt));
+        }
+        size_t waiting = 0, exited = 0;
+        for (size_t b = 0; b < nb; b++) {
+            bool live = false;
+            for (size_t i = b * nt; i < (b + 1) * nt; i++) live |= E.f[i].state != DONE;
+            if (live) waiting++;
+            else exited++;
+        }
+        if (waiting == 0) return cudaSuccess;
+        if (exited > 0) {
+            enter_block(0);
+            E.base = 0;
+            deadlock("a block returned while others wait at a grid barrier");
+        }
+        for (size_t i = 0; i < nb * nt; i++)
+            if (E.f[i].state == WAIT_GRID) E.f[i].state = RUN;
+    }
+}
 
 void tn_emu_sync_block(void) {
     self().state = WAIT_BLOCK;
@@ -227,12 +296,16 @@ void tn_emu_sync_warp(void) {
     self().state = WAIT_WARP;
     yield_to_sched();
 }
+void tn_emu_sync_grid(void) {
+    self().state = WAIT_GRID;
+    yield_to_sched();
+}
 uint64_t tn_emu_shfl(uint64_t v, int src) {
-    const int me = E.cur, base = me - me % 32;
+    const int me = E.cur, base = E.base + (me - E.base) / 32 * 32;
     self().slot = v;
     tn_emu_sync_warp(); /* every lane has offered its value */
     const int s = base + (src & 31);
-    if (s >= E.n || E.f[(size_t)s].state == DONE) deadlock("a shuffle reads a lane that has exited or does not exist");
+    if (s >= E.base + E.n || E.f[(size_t)s].state == DONE) deadlock("a shuffle reads a lane that has exited or does not exist");
     const uint64_t r = E.f[(size_t)s].slot;
     tn_emu_sync_warp(); /* every lane has read before any offers again */
     return r;

@@ -6,7 +6,8 @@
  * it unchanged; test_cuda_emu then runs test_cuda's GPU tests on a machine without a GPU.
  *
  * What it models: device memory is host memory; streams, events and copies are synchronous; a
- * kernel launch runs its blocks one after another (in a shuffled order, as a GPU may), each
+ * kernel launch runs its blocks one after another (in a shuffled order, as a GPU may; a cooperative
+ * launch runs them in phases between grid barriers, every block's threads alive at once), each
  * block's threads as cooperative fibers (one OS thread) that switch only at __syncthreads,
  * __syncwarp and the warp shuffles — a barrier
  * is kept when every live thread of the block (or of the warp) has reached it, and a block whose
@@ -49,7 +50,7 @@ typedef struct tn_emu_graph_exec *cudaGraphExec_t;
 
 enum cudaMemcpyKind { cudaMemcpyHostToHost = 0, cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, cudaMemcpyDeviceToDevice = 3, cudaMemcpyDefault = 4 };
 enum cudaStreamCaptureMode { cudaStreamCaptureModeGlobal = 0, cudaStreamCaptureModeThreadLocal = 1, cudaStreamCaptureModeRelaxed = 2 };
-enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16 };
+enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16, cudaDevAttrL2CacheSize = 38 };
 #define cudaStreamNonBlocking 0x01
 
 struct cudaDeviceProp {
@@ -110,7 +111,11 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
 /* the launch the emulator runs: grid and block sizes, the body run once per thread */
 typedef struct { unsigned x, y, z; } tn_emu_dim;
 cudaError_t tn_emu_run(tn_emu_dim grid, tn_emu_dim block, void (*body)(void *), void *arg);
+/* a cooperative launch (cudaLaunchAttributeCooperative): every block live at once, grid barriers */
+cudaError_t tn_emu_run_coop(tn_emu_dim grid, tn_emu_dim block, void (*body)(void *), void *arg);
 void tn_emu_sync_block(void);
+/* the grid-wide barrier of a cooperative launch: every live thread of every block */
+void tn_emu_sync_grid(void);
 void tn_emu_sync_warp(void);
 /* warp exchange: this lane's 8 bytes in, lane src's 8 bytes out (a warp-wide collective) */
 uint64_t tn_emu_shfl(uint64_t v, int src);
@@ -231,11 +236,12 @@ static inline void __threadfence(void) {}
 template <typename T> static inline T __ldcg(const T *p) { return *p; }
 
 /* launches: the launch configuration and cudaLaunchKernelEx as the runtime declares them */
-typedef enum { cudaLaunchAttributeProgrammaticStreamSerialization = 5 } cudaLaunchAttributeID;
+typedef enum { cudaLaunchAttributeCooperative = 2, cudaLaunchAttributeProgrammaticStreamSerialization = 5 } cudaLaunchAttributeID;
 typedef struct {
     cudaLaunchAttributeID id;
     union {
         int programmaticStreamSerializationAllowed;
+        int cooperative;
     } val;
 } cudaLaunchAttribute;
 typedef struct {
@@ -258,8 +264,16 @@ template <typename... KArgs, typename... Act>
 static inline cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t *cfg, void (*k)(KArgs...), Act &&...args) {
     typedef std::tuple<KArgs...> Tup;
     tn_emu_call<void (*)(KArgs...), Tup> c{k, Tup((KArgs)args...)};
-    return tn_emu_run(tn_emu_dim{cfg->gridDim.x, cfg->gridDim.y, cfg->gridDim.z},
+    bool coop = false;
+    for (unsigned i = 0; i < cfg->numAttrs; i++) coop |= cfg->attrs[i].id == cudaLaunchAttributeCooperative && cfg->attrs[i].val.cooperative;
+    return (coop ? tn_emu_run_coop : tn_emu_run)(tn_emu_dim{cfg->gridDim.x, cfg->gridDim.y, cfg->gridDim.z},
                       tn_emu_dim{cfg->blockDim.x, cfg->blockDim.y, cfg->blockDim.z}, &tn_emu_call<void (*)(KArgs...), Tup>::run, &c);
+}
+/* one block of any kernel per multiprocessor (the emulator runs them one at a time anyway) */
+template <typename K> static inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *n, K k, int threads, size_t shmem) {
+    (void)k, (void)shmem;
+    *n = threads > 0 && threads <= 1024 ? 1 : 0;
+    return cudaSuccess;
 }
 template <typename T> static inline cudaError_t cudaMemcpyToSymbol(T &sym, const void *src, size_t n, size_t off = 0,
                                                                    cudaMemcpyKind k = cudaMemcpyHostToDevice) {
