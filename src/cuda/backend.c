@@ -109,7 +109,7 @@ struct tn_cuda_ctx {
     /* one-token steps as one persistent kernel (TERN_CUDA_PERSIST=1, tn_cu_persist): its layers on
      * the device (d_players), layer 0 on the host, the grid barrier's two counters, its grid
      * (TERN_CUDA_PERSIST_GRID blocks; 0: as many as fit at once) */
-    bool persist;
+    bool persist, graph_pref; /* graph_pref: use_graph without it (back on if its launch fails) */
     tn_cu_player *d_players, h_player0;
     unsigned *d_bar;
     int persist_grid;
@@ -894,6 +894,7 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
     g->fuse_norm = env_int("TERN_CUDA_FUSE", 1) != 0 && env_int("TERN_CUDA_FUSE_NORM", 1) != 0;
     g->fuse_glu = env_int("TERN_CUDA_FUSE", 1) != 0 && env_int("TERN_CUDA_FUSE_GLU", 1) != 0;
     persist_setup(g, c, &ok);
+    g->graph_pref = g->use_graph;
     if (g->persist) g->use_graph = false; /* a step is two launches: nothing for a graph to save */
     if (!ok) {
         s = TERN_ERR_NOMEM;
@@ -1223,6 +1224,7 @@ static void run_layers(tn_cuda_ctx *g, tern_ctx *c, int64_t n, int32_t n_out) {
             fprintf(stderr, "tern: cuda: the persistent kernel did not launch (%s); one-token steps run launch by launch\n",
                     tn_cu_errstr(e));
             g->persist = persist = false;
+            g->use_graph = g->graph_pref; /* (captured at the next one-token step) */
         }
         normed = persist;
     }

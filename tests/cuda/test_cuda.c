@@ -696,9 +696,10 @@ static void test_fusion_equivalence(void **state) {
  * with qwen2's biases, Q4_1 (asymmetric) with qwen3's head norms over rotated q4_0 K / q8_0 V
  * caches, smollm3's layer without RoPE; models the kernel does not take (float weights, gemma3's
  * post norms) run launch by launch. */
-static void persist_decode(const tern_model *m, int32_t nv, int steps, bool paged, float *out, bool *persisted) {
+/* persisted[0]: the context took the persistent kernel; [1]: it still runs it after the steps */
+static void persist_decode(const tern_model *m, int32_t nv, int steps, bool paged, float *out, bool persisted[2]) {
     tern_ctx *c = make_ctx(m, TERN_DEVICE_CUDA, -1, 64);
-    *persisted = tn_cuda_persistent(c->cuda);
+    persisted[0] = tn_cuda_persistent(c->cuda);
     const int32_t tb[] = {3, 1, 2, 0};
     const int32_t *tables[] = {tb};
     tern_token tok[4] = {1, 270, 5, 300};
@@ -717,6 +718,7 @@ static void persist_decode(const tern_model *m, int32_t nv, int steps, bool page
         assert_int_equal(c->n_logits, 1);
         memcpy(out + (size_t)step * (size_t)nv, c->logits, sizeof(float) * (size_t)nv);
     }
+    persisted[1] = tn_cuda_persistent(c->cuda);
     tern_ctx_free(c);
 }
 static void test_persist_equivalence(void **state) {
@@ -749,18 +751,19 @@ static void test_persist_equivalence(void **state) {
         const int steps = 5;
         float *ref = malloc(sizeof(float) * (size_t)nv * steps), *got = malloc(sizeof(float) * (size_t)nv * steps);
         for (int paged = 0; paged < 2; paged++) {
-            bool persisted = true;
+            bool persisted[2] = {true, true};
             unsetenv("TERN_CUDA_PERSIST");
-            persist_decode(m, nv, steps, paged, ref, &persisted);
-            assert_false(persisted); /* off by default */
+            persist_decode(m, nv, steps, paged, ref, persisted);
+            assert_false(persisted[0]); /* off by default */
             for (size_t gi = 0; gi < sizeof grids / sizeof grids[0]; gi++) {
                 setenv("TERN_CUDA_PERSIST", "1", 1);
                 setenv("TERN_CUDA_PERSIST_GRID", grids[gi], 1);
-                persist_decode(m, nv, steps, paged, got, &persisted);
+                persist_decode(m, nv, steps, paged, got, persisted);
+                assert_true(persisted[0] == persisted[1]);
                 unsetenv("TERN_CUDA_PERSIST");
                 unsetenv("TERN_CUDA_PERSIST_GRID");
-                if (persisted != cases[ci].takes)
-                    fail_msg("%s %s: the persistent kernel %s it", cfg.arch, tn_dtype_name(cfg.wtype), persisted ? "takes" : "refuses");
+                if (persisted[0] != cases[ci].takes)
+                    fail_msg("%s %s: the persistent kernel %s it", cfg.arch, tn_dtype_name(cfg.wtype), persisted[0] ? "takes" : "refuses");
                 for (int step = 0; step < steps; step++)
                     if (memcmp(ref + (size_t)step * nv, got + (size_t)step * nv, sizeof(float) * (size_t)nv) != 0)
                         fail_msg("%s %s (output %s) %s grid %s: step %d: the persistent kernel's logits differ from launch by launch "
@@ -770,9 +773,23 @@ static void test_persist_equivalence(void **state) {
                 printf("  %-7s %-8s output %-5s K %-4s V %-4s %-10s grid %s: %s, %d decode steps bit-identical\n",
                        cfg.arch, tn_dtype_name(cfg.wtype), tn_dtype_name(cfg.out_type), tern_kv_type_name(g_tk),
                        tern_kv_type_name(g_tv), paged ? "paged" : "contiguous", grids[gi],
-                       persisted ? "persistent" : "launch by launch", steps);
-                if (!persisted) break;
+                       persisted[0] ? "persistent" : "launch by launch", steps);
+                if (!persisted[0]) break;
             }
+        }
+        if (ci == 0) { /* a grid no device holds at once (1000 blocks of 256 threads): the launch is refused, the steps
+                        * run launch by launch */
+            setenv("TERN_CUDA_PERSIST", "1", 1);
+            setenv("TERN_CUDA_PERSIST_GRID", "1000", 1);
+            bool persisted[2] = {false, true};
+            persist_decode(m, nv, steps, true, got, persisted); /* (ref: the paged run) */
+            unsetenv("TERN_CUDA_PERSIST");
+            unsetenv("TERN_CUDA_PERSIST_GRID");
+            assert_true(persisted[0]);  /* taken when the context was made; */
+            assert_false(persisted[1]); /* the first step's launch failed, and every step ran launch by launch */
+            assert_memory_equal(ref, got, sizeof(float) * (size_t)nv * steps);
+            printf("  %-7s %-8s paged grid 1000: not launched, %d decode steps launch by launch, bit-identical\n", cfg.arch,
+                   tn_dtype_name(cfg.wtype), steps);
         }
         g_tk = g_tv = TERN_KV_F16, g_rot = TERN_KV_ROT_AUTO;
         free(ref), free(got);

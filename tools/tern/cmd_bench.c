@@ -78,6 +78,7 @@ typedef struct {
     int32_t n_layer, n_expert, n_expert_used;
     uint64_t *usage;        /* [n_layer][n_expert] routed rows per expert over the whole bench (malloc) */
     uint64_t usage_tokens;  /* tokens routed through each layer over the whole bench           */
+    bool gpu_persist;       /* --device cuda: one-token steps ran as one persistent kernel (TERN_CUDA_PERSIST=1) */
 } model_info;
 
 typedef struct {
@@ -249,6 +250,7 @@ static int bench_model(const char *path, const bench_opts *o, const peaks *pk, b
         s = tern_decode(c, toks0, (int32_t)depth);
     }
     snprintf(mi->desc, sizeof mi->desc, "%s", tern_model_desc(m));
+    mi->gpu_persist = false;
     mi->size = (double)tern_model_size_bytes(m);
     mi->params = (double)tern_model_n_params(m);
     mi->threads = cp.n_threads;
@@ -353,6 +355,7 @@ static int bench_model(const char *path, const bench_opts *o, const peaks *pk, b
     tn_cli_hot_experts_report(c);
     free(slice), free(touched0), free(tokens0);
     if (s) free(mi->usage), mi->usage = NULL;
+    mi->gpu_persist = c->cuda && tn_cuda_persistent(c->cuda); /* (after the runs: a launch it could not make turns it off) */
     free(toks0), free(tv), free(bw), tn_read_probe_free(probe);
     for (int i = 0; i < lora.n; i++) tern_lora_free(lora.a[i]);
     tern_ctx_free(c);
@@ -519,10 +522,10 @@ static int bench_gpu(const char *path, const bench_opts *o, bool roofline, bool 
             printf("  {\"model_filename\": \"%s\", \"model_type\": \"%s\", \"backend\": \"CUDA\", \"gpu\": \"%s\", "
                    "\"model_size\": %.0f, \"model_n_params\": %.0f, \"n_gpu_layers\": %d, \"n_prompt\": %d, \"n_gen\": %d, "
                    "\"avg_ts\": %.6f, \"stddev_ts\": %.6f, \"bytes_per_token\": %.0f, \"%s\": %.3f, \"roofline_pct\": %.2f, "
-                   "\"gpu_copy_gbs\": %.1f, \"gpu_f16_tflops\": %.1f}%s\n",
+                   "\"gpu_copy_gbs\": %.1f, \"gpu_f16_tflops\": %.1f, \"decode_kernel\": \"%s\"}%s\n",
                    path, mi.desc, info.name, mi.size, mi.params, (int)o->ngl, rows[i].n_prompt, rows[i].n_gen, rows[i].mean,
                    rows[i].sd, mi.tok_bytes, rows[i].n_gen ? "gbs" : "gops", rows[i].rate, rows[i].pct_roof, gp.copy_gbs,
-                   gp.f16_tflops, i + 1 < nrows ? "," : "");
+                   gp.f16_tflops, mi.gpu_persist ? "persistent" : "launches", i + 1 < nrows ? "," : "");
         printf("]\n");
         return TN_EXIT_OK;
     }
@@ -538,6 +541,7 @@ static int bench_gpu(const char *path, const bench_opts *o, bool roofline, bool 
            "%.1f TFLOP/s (8192^3); tg: GB/s of weights read (%.1f MiB per token), roofline = that / copy bandwidth; pp (*): "
            "GOP/s of matrix work, roofline = that / fp16 peak\n",
            info.name, gp.copy_gbs, gp.f16_tflops, mi.tok_bytes / 1048576.0);
+    if (mi.gpu_persist) printf("one-token steps: one persistent kernel (TERN_CUDA_PERSIST=1)\n");
     return TN_EXIT_OK;
 }
 
