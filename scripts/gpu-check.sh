@@ -99,28 +99,32 @@ done
 if [ "${GPU_CHECK_QUICK:-0}" != 1 ]; then
     # 1B-class synthetic model (Llama-3.2-1B shapes): F16, then each type quantized from it
     step synth_1b 120 "$BIN" synth -o "$TMPD/1b-f16.gguf" --preset 1b --type f16
-    for ty in q4_0 q8_0 tq2 tq3 tq4 q4_K_M iq4_xs q3_K_M; do
+    # first what #25's targets are about: the code types, launch by launch and with one-token steps
+    # as one persistent kernel (TERN_CUDA_PERSIST=1: every layer in one cooperative launch, grid
+    # barriers between its stages), side by side
+    for ty in q4_0 tq2 tq4 q8_0 tq3; do
         step "quantize_$ty" 90 "$BIN" quantize -t "$(nproc)" "$TMPD/1b-f16.gguf" "$TMPD/1b-$ty.gguf" "$ty"
-    done
-    # each type, and llama.cpp's CUDA build on the same file right after it where it reads the type
-    for ty in q4_0 q8_0 tq2 tq3 tq4 f16 q4_K_M iq4_xs q3_K_M; do
         step "bench_$ty" 90 "$BIN" bench --device cuda -m "$TMPD/1b-$ty.gguf" -p 512 -n 128 -r 3 -o json
-        case $ty in q4_0 | q8_0 | f16 | q4_K_M | iq4_xs | q3_K_M)
-            [ -n "$PEER" ] && step "peer_$ty" 120 "$PEER" -m "$TMPD/1b-$ty.gguf" -p 512 -n 128 -r 3 -ngl 99 -fa 1 -o jsonl ;;
-        esac
-    done
-    # one-token steps as one persistent kernel (TERN_CUDA_PERSIST=1: every layer in one cooperative
-    # launch, grid barriers between its stages), each code type, then Q4_0 on half and a third of
-    # the grid it picks (blocks per SM 1 of 2), and its profile (the persistent kernel timed alone)
-    for ty in q4_0 q8_0 tq2 tq3 tq4; do
         step "bench_${ty}_persist" 60 env TERN_CUDA_PERSIST=1 "$BIN" bench --device cuda -m "$TMPD/1b-$ty.gguf" -p 0 -n 128 -r 5 -o json
     done
+    # the persistent kernel on one block per SM instead of two, without its L2 prefetch, and its profile
     sms=$(nvidia-smi --query-gpu=multiprocessor_count --format=csv,noheader 2>/dev/null | head -1 | tr -dc 0-9)
     [ -n "$sms" ] && step bench_q4_0_persist_1bps 60 env TERN_CUDA_PERSIST=1 TERN_CUDA_PERSIST_GRID="$sms" \
         "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" -p 0 -n 128 -r 5 -o json
     step bench_q4_0_persist_nopf 60 env TERN_CUDA_PERSIST=1 TERN_CUDA_PREFETCH=0 "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" \
         -p 0 -n 128 -r 5 -o json
     TERN_CUDA_PERSIST=1 TERN_CUDA_PROFILE=1 step profile_q4_0_persist 60 "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" -p 0 -n 64 -r 1
+    [ -n "$PEER" ] && for ty in q4_0 q8_0; do
+        step "peer_$ty" 120 "$PEER" -m "$TMPD/1b-$ty.gguf" -p 512 -n 128 -r 3 -ngl 99 -fa 1 -o jsonl
+    done
+    # the other types, and llama.cpp's CUDA build on the same file right after each
+    for ty in q4_K_M iq4_xs q3_K_M; do
+        step "quantize_$ty" 90 "$BIN" quantize -t "$(nproc)" "$TMPD/1b-f16.gguf" "$TMPD/1b-$ty.gguf" "$ty"
+    done
+    for ty in f16 q4_K_M iq4_xs q3_K_M; do
+        step "bench_$ty" 90 "$BIN" bench --device cuda -m "$TMPD/1b-$ty.gguf" -p 512 -n 128 -r 3 -o json
+        [ -n "$PEER" ] && step "peer_$ty" 120 "$PEER" -m "$TMPD/1b-$ty.gguf" -p 512 -n 128 -r 3 -ngl 99 -fa 1 -o jsonl
+    done
     # decode with each one-token fusion and launch setting away from its default (docs/cuda.md),
     # then all off; the defaults again last, to see the drift within the run
     for v in rows1:TERN_CUDA_GEMV_ROWS=1 norope:TERN_CUDA_FUSE_ROPE=0 nonorm:TERN_CUDA_FUSE_NORM=0 noglu:TERN_CUDA_FUSE_GLU=0 \
