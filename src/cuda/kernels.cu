@@ -1995,7 +1995,7 @@ __device__ __forceinline__ void ps_share(int64_t n, int64_t align, int64_t *u0, 
 
 /* A persistent GEMV stage's row groups: gemv_code_rows' (R = 2: two rows a warp, or one gate|up
  * pair), PS_WARPS / wpr warp rows a group; a gate|up product's blocks take whole q8 blocks of 32 GLU
- * outputs, which they quantize themselves (ps_gemv_glu). */
+ * outputs, which they quantize themselves (k_persist's gate|up stage). */
 struct ps_rows {
     int64_t units, upg, align; /* rows (pairs), units per group, groups per share step */
 };
@@ -2006,15 +2006,16 @@ __device__ __forceinline__ ps_rows ps_rows_of(const tn_cw &w, int wpr, bool pair
     r.align = pair ? 32 / r.upg : 1;
     return r;
 }
-/* Prefetches this block's rows of w (its share as the stage that reads them will take it) into L2,
- * where the whole matrix is at most pf bytes (a share of the L2 cache). */
+/* Prefetches this block's rows of w (its share as the stage that reads them will take it) into L2:
+ * the first of them, at most pf / blocks bytes (pf: a share of the L2 cache), so a product larger
+ * than that starts on rows in L2 and streams the rest. */
 __device__ __forceinline__ void ps_prefetch(const tn_cw &w, int wpr, bool pair, int64_t pf, bool asym) {
-    const int64_t nbr = w.k / w.group;
-    if (!d_prefetch || w.m * ((int64_t)w.row_bytes + nbr * (asym ? 4 : 2)) > pf) return;
+    const int64_t nbr = w.k / w.group, unit_bytes = ((int64_t)w.row_bytes + nbr * (asym ? 4 : 2)) * (pair ? 2 : 1);
+    if (!d_prefetch) return;
     const ps_rows r = ps_rows_of(w, wpr, pair);
     int64_t g0, g1;
     ps_share((r.units + r.upg - 1) / r.upg, r.align, &g0, &g1);
-    const int64_t u0 = g0 * r.upg, nu = min(r.units, g1 * r.upg) - u0;
+    const int64_t u0 = g0 * r.upg, nu = min(min(r.units, g1 * r.upg) - u0, pf / gridDim.x / unit_bytes);
     if (nu <= 0) return;
     for (int hlf = 0; hlf < (pair ? 2 : 1); hlf++) {
         const int64_t a = u0 + hlf * r.units;
@@ -2156,8 +2157,8 @@ static int launch_persist(const tn_cu_persist_args *a, const tn_cu_player *L0, i
     at[0].val.cooperative = 1;
     cfg.attrs = at;
     cfg.numAttrs = 1;
-    /* a quarter of L2 for the next product's rows, fetched while a stage runs */
-    cudaLaunchKernelEx(&cfg, k, *a, gemv_wpr(&L0->qkv), gemv_wpr(&L0->wo), gemv_wpr(&L0->gu), gemv_wpr(&L0->down), (int64_t)l2 / 4);
+    /* half of L2 for the next product's rows, fetched while a stage runs */
+    cudaLaunchKernelEx(&cfg, k, *a, gemv_wpr(&L0->qkv), gemv_wpr(&L0->wo), gemv_wpr(&L0->gu), gemv_wpr(&L0->down), (int64_t)l2 / 2);
     return tn_cu_err();
 }
 
