@@ -7,6 +7,10 @@
  * takes one 32-code chunk at a time, rebuilds its codes as 8 words of 4 bytes from the chunk's
  * planes (shifts and masks, a multiply for the 1-bit plane) and multiplies them with the int8
  * activations by dp4a; up to TN_CU_GEMV_MAXN tokens share each weight load.
+ *
+ * One-token steps run launch by launch (about 5 launches a layer, a CUDA graph) or, with
+ * TERN_CUDA_PERSIST=1, as one persistent cooperative kernel (k_persist, at the end) whose stages
+ * call the same device functions (gemv_code_rows, attn_unit) between grid barriers.
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
