@@ -1,5 +1,5 @@
 /*
- * backend.c — the CUDA backend's C side: device queries, weight upload (the split layout of
+ * backend.c — the CUDA backend's C side (device queries and peaks: device.c): weight upload (the split layout of
  * kern_cuda.h for the code-path types), the GPU's KV cache and scratch, and the forward pass as a
  * sequence of kernel launches on one stream — the same steps, in the same order, as forward.c.
  *
@@ -109,7 +109,7 @@ struct tn_cuda_ctx {
     /* one-token steps as one persistent kernel (TERN_CUDA_PERSIST=1, tn_cu_persist): its layers on
      * the device (d_players), layer 0 on the host, the grid barrier's two counters, its grid
      * (TERN_CUDA_PERSIST_GRID blocks; 0: as many as fit at once) */
-    bool persist, graph_pref; /* graph_pref: use_graph without it (back on if its launch fails) */
+    bool persist;
     tn_cu_player *d_players, h_player0;
     unsigned *d_bar;
     int persist_grid;
@@ -162,46 +162,6 @@ static int env_int(const char *name, int def) {
  * measured best on the H200: capped grids walking their rows lose more than the overlap gains) */
 #define TN_CUDA_GEMV_BPS 0
 
-int tn_cuda_device_count(const char **why) {
-    int n = 0;
-    cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess) {
-        if (why)
-            *why = e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice
-                       ? "no NVIDIA GPU or driver found on this machine"
-                       : cudaGetErrorString(e);
-        cudaGetLastError();
-        return 0;
-    }
-    if (n == 0 && why) *why = "no CUDA device found";
-    return n;
-}
-
-tern_status tn_cuda_device_info(int dev, tn_cuda_info *out) {
-    memset(out, 0, sizeof *out);
-    struct cudaDeviceProp p;
-    cudaError_t e = cudaGetDeviceProperties(&p, dev);
-    if (e != cudaSuccess) return tn_err(TERN_ERR_UNSUPPORTED, "cuda: device %d: %s", dev, cudaGetErrorString(e));
-    snprintf(out->name, sizeof out->name, "%s", p.name);
-    out->cc_major = p.major;
-    out->cc_minor = p.minor;
-    out->n_sm = p.multiProcessorCount;
-    size_t fr = 0, tot = 0;
-    int prev = 0;
-    cudaGetDevice(&prev);
-    if (cudaSetDevice(dev) == cudaSuccess && cudaMemGetInfo(&fr, &tot) == cudaSuccess) {
-        out->mem_free = fr;
-        out->mem_total = tot;
-    } else {
-        out->mem_total = p.totalGlobalMem;
-    }
-    cudaSetDevice(prev);
-    cudaDriverGetVersion(&out->driver_version);
-    cudaRuntimeGetVersion(&out->runtime_version);
-    cudaGetLastError();
-    return TERN_OK;
-}
-
 /* The device kind of file type t (kern_cuda.h), or -1 for a type the GPU does not run. */
 static int cw_kind_of(tn_dtype t) {
     switch ((int)t) {
@@ -243,68 +203,6 @@ const char *tn_cuda_kernel_name(tn_dtype t) {
     if (kind == TN_CW_IQ4_NL || kind == TN_CW_MXFP4)
         return "codes then scales per row; decode: f32 GEMV dequantizing in registers; prefill: fp16 dequant + cuBLAS";
     return "file layout; decode: f32 GEMV dequantizing in registers; prefill: fp16 dequant + cuBLAS";
-}
-
-/* ---- peaks ---------------------------------------------------------------------------------------- */
-
-static double event_best(cudaEvent_t a, cudaEvent_t b, double best) {
-    float ms = 0;
-    cudaEventSynchronize(b);
-    cudaEventElapsedTime(&ms, a, b);
-    return ms > 0 && (best <= 0 || ms < best) ? ms : best;
-}
-
-double tn_cuda_peak_copy_gbs(size_t bytes, int reps) {
-    if (tn_cuda_device_count(NULL) < 1) return 0;
-    bytes &= ~(size_t)15;
-    void *src = NULL, *dst = NULL;
-    cudaEvent_t a = NULL, b = NULL;
-    double best = 0;
-    if (cudaMalloc(&src, bytes) == cudaSuccess && cudaMalloc(&dst, bytes) == cudaSuccess &&
-        cudaEventCreate(&a) == cudaSuccess && cudaEventCreate(&b) == cudaSuccess) {
-        cudaMemset(src, 1, bytes);
-        tn_cu_copy_kernel(src, dst, bytes, NULL); /* warm-up */
-        for (int r = 0; r < reps; r++) {
-            cudaEventRecord(a, NULL);
-            tn_cu_copy_kernel(src, dst, bytes, NULL);
-            cudaEventRecord(b, NULL);
-            best = event_best(a, b, best);
-        }
-    }
-    cudaFree(src), cudaFree(dst);
-    if (a) cudaEventDestroy(a);
-    if (b) cudaEventDestroy(b);
-    cudaGetLastError();
-    return best > 0 ? 2.0 * (double)bytes / (best * 1e-3) / 1e9 : 0;
-}
-
-double tn_cuda_peak_f16_tflops(int n, int reps) {
-    if (tn_cuda_device_count(NULL) < 1) return 0;
-    const size_t e = (size_t)n * (size_t)n;
-    void *A = NULL, *B = NULL, *C = NULL;
-    cublasHandle_t h = NULL;
-    cudaEvent_t a = NULL, b = NULL;
-    double best = 0;
-    if (cudaMalloc(&A, e * 2) == cudaSuccess && cudaMalloc(&B, e * 2) == cudaSuccess && cudaMalloc(&C, e * 4) == cudaSuccess &&
-        cublasCreate(&h) == CUBLAS_STATUS_SUCCESS && cudaEventCreate(&a) == cudaSuccess && cudaEventCreate(&b) == cudaSuccess) {
-        cudaMemset(A, 0x3c, e * 2); /* 0x3c3c: about 1.06 in fp16 */
-        cudaMemset(B, 0x3c, e * 2);
-        const float one = 1.0f, zero = 0.0f;
-        for (int r = -1; r < reps; r++) {
-            cudaEventRecord(a, NULL);
-            cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, A, CUDA_R_16F, n, B, CUDA_R_16F, n, &zero, C, CUDA_R_32F, n,
-                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-            cudaEventRecord(b, NULL);
-            if (r >= 0) best = event_best(a, b, best);
-            else cudaEventSynchronize(b);
-        }
-    }
-    cudaFree(A), cudaFree(B), cudaFree(C);
-    if (h) cublasDestroy(h);
-    if (a) cudaEventDestroy(a);
-    if (b) cudaEventDestroy(b);
-    cudaGetLastError();
-    return best > 0 ? 2.0 * (double)n * n * n / (best * 1e-3) / 1e12 : 0;
 }
 
 /* ---- allocation ------------------------------------------------------------------------------ */
@@ -594,10 +492,21 @@ static bool moe_dev_ok(const tn_cuda_ctx *g, const tn_hparams *hp) {
     return true;
 }
 
-/* The persistent kernel's arguments for a one-token step (the buffers never move). */
+/* Attention scores q.k * scale (the family's, or 1/sqrt(hd)); soft-capped (gemma2, *cap > 0): scale
+ * / cap, then cap * tanh, as the CPU computes them. */
+static float attn_scale(const tn_hparams *hp, float *cap) {
+    *cap = hp->attn_softcap > 0 ? hp->attn_softcap : 0.0f;
+    return (hp->attn_scale > 0 ? hp->attn_scale : 1.0f / sqrtf((float)hp->head_dim)) / (*cap > 0 ? *cap : 1.0f);
+}
+/* The gated activation of the family's FFN (kern_cuda.h TN_CU_SILU ..). */
+static int glu_act(const tn_hparams *hp) {
+    return hp->ffn == TN_FFN_GEGLU ? TN_CU_GELU : hp->ffn == TN_FFN_SWIGLU_OAI ? TN_CU_SWIGLU_OAI : TN_CU_SILU;
+}
+
+/* The persistent kernel's arguments for a one-token step (the buffers never move; the step's
+ * positions, cache rows and block tables, pos .. tbl, are the caller's to set). */
 static tn_cu_persist_args persist_args(const tn_cuda_ctx *g, const tern_ctx *c) {
     const tn_hparams *hp = &c->hp;
-    const float cap = hp->attn_softcap > 0 ? hp->attn_softcap : 0.0f;
     const int64_t hd = hp->head_dim;
     tn_cu_persist_args a = {0};
     a.L = g->d_players;
@@ -609,11 +518,9 @@ static tn_cu_persist_args persist_args(const tn_cuda_ctx *g, const tern_ctx *c) 
     a.d = hp->n_embd, a.ff = hp->n_ff;
     a.n_head = hp->n_head, a.n_head_kv = hp->n_head_kv, a.hd = (int)hd;
     a.neox = hp->rope_mode == TN_ROPE_NEOX;
-    a.act = hp->ffn == TN_FFN_GEGLU ? TN_CU_GELU : hp->ffn == TN_FFN_SWIGLU_OAI ? TN_CU_SWIGLU_OAI : TN_CU_SILU;
+    a.act = glu_act(hp);
     a.eps = hp->rms_eps;
-    a.scale = (hp->attn_scale > 0 ? hp->attn_scale : 1.0f / sqrtf((float)hd)) / (cap > 0 ? cap : 1.0f);
-    a.cap = cap;
-    a.pos = g->d_ints, a.kvrow = g->d_ints + 1, a.toff = g->d_ints + 2, a.tbl = g->d_ints + 4; /* run_layers' layout for n = 1 */
+    a.scale = attn_scale(hp, &a.cap);
     a.kv = g->kv;
     a.bar = g->d_bar;
     return a;
@@ -894,8 +801,6 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
     g->fuse_norm = env_int("TERN_CUDA_FUSE", 1) != 0 && env_int("TERN_CUDA_FUSE_NORM", 1) != 0;
     g->fuse_glu = env_int("TERN_CUDA_FUSE", 1) != 0 && env_int("TERN_CUDA_FUSE_GLU", 1) != 0;
     persist_setup(g, c, &ok);
-    g->graph_pref = g->use_graph;
-    if (g->persist) g->use_graph = false; /* a step is two launches: nothing for a graph to save */
     if (!ok) {
         s = TERN_ERR_NOMEM;
         goto fail;
@@ -1200,11 +1105,9 @@ static void run_layers(tn_cuda_ctx *g, tern_ctx *c, int64_t n, int32_t n_out) {
     const int64_t d = hp->n_embd, hd = hp->head_dim, qd = (int64_t)hp->n_head * hd;
     const int64_t kv_dim = (int64_t)hp->n_head_kv * hd;
     int32_t *d_pos = g->d_ints, *d_kvrow = d_pos + n, *d_toff = d_kvrow + n, *d_orow = d_toff + n, *d_tbl = d_orow + n;
-    /* scores q.k * scale (the family's, or 1/sqrt(hd)); soft-capped (gemma2): scale / cap, then
-     * cap * tanh, as the CPU computes them */
-    const float cap = hp->attn_softcap > 0 ? hp->attn_softcap : 0.0f;
-    const float scale = (hp->attn_scale > 0 ? hp->attn_scale : 1.0f / sqrtf((float)hd)) / (cap > 0 ? cap : 1.0f);
-    const int act = hp->ffn == TN_FFN_GEGLU ? TN_CU_GELU : hp->ffn == TN_FFN_SWIGLU_OAI ? TN_CU_SWIGLU_OAI : TN_CU_SILU;
+    float cap;
+    const float scale = attn_scale(hp, &cap);
+    const int act = glu_act(hp);
     /* one token: the attention kernel does the RoPE and cache store (the same bits, a launch fewer) */
     const bool rope1 = g->fuse_rope && n == 1;
     /* one token: the norm after Wo and after Wdown by the product's last block (the same bits) */
@@ -1215,7 +1118,8 @@ static void run_layers(tn_cuda_ctx *g, tern_ctx *c, int64_t n, int32_t n_out) {
      * norm in xb (and its q8 blocks for a code-path output) as the last Wdown's tail would */
     bool persist = g->persist && n == 1 && n_out == 1;
     if (persist) {
-        const tn_cu_persist_args pa = persist_args(g, c);
+        tn_cu_persist_args pa = persist_args(g, c);
+        pa.pos = d_pos, pa.kvrow = d_kvrow, pa.toff = d_toff, pa.tbl = d_tbl;
         const int pi = prof_begin(g, "persist");
         const int e = tn_cu_persist(&pa, &g->h_player0, g->persist_grid, g->st);
         prof_end(g, pi);
@@ -1223,8 +1127,7 @@ static void run_layers(tn_cuda_ctx *g, tern_ctx *c, int64_t n, int32_t n_out) {
             cudaGetLastError();
             fprintf(stderr, "tern: cuda: the persistent kernel did not launch (%s); one-token steps run launch by launch\n",
                     tn_cu_errstr(e));
-            g->persist = persist = false;
-            g->use_graph = g->graph_pref; /* (captured at the next one-token step) */
+            g->persist = persist = false; /* (a graph is captured at the next one-token step) */
         }
         normed = persist;
     }
@@ -1366,7 +1269,8 @@ tern_status tn_cuda_forward_batch(tern_ctx *c, const tn_batch *b, const int32_t 
     CKL("h2d", cudaMemcpyAsync(g->d_ints, g->h_ints, (size_t)(4 * n + nt) * 4, cudaMemcpyHostToDevice, g->st));
 
     /* one-token decode with logits: a CUDA graph of every kernel of the step (captured once) */
-    const bool graph = g->use_graph && !g->prof && n == 1 && g->has_output && n_out == 1;
+    /* (not around the persistent kernel: a step is two launches, nothing for a graph to save) */
+    const bool graph = g->use_graph && !g->persist && !g->prof && n == 1 && g->has_output && n_out == 1;
     if (graph && !g->graph_exec && !g->cuerr) {
         cudaError_t e = cudaStreamBeginCapture(g->st, cudaStreamCaptureModeRelaxed);
         if (e == cudaSuccess) {
