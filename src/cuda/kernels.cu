@@ -43,7 +43,7 @@ static inline int tn_cu_err(void) { return (int)cudaGetLastError(); }
  *     bound the chain: at most the next GEMV's weights are fetched ahead, which fits in L2.
  * A kernel launched early only waits; what it reads is written by kernels that have completed. */
 static bool g_pdl = false;
-static int g_bps = 0, g_sms = 0, g_grid_cap = 0, g_rows = 1;
+static int g_bps = 0, g_sms = 0, g_grid_cap = 0, g_rows = 1, g_l2 = 0;
 __device__ int d_early = 0;    /* small kernels trigger before they wait */
 __device__ int d_prefetch = 0; /* GEMV kernels prefetch their weight rows into L2 before they wait */
 
@@ -54,6 +54,7 @@ extern "C" int tn_cu_configure(int pdl, int early, int prefetch, int gemv_bps, i
     int dev = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaDeviceGetAttribute(&g_l2, cudaDevAttrL2CacheSize, dev);
     const int e = pdl && early ? 1 : 0, pf = prefetch ? 1 : 0;
     cudaMemcpyToSymbol(d_early, &e, sizeof e);
     cudaMemcpyToSymbol(d_prefetch, &pf, sizeof pf);
@@ -2144,12 +2145,10 @@ __global__ void __launch_bounds__(ATT_THREADS, PS_MIN_BLOCKS) k_persist(tn_cu_pe
 template <int B, int KIND, bool ASYM>
 static int launch_persist(const tn_cu_persist_args *a, const tn_cu_player *L0, int grid, cudaStream_t st) {
     void (*k)(tn_cu_persist_args, int, int, int, int, int64_t) = k_persist<B, KIND, ASYM>;
-    int dev = 0, l2 = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev);
+    static int per = 0; /* blocks per multiprocessor, asked once per kernel */
     if (grid <= 0) {
-        int per = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k, ATT_THREADS, 0) != cudaSuccess || per < 1) return tn_cu_err();
+        if (per < 1 && (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k, ATT_THREADS, 0) != cudaSuccess || per < 1))
+            return tn_cu_err();
         grid = min(per, PS_MIN_BLOCKS) * (g_sms > 0 ? g_sms : 1);
     }
     cudaLaunchConfig_t cfg = {};
@@ -2162,7 +2161,7 @@ static int launch_persist(const tn_cu_persist_args *a, const tn_cu_player *L0, i
     cfg.attrs = at;
     cfg.numAttrs = 1;
     /* half of L2 for the next product's rows, fetched while a stage runs */
-    cudaLaunchKernelEx(&cfg, k, *a, gemv_wpr(&L0->qkv), gemv_wpr(&L0->wo), gemv_wpr(&L0->gu), gemv_wpr(&L0->down), (int64_t)l2 / 2);
+    cudaLaunchKernelEx(&cfg, k, *a, gemv_wpr(&L0->qkv), gemv_wpr(&L0->wo), gemv_wpr(&L0->gu), gemv_wpr(&L0->down), (int64_t)g_l2 / 2);
     return tn_cu_err();
 }
 
