@@ -114,9 +114,18 @@ if [ "${GPU_CHECK_QUICK:-0}" != 1 ]; then
     step bench_q4_0_persist_nopf 60 env TERN_CUDA_PERSIST=1 TERN_CUDA_PREFETCH=0 "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" \
         -p 0 -n 128 -r 5 -o json
     TERN_CUDA_PERSIST=1 TERN_CUDA_PROFILE=1 step profile_q4_0_persist 60 "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" -p 0 -n 64 -r 1
+    # long contexts: decode after 8192 tokens in the cache, each (token, head)'s positions split
+    # across blocks (flash-decoding, the default), unsplit (TERN_CUDA_ATTN_SPLIT=1), and in the
+    # persistent kernel (its attention stage splits a head across the blocks it has for each)
+    for v in split:TERN_CUDA_X=1 nosplit:TERN_CUDA_ATTN_SPLIT=1 persist:TERN_CUDA_PERSIST=1; do
+        # shellcheck disable=SC2086 # the settings are words
+        step "bench_q4_0_d8192_${v%%:*}" 90 env ${v#*:} "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" -d 8192 -p 0 -n 64 \
+            -r 3 -o json
+    done
     [ -n "$PEER" ] && for ty in q4_0 q8_0; do
         step "peer_$ty" 120 "$PEER" -m "$TMPD/1b-$ty.gguf" -p 512 -n 128 -r 3 -ngl 99 -fa 1 -o jsonl
     done
+    [ -n "$PEER" ] && step peer_q4_0_d8192 120 "$PEER" -m "$TMPD/1b-q4_0.gguf" -d 8192 -p 0 -n 64 -r 3 -ngl 99 -fa 1 -o jsonl
     # the other types, and llama.cpp's CUDA build on the same file right after each
     for ty in q4_K_M iq4_xs q3_K_M; do
         step "quantize_$ty" 90 "$BIN" quantize -t "$(nproc)" "$TMPD/1b-f16.gguf" "$TMPD/1b-$ty.gguf" "$ty"

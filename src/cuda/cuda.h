@@ -38,6 +38,9 @@ void tn_cuda_set_batch_invariant(tn_cuda_ctx *g, bool on);
 /* Whether g runs one-token steps as one persistent kernel (TERN_CUDA_PERSIST=1 and a model it
  * takes: kern_cuda.h tn_cu_persist). */
 bool tn_cuda_persistent(const tn_cuda_ctx *g);
+/* The blocks per (token, head) the last step's attention launches split its positions across
+ * (flash-decoding; 1: unsplit). */
+int tn_cuda_attn_splits(const tn_cuda_ctx *g);
 /* The forward pass of tn_forward_batch on the GPU (and the CPU for layers past n_gpu_layers).
  * Returns TERN_OK or the CUDA error that stopped it. */
 tern_status tn_cuda_forward_batch(tern_ctx *c, const tn_batch *b, const int32_t *const *tables);

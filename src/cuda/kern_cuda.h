@@ -220,12 +220,25 @@ typedef struct tn_cu_rope {
     const int32_t *kvrow;
     void *Kc, *Vc;
 } tn_cu_rope;
+#define TN_CU_ATT_CHUNK 512
+/* Flash-decoding: the positions of a (token, head) in chunks of 512 split across `splits` blocks
+ * (a chunk's partial softmax in part, [tokens n_head][kmax][2 + hd] floats: max, sum, output; the
+ * last block of a (token, head) to finish, counted on cnt [tokens n_head] ints, zeroed once, folds
+ * them). The result is the same bits for any number of splits. Tokens whose chunks outnumber kmax
+ * run unsplit. */
+typedef struct tn_cu_attn_split {
+    float *part;
+    int *cnt;
+    int kmax;   /* chunks a (token, head) has room for in part                     */
+    int tokens; /* tokens (n) part and cnt have room for                           */
+    int splits; /* blocks per (token, head); <= 1: unsplit (tn_cu_attention only) */
+} tn_cu_attn_split;
 /* Causal attention: token t (query q[t*ldq ..], n_head*hd floats) attends positions 0 .. pos[t] of its
  * sequence (window > 0: only the last window of them, a sliding-window layer); position p's cache
  * row is p (tbl_off[t] < 0) or tbl[tbl_off[t] + p/16]*16 + p%16. Scores are q.k * scale, with
  * cap > 0 then cap * tanh(score) (gemma2; pass scale already divided by cap, as the CPU does).
  * K and V rows in kv's types (NULL: f16); a quantized K is dotted with the query as q8 blocks.
- * out [n][n_head*hd]. Online softmax in f32. xq != NULL (hd % 32 == 0): out also quantized into it.
+ * out [n][n_head*hd]. Softmax per chunk of 512 positions, the chunks folded, in f32. xq != NULL (hd % 32 == 0): out also quantized into it.
  * rope != NULL: q is the qkv product as it comes (not yet rotated; it stays so) and the kernel
  * does tn_cu_rope_store's work itself (bit for bit), for batches where no token reads another's
  * new row. sinks [n_head] (gpt-oss; NULL: none): head h's softmax denominator has exp(sinks[h])
@@ -233,7 +246,7 @@ typedef struct tn_cu_rope {
 int tn_cu_attention(const float *q, int64_t ldq, const void *Kc, const void *Vc, int64_t n, int n_head, int n_head_kv,
                     int hd, const int32_t *pos, const int32_t *tbl_off, const int32_t *tbl, float scale, float cap,
                     int window, const float *sinks, float *out, const tn_cq *xq, const tn_cu_rope *rope, const tn_cu_kv *kv,
-                    void *stream);
+                    const tn_cu_attn_split *split, void *stream);
 /* x[j] += rmsnorm(y[j]) * w for rows j < n of d (post-attention / post-FFN norms before the
  * residual add; sum of squares in double). */
 int tn_cu_rmsnorm_add(float *x, const float *y, const float *w, int64_t n, int64_t d, float eps, void *stream);
@@ -283,6 +296,8 @@ typedef struct tn_cu_persist_args {
     float eps, scale, cap; /* attention: scale (already divided by cap), soft cap (0: none) */
     const int32_t *pos, *toff, *tbl, *kvrow; /* as tn_cu_attention's and tn_cu_rope's        */
     tn_cu_kv kv;
+    tn_cu_attn_split split; /* part NULL: unsplit; else the attention stage splits each head's
+                             * positions across grid / n_head blocks (splits is not read)       */
     unsigned *bar;         /* 2 unsigned of device memory, zeroed once: the grid barrier        */
 } tn_cu_persist_args;
 /* Runs a's layers for one token, as the kernels above would one launch at a time (the same bits: the

@@ -1630,12 +1630,18 @@ extern "C" int tn_cu_rope_store(float *q, int64_t ldq, float *k, float *v, int64
 }
 
 #define ATT_THREADS 256
-#define ATT_CHUNK 512
-/* One block of 256 threads per (token, head), positions in chunks of 512 with an online softmax
- * across chunks: the threads score positions in parallel (each a whole K row, 16-byte loads), the
- * block takes the chunk's max and sum, then thread (g, d) accumulates dimension d of V over the
- * chunk's positions g, g+G, .. (G = 256/hd groups; rows read whole by consecutive threads), and
- * the groups are summed at the end. f32 throughout; K, V in f16 as the cache holds them. */
+#define ATT_CHUNK TN_CU_ATT_CHUNK
+/* Blocks of 256 threads per (token, head), positions in chunks of 512: the threads score a chunk's
+ * positions in parallel (each a whole K row, 16-byte loads), the block takes the chunk's max m and
+ * its sum l of exp(s - m), then thread (g, d) accumulates dimension d of V over the chunk's
+ * positions g, g+G, .. (G = 256/hd groups; rows read whole by consecutive threads), the groups
+ * summed into the chunk's o. The chunks' (m, l, o) are folded in order, each rescaled to the
+ * running maximum (attn_fold), and the output is o / l. f32 throughout; K, V in f16 as the cache
+ * holds them.
+ * Flash-decoding (sp.part, S > 1): a (token, head) with K > 1 chunks has min(S, K) blocks, block s
+ * taking chunks s, s + S, ..; each writes its chunks' (m, l, o) to sp.part, and the last block to
+ * finish (counted on sp.cnt) folds all K in order. The same per-chunk arithmetic and the same fold
+ * in the same order as one block doing every chunk: the same bits for any S. */
 /* A quantized cache (kv.tk / kv.tv q8_0 or q4_0): a quantized K is dotted with the query as q8
  * blocks (the CPU's activation quantizer), integer sums per block, as the CPU's attention over such
  * a cache; V values are dequantized as they are accumulated. A rotated cache (kv.rot_k, kv.rot_v):
@@ -1645,12 +1651,22 @@ extern "C" int tn_cu_rope_store(float *q, int64_t ldq, float *k, float *v, int64
  * new row normed, rotated and rounded to fp16, which it uses for the token's own position (the
  * leader of each group of query heads stores it to the cache: no block of this launch reads it
  * there). The same functions as k_rope_store, so the same bits. */
-/* (The body of block `unit` = token * n_head + head; k_attn_block and the persistent kernel call it
- * with ATT_THREADS threads.) */
-__device__ __forceinline__ void attn_unit(int64_t unit, const float *q, int64_t ldq, const uint8_t *Kc, const uint8_t *Vc,
-                                          int n_head, int n_head_kv, int hd, const int32_t *pos, const int32_t *tbl_off,
-                                          const int32_t *tbl, float scale, float cap, int window, const float *sinks, float *out,
-                                          const tn_cq &xq, const tn_cu_rope &ar, const tn_cu_kv &kv) {
+/* The running fold (M, L, O) of the chunks so far and one more chunk (m, l, o): both rescaled to
+ * the larger maximum. Rounded as written (no contraction): the split and unsplit paths fold with
+ * these same operations. The first chunk gives (m, l, o) exactly (a = 0, b = 1). */
+__device__ __forceinline__ void attn_fold(float &M, float &L, float &O, float m, float l, float o) {
+    const float Mn = fmaxf(M, m), a = expf(M - Mn), b = expf(m - Mn);
+    L = __fadd_rn(__fmul_rn(L, a), __fmul_rn(l, b));
+    O = __fadd_rn(__fmul_rn(O, a), __fmul_rn(o, b));
+    M = Mn;
+}
+/* (The body of block s of S of `unit` = token * n_head + head; k_attn_block and the persistent
+ * kernel call it with ATT_THREADS threads; a block with nothing to do returns at once.) */
+__device__ __forceinline__ void attn_unit(int64_t unit, int s, int S, const tn_cu_attn_split &sp, const float *q, int64_t ldq,
+                                          const uint8_t *Kc, const uint8_t *Vc, int n_head, int n_head_kv, int hd,
+                                          const int32_t *pos, const int32_t *tbl_off, const int32_t *tbl, float scale, float cap,
+                                          int window, const float *sinks, float *out, const tn_cq &xq, const tn_cu_rope &ar,
+                                          const tn_cu_kv &kv) {
     __shared__ __align__(16) float qs[2 * ATT_THREADS];
     __shared__ float sc[ATT_CHUNK];
     __shared__ int32_t rows[ATT_CHUNK];
@@ -1668,6 +1684,12 @@ __device__ __forceinline__ void attn_unit(int64_t unit, const float *q, int64_t 
     const bool f16kv = kv.tk == TN_CU_KV_F16 && kv.tv == TN_CU_KV_F16;
     const int64_t k_rb = f16kv ? (int64_t)kv_dim * 2 : kv.k_rb, v_rb = f16kv ? (int64_t)kv_dim * 2 : kv.v_rb;
     const int64_t koff = kv_head_off(kv.tk, kvh, hd), voff = kv_head_off(kv.tv, kvh, hd);
+    /* positions p_lo .. T - 1 (all, or the last `window` on a sliding-window layer) in K chunks of
+     * ATT_CHUNK from p_lo; chunk c by split block c % Se (Se = 1: this block does them all) */
+    const int T = pos[t] + 1, off = tbl_off[t], p_lo = window > 0 && T > window ? T - window : 0;
+    const int K = (T - p_lo + ATT_CHUNK - 1) / ATT_CHUNK;
+    const int Se = sp.part && K <= sp.kmax ? min(S, K) : 1;
+    if (s >= Se) return;
     for (int i = tid; i < hd; i += ATT_THREADS) qs[i] = q[t * ldq + (int64_t)h * hd + i];
     const bool fused = ar.cs != nullptr;
     if (fused) {
@@ -1700,7 +1722,7 @@ __device__ __forceinline__ void attn_unit(int64_t unit, const float *q, int64_t 
             }
         }
         __syncthreads();
-        if (h % (n_head / n_head_kv) == 0) { /* the group's leader stores the row's bytes */
+        if (h % (n_head / n_head_kv) == 0 && s == 0) { /* the group's leader stores the row's bytes */
             const int64_t r = ar.kvrow[t];
             const int kb = (int)(kv_head_off(kv.tk, 1, hd)), vb = (int)(kv_head_off(kv.tv, 1, hd)); /* a head's bytes */
             for (int i = tid; i < kb; i += ATT_THREADS) ((uint8_t *)ar.Kc)[r * k_rb + koff + i] = ((const uint8_t *)kh)[i];
@@ -1712,16 +1734,13 @@ __device__ __forceinline__ void attn_unit(int64_t unit, const float *q, int64_t 
         const tn_cq sq = {qq, qd, qsum};
         for (int b = warp; b < hd / 32; b += ATT_THREADS / WARP) q8_block(qs[b * 32 + lane], lane, b, b * 32, sq);
     }
-    /* positions p_lo .. T - 1: all, or the last `window` on a sliding-window layer */
-    const int T = pos[t] + 1, off = tbl_off[t], p_lo = window > 0 && T > window ? T - window : 0;
-    const int G = hd <= ATT_THREADS ? ATT_THREADS / hd : 1;
-    const int gi = hd <= ATT_THREADS ? tid / hd : 0, d0 = hd <= ATT_THREADS ? tid % hd : tid;
+    const int G = ATT_THREADS / hd, gi = tid / hd, d0 = tid % hd; /* hd <= ATT_THREADS */
     const bool active = gi < G;
     const bool vec = (hd & 7) == 0 && (kv_dim & 7) == 0;
-    float acc0 = 0.0f, acc1 = 0.0f, mx = -INFINITY, l = 0.0f;
+    float M = -INFINITY, L = 0.0f, O = 0.0f; /* the fold of the chunks so far (O: dimension tid < hd) */
     __syncthreads();
-    for (int p0 = p_lo; p0 < T; p0 += ATT_CHUNK) {
-        const int np = min(ATT_CHUNK, T - p0);
+    for (int c = s; c < K; c += Se) {
+        const int p0 = p_lo + c * ATT_CHUNK, np = min(ATT_CHUNK, T - p0);
         float cmax = -INFINITY;
         for (int j = tid; j < np; j += ATT_THREADS) {
             const int p = p0 + j;
@@ -1739,100 +1758,111 @@ __device__ __forceinline__ void attn_unit(int64_t unit, const float *q, int64_t 
                     const uint4 u = *(const uint4 *)(kr + i);
                     const __half2 *h2 = (const __half2 *)&u;
 #pragma unroll
-                    for (int c = 0; c < 4; c++) {
-                        const float2 f = __half22float2(h2[c]);
-                        dot += qs[i + 2 * c] * f.x + qs[i + 2 * c + 1] * f.y;
+                    for (int c2 = 0; c2 < 4; c2++) {
+                        const float2 f = __half22float2(h2[c2]);
+                        dot += qs[i + 2 * c2] * f.x + qs[i + 2 * c2 + 1] * f.y;
                     }
                 }
             } else {
                 const __half *kr = (const __half *)krow;
                 for (int i = 0; i < hd; i++) dot += qs[i] * __half2float(kr[i]);
             }
-            float s = dot * scale;
-            if (cap > 0.0f) s = cap * tanhf(s); /* soft-capped scores (gemma2): scale is then 1/(sqrt(hd) cap) */
-            sc[j] = s;
-            cmax = fmaxf(cmax, s);
+            float sco = dot * scale;
+            if (cap > 0.0f) sco = cap * tanhf(sco); /* soft-capped scores (gemma2): scale is then 1/(sqrt(hd) cap) */
+            sc[j] = sco;
+            cmax = fmaxf(cmax, sco);
         }
+        /* the chunk's own softmax: its max m, sum l, and o = sum_j exp(s_j - m) v_j */
         cmax = warp_max(cmax);
         if (lane == 0) red[warp] = cmax;
         __syncthreads();
-        cmax = red[0];
-        for (int w = 1; w < ATT_THREADS / WARP; w++) cmax = fmaxf(cmax, red[w]);
+        float m = red[0];
+        for (int w = 1; w < ATT_THREADS / WARP; w++) m = fmaxf(m, red[w]);
         __syncthreads();
-        const float mnew = fmaxf(mx, cmax), corr = expf(mx - mnew);
         float csum = 0.0f;
         for (int j = tid; j < np; j += ATT_THREADS) {
-            const float e = expf(sc[j] - mnew);
+            const float e = expf(sc[j] - m);
             sc[j] = e;
             csum += e;
         }
         csum = warp_sum(csum);
         if (lane == 0) red[warp] = csum;
         __syncthreads();
-        csum = 0.0f;
-        for (int w = 0; w < ATT_THREADS / WARP; w++) csum += red[w];
-        l = l * corr + csum;
-        mx = mnew;
-        acc0 *= corr;
-        acc1 *= corr;
+        float l = 0.0f;
+        for (int w = 0; w < ATT_THREADS / WARP; w++) l += red[w];
+        float acc = 0.0f;
         if (active && kv.tv == TN_CU_KV_F16) {
 #pragma unroll 8
             for (int j = gi; j < np; j += G) {
                 const __half *vr = rows[j] < 0 ? vh : (const __half *)(Vc + (int64_t)rows[j] * v_rb + voff);
-                const float pj = sc[j];
-                acc0 += pj * __half2float(vr[d0]);
-                if (hd > ATT_THREADS && d0 + ATT_THREADS < hd) acc1 += pj * __half2float(vr[d0 + ATT_THREADS]);
+                acc += sc[j] * __half2float(vr[d0]);
             }
         } else if (active) {
             for (int j = gi; j < np; j += G) {
                 const uint8_t *vr = rows[j] < 0 ? (const uint8_t *)vh : Vc + (int64_t)rows[j] * v_rb + voff;
-                acc0 += sc[j] * kv_value(vr, kv.tv, d0);
+                acc += sc[j] * kv_value(vr, kv.tv, d0);
             }
         }
-        __syncthreads(); /* sc, rows and red are rewritten by the next chunk */
-    }
-    if (sinks) l += expf(sinks[h] - mx); /* gpt-oss: one more logit in the denominator */
-    float *o = out + t * (int64_t)n_head * hd + (int64_t)h * hd;
-    if (hd <= ATT_THREADS) {
-        if (active) part[tid] = acc0;
+        if (active) part[tid] = acc;
         __syncthreads();
-        float s = 0.0f;
-        if (tid < hd) {
-            for (int g = 0; g < G; g++) s += part[g * hd + tid];
-            s /= l;
+        float o = 0.0f;
+        if (tid < hd)
+            for (int g = 0; g < G; g++) o += part[g * hd + tid];
+        if (Se == 1) {
+            attn_fold(M, L, O, m, l, o);
+        } else { /* the chunk's partial, for the unit's last block to fold */
+            float *pp = sp.part + ((int64_t)unit * sp.kmax + c) * (hd + 2);
+            if (tid == 0) pp[0] = m, pp[1] = l;
+            if (tid < hd) pp[2 + tid] = o;
         }
-        if (kv.rot_v) { /* the output rotated back (D H), in shared memory */
-            __syncthreads();
-            if (tid < hd) kf[tid] = s;
-            __syncthreads();
-            if (warp == 0) kv_rot_warp(kf, hd, kv.rot_sign, kv.rot_blk, true, lane);
-            __syncthreads();
-            if (tid < hd) s = kf[tid];
+        __syncthreads(); /* sc, rows, red and part are rewritten by the next chunk */
+    }
+    if (Se > 1) { /* split: the unit's last block to finish folds every chunk's partial, in order */
+        __shared__ int last;
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) last = atomicAdd(sp.cnt + unit, 1) == Se - 1;
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        for (int c = 0; c < K; c++) {
+            const float *pp = sp.part + ((int64_t)unit * sp.kmax + c) * (hd + 2);
+            attn_fold(M, L, O, __ldcg(pp), __ldcg(pp + 1), tid < hd ? __ldcg(pp + 2 + tid) : 0.0f);
         }
-        if (tid < hd) {
-            o[tid] = s;
-            /* the output quantized for Wo as it is written (hd % 32 == 0: whole warps, whole blocks) */
-            if (xq.q) {
-                const int64_t e = t * (int64_t)n_head * hd + (int64_t)h * hd + tid;
-                q8_block(s, lane, e / 32, e - lane, xq);
-            }
+        if (tid == 0) sp.cnt[unit] = 0;
+    }
+    if (sinks) L += expf(sinks[h] - M); /* gpt-oss: one more logit in the denominator */
+    float *out_t = out + t * (int64_t)n_head * hd + (int64_t)h * hd;
+    float r = tid < hd ? O / L : 0.0f;
+    if (kv.rot_v) { /* the output rotated back (D H), in shared memory */
+        __syncthreads();
+        if (tid < hd) kf[tid] = r;
+        __syncthreads();
+        if (warp == 0) kv_rot_warp(kf, hd, kv.rot_sign, kv.rot_blk, true, lane);
+        __syncthreads();
+        if (tid < hd) r = kf[tid];
+    }
+    if (tid < hd) {
+        out_t[tid] = r;
+        /* the output quantized for Wo as it is written (hd % 32 == 0: whole warps, whole blocks) */
+        if (xq.q) {
+            const int64_t e = t * (int64_t)n_head * hd + (int64_t)h * hd + tid;
+            q8_block(r, lane, e / 32, e - lane, xq);
         }
-    } else {
-        o[d0] = acc0 / l;
-        if (d0 + ATT_THREADS < hd) o[d0 + ATT_THREADS] = acc1 / l;
     }
 }
 __global__ void k_attn_block(const float *q, int64_t ldq, const uint8_t *Kc, const uint8_t *Vc, int64_t n, int n_head, int n_head_kv, int hd,
                  const int32_t *pos, const int32_t *tbl_off, const int32_t *tbl, float scale, float cap, int window,
-                 const float *sinks, float *out, tn_cq xq, tn_cu_rope ar, tn_cu_kv kv) {
+                 const float *sinks, float *out, tn_cq xq, tn_cu_rope ar, tn_cu_kv kv, tn_cu_attn_split sp, int S) {
     (void)n;
     gdc_enter();
-    attn_unit(blockIdx.x, q, ldq, Kc, Vc, n_head, n_head_kv, hd, pos, tbl_off, tbl, scale, cap, window, sinks, out, xq, ar, kv);
+    attn_unit((int)(blockIdx.x / S), (int)(blockIdx.x % S), S, sp, q, ldq, Kc, Vc, n_head, n_head_kv, hd, pos, tbl_off, tbl, scale, cap,
+              window, sinks, out, xq, ar, kv);
 }
 extern "C" int tn_cu_attention(const float *q, int64_t ldq, const void *Kc, const void *Vc, int64_t n, int n_head,
                                int n_head_kv, int hd, const int32_t *pos, const int32_t *tbl_off, const int32_t *tbl,
                                float scale, float cap, int window, const float *sinks, float *out, const tn_cq *xq,
-                               const tn_cu_rope *rope, const tn_cu_kv *kv, void *stream) {
+                               const tn_cu_rope *rope, const tn_cu_kv *kv, const tn_cu_attn_split *split, void *stream) {
     const tn_cu_kv kvv = kv_or_f16(kv);
     const bool plain = kvv.tk == TN_CU_KV_F16 && kvv.tv == TN_CU_KV_F16 && !kvv.rot_k && !kvv.rot_v;
     if (hd > 256 || (xq && hd % 32 != 0) || (rope && (rope->n_rot > hd || rope->n_rot % 2 != 0)) || window < 0 || cap < 0.0f ||
@@ -1843,8 +1873,15 @@ extern "C" int tn_cu_attention(const float *q, int64_t ldq, const void *Kc, cons
     if (rope) ar = *rope;
     const int64_t units = n * n_head;
     if (units == 0) return 0;
-    launch(k_attn_block, (unsigned)units, ATT_THREADS, 0, (cudaStream_t)stream, q, ldq, (const uint8_t *)Kc, (const uint8_t *)Vc, n,
-           n_head, n_head_kv, hd, pos, tbl_off, tbl, scale, cap, window, sinks, out, xq ? *xq : none, ar, kvv);
+    tn_cu_attn_split sp = {};
+    int S = 1;
+    if (split && split->splits > 1) {
+        if (!split->part || !split->cnt || split->kmax < 1 || split->tokens < n) return (int)cudaErrorInvalidValue;
+        sp = *split, S = split->splits;
+    }
+    launch(k_attn_block, (unsigned)(units * S), ATT_THREADS, 0, (cudaStream_t)stream, q, ldq, (const uint8_t *)Kc,
+           (const uint8_t *)Vc, n, n_head, n_head_kv, hd, pos, tbl_off, tbl, scale, cap, window, sinks, out, xq ? *xq : none, ar,
+           kvv, sp, S);
     return tn_cu_err();
 }
 
@@ -2109,9 +2146,11 @@ __global__ void __launch_bounds__(ATT_THREADS, PS_MIN_BLOCKS) k_persist(tn_cu_pe
          * one-token steps run it; the output and its q8 blocks for Wo */
         ps_prefetch(L->gu, wg, true, pf, ASYM);
         const tn_cu_rope ar = {a.q + qd, a.q + qd + kvd, ldq, L->qn, L->kn, a.eps, L->cs, L->n_rot, a.neox, a.kvrow, L->Kc, L->Vc};
-        for (int64_t u = blockIdx.x; u < a.n_head; u += gridDim.x) {
-            attn_unit(u, a.q, ldq, (const uint8_t *)L->Kc, (const uint8_t *)L->Vc, a.n_head, a.n_head_kv, a.hd, a.pos, a.toff, a.tbl,
-                      a.scale, a.cap, L->window, L->sinks, a.att, a.xq, ar, a.kv);
+        /* (a head's positions split across the blocks there are for each head) */
+        const int S = a.split.part ? max(1, (int)gridDim.x / a.n_head) : 1;
+        for (int u = blockIdx.x; u < a.n_head * S; u += gridDim.x) {
+            attn_unit(u / S, u % S, S, a.split, a.q, ldq, (const uint8_t *)L->Kc, (const uint8_t *)L->Vc, a.n_head, a.n_head_kv,
+                      a.hd, a.pos, a.toff, a.tbl, a.scale, a.cap, L->window, L->sinks, a.att, a.xq, ar, a.kv);
             __syncthreads();
         }
         grid_sync(a.bar);

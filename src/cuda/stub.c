@@ -76,6 +76,10 @@ bool tn_cuda_persistent(const tn_cuda_ctx *g) {
     (void)g;
     return false;
 }
+int tn_cuda_attn_splits(const tn_cuda_ctx *g) {
+    (void)g;
+    return 1;
+}
 void tn_cuda_set_batch_invariant(tn_cuda_ctx *g, bool on) {
     TN_UNUSED(g);
     TN_UNUSED(on);

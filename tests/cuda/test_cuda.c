@@ -797,6 +797,98 @@ static void test_persist_equivalence(void **state) {
     }
 }
 
+/* Contexts longer than one attention chunk (512 positions): a 1097-token prompt, a 3-token batch
+ * and decode steps up to position 1105 (3 chunks), on a one-layer model of two heads. The chunks
+ * of a (token, head) are computed by one block or split across blocks (flash-decoding;
+ * TERN_CUDA_ATTN_SPLIT=1: never, 2: at most 2 blocks, the first taking chunks 0 and 2; unset:
+ * enough for the device, here all 3): the logits must be bit-identical, and the split must have
+ * happened. F32 weights through the GEMV kernels (TERN_CUDA_PREFILL=gemv: f32 products) against the
+ * independent double-precision reference (K and V rounded to f16 as the cache keeps them): within
+ * 1e-3 relative (measured 1.7e-4; a fold that drops a chunk is off by more). A Q8_0 model with the
+ * persistent kernel, 12 blocks (the attention stage splits a head across 3) and 4 (2):
+ * bit-identical to the unsplit launches. */
+#define LONG_NP 1100
+#define LONG_STEPS 6
+static int long_run(const tern_model *m, int device, const char *split, const tern_token *prompt, int32_t nv, float *out) {
+    if (split) setenv("TERN_CUDA_ATTN_SPLIT", split, 1);
+    tern_ctx *c = make_ctx(m, device, -1, 1536);
+    unsetenv("TERN_CUDA_ATTN_SPLIT");
+    assert_int_equal(tern_decode(c, prompt, LONG_NP - 3), TERN_OK);
+    assert_int_equal(tern_decode(c, prompt + LONG_NP - 3, 3), TERN_OK); /* a batch of 3 that splits */
+    memcpy(out, tern_get_logits(c, -1), sizeof(float) * (size_t)nv);
+    int splits = device == TERN_DEVICE_CUDA ? tn_cuda_attn_splits(c->cuda) * 10 : 0;
+    for (int step = 0; step < LONG_STEPS; step++) {
+        const tern_token t = (tern_token)(5 + step * 53 % 370);
+        assert_int_equal(tern_decode(c, &t, 1), TERN_OK);
+        memcpy(out + (size_t)(step + 1) * (size_t)nv, tern_get_logits(c, -1), sizeof(float) * (size_t)nv);
+    }
+    if (device == TERN_DEVICE_CUDA) splits += tn_cuda_attn_splits(c->cuda);
+    tern_ctx_free(c);
+    return splits; /* 10 x the batch's splits + the last step's */
+}
+static void test_attn_split(void **state) {
+    (void)state;
+    tern_token prompt[LONG_NP];
+    for (int i = 0; i < LONG_NP; i++) prompt[i] = (tern_token)(3 + (i * 7919 + i / 13) % 380);
+    const size_t rows = LONG_STEPS + 1;
+    for (int model = 0; model < 2; model++) {
+        tiny_cfg cfg;
+        tiny_cfg_default(&cfg);
+        cfg.n_ctx = 2048, cfg.n_layer = 1, cfg.n_embd = 128, cfg.n_head = 2, cfg.n_head_kv = 1, cfg.n_ff = 256;
+        cfg.wtype = model == 0 ? TN_F32 : TN_Q8_0;
+        cfg.out_type = model == 0 ? TN_F32 : TN_Q8_0;
+        tern_model *m = load_cfg(&cfg, "cuda_split");
+        const int32_t nv = (int32_t)cfg.n_vocab;
+        float *ref = malloc(sizeof(float) * (size_t)nv * rows), *got = malloc(sizeof(float) * (size_t)nv * rows);
+        if (model == 0) setenv("TERN_CUDA_PREFILL", "gemv", 1);
+        assert_int_equal(long_run(m, TERN_DEVICE_CUDA, "1", prompt, nv, ref), 11);
+        const char *splits[] = {"2", NULL};
+        const int expect[] = {22, 33}; /* 10 x the batch's + the last step's (auto: 16 blocks over 6 or 2 units, 3 chunks) */
+        for (int si = 0; si < 2; si++) {
+            const int got_s = long_run(m, TERN_DEVICE_CUDA, splits[si], prompt, nv, got);
+            if (got_s != expect[si]) fail_msg("TERN_CUDA_ATTN_SPLIT=%s: splits %d, expected %d", splits[si] ? splits[si] : "(unset)", got_s, expect[si]);
+            for (size_t r = 0; r < rows; r++)
+                if (memcmp(ref + r * nv, got + r * nv, sizeof(float) * (size_t)nv) != 0)
+                    fail_msg("%s split %s: %s %zu: logits differ from the unsplit attention (rel %.2e)", tn_dtype_name(cfg.wtype),
+                             splits[si] ? splits[si] : "auto", r ? "step" : "batch", r, rel_err_f(ref + r * nv, got + r * nv, nv));
+            printf("  %-5s positions to %d: %d blocks a head (batch of 3: %d) bit-identical to one\n", tn_dtype_name(cfg.wtype),
+                   LONG_NP + LONG_STEPS, got_s % 10, got_s / 10);
+        }
+        if (model == 0) { /* the reference, on the same tokens */
+            unsetenv("TERN_CUDA_PREFILL");
+            ref_model *r = ref_create(m, 1536);
+            double *rl = malloc(sizeof(double) * (size_t)nv), worst = 0;
+            for (int i = 0; i < LONG_NP; i++) ref_step(r, prompt[i], rl, NULL);
+            for (size_t row = 0; row < rows; row++) {
+                if (row > 0) ref_step(r, (tern_token)(5 + (int)(row - 1) * 53 % 370), rl, NULL);
+                const double e = rel_err(rl, ref + row * nv, nv);
+                worst = e > worst ? e : worst;
+            }
+            if (worst > 1e-3) fail_msg("f32: logits over 3 chunks rel err %.2e vs the reference > 1e-3", worst);
+            printf("  f32   positions to %d: worst logits rel err vs the reference %.2e (bound 1e-3)\n", LONG_NP + LONG_STEPS, worst);
+            free(rl);
+            ref_free(r);
+        } else {
+            const char *grids[] = {"12", "4"};
+            for (int gi = 0; gi < 2; gi++) {
+                setenv("TERN_CUDA_PERSIST", "1", 1);
+                setenv("TERN_CUDA_PERSIST_GRID", grids[gi], 1);
+                long_run(m, TERN_DEVICE_CUDA, NULL, prompt, nv, got);
+                unsetenv("TERN_CUDA_PERSIST");
+                unsetenv("TERN_CUDA_PERSIST_GRID");
+                for (size_t r = 1; r < rows; r++)
+                    if (memcmp(ref + r * nv, got + r * nv, sizeof(float) * (size_t)nv) != 0)
+                        fail_msg("q8_0 persistent grid %s: step %zu: logits differ from the unsplit launches (rel %.2e)", grids[gi], r,
+                                 rel_err_f(ref + r * nv, got + r * nv, nv));
+                printf("  q8_0  persistent kernel, grid %s: %d decode steps to position %d bit-identical\n", grids[gi], LONG_STEPS,
+                       LONG_NP + LONG_STEPS);
+            }
+        }
+        free(ref), free(got);
+        tern_model_free(m);
+    }
+}
+
 /* Batches of up to 64 tokens of a mixture of experts route on the GPU (tn_cu_moe_route; the
  * experts' GEMVs read each (token, slot) pair's expert from device memory); TERN_CUDA_MOE_HOST=1
  * routes them on the host as larger batches are (tn_moe_route_token): a 4-token prompt, then
@@ -1023,6 +1115,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup(test_moe_device_routing, reset_settings),
         cmocka_unit_test_setup(test_refusals, reset_settings),
         cmocka_unit_test_setup(test_persist_equivalence, reset_settings),
+        cmocka_unit_test_setup(test_attn_split, reset_settings),
     };
     return cmocka_run_group_tests(gpu, NULL, NULL);
 }
