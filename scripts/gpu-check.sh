@@ -122,10 +122,20 @@ if [ "${GPU_CHECK_QUICK:-0}" != 1 ]; then
         step "bench_q4_0_d8192_${v%%:*}" 90 env ${v#*:} "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" -d 8192 -p 0 -n 64 \
             -r 3 -o json
     done
+    # prefill's attention in query tiles (the default) and a block per (token, head), at 512 and
+    # 4096 prompt tokens
+    for v in tile:TERN_CUDA_X=1 notile:TERN_CUDA_ATTN_TILE=0; do
+        # shellcheck disable=SC2086 # the settings are words
+        for np in 512 4096; do
+            step "bench_q4_0_pp${np}_${v%%:*}" 90 env ${v#*:} "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" -p "$np" -n 0 -r 3 \
+                -o json
+        done
+    done
     [ -n "$PEER" ] && for ty in q4_0 q8_0; do
         step "peer_$ty" 120 "$PEER" -m "$TMPD/1b-$ty.gguf" -p 512 -n 128 -r 3 -ngl 99 -fa 1 -o jsonl
     done
     [ -n "$PEER" ] && step peer_q4_0_d8192 120 "$PEER" -m "$TMPD/1b-q4_0.gguf" -d 8192 -p 0 -n 64 -r 3 -ngl 99 -fa 1 -o jsonl
+    [ -n "$PEER" ] && step peer_q4_0_pp4096 120 "$PEER" -m "$TMPD/1b-q4_0.gguf" -p 4096 -n 0 -r 3 -ngl 99 -fa 1 -o jsonl
     # the other types, and llama.cpp's CUDA build on the same file right after each
     for ty in q4_K_M iq4_xs q3_K_M; do
         step "quantize_$ty" 90 "$BIN" quantize -t "$(nproc)" "$TMPD/1b-f16.gguf" "$TMPD/1b-$ty.gguf" "$ty"

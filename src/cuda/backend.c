@@ -106,11 +106,12 @@ struct tn_cuda_ctx {
      * last block) instead of a GLU launch (TERN_CUDA_FUSE_GLU=0 or TERN_CUDA_FUSE=0: the GLU kernel) */
     bool fuse_glu;
     int *d_cnt;
-    /* flash-decoding (kern_cuda.h tn_cu_attn_split): batches of up to asplit.tokens tokens split each
-     * (token, head)'s positions across asplit.splits blocks (chosen per step: enough blocks for the
+    /* flash-decoding (kern_cuda.h tn_cu_attn_sched): batches of up to asched.tokens tokens split each
+     * (token, head)'s positions across asched.splits blocks (chosen per step: enough blocks for the
      * device, no more than the batch's chunks; TERN_CUDA_ATTN_SPLIT=N: at most N, 1: never);
-     * part NULL: never (contexts of one chunk) */
-    tn_cu_attn_split asplit;
+     * part NULL: never (contexts of one chunk); larger batches in query tiles
+     * (TERN_CUDA_ATTN_TILE=0: a block per (token, head)) */
+    tn_cu_attn_sched asched;
     int att_max, sms;
     /* one-token steps as one persistent kernel (TERN_CUDA_PERSIST=1, tn_cu_persist): its layers on
      * the device (d_players), layer 0 on the host, the grid barrier's two counters, its grid
@@ -145,7 +146,7 @@ struct tn_cuda_ctx {
 static void prof_print(const tn_cuda_ctx *g);
 
 bool tn_cuda_persistent(const tn_cuda_ctx *g) { return g && g->persist; }
-int tn_cuda_attn_splits(const tn_cuda_ctx *g) { return g ? TN_MAX(g->asplit.splits, 1) : 1; }
+int tn_cuda_attn_splits(const tn_cuda_ctx *g) { return g ? TN_MAX(g->asched.splits, 1) : 1; }
 
 static const char *tn_cu_errstr(int e) { return cudaGetErrorString((cudaError_t)e); }
 
@@ -530,7 +531,7 @@ static tn_cu_persist_args persist_args(const tn_cuda_ctx *g, const tern_ctx *c) 
     a.eps = hp->rms_eps;
     a.scale = attn_scale(hp, &a.cap);
     a.kv = g->kv;
-    a.split = g->asplit;
+    a.sched = g->asched;
     a.bar = g->d_bar;
     return a;
 }
@@ -790,13 +791,14 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
     g->d_cnt = dalloc(g, sizeof(int), &ok);
     if (ok) cudaMemset(g->d_cnt, 0, sizeof(int));
     g->att_max = env_int("TERN_CUDA_ATTN_SPLIT", 0);
-    g->asplit.kmax = (int)((c->kv_rows + TN_CU_ATT_CHUNK - 1) / TN_CU_ATT_CHUNK);
-    if (g->att_max != 1 && g->asplit.kmax > 1) { /* partials of up to 8 tokens' heads */
-        g->asplit.tokens = (int)TN_MIN(nb, TN_CU_GEMV_MAXN);
-        const int64_t units = (int64_t)g->asplit.tokens * hp->n_head;
-        g->asplit.part = dalloc(g, (size_t)(units * g->asplit.kmax * (hp->head_dim + 2)) * 4, &ok);
-        g->asplit.cnt = dalloc(g, (size_t)units * sizeof(int), &ok);
-        if (ok) cudaMemset(g->asplit.cnt, 0, (size_t)units * sizeof(int));
+    g->asched.tile = env_int("TERN_CUDA_ATTN_TILE", 1) != 0;
+    g->asched.kmax = (int)((c->kv_rows + TN_CU_ATT_CHUNK - 1) / TN_CU_ATT_CHUNK);
+    if (g->att_max != 1 && g->asched.kmax > 1) { /* partials of up to 8 tokens' heads */
+        g->asched.tokens = (int)TN_MIN(nb, TN_CU_GEMV_MAXN);
+        const int64_t units = (int64_t)g->asched.tokens * hp->n_head;
+        g->asched.part = dalloc(g, (size_t)(units * g->asched.kmax * (hp->head_dim + 2)) * 4, &ok);
+        g->asched.cnt = dalloc(g, (size_t)units * sizeof(int), &ok);
+        if (ok) cudaMemset(g->asched.cnt, 0, (size_t)units * sizeof(int));
     }
     if (!ok) {
         s = TERN_ERR_NOMEM;
@@ -1191,7 +1193,7 @@ static void run_layers(tn_cuda_ctx *g, tern_ctx *c, int64_t n, int32_t n_out) {
                                                Vc, &g->kv, g->st));
         const bool qo = q8_for(g, &L->w[W_O], n) && hd % 32 == 0;
         CKL("attention", tn_cu_attention(q, ldq, Kc, Vc, n, hp->n_head, hp->n_head_kv, (int)hd, d_pos, d_toff, d_tbl, scale, cap,
-                                         window, L->sinks, g->att, qo ? &g->xq : NULL, rope1 ? &rope : NULL, &g->kv, &g->asplit,
+                                         window, L->sinks, g->att, qo ? &g->xq : NULL, rope1 ? &rope : NULL, &g->kv, &g->asched,
                                          g->st));
         fresh(g);
         if (qo) g->q_src = g->att;
@@ -1286,14 +1288,14 @@ tern_status tn_cuda_forward_batch(tern_ctx *c, const tn_batch *b, const int32_t 
     /* flash-decoding: blocks per (token, head) for about 4 blocks per multiprocessor, no more than
      * the batch's chunks (the bits do not depend on it) */
     int splits = 1;
-    if (g->asplit.part && n <= g->asplit.tokens) {
+    if (g->asched.part && n <= g->asched.tokens) {
         int32_t chunks = 1;
         for (int64_t t = 0; t < n; t++) chunks = TN_MAX(chunks, (b->pos[t] + TN_CU_ATT_CHUNK) / TN_CU_ATT_CHUNK);
         const int64_t units = n * hp->n_head;
         const int want = g->att_max > 1 ? g->att_max : (int)((4 * (int64_t)TN_MAX(g->sms, 1) + units - 1) / units);
-        splits = TN_MIN(TN_MIN(chunks, want), g->asplit.kmax);
+        splits = TN_MIN(TN_MIN(chunks, want), g->asched.kmax);
     }
-    g->asplit.splits = splits;
+    g->asched.splits = splits;
     CKL("h2d", cudaMemcpyAsync(g->x, g->h_x, (size_t)(n * d) * 4, cudaMemcpyHostToDevice, g->st));
     CKL("h2d", cudaMemcpyAsync(g->d_cs, g->h_cs, (size_t)(n * hp->n_rot) * 4, cudaMemcpyHostToDevice, g->st));
     if (g->h_cs_swa)

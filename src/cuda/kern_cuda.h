@@ -221,18 +221,22 @@ typedef struct tn_cu_rope {
     void *Kc, *Vc;
 } tn_cu_rope;
 #define TN_CU_ATT_CHUNK 512
-/* Flash-decoding: the positions of a (token, head) in chunks of 512 split across `splits` blocks
+/* How the attention launches (results the same bits either way).
+ * Flash-decoding: the positions of a (token, head) in chunks of 512 split across `splits` blocks
  * (a chunk's partial softmax in part, [tokens n_head][kmax][2 + hd] floats: max, sum, output; the
  * last block of a (token, head) to finish, counted on cnt [tokens n_head] ints, zeroed once, folds
- * them). The result is the same bits for any number of splits. Tokens whose chunks outnumber kmax
- * run unsplit. */
-typedef struct tn_cu_attn_split {
+ * them). Tokens whose chunks outnumber kmax run unsplit.
+ * Query tiles (tile != 0): batches of more than TN_CU_GEMV_MAXN tokens over an f16 K cache (without
+ * rope) run blocks of up to 8 query rows — tokens of one sequence x the query heads of one kv head —
+ * that read each K and V row once for all of them. */
+typedef struct tn_cu_attn_sched {
     float *part;
     int *cnt;
     int kmax;   /* chunks a (token, head) has room for in part                     */
     int tokens; /* tokens (n) part and cnt have room for                           */
     int splits; /* blocks per (token, head); <= 1: unsplit (tn_cu_attention only) */
-} tn_cu_attn_split;
+    int tile;   /* query tiles for large batches                                   */
+} tn_cu_attn_sched;
 /* Causal attention: token t (query q[t*ldq ..], n_head*hd floats) attends positions 0 .. pos[t] of its
  * sequence (window > 0: only the last window of them, a sliding-window layer); position p's cache
  * row is p (tbl_off[t] < 0) or tbl[tbl_off[t] + p/16]*16 + p%16. Scores are q.k * scale, with
@@ -246,7 +250,7 @@ typedef struct tn_cu_attn_split {
 int tn_cu_attention(const float *q, int64_t ldq, const void *Kc, const void *Vc, int64_t n, int n_head, int n_head_kv,
                     int hd, const int32_t *pos, const int32_t *tbl_off, const int32_t *tbl, float scale, float cap,
                     int window, const float *sinks, float *out, const tn_cq *xq, const tn_cu_rope *rope, const tn_cu_kv *kv,
-                    const tn_cu_attn_split *split, void *stream);
+                    const tn_cu_attn_sched *sched, void *stream);
 /* x[j] += rmsnorm(y[j]) * w for rows j < n of d (post-attention / post-FFN norms before the
  * residual add; sum of squares in double). */
 int tn_cu_rmsnorm_add(float *x, const float *y, const float *w, int64_t n, int64_t d, float eps, void *stream);
@@ -296,8 +300,8 @@ typedef struct tn_cu_persist_args {
     float eps, scale, cap; /* attention: scale (already divided by cap), soft cap (0: none) */
     const int32_t *pos, *toff, *tbl, *kvrow; /* as tn_cu_attention's and tn_cu_rope's        */
     tn_cu_kv kv;
-    tn_cu_attn_split split; /* part NULL: unsplit; else the attention stage splits each head's
-                             * positions across grid / n_head blocks (splits is not read)       */
+    tn_cu_attn_sched sched; /* part NULL: unsplit; else the attention stage splits each head's
+                             * positions across grid / n_head blocks (splits, tile not read)    */
     unsigned *bar;         /* 2 unsigned of device memory, zeroed once: the grid barrier        */
 } tn_cu_persist_args;
 /* Runs a's layers for one token, as the kernels above would one launch at a time (the same bits: the

@@ -1651,18 +1651,43 @@ extern "C" int tn_cu_rope_store(float *q, int64_t ldq, float *k, float *v, int64
  * new row normed, rotated and rounded to fp16, which it uses for the token's own position (the
  * leader of each group of query heads stores it to the cache: no block of this launch reads it
  * there). The same functions as k_rope_store, so the same bits. */
+/* dot + q[0 .. 7] . the 8 f16 values in u, as fused multiply-adds in order (written out: the same
+ * bits in every kernel that inlines it) */
+__device__ __forceinline__ float dot8_h(float dot, const float *q, const uint4 &u) {
+    const __half2 *h2 = (const __half2 *)&u;
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        const float2 f = __half22float2(h2[c]);
+        dot = __fmaf_rn(q[2 * c + 1], f.y, __fmaf_rn(q[2 * c], f.x, dot));
+    }
+    return dot;
+}
 /* The running fold (M, L, O) of the chunks so far and one more chunk (m, l, o): both rescaled to
  * the larger maximum. Rounded as written (no contraction): the split and unsplit paths fold with
  * these same operations. The first chunk gives (m, l, o) exactly (a = 0, b = 1). */
+__device__ __forceinline__ float attn_fold_add(float X, float x, float a, float b) { return __fadd_rn(__fmul_rn(X, a), __fmul_rn(x, b)); }
 __device__ __forceinline__ void attn_fold(float &M, float &L, float &O, float m, float l, float o) {
     const float Mn = fmaxf(M, m), a = expf(M - Mn), b = expf(m - Mn);
-    L = __fadd_rn(__fmul_rn(L, a), __fmul_rn(l, b));
-    O = __fadd_rn(__fmul_rn(O, a), __fmul_rn(o, b));
+    L = attn_fold_add(L, l, a, b);
+    O = attn_fold_add(O, o, a, b);
     M = Mn;
+}
+/* The fold of K chunks' partials (m, l, o[hd]) at pp, in order, read through L2 (other blocks wrote
+ * them): (M, L, O) for dimension tid < hd. Not inlined: a path taken once per split (token, head),
+ * whose registers would otherwise add to the persistent kernel's. */
+#ifdef TN_CUDA_EMU /* (libstdc++ spells the attribute __noinline__: the emulator cannot define it) */
+#define TN_NOINLINE __attribute__((noinline))
+#else
+#define TN_NOINLINE __noinline__
+#endif
+__device__ TN_NOINLINE float3 attn_fold_parts(const float *pp, int K, int hd, int tid) {
+    float M = -INFINITY, L = 0.0f, O = 0.0f;
+    for (int c = 0; c < K; c++, pp += hd + 2) attn_fold(M, L, O, __ldcg(pp), __ldcg(pp + 1), tid < hd ? __ldcg(pp + 2 + tid) : 0.0f);
+    return make_float3(M, L, O);
 }
 /* (The body of block s of S of `unit` = token * n_head + head; k_attn_block and the persistent
  * kernel call it with ATT_THREADS threads; a block with nothing to do returns at once.) */
-__device__ __forceinline__ void attn_unit(int64_t unit, int s, int S, const tn_cu_attn_split &sp, const float *q, int64_t ldq,
+__device__ __forceinline__ void attn_unit(int64_t unit, int s, int S, const tn_cu_attn_sched &sp, const float *q, int64_t ldq,
                                           const uint8_t *Kc, const uint8_t *Vc, int n_head, int n_head_kv, int hd,
                                           const int32_t *pos, const int32_t *tbl_off, const int32_t *tbl, float scale, float cap,
                                           int window, const float *sinks, float *out, const tn_cq &xq, const tn_cu_rope &ar,
@@ -1754,15 +1779,7 @@ __device__ __forceinline__ void attn_unit(int64_t unit, int s, int S, const tn_c
             } else if (vec) {
                 const __half *kr = (const __half *)krow;
 #pragma unroll 8 /* the row's loads in flight together (hd <= 64: all of them) */
-                for (int i = 0; i < hd; i += 8) {
-                    const uint4 u = *(const uint4 *)(kr + i);
-                    const __half2 *h2 = (const __half2 *)&u;
-#pragma unroll
-                    for (int c2 = 0; c2 < 4; c2++) {
-                        const float2 f = __half22float2(h2[c2]);
-                        dot += qs[i + 2 * c2] * f.x + qs[i + 2 * c2 + 1] * f.y;
-                    }
-                }
+                for (int i = 0; i < hd; i += 8) dot = dot8_h(dot, qs + i, *(const uint4 *)(kr + i));
             } else {
                 const __half *kr = (const __half *)krow;
                 for (int i = 0; i < hd; i++) dot += qs[i] * __half2float(kr[i]);
@@ -1795,12 +1812,12 @@ __device__ __forceinline__ void attn_unit(int64_t unit, int s, int S, const tn_c
 #pragma unroll 8
             for (int j = gi; j < np; j += G) {
                 const __half *vr = rows[j] < 0 ? vh : (const __half *)(Vc + (int64_t)rows[j] * v_rb + voff);
-                acc += sc[j] * __half2float(vr[d0]);
+                acc = __fmaf_rn(sc[j], __half2float(vr[d0]), acc);
             }
         } else if (active) {
             for (int j = gi; j < np; j += G) {
                 const uint8_t *vr = rows[j] < 0 ? (const uint8_t *)vh : Vc + (int64_t)rows[j] * v_rb + voff;
-                acc += sc[j] * kv_value(vr, kv.tv, d0);
+                acc = __fmaf_rn(sc[j], kv_value(vr, kv.tv, d0), acc);
             }
         }
         if (active) part[tid] = acc;
@@ -1825,10 +1842,8 @@ __device__ __forceinline__ void attn_unit(int64_t unit, int s, int S, const tn_c
         __syncthreads();
         if (!last) return;
         __threadfence();
-        for (int c = 0; c < K; c++) {
-            const float *pp = sp.part + ((int64_t)unit * sp.kmax + c) * (hd + 2);
-            attn_fold(M, L, O, __ldcg(pp), __ldcg(pp + 1), tid < hd ? __ldcg(pp + 2 + tid) : 0.0f);
-        }
+        const float3 f = attn_fold_parts(sp.part + (int64_t)unit * sp.kmax * (hd + 2), K, hd, tid);
+        M = f.x, L = f.y, O = f.z;
         if (tid == 0) sp.cnt[unit] = 0;
     }
     if (sinks) L += expf(sinks[h] - M); /* gpt-oss: one more logit in the denominator */
@@ -1853,16 +1868,176 @@ __device__ __forceinline__ void attn_unit(int64_t unit, int s, int S, const tn_c
 }
 __global__ void k_attn_block(const float *q, int64_t ldq, const uint8_t *Kc, const uint8_t *Vc, int64_t n, int n_head, int n_head_kv, int hd,
                  const int32_t *pos, const int32_t *tbl_off, const int32_t *tbl, float scale, float cap, int window,
-                 const float *sinks, float *out, tn_cq xq, tn_cu_rope ar, tn_cu_kv kv, tn_cu_attn_split sp, int S) {
+                 const float *sinks, float *out, tn_cq xq, tn_cu_rope ar, tn_cu_kv kv, tn_cu_attn_sched sp, int S) {
     (void)n;
     gdc_enter();
     attn_unit((int)(blockIdx.x / S), (int)(blockIdx.x % S), S, sp, q, ldq, Kc, Vc, n_head, n_head_kv, hd, pos, tbl_off, tbl, scale, cap,
               window, sinks, out, xq, ar, kv);
 }
+#define ATT_TR 8 /* query rows of a tiled attention block */
+/* Prefill attention with the cache rows shared: a block computes up to ATT_TR query rows (tokens
+ * of a tile x the query heads of one kv head, which read the same K and V rows), each K row read
+ * once and dotted with every row's query, each V value read once and accumulated into every row's
+ * output. Per row, the arithmetic is attn_unit's in the same order (each thread the same
+ * positions, the same reductions, the same fold of the chunks; a row's maximum, sum and fold
+ * scales computed once, by thread r, into shared memory): the same bits as a block per (token,
+ * head), so a token's result still does not depend on its batch. F16 K rows (16-byte loads); V of
+ * any cache type. A block takes tokens t0 .. t0 + qt - 1 and heads h0 .. h0 + hb - 1 (of kv head
+ * kvh); tokens go together while they read the same rows (one block table, or the contiguous
+ * cache) from the same first position (sliding windows), else in passes. */
+__global__ void __launch_bounds__(ATT_THREADS, 2) k_attn_tile(const float *q, int64_t ldq, const uint8_t *Kc, const uint8_t *Vc, int64_t n,
+                                                            int n_head, int n_head_kv, int hd, int qt, int hb, const int32_t *pos,
+                                                            const int32_t *tbl_off, const int32_t *tbl, float scale, float cap, int window,
+                                                            const float *sinks, float *out, tn_cq xq, tn_cu_kv kv) {
+    __shared__ __align__(16) float qs[ATT_TR][ATT_THREADS];
+    __shared__ float sc[ATT_TR][ATT_CHUNK];
+    __shared__ int32_t rows[ATT_CHUNK];
+    __shared__ float red[ATT_TR][ATT_THREADS / WARP];
+    __shared__ float part[ATT_TR][ATT_THREADS];
+    /* per row: its positions T, this chunk's max m, the running max M and sum L, the fold's scales a, b */
+    __shared__ int Ts[ATT_TR];
+    __shared__ float ms[ATT_TR], Ms[ATT_TR], Ls[ATT_TR], fa[ATT_TR], fb[ATT_TR];
+    gdc_enter();
+    const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
+    const int gh = n_head / n_head_kv, hgroups = (gh + hb - 1) / hb;
+    const int sub = blockIdx.x % hgroups, kvh = (blockIdx.x / hgroups) % n_head_kv;
+    const int64_t t0 = (int64_t)(blockIdx.x / hgroups / n_head_kv) * qt, t1 = min(n, t0 + qt);
+    const int h0 = kvh * gh + sub * hb, nh = min(hb, gh - sub * hb);
+    const int kv_dim = n_head_kv * hd;
+    const int64_t k_rb = (int64_t)kv_dim * 2, v_rb = kv.tv == TN_CU_KV_F16 ? (int64_t)kv_dim * 2 : kv.v_rb;
+    const int64_t koff = (int64_t)kvh * hd * 2, voff = kv_head_off(kv.tv, kvh, hd);
+    const int G = ATT_THREADS / hd, gi = tid / hd, d0 = tid % hd;
+    const bool active = gi < G;
+    const auto first = [&](int64_t t) { const int T = pos[t] + 1; return window > 0 && T > window ? T - window : 0; };
+    for (int64_t ta = t0; ta < t1;) {
+        int64_t tb = ta + 1; /* this pass: tokens ta .. tb - 1 */
+        while (tb < t1 && tbl_off[tb] == tbl_off[ta] && first(tb) == first(ta)) tb++;
+        const int nr = (int)(tb - ta) * nh, off = tbl_off[ta], p_lo = first(ta);
+        for (int i = tid; i < nr * hd; i += ATT_THREADS) {
+            const int r = i / hd;
+            qs[r][i % hd] = q[(ta + r / nh) * ldq + (int64_t)(h0 + r % nh) * hd + i % hd];
+        }
+        if (tid < ATT_TR) Ts[tid] = tid < nr ? pos[ta + tid / nh] + 1 : 0, Ms[tid] = -INFINITY, Ls[tid] = 0.0f;
+        float O[ATT_TR];
+#pragma unroll
+        for (int r = 0; r < ATT_TR; r++) O[r] = 0.0f;
+        __syncthreads();
+        int Tmax = 0;
+        for (int r = 0; r < nr; r++) Tmax = max(Tmax, Ts[r]);
+        for (int p0 = p_lo; p0 < Tmax; p0 += ATT_CHUNK) {
+            const int npm = min(ATT_CHUNK, Tmax - p0);
+            int np[ATT_TR];
+            float cm[ATT_TR];
+#pragma unroll
+            for (int r = 0; r < ATT_TR; r++) np[r] = min(ATT_CHUNK, Ts[r] - p0), cm[r] = -INFINITY;
+            for (int j = tid; j < npm; j += ATT_THREADS) {
+                const int p = p0 + j;
+                const int64_t row = off < 0 ? p : (int64_t)tbl[off + p / 16] * 16 + p % 16;
+                rows[j] = (int32_t)row;
+                const __half *kr = (const __half *)(Kc + row * k_rb + koff);
+                float dot[ATT_TR];
+#pragma unroll
+                for (int r = 0; r < ATT_TR; r++) dot[r] = 0.0f;
+                for (int i = 0; i < hd; i += 8) {
+                    const uint4 u = *(const uint4 *)(kr + i);
+#pragma unroll
+                    for (int r = 0; r < ATT_TR; r++)
+                        if (r < nr) dot[r] = dot8_h(dot[r], &qs[r][i], u);
+                }
+#pragma unroll
+                for (int r = 0; r < ATT_TR; r++) {
+                    if (j >= np[r]) continue;
+                    float sco = dot[r] * scale;
+                    if (cap > 0.0f) sco = cap * tanhf(sco);
+                    sc[r][j] = sco;
+                    cm[r] = fmaxf(cm[r], sco);
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < ATT_TR; r++) {
+                const float v = warp_max(cm[r]);
+                if (lane == 0) red[r][warp] = v;
+            }
+            __syncthreads();
+            if (tid < ATT_TR) { /* row tid's chunk max, over the warps in order */
+                float m = red[tid][0];
+                for (int w = 1; w < ATT_THREADS / WARP; w++) m = fmaxf(m, red[tid][w]);
+                ms[tid] = m;
+            }
+            __syncthreads();
+#pragma unroll
+            for (int r = 0; r < ATT_TR; r++) {
+                float cs = 0.0f;
+                const float m = ms[r];
+                for (int j = tid; j < np[r]; j += ATT_THREADS) {
+                    const float e = expf(sc[r][j] - m);
+                    sc[r][j] = e;
+                    cs += e;
+                }
+                cs = warp_sum(cs);
+                if (lane == 0) red[r][warp] = cs;
+            }
+            __syncthreads();
+            if (tid < ATT_TR && Ts[tid] > p0) { /* row tid: the chunk's sum, folded into the running one */
+                float l = 0.0f;
+                for (int w = 0; w < ATT_THREADS / WARP; w++) l += red[tid][w];
+                const float M = Ms[tid], m = ms[tid], Mn = fmaxf(M, m), a = expf(M - Mn), b = expf(m - Mn);
+                Ls[tid] = attn_fold_add(Ls[tid], l, a, b);
+                Ms[tid] = Mn, fa[tid] = a, fb[tid] = b;
+            }
+            float acc[ATT_TR];
+#pragma unroll
+            for (int r = 0; r < ATT_TR; r++) acc[r] = 0.0f;
+            if (active) {
+                for (int j = gi; j < npm; j += G) {
+                    const uint8_t *vr = Vc + (int64_t)rows[j] * v_rb + voff;
+                    const float v = kv.tv == TN_CU_KV_F16 ? __half2float(((const __half *)vr)[d0]) : kv_value(vr, kv.tv, d0);
+#pragma unroll
+                    for (int r = 0; r < ATT_TR; r++)
+                        if (j < np[r]) acc[r] = __fmaf_rn(sc[r][j], v, acc[r]);
+                }
+#pragma unroll
+                for (int r = 0; r < ATT_TR; r++) part[r][tid] = acc[r];
+            }
+            __syncthreads();
+            if (tid < hd) {
+#pragma unroll
+                for (int r = 0; r < ATT_TR; r++) {
+                    if (np[r] <= 0) continue;
+                    float o = 0.0f;
+                    for (int g = 0; g < G; g++) o += part[r][g * hd + tid];
+                    O[r] = attn_fold_add(O[r], o, fa[r], fb[r]);
+                }
+            }
+            __syncthreads(); /* sc, rows, red, part and the row scalars are rewritten by the next chunk */
+        }
+        /* each row's output (sinks, rotated back), written and quantized for Wo */
+#pragma unroll
+        for (int r = 0; r < ATT_TR; r++) {
+            if (r >= nr) continue;
+            float L = Ls[r];
+            if (sinks) L += expf(sinks[h0 + r % nh] - Ms[r]);
+            if (tid < hd) qs[r][tid] = O[r] / L;
+        }
+        if (kv.rot_v) {
+            __syncthreads();
+            for (int r = warp; r < nr; r += ATT_THREADS / WARP) kv_rot_warp(qs[r], hd, kv.rot_sign, kv.rot_blk, true, lane);
+        }
+        __syncthreads();
+        for (int r = 0; r < nr && tid < hd; r++) {
+            const int64_t e = (ta + r / nh) * (int64_t)n_head * hd + (int64_t)(h0 + r % nh) * hd + tid;
+            const float v = qs[r][tid];
+            out[e] = v;
+            if (xq.q) q8_block(v, lane, e / 32, e - lane, xq); /* (hd % 32 == 0: whole warps) */
+        }
+        __syncthreads(); /* qs and the row scalars are rewritten by the next pass */
+        ta = tb;
+    }
+}
 extern "C" int tn_cu_attention(const float *q, int64_t ldq, const void *Kc, const void *Vc, int64_t n, int n_head,
                                int n_head_kv, int hd, const int32_t *pos, const int32_t *tbl_off, const int32_t *tbl,
                                float scale, float cap, int window, const float *sinks, float *out, const tn_cq *xq,
-                               const tn_cu_rope *rope, const tn_cu_kv *kv, const tn_cu_attn_split *split, void *stream) {
+                               const tn_cu_rope *rope, const tn_cu_kv *kv, const tn_cu_attn_sched *sched, void *stream) {
     const tn_cu_kv kvv = kv_or_f16(kv);
     const bool plain = kvv.tk == TN_CU_KV_F16 && kvv.tv == TN_CU_KV_F16 && !kvv.rot_k && !kvv.rot_v;
     if (hd > 256 || (xq && hd % 32 != 0) || (rope && (rope->n_rot > hd || rope->n_rot % 2 != 0)) || window < 0 || cap < 0.0f ||
@@ -1873,11 +2048,19 @@ extern "C" int tn_cu_attention(const float *q, int64_t ldq, const void *Kc, cons
     if (rope) ar = *rope;
     const int64_t units = n * n_head;
     if (units == 0) return 0;
-    tn_cu_attn_split sp = {};
+    tn_cu_attn_sched sp = {};
     int S = 1;
-    if (split && split->splits > 1) {
-        if (!split->part || !split->cnt || split->kmax < 1 || split->tokens < n) return (int)cudaErrorInvalidValue;
-        sp = *split, S = split->splits;
+    if (sched && sched->splits > 1) {
+        if (!sched->part || !sched->cnt || sched->kmax < 1 || sched->tokens < n) return (int)cudaErrorInvalidValue;
+        sp = *sched, S = sched->splits;
+    }
+    const int gh = n_head / n_head_kv, kv_dim = n_head_kv * hd;
+    if (sched && sched->tile && !rope && n > TN_CU_GEMV_MAXN && kvv.tk == TN_CU_KV_F16 && hd % 8 == 0 && kv_dim % 8 == 0) {
+        const int hb = min(gh, ATT_TR), qt = ATT_TR / hb, hgroups = (gh + hb - 1) / hb;
+        const int64_t blocks = (n + qt - 1) / qt * n_head_kv * hgroups;
+        launch(k_attn_tile, (unsigned)blocks, ATT_THREADS, 0, (cudaStream_t)stream, q, ldq, (const uint8_t *)Kc, (const uint8_t *)Vc,
+               n, n_head, n_head_kv, hd, qt, hb, pos, tbl_off, tbl, scale, cap, window, sinks, out, xq ? *xq : none, kvv);
+        return tn_cu_err();
     }
     launch(k_attn_block, (unsigned)(units * S), ATT_THREADS, 0, (cudaStream_t)stream, q, ldq, (const uint8_t *)Kc,
            (const uint8_t *)Vc, n, n_head, n_head_kv, hd, pos, tbl_off, tbl, scale, cap, window, sinks, out, xq ? *xq : none, ar,
@@ -2147,9 +2330,9 @@ __global__ void __launch_bounds__(ATT_THREADS, PS_MIN_BLOCKS) k_persist(tn_cu_pe
         ps_prefetch(L->gu, wg, true, pf, ASYM);
         const tn_cu_rope ar = {a.q + qd, a.q + qd + kvd, ldq, L->qn, L->kn, a.eps, L->cs, L->n_rot, a.neox, a.kvrow, L->Kc, L->Vc};
         /* (a head's positions split across the blocks there are for each head) */
-        const int S = a.split.part ? max(1, (int)gridDim.x / a.n_head) : 1;
+        const int S = a.sched.part ? max(1, (int)gridDim.x / a.n_head) : 1;
         for (int u = blockIdx.x; u < a.n_head * S; u += gridDim.x) {
-            attn_unit(u / S, u % S, S, a.split, a.q, ldq, (const uint8_t *)L->Kc, (const uint8_t *)L->Vc, a.n_head, a.n_head_kv,
+            attn_unit(u / S, u % S, S, a.sched, a.q, ldq, (const uint8_t *)L->Kc, (const uint8_t *)L->Vc, a.n_head, a.n_head_kv,
                       a.hd, a.pos, a.toff, a.tbl, a.scale, a.cap, L->window, L->sinks, a.att, a.xq, ar, a.kv);
             __syncthreads();
         }

@@ -65,12 +65,12 @@ static float test_rng_normal(test_rng *r) {
 static tern_model *load_cfg(const tiny_cfg *cfg, const char *tag) {
     char path[512];
     tiny_tmp_path(path, sizeof path, tag);
-    assert_int_equal(tiny_model_write(path, cfg), TERN_OK);
+    if (tiny_model_write(path, cfg) != TERN_OK) fail_msg("%s %s: writing the model: %s", cfg->arch, tag, tern_last_error());
     tern_model_params mp;
     tern_model_params_init(&mp);
     mp.repack = false;
     tern_model *m = NULL;
-    assert_int_equal(tern_model_load(path, &mp, &m), TERN_OK);
+    if (tern_model_load(path, &mp, &m) != TERN_OK) fail_msg("%s %s: loading the model: %s", cfg->arch, tag, tern_last_error());
     unlink(path);
     return m;
 }
@@ -801,28 +801,32 @@ static void test_persist_equivalence(void **state) {
  * and decode steps up to position 1105 (3 chunks), on a one-layer model of two heads. The chunks
  * of a (token, head) are computed by one block or split across blocks (flash-decoding;
  * TERN_CUDA_ATTN_SPLIT=1: never, 2: at most 2 blocks, the first taking chunks 0 and 2; unset:
- * enough for the device, here all 3): the logits must be bit-identical, and the split must have
- * happened. F32 weights through the GEMV kernels (TERN_CUDA_PREFILL=gemv: f32 products) against the
+ * enough for the device, here all 3), and the prompt's batches of 512 in query tiles or a block per
+ * (token, head): the logits must be bit-identical, and the split must have happened. F32 weights through the GEMV kernels (TERN_CUDA_PREFILL=gemv: f32 products) against the
  * independent double-precision reference (K and V rounded to f16 as the cache keeps them): within
  * 1e-3 relative (measured 1.7e-4; a fold that drops a chunk is off by more). A Q8_0 model with the
  * persistent kernel, 12 blocks (the attention stage splits a head across 3) and 4 (2):
  * bit-identical to the unsplit launches. */
 #define LONG_NP 1100
 #define LONG_STEPS 6
-static int long_run(const tern_model *m, int device, const char *split, const tern_token *prompt, int32_t nv, float *out) {
+/* out: the logits after the prompt's first 1097 tokens, after the batch of 3, after each step */
+static int long_run(const tern_model *m, const char *split, bool tile, const tern_token *prompt, int32_t nv, float *out) {
     if (split) setenv("TERN_CUDA_ATTN_SPLIT", split, 1);
-    tern_ctx *c = make_ctx(m, device, -1, 1536);
+    if (!tile) setenv("TERN_CUDA_ATTN_TILE", "0", 1);
+    tern_ctx *c = make_ctx(m, TERN_DEVICE_CUDA, -1, 1536);
     unsetenv("TERN_CUDA_ATTN_SPLIT");
-    assert_int_equal(tern_decode(c, prompt, LONG_NP - 3), TERN_OK);
-    assert_int_equal(tern_decode(c, prompt + LONG_NP - 3, 3), TERN_OK); /* a batch of 3 that splits */
+    unsetenv("TERN_CUDA_ATTN_TILE");
+    assert_int_equal(tern_decode(c, prompt, LONG_NP - 3), TERN_OK); /* batches of 512 in query tiles (tile) */
     memcpy(out, tern_get_logits(c, -1), sizeof(float) * (size_t)nv);
-    int splits = device == TERN_DEVICE_CUDA ? tn_cuda_attn_splits(c->cuda) * 10 : 0;
+    assert_int_equal(tern_decode(c, prompt + LONG_NP - 3, 3), TERN_OK); /* a batch of 3 that splits */
+    memcpy(out + nv, tern_get_logits(c, -1), sizeof(float) * (size_t)nv);
+    int splits = tn_cuda_attn_splits(c->cuda) * 10;
     for (int step = 0; step < LONG_STEPS; step++) {
         const tern_token t = (tern_token)(5 + step * 53 % 370);
         assert_int_equal(tern_decode(c, &t, 1), TERN_OK);
-        memcpy(out + (size_t)(step + 1) * (size_t)nv, tern_get_logits(c, -1), sizeof(float) * (size_t)nv);
+        memcpy(out + (size_t)(step + 2) * (size_t)nv, tern_get_logits(c, -1), sizeof(float) * (size_t)nv);
     }
-    if (device == TERN_DEVICE_CUDA) splits += tn_cuda_attn_splits(c->cuda);
+    splits += tn_cuda_attn_splits(c->cuda);
     tern_ctx_free(c);
     return splits; /* 10 x the batch's splits + the last step's */
 }
@@ -830,7 +834,7 @@ static void test_attn_split(void **state) {
     (void)state;
     tern_token prompt[LONG_NP];
     for (int i = 0; i < LONG_NP; i++) prompt[i] = (tern_token)(3 + (i * 7919 + i / 13) % 380);
-    const size_t rows = LONG_STEPS + 1;
+    const size_t rows = LONG_STEPS + 2;
     for (int model = 0; model < 2; model++) {
         tiny_cfg cfg;
         tiny_cfg_default(&cfg);
@@ -841,26 +845,31 @@ static void test_attn_split(void **state) {
         const int32_t nv = (int32_t)cfg.n_vocab;
         float *ref = malloc(sizeof(float) * (size_t)nv * rows), *got = malloc(sizeof(float) * (size_t)nv * rows);
         if (model == 0) setenv("TERN_CUDA_PREFILL", "gemv", 1);
-        assert_int_equal(long_run(m, TERN_DEVICE_CUDA, "1", prompt, nv, ref), 11);
+        assert_int_equal(long_run(m, "1", false, prompt, nv, ref), 11); /* unsplit, a block per (token, head) */
         const char *splits[] = {"2", NULL};
         const int expect[] = {22, 33}; /* 10 x the batch's + the last step's (auto: 16 blocks over 6 or 2 units, 3 chunks) */
         for (int si = 0; si < 2; si++) {
-            const int got_s = long_run(m, TERN_DEVICE_CUDA, splits[si], prompt, nv, got);
+            const int got_s = long_run(m, splits[si], true, prompt, nv, got);
             if (got_s != expect[si]) fail_msg("TERN_CUDA_ATTN_SPLIT=%s: splits %d, expected %d", splits[si] ? splits[si] : "(unset)", got_s, expect[si]);
             for (size_t r = 0; r < rows; r++)
                 if (memcmp(ref + r * nv, got + r * nv, sizeof(float) * (size_t)nv) != 0)
-                    fail_msg("%s split %s: %s %zu: logits differ from the unsplit attention (rel %.2e)", tn_dtype_name(cfg.wtype),
-                             splits[si] ? splits[si] : "auto", r ? "step" : "batch", r, rel_err_f(ref + r * nv, got + r * nv, nv));
-            printf("  %-5s positions to %d: %d blocks a head (batch of 3: %d) bit-identical to one\n", tn_dtype_name(cfg.wtype),
-                   LONG_NP + LONG_STEPS, got_s % 10, got_s / 10);
+                    fail_msg("%s split %s: %s: logits differ from the unsplit, untiled attention (rel %.2e)", tn_dtype_name(cfg.wtype),
+                             splits[si] ? splits[si] : "auto", r == 0 ? "prompt (query tiles)" : r == 1 ? "batch of 3" : "step",
+                             rel_err_f(ref + r * nv, got + r * nv, nv));
+            printf("  %-5s positions to %d: prompt in query tiles, %d blocks a head (batch of 3: %d): bit-identical to a block per "
+                   "(token, head)\n", tn_dtype_name(cfg.wtype), LONG_NP + LONG_STEPS, got_s % 10, got_s / 10);
         }
         if (model == 0) { /* the reference, on the same tokens */
             unsetenv("TERN_CUDA_PREFILL");
             ref_model *r = ref_create(m, 1536);
             double *rl = malloc(sizeof(double) * (size_t)nv), worst = 0;
-            for (int i = 0; i < LONG_NP; i++) ref_step(r, prompt[i], rl, NULL);
             for (size_t row = 0; row < rows; row++) {
-                if (row > 0) ref_step(r, (tern_token)(5 + (int)(row - 1) * 53 % 370), rl, NULL);
+                if (row == 0)
+                    for (int i = 0; i < LONG_NP - 3; i++) ref_step(r, prompt[i], rl, NULL);
+                else if (row == 1)
+                    for (int i = LONG_NP - 3; i < LONG_NP; i++) ref_step(r, prompt[i], rl, NULL);
+                else
+                    ref_step(r, (tern_token)(5 + (int)(row - 2) * 53 % 370), rl, NULL);
                 const double e = rel_err(rl, ref + row * nv, nv);
                 worst = e > worst ? e : worst;
             }
@@ -873,17 +882,80 @@ static void test_attn_split(void **state) {
             for (int gi = 0; gi < 2; gi++) {
                 setenv("TERN_CUDA_PERSIST", "1", 1);
                 setenv("TERN_CUDA_PERSIST_GRID", grids[gi], 1);
-                long_run(m, TERN_DEVICE_CUDA, NULL, prompt, nv, got);
+                long_run(m, NULL, true, prompt, nv, got);
                 unsetenv("TERN_CUDA_PERSIST");
                 unsetenv("TERN_CUDA_PERSIST_GRID");
-                for (size_t r = 1; r < rows; r++)
+                for (size_t r = 2; r < rows; r++)
                     if (memcmp(ref + r * nv, got + r * nv, sizeof(float) * (size_t)nv) != 0)
-                        fail_msg("q8_0 persistent grid %s: step %zu: logits differ from the unsplit launches (rel %.2e)", grids[gi], r,
+                        fail_msg("q8_0 persistent grid %s: step %zu: logits differ from the unsplit launches (rel %.2e)", grids[gi], r - 2,
                                  rel_err_f(ref + r * nv, got + r * nv, nv));
                 printf("  q8_0  persistent kernel, grid %s: %d decode steps to position %d bit-identical\n", grids[gi], LONG_STEPS,
                        LONG_NP + LONG_STEPS);
             }
         }
+        free(ref), free(got);
+        tern_model_free(m);
+    }
+}
+
+/* Prefill batches (more than 8 tokens over an f16 K cache) run the attention in query tiles: a
+ * block of up to 8 query rows, tokens of one sequence x the query heads of a kv head, reading
+ * each K and V row once for all of them. Per row the arithmetic is the per-(token, head) kernel's,
+ * so every token's logits in a 37-token prompt must be bit-identical with TERN_CUDA_ATTN_TILE=0
+ * (a block per (token, head)): llama (2 query heads a kv head: 4 tokens a block), 16 query heads
+ * on one kv head (two blocks of 8 heads, a token each), a q4_0 V cache rotated back (K f16) with
+ * Q8_0 weights (the output's q8 blocks for Wo), gemma3 (windows of 4: tokens past the window
+ * start at their own position, one pass each), gemma2 (soft-capped scores, windows), gpt-oss (sinks). The
+ * paged two-sequence batches of test_paged_batch run tiles across the sequences' boundary. */
+static void prefill_all_logits(const tern_model *m, const char *tile, int32_t n, int32_t nv, float *out) {
+    setenv("TERN_CUDA_ATTN_TILE", tile, 1);
+    tern_ctx *c = make_ctx(m, TERN_DEVICE_CUDA, -1, 64);
+    unsetenv("TERN_CUDA_ATTN_TILE");
+    tern_token tok[64];
+    int32_t seq[64], pos[64];
+    int8_t lg[64];
+    for (int32_t i = 0; i < n; i++) tok[i] = (tern_token)(3 + (i * 41 + 7) % 370), seq[i] = 0, pos[i] = i, lg[i] = 1;
+    tn_batch b = {n, tok, seq, pos, lg};
+    tn_forward_batch(c, &b, NULL, NULL);
+    assert_int_equal(c->dev_status, TERN_OK);
+    assert_int_equal(c->n_logits, n);
+    memcpy(out, c->logits, sizeof(float) * (size_t)n * (size_t)nv);
+    tern_ctx_free(c);
+}
+static void test_attn_tile(void **state) {
+    (void)state;
+    struct {
+        const char *arch;
+        tn_dtype w;
+        int n_head, n_head_kv, kvq; /* kvq: a q4_0 V cache, rotated */
+    } cases[] = {
+        {"llama", TN_F32, 4, 2, 0}, {"llama", TN_F32, 16, 1, 0}, {"llama", TN_Q8_0, 4, 2, 1},
+        {"gemma3", TN_Q4_0, 4, 2, 0}, {"gemma2", TN_F32, 4, 2, 0}, {"gpt-oss", TN_F32, 4, 2, 0},
+    };
+    const int32_t n = 37;
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        tiny_cfg cfg;
+        tiny_cfg_default(&cfg);
+        if (!strcmp(cases[ci].arch, "gpt-oss")) cfg = tiny_cfg_moe(cases[ci].arch, cases[ci].w);
+        cfg.arch = cases[ci].arch;
+        cfg.wtype = cases[ci].w;
+        cfg.n_head = cases[ci].n_head, cfg.n_head_kv = cases[ci].n_head_kv;
+        if (!strcmp(cfg.arch, "gemma3")) cfg.head_dim = 128, cfg.n_swa = 4, cfg.rope_base = 1e6f;
+        if (!strcmp(cfg.arch, "gemma2")) cfg.head_dim = 128, cfg.n_swa = 4, cfg.attn_softcap = 1.0f, cfg.softcap = 3.0f, cfg.tied = true;
+        if (cases[ci].kvq) g_tv = TERN_KV_Q4_0, g_rot = TERN_KV_ROT_KV;
+        tern_model *m = load_cfg(&cfg, "cuda_tile");
+        const int32_t nv = (int32_t)cfg.n_vocab;
+        float *ref = malloc(sizeof(float) * (size_t)nv * n), *got = malloc(sizeof(float) * (size_t)nv * n);
+        prefill_all_logits(m, "0", n, nv, ref);
+        prefill_all_logits(m, "1", n, nv, got);
+        for (int32_t t = 0; t < n; t++)
+            if (memcmp(ref + (size_t)t * nv, got + (size_t)t * nv, sizeof(float) * (size_t)nv) != 0)
+                fail_msg("%s %s %d/%d heads: token %d: query-tiled attention differs from a block per (token, head) (rel %.2e)",
+                         cfg.arch, tn_dtype_name(cfg.wtype), (int)cfg.n_head, (int)cfg.n_head_kv, t,
+                         rel_err_f(ref + (size_t)t * nv, got + (size_t)t * nv, nv));
+        printf("  %-7s %-5s heads %2d/%d K %-4s V %-4s: %d prompt tokens' logits bit-identical in query tiles\n", cfg.arch,
+               tn_dtype_name(cfg.wtype), (int)cfg.n_head, (int)cfg.n_head_kv, tern_kv_type_name(g_tk), tern_kv_type_name(g_tv), n);
+        g_tk = g_tv = TERN_KV_F16, g_rot = TERN_KV_ROT_AUTO;
         free(ref), free(got);
         tern_model_free(m);
     }
@@ -1116,6 +1188,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup(test_refusals, reset_settings),
         cmocka_unit_test_setup(test_persist_equivalence, reset_settings),
         cmocka_unit_test_setup(test_attn_split, reset_settings),
+        cmocka_unit_test_setup(test_attn_tile, reset_settings),
     };
     return cmocka_run_group_tests(gpu, NULL, NULL);
 }

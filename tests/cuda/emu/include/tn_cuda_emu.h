@@ -152,10 +152,12 @@ struct dim3 {
 extern thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 struct float2 { float x, y; };
+struct float3 { float x, y, z; };
 struct __align__(16) float4 { float x, y, z, w; };
 struct __align__(16) int4 { int x, y, z, w; };
 struct __align__(16) uint4 { unsigned x, y, z, w; };
 struct __align__(8) uint2 { unsigned x, y; };
+static inline float3 make_float3(float a, float b, float c) { return float3{a, b, c}; }
 static inline float4 make_float4(float a, float b, float c, float d) { return float4{a, b, c, d}; }
 
 /* fp16 and bf16 as their bits, converted as the CPU converts them (core/fp16.h: round to nearest
