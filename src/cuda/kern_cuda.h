@@ -226,8 +226,7 @@ typedef struct tn_cu_rope {
  * (a chunk's partial softmax in part, [tokens n_head][kmax][2 + hd] floats: max, sum, output; the
  * last block of a (token, head) to finish, counted on cnt [tokens n_head] ints, zeroed once, folds
  * them). Tokens whose chunks outnumber kmax run unsplit.
- * Query tiles (tile != 0): batches of more than TN_CU_GEMV_MAXN tokens over an f16 K cache (without
- * rope) run blocks of up to 8 query rows — tokens of one sequence x the query heads of one kv head —
+ * Query tiles (tile != 0): batches of more than TN_CU_GEMV_MAXN tokens (without rope) run blocks of up to 8 query rows — tokens of one sequence x the query heads of one kv head —
  * that read each K and V row once for all of them. */
 typedef struct tn_cu_attn_sched {
     float *part;

@@ -1881,8 +1881,8 @@ __global__ void k_attn_block(const float *q, int64_t ldq, const uint8_t *Kc, con
  * output. Per row, the arithmetic is attn_unit's in the same order (each thread the same
  * positions, the same reductions, the same fold of the chunks; a row's maximum, sum and fold
  * scales computed once, by thread r, into shared memory): the same bits as a block per (token,
- * head), so a token's result still does not depend on its batch. F16 K rows (16-byte loads); V of
- * any cache type. A block takes tokens t0 .. t0 + qt - 1 and heads h0 .. h0 + hb - 1 (of kv head
+ * head), so a token's result still does not depend on its batch. K and V in any cache type the
+ * GPU keeps (f16 K rows in 16-byte loads; a quantized K dotted with each row's query as q8 blocks). A block takes tokens t0 .. t0 + qt - 1 and heads h0 .. h0 + hb - 1 (of kv head
  * kvh); tokens go together while they read the same rows (one block table, or the contiguous
  * cache) from the same first position (sliding windows), else in passes. */
 __global__ void __launch_bounds__(ATT_THREADS, 2) k_attn_tile(const float *q, int64_t ldq, const uint8_t *Kc, const uint8_t *Vc, int64_t n,
@@ -1897,6 +1897,10 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) k_attn_tile(const float *q, in
     /* per row: its positions T, this chunk's max m, the running max M and sum L, the fold's scales a, b */
     __shared__ int Ts[ATT_TR];
     __shared__ float ms[ATT_TR], Ms[ATT_TR], Ls[ATT_TR], fa[ATT_TR], fb[ATT_TR];
+    /* a quantized K: each row's query as q8 blocks (codes, scales, sums), as attn_unit makes them */
+    __shared__ __align__(16) int8_t qq[ATT_TR][ATT_THREADS];
+    __shared__ float qd[ATT_TR][ATT_THREADS / 32];
+    __shared__ int32_t qsum[ATT_TR][ATT_THREADS / 32];
     gdc_enter();
     const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
     const int gh = n_head / n_head_kv, hgroups = (gh + hb - 1) / hb;
@@ -1904,8 +1908,9 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) k_attn_tile(const float *q, in
     const int64_t t0 = (int64_t)(blockIdx.x / hgroups / n_head_kv) * qt, t1 = min(n, t0 + qt);
     const int h0 = kvh * gh + sub * hb, nh = min(hb, gh - sub * hb);
     const int kv_dim = n_head_kv * hd;
-    const int64_t k_rb = (int64_t)kv_dim * 2, v_rb = kv.tv == TN_CU_KV_F16 ? (int64_t)kv_dim * 2 : kv.v_rb;
-    const int64_t koff = (int64_t)kvh * hd * 2, voff = kv_head_off(kv.tv, kvh, hd);
+    const bool kq = kv.tk != TN_CU_KV_F16;
+    const int64_t k_rb = kq ? kv.k_rb : (int64_t)kv_dim * 2, v_rb = kv.tv == TN_CU_KV_F16 ? (int64_t)kv_dim * 2 : kv.v_rb;
+    const int64_t koff = kv_head_off(kv.tk, kvh, hd), voff = kv_head_off(kv.tv, kvh, hd);
     const int G = ATT_THREADS / hd, gi = tid / hd, d0 = tid % hd;
     const bool active = gi < G;
     const auto first = [&](int64_t t) { const int T = pos[t] + 1; return window > 0 && T > window ? T - window : 0; };
@@ -1918,6 +1923,13 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) k_attn_tile(const float *q, in
             qs[r][i % hd] = q[(ta + r / nh) * ldq + (int64_t)(h0 + r % nh) * hd + i % hd];
         }
         if (tid < ATT_TR) Ts[tid] = tid < nr ? pos[ta + tid / nh] + 1 : 0, Ms[tid] = -INFINITY, Ls[tid] = 0.0f;
+        if (kq) { /* the rows' queries as q8 blocks, a warp a block */
+            __syncthreads();
+            for (int rb = warp; rb < nr * (hd / 32); rb += ATT_THREADS / WARP) {
+                const int r = rb / (hd / 32), b = rb % (hd / 32);
+                q8_block(qs[r][b * 32 + lane], lane, b, b * 32, tn_cq{qq[r], qd[r], qsum[r]});
+            }
+        }
         float O[ATT_TR];
 #pragma unroll
         for (int r = 0; r < ATT_TR; r++) O[r] = 0.0f;
@@ -1934,15 +1946,24 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) k_attn_tile(const float *q, in
                 const int p = p0 + j;
                 const int64_t row = off < 0 ? p : (int64_t)tbl[off + p / 16] * 16 + p % 16;
                 rows[j] = (int32_t)row;
-                const __half *kr = (const __half *)(Kc + row * k_rb + koff);
+                const uint8_t *krow = Kc + row * k_rb + koff;
                 float dot[ATT_TR];
 #pragma unroll
                 for (int r = 0; r < ATT_TR; r++) dot[r] = 0.0f;
-                for (int i = 0; i < hd; i += 8) {
-                    const uint4 u = *(const uint4 *)(kr + i);
+                if (kq) { /* (each row's dot through sc: one inlined copy of the dequantizing dot) */
+#pragma unroll 1
+                    for (int r = 0; r < nr; r++)
+                        if (j < Ts[r] - p0) sc[r][j] = kv_dot_q(krow, kv.tk, qq[r], qd[r], qsum[r], hd);
 #pragma unroll
                     for (int r = 0; r < ATT_TR; r++)
-                        if (r < nr) dot[r] = dot8_h(dot[r], &qs[r][i], u);
+                        if (j < np[r]) dot[r] = sc[r][j];
+                } else {
+                    for (int i = 0; i < hd; i += 8) {
+                        const uint4 u = *(const uint4 *)((const __half *)krow + i);
+#pragma unroll
+                        for (int r = 0; r < ATT_TR; r++)
+                            if (r < nr) dot[r] = dot8_h(dot[r], &qs[r][i], u);
+                    }
                 }
 #pragma unroll
                 for (int r = 0; r < ATT_TR; r++) {
@@ -2055,7 +2076,7 @@ extern "C" int tn_cu_attention(const float *q, int64_t ldq, const void *Kc, cons
         sp = *sched, S = sched->splits;
     }
     const int gh = n_head / n_head_kv, kv_dim = n_head_kv * hd;
-    if (sched && sched->tile && !rope && n > TN_CU_GEMV_MAXN && kvv.tk == TN_CU_KV_F16 && hd % 8 == 0 && kv_dim % 8 == 0) {
+    if (sched && sched->tile && !rope && n > TN_CU_GEMV_MAXN && hd % 8 == 0 && kv_dim % 8 == 0) {
         const int hb = min(gh, ATT_TR), qt = ATT_TR / hb, hgroups = (gh + hb - 1) / hb;
         const int64_t blocks = (n + qt - 1) / qt * n_head_kv * hgroups;
         launch(k_attn_tile, (unsigned)blocks, ATT_THREADS, 0, (cudaStream_t)stream, q, ldq, (const uint8_t *)Kc, (const uint8_t *)Vc,

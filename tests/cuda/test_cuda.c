@@ -900,13 +900,15 @@ static void test_attn_split(void **state) {
     }
 }
 
-/* Prefill batches (more than 8 tokens over an f16 K cache) run the attention in query tiles: a
+/* Prefill batches (more than 8 tokens) run the attention in query tiles: a
  * block of up to 8 query rows, tokens of one sequence x the query heads of a kv head, reading
  * each K and V row once for all of them. Per row the arithmetic is the per-(token, head) kernel's,
  * so every token's logits in a 37-token prompt must be bit-identical with TERN_CUDA_ATTN_TILE=0
  * (a block per (token, head)): llama (2 query heads a kv head: 4 tokens a block), 16 query heads
  * on one kv head (two blocks of 8 heads, a token each), a q4_0 V cache rotated back (K f16) with
- * Q8_0 weights (the output's q8 blocks for Wo), gemma3 (windows of 4: tokens past the window
+ * Q8_0 weights (the output's q8 blocks for Wo), quantized K caches (the rows' queries as q8 blocks:
+ * q8_0 K and V; qwen3's head norms over a rotated q4_0 K / q8_0 V; tq3 K / q4_0 V, 4 heads on one
+ * kv head), gemma3 (windows of 4: tokens past the window
  * start at their own position, one pass each), gemma2 (soft-capped scores, windows), gpt-oss (sinks). The
  * paged two-sequence batches of test_paged_batch run tiles across the sequences' boundary. */
 static void prefill_all_logits(const tern_model *m, const char *tile, int32_t n, int32_t nv, float *out) {
@@ -929,10 +931,12 @@ static void test_attn_tile(void **state) {
     struct {
         const char *arch;
         tn_dtype w;
-        int n_head, n_head_kv, kvq; /* kvq: a q4_0 V cache, rotated */
+        int n_head, n_head_kv, kvq; /* kvq 1: a q4_0 V cache, rotated; 2: q8_0 K and V; 3: q4_0 K / q8_0 V, rotated;
+                                     * 4: tq3 K / q4_0 V */
     } cases[] = {
         {"llama", TN_F32, 4, 2, 0}, {"llama", TN_F32, 16, 1, 0}, {"llama", TN_Q8_0, 4, 2, 1},
         {"gemma3", TN_Q4_0, 4, 2, 0}, {"gemma2", TN_F32, 4, 2, 0}, {"gpt-oss", TN_F32, 4, 2, 0},
+        {"llama", TN_Q8_0, 4, 2, 2}, {"qwen3", TN_F32, 4, 2, 3}, {"llama", TN_Q4_0, 4, 1, 4},
     };
     const int32_t n = 37;
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
@@ -944,7 +948,10 @@ static void test_attn_tile(void **state) {
         cfg.n_head = cases[ci].n_head, cfg.n_head_kv = cases[ci].n_head_kv;
         if (!strcmp(cfg.arch, "gemma3")) cfg.head_dim = 128, cfg.n_swa = 4, cfg.rope_base = 1e6f;
         if (!strcmp(cfg.arch, "gemma2")) cfg.head_dim = 128, cfg.n_swa = 4, cfg.attn_softcap = 1.0f, cfg.softcap = 3.0f, cfg.tied = true;
-        if (cases[ci].kvq) g_tv = TERN_KV_Q4_0, g_rot = TERN_KV_ROT_KV;
+        if (cases[ci].kvq == 1) g_tv = TERN_KV_Q4_0, g_rot = TERN_KV_ROT_KV;
+        if (cases[ci].kvq == 2) g_tk = g_tv = TERN_KV_Q8_0;
+        if (cases[ci].kvq == 3) g_tk = TERN_KV_Q4_0, g_tv = TERN_KV_Q8_0, g_rot = TERN_KV_ROT_KV;
+        if (cases[ci].kvq == 4) g_tk = TERN_KV_TQ(3), g_tv = TERN_KV_Q4_0;
         tern_model *m = load_cfg(&cfg, "cuda_tile");
         const int32_t nv = (int32_t)cfg.n_vocab;
         float *ref = malloc(sizeof(float) * (size_t)nv * n), *got = malloc(sizeof(float) * (size_t)nv * n);
