@@ -131,6 +131,12 @@ if [ "${GPU_CHECK_QUICK:-0}" != 1 ]; then
                 -o json
         done
     done
+    # prefill's products of the code types on the int8 tensor cores (k_mmq_code, the default) against
+    # fp16 dequantization + cuBLAS above 64 tokens (TERN_CUDA_MMQ=0, the path measured before it)
+    for ty in q4_0 q8_0 tq2 tq4; do
+        step "bench_${ty}_pp512_nommq" 90 env TERN_CUDA_MMQ=0 "$BIN" bench --device cuda -m "$TMPD/1b-$ty.gguf" -p 512 -n 0 -r 3 -o json
+    done
+    step bench_q4_0_pp4096_nommq 90 env TERN_CUDA_MMQ=0 "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" -p 4096 -n 0 -r 3 -o json
     [ -n "$PEER" ] && for ty in q4_0 q8_0; do
         step "peer_$ty" 120 "$PEER" -m "$TMPD/1b-$ty.gguf" -p 512 -n 128 -r 3 -ngl 99 -fa 1 -o jsonl
     done
@@ -156,8 +162,11 @@ if [ "${GPU_CHECK_QUICK:-0}" != 1 ]; then
     done
     step bench_tq2_alloff 60 env TERN_CUDA_FUSE=0 TERN_CUDA_PREFETCH=0 TERN_CUDA_EARLY=0 TERN_CUDA_GEMV_BPS=0 TERN_CUDA_GEMV_ROWS=1 \
         "$BIN" bench --device cuda -m "$TMPD/1b-tq2.gguf" -p 0 -n 128 -r 5 -o json
-    # prefill through the batch-invariant GEMV kernels (as tern serve runs) instead of fp16 + cuBLAS
+    # prefill through the batch-invariant kernels (as tern serve runs): the tensor-core kernel for
+    # the code types (the default) and the GEMV kernels' token tiles it replaced
     TERN_CUDA_PREFILL=gemv step bench_q4_0_gemv 60 "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" -p 512 -n 0 -r 3 -o json
+    TERN_CUDA_PREFILL=gemv TERN_CUDA_MMQ=0 step bench_q4_0_gemv_tiles 60 "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" \
+        -p 512 -n 0 -r 3 -o json
     # where the time goes: every launch timed (TERN_CUDA_PROFILE=1; no graph), decode and prefill
     TERN_CUDA_PROFILE=1 step profile_q4_0_tg 60 "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" -p 0 -n 64 -r 1
     TERN_CUDA_PROFILE=1 step profile_q4_0_pp 60 "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" -p 512 -n 0 -r 1

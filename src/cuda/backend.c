@@ -106,13 +106,15 @@ struct tn_cuda_ctx {
      * last block) instead of a GLU launch (TERN_CUDA_FUSE_GLU=0 or TERN_CUDA_FUSE=0: the GLU kernel) */
     bool fuse_glu;
     int *d_cnt;
-    /* flash-decoding (kern_cuda.h tn_cu_attn_sched): batches of up to asched.tokens tokens split each
-     * (token, head)'s positions across asched.splits blocks (chosen per step: enough blocks for the
-     * device, no more than the batch's chunks; TERN_CUDA_ATTN_SPLIT=N: at most N, 1: never);
-     * part NULL: never (contexts of one chunk); larger batches in query tiles
+    /* flash-decoding (kern_cuda.h tn_cu_attn_sched): batches of up to 8 tokens, and batches of up to
+     * asched.tokens tokens of as many sequences (tern serve's decode steps), split each (token,
+     * head)'s positions across asched.splits blocks (chosen per step: enough blocks for the device,
+     * no more than the batch's chunks; TERN_CUDA_ATTN_SPLIT=N: at most N, 1: never); part NULL:
+     * never (contexts of one chunk); other batches (prompts) in query tiles where att_tile
      * (TERN_CUDA_ATTN_TILE=0: a block per (token, head)) */
     tn_cu_attn_sched asched;
     int att_max, sms;
+    bool att_tile;
     /* one-token steps as one persistent kernel (TERN_CUDA_PERSIST=1, tn_cu_persist): its layers on
      * the device (d_players), layer 0 on the host, the grid barrier's two counters, its grid
      * (TERN_CUDA_PERSIST_GRID blocks; 0: as many as fit at once) */
@@ -206,7 +208,9 @@ static int cw_kind_of(tn_dtype t) {
 const char *tn_cuda_kernel_name(tn_dtype t) {
     const int kind = cw_kind_of(t);
     if (kind < 0) return NULL;
-    if (tn_cw_is_code(kind)) return "split layout; dp4a GEMV on q8 activations (one template over widths), token tiles for any batch";
+    if (tn_cw_is_code(kind))
+        return "split layout; decode: dp4a GEMV on q8 activations (one template over widths); batches above 8 tokens: int8 "
+               "tensor-core GEMM with the GEMV's bits (sm_80+)";
     if (kind >= TN_CW_IQ2_XXS && kind <= TN_CW_IQ1_M)
         return "file layout, codebook grid on the device; decode: f32 GEMV dequantizing in registers; prefill: fp16 dequant + cuBLAS";
     if (kind == TN_CW_IQ4_NL || kind == TN_CW_MXFP4)
@@ -791,10 +795,11 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
     g->d_cnt = dalloc(g, sizeof(int), &ok);
     if (ok) cudaMemset(g->d_cnt, 0, sizeof(int));
     g->att_max = env_int("TERN_CUDA_ATTN_SPLIT", 0);
-    g->asched.tile = env_int("TERN_CUDA_ATTN_TILE", 1) != 0;
+    g->att_tile = env_int("TERN_CUDA_ATTN_TILE", 1) != 0;
+    g->asched.tile = g->att_tile;
     g->asched.kmax = (int)((c->kv_rows + TN_CU_ATT_CHUNK - 1) / TN_CU_ATT_CHUNK);
-    if (g->att_max != 1 && g->asched.kmax > 1) { /* partials of up to 8 tokens' heads */
-        g->asched.tokens = (int)TN_MIN(nb, TN_CU_GEMV_MAXN);
+    if (g->att_max != 1 && g->asched.kmax > 1) { /* partials of up to TN_CU_ATT_SPREAD tokens' heads */
+        g->asched.tokens = (int)TN_MIN(nb, TN_CU_ATT_SPREAD);
         const int64_t units = (int64_t)g->asched.tokens * hp->n_head;
         g->asched.part = dalloc(g, (size_t)(units * g->asched.kmax * (hp->head_dim + 2)) * 4, &ok);
         g->asched.cnt = dalloc(g, (size_t)units * sizeof(int), &ok);
@@ -850,6 +855,8 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
     g->tile_max_float = TN_CU_GEMV_MAXN;
     if (pc && !strcmp(pc, "gemv")) g->tile_max_code = g->tile_max_float = INT64_MAX;
     if (pc && !strcmp(pc, "cublas")) g->tile_max_code = TN_CU_GEMV_MAXN;
+    /* code-path batches on the int8 tensor cores (TERN_CUDA_MMQ=0, or TERN_CUDA_PREFILL=cublas: not) */
+    tn_cu_set_mmq(env_int("TERN_CUDA_MMQ", 1) != 0 && !(pc && !strcmp(pc, "cublas")));
     if (cudaDeviceSynchronize() != cudaSuccess) {
         s = tn_err(TERN_ERR_INTERNAL, "cuda: %s", cudaGetErrorString(cudaGetLastError()));
         goto fail;
@@ -862,6 +869,14 @@ fail:
 }
 
 /* ---- forward ------------------------------------------------------------------------------------ */
+
+/* every token of the batch of another sequence */
+static bool one_token_per_seq(const tn_batch *b) {
+    for (int32_t i = 1; i < b->n; i++)
+        for (int32_t j = 0; j < i; j++)
+            if (b->seq[i] == b->seq[j]) return false;
+    return true;
+}
 
 #define CK(expr)                                      \
     do {                                              \
@@ -919,8 +934,11 @@ static void prof_print(const tn_cuda_ctx *g) {
                 1000.0 * g->pt[j].ms / (double)(g->pt[j].calls ? g->pt[j].calls : 1), tot > 0 ? 100.0 * g->pt[j].ms / tot : 0.0);
 }
 
+/* the GEMV kernels (and above TN_CU_GEMV_MAXN tokens, for code-path weights, the tensor-core
+ * kernel with their bits), or fp16 + cuBLAS */
 static bool use_gemv(const tn_cuda_ctx *g, const tn_cw *w, int64_t n) {
-    return n <= TN_CU_GEMV_MAXN || n <= (tn_cw_is_code(w->kind) ? g->tile_max_code : g->tile_max_float);
+    if (tn_cw_is_code(w->kind)) return n <= TN_CU_GEMV_MAXN || n <= g->tile_max_code || tn_cu_mmq();
+    return n <= TN_CU_GEMV_MAXN || n <= g->tile_max_float;
 }
 
 void tn_cuda_set_batch_invariant(tn_cuda_ctx *g, bool on) {
@@ -1286,9 +1304,14 @@ tern_status tn_cuda_forward_batch(tern_ctx *c, const tn_batch *b, const int32_t 
     }
     for (int32_t j = 0; j < n_out; j++) orow[j] = c->out_rows[j];
     /* flash-decoding: blocks per (token, head) for about 4 blocks per multiprocessor, no more than
-     * the batch's chunks (the bits do not depend on it) */
+     * the batch's chunks (the bits do not depend on it), for batches of a few tokens and for
+     * batches of one token per sequence (decode steps of many sequences: query tiles would walk
+     * each token's positions alone in a block of a kv head's query heads); other batches in query
+     * tiles (the same bits) */
+    const bool spread = n <= TN_CU_GEMV_MAXN || (n <= g->asched.tokens && one_token_per_seq(b));
+    g->asched.tile = g->att_tile && !spread;
     int splits = 1;
-    if (g->asched.part && n <= g->asched.tokens) {
+    if (g->asched.part && spread) {
         int32_t chunks = 1;
         for (int64_t t = 0; t < n; t++) chunks = TN_MAX(chunks, (b->pos[t] + TN_CU_ATT_CHUNK) / TN_CU_ATT_CHUNK);
         const int64_t units = n * hp->n_head;
@@ -1401,6 +1424,7 @@ void tn_cuda_test_gemv_launch(bool prefetch, int grid_cap, int rows) {
     tn_cu_configure(0, 0, prefetch, 0, rows);
     tn_cu_set_gemv_grid_cap(grid_cap);
 }
+bool tn_cuda_test_mmq(bool on) { return tn_cu_set_mmq(on) != 0; }
 
 tern_status tn_cuda_weight_matmul(tn_cuda_weight *W, const float *x, int64_t n, bool invariant, float *y) {
     tn_cuda_ctx *g = &W->g;

@@ -58,6 +58,10 @@ tern_status tn_cuda_weight_dequant(tn_cuda_weight *w, float *out);
  * groups (0: a block per row group), and rows (1 or 2) per warp in one-token code-path GEMVs.
  * No programmatic dependent launch. */
 void tn_cuda_test_gemv_launch(bool prefetch, int grid_cap, int rows);
+/* Tests: code-path batches above 8 tokens on the int8 tensor cores (the GEMV kernels' bits) or in
+ * the GEMV kernels' token tiles, process-wide from now on; returns whether the tensor cores are used
+ * (not on devices before sm_80). */
+bool tn_cuda_test_mmq(bool on);
 
 /* Device memory bandwidth: a copy kernel over `bytes` (read + write counted), best of reps, GB/s;
  * 0 when there is no device. */

@@ -91,6 +91,11 @@ int tn_cu_configure(int pdl, int early, int prefetch, int gemv_bps, int gemv_row
 /* Tests: GEMV grids of at most this many blocks in all (0: tn_cu_configure's setting), so that
  * blocks walk several row groups even on small matrices. */
 void tn_cu_set_gemv_grid_cap(int blocks);
+/* Batches of more than TN_CU_GEMV_MAXN tokens of code-path weights (Q4_0, Q5_0, Q8_0, the tq types)
+ * on the int8 tensor cores instead of the GEMV kernels' token tiles, with the same bits (on: where
+ * the device has them, sm_80 and later). Returns whether they are used; tn_cu_mmq says it. */
+int tn_cu_set_mmq(int on);
+int tn_cu_mmq(void);
 
 /* Activations quantized for the code path: n rows of k. */
 typedef struct tn_cq {
@@ -228,6 +233,9 @@ typedef struct tn_cu_rope {
  * them). Tokens whose chunks outnumber kmax run unsplit.
  * Query tiles (tile != 0): batches of more than TN_CU_GEMV_MAXN tokens (without rope) run blocks of up to 8 query rows — tokens of one sequence x the query heads of one kv head —
  * that read each K and V row once for all of them. */
+/* the largest batch of one token per sequence (tern serve's decode steps) whose heads' positions
+ * are split across blocks (flash-decoding); batches of up to TN_CU_GEMV_MAXN tokens always are */
+#define TN_CU_ATT_SPREAD 32
 typedef struct tn_cu_attn_sched {
     float *part;
     int *cnt;

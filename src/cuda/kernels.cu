@@ -63,6 +63,18 @@ extern "C" int tn_cu_configure(int pdl, int early, int prefetch, int gemv_bps, i
 
 extern "C" void tn_cu_set_gemv_grid_cap(int blocks) { g_grid_cap = blocks > 0 ? blocks : 0; }
 
+/* Batches of code-path weights above TN_CU_GEMV_MAXN tokens on the int8 tensor cores (k_mmq_code:
+ * the GEMV kernels' bits), where the device has them (sm_80 and later) */
+static int g_mmq = 0;
+extern "C" int tn_cu_set_mmq(int on) {
+    int dev = 0, major = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    g_mmq = on && major >= 8 ? 1 : 0;
+    return g_mmq;
+}
+extern "C" int tn_cu_mmq(void) { return g_mmq; }
+
 template <typename... KArgs, typename... Args>
 static void launch(void (*k)(KArgs...), dim3 grid, dim3 block, size_t shmem, cudaStream_t st, Args... args) {
     cudaLaunchConfig_t cfg = {};
@@ -124,6 +136,15 @@ __device__ __forceinline__ void prefetch_l1(const void *p) {
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+/* The warp's sum of a GEMV's per-lane partial sums (lane l: chunks l, l + 32, ..): a butterfly over
+ * lane distances 1, 2, .., 16, so neighbouring chunks' sums are added first — the tree that the
+ * tensor-core kernel (k_mmq_code), meeting the chunks in order, builds as it goes. Every lane ends
+ * with the same bits (each addition's operands are the same pair, in either order). */
+__device__ __forceinline__ float gemv_warp_sum(float v) {
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
 __device__ __forceinline__ float warp_max(float v) {
@@ -321,7 +342,7 @@ __device__ __forceinline__ void gemv_finish(const float (&acc)[NT], int nt, int 
 #pragma unroll
     for (int t = 0; t < NT; t++) {
         if (t >= nt) break;
-        const float v = warp_sum(acc[t]);
+        const float v = gemv_warp_sum(acc[t]);
         if (lane == 0) red[warp][t] = v;
     }
     __syncthreads();
@@ -349,10 +370,14 @@ __device__ __forceinline__ void gemv_rows(int64_t m, int rpb, int64_t *rg0, int6
  * in explicitly rounded operations: the compiler may not contract them differently in different
  * kernels, so every GEMV variant (token tiles, one token, two rows per warp) gives the same bits. */
 template <int KIND, bool ASYM>
+__device__ __forceinline__ float chunk_acc_f(float acc, float da, float d, float m, float fq, float sa, float off) {
+    if (KIND == 2) return __fmaf_rn(__fmul_rn(da, d), fq, acc);
+    if (ASYM) return __fmaf_rn(da, __fmaf_rn(d, fq, __fmul_rn(m, sa)), acc);
+    return __fmaf_rn(__fmul_rn(da, d), __fmaf_rn(-off, sa, fq), acc);
+}
+template <int KIND, bool ASYM>
 __device__ __forceinline__ float chunk_acc(float acc, float da, float d, float m, int sq, float sa, float off) {
-    if (KIND == 2) return __fmaf_rn(__fmul_rn(da, d), (float)sq, acc);
-    if (ASYM) return __fmaf_rn(da, __fmaf_rn(d, (float)sq, __fmul_rn(m, sa)), acc);
-    return __fmaf_rn(__fmul_rn(da, d), __fmaf_rn(-off, sa, (float)sq), acc);
+    return chunk_acc_f<KIND, ASYM>(acc, da, d, m, (float)sq, sa, off);
 }
 
 /* The end of a one-token step of a GEMV warp that computed R rows at once (k_gemv_code with R > 1):
@@ -365,7 +390,7 @@ __device__ __forceinline__ void gemv_finish_rows(const float (&acc)[R], int wpr,
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        const float v = warp_sum(acc[r]);
+        const float v = gemv_warp_sum(acc[r]);
         if (lane == 0) red[warp][r] = v;
     }
     __syncthreads();
@@ -399,7 +424,7 @@ __device__ __forceinline__ void gemv_finish_glu(const float (&acc)[2], int wpr, 
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        const float v = warp_sum(acc[r]);
+        const float v = gemv_warp_sum(acc[r]);
         if (lane == 0) red[warp][r] = v;
     }
     __syncthreads();
@@ -564,6 +589,229 @@ __global__ void __launch_bounds__(GEMV_WARPS_MAX * WARP, R == 1 ? GEMV_MIN_BLOCK
     if constexpr (NT == 1) /* one-token steps only (the tiles' registers stay theirs) */
         if (tail.cnt) norm_tail(tail);
 }
+/* ---- tensor-core products of batches (k_mmq_code) --------------------------------------------- */
+
+/* d = a b, one m16n8k32 product of the int8 tensor cores (sums in int32, exact), in the PTX ISA's
+ * fragments: lane (g = lane / 4, t = lane % 4) holds a[0] = row g's bytes 4t .. 4t+3, a[1] = row g+8's,
+ * a[2] = row g's bytes 16+4t .., a[3] = row g+8's; b[0] = column g's bytes 4t .., b[1] = its bytes
+ * 16+4t ..; and gets d[0], d[1] = row g, columns 2t and 2t+1, d[2], d[3] = row g+8. AS: a's bytes
+ * are int8 (q8_0's codes), else uint8 (every other code type); b's are int8 (q8 activations). Before
+ * sm_80 (no m16n8k32), the same product from the lanes' fragments by shuffles and dp4a. */
+template <bool AS> __device__ __forceinline__ void mma_i8(int d[4], const uint32_t a[4], const uint32_t b[2]) {
+#if defined(TN_CUDA_EMU)
+    tn_emu_mma_i8(d, a, b, AS ? 1 : 0);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    d[0] = d[1] = d[2] = d[3] = 0;
+    if (AS)
+        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    else
+        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    const int lane = threadIdx.x % WARP, g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int i = 0; i < 4; i++) d[i] = 0;
+#pragma unroll
+    for (int q = 0; q < 4; q++) { /* bytes 4q .. 4q+3 and 16+4q .. of the rows and columns, from lane 4 row + q */
+        const uint32_t a0 = __shfl_sync(0xffffffffu, a[0], 4 * g + q), a1 = __shfl_sync(0xffffffffu, a[1], 4 * g + q);
+        const uint32_t a2 = __shfl_sync(0xffffffffu, a[2], 4 * g + q), a3 = __shfl_sync(0xffffffffu, a[3], 4 * g + q);
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            const int b0 = (int)__shfl_sync(0xffffffffu, b[0], 4 * (2 * t + c) + q);
+            const int b1 = (int)__shfl_sync(0xffffffffu, b[1], 4 * (2 * t + c) + q);
+            if (AS) {
+                d[c] = __dp4a((int)a2, b1, __dp4a((int)a0, b0, d[c]));
+                d[2 + c] = __dp4a((int)a3, b1, __dp4a((int)a1, b0, d[2 + c]));
+            } else {
+                d[c] = dp4a_us(a2, b1, dp4a_us(a0, b0, d[c]));
+                d[2 + c] = dp4a_us(a3, b1, dp4a_us(a1, b0, d[2 + c]));
+            }
+        }
+    }
+#endif
+}
+
+/* An int32 sum of 32 products of bytes (|v| < 2^22) as a float: exact, as (float)v, with an integer
+ * and a float addition instead of a conversion (a quarter-rate instruction) */
+__device__ __forceinline__ float i2f_small(int v) { return __fsub_rn(__uint_as_float(0x4B400000u + (unsigned)v), 12582912.0f); }
+
+#define MMQ_BM 64      /* rows a block */
+#define MMQ_BN 64      /* tokens a block */
+#define MMQ_THREADS 256 /* 8 warps: 2 along the rows (32 each) x 4 along the tokens (16 each) */
+#define MMQ_LDS 20     /* words per row (token) of a stage in shared memory: 2 chunks and 4 of padding,
+                        * so that a fragment's 32 loads fall in 32 banks */
+
+/* One stage's global loads, held in registers while the tensor cores work on the stage before:
+ * threads 0..127 a chunk of a row (its planes' words, scale, offset), 128..255 a chunk of a token
+ * (32 int8 activations, scale, sum). */
+template <int B> struct mmq_fetch {
+    uint32_t raw[B];
+    float d, m;
+    int4 a0, a1;
+};
+
+/* The products of an n-token batch (n > TN_CU_GEMV_MAXN) on the int8 tensor cores, giving every
+ * output the bits the GEMV kernels give it (k_gemv_code, every token alone): a chunk's 32 products
+ * are one integer (the mma's, the GEMV's dp4a), scaled by chunk_acc's rounded operations; the
+ * chunks of a GEMV lane's slot (chunks l + 32 p + 32 wpr j for j = 0, 1, ..: lane l of the row's
+ * warp p) are accumulated in that order; the slots' sums are added in gemv_warp_sum's tree (slot 2i
+ * with 2i+1, those pairs' sums pairwise, .. five levels) and the warps' trees in part order, then
+ * the bias. So a block walks its chunks slot pair by slot pair — for part p, pair i = 0..15, the
+ * chunks (2i, 2i+1) + 32 p + 32 wpr j for each j, two adjacent chunks a stage — keeps two slot sums
+ * and four levels of the tree per output, and folds a pair into the tree once its last chunk is
+ * in. A block is 64 rows x 64 tokens; its stages' codes (unpacked from the planes as load_chunk
+ * unpacks them) and activations pass through shared memory, double-buffered: the next stage's
+ * global loads are in flight while this one's products run. */
+template <int B, int KIND, bool ASYM>
+__global__ void __launch_bounds__(MMQ_THREADS) k_mmq_code(tn_cw w, const int8_t *xq, const float *xd, const int32_t *xs, int n,
+                                                          float *y, int64_t ldy, const float *bias, int accumulate, int wpr) {
+    constexpr int w0 = planes<B>::w0, w1 = planes<B>::w1, w2 = planes<B>::w2;
+    __shared__ __align__(16) uint32_t sA[2][MMQ_BM * MMQ_LDS];
+    __shared__ __align__(16) uint32_t sB[2][MMQ_BN * MMQ_LDS];
+    __shared__ float sD[2][MMQ_BM][2], sM[2][MMQ_BM][2], sDa[2][MMQ_BN][2], sSa[2][MMQ_BN][2];
+    gdc_wait();
+    const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP, g = lane / 4, t = lane % 4;
+    const int64_t r0 = (int64_t)blockIdx.x * MMQ_BM, t0 = (int64_t)blockIdx.y * MMQ_BN;
+    const int64_t nc = w.k / 32, nbr = w.k / w.group, span = (int64_t)WARP * wpr, J = (nc + span - 1) / span;
+    const int cpb = w.group / 32;
+    const int64_t steps = (int64_t)wpr * 16 * J;
+    const float off = KIND == 1 ? 8.0f : KIND == 3 ? 16.0f : (float)((1 << B) - 1) * 0.5f;
+    /* this thread's loads: a chunk (lh) of row / token lr */
+    const bool ldw = tid < 2 * MMQ_BM;
+    const int lr = (tid % (2 * MMQ_BM)) / 2, lh = tid % 2;
+    mmq_fetch<B> f;
+    auto first_chunk = [&](int64_t s) { /* the stage's first chunk: part p, slot pair i, pass j */
+        const int64_t p = s / (16 * J), i = (s / J) % 16, j = s % J;
+        return 2 * i + WARP * p + span * j;
+    };
+    auto fetch = [&](int64_t s) {
+        const int64_t ci = first_chunk(s) + lh;
+        if (ldw) {
+            const int64_t row = r0 + lr;
+            const bool ok = row < w.m && ci < nc;
+            const uint8_t *bp = (const uint8_t *)w.data + (ok ? row : 0) * (int64_t)w.row_bytes + (ok ? ci / cpb : 0) * (int64_t)(4 * B * cpb);
+            const int c = ok ? (int)(ci % cpb) : 0;
+#pragma unroll
+            for (int e = 0; e < w0; e++) f.raw[e] = ok ? ((const uint32_t *)(bp + c * 4 * w0))[e] : 0u;
+#pragma unroll
+            for (int e = 0; e < w1; e++) f.raw[w0 + e] = ok ? ((const uint32_t *)(bp + 4 * cpb * w0 + c * 4 * w1))[e] : 0u;
+#pragma unroll
+            for (int e = 0; e < w2; e++)
+                f.raw[w0 + w1 + e] = ok ? ((const uint32_t *)(bp + 4 * cpb * (w0 + w1) + c * 4 * w2))[e] : 0u;
+            f.d = ok ? h2f(w.d[row * nbr + ci / cpb]) : 0.0f;
+            f.m = ok && ASYM ? h2f(w.mn[row * nbr + ci / cpb]) : 0.0f;
+        } else {
+            const int64_t tok = t0 + lr;
+            const bool ok = tok < n && ci < nc;
+            const int4 z = {0, 0, 0, 0};
+            const int4 *a4 = (const int4 *)(xq + (ok ? tok * w.k + ci * 32 : 0));
+            f.a0 = ok ? a4[0] : z;
+            f.a1 = ok ? a4[1] : z;
+            f.d = ok ? xd[tok * nc + ci] : 0.0f;
+            f.m = ok ? (float)xs[tok * nc + ci] : 0.0f;
+        }
+    };
+    auto store = [&](int buf) {
+        if (ldw) {
+            uint32_t q[8];
+#pragma unroll
+            for (int e = 0; e < 8; e++) q[e] = 0;
+            unpack_plane<w0, 0>(f.raw, q);
+            if (w1) unpack_plane<w1, w0>(f.raw + w0, q);
+            if (w2) unpack_plane<w2, w0 + w1>(f.raw + w0 + w1, q);
+            uint4 *o = (uint4 *)(sA[buf] + lr * MMQ_LDS + lh * 8);
+            o[0] = uint4{q[0], q[1], q[2], q[3]};
+            o[1] = uint4{q[4], q[5], q[6], q[7]};
+            sD[buf][lr][lh] = f.d;
+            sM[buf][lr][lh] = f.m;
+        } else {
+            int4 *o = (int4 *)(sB[buf] + lr * MMQ_LDS + lh * 8);
+            o[0] = f.a0;
+            o[1] = f.a1;
+            sDa[buf][lr][lh] = f.d;
+            sSa[buf][lr][lh] = f.m;
+        }
+    };
+    /* per output o = (row tile mt, token tile nt, fragment element e) = 8 mt + 4 nt + e: the two slots
+     * of the current pair, the tree's levels 1..4 (the sums of 2, 4, 8, 16 slots waiting for their
+     * partner), and the parts' running sum */
+    float sl[2][16], L1[16], L2[16], L3[16], L4[16], part[16];
+#pragma unroll
+    for (int o = 0; o < 16; o++) sl[0][o] = sl[1][o] = L1[o] = L2[o] = L3[o] = L4[o] = part[o] = 0.0f;
+    const int wm = (warp % 2) * 32, wn = (warp / 2) * 16;
+    fetch(0);
+    store(0);
+    __syncthreads();
+    for (int64_t s = 0; s < steps; s++) {
+        const int buf = (int)(s & 1);
+        if (s + 1 < steps) fetch(s + 1);
+        const int64_t c0 = first_chunk(s);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            if (c0 + h >= nc) continue;
+            uint32_t af[2][4], bf[2][2];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                const uint32_t *pa = sA[buf] + (wm + mt * 16 + g) * MMQ_LDS + h * 8 + t;
+                af[mt][0] = pa[0];
+                af[mt][1] = pa[8 * MMQ_LDS];
+                af[mt][2] = pa[4];
+                af[mt][3] = pa[8 * MMQ_LDS + 4];
+            }
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+                const uint32_t *pb = sB[buf] + (wn + nt * 8 + g) * MMQ_LDS + h * 8 + t;
+                bf[nt][0] = pb[0];
+                bf[nt][1] = pb[4];
+            }
+#pragma unroll
+            for (int mn = 0; mn < 4; mn++) {
+                const int mt = mn >> 1, nt = mn & 1;
+                int dd[4];
+                mma_i8<KIND == 2>(dd, af[mt], bf[nt]);
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int rl = wm + mt * 16 + g + (e >> 1) * 8, tl = wn + nt * 8 + 2 * t + (e & 1), o = 4 * mn + e;
+                    sl[h][o] = chunk_acc_f<KIND, ASYM>(sl[h][o], sDa[buf][tl][h], sD[buf][rl][h], ASYM ? sM[buf][rl][h] : 0.0f,
+                                                       i2f_small(dd[e]), sSa[buf][tl][h], off);
+                }
+            }
+        }
+        if (s % J == J - 1) { /* the pair's slots are complete: into the tree */
+            const int i = (int)((s / J) % 16);
+            const bool first_part = s / (16 * J) == 0;
+#pragma unroll
+            for (int o = 0; o < 16; o++) {
+                float v = __fadd_rn(sl[0][o], sl[1][o]);
+                sl[0][o] = sl[1][o] = 0.0f;
+                if (!(i & 1)) { L1[o] = v; continue; }
+                v = __fadd_rn(L1[o], v);
+                if (!(i & 2)) { L2[o] = v; continue; }
+                v = __fadd_rn(L2[o], v);
+                if (!(i & 4)) { L3[o] = v; continue; }
+                v = __fadd_rn(L3[o], v);
+                if (!(i & 8)) { L4[o] = v; continue; }
+                v = __fadd_rn(L4[o], v);
+                part[o] = first_part ? v : __fadd_rn(part[o], v);
+            }
+        }
+        if (s + 1 < steps) store(buf ^ 1);
+        __syncthreads();
+    }
+#pragma unroll
+    for (int o = 0; o < 16; o++) {
+        const int mt = o >> 3, nt = (o >> 2) & 1, e = o & 3;
+        const int64_t row = r0 + wm + mt * 16 + g + (e >> 1) * 8, tok = t0 + wn + nt * 8 + 2 * t + (e & 1);
+        if (row >= w.m || tok >= n) continue;
+        const float r = part[o] + (bias ? bias[row] : 0.0f);
+        float *yp = y + tok * ldy + row;
+        *yp = accumulate ? *yp + r : r;
+    }
+}
+
 template <int B, int KIND, bool ASYM>
 __global__ void k_dequant_code(tn_cw w, int64_t r0, int64_t nr, void *out, int f16) {
     gdc_wait();
@@ -1082,6 +1330,28 @@ static int gemv_run(const tn_cw *w, const float *x, int64_t ldx, const tn_cq *xq
     return tn_cu_err();
 }
 
+/* A batch of code-path weights on the tensor cores (k_mmq_code) */
+template <int B, int K, bool ASYM>
+static void launch_mmq(const tn_cw *w, const tn_cq *xq, int n, float *y, int64_t ldy, const float *bias, int accumulate,
+                       cudaStream_t st) {
+    const dim3 grid((unsigned)((w->m + MMQ_BM - 1) / MMQ_BM), (unsigned)((n + MMQ_BN - 1) / MMQ_BN));
+    launch(k_mmq_code<B, K, ASYM>, grid, MMQ_THREADS, 0, st, *w, xq->q, xq->d, xq->s, n, y, ldy, bias, accumulate, gemv_wpr(w));
+}
+template <int B, bool ASYM> static void launch_mmq_tq(const tn_cw *w, const tn_cq *xq, int n, float *y, int64_t ldy,
+                                                    const float *bias, int accumulate, cudaStream_t st) {
+    launch_mmq<B, 0, ASYM>(w, xq, n, y, ldy, bias, accumulate, st);
+}
+static int mmq_run(const tn_cw *w, const tn_cq *xq, int n, float *y, int64_t ldy, const float *bias, int accumulate, cudaStream_t st) {
+    switch (w->kind) {
+    case TN_CW_Q4_0: launch_mmq<4, 1, false>(w, xq, n, y, ldy, bias, accumulate, st); break;
+    case TN_CW_Q8_0: launch_mmq<8, 2, false>(w, xq, n, y, ldy, bias, accumulate, st); break;
+    case TN_CW_Q5_0: launch_mmq<5, 3, false>(w, xq, n, y, ldy, bias, accumulate, st); break;
+    case TN_CW_TQ: TQ_SWITCH(launch_mmq_tq, w, xq, n, y, ldy, bias, accumulate, st); break;
+    default: return (int)cudaErrorInvalidValue;
+    }
+    return tn_cu_err();
+}
+
 static int gemv(const tn_cw *w, const float *x, int64_t ldx, const tn_cq *xq, int64_t n, float *y, int64_t ldy, const float *bias,
                 int accumulate, const tn_cu_tail *tailp, const tn_cu_glu *glp, void *stream, const tn_cu_ex *exq = nullptr) {
     if (n < 1 || n > (1 << 24) || (tailp && n != 1)) return (int)cudaErrorInvalidValue;
@@ -1104,6 +1374,8 @@ static int gemv(const tn_cw *w, const float *x, int64_t ldx, const tn_cq *xq, in
     if (!xq) xq = &none;
     const tn_cu_ex ex = exq ? *exq : tn_cu_ex{};
     const unsigned gy = exq ? (unsigned)exq->pairs : 1u;
+    if (nn > TN_CU_GEMV_MAXN && g_mmq && tn_cw_is_code(w->kind) && !exq && (nn + MMQ_BN - 1) / MMQ_BN <= 65535)
+        return mmq_run(w, xq, nn, y, ldy, bias, accumulate, st);
     if (nn > 1) return gemv_run<TN_CU_GEMV_MAXN, 1>(w, x, ldx, xq, nn, y, ldy, bias, accumulate, tail, gl, ex, gy, st);
     return g_rows == 2 ? gemv_run<1, 2>(w, x, ldx, xq, nn, y, ldy, bias, accumulate, tail, gl, ex, gy, st)
                        : gemv_run<1, 1>(w, x, ldx, xq, nn, y, ldy, bias, accumulate, tail, gl, ex, gy, st);

@@ -72,6 +72,11 @@ void tn_cuda_test_gemv_launch(bool prefetch, int grid_cap, int rows) {
     TN_UNUSED(rows);
 }
 
+bool tn_cuda_test_mmq(bool on) {
+    TN_UNUSED(on);
+    return false;
+}
+
 bool tn_cuda_persistent(const tn_cuda_ctx *g) {
     (void)g;
     return false;

@@ -158,7 +158,8 @@ static bool is_code(tn_dtype t) {
     return t == TN_Q4_0 || t == TN_Q4_1 || t == TN_Q5_0 || t == TN_Q5_1 || t == TN_Q8_0 || tn_tq_is(t);
 }
 
-static void check_type(tn_dtype t, int64_t m, int64_t k, double *worst_gemv, double *worst_gemm) {
+/* wide: also 70 tokens (two token blocks of the tensor-core kernel, the code types only) */
+static void check_type(tn_dtype t, int64_t m, int64_t k, bool wide, double *worst_gemv, double *worst_gemm) {
     float *deq = NULL;
     size_t nbytes = 0;
     void *w = make_weight(t, m, k, (uint64_t)(t * 7919 + m * 31 + k), &deq, &nbytes);
@@ -173,14 +174,17 @@ static void check_type(tn_dtype t, int64_t m, int64_t k, double *worst_gemv, dou
             fail_msg("%s %lldx%lld: dequant[%lld] gpu %.9g cpu %.9g", tn_dtype_name(t), (long long)m, (long long)k, (long long)i,
                      gd[i], deq[i]);
     /* products: the GEMV kernels at n = 1, 3, 8 (one tile), 9, 17 (several) as a batch-invariant
-     * context runs them; then the cuBLAS path as other contexts take it above 8 tokens (float
-     * types) or 64 (code types) */
-    const int64_t ns[] = {1, 3, 8, 9, 17, -17, -70};
+     * context runs them — for the code types above 8 tokens the tensor-core kernel, at 70 tokens
+     * too (two blocks of 64 tokens) — then the cuBLAS path as other contexts take it above 8
+     * tokens (float types) or, without the tensor-core kernel, 64 (code types) */
+    const int64_t ns[] = {1, 3, 8, 9, 17, 70, -17, -70};
     test_rng r = {(uint64_t)k * 13 + 5};
     for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
         const bool gemm = ns[ni] < 0;
         const int64_t n = gemm ? -ns[ni] : ns[ni];
         if (gemm && (is_code(t) ? n <= 64 : n <= 8)) continue;
+        if (!gemm && n == 70 && !(wide && is_code(t))) continue;
+        if (is_code(t) && tn_cuda_test_mmq(!gemm) == gemm) fail_msg("the tensor-core kernel cannot be switched %s", gemm ? "off" : "on");
         float *x = malloc(sizeof(float) * (size_t)(n * k)), *xa = malloc(sizeof(float) * (size_t)(n * k));
         float *y = malloc(sizeof(float) * (size_t)(n * m));
         for (int64_t i = 0; i < n * k; i++) x[i] = test_rng_normal(&r);
@@ -206,6 +210,19 @@ static void check_type(tn_dtype t, int64_t m, int64_t k, double *worst_gemv, dou
                 fail_msg("%s m=%lld k=%lld n=%lld: 3 blocks walking the rows, 2 rows per warp, differ from a block per row group",
                          tn_dtype_name(t), (long long)m, (long long)k, (long long)n);
             free(y3);
+        }
+        if (!gemm && n == 70) { /* the tensor cores against the GEMV kernels' token tiles: the same bits */
+            float *yt = malloc(sizeof(float) * (size_t)(n * m));
+            tn_cuda_test_mmq(false);
+            const tern_status st = tn_cuda_weight_matmul(cw, x, n, true, yt);
+            tn_cuda_test_mmq(true);
+            assert_int_equal(st, TERN_OK);
+            for (int64_t j = 0; j < n; j++)
+                for (int64_t i = 0; i < m; i++)
+                    if (memcmp(&yt[j * m + i], &y[j * m + i], sizeof(float)) != 0)
+                        fail_msg("%s m=%lld k=%lld n=%lld: y[%lld][%lld] tensor cores %.9g, GEMV token tiles %.9g", tn_dtype_name(t),
+                                 (long long)m, (long long)k, (long long)n, (long long)j, (long long)i, y[j * m + i], yt[j * m + i]);
+            free(yt);
         }
         const double bound = gemm ? 2e-3 : 1e-5;
         for (int64_t j = 0; j < n; j++)
@@ -265,17 +282,20 @@ static void test_kernel_parity(void **state) {
         double wv = 0, wm = 0;
         /* 131 rows (many row blocks) for the ggml types; the tq quantizer's reference is slow */
         const size_t nms = sizeof ms / sizeof ms[0] - (tn_tq_is(t) ? 1 : 0);
+        /* 70 tokens: the ggml types, and of the tq types (a tensor-core kernel per width and
+         * symmetry; the group only moves the scales) those of 32- and 256-wide groups */
+        const bool wide = !tn_tq_is(t) || g == 32 || g == 256;
         for (size_t mi = 0; mi < nms; mi++)
-            for (size_t ki = 0; ki < 3; ki++) check_type(t, ms[mi], ks[ki], &wv, &wm);
+            for (size_t ki = 0; ki < 3; ki++) check_type(t, ms[mi], ks[ki], wide && mi == nms - 1 && ki == 2, &wv, &wm);
         /* rows long enough to be split across 2 and 4 warps (k = 2048, 4096) */
-        check_type(t, 3, 2048, &wv, &wm);
-        check_type(t, 33, 4096, &wv, &wm);
+        check_type(t, 3, 2048, false, &wv, &wm);
+        check_type(t, 33, 4096, wide, &wv, &wm);
         printf("  %-10s worst error / sum|w a|: gemv %.2e (bound 1e-5), cuBLAS %.2e (bound 2e-3)\n", tn_dtype_name(t), wv, wm);
     }
     /* plain types with rows that are not whole groups of 8 (stories260K's n_ff = 172) */
     double wv = 0, wm = 0;
-    check_type(TN_F16, 64, 172, &wv, &wm);
-    check_type(TN_F32, 5, 44, &wv, &wm);
+    check_type(TN_F16, 64, 172, false, &wv, &wm);
+    check_type(TN_F32, 5, 44, false, &wv, &wm);
 }
 
 /* ---- forward -------------------------------------------------------------------------------- */
@@ -542,6 +562,8 @@ static int reset_settings(void **state) {
     unsetenv("TERN_CUDA_FUSE_GLU");
     unsetenv("TERN_CUDA_PERSIST");
     unsetenv("TERN_CUDA_PERSIST_GRID");
+    unsetenv("TERN_CUDA_MMQ");
+    tn_cuda_test_mmq(true); /* contexts set it again as TERN_CUDA_MMQ says */
     return 0;
 }
 
@@ -900,6 +922,84 @@ static void test_attn_split(void **state) {
     }
 }
 
+/* tern serve's decode steps with more than 8 sequences: a batch of one token per sequence is split
+ * across blocks per (token, head) (flash-decoding), not run in query tiles (which would walk each
+ * token's positions alone). Ten sequences share a 528-position prefix (blocks 0..32, written by
+ * sequence 0's prompt; two chunks) and each decodes position 528 in a block of its own: the batch's
+ * logits are bit-identical with TERN_CUDA_ATTN_SPLIT=2 (split, asserted) and =1 (unsplit), and
+ * each sequence's equal its logits decoded alone. */
+#define SPREAD_P 528
+#define SPREAD_S 10
+static void spread_prefix(tern_ctx *g, int32_t *const *tables) {
+    tern_token tok[SPREAD_P];
+    int32_t seq[SPREAD_P], pos[SPREAD_P];
+    int8_t lg[SPREAD_P];
+    for (int32_t i = 0; i < SPREAD_P; i++) tok[i] = (tern_token)(3 + (i * 7919 + i / 13) % 380), seq[i] = 0, pos[i] = i, lg[i] = 0;
+    lg[SPREAD_P - 1] = 1;
+    for (int32_t i0 = 0; i0 < SPREAD_P; i0 += 512) {
+        const int32_t nb = SPREAD_P - i0 < 512 ? SPREAD_P - i0 : 512;
+        tn_batch b = {nb, tok + i0, seq + i0, pos + i0, lg + i0};
+        tn_forward_batch(g, &b, (const int32_t *const *)tables, NULL);
+        assert_int_equal(g->dev_status, TERN_OK);
+    }
+}
+static void test_attn_decode_batch(void **state) {
+    (void)state;
+    tiny_cfg cfg;
+    tiny_cfg_default(&cfg);
+    cfg.n_ctx = 1024, cfg.n_layer = 1, cfg.n_embd = 128, cfg.n_head = 2, cfg.n_head_kv = 1, cfg.n_ff = 256;
+    cfg.wtype = TN_Q8_0, cfg.out_type = TN_Q8_0;
+    tern_model *m = load_cfg(&cfg, "cuda_spread");
+    const int32_t nv = (int32_t)cfg.n_vocab, nblk = SPREAD_P / 16 + 1;
+    int32_t tb[SPREAD_S][SPREAD_P / 16 + 1], *tables[SPREAD_S];
+    for (int s = 0; s < SPREAD_S; s++) {
+        for (int32_t j = 0; j < nblk - 1; j++) tb[s][j] = j;
+        tb[s][nblk - 1] = nblk - 1 + s;
+        tables[s] = tb[s];
+    }
+    tern_token tok[SPREAD_S];
+    int32_t seq[SPREAD_S], pos[SPREAD_S];
+    int8_t lg[SPREAD_S];
+    for (int s = 0; s < SPREAD_S; s++) tok[s] = (tern_token)(11 + 37 * s), seq[s] = s, pos[s] = SPREAD_P, lg[s] = 1;
+    tn_batch b = {SPREAD_S, tok, seq, pos, lg};
+    float *out[2];
+    for (int v = 0; v < 2; v++) { /* split across 2 blocks, then unsplit */
+        setenv("TERN_CUDA_ATTN_SPLIT", v == 0 ? "2" : "1", 1);
+        tern_ctx *g = make_ctx(m, TERN_DEVICE_CUDA, -1, 1024);
+        unsetenv("TERN_CUDA_ATTN_SPLIT");
+        spread_prefix(g, tables);
+        tn_forward_batch(g, &b, (const int32_t *const *)tables, NULL);
+        assert_int_equal(g->dev_status, TERN_OK);
+        assert_int_equal(g->n_logits, SPREAD_S);
+        if (tn_cuda_attn_splits(g->cuda) != (v == 0 ? 2 : 1))
+            fail_msg("a batch of %d sequences' single tokens at position %d: %d blocks a (token, head), expected %d", SPREAD_S, SPREAD_P,
+                     tn_cuda_attn_splits(g->cuda), v == 0 ? 2 : 1);
+        out[v] = malloc(sizeof(float) * (size_t)nv * SPREAD_S);
+        memcpy(out[v], g->logits, sizeof(float) * (size_t)nv * SPREAD_S);
+        if (v == 0) { /* each sequence alone, on the same prefix */
+            tern_ctx *ga = make_ctx(m, TERN_DEVICE_CUDA, -1, 1024);
+            spread_prefix(ga, tables);
+            for (int s = 0; s < SPREAD_S; s++) {
+                tn_batch b1 = {1, tok + s, seq + s, pos + s, lg + s};
+                tn_forward_batch(ga, &b1, (const int32_t *const *)tables, NULL);
+                assert_int_equal(ga->dev_status, TERN_OK);
+                if (memcmp(ga->logits, out[0] + (size_t)s * nv, sizeof(float) * (size_t)nv) != 0)
+                    fail_msg("sequence %d: its token in a batch of %d differs from the same token alone (rel %.2e)", s, SPREAD_S,
+                             rel_err_f(ga->logits, out[0] + (size_t)s * nv, nv));
+            }
+            tern_ctx_free(ga);
+        }
+        tern_ctx_free(g);
+    }
+    if (memcmp(out[0], out[1], sizeof(float) * (size_t)nv * SPREAD_S) != 0)
+        fail_msg("a batch of %d sequences' tokens: split across blocks differs from unsplit (rel %.2e)", SPREAD_S,
+                 rel_err_f(out[1], out[0], nv * SPREAD_S));
+    printf("  %d sequences' tokens at position %d in one batch: split across 2 blocks a (token, head) = unsplit = each alone, "
+           "bit for bit\n", SPREAD_S, SPREAD_P);
+    free(out[0]), free(out[1]);
+    tern_model_free(m);
+}
+
 /* Prefill batches (more than 8 tokens) run the attention in query tiles: a
  * block of up to 8 query rows, tokens of one sequence x the query heads of a kv head, reading
  * each K and V row once for all of them. Per row the arithmetic is the per-(token, head) kernel's,
@@ -1198,6 +1298,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup(test_persist_equivalence, reset_settings),
         cmocka_unit_test_setup(test_attn_split, reset_settings),
         cmocka_unit_test_setup(test_attn_tile, reset_settings),
+        cmocka_unit_test_setup(test_attn_decode_batch, reset_settings),
     };
     return cmocka_run_group_tests(gpu, NULL, NULL);
 }

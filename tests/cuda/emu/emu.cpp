@@ -36,6 +36,8 @@ struct Fiber {
     bool started;
     tn_emu_dim tid;
     uint64_t slot; /* shuffle: the value this lane offers */
+    uint32_t frag[2][6]; /* tensor-core products: this lane's a (4 words) and b (2), by the products' parity */
+    unsigned n_mma;       /* tensor-core products this thread has taken part in */
 };
 
 struct Emu {
@@ -119,6 +121,7 @@ void init_block(int base) {
         Fiber &t = E.f[(size_t)(base + i)];
         if (!t.started) init_fiber(base + i);
         t.state = RUN;
+        t.n_mma = 0;
         t.tid = tn_emu_dim{(unsigned)i % E.block.x, ((unsigned)i / E.block.x) % E.block.y, (unsigned)i / (E.block.x * E.block.y)};
     }
 }
@@ -310,6 +313,38 @@ uint64_t tn_emu_shfl(uint64_t v, int src) {
     tn_emu_sync_warp(); /* every lane has read before any offers again */
     return r;
 }
+void tn_emu_mma_i8(int d[4], const uint32_t a[4], const uint32_t b[2], int a_signed) {
+    const int me = E.cur, base = E.base + (me - E.base) / 32 * 32, lane = (me - E.base) % 32;
+    Fiber &f = self();
+    /* the fragments go to one of two slots by the product's parity, so one barrier is enough: a lane
+     * reaches the next product's barrier only after every lane has read this one's slot, and the
+     * product after that (this slot again) only after every lane has passed that barrier */
+    const unsigned par = f.n_mma++ & 1u;
+    memcpy(f.frag[par], a, 16);
+    memcpy(f.frag[par] + 4, b, 8);
+    tn_emu_sync_warp(); /* every lane has offered its fragments */
+    for (int s = base; s < base + 32; s++)
+        if (s >= E.base + E.n || E.f[(size_t)s].state == DONE) deadlock("a tensor-core product without all 32 lanes of the warp");
+    /* byte kk (0..31) of row r (0..15) and of column c (0..7), from the lanes that hold them */
+    auto A = [&](int r, int kk) {
+        const Fiber &o = E.f[(size_t)(base + (r % 8) * 4 + (kk % 16) / 4)];
+        const uint32_t w = o.frag[par][(r >= 8 ? 1 : 0) + (kk >= 16 ? 2 : 0)];
+        const uint32_t by = (w >> (8 * (kk % 4))) & 0xFFu;
+        return a_signed ? (int)(int8_t)by : (int)by;
+    };
+    auto B = [&](int c, int kk) {
+        const Fiber &o = E.f[(size_t)(base + c * 4 + (kk % 16) / 4)];
+        const uint32_t w = o.frag[par][4 + (kk >= 16 ? 1 : 0)];
+        return (int)(int8_t)((w >> (8 * (kk % 4))) & 0xFFu);
+    };
+    const int g = lane / 4, t = lane % 4;
+    for (int i = 0; i < 4; i++) {
+        const int r = g + (i >= 2 ? 8 : 0), c = 2 * t + (i & 1);
+        int s = 0;
+        for (int kk = 0; kk < 32; kk++) s += A(r, kk) * B(c, kk);
+        d[i] = s;
+    }
+}
 void tn_emu_stats(long *launches, long *blocks, long *switches) {
     *launches = E.launches, *blocks = E.blocks, *switches = E.switches;
 }
@@ -335,7 +370,7 @@ cudaError_t cudaGetDevice(int *dev) {
 }
 cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr a, int dev) {
     (void)dev;
-    *v = a == cudaDevAttrMultiProcessorCount ? 4 : 0;
+    *v = a == cudaDevAttrMultiProcessorCount ? 4 : a == cudaDevAttrComputeCapabilityMajor ? 9 : 0;
     return cudaSuccess;
 }
 cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b) {

@@ -50,7 +50,7 @@ typedef struct tn_emu_graph_exec *cudaGraphExec_t;
 
 enum cudaMemcpyKind { cudaMemcpyHostToHost = 0, cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, cudaMemcpyDeviceToDevice = 3, cudaMemcpyDefault = 4 };
 enum cudaStreamCaptureMode { cudaStreamCaptureModeGlobal = 0, cudaStreamCaptureModeThreadLocal = 1, cudaStreamCaptureModeRelaxed = 2 };
-enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16, cudaDevAttrL2CacheSize = 38 };
+enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16, cudaDevAttrL2CacheSize = 38, cudaDevAttrComputeCapabilityMajor = 75 };
 #define cudaStreamNonBlocking 0x01
 
 struct cudaDeviceProp {
@@ -119,6 +119,13 @@ void tn_emu_sync_grid(void);
 void tn_emu_sync_warp(void);
 /* warp exchange: this lane's 8 bytes in, lane src's 8 bytes out (a warp-wide collective) */
 uint64_t tn_emu_shfl(uint64_t v, int src);
+/* the warp's int8 tensor-core product mma.sync.m16n8k32 (d = a b, 32-bit sums), a warp-wide
+ * collective over the fragments as the PTX ISA lays them out: lane (g = lane / 4, t = lane % 4)
+ * holds a[0] = row g bytes 4t .. 4t+3, a[1] = row g+8 the same bytes, a[2] = row g bytes 16+4t ..,
+ * a[3] = row g+8 those; b[0] = column g bytes 4t .., b[1] = column g bytes 16+4t ..; it gets d[0],
+ * d[1] = row g columns 2t, 2t+1 and d[2], d[3] = row g+8. a_signed: a's bytes are int8 (else
+ * uint8); b's are int8. */
+void tn_emu_mma_i8(int d[4], const uint32_t a[4], const uint32_t b[2], int a_signed);
 /* counts of what the emulator ran (tests print them) */
 void tn_emu_stats(long *launches, long *blocks, long *switches);
 
