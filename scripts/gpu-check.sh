@@ -167,6 +167,15 @@ if [ "${GPU_CHECK_QUICK:-0}" != 1 ]; then
     TERN_CUDA_PREFILL=gemv step bench_q4_0_gemv 60 "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" -p 512 -n 0 -r 3 -o json
     TERN_CUDA_PREFILL=gemv TERN_CUDA_MMQ=0 step bench_q4_0_gemv_tiles 60 "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" \
         -p 512 -n 0 -r 3 -o json
+    # where the tensor cores start to win over the token tiles (TERN_CUDA_MMQ: the smallest batch
+    # on them, 65 by default): batches of 16 and 64 tokens, batch-invariant as tern serve's
+    for np in 16 64; do
+        for v in tiles:TERN_CUDA_MMQ=0 mmq:TERN_CUDA_MMQ=9; do
+            # shellcheck disable=SC2086 # the settings are words
+            TERN_CUDA_PREFILL=gemv step "bench_q4_0_pp${np}_${v%%:*}" 60 env ${v#*:} "$BIN" bench --device cuda \
+                -m "$TMPD/1b-q4_0.gguf" -p "$np" -n 0 -r 5 -o json
+        done
+    done
     # where the time goes: every launch timed (TERN_CUDA_PROFILE=1; no graph), decode and prefill
     TERN_CUDA_PROFILE=1 step profile_q4_0_tg 60 "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" -p 0 -n 64 -r 1
     TERN_CUDA_PROFILE=1 step profile_q4_0_pp 60 "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" -p 512 -n 0 -r 1

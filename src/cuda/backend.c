@@ -855,8 +855,9 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
     g->tile_max_float = TN_CU_GEMV_MAXN;
     if (pc && !strcmp(pc, "gemv")) g->tile_max_code = g->tile_max_float = INT64_MAX;
     if (pc && !strcmp(pc, "cublas")) g->tile_max_code = TN_CU_GEMV_MAXN;
-    /* code-path batches on the int8 tensor cores (TERN_CUDA_MMQ=0, or TERN_CUDA_PREFILL=cublas: not) */
-    tn_cu_set_mmq(env_int("TERN_CUDA_MMQ", 1) != 0 && !(pc && !strcmp(pc, "cublas")));
+    /* code-path batches of at least TERN_CUDA_MMQ tokens on the int8 tensor cores (0, or
+     * TERN_CUDA_PREFILL=cublas: none) */
+    tn_cu_set_mmq(pc && !strcmp(pc, "cublas") ? 0 : env_int("TERN_CUDA_MMQ", TN_CUDA_MMQ_MIN));
     if (cudaDeviceSynchronize() != cudaSuccess) {
         s = tn_err(TERN_ERR_INTERNAL, "cuda: %s", cudaGetErrorString(cudaGetLastError()));
         goto fail;
@@ -934,10 +935,10 @@ static void prof_print(const tn_cuda_ctx *g) {
                 1000.0 * g->pt[j].ms / (double)(g->pt[j].calls ? g->pt[j].calls : 1), tot > 0 ? 100.0 * g->pt[j].ms / tot : 0.0);
 }
 
-/* the GEMV kernels (and above TN_CU_GEMV_MAXN tokens, for code-path weights, the tensor-core
- * kernel with their bits), or fp16 + cuBLAS */
+/* the GEMV kernels (and for code-path batches of at least tn_cu_mmq() tokens the tensor-core
+ * kernel, with their bits), or fp16 + cuBLAS */
 static bool use_gemv(const tn_cuda_ctx *g, const tn_cw *w, int64_t n) {
-    if (tn_cw_is_code(w->kind)) return n <= TN_CU_GEMV_MAXN || n <= g->tile_max_code || tn_cu_mmq();
+    if (tn_cw_is_code(w->kind)) return n <= TN_CU_GEMV_MAXN || n <= g->tile_max_code || (tn_cu_mmq() && n >= tn_cu_mmq());
     return n <= TN_CU_GEMV_MAXN || n <= g->tile_max_float;
 }
 
@@ -1424,7 +1425,7 @@ void tn_cuda_test_gemv_launch(bool prefetch, int grid_cap, int rows) {
     tn_cu_configure(0, 0, prefetch, 0, rows);
     tn_cu_set_gemv_grid_cap(grid_cap);
 }
-bool tn_cuda_test_mmq(bool on) { return tn_cu_set_mmq(on) != 0; }
+int tn_cuda_test_mmq(int min_tokens) { return tn_cu_set_mmq(min_tokens); }
 
 tern_status tn_cuda_weight_matmul(tn_cuda_weight *W, const float *x, int64_t n, bool invariant, float *y) {
     tn_cuda_ctx *g = &W->g;

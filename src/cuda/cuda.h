@@ -58,10 +58,14 @@ tern_status tn_cuda_weight_dequant(tn_cuda_weight *w, float *out);
  * groups (0: a block per row group), and rows (1 or 2) per warp in one-token code-path GEMVs.
  * No programmatic dependent launch. */
 void tn_cuda_test_gemv_launch(bool prefetch, int grid_cap, int rows);
-/* Tests: code-path batches above 8 tokens on the int8 tensor cores (the GEMV kernels' bits) or in
- * the GEMV kernels' token tiles, process-wide from now on; returns whether the tensor cores are used
- * (not on devices before sm_80). */
-bool tn_cuda_test_mmq(bool on);
+/* Code-path batches of at least TN_CUDA_MMQ_MIN tokens (TERN_CUDA_MMQ=N: N) run on the int8 tensor
+ * cores with the GEMV kernels' bits: a block takes 64 tokens, so smaller batches of smaller
+ * matrices would leave most of the GPU idle. */
+#define TN_CUDA_MMQ_MIN 65
+/* Tests: code-path batches of at least min_tokens tokens (0: none) on the tensor cores, the others
+ * in the GEMV kernels' token tiles, process-wide from now on; returns the smallest batch that uses
+ * them (0 on devices before sm_80). */
+int tn_cuda_test_mmq(int min_tokens);
 
 /* Device memory bandwidth: a copy kernel over `bytes` (read + write counted), best of reps, GB/s;
  * 0 when there is no device. */

@@ -91,10 +91,11 @@ int tn_cu_configure(int pdl, int early, int prefetch, int gemv_bps, int gemv_row
 /* Tests: GEMV grids of at most this many blocks in all (0: tn_cu_configure's setting), so that
  * blocks walk several row groups even on small matrices. */
 void tn_cu_set_gemv_grid_cap(int blocks);
-/* Batches of more than TN_CU_GEMV_MAXN tokens of code-path weights (Q4_0, Q5_0, Q8_0, the tq types)
- * on the int8 tensor cores instead of the GEMV kernels' token tiles, with the same bits (on: where
- * the device has them, sm_80 and later). Returns whether they are used; tn_cu_mmq says it. */
-int tn_cu_set_mmq(int on);
+/* Batches of at least min_tokens tokens (> TN_CU_GEMV_MAXN; 0: none) of code-path weights (Q4_0,
+ * Q5_0, Q8_0, the tq types) on the int8 tensor cores instead of the GEMV kernels' token tiles, with
+ * the same bits, where the device has them (sm_80 and later). Returns the smallest batch that uses
+ * them (0: none); so does tn_cu_mmq. */
+int tn_cu_set_mmq(int min_tokens);
 int tn_cu_mmq(void);
 
 /* Activations quantized for the code path: n rows of k. */

@@ -63,14 +63,14 @@ extern "C" int tn_cu_configure(int pdl, int early, int prefetch, int gemv_bps, i
 
 extern "C" void tn_cu_set_gemv_grid_cap(int blocks) { g_grid_cap = blocks > 0 ? blocks : 0; }
 
-/* Batches of code-path weights above TN_CU_GEMV_MAXN tokens on the int8 tensor cores (k_mmq_code:
- * the GEMV kernels' bits), where the device has them (sm_80 and later) */
+/* Batches of code-path weights of at least g_mmq tokens (0: none) on the int8 tensor cores
+ * (k_mmq_code: the GEMV kernels' bits), where the device has them (sm_80 and later) */
 static int g_mmq = 0;
-extern "C" int tn_cu_set_mmq(int on) {
+extern "C" int tn_cu_set_mmq(int min_tokens) {
     int dev = 0, major = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    g_mmq = on && major >= 8 ? 1 : 0;
+    g_mmq = min_tokens > 0 && major >= 8 ? max(min_tokens, TN_CU_GEMV_MAXN + 1) : 0;
     return g_mmq;
 }
 extern "C" int tn_cu_mmq(void) { return g_mmq; }
@@ -1374,7 +1374,7 @@ static int gemv(const tn_cw *w, const float *x, int64_t ldx, const tn_cq *xq, in
     if (!xq) xq = &none;
     const tn_cu_ex ex = exq ? *exq : tn_cu_ex{};
     const unsigned gy = exq ? (unsigned)exq->pairs : 1u;
-    if (nn > TN_CU_GEMV_MAXN && g_mmq && tn_cw_is_code(w->kind) && !exq && (nn + MMQ_BN - 1) / MMQ_BN <= 65535)
+    if (g_mmq && nn >= g_mmq && tn_cw_is_code(w->kind) && !exq && (nn + MMQ_BN - 1) / MMQ_BN <= 65535)
         return mmq_run(w, xq, nn, y, ldy, bias, accumulate, st);
     if (nn > 1) return gemv_run<TN_CU_GEMV_MAXN, 1>(w, x, ldx, xq, nn, y, ldy, bias, accumulate, tail, gl, ex, gy, st);
     return g_rows == 2 ? gemv_run<1, 2>(w, x, ldx, xq, nn, y, ldy, bias, accumulate, tail, gl, ex, gy, st)

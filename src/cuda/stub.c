@@ -72,9 +72,9 @@ void tn_cuda_test_gemv_launch(bool prefetch, int grid_cap, int rows) {
     TN_UNUSED(rows);
 }
 
-bool tn_cuda_test_mmq(bool on) {
-    TN_UNUSED(on);
-    return false;
+int tn_cuda_test_mmq(int min_tokens) {
+    TN_UNUSED(min_tokens);
+    return 0;
 }
 
 bool tn_cuda_persistent(const tn_cuda_ctx *g) {
