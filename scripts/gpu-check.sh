@@ -6,7 +6,8 @@
 #   of synthetic smollm3, gemma3, gemma2, phi3, qwen3moe, qwen2moe, gpt-oss and olmoe files; `tern serve --device cuda` under
 #   the serve test suite's scripts; and the benchmarks on a 1B-class synthetic model (Q4_0, Q8_0, tq2/3/4,
 #   F16, Q4_K_M, IQ4_XS, Q3_K_M): decode and pp512 against the card's copy bandwidth and fp16 peak, measured in the same run,
-#   and decode with the persistent kernel (TERN_CUDA_PERSIST=1);
+#   decode with the persistent kernel (TERN_CUDA_PERSIST=1), prefill's products of the code types on
+#   the int8 tensor cores against fp16 + cuBLAS (TERN_CUDA_MMQ=0) and against the GEMV token tiles;
 #   and on its Mixtral-style mixture of experts (8 experts, top 2, Q4_0).
 #
 # usage: scripts/gpu-check.sh [OUT]

@@ -11,7 +11,8 @@
  * quantizers (ggml's, with uniform importance, for the codebook ones), at row counts and lengths
  * equal to, below, above and off the kernels' tiles (m = 1, 3, 4, 5, 33, and 131 for the ggml
  * types; k = 2048 and 4096, where a row is split across 2 and 4 warps; k = one block,
- * several, odd multiples), and n = 1, 3, 8, 9, 17 tokens (GEMV kernels) and 17 or 70 (cuBLAS):
+ * several, odd multiples), and n = 1, 3, 8, 9, 17 tokens (GEMV kernels), 70 (the code types'
+ * int8 tensor-core kernel) and 17 or 70 (cuBLAS):
  *  - dequantization equals the scalar reference dequantizer (tn_dequantize_row / tq) to within
  *    one rounding of d*q+m (a fused multiply-add on the GPU: |err| <= 2^-23 |d q| + 2^-24 |x|);
  *  - GEMV (n = 1 .. 17, in token tiles of 8) equals sum_i w_i a_i in double, where w is the
@@ -19,6 +20,7 @@
  *    tn_quantize_row_q8_0_act for the code-path types; f32 otherwise): float summation in another
  *    order, bound 1e-5 * sum_i |w_i a_i|; a token's outputs in a batch equal, bit for bit, the
  *    same token alone (what tern serve's batch invariance rests on);
+ *  - the tensor-core kernel (n = 70) equals the GEMV kernels' token tiles bit for bit, every output;
  *  - the cuBLAS path (float types above 8 tokens, code types above 64) rounds weights and
  *    activations to fp16 (2^-11 relative each): bound 2e-3 * sum_i |w_i a_i|.
  * Forward (GPU): tiny random llama, qwen2, qwen3, smollm3, gemma3, gemma2 and phi3 models of several types, against the independent double-precision
@@ -174,9 +176,9 @@ static void check_type(tn_dtype t, int64_t m, int64_t k, bool wide, double *wors
             fail_msg("%s %lldx%lld: dequant[%lld] gpu %.9g cpu %.9g", tn_dtype_name(t), (long long)m, (long long)k, (long long)i,
                      gd[i], deq[i]);
     /* products: the GEMV kernels at n = 1, 3, 8 (one tile), 9, 17 (several) as a batch-invariant
-     * context runs them — for the code types above 8 tokens the tensor-core kernel, at 70 tokens
-     * too (two blocks of 64 tokens) — then the cuBLAS path as other contexts take it above 8
-     * tokens (float types) or, without the tensor-core kernel, 64 (code types) */
+     * context runs them, and for the code types at 70 tokens the tensor-core kernel (two blocks of
+     * 64 tokens); then the cuBLAS path as other contexts take it above 8 tokens (float types) or,
+     * without the tensor-core kernel, 64 (code types) */
     const int64_t ns[] = {1, 3, 8, 9, 17, 70, -17, -70};
     test_rng r = {(uint64_t)k * 13 + 5};
     for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
@@ -184,9 +186,10 @@ static void check_type(tn_dtype t, int64_t m, int64_t k, bool wide, double *wors
         const int64_t n = gemm ? -ns[ni] : ns[ni];
         if (gemm && (is_code(t) ? n <= 64 : n <= 8)) continue;
         if (!gemm && n == 70 && !(wide && is_code(t))) continue;
-        /* every invariant batch above 8 tokens on the tensor cores; the cuBLAS path without them */
-        if (is_code(t) && tn_cuda_test_mmq(gemm ? 0 : 9) != (gemm ? 0 : 9))
-            fail_msg("the tensor-core kernel cannot be switched %s", gemm ? "off" : "on");
+        /* 70 tokens on the tensor cores, fewer in the token tiles (the default, TN_CUDA_MMQ_MIN); the
+         * cuBLAS path without them */
+        const int mmq = gemm ? 0 : TN_CUDA_MMQ_MIN;
+        if (is_code(t) && tn_cuda_test_mmq(mmq) != mmq) fail_msg("the tensor-core kernel cannot be switched %s", gemm ? "off" : "on");
         float *x = malloc(sizeof(float) * (size_t)(n * k)), *xa = malloc(sizeof(float) * (size_t)(n * k));
         float *y = malloc(sizeof(float) * (size_t)(n * m));
         for (int64_t i = 0; i < n * k; i++) x[i] = test_rng_normal(&r);
@@ -217,7 +220,7 @@ static void check_type(tn_dtype t, int64_t m, int64_t k, bool wide, double *wors
             float *yt = malloc(sizeof(float) * (size_t)(n * m));
             tn_cuda_test_mmq(0);
             const tern_status st = tn_cuda_weight_matmul(cw, x, n, true, yt);
-            tn_cuda_test_mmq(9);
+            tn_cuda_test_mmq(TN_CUDA_MMQ_MIN);
             assert_int_equal(st, TERN_OK);
             for (int64_t j = 0; j < n; j++)
                 for (int64_t i = 0; i < m; i++)
