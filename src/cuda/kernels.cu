@@ -653,9 +653,9 @@ template <int B> struct mmq_fetch {
     int4 a0, a1;
 };
 
-/* The products of an n-token batch (n > TN_CU_GEMV_MAXN) on the int8 tensor cores, giving every
- * output the bits the GEMV kernels give it (k_gemv_code, every token alone): a chunk's 32 products
- * are one integer (the mma's, the GEMV's dp4a), scaled by chunk_acc's rounded operations; the
+/* The products of an n-token batch (n >= tn_cu_mmq(), 65 by default) on the int8 tensor cores,
+ * giving every output the bits the GEMV kernels give it (k_gemv_code, every token alone): a
+ * chunk's 32 products are one integer (the mma's, the GEMV's dp4a), scaled by chunk_acc's rounded operations; the
  * chunks of a GEMV lane's slot (chunks l + 32 p + 32 wpr j for j = 0, 1, ..: lane l of the row's
  * warp p) are accumulated in that order; the slots' sums are added in gemv_warp_sum's tree (slot 2i
  * with 2i+1, those pairs' sums pairwise, .. five levels) and the warps' trees in part order, then
