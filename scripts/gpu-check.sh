@@ -75,14 +75,25 @@ step greedy_default_persist 60 bash -c "
   [ \$e1 = 0 ] && [ \$e2 = 0 ] && cmp $TMPD/gpu.txt $TMPD/cpu.txt && echo 'greedy text identical'"
 
 # a quantized KV cache on the GPU: the default model's greedy text with q8_0, q4_0 and tq4 K/V (K
-# rotated, the default) on GPU and CPU
-for kvt in q8_0 q4_0 tq4; do
+# rotated, the default), and a per-channel tqc3 K over a q8_0 V, on GPU and CPU
+for kvt in q8_0 q4_0 tq4 tqc3; do
+    kvv=$kvt
+    [ $kvt = tqc3 ] && kvv=q8_0
     step "greedy_default_kv_$kvt" 60 bash -c "
-      '$BIN' generate -m $M0 -p 'And God said' -n 64 --temp 0 -ctk $kvt -ctv $kvt --device cuda 2>$TMPD/g.err >$TMPD/gpu.txt; e1=\$?
-      '$BIN' generate -m $M0 -p 'And God said' -n 64 --temp 0 -ctk $kvt -ctv $kvt -t 4 2>$TMPD/c.err >$TMPD/cpu.txt; e2=\$?
+      '$BIN' generate -m $M0 -p 'And God said' -n 64 --temp 0 -ctk $kvt -ctv $kvv --device cuda 2>$TMPD/g.err >$TMPD/gpu.txt; e1=\$?
+      '$BIN' generate -m $M0 -p 'And God said' -n 64 --temp 0 -ctk $kvt -ctv $kvv -t 4 2>$TMPD/c.err >$TMPD/cpu.txt; e2=\$?
       cat $TMPD/g.err; echo '--- gpu:'; cat $TMPD/gpu.txt; echo; echo '--- cpu:'; cat $TMPD/cpu.txt; echo
       [ \$e1 = 0 ] && [ \$e2 = 0 ] && cmp $TMPD/gpu.txt $TMPD/cpu.txt && echo 'greedy text identical'"
 done
+
+# tern's codebook type vq2 on the GPU: the default model quantized to it, greedy text on GPU and CPU
+step greedy_default_vq2 180 bash -c "
+  '$BIN' quantize $M0 $TMPD/vq2.gguf vq2 >/dev/null || exit 3
+  '$BIN' generate -m $TMPD/vq2.gguf -p 'And God said' -n 64 --temp 0 --device cuda 2>$TMPD/g.err >$TMPD/gpu.txt; e1=\$?
+  '$BIN' generate -m $TMPD/vq2.gguf -p 'And God said' -n 64 --temp 0 -t 4 2>$TMPD/c.err >$TMPD/cpu.txt; e2=\$?
+  cat $TMPD/g.err; echo '--- gpu:'; cat $TMPD/gpu.txt; echo; echo '--- cpu:'; cat $TMPD/cpu.txt; echo
+  [ \$e1 = 0 ] && [ \$e2 = 0 ] && '$BIN' bench --device cuda -m $TMPD/vq2.gguf -p 128 -n 64 -r 2
+  [ \$e1 = 0 ] && [ \$e2 = 0 ] && cmp $TMPD/gpu.txt $TMPD/cpu.txt && echo 'greedy text identical'"
 
 # the other families on the GPU (synthetic small models): greedy text on GPU and CPU, and their
 # speed on the card

@@ -23,6 +23,7 @@
 #include "model/ops.h"
 #include "quant/iq_grid.h"
 #include "quant/tq.h"
+#include "quant/vq.h"
 
 enum { W_Q, W_K, W_V, W_O, W_GATE, W_UP, W_DOWN, W_N };
 
@@ -81,12 +82,15 @@ struct tn_cuda_ctx {
     tn_cq xq;
     uint16_t *xh, *wh; /* fp16 activations, fp16 weight tile for the GEMM path */
     int64_t wh_elems;
-    uint8_t *Kc, *Vc;  /* [n_layers][kv_rows] rows of k_rb / v_rb bytes (kern_cuda.h tn_cu_kv) */
+    uint8_t *Kc, *Vc;  /* layer il's rows at loff[il]: rows of k_rb / v_rb bytes (kern_cuda.h tn_cu_kv) */
     tn_cu_kv kv;       /* the cache's types, row bytes and rotation (rot_sign on the device) */
-    int32_t *d_ints;   /* pos[n], kvrow[n], tbl_off[n], out_rows[n], tbl[...] */
+    uint16_t *Kw;      /* per-channel K: [n_layers][kc_nseq][kc_w][kv_dim] f16 windows (kern_cuda.h tn_cu_kv) */
+    int32_t *d_ints;   /* pos[n], kvrow[n], tbl_off[n], out_rows[n], wseq[n], kvrow_swa[n], tbl_off_swa[n], tbl[...] */
     float *d_cs;       /* [n][n_rot] */
     float *d_cs_swa;   /* [n][n_rot]: sliding-window layers' own RoPE base and scale (gemma3) */
     int64_t tbl_cap;
+    int64_t *loff;     /* [n_layers + 1] first cache row of each layer (a sliding-window layer: kv_ring rows, or
+                          kv_swa_blocks blocks of its own pool) */
     /* pinned host staging */
     float *h_x, *h_cs, *h_cs_swa;
     int32_t *h_ints;
@@ -199,6 +203,7 @@ static int cw_kind_of(tn_dtype t) {
     case TN_Q4_0: return TN_CW_Q4_0;
     case TN_Q8_0: return TN_CW_Q8_0;
     case TN_Q5_0: return TN_CW_Q5_0;
+    case TN_VQ2: return TN_CW_VQ2;
     case TN_Q4_1: /* tq4g32a */
     case TN_Q5_1: return TN_CW_TQ; /* tq5g32a once qh moves */
     default: return tn_tq_is(t) ? TN_CW_TQ : -1;
@@ -213,6 +218,9 @@ const char *tn_cuda_kernel_name(tn_dtype t) {
                "tensor-core GEMM with the GEMV's bits (sm_80+)";
     if (kind >= TN_CW_IQ2_XXS && kind <= TN_CW_IQ1_M)
         return "file layout, codebook grid on the device; decode: f32 GEMV dequantizing in registers; prefill: fp16 dequant + cuBLAS";
+    if (kind == TN_CW_VQ2)
+        return "blocks in 72-byte slots, the matrix's codebook as floats on the device; decode: f32 GEMV, 8 lookups a lane; "
+               "prefill: fp16 dequant + cuBLAS";
     if (kind == TN_CW_IQ4_NL || kind == TN_CW_MXFP4)
         return "codes then scales per row; decode: f32 GEMV dequantizing in registers; prefill: fp16 dequant + cuBLAS";
     return "file layout; decode: f32 GEMV dequantizing in registers; prefill: fp16 dequant + cuBLAS";
@@ -299,7 +307,7 @@ static tern_status upload_weight(tn_cuda_ctx *g, const tn_tensor *t, tn_cw *w) {
                           t->name, tn_dtype_name(t->type));
         return tn_err(TERN_ERR_UNSUPPORTED,
                       "cuda: tensor '%s' has type %s, which the CUDA backend does not run (F32, F16, BF16, Q8_0, Q4_0, Q4_1, "
-                      "Q5_0, Q5_1, Q2_K .. Q6_K, the i-quants IQ1_S .. IQ4_XS, MXFP4, TQ1_0, TQ2_0 and tern's tq<b>g<G>: "
+                      "Q5_0, Q5_1, Q2_K .. Q6_K, the i-quants IQ1_S .. IQ4_XS, MXFP4, TQ1_0, TQ2_0 and tern's tq<b>g<G> and vq2: "
                       "run it on the CPU)",
                       t->name, tn_dtype_name(t->type));
     }
@@ -316,6 +324,34 @@ static tern_status upload_weight(tn_cuda_ctx *g, const tn_tensor *t, tn_cw *w) {
         for (int64_t i = 0; i < m * nb; i++) memcpy(buf + (size_t)i * stride, (const uint8_t *)t->data + (size_t)i * bb, bb);
         w->data = dupload(g, buf, w->row_bytes * (size_t)m, &ok);
         tn_free(buf);
+        return ok ? TERN_OK : tn_err_prefix(TERN_ERR_NOMEM, "cuda: tensor '%s'", t->name);
+    }
+    if (w->kind == TN_CW_VQ2) { /* blocks in 72-byte slots without the row headers; the codebook as floats */
+        const size_t rb_file = tn_dtype_row_size(t->type, k);
+        const int64_t nb = k / TN_VQ_QK;
+        if (t->nbytes < rb_file * (size_t)m + TN_VQ_CB_BYTES)
+            return tn_err(TERN_ERR_FORMAT, "cuda: tensor '%s' (vq2): %zu bytes, fewer than its rows and codebook", t->name, t->nbytes);
+        w->row_bytes = (size_t)nb * TN_CU_VQ2_STRIDE;
+        uint8_t *buf = tn_calloc((size_t)m, w->row_bytes);
+        float *cbf = tn_malloc(sizeof(float) * TN_VQ_CB_BYTES);
+        if (!buf || !cbf) {
+            tn_free(buf), tn_free(cbf);
+            return tn_err(TERN_ERR_NOMEM, "cuda: out of host memory rearranging '%s'", t->name);
+        }
+        const int8_t *cb = tn_vq_codebook(t->data); /* every row's header names the one after the rows */
+        for (int i = 0; i < TN_VQ_CB_BYTES; i++) cbf[i] = (float)cb[i];
+        for (int64_t r = 0; r < m; r++) {
+            const uint8_t *src = (const uint8_t *)t->data + (size_t)r * rb_file + TN_VQ_HDR;
+            for (int64_t b = 0; b < nb; b++) {
+                uint8_t *dst = buf + (size_t)r * w->row_bytes + (size_t)b * TN_CU_VQ2_STRIDE;
+                const uint8_t *blk = src + (size_t)b * sizeof(block_vq2);
+                memcpy(dst, blk, 6);              /* d, sc[4] */
+                memcpy(dst + 8, blk + 6, TN_VQ_NV); /* qs[64]   */
+            }
+        }
+        w->data = dupload(g, buf, w->row_bytes * (size_t)m, &ok);
+        w->grid = dupload(g, cbf, sizeof(float) * TN_VQ_CB_BYTES, &ok);
+        tn_free(buf), tn_free(cbf);
         return ok ? TERN_OK : tn_err_prefix(TERN_ERR_NOMEM, "cuda: tensor '%s'", t->name);
     }
     if (w->kind == TN_CW_IQ4_NL || w->kind == TN_CW_MXFP4) { /* a row: its blocks' codes, then their scales */
@@ -393,6 +429,7 @@ static tern_status upload_stacked(tn_cuda_ctx *g, const tn_tensor *const *ts, in
     *fused = false;
     size_t bytes = 0;
     int64_t rows = 0;
+    if (tn_vq_is(ts[0]->type)) return TERN_OK; /* a codebook each: uploaded apart */
     for (int i = 0; i < nt; i++) {
         if (ts[i]->type != ts[0]->type || ts[i]->ne[0] != ts[0]->ne[0]) return TERN_OK;
         bytes += ts[i]->nbytes;
@@ -478,6 +515,7 @@ static void ctx_release(tn_cuda_ctx *g) {
     cudaGetLastError();
     tn_free(g->allocs);
     tn_free(g->L);
+    tn_free(g->loff);
 }
 
 void tn_cuda_ctx_free(tn_cuda_ctx *g) {
@@ -486,7 +524,7 @@ void tn_cuda_ctx_free(tn_cuda_ctx *g) {
     tn_free(g);
 }
 
-static int64_t ints_needed(const tern_ctx *c, int64_t tbl) { return 4 * (int64_t)c->n_batch + tbl; }
+static int64_t ints_needed(const tern_ctx *c, int64_t tbl) { return 7 * (int64_t)c->n_batch + tbl; }
 
 /* Whether the one-token steps of every MoE layer on the GPU can route there: softmax gating of at
  * most 512 experts and 32 slots, and expert matrices the pair GEMVs take (code types: rows of
@@ -545,7 +583,8 @@ static tn_cu_persist_args persist_args(const tn_cuda_ctx *g, const tern_ctx *c) 
  * matrices of one code kind throughout: tn_cu_persist's contract); else launch by launch. */
 static void persist_setup(tn_cuda_ctx *g, const tern_ctx *c, bool *ok) {
     const tn_hparams *hp = &c->hp;
-    if (env_int("TERN_CUDA_PERSIST", 0) == 0 || !g->has_output || g->n_layers < 1) return;
+    if (env_int("TERN_CUDA_PERSIST", 0) == 0 || !g->has_output || g->n_layers < 1 || c->kc_bits || c->kv_ring || c->kv_swa_blocks)
+        return;
     tn_cu_player *P = tn_calloc((size_t)g->n_layers, sizeof *P);
     if (!P) return;
     bool fit = true;
@@ -556,7 +595,7 @@ static void persist_setup(tn_cuda_ctx *g, const tern_ctx *c, bool *ok) {
         const bool swa = tn_hp_layer_swa(hp, il);
         P[il] = (tn_cu_player){L->qkv, L->w[W_O], L->gu, L->w[W_DOWN], L->bqkv, L->bo, L->attn_norm, L->ffn_norm,
                                L->q_norm, L->k_norm, L->sinks,
-                               g->Kc + (size_t)il * (size_t)c->kv_rows * c->k_rb, g->Vc + (size_t)il * (size_t)c->kv_rows * c->v_rb,
+                               g->Kc + (size_t)g->loff[il] * c->k_rb, g->Vc + (size_t)g->loff[il] * c->v_rb,
                                swa ? g->d_cs_swa : g->d_cs, tn_hp_layer_rope(hp, il) ? hp->n_rot : 0, swa ? hp->n_swa : 0};
         const tn_cw *ws[4] = {&P[il].qkv, &P[il].wo, &P[il].gu, &P[il].down};
         const tn_cw *w0[4] = {&P[0].qkv, &P[0].wo, &P[0].gu, &P[0].down};
@@ -578,16 +617,17 @@ static void persist_setup(tn_cuda_ctx *g, const tern_ctx *c, bool *ok) {
 
 tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
     *out = NULL;
-    /* its kernels read f16, q8_0, q4_0 and tq2..tq8 K/V rows (per-channel K is the CPU's) */
+    /* its kernels read f16, q8_0, q4_0 and tq2..tq8 K/V rows, and per-channel tqc2..4 K */
     const int32_t kvt[2] = {c->type_k, c->type_v};
     int cut[2];
     for (int i = 0; i < 2; i++) {
         cut[i] = kvt[i] == TN_F16 ? TN_CU_KV_F16 : kvt[i] == TN_Q8_0 ? TN_CU_KV_Q8_0 : kvt[i] == TN_Q4_0 ? TN_CU_KV_Q4_0 : -1;
         for (int b = 2; b <= 8; b++)
             if (kvt[i] == TERN_KV_TQ(b)) cut[i] = TN_CU_KV_TQ(b);
+        if (i == 0 && c->kc_bits) cut[i] = TN_CU_KV_TQC(c->kc_bits);
         if (cut[i] < 0)
             return tn_err(TERN_ERR_UNSUPPORTED,
-                          "cuda: %s cache type %s runs on the CPU only (the GPU keeps f16, q8_0, q4_0 or tq2 .. tq8 K/V)",
+                          "cuda: %s cache type %s runs on the CPU only (the GPU keeps f16, q8_0, q4_0, tq2 .. tq8 or (K) tqc2 .. tqc4)",
                           i ? "V" : "K", tern_kv_type_name(kvt[i]) ? tern_kv_type_name(kvt[i]) : tn_dtype_name((uint32_t)kvt[i]));
     }
     const char *why = NULL;
@@ -779,16 +819,35 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
         g->wh_elems = max_mk;
     }
     /* the cache in the context's types: rows of c->k_rb / c->v_rb bytes, as the CPU's */
-    const size_t kv_rows_all = (size_t)ngl * (size_t)c->kv_rows;
+    /* sliding-window layers keep a ring of kv_ring rows (a contiguous cache) or a pool of
+     * kv_swa_blocks blocks of their own (a paged one), as the CPU's */
+    g->loff = tn_calloc((size_t)ngl + 1, sizeof *g->loff);
+    if (!g->loff) {
+        s = tn_err(TERN_ERR_NOMEM, "cuda: out of memory");
+        goto fail;
+    }
+    for (int32_t il = 0; il < ngl; il++) {
+        const bool w = tn_hp_layer_swa(hp, il);
+        g->loff[il + 1] = g->loff[il] + (w && c->kv_ring           ? c->kv_ring
+                                         : w && c->kv_swa_blocks ? (int64_t)c->kv_swa_blocks * TN_KV_BLOCK
+                                                                 : c->kv_rows);
+    }
+    const size_t kv_rows_all = (size_t)g->loff[ngl];
     g->Kc = dalloc(g, kv_rows_all * c->k_rb, &ok);
     g->Vc = dalloc(g, kv_rows_all * c->v_rb, &ok);
     if (ok) {
         cudaMemset(g->Kc, 0, kv_rows_all * c->k_rb);
         cudaMemset(g->Vc, 0, kv_rows_all * c->v_rb);
     }
-    g->kv = (tn_cu_kv){cut[0], cut[1], (int64_t)c->k_rb, (int64_t)c->v_rb, NULL, c->rot_blk, c->rot_k, c->rot_v};
+    g->kv = (tn_cu_kv){cut[0], cut[1], (int64_t)c->k_rb, (int64_t)c->v_rb, NULL, c->rot_blk, c->rot_k, c->rot_v, 0, NULL, NULL, NULL, 0};
+    if (c->kc_bits) { /* per-channel K: each sequence's newest keys in f16, as the CPU's windows */
+        g->kv.kc_w = (int)c->kc_w;
+        const size_t wb = (size_t)ngl * (size_t)c->kc_nseq * (size_t)c->kc_w * (size_t)kv_dim * 2;
+        g->Kw = dalloc(g, wb, &ok);
+        if (ok) cudaMemset(g->Kw, 0, wb);
+    }
     if (c->rot_k || c->rot_v) g->kv.rot_sign = dupload(g, c->rot_sign, (size_t)hp->head_dim * sizeof(float), &ok);
-    g->tbl_cap = (int64_t)nb * (c->kv_blocks + 1);
+    g->tbl_cap = (int64_t)nb * (c->kv_blocks + 1) * (c->kv_swa_blocks ? 2 : 1); /* (and the window pool's tables) */
     g->d_ints = dalloc(g, (size_t)ints_needed(c, g->tbl_cap) * 4, &ok);
     g->d_cs = dalloc(g, (size_t)(nb * hp->n_rot) * 4, &ok);
     if (hp->n_swa > 0) g->d_cs_swa = dalloc(g, (size_t)(nb * hp->n_rot) * 4, &ok);
@@ -1145,12 +1204,13 @@ static void run_layers(tn_cuda_ctx *g, tern_ctx *c, int64_t n, int32_t n_out) {
     const tn_hparams *hp = &c->hp;
     const int64_t d = hp->n_embd, hd = hp->head_dim, qd = (int64_t)hp->n_head * hd;
     const int64_t kv_dim = (int64_t)hp->n_head_kv * hd;
-    int32_t *d_pos = g->d_ints, *d_kvrow = d_pos + n, *d_toff = d_kvrow + n, *d_orow = d_toff + n, *d_tbl = d_orow + n;
+    int32_t *d_pos = g->d_ints, *d_kvrow = d_pos + n, *d_toff = d_kvrow + n, *d_orow = d_toff + n, *d_wseq = d_orow + n,
+            *d_kvrow_swa = d_wseq + n, *d_toff_swa = d_kvrow_swa + n, *d_tbl = d_toff_swa + n;
     float cap;
     const float scale = attn_scale(hp, &cap);
     const int act = glu_act(hp);
     /* one token: the attention kernel does the RoPE and cache store (the same bits, a launch fewer) */
-    const bool rope1 = g->fuse_rope && n == 1;
+    const bool rope1 = g->fuse_rope && n == 1 && !c->kc_bits; /* (per-channel K: groups close between store and attention) */
     /* one token: the norm after Wo and after Wdown by the product's last block (the same bits) */
     const bool tails = g->fuse_norm && n == 1;
     const tn_cq noq = {NULL, NULL, NULL};
@@ -1174,11 +1234,19 @@ static void run_layers(tn_cuda_ctx *g, tern_ctx *c, int64_t n, int32_t n_out) {
     }
     for (int32_t il = 0; il < (persist ? 0 : g->n_layers); il++) {
         const tn_cu_layer *L = &g->L[il];
-        uint8_t *Kc = g->Kc + (size_t)il * (size_t)c->kv_rows * c->k_rb;
-        uint8_t *Vc = g->Vc + (size_t)il * (size_t)c->kv_rows * c->v_rb;
-        /* sliding-window layers: the last n_swa positions and their own RoPE table; NoPE layers
-         * (smollm3): no rotation (q/k norms and the cache store still run) */
+        uint8_t *Kc = g->Kc + (size_t)g->loff[il] * c->k_rb;
+        uint8_t *Vc = g->Vc + (size_t)g->loff[il] * c->v_rb;
+        /* sliding-window layers: the last n_swa positions and their own RoPE table (in a ring of
+         * kv_ring rows, position p at row p % kv_ring, where the contiguous cache has one); NoPE
+         * layers (smollm3): no rotation (q/k norms and the cache store still run) */
         const bool swa = tn_hp_layer_swa(hp, il);
+        tn_cu_kv kv = g->kv; /* per-channel K: the layer's windows */
+        if (c->kc_bits)
+            kv.kw = g->Kw + (size_t)il * (size_t)c->kc_nseq * (size_t)c->kc_w * (size_t)kv_dim, kv.wseq = d_wseq, kv.pos = d_pos;
+        if (swa && c->kv_ring) kv.ring = (int)c->kv_ring;
+        /* a sliding-window layer's rows: its ring, or its pool's block tables */
+        const bool own = swa && (c->kv_ring || c->kv_swa_blocks);
+        const int32_t *kvr = own ? d_kvrow_swa : d_kvrow, *toff = own ? d_toff_swa : d_toff;
         const int n_rot = tn_hp_layer_rope(hp, il) ? hp->n_rot : 0, window = swa ? hp->n_swa : 0;
         const float *cs = swa ? g->d_cs_swa : g->d_cs;
         /* attention block */
@@ -1205,14 +1273,15 @@ static void run_layers(tn_cuda_ctx *g, tern_ctx *c, int64_t n, int32_t n_out) {
         if (L->qk_full && L->k_norm) CKL("qk_norm", tn_cu_rmsnorm_rows(k, ldk, n, kv_dim, L->k_norm, hp->rms_eps, g->st));
         /* one token: the attention kernel rotates and stores the new row itself */
         const tn_cu_rope rope = {k, v, ldk, qn, kn, hp->rms_eps, cs, n_rot, hp->rope_mode == TN_ROPE_NEOX,
-                                 d_kvrow, Kc, Vc};
+                                 kvr, Kc, Vc};
         if (!rope1)
             CKL("rope_store", tn_cu_rope_store(q, ldq, k, v, ldk, qn, kn, hp->rms_eps, cs, n_rot,
-                                               hp->rope_mode == TN_ROPE_NEOX, n, hp->n_head, hp->n_head_kv, (int)hd, d_kvrow, Kc,
-                                               Vc, &g->kv, g->st));
+                                               hp->rope_mode == TN_ROPE_NEOX, n, hp->n_head, hp->n_head_kv, (int)hd, kvr, Kc,
+                                               Vc, &kv, g->st));
+        if (c->kc_bits) CKL("kc_close", tn_cu_kc_close(Kc, &kv, d_kvrow, n, hp->n_head_kv, (int)hd, g->st));
         const bool qo = q8_for(g, &L->w[W_O], n) && hd % 32 == 0;
-        CKL("attention", tn_cu_attention(q, ldq, Kc, Vc, n, hp->n_head, hp->n_head_kv, (int)hd, d_pos, d_toff, d_tbl, scale, cap,
-                                         window, L->sinks, g->att, qo ? &g->xq : NULL, rope1 ? &rope : NULL, &g->kv, &g->asched,
+        CKL("attention", tn_cu_attention(q, ldq, Kc, Vc, n, hp->n_head, hp->n_head_kv, (int)hd, d_pos, toff, d_tbl, scale, cap,
+                                         window, L->sinks, g->att, qo ? &g->xq : NULL, rope1 ? &rope : NULL, &kv, &g->asched,
                                          g->st));
         fresh(g);
         if (qo) g->q_src = g->att;
@@ -1257,7 +1326,25 @@ static void run_layers(tn_cuda_ctx *g, tern_ctx *c, int64_t n, int32_t n_out) {
     }
 }
 
-tern_status tn_cuda_forward_batch(tern_ctx *c, const tn_batch *b, const int32_t *const *tables) {
+/* Token t's block table tb up to position pos into tbl at *nt (tokens of one sequence share the
+ * longest, *last): its offset there, -1 without a table, -2 when tbl has no room. */
+typedef struct tbl_last {
+    const int32_t *tb;
+    int32_t off;
+    int64_t len;
+} tbl_last;
+static int32_t put_table(int32_t *tbl, int64_t *nt, int64_t cap, const int32_t *tb, int32_t pos, tbl_last *last) {
+    if (!tb) return -1;
+    const int64_t need = pos / TN_KV_BLOCK + 1;
+    if (tb == last->tb && last->len >= need) return last->off;
+    if (*nt + need > cap) return -2;
+    memcpy(tbl + *nt, tb, (size_t)need * 4);
+    *last = (tbl_last){tb, (int32_t)*nt, need};
+    *nt += need;
+    return last->off;
+}
+
+tern_status tn_cuda_forward_batch(tern_ctx *c, const tn_batch *b, const int32_t *const *tables, const int32_t *const *swa_tables) {
     tn_cuda_ctx *g = c->cuda;
     const tern_model *m = c->model;
     const tn_hparams *hp = &c->hp;
@@ -1270,10 +1357,13 @@ tern_status tn_cuda_forward_batch(tern_ctx *c, const tn_batch *b, const int32_t 
     int32_t n_out = 0;
     for (int32_t t = 0; t < b->n; t++)
         if (b->logits[t]) c->out_rows[n_out++] = t;
-    int32_t *pos = g->h_ints, *kvrow = pos + n, *toff = kvrow + n, *orow = toff + n, *tbl = orow + n;
-    int64_t nt = 0, last_len = 0;
-    int32_t last_off = -1;
-    const int32_t *last_tb = NULL;
+    if ((tables && c->kv_ring) || (c->kv_swa_blocks && (!tables || !swa_tables))) /* (as tn_forward_batch_cpu) */
+        return tn_err(TERN_ERR_INTERNAL, "cuda: block tables %s for this context's cache", tables ? "unexpected" : "missing");
+    if (!c->kv_swa_blocks) swa_tables = NULL;
+    int32_t *pos = g->h_ints, *kvrow = pos + n, *toff = kvrow + n, *orow = toff + n, *wseq = orow + n, *kvrow_swa = wseq + n,
+            *toff_swa = kvrow_swa + n, *tbl = toff_swa + n;
+    int64_t nt = 0;
+    tbl_last last = {NULL, -1, 0}, last_swa = {NULL, -1, 0};
     tn_hparams hs = *hp; /* sliding-window layers' RoPE: their own base and scale */
     hs.rope_freq_base = hp->rope_base_swa, hs.rope_freq_scale = hp->rope_scale_swa;
     for (int64_t t = 0; t < n; t++) {
@@ -1285,23 +1375,18 @@ tern_status tn_cuda_forward_batch(tern_ctx *c, const tn_batch *b, const int32_t 
         tn_op_rope_cache(hp, c->rope_ff, b->pos[t], g->h_cs + t * hp->n_rot);
         if (g->h_cs_swa) tn_op_rope_cache(&hs, c->rope_ff, b->pos[t], g->h_cs_swa + t * hp->n_rot);
         pos[t] = b->pos[t];
-        const int32_t *tb = tables ? tables[b->seq[t]] : NULL;
+        if (c->kc_bits && (b->seq[t] < 0 || b->seq[t] >= c->kc_nseq)) /* per-channel K: the sequence's window */
+            return tn_err(TERN_ERR_INTERNAL, "cuda: sequence %d of a context with %d K windows", b->seq[t], c->kc_nseq);
+        wseq[t] = c->kc_bits ? b->seq[t] * (int32_t)c->kc_w : 0;
+        /* the token's cache rows: its block table up to its position (sliding-window layers: their
+         * pool's table, or the ring) */
+        const int32_t *tb = tables ? tables[b->seq[t]] : NULL, *sb = swa_tables ? swa_tables[b->seq[t]] : NULL;
         kvrow[t] = (int32_t)tn_kv_row(tb, TN_KV_BLOCK, b->pos[t]);
-        if (!tb) {
-            toff[t] = -1;
-            continue;
-        }
-        /* the token's block table up to its position; tokens of one sequence share the longest */
-        const int64_t need = b->pos[t] / TN_KV_BLOCK + 1;
-        if (tb == last_tb && last_len >= need) {
-            toff[t] = last_off;
-            continue;
-        }
-        if (nt + need > g->tbl_cap) return tn_err(TERN_ERR_INTERNAL, "cuda: block tables exceed %lld entries", (long long)g->tbl_cap);
-        memcpy(tbl + nt, tb, (size_t)need * 4);
-        toff[t] = (int32_t)nt;
-        last_tb = tb, last_off = (int32_t)nt, last_len = need;
-        nt += need;
+        kvrow_swa[t] = c->kv_ring ? (int32_t)(b->pos[t] % c->kv_ring) : (int32_t)tn_kv_row(sb, TN_KV_BLOCK, b->pos[t]);
+        toff[t] = put_table(tbl, &nt, g->tbl_cap, tb, b->pos[t], &last);
+        toff_swa[t] = put_table(tbl, &nt, g->tbl_cap, sb, b->pos[t], &last_swa);
+        if (toff[t] < -1 || toff_swa[t] < -1)
+            return tn_err(TERN_ERR_INTERNAL, "cuda: block tables exceed %lld entries", (long long)g->tbl_cap);
     }
     for (int32_t j = 0; j < n_out; j++) orow[j] = c->out_rows[j];
     /* flash-decoding: blocks per (token, head) for about 4 blocks per multiprocessor, no more than
@@ -1324,7 +1409,7 @@ tern_status tn_cuda_forward_batch(tern_ctx *c, const tn_batch *b, const int32_t 
     CKL("h2d", cudaMemcpyAsync(g->d_cs, g->h_cs, (size_t)(n * hp->n_rot) * 4, cudaMemcpyHostToDevice, g->st));
     if (g->h_cs_swa)
         CKL("h2d", cudaMemcpyAsync(g->d_cs_swa, g->h_cs_swa, (size_t)(n * hp->n_rot) * 4, cudaMemcpyHostToDevice, g->st));
-    CKL("h2d", cudaMemcpyAsync(g->d_ints, g->h_ints, (size_t)(4 * n + nt) * 4, cudaMemcpyHostToDevice, g->st));
+    CKL("h2d", cudaMemcpyAsync(g->d_ints, g->h_ints, (size_t)(7 * n + nt) * 4, cudaMemcpyHostToDevice, g->st));
 
     /* one-token decode with logits: a CUDA graph of every kernel of the step (captured once) */
     /* (not around the persistent kernel: a step is two launches, nothing for a graph to save) */
@@ -1368,7 +1453,7 @@ tern_status tn_cuda_forward_batch(tern_ctx *c, const tn_batch *b, const int32_t 
             const float *sx = c->start_x;
             c->start_layer = g->n_layers;
             c->start_x = g->h_x;
-            tn_forward_batch_cpu(c, b, tables, NULL);
+            tn_forward_batch_cpu(c, b, tables, swa_tables);
             c->start_layer = sl;
             c->start_x = sx;
         }

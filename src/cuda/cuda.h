@@ -43,7 +43,7 @@ bool tn_cuda_persistent(const tn_cuda_ctx *g);
 int tn_cuda_attn_splits(const tn_cuda_ctx *g);
 /* The forward pass of tn_forward_batch on the GPU (and the CPU for layers past n_gpu_layers).
  * Returns TERN_OK or the CUDA error that stopped it. */
-tern_status tn_cuda_forward_batch(tern_ctx *c, const tn_batch *b, const int32_t *const *tables);
+tern_status tn_cuda_forward_batch(tern_ctx *c, const tn_batch *b, const int32_t *const *tables, const int32_t *const *swa_tables);
 /* One weight matrix on the device, for tests and tools: uploaded as a context uploads it;
  * matmul: y[n][m] = W x_j for host x[n][k], through the kernels the forward pass would choose
  * for n tokens (invariant: as in a batch-invariant context, the GEMV kernels for every n);

@@ -54,6 +54,8 @@ enum {
     TN_CW_IQ1_M,
     TN_CW_TQ1_0, /* ggml's ternary types (not tern's tq<b>g<G>) */
     TN_CW_TQ2_0,
+    TN_CW_VQ2,  /* tern's codebook type: 72-byte blocks (d, sc[4], 2 pad bytes, qs[64]); its codebook as
+                   1024 floats cb[p][i] (tn_cw.grid) */
     TN_CW_Q4_0, /* code path from here on */
     TN_CW_Q8_0,
     TN_CW_Q5_0,
@@ -67,13 +69,16 @@ typedef struct tn_cw {
     const void *data;       /* float path: rows of the file type; code path: the codes         */
     size_t row_bytes;       /* bytes per row of data                                           */
     const uint16_t *d, *mn; /* code path: fp16 scales [m][k/group] (mn: asymmetric offsets)   */
-    const void *grid;       /* codebook i-quants: their grid on the device (quant/iq_grid.h)    */
+    const void *grid;       /* codebook i-quants: their grid on the device (quant/iq_grid.h);  
+                               vq2: the matrix's codebook as floats                             */
 } tn_cw;
 
 /* Q6_K blocks (210 bytes) are uploaded each in a 224-byte slot, so that their parts are 8-byte aligned */
 #define TN_CU_Q6K_STRIDE 224
 /* Q3_K blocks (110 bytes) likewise in 112-byte slots */
 #define TN_CU_Q3K_STRIDE 112
+/* vq2 blocks (70 bytes) in 72-byte slots: d, sc[4], two zero bytes, qs[64] (8-byte aligned) */
+#define TN_CU_VQ2_STRIDE 72
 
 static inline int tn_cw_is_code(int kind) { return kind >= TN_CW_Q4_0; }
 
@@ -188,11 +193,21 @@ int tn_cu_f32_to_f16(const float *x, int64_t ldx, int64_t k, int64_t n, uint16_t
  * attention outputs rotated back. */
 enum { TN_CU_KV_F16 = 0, TN_CU_KV_Q8_0, TN_CU_KV_Q4_0 };
 #define TN_CU_KV_TQ(b) (16 + (b))
+/* K only: per-channel tqc<b>, b = 2..4 (quant/kc.h: a group of 16 positions, one cache block,
+ * quantized per channel once complete; rows of chunks of 8 stat bytes and 4 b code bytes). Until
+ * then a sequence's keys are in an f16 window (kw: [sequences][kc_w][kv_dim] halves for the layer):
+ * position p of token t's sequence at row wseq[t] + p % kc_w, pos[t] the token's position (what
+ * tn_cu_rope_store, tn_cu_kc_close and tn_cu_attention read). */
+#define TN_CU_KV_TQC(b) (32 + (b))
 typedef struct tn_cu_kv {
     int tk, tv;
     int64_t k_rb, v_rb;
     const float *rot_sign;
     int rot_blk, rot_k, rot_v;
+    int kc_w;
+    uint16_t *kw;
+    const int32_t *wseq, *pos;
+    int ring; /* > 0: a sliding-window layer's ring (contiguous cache): position p at row p % ring */
 } tn_cu_kv;
 /* y[n][d] = rmsnorm(x rows) * w (sum of squares in double, as the CPU). rows: x row of output j
  * is rows[j] (NULL: j). xq != NULL: y is also quantized into it as tn_cu_quantize_q8 would. */
@@ -212,6 +227,11 @@ int tn_cu_add_bias(float *y, const float *b, int64_t n, int64_t d, void *stream)
 int tn_cu_rope_store(float *q, int64_t ldq, float *k, float *v, int64_t ldk, const float *qn, const float *kn,
                      float eps, const float *cs, int n_rot, int neox, int64_t n, int n_head, int n_head_kv, int hd,
                      const int32_t *kvrow, void *Kc, void *Vc, const tn_cu_kv *kv, void *stream);
+/* A per-channel K cache (kv->tk TN_CU_KV_TQC(b)): for every token t whose position completes a
+ * group ((pos[t] + 1) % 16 == 0; decided on the device, so a captured graph stays right), kv head
+ * g's 16 keys of that group are quantized from the window into the group's cache rows kvrow[t] - 15
+ * .. kvrow[t] (one block), bytes as the CPU's tn_kc_quantize_group writes them. */
+int tn_cu_kc_close(void *Kc, const tn_cu_kv *kv, const int32_t *kvrow, int64_t n, int n_head_kv, int hd, void *stream);
 /* The RoPE and cache store of k_rope_store done inside the attention kernel (one-token steps:
  * each token's only new cache row is its own): the new rows k, v [n][ldk] (the qkv product),
  * qwen3's per-head norms qn / kn (NULL: none; eps), cos/sin cs [n][n_rot] (neox: half split), the

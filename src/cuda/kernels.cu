@@ -943,6 +943,17 @@ __device__ __forceinline__ void load8(const uint8_t *rowp, int64_t e0, int64_t k
         }
         return;
     }
+    if (KIND == TN_CW_VQ2) { /* 72-byte slots: d, sc[4], pad, qs[64]; weight 64 p + j = d (2 s_{j/8} + 1) cb[p][qs[j]] */
+        const uint8_t *b = rowp + (e0 / 256) * TN_CU_VQ2_STRIDE;
+        const int e = (int)(e0 % 256), p = e / 64, j0 = e % 64, gi = j0 / 8; /* 8 vectors of one scale group */
+        const uint2 u = *(const uint2 *)(b + 8 + j0);
+        const uint32_t w[2] = {u.x, u.y};
+        const float *cb = (const float *)grid + 256 * p;
+        const float s = h2f((uint16_t)rd16(b)) * (float)(2 * (int)((b[2 + gi / 2] >> (4 * (gi % 2))) & 15u) + 1);
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] = s * cb[(w[i / 4] >> (8 * (i % 4))) & 0xFFu];
+        return;
+    }
     if (KIND == TN_CW_TQ1_0) { /* 54 bytes: qs[48], qh[4] (5 / 4 base-3 digits a byte), d; value (trit - 1) d */
         const uint8_t *b = rowp + (e0 / 256) * 54;
         const int e = (int)(e0 % 256);
@@ -1279,7 +1290,7 @@ extern "C" int tn_cu_quantize_q8(const float *x, int64_t ldx, int64_t k, int64_t
 #define FLOAT_KINDS(X)                                                                                                        \
     X(TN_CW_F32) X(TN_CW_F16) X(TN_CW_BF16) X(TN_CW_Q2_K) X(TN_CW_Q3_K) X(TN_CW_Q4_K) X(TN_CW_Q5_K) X(TN_CW_Q6_K)            \
     X(TN_CW_IQ4_XS) X(TN_CW_IQ4_NL) X(TN_CW_MXFP4) X(TN_CW_IQ2_XXS) X(TN_CW_IQ2_XS) X(TN_CW_IQ2_S) X(TN_CW_IQ3_XXS)         \
-    X(TN_CW_IQ3_S) X(TN_CW_IQ1_S) X(TN_CW_IQ1_M) X(TN_CW_TQ1_0) X(TN_CW_TQ2_0)
+    X(TN_CW_IQ3_S) X(TN_CW_IQ1_S) X(TN_CW_IQ1_M) X(TN_CW_TQ1_0) X(TN_CW_TQ2_0) X(TN_CW_VQ2)
 
 /* The launch of a GEMV with NT-token tiles; R rows per warp for the code path (NT = 1 only). */
 template <int NT, int R>
@@ -1669,10 +1680,13 @@ __device__ void kv_rot_warp(float *x, int hd, const float *sg, int B, bool inver
 }
 
 /* The bits of a tq<b>g32a cache type (TN_CU_KV_TQ(b)), 0 for the others */
-__device__ __forceinline__ int kv_tq_bits(int type) { return type >= TN_CU_KV_TQ(2) ? type - TN_CU_KV_TQ(0) : 0; }
-/* Bytes of a block of 32 values of a quantized cache type: q8_0 34, q4_0 18, tq<b>g32a 4 + 4 b. */
+__device__ __forceinline__ int kv_tq_bits(int type) { return type >= TN_CU_KV_TQ(2) && type <= TN_CU_KV_TQ(8) ? type - TN_CU_KV_TQ(0) : 0; }
+/* The bits of a per-channel K type (TN_CU_KV_TQC(b)), 0 for the others */
+__host__ __device__ __forceinline__ int kv_kc_bits(int type) { return type >= TN_CU_KV_TQC(2) && type <= TN_CU_KV_TQC(4) ? type - TN_CU_KV_TQC(0) : 0; }
+/* Bytes of a block of 32 values of a quantized cache type: q8_0 34, q4_0 18, tq<b>g32a 4 + 4 b;
+ * a chunk of a per-channel K row 8 + 4 b. */
 __device__ __forceinline__ int kv_block_bytes(int type) {
-    return type == TN_CU_KV_Q8_0 ? 34 : type == TN_CU_KV_Q4_0 ? 18 : 4 + 4 * kv_tq_bits(type);
+    return type == TN_CU_KV_Q8_0 ? 34 : type == TN_CU_KV_Q4_0 ? 18 : kv_kc_bits(type) ? 8 + 4 * kv_kc_bits(type) : 4 + 4 * kv_tq_bits(type);
 }
 /* Bytes of a head's first value in a cache row: f16 2 per value, the quantized types a block per 32. */
 __device__ __forceinline__ int64_t kv_head_off(int type, int64_t h, int hd) {
@@ -1690,6 +1704,15 @@ __device__ __forceinline__ void tq_pack_plane(uint8_t *dst, uint32_t p, int w, i
     for (int o = 1; o < WARP; o <<= 1) /* w is the warp's: every lane takes the same branches */
         if (w == 1 || o < 4 || o >= nb) v |= __shfl_xor_sync(0xffffffffu, v, o);
     if (w == 1 ? lane == 0 : lane % 4 == 0 && lane < nb) ((uint32_t *)dst)[w == 1 ? 0 : lane / 4] = v;
+}
+/* The warp's 32 codes (lane n holds code c of b bits) into tq's planes at codes (4 b bytes). */
+__device__ __forceinline__ void tq_pack_code(uint8_t *codes, int bits, int c, int lane) {
+    for (int pl = 0, s = 0; pl < 3; pl++) {
+        const int w = tq_plane_width(bits, pl);
+        if (!w) break;
+        tq_pack_plane(codes, ((uint32_t)c >> s) & ((1u << w) - 1u), w, lane);
+        s += w, codes += 4 * w;
+    }
 }
 /* Code i (0..31) of a tq<b>g32a block's planes (at codes) */
 __device__ __forceinline__ int tq_code(const uint8_t *codes, int bits, int i) {
@@ -1729,13 +1752,7 @@ __device__ __forceinline__ void kv_store_warp(uint8_t *row, int t, int64_t e0, f
         }
         uint8_t *b = row + blk * kv_block_bytes(t);
         if (lane == 0) ((__half *)b)[0] = dh, ((__half *)b)[1] = mh;
-        uint8_t *codes = b + 4;
-        for (int pl = 0, s = 0; pl < 3; pl++) {
-            const int w = tq_plane_width(bits, pl);
-            if (!w) break;
-            tq_pack_plane(codes, ((uint32_t)c >> s) & ((1u << w) - 1u), w, lane);
-            s += w, codes += 4 * w;
-        }
+        tq_pack_code(b + 4, bits, c, lane);
         return;
     }
     if (t == TN_CU_KV_Q8_0) {
@@ -1831,9 +1848,42 @@ __device__ __forceinline__ float kv_dot_q(const uint8_t *p, int t, const int8_t 
     return s;
 }
 
+#ifdef TN_CUDA_EMU /* (libstdc++ spells the attribute __noinline__: the emulator cannot define it) */
+#define TN_NOINLINE __attribute__((noinline))
+#else
+#define TN_NOINLINE __noinline__
+#endif
+/* q . k of a key in a complete per-channel group (quant/kc.h): the kv head's part of the group's
+ * first row at g0 (rows k_rb apart), the key its row r; sum over the channels in order of
+ * q_c (d_c c + m_c), the stats (d, m) of channel 32 j + i in the group's row i / 2 (chunk j), as
+ * the CPU's tn_attn1_kc dequantizes and dots them (rounded operations, no fused multiply-adds). */
+template <int B> __device__ float kv_dot_kc(const uint8_t *g0, int64_t k_rb, int r, const float *q, int hd) {
+    constexpr int cb = 8 + 4 * B; /* bytes of a chunk */
+    float s = 0.0f;
+    for (int j = 0; j < hd / 32; j++) {
+        uint32_t c[8];
+        load_chunk<B>(g0 + r * k_rb + j * cb + 8, 0, 1, c);
+#pragma unroll 4
+        for (int i = 0; i < 32; i++) {
+            const uint16_t *st = (const uint16_t *)(g0 + (i / 2) * k_rb + j * cb) + 2 * (i % 2);
+            const float code = (float)((c[i / 4] >> (8 * (i % 4))) & 0xFFu);
+            s = __fadd_rn(s, __fmul_rn(q[32 * j + i], __fadd_rn(__fmul_rn(h2f(st[0]), code), h2f(st[1]))));
+        }
+    }
+    return s;
+}
+/* (not inlined: the per-channel path's registers stay out of the attention kernels' other paths) */
+__device__ TN_NOINLINE float kv_dot_kc_b(int bits, const uint8_t *g0, int64_t k_rb, int r, const float *q, int hd) {
+    return bits == 2 ? kv_dot_kc<2>(g0, k_rb, r, q, hd) : bits == 3 ? kv_dot_kc<3>(g0, k_rb, r, q, hd) : kv_dot_kc<4>(g0, k_rb, r, q, hd);
+}
+/* The f16 row of position p of token t's sequence in a per-channel K window, at kv head kvh. */
+__device__ __forceinline__ const __half *kv_kc_win(const tn_cu_kv &kv, int64_t t, int p, int kv_dim, int kvh, int hd) {
+    return (const __half *)kv.kw + (int64_t)(kv.wseq[t] + p % kv.kc_w) * kv_dim + (int64_t)kvh * hd;
+}
+
 /* kv, or the f16 cache without rotation where the caller passes none */
 static tn_cu_kv kv_or_f16(const tn_cu_kv *kv) {
-    const tn_cu_kv f16 = {TN_CU_KV_F16, TN_CU_KV_F16, 0, 0, NULL, 0, 0, 0};
+    const tn_cu_kv f16 = {TN_CU_KV_F16, TN_CU_KV_F16, 0, 0, NULL, 0, 0, 0, 0, NULL, NULL, NULL, 0};
     return kv ? *kv : f16;
 }
 
@@ -1876,6 +1926,11 @@ __global__ void k_rope_store(float *q, int64_t ldq, float *k, float *v, int64_t 
     }
     const int kv_dim = n_head_kv * hd;
     const int64_t row = kvrow[t];
+    const bool kc = kv_kc_bits(kv.tk) != 0;
+    if (kc) { /* per-channel K: the key row into its sequence's window, quantized with its group (k_kc_close) */
+        __half *w = (__half *)kv_kc_win(kv, t, kv.pos[t], kv_dim, 0, hd);
+        for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) w[i] = __float2half_rn(k[t * ldk + i]);
+    }
     if (kv.tk == TN_CU_KV_F16 && kv.tv == TN_CU_KV_F16) {
         for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {
             ((__half *)Kc)[row * kv_dim + i] = __float2half_rn(k[t * ldk + i]);
@@ -1885,6 +1940,7 @@ __global__ void k_rope_store(float *q, int64_t ldq, float *k, float *v, int64_t 
     }
     for (int b = threadIdx.x / WARP; b < 2 * (kv_dim / 32); b += nw) { /* K blocks, then V blocks (kv_dim % 32 == 0) */
         const bool isv = b >= kv_dim / 32;
+        if (kc && !isv) continue;
         const int64_t e0 = (int64_t)(isv ? b - kv_dim / 32 : b) * 32;
         kv_store_warp(isv ? Vc + row * kv.v_rb : Kc + row * kv.k_rb, isv ? kv.tv : kv.tk, e0,
                       isv ? v[t * ldk + e0 + lane] : k[t * ldk + e0 + lane], lane);
@@ -1896,8 +1952,50 @@ extern "C" int tn_cu_rope_store(float *q, int64_t ldq, float *k, float *v, int64
     if (n == 0) return 0;
     const tn_cu_kv kvv = kv_or_f16(kv);
     if ((kvv.tk != TN_CU_KV_F16 || kvv.tv != TN_CU_KV_F16 || kvv.rot_k || kvv.rot_v) && hd % 32 != 0) return (int)cudaErrorInvalidValue;
+    if (kv_kc_bits(kvv.tk) && (!kvv.kw || !kvv.wseq || !kvv.pos || kvv.kc_w < 16)) return (int)cudaErrorInvalidValue;
     launch(k_rope_store, (unsigned)n, 256, 0, (cudaStream_t)stream, q, ldq, k, v, ldk, qn, kn, eps, cs, n_rot, neox, n_head,
            n_head_kv, hd, kvrow, (uint8_t *)Kc, (uint8_t *)Vc, kvv);
+    return tn_cu_err();
+}
+
+/* Block (token t, kv head g), a thread a channel of the head (hd threads): when t's position
+ * completes a group, the group's 16 keys of the channel from the window, its (d, m) and codes as
+ * tn_kc_quantize_group computes them (d = f16((max - min) / (2^b - 1)), m = f16(min), c =
+ * clamp(rint((x - m) / d))), each row's codes packed into tq's planes by the channel's warp (the 32
+ * channels of a chunk) and its stats by the two lanes whose channels the row carries. */
+__global__ void k_kc_close(uint8_t *Kc, tn_cu_kv kv, const int32_t *kvrow, int n_head_kv, int hd) {
+    gdc_enter();
+    const int64_t t = blockIdx.x / n_head_kv;
+    const int g = blockIdx.x % n_head_kv, ch = threadIdx.x, lane = ch % WARP, p = kv.pos[t];
+    if ((p + 1) % 16 != 0 || ch >= hd) return; /* (whole warps: hd % 32 == 0) */
+    const int bits = kv_kc_bits(kv.tk), nmax = (1 << bits) - 1, kv_dim = n_head_kv * hd;
+    float x[16];
+#pragma unroll
+    for (int r = 0; r < 16; r++) x[r] = __half2float(kv_kc_win(kv, t, p - 15 + r, kv_dim, g, hd)[ch]);
+    float mn = x[0], mx = x[0];
+#pragma unroll
+    for (int r = 1; r < 16; r++) mn = fminf(mn, x[r]), mx = fmaxf(mx, x[r]);
+    const __half dh = __float2half_rn(__fsub_rn(mx, mn) / (float)nmax), mh = __float2half_rn(mn);
+    const float d = __half2float(dh), m = __half2float(mh), id = d != 0.0f ? 1.0f / d : 0.0f;
+    const int64_t j = ((int64_t)g * hd + ch) / 32; /* the chunk of the row */
+    uint8_t *g0 = Kc + (int64_t)(kvrow[t] - 15) * kv.k_rb + j * (8 + 4 * bits);
+#pragma unroll /* (x in registers) */
+    for (int r = 0; r < 16; r++) {
+        int c = 0;
+        if (d != 0.0f) {
+            c = __float2int_rn(__fmul_rn(__fsub_rn(x[r], m), id));
+            c = c < 0 ? 0 : c > nmax ? nmax : c;
+        }
+        uint8_t *o = g0 + r * kv.k_rb;
+        if (lane / 2 == r) ((__half *)o)[2 * (lane % 2)] = dh, ((__half *)o)[2 * (lane % 2) + 1] = mh;
+        tq_pack_code(o + 8, bits, c, lane);
+    }
+}
+extern "C" int tn_cu_kc_close(void *Kc, const tn_cu_kv *kv, const int32_t *kvrow, int64_t n, int n_head_kv, int hd, void *stream) {
+    if (n == 0) return 0;
+    if (!kv || !kv_kc_bits(kv->tk) || !kv->kw || !kv->wseq || !kv->pos || kv->kc_w < 16 || hd % 32 != 0 || hd > 256)
+        return (int)cudaErrorInvalidValue;
+    launch(k_kc_close, (unsigned)(n * n_head_kv), (unsigned)hd, 0, (cudaStream_t)stream, (uint8_t *)Kc, *kv, kvrow, n_head_kv, hd);
     return tn_cu_err();
 }
 
@@ -1947,11 +2045,6 @@ __device__ __forceinline__ void attn_fold(float &M, float &L, float &O, float m,
 /* The fold of K chunks' partials (m, l, o[hd]) at pp, in order, read through L2 (other blocks wrote
  * them): (M, L, O) for dimension tid < hd. Not inlined: a path taken once per split (token, head),
  * whose registers would otherwise add to the persistent kernel's. */
-#ifdef TN_CUDA_EMU /* (libstdc++ spells the attribute __noinline__: the emulator cannot define it) */
-#define TN_NOINLINE __attribute__((noinline))
-#else
-#define TN_NOINLINE __noinline__
-#endif
 __device__ TN_NOINLINE float3 attn_fold_parts(const float *pp, int K, int hd, int tid) {
     float M = -INFINITY, L = 0.0f, O = 0.0f;
     for (int c = 0; c < K; c++, pp += hd + 2) attn_fold(M, L, O, __ldcg(pp), __ldcg(pp + 1), tid < hd ? __ldcg(pp + 2 + tid) : 0.0f);
@@ -2026,7 +2119,9 @@ __device__ __forceinline__ void attn_unit(int64_t unit, int s, int S, const tn_c
             for (int i = tid; i < vb; i += ATT_THREADS) ((uint8_t *)ar.Vc)[r * v_rb + voff + i] = ((const uint8_t *)vh)[i];
         }
     } /* else: the query was normed, rotated (and turned, rot_k) by k_rope_store */
-    if (kv.tk != TN_CU_KV_F16) { /* the query as q8 blocks, a warp per block, as the CPU's activation quantizer */
+    /* per-channel K: keys below Qk (complete groups) from the cache, the others from the window */
+    const int kcb = kv_kc_bits(kv.tk), Qk = T - T % 16;
+    if (kv.tk != TN_CU_KV_F16 && !kcb) { /* the query as q8 blocks, a warp per block, as the CPU's activation quantizer */
         __syncthreads();
         const tn_cq sq = {qq, qd, qsum};
         for (int b = warp; b < hd / 32; b += ATT_THREADS / WARP) q8_block(qs[b * 32 + lane], lane, b, b * 32, sq);
@@ -2041,12 +2136,15 @@ __device__ __forceinline__ void attn_unit(int64_t unit, int s, int S, const tn_c
         float cmax = -INFINITY;
         for (int j = tid; j < np; j += ATT_THREADS) {
             const int p = p0 + j;
-            const int64_t row = off < 0 ? p : (int64_t)tbl[off + p / 16] * 16 + p % 16;
+            const int64_t row = off < 0 ? (kv.ring ? p % kv.ring : p) : (int64_t)tbl[off + p / 16] * 16 + p % 16;
             const bool own = fused && p == T - 1; /* the new row, in shared memory */
             rows[j] = own ? -1 : (int32_t)row;
-            const uint8_t *krow = own ? (const uint8_t *)kh : Kc + row * k_rb + koff;
+            const uint8_t *krow = own ? (const uint8_t *)kh
+                                  : kcb && p >= Qk ? (const uint8_t *)kv_kc_win(kv, t, p, kv_dim, kvh, hd) : Kc + row * k_rb + koff;
             float dot = 0.0f;
-            if (kv.tk != TN_CU_KV_F16) {
+            if (kcb && p < Qk) { /* (rows of a block are consecutive: the group's first is row - p % 16) */
+                dot = kv_dot_kc_b(kcb, krow - (int64_t)(p % 16) * k_rb, k_rb, p % 16, qs, hd);
+            } else if (kv.tk != TN_CU_KV_F16 && !kcb) {
                 dot = kv_dot_q(krow, kv.tk, qq, qd, qsum, hd);
             } else if (vec) {
                 const __half *kr = (const __half *)krow;
@@ -2181,6 +2279,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) k_attn_tile(const float *q, in
     const int h0 = kvh * gh + sub * hb, nh = min(hb, gh - sub * hb);
     const int kv_dim = n_head_kv * hd;
     const bool kq = kv.tk != TN_CU_KV_F16;
+    const int kcb = kv_kc_bits(kv.tk); /* per-channel K: complete groups from the cache, the rest from the window */
     const int64_t k_rb = kq ? kv.k_rb : (int64_t)kv_dim * 2, v_rb = kv.tv == TN_CU_KV_F16 ? (int64_t)kv_dim * 2 : kv.v_rb;
     const int64_t koff = kv_head_off(kv.tk, kvh, hd), voff = kv_head_off(kv.tv, kvh, hd);
     const int G = ATT_THREADS / hd, gi = tid / hd, d0 = tid % hd;
@@ -2195,7 +2294,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) k_attn_tile(const float *q, in
             qs[r][i % hd] = q[(ta + r / nh) * ldq + (int64_t)(h0 + r % nh) * hd + i % hd];
         }
         if (tid < ATT_TR) Ts[tid] = tid < nr ? pos[ta + tid / nh] + 1 : 0, Ms[tid] = -INFINITY, Ls[tid] = 0.0f;
-        if (kq) { /* the rows' queries as q8 blocks, a warp a block */
+        if (kq && !kcb) { /* the rows' queries as q8 blocks, a warp a block */
             __syncthreads();
             for (int rb = warp; rb < nr * (hd / 32); rb += ATT_THREADS / WARP) {
                 const int r = rb / (hd / 32), b = rb % (hd / 32);
@@ -2216,13 +2315,29 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) k_attn_tile(const float *q, in
             for (int r = 0; r < ATT_TR; r++) np[r] = min(ATT_CHUNK, Ts[r] - p0), cm[r] = -INFINITY;
             for (int j = tid; j < npm; j += ATT_THREADS) {
                 const int p = p0 + j;
-                const int64_t row = off < 0 ? p : (int64_t)tbl[off + p / 16] * 16 + p % 16;
+                const int64_t row = off < 0 ? (kv.ring ? p % kv.ring : p) : (int64_t)tbl[off + p / 16] * 16 + p % 16;
                 rows[j] = (int32_t)row;
                 const uint8_t *krow = Kc + row * k_rb + koff;
                 float dot[ATT_TR];
 #pragma unroll
                 for (int r = 0; r < ATT_TR; r++) dot[r] = 0.0f;
-                if (kq) { /* (each row's dot through sc: one inlined copy of the dequantizing dot) */
+                if (kcb) { /* row r: its complete groups as attn_unit dots them, the rest from its token's window */
+#pragma unroll 1
+                    for (int r = 0; r < nr; r++) {
+                        if (j >= Ts[r] - p0) continue;
+                        if (p < Ts[r] - Ts[r] % 16) {
+                            sc[r][j] = kv_dot_kc_b(kcb, krow - (int64_t)(p % 16) * k_rb, k_rb, p % 16, qs[r], hd);
+                        } else {
+                            const __half *kr = kv_kc_win(kv, ta + r / nh, p, kv_dim, kvh, hd);
+                            float dd = 0.0f;
+                            for (int i = 0; i < hd; i += 8) dd = dot8_h(dd, &qs[r][i], *(const uint4 *)(kr + i));
+                            sc[r][j] = dd;
+                        }
+                    }
+#pragma unroll
+                    for (int r = 0; r < ATT_TR; r++)
+                        if (j < np[r]) dot[r] = sc[r][j];
+                } else if (kq) { /* (each row's dot through sc: one inlined copy of the dequantizing dot) */
 #pragma unroll 1
                     for (int r = 0; r < nr; r++)
                         if (j < Ts[r] - p0) sc[r][j] = kv_dot_q(krow, kv.tk, qq[r], qd[r], qsum[r], hd);
@@ -2334,8 +2449,8 @@ extern "C" int tn_cu_attention(const float *q, int64_t ldq, const void *Kc, cons
     const tn_cu_kv kvv = kv_or_f16(kv);
     const bool plain = kvv.tk == TN_CU_KV_F16 && kvv.tv == TN_CU_KV_F16 && !kvv.rot_k && !kvv.rot_v;
     if (hd > 256 || (xq && hd % 32 != 0) || (rope && (rope->n_rot > hd || rope->n_rot % 2 != 0)) || window < 0 || cap < 0.0f ||
-        (!plain && hd % 32 != 0))
-        return (int)cudaErrorInvalidValue;
+        (!plain && hd % 32 != 0) || (kv_kc_bits(kvv.tk) && (rope || !kvv.kw || !kvv.wseq || kvv.kc_w < 16)))
+        return (int)cudaErrorInvalidValue; /* (a per-channel K: its window, and no new rows stored here) */
     const tn_cq none = {NULL, NULL, NULL};
     tn_cu_rope ar = {};
     if (rope) ar = *rope;

@@ -27,10 +27,11 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t n_gpu_layers, tn_cuda_ctx **
 
 void tn_cuda_ctx_free(tn_cuda_ctx *g) { TN_UNUSED(g); }
 
-tern_status tn_cuda_forward_batch(tern_ctx *c, const tn_batch *b, const int32_t *const *tables) {
+tern_status tn_cuda_forward_batch(tern_ctx *c, const tn_batch *b, const int32_t *const *tables, const int32_t *const *swa_tables) {
     TN_UNUSED(c);
     TN_UNUSED(b);
     TN_UNUSED(tables);
+    TN_UNUSED(swa_tables);
     return tn_err(TERN_ERR_UNSUPPORTED, "cuda: this tern was built without CUDA");
 }
 

@@ -199,9 +199,6 @@ static tern_status tn_ctx_create_impl(const tern_model *m, const tern_ctx_params
         if (unit % tr->blck_size || row_dim[i] % tr->blck_size)
             return tn_err(TERN_ERR_INVALID_ARG, "%s cache type %s needs a head size that is a multiple of %lld; this model's is %lld",
                           kv, tname, (long long)tr->blck_size, (long long)(mla ? row_dim[0] : hp->head_dim));
-        if (tn_kc_bits(types[i]) && p.device != TERN_DEVICE_CPU)
-            return tn_err(TERN_ERR_UNSUPPORTED,
-                          "%s cache type %s runs on the CPU only (the CUDA backend keeps f16, q8_0, q4_0 or tq2 .. tq8 K/V)", kv, tname);
         rb[i] = (size_t)(row_dim[i] / tr->blck_size) * tr->type_size;
     }
     /* per-channel K: groups of one block of positions, the open group in an f16 window */
@@ -216,20 +213,19 @@ static tern_status tn_ctx_create_impl(const tern_model *m, const tern_ctx_params
         if (mla) why = "a latent (MLA) cache";
         else if (hp->n_swa > 0) why = "sliding-window layers";
         else if (sinks) why = "attention sinks";
-        else if (p.device != TERN_DEVICE_CPU) why = "the CUDA backend";
         else if (hp->head_dim > TN_KC_MAX_HD) why = "heads over 512 values";
         if (why)
             return tn_err(TERN_ERR_UNSUPPORTED, "K cache type %s is not supported with %s (this model: %s)", tern_kv_type_name(types[0]),
                           why, hp->family ? hp->family->name : "?");
     }
     /* KV cache: kv_rows per global layer; a sliding-window layer keeps a ring of its window plus
-     * one batch (a batch writes all its rows before attending) unless swa_full or the GPU runs
-     * it. Size check before allocating: rows * (K row bytes + V row bytes) */
+     * one batch (a batch writes all its rows before attending) unless swa_full (on the GPU too: its
+     * layers keep the same ring). Size check before allocating: rows * (K row bytes + V row bytes) */
     const int64_t kv_blocks = (T + TN_KV_BLOCK - 1) / TN_KV_BLOCK, kv_rows = kv_blocks * TN_KV_BLOCK;
     int64_t kv_ring = 0, kv_layer_rows = 0;
-    if (hp->n_swa > 0 && !p.swa_full && p.device == TERN_DEVICE_CPU && swa_blocks <= 0)
+    if (hp->n_swa > 0 && !p.swa_full && swa_blocks <= 0)
         kv_ring = TN_PAD((int64_t)hp->n_swa + nb, TN_KV_BLOCK);
-    if (hp->n_swa <= 0 || p.device != TERN_DEVICE_CPU || swa_blocks >= kv_blocks) swa_blocks = 0;
+    if (hp->n_swa <= 0 || swa_blocks >= kv_blocks) swa_blocks = 0;
     if (swa_blocks > 0) kv_ring = (int64_t)swa_blocks * TN_KV_BLOCK; /* the local layers' rows (paged) */
     if (kv_ring >= kv_rows) kv_ring = 0;
     for (int32_t il = 0; il < hp->n_layer; il++) kv_layer_rows += kv_ring && tn_hp_layer_swa(hp, il) ? kv_ring : kv_rows;

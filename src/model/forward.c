@@ -94,7 +94,7 @@ void tn_forward_batch_cpu(tern_ctx *c, const tn_batch *b, const int32_t *const *
 
 void tn_forward_batch(tern_ctx *c, const tn_batch *b, const int32_t *const *tables, const int32_t *const *swa_tables) {
     if (c->cuda) {
-        tern_status s = tn_cuda_forward_batch(c, b, tables);
+        tern_status s = tn_cuda_forward_batch(c, b, tables, swa_tables);
         if (s && !c->dev_status) c->dev_status = s;
         if (s) c->n_logits = 0;
         return;

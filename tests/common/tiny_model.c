@@ -10,6 +10,7 @@
 #include "fmt/gguf.h"
 #include "quant/quant.h"
 #include "quant/tq.h"
+#include "quant/vq.h"
 #include "tiny_model.h"
 
 void tiny_cfg_default(tiny_cfg *c) {
@@ -100,19 +101,22 @@ static tern_status tiny_fill(void *user, size_t idx, void *dst, size_t nbytes) {
     tiny_fill_ctx *f = user;
     const int64_t ne0 = f->ne0[idx], ne1 = f->ne1[idx];
     const size_t rb = tn_dtype_row_size(f->ty[idx], ne0);
-    if (rb * (size_t)ne1 != nbytes) return TERN_ERR_INTERNAL;
-    float *row = malloc((size_t)ne0 * sizeof(float));
+    if (tn_dtype_tensor_size(f->ty[idx], ne0, ne1) != nbytes) return TERN_ERR_INTERNAL;
+    const bool vq = tn_vq_is(f->ty[idx]); /* codebook types: every row first, then the codebook fitted to them */
+    float *row = malloc((size_t)ne0 * (vq ? (size_t)ne1 : 1) * sizeof(float)), *row0 = row;
     if (!row) return TERN_ERR_NOMEM;
     uint64_t st = f->c->seed * 7919u + idx * 104729u;
     /* scale so activations stay O(1) through the layers: 1/sqrt(fan_in) */
     const float sc = 1.0f / sqrtf((float)ne0);
     for (int64_t r = 0; r < ne1; r++) {
+        if (vq) row = row0 + r * ne0;
         for (int64_t i = 0; i < ne0; i++) {
             float z = tiny_normal(&st);
             /* 'r': RoPE frequency factors, > 0 and varied (0.5 .. ~4) */
             row[i] = f->kind[idx] == 'n' ? 1.0f + 0.1f * z : f->kind[idx] == 'b' ? 0.1f * z
                    : f->kind[idx] == 'r' ? 0.5f + fabsf(z) * 1.2f : z * sc;
         }
+        if (vq) continue;
         if (tn_tq_is(f->ty[idx])) { /* tern's any-bit types: their reference quantizer */
             tn_tq_params p;
             tn_tq_params_of(f->ty[idx], &p);
@@ -134,6 +138,13 @@ static tern_status tiny_fill(void *user, size_t idx, void *dst, size_t nbytes) {
             free(row);
             return TERN_ERR_UNSUPPORTED;
         }
+    }
+    if (vq) { /* the codebook after the rows, as tern quantize writes it */
+        int8_t *cb = (int8_t *)dst + rb * (size_t)ne1;
+        tern_status s = tn_vq_fit_codebook(row0, ne1, ne0, NULL, st, cb);
+        for (int64_t r = 0; !s && r < ne1; r++) tn_vq_quantize_row(cb, row0 + r * ne0, (uint8_t *)dst + (size_t)r * rb, ne0, r, ne1, NULL);
+        free(row0);
+        return s;
     }
     free(row);
     return TERN_OK;

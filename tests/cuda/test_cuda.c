@@ -30,8 +30,9 @@
  * against the reference rounding K / V alike; a paged two-sequence batch (tn_forward_batch
  * with block tables, as tern serve runs it); layers split between GPU and CPU (-ngl); mixtures of
  * experts (qwen3moe, qwen2moe with its shared expert, gpt-oss, olmoe, Mixtral-style llama) against the reference;
- * what the GPU does not run (deepseek2, a tqc K cache) refused by name.
+ * per-channel K caches (tqc); what the GPU does not run (deepseek2) refused by name.
  */
+#include <fnmatch.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -48,6 +49,7 @@
 #include "model/ref_forward.h"
 #include "quant/quant.h"
 #include "quant/tq.h"
+#include "quant/vq.h"
 
 static bool have_gpu(void) { return tn_cuda_device_count(NULL) > 0; }
 
@@ -132,10 +134,18 @@ static void *make_weight(tn_dtype t, int64_t m, int64_t k, uint64_t seed, float 
     test_rng r = {seed};
     for (int64_t i = 0; i < m * k; i++) x[i] = test_rng_normal(&r) * 0.5f + (i % 17 == 0 ? 1.5f : 0.0f);
     const size_t rb = tn_dtype_row_size(t, k);
-    uint8_t *w = malloc(rb * (size_t)m);
+    uint8_t *w = malloc(tn_dtype_tensor_size(t, k, m));
     *deq = malloc(sizeof(float) * (size_t)(m * k));
+    int8_t cb[TN_VQ_CB_BYTES];
+    if (tn_vq_is(t)) { /* the matrix's codebook (after its rows), fitted as tern quantize fits it */
+        assert_int_equal(tn_vq_fit_codebook(x, m, k, NULL, seed, cb), TERN_OK);
+        memcpy(w + rb * (size_t)m, cb, sizeof cb);
+    }
     for (int64_t i = 0; i < m; i++) {
-        if (tn_tq_is(t)) {
+        if (tn_vq_is(t)) {
+            tn_vq_quantize_row(cb, x + i * k, w + (size_t)i * rb, k, i, m, NULL);
+            tn_vq2_dequantize_row(w + (size_t)i * rb, *deq + i * k, k);
+        } else if (tn_tq_is(t)) {
             tn_tq_params p;
             tn_tq_params_of(t, &p);
             tn_tq_quantize_row(&p, x + i * k, w + (size_t)i * rb, k, NULL);
@@ -152,7 +162,7 @@ static void *make_weight(tn_dtype t, int64_t m, int64_t k, uint64_t seed, float 
         }
     }
     free(x);
-    *nbytes = rb * (size_t)m;
+    *nbytes = tn_dtype_tensor_size(t, k, m);
     return w;
 }
 
@@ -269,7 +279,8 @@ static void test_kernel_parity(void **state) {
     int nt = 0;
     const tn_dtype ggml[] = {TN_F32,  TN_F16,  TN_BF16, TN_Q8_0, TN_Q4_0,   TN_Q4_1,   TN_Q5_0,  TN_Q5_1,
                              TN_Q2_K, TN_Q3_K, TN_Q4_K, TN_Q5_K, TN_Q6_K, TN_IQ4_NL, TN_IQ4_XS, TN_MXFP4,
-                             TN_IQ1_S, TN_IQ1_M, TN_IQ2_XXS, TN_IQ2_XS, TN_IQ2_S, TN_IQ3_XXS, TN_IQ3_S, TN_TQ1_0, TN_TQ2_0};
+                             TN_IQ1_S, TN_IQ1_M, TN_IQ2_XXS, TN_IQ2_XS, TN_IQ2_S, TN_IQ3_XXS, TN_IQ3_S, TN_TQ1_0, TN_TQ2_0,
+                             TN_VQ2};
     for (size_t i = 0; i < sizeof ggml / sizeof ggml[0]; i++) types[nt++] = ggml[i];
     for (int i = 0; i < TN_DTYPE_TQ_COUNT; i++) types[nt++] = (tn_dtype)(TN_DTYPE_TERN_BASE + i);
     const int64_t ms[] = {1, 3, 4, 5, 33, 131};
@@ -345,21 +356,26 @@ static tern_ctx *make_ctx(const tern_model *m, int device, int ngl, int n_ctx) {
 /* The code levels of a KV cache type (f16: more than any quantized type) */
 static int kv_levels(int32_t t) {
     for (int b = 2; b <= 8; b++)
-        if (t == TERN_KV_TQ(b)) return 1 << b;
+        if (t == TERN_KV_TQ(b) || (b <= 4 && t == TERN_KV_TQC(b))) return 1 << b;
     return t == TERN_KV_Q4_0 ? 16 : t == TERN_KV_Q8_0 ? 255 : 65536;
 }
 
+/* forward_case's prompt: its first g_np tokens (12; up to 40) */
+static int32_t g_np = 12;
+
 static void forward_case(tiny_cfg cfg, int ngl) {
     tern_model *m = load_cfg(&cfg, "cuda_fwd");
-    const int32_t nv = (int32_t)cfg.n_vocab;
-    tern_ctx *g = make_ctx(m, TERN_DEVICE_CUDA, ngl, 32), *c = make_ctx(m, TERN_DEVICE_CPU, -1, 32);
-    ref_model *r = ref_create(m, 32);
+    const int32_t nv = (int32_t)cfg.n_vocab, n_ctx = g_np + 8 > 32 ? 64 : 32;
+    tern_ctx *g = make_ctx(m, TERN_DEVICE_CUDA, ngl, n_ctx), *c = make_ctx(m, TERN_DEVICE_CPU, -1, n_ctx);
+    ref_model *r = ref_create(m, n_ctx);
     /* a quantized cache: the reference rounds K / V (and the query) as it, rotated as the context is */
     ref_set_kv_types(r, g_tk, g_tv);
     if (g->rot_k || g->rot_v) ref_set_kv_rot(r, g->rot_k, g->rot_v, g->rot_sign);
     double *rl = malloc(sizeof(double) * (size_t)nv);
-    const tern_token prompt[] = {1, 270, 5, 300, 261, 380, 100, 259, 3, 17, 44, 99}; /* 12: the GEMM path */
-    const int32_t np = (int32_t)(sizeof prompt / sizeof prompt[0]);
+    const tern_token prompt[40] = {1,   270, 5,   300, 261, 380, 100, 259, 3,   17,  44,  99,  /* 12: the GEMM path */
+                                   310, 7,   265, 299, 12,  330, 260, 81,  271, 2,   350, 64,  33,  377,
+                                   290, 9,   111, 262, 303, 58,  270, 6,   340, 21,  268, 190};
+    const int32_t np = g_np;
     assert_int_equal(tern_decode(g, prompt, np), TERN_OK);
     assert_int_equal(tern_decode(c, prompt, np), TERN_OK);
     for (int32_t i = 0; i < np; i++) ref_step(r, prompt[i], rl, NULL);
@@ -373,6 +389,7 @@ static void forward_case(tiny_cfg cfg, int ngl) {
      * f32 bound; the code types' q8 activations its quantized one */
     const double tol = !is_code(wt) ? (coarse ? 2e-2 : 5e-3) : 4e-2;
     double worst = rel_err(rl, tern_get_logits(g, -1), nv), worst_cpu = rel_err_f(tern_get_logits(c, -1), tern_get_logits(g, -1), nv);
+    double cpu_ref = rel_err(rl, tern_get_logits(c, -1), nv); /* (the CPU's own distance, for scale) */
     if (worst > tol) fail_msg("%s ngl %d: prefill logits rel err %.3g > %.3g", tn_dtype_name(cfg.wtype), ngl, worst, tol);
     tern_token t = 261;
     for (int step = 0; step < 8; step++) {
@@ -384,13 +401,16 @@ static void forward_case(tiny_cfg cfg, int ngl) {
         worst = e > worst ? e : worst;
         const double ec = rel_err_f(tern_get_logits(c, -1), tern_get_logits(g, -1), nv);
         worst_cpu = ec > worst_cpu ? ec : worst_cpu;
+        const double er = rel_err(rl, tern_get_logits(c, -1), nv);
+        cpu_ref = er > cpu_ref ? er : cpu_ref;
         t = (tern_token)(259 + (step * 37) % 100);
     }
     /* (MoE: the CPU's and the GPU's rounding can route a token to different experts where the
      * reference's closest decision is near a tie; the reference bound is what is asserted) */
-    printf("  %-6s %-8s ngl %2d K %-4s V %-4s rot %d%d: worst logits rel err vs reference %.2e (bound %.0e), vs tern CPU %.2e",
-           cfg.arch, tn_dtype_name(cfg.wtype), ngl, tern_kv_type_name(g_tk), tern_kv_type_name(g_tv), g->rot_k, g->rot_v, worst, tol,
-           worst_cpu);
+    printf("  %-6s %-8s ngl %2d K %-4s V %-4s rot %d%d, %2d + 8 tokens: worst logits rel err vs reference %.2e (bound %.0e; tern CPU's "
+           "%.2e), vs tern CPU %.2e",
+           cfg.arch, tn_dtype_name(cfg.wtype), ngl, tern_kv_type_name(g_tk), tern_kv_type_name(g_tv), g->rot_k, g->rot_v, np, worst, tol,
+           cpu_ref, worst_cpu);
     if (cfg.n_expert > 0) printf(", closest routing %.2e", ref_min_route_gap(r));
     printf("\n");
     ref_free(r);
@@ -404,7 +424,8 @@ static void test_forward_types(void **state) {
     tiny_cfg_default(&cfg);
     const tn_dtype types[] = {TN_F32,    TN_F16,    TN_BF16,   TN_Q8_0,    TN_Q4_0,   TN_Q4_1,    TN_Q5_0,  TN_Q5_1,
                               TN_Q2_K,   TN_Q3_K,   TN_Q4_K,   TN_Q5_K,    TN_Q6_K,   TN_IQ4_NL,  TN_IQ4_XS, TN_MXFP4,
-                              TN_IQ1_S,  TN_IQ1_M,  TN_IQ2_XXS, TN_IQ2_XS, TN_IQ2_S,  TN_IQ3_XXS, TN_IQ3_S, TN_TQ1_0, TN_TQ2_0};
+                              TN_IQ1_S,  TN_IQ1_M,  TN_IQ2_XXS, TN_IQ2_XS, TN_IQ2_S,  TN_IQ3_XXS, TN_IQ3_S, TN_TQ1_0, TN_TQ2_0,
+                              TN_VQ2};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         cfg.wtype = types[i];
         forward_case(cfg, -1);
@@ -553,6 +574,20 @@ static void test_kv_types(void **state) {
     forward_case(cfg, -1);
     g_tk = TERN_KV_TQ(3), g_tv = TERN_KV_Q4_0;
     forward_case(cfg, -1);
+    /* per-channel K (tqc2..4: KIVI's groups of 16 positions per channel, the open group in an f16
+     * window): position 15's group completes in a one-token step (12-token prompt); with a 37-token
+     * prompt two groups complete inside the prompt's batch (its later tokens read them quantized,
+     * its earlier ones from the window) and position 47's in a one-token step; -ngl 1 (layer 1 and
+     * its windows on the CPU) */
+    tiny_cfg_default(&cfg);
+    g_tk = TERN_KV_TQC(3), g_tv = TERN_KV_Q8_0;
+    forward_case(cfg, -1);
+    g_np = 37;
+    g_tk = TERN_KV_TQC(2), g_tv = TERN_KV_F16;
+    forward_case(cfg, -1);
+    g_tk = TERN_KV_TQC(4), g_tv = TERN_KV_TQ(4);
+    forward_case(cfg, 1);
+    g_np = 12;
     g_tk = g_tv = TERN_KV_F16;
     unsetenv("TERN_CUDA_PREFILL");
 }
@@ -561,7 +596,7 @@ static void test_kv_types(void **state) {
  * part-way leaves its settings behind) */
 static int reset_settings(void **state) {
     (void)state;
-    g_tk = g_tv = TERN_KV_F16, g_rot = TERN_KV_ROT_AUTO;
+    g_tk = g_tv = TERN_KV_F16, g_rot = TERN_KV_ROT_AUTO, g_np = 12;
     unsetenv("TERN_CUDA_PREFILL");
     unsetenv("TERN_CUDA_MOE_HOST");
     unsetenv("TERN_CUDA_FUSE_GLU");
@@ -596,6 +631,109 @@ static void test_layer_split(void **state) {
         tern_ctx_free(g);
     }
     tern_ctx_free(cpu);
+    tern_model_free(m);
+}
+
+/* Sliding-window layers of a contiguous cache keep a ring of n_swa + n_batch rows (padded to 16)
+ * on the GPU, as on the CPU: gemma3 (a window of 4 on 6 of its 7 layers) and gemma2 (windows on
+ * the even layers, soft caps) with n_batch 16, a ring of 32 rows: a 37-token prompt in batches of
+ * 16, 16 and 5 (query tiles over the ring's rows), then 30 one-token steps (the ring wrapped
+ * twice) give logits bit-identical to a context keeping every position (swa_full); every layer on
+ * the GPU, and 4 of 7 (the CPU's layers ring too). */
+static void test_swa_ring(void **state) {
+    (void)state;
+    const char *archs[] = {"gemma3", "gemma2"};
+    for (int ai = 0; ai < 2; ai++)
+        for (int ngl = -1; ngl <= 4; ngl += 5) {
+            tiny_cfg cfg;
+            tiny_cfg_default(&cfg);
+            cfg.arch = archs[ai], cfg.n_layer = 7, cfg.head_dim = 128, cfg.n_swa = 4, cfg.n_ctx = 128, cfg.wtype = TN_Q8_0;
+            if (ai == 0) cfg.rope_base = 1e6f;
+            else cfg.attn_softcap = 1.0f, cfg.softcap = 3.0f, cfg.tied = true;
+            tern_model *m = load_cfg(&cfg, "cuda_ring");
+            tern_ctx *cx[2];
+            for (int full = 0; full < 2; full++) {
+                tern_ctx_params cp;
+                tern_ctx_params_init(&cp);
+                cp.n_ctx = 128, cp.n_batch = 16, cp.n_threads = 2, cp.swa_full = full, cp.device = TERN_DEVICE_CUDA;
+                cp.n_gpu_layers = ngl;
+                if (tern_ctx_create(m, &cp, &cx[full])) fail_msg("%s ngl %d: context: %s", cfg.arch, ngl, tern_last_error());
+            }
+            assert_int_equal(cx[0]->kv_ring, 32);
+            assert_int_equal(cx[1]->kv_ring, 0);
+            const int32_t nv = (int32_t)cfg.n_vocab;
+            tern_token prompt[37];
+            for (int i = 0; i < 37; i++) prompt[i] = (tern_token)(3 + (i * 53) % 370);
+            for (int i = 0; i < 2; i++) assert_int_equal(tern_decode(cx[i], prompt, 37), TERN_OK);
+            for (int step = 0; step <= 30; step++) {
+                if (step > 0) {
+                    const tern_token t = (tern_token)(5 + (step * 41) % 370);
+                    for (int i = 0; i < 2; i++) assert_int_equal(tern_decode(cx[i], &t, 1), TERN_OK);
+                }
+                if (memcmp(tern_get_logits(cx[0], -1), tern_get_logits(cx[1], -1), sizeof(float) * (size_t)nv) != 0)
+                    fail_msg("%s ngl %d: position %d: the ring's logits differ from the whole cache's (rel %.2e)", cfg.arch, ngl,
+                             36 + step, rel_err_f(tern_get_logits(cx[1], -1), tern_get_logits(cx[0], -1), nv));
+            }
+            printf("  %-6s ngl %2d: 67 positions over a ring of 32 rows: logits bit-identical to the whole cache's\n", cfg.arch, ngl);
+            tern_ctx_free(cx[0]);
+            tern_ctx_free(cx[1]);
+            tern_model_free(m);
+        }
+}
+
+/* tern serve's paged cache with a pool of blocks of their own for the sliding-window layers (their
+ * windows, not whole sequences; swa_tables): gemma3 (a window of 4) with two sequences in one
+ * batch, an 18- and a 5-token prompt, then 40 rounds of a token each, each sequence's window
+ * blocks reused in turn (3 pool blocks a sequence, 6 in all); against the same batches with every
+ * position in the sequences' own blocks, logits bit-identical, and against the CPU with the same
+ * pool and tables within 4e-2 (Q8_0 weights and q8_0 K / V, as the paged batches above). */
+static void test_swa_pool(void **state) {
+    (void)state;
+    tiny_cfg cfg;
+    tiny_cfg_default(&cfg);
+    cfg.arch = "gemma3", cfg.n_layer = 7, cfg.head_dim = 128, cfg.n_swa = 4, cfg.rope_base = 1e6f, cfg.n_ctx = 128, cfg.wtype = TN_Q8_0;
+    tern_model *m = load_cfg(&cfg, "cuda_pool");
+    tern_ctx *cx[3]; /* GPU with the pool, GPU without, CPU with */
+    for (int i = 0; i < 3; i++) {
+        tern_ctx_params cp;
+        tern_ctx_params_init(&cp);
+        cp.n_ctx = 128, cp.n_threads = 2, cp.device = i < 2 ? TERN_DEVICE_CUDA : TERN_DEVICE_CPU;
+        cp.type_k = cp.type_v = TERN_KV_Q8_0; /* (over an f16 cache the CPU rounds the query and V sums to f16: test_paged_batch) */
+        if (tn_ctx_create_paged_seqs(m, &cp, i == 1 ? 0 : 6, 2, &cx[i])) fail_msg("context %d: %s", i, tern_last_error());
+    }
+    assert_int_equal(cx[0]->kv_swa_blocks, 6);
+    assert_int_equal(cx[1]->kv_swa_blocks, 0);
+    const int32_t nv = (int32_t)cfg.n_vocab;
+    const int32_t tb0[] = {3, 1, 5, 7}, tb1[] = {0, 2, 4, 6};
+    const int32_t sw0[] = {0, 1, 2, 0}, sw1[] = {3, 4, 5, 3}; /* block 3 of a sequence reuses its block 0 */
+    const int32_t *tables[] = {tb0, tb1}, *swa[] = {sw0, sw1};
+    tern_token tok[32];
+    int32_t seq[32], pos[32];
+    int8_t lg[32];
+    int32_t p0 = 0, p1 = 0;
+    double worst = 0;
+    for (int round = 0; round <= 40; round++) {
+        int32_t n = 0;
+        const int32_t a = round == 0 ? 18 : 1, b2 = round == 0 ? 5 : 1;
+        for (int32_t i = 0; i < a; i++, n++) tok[n] = (tern_token)(5 + (i * 31 + round) % 370), seq[n] = 0, pos[n] = p0++, lg[n] = i == a - 1;
+        for (int32_t i = 0; i < b2; i++, n++) tok[n] = (tern_token)(9 + (i * 17 + round) % 370), seq[n] = 1, pos[n] = p1++, lg[n] = i == b2 - 1;
+        tn_batch bt = {n, tok, seq, pos, lg};
+        for (int i = 0; i < 3; i++) {
+            tn_forward_batch(cx[i], &bt, tables, i == 1 ? NULL : swa);
+            assert_int_equal(cx[i]->dev_status, TERN_OK);
+            assert_int_equal(cx[i]->n_logits, 2);
+        }
+        if (memcmp(cx[0]->logits, cx[1]->logits, sizeof(float) * 2 * (size_t)nv) != 0)
+            fail_msg("round %d (positions %d, %d): the window pool's logits differ from the whole cache's", round, p0 - 1, p1 - 1);
+        for (int s2 = 0; s2 < 2; s2++) {
+            const double e = rel_err_f(cx[2]->logits + s2 * nv, cx[0]->logits + s2 * nv, nv);
+            if (e > 4e-2) fail_msg("round %d sequence %d: rel err vs the CPU %.3g > 4e-2", round, s2, e);
+            worst = e > worst ? e : worst;
+        }
+    }
+    printf("  gemma3 two sequences to positions %d and %d over a window pool of 6 blocks: bit-identical to the whole cache, "
+           "worst rel err vs the CPU %.2e\n", p0 - 1, p1 - 1, worst);
+    for (int i = 0; i < 3; i++) tern_ctx_free(cx[i]);
     tern_model_free(m);
 }
 
@@ -1037,11 +1175,11 @@ static void test_attn_tile(void **state) {
         const char *arch;
         tn_dtype w;
         int n_head, n_head_kv, kvq; /* kvq 1: a q4_0 V cache, rotated; 2: q8_0 K and V; 3: q4_0 K / q8_0 V, rotated;
-                                     * 4: tq3 K / q4_0 V */
+                                     * 4: tq3 K / q4_0 V; 5: tqc3 K / q8_0 V */
     } cases[] = {
         {"llama", TN_F32, 4, 2, 0}, {"llama", TN_F32, 16, 1, 0}, {"llama", TN_Q8_0, 4, 2, 1},
         {"gemma3", TN_Q4_0, 4, 2, 0}, {"gemma2", TN_F32, 4, 2, 0}, {"gpt-oss", TN_F32, 4, 2, 0},
-        {"llama", TN_Q8_0, 4, 2, 2}, {"qwen3", TN_F32, 4, 2, 3}, {"llama", TN_Q4_0, 4, 1, 4},
+        {"llama", TN_Q8_0, 4, 2, 2}, {"qwen3", TN_F32, 4, 2, 3}, {"llama", TN_Q4_0, 4, 1, 4}, {"llama", TN_Q4_0, 4, 2, 5},
     };
     const int32_t n = 37;
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
@@ -1057,6 +1195,7 @@ static void test_attn_tile(void **state) {
         if (cases[ci].kvq == 2) g_tk = g_tv = TERN_KV_Q8_0;
         if (cases[ci].kvq == 3) g_tk = TERN_KV_Q4_0, g_tv = TERN_KV_Q8_0, g_rot = TERN_KV_ROT_KV;
         if (cases[ci].kvq == 4) g_tk = TERN_KV_TQ(3), g_tv = TERN_KV_Q4_0;
+        if (cases[ci].kvq == 5) g_tk = TERN_KV_TQC(3), g_tv = TERN_KV_Q8_0; /* two groups complete in the prompt */
         tern_model *m = load_cfg(&cfg, "cuda_tile");
         const int32_t nv = (int32_t)cfg.n_vocab;
         float *ref = malloc(sizeof(float) * (size_t)nv * n), *got = malloc(sizeof(float) * (size_t)nv * n);
@@ -1124,10 +1263,25 @@ static void test_moe_device_routing(void **state) {
  * GPU's for that sequence alone in a contiguous cache; llama Q4_0, and gemma3 Q8_0 with a sliding
  * window of 4 (the CPU context keeping every position of its window layers, so that both read the
  * same tables). */
+static tern_ctx *make_ctx_seqs(const tern_model *m, int device, int n_ctx, int32_t n_seq) {
+    tern_ctx_params cp;
+    tern_ctx_params_init(&cp);
+    cp.n_ctx = n_ctx;
+    cp.type_k = g_tk, cp.type_v = g_tv, cp.kv_rotate = g_rot;
+    cp.n_threads = 2;
+    cp.device = device;
+    tern_ctx *c = NULL;
+    if (tn_ctx_create_paged_seqs(m, &cp, 0, n_seq, &c)) fail_msg("context (device %d, %d sequences): %s", device, n_seq, tern_last_error());
+    return c;
+}
+
 static void paged_case(tiny_cfg cfg) {
     tern_model *m = load_cfg(&cfg, "cuda_paged");
     const bool swa = cfg.n_swa > 0;
-    tern_ctx *g = make_ctx(m, TERN_DEVICE_CUDA, -1, 64), *c = make_ctx_swa(m, TERN_DEVICE_CPU, -1, 64, swa);
+    /* a per-channel K: a window per sequence (contexts made for two) */
+    const bool kc = g_tk >= TERN_KV_TQC(2) && g_tk <= TERN_KV_TQC(4);
+    tern_ctx *g = kc ? make_ctx_seqs(m, TERN_DEVICE_CUDA, 64, 2) : make_ctx(m, TERN_DEVICE_CUDA, -1, 64);
+    tern_ctx *c = kc ? make_ctx_seqs(m, TERN_DEVICE_CPU, 64, 2) : make_ctx_swa(m, TERN_DEVICE_CPU, -1, 64, swa);
     tern_ctx *ga = make_ctx(m, TERN_DEVICE_CUDA, -1, 64); /* sequence 0 alone, contiguous */
     const int32_t nv = (int32_t)cfg.n_vocab;
     /* sequence 0 in blocks 3, 1; sequence 1 in blocks 0, 2 */
@@ -1185,13 +1339,19 @@ static void test_paged_batch(void **state) {
     paged_case(cfg);
     g_tk = TERN_KV_TQ(3), g_tv = TERN_KV_Q4_0; /* tq and q4_0 rows in paged blocks, K rotated */
     paged_case(cfg);
+    /* per-channel K: sequence 0's first group completes inside the prompt's batch, each sequence
+     * with a window of its own */
+    tiny_cfg_default(&cfg);
+    cfg.wtype = TN_Q4_0;
+    g_tk = TERN_KV_TQC(3), g_tv = TERN_KV_Q8_0;
+    paged_case(cfg);
     g_tk = g_tv = TERN_KV_F16;
     paged_case(tiny_cfg_moe("qwen3moe", TN_Q8_0)); /* experts over rows of both sequences */
     paged_case(tiny_cfg_moe("gpt-oss", TN_MXFP4)); /* sinks and windows over paged rows, experts with biases */
 }
 
 /* What the GPU does not run is refused when the context is made, with a message naming it, never
- * computed wrongly: deepseek2's latent attention, a per-channel K cache (tqc3). */
+ * computed wrongly: deepseek2's latent attention. */
 static void expect_refused(const tiny_cfg *cfg, int32_t n_batch, int32_t type_k, const char *what) {
     tern_model *m = load_cfg(cfg, "cuda_refuse");
     tern_ctx_params cp;
@@ -1208,10 +1368,7 @@ static void expect_refused(const tiny_cfg *cfg, int32_t n_batch, int32_t type_k,
 static void test_refusals(void **state) {
     (void)state;
     const tiny_cfg ds = tiny_cfg_moe("deepseek2", TN_F32);
-    tiny_cfg ll;
-    tiny_cfg_default(&ll);
     expect_refused(&ds, 512, TERN_KV_F16, "multi-head latent attention");
-    expect_refused(&ll, 512, TERN_KV_TQC(3), "runs on the CPU only");
 }
 
 /* stories260K (real weights, head size 8, n_ff 172): 64 greedy tokens on the GPU equal the CPU's,
@@ -1273,15 +1430,16 @@ static void test_stories_greedy(void **state) {
     }
 }
 
-/* test_cuda host: the host-side checks (every machine). test_cuda [gpu [PATTERN]]: the GPU tests
- * (those whose names match PATTERN, cmocka's * and ?), exit 77 (skipped) with the reason where
- * there is no device. test_cuda_emu: the same program on the CUDA emulator (tests/cuda/emu). */
+/* test_cuda host: the host-side checks (every machine). test_cuda [gpu [PATTERN[,PATTERN..]]]: the
+ * GPU tests (those whose names match one of the patterns, shell wildcards), exit 77 (skipped) with
+ * the reason where there is no device. test_cuda_emu: the same program on the CUDA emulator
+ * (tests/cuda/emu; CTest runs it in parts, tests/cuda/CMakeLists.txt). */
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "host")) {
         const struct CMUnitTest host[] = {cmocka_unit_test(test_refused_without_device)};
         return cmocka_run_group_tests(host, NULL, NULL);
     }
-    if (argc > 2 && !strcmp(argv[1], "gpu")) cmocka_set_test_filter(argv[2]); /* test_cuda gpu PATTERN: those tests only */
+    const char *pats = argc > 2 && !strcmp(argv[1], "gpu") ? argv[2] : "*";
     const char *why = NULL;
     if (tn_cuda_device_count(&why) < 1) {
         printf("GPU tests skipped: %s\n", why ? why : "no device");
@@ -1294,6 +1452,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup(test_forward_moe, reset_settings),
         cmocka_unit_test_setup(test_kv_types, reset_settings),
         cmocka_unit_test_setup(test_layer_split, reset_settings),
+        cmocka_unit_test_setup(test_swa_ring, reset_settings),
+        cmocka_unit_test_setup(test_swa_pool, reset_settings),
         cmocka_unit_test_setup(test_paged_batch, reset_settings),
         cmocka_unit_test_setup(test_stories_greedy, reset_settings),
         cmocka_unit_test_setup(test_graph_equivalence, reset_settings),
@@ -1305,5 +1465,18 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup(test_attn_tile, reset_settings),
         cmocka_unit_test_setup(test_attn_decode_batch, reset_settings),
     };
-    return cmocka_run_group_tests(gpu, NULL, NULL);
+    struct CMUnitTest sel[sizeof gpu / sizeof gpu[0]];
+    size_t ns = 0;
+    for (size_t i = 0; i < sizeof gpu / sizeof gpu[0]; i++) {
+        bool match = false;
+        char buf[512];
+        snprintf(buf, sizeof buf, "%s", pats);
+        for (char *sv = NULL, *p = strtok_r(buf, ",", &sv); p && !match; p = strtok_r(NULL, ",", &sv)) match = !fnmatch(p, gpu[i].name, 0);
+        if (match) sel[ns++] = gpu[i];
+    }
+    if (ns == 0) {
+        fprintf(stderr, "test_cuda: no GPU test matches '%s'\n", pats);
+        return 1;
+    }
+    return _cmocka_run_group_tests("gpu", sel, ns, NULL, NULL);
 }
