@@ -1071,11 +1071,11 @@ tern_status tn_engine_create(const tern_model *m, const tn_serve_config *cfg, tn
     cp.n_gpu_layers = cfg->n_gpu_layers;
     cp.type_k = cfg->type_k, cp.type_v = cfg->type_v, cp.kv_rotate = cfg->kv_rot;
     /* sliding-window layers: a pool of window blocks, twice what every sequence's window needs
-     * at once (the rest keeps recent window blocks for prefix hits) -- unless --swa-full, the
-     * GPU, or a pool no smaller than the global one */
+     * at once (the rest keeps recent window blocks for prefix hits), on the CPU or the GPU --
+     * unless --swa-full, or a pool no smaller than the global one */
     e->n_swa = m->hp.n_swa;
     int32_t swa_blocks = 0;
-    if (e->n_swa > 0 && !cfg->swa_full && cfg->device == TERN_DEVICE_CPU) {
+    if (e->n_swa > 0 && !cfg->swa_full) {
         e->swa_w = (cp.n_batch + e->n_swa - 2) / TN_KVB + 2; /* blocks one step's window can span */
         swa_blocks = (int32_t)TN_MIN((int64_t)2 * e->np * e->swa_w, INT32_MAX / 2);
     }
