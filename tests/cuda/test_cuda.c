@@ -1431,7 +1431,8 @@ static void test_stories_greedy(void **state) {
 }
 
 /* test_cuda host: the host-side checks (every machine). test_cuda [gpu [PATTERN[,PATTERN..]]]: the
- * GPU tests (those whose names match one of the patterns, shell wildcards), exit 77 (skipped) with
+ * GPU tests (those whose names match one of the patterns, shell wildcards, and none of those
+ * written -PATTERN), exit 77 (skipped) with
  * the reason where there is no device. test_cuda_emu: the same program on the CUDA emulator
  * (tests/cuda/emu; CTest runs it in parts, tests/cuda/CMakeLists.txt). */
 int main(int argc, char **argv) {
@@ -1468,11 +1469,14 @@ int main(int argc, char **argv) {
     struct CMUnitTest sel[sizeof gpu / sizeof gpu[0]];
     size_t ns = 0;
     for (size_t i = 0; i < sizeof gpu / sizeof gpu[0]; i++) {
-        bool match = false;
+        bool match = false, drop = false;
         char buf[512];
         snprintf(buf, sizeof buf, "%s", pats);
-        for (char *sv = NULL, *p = strtok_r(buf, ",", &sv); p && !match; p = strtok_r(NULL, ",", &sv)) match = !fnmatch(p, gpu[i].name, 0);
-        if (match) sel[ns++] = gpu[i];
+        for (char *sv = NULL, *p = strtok_r(buf, ",", &sv); p; p = strtok_r(NULL, ",", &sv)) {
+            if (*p == '-') drop |= !fnmatch(p + 1, gpu[i].name, 0);
+            else match |= !fnmatch(p, gpu[i].name, 0);
+        }
+        if (match && !drop) sel[ns++] = gpu[i];
     }
     if (ns == 0) {
         fprintf(stderr, "test_cuda: no GPU test matches '%s'\n", pats);
