@@ -85,7 +85,7 @@ struct tn_cuda_ctx {
     uint8_t *Kc, *Vc;  /* layer il's rows at loff[il]: rows of k_rb / v_rb bytes (kern_cuda.h tn_cu_kv) */
     tn_cu_kv kv;       /* the cache's types, row bytes and rotation (rot_sign on the device) */
     uint16_t *Kw;      /* per-channel K: [n_layers][kc_nseq][kc_w][kv_dim] f16 windows (kern_cuda.h tn_cu_kv) */
-    int32_t *d_ints;   /* pos[n], kvrow[n], tbl_off[n], out_rows[n], wseq[n], kvrow_swa[n], tbl_off_swa[n], tbl[...] */
+    int32_t *d_ints;   /* a step's integers (step_ints) */
     float *d_cs;       /* [n][n_rot] */
     float *d_cs_swa;   /* [n][n_rot]: sliding-window layers' own RoPE base and scale (gemma3) */
     int64_t tbl_cap;
@@ -524,7 +524,19 @@ void tn_cuda_ctx_free(tn_cuda_ctx *g) {
     tn_free(g);
 }
 
-static int64_t ints_needed(const tern_ctx *c, int64_t tbl) { return 7 * (int64_t)c->n_batch + tbl; }
+/* A step's integers, host (h_ints) and device (d_ints) alike: STEP_INTS arrays of n, then the
+ * block tables. One layout for both sides and for the copy between them. */
+#define STEP_INTS 7
+typedef struct step_ints {
+    int32_t *pos, *kvrow, *toff, *orow, *wseq, *kvrow_swa, *toff_swa, *tbl;
+} step_ints;
+static step_ints ints_at(int32_t *base, int64_t n) {
+    step_ints a = {base, base + n, base + 2 * n, base + 3 * n, base + 4 * n, base + 5 * n, base + 6 * n, base + STEP_INTS * n};
+    return a;
+}
+/* Halves of a layer's per-channel K windows (every sequence's kc_w rows of kv_dim). */
+static size_t kw_layer(const tern_ctx *c) { return (size_t)c->kc_nseq * (size_t)c->kc_w * (size_t)c->hp.n_head_kv * (size_t)c->hp.head_dim; }
+static int64_t ints_needed(const tern_ctx *c, int64_t tbl) { return STEP_INTS * (int64_t)c->n_batch + tbl; }
 
 /* Whether the one-token steps of every MoE layer on the GPU can route there: softmax gating of at
  * most 512 experts and 32 slots, and expert matrices the pair GEMVs take (code types: rows of
@@ -842,7 +854,7 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
     g->kv = (tn_cu_kv){cut[0], cut[1], (int64_t)c->k_rb, (int64_t)c->v_rb, NULL, c->rot_blk, c->rot_k, c->rot_v, 0, NULL, NULL, NULL, 0};
     if (c->kc_bits) { /* per-channel K: each sequence's newest keys in f16, as the CPU's windows */
         g->kv.kc_w = (int)c->kc_w;
-        const size_t wb = (size_t)ngl * (size_t)c->kc_nseq * (size_t)c->kc_w * (size_t)kv_dim * 2;
+        const size_t wb = (size_t)ngl * kw_layer(c) * 2;
         g->Kw = dalloc(g, wb, &ok);
         if (ok) cudaMemset(g->Kw, 0, wb);
     }
@@ -1204,8 +1216,9 @@ static void run_layers(tn_cuda_ctx *g, tern_ctx *c, int64_t n, int32_t n_out) {
     const tn_hparams *hp = &c->hp;
     const int64_t d = hp->n_embd, hd = hp->head_dim, qd = (int64_t)hp->n_head * hd;
     const int64_t kv_dim = (int64_t)hp->n_head_kv * hd;
-    int32_t *d_pos = g->d_ints, *d_kvrow = d_pos + n, *d_toff = d_kvrow + n, *d_orow = d_toff + n, *d_wseq = d_orow + n,
-            *d_kvrow_swa = d_wseq + n, *d_toff_swa = d_kvrow_swa + n, *d_tbl = d_toff_swa + n;
+    const step_ints di = ints_at(g->d_ints, n);
+    int32_t *d_pos = di.pos, *d_kvrow = di.kvrow, *d_toff = di.toff, *d_orow = di.orow, *d_wseq = di.wseq,
+            *d_kvrow_swa = di.kvrow_swa, *d_toff_swa = di.toff_swa, *d_tbl = di.tbl;
     float cap;
     const float scale = attn_scale(hp, &cap);
     const int act = glu_act(hp);
@@ -1242,7 +1255,7 @@ static void run_layers(tn_cuda_ctx *g, tern_ctx *c, int64_t n, int32_t n_out) {
         const bool swa = tn_hp_layer_swa(hp, il);
         tn_cu_kv kv = g->kv; /* per-channel K: the layer's windows */
         if (c->kc_bits)
-            kv.kw = g->Kw + (size_t)il * (size_t)c->kc_nseq * (size_t)c->kc_w * (size_t)kv_dim, kv.wseq = d_wseq, kv.pos = d_pos;
+            kv.kw = g->Kw + (size_t)il * kw_layer(c), kv.wseq = d_wseq, kv.pos = d_pos;
         if (swa && c->kv_ring) kv.ring = (int)c->kv_ring;
         /* a sliding-window layer's rows: its ring, or its pool's block tables */
         const bool own = swa && (c->kv_ring || c->kv_swa_blocks);
@@ -1360,8 +1373,9 @@ tern_status tn_cuda_forward_batch(tern_ctx *c, const tn_batch *b, const int32_t 
     if ((tables && c->kv_ring) || (c->kv_swa_blocks && (!tables || !swa_tables))) /* (as tn_forward_batch_cpu) */
         return tn_err(TERN_ERR_INTERNAL, "cuda: block tables %s for this context's cache", tables ? "unexpected" : "missing");
     if (!c->kv_swa_blocks) swa_tables = NULL;
-    int32_t *pos = g->h_ints, *kvrow = pos + n, *toff = kvrow + n, *orow = toff + n, *wseq = orow + n, *kvrow_swa = wseq + n,
-            *toff_swa = kvrow_swa + n, *tbl = toff_swa + n;
+    const step_ints hi = ints_at(g->h_ints, n);
+    int32_t *pos = hi.pos, *kvrow = hi.kvrow, *toff = hi.toff, *orow = hi.orow, *wseq = hi.wseq, *kvrow_swa = hi.kvrow_swa,
+            *toff_swa = hi.toff_swa, *tbl = hi.tbl;
     int64_t nt = 0;
     tbl_last last = {NULL, -1, 0}, last_swa = {NULL, -1, 0};
     tn_hparams hs = *hp; /* sliding-window layers' RoPE: their own base and scale */
@@ -1409,7 +1423,7 @@ tern_status tn_cuda_forward_batch(tern_ctx *c, const tn_batch *b, const int32_t 
     CKL("h2d", cudaMemcpyAsync(g->d_cs, g->h_cs, (size_t)(n * hp->n_rot) * 4, cudaMemcpyHostToDevice, g->st));
     if (g->h_cs_swa)
         CKL("h2d", cudaMemcpyAsync(g->d_cs_swa, g->h_cs_swa, (size_t)(n * hp->n_rot) * 4, cudaMemcpyHostToDevice, g->st));
-    CKL("h2d", cudaMemcpyAsync(g->d_ints, g->h_ints, (size_t)(7 * n + nt) * 4, cudaMemcpyHostToDevice, g->st));
+    CKL("h2d", cudaMemcpyAsync(g->d_ints, g->h_ints, (size_t)(STEP_INTS * n + nt) * 4, cudaMemcpyHostToDevice, g->st));
 
     /* one-token decode with logits: a CUDA graph of every kernel of the step (captured once) */
     /* (not around the persistent kernel: a step is two launches, nothing for a graph to save) */

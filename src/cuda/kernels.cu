@@ -1881,6 +1881,14 @@ __device__ __forceinline__ const __half *kv_kc_win(const tn_cu_kv &kv, int64_t t
     return (const __half *)kv.kw + (int64_t)(kv.wseq[t] + p % kv.kc_w) * kv_dim + (int64_t)kvh * hd;
 }
 
+/* The cache row of position p: p (the contiguous cache; p % ring in a sliding-window layer's
+ * ring), or its block's row in the token's table at tbl + off (paged blocks of 16). */
+__device__ __forceinline__ int64_t kv_pos_row(const tn_cu_kv &kv, int off, const int32_t *tbl, int p) {
+    return off < 0 ? (kv.ring ? p % kv.ring : p) : (int64_t)tbl[off + p / 16] * 16 + p % 16;
+}
+/* A per-channel K's launch arguments: its window, the tokens' windows and positions. */
+static bool kc_args_ok(const tn_cu_kv &kv) { return kv.kw && kv.wseq && kv.pos && kv.kc_w >= 16; }
+
 /* kv, or the f16 cache without rotation where the caller passes none */
 static tn_cu_kv kv_or_f16(const tn_cu_kv *kv) {
     const tn_cu_kv f16 = {TN_CU_KV_F16, TN_CU_KV_F16, 0, 0, NULL, 0, 0, 0, 0, NULL, NULL, NULL, 0};
@@ -1952,7 +1960,7 @@ extern "C" int tn_cu_rope_store(float *q, int64_t ldq, float *k, float *v, int64
     if (n == 0) return 0;
     const tn_cu_kv kvv = kv_or_f16(kv);
     if ((kvv.tk != TN_CU_KV_F16 || kvv.tv != TN_CU_KV_F16 || kvv.rot_k || kvv.rot_v) && hd % 32 != 0) return (int)cudaErrorInvalidValue;
-    if (kv_kc_bits(kvv.tk) && (!kvv.kw || !kvv.wseq || !kvv.pos || kvv.kc_w < 16)) return (int)cudaErrorInvalidValue;
+    if (kv_kc_bits(kvv.tk) && !kc_args_ok(kvv)) return (int)cudaErrorInvalidValue;
     launch(k_rope_store, (unsigned)n, 256, 0, (cudaStream_t)stream, q, ldq, k, v, ldk, qn, kn, eps, cs, n_rot, neox, n_head,
            n_head_kv, hd, kvrow, (uint8_t *)Kc, (uint8_t *)Vc, kvv);
     return tn_cu_err();
@@ -1993,7 +2001,7 @@ __global__ void k_kc_close(uint8_t *Kc, tn_cu_kv kv, const int32_t *kvrow, int n
 }
 extern "C" int tn_cu_kc_close(void *Kc, const tn_cu_kv *kv, const int32_t *kvrow, int64_t n, int n_head_kv, int hd, void *stream) {
     if (n == 0) return 0;
-    if (!kv || !kv_kc_bits(kv->tk) || !kv->kw || !kv->wseq || !kv->pos || kv->kc_w < 16 || hd % 32 != 0 || hd > 256)
+    if (!kv || !kv_kc_bits(kv->tk) || !kc_args_ok(*kv) || hd % 32 != 0 || hd > 256)
         return (int)cudaErrorInvalidValue;
     launch(k_kc_close, (unsigned)(n * n_head_kv), (unsigned)hd, 0, (cudaStream_t)stream, (uint8_t *)Kc, *kv, kvrow, n_head_kv, hd);
     return tn_cu_err();
@@ -2136,7 +2144,7 @@ __device__ __forceinline__ void attn_unit(int64_t unit, int s, int S, const tn_c
         float cmax = -INFINITY;
         for (int j = tid; j < np; j += ATT_THREADS) {
             const int p = p0 + j;
-            const int64_t row = off < 0 ? (kv.ring ? p % kv.ring : p) : (int64_t)tbl[off + p / 16] * 16 + p % 16;
+            const int64_t row = kv_pos_row(kv, off, tbl, p);
             const bool own = fused && p == T - 1; /* the new row, in shared memory */
             rows[j] = own ? -1 : (int32_t)row;
             const uint8_t *krow = own ? (const uint8_t *)kh
@@ -2315,7 +2323,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) k_attn_tile(const float *q, in
             for (int r = 0; r < ATT_TR; r++) np[r] = min(ATT_CHUNK, Ts[r] - p0), cm[r] = -INFINITY;
             for (int j = tid; j < npm; j += ATT_THREADS) {
                 const int p = p0 + j;
-                const int64_t row = off < 0 ? (kv.ring ? p % kv.ring : p) : (int64_t)tbl[off + p / 16] * 16 + p % 16;
+                const int64_t row = kv_pos_row(kv, off, tbl, p);
                 rows[j] = (int32_t)row;
                 const uint8_t *krow = Kc + row * k_rb + koff;
                 float dot[ATT_TR];
@@ -2449,7 +2457,7 @@ extern "C" int tn_cu_attention(const float *q, int64_t ldq, const void *Kc, cons
     const tn_cu_kv kvv = kv_or_f16(kv);
     const bool plain = kvv.tk == TN_CU_KV_F16 && kvv.tv == TN_CU_KV_F16 && !kvv.rot_k && !kvv.rot_v;
     if (hd > 256 || (xq && hd % 32 != 0) || (rope && (rope->n_rot > hd || rope->n_rot % 2 != 0)) || window < 0 || cap < 0.0f ||
-        (!plain && hd % 32 != 0) || (kv_kc_bits(kvv.tk) && (rope || !kvv.kw || !kvv.wseq || kvv.kc_w < 16)))
+        (!plain && hd % 32 != 0) || (kv_kc_bits(kvv.tk) && (rope || !kc_args_ok(kvv))))
         return (int)cudaErrorInvalidValue; /* (a per-channel K: its window, and no new rows stored here) */
     const tn_cq none = {NULL, NULL, NULL};
     tn_cu_rope ar = {};
