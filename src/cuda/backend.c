@@ -1,13 +1,11 @@
 /*
- * backend.c — the CUDA backend's C side (device queries and peaks: device.c): weight upload (the split layout of
- * kern_cuda.h for the code-path types), the GPU's KV cache and scratch, and the forward pass as a
+ * backend.c — the CUDA backend's C side (device queries and peaks: device.c; weight upload:
+ * weights.c): a context's layers, the GPU's KV cache and scratch, and the forward pass as a
  * sequence of kernel launches on one stream — the same steps, in the same order, as forward.c.
  *
  * Matrix products: up to TN_CU_GEMV_MAXN tokens use the GEMV kernels (decode); larger batches
  * dequantize the weight to fp16 and multiply with cuBLAS (fp32 accumulation).
  */
-#include <cublas_v2.h>
-#include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -15,139 +13,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "cuda/cuda.h"
-#include "cuda/kern_cuda.h"
-#include "core/fp16.h"
+#include "cuda/backend.h"
 #include "model/arch/arch.h"
 #include "model/blocks.h"
 #include "model/ops.h"
-#include "quant/iq_grid.h"
-#include "quant/tq.h"
-#include "quant/vq.h"
-
-enum { W_Q, W_K, W_V, W_O, W_GATE, W_UP, W_DOWN, W_N };
-
-/* A layer on the GPU. Where Wq, Wk, Wv share a type their rows are uploaded as one matrix (qkv:
- * one GEMV per token instead of three), likewise Wgate and Wup (gu); w[] then holds only Wo and
- * Wdown. */
-typedef struct {
-    float *attn_norm, *ffn_norm, *bq, *bk, *bv, *bqkv, *q_norm, *k_norm;
-    float *attn_post_norm, *ffn_post_norm; /* gemma: the products normed before the residual add */
-    tn_cw w[W_N];
-    tn_cw qkv, gu;
-    bool fused_qkv, fused_gu;
-    /* mixture of experts (the layer has a router): each expert matrix as one matrix of every
-     * expert's rows (expert e's gate|up rows e 2 ff_exp .., its down rows e n_embd ..; egu when
-     * gate and up share a type, else eg and eu); a shared expert (qwen2moe) likewise, with its
-     * f32 gate vector */
-    bool moe, shexp;
-    tn_cw router, egu, eg, eu, edown;
-    bool fused_egu;
-    tn_cw sgu, sg, su, sdown;
-    bool fused_sgu;
-    float *sgate;
-    /* gpt-oss: attention sinks [n_head], Wo's bias, the router's bias, the experts' biases
-     * ([n_expert][rows] of egu — gate and up interleaved per expert as its rows — or of eg, eu,
-     * and of edown) */
-    float *sinks, *bo, *brouter, *egu_b, *eg_b, *eu_b, *edown_b;
-    bool qk_full; /* olmoe: q_norm / k_norm over the whole q and k rows, not per head */
-} tn_cu_layer;
-
-struct tn_cuda_ctx {
-    int dev;
-    cudaStream_t st;
-    cublasHandle_t blas;
-    int32_t n_layers; /* on the GPU */
-    bool has_output;  /* every layer on the GPU: final norm and logits too */
-    tn_cu_layer *L;
-    tn_cw output;
-    float *output_norm;
-    void **allocs;
-    size_t n_allocs, cap_allocs;
-    uint64_t bytes;
-    const void *iq_grid[6]; /* the codebook i-quants' grids on the device, uploaded at first use */
-    /* scratch for n_batch tokens */
-    float *x, *xb, *q, *k, *v, *att, *hb, *hb2, *logits;
-    /* mixture of experts: router logits [n][n_expert], routed rows' inputs and outputs
-     * [n n_expert_used][n_embd], each routed row's token and each slot's row and weight
-     * (d_moe: tok [R], row [R], w [R] as floats' bits; h_moe its pinned staging) */
-    float *rl, *xg, *ey;
-    int32_t *d_moe, *h_moe;
-    /* batches up to the GEMV kernels' size (one-token steps; any batch in a batch-invariant
-     * context) route on the GPU (tn_cu_moe_route, expert GEMVs over (token, slot) pairs): no
-     * synchronisation, a CUDA graph for one-token steps, and a token's experts computed the same
-     * way whatever its batch; larger batches, or every batch where a layer's shapes or routing do
-     * not allow it or TERN_CUDA_MOE_HOST=1, route on the host */
-    bool moe_dev;
-    tn_cq xq;
-    uint16_t *xh, *wh; /* fp16 activations, fp16 weight tile for the GEMM path */
-    int64_t wh_elems;
-    uint8_t *Kc, *Vc;  /* layer il's rows at loff[il]: rows of k_rb / v_rb bytes (kern_cuda.h tn_cu_kv) */
-    tn_cu_kv kv;       /* the cache's types, row bytes and rotation (rot_sign on the device) */
-    uint16_t *Kw;      /* per-channel K: [n_layers][kc_nseq][kc_w][kv_dim] f16 windows (kern_cuda.h tn_cu_kv) */
-    int32_t *d_ints;   /* a step's integers (step_ints) */
-    float *d_cs;       /* [n][n_rot] */
-    float *d_cs_swa;   /* [n][n_rot]: sliding-window layers' own RoPE base and scale (gemma3) */
-    int64_t tbl_cap;
-    int64_t *loff;     /* [n_layers + 1] first cache row of each layer (a sliding-window layer: kv_ring rows, or
-                          kv_swa_blocks blocks of its own pool) */
-    /* pinned host staging */
-    float *h_x, *h_cs, *h_cs_swa;
-    int32_t *h_ints;
-    const void *q_src, *h_src; /* activations currently quantized / converted (NULL: none) */
-    int cuerr;
-    /* one-token decode as a CUDA graph (captured at the first such step; every input it reads
-     * lives in the device buffers above, so one graph serves every position) */
-    bool use_graph;
-    /* one-token steps: RoPE and the cache store done by the attention kernel (TERN_CUDA_FUSE_ROPE=0
-     * or TERN_CUDA_FUSE=0: k_rope_store first) */
-    bool fuse_rope;
-    /* one-token steps: the RMSNorm after Wo and after Wdown done by the product's last block
-     * (tn_cu_tail; d_cnt its block count) instead of a launch of its own (TERN_CUDA_FUSE_NORM=0 or
-     * TERN_CUDA_FUSE=0: the norm kernel) */
-    bool fuse_norm;
-    /* one-token steps: the gate|up product writes act(gate) up itself (and its q8 blocks, by its
-     * last block) instead of a GLU launch (TERN_CUDA_FUSE_GLU=0 or TERN_CUDA_FUSE=0: the GLU kernel) */
-    bool fuse_glu;
-    int *d_cnt;
-    /* flash-decoding (kern_cuda.h tn_cu_attn_sched): batches of up to 8 tokens, and batches of up to
-     * asched.tokens tokens of as many sequences (tern serve's decode steps), split each (token,
-     * head)'s positions across asched.splits blocks (chosen per step: enough blocks for the device,
-     * no more than the batch's chunks; TERN_CUDA_ATTN_SPLIT=N: at most N, 1: never); part NULL:
-     * never (contexts of one chunk); other batches (prompts) in query tiles where att_tile
-     * (TERN_CUDA_ATTN_TILE=0: a block per (token, head)) */
-    tn_cu_attn_sched asched;
-    int att_max, sms;
-    bool att_tile;
-    /* one-token steps as one persistent kernel (TERN_CUDA_PERSIST=1, tn_cu_persist): its layers on
-     * the device (d_players), layer 0 on the host, the grid barrier's two counters, its grid
-     * (TERN_CUDA_PERSIST_GRID blocks; 0: as many as fit at once) */
-    bool persist;
-    tn_cu_player *d_players, h_player0;
-    unsigned *d_bar;
-    int persist_grid;
-    /* the GEMV kernels (batch-invariant) up to this many tokens, fp16 + cuBLAS above: code-path
-     * types 64, float-path types TN_CU_GEMV_MAXN; batch-invariant contexts (tern serve) and
-     * TERN_CUDA_PREFILL=gemv: no limit; TERN_CUDA_PREFILL=cublas: TN_CU_GEMV_MAXN for both */
-    int64_t tile_max_code, tile_max_float;
-    cudaGraph_t graph;
-    cudaGraphExec_t graph_exec;
-    int graph_S; /* the attention splits the graph was captured with */
-    /* TERN_CUDA_PROFILE=1: every launch between two events, summed per label, printed to stderr
-     * when the context is freed (no graph then: its launches are not timed one by one) */
-    bool prof;
-    cudaEvent_t *ev;
-    const char **ev_label;
-    int n_ev, cap_ev;
-    struct {
-        const char *label;
-        double ms;
-        long calls;
-    } pt[32];
-    int n_pt;
-    long prof_passes, prof_tokens;
-    double prof_wall_ms;
-};
 
 static void prof_print(const tn_cuda_ctx *g);
 
@@ -176,320 +45,6 @@ static int env_int(const char *name, int def) {
 /* GEMV blocks per multiprocessor by default (TERN_CUDA_GEMV_BPS; 0: a block per row group, which
  * measured best on the H200: capped grids walking their rows lose more than the overlap gains) */
 #define TN_CUDA_GEMV_BPS 0
-
-/* The device kind of file type t (kern_cuda.h), or -1 for a type the GPU does not run. */
-static int cw_kind_of(tn_dtype t) {
-    switch ((int)t) {
-    case TN_F32: return TN_CW_F32;
-    case TN_F16: return TN_CW_F16;
-    case TN_BF16: return TN_CW_BF16;
-    case TN_Q4_K: return TN_CW_Q4_K;
-    case TN_Q6_K: return TN_CW_Q6_K;
-    case TN_Q5_K: return TN_CW_Q5_K;
-    case TN_Q2_K: return TN_CW_Q2_K;
-    case TN_Q3_K: return TN_CW_Q3_K;
-    case TN_IQ4_XS: return TN_CW_IQ4_XS;
-    case TN_IQ4_NL: return TN_CW_IQ4_NL;
-    case TN_MXFP4: return TN_CW_MXFP4;
-    case TN_IQ2_XXS: return TN_CW_IQ2_XXS;
-    case TN_IQ2_XS: return TN_CW_IQ2_XS;
-    case TN_IQ2_S: return TN_CW_IQ2_S;
-    case TN_IQ3_XXS: return TN_CW_IQ3_XXS;
-    case TN_IQ3_S: return TN_CW_IQ3_S;
-    case TN_IQ1_S: return TN_CW_IQ1_S;
-    case TN_IQ1_M: return TN_CW_IQ1_M;
-    case TN_TQ1_0: return TN_CW_TQ1_0;
-    case TN_TQ2_0: return TN_CW_TQ2_0;
-    case TN_Q4_0: return TN_CW_Q4_0;
-    case TN_Q8_0: return TN_CW_Q8_0;
-    case TN_Q5_0: return TN_CW_Q5_0;
-    case TN_VQ2: return TN_CW_VQ2;
-    case TN_Q4_1: /* tq4g32a */
-    case TN_Q5_1: return TN_CW_TQ; /* tq5g32a once qh moves */
-    default: return tn_tq_is(t) ? TN_CW_TQ : -1;
-    }
-}
-
-const char *tn_cuda_kernel_name(tn_dtype t) {
-    const int kind = cw_kind_of(t);
-    if (kind < 0) return NULL;
-    if (tn_cw_is_code(kind))
-        return "split layout; decode: dp4a GEMV on q8 activations (one template over widths); batches above 8 tokens: int8 "
-               "tensor-core GEMM with the GEMV's bits (sm_80+)";
-    if (kind >= TN_CW_IQ2_XXS && kind <= TN_CW_IQ1_M)
-        return "file layout, codebook grid on the device; decode: f32 GEMV dequantizing in registers; prefill: fp16 dequant + cuBLAS";
-    if (kind == TN_CW_VQ2)
-        return "blocks in 72-byte slots, the matrix's codebook as floats on the device; decode: f32 GEMV, 8 lookups a lane; "
-               "prefill: fp16 dequant + cuBLAS";
-    if (kind == TN_CW_IQ4_NL || kind == TN_CW_MXFP4)
-        return "codes then scales per row; decode: f32 GEMV dequantizing in registers; prefill: fp16 dequant + cuBLAS";
-    return "file layout; decode: f32 GEMV dequantizing in registers; prefill: fp16 dequant + cuBLAS";
-}
-
-/* ---- allocation ------------------------------------------------------------------------------ */
-
-static void *dalloc(tn_cuda_ctx *g, size_t bytes, bool *ok) {
-    if (!*ok) return NULL;
-    if (g->n_allocs == g->cap_allocs) {
-        size_t nc = g->cap_allocs ? 2 * g->cap_allocs : 64;
-        void **na = tn_realloc(g->allocs, nc * sizeof *na);
-        if (!na) return *ok = false, NULL;
-        g->allocs = na;
-        g->cap_allocs = nc;
-    }
-    void *p = NULL;
-    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 16);
-    if (e != cudaSuccess) {
-        cudaGetLastError();
-        tn_err(TERN_ERR_NOMEM, "cuda: cannot allocate %.1f MiB of device memory (%.1f MiB held): %s",
-               (double)bytes / 1048576.0, (double)g->bytes / 1048576.0, cudaGetErrorString(e));
-        return *ok = false, NULL;
-    }
-    g->allocs[g->n_allocs++] = p;
-    g->bytes += bytes;
-    return p;
-}
-
-static void *dupload(tn_cuda_ctx *g, const void *src, size_t bytes, bool *ok) {
-    void *p = dalloc(g, bytes, ok);
-    if (p && cudaMemcpy(p, src, bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
-        cudaGetLastError();
-        *ok = false;
-        tn_err(TERN_ERR_IO, "cuda: upload of %zu bytes failed", bytes);
-        return NULL;
-    }
-    return p;
-}
-
-/* ---- weights ----------------------------------------------------------------------------------- */
-
-/* The grid of codebook i-quant kind (iq1_s and iq1_m share one) on the device, uploaded once per
- * context. */
-static const void *iq_grid(tn_cuda_ctx *g, int kind, bool *ok) {
-    static const struct {
-        int kind, slot;
-        const void *grid;
-        size_t bytes;
-    } G[] = {{TN_CW_IQ2_XXS, 0, tn_iq2xxs_grid, sizeof tn_iq2xxs_grid}, {TN_CW_IQ2_XS, 1, tn_iq2xs_grid, sizeof tn_iq2xs_grid},
-             {TN_CW_IQ2_S, 2, tn_iq2s_grid, sizeof tn_iq2s_grid},       {TN_CW_IQ3_XXS, 3, tn_iq3xxs_grid, sizeof tn_iq3xxs_grid},
-             {TN_CW_IQ3_S, 4, tn_iq3s_grid, sizeof tn_iq3s_grid},       {TN_CW_IQ1_S, 5, tn_iq1s_grid, sizeof tn_iq1s_grid},
-             {TN_CW_IQ1_M, 5, tn_iq1s_grid, sizeof tn_iq1s_grid}};
-    for (size_t i = 0; i < sizeof G / sizeof G[0]; i++)
-        if (G[i].kind == kind) {
-            if (!g->iq_grid[G[i].slot]) g->iq_grid[G[i].slot] = dupload(g, G[i].grid, G[i].bytes, ok);
-            return g->iq_grid[G[i].slot];
-        }
-    return NULL;
-}
-
-static tern_status upload_weight(tn_cuda_ctx *g, const tn_tensor *t, tn_cw *w) {
-    memset(w, 0, sizeof *w);
-    const int64_t k = t->ne[0], m = t->ne[1] ? t->ne[1] : 1;
-    w->m = m;
-    w->k = k;
-    bool ok = true;
-    tn_tq_params tp = {0, 0, false};
-    w->kind = cw_kind_of(t->type);
-    switch ((int)t->type) {
-    case TN_Q4_0: tp = (tn_tq_params){4, 32, false}; break;
-    case TN_Q8_0: tp = (tn_tq_params){8, 32, false}; break;
-    case TN_Q5_0: tp = (tn_tq_params){5, 32, false}; break;
-    case TN_Q4_1: tp = (tn_tq_params){4, 32, true}; break; /* x = d q + m: tq4g32a */
-    case TN_Q5_1: tp = (tn_tq_params){5, 32, true}; break; /* tq5g32a once qh moves */
-    default:
-        if (w->kind >= 0 && !tn_cw_is_code(w->kind)) break; /* the float path: the file's blocks */
-        if (tn_tq_is(t->type)) {
-            tn_tq_params_of(t->type, &tp);
-            break;
-        }
-        if (tn_dtype_is_internal(t->type))
-            return tn_err(TERN_ERR_UNSUPPORTED, "cuda: tensor '%s' is in the in-memory layout %s: load the model with repack off",
-                          t->name, tn_dtype_name(t->type));
-        return tn_err(TERN_ERR_UNSUPPORTED,
-                      "cuda: tensor '%s' has type %s, which the CUDA backend does not run (F32, F16, BF16, Q8_0, Q4_0, Q4_1, "
-                      "Q5_0, Q5_1, Q2_K .. Q6_K, the i-quants IQ1_S .. IQ4_XS, MXFP4, TQ1_0, TQ2_0 and tern's tq<b>g<G> and vq2: "
-                      "run it on the CPU)",
-                      t->name, tn_dtype_name(t->type));
-    }
-    const int64_t blck = tn_dtype_get(t->type)->blck_size; /* elements per file block */
-    if ((tn_cw_is_code(w->kind) && k % tp.group != 0) || (!tn_cw_is_code(w->kind) && blck > 1 && k % blck != 0))
-        return tn_err(TERN_ERR_UNSUPPORTED, "cuda: tensor '%s': row length %lld is not a multiple of the kernels' block",
-                      t->name, (long long)k);
-    if (w->kind == TN_CW_Q6_K || w->kind == TN_CW_Q3_K) { /* each block in a slot of 8-byte aligned parts */
-        const size_t bb = w->kind == TN_CW_Q6_K ? 210 : 110, stride = w->kind == TN_CW_Q6_K ? TN_CU_Q6K_STRIDE : TN_CU_Q3K_STRIDE;
-        const int64_t nb = k / 256;
-        w->row_bytes = (size_t)nb * stride;
-        uint8_t *buf = tn_calloc((size_t)m, w->row_bytes);
-        if (!buf) return tn_err(TERN_ERR_NOMEM, "cuda: out of host memory padding '%s'", t->name);
-        for (int64_t i = 0; i < m * nb; i++) memcpy(buf + (size_t)i * stride, (const uint8_t *)t->data + (size_t)i * bb, bb);
-        w->data = dupload(g, buf, w->row_bytes * (size_t)m, &ok);
-        tn_free(buf);
-        return ok ? TERN_OK : tn_err_prefix(TERN_ERR_NOMEM, "cuda: tensor '%s'", t->name);
-    }
-    if (w->kind == TN_CW_VQ2) { /* blocks in 72-byte slots without the row headers; the codebook as floats */
-        const size_t rb_file = tn_dtype_row_size(t->type, k);
-        const int64_t nb = k / TN_VQ_QK;
-        if (t->nbytes < rb_file * (size_t)m + TN_VQ_CB_BYTES)
-            return tn_err(TERN_ERR_FORMAT, "cuda: tensor '%s' (vq2): %zu bytes, fewer than its rows and codebook", t->name, t->nbytes);
-        w->row_bytes = (size_t)nb * TN_CU_VQ2_STRIDE;
-        uint8_t *buf = tn_calloc((size_t)m, w->row_bytes);
-        float *cbf = tn_malloc(sizeof(float) * TN_VQ_CB_BYTES);
-        if (!buf || !cbf) {
-            tn_free(buf), tn_free(cbf);
-            return tn_err(TERN_ERR_NOMEM, "cuda: out of host memory rearranging '%s'", t->name);
-        }
-        const int8_t *cb = tn_vq_codebook(t->data); /* every row's header names the one after the rows */
-        for (int i = 0; i < TN_VQ_CB_BYTES; i++) cbf[i] = (float)cb[i];
-        for (int64_t r = 0; r < m; r++) {
-            const uint8_t *src = (const uint8_t *)t->data + (size_t)r * rb_file + TN_VQ_HDR;
-            for (int64_t b = 0; b < nb; b++) {
-                uint8_t *dst = buf + (size_t)r * w->row_bytes + (size_t)b * TN_CU_VQ2_STRIDE;
-                const uint8_t *blk = src + (size_t)b * sizeof(block_vq2);
-                memcpy(dst, blk, 6);              /* d, sc[4] */
-                memcpy(dst + 8, blk + 6, TN_VQ_NV); /* qs[64]   */
-            }
-        }
-        w->data = dupload(g, buf, w->row_bytes * (size_t)m, &ok);
-        w->grid = dupload(g, cbf, sizeof(float) * TN_VQ_CB_BYTES, &ok);
-        tn_free(buf), tn_free(cbf);
-        return ok ? TERN_OK : tn_err_prefix(TERN_ERR_NOMEM, "cuda: tensor '%s'", t->name);
-    }
-    if (w->kind == TN_CW_IQ4_NL || w->kind == TN_CW_MXFP4) { /* a row: its blocks' codes, then their scales */
-        const size_t hdr = w->kind == TN_CW_IQ4_NL ? 2 : 1, bb = hdr + 16; /* iq4_nl: d, qs[16]; mxfp4: e, qs[16] */
-        const int64_t nb = k / 32;
-        w->row_bytes = ((size_t)nb * bb + 15) / 16 * 16;
-        uint8_t *buf = tn_calloc((size_t)m, w->row_bytes);
-        if (!buf) return tn_err(TERN_ERR_NOMEM, "cuda: out of host memory rearranging '%s'", t->name);
-        for (int64_t r = 0; r < m; r++) {
-            const uint8_t *src = (const uint8_t *)t->data + (size_t)(r * nb) * bb;
-            uint8_t *dst = buf + (size_t)r * w->row_bytes;
-            for (int64_t b = 0; b < nb; b++) {
-                memcpy(dst + b * 16, src + (size_t)b * bb + hdr, 16);
-                memcpy(dst + nb * 16 + b * (int64_t)hdr, src + (size_t)b * bb, hdr);
-            }
-        }
-        w->data = dupload(g, buf, w->row_bytes * (size_t)m, &ok);
-        tn_free(buf);
-        return ok ? TERN_OK : tn_err_prefix(TERN_ERR_NOMEM, "cuda: tensor '%s'", t->name);
-    }
-    if (!tn_cw_is_code(w->kind)) {
-        if (w->kind >= TN_CW_IQ2_XXS && w->kind <= TN_CW_IQ1_M && !(w->grid = iq_grid(g, w->kind, &ok)))
-            return tn_err_prefix(TERN_ERR_NOMEM, "cuda: the grid of '%s'", t->name);
-        w->row_bytes = tn_dtype_row_size(t->type, k);
-        w->data = dupload(g, t->data, w->row_bytes * (size_t)m, &ok);
-        return ok ? TERN_OK : tn_err_prefix(TERN_ERR_NOMEM, "cuda: tensor '%s'", t->name);
-    }
-    /* split layout: headers out into d (and mn), codes back to back */
-    w->bits = tp.bits;
-    w->group = tp.group;
-    w->asym = tp.asym;
-    const int64_t nb = k / tp.group;
-    const size_t hdr = tp.asym ? 4 : 2, cb = (size_t)tp.group * (size_t)tp.bits / 8;
-    /* q5_0 / q5_1 store qh[4] before qs[16]; tq5's planes are the 4-bit one first */
-    const bool q5 = t->type == TN_Q5_0 || t->type == TN_Q5_1;
-    const size_t bb = hdr + cb, rb_file = (size_t)nb * bb;
-    w->row_bytes = (size_t)nb * cb;
-    uint8_t *codes = tn_malloc((size_t)m * w->row_bytes);
-    uint16_t *d = tn_malloc((size_t)(m * nb) * 2), *mn = tp.asym ? tn_malloc((size_t)(m * nb) * 2) : NULL;
-    if (!codes || !d || (tp.asym && !mn)) {
-        tn_free(codes), tn_free(d), tn_free(mn);
-        return tn_err(TERN_ERR_NOMEM, "cuda: out of host memory splitting '%s'", t->name);
-    }
-    for (int64_t r = 0; r < m; r++) {
-        const uint8_t *src = (const uint8_t *)t->data + (size_t)r * rb_file;
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *blk = src + (size_t)b * bb;
-            memcpy(&d[r * nb + b], blk, 2);
-            if (tp.asym) memcpy(&mn[r * nb + b], blk + 2, 2);
-            uint8_t *dst = codes + (size_t)r * w->row_bytes + (size_t)b * cb;
-            if (q5) memcpy(dst, blk + hdr + 4, 16), memcpy(dst + 16, blk + hdr, 4);
-            else memcpy(dst, blk + hdr, cb);
-        }
-    }
-    w->data = dupload(g, codes, (size_t)m * w->row_bytes, &ok);
-    w->d = dupload(g, d, (size_t)(m * nb) * 2, &ok);
-    if (tp.asym) w->mn = dupload(g, mn, (size_t)(m * nb) * 2, &ok);
-    tn_free(codes), tn_free(d), tn_free(mn);
-    return ok ? TERN_OK : tn_err_prefix(TERN_ERR_NOMEM, "cuda: tensor '%s'", t->name);
-}
-
-static float *upload_f32(tn_cuda_ctx *g, const tn_tensor *t, bool *ok) {
-    if (!t->data) return NULL;
-    if (t->type != TN_F32) {
-        *ok = false;
-        tn_err(TERN_ERR_UNSUPPORTED, "cuda: tensor '%s' must be f32", t->name);
-        return NULL;
-    }
-    return dupload(g, t->data, t->nbytes, ok);
-}
-
-/* Matrices a, b[, c] of one type and row length as one matrix of their rows stacked (file bytes
- * concatenated), uploaded; false (nothing uploaded) when their types or row lengths differ. */
-static tern_status upload_stacked(tn_cuda_ctx *g, const tn_tensor *const *ts, int nt, tn_cw *w, bool *fused) {
-    *fused = false;
-    size_t bytes = 0;
-    int64_t rows = 0;
-    if (tn_vq_is(ts[0]->type)) return TERN_OK; /* a codebook each: uploaded apart */
-    for (int i = 0; i < nt; i++) {
-        if (ts[i]->type != ts[0]->type || ts[i]->ne[0] != ts[0]->ne[0]) return TERN_OK;
-        bytes += ts[i]->nbytes;
-        rows += ts[i]->ne[1];
-    }
-    uint8_t *buf = tn_malloc(bytes);
-    if (!buf) return TERN_OK; /* no host memory for the copy: upload them apart */
-    size_t off = 0;
-    for (int i = 0; i < nt; i++) memcpy(buf + off, ts[i]->data, ts[i]->nbytes), off += ts[i]->nbytes;
-    tn_tensor T = *ts[0];
-    T.ne[1] = rows;
-    T.data = buf;
-    T.nbytes = bytes;
-    tern_status s = upload_weight(g, &T, w);
-    tn_free(buf);
-    *fused = s == TERN_OK;
-    return s;
-}
-
-/* A 3-D expert matrix [n_expert][rows][k] as one matrix of every expert's rows; with b (up beside
- * gate a, of the same type and row length) interleaved per expert into *ab (expert e's a rows then
- * its b rows: one gate|up matrix per expert, as a dense layer's gu) and *fused set; otherwise a into
- * *wa (or *ab when b is NULL) and b into *wb. */
-static tern_status upload_experts(tn_cuda_ctx *g, const tn_tensor *a, const tn_tensor *b, tn_cw *ab, tn_cw *wa, tn_cw *wb, bool *fused) {
-    const int64_t ne = a->ne[2] > 0 ? a->ne[2] : 1;
-    if (b) {
-        tn_tensor *v = tn_malloc(sizeof *v * (size_t)(2 * ne));
-        const tn_tensor **ts = tn_malloc(sizeof *ts * (size_t)(2 * ne));
-        tern_status s = TERN_OK;
-        if (!v || !ts) s = tn_err(TERN_ERR_NOMEM, "cuda: out of host memory");
-        for (int64_t e = 0; !s && e < ne; e++) {
-            v[2 * e] = tn_expert_view(a, e), v[2 * e + 1] = tn_expert_view(b, e);
-            ts[2 * e] = &v[2 * e], ts[2 * e + 1] = &v[2 * e + 1];
-        }
-        if (!s) s = upload_stacked(g, ts, (int)(2 * ne), ab, fused);
-        tn_free(v);
-        tn_free(ts);
-        if (s || *fused) return s;
-    }
-    tn_tensor T = *a;
-    T.ne[1] = a->ne[1] * ne, T.ne[2] = 1;
-    tern_status s = upload_weight(g, &T, b ? wa : ab);
-    if (s || !b) return s;
-    T = *b;
-    T.ne[1] = b->ne[1] * (b->ne[2] > 0 ? b->ne[2] : 1), T.ne[2] = 1;
-    return upload_weight(g, &T, wb);
-}
-
-/* Rows r0 .. r0 + nr - 1 of w as a matrix of their own (an expert of a stacked expert matrix). */
-static tn_cw cw_rows(const tn_cw *w, int64_t r0, int64_t nr) {
-    tn_cw v = *w;
-    v.m = nr;
-    v.data = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
-    if (tn_cw_is_code(w->kind)) {
-        const int64_t nbr = w->k / w->group;
-        v.d = w->d + r0 * nbr;
-        if (w->mn) v.mn = w->mn + r0 * nbr;
-    }
-    return v;
-}
 
 /* ---- context ------------------------------------------------------------------------------------ */
 
@@ -616,8 +171,8 @@ static void persist_setup(tn_cuda_ctx *g, const tern_ctx *c, bool *ok) {
                   ws[i]->m == w0[i]->m && ws[i]->k == w0[i]->k;
     }
     if (fit) {
-        g->d_bar = dalloc(g, 2 * sizeof(unsigned), ok);
-        g->d_players = dupload(g, P, sizeof *P * (size_t)g->n_layers, ok);
+        g->d_bar = tn_cuda_dalloc(g, 2 * sizeof(unsigned), ok);
+        g->d_players = tn_cuda_dupload(g, P, sizeof *P * (size_t)g->n_layers, ok);
         if (*ok) cudaMemset(g->d_bar, 0, 2 * sizeof(unsigned));
         g->h_player0 = P[0];
         const tn_cu_persist_args a = persist_args(g, c);
@@ -647,22 +202,28 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
     const tern_model *m = c->model;
     const tn_hparams *hp = &c->hp;
     if (ngl < 0 || ngl > hp->n_layer) ngl = hp->n_layer;
-    if (hp->head_dim > 256) return tn_err(TERN_ERR_UNSUPPORTED, "cuda: head size %d above 256", hp->head_dim);
+    const bool mla = hp->family && hp->family->mla;
+    if (hp->head_dim > 256 && !mla) return tn_err(TERN_ERR_UNSUPPORTED, "cuda: head size %d above 256", hp->head_dim);
+    /* latent attention: rows [c | k_pe] of at most 1024 values (deepseek V2 / V3: 576), whole blocks
+     * of 32 (f16: of 8) */
+    const int64_t mla_row = mla ? tn_hp_mla_kv(hp) : 0;
+    if (mla && (mla_row > 1024 || mla_row % (cut[0] == TN_CU_KV_F16 ? 8 : 32) != 0 || hp->n_rot % 2 != 0 ||
+                hp->head_dim < hp->n_rot || hp->v_head < 1))
+        return tn_err(TERN_ERR_UNSUPPORTED, "cuda: latent attention rows of %lld values (%d rotated, heads of %d) do not fit the GPU's kernel "
+                      "(at most 1024, whole blocks of 32); run it on the CPU", (long long)mla_row, hp->n_rot, hp->head_dim);
     /* the block the GPU runs: llama's, with qwen2's biases, qwen3's and gemma3's per-head q/k norms,
      * smollm3's NoPE layers, gemma's GeGLU, post norms, sliding windows and soft caps, phi3's fused
-     * matrices (bound as row slices) and LongRoPE (the host's RoPE tables); the rest is refused */
-    if (hp->family && hp->family->mla) /* its latent KV cache and absorbed projections are CPU-only */
-        return tn_err(TERN_ERR_UNSUPPORTED, "cuda: architecture %s (multi-head latent attention) does not run on the GPU yet; "
-                      "run it on the CPU", hp->family->name);
+     * matrices (bound as row slices) and LongRoPE (the host's RoPE tables), deepseek2's latent
+     * attention; the rest is refused */
     const bool arch_ok = hp->arch == TN_ARCH_LLAMA || hp->arch == TN_ARCH_QWEN2 || hp->arch == TN_ARCH_QWEN3 ||
                          hp->arch == TN_ARCH_SMOLLM3 || hp->arch == TN_ARCH_GEMMA3 || hp->arch == TN_ARCH_GEMMA2 ||
                          hp->arch == TN_ARCH_PHI3 || hp->arch == TN_ARCH_QWEN3MOE || hp->arch == TN_ARCH_QWEN2MOE ||
-                         hp->arch == TN_ARCH_GPT_OSS || hp->arch == TN_ARCH_OLMOE;
+                         hp->arch == TN_ARCH_GPT_OSS || hp->arch == TN_ARCH_OLMOE || hp->arch == TN_ARCH_DEEPSEEK2;
     if (!arch_ok ||
         (hp->ffn != TN_FFN_SWIGLU && hp->ffn != TN_FFN_GEGLU && hp->ffn != TN_FFN_SWIGLU_OAI))
         return tn_err(TERN_ERR_UNSUPPORTED,
                       "cuda: architecture %s does not run on the GPU yet (llama, qwen2, qwen3, smollm3, gemma2, gemma3, phi3, qwen3moe, "
-                      "qwen2moe, gpt-oss, olmoe do); "
+                      "qwen2moe, gpt-oss, olmoe, deepseek2 do); "
                       "run it on the CPU",
                       hp->family ? hp->family->name : "?");
     tn_cuda_ctx *g = tn_calloc(1, sizeof *g);
@@ -694,20 +255,37 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
         const tn_tensor *R = L->w;
         const tn_tensor *ts[W_N] = {&R[TN_ROLE_ATTN_Q],   &R[TN_ROLE_ATTN_K], &R[TN_ROLE_ATTN_V], &R[TN_ROLE_ATTN_OUT],
                                     &R[TN_ROLE_FFN_GATE], &R[TN_ROLE_FFN_UP], &R[TN_ROLE_FFN_DOWN]};
-        /* a block the GPU path does not run yet is refused by name, not computed wrongly */
-        static const int unsupported[] = {TN_ROLE_FFN_EXP_PROBS_B};
-        for (size_t u = 0; u < sizeof unsupported / sizeof unsupported[0]; u++)
-            if (R[unsupported[u]].data) {
-                s = tn_err(TERN_ERR_UNSUPPORTED, "cuda: tensor '%s' (%s): this block is not on the GPU yet; run on the CPU",
-                           R[unsupported[u]].name, tn_roles[unsupported[u]].name);
+        G->mla = mla;
+        if (mla) { /* latent attention's matrices (k_b, v_b: a matrix of every head's rows, as experts) */
+            if (hp->n_lora_q > 0) {
+                if ((s = tn_cuda_upload_weight(g, &R[TN_ROLE_ATTN_Q_A], &G->q_a)) ||
+                    (s = tn_cuda_upload_weight(g, &R[TN_ROLE_ATTN_Q_LB], &G->q_b)))
+                    goto fail;
+                G->q_a_norm = tn_cuda_upload_f32(g, &R[TN_ROLE_ATTN_Q_A_NORM], &ok);
+                max_k = TN_MAX(max_k, G->q_b.k);
+                max_mk = TN_MAX(max_mk, TN_MAX(G->q_a.m * G->q_a.k, G->q_b.m * G->q_b.k));
+            }
+            if ((s = tn_cuda_upload_weight(g, &R[TN_ROLE_ATTN_KV_A_MQA], &G->kv_a)) ||
+                (s = tn_cuda_upload_experts(g, &R[TN_ROLE_ATTN_K_B_MLA], NULL, &G->k_b, NULL, NULL, NULL)) ||
+                (s = tn_cuda_upload_experts(g, &R[TN_ROLE_ATTN_V_B_MLA], NULL, &G->v_b, NULL, NULL, NULL)))
+                goto fail;
+            G->kv_a_norm = tn_cuda_upload_f32(g, &R[TN_ROLE_ATTN_KV_A_NORM], &ok);
+            /* the per-head products' activations: every head's rows of a batch at once */
+            max_k = TN_MAX(max_k, (int64_t)hp->n_head * TN_MAX(G->k_b.k, G->v_b.k));
+            max_mk = TN_MAX(max_mk, TN_MAX(G->kv_a.m * G->kv_a.k, TN_MAX(G->k_b.m * G->k_b.k, G->v_b.m * G->v_b.k)));
+            if (G->k_b.m != (int64_t)hp->n_head * hp->n_lora_kv || G->k_b.k != hp->head_dim - hp->n_rot ||
+                G->v_b.m != (int64_t)hp->n_head * hp->v_head || G->v_b.k != hp->n_lora_kv || G->kv_a.m != mla_row) {
+                s = tn_err(TERN_ERR_FORMAT, "cuda: layer %d: latent attention matrices of unexpected shapes", il);
                 goto fail;
             }
-        if ((s = upload_stacked(g, ts, 3, &G->qkv, &G->fused_qkv))) goto fail;
+        } else if ((s = tn_cuda_upload_stacked(g, ts, 3, &G->qkv, &G->fused_qkv))) {
+            goto fail;
+        }
         G->moe = tn_layer_moe(L);
         if (G->moe) { /* the router, the experts, a shared expert; no dense gate, up, down */
-            if ((s = upload_weight(g, &R[TN_ROLE_FFN_GATE_INP], &G->router)) ||
-                (s = upload_experts(g, &R[TN_ROLE_FFN_GATE_EXPS], &R[TN_ROLE_FFN_UP_EXPS], &G->egu, &G->eg, &G->eu, &G->fused_egu)) ||
-                (s = upload_experts(g, &R[TN_ROLE_FFN_DOWN_EXPS], NULL, &G->edown, NULL, NULL, NULL)))
+            if ((s = tn_cuda_upload_weight(g, &R[TN_ROLE_FFN_GATE_INP], &G->router)) ||
+                (s = tn_cuda_upload_experts(g, &R[TN_ROLE_FFN_GATE_EXPS], &R[TN_ROLE_FFN_UP_EXPS], &G->egu, &G->eg, &G->eu, &G->fused_egu)) ||
+                (s = tn_cuda_upload_experts(g, &R[TN_ROLE_FFN_DOWN_EXPS], NULL, &G->edown, NULL, NULL, NULL)))
                 goto fail;
             const int64_t ffe = hp->n_ff_exp;
             const tn_tensor *gb = &R[TN_ROLE_FFN_GATE_EXPS_B], *ub = &R[TN_ROLE_FFN_UP_EXPS_B], *db = &R[TN_ROLE_FFN_DOWN_EXPS_B];
@@ -729,36 +307,37 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
                         memcpy(bb + 2 * ffe * e, (const float *)gb->data + ffe * e, sizeof(float) * (size_t)ffe);
                         memcpy(bb + 2 * ffe * e + ffe, (const float *)ub->data + ffe * e, sizeof(float) * (size_t)ffe);
                     }
-                    G->egu_b = dupload(g, bb, sizeof(float) * (size_t)(2 * ffe * ne), &ok);
+                    G->egu_b = tn_cuda_dupload(g, bb, sizeof(float) * (size_t)(2 * ffe * ne), &ok);
                     tn_free(bb);
                 } else {
-                    G->eg_b = upload_f32(g, gb, &ok);
-                    G->eu_b = upload_f32(g, ub, &ok);
+                    G->eg_b = tn_cuda_upload_f32(g, gb, &ok);
+                    G->eu_b = tn_cuda_upload_f32(g, ub, &ok);
                 }
-                G->edown_b = upload_f32(g, db, &ok);
+                G->edown_b = tn_cuda_upload_f32(g, db, &ok);
             }
-            G->brouter = upload_f32(g, &R[TN_ROLE_FFN_GATE_INP_B], &ok);
+            G->brouter = tn_cuda_upload_f32(g, &R[TN_ROLE_FFN_GATE_INP_B], &ok);
             max_k = TN_MAX(max_k, ffe);
             /* an expert's gate|up (2 ffe rows of n_embd) as the largest matrix cuBLAS gets in one piece */
             max_mk = TN_MAX(max_mk, TN_MAX(2 * ffe * hp->n_embd, G->router.m * G->router.k));
             G->shexp = tn_layer_shexp(L);
             if (G->shexp) {
                 const tn_tensor *sh[3] = {&R[TN_ROLE_FFN_GATE_SHEXP], &R[TN_ROLE_FFN_UP_SHEXP], &R[TN_ROLE_FFN_DOWN_SHEXP]};
-                if ((s = upload_stacked(g, sh, 2, &G->sgu, &G->fused_sgu))) goto fail;
-                if ((!G->fused_sgu && ((s = upload_weight(g, sh[0], &G->sg)) || (s = upload_weight(g, sh[1], &G->su)))) ||
-                    (s = upload_weight(g, sh[2], &G->sdown)))
+                if ((s = tn_cuda_upload_stacked(g, sh, 2, &G->sgu, &G->fused_sgu))) goto fail;
+                if ((!G->fused_sgu && ((s = tn_cuda_upload_weight(g, sh[0], &G->sg)) || (s = tn_cuda_upload_weight(g, sh[1], &G->su)))) ||
+                    (s = tn_cuda_upload_weight(g, sh[2], &G->sdown)))
                     goto fail;
                 max_k = TN_MAX(max_k, G->sdown.k);
                 max_mk = TN_MAX(max_mk, TN_MAX(2 * G->sdown.m * G->sdown.k, G->sdown.m * G->sdown.k));
-                G->sgate = upload_f32(g, &R[TN_ROLE_FFN_GATE_INP_SHEXP], &ok);
+                G->sgate = tn_cuda_upload_f32(g, &R[TN_ROLE_FFN_GATE_INP_SHEXP], &ok);
             }
-        } else if ((s = upload_stacked(g, ts + W_GATE, 2, &G->gu, &G->fused_gu))) {
+        } else if ((s = tn_cuda_upload_stacked(g, ts + W_GATE, 2, &G->gu, &G->fused_gu))) {
             goto fail;
         }
         for (int i = 0; i < W_N; i++) {
             if ((i <= W_V && G->fused_qkv) || ((i == W_GATE || i == W_UP) && G->fused_gu)) continue;
+            if (mla && (i == W_K || i == W_V || (i == W_Q && hp->n_lora_q > 0))) continue;
             if (i >= W_GATE && G->moe) continue;
-            if ((s = upload_weight(g, ts[i], &G->w[i]))) goto fail;
+            if ((s = tn_cuda_upload_weight(g, ts[i], &G->w[i]))) goto fail;
             max_k = TN_MAX(max_k, G->w[i].k);
             max_mk = TN_MAX(max_mk, G->w[i].m * G->w[i].k);
         }
@@ -773,29 +352,29 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
                 goto fail;
             }
             memcpy(bb, bq->data, nq), memcpy((uint8_t *)bb + nq, bk->data, nk), memcpy((uint8_t *)bb + nq + nk, bv->data, nv);
-            G->bqkv = dupload(g, bb, nq + nk + nv, &ok);
+            G->bqkv = tn_cuda_dupload(g, bb, nq + nk + nv, &ok);
             tn_free(bb);
         } else if (G->fused_qkv && (bq->data || bk->data || bv->data)) {
             s = tn_err(TERN_ERR_UNSUPPORTED, "cuda: layer %d has biases on some of q, k, v only", il);
             goto fail;
         }
-        G->attn_norm = upload_f32(g, &R[TN_ROLE_ATTN_NORM], &ok);
-        G->ffn_norm = upload_f32(g, &R[TN_ROLE_FFN_NORM], &ok);
-        G->bq = upload_f32(g, bq, &ok);
-        G->bk = upload_f32(g, bk, &ok);
-        G->bv = upload_f32(g, bv, &ok);
-        G->q_norm = upload_f32(g, &R[TN_ROLE_ATTN_Q_NORM], &ok); /* qwen3: per-head RMSNorm of q and k */
-        G->k_norm = upload_f32(g, &R[TN_ROLE_ATTN_K_NORM], &ok);
+        G->attn_norm = tn_cuda_upload_f32(g, &R[TN_ROLE_ATTN_NORM], &ok);
+        G->ffn_norm = tn_cuda_upload_f32(g, &R[TN_ROLE_FFN_NORM], &ok);
+        G->bq = tn_cuda_upload_f32(g, bq, &ok);
+        G->bk = tn_cuda_upload_f32(g, bk, &ok);
+        G->bv = tn_cuda_upload_f32(g, bv, &ok);
+        G->q_norm = tn_cuda_upload_f32(g, &R[TN_ROLE_ATTN_Q_NORM], &ok); /* qwen3: per-head RMSNorm of q and k */
+        G->k_norm = tn_cuda_upload_f32(g, &R[TN_ROLE_ATTN_K_NORM], &ok);
         G->qk_full = hp->family && hp->family->qk_norm_full;
-        G->attn_post_norm = upload_f32(g, &R[TN_ROLE_ATTN_POST_NORM], &ok); /* gemma (gpt-oss's is its ffn_norm: llama.c) */
-        G->sinks = upload_f32(g, &R[TN_ROLE_ATTN_SINKS], &ok); /* gpt-oss */
-        G->bo = upload_f32(g, &R[TN_ROLE_ATTN_OUT_B], &ok);
-        G->ffn_post_norm = upload_f32(g, &R[TN_ROLE_FFN_POST_NORM], &ok);
+        G->attn_post_norm = tn_cuda_upload_f32(g, &R[TN_ROLE_ATTN_POST_NORM], &ok); /* gemma (gpt-oss's is its ffn_norm: llama.c) */
+        G->sinks = tn_cuda_upload_f32(g, &R[TN_ROLE_ATTN_SINKS], &ok); /* gpt-oss */
+        G->bo = tn_cuda_upload_f32(g, &R[TN_ROLE_ATTN_OUT_B], &ok);
+        G->ffn_post_norm = tn_cuda_upload_f32(g, &R[TN_ROLE_FFN_POST_NORM], &ok);
     }
     if (ok && g->has_output) {
-        if ((s = upload_weight(g, &m->output, &g->output))) goto fail;
+        if ((s = tn_cuda_upload_weight(g, &m->output, &g->output))) goto fail;
         max_mk = TN_MAX(max_mk, g->output.m * g->output.k);
-        g->output_norm = upload_f32(g, &m->output_norm, &ok);
+        g->output_norm = tn_cuda_upload_f32(g, &m->output_norm, &ok);
     }
     const int64_t nb = c->n_batch, d = hp->n_embd, qd = (int64_t)hp->n_head * hp->head_dim;
     const int64_t kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
@@ -805,29 +384,41 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
     const int64_t wide = TN_MAX(TN_MAX(d, qd), ff);
     /* batches routed on the GPU: every (token, slot) pair's gate|up rows and their q8 blocks at once */
     const int64_t pairs_ff = moe ? nb * hp->n_expert_used * hp->n_ff_exp : 0;
-    g->x = dalloc(g, (size_t)(nb * d) * 4, &ok);
-    g->xb = dalloc(g, (size_t)(nb * wide) * 4, &ok);
-    g->q = dalloc(g, (size_t)(nb * (qd + 2 * kv_dim)) * 4, &ok); /* q, k, v side by side when fused */
-    g->k = dalloc(g, (size_t)(nb * kv_dim) * 4, &ok);
-    g->v = dalloc(g, (size_t)(nb * kv_dim) * 4, &ok);
-    g->att = dalloc(g, (size_t)(nb * qd) * 4, &ok);
-    g->hb = dalloc(g, (size_t)TN_MAX(nb * 2 * ff, 2 * pairs_ff) * 4, &ok); /* gate and up side by side when fused */
-    g->hb2 = dalloc(g, (size_t)TN_MAX(nb * ff, pairs_ff) * 4, &ok);
-    if (g->has_output) g->logits = dalloc(g, (size_t)c->n_logits_cap * (size_t)hp->n_vocab * 4, &ok);
+    g->x = tn_cuda_dalloc(g, (size_t)(nb * d) * 4, &ok);
+    g->xb = tn_cuda_dalloc(g, (size_t)(nb * wide) * 4, &ok);
+    g->q = tn_cuda_dalloc(g, (size_t)(nb * (qd + 2 * kv_dim)) * 4, &ok); /* q, k, v side by side when fused */
+    g->k = tn_cuda_dalloc(g, (size_t)(nb * kv_dim) * 4, &ok);
+    g->v = tn_cuda_dalloc(g, (size_t)(nb * kv_dim) * 4, &ok);
+    g->att = tn_cuda_dalloc(g, (size_t)(nb * TN_MAX(qd, mla ? (int64_t)hp->n_head * hp->v_head : 0)) * 4, &ok);
+    if (mla) { /* latent attention's scratch, and the per-head products' heads (pair p: head p % n_head) */
+        const int64_t units = nb * hp->n_head;
+        g->mq = tn_cuda_dalloc(g, (size_t)(units * mla_row) * 4, &ok);
+        g->mo = tn_cuda_dalloc(g, (size_t)(units * hp->n_lora_kv) * 4, &ok);
+        g->ma = tn_cuda_dalloc(g, (size_t)(nb * TN_MAX(hp->n_lora_q, 1)) * 4, &ok);
+        g->mkv = tn_cuda_dalloc(g, (size_t)(nb * mla_row) * 4, &ok);
+        int32_t *hs = tn_malloc(sizeof(int32_t) * (size_t)units);
+        if (!hs) ok = false, tn_err(TERN_ERR_NOMEM, "cuda: out of host memory");
+        for (int64_t p = 0; ok && p < units; p++) hs[p] = (int32_t)(p % hp->n_head);
+        if (ok) g->msel = tn_cuda_dupload(g, hs, sizeof(int32_t) * (size_t)units, &ok);
+        tn_free(hs);
+    }
+    g->hb = tn_cuda_dalloc(g, (size_t)TN_MAX(nb * 2 * ff, 2 * pairs_ff) * 4, &ok); /* gate and up side by side when fused */
+    g->hb2 = tn_cuda_dalloc(g, (size_t)TN_MAX(nb * ff, pairs_ff) * 4, &ok);
+    if (g->has_output) g->logits = tn_cuda_dalloc(g, (size_t)c->n_logits_cap * (size_t)hp->n_vocab * 4, &ok);
     if (moe) {
         const int64_t R = nb * hp->n_expert_used;
-        g->rl = dalloc(g, (size_t)(nb * hp->n_expert) * 4, &ok);
-        g->xg = dalloc(g, (size_t)(R * d) * 4, &ok);
-        g->ey = dalloc(g, (size_t)(R * d) * 4, &ok);
-        g->d_moe = dalloc(g, (size_t)(4 * R) * 4, &ok); /* tok, row, w (host routing) or sel (GPU routing) */
+        g->rl = tn_cuda_dalloc(g, (size_t)(nb * hp->n_expert) * 4, &ok);
+        g->xg = tn_cuda_dalloc(g, (size_t)(R * d) * 4, &ok);
+        g->ey = tn_cuda_dalloc(g, (size_t)(R * d) * 4, &ok);
+        g->d_moe = tn_cuda_dalloc(g, (size_t)(4 * R) * 4, &ok); /* tok, row, w (host routing) or sel (GPU routing) */
     }
     const int64_t xq_n = TN_MAX(nb * max_k, pairs_ff);
-    g->xq.q = dalloc(g, (size_t)xq_n, &ok);
-    g->xq.d = dalloc(g, (size_t)(xq_n / 32) * 4, &ok);
-    g->xq.s = dalloc(g, (size_t)(xq_n / 32) * 4, &ok);
+    g->xq.q = tn_cuda_dalloc(g, (size_t)xq_n, &ok);
+    g->xq.d = tn_cuda_dalloc(g, (size_t)(xq_n / 32) * 4, &ok);
+    g->xq.s = tn_cuda_dalloc(g, (size_t)(xq_n / 32) * 4, &ok);
     if (nb > TN_CU_GEMV_MAXN) { /* float-path types (and TERN_CUDA_PREFILL=cublas) above 8 tokens */
-        g->xh = dalloc(g, (size_t)(nb * max_k) * 2, &ok);
-        g->wh = dalloc(g, (size_t)max_mk * 2, &ok);
+        g->xh = tn_cuda_dalloc(g, (size_t)(nb * max_k) * 2, &ok);
+        g->wh = tn_cuda_dalloc(g, (size_t)max_mk * 2, &ok);
         g->wh_elems = max_mk;
     }
     /* the cache in the context's types: rows of c->k_rb / c->v_rb bytes, as the CPU's */
@@ -845,8 +436,8 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
                                                                  : c->kv_rows);
     }
     const size_t kv_rows_all = (size_t)g->loff[ngl];
-    g->Kc = dalloc(g, kv_rows_all * c->k_rb, &ok);
-    g->Vc = dalloc(g, kv_rows_all * c->v_rb, &ok);
+    g->Kc = tn_cuda_dalloc(g, kv_rows_all * c->k_rb, &ok);
+    g->Vc = tn_cuda_dalloc(g, kv_rows_all * c->v_rb, &ok);
     if (ok) {
         cudaMemset(g->Kc, 0, kv_rows_all * c->k_rb);
         cudaMemset(g->Vc, 0, kv_rows_all * c->v_rb);
@@ -855,15 +446,15 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
     if (c->kc_bits) { /* per-channel K: each sequence's newest keys in f16, as the CPU's windows */
         g->kv.kc_w = (int)c->kc_w;
         const size_t wb = (size_t)ngl * kw_layer(c) * 2;
-        g->Kw = dalloc(g, wb, &ok);
+        g->Kw = tn_cuda_dalloc(g, wb, &ok);
         if (ok) cudaMemset(g->Kw, 0, wb);
     }
-    if (c->rot_k || c->rot_v) g->kv.rot_sign = dupload(g, c->rot_sign, (size_t)hp->head_dim * sizeof(float), &ok);
+    if (c->rot_k || c->rot_v) g->kv.rot_sign = tn_cuda_dupload(g, c->rot_sign, (size_t)hp->head_dim * sizeof(float), &ok);
     g->tbl_cap = (int64_t)nb * (c->kv_blocks + 1) * (c->kv_swa_blocks ? 2 : 1); /* (and the window pool's tables) */
-    g->d_ints = dalloc(g, (size_t)ints_needed(c, g->tbl_cap) * 4, &ok);
-    g->d_cs = dalloc(g, (size_t)(nb * hp->n_rot) * 4, &ok);
-    if (hp->n_swa > 0) g->d_cs_swa = dalloc(g, (size_t)(nb * hp->n_rot) * 4, &ok);
-    g->d_cnt = dalloc(g, sizeof(int), &ok);
+    g->d_ints = tn_cuda_dalloc(g, (size_t)ints_needed(c, g->tbl_cap) * 4, &ok);
+    g->d_cs = tn_cuda_dalloc(g, (size_t)(nb * hp->n_rot) * 4, &ok);
+    if (hp->n_swa > 0) g->d_cs_swa = tn_cuda_dalloc(g, (size_t)(nb * hp->n_rot) * 4, &ok);
+    g->d_cnt = tn_cuda_dalloc(g, sizeof(int), &ok);
     if (ok) cudaMemset(g->d_cnt, 0, sizeof(int));
     g->att_max = env_int("TERN_CUDA_ATTN_SPLIT", 0);
     g->att_tile = env_int("TERN_CUDA_ATTN_TILE", 1) != 0;
@@ -872,8 +463,8 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
     if (g->att_max != 1 && g->asched.kmax > 1) { /* partials of up to TN_CU_ATT_SPREAD tokens' heads */
         g->asched.tokens = (int)TN_MIN(nb, TN_CU_ATT_SPREAD);
         const int64_t units = (int64_t)g->asched.tokens * hp->n_head;
-        g->asched.part = dalloc(g, (size_t)(units * g->asched.kmax * (hp->head_dim + 2)) * 4, &ok);
-        g->asched.cnt = dalloc(g, (size_t)units * sizeof(int), &ok);
+        g->asched.part = tn_cuda_dalloc(g, (size_t)(units * g->asched.kmax * (hp->head_dim + 2)) * 4, &ok);
+        g->asched.cnt = tn_cuda_dalloc(g, (size_t)units * sizeof(int), &ok);
         if (ok) cudaMemset(g->asched.cnt, 0, (size_t)units * sizeof(int));
     }
     if (!ok) {
@@ -1190,9 +781,9 @@ static void moe_ffn(tn_cuda_ctx *g, tern_ctx *c, int32_t il, int64_t n, int act)
             const int64_t r0 = off[e], nr = off[e + 1] - off[e];
             if (nr == 0) continue;
             fresh(g); /* xg's rows: new contents at addresses used before */
-            const tn_cw gu = L->fused_egu ? cw_rows(&L->egu, 2 * ffe * e, 2 * ffe) : (tn_cw){0};
-            const tn_cw eg = L->fused_egu ? gu : cw_rows(&L->eg, ffe * e, ffe), eu = L->fused_egu ? gu : cw_rows(&L->eu, ffe * e, ffe);
-            const tn_cw dn = cw_rows(&L->edown, d * e, d);
+            const tn_cw gu = L->fused_egu ? tn_cuda_cw_rows(&L->egu, 2 * ffe * e, 2 * ffe) : (tn_cw){0};
+            const tn_cw eg = L->fused_egu ? gu : tn_cuda_cw_rows(&L->eg, ffe * e, ffe), eu = L->fused_egu ? gu : tn_cuda_cw_rows(&L->eu, ffe * e, ffe);
+            const tn_cw dn = tn_cuda_cw_rows(&L->edown, d * e, d);
             /* gpt-oss: the expert's biases */
             const float *b = L->egu_b ? L->egu_b + 2 * ffe * e : L->eg_b ? L->eg_b + ffe * e : NULL;
             const float *h = ffn_glu(g, L->fused_egu ? &gu : NULL, &eg, &eu, b, L->eu_b ? L->eu_b + ffe * e : NULL, &dn,
@@ -1208,6 +799,72 @@ static void moe_ffn(tn_cuda_ctx *g, tern_ctx *c, int32_t il, int64_t n, int act)
         CKL("gate_add", tn_cu_gate_add(g->x, g->ey, g->xb, L->sgate, n, d, g->st));
         fresh(g);
     }
+}
+
+/* The matrix that reads a layer's normed input first (whose q8 blocks the norm writes where it
+ * reads them): q|k|v, q_a (latent attention with q's low rank), else Wq. */
+static const tn_cw *attn_in(const tn_cu_layer *L) { return L->fused_qkv ? &L->qkv : L->mla && L->q_a.data ? &L->q_a : &L->w[W_Q]; }
+
+/* Per-head products (latent attention's k_b and v_b): pair p = t H + h of n tokens, y[p ldy ..] =
+ * head h's rows of w (w->m / H of them, head after head) times x[p ldx ..] (w->k values). The
+ * expert GEMVs with pair p's expert h (one-token kernels: a pair's result does not depend on its
+ * batch), or for batches the GEMV kernels do not take, fp16 and a cuBLAS product per head. */
+static void mm_heads(tn_cuda_ctx *g, const char *label, const tn_cw *w, int H, const float *x, int64_t ldx, int64_t n, float *y,
+                     int64_t ldy) {
+    const int64_t rows = w->m / H, P = n * H, k = w->k;
+    if (use_gemv(g, w, n)) {
+        const int64_t chunk = 65535 / H * H; /* pairs a launch takes (g->msel's pattern restarts at every chunk) */
+        for (int64_t p0 = 0; p0 < P; p0 += chunk) {
+            const int64_t np = TN_MIN(chunk, P - p0);
+            if (tn_cw_is_code(w->kind)) CKL("quantize", tn_cu_quantize_q8(x + p0 * ldx, ldx, k, np, g->xq, g->st));
+            const tn_cu_ex ex = {g->msel, rows, 1, (int)np};
+            CKL(label, tn_cu_gemv_experts(w, &ex, x + p0 * ldx, ldx, &g->xq, y + p0 * ldy, ldy, NULL, NULL, NULL, g->st));
+        }
+        fresh(g);
+        return;
+    }
+    CKL("to_f16", tn_cu_f32_to_f16(x, ldx, k, P, g->xh, g->st));
+    const bool direct = w->kind == TN_CW_F16;
+    if (!direct) CKL("dequant_f16", tn_cu_dequant_f16(w, 0, w->m, g->wh, g->st));
+    const uint16_t *A = direct ? (const uint16_t *)w->data : g->wh;
+    const float alpha = 1.0f, beta = 0.0f;
+    for (int h = 0; h < H; h++) { /* head h: tokens' rows at xh + (t H + h) k, outputs at y + (t H + h) ldy */
+        const int pi = prof_begin(g, label);
+        cublasStatus_t bs = cublasGemmEx(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n, (int)k, &alpha, A + (size_t)(h * rows * k),
+                                         CUDA_R_16F, (int)k, g->xh + (size_t)h * (size_t)k, CUDA_R_16F, (int)(H * k), &beta,
+                                         y + (size_t)h * (size_t)ldy, CUDA_R_32F, (int)(H * ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        prof_end(g, pi);
+        if (bs != CUBLAS_STATUS_SUCCESS && !g->cuerr) g->cuerr = (int)cudaErrorLaunchFailure;
+    }
+    fresh(g);
+}
+
+/* Multi-head latent attention (deepseek2) of the n normed rows in xb into att [n][n_head v_head],
+ * the CPU's tn_blk_mla step for step: q (Wq, or q_b rmsnorm(q_a xb)); [c | k_pe] = kv_a xb with c
+ * normed; RoPE on k_pe and every head's q_pe, the row cached (tn_cu_mla_rope_store); each head's
+ * q_nope absorbed into latent space by its k_b; attention over the cached rows (tn_cu_attn_mla);
+ * each head's latent output through its v_b. */
+static void mla_attention(tn_cuda_ctx *g, const tern_ctx *c, const tn_cu_layer *L, int64_t n, uint8_t *Kc, const int32_t *d_pos,
+                          const int32_t *d_kvrow, const int32_t *d_toff, const int32_t *d_tbl) {
+    const tn_hparams *hp = &c->hp;
+    const int H = hp->n_head, hd = hp->head_dim, nr = hp->n_rot, R = hp->n_lora_kv;
+    const int64_t d = hp->n_embd, Lk = tn_hp_mla_kv(hp), qd = (int64_t)H * hd;
+    /* both products of xb first (one set of q8 blocks), then q's low-rank norm and q_b */
+    if (hp->n_lora_q > 0) mm(g, "q_a", &L->q_a, g->xb, d, n, g->ma, hp->n_lora_q, NULL, 0);
+    else mm(g, "qkv", &L->w[W_Q], g->xb, d, n, g->q, qd, NULL, 0);
+    mm(g, "kv_a", &L->kv_a, g->xb, d, n, g->mkv, Lk, NULL, 0);
+    fresh(g);
+    if (hp->n_lora_q > 0) {
+        CKL("norm", tn_cu_rmsnorm_rows(g->ma, hp->n_lora_q, n, hp->n_lora_q, L->q_a_norm, hp->rms_eps, g->st));
+        mm(g, "q_b", &L->q_b, g->ma, hp->n_lora_q, n, g->q, qd, NULL, 0);
+    }
+    CKL("norm", tn_cu_rmsnorm_rows(g->mkv, Lk, n, R, L->kv_a_norm, hp->rms_eps, g->st));
+    CKL("rope_store", tn_cu_mla_rope_store(g->q, qd, H, hd, hd - nr, g->mkv, Lk, R, nr, g->d_cs, hp->rope_mode == TN_ROPE_NEOX,
+                                           g->mq, Lk, n, d_kvrow, Kc, &g->kv, g->st));
+    fresh(g);
+    mm_heads(g, "k_b", &L->k_b, H, g->q, hd, n, g->mq, Lk); /* q_nope of head h: its first hd - nr values */
+    CKL("attention", tn_cu_attn_mla(g->mq, Lk, R, Kc, n, H, d_pos, d_toff, d_tbl, hp->attn_scale, g->mo, R, &g->kv, g->st));
+    mm_heads(g, "v_b", &L->v_b, H, g->mo, R, n, g->att, hp->v_head);
 }
 
 /* The layers on the GPU and, when it holds them all, the final norm and the logits of the n_out
@@ -1263,46 +920,50 @@ static void run_layers(tn_cuda_ctx *g, tern_ctx *c, int64_t n, int32_t n_out) {
         const int n_rot = tn_hp_layer_rope(hp, il) ? hp->n_rot : 0, window = swa ? hp->n_swa : 0;
         const float *cs = swa ? g->d_cs_swa : g->d_cs;
         /* attention block */
-        const bool qa = q8_for(g, L->fused_qkv ? &L->qkv : &L->w[W_Q], n);
+        const bool qa = q8_for(g, attn_in(L), n);
         if (!normed) CKL("norm", tn_cu_rmsnorm(g->x, NULL, g->xb, L->attn_norm, n, d, hp->rms_eps, qa ? &g->xq : NULL, g->st));
         fresh(g);
         if (qa) g->q_src = g->xb;
-        float *q = g->q, *k, *v;
-        int64_t ldq, ldk;
-        if (L->fused_qkv) {
-            ldq = ldk = qd + 2 * kv_dim;
-            k = q + qd, v = k + kv_dim;
-            mm(g, "qkv", &L->qkv, g->xb, d, n, q, ldq, L->bqkv, 0);
+        if (L->mla) {
+            mla_attention(g, c, L, n, Kc, d_pos, d_kvrow, d_toff, d_tbl);
         } else {
-            ldq = qd, ldk = kv_dim;
-            k = g->k, v = g->v;
-            mm(g, "qkv", &L->w[W_Q], g->xb, d, n, q, qd, L->bq, 0);
-            mm(g, "qkv", &L->w[W_K], g->xb, d, n, k, kv_dim, L->bk, 0);
-            mm(g, "qkv", &L->w[W_V], g->xb, d, n, v, kv_dim, L->bv, 0);
+            float *q = g->q, *k, *v;
+            int64_t ldq, ldk;
+            if (L->fused_qkv) {
+                ldq = ldk = qd + 2 * kv_dim;
+                k = q + qd, v = k + kv_dim;
+                mm(g, "qkv", &L->qkv, g->xb, d, n, q, ldq, L->bqkv, 0);
+            } else {
+                ldq = qd, ldk = kv_dim;
+                k = g->k, v = g->v;
+                mm(g, "qkv", &L->w[W_Q], g->xb, d, n, q, qd, L->bq, 0);
+                mm(g, "qkv", &L->w[W_K], g->xb, d, n, k, kv_dim, L->bk, 0);
+                mm(g, "qkv", &L->w[W_V], g->xb, d, n, v, kv_dim, L->bv, 0);
+            }
+            /* q / k norms: per head in the RoPE (or attention) kernel; over whole rows (olmoe) first, here */
+            const float *qn = L->qk_full ? NULL : L->q_norm, *kn = L->qk_full ? NULL : L->k_norm;
+            if (L->qk_full && L->q_norm) CKL("qk_norm", tn_cu_rmsnorm_rows(q, ldq, n, qd, L->q_norm, hp->rms_eps, g->st));
+            if (L->qk_full && L->k_norm) CKL("qk_norm", tn_cu_rmsnorm_rows(k, ldk, n, kv_dim, L->k_norm, hp->rms_eps, g->st));
+            /* one token: the attention kernel rotates and stores the new row itself */
+            const tn_cu_rope rope = {k, v, ldk, qn, kn, hp->rms_eps, cs, n_rot, hp->rope_mode == TN_ROPE_NEOX,
+                                     kvr, Kc, Vc};
+            if (!rope1)
+                CKL("rope_store", tn_cu_rope_store(q, ldq, k, v, ldk, qn, kn, hp->rms_eps, cs, n_rot,
+                                                   hp->rope_mode == TN_ROPE_NEOX, n, hp->n_head, hp->n_head_kv, (int)hd, kvr, Kc,
+                                                   Vc, &kv, g->st));
+            if (c->kc_bits) CKL("kc_close", tn_cu_kc_close(Kc, &kv, d_kvrow, n, hp->n_head_kv, (int)hd, g->st));
+            const bool qo = q8_for(g, &L->w[W_O], n) && hd % 32 == 0;
+            CKL("attention", tn_cu_attention(q, ldq, Kc, Vc, n, hp->n_head, hp->n_head_kv, (int)hd, d_pos, toff, d_tbl, scale, cap,
+                                             window, L->sinks, g->att, qo ? &g->xq : NULL, rope1 ? &rope : NULL, &kv, &g->asched,
+                                             g->st));
+            fresh(g);
+            if (qo) g->q_src = g->att;
         }
-        /* q / k norms: per head in the RoPE (or attention) kernel; over whole rows (olmoe) first, here */
-        const float *qn = L->qk_full ? NULL : L->q_norm, *kn = L->qk_full ? NULL : L->k_norm;
-        if (L->qk_full && L->q_norm) CKL("qk_norm", tn_cu_rmsnorm_rows(q, ldq, n, qd, L->q_norm, hp->rms_eps, g->st));
-        if (L->qk_full && L->k_norm) CKL("qk_norm", tn_cu_rmsnorm_rows(k, ldk, n, kv_dim, L->k_norm, hp->rms_eps, g->st));
-        /* one token: the attention kernel rotates and stores the new row itself */
-        const tn_cu_rope rope = {k, v, ldk, qn, kn, hp->rms_eps, cs, n_rot, hp->rope_mode == TN_ROPE_NEOX,
-                                 kvr, Kc, Vc};
-        if (!rope1)
-            CKL("rope_store", tn_cu_rope_store(q, ldq, k, v, ldk, qn, kn, hp->rms_eps, cs, n_rot,
-                                               hp->rope_mode == TN_ROPE_NEOX, n, hp->n_head, hp->n_head_kv, (int)hd, kvr, Kc,
-                                               Vc, &kv, g->st));
-        if (c->kc_bits) CKL("kc_close", tn_cu_kc_close(Kc, &kv, d_kvrow, n, hp->n_head_kv, (int)hd, g->st));
-        const bool qo = q8_for(g, &L->w[W_O], n) && hd % 32 == 0;
-        CKL("attention", tn_cu_attention(q, ldq, Kc, Vc, n, hp->n_head, hp->n_head_kv, (int)hd, d_pos, toff, d_tbl, scale, cap,
-                                         window, L->sinks, g->att, qo ? &g->xq : NULL, rope1 ? &rope : NULL, &kv, &g->asched,
-                                         g->st));
-        fresh(g);
-        if (qo) g->q_src = g->att;
         /* feed-forward block: its norm by Wo's tail, or a launch */
         const bool qf = q8_for(g, L->moe ? &L->router : L->fused_gu ? &L->gu : &L->w[W_GATE], n);
         const tn_cu_tail tf = {g->d_cnt, g->x, g->xb, L->ffn_norm, hp->rms_eps, d, qf ? g->xq : noq};
         const bool tail_f = tails && !L->attn_post_norm;
-        proj_add(g, "wo", &L->w[W_O], L->bo, g->att, qd, n, L->attn_post_norm, hp->rms_eps, tail_f ? &tf : NULL);
+        proj_add(g, "wo", &L->w[W_O], L->bo, g->att, L->w[W_O].k, n, L->attn_post_norm, hp->rms_eps, tail_f ? &tf : NULL);
         if (!tail_f) CKL("norm", tn_cu_rmsnorm(g->x, NULL, g->xb, L->ffn_norm, n, d, hp->rms_eps, qf ? &g->xq : NULL, g->st));
         fresh(g);
         if (qf) g->q_src = g->xb;
@@ -1319,7 +980,7 @@ static void run_layers(tn_cuda_ctx *g, tern_ctx *c, int64_t n, int32_t n_out) {
         tn_cu_tail tn = {g->d_cnt, g->x, g->xb, NULL, hp->rms_eps, d, noq};
         if (Ln) {
             tn.w = Ln->attn_norm;
-            if (q8_for(g, Ln->fused_qkv ? &Ln->qkv : &Ln->w[W_Q], n)) tn.xq = g->xq;
+            if (q8_for(g, attn_in(Ln), n)) tn.xq = g->xq;
         } else if (g->has_output && n_out == 1) {
             tn.w = g->output_norm;
             if (q8_for(g, &g->output, n_out)) tn.xq = g->xq;
@@ -1510,7 +1171,7 @@ tern_status tn_cuda_weight_upload(const tn_tensor *t, tn_cuda_weight **out) {
         cublasSetStream(w->g.blas, w->g.st);
         w->g.tile_max_code = 64;
         w->g.tile_max_float = TN_CU_GEMV_MAXN;
-        s = upload_weight(&w->g, t, &w->w);
+        s = tn_cuda_upload_weight(&w->g, t, &w->w);
     }
     if (s) {
         tn_cuda_weight_free(w);
@@ -1532,16 +1193,16 @@ tern_status tn_cuda_weight_matmul(tn_cuda_weight *W, const float *x, int64_t n, 
     tn_cuda_set_batch_invariant(g, invariant);
     const size_t first = g->n_allocs;
     bool ok = true;
-    float *dx = dupload(g, x, (size_t)(n * w->k) * 4, &ok), *dy = dalloc(g, (size_t)(n * w->m) * 4, &ok);
+    float *dx = tn_cuda_dupload(g, x, (size_t)(n * w->k) * 4, &ok), *dy = tn_cuda_dalloc(g, (size_t)(n * w->m) * 4, &ok);
     if (tn_cw_is_code(w->kind)) {
-        g->xq.q = dalloc(g, (size_t)(n * w->k), &ok);
-        g->xq.d = dalloc(g, (size_t)(n * w->k / 32) * 4, &ok);
-        g->xq.s = dalloc(g, (size_t)(n * w->k / 32) * 4, &ok);
+        g->xq.q = tn_cuda_dalloc(g, (size_t)(n * w->k), &ok);
+        g->xq.d = tn_cuda_dalloc(g, (size_t)(n * w->k / 32) * 4, &ok);
+        g->xq.s = tn_cuda_dalloc(g, (size_t)(n * w->k / 32) * 4, &ok);
     }
     if (n > TN_CU_GEMV_MAXN) {
-        g->xh = dalloc(g, (size_t)(n * w->k) * 2, &ok);
+        g->xh = tn_cuda_dalloc(g, (size_t)(n * w->k) * 2, &ok);
         g->wh_elems = TN_MAX(w->k, TN_MIN(w->m * w->k, (int64_t)1 << 24)); /* tiles of rows, as in a context */
-        g->wh = dalloc(g, (size_t)g->wh_elems * 2, &ok);
+        g->wh = tn_cuda_dalloc(g, (size_t)g->wh_elems * 2, &ok);
     }
     tern_status s = TERN_OK;
     if (!ok) s = TERN_ERR_NOMEM;
@@ -1563,7 +1224,7 @@ tern_status tn_cuda_weight_dequant(tn_cuda_weight *W, float *out) {
     const tn_cw *w = &W->w;
     const size_t first = g->n_allocs;
     bool ok = true;
-    float *d = dalloc(g, (size_t)(w->m * w->k) * 4, &ok);
+    float *d = tn_cuda_dalloc(g, (size_t)(w->m * w->k) * 4, &ok);
     tern_status s = TERN_OK;
     if (!ok) s = TERN_ERR_NOMEM;
     else {

@@ -279,6 +279,22 @@ int tn_cu_attention(const float *q, int64_t ldq, const void *Kc, const void *Vc,
                     int hd, const int32_t *pos, const int32_t *tbl_off, const int32_t *tbl, float scale, float cap,
                     int window, const float *sinks, float *out, const tn_cq *xq, const tn_cu_rope *rope, const tn_cu_kv *kv,
                     const tn_cu_attn_sched *sched, void *stream);
+/* Multi-head latent attention (deepseek2; the CPU's tn_blk_mla). Per token t: RoPE (cs [n][n_rot],
+ * neox = half split) on its rotated key part kv_rows[t ldkv + R ..] (one head of n_rot) and on each
+ * query head's rotated part q[t ldq + h hd + nope ..]; those query parts copied to mq[(t n_head +
+ * h) Lk + R ..] (after the head's latent-space query, which the caller's k_b product writes at
+ * mq[(t n_head + h) Lk]); the row [c | k_pe] (Lk = R + n_rot values) stored at cache row kvrow[t]
+ * of Kc in kv->tk (f16, q8_0, q4_0 or tq<b>, as tn_cu_rope_store stores; kv->tv the same type, V not
+ * stored: the values are the rows' first R values). */
+int tn_cu_mla_rope_store(float *q, int64_t ldq, int n_head, int hd, int nope, float *kv_rows, int64_t ldkv, int R, int n_rot,
+                         const float *cs, int neox, float *mq, int64_t Lk, int64_t n, const int32_t *kvrow, void *Kc,
+                         const tn_cu_kv *kv, void *stream);
+/* Causal attention of unit u = t n_head + h (query mq[u Lk ..], Lk <= 1024 values) over positions 0
+ * .. pos[t] of its sequence (rows as tn_cu_attention finds them: tbl_off, tbl), keys the cached rows
+ * (a quantized row dotted with the query as q8 blocks), scores times scale, softmax, values the
+ * rows' first R values: out[u ldo + i], i < R. f32, chunks of 256 positions folded in order. */
+int tn_cu_attn_mla(const float *mq, int64_t Lk, int R, const void *Kc, int64_t n, int n_head, const int32_t *pos,
+                   const int32_t *tbl_off, const int32_t *tbl, float scale, float *out, int64_t ldo, const tn_cu_kv *kv, void *stream);
 /* x[j] += rmsnorm(y[j]) * w for rows j < n of d (post-attention / post-FFN norms before the
  * residual add; sum of squares in double). */
 int tn_cu_rmsnorm_add(float *x, const float *y, const float *w, int64_t n, int64_t d, float eps, void *stream);

@@ -2484,6 +2484,166 @@ extern "C" int tn_cu_attention(const float *q, int64_t ldq, const void *Kc, cons
     return tn_cu_err();
 }
 
+/* ---- multi-head latent attention (deepseek2) ------------------------------------------------- */
+
+/* Block per token: RoPE on the token's rotated key part (kvr[R .. R + nr), one head) and on each
+ * query head's rotated part (q[h hd + nope ..]), as the CPU's tn_op_rope (rope_pair); the query
+ * parts copied after each head's latent-space query in mq [n H][Lk] (at R); then the row
+ * [c | k_pe] (Lk values) stored at cache row kvrow[t] in kv.tk (f16, or by the CPU's reference
+ * quantizers, a warp per block of 32). */
+__global__ void k_mla_rope_store(float *q, int64_t ldq, int H, int hd, int nope, float *kvr, int64_t ldkv, int R, int nr,
+                                 const float *cs, int neox, float *mq, int64_t Lk, const int32_t *kvrow, uint8_t *Kc, tn_cu_kv kv) {
+    gdc_enter();
+    const int64_t t = blockIdx.x;
+    const int lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
+    const float *c = cs + t * nr;
+    const int npair = nr / 2;
+    float *kr = kvr + t * ldkv;
+    for (int u = threadIdx.x; u < (H + 1) * npair; u += blockDim.x) {
+        const int h = u / npair;
+        float *x = h < H ? q + t * ldq + (int64_t)h * hd + nope : kr + R;
+        rope_pair(x, 2 * (u % npair), c, nr, neox);
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < H * nr; i += blockDim.x) {
+        const int h = i / nr, j = i % nr;
+        mq[(t * H + h) * Lk + R + j] = q[t * ldq + (int64_t)h * hd + nope + j];
+    }
+    uint8_t *row = Kc + (int64_t)kvrow[t] * kv.k_rb;
+    if (kv.tk == TN_CU_KV_F16) {
+        for (int i = threadIdx.x; i < Lk; i += blockDim.x) ((__half *)row)[i] = __float2half_rn(kr[i]);
+        return;
+    }
+    for (int b = threadIdx.x / WARP; b < Lk / 32; b += nw) kv_store_warp(row, kv.tk, (int64_t)b * 32, kr[b * 32 + lane], lane);
+}
+extern "C" int tn_cu_mla_rope_store(float *q, int64_t ldq, int n_head, int hd, int nope, float *kv_rows, int64_t ldkv, int R,
+                                    int n_rot, const float *cs, int neox, float *mq, int64_t Lk, int64_t n, const int32_t *kvrow,
+                                    void *Kc, const tn_cu_kv *kv, void *stream) {
+    if (n == 0) return 0;
+    if (!kv) return (int)cudaErrorInvalidValue;
+    const tn_cu_kv kvv = *kv;
+    if (n_rot % 2 != 0 || nope + n_rot > hd || R + n_rot != Lk || kvv.rot_k || kv_kc_bits(kvv.tk) || kvv.tk != kvv.tv ||
+        (kvv.tk != TN_CU_KV_F16 && Lk % 32 != 0))
+        return (int)cudaErrorInvalidValue;
+    launch(k_mla_rope_store, (unsigned)n, 256, 0, (cudaStream_t)stream, q, ldq, n_head, hd, nope, kv_rows, ldkv, R, n_rot, cs, neox,
+           mq, Lk, kvrow, (uint8_t *)Kc, kvv);
+    return tn_cu_err();
+}
+
+#define MLA_LMAX 1024 /* the longest latent row [c | k_pe] the attention block holds (deepseek V2/V3: 576) */
+#define MLA_CH 256    /* positions scored at once */
+/* max / sum of v over the block, every thread gets it (the warps' results combined in warp order) */
+__device__ __forceinline__ float mla_block_max(float v, float *red) {
+    v = warp_max(v);
+    if (threadIdx.x % WARP == 0) red[threadIdx.x / WARP] = v;
+    __syncthreads();
+    float r = red[0];
+    for (int i = 1; i < (int)(blockDim.x / WARP); i++) r = fmaxf(r, red[i]);
+    __syncthreads();
+    return r;
+}
+__device__ __forceinline__ float mla_block_sum(float v, float *red) {
+    v = warp_sum(v);
+    if (threadIdx.x % WARP == 0) red[threadIdx.x / WARP] = v;
+    __syncthreads();
+    float r = red[0];
+    for (int i = 1; i < (int)(blockDim.x / WARP); i++) r += red[i];
+    __syncthreads();
+    return r;
+}
+/* Block per (token t, head h) = unit u: query mq[u] (Lk values) over the cached rows of positions
+ * 0 .. pos[t] (row kv_pos_row), scores q.k * scale, softmax, and the weighted sum of the rows' first
+ * R values (the latent: keys and values are the same rows) into out[u ldo ..]. Positions in chunks
+ * of MLA_CH: a thread per position scores it (f16 rows: 8 values a 16-byte load, fused multiply-adds
+ * in order; a quantized row: the query as q8 blocks, kv_dot_q as the other attention kernels), the
+ * chunk's max and sum of exp, thread i accumulates dimensions i, i + 256, .. over the chunk's
+ * positions (V values dequantized), and the chunks are folded as attn_fold does. f32 throughout. */
+__global__ void __launch_bounds__(ATT_THREADS) k_attn_mla(const float *mq, int Lk, int R, const uint8_t *Kc, int H,
+                                                          const int32_t *pos, const int32_t *toff, const int32_t *tbl, float scale,
+                                                          float *out, int64_t ldo, tn_cu_kv kv) {
+    gdc_enter();
+    __shared__ __align__(16) float sq[MLA_LMAX];
+    __shared__ __align__(16) int8_t sqq[MLA_LMAX];
+    __shared__ float sqd[MLA_LMAX / 32];
+    __shared__ int32_t sqs[MLA_LMAX / 32];
+    __shared__ float ss[MLA_CH];
+    __shared__ int64_t srow[MLA_CH];
+    __shared__ float red[ATT_THREADS / WARP];
+    const int64_t u = blockIdx.x, t = u / H;
+    const int tid = threadIdx.x, lane = tid % WARP, nw = blockDim.x / WARP;
+    const float *q = mq + u * Lk;
+    for (int i = tid; i < Lk; i += blockDim.x) sq[i] = q[i];
+    const bool quant = kv.tk != TN_CU_KV_F16;
+    if (quant) {
+        const tn_cq sx = {sqq, sqd, sqs};
+        for (int b = tid / WARP; b < Lk / 32; b += nw) q8_block(q[b * 32 + lane], lane, b, (int64_t)b * 32, sx);
+    }
+    __syncthreads();
+    const int np = pos[t] + 1, off = toff[t];
+    constexpr int OPT = MLA_LMAX / ATT_THREADS; /* output dimensions per thread */
+    float M = -INFINITY, L = 0.0f, O[OPT];
+#pragma unroll
+    for (int k = 0; k < OPT; k++) O[k] = 0.0f;
+    for (int p0 = 0; p0 < np; p0 += MLA_CH) {
+        const int nc = min(MLA_CH, np - p0);
+        float m = -INFINITY;
+        for (int j = tid; j < nc; j += blockDim.x) {
+            const int64_t r = kv_pos_row(kv, off, tbl, p0 + j);
+            const uint8_t *row = Kc + r * kv.k_rb;
+            float s = 0.0f;
+            if (quant) {
+                s = kv_dot_q(row, kv.tk, sqq, sqd, sqs, Lk);
+            } else {
+                for (int i = 0; i < Lk; i += 8) s = dot8_h(s, sq + i, *(const uint4 *)(row + 2 * i));
+            }
+            s = __fmul_rn(s, scale);
+            ss[j] = s, srow[j] = r;
+            m = fmaxf(m, s);
+        }
+        m = mla_block_max(m, red);
+        float l = 0.0f;
+        for (int j = tid; j < nc; j += blockDim.x) {
+            const float e = expf(ss[j] - m);
+            ss[j] = e;
+            l += e;
+        }
+        l = mla_block_sum(l, red); /* (its barriers also publish ss) */
+        const float Mn = fmaxf(M, m), a = expf(M - Mn), b = expf(m - Mn);
+        L = attn_fold_add(L, l, a, b);
+#pragma unroll
+        for (int k = 0; k < OPT; k++) {
+            const int i = tid + k * ATT_THREADS;
+            if (i >= R) break;
+            float o = 0.0f;
+            for (int j = 0; j < nc; j++) {
+                const uint8_t *row = Kc + srow[j] * kv.k_rb;
+                o = __fmaf_rn(ss[j], quant ? kv_value(row, kv.tk, i) : h2f(((const uint16_t *)row)[i]), o);
+            }
+            O[k] = attn_fold_add(O[k], o, a, b);
+        }
+        M = Mn;
+        __syncthreads(); /* ss, srow are rewritten by the next chunk */
+    }
+#pragma unroll
+    for (int k = 0; k < OPT; k++) {
+        const int i = tid + k * ATT_THREADS;
+        if (i < R) out[u * ldo + i] = O[k] / L;
+    }
+}
+extern "C" int tn_cu_attn_mla(const float *mq, int64_t Lk, int R, const void *Kc, int64_t n, int n_head, const int32_t *pos,
+                              const int32_t *tbl_off, const int32_t *tbl, float scale, float *out, int64_t ldo, const tn_cu_kv *kv,
+                              void *stream) {
+    if (!kv) return (int)cudaErrorInvalidValue;
+    const tn_cu_kv kvv = *kv;
+    if (Lk > MLA_LMAX || R > Lk || R < 1 || kvv.rot_k || kv_kc_bits(kvv.tk) || kvv.ring || kvv.tk != kvv.tv ||
+        (kvv.tk == TN_CU_KV_F16 ? Lk % 8 != 0 || kvv.k_rb % 16 != 0 : Lk % 32 != 0))
+        return (int)cudaErrorInvalidValue;
+    if (n * n_head == 0) return 0;
+    launch(k_attn_mla, (unsigned)(n * n_head), ATT_THREADS, 0, (cudaStream_t)stream, mq, (int)Lk, R, (const uint8_t *)Kc, n_head, pos,
+           tbl_off, tbl, scale, out, ldo, kvv);
+    return tn_cu_err();
+}
+
 __global__ void k_swiglu(float *g, const float *u, int64_t n, int act) {
     gdc_enter();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;

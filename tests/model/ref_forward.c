@@ -34,6 +34,7 @@ struct ref_model {
     bool yarn;
     double min_gap;  /* smallest probability gap between the k-th and (k+1)-th expert seen */
     double *kc, *vc; /* [layer][pos][kv_dim] */
+    double *lc;      /* deepseek2 with ref_set_kv_types: the cached latent rows [c | k_pe], [layer][pos][kv_lora + n_rot] */
     const float *ff; /* RoPE frequency factors (llama 3.1's rope_freqs; phi3: LongRoPE's choice) */
     double mscale;   /* phi3: rope.scaling.attn_factor on the rotated dims                       */
     int32_t type_k, type_v; /* ref_set_kv_types: 0 / f16 none, else K / V rows rounded through it  */
@@ -348,6 +349,7 @@ ref_model *ref_create(const tern_model *m, int32_t n_ctx) {
     size_t kvn = (size_t)nl * (size_t)n_ctx * (size_t)(r->hp.n_head_kv * r->hp.head_dim);
     r->kc = calloc(kvn, sizeof(double));
     r->vc = calloc(kvn, sizeof(double));
+    if (r->kv_lora > 0) r->lc = calloc((size_t)nl * (size_t)n_ctx * (size_t)(r->kv_lora + r->hp.n_rot), sizeof(double));
     return r;
 }
 
@@ -373,6 +375,7 @@ void ref_free(ref_model *r) {
         free(r->mqa_norm), free(r->mkva_norm), free(r->probs_b);
     }
     free(r->kc);
+    free(r->lc);
     free(r->vc);
     free(r);
 }
@@ -565,6 +568,14 @@ static void ref_ds_attn(ref_model *r, int32_t l, const double *xb, double *o, in
     tn_hparams hq = *hp;
     rope(r, &hq, hp->rope_freq_base, hp->rope_freq_scale, NULL, r->mscale, q + np, (int32_t)H, pos);
     rope(r, &hq, hp->rope_freq_base, hp->rope_freq_scale, NULL, r->mscale, kva + R, 1, pos);
+    /* ref_set_kv_types: the cached row [c | k_pe] rounded through the cache's type (as tern caches it)
+     * before the heads decompress it, and the scores taken as a quantized cache takes them: the
+     * head's query in latent space (q_nope,h W_kb,h | q_pe,h) rounded as q8 blocks, dotted with the
+     * cached rows */
+    const bool lat = r->type_k != 0 && r->type_k != TN_F16 && r->lc;
+    if (lat) ref_round(r->type_k, false, kva, R + nr);
+    double *Lc = lat ? r->lc + (size_t)l * r->n_ctx * (size_t)(R + nr) : NULL;
+    if (lat) memcpy(Lc + (size_t)pos * (size_t)(R + nr), kva, sizeof(double) * (size_t)(R + nr));
     double *K = r->kc + ((size_t)l * r->n_ctx + (size_t)pos) * kvd, *V = r->vc + ((size_t)l * r->n_ctx + (size_t)pos) * kvd;
     for (int64_t h = 0; h < H; h++) {
         for (int64_t i = 0; i < np; i++) { /* k_nope,h = W_kb,h c: attn_k_b's rows are c's index */
@@ -582,11 +593,26 @@ static void ref_ds_attn(ref_model *r, int32_t l, const double *xb, double *o, in
         }
     }
     const double *K0 = r->kc + (size_t)l * r->n_ctx * kvd, *V0 = r->vc + (size_t)l * r->n_ctx * kvd;
+    double *qa = lat ? malloc(sizeof(double) * (size_t)(R + nr)) : NULL;
     for (int64_t h = 0; h < H; h++) {
         double mx = -INFINITY, sum = 0;
+        if (lat) {
+            for (int64_t c = 0; c < R; c++) {
+                double s = 0;
+                for (int64_t i = 0; i < np; i++)
+                    s += q[h * hd + i] *
+                         (r->mkb[l].w ? (double)r->mkb[l].w[(h * R + c) * np + i] : (double)r->mkvb[l].w[(h * (np + vh) + i) * R + c]);
+                qa[c] = s;
+            }
+            for (int64_t i = 0; i < nr; i++) qa[R + i] = q[h * hd + np + i];
+            ref_round(TN_Q8_0, true, qa, R + nr);
+        }
         for (int32_t t = 0; t <= pos; t++) {
             double s = 0;
-            for (int64_t i = 0; i < hd; i++) s += q[h * hd + i] * K0[(size_t)t * kvd + h * hd + i];
+            if (lat)
+                for (int64_t i = 0; i < R + nr; i++) s += qa[i] * Lc[(size_t)t * (size_t)(R + nr) + i];
+            else
+                for (int64_t i = 0; i < hd; i++) s += q[h * hd + i] * K0[(size_t)t * kvd + h * hd + i];
             sc[t] = s * r->ds_scale;
             mx = sc[t] > mx ? sc[t] : mx;
         }
@@ -595,7 +621,7 @@ static void ref_ds_attn(ref_model *r, int32_t l, const double *xb, double *o, in
             for (int64_t j = 0; j < vh; j++) att[h * vh + j] += sc[t] / sum * V0[(size_t)t * kvd + h * vh + j];
     }
     matvec(&r->wo[l], att, o);
-    free(q), free(kva), free(att), free(sc);
+    free(q), free(kva), free(att), free(sc), free(qa);
 }
 
 void ref_step(ref_model *r, int32_t token, double *logits, double *layers) {
