@@ -93,12 +93,17 @@ static step_ints ints_at(int32_t *base, int64_t n) {
 static size_t kw_layer(const tern_ctx *c) { return (size_t)c->kc_nseq * (size_t)c->kc_w * (size_t)c->hp.n_head_kv * (size_t)c->hp.head_dim; }
 static int64_t ints_needed(const tern_ctx *c, int64_t tbl) { return STEP_INTS * (int64_t)c->n_batch + tbl; }
 
-/* Whether the one-token steps of every MoE layer on the GPU can route there: softmax gating of at
- * most 512 experts and 32 slots, and expert matrices the pair GEMVs take (code types: rows of
- * whole q8 blocks; float types: of whole groups of 8), the GLU's output in whole q8 blocks. */
+/* Whether the one-token steps of every MoE layer on the GPU can route there: at most 512 experts
+ * and 32 slots (DeepSeek's groups: at most 32, each of at least 2 experts, enough experts in the
+ * groups kept for the slots), and expert matrices the pair GEMVs take (code types: rows of whole
+ * q8 blocks; float types: of whole groups of 8), the GLU's output in whole q8 blocks. */
 static bool moe_dev_ok(const tn_cuda_ctx *g, const tn_hparams *hp) {
-    if (hp->family->mla || hp->n_expert > 512 || hp->n_expert_used > 32 ||
-        hp->n_ff_exp % 32 != 0 || hp->n_embd % 32 != 0)
+    if (hp->n_expert > 512 || hp->n_expert_used > 32 || hp->n_ff_exp % 32 != 0 || hp->n_embd % 32 != 0)
+        return false;
+    const int32_t G = hp->n_expert_groups;
+    if (hp->family->mla && G > 1 &&
+        (G > 32 || hp->n_expert % G != 0 || hp->n_expert / G < 2 || hp->n_group_used < 1 || hp->n_group_used > G ||
+         hp->n_group_used * (hp->n_expert / G) < hp->n_expert_used))
         return false;
     for (int32_t il = 0; il < g->n_layers; il++) {
         const tn_cu_layer *L = &g->L[il];
@@ -316,6 +321,7 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
                 G->edown_b = tn_cuda_upload_f32(g, db, &ok);
             }
             G->brouter = tn_cuda_upload_f32(g, &R[TN_ROLE_FFN_GATE_INP_B], &ok);
+            G->eprobs_b = tn_cuda_upload_f32(g, &R[TN_ROLE_FFN_EXP_PROBS_B], &ok); /* DeepSeek-V3 */
             max_k = TN_MAX(max_k, ffe);
             /* an expert's gate|up (2 ffe rows of n_embd) as the largest matrix cuBLAS gets in one piece */
             max_mk = TN_MAX(max_mk, TN_MAX(2 * ffe * hp->n_embd, G->router.m * G->router.k));
@@ -716,7 +722,12 @@ static void moe_ffn_dev(tn_cuda_ctx *g, const tern_ctx *c, const tn_cu_layer *L,
     int32_t *sel = g->d_moe + 3 * P, *row = g->d_moe + P;
     float *w = (float *)(g->d_moe + 2 * P);
     const int gating = hp->family->moe_gating == TN_MOE_SOFTMAX_WEIGHT ? TN_CU_GATE_TOPK_SOFTMAX : TN_CU_GATE_SOFTMAX;
-    CKL("moe_route", tn_cu_moe_route(g->rl, L->brouter, n, hp->n_expert, k, gating, hp->family->moe_renorm, sel, w, row, g->st));
+    if (hp->family->mla) { /* DeepSeek's routing (tn_moe_route_ds) */
+        const tn_cu_route_ds ds = {hp->moe_sigmoid, L->eprobs_b, hp->n_expert_groups, hp->n_group_used, hp->moe_norm, hp->moe_scale};
+        CKL("moe_route", tn_cu_moe_route_ds(g->rl, n, hp->n_expert, k, &ds, sel, w, row, g->st));
+    } else {
+        CKL("moe_route", tn_cu_moe_route(g->rl, L->brouter, n, hp->n_expert, k, gating, hp->family->moe_renorm, sel, w, row, g->st));
+    }
     const tn_cw *gu = L->fused_egu ? &L->egu : NULL;
     const bool code_gu = tn_cw_is_code((gu ? gu : &L->eg)->kind), code_dn = tn_cw_is_code(L->edown.kind);
     if (code_gu && g->q_src != g->xb) { /* the router's type may not have needed xb's q8 blocks */

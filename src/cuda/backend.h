@@ -40,6 +40,7 @@ typedef struct {
      * ([n_expert][rows] of egu — gate and up interleaved per expert as its rows — or of eg, eu,
      * and of edown) */
     float *sinks, *bo, *brouter, *egu_b, *eg_b, *eu_b, *edown_b;
+    float *eprobs_b; /* DeepSeek-V3: the experts' selection bias (exp_probs_b) [n_expert] */
     bool qk_full; /* olmoe: q_norm / k_norm over the whole q and k rows, not per head */
     /* multi-head latent attention (deepseek2): q's low-rank pair q_a, q_b (q_lora > 0; else
      * w[W_Q]) and q_a's norm; the latent projection kv_a ([c | k_pe] rows) and c's norm; the

@@ -178,6 +178,20 @@ int tn_cu_gemv_experts(const tn_cw *w, const tn_cu_ex *ex, const float *x, int64
 enum { TN_CU_GATE_SOFTMAX = 0, TN_CU_GATE_TOPK_SOFTMAX = 1 };
 int tn_cu_moe_route(const float *lg, const float *bias, int64_t n, int ne, int k, int gating, int renorm, int32_t *sel, float *w,
                     int32_t *row, void *stream);
+/* DeepSeek's routing of n tokens (the CPU's tn_moe_route_ds): p = sigmoid (sigmoid) or softmax of
+ * the logits lg[t][ne]; scores p + bias (exp_probs_b; NULL: p); groups > 1 (at most 32, ne a
+ * multiple): each group scored by the sum of its two best, all but the group_used best groups
+ * excluded; the k best scores' experts into sel, their p into w, renormalised (norm: divided by
+ * their double sum in slot order, clamped at 2^-14) and times scale unless 0 or 1; row as
+ * tn_cu_moe_route's. */
+typedef struct tn_cu_route_ds {
+    int sigmoid;
+    const float *bias;
+    int groups, group_used, norm;
+    float scale;
+} tn_cu_route_ds;
+int tn_cu_moe_route_ds(const float *lg, int64_t n, int ne, int k, const tn_cu_route_ds *ds, int32_t *sel, float *w, int32_t *row,
+                       void *stream);
 /* Rows r0 .. r0 + nr - 1 of w as fp16 into out[nr][k] (prefill: then a cuBLAS GEMM). */
 int tn_cu_dequant_f16(const tn_cw *w, int64_t r0, int64_t nr, uint16_t *out, void *stream);
 /* Rows of w as f32 (tests). */

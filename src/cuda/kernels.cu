@@ -1503,6 +1503,102 @@ extern "C" int tn_cu_moe_route(const float *lg, const float *bias, int64_t n, in
     return tn_cu_err();
 }
 
+/* DeepSeek's routing, a warp per token (the CPU's tn_moe_route_ds): p = sigmoid or softmax of the
+ * logits; selection scores s = p + exp_probs_b; with groups, lane g scores group g by its two best
+ * s (the lower index first among equals), lane 0 keeps the group_used best groups and the others'
+ * s fall to -inf; the k best s (as k_moe_route picks them) give sel, their p the weights,
+ * renormalised (double sum in slot order, clamped at 2^-14) and scaled as the CPU's. */
+__global__ void k_moe_route_ds(const float *lg, int ne, int k, tn_cu_route_ds ds, int32_t *sel, float *w, int32_t *row) {
+    gdc_enter();
+    __shared__ float p[MOE_ROUTE_MAX], sc[MOE_ROUTE_MAX], gs[WARP];
+    __shared__ int gused[WARP];
+    __shared__ float inv_s;
+    const int64_t t = blockIdx.x;
+    const int lane = threadIdx.x;
+    const float *l = lg + t * ne;
+    if (ds.sigmoid) {
+        for (int e = lane; e < ne; e += WARP) p[e] = 1.0f / (1.0f + expf(-l[e]));
+    } else {
+        float mx = -INFINITY;
+        for (int e = lane; e < ne; e += WARP) mx = fmaxf(mx, l[e]);
+        mx = warp_max(mx);
+        for (int e = lane; e < ne; e += WARP) p[e] = expf(l[e] - mx);
+        __syncwarp();
+        if (lane == 0) {
+            double sum = 0;
+            for (int e = 0; e < ne; e++) sum += (double)p[e];
+            inv_s = (float)(1.0 / sum);
+        }
+        __syncwarp();
+        const float inv = inv_s;
+        for (int e = lane; e < ne; e += WARP) p[e] *= inv;
+    }
+    __syncwarp();
+    for (int e = lane; e < ne; e += WARP) sc[e] = ds.bias ? p[e] + ds.bias[e] : p[e];
+    __syncwarp();
+    if (ds.groups > 1) {
+        const int G = ds.groups, per = ne / G;
+        if (lane < G) { /* the group's two best scores (tn_moe_topk of 2) */
+            const float *g = sc + lane * per;
+            int b0 = 0, b1 = -1;
+            for (int e = 1; e < per; e++)
+                if (g[e] > g[b0]) b0 = e;
+            for (int e = 0; e < per; e++)
+                if (e != b0 && (b1 < 0 || g[e] > g[b1])) b1 = e;
+            gs[lane] = g[b0] + g[b1];
+        }
+        __syncwarp();
+        if (lane == 0) { /* the group_used best groups (the lower index first among equals) */
+            for (int g = 0; g < G; g++) gused[g] = 0;
+            for (int j = 0; j < ds.group_used; j++) {
+                int best = -1;
+                for (int g = 0; g < G; g++)
+                    if (!gused[g] && (best < 0 || gs[g] > gs[best])) best = g;
+                gused[best] = 1;
+            }
+        }
+        __syncwarp();
+        for (int e = lane; e < ne; e += WARP)
+            if (!gused[e / per]) sc[e] = -INFINITY;
+        __syncwarp();
+    }
+    float wj = 0.0f;
+    for (int j = 0; j < k; j++) { /* the largest s not yet taken, the lower index among equals */
+        float bv = -INFINITY;
+        int bi = -1;
+        for (int e = lane; e < ne; e += WARP)
+            if (bi < 0 || sc[e] > bv) bv = sc[e], bi = e;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
+        }
+        if (lane == j) wj = p[bi];
+        if (lane == 0) sel[t * k + j] = bi, row[t * k + j] = (int32_t)(t * k + j);
+        __syncwarp();
+        if (lane == 0) sc[bi] = -INFINITY;
+        __syncwarp();
+    }
+    if (ds.norm) {
+        double sum = 0;
+        for (int j = 0; j < k; j++) sum += (double)__shfl_sync(0xffffffffu, wj, j);
+        wj /= fmaxf((float)sum, 6.103515625e-5f);
+    }
+    if (ds.scale != 0.0f && ds.scale != 1.0f) wj *= ds.scale;
+    if (lane < k) w[t * k + lane] = wj;
+}
+extern "C" int tn_cu_moe_route_ds(const float *lg, int64_t n, int ne, int k, const tn_cu_route_ds *ds, int32_t *sel, float *w,
+                                  int32_t *row, void *stream) {
+    if (n == 0) return 0;
+    if (ne < 1 || ne > MOE_ROUTE_MAX || k < 1 || k > WARP || k > ne || !ds || ds->groups > WARP ||
+        (ds->groups > 1 && (ne % ds->groups != 0 || ne / ds->groups < 2 || ds->group_used < 1 || ds->group_used > ds->groups ||
+                            ds->group_used * (ne / ds->groups) < k)))
+        return (int)cudaErrorInvalidValue;
+    launch(k_moe_route_ds, (unsigned)n, WARP, 0, (cudaStream_t)stream, lg, ne, k, *ds, sel, w, row);
+    return tn_cu_err();
+}
+
 static int dequant(const tn_cw *w, int64_t r0, int64_t nr, void *out, int f16, cudaStream_t st) {
     if (nr <= 0) return 0;
     const int64_t n8 = nr * (w->k / 8), nc = nr * (w->k / 32);

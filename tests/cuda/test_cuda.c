@@ -1312,7 +1312,9 @@ static void test_attn_tile(void **state) {
  * relative, where a different expert or weight moves them by 1e-2 or more; the emulator, with
  * libm on both sides, gives the same bits): qwen3moe Q8_0 (renormalised weights, fused gate|up
  * with its q8 tail), qwen2moe F32 (float experts, probabilities as they are, the shared expert
- * after), Mixtral-style llama Q4_K; and qwen3moe with the GLU not fused (TERN_CUDA_FUSE_GLU=0). */
+ * after), Mixtral-style llama Q4_K; qwen3moe with the GLU not fused (TERN_CUDA_FUSE_GLU=0); gpt-oss;
+ * deepseek2 (softmax, weights as they are, shared experts) and its V3 shape (sigmoid, 2 of 4
+ * groups, exp_probs_b, renormalised and scaled: tn_cu_moe_route_ds). */
 static void test_moe_device_routing(void **state) {
     (void)state;
     const struct {
@@ -1320,7 +1322,8 @@ static void test_moe_device_routing(void **state) {
         tn_dtype w;
         bool noglu;
     } cases[] = {{"qwen3moe", TN_Q8_0, false}, {"qwen2moe", TN_F32, false}, {"llama", TN_Q4_K, false}, {"qwen3moe", TN_Q8_0, true},
-                 {"gpt-oss", TN_MXFP4, false}, {"gpt-oss", TN_Q8_0, false}}; /* gpt-oss: biases on both paths */
+                 {"gpt-oss", TN_MXFP4, false}, {"gpt-oss", TN_Q8_0, false}, /* gpt-oss: biases on both paths */
+                 {"deepseek2", TN_Q8_0, false}, {"deepseek2-v3", TN_F32, false}}; /* DeepSeek's: softmax; sigmoid, groups, exp_probs_b */
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         tiny_cfg cfg = tiny_cfg_moe(cases[ci].arch, cases[ci].w);
         tern_model *m = load_cfg(&cfg, "cuda_moe_route");
