@@ -1434,6 +1434,42 @@ extern "C" int tn_cu_gemv_experts(const tn_cw *w, const tn_cu_ex *ex, const floa
 /* A warp per token: tn_cu_moe_route's contract, the CPU's arithmetic (the exponentials in parallel,
  * the double sums by one lane in expert order, the top k by k warp-wide arg-maxes) */
 #define MOE_ROUTE_MAX 512
+/* p[e] = softmax(x)[e] (p may be x) by a warp, as ggml_soft_max: exp(x - max), summed in double by
+ * lane 0 in expert order (inv_s: shared), times 1 / sum. */
+__device__ __forceinline__ void route_softmax(float *p, const float *x, int ne, float *inv_s) {
+    const int lane = threadIdx.x % WARP;
+    float mx = -INFINITY;
+    for (int e = lane; e < ne; e += WARP) mx = fmaxf(mx, x[e]);
+    mx = warp_max(mx);
+    for (int e = lane; e < ne; e += WARP) p[e] = expf(x[e] - mx);
+    __syncwarp();
+    if (lane == 0) {
+        double sum = 0;
+        for (int e = 0; e < ne; e++) sum += (double)p[e];
+        *inv_s = (float)(1.0 / sum);
+    }
+    __syncwarp();
+    const float inv = *inv_s;
+    for (int e = lane; e < ne; e += WARP) p[e] *= inv;
+}
+/* The index (every lane gets it) and value *bv of the largest s[e] not yet taken (taken ones hold
+ * -inf: every probability or finite logit is above it), the lower index among equals: lane-wise
+ * in expert order, then across the lanes. */
+__device__ __forceinline__ int route_best(const float *s, int ne, float *bv_out) {
+    const int lane = threadIdx.x % WARP;
+    float bv = -INFINITY;
+    int bi = -1;
+    for (int e = lane; e < ne; e += WARP)
+        if (bi < 0 || s[e] > bv) bv = s[e], bi = e;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
+    }
+    *bv_out = bv;
+    return bi;
+}
 __global__ void k_moe_route(const float *lg, const float *bias, int ne, int k, int gating, int renorm, int32_t *sel, float *w,
                             int32_t *row) {
     gdc_enter();
@@ -1444,36 +1480,12 @@ __global__ void k_moe_route(const float *lg, const float *bias, int ne, int k, i
     const float *l = lg + t * ne;
     for (int e = lane; e < ne; e += WARP) p[e] = bias ? l[e] + bias[e] : l[e]; /* (the router's bias: gpt-oss) */
     __syncwarp();
-    if (gating != TN_CU_GATE_TOPK_SOFTMAX) { /* (top-k softmax: the top k of the logits themselves) */
-        float mx = -INFINITY;
-        for (int e = lane; e < ne; e += WARP) mx = fmaxf(mx, p[e]);
-        mx = warp_max(mx);
-        for (int e = lane; e < ne; e += WARP) p[e] = expf(p[e] - mx);
-        __syncwarp();
-        if (lane == 0) {
-            double sum = 0;
-            for (int e = 0; e < ne; e++) sum += (double)p[e];
-            inv_s = (float)(1.0 / sum);
-        }
-        __syncwarp();
-        const float inv = inv_s;
-        for (int e = lane; e < ne; e += WARP) p[e] *= inv;
-    }
+    if (gating != TN_CU_GATE_TOPK_SOFTMAX) route_softmax(p, p, ne, &inv_s); /* (top-k softmax: the top k of the logits themselves) */
     __syncwarp();
     float wj = 0.0f, ws = 0.0f; /* lane j < k: slot j's weight */
     for (int j = 0; j < k; j++) {
-        /* the largest p not yet taken (taken ones hold -inf: every probability or finite logit is above it),
-         * the lower index among equals: lane-wise in expert order, then across the lanes */
-        float bv = -INFINITY;
-        int bi = -1;
-        for (int e = lane; e < ne; e += WARP)
-            if (bi < 0 || p[e] > bv) bv = p[e], bi = e;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
-        }
+        float bv;
+        const int bi = route_best(p, ne, &bv);
         if (lane == j) wj = bv;
         if (lane == 0) sel[t * k + j] = bi, row[t * k + j] = (int32_t)(t * k + j);
         __syncwarp();
@@ -1519,19 +1531,7 @@ __global__ void k_moe_route_ds(const float *lg, int ne, int k, tn_cu_route_ds ds
     if (ds.sigmoid) {
         for (int e = lane; e < ne; e += WARP) p[e] = 1.0f / (1.0f + expf(-l[e]));
     } else {
-        float mx = -INFINITY;
-        for (int e = lane; e < ne; e += WARP) mx = fmaxf(mx, l[e]);
-        mx = warp_max(mx);
-        for (int e = lane; e < ne; e += WARP) p[e] = expf(l[e] - mx);
-        __syncwarp();
-        if (lane == 0) {
-            double sum = 0;
-            for (int e = 0; e < ne; e++) sum += (double)p[e];
-            inv_s = (float)(1.0 / sum);
-        }
-        __syncwarp();
-        const float inv = inv_s;
-        for (int e = lane; e < ne; e += WARP) p[e] *= inv;
+        route_softmax(p, l, ne, &inv_s);
     }
     __syncwarp();
     for (int e = lane; e < ne; e += WARP) sc[e] = ds.bias ? p[e] + ds.bias[e] : p[e];
@@ -1563,17 +1563,9 @@ __global__ void k_moe_route_ds(const float *lg, int ne, int k, tn_cu_route_ds ds
         __syncwarp();
     }
     float wj = 0.0f;
-    for (int j = 0; j < k; j++) { /* the largest s not yet taken, the lower index among equals */
-        float bv = -INFINITY;
-        int bi = -1;
-        for (int e = lane; e < ne; e += WARP)
-            if (bi < 0 || sc[e] > bv) bv = sc[e], bi = e;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
-        }
+    for (int j = 0; j < k; j++) {
+        float bv;
+        const int bi = route_best(sc, ne, &bv);
         if (lane == j) wj = p[bi];
         if (lane == 0) sel[t * k + j] = bi, row[t * k + j] = (int32_t)(t * k + j);
         __syncwarp();
