@@ -3,7 +3,7 @@
 #   nvidia-smi and `tern info`; the GPU tests (test_cuda gpu: kernel parity for every type, forward
 #   against the double-precision reference, paged batches, -ngl splits, stories260K greedy vs the
 #   CPU); the default model's greedy text on GPU and CPU (f16, q8_0 and q4_0 KV caches), and that
-#   of synthetic smollm3, gemma3, gemma2, phi3, qwen3moe, qwen2moe, gpt-oss, olmoe and deepseek2 (V2, V3) files; `tern serve --device cuda` under
+#   of synthetic smollm3, gemma3, gemma2, phi3, qwen3moe, qwen2moe, gpt-oss, olmoe, deepseek2 (V2, V3) and plm files; `tern serve --device cuda` under
 #   the serve test suite's scripts; and the benchmarks on a 1B-class synthetic model (Q4_0, Q8_0, tq2/3/4,
 #   F16, Q4_K_M, IQ4_XS, Q3_K_M): decode and pp512 against the card's copy bandwidth and fp16 peak, measured in the same run,
 #   decode with the persistent kernel (TERN_CUDA_PERSIST=1), prefill's products of the code types on
@@ -97,8 +97,8 @@ step greedy_default_vq2 180 bash -c "
 
 # the other families on the GPU (synthetic small models): greedy text on GPU and CPU, and their
 # speed on the card
-# (deepseek2: latent attention, at its tiny presets: V2's shape and V3's)
-for spec in smollm3 gemma3 gemma2 phi3 qwen3moe qwen2moe gpt-oss olmoe deepseek2:tiny deepseek2:tiny-v3; do
+# (deepseek2: latent attention, at its tiny presets: V2's shape and V3's; plm: latent attention, no experts)
+for spec in smollm3 gemma3 gemma2 phi3 qwen3moe qwen2moe gpt-oss olmoe deepseek2:tiny deepseek2:tiny-v3 plm:tiny; do
     a=${spec%%:*}
     case $spec in *:*) preset=${spec#*:} ;; *moe | gpt-oss) preset=tiny ;; *) preset=small ;; esac
     [ "$preset" = tiny-v3 ] && spec=deepseek2-v3 # (the step's name)

@@ -223,12 +223,13 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
     const bool arch_ok = hp->arch == TN_ARCH_LLAMA || hp->arch == TN_ARCH_QWEN2 || hp->arch == TN_ARCH_QWEN3 ||
                          hp->arch == TN_ARCH_SMOLLM3 || hp->arch == TN_ARCH_GEMMA3 || hp->arch == TN_ARCH_GEMMA2 ||
                          hp->arch == TN_ARCH_PHI3 || hp->arch == TN_ARCH_QWEN3MOE || hp->arch == TN_ARCH_QWEN2MOE ||
-                         hp->arch == TN_ARCH_GPT_OSS || hp->arch == TN_ARCH_OLMOE || hp->arch == TN_ARCH_DEEPSEEK2;
+                         hp->arch == TN_ARCH_GPT_OSS || hp->arch == TN_ARCH_OLMOE || hp->arch == TN_ARCH_DEEPSEEK2 ||
+                         hp->arch == TN_ARCH_PLM;
     if (!arch_ok ||
-        (hp->ffn != TN_FFN_SWIGLU && hp->ffn != TN_FFN_GEGLU && hp->ffn != TN_FFN_SWIGLU_OAI))
+        (hp->ffn != TN_FFN_SWIGLU && hp->ffn != TN_FFN_GEGLU && hp->ffn != TN_FFN_SWIGLU_OAI && hp->ffn != TN_FFN_RELU_SQR))
         return tn_err(TERN_ERR_UNSUPPORTED,
                       "cuda: architecture %s does not run on the GPU yet (llama, qwen2, qwen3, smollm3, gemma2, gemma3, phi3, qwen3moe, "
-                      "qwen2moe, gpt-oss, olmoe, deepseek2 do); "
+                      "qwen2moe, gpt-oss, olmoe, deepseek2, plm do); "
                       "run it on the CPU",
                       hp->family ? hp->family->name : "?");
     tn_cuda_ctx *g = tn_calloc(1, sizeof *g);
@@ -336,12 +337,13 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
                 max_mk = TN_MAX(max_mk, TN_MAX(2 * G->sdown.m * G->sdown.k, G->sdown.m * G->sdown.k));
                 G->sgate = tn_cuda_upload_f32(g, &R[TN_ROLE_FFN_GATE_INP_SHEXP], &ok);
             }
-        } else if ((s = tn_cuda_upload_stacked(g, ts + W_GATE, 2, &G->gu, &G->fused_gu))) {
+        } else if (!(G->ungated = hp->ffn == TN_FFN_RELU_SQR) && (s = tn_cuda_upload_stacked(g, ts + W_GATE, 2, &G->gu, &G->fused_gu))) {
             goto fail;
         }
         for (int i = 0; i < W_N; i++) {
             if ((i <= W_V && G->fused_qkv) || ((i == W_GATE || i == W_UP) && G->fused_gu)) continue;
             if (mla && (i == W_K || i == W_V || (i == W_Q && hp->n_lora_q > 0))) continue;
+            if (G->ungated && i == W_GATE) continue;
             if (i >= W_GATE && G->moe) continue;
             if ((s = tn_cuda_upload_weight(g, ts[i], &G->w[i]))) goto fail;
             max_k = TN_MAX(max_k, G->w[i].k);
@@ -712,6 +714,17 @@ static const float *ffn_glu(tn_cuda_ctx *g, const tn_cw *gu, const tn_cw *wg, co
     return g->hb2;
 }
 
+/* PLM's ungated FFN: h = relu(Wup x)^2 for n rows of x (stride ldx), its q8 blocks written with it
+ * where down reads them. Returns h (hb2). */
+static const float *ffn_relu_sqr(tn_cuda_ctx *g, const tn_cw *up, const tn_cw *down, const float *x, int64_t ldx, int64_t n) {
+    const bool qd = q8_for(g, down, n) && up->m % 32 == 0;
+    mm(g, "up", up, x, ldx, n, g->hb2, up->m, NULL, 0);
+    CKL("relu_sqr", tn_cu_relu_sqr(g->hb2, n * up->m, qd ? &g->xq : NULL, g->st));
+    fresh(g);
+    if (qd) g->q_src = g->hb2;
+    return g->hb2;
+}
+
 /* n tokens' routed experts without the host (the router's logits in rl): routed by
  * tn_cu_moe_route into n k (token, slot) pairs, each pair's expert gate|up and GLU (its q8 blocks
  * by the last block) and down by the pair GEMVs (one-token kernels: a pair's result is the same in
@@ -971,7 +984,7 @@ static void run_layers(tn_cuda_ctx *g, tern_ctx *c, int64_t n, int32_t n_out) {
             if (qo) g->q_src = g->att;
         }
         /* feed-forward block: its norm by Wo's tail, or a launch */
-        const bool qf = q8_for(g, L->moe ? &L->router : L->fused_gu ? &L->gu : &L->w[W_GATE], n);
+        const bool qf = q8_for(g, L->moe ? &L->router : L->fused_gu ? &L->gu : &L->w[L->ungated ? W_UP : W_GATE], n);
         const tn_cu_tail tf = {g->d_cnt, g->x, g->xb, L->ffn_norm, hp->rms_eps, d, qf ? g->xq : noq};
         const bool tail_f = tails && !L->attn_post_norm;
         proj_add(g, "wo", &L->w[W_O], L->bo, g->att, L->w[W_O].k, n, L->attn_post_norm, hp->rms_eps, tail_f ? &tf : NULL);
@@ -983,8 +996,9 @@ static void run_layers(tn_cuda_ctx *g, tern_ctx *c, int64_t n, int32_t n_out) {
             normed = false;
             continue;
         }
-        const float *h = ffn_glu(g, L->fused_gu ? &L->gu : NULL, &L->w[W_GATE], &L->w[W_UP], NULL, NULL, &L->w[W_DOWN], g->xb, d, n,
-                                 act);
+        const float *h = L->ungated ? ffn_relu_sqr(g, &L->w[W_UP], &L->w[W_DOWN], g->xb, d, n)
+                                    : ffn_glu(g, L->fused_gu ? &L->gu : NULL, &L->w[W_GATE], &L->w[W_UP], NULL, NULL, &L->w[W_DOWN],
+                                              g->xb, d, n, act);
         /* the next norm by Wdown's tail: the next layer's attention norm, or (one token wanting
          * its logits) the output norm */
         const tn_cu_layer *Ln = il + 1 < g->n_layers ? &g->L[il + 1] : NULL;

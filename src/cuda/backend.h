@@ -47,6 +47,7 @@ typedef struct {
      * per-head k_b, v_b (3-D in the file) as one matrix of every head's rows (head h: rows h kv_lora
      * .. of k_b, h v_head .. of v_b) */
     bool mla;
+    bool ungated; /* PLM: h = relu(Wup x)^2, no gate */
     tn_cw q_a, q_b, kv_a, k_b, v_b;
     float *q_a_norm, *kv_a_norm;
 } tn_cu_layer;

@@ -321,6 +321,9 @@ int tn_cu_swiglu(float *g, const float *u, int64_t n, int act, void *stream);
 /* h[t][i] = act(gu[t][i]) * gu[t][ff + i] (gate and up computed as one matrix), i < ff, t < n;
  * xq != NULL: h also quantized into it. */
 int tn_cu_swiglu_pair(const float *gu, float *h, int64_t n, int64_t ff, int act, const tn_cq *xq, void *stream);
+/* x[i] = relu(x[i])^2, i < n (PLM's ungated FFN), as the CPU's tn_op_relu_sqr; xq != NULL (n % 32
+ * == 0): x also quantized into it. */
+int tn_cu_relu_sqr(float *x, int64_t n, const tn_cq *xq, void *stream);
 /* Mixture of experts (the routing itself is the host's: model/blocks.h tn_moe_route_token):
  * dst[r] = src[idx[r]] for r < n, rows of d floats (each routed row's input, grouped by expert). */
 int tn_cu_gather_rows(const float *src, const int32_t *idx, int64_t n, int64_t d, float *dst, void *stream);

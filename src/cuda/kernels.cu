@@ -2745,6 +2745,27 @@ extern "C" int tn_cu_swiglu(float *g, const float *u, int64_t n, int act, void *
 
 /* gate and up side by side per token: gu[t] = [gate (ff) | up (ff)] -> h[t][i]; with xq.q != NULL
  * (ff % 32 == 0) also h quantized to q8 blocks, one warp per block */
+/* x[i] = relu(x[i])^2 (PLM's ungated FFN; the CPU's tn_op_relu_sqr), and with xq its q8 blocks. */
+__global__ void k_relu_sqr(float *x, int64_t n, tn_cq xq) {
+    gdc_enter();
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (xq.q) { /* whole warps: n is a multiple of 32 */
+        if ((i - threadIdx.x % WARP) >= n) return;
+    } else if (i >= n) {
+        return;
+    }
+    const float r = x[i] > 0.0f ? x[i] : 0.0f, v = __fmul_rn(r, r);
+    x[i] = v;
+    if (xq.q) q8_block(v, threadIdx.x % WARP, i / 32, i - threadIdx.x % WARP, xq);
+}
+extern "C" int tn_cu_relu_sqr(float *x, int64_t n, const tn_cq *xq, void *stream) {
+    if (n == 0) return 0;
+    if (xq && n % 32 != 0) return (int)cudaErrorInvalidValue;
+    const tn_cq none = {NULL, NULL, NULL};
+    launch(k_relu_sqr, (unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream, x, n, xq ? *xq : none);
+    return tn_cu_err();
+}
+
 __global__ void k_swiglu_pair(const float *gu, float *h, int64_t n, int64_t ff, int act, tn_cq xq) {
     gdc_enter();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;

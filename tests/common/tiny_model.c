@@ -31,6 +31,17 @@ void tiny_cfg_default(tiny_cfg *c) {
 
 /* A tiny mixture-of-experts config: 8 experts, top 2, experts of 256 rows (qwen3moe's own
  * expert_feed_forward_length, the others n_ff), 2 layers over n_embd 256. */
+/* A tiny PLM (latent attention without experts: 4 heads of 32 + 32 rotated over a latent of 64,
+ * values of 64, one attn_kv_b, the ungated FFN down(relu(up x)^2), the output tied to token_embd). */
+tiny_cfg tiny_cfg_plm(tn_dtype wt) {
+    tiny_cfg cfg;
+    tiny_cfg_default(&cfg);
+    cfg.arch = "plm", cfg.wtype = wt, cfg.out_type = wt == TN_F32 ? TN_F32 : TN_Q8_0;
+    cfg.n_head_kv = cfg.n_head, cfg.head_dim = 64, cfg.n_rot = 32, cfg.kv_lora = 64, cfg.v_head = 64, cfg.kv_b = true;
+    cfg.tied = true;
+    return cfg;
+}
+
 tiny_cfg tiny_cfg_moe(const char *arch, tn_dtype wt) {
     tiny_cfg cfg;
     tiny_cfg_default(&cfg);
@@ -168,7 +179,8 @@ tern_status tiny_model_write(const char *path, const tiny_cfg *c) {
     U32("feed_forward_length", c->n_ff);
     U32("attention.head_count", c->n_head);
     U32("attention.head_count_kv", c->n_head_kv);
-    if (c->head_dim) {
+    const bool plm = !strcmp(a, "plm");
+    if (c->head_dim && !plm) {
         U32("attention.key_length", c->head_dim);
         U32("attention.value_length", c->head_dim);
     }
@@ -200,6 +212,11 @@ tern_status tiny_model_write(const char *path, const tiny_cfg *c) {
         tn_gguf_set_f32(w, key, c->attn_softcap);
     }
     const bool ds = !strcmp(a, "deepseek2");
+    if (plm) { /* conversion/plm.py's keys: the latent's rank, q/k heads of nope + rope, values */
+        U32("attention.kv_lora_rank", c->kv_lora);
+        U32("attention.key_length", c->head_dim);
+        U32("attention.value_length", c->v_head);
+    }
     if (ds) { /* convert_hf_to_gguf.py DeepseekV2Model's keys (MLA form: one kv head, key/value
                * lengths of the cached latent, the heads in *_mla) */
         U32("attention.kv_lora_rank", c->kv_lora);
@@ -287,6 +304,18 @@ tern_status tiny_model_write(const char *path, const tiny_cfg *c) {
         char n[64];
 #define L(sfx, a0, a1, ty_, kd) snprintf(n, sizeof n, "blk.%lld." sfx, (long long)l); ADD(n, a0, a1, ty_, kd)
         L("attn_norm.weight", c->n_embd, 1, TN_F32, 'n');
+        if (plm) { /* plm.cpp: q direct, one attn_kv_b, an ungated FFN */
+            const int64_t np = c->head_dim - c->n_rot, H = c->n_head;
+            L("attn_q.weight", c->n_embd, H * c->head_dim, c->wtype, 'w');
+            L("attn_kv_a_norm.weight", c->kv_lora, 1, TN_F32, 'n');
+            L("attn_kv_a_mqa.weight", c->n_embd, c->kv_lora + c->n_rot, c->wtype, 'w');
+            L("attn_kv_b.weight", c->kv_lora, H * (np + c->v_head), c->wtype, 'w');
+            L("attn_output.weight", H * c->v_head, c->n_embd, c->wtype, 'w');
+            L("ffn_norm.weight", c->n_embd, 1, TN_F32, 'n');
+            L("ffn_up.weight", c->n_embd, c->n_ff, c->wtype, 'w');
+            L("ffn_down.weight", c->n_ff, c->n_embd, c->wtype, 'w');
+            continue;
+        }
         if (ds) { /* deepseek2.cpp load_arch_tensors: shapes as written there */
             const int64_t np = c->head_dim - c->n_rot, H = c->n_head;
             if (c->q_lora) {

@@ -51,6 +51,7 @@ void tiny_cfg_default(tiny_cfg *c);
  * with experts, "gpt-oss", "deepseek2", "deepseek2-v3", "deepseek2-kvb"), weights wt: 8 experts,
  * top 2 (gpt-oss 4), 2 layers over n_embd 256, the family's own expert shapes. */
 tiny_cfg tiny_cfg_moe(const char *arch, tn_dtype wt);
+tiny_cfg tiny_cfg_plm(tn_dtype wt);
 tern_status tiny_model_write(const char *path, const tiny_cfg *c);
 /* A temp path under $TERN_TEST_TMP (or /tmp) unique to this process: "<dir>/<stem>.<pid>.gguf". */
 void tiny_tmp_path(char *buf, size_t cap, const char *stem);

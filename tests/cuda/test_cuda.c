@@ -550,8 +550,8 @@ static void test_forward_moe(void **state) {
  * first layer dense, then experts routed on the host by the CPU's routing (shared experts, YaRN):
  * q direct (F32: a 12-token prompt's per-head products through fp16 + cuBLAS; Q8_0: through the
  * expert GEMVs), V3's shape (q of rank 64, sigmoid routing with exp_probs_b), an older file's one
- * attn_kv_b (split into f32 k_b / v_b at load), layer 1 on the CPU (-ngl 1), a q8_0 and a tq4 latent
- * cache (rows quantized as the CPU's). */
+ * attn_kv_b (split into f32 k_b / v_b at load), layer 1 on the CPU (-ngl 1), PLM (no experts, the
+ * ungated FFN down(relu(up x)^2)), a q8_0 and a tq4 latent cache (rows quantized as the CPU's). */
 static void test_forward_mla(void **state) {
     (void)state;
     forward_case(tiny_cfg_moe("deepseek2", TN_F32), -1);
@@ -570,6 +570,8 @@ static void test_forward_mla(void **state) {
     g_tol_code = 4e-2;
     forward_case(tiny_cfg_moe("deepseek2-kvb", TN_F32), -1);
     forward_case(tiny_cfg_moe("deepseek2", TN_F32), 1);
+    forward_case(tiny_cfg_plm(TN_F32), -1); /* PLM: q direct, one attn_kv_b, down(relu(up x)^2), tied output */
+    forward_case(tiny_cfg_plm(TN_Q8_0), -1);
     /* quantized latent caches (the reference rounds the rows and the latent-space query alike): an
      * 8-token prompt, so that F32 products stay on the GEMV kernels (above 8 tokens they are fp16 +
      * cuBLAS, whose rounding moves q8_0 codes of the latent: 1.2e-2 at 9 tokens, the caches 1-3
