@@ -475,6 +475,14 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
         g->asched.cnt = tn_cuda_dalloc(g, (size_t)units * sizeof(int), &ok);
         if (ok) cudaMemset(g->asched.cnt, 0, (size_t)units * sizeof(int));
     }
+    if (mla) { /* latent attention splits the positions of batches of up to 8 tokens (contexts to 64k) */
+        const int64_t kmax = (c->kv_rows + TN_CU_MLA_CHUNK - 1) / TN_CU_MLA_CHUNK;
+        g->msplit = (tn_cu_mla_split){NULL, (int)kmax, 1};
+        if (g->att_max != 1 && kmax > 1 && kmax <= 256) {
+            g->mtokens = (int)TN_MIN(nb, TN_CU_GEMV_MAXN);
+            g->msplit.part = tn_cuda_dalloc(g, (size_t)((int64_t)g->mtokens * hp->n_head * kmax * (hp->n_lora_kv + 2)) * 4, &ok);
+        }
+    }
     if (!ok) {
         s = TERN_ERR_NOMEM;
         goto fail;
@@ -887,7 +895,7 @@ static void mla_attention(tn_cuda_ctx *g, const tern_ctx *c, const tn_cu_layer *
                                            g->mq, Lk, n, d_kvrow, Kc, &g->kv, g->st));
     fresh(g);
     mm_heads(g, "k_b", &L->k_b, H, g->q, hd, n, g->mq, Lk); /* q_nope of head h: its first hd - nr values */
-    CKL("attention", tn_cu_attn_mla(g->mq, Lk, R, Kc, n, H, d_pos, d_toff, d_tbl, hp->attn_scale, g->mo, R, &g->kv, g->st));
+    CKL("attention", tn_cu_attn_mla(g->mq, Lk, R, Kc, n, H, d_pos, d_toff, d_tbl, hp->attn_scale, g->mo, R, &g->kv, &g->msplit, g->st));
     mm_heads(g, "v_b", &L->v_b, H, g->mo, R, n, g->att, hp->v_head);
 }
 
@@ -1097,7 +1105,14 @@ tern_status tn_cuda_forward_batch(tern_ctx *c, const tn_batch *b, const int32_t 
     const bool spread = n <= TN_CU_GEMV_MAXN || (n <= g->asched.tokens && one_token_per_seq(b));
     g->asched.tile = g->att_tile && !spread;
     int splits = 1;
-    if (g->asched.part && spread) {
+    if (hp->family->mla) { /* latent attention: its chunks of TN_CU_MLA_CHUNK positions, its partials */
+        int32_t chunks = 1;
+        for (int64_t t = 0; t < n; t++) chunks = TN_MAX(chunks, (b->pos[t] + TN_CU_MLA_CHUNK) / TN_CU_MLA_CHUNK);
+        const int64_t units = n * hp->n_head;
+        const int want = g->att_max > 1 ? g->att_max : (int)((4 * (int64_t)TN_MAX(g->sms, 1) + units - 1) / units);
+        if (g->msplit.part && n <= g->mtokens && chunks <= g->msplit.kmax) splits = TN_MIN(chunks, want);
+        g->msplit.splits = splits;
+    } else if (g->asched.part && spread) {
         int32_t chunks = 1;
         for (int64_t t = 0; t < n; t++) chunks = TN_MAX(chunks, (b->pos[t] + TN_CU_ATT_CHUNK) / TN_CU_ATT_CHUNK);
         const int64_t units = n * hp->n_head;

@@ -83,6 +83,10 @@ struct tn_cuda_ctx {
      * ([n_batch n_head], for the per-head products' expert GEMVs) */
     float *mq, *mo, *ma, *mkv;
     int32_t *msel;
+    /* latent attention's flash-decoding (kern_cuda.h tn_cu_mla_split): partials of up to mtokens
+     * tokens' heads (part NULL: never split); splits chosen per step */
+    tn_cu_mla_split msplit;
+    int mtokens;
     tn_cq xq;
     uint16_t *xh, *wh; /* fp16 activations, fp16 weight tile for the GEMM path */
     int64_t wh_elems;

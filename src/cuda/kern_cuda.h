@@ -306,9 +306,18 @@ int tn_cu_mla_rope_store(float *q, int64_t ldq, int n_head, int hd, int nope, fl
 /* Causal attention of unit u = t n_head + h (query mq[u Lk ..], Lk <= 1024 values) over positions 0
  * .. pos[t] of its sequence (rows as tn_cu_attention finds them: tbl_off, tbl), keys the cached rows
  * (a quantized row dotted with the query as q8 blocks), scores times scale, softmax, values the
- * rows' first R values: out[u ldo + i], i < R. f32, chunks of 256 positions folded in order. */
+ * rows' first R values: out[u ldo + i], i < R. f32, chunks of TN_CU_MLA_CHUNK positions folded in
+ * order. split (NULL or splits <= 1: none): a unit's chunks across `splits` blocks, each chunk's
+ * partial (max, sum, R outputs) in part [units][kmax][R + 2] (every unit's chunks at most kmax),
+ * then a fold in chunk order: the same bits as unsplit. */
+#define TN_CU_MLA_CHUNK 256
+typedef struct tn_cu_mla_split {
+    float *part;
+    int kmax, splits;
+} tn_cu_mla_split;
 int tn_cu_attn_mla(const float *mq, int64_t Lk, int R, const void *Kc, int64_t n, int n_head, const int32_t *pos,
-                   const int32_t *tbl_off, const int32_t *tbl, float scale, float *out, int64_t ldo, const tn_cu_kv *kv, void *stream);
+                   const int32_t *tbl_off, const int32_t *tbl, float scale, float *out, int64_t ldo, const tn_cu_kv *kv,
+                   const tn_cu_mla_split *split, void *stream);
 /* x[j] += rmsnorm(y[j]) * w for rows j < n of d (post-attention / post-FFN norms before the
  * residual add; sum of squares in double). */
 int tn_cu_rmsnorm_add(float *x, const float *y, const float *w, int64_t n, int64_t d, float eps, void *stream);

@@ -2619,7 +2619,7 @@ extern "C" int tn_cu_mla_rope_store(float *q, int64_t ldq, int n_head, int hd, i
 }
 
 #define MLA_LMAX 1024 /* the longest latent row [c | k_pe] the attention block holds (deepseek V2/V3: 576) */
-#define MLA_CH 256    /* positions scored at once */
+#define MLA_CH TN_CU_MLA_CHUNK /* positions scored at once */
 /* max / sum of v over the block, every thread gets it (the warps' results combined in warp order) */
 __device__ __forceinline__ float mla_block_max(float v, float *red) {
     v = warp_max(v);
@@ -2639,16 +2639,26 @@ __device__ __forceinline__ float mla_block_sum(float v, float *red) {
     __syncthreads();
     return r;
 }
-/* Block per (token t, head h) = unit u: query mq[u] (Lk values) over the cached rows of positions
- * 0 .. pos[t] (row kv_pos_row), scores q.k * scale, softmax, and the weighted sum of the rows' first
- * R values (the latent: keys and values are the same rows) into out[u ldo ..]. Positions in chunks
- * of MLA_CH: a thread per position scores it (f16 rows: 8 values a 16-byte load, fused multiply-adds
- * in order; a quantized row: the query as q8 blocks, kv_dot_q as the other attention kernels), the
- * chunk's max and sum of exp, thread i accumulates dimensions i, i + 256, .. over the chunk's
- * positions (V values dequantized), and the chunks are folded as attn_fold does. f32 throughout. */
+/* Block per (token t, head h) = unit u, or with a split (sp.splits = S > 1) per (unit, s < S): query
+ * mq[u] (Lk values) over the cached rows of positions 0 .. pos[t] (row kv_pos_row), scores q.k *
+ * scale, softmax, and the weighted sum of the rows' first R values (the latent: keys and values are
+ * the same rows). Positions in chunks of MLA_CH: a thread per position scores it (f16 rows: 8 values
+ * a 16-byte load, fused multiply-adds in order; a quantized row: the query as q8 blocks, kv_dot_q
+ * as the other attention kernels), the chunk's max m and sum l of exp, thread i accumulates
+ * dimensions i, i + 256, .. over the chunk's positions (V values dequantized) into o. Unsplit, the
+ * chunks' (m, l, o) are folded in order (mla_fold) and out[u ldo + i] = O / L; split, block s takes
+ * chunks s, s + S, .. and writes each chunk's (m, l, o) to sp.part, which k_attn_mla_fold folds in
+ * chunk order: the same operations in the same order, so the same bits. f32 throughout. */
+__device__ __forceinline__ void mla_fold(float &M, float &L, float *O, int n, float m, float l, const float *o) {
+    const float Mn = fmaxf(M, m), a = expf(M - Mn), b = expf(m - Mn);
+    L = attn_fold_add(L, l, a, b);
+    for (int k = 0; k < n; k++) O[k] = attn_fold_add(O[k], o[k], a, b);
+    M = Mn;
+}
+#define MLA_OPT (MLA_LMAX / ATT_THREADS) /* output dimensions per thread */
 __global__ void __launch_bounds__(ATT_THREADS) k_attn_mla(const float *mq, int Lk, int R, const uint8_t *Kc, int H,
                                                           const int32_t *pos, const int32_t *toff, const int32_t *tbl, float scale,
-                                                          float *out, int64_t ldo, tn_cu_kv kv) {
+                                                          float *out, int64_t ldo, tn_cu_kv kv, tn_cu_mla_split sp) {
     gdc_enter();
     __shared__ __align__(16) float sq[MLA_LMAX];
     __shared__ __align__(16) int8_t sqq[MLA_LMAX];
@@ -2657,8 +2667,12 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attn_mla(const float *mq, int L
     __shared__ float ss[MLA_CH];
     __shared__ int64_t srow[MLA_CH];
     __shared__ float red[ATT_THREADS / WARP];
-    const int64_t u = blockIdx.x, t = u / H;
+    const int S = sp.splits > 1 ? sp.splits : 1;
+    const int64_t u = blockIdx.x / S, t = u / H;
+    const int s0 = (int)(blockIdx.x % S);
     const int tid = threadIdx.x, lane = tid % WARP, nw = blockDim.x / WARP;
+    const int np = pos[t] + 1, off = toff[t], K = (np + MLA_CH - 1) / MLA_CH;
+    if (s0 >= K) return; /* (a split block without a chunk of its own: the whole block leaves) */
     const float *q = mq + u * Lk;
     for (int i = tid; i < Lk; i += blockDim.x) sq[i] = q[i];
     const bool quant = kv.tk != TN_CU_KV_F16;
@@ -2667,26 +2681,24 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attn_mla(const float *mq, int L
         for (int b = tid / WARP; b < Lk / 32; b += nw) q8_block(q[b * 32 + lane], lane, b, (int64_t)b * 32, sx);
     }
     __syncthreads();
-    const int np = pos[t] + 1, off = toff[t];
-    constexpr int OPT = MLA_LMAX / ATT_THREADS; /* output dimensions per thread */
-    float M = -INFINITY, L = 0.0f, O[OPT];
+    float M = -INFINITY, L = 0.0f, O[MLA_OPT];
 #pragma unroll
-    for (int k = 0; k < OPT; k++) O[k] = 0.0f;
-    for (int p0 = 0; p0 < np; p0 += MLA_CH) {
-        const int nc = min(MLA_CH, np - p0);
+    for (int k = 0; k < MLA_OPT; k++) O[k] = 0.0f;
+    for (int c = s0; c < K; c += S) {
+        const int p0 = c * MLA_CH, nc = min(MLA_CH, np - p0);
         float m = -INFINITY;
         for (int j = tid; j < nc; j += blockDim.x) {
             const int64_t r = kv_pos_row(kv, off, tbl, p0 + j);
             const uint8_t *row = Kc + r * kv.k_rb;
-            float s = 0.0f;
+            float sc = 0.0f;
             if (quant) {
-                s = kv_dot_q(row, kv.tk, sqq, sqd, sqs, Lk);
+                sc = kv_dot_q(row, kv.tk, sqq, sqd, sqs, Lk);
             } else {
-                for (int i = 0; i < Lk; i += 8) s = dot8_h(s, sq + i, *(const uint4 *)(row + 2 * i));
+                for (int i = 0; i < Lk; i += 8) sc = dot8_h(sc, sq + i, *(const uint4 *)(row + 2 * i));
             }
-            s = __fmul_rn(s, scale);
-            ss[j] = s, srow[j] = r;
-            m = fmaxf(m, s);
+            sc = __fmul_rn(sc, scale);
+            ss[j] = sc, srow[j] = r;
+            m = fmaxf(m, sc);
         }
         m = mla_block_max(m, red);
         float l = 0.0f;
@@ -2696,39 +2708,70 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attn_mla(const float *mq, int L
             l += e;
         }
         l = mla_block_sum(l, red); /* (its barriers also publish ss) */
-        const float Mn = fmaxf(M, m), a = expf(M - Mn), b = expf(m - Mn);
-        L = attn_fold_add(L, l, a, b);
+        float o[MLA_OPT];
 #pragma unroll
-        for (int k = 0; k < OPT; k++) {
+        for (int k = 0; k < MLA_OPT; k++) {
             const int i = tid + k * ATT_THREADS;
-            if (i >= R) break;
-            float o = 0.0f;
+            o[k] = 0.0f;
+            if (i >= R) continue;
             for (int j = 0; j < nc; j++) {
                 const uint8_t *row = Kc + srow[j] * kv.k_rb;
-                o = __fmaf_rn(ss[j], quant ? kv_value(row, kv.tk, i) : h2f(((const uint16_t *)row)[i]), o);
+                o[k] = __fmaf_rn(ss[j], quant ? kv_value(row, kv.tk, i) : h2f(((const uint16_t *)row)[i]), o[k]);
             }
-            O[k] = attn_fold_add(O[k], o, a, b);
         }
-        M = Mn;
+        if (S > 1) { /* the chunk's partial: (m, l, o[R]) */
+            float *pp = sp.part + ((size_t)u * sp.kmax + c) * (size_t)(R + 2);
+            if (tid == 0) pp[0] = m, pp[1] = l;
+#pragma unroll
+            for (int k = 0; k < MLA_OPT; k++)
+                if (tid + k * ATT_THREADS < R) pp[2 + tid + k * ATT_THREADS] = o[k];
+        } else {
+            mla_fold(M, L, O, MLA_OPT, m, l, o);
+        }
         __syncthreads(); /* ss, srow are rewritten by the next chunk */
     }
+    if (S > 1) return;
 #pragma unroll
-    for (int k = 0; k < OPT; k++) {
+    for (int k = 0; k < MLA_OPT; k++) {
         const int i = tid + k * ATT_THREADS;
         if (i < R) out[u * ldo + i] = O[k] / L;
     }
 }
+/* Block per unit u: its chunks' partials folded in chunk order (mla_fold, as the unsplit block
+ * folds them), out[u ldo + i] = O / L. */
+__global__ void __launch_bounds__(ATT_THREADS) k_attn_mla_fold(int R, int H, const int32_t *pos, float *out, int64_t ldo,
+                                                               tn_cu_mla_split sp) {
+    gdc_enter();
+    const int64_t u = blockIdx.x, t = u / H;
+    const int K = (pos[t] + MLA_CH) / MLA_CH;
+    const float *pp = sp.part + (size_t)u * sp.kmax * (size_t)(R + 2);
+    for (int i = threadIdx.x; i < R; i += blockDim.x) {
+        float M = -INFINITY, L = 0.0f, O = 0.0f;
+        for (int c = 0; c < K; c++) {
+            const float *pc = pp + (size_t)c * (size_t)(R + 2);
+            mla_fold(M, L, &O, 1, pc[0], pc[1], pc + 2 + i);
+        }
+        out[u * ldo + i] = O / L;
+    }
+}
 extern "C" int tn_cu_attn_mla(const float *mq, int64_t Lk, int R, const void *Kc, int64_t n, int n_head, const int32_t *pos,
                               const int32_t *tbl_off, const int32_t *tbl, float scale, float *out, int64_t ldo, const tn_cu_kv *kv,
-                              void *stream) {
+                              const tn_cu_mla_split *split, void *stream) {
     if (!kv) return (int)cudaErrorInvalidValue;
     const tn_cu_kv kvv = *kv;
     if (Lk > MLA_LMAX || R > Lk || R < 1 || kvv.rot_k || kv_kc_bits(kvv.tk) || kvv.ring || kvv.tk != kvv.tv ||
         (kvv.tk == TN_CU_KV_F16 ? Lk % 8 != 0 || kvv.k_rb % 16 != 0 : Lk % 32 != 0))
         return (int)cudaErrorInvalidValue;
     if (n * n_head == 0) return 0;
-    launch(k_attn_mla, (unsigned)(n * n_head), ATT_THREADS, 0, (cudaStream_t)stream, mq, (int)Lk, R, (const uint8_t *)Kc, n_head, pos,
-           tbl_off, tbl, scale, out, ldo, kvv);
+    tn_cu_mla_split sp = {NULL, 0, 1};
+    if (split && split->splits > 1) {
+        if (!split->part || split->kmax < 1) return (int)cudaErrorInvalidValue;
+        sp = *split;
+    }
+    launch(k_attn_mla, (unsigned)(n * n_head * sp.splits), ATT_THREADS, 0, (cudaStream_t)stream, mq, (int)Lk, R, (const uint8_t *)Kc,
+           n_head, pos, tbl_off, tbl, scale, out, ldo, kvv, sp);
+    if (sp.splits > 1)
+        launch(k_attn_mla_fold, (unsigned)(n * n_head), ATT_THREADS, 0, (cudaStream_t)stream, R, n_head, pos, out, ldo, sp);
     return tn_cu_err();
 }
 

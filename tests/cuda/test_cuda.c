@@ -591,41 +591,69 @@ static void test_forward_mla(void **state) {
  * rounding the rows and the latent-space queries alike. Bound 5e-3: the GPU's f32 sums and the
  * reference's doubles can put a value on either side of a q8 rounding boundary (measured: one
  * cache byte of 600 rows differs from the CPU's; a step whose query has a code the other way is
- * 1.0e-3 off, the others 6e-6 .. 9e-5; tern's CPU 8e-7). */
+ * 1.0e-3 off, the others 6e-6 .. 9e-5; tern's CPU 8e-7). The batch of 3 and the steps split each
+ * head's chunks across blocks (flash-decoding: the default, and TERN_CUDA_ATTN_SPLIT=2): their
+ * logits equal, bit for bit, those of one block per (token, head) (TERN_CUDA_ATTN_SPLIT=1). */
+enum { MLA_NP = 600, MLA_STEPS = 4 };
+static int mla_long_run(const tern_model *m, const char *split, int32_t nv, float *out, ref_model *r, tern_ctx *c, double *worst,
+                        double *worst_cpu) {
+    setenv("TERN_CUDA_ATTN_SPLIT", split, 1);
+    tern_ctx *g = make_ctx(m, TERN_DEVICE_CUDA, -1, 1024);
+    unsetenv("TERN_CUDA_ATTN_SPLIT");
+    double *rl = r ? malloc(sizeof(double) * (size_t)nv) : NULL;
+    tern_token prompt[MLA_NP];
+    for (int i = 0; i < MLA_NP; i++) prompt[i] = (tern_token)(3 + (i * 7919 + i / 13) % 380);
+    int splits = 0;
+    for (int part = 0; part < 2 + MLA_STEPS; part++) {
+        const int32_t a = part == 0 ? 0 : part == 1 ? MLA_NP - 3 : MLA_NP + part - 2, nb = part == 0 ? MLA_NP - 3 : part == 1 ? 3 : 1;
+        const tern_token *tk = part < 2 ? prompt + a : &prompt[(part * 37) % MLA_NP];
+        assert_int_equal(tern_decode(g, tk, nb), TERN_OK);
+        memcpy(out + (size_t)part * nv, tern_get_logits(g, -1), sizeof(float) * (size_t)nv);
+        if (part > 0) splits = TN_MAX(splits, tn_cuda_attn_splits(g->cuda));
+        if (!r) continue;
+        assert_int_equal(tern_decode(c, tk, nb), TERN_OK);
+        for (int32_t i = 0; i < nb; i++) ref_step(r, tk[i], rl, NULL);
+        const double e = rel_err(rl, tern_get_logits(g, -1), nv), ec = rel_err(rl, tern_get_logits(c, -1), nv);
+        if (e > 5e-3) fail_msg("deepseek2 over %d positions: logits rel err %.3g > 5e-3 (tern CPU's %.3g)", a + nb, e, ec);
+        *worst = e > *worst ? e : *worst;
+        *worst_cpu = ec > *worst_cpu ? ec : *worst_cpu;
+    }
+    free(rl);
+    tern_ctx_free(g);
+    return splits;
+}
 static void test_mla_long(void **state) {
     (void)state;
-    enum { NP = 600, STEPS = 4 };
     tiny_cfg cfg = tiny_cfg_moe("deepseek2", TN_F32);
     cfg.n_ctx = 1024;
     cfg.n_layer = 1; /* its dense layer alone: no routing decision for rounding to flip */
     tern_model *m = load_cfg(&cfg, "cuda_mla_long");
     g_tk = g_tv = TERN_KV_Q8_0;
     setenv("TERN_CUDA_PREFILL", "gemv", 1);
-    tern_ctx *g = make_ctx(m, TERN_DEVICE_CUDA, -1, 1024), *c = make_ctx(m, TERN_DEVICE_CPU, -1, 1024);
+    tern_ctx *c = make_ctx(m, TERN_DEVICE_CPU, -1, 1024);
     ref_model *r = ref_create(m, 1024);
     ref_set_kv_types(r, g_tk, g_tv);
     const int32_t nv = (int32_t)cfg.n_vocab;
-    double *rl = malloc(sizeof(double) * (size_t)nv), worst = 0, worst_cpu = 0;
-    tern_token prompt[NP];
-    for (int i = 0; i < NP; i++) prompt[i] = (tern_token)(3 + (i * 7919 + i / 13) % 380);
-    for (int part = 0; part < 2 + STEPS; part++) {
-        const int32_t a = part == 0 ? 0 : part == 1 ? NP - 3 : NP + part - 2, nb = part == 0 ? NP - 3 : part == 1 ? 3 : 1;
-        const tern_token *tk = part < 2 ? prompt + a : &prompt[(part * 37) % NP];
-        assert_int_equal(tern_decode(g, tk, nb), TERN_OK);
-        assert_int_equal(tern_decode(c, tk, nb), TERN_OK);
-        for (int32_t i = 0; i < nb; i++) ref_step(r, tk[i], rl, NULL);
-        const double e = rel_err(rl, tern_get_logits(g, -1), nv), ec = rel_err(rl, tern_get_logits(c, -1), nv);
-        printf("    positions to %d: GPU %.2e, CPU %.2e from the reference\n", a + nb - 1, e, ec);
-        if (e > 5e-3) fail_msg("deepseek2 over %d positions: logits rel err %.3g > 5e-3 (tern CPU's %.3g)", a + nb, e, ec);
-        worst = e > worst ? e : worst;
-        worst_cpu = ec > worst_cpu ? ec : worst_cpu;
-    }
+    const size_t rows = 2 + MLA_STEPS;
+    float *ref = malloc(sizeof(float) * (size_t)nv * rows), *got = malloc(sizeof(float) * (size_t)nv * rows);
+    double worst = 0, worst_cpu = 0;
+    const int s_auto = mla_long_run(m, "0", nv, ref, r, c, &worst, &worst_cpu);
     printf("  deepseek2 f32, q8_0 latent cache, positions to %d: worst logits rel err vs reference %.2e (bound 5e-3; tern CPU's %.2e)\n",
-           NP + STEPS - 1, worst, worst_cpu);
-    free(rl);
+           MLA_NP + MLA_STEPS - 1, worst, worst_cpu);
+    const char *splits[] = {"1", "2"};
+    for (int si = 0; si < 2; si++) {
+        const int got_s = mla_long_run(m, splits[si], nv, got, NULL, NULL, NULL, NULL);
+        for (size_t row = 1; row < rows; row++) /* (the prompt's batch of 597: one block per (token, head) in all three) */
+            if (memcmp(ref + row * nv, got + row * nv, sizeof(float) * (size_t)nv) != 0)
+                fail_msg("TERN_CUDA_ATTN_SPLIT=%s (%d blocks a head) against the default (%d): %s logits differ (rel %.2e)", splits[si],
+                         got_s, s_auto, row == 1 ? "the batch of 3's" : "a step's", rel_err_f(ref + row * nv, got + row * nv, nv));
+        printf("  latent attention split in %d blocks a head (TERN_CUDA_ATTN_SPLIT=%s) bit-identical to %d (the default)\n", got_s,
+               splits[si], s_auto);
+    }
+    if (s_auto < 2) fail_msg("the default split %d blocks a head: the test wants the split path", s_auto);
+    free(ref), free(got);
     ref_free(r);
     tern_ctx_free(c);
-    tern_ctx_free(g);
     tern_model_free(m);
     unsetenv("TERN_CUDA_PREFILL");
 }
