@@ -859,14 +859,16 @@ static void test_swa_pool(void **state) {
 
 /* One-token steps replay a captured CUDA graph; with TERN_CUDA_GRAPH=0 the same kernels are
  * launched one by one: the logits must be bit-identical (llama tq3g64a; qwen3moe Q8_0, whose
- * one-token steps route their experts on the GPU inside the graph). */
+ * one-token steps route their experts on the GPU inside the graph; deepseek2's V3 shape Q8_0:
+ * latent attention, its split and DeepSeek's routing inside the graph). */
 static void test_graph_equivalence(void **state) {
     (void)state;
-    for (int mi = 0; mi < 2; mi++) {
+    for (int mi = 0; mi < 3; mi++) {
         tiny_cfg cfg;
         tiny_cfg_default(&cfg);
         cfg.wtype = (tn_dtype)tn_tq_dtype(&(tn_tq_params){3, 64, true});
         if (mi == 1) cfg = tiny_cfg_moe("qwen3moe", TN_Q8_0);
+        if (mi == 2) cfg = tiny_cfg_moe("deepseek2-v3", TN_Q8_0); /* latent attention, DeepSeek's routing on the GPU */
         tern_model *m = load_cfg(&cfg, "cuda_graph");
         tern_ctx *a = make_ctx(m, TERN_DEVICE_CUDA, -1, 32);
         setenv("TERN_CUDA_GRAPH", "0", 1);
