@@ -468,7 +468,7 @@ tern_status tn_cuda_ctx_create(tern_ctx *c, int32_t ngl, tn_cuda_ctx **out) {
     g->att_tile = env_int("TERN_CUDA_ATTN_TILE", 1) != 0;
     g->asched.tile = g->att_tile;
     g->asched.kmax = (int)((c->kv_rows + TN_CU_ATT_CHUNK - 1) / TN_CU_ATT_CHUNK);
-    if (g->att_max != 1 && g->asched.kmax > 1) { /* partials of up to TN_CU_ATT_SPREAD tokens' heads */
+    if (g->att_max != 1 && g->asched.kmax > 1 && !mla) { /* partials of up to TN_CU_ATT_SPREAD tokens' heads */
         g->asched.tokens = (int)TN_MIN(nb, TN_CU_ATT_SPREAD);
         const int64_t units = (int64_t)g->asched.tokens * hp->n_head;
         g->asched.part = tn_cuda_dalloc(g, (size_t)(units * g->asched.kmax * (hp->head_dim + 2)) * 4, &ok);
@@ -626,6 +626,18 @@ void tn_cuda_set_batch_invariant(tn_cuda_ctx *g, bool on) {
     g->tile_max_float = on ? INT64_MAX : TN_CU_GEMV_MAXN;
 }
 
+/* y[j ldy + i] (+)= A row i . B row j (fp16 rows of k: A [m][k], B n rows at stride ldb), fp32
+ * accumulation, through cuBLAS (timed under label). */
+static void gemm_f16(tn_cuda_ctx *g, const char *label, const uint16_t *A, int64_t m, int64_t n, int64_t k, const uint16_t *B,
+                     int64_t ldb, float *y, int64_t ldy, int acc) {
+    const float alpha = 1.0f, beta = acc ? 1.0f : 0.0f;
+    const int pi = prof_begin(g, label);
+    cublasStatus_t bs = cublasGemmEx(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)m, (int)n, (int)k, &alpha, A, CUDA_R_16F, (int)k, B,
+                                     CUDA_R_16F, (int)ldb, &beta, y, CUDA_R_32F, (int)ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    prof_end(g, pi);
+    if (bs != CUBLAS_STATUS_SUCCESS && !g->cuerr) g->cuerr = (int)cudaErrorLaunchFailure;
+}
+
 /* y[n][ldy] (+)= W x (+ bias); x [n][k] rows of stride ldx; with tail (one token), the norm after it
  * (tn_cu_tail) done by the product's kernel. */
 static void mm_tail(tn_cuda_ctx *g, const char *label, const tn_cw *w, const float *x, int64_t ldx, int64_t n, float *y,
@@ -650,13 +662,7 @@ static void mm_tail(tn_cuda_ctx *g, const char *label, const tn_cw *w, const flo
         const int64_t nr = TN_MIN(rows, w->m - r0);
         const uint16_t *A = direct ? (const uint16_t *)w->data : g->wh;
         if (!direct) CKL("dequant_f16", tn_cu_dequant_f16(w, r0, nr, g->wh, g->st));
-        const float alpha = 1.0f, beta = acc ? 1.0f : 0.0f;
-        const int pi = prof_begin(g, label);
-        cublasStatus_t bs = cublasGemmEx(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)n, (int)w->k, &alpha, A,
-                                         CUDA_R_16F, (int)w->k, g->xh, CUDA_R_16F, (int)w->k, &beta, y + r0, CUDA_R_32F,
-                                         (int)ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-        prof_end(g, pi);
-        if (bs != CUBLAS_STATUS_SUCCESS && !g->cuerr) g->cuerr = (int)cudaErrorLaunchFailure;
+        gemm_f16(g, label, A, nr, n, w->k, g->xh, w->k, y + r0, ldy, acc);
     }
     if (bias) CKL("bias", tn_cu_add_bias(y, bias, n, ldy, g->st));
     if (tail) CKL("norm", tn_cu_rmsnorm(tail->x, NULL, tail->y, tail->w, 1, tail->d, tail->eps, tail->xq.q ? &tail->xq : NULL, g->st));
@@ -859,15 +865,9 @@ static void mm_heads(tn_cuda_ctx *g, const char *label, const tn_cw *w, int H, c
     const bool direct = w->kind == TN_CW_F16;
     if (!direct) CKL("dequant_f16", tn_cu_dequant_f16(w, 0, w->m, g->wh, g->st));
     const uint16_t *A = direct ? (const uint16_t *)w->data : g->wh;
-    const float alpha = 1.0f, beta = 0.0f;
-    for (int h = 0; h < H; h++) { /* head h: tokens' rows at xh + (t H + h) k, outputs at y + (t H + h) ldy */
-        const int pi = prof_begin(g, label);
-        cublasStatus_t bs = cublasGemmEx(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n, (int)k, &alpha, A + (size_t)(h * rows * k),
-                                         CUDA_R_16F, (int)k, g->xh + (size_t)h * (size_t)k, CUDA_R_16F, (int)(H * k), &beta,
-                                         y + (size_t)h * (size_t)ldy, CUDA_R_32F, (int)(H * ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-        prof_end(g, pi);
-        if (bs != CUBLAS_STATUS_SUCCESS && !g->cuerr) g->cuerr = (int)cudaErrorLaunchFailure;
-    }
+    for (int h = 0; h < H; h++) /* head h: tokens' rows at xh + (t H + h) k, outputs at y + (t H + h) ldy */
+        gemm_f16(g, label, A + (size_t)(h * rows * k), rows, n, k, g->xh + (size_t)h * (size_t)k, H * k, y + (size_t)h * (size_t)ldy,
+                 H * ldy, 0);
     fresh(g);
 }
 
@@ -1033,6 +1033,18 @@ static void run_layers(tn_cuda_ctx *g, tern_ctx *c, int64_t n, int32_t n_out) {
     }
 }
 
+/* Chunks of `chunk` positions of the batch's longest context. */
+static int32_t max_chunks(const tn_batch *b, int32_t chunk) {
+    int32_t c = 1;
+    for (int32_t t = 0; t < b->n; t++) c = TN_MAX(c, (b->pos[t] + chunk) / chunk);
+    return c;
+}
+/* Blocks per (token, head) for about 4 blocks per multiprocessor over `units` of them
+ * (TERN_CUDA_ATTN_SPLIT=N: N). */
+static int split_want(const tn_cuda_ctx *g, int64_t units) {
+    return g->att_max > 1 ? g->att_max : (int)((4 * (int64_t)TN_MAX(g->sms, 1) + units - 1) / units);
+}
+
 /* Token t's block table tb up to position pos into tbl at *nt (tokens of one sequence share the
  * longest, *last): its offset there, -1 without a table, -2 when tbl has no room. */
 typedef struct tbl_last {
@@ -1106,18 +1118,11 @@ tern_status tn_cuda_forward_batch(tern_ctx *c, const tn_batch *b, const int32_t 
     g->asched.tile = g->att_tile && !spread;
     int splits = 1;
     if (hp->family->mla) { /* latent attention: its chunks of TN_CU_MLA_CHUNK positions, its partials */
-        int32_t chunks = 1;
-        for (int64_t t = 0; t < n; t++) chunks = TN_MAX(chunks, (b->pos[t] + TN_CU_MLA_CHUNK) / TN_CU_MLA_CHUNK);
-        const int64_t units = n * hp->n_head;
-        const int want = g->att_max > 1 ? g->att_max : (int)((4 * (int64_t)TN_MAX(g->sms, 1) + units - 1) / units);
-        if (g->msplit.part && n <= g->mtokens && chunks <= g->msplit.kmax) splits = TN_MIN(chunks, want);
+        const int32_t chunks = max_chunks(b, TN_CU_MLA_CHUNK);
+        if (g->msplit.part && n <= g->mtokens && chunks <= g->msplit.kmax) splits = TN_MIN(chunks, split_want(g, n * hp->n_head));
         g->msplit.splits = splits;
     } else if (g->asched.part && spread) {
-        int32_t chunks = 1;
-        for (int64_t t = 0; t < n; t++) chunks = TN_MAX(chunks, (b->pos[t] + TN_CU_ATT_CHUNK) / TN_CU_ATT_CHUNK);
-        const int64_t units = n * hp->n_head;
-        const int want = g->att_max > 1 ? g->att_max : (int)((4 * (int64_t)TN_MAX(g->sms, 1) + units - 1) / units);
-        splits = TN_MIN(TN_MIN(chunks, want), g->asched.kmax);
+        splits = TN_MIN(TN_MIN(max_chunks(b, TN_CU_ATT_CHUNK), split_want(g, n * hp->n_head)), g->asched.kmax);
     }
     g->asched.splits = splits;
     CKL("h2d", cudaMemcpyAsync(g->x, g->h_x, (size_t)(n * d) * 4, cudaMemcpyHostToDevice, g->st));

@@ -2737,8 +2737,8 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attn_mla(const float *mq, int L
         if (i < R) out[u * ldo + i] = O[k] / L;
     }
 }
-/* Block per unit u: its chunks' partials folded in chunk order (mla_fold, as the unsplit block
- * folds them), out[u ldo + i] = O / L. */
+/* Block per unit u: its chunks' partials folded in chunk order (attn_fold: mla_fold's operations
+ * for one dimension, as the unsplit block folds them), out[u ldo + i] = O / L. */
 __global__ void __launch_bounds__(ATT_THREADS) k_attn_mla_fold(int R, int H, const int32_t *pos, float *out, int64_t ldo,
                                                                tn_cu_mla_split sp) {
     gdc_enter();
@@ -2749,7 +2749,7 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attn_mla_fold(int R, int H, con
         float M = -INFINITY, L = 0.0f, O = 0.0f;
         for (int c = 0; c < K; c++) {
             const float *pc = pp + (size_t)c * (size_t)(R + 2);
-            mla_fold(M, L, &O, 1, pc[0], pc[1], pc + 2 + i);
+            attn_fold(M, L, O, pc[0], pc[1], pc[2 + i]);
         }
         out[u * ldo + i] = O / L;
     }

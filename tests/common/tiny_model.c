@@ -304,19 +304,8 @@ tern_status tiny_model_write(const char *path, const tiny_cfg *c) {
         char n[64];
 #define L(sfx, a0, a1, ty_, kd) snprintf(n, sizeof n, "blk.%lld." sfx, (long long)l); ADD(n, a0, a1, ty_, kd)
         L("attn_norm.weight", c->n_embd, 1, TN_F32, 'n');
-        if (plm) { /* plm.cpp: q direct, one attn_kv_b, an ungated FFN */
-            const int64_t np = c->head_dim - c->n_rot, H = c->n_head;
-            L("attn_q.weight", c->n_embd, H * c->head_dim, c->wtype, 'w');
-            L("attn_kv_a_norm.weight", c->kv_lora, 1, TN_F32, 'n');
-            L("attn_kv_a_mqa.weight", c->n_embd, c->kv_lora + c->n_rot, c->wtype, 'w');
-            L("attn_kv_b.weight", c->kv_lora, H * (np + c->v_head), c->wtype, 'w');
-            L("attn_output.weight", H * c->v_head, c->n_embd, c->wtype, 'w');
-            L("ffn_norm.weight", c->n_embd, 1, TN_F32, 'n');
-            L("ffn_up.weight", c->n_embd, c->n_ff, c->wtype, 'w');
-            L("ffn_down.weight", c->n_ff, c->n_embd, c->wtype, 'w');
-            continue;
-        }
-        if (ds) { /* deepseek2.cpp load_arch_tensors: shapes as written there */
+        if (ds || plm) { /* deepseek2.cpp load_arch_tensors: shapes as written there (plm.cpp: q direct,
+                          * one attn_kv_b, no experts, an ungated FFN) */
             const int64_t np = c->head_dim - c->n_rot, H = c->n_head;
             if (c->q_lora) {
                 L("attn_q_a_norm.weight", c->q_lora, 1, TN_F32, 'n');
@@ -335,6 +324,11 @@ tern_status tiny_model_write(const char *path, const tiny_cfg *c) {
             }
             L("attn_output.weight", H * c->v_head, c->n_embd, c->wtype, 'w');
             L("ffn_norm.weight", c->n_embd, 1, TN_F32, 'n');
+            if (plm) {
+                L("ffn_up.weight", c->n_embd, c->n_ff, c->wtype, 'w');
+                L("ffn_down.weight", c->n_ff, c->n_embd, c->wtype, 'w');
+                continue;
+            }
             if (l < c->dense_lead) {
                 L("ffn_gate.weight", c->n_embd, c->n_ff, c->wtype, 'w');
                 L("ffn_down.weight", c->n_ff, c->n_embd, c->wtype, 'w');
