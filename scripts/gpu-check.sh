@@ -16,6 +16,12 @@
 #   GPU_CHECK_QUICK=1         skip the 1B benchmarks; GPU_CHECK_SKIP_SERVE=1: skip the serve suite
 #   PEER                      llama.cpp's llama-bench built with CUDA: run on the same files after tern
 #   GPU_CHECK_SERVE           the serve tests to run (default: http batch_equiv features best_of_echo fault slo)
+#   GPU_CHECK_BUDGET=S        the whole run in S seconds: each step's limit is cut to what is left, and
+#                             the steps past it are listed as skipped (a loan's command has 10 minutes)
+# Order: what a loan must not miss first — tern info and test_cuda, the default model's greedy text,
+# the 1B code types' decode (launch by launch and persistent) that #25's targets are about — then the
+# quantized caches, vq2 and the other families' greedy text, the serve suite, and the remaining
+# benchmarks. On a machine without tern's libraries, scripts/gpu-pack.sh prepares it all.
 # Every step has its own time limit, so one hang costs that step only. OUT holds three files,
 # written as the steps end (a run cut short keeps what it finished): summary.txt (one line per
 # step: exit code, seconds), log.txt (every step's output under a header), bench.jsonl (the
@@ -41,9 +47,18 @@ SUM="$OUT/summary.txt" LOG="$OUT/log.txt"
 : >"$SUM"
 : >"$LOG"
 : >"$OUT/bench.jsonl"
+BUDGET=${GPU_CHECK_BUDGET:-0}
 step() { # step NAME LIMIT_S CMD... : runs CMD with a time limit; output to LOG, one line to SUM
     local name=$1 lim=$2
     shift 2
+    if [ "$BUDGET" -gt 0 ]; then # the whole run's budget: a step gets what is left of it, at most
+        local left=$((BUDGET - SECONDS))
+        if [ "$left" -lt 20 ]; then
+            printf '%-28s skipped: GPU_CHECK_BUDGET (%s s) spent\n' "$name" "$BUDGET" | tee -a "$SUM"
+            return 125
+        fi
+        [ "$lim" -gt $((left - 10)) ] && lim=$((left - 10))
+    fi
     local t0=$SECONDS
     timeout "$lim" "$@" >"$TMPD/step.out" 2>&1
     local rc=$?
@@ -73,6 +88,28 @@ step greedy_default_persist 60 bash -c "
   '$BIN' generate -m $M0 -p 'And God said' -n 64 --temp 0 -t 4 2>$TMPD/c.err >$TMPD/cpu.txt; e2=\$?
   cat $TMPD/g.err; echo '--- gpu:'; cat $TMPD/gpu.txt; echo; echo '--- cpu:'; cat $TMPD/cpu.txt; echo
   [ \$e1 = 0 ] && [ \$e2 = 0 ] && cmp $TMPD/gpu.txt $TMPD/cpu.txt && echo 'greedy text identical'"
+
+# what #25's decode targets are about, first after the correctness checks (a GPU loan is minutes):
+# the 1B-class synthetic model's code types, launch by launch and with the persistent kernel
+if [ "${GPU_CHECK_QUICK:-0}" != 1 ]; then
+    # 1B-class synthetic model (Llama-3.2-1B shapes): F16, then each type quantized from it
+    step synth_1b 120 "$BIN" synth -o "$TMPD/1b-f16.gguf" --preset 1b --type f16
+    # first what #25's targets are about: the code types, launch by launch and with one-token steps
+    # as one persistent kernel (TERN_CUDA_PERSIST=1: every layer in one cooperative launch, grid
+    # barriers between its stages), side by side
+    for ty in q4_0 tq2 tq4 q8_0 tq3; do
+        step "quantize_$ty" 90 "$BIN" quantize -t "$(nproc)" "$TMPD/1b-f16.gguf" "$TMPD/1b-$ty.gguf" "$ty"
+        step "bench_$ty" 90 "$BIN" bench --device cuda -m "$TMPD/1b-$ty.gguf" -p 512 -n 128 -r 3 -o json
+        step "bench_${ty}_persist" 60 env TERN_CUDA_PERSIST=1 "$BIN" bench --device cuda -m "$TMPD/1b-$ty.gguf" -p 0 -n 128 -r 5 -o json
+    done
+    # the persistent kernel on one block per SM instead of two, without its L2 prefetch, and its profile
+    sms=$(nvidia-smi --query-gpu=multiprocessor_count --format=csv,noheader 2>/dev/null | head -1 | tr -dc 0-9)
+    [ -n "$sms" ] && step bench_q4_0_persist_1bps 60 env TERN_CUDA_PERSIST=1 TERN_CUDA_PERSIST_GRID="$sms" \
+        "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" -p 0 -n 128 -r 5 -o json
+    step bench_q4_0_persist_nopf 60 env TERN_CUDA_PERSIST=1 TERN_CUDA_PREFETCH=0 "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" \
+        -p 0 -n 128 -r 5 -o json
+    TERN_CUDA_PERSIST=1 TERN_CUDA_PROFILE=1 step profile_q4_0_persist 60 "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" -p 0 -n 64 -r 1
+fi
 
 # a quantized KV cache on the GPU: the default model's greedy text with q8_0, q4_0 and tq4 K/V (K
 # rotated, the default), and a per-channel tqc3 K over a q8_0 V, on GPU and CPU
@@ -111,24 +148,24 @@ for spec in smollm3 gemma3 gemma2 phi3 qwen3moe qwen2moe gpt-oss olmoe deepseek2
       [ \$e1 = 0 ] && [ \$e2 = 0 ] && cmp $TMPD/gpu.txt $TMPD/cpu.txt && echo 'greedy text identical'"
 done
 
-if [ "${GPU_CHECK_QUICK:-0}" != 1 ]; then
-    # 1B-class synthetic model (Llama-3.2-1B shapes): F16, then each type quantized from it
-    step synth_1b 120 "$BIN" synth -o "$TMPD/1b-f16.gguf" --preset 1b --type f16
-    # first what #25's targets are about: the code types, launch by launch and with one-token steps
-    # as one persistent kernel (TERN_CUDA_PERSIST=1: every layer in one cooperative launch, grid
-    # barriers between its stages), side by side
-    for ty in q4_0 tq2 tq4 q8_0 tq3; do
-        step "quantize_$ty" 90 "$BIN" quantize -t "$(nproc)" "$TMPD/1b-f16.gguf" "$TMPD/1b-$ty.gguf" "$ty"
-        step "bench_$ty" 90 "$BIN" bench --device cuda -m "$TMPD/1b-$ty.gguf" -p 512 -n 128 -r 3 -o json
-        step "bench_${ty}_persist" 60 env TERN_CUDA_PERSIST=1 "$BIN" bench --device cuda -m "$TMPD/1b-$ty.gguf" -p 0 -n 128 -r 5 -o json
+# tern serve --device cuda under the serve suite's integration scripts (the tiny q8_0 model)
+if [ "${GPU_CHECK_SKIP_SERVE:-0}" != 1 ]; then
+    "$BIN" synth -o "$TMPD/tiny-q8_0.gguf" --preset tiny --type q8_0 >/dev/null 2>&1
+    export TERN_SERVE_ARGS="--device cuda"
+    for t in ${GPU_CHECK_SERVE:-http batch_equiv features best_of_echo fault slo}; do
+        if [ "$t" = http ]; then
+            step serve_http 120 bash tests/serve/http_test.sh "$BIN" "$TMPD/tiny-q8_0.gguf" "$TMPD/s-http"
+        else
+            step "serve_$t" 120 python3 "tests/serve/${t}_test.py" "$BIN" "$TMPD/tiny-q8_0.gguf" "$TMPD/s-$t"
+        fi
     done
-    # the persistent kernel on one block per SM instead of two, without its L2 prefetch, and its profile
-    sms=$(nvidia-smi --query-gpu=multiprocessor_count --format=csv,noheader 2>/dev/null | head -1 | tr -dc 0-9)
-    [ -n "$sms" ] && step bench_q4_0_persist_1bps 60 env TERN_CUDA_PERSIST=1 TERN_CUDA_PERSIST_GRID="$sms" \
-        "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" -p 0 -n 128 -r 5 -o json
-    step bench_q4_0_persist_nopf 60 env TERN_CUDA_PERSIST=1 TERN_CUDA_PREFETCH=0 "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" \
-        -p 0 -n 128 -r 5 -o json
-    TERN_CUDA_PERSIST=1 TERN_CUDA_PROFILE=1 step profile_q4_0_persist 60 "$BIN" bench --device cuda -m "$TMPD/1b-q4_0.gguf" -p 0 -n 64 -r 1
+    # batch invariance with a quantized cache in paged blocks
+    TERN_SERVE_ARGS="--device cuda -ctk q8_0 -ctv q4_0" step serve_batch_equiv_kvq 120 python3 tests/serve/batch_equiv_test.py \
+        "$BIN" "$TMPD/tiny-q8_0.gguf" "$TMPD/s-beq"
+    unset TERN_SERVE_ARGS
+fi
+
+if [ "${GPU_CHECK_QUICK:-0}" != 1 ]; then
     # long contexts: decode after 8192 tokens in the cache, each (token, head)'s positions split
     # across blocks (flash-decoding, the default), unsplit (TERN_CUDA_ATTN_SPLIT=1), and in the
     # persistent kernel (its attention stage splits a head across the blocks it has for each)
@@ -204,20 +241,5 @@ if [ "${GPU_CHECK_QUICK:-0}" != 1 ]; then
     # layers split between GPU and CPU: half the layers on the GPU
     step bench_q4_0_ngl8 90 "$BIN" bench --device cuda -ngl 8 -m "$TMPD/1b-q4_0.gguf" -p 64 -n 16 -r 1 -t "$(nproc)"
 fi
-# tern serve --device cuda under the serve suite's integration scripts (the tiny q8_0 model)
-[ "${GPU_CHECK_SKIP_SERVE:-0}" = 1 ] && { echo "results in $OUT"; exit 0; }
-"$BIN" synth -o "$TMPD/tiny-q8_0.gguf" --preset tiny --type q8_0 >/dev/null 2>&1
-export TERN_SERVE_ARGS="--device cuda"
-for t in ${GPU_CHECK_SERVE:-http batch_equiv features best_of_echo fault slo}; do
-    if [ "$t" = http ]; then
-        step serve_http 120 bash tests/serve/http_test.sh "$BIN" "$TMPD/tiny-q8_0.gguf" "$TMPD/s-http"
-    else
-        step "serve_$t" 120 python3 "tests/serve/${t}_test.py" "$BIN" "$TMPD/tiny-q8_0.gguf" "$TMPD/s-$t"
-    fi
-done
-# batch invariance with a quantized cache in paged blocks
-TERN_SERVE_ARGS="--device cuda -ctk q8_0 -ctv q4_0" step serve_batch_equiv_kvq 120 python3 tests/serve/batch_equiv_test.py \
-    "$BIN" "$TMPD/tiny-q8_0.gguf" "$TMPD/s-beq"
-unset TERN_SERVE_ARGS
 
 echo "results in $OUT"
