@@ -1,5 +1,5 @@
 /*
- * kern_cuda.h — the CUDA kernels' launchers (src/cuda/kernels.cu), callable from C. Plain types
+ * kern_cuda.h — the CUDA kernels' launchers (the .cu files of src/cuda), callable from C. Plain types
  * only: backend.c (the C side of the backend) owns the model, the context and every buffer.
  *
  * Device weight formats (made at upload by backend.c, tn_cuda_weight):

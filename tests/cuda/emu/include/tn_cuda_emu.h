@@ -2,7 +2,7 @@
  * tn_cuda_emu.h — a CUDA emulator for tern's tests: the part of the CUDA runtime, cuBLAS and the
  * device language that src/cuda/ uses, on the CPU. tests/cuda/emu/include's cuda_runtime.h,
  * cuda_runtime_api.h, cuda_fp16.h, cuda_bf16.h and cublas_v2.h all include this file, so
- * src/cuda/backend.c (as C) and src/cuda/kernels.cu (as C++, TN_CUDA_EMU defined) compile against
+ * src/cuda/backend.c (as C) and the .cu files of src/cuda (as C++, TN_CUDA_EMU) compile against
  * it unchanged; test_cuda_emu then runs test_cuda's GPU tests on a machine without a GPU.
  *
  * What it models: device memory is host memory; streams, events and copies are synchronous; a
@@ -133,7 +133,7 @@ void tn_emu_stats(long *launches, long *blocks, long *switches);
 }
 #endif
 
-/* ---- the device language (C++: src/cuda/kernels.cu) ---------------------------------------- */
+/* ---- the device language (C++: the .cu files of src/cuda) ------------------------------------ */
 #ifdef __cplusplus
 #include <math.h>
 #include <string.h>
