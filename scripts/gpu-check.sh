@@ -27,6 +27,12 @@
 # step: exit code, seconds), log.txt (every step's output under a header), bench.jsonl (the
 # benchmarks' JSON rows).
 set -uo pipefail
+BUDGET=${GPU_CHECK_BUDGET:-0}
+case $BUDGET in '' | *[!0-9]*)
+    echo "gpu-check: GPU_CHECK_BUDGET='$BUDGET' is not a number of seconds" >&2
+    exit 2
+    ;;
+esac
 cd "$(dirname "$0")/.."
 OUT=${1:-gpu-results}
 mkdir -p "$OUT"
@@ -47,7 +53,6 @@ SUM="$OUT/summary.txt" LOG="$OUT/log.txt"
 : >"$SUM"
 : >"$LOG"
 : >"$OUT/bench.jsonl"
-BUDGET=${GPU_CHECK_BUDGET:-0}
 step() { # step NAME LIMIT_S CMD... : runs CMD with a time limit; output to LOG, one line to SUM
     local name=$1 lim=$2
     shift 2
