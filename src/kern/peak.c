@@ -64,12 +64,12 @@ static float fma_c(int64_t iters) {
     return s;
 }
 
-static int32_t dot_c(int64_t iters) {
-    int32_t a[16];
-    for (int j = 0; j < 16; j++) a[j] = j;
+static uint32_t dot_c(int64_t iters) {
+    uint32_t a[16]; /* (unsigned: the chains wrap on long runs, as the vector registers do) */
+    for (int j = 0; j < 16; j++) a[j] = (uint32_t)j;
     for (int64_t i = 0; i < iters; i++)
-        for (int j = 0; j < 16; j++) a[j] += (uint8_t)a[j] * -5;
-    int32_t s = 0;
+        for (int j = 0; j < 16; j++) a[j] += (uint32_t)((uint8_t)a[j] * -5);
+    uint32_t s = 0;
     for (int j = 0; j < 16; j++) s += a[j];
     return s;
 }

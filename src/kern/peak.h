@@ -40,13 +40,14 @@ double tn_peak_dot_gops(int threads);
 
 /* The ISA loops (iters rounds; return a value that depends on every operation). The read loops
  * read every 8-byte word of p[0 .. bytes) (bytes a multiple of 64) and return a fold of them
- * that is 0 for a zero buffer and not 0 when exactly one word is not 0. */
+ * that is 0 for a zero buffer and not 0 when exactly one word is not 0. The dot loops' sums wrap
+ * (unsigned): their chains run past the int32 range on long runs. */
 uint64_t tn_peak_read__scalar(const void *p, size_t bytes);
 uint64_t tn_peak_read__avx512(const void *p, size_t bytes);
 uint64_t tn_peak_read__avx2(const void *p, size_t bytes);
 float tn_peak_fma__avx512(int64_t iters); /* 256 FMAs (16 x 16 lanes) per round   */
 float tn_peak_fma__avx2(int64_t iters);   /* 128 FMAs (16 x 8 lanes) per round    */
-int32_t tn_peak_dot__avx512(int64_t iters); /* 1024 u8 x s8 MACs (16 x 64) per round */
-int32_t tn_peak_dot__avx2(int64_t iters);   /* 384 MACs (12 x 32) per round          */
+uint32_t tn_peak_dot__avx512(int64_t iters); /* 1024 u8 x s8 MACs (16 x 64) per round */
+uint32_t tn_peak_dot__avx2(int64_t iters);   /* 384 MACs (12 x 32) per round          */
 
 #endif

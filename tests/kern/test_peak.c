@@ -5,7 +5,8 @@
  * at every word of small buffers and at the edges of the four streams and of the tail in larger
  * ones: the loop's fold must be non-zero for each (and zero for a zero buffer), so a word the loop
  * skipped shows. Then the probe object: refuses a buffer too small for one page per thread and
- * measures a positive rate otherwise (never a timing threshold).
+ * measures a positive rate otherwise (never a timing threshold). The int8 dot loops' sums wrap on
+ * long runs instead of overflowing an int.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -56,6 +57,24 @@ static void test_read_loops(void **state) {
     if (c->avx512f && c->avx512bw) check_loop("avx512", tn_peak_read__avx512);
 }
 
+/* The int8 dot loops on runs long enough that their chains pass the int32 range (the probe times
+ * as many rounds as the machine's speed asks for; a loaded machine asked for more than the sums
+ * held, and the AVX-512 sum overflowed an int, which UBSan stops): the result wraps, as the
+ * registers do. AVX-512 VNNI: each round adds 4 x 3 x (-5) = -60 to every lane of the 16 chains
+ * (chain j starts at j), so the 256 lanes sum to 16 x (0 + .. + 15) - 15360 rounds, mod 2^32. */
+static void test_dot_loops_wrap(void **state) {
+    (void)state;
+    const int64_t rounds = 300000; /* 15360 x 300000 = 4.6e9: past 2^31 and 2^32 */
+    const tn_cpu *c = tn_cpu_get();
+    if (c->avx512f && c->avx512bw && c->avx512vnni) {
+        const uint32_t want = (uint32_t)(16u * 120u) - (uint32_t)(15360u * (uint64_t)rounds % 4294967296u);
+        assert_int_equal(tn_peak_dot__avx512(rounds), want);
+        assert_int_equal(tn_peak_dot__avx512(0), 16u * 120u);
+    }
+    if (c->avx2) (void)tn_peak_dot__avx2(rounds); /* (under UBSan in CI: no signed overflow) */
+    assert_true(tn_peak_dot_gops(1) > 0);
+}
+
 static void test_probe(void **state) {
     (void)state;
     assert_null(tn_read_probe_new(2, 4096)); /* less than a page per thread */
@@ -72,6 +91,7 @@ static void test_probe(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_read_loops),
+        cmocka_unit_test(test_dot_loops_wrap),
         cmocka_unit_test(test_probe),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -42,7 +42,7 @@ float tn_peak_fma__avx2(int64_t iters) {
 
 /* Each chain feeds its own accumulator back as the u8 operand, so nothing is loop-invariant;
  * 12 chains cover the ~11-cycle maddubs + madd + add latency (16 ymm registers in AVX2). */
-int32_t tn_peak_dot__avx2(int64_t iters) {
+uint32_t tn_peak_dot__avx2(int64_t iters) {
     __m256i a[12];
     const __m256i v = _mm256_set1_epi8(-5), one = _mm256_set1_epi16(1);
     for (int j = 0; j < 12; j++) a[j] = _mm256_set1_epi32(j);
@@ -50,5 +50,5 @@ int32_t tn_peak_dot__avx2(int64_t iters) {
         for (int j = 0; j < 12; j++) a[j] = _mm256_add_epi32(a[j], _mm256_madd_epi16(_mm256_maddubs_epi16(a[j], v), one));
     __m256i s = a[0];
     for (int j = 1; j < 12; j++) s = _mm256_add_epi32(s, a[j]);
-    return _mm256_extract_epi32(s, 0) + _mm256_extract_epi32(s, 7);
+    return (uint32_t)_mm256_extract_epi32(s, 0) + (uint32_t)_mm256_extract_epi32(s, 7); /* (wraps: no int overflow) */
 }

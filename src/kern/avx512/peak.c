@@ -25,7 +25,10 @@ uint64_t tn_peak_read__avx512(const void *p, size_t bytes) {
         }
     for (size_t i = 4 * q; i + 64 <= bytes; i += 64) s2 = _mm512_xor_si512(s2, _mm512_loadu_si512(b + i));
     const __m512i s = _mm512_xor_si512(_mm512_xor_si512(s0, s1), _mm512_xor_si512(s2, s3));
-    return (uint64_t)_mm512_reduce_add_epi64(s);
+    uint64_t lane[8], r = 0; /* the lanes folded by xor, as the AVX2 loop (no signed sum to overflow) */
+    _mm512_storeu_si512(lane, s);
+    for (int j = 0; j < 8; j++) r ^= lane[j];
+    return r;
 }
 
 float tn_peak_fma__avx512(int64_t iters) {
@@ -39,7 +42,7 @@ float tn_peak_fma__avx512(int64_t iters) {
     return _mm512_reduce_add_ps(s);
 }
 
-int32_t tn_peak_dot__avx512(int64_t iters) {
+uint32_t tn_peak_dot__avx512(int64_t iters) {
     __m512i a[16];
     const __m512i u = _mm512_set1_epi8(3), v = _mm512_set1_epi8(-5);
     for (int j = 0; j < 16; j++) a[j] = _mm512_set1_epi32(j);
@@ -47,5 +50,10 @@ int32_t tn_peak_dot__avx512(int64_t iters) {
         for (int j = 0; j < 16; j++) a[j] = _mm512_dpbusd_epi32(a[j], u, v);
     __m512i s = a[0];
     for (int j = 1; j < 16; j++) s = _mm512_add_epi32(s, a[j]);
-    return _mm512_reduce_add_epi32(s);
+    /* the lanes summed as unsigned: the chains pass INT32_MIN on long runs (they wrap in the vector
+     * registers), and _mm512_reduce_add_epi32 adds them as int, which overflows there */
+    uint32_t lane[16], r = 0;
+    _mm512_storeu_si512(lane, s);
+    for (int j = 0; j < 16; j++) r += lane[j];
+    return r;
 }
