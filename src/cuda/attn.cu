@@ -8,7 +8,7 @@
 
 void tn_cu_flags_attn(int early, int prefetch) { kdev_set_flags(early, prefetch); }
 
-/* ---- norms, RoPE, attention, activations --------------------------------------------------------- */
+/* ---- norms, RoPE, attention ------------------------------------------------------------------------ */
 
 /* y[j] = rmsnorm(x row) * w, a block per row; with xq.q != NULL also y[j] quantized to q8 blocks
  * (d % 32 == 0) */

@@ -769,9 +769,6 @@ template <int KIND> __global__ void k_dequant_plain1(tn_cw w, int64_t r0, int64_
 
 /* ---- dispatch ----------------------------------------------------------------------------------- */
 
-
-/* Warps per row: rows with many chunks in matrices of few rows are split across 2 or 4 warps, so
- * that the launch has enough warps and each enough loads in flight; a function of the shape only. */
 /* One GEMV launch's shape: warps per row, and a grid of every row group or, with blocks per SM set
  * (tn_cu_configure), at most that many blocks per multiprocessor, each walking its rows. R: rows
  * of a warp at once (one-token steps). */

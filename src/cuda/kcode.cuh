@@ -221,7 +221,9 @@ __device__ __forceinline__ void gemv_code_rows(const tn_cw &w, const int8_t *xq,
     gemv_finish_rows<R, NW>(acc, wpr, row0, w.m, y, bias, accumulate);
 }
 
-/* warps per row of a code-path GEMV: long rows are split across warps */
+/* Warps per row: rows with many chunks in matrices of few rows are split across 2 or 4 warps, so
+ * that the launch has enough warps and each enough loads in flight; a function of the shape only
+ * (the GEMV launches and the persistent kernel's stages). */
 static inline int gemv_wpr(const tn_cw *w) {
     const int64_t units = w->k / 256; /* chunks of 256 elements: one pass of a warp */
     if (w->m <= 4096 && units >= 16) return 4;

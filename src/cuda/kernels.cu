@@ -46,6 +46,8 @@ extern "C" int tn_cu_set_mmq(int min_tokens) {
 extern "C" int tn_cu_mmq(void) { return g_mmq; }
 
 
+/* ---- activations ------------------------------------------------------------------------------ */
+
 __global__ void k_swiglu(float *g, const float *u, int64_t n, int act) {
     gdc_enter();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -166,7 +168,7 @@ extern "C" int tn_cu_gate_add(float *x, const float *y, const float *xb, const f
     return tn_cu_err();
 }
 
-
+/* ---- mixture of experts: routing ------------------------------------------------------------------ */
 
 /* A warp per token: tn_cu_moe_route's contract, the CPU's arithmetic (the exponentials in parallel,
  * the double sums by one lane in expert order, the top k by k warp-wide arg-maxes) */
