@@ -44,13 +44,14 @@ trap 'rm -rf "$tmp"' EXIT
 f="$tmp/files"
 mkdir -p "$f/bin" "$f/lib" "$f/shared/models"
 cp "$BUILD/tern" "$TC" "$f/bin/"
-if ldd "$BUILD/tern" "$TC" | grep -q 'not found'; then
+deps=$(ldd "$BUILD/tern" "$TC")
+if grep -q 'not found' <<<"$deps"; then
     echo "gpu-pack: a library the binaries need is not found here:" >&2
-    ldd "$BUILD/tern" "$TC" | grep 'not found' >&2
+    grep 'not found' <<<"$deps" >&2
     exit 1
 fi
 # the libraries the binaries load, except those every Linux with the CUDA toolkit has
-ldd "$BUILD/tern" "$TC" | awk '$2 == "=>" && $3 ~ /^\// { print $3 }' | sort -u | while read -r lib; do
+awk '$2 == "=>" && $3 ~ /^\// { print $3 }' <<<"$deps" | sort -u | while read -r lib; do
     case $(basename "$lib") in
     libc.so* | libm.so* | libdl.so* | libpthread.so* | librt.so* | ld-linux* | libgcc_s.so* | libstdc++.so*) ;;
     libcuda.so* | libcudart.so* | libcublas*.so*) ;;
